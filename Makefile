@@ -1,0 +1,227 @@
+# siliceo — one top-level Makefile. Objects go under build/, never into the tree.
+#
+#   make            all binaries and libraries
+#   make check      every test that needs no GPU (units, parity, integration, short fuzz)
+#   make deps       install the Debian packages the project builds and tests with
+#   make demo       build, make the demo model, start siliceod, ask it a question, stop it
+#   make install    PREFIX=/usr/local DESTDIR=
+#   make fuzz       run every fuzz target for FUZZ_SECONDS (default 300) each
+#   make format     clang-format the sources
+#
+# Sources are found by directory, so a new file needs no Makefile edit:
+#   kernels/cpu/*.c    -> build/lib/libsil-kernels.a   (*_avx2.c / *_avx512.c get their ISA flags)
+#   daemon/engine/*.c  -> build/lib/libsil-engine.a
+#   libproto/*.c       -> build/lib/libsiliceo-proto.a
+#   daemon/*.c         -> build/bin/siliceod           (daemon/main.c holds main)
+#   client/common/*.c  -> linked into every client; client/sil-X.c -> build/bin/sil-X
+#   bench/sil-X.c + bench/sil-X/*.c -> build/bin/sil-X
+#   tests/test_X.c (+ tests/testutil.c) -> build/tests/test_X
+#   tests/fuzz/fuzz_X.c -> build/fuzz/fuzz_X (clang, libFuzzer + ASan + UBSan)
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= $(PREFIX)/sbin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR ?= $(PREFIX)/share/man
+SYSCONFDIR ?= /etc
+
+VERSION := 0.1.0
+CC ?= cc
+FUZZ_CC ?= clang
+B := build
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA ?= $(if $(NVCC),1,0)
+
+PKGS := msgpack libsystemd libpcre2-8 libedit
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+
+WARN := -Wall -Wextra -Werror -Wno-unused-parameter
+CFLAGS ?= -O2 -g
+BASE_CFLAGS := -std=gnu11 -fPIC $(WARN) -MMD -MP -I. -Ilibproto \
+	-D_GNU_SOURCE -DSIL_VERSION=\"$(VERSION)\" $(PKG_CFLAGS)
+ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS)
+LDLIBS_ENGINE := $(shell pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8) -lpthread -lm -ldl
+LDLIBS_PROTO := $(shell pkg-config --libs msgpack 2>/dev/null || echo -lmsgpackc)
+LDLIBS_DAEMON := $(shell pkg-config --libs libsystemd 2>/dev/null || echo -lsystemd)
+LDLIBS_EDIT := $(shell pkg-config --libs libedit 2>/dev/null || echo -ledit)
+
+AVX2_FLAGS := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+
+KERNEL_SRC := $(wildcard kernels/cpu/*.c)
+ENGINE_SRC := $(wildcard daemon/engine/*.c)
+PROTO_SRC := $(wildcard libproto/*.c)
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+CLIENT_COMMON_SRC := $(wildcard client/common/*.c)
+CLIENTS := $(patsubst client/%.c,%,$(wildcard client/sil-*.c))
+BENCHES := $(patsubst bench/%.c,%,$(wildcard bench/sil-*.c))
+TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+TESTUTIL_SRC := $(wildcard tests/testutil*.c)
+FUZZERS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+
+obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
+fobj = $(patsubst %.c,$(B)/fuzzobj/%.o,$(1))
+
+LIB_KERNELS := $(B)/lib/libsil-kernels.a
+LIB_ENGINE := $(B)/lib/libsil-engine.a
+LIB_PROTO := $(B)/lib/libsiliceo-proto.a
+LIB_DAEMON := $(B)/lib/libsil-daemon.a
+LIB_CLIENT := $(B)/lib/libsil-client.a
+
+CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+
+BINS := $(if $(wildcard daemon/main.c),$(B)/bin/siliceod) $(addprefix $(B)/bin/,$(CLIENTS) $(BENCHES))
+TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
+FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
+
+.PHONY: all check check-unit check-integration check-fuzz check-mandoc check-cuda fuzz deps demo \
+	install uninstall clean format tests
+.DEFAULT_GOAL := all
+
+all: $(BINS) $(LIB_PROTO) $(B)/siliceo-proto.pc
+
+# ---- objects -------------------------------------------------------------------------------------
+$(B)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+$(B)/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+FUZZ_CFLAGS := $(BASE_CFLAGS) -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+$(B)/fuzzobj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+$(B)/fuzzobj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(B)/fuzzobj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+# ---- libraries -----------------------------------------------------------------------------------
+define static_lib
+$(1): $(2)
+	@mkdir -p $$(dir $$@)
+	rm -f $$@
+	$$(if $$^,ar rcs $$@ $$^,ar rcs $$@)
+endef
+$(eval $(call static_lib,$(LIB_KERNELS),$(call obj,$(KERNEL_SRC))))
+$(eval $(call static_lib,$(LIB_ENGINE),$(call obj,$(ENGINE_SRC))))
+$(eval $(call static_lib,$(LIB_PROTO),$(call obj,$(PROTO_SRC))))
+$(eval $(call static_lib,$(LIB_DAEMON),$(call obj,$(DAEMON_SRC))))
+$(eval $(call static_lib,$(LIB_CLIENT),$(call obj,$(CLIENT_COMMON_SRC))))
+
+ENGINE_LIBS := $(LIB_ENGINE) $(LIB_KERNELS)
+ALL_LIBS := $(LIB_DAEMON) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
+ALL_LDLIBS := $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE) $(LDLIBS_EDIT)
+
+$(B)/siliceo-proto.pc: libproto/siliceo-proto.pc.in Makefile
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+		-e 's|@VERSION@|$(VERSION)|g' $< > $@
+
+# ---- binaries ------------------------------------------------------------------------------------
+$(B)/bin/siliceod: $(call obj,daemon/main.c) $(LIB_DAEMON) $(ENGINE_LIBS) $(LIB_PROTO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE)
+
+define client_bin
+$(B)/bin/$(1): $(call obj,client/$(1).c) $(LIB_CLIENT) $(LIB_PROTO)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) -lm
+endef
+$(foreach c,$(CLIENTS),$(eval $(call client_bin,$(c))))
+
+define bench_bin
+$(B)/bin/$(1): $(call obj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(ENGINE_LIBS)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
+endef
+$(foreach b,$(BENCHES),$(eval $(call bench_bin,$(b))))
+
+define test_bin
+$(B)/tests/$(1): $(call obj,tests/$(1).c $(TESTUTIL_SRC)) $(ALL_LIBS)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -o $$@ $$(call obj,tests/$(1).c $(TESTUTIL_SRC)) $(ALL_LIBS) -lcmocka $(ALL_LDLIBS)
+endef
+$(foreach t,$(TESTS),$(eval $(call test_bin,$(t))))
+
+FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC))
+define fuzz_bin
+$(B)/fuzz/$(1): $(call fobj,tests/fuzz/$(1).c) $(FUZZ_LIB_OBJS)
+	@mkdir -p $$(dir $$@)
+	$$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $$@ $$^ $(ALL_LDLIBS)
+endef
+$(foreach f,$(FUZZERS),$(eval $(call fuzz_bin,$(f))))
+
+tests: $(TEST_BINS)
+
+# ---- tests ---------------------------------------------------------------------------------------
+SHARED ?= $(abspath ../shared)
+FUZZ_SECONDS ?= 300
+CHECK_FUZZ_SECONDS ?= 30
+
+check: all tests $(FUZZ_BINS)
+	@SHARED=$(SHARED) B=$(B) CHECK_FUZZ_SECONDS=$(CHECK_FUZZ_SECONDS) tests/run-all.sh
+
+check-unit: all tests
+	@SHARED=$(SHARED) B=$(B) tests/run-all.sh unit
+
+check-integration: all
+	@SHARED=$(SHARED) B=$(B) tests/run-all.sh integration
+
+check-fuzz: $(FUZZ_BINS)
+	@SHARED=$(SHARED) B=$(B) CHECK_FUZZ_SECONDS=$(CHECK_FUZZ_SECONDS) tests/run-all.sh fuzz
+
+check-mandoc:
+	@SHARED=$(SHARED) B=$(B) tests/run-all.sh mandoc
+
+fuzz: $(FUZZ_BINS)
+	@SHARED=$(SHARED) B=$(B) CHECK_FUZZ_SECONDS=$(FUZZ_SECONDS) tests/run-all.sh fuzz
+
+check-cuda:
+	@echo "check-cuda: no CUDA backend in this tree yet"
+
+# ---- demo ----------------------------------------------------------------------------------------
+demo: all
+	@B=$(B) contrib/demo.sh
+
+# ---- dependencies --------------------------------------------------------------------------------
+DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
+	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps
+deps:
+	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
+	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
+
+# ---- install -------------------------------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
+		$(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 \
+		$(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(MANDIR)/man8
+	$(if $(wildcard daemon/main.c),install -m 755 $(B)/bin/siliceod $(DESTDIR)$(SBINDIR)/)
+	$(foreach b,$(CLIENTS) $(BENCHES),install -m 755 $(B)/bin/$(b) $(DESTDIR)$(BINDIR)/;)
+	install -m 644 $(LIB_PROTO) $(DESTDIR)$(LIBDIR)/
+	install -m 644 libproto/siliceo-proto.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(B)/siliceo-proto.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	$(foreach s,1 5 7 8,$(foreach m,$(wildcard man/*.$(s)),install -m 644 $(m) $(DESTDIR)$(MANDIR)/man$(s)/;))
+
+uninstall:
+	rm -f $(DESTDIR)$(SBINDIR)/siliceod $(addprefix $(DESTDIR)$(BINDIR)/,$(CLIENTS) $(BENCHES)) \
+		$(DESTDIR)$(LIBDIR)/libsiliceo-proto.a $(DESTDIR)$(INCLUDEDIR)/siliceo-proto.h \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
+
+clean:
+	rm -rf $(B)
+
+format:
+	clang-format -i $(wildcard kernels/cpu/*.[ch] daemon/*.[ch] daemon/engine/*.[ch] libproto/*.[ch] \
+		client/*.[ch] client/common/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

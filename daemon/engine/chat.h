@@ -1,0 +1,27 @@
+/* The Qwen ChatML chat template: "<|im_start|>role\ncontent<|im_end|>\n" per turn, then
+ * "<|im_start|>assistant\n" as the generation prompt. With thinking off the prompt ends with an
+ * empty think block ("<think>\n\n</think>\n\n") as Qwen3.5's template writes it; with thinking on
+ * it ends with "<think>\n" so the model opens its reasoning. Reasoning of earlier assistant turns
+ * is dropped from history, as the template does. Marker texts come from the vocab. */
+#ifndef SIL_CHAT_H
+#define SIL_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "daemon/engine/error.h"
+
+struct sil_vocab;
+
+struct sil_chat_msg {
+    const char *role;      /* "system", "user", "assistant" (others are rejected) */
+    const char *content;   /* UTF-8, NUL-terminated */
+    const char *reasoning; /* assistant reasoning, may be NULL; dropped for earlier turns */
+};
+
+/* Renders messages to prompt text (to be tokenized with parse_special). *out is malloc'd. */
+int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, size_t n,
+                    bool add_generation_prompt, bool think, char **out, size_t *len,
+                    struct sil_error *err);
+
+#endif

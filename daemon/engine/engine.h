@@ -1,0 +1,94 @@
+/* The engine: the only header the daemon includes. It loads a model (weights stay in the mmap),
+ * keeps per-sequence state (KV for full-attention layers, conv + SSM state for gated delta-net
+ * layers) and evaluates batches of tokens that may mix sequences and mix prefill with decode.
+ *
+ * Threading: a struct sil_engine is used by one thread at a time (the daemon's engine thread);
+ * it runs its own worker pool inside sil_engine_eval. The vocab it exposes is immutable and may
+ * be read from any thread.
+ *
+ * Room for what comes next: the KV storage sits behind kv_cache.h so a paged cache can replace
+ * it; a batch row carries its sequence so decode of N sequences is one call; token trees for
+ * speculative decoding will add an ancestor mask to struct sil_batch; a backend other than the
+ * CPU (CUDA) is chosen with sil_engine_params.backend. */
+#ifndef SIL_ENGINE_H
+#define SIL_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "daemon/engine/chat.h"
+#include "daemon/engine/error.h"
+#include "daemon/engine/sampler.h"
+#include "daemon/engine/tokenizer.h"
+
+enum sil_arch { SIL_ARCH_QWEN35MOE, SIL_ARCH_QWEN35, SIL_ARCH_QWEN3MOE, SIL_ARCH_QWEN3, SIL_ARCH_COUNT };
+
+struct sil_engine_params {
+    const char *model_path;
+    int n_threads;        /* 0 = number of online CPUs */
+    const char *backend;  /* "cpu", "cuda" or "auto" (NULL = auto) */
+    uint64_t vram_budget; /* bytes; 0 = no limit (CUDA only) */
+    int32_t n_ctx;        /* max positions per sequence; 0 = min(model context, 4096) */
+    int32_t n_seq_max;    /* max live sequences; 0 = 64 */
+    int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
+    bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
+    /* Load progress in [0,1], called from the loading thread; may be NULL. */
+    void (*progress)(float fraction, const char *what, void *user);
+    void *progress_user;
+};
+void sil_engine_params_default(struct sil_engine_params *p);
+
+struct sil_model_info {
+    enum sil_arch arch;
+    const char *arch_name;  /* "qwen35moe" */
+    const char *name;       /* general.name or the file's base name */
+    const char *path;
+    uint64_t file_bytes;
+    int32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, n_expert, n_expert_used;
+    uint64_t n_params;
+    uint64_t routed_expert_bytes, backbone_bytes;
+    const char *backend;    /* backend in use: "cpu" */
+    int n_threads;
+};
+
+struct sil_engine;
+
+int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, struct sil_error *err);
+void sil_engine_close(struct sil_engine *e);
+const struct sil_model_info *sil_engine_info(const struct sil_engine *e);
+const struct sil_vocab *sil_engine_vocab(const struct sil_engine *e);
+int32_t sil_engine_n_ctx(const struct sil_engine *e);
+
+/* Sequences. A sequence id is a small integer >= 0; -ENOSPC when n_seq_max are live. */
+int sil_seq_create(struct sil_engine *e, struct sil_error *err);
+void sil_seq_free(struct sil_engine *e, int seq);
+int32_t sil_seq_len(const struct sil_engine *e, int seq); /* positions evaluated so far */
+/* Drops positions >= n_pos. Attention KV can always be cut; recurrent (delta-net) state only
+ * where a checkpoint exists at n_pos (n_pos == 0 always works): else -ENOTSUP. */
+int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err);
+/* Bytes of state (KV + recurrent) the sequence holds now. */
+uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
+
+/* One row per token. Rows of one sequence must be in position order and continue it
+ * (pos == sil_seq_len at the first row of that sequence). */
+struct sil_batch {
+    int32_t n;
+    const int32_t *token;
+    const int32_t *pos;
+    const int32_t *seq;
+    const bool *want_logits; /* NULL = logits for the last row of each sequence only */
+};
+
+/* Evaluates the batch. Logits of the rows that want them are written to logits in row order,
+ * n_vocab floats each (the caller sizes it: rows wanting logits x n_vocab). On error the
+ * sequences in the batch are left as they were before the call. */
+int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err);
+
+/* Validates a file as a loadable model without building an engine, and prints what
+ * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,
+ * total / routed-expert / backbone bytes, bytes per expert). Returns 0 or -errno with err set. */
+int sil_model_inspect(const char *path, FILE *out, struct sil_error *err);
+
+#endif

@@ -1,0 +1,32 @@
+/* Token sampler: repetition / presence penalties, then top-k, top-p, min-p, temperature, and a
+ * seeded draw (same seed and inputs -> same tokens). temperature <= 0 is greedy (argmax). */
+#ifndef SIL_SAMPLER_H
+#define SIL_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sil_sampler_params {
+    float temperature;      /* default 0.8; <= 0 greedy */
+    int32_t top_k;          /* default 40; <= 0 off */
+    float top_p;            /* default 0.95; >= 1 off */
+    float min_p;            /* default 0.05; <= 0 off */
+    float repeat_penalty;   /* default 1.0 (off); applied to the last repeat_last_n tokens */
+    int32_t repeat_last_n;  /* default 64 */
+    float presence_penalty; /* default 0.0 (off) */
+    uint64_t seed;          /* default 0 = take one from the clock (reported back by the sampler) */
+};
+
+void sil_sampler_params_default(struct sil_sampler_params *p);
+
+struct sil_sampler;
+/* Owns its scratch (n_vocab entries); no allocation per sample. NULL on allocation failure. */
+struct sil_sampler *sil_sampler_new(const struct sil_sampler_params *p, int32_t n_vocab);
+void sil_sampler_free(struct sil_sampler *s);
+uint64_t sil_sampler_seed(const struct sil_sampler *s); /* the seed in use */
+/* Picks a token from logits[n_vocab] (not modified) given the tokens generated/seen so far. */
+int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int32_t *history,
+                           size_t n_history);
+int32_t sil_argmax(const float *x, int32_t n);
+
+#endif

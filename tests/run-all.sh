@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs the test suites of `make check`. With an argument, only that part: unit, integration, fuzz, mandoc.
+# Environment: B (build dir), SHARED (../shared), CHECK_FUZZ_SECONDS.
+set -u
+cd "$(dirname "$0")/.."
+B=${B:-build}
+export SHARED=${SHARED:-$(cd .. && pwd)/shared}
+export SIL_BUILD=$(cd "$B" && pwd)
+only=${1:-all}
+pass=0 fail=0 failed=()
+
+run() { # name, command...
+    local name=$1; shift
+    local log; log=$(mktemp)
+    local t0=$SECONDS
+    if "$@" >"$log" 2>&1; then
+        pass=$((pass + 1)); printf 'PASS %-40s %4ss\n' "$name" $((SECONDS - t0))
+    else
+        fail=$((fail + 1)); failed+=("$name"); printf 'FAIL %-40s %4ss\n' "$name" $((SECONDS - t0))
+        tail -n 40 "$log" | sed 's/^/    | /'
+    fi
+    rm -f "$log"
+}
+
+if [ "$only" = all ] || [ "$only" = unit ]; then
+    for t in "$B"/tests/test_*; do
+        [ -x "$t" ] || continue
+        run "unit/$(basename "$t")" "$t"
+    done
+fi
+if [ "$only" = all ] || [ "$only" = integration ]; then
+    for t in tests/integration/*.sh; do
+        [ -f "$t" ] || continue
+        run "integration/$(basename "$t" .sh)" bash "$t"
+    done
+fi
+if [ "$only" = all ] || [ "$only" = fuzz ]; then
+    for f in "$B"/fuzz/fuzz_*; do
+        [ -x "$f" ] || continue
+        name=$(basename "$f")
+        corpus=$(mktemp -d)
+        seeds=tests/fuzz/corpus/${name#fuzz_}
+        [ -d "$seeds" ] || seeds=
+        run "fuzz/$name" "$f" -max_total_time="${CHECK_FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -timeout=10 \
+            -print_final_stats=1 "$corpus" $seeds
+        rm -rf "$corpus"
+    done
+fi
+if [ "$only" = all ] || [ "$only" = mandoc ]; then
+    for m in man/*.[1-8]; do
+        [ -f "$m" ] || continue
+        run "mandoc/$(basename "$m")" sh -c "out=\$(mandoc -Tlint -Wwarning '$m' 2>&1); echo \"\$out\"; [ -z \"\$out\" ]"
+    done
+fi
+echo
+[ ${#failed[@]} -eq 0 ] || echo "failed: ${failed[*]}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
