@@ -1,0 +1,342 @@
+/* Generation controls: stop strings across token boundaries, the thinking budget, the answer
+ * budget with grace tokens, markdown fence repair. No model: token ids and pieces are made up. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "daemon/genctl.h"
+
+enum { THINK_OPEN = 100, THINK_CLOSE = 101, TOK = 5 };
+
+struct run {
+    char streamed_answer[4096];
+    char streamed_reasoning[4096];
+    int reason;
+    int n_pushed;
+};
+
+static void collect(struct run *r, const struct sil_genctl_out *o)
+{
+    strncat(r->streamed_answer, o->answer, o->n_answer);
+    strncat(r->streamed_reasoning, o->reasoning, o->n_reasoning);
+}
+
+/* Pushes pieces (NULL-terminated) until a stop reason, then finishes with EOS if none. */
+static void feed(struct sil_genctl *g, struct run *r, const char *const *pieces)
+{
+    memset(r, 0, sizeof(*r));
+    struct sil_genctl_out o;
+    for (; *pieces; pieces++) {
+        int rc = sil_genctl_push(g, TOK, *pieces, strlen(*pieces), &o);
+        assert_true(rc >= 0);
+        collect(r, &o);
+        r->n_pushed++;
+        if (rc != SIL_STOP_NONE) {
+            r->reason = rc;
+            break;
+        }
+    }
+    r->reason = sil_genctl_finish(g, SIL_STOP_EOS, &o);
+    collect(r, &o);
+}
+
+static struct sil_genctl *make(const char *const *stop, size_t n_stop, int32_t max_tokens)
+{
+    struct sil_genctl_params p;
+    sil_genctl_params_default(&p);
+    p.stop = stop;
+    p.n_stop = n_stop;
+    p.max_tokens = max_tokens;
+    p.think_open = THINK_OPEN;
+    p.think_close = THINK_CLOSE;
+    struct sil_genctl *g;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    return g;
+}
+
+static void test_stop_across_tokens(void **state)
+{
+    const char *stop[] = { "STOP", "\n\nUser:" };
+    struct sil_genctl *g = make(stop, 2, 0);
+    const char *pieces[] = { "Hello ", "wor", "ld S", "T", "O", "P and more", "never", NULL };
+    struct run r;
+    feed(g, &r, pieces);
+    assert_int_equal(r.reason, SIL_STOP_STOP);
+    assert_string_equal(r.streamed_answer, "Hello world ");
+    size_t n;
+    assert_string_equal(sil_genctl_answer(g, &n), "Hello world ");
+    assert_int_equal(n, strlen("Hello world "));
+    assert_int_equal(r.n_pushed, 6);
+    sil_genctl_free(g);
+}
+
+static void test_stop_prefix_released(void **state)
+{
+    /* "ST" looked like the start of "STOP" and is held back, then released when it is not. */
+    const char *stop[] = { "STOP" };
+    struct sil_genctl *g = make(stop, 1, 0);
+    struct sil_genctl_out o;
+    assert_int_equal(sil_genctl_push(g, TOK, "a ST", 4, &o), SIL_STOP_NONE);
+    assert_int_equal(o.n_answer, 2);
+    assert_memory_equal(o.answer, "a ", 2);
+    assert_int_equal(sil_genctl_push(g, TOK, "ART", 3, &o), SIL_STOP_NONE);
+    assert_int_equal(o.n_answer, 5);
+    assert_memory_equal(o.answer, "START", 5);
+    /* Held text at the end of generation is part of the answer. */
+    assert_int_equal(sil_genctl_push(g, TOK, " STO", 4, &o), SIL_STOP_NONE);
+    assert_int_equal(o.n_answer, 1);
+    assert_int_equal(sil_genctl_finish(g, SIL_STOP_EOS, &o), SIL_STOP_EOS);
+    assert_int_equal(o.n_answer, 3);
+    assert_string_equal(sil_genctl_answer(g, NULL), "a START STO");
+    sil_genctl_free(g);
+}
+
+static void test_stop_within_one_token(void **state)
+{
+    const char *stop[] = { "</s>" };
+    struct sil_genctl *g = make(stop, 1, 0);
+    const char *pieces[] = { "x</s>y", NULL };
+    struct run r;
+    feed(g, &r, pieces);
+    assert_int_equal(r.reason, SIL_STOP_STOP);
+    assert_string_equal(sil_genctl_answer(g, NULL), "x");
+    sil_genctl_free(g);
+}
+
+static void test_bad_params(void **state)
+{
+    struct sil_genctl_params p;
+    struct sil_genctl *g = NULL;
+    sil_genctl_params_default(&p);
+    const char *empty[] = { "" };
+    p.stop = empty;
+    p.n_stop = 1;
+    assert_int_equal(sil_genctl_new(&g, &p), -EINVAL);
+    assert_null(g);
+    sil_genctl_params_default(&p);
+    p.grace_tokens = SIL_GENCTL_GRACE_MAX + 1;
+    assert_int_equal(sil_genctl_new(&g, &p), -EINVAL);
+    sil_genctl_params_default(&p);
+    p.n_stop = SIL_GENCTL_MAX_STOP + 1;
+    assert_int_equal(sil_genctl_new(&g, &p), -EINVAL);
+}
+
+static void test_thinking_budget(void **state)
+{
+    struct sil_genctl_params p;
+    sil_genctl_params_default(&p);
+    p.think_open = THINK_OPEN;
+    p.think_close = THINK_CLOSE;
+    p.in_reasoning = true;
+    p.max_thinking_tokens = 3;
+    struct sil_genctl *g;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    struct sil_genctl_out o;
+    assert_int_equal(sil_genctl_forced(g), -1);
+    assert_int_equal(sil_genctl_push(g, TOK, "\nHmm", 4, &o), 0);
+    assert_int_equal(o.n_reasoning, 3); /* leading newline dropped */
+    assert_int_equal(sil_genctl_forced(g), -1);
+    assert_int_equal(sil_genctl_push(g, TOK, " let", 4, &o), 0);
+    assert_int_equal(sil_genctl_forced(g), -1);
+    assert_int_equal(sil_genctl_push(g, TOK, " me", 3, &o), 0);
+    /* Budget reached: the next token must be the think-close id. */
+    assert_int_equal(sil_genctl_forced(g), THINK_CLOSE);
+    assert_true(sil_genctl_in_reasoning(g));
+    assert_int_equal(sil_genctl_push(g, THINK_CLOSE, "", 0, &o), 0);
+    assert_false(sil_genctl_in_reasoning(g));
+    assert_int_equal(sil_genctl_forced(g), -1);
+    assert_int_equal(sil_genctl_push(g, TOK, "\n\n", 2, &o), 0);
+    assert_int_equal(sil_genctl_push(g, TOK, "Yes.", 4, &o), 0);
+    assert_int_equal(o.n_answer, 4);
+    sil_genctl_finish(g, SIL_STOP_EOS, &o);
+    assert_string_equal(sil_genctl_reasoning(g, NULL), "Hmm let me");
+    assert_string_equal(sil_genctl_answer(g, NULL), "Yes.");
+    assert_int_equal(sil_genctl_n_reasoning_tokens(g), 4);
+    assert_int_equal(sil_genctl_n_answer_tokens(g), 2);
+    sil_genctl_free(g);
+}
+
+static void test_thinking_zero_and_model_opened(void **state)
+{
+    struct sil_genctl_params p;
+    sil_genctl_params_default(&p);
+    p.think_open = THINK_OPEN;
+    p.think_close = THINK_CLOSE;
+    p.in_reasoning = true;
+    p.max_thinking_tokens = 0;
+    struct sil_genctl *g;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    assert_int_equal(sil_genctl_forced(g), THINK_CLOSE);
+    sil_genctl_free(g);
+
+    /* Raw prompt: the model opens the think block itself. */
+    p.in_reasoning = false;
+    p.max_thinking_tokens = 1;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    struct sil_genctl_out o;
+    assert_int_equal(sil_genctl_push(g, THINK_OPEN, "", 0, &o), 0);
+    assert_true(sil_genctl_in_reasoning(g));
+    assert_int_equal(sil_genctl_forced(g), -1);
+    assert_int_equal(sil_genctl_push(g, TOK, "idea", 4, &o), 0);
+    assert_int_equal(sil_genctl_forced(g), THINK_CLOSE);
+    sil_genctl_free(g);
+}
+
+static void test_stop_strings_ignore_reasoning(void **state)
+{
+    const char *stop[] = { "X" };
+    struct sil_genctl_params p;
+    sil_genctl_params_default(&p);
+    p.think_open = THINK_OPEN;
+    p.think_close = THINK_CLOSE;
+    p.in_reasoning = true;
+    p.stop = stop;
+    p.n_stop = 1;
+    struct sil_genctl *g;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    struct sil_genctl_out o;
+    assert_int_equal(sil_genctl_push(g, TOK, "aXb", 3, &o), 0);
+    assert_int_equal(sil_genctl_push(g, THINK_CLOSE, "", 0, &o), 0);
+    assert_int_equal(sil_genctl_push(g, TOK, "cXd", 3, &o), SIL_STOP_STOP);
+    assert_string_equal(sil_genctl_reasoning(g, NULL), "aXb");
+    assert_string_equal(sil_genctl_answer(g, NULL), "c");
+    sil_genctl_free(g);
+}
+
+static void test_budget_on_sentence_end(void **state)
+{
+    struct sil_genctl *g = make(NULL, 0, 3);
+    const char *pieces[] = { "It", " is", " done.", " More", NULL };
+    struct run r;
+    feed(g, &r, pieces);
+    assert_int_equal(r.reason, SIL_STOP_LENGTH);
+    assert_int_equal(r.n_pushed, 3);
+    assert_string_equal(sil_genctl_answer(g, NULL), "It is done.");
+    assert_false(sil_genctl_in_grace(g));
+    sil_genctl_free(g);
+}
+
+static void test_grace_finishes_sentence(void **state)
+{
+    struct sil_genctl *g = make(NULL, 0, 2);
+    const char *pieces[] = { "The", " sky", " is", " blue", ". It", " is", NULL };
+    struct run r;
+    feed(g, &r, pieces);
+    assert_int_equal(r.reason, SIL_STOP_LENGTH);
+    assert_int_equal(r.n_pushed, 5);
+    assert_string_equal(sil_genctl_answer(g, NULL), "The sky is blue.");
+    assert_string_equal(r.streamed_answer, "The sky is blue.");
+    assert_int_equal(sil_genctl_n_answer_tokens(g), 5);
+    sil_genctl_free(g);
+}
+
+static void test_grace_decimal_and_limit(void **state)
+{
+    /* "3." at the end of a piece is a number, not a sentence end; "!" ends it. */
+    struct sil_genctl *g = make(NULL, 0, 1);
+    const char *pieces[] = { "pi", " is 3.", "14 wow!", " tail", NULL };
+    struct run r;
+    feed(g, &r, pieces);
+    assert_int_equal(r.reason, SIL_STOP_LENGTH);
+    assert_string_equal(sil_genctl_answer(g, NULL), "pi is 3.14 wow!");
+    sil_genctl_free(g);
+
+    /* Without a sentence end the grace stops after grace_tokens extra tokens. */
+    struct sil_genctl_params p;
+    sil_genctl_params_default(&p);
+    p.max_tokens = 2;
+    p.grace_tokens = 3;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    const char *words[] = { "a", " b", " c", " d", " e", " f", " g", NULL };
+    feed(g, &r, words);
+    assert_int_equal(r.reason, SIL_STOP_LENGTH);
+    assert_int_equal(r.n_pushed, 5);
+    assert_string_equal(sil_genctl_answer(g, NULL), "a b c d e");
+    sil_genctl_free(g);
+
+    /* grace_tokens 0: a hard cut. */
+    p.grace_tokens = 0;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    feed(g, &r, words);
+    assert_int_equal(r.n_pushed, 2);
+    assert_string_equal(sil_genctl_answer(g, NULL), "a b");
+    sil_genctl_free(g);
+}
+
+static void test_markdown_repair(void **state)
+{
+    char fix[SIL_FENCE_REPAIR_MAX];
+    const char *closed = "text\n```c\nint x;\n```\nafter";
+    assert_int_equal(sil_markdown_fence_repair(closed, strlen(closed), fix), 0);
+    const char *open = "text\n```c\nint x;";
+    assert_int_equal(sil_markdown_fence_repair(open, strlen(open), fix), 4);
+    assert_string_equal(fix, "\n```");
+    const char *open_nl = "```\ncode\n";
+    assert_int_equal(sil_markdown_fence_repair(open_nl, strlen(open_nl), fix), 3);
+    assert_string_equal(fix, "```");
+    /* A four-backtick fence is not closed by three, nor by a fence with an info string. */
+    const char *four = "````md\n```\ninner\n```python\n";
+    assert_int_equal(sil_markdown_fence_repair(four, strlen(four), fix), 4);
+    assert_string_equal(fix, "````");
+    /* Inline backticks and indented code are not fences. */
+    const char *inline_ticks = "use ```x``` here\n    ```\n";
+    assert_int_equal(sil_markdown_fence_repair(inline_ticks, strlen(inline_ticks), fix), 0);
+
+    /* In a generation the fix is streamed at the end and is part of the answer. */
+    struct sil_genctl *g = make(NULL, 0, 0);
+    const char *pieces[] = { "```", "python\n", "print(1)", NULL };
+    struct run r;
+    feed(g, &r, pieces);
+    assert_int_equal(r.reason, SIL_STOP_EOS);
+    assert_string_equal(sil_genctl_answer(g, NULL), "```python\nprint(1)\n```");
+    assert_string_equal(r.streamed_answer, "```python\nprint(1)\n```");
+    sil_genctl_free(g);
+
+    struct sil_genctl_params p;
+    sil_genctl_params_default(&p);
+    p.repair_markdown = false;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    feed(g, &r, pieces);
+    assert_string_equal(sil_genctl_answer(g, NULL), "```python\nprint(1)");
+    sil_genctl_free(g);
+}
+
+static void test_finish_reasons(void **state)
+{
+    struct sil_genctl *g = make(NULL, 0, 0);
+    struct sil_genctl_out o;
+    assert_int_equal(sil_genctl_push(g, TOK, "x", 1, &o), 0);
+    assert_int_equal(sil_genctl_finish(g, SIL_STOP_CANCELLED, &o), SIL_STOP_CANCELLED);
+    /* A second finish or push changes nothing. */
+    assert_int_equal(sil_genctl_finish(g, SIL_STOP_EOS, &o), SIL_STOP_CANCELLED);
+    assert_int_equal(o.n_answer, 0);
+    assert_int_equal(sil_genctl_push(g, TOK, "y", 1, &o), SIL_STOP_CANCELLED);
+    assert_string_equal(sil_genctl_answer(g, NULL), "x");
+    assert_string_equal(sil_stop_reason_name(SIL_STOP_SHUTDOWN), "shutdown");
+    assert_string_equal(sil_stop_reason_name(SIL_STOP_LENGTH), "length");
+    sil_genctl_free(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stop_across_tokens),
+        cmocka_unit_test(test_stop_prefix_released),
+        cmocka_unit_test(test_stop_within_one_token),
+        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_thinking_budget),
+        cmocka_unit_test(test_thinking_zero_and_model_opened),
+        cmocka_unit_test(test_stop_strings_ignore_reasoning),
+        cmocka_unit_test(test_budget_on_sentence_end),
+        cmocka_unit_test(test_grace_finishes_sentence),
+        cmocka_unit_test(test_grace_decimal_and_limit),
+        cmocka_unit_test(test_markdown_repair),
+        cmocka_unit_test(test_finish_reasons),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
