@@ -1,0 +1,193 @@
+#include "kernels/cpu/matmul.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quants.h"
+
+/* Weight rows per work chunk: a chunk's rows stay in L1/L2 while every input row passes. */
+#define CHUNK_ROWS 16
+
+static int format_of_type(int t)
+{
+    return t == SIL_TYPE_Q8_0 ? 1 : t == SIL_TYPE_Q8_K ? 2 : 0;
+}
+
+/* The activation format (index) weight type wtype is multiplied with. */
+static int input_format(const struct sil_mm_input *in, int wtype)
+{
+    if (in->exact)
+        return 0;
+    const struct sil_type_traits *tt = sil_type_traits(wtype);
+    return format_of_type(tt->vec_dot_type);
+}
+
+static int format_type(int f)
+{
+    return f == 1 ? SIL_TYPE_Q8_0 : f == 2 ? SIL_TYPE_Q8_K : SIL_TYPE_F32;
+}
+
+size_t sil_mm_input_bytes(int wtype, int64_t k, int64_t n)
+{
+    const struct sil_type_traits *tt = sil_type_traits(wtype);
+    int f = tt ? format_of_type(tt->vec_dot_type) : 0;
+    if (f == 0)
+        return 0;
+    return sil_row_size(format_type(f), k) * (size_t)n;
+}
+
+static size_t format_bytes(int f, int64_t k, int64_t n)
+{
+    if (f == 0)
+        return 0;
+    /* Round k up to the block so a buffer sized for k_max holds any smaller k's rows. */
+    int64_t bs = sil_type_traits(format_type(f))->block_size;
+    int64_t kk = (k + bs - 1) / bs * bs;
+    return sil_row_size(format_type(f), kk) * (size_t)n;
+}
+
+size_t sil_mm_input_bytes_all(int64_t k, int64_t n)
+{
+    size_t total = 0;
+    for (int f = 1; f < SIL_MM_FORMATS; f++)
+        total += (format_bytes(f, k, n) + 63) & ~(size_t)63;
+    return total;
+}
+
+void sil_mm_input_init(struct sil_mm_input *in, const float *x, int64_t n, int64_t k, bool exact,
+                       void *buf, int64_t k_max, int64_t n_max)
+{
+    memset(in, 0, sizeof(*in));
+    in->x = x;
+    in->n = n;
+    in->k = k;
+    in->exact = exact;
+    char *p = buf;
+    for (int f = 1; f < SIL_MM_FORMATS; f++) {
+        size_t b = (format_bytes(f, k_max, n_max) + 63) & ~(size_t)63;
+        in->buf[f] = p;
+        in->buf_bytes[f] = b;
+        p += b;
+    }
+}
+
+struct prep_task {
+    struct sil_mm_input *in;
+    int f;
+};
+
+static void prep_run(void *arg, int ith, int nth)
+{
+    struct prep_task *t = arg;
+    struct sil_mm_input *in = t->in;
+    const struct sil_type_traits *tt = sil_type_traits(format_type(t->f));
+    size_t rs = sil_row_size(format_type(t->f), in->k);
+    long lo, hi;
+    sil_split_range(in->n, ith, nth, &lo, &hi);
+    for (long j = lo; j < hi; j++)
+        tt->from_float(in->x + j * in->k, (char *)in->buf[t->f] + (size_t)j * rs, in->k);
+}
+
+void sil_mm_input_prepare(struct sil_threadpool *tp, struct sil_mm_input *in, int wtype)
+{
+    int f = input_format(in, wtype);
+    if (f == 0 || in->ready[f])
+        return;
+    struct prep_task t = {in, f};
+    if (in->n * in->k < 4096)
+        prep_run(&t, 0, 1); /* a decode row: not worth waking the pool */
+    else
+        sil_threadpool_run(tp, prep_run, &t);
+    in->ready[f] = true;
+}
+
+int64_t sil_matmul_scratch_floats(int64_t k_max)
+{
+    return (k_max + 15) / 16 * 16;
+}
+
+struct mm_task {
+    const struct sil_mm_job *jobs;
+    int n_jobs;
+    long chunk_start[64 + 1]; /* first chunk index of each job (n_jobs <= 64) */
+    atomic_long next;
+    float *scratch;
+    int64_t scratch_stride;
+};
+
+static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scratch)
+{
+    const struct sil_mm_input *in = jb->in;
+    const int64_t k = in->k;
+    const struct sil_type_traits *wt = sil_type_traits(jb->wtype);
+    const size_t wrs = sil_row_size(jb->wtype, k);
+    int f = input_format(in, jb->wtype);
+    const bool dequant = f == 0 && jb->wtype != SIL_TYPE_F32 && in->exact;
+    const size_t ars = f == 0 ? (size_t)k * sizeof(float) : sil_row_size(format_type(f), k);
+    const char *abase = f == 0 ? (const char *)in->x : (const char *)in->buf[f];
+    for (long r = r0; r < r1; r++) {
+        const void *wrow = (const char *)jb->w + (size_t)r * wrs;
+        if (dequant) {
+            wt->to_float(wrow, scratch, k);
+            for (int64_t j = 0; j < jb->n_rows; j++) {
+                int64_t src = jb->rows ? jb->rows[j] : j;
+                jb->y[j * jb->ldy + r] = sil_dot_f32(scratch, in->x + src * k, k);
+            }
+        } else {
+            for (int64_t j = 0; j < jb->n_rows; j++) {
+                int64_t src = jb->rows ? jb->rows[j] : j;
+                jb->y[j * jb->ldy + r] = wt->vec_dot(k, wrow, abase + (size_t)src * ars);
+            }
+        }
+    }
+}
+
+static void mm_run(void *arg, int ith, int nth)
+{
+    struct mm_task *t = arg;
+    (void)nth;
+    float *scratch = t->scratch + (int64_t)ith * t->scratch_stride;
+    long total = t->chunk_start[t->n_jobs];
+    int job = 0;
+    for (;;) {
+        long c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (c >= total)
+            break;
+        while (c >= t->chunk_start[job + 1])
+            job++;
+        while (c < t->chunk_start[job])
+            job--;
+        const struct sil_mm_job *jb = &t->jobs[job];
+        long r0 = (c - t->chunk_start[job]) * CHUNK_ROWS;
+        long r1 = r0 + CHUNK_ROWS < jb->m ? r0 + CHUNK_ROWS : jb->m;
+        run_chunk(jb, r0, r1, scratch);
+    }
+}
+
+void sil_matmul(struct sil_threadpool *tp, const struct sil_mm_job *jobs, int n_jobs,
+                float *scratch, int64_t k_max)
+{
+    while (n_jobs > 64) { /* the chunk table is fixed-size; larger lists run in slices */
+        sil_matmul(tp, jobs, 64, scratch, k_max);
+        jobs += 64;
+        n_jobs -= 64;
+    }
+    struct mm_task t;
+    t.jobs = jobs;
+    t.n_jobs = n_jobs;
+    t.chunk_start[0] = 0;
+    int64_t work = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        long nc = jobs[i].n_rows > 0 ? (long)((jobs[i].m + CHUNK_ROWS - 1) / CHUNK_ROWS) : 0;
+        t.chunk_start[i + 1] = t.chunk_start[i] + nc;
+        work += jobs[i].m * jobs[i].n_rows * jobs[i].in->k;
+    }
+    atomic_init(&t.next, 0);
+    t.scratch = scratch;
+    t.scratch_stride = sil_matmul_scratch_floats(k_max);
+    if (work < 32768)
+        mm_run(&t, 0, 1); /* tiny: waking workers costs more than it saves */
+    else
+        sil_threadpool_run(tp, mm_run, &t);
+}
