@@ -1,0 +1,457 @@
+#include "daemon/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+void sil_config_defaults(struct sil_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    strcpy(c->backend, "auto");
+    c->max_message = 16u << 20;
+    c->max_output = 8u << 20;
+    c->max_clients = 256;
+    c->max_queue = 256;
+    c->max_running = 16;
+    c->max_client_requests = 16;
+    c->max_tokens_default = 1024;
+    c->max_tokens_limit = 1 << 20;
+    c->prefill_chunk = 256;
+    c->session_memory = 1ull << 30;
+    c->max_sessions = 32;
+    c->log_level = SIL_LOG_INFO;
+}
+
+int sil_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!isdigit((unsigned char)*s))
+        return -EINVAL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return -ERANGE;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': shift = 10; break;
+    case 'M': shift = 20; break;
+    case 'G': shift = 30; break;
+    case 'T': shift = 40; break;
+    default: return -EINVAL;
+    }
+    if (*end) {
+        end++;
+        if (toupper((unsigned char)*end) == 'I')
+            end++;
+        if (toupper((unsigned char)*end) == 'B')
+            end++;
+        if (*end)
+            return -EINVAL;
+    }
+    if (shift && v > (UINT64_MAX >> shift))
+        return -ERANGE;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static const char *const level_names[] = { [SIL_LOG_ERR] = "err", [SIL_LOG_WARNING] = "warning",
+                                           [SIL_LOG_NOTICE] = "notice", [SIL_LOG_INFO] = "info",
+                                           [SIL_LOG_DEBUG] = "debug" };
+
+int sil_parse_log_level(const char *s)
+{
+    for (int i = SIL_LOG_ERR; i <= SIL_LOG_DEBUG; i++)
+        if (strcasecmp(s, level_names[i]) == 0)
+            return i;
+    if (strcasecmp(s, "error") == 0)
+        return SIL_LOG_ERR;
+    if (strcasecmp(s, "warn") == 0)
+        return SIL_LOG_WARNING;
+    return -EINVAL;
+}
+
+const char *sil_log_level_name(int level)
+{
+    if (level < SIL_LOG_ERR || level > SIL_LOG_DEBUG)
+        return "?";
+    return level_names[level];
+}
+
+static int parse_int(const char *s, long long min, long long max, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end)
+        return -EINVAL;
+    if (errno || v < min || v > max)
+        return -ERANGE;
+    *out = v;
+    return 0;
+}
+
+static int resolve_uid(const char *s, uid_t *out)
+{
+    long long v;
+    if (parse_int(s, 0, 0x7fffffff, &v) == 0) {
+        *out = (uid_t)v;
+        return 0;
+    }
+    struct passwd pw, *res = NULL;
+    char buf[4096];
+    if (getpwnam_r(s, &pw, buf, sizeof buf, &res) != 0 || !res)
+        return -ENOENT;
+    *out = res->pw_uid;
+    return 0;
+}
+
+static int resolve_gid(const char *s, gid_t *out)
+{
+    long long v;
+    if (parse_int(s, 0, 0x7fffffff, &v) == 0) {
+        *out = (gid_t)v;
+        return 0;
+    }
+    struct group gr, *res = NULL;
+    char buf[8192];
+    if (getgrnam_r(s, &gr, buf, sizeof buf, &res) != 0 || !res)
+        return -ENOENT;
+    *out = res->gr_gid;
+    return 0;
+}
+
+/* A comma/space separated list of user or group names / numbers. */
+static int parse_id_list(const char *val, bool groups, struct sil_config *c, char *why, size_t why_size)
+{
+    char tmp[1024];
+    if (strlen(val) >= sizeof tmp) {
+        snprintf(why, why_size, "list too long");
+        return -EINVAL;
+    }
+    strcpy(tmp, val);
+    char *save = NULL;
+    for (char *tok = strtok_r(tmp, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+        int *n = groups ? &c->n_allow_gids : &c->n_allow_uids;
+        if (*n >= SIL_CONFIG_MAX_IDS) {
+            snprintf(why, why_size, "more than %d entries", SIL_CONFIG_MAX_IDS);
+            return -EINVAL;
+        }
+        int rc = groups ? resolve_gid(tok, &c->allow_gids[*n]) : resolve_uid(tok, &c->allow_uids[*n]);
+        if (rc) {
+            snprintf(why, why_size, "no such %s '%.64s'", groups ? "group" : "user", tok);
+            return -EINVAL;
+        }
+        (*n)++;
+    }
+    return 0;
+}
+
+static int set_str(char *dst, size_t size, const char *val, char *why, size_t why_size)
+{
+    if (strlen(val) >= size) {
+        snprintf(why, why_size, "value longer than %zu bytes", size - 1);
+        return -EINVAL;
+    }
+    strcpy(dst, val);
+    return 0;
+}
+
+#define INT_KEY(name, field, lo, hi)                                                               \
+    if (strcmp(key, name) == 0) {                                                                  \
+        long long v;                                                                               \
+        int rc = parse_int(val, lo, hi, &v);                                                       \
+        if (rc) {                                                                                  \
+            snprintf(why, why_size, "expected an integer in [%lld, %lld]", (long long)(lo),        \
+                     (long long)(hi));                                                             \
+            return rc;                                                                             \
+        }                                                                                          \
+        c->field = v;                                                                              \
+        return 0;                                                                                  \
+    }
+#define SIZE_KEY(name, field, lo)                                                                  \
+    if (strcmp(key, name) == 0) {                                                                  \
+        uint64_t v;                                                                                \
+        int rc = sil_parse_size(val, &v);                                                          \
+        if (rc == 0 && v + 1 < (uint64_t)(lo) + 1)                                                                 \
+            rc = -ERANGE;                                                                          \
+        if (rc) {                                                                                  \
+            snprintf(why, why_size, "expected a size (e.g. 512M, 4G) of at least %llu",            \
+                     (unsigned long long)(lo));                                                    \
+            return rc;                                                                             \
+        }                                                                                          \
+        c->field = v;                                                                              \
+        return 0;                                                                                  \
+    }
+
+/* One setting, from the file or a flag. */
+static int set_key(struct sil_config *c, const char *key, const char *val, char *why, size_t why_size)
+{
+    if (strcmp(key, "model") == 0)
+        return set_str(c->model, sizeof c->model, val, why, why_size);
+    if (strcmp(key, "socket") == 0)
+        return set_str(c->socket, sizeof c->socket, val, why, why_size);
+    if (strcmp(key, "backend") == 0) {
+        if (strcmp(val, "cpu") && strcmp(val, "cuda") && strcmp(val, "auto")) {
+            snprintf(why, why_size, "expected cpu, cuda or auto");
+            return -EINVAL;
+        }
+        strcpy(c->backend, val);
+        return 0;
+    }
+    if (strcmp(key, "log_level") == 0) {
+        int l = sil_parse_log_level(val);
+        if (l < 0) {
+            snprintf(why, why_size, "expected err, warning, notice, info or debug");
+            return -EINVAL;
+        }
+        c->log_level = l;
+        return 0;
+    }
+    if (strcmp(key, "allow_users") == 0) {
+        c->n_allow_uids = 0;
+        return parse_id_list(val, false, c, why, why_size);
+    }
+    if (strcmp(key, "allow_groups") == 0) {
+        c->n_allow_gids = 0;
+        return parse_id_list(val, true, c, why, why_size);
+    }
+    if (strcmp(key, "socket_group") == 0) {
+        gid_t g;
+        if (*val && resolve_gid(val, &g)) {
+            snprintf(why, why_size, "no such group '%.64s'", val);
+            return -EINVAL;
+        }
+        return set_str(c->socket_group, sizeof c->socket_group, val, why, why_size);
+    }
+    INT_KEY("threads", threads, 0, 1024)
+    INT_KEY("context", ctx, 0, 1 << 24)
+    INT_KEY("max_clients", max_clients, 1, 65536)
+    INT_KEY("max_queue", max_queue, 0, 1 << 20)
+    INT_KEY("max_running", max_running, 1, 1024)
+    INT_KEY("max_client_requests", max_client_requests, 1, 1 << 16)
+    INT_KEY("max_tokens_default", max_tokens_default, 1, 1 << 24)
+    INT_KEY("max_tokens_limit", max_tokens_limit, 1, 1 << 24)
+    INT_KEY("prefill_chunk", prefill_chunk, 1, 1 << 16)
+    INT_KEY("max_sessions", max_sessions, 0, 4096)
+    SIZE_KEY("vram_budget", vram_budget, 0)
+    SIZE_KEY("max_message", max_message, 1024)
+    SIZE_KEY("max_output", max_output, 4096)
+    SIZE_KEY("session_memory", session_memory, 0)
+    snprintf(why, why_size, "unknown key");
+    return -EINVAL;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = 0;
+    return s;
+}
+
+int sil_config_load_file(struct sil_config *c, const char *path, struct sil_error *err)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return sil_errorf(err, -errno, "%s: %s", path, strerror(errno));
+    char line[4096];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t n = strlen(line);
+        if (n == sizeof line - 1 && line[n - 1] != '\n') {
+            rc = sil_errorf(err, -EINVAL, "%s:%d: line longer than %zu bytes", path, lineno, sizeof line - 2);
+            break;
+        }
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = 0;
+        char *s = trim(line);
+        if (!*s)
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            rc = sil_errorf(err, -EINVAL, "%s:%d: expected 'key = value'", path, lineno);
+            break;
+        }
+        *eq = 0;
+        char *key = trim(s), *val = trim(eq + 1);
+        size_t vl = strlen(val);
+        if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
+            val[vl - 1] = 0;
+            val++;
+        }
+        char why[256];
+        if (set_key(c, key, val, why, sizeof why)) {
+            rc = sil_errorf(err, -EINVAL, "%s:%d: %s: %s", path, lineno, key, why);
+            break;
+        }
+    }
+    fclose(f);
+    if (rc == 0)
+        snprintf(c->config_path, sizeof c->config_path, "%s", path);
+    return rc;
+}
+
+enum {
+    OPT_INSPECT = 256,
+    OPT_LOG_LEVEL,
+    OPT_VRAM,
+    OPT_NO_MODEL,
+    OPT_CTX,
+    OPT_VERSION,
+};
+
+static const struct option long_opts[] = {
+    { "model", required_argument, NULL, 'm' },
+    { "socket", required_argument, NULL, 's' },
+    { "threads", required_argument, NULL, 't' },
+    { "backend", required_argument, NULL, 'b' },
+    { "config", required_argument, NULL, 'c' },
+    { "foreground", no_argument, NULL, 'f' },
+    { "help", no_argument, NULL, 'h' },
+    { "inspect", required_argument, NULL, OPT_INSPECT },
+    { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
+    { "vram-budget", required_argument, NULL, OPT_VRAM },
+    { "context", required_argument, NULL, OPT_CTX },
+    { "no-model", no_argument, NULL, OPT_NO_MODEL },
+    { "version", no_argument, NULL, OPT_VERSION },
+    { 0, 0, 0, 0 },
+};
+
+static const char short_opts[] = "+m:s:t:b:c:fh";
+
+static int flag_key(int opt, const char **key)
+{
+    switch (opt) {
+    case 'm': *key = "model"; return 1;
+    case 's': *key = "socket"; return 1;
+    case 't': *key = "threads"; return 1;
+    case 'b': *key = "backend"; return 1;
+    case OPT_LOG_LEVEL: *key = "log_level"; return 1;
+    case OPT_VRAM: *key = "vram_budget"; return 1;
+    case OPT_CTX: *key = "context"; return 1;
+    }
+    return 0;
+}
+
+int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, char *const *argv,
+                         struct sil_error *err)
+{
+    sil_config_defaults(c);
+    memset(cli, 0, sizeof(*cli));
+    const char *config_path = NULL;
+    int opt;
+
+    /* First pass: which config file, and errors in the flags themselves. */
+    optind = 0;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, short_opts, long_opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': config_path = optarg; break;
+        case 'h': cli->action = SIL_CLI_HELP; break;
+        case OPT_VERSION: cli->action = SIL_CLI_VERSION; break;
+        case OPT_INSPECT:
+            cli->action = SIL_CLI_INSPECT;
+            cli->inspect_path = optarg;
+            break;
+        case '?':
+            if (optopt)
+                return sil_errorf(err, -EINVAL, "unknown option or missing argument: -%c", optopt);
+            return sil_errorf(err, -EINVAL, "unknown option or missing argument: %s", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return sil_errorf(err, -EINVAL, "unexpected argument '%s'", argv[optind]);
+    if (cli->action != SIL_CLI_RUN)
+        return 0;
+
+    if (config_path) {
+        int rc = sil_config_load_file(c, config_path, err);
+        if (rc)
+            return rc;
+    } else {
+        int rc = sil_config_load_file(c, SIL_DEFAULT_CONFIG, err);
+        if (rc && rc != -ENOENT)
+            return rc;
+        memset(err, 0, sizeof(*err));
+    }
+
+    optind = 0;
+    while ((opt = getopt_long(argc, argv, short_opts, long_opts, NULL)) != -1) {
+        const char *key;
+        if (opt == 'f') {
+            c->foreground = true;
+        } else if (opt == OPT_NO_MODEL) {
+            c->no_model = true;
+        } else if (flag_key(opt, &key)) {
+            char why[256];
+            if (set_key(c, key, optarg, why, sizeof why))
+                return sil_errorf(err, -EINVAL, "option --%s: %s", key, why);
+        }
+    }
+    optind = 0;
+    if (!c->no_model && !c->model[0])
+        return sil_errorf(err, -EINVAL, "no model: give --model FILE or 'model =' in %s",
+                          config_path ? config_path : SIL_DEFAULT_CONFIG);
+    if (c->max_tokens_default > c->max_tokens_limit)
+        c->max_tokens_default = c->max_tokens_limit;
+    return 0;
+}
+
+void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src, char *changed_static,
+                           size_t size)
+{
+    changed_static[0] = 0;
+    size_t n = 0;
+#define STATIC(cond, name)                                                                         \
+    if (cond)                                                                                      \
+        n += snprintf(changed_static + n, n < size ? size - n : 0, "%s%s", n ? ", " : "", name);
+    STATIC(strcmp(dst->model, src->model), "model")
+    STATIC(strcmp(dst->socket, src->socket), "socket")
+    STATIC(dst->threads != src->threads, "threads")
+    STATIC(strcmp(dst->backend, src->backend), "backend")
+    STATIC(dst->vram_budget != src->vram_budget, "vram_budget")
+    STATIC(dst->ctx != src->ctx, "context")
+    STATIC(strcmp(dst->socket_group, src->socket_group), "socket_group")
+    STATIC(dst->max_running != src->max_running, "max_running")
+    STATIC(dst->prefill_chunk != src->prefill_chunk, "prefill_chunk")
+#undef STATIC
+    if (n >= size && size > 4)
+        strcpy(changed_static + size - 4, "...");
+    memcpy(dst->allow_uids, src->allow_uids, sizeof dst->allow_uids);
+    dst->n_allow_uids = src->n_allow_uids;
+    memcpy(dst->allow_gids, src->allow_gids, sizeof dst->allow_gids);
+    dst->n_allow_gids = src->n_allow_gids;
+    dst->max_message = src->max_message;
+    dst->max_output = src->max_output;
+    dst->max_clients = src->max_clients;
+    dst->max_queue = src->max_queue;
+    dst->max_client_requests = src->max_client_requests;
+    dst->max_tokens_default = src->max_tokens_default;
+    dst->max_tokens_limit = src->max_tokens_limit;
+    dst->session_memory = src->session_memory;
+    dst->max_sessions = src->max_sessions;
+    dst->log_level = src->log_level;
+}
+
+void sil_usage(FILE *f)
+{
+    fputs("usage: siliceod --model FILE [--socket PATH] [--threads N] [--backend cpu|cuda|auto]\n"
+          "                [--config PATH] [--vram-budget SIZE] [--context N]\n"
+          "                [--log-level err|warning|notice|info|debug] [--foreground]\n"
+          "       siliceod --no-model [--socket PATH]   (protocol diagnostics only)\n"
+          "       siliceod --inspect FILE\n"
+          "       siliceod --help | --version\n"
+          "Settings are read from " SIL_DEFAULT_CONFIG " (or --config PATH) and overridden by\n"
+          "flags; see siliceod(8) and siliceod.conf(5).\n",
+          f);
+}

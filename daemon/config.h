@@ -1,0 +1,84 @@
+/* siliceod configuration: built-in defaults, then the config file (--config PATH, else
+ * /etc/siliceo/siliceod.conf when it exists), then command-line flags. siliceod.conf(5) lists
+ * every key. The file is "key = value" lines; '#' starts a comment; sizes take K/M/G suffixes.
+ *
+ * SIGHUP re-reads the file and re-applies the flags; what can change live is copied by
+ * sil_config_apply_live(), the rest (model, socket, threads, backend, context) needs a restart. */
+#ifndef SIL_DAEMON_CONFIG_H
+#define SIL_DAEMON_CONFIG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "daemon/engine/error.h"
+
+#define SIL_DEFAULT_CONFIG "/etc/siliceo/siliceod.conf"
+#define SIL_CONFIG_MAX_IDS 32
+
+enum sil_log_level { SIL_LOG_ERR = 3, SIL_LOG_WARNING = 4, SIL_LOG_NOTICE = 5, SIL_LOG_INFO = 6, SIL_LOG_DEBUG = 7 };
+
+struct sil_config {
+    char config_path[PATH_MAX]; /* file read, "" when none */
+    char model[PATH_MAX];
+    char socket[PATH_MAX];      /* "" = the default path (see siliceo-proto.h) */
+    int threads;                /* 0 = online CPUs */
+    char backend[8];            /* cpu | cuda | auto */
+    uint64_t vram_budget;       /* bytes, 0 = no limit */
+    int32_t ctx;                /* positions per sequence, 0 = engine default */
+    /* Who may connect besides the daemon's own uid (and root). */
+    uid_t allow_uids[SIL_CONFIG_MAX_IDS];
+    int n_allow_uids;
+    gid_t allow_gids[SIL_CONFIG_MAX_IDS];
+    int n_allow_gids;
+    char socket_group[64];      /* group owning the socket ("" = the daemon's); names or numbers */
+    /* Limits. */
+    uint64_t max_message;       /* bytes in one incoming message */
+    uint64_t max_output;        /* bytes queued for one client before it is dropped */
+    int max_clients;
+    int max_queue;              /* requests waiting for a sequence slot */
+    int max_running;            /* sequences generating at once */
+    int max_client_requests;    /* requests in flight per connection */
+    int32_t max_tokens_default; /* answer budget when a request gives none */
+    int32_t max_tokens_limit;   /* largest max_tokens accepted */
+    int32_t prefill_chunk;      /* prompt tokens evaluated per step, across requests */
+    uint64_t session_memory;    /* engine state kept by idle sessions, bytes; LRU beyond it */
+    int max_sessions;
+    int log_level;
+    bool foreground;
+    bool no_model;              /* --no-model: protocol-only diagnostics (debug.stream) */
+};
+
+void sil_config_defaults(struct sil_config *c);
+
+/* Reads one config file into c. -ENOENT when it does not exist (err set), -EINVAL with
+ * "file:line: key: why" for a bad line. */
+int sil_config_load_file(struct sil_config *c, const char *path, struct sil_error *err);
+
+/* What the command line asked for besides configuration. */
+enum sil_cli_action { SIL_CLI_RUN, SIL_CLI_HELP, SIL_CLI_VERSION, SIL_CLI_INSPECT };
+struct sil_cli {
+    enum sil_cli_action action;
+    const char *inspect_path;
+};
+
+/* Defaults, the config file, then the flags in argv. Does not touch getopt's global state
+ * beyond resetting it, so it can run again on SIGHUP. */
+int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, char *const *argv,
+                         struct sil_error *err);
+
+/* Copies the settings that can change without a restart from src into dst; names the ones that
+ * differ but cannot (for a log line) in changed_static, "" if none. */
+void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src, char *changed_static,
+                           size_t size);
+
+/* "4G" -> 4 << 30; -EINVAL / -ERANGE. */
+int sil_parse_size(const char *s, uint64_t *out);
+int sil_parse_log_level(const char *s); /* -EINVAL for an unknown name */
+const char *sil_log_level_name(int level);
+
+void sil_usage(FILE *f);
+
+#endif

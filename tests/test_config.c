@@ -1,0 +1,205 @@
+/* siliceod configuration: sizes, the config file (errors name file and line), flags overriding
+ * the file, and what SIGHUP may change live. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemon/config.h"
+
+static char dir[64];
+
+static int setup(void **state)
+{
+    strcpy(dir, "/tmp/sil-test-config-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[128];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void test_sizes(void **state)
+{
+    uint64_t v;
+    assert_int_equal(sil_parse_size("4G", &v), 0);
+    assert_true(v == 4ull << 30);
+    assert_int_equal(sil_parse_size("512MiB", &v), 0);
+    assert_true(v == 512ull << 20);
+    assert_int_equal(sil_parse_size("100", &v), 0);
+    assert_true(v == 100);
+    assert_int_equal(sil_parse_size("1k", &v), 0);
+    assert_true(v == 1024);
+    assert_int_equal(sil_parse_size("-1", &v), -EINVAL);
+    assert_int_equal(sil_parse_size("12X", &v), -EINVAL);
+    assert_int_equal(sil_parse_size("99999999999999999999", &v), -ERANGE);
+    assert_int_equal(sil_parse_size("99999999999T", &v), -ERANGE);
+    assert_int_equal(sil_parse_log_level("debug"), SIL_LOG_DEBUG);
+    assert_int_equal(sil_parse_log_level("warning"), SIL_LOG_WARNING);
+    assert_int_equal(sil_parse_log_level("loud"), -EINVAL);
+}
+
+static void test_file(void **state)
+{
+    const char *p = write_file("a.conf", "# comment\n"
+                                         "model = /models/m.gguf\n"
+                                         "  threads=6   # trailing comment\n"
+                                         "socket = \"/tmp/x.sock\"\n"
+                                         "vram_budget = 7G\n"
+                                         "allow_users = 0, 1234\n"
+                                         "allow_groups = 0\n"
+                                         "session_memory = 256M\n"
+                                         "log_level = debug\n"
+                                         "\n");
+    struct sil_config c;
+    struct sil_error err = { 0 };
+    sil_config_defaults(&c);
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_string_equal(c.model, "/models/m.gguf");
+    assert_int_equal(c.threads, 6);
+    assert_string_equal(c.socket, "/tmp/x.sock");
+    assert_true(c.vram_budget == 7ull << 30);
+    assert_int_equal(c.n_allow_uids, 2);
+    assert_int_equal(c.allow_uids[1], 1234);
+    assert_int_equal(c.n_allow_gids, 1);
+    assert_true(c.session_memory == 256ull << 20);
+    assert_int_equal(c.log_level, SIL_LOG_DEBUG);
+    assert_string_equal(c.config_path, p);
+}
+
+static void test_file_errors(void **state)
+{
+    struct sil_config c;
+    struct sil_error err = { 0 };
+    sil_config_defaults(&c);
+    const char *p = write_file("b.conf", "threads = 2\nbogus_key = 1\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "b.conf:2: bogus_key: unknown key"));
+
+    p = write_file("c.conf", "threads = many\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "c.conf:1: threads"));
+
+    p = write_file("d.conf", "backend = tpu\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "backend"));
+
+    p = write_file("e.conf", "just words\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "e.conf:1"));
+
+    p = write_file("f.conf", "allow_users = no-such-user-here\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "no such user"));
+
+    p = write_file("g.conf", "max_message = 10\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+
+    char missing[128];
+    snprintf(missing, sizeof missing, "%s/none.conf", dir);
+    assert_int_equal(sil_config_load_file(&c, missing, &err), -ENOENT);
+    assert_non_null(strstr(err.msg, "none.conf"));
+}
+
+static void test_flags_override_file(void **state)
+{
+    const char *p = write_file("h.conf", "model = /from/file.gguf\nthreads = 3\nmax_running = 4\n");
+    char path[128];
+    snprintf(path, sizeof path, "%s", p);
+    char *argv[] = { "siliceod", "--config", path, "--threads", "9", "-s", "/tmp/s.sock",
+                     "--log-level", "warning", "--foreground", NULL };
+    struct sil_config c;
+    struct sil_cli cli;
+    struct sil_error err = { 0 };
+    assert_int_equal(sil_config_from_args(&c, &cli, 10, argv, &err), 0);
+    assert_int_equal(cli.action, SIL_CLI_RUN);
+    assert_string_equal(c.model, "/from/file.gguf");
+    assert_int_equal(c.threads, 9);
+    assert_int_equal(c.max_running, 4);
+    assert_string_equal(c.socket, "/tmp/s.sock");
+    assert_int_equal(c.log_level, SIL_LOG_WARNING);
+    assert_true(c.foreground);
+
+    /* The same again (SIGHUP re-parses argv). */
+    assert_int_equal(sil_config_from_args(&c, &cli, 10, argv, &err), 0);
+    assert_int_equal(c.threads, 9);
+
+    char *bad[] = { "siliceod", "--config", path, "--threads", "x", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 5, bad, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "threads"));
+
+    char *unknown[] = { "siliceod", "--frobnicate", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 2, unknown, &err), -EINVAL);
+
+    char *inspect[] = { "siliceod", "--inspect", "/x.gguf", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 3, inspect, &err), 0);
+    assert_int_equal(cli.action, SIL_CLI_INSPECT);
+    assert_string_equal(cli.inspect_path, "/x.gguf");
+
+    const char *q = write_file("i.conf", "threads = 1\n");
+    snprintf(path, sizeof path, "%s", q);
+    char *nomodel[] = { "siliceod", "--config", path, NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 3, nomodel, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "no model"));
+    char *diag[] = { "siliceod", "--config", path, "--no-model", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 4, diag, &err), 0);
+    assert_true(c.no_model);
+}
+
+static void test_live_reload(void **state)
+{
+    struct sil_config a, b;
+    sil_config_defaults(&a);
+    sil_config_defaults(&b);
+    strcpy(a.model, "/m1");
+    strcpy(b.model, "/m2");
+    b.threads = 7;
+    b.log_level = SIL_LOG_DEBUG;
+    b.max_clients = 3;
+    b.n_allow_uids = 1;
+    b.allow_uids[0] = 42;
+    char changed[256];
+    sil_config_apply_live(&a, &b, changed, sizeof changed);
+    assert_string_equal(changed, "model, threads");
+    assert_string_equal(a.model, "/m1");
+    assert_int_equal(a.threads, 0);
+    assert_int_equal(a.log_level, SIL_LOG_DEBUG);
+    assert_int_equal(a.max_clients, 3);
+    assert_int_equal(a.n_allow_uids, 1);
+    assert_int_equal(a.allow_uids[0], 42);
+    sil_config_apply_live(&a, &a, changed, sizeof changed);
+    assert_string_equal(changed, "");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_file),
+        cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_flags_override_file),
+        cmocka_unit_test(test_live_reload),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
