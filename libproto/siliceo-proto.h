@@ -31,7 +31,7 @@ extern "C" {
 /* Protocol version spoken by this library; `hello` negotiates it (siliceo-rpc(7)). */
 #define SIL_RPC_PROTOCOL_VERSION 1
 
-#define SIL_RPC_DEFAULT_MAX_MSG (16u << 20) /* bytes in one message */
+#define SIL_RPC_DEFAULT_MAX_MSG (4u << 20)  /* bytes in one message */
 #define SIL_RPC_DEFAULT_MAX_DEPTH 16        /* nesting of arrays/maps, the outer array is 1 */
 #define SIL_RPC_MAX_DEPTH_LIMIT 32          /* hard ceiling for max_depth */
 #define SIL_RPC_METHOD_MAX 64               /* bytes in a method name, NUL included */
@@ -101,7 +101,8 @@ void sil_rpc_msg_release(struct sil_rpc_msg *msg);
 /* Incremental unpacker: feed bytes as they arrive, take complete messages out. Framing is done
  * by a bounded scanner before msgpack-c sees the bytes, so a message over max_msg, nested deeper
  * than max_depth, or declaring more elements than it has bytes, costs at most max_msg of buffer
- * and never an allocation sized by the peer. Not thread-safe; one per connection. */
+ * and never an allocation sized by the peer: a decoded message takes at most about 25 times its
+ * wire size (one msgpack_object per element). Not thread-safe; one per connection. */
 struct sil_rpc_unpacker;
 
 /* max_msg 0 -> SIL_RPC_DEFAULT_MAX_MSG; max_depth 0 -> SIL_RPC_DEFAULT_MAX_DEPTH (at most
@@ -263,6 +264,8 @@ struct sil_rpc_client {
     struct sil_rpc_buf out;
     struct sil_rpc_msg resp; /* last response, owned by the client until the next call */
     bool have_resp;
+    uint32_t cancel_id; /* msgid of a cancel sent from a callback: its response is swallowed */
+    bool cancel_sent;
 };
 
 /* Called for each notification (and each response to another msgid) that arrives while a call

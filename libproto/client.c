@@ -1,0 +1,200 @@
+/* Blocking request -> response client, with notifications passed to a callback. */
+#include "siliceo-proto.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define READ_CHUNK 65536
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int sil_rpc_client_init_fd(struct sil_rpc_client *c, int fd, struct sil_rpc_error *err)
+{
+    memset(c, 0, sizeof(*c));
+    c->fd = fd;
+    c->next_id = 1;
+    c->up = sil_rpc_unpacker_new(0, 0);
+    if (!c->up) {
+        close(fd);
+        c->fd = -1;
+        return sil_rpc_errorf(err, -ENOMEM, 0, "out of memory");
+    }
+    sil_rpc_buf_init(&c->out, 0);
+    return 0;
+}
+
+int sil_rpc_client_open(struct sil_rpc_client *c, const char *path, struct sil_rpc_error *err)
+{
+    char def[4096];
+    memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    if (!path) {
+        if (sil_rpc_socket_path(NULL, def, sizeof(def)) < 0)
+            return sil_rpc_errorf(err, -ENAMETOOLONG, 0, "socket path too long");
+        path = def;
+    }
+    int fd = sil_rpc_connect(path, err);
+    if (fd < 0)
+        return fd;
+    return sil_rpc_client_init_fd(c, fd, err);
+}
+
+void sil_rpc_client_close(struct sil_rpc_client *c)
+{
+    if (c->have_resp)
+        sil_rpc_msg_release(&c->resp);
+    c->have_resp = false;
+    sil_rpc_unpacker_free(c->up);
+    c->up = NULL;
+    sil_rpc_buf_free(&c->out);
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+}
+
+msgpack_packer *sil_rpc_client_begin(struct sil_rpc_client *c, const char *method)
+{
+    sil_rpc_buf_reset(&c->out);
+    c->pending_id = c->next_id++;
+    if (c->next_id == 0)
+        c->next_id = 1;
+    return sil_rpc_begin_request(&c->out, c->pending_id, method);
+}
+
+static int remaining(const struct sil_rpc_client *c, int64_t deadline)
+{
+    if (c->timeout_ms <= 0)
+        return -1;
+    int64_t left = deadline - now_ms();
+    return left < 0 ? 0 : (int)left;
+}
+
+static int send_all(struct sil_rpc_client *c, int64_t deadline, struct sil_rpc_error *err)
+{
+    while (sil_rpc_buf_size(&c->out) > 0) {
+        ssize_t w = send(c->fd, sil_rpc_buf_head(&c->out), sil_rpc_buf_size(&c->out),
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            sil_rpc_buf_consume(&c->out, (size_t)w);
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return sil_rpc_errorf(err, errno == EPIPE ? -ECONNRESET : -errno, 0,
+                                  "send: %s", strerror(errno));
+        struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+        int t = remaining(c, deadline);
+        if (t == 0)
+            return sil_rpc_errorf(err, -ETIMEDOUT, 0, "timed out sending the request");
+        if (poll(&p, 1, t) < 0 && errno != EINTR)
+            return sil_rpc_errorf(err, -errno, 0, "poll: %s", strerror(errno));
+    }
+    return 0;
+}
+
+int sil_rpc_client_cancel(struct sil_rpc_client *c, struct sil_rpc_error *err)
+{
+    /* The call's own request has been sent in full, so the buffer is free for this one. */
+    c->cancel_id = c->next_id++;
+    if (c->next_id == 0)
+        c->next_id = 1;
+    msgpack_packer *pk = sil_rpc_begin_request(&c->out, c->cancel_id, "cancel");
+    msgpack_pack_map(pk, 1);
+    sil_rpc_kv_uint(pk, "id", c->pending_id);
+    if (sil_rpc_end(&c->out) < 0)
+        return sil_rpc_errorf(err, -ENOMEM, 0, "out of memory");
+    c->cancel_sent = true;
+    int64_t deadline = now_ms() + (c->timeout_ms > 0 ? c->timeout_ms : 0);
+    return send_all(c, deadline, err);
+}
+
+int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void *ud,
+                        const msgpack_object **result, struct sil_rpc_error *err)
+{
+    if (c->have_resp) {
+        sil_rpc_msg_release(&c->resp);
+        c->have_resp = false;
+    }
+    if (sil_rpc_end(&c->out) < 0)
+        return sil_rpc_errorf(err, -ENOMEM, 0, "out of memory packing the request");
+    c->cancel_sent = false;
+    int64_t deadline = now_ms() + (c->timeout_ms > 0 ? c->timeout_ms : 0);
+    int r = send_all(c, deadline, err);
+    if (r < 0)
+        return r;
+    for (;;) {
+        struct sil_rpc_msg m;
+        while ((r = sil_rpc_unpacker_next(c->up, &m, err)) == 1) {
+            if (m.type == SIL_RPC_RESPONSE && m.msgid == c->pending_id) {
+                c->resp = m;
+                c->have_resp = true;
+                if (m.error) {
+                    sil_rpc_read_error(m.error, err);
+                    return -EREMOTEIO;
+                }
+                if (result)
+                    *result = m.result;
+                return 0;
+            }
+            if (m.type == SIL_RPC_RESPONSE && c->cancel_sent && m.msgid == c->cancel_id) {
+                sil_rpc_msg_release(&m);
+                continue;
+            }
+            int nr = notify ? notify(ud, &m) : 0;
+            sil_rpc_msg_release(&m);
+            if (nr < 0)
+                return nr;
+        }
+        if (r < 0) {
+            sil_rpc_error_prefix(err, "reply from the server");
+            return r;
+        }
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        int t = remaining(c, deadline);
+        if (t == 0)
+            return sil_rpc_errorf(err, -ETIMEDOUT, 0, "timed out after %d ms waiting for the reply",
+                                  c->timeout_ms);
+        int pr = poll(&p, 1, t);
+        if (pr < 0 && errno == EINTR) {
+            int nr = notify ? notify(ud, NULL) : 0;
+            if (nr < 0)
+                return nr;
+            continue;
+        }
+        if (pr < 0)
+            return sil_rpc_errorf(err, -errno, 0, "poll: %s", strerror(errno));
+        if (pr == 0)
+            continue;
+        size_t avail;
+        void *space = sil_rpc_unpacker_space(c->up, READ_CHUNK, &avail);
+        if (!space)
+            return sil_rpc_errorf(err, -ENOBUFS, 0, "reply buffer full");
+        ssize_t n = read(c->fd, space, avail);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n < 0)
+            return sil_rpc_errorf(err, errno == ECONNRESET ? -ECONNRESET : -errno, 0, "read: %s",
+                                  strerror(errno));
+        if (n == 0)
+            return sil_rpc_errorf(err, -ECONNRESET, 0, "the server closed the connection");
+        sil_rpc_unpacker_commit(c->up, (size_t)n);
+    }
+}
+
+int sil_rpc_client_call0(struct sil_rpc_client *c, const char *method, sil_rpc_notify_fn notify,
+                         void *ud, const msgpack_object **result, struct sil_rpc_error *err)
+{
+    msgpack_packer *pk = sil_rpc_client_begin(c, method);
+    msgpack_pack_map(pk, 0);
+    return sil_rpc_client_call(c, notify, ud, result, err);
+}
