@@ -60,6 +60,11 @@ int sil_type_from_name(const char *name);
 void sil_dequantize_row(int type, const void *x, float *y, int64_t n);
 void sil_quantize_row_ref(int type, const float *x, void *y, int64_t n);
 
+/* out[r] = vec_dot(n, w + r*row_stride, a) for r < nrows, at the current SIMD level; type must
+ * be supported and a in its vec_dot_type. The building block of the engine's matmul. */
+void sil_vec_dot_rows(int type, int64_t n, const void *w, size_t row_stride, int nrows,
+                      const void *a, float *out);
+
 /* CPU feature dispatch. */
 enum sil_cpu_level { SIL_CPU_SCALAR = 0, SIL_CPU_AVX2 = 1, SIL_CPU_AVX512 = 2, SIL_CPU_AVX512_VNNI = 3 };
 void sil_cpu_init(void); /* idempotent, thread-safe; called by sil_type_traits too */
