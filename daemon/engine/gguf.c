@@ -268,7 +268,8 @@ static int parse_array(struct cursor *c, struct kv *kv, int depth, const char *k
         /* Each element takes at least its 8-byte length. */
         if (n > remain(c) / 8)
             return fail(c, at, "key '%s': string array of %" PRIu64
-                        " elements cannot fit in %" PRIu64 " bytes left", key, n, remain(c));
+                        " elements cannot fit in the %" PRIu64 " bytes before end of file",
+                        key, n, remain(c));
         kv->str_off = malloc((n ? n : 1) * sizeof *kv->str_off);
         if (!kv->str_off)
             return sil_errorf(c->err, -ENOMEM, "%s: key '%s': out of memory for %" PRIu64
@@ -477,11 +478,11 @@ static int parse(struct sil_gguf *g, struct sil_error *err)
     if ((r = rd_u64(&c, &n_tensors, "tensor count")) || (r = rd_u64(&c, &n_kv, "kv count")))
         return r;
     if (n_tensors > remain(&c) / MIN_TENSOR_INFO_BYTES)
-        return fail(&c, 8, "tensor count %" PRIu64 " impossible in %" PRIu64 " bytes left",
-                    n_tensors, remain(&c));
+        return fail(&c, 8, "tensor count %" PRIu64 " cannot fit in the %" PRIu64
+                    " bytes before end of file", n_tensors, remain(&c));
     if (n_kv > remain(&c) / MIN_KV_BYTES)
-        return fail(&c, 16, "kv count %" PRIu64 " impossible in %" PRIu64 " bytes left", n_kv,
-                    remain(&c));
+        return fail(&c, 16, "kv count %" PRIu64 " cannot fit in the %" PRIu64
+                    " bytes before end of file", n_kv, remain(&c));
 
     g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
