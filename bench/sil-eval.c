@@ -1,0 +1,189 @@
+/* sil-eval: offline evaluation tool. Modes so far: --tokenize-file (encode a file's exact bytes
+ * with the model's tokenizer). Options are one table (opt_defs); a new option is a new row and a
+ * field in struct opts. Unknown options and options of modes not built yet are usage errors. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/tokenizer.h"
+
+#define EXIT_USAGE 2
+
+struct opts {
+    const char *model;
+    const char *tokenize_file;
+    bool parse_special;
+    bool add_bos;
+    bool json;
+    bool help;
+    bool version;
+};
+
+enum opt_kind { OPT_FLAG, OPT_STR };
+
+static const struct opt_def {
+    const char *name;
+    enum opt_kind kind;
+    size_t off;
+    const char *metavar;
+    const char *help;
+} opt_defs[] = {
+    {"--model", OPT_STR, offsetof(struct opts, model), "FILE", "GGUF model or vocab-only GGUF"},
+    {"--tokenize-file", OPT_STR, offsetof(struct opts, tokenize_file), "FILE",
+     "tokenize the exact bytes of FILE and print the ids"},
+    {"--parse-special", OPT_FLAG, offsetof(struct opts, parse_special), NULL,
+     "match control-token text (e.g. <|im_start|>) in the input"},
+    {"--add-bos", OPT_FLAG, offsetof(struct opts, add_bos), NULL,
+     "prepend the BOS token when the vocab has one"},
+    {"--json", OPT_FLAG, offsetof(struct opts, json), NULL, "print JSON: {\"ids\": [...]}"},
+    {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
+    {"--version", OPT_FLAG, offsetof(struct opts, version), NULL, "show the version and exit"},
+};
+#define N_OPTS (sizeof opt_defs / sizeof opt_defs[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: sil-eval --model FILE --tokenize-file FILE [--parse-special] [--add-bos] "
+               "[--json]\n\noptions:\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", opt_defs[i].name, opt_defs[i].metavar ? " " : "",
+                 opt_defs[i].metavar ? opt_defs[i].metavar : "");
+        fprintf(f, "  %-24s %s\n", left, opt_defs[i].help);
+    }
+}
+
+/* Parses argv into o; "--name value" and "--name=value" both work. Returns 0 or EXIT_USAGE. */
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *eq = strchr(a, '=');
+        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
+        const struct opt_def *d = NULL;
+        for (size_t k = 0; k < N_OPTS; k++)
+            if (strlen(opt_defs[k].name) == nl && strncmp(opt_defs[k].name, a, nl) == 0)
+                d = &opt_defs[k];
+        if (!d) {
+            fprintf(stderr, "sil-eval: unknown option '%s' (see sil-eval --help)\n", a);
+            return EXIT_USAGE;
+        }
+        char *field = (char *)o + d->off;
+        if (d->kind == OPT_FLAG) {
+            if (eq) {
+                fprintf(stderr, "sil-eval: %s takes no value\n", d->name);
+                return EXIT_USAGE;
+            }
+            *(bool *)field = true;
+        } else {
+            const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!val) {
+                fprintf(stderr, "sil-eval: %s needs a value (%s)\n", d->name, d->metavar);
+                return EXIT_USAGE;
+            }
+            *(const char **)field = val;
+        }
+    }
+    return 0;
+}
+
+static int read_file(const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -errno;
+    size_t cap = 1 << 16, n = 0;
+    char *p = malloc(cap);
+    int rc = 0;
+    while (p) {
+        size_t r = fread(p + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f))
+                rc = -EIO;
+            break;
+        }
+        if (n == cap) {
+            char *q = realloc(p, cap *= 2);
+            if (!q) {
+                free(p);
+                p = NULL;
+            }
+            p = q;
+        }
+    }
+    fclose(f);
+    if (!p)
+        return -ENOMEM;
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    *buf = p;
+    *len = n;
+    return 0;
+}
+
+static int run_tokenize(const struct opts *o)
+{
+    struct sil_error err = {0};
+    struct sil_gguf *g = NULL;
+    struct sil_vocab *v = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t len = 0, n = 0;
+    int rc = EXIT_FAILURE;
+
+    int e = read_file(o->tokenize_file, &text, &len);
+    if (e < 0) {
+        fprintf(stderr, "sil-eval: %s: %s\n", o->tokenize_file, strerror(-e));
+        return EXIT_FAILURE;
+    }
+    if (sil_gguf_open(&g, o->model, &err) < 0 || sil_vocab_load(&v, g, &err) < 0 ||
+        sil_tokenize(v, text, len, o->add_bos, o->parse_special, &ids, &n, &err) < 0) {
+        fprintf(stderr, "sil-eval: %s\n", err.msg);
+        goto out;
+    }
+    fputs(o->json ? "{\"ids\": [" : "", stdout);
+    for (size_t i = 0; i < n; i++)
+        printf(i ? (o->json ? ", %d" : " %d") : "%d", ids[i]);
+    fputs(o->json ? "]}\n" : "\n", stdout);
+    rc = fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+out:
+    free(ids);
+    free(text);
+    sil_vocab_free(v);
+    if (g)
+        sil_gguf_close(g);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {0};
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc;
+    if (o.help) {
+        usage(stdout);
+        return EXIT_SUCCESS;
+    }
+    if (o.version) {
+        printf("sil-eval %s\n", SIL_VERSION);
+        return EXIT_SUCCESS;
+    }
+    if (!o.tokenize_file) {
+        fprintf(stderr, "sil-eval: no mode given: use --tokenize-file FILE (model evaluation is "
+                        "not available yet); see sil-eval --help\n");
+        return EXIT_USAGE;
+    }
+    if (!o.model) {
+        fprintf(stderr, "sil-eval: --tokenize-file needs --model FILE\n");
+        return EXIT_USAGE;
+    }
+    return run_tokenize(&o);
+}

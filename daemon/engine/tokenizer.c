@@ -1,0 +1,1131 @@
+/* Byte-level BPE tokenizer (GGUF tokenizer.ggml.model "gpt2"); see tokenizer.h for the contract.
+ *
+ * Encoding: the text is cut at special tokens (control tokens only when parse_special is set,
+ * user-defined tokens such as "<think>" always, as both reference tokenizers do), every other
+ * fragment is split into words by the pre-tokenizer regex, and every word is merged by BPE
+ * starting from one symbol per byte. Text is not NFC-normalized (same as the GGUF reference
+ * tokenizer; the HF Qwen tokenizer composes characters first and differs on decomposed input). */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "daemon/engine/tokenizer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/gguf.h"
+
+/* tokenizer.ggml.token_type values (same numbering as GGUF's). */
+enum tok_type {
+    TT_UNDEFINED = 0,
+    TT_NORMAL = 1,
+    TT_UNKNOWN = 2,
+    TT_CONTROL = 3,
+    TT_USER_DEFINED = 4,
+    TT_UNUSED = 5,
+    TT_BYTE = 6,
+};
+
+/* The pre-tokenizer regexes, written with case classes instead of (?i:...) so every engine reads
+ * them the same way. */
+#define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+static const char RE_QWEN2[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
+                                               "|\\s+(?!\\S)|\\s+";
+static const char RE_QWEN35[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+                                                "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+                                                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_LLAMA3[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
+                                                "|\\s+(?!\\S)|\\s+";
+static const char RE_GPT2[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
+
+static const struct pre_def {
+    const char *name;
+    const char *regex;
+    bool ignore_merges; /* a word that is itself a token is not merged (Llama 3) */
+} pre_defs[] = {
+    {"qwen2", RE_QWEN2, false},     {"qwen35", RE_QWEN35, false}, {"llama-bpe", RE_LLAMA3, true},
+    {"llama3", RE_LLAMA3, true},    {"smaug-bpe", RE_LLAMA3, false}, {"gpt2", RE_GPT2, false},
+    {"gpt-2", RE_GPT2, false},
+};
+
+/* Open-addressing table of int32 ids keyed by byte strings stored elsewhere. */
+struct str_map {
+    int32_t *slot; /* -1 = empty */
+    uint32_t mask;
+};
+
+struct merge_slot {
+    uint64_t key; /* left << 32 | right; UINT64_MAX = empty */
+    int32_t rank;
+    int32_t result;
+};
+
+struct sil_vocab {
+    int32_t n_tokens;
+    char pre[32];
+    const struct pre_def *pre_def;
+    pcre2_code *re;
+
+    uint8_t *type;      /* [n_tokens] enum tok_type */
+    char *text;         /* token texts as stored in the GGUF, each NUL-terminated */
+    uint32_t *text_off; /* [n_tokens + 1] */
+    char *bytes;        /* decoded bytes of each token (byte-level mapping undone for normal ones) */
+    uint32_t *bytes_off; /* [n_tokens + 1] */
+    uint32_t max_bytes;  /* longest decoded token */
+
+    struct str_map by_text;  /* stored text -> first id with it */
+    struct str_map by_bytes; /* decoded bytes -> id, BPE tokens only */
+    struct merge_slot *merges;
+    uint32_t merge_mask;
+    int32_t byte_tok[256]; /* token of each single byte */
+
+    int32_t *specials; /* ids matched in text, longest first */
+    int32_t n_specials;
+    uint8_t special_first[256]; /* 1 if some special token starts with this byte */
+
+    int32_t bos, eos, eot, pad, im_start, im_end, think_open, think_close;
+    int32_t eog[8];
+    int n_eog;
+    bool add_bos;
+};
+
+/* ---- hashing ---------------------------------------------------------------------------------- */
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 32;
+    x *= 0xd6e8feb86659fd93ULL;
+    x ^= x >> 32;
+    x *= 0xd6e8feb86659fd93ULL;
+    x ^= x >> 32;
+    return x;
+}
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (n * 0xff51afd7ed558ccdULL);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = mix64(h ^ w) + 0x9e3779b97f4a7c15ULL;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    return mix64(h ^ w ^ ((uint64_t)n << 56));
+}
+
+static int str_map_init(struct str_map *m, size_t n)
+{
+    size_t cap = 16;
+    while (cap < n * 2)
+        cap <<= 1;
+    m->slot = malloc(cap * sizeof *m->slot);
+    if (!m->slot)
+        return -ENOMEM;
+    memset(m->slot, 0xff, cap * sizeof *m->slot);
+    m->mask = (uint32_t)(cap - 1);
+    return 0;
+}
+
+/* Finds key among strings base + off[id] (length off[id+1] - off[id] - extra). */
+static int32_t str_map_get(const struct str_map *m, const char *base, const uint32_t *off,
+                           uint32_t extra, const void *key, size_t len)
+{
+    uint32_t i = (uint32_t)hash_bytes(key, len) & m->mask;
+    for (;;) {
+        int32_t id = m->slot[i];
+        if (id < 0)
+            return -1;
+        size_t l = off[id + 1] - off[id] - extra;
+        if (l == len && memcmp(base + off[id], key, len) == 0)
+            return id;
+        i = (i + 1) & m->mask;
+    }
+}
+
+/* Inserts id unless its string is already present (the first id with a text wins). */
+static void str_map_put(struct str_map *m, const char *base, const uint32_t *off, uint32_t extra,
+                        int32_t id)
+{
+    const char *key = base + off[id];
+    size_t len = off[id + 1] - off[id] - extra;
+    uint32_t i = (uint32_t)hash_bytes(key, len) & m->mask;
+    for (;;) {
+        int32_t o = m->slot[i];
+        if (o < 0) {
+            m->slot[i] = id;
+            return;
+        }
+        if (off[o + 1] - off[o] - extra == len && memcmp(base + off[o], key, len) == 0)
+            return;
+        i = (i + 1) & m->mask;
+    }
+}
+
+static inline int32_t text_lookup(const struct sil_vocab *v, const void *s, size_t n)
+{
+    return str_map_get(&v->by_text, v->text, v->text_off, 1, s, n);
+}
+
+static inline int32_t bytes_lookup(const struct sil_vocab *v, const void *s, size_t n)
+{
+    return str_map_get(&v->by_bytes, v->bytes, v->bytes_off, 0, s, n);
+}
+
+static inline const struct merge_slot *merge_get(const struct sil_vocab *v, int32_t l, int32_t r)
+{
+    uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    uint32_t i = (uint32_t)mix64(key) & v->merge_mask;
+    for (;;) {
+        const struct merge_slot *s = &v->merges[i];
+        if (s->key == key)
+            return s;
+        if (s->key == UINT64_MAX)
+            return NULL;
+        i = (i + 1) & v->merge_mask;
+    }
+}
+
+/* ---- byte-level mapping -------------------------------------------------------------------------
+ * GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 bytes (controls,
+ * space, 0x7f-0xa0, 0xad) are mapped in order to code points 256, 257, ... */
+
+static bool byte_is_printable(unsigned b)
+{
+    return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
+}
+
+static void byte_level_tables(uint32_t cp_of_byte[256], int16_t byte_of_cp[512])
+{
+    unsigned n = 0;
+    for (int i = 0; i < 512; i++)
+        byte_of_cp[i] = -1;
+    for (unsigned b = 0; b < 256; b++) {
+        cp_of_byte[b] = byte_is_printable(b) ? b : 256 + n++;
+        byte_of_cp[cp_of_byte[b]] = (int16_t)b;
+    }
+}
+
+/* Length of the valid UTF-8 sequence at s[0..n), 0 if invalid; *cp gets the code point. */
+static int utf8_next(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    unsigned c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    int len;
+    uint32_t v, min;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2, v = c & 0x1f, min = 0x80;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3, v = c & 0x0f, min = 0x800;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4, v = c & 0x07, min = 0x10000;
+    } else {
+        return 0;
+    }
+    if ((size_t)len > n)
+        return 0;
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        v = v << 6 | (s[i] & 0x3f);
+    }
+    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
+        return 0;
+    *cp = v;
+    return len;
+}
+
+/* ---- load --------------------------------------------------------------------------------------- */
+
+void sil_vocab_free(struct sil_vocab *v)
+{
+    if (!v)
+        return;
+    pcre2_code_free(v->re);
+    free(v->type);
+    free(v->text);
+    free(v->text_off);
+    free(v->bytes);
+    free(v->bytes_off);
+    free(v->by_text.slot);
+    free(v->by_bytes.slot);
+    free(v->merges);
+    free(v->specials);
+    free(v);
+}
+
+static int get_opt_id(const struct sil_gguf *g, const char *key, int32_t n_tokens, int32_t *out,
+                      struct sil_error *err)
+{
+    uint32_t id;
+    *out = -1;
+    int rc = sil_gguf_get_u32(g, key, &id, err);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc < 0)
+        return rc;
+    if (id >= (uint32_t)n_tokens)
+        return sil_errorf(err, -EINVAL, "%s: %s = %u is not a token id (vocab has %d tokens)",
+                          sil_gguf_path(g), key, id, n_tokens);
+    *out = (int32_t)id;
+    return 0;
+}
+
+static int cmp_special(const void *a, const void *b, void *ctx)
+{
+    const struct sil_vocab *v = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = v->text_off[x + 1] - v->text_off[x], ly = v->text_off[y + 1] - v->text_off[y];
+    if (lx != ly)
+        return lx > ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int load_tokens(struct sil_vocab *v, const struct sil_gguf *g, struct sil_error *err)
+{
+    const char *path = sil_gguf_path(g);
+    enum sil_gguf_vtype et;
+    uint64_t n;
+    int64_t ki;
+    int rc = sil_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, &ki, err);
+    if (rc < 0)
+        return rc == -ENOENT ? sil_errorf(err, rc, "%s: tokenizer.ggml.tokens: key missing", path)
+                             : rc;
+    if (et != SIL_GGUF_STRING)
+        return sil_errorf(err, -EINVAL, "%s: tokenizer.ggml.tokens: array of %s, expected strings",
+                          path, sil_gguf_vtype_name(et));
+    if (n == 0 || n > (uint64_t)INT32_MAX / 2)
+        return sil_errorf(err, -EINVAL, "%s: tokenizer.ggml.tokens: %llu tokens", path,
+                          (unsigned long long)n);
+    v->n_tokens = (int32_t)n;
+
+    uint64_t total = 0;
+    for (uint64_t j = 0; j < n; j++)
+        total += sil_gguf_arr_str(g, ki, j).len + 1;
+    if (total > UINT32_MAX - 1)
+        return sil_errorf(err, -EINVAL, "%s: tokenizer.ggml.tokens: %llu bytes of text", path,
+                          (unsigned long long)total);
+    v->text = malloc(total);
+    v->text_off = malloc((n + 1) * sizeof *v->text_off);
+    v->type = malloc(n);
+    if (!v->text || !v->text_off || !v->type)
+        return sil_errorf(err, -ENOMEM, "%s: tokenizer: out of memory", path);
+    uint32_t o = 0;
+    for (uint64_t j = 0; j < n; j++) {
+        struct sil_str s = sil_gguf_arr_str(g, ki, j);
+        v->text_off[j] = o;
+        if (s.len)
+            memcpy(v->text + o, s.ptr, s.len);
+        o += (uint32_t)s.len;
+        v->text[o++] = 0;
+    }
+    v->text_off[n] = o;
+
+    memset(v->type, TT_NORMAL, n);
+    rc = sil_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &n, &ki, err);
+    if (rc == 0) {
+        if (n != (uint64_t)v->n_tokens)
+            return sil_errorf(err, -EINVAL,
+                              "%s: tokenizer.ggml.token_type: %llu entries for %d tokens", path,
+                              (unsigned long long)n, v->n_tokens);
+        for (uint64_t j = 0; j < n; j++) {
+            int64_t t;
+            if (sil_gguf_arr_get_i64(g, ki, j, &t) < 0 || t < 0 || t > TT_BYTE)
+                return sil_errorf(err, -EINVAL,
+                                  "%s: tokenizer.ggml.token_type[%llu]: not a token type (0..6)",
+                                  path, (unsigned long long)j);
+            v->type[j] = (uint8_t)(t == TT_UNDEFINED ? TT_NORMAL : t);
+        }
+    } else if (rc != -ENOENT) {
+        return rc;
+    }
+    return 0;
+}
+
+static bool is_bpe_type(uint8_t t)
+{
+    return t == TT_NORMAL || t == TT_BYTE;
+}
+
+/* Decoded bytes of every token: normal tokens lose the byte-level mapping, others keep their
+ * text. A code point outside the mapping is kept as its UTF-8 (it cannot come from BPE). */
+static int decode_tokens(struct sil_vocab *v, struct sil_error *err)
+{
+    uint32_t cp_of_byte[256];
+    int16_t byte_of_cp[512];
+    byte_level_tables(cp_of_byte, byte_of_cp);
+    int32_t n = v->n_tokens;
+    v->bytes = malloc(v->text_off[n] ? v->text_off[n] : 1); /* decoding never grows the text */
+    v->bytes_off = malloc(((size_t)n + 1) * sizeof *v->bytes_off);
+    if (!v->bytes || !v->bytes_off)
+        return sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
+    uint32_t o = 0;
+    for (int32_t id = 0; id < n; id++) {
+        const unsigned char *s = (const unsigned char *)v->text + v->text_off[id];
+        size_t len = v->text_off[id + 1] - v->text_off[id] - 1;
+        v->bytes_off[id] = o;
+        if (!is_bpe_type(v->type[id])) {
+            memcpy(v->bytes + o, s, len);
+            o += (uint32_t)len;
+        } else {
+            size_t i = 0;
+            while (i < len) {
+                uint32_t cp;
+                int l = utf8_next(s + i, len - i, &cp);
+                if (l == 0) {
+                    v->bytes[o++] = (char)s[i++];
+                } else if (cp < 512 && byte_of_cp[cp] >= 0) {
+                    v->bytes[o++] = (char)byte_of_cp[cp];
+                    i += l;
+                } else {
+                    memcpy(v->bytes + o, s + i, l);
+                    o += l;
+                    i += l;
+                }
+            }
+        }
+        if (o - v->bytes_off[id] > v->max_bytes)
+            v->max_bytes = o - v->bytes_off[id];
+    }
+    v->bytes_off[n] = o;
+    return 0;
+}
+
+static int build_maps(struct sil_vocab *v, const struct sil_gguf *g, struct sil_error *err)
+{
+    const char *path = sil_gguf_path(g);
+    int32_t n = v->n_tokens;
+    if (str_map_init(&v->by_text, n) < 0 || str_map_init(&v->by_bytes, n) < 0)
+        return sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
+    for (int32_t id = 0; id < n; id++) {
+        str_map_put(&v->by_text, v->text, v->text_off, 1, id);
+        if (is_bpe_type(v->type[id]))
+            str_map_put(&v->by_bytes, v->bytes, v->bytes_off, 0, id);
+    }
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        v->byte_tok[b] = bytes_lookup(v, &c, 1);
+        if (v->byte_tok[b] < 0)
+            return sil_errorf(err, -EINVAL,
+                              "%s: tokenizer.ggml.tokens: no token for byte 0x%02x (byte-level "
+                              "BPE needs all 256)",
+                              path, b);
+    }
+
+    int32_t ns = 0;
+    for (int32_t id = 0; id < n; id++) {
+        uint8_t t = v->type[id];
+        if ((t == TT_CONTROL || t == TT_USER_DEFINED || t == TT_UNKNOWN) &&
+            v->text_off[id + 1] - v->text_off[id] > 1)
+            ns++;
+    }
+    v->specials = malloc((ns ? ns : 1) * sizeof *v->specials);
+    if (!v->specials)
+        return sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
+    ns = 0;
+    for (int32_t id = 0; id < n; id++) {
+        uint8_t t = v->type[id];
+        if ((t == TT_CONTROL || t == TT_USER_DEFINED || t == TT_UNKNOWN) &&
+            v->text_off[id + 1] - v->text_off[id] > 1) {
+            v->specials[ns++] = id;
+            v->special_first[(unsigned char)v->text[v->text_off[id]]] = 1;
+        }
+    }
+    v->n_specials = ns;
+    qsort_r(v->specials, ns, sizeof *v->specials, cmp_special, v);
+    return 0;
+}
+
+static int load_merges(struct sil_vocab *v, const struct sil_gguf *g, struct sil_error *err)
+{
+    const char *path = sil_gguf_path(g);
+    enum sil_gguf_vtype et;
+    uint64_t n;
+    int64_t ki;
+    int rc = sil_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n, &ki, err);
+    if (rc == -ENOENT) {
+        n = 0;
+    } else if (rc < 0) {
+        return rc;
+    } else if (et != SIL_GGUF_STRING) {
+        return sil_errorf(err, -EINVAL, "%s: tokenizer.ggml.merges: array of %s, expected strings",
+                          path, sil_gguf_vtype_name(et));
+    }
+    if (n > (uint64_t)INT32_MAX / 4)
+        return sil_errorf(err, -EINVAL, "%s: tokenizer.ggml.merges: %llu merges", path,
+                          (unsigned long long)n);
+    size_t cap = 16;
+    while (cap < n * 2)
+        cap <<= 1;
+    v->merges = malloc(cap * sizeof *v->merges);
+    if (!v->merges)
+        return sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
+    for (size_t i = 0; i < cap; i++)
+        v->merges[i].key = UINT64_MAX;
+    v->merge_mask = (uint32_t)(cap - 1);
+
+    char *buf = NULL;
+    size_t buf_cap = 0;
+    for (uint64_t j = 0; j < n; j++) {
+        struct sil_str s = sil_gguf_arr_str(g, ki, j);
+        const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
+        if (!sp) {
+            free(buf);
+            return sil_errorf(err, -EINVAL, "%s: tokenizer.ggml.merges[%llu]: no space in '%.*s'",
+                              path, (unsigned long long)j, (int)(s.len > 64 ? 64 : s.len), s.ptr);
+        }
+        size_t ll = (size_t)(sp - s.ptr), rl = s.len - ll - 1;
+        int32_t l = text_lookup(v, s.ptr, ll), r = text_lookup(v, sp + 1, rl);
+        if (l < 0 || r < 0 || !is_bpe_type(v->type[l]) || !is_bpe_type(v->type[r]))
+            continue; /* a merge of pieces that are not tokens can never fire */
+        if (ll + rl > buf_cap) {
+            buf_cap = (ll + rl) * 2;
+            char *nb = realloc(buf, buf_cap);
+            if (!nb) {
+                free(buf);
+                return sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
+            }
+            buf = nb;
+        }
+        memcpy(buf, s.ptr, ll);
+        memcpy(buf + ll, sp + 1, rl);
+        int32_t res = text_lookup(v, buf, ll + rl);
+        if (res < 0 || !is_bpe_type(v->type[res]))
+            continue;
+        uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+        uint32_t i = (uint32_t)mix64(key) & v->merge_mask;
+        while (v->merges[i].key != UINT64_MAX && v->merges[i].key != key)
+            i = (i + 1) & v->merge_mask;
+        if (v->merges[i].key == key)
+            continue; /* the first (lowest-rank) occurrence wins */
+        v->merges[i] = (struct merge_slot){key, (int32_t)j, res};
+    }
+    free(buf);
+    return 0;
+}
+
+static int compile_pre(struct sil_vocab *v, const struct sil_gguf *g, struct sil_error *err)
+{
+    const char *path = sil_gguf_path(g);
+    struct sil_str s;
+    int rc = sil_gguf_get_str(g, "tokenizer.ggml.pre", &s, err);
+    if (rc == -ENOENT)
+        return sil_errorf(err, -EINVAL,
+                          "%s: tokenizer.ggml.pre: key missing (the pre-tokenizer must be named: "
+                          "qwen2, qwen35, llama-bpe, gpt2)",
+                          path);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < sizeof pre_defs / sizeof pre_defs[0]; i++) {
+        if (strlen(pre_defs[i].name) == s.len && memcmp(pre_defs[i].name, s.ptr, s.len) == 0)
+            v->pre_def = &pre_defs[i];
+    }
+    if (!v->pre_def)
+        return sil_errorf(err, -EINVAL,
+                          "%s: tokenizer.ggml.pre: unknown pre-tokenizer '%.*s' (supported: "
+                          "qwen2, qwen35, llama-bpe, llama3, smaug-bpe, gpt2, gpt-2)",
+                          path, (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    snprintf(v->pre, sizeof v->pre, "%s", v->pre_def->name);
+
+    int ec;
+    PCRE2_SIZE eo;
+    v->re = pcre2_compile((PCRE2_SPTR)v->pre_def->regex, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+    if (!v->re) {
+        char msg[128];
+        pcre2_get_error_message(ec, (PCRE2_UCHAR *)msg, sizeof msg);
+        return sil_errorf(err, -EINVAL, "tokenizer: regex of '%s' at %zu: %s", v->pre,
+                          (size_t)eo, msg);
+    }
+    /* Without JIT the interpreter gives the same results, only slower. */
+    pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE);
+    return 0;
+}
+
+static int32_t find_cstr(const struct sil_vocab *v, const char *s)
+{
+    return text_lookup(v, s, strlen(s));
+}
+
+static void add_eog(struct sil_vocab *v, int32_t id)
+{
+    if (id < 0 || v->n_eog >= (int)(sizeof v->eog / sizeof v->eog[0]))
+        return;
+    for (int i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == id)
+            return;
+    v->eog[v->n_eog++] = id;
+}
+
+int sil_vocab_load(struct sil_vocab **out, const struct sil_gguf *g, struct sil_error *err)
+{
+    *out = NULL;
+    const char *path = sil_gguf_path(g);
+    struct sil_str model;
+    int rc = sil_gguf_get_str(g, "tokenizer.ggml.model", &model, err);
+    if (rc == -ENOENT)
+        return sil_errorf(err, -EINVAL, "%s: tokenizer.ggml.model: key missing", path);
+    if (rc < 0)
+        return rc;
+    if (model.len != 4 || memcmp(model.ptr, "gpt2", 4) != 0)
+        return sil_errorf(err, -EINVAL,
+                          "%s: tokenizer.ggml.model: '%.*s' not supported (only byte-level BPE "
+                          "'gpt2')",
+                          path, (int)(model.len > 64 ? 64 : model.len), model.ptr);
+
+    struct sil_vocab *v = calloc(1, sizeof *v);
+    if (!v)
+        return sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
+    if ((rc = compile_pre(v, g, err)) < 0 || (rc = load_tokens(v, g, err)) < 0 ||
+        (rc = decode_tokens(v, err)) < 0 || (rc = build_maps(v, g, err)) < 0 ||
+        (rc = load_merges(v, g, err)) < 0)
+        goto fail;
+
+    int32_t n = v->n_tokens;
+    if ((rc = get_opt_id(g, "tokenizer.ggml.bos_token_id", n, &v->bos, err)) < 0 ||
+        (rc = get_opt_id(g, "tokenizer.ggml.eos_token_id", n, &v->eos, err)) < 0 ||
+        (rc = get_opt_id(g, "tokenizer.ggml.eot_token_id", n, &v->eot, err)) < 0 ||
+        (rc = get_opt_id(g, "tokenizer.ggml.padding_token_id", n, &v->pad, err)) < 0)
+        goto fail;
+    rc = sil_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &v->add_bos, err);
+    if (rc == -ENOENT)
+        v->add_bos = false;
+    else if (rc < 0)
+        goto fail;
+
+    v->im_start = find_cstr(v, "<|im_start|>");
+    v->im_end = find_cstr(v, "<|im_end|>");
+    v->think_open = find_cstr(v, "<think>");
+    v->think_close = find_cstr(v, "</think>");
+    if (v->eot < 0)
+        v->eot = v->im_end >= 0 ? v->im_end : find_cstr(v, "<|eot_id|>");
+    add_eog(v, v->eos);
+    add_eog(v, v->eot);
+    add_eog(v, v->im_end);
+    static const char *const eog_texts[] = {"<|endoftext|>", "<|eot_id|>", "<|eom_id|>",
+                                            "<|end_of_text|>"};
+    for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
+        int32_t id = find_cstr(v, eog_texts[i]);
+        if (id >= 0 && v->type[id] == TT_CONTROL)
+            add_eog(v, id);
+    }
+    *out = v;
+    return 0;
+fail:
+    sil_vocab_free(v);
+    return rc;
+}
+
+/* ---- accessors ---------------------------------------------------------------------------------- */
+
+int32_t sil_vocab_n_tokens(const struct sil_vocab *v)
+{
+    return v->n_tokens;
+}
+const char *sil_vocab_pre(const struct sil_vocab *v)
+{
+    return v->pre;
+}
+int32_t sil_vocab_bos(const struct sil_vocab *v)
+{
+    return v->bos;
+}
+int32_t sil_vocab_eos(const struct sil_vocab *v)
+{
+    return v->eos;
+}
+int32_t sil_vocab_eot(const struct sil_vocab *v)
+{
+    return v->eot;
+}
+int32_t sil_vocab_pad(const struct sil_vocab *v)
+{
+    return v->pad;
+}
+int32_t sil_vocab_im_start(const struct sil_vocab *v)
+{
+    return v->im_start;
+}
+int32_t sil_vocab_im_end(const struct sil_vocab *v)
+{
+    return v->im_end;
+}
+int32_t sil_vocab_think_open(const struct sil_vocab *v)
+{
+    return v->think_open;
+}
+int32_t sil_vocab_think_close(const struct sil_vocab *v)
+{
+    return v->think_close;
+}
+bool sil_vocab_add_bos(const struct sil_vocab *v)
+{
+    return v->add_bos;
+}
+
+bool sil_vocab_is_eog(const struct sil_vocab *v, int32_t id)
+{
+    for (int i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == id)
+            return true;
+    return false;
+}
+
+bool sil_vocab_is_special(const struct sil_vocab *v, int32_t id)
+{
+    if (id < 0 || id >= v->n_tokens)
+        return false;
+    return !is_bpe_type(v->type[id]);
+}
+
+int32_t sil_vocab_find(const struct sil_vocab *v, const char *text, size_t len)
+{
+    return text_lookup(v, text, len);
+}
+
+int sil_token_bytes(const struct sil_vocab *v, int32_t id, const char **bytes)
+{
+    if (id < 0 || id >= v->n_tokens)
+        return -EINVAL;
+    *bytes = v->bytes + v->bytes_off[id];
+    return (int)(v->bytes_off[id + 1] - v->bytes_off[id]);
+}
+
+/* ---- encode ------------------------------------------------------------------------------------- */
+
+struct id_buf {
+    int32_t *ids;
+    size_t n, cap;
+};
+
+static int id_push(struct id_buf *b, int32_t id)
+{
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        int32_t *p = realloc(b->ids, cap * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        b->ids = p;
+        b->cap = cap;
+    }
+    b->ids[b->n++] = id;
+    return 0;
+}
+
+struct heap_ent {
+    uint64_t key; /* rank << 32 | position: lowest rank first, then leftmost */
+    int32_t left, right;
+};
+
+/* Per-call scratch, grown as needed and freed at the end of the call. */
+struct scratch {
+    int32_t *sym;  /* symbol ids */
+    int32_t *next; /* linked list for long words */
+    int32_t *prev;
+    struct heap_ent *heap;
+    size_t cap, heap_cap;
+};
+
+static int scratch_reserve(struct scratch *s, size_t n)
+{
+    if (n <= s->cap)
+        return 0;
+    size_t cap = s->cap ? s->cap : 64;
+    while (cap < n)
+        cap *= 2;
+    int32_t *a = realloc(s->sym, cap * sizeof *a);
+    if (!a)
+        return -ENOMEM;
+    s->sym = a;
+    a = realloc(s->next, cap * sizeof *a);
+    if (!a)
+        return -ENOMEM;
+    s->next = a;
+    a = realloc(s->prev, cap * sizeof *a);
+    if (!a)
+        return -ENOMEM;
+    s->prev = a;
+    s->cap = cap;
+    return 0;
+}
+
+static int32_t pair_rank(const struct sil_vocab *v, int32_t l, int32_t r)
+{
+    const struct merge_slot *m = merge_get(v, l, r);
+    return m ? m->rank : INT32_MAX;
+}
+
+/* BPE on a short word: the symbols stay in one array and every step scans for the best pair.
+ * Quadratic, so only used below a small length where it beats the heap. */
+#define BPE_SHORT 24
+static int bpe_short(const struct sil_vocab *v, int32_t *sym, int n, struct id_buf *out)
+{
+    int32_t rank[BPE_SHORT];
+    for (int i = 0; i + 1 < n; i++)
+        rank[i] = pair_rank(v, sym[i], sym[i + 1]);
+    while (n > 1) {
+        int best = -1;
+        int32_t br = INT32_MAX;
+        for (int i = 0; i + 1 < n; i++) {
+            if (rank[i] < br) {
+                br = rank[i];
+                best = i;
+            }
+        }
+        if (best < 0)
+            break;
+        sym[best] = merge_get(v, sym[best], sym[best + 1])->result;
+        memmove(sym + best + 1, sym + best + 2, (size_t)(n - best - 2) * sizeof *sym);
+        memmove(rank + best, rank + best + 1, (size_t)(n - best - 2) * sizeof *rank);
+        n--;
+        if (best > 0)
+            rank[best - 1] = pair_rank(v, sym[best - 1], sym[best]);
+        if (best + 1 < n)
+            rank[best] = pair_rank(v, sym[best], sym[best + 1]);
+    }
+    for (int i = 0; i < n; i++)
+        if (id_push(out, sym[i]) < 0)
+            return -ENOMEM;
+    return 0;
+}
+
+static void heap_push(struct heap_ent *h, size_t *n, struct heap_ent e)
+{
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (h[p].key <= e.key)
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = e;
+}
+
+static struct heap_ent heap_pop(struct heap_ent *h, size_t *n)
+{
+    struct heap_ent top = h[0], last = h[--*n];
+    size_t i = 0, m = *n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= m)
+            break;
+        if (c + 1 < m && h[c + 1].key < h[c].key)
+            c++;
+        if (last.key <= h[c].key)
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (m)
+        h[i] = last;
+    return top;
+}
+
+static void heap_add_pair(const struct sil_vocab *v, struct scratch *s, size_t *hn, int32_t i)
+{
+    if (i < 0 || s->next[i] < 0)
+        return;
+    int32_t j = s->next[i];
+    const struct merge_slot *m = merge_get(v, s->sym[i], s->sym[j]);
+    if (m)
+        heap_push(s->heap, hn,
+                  (struct heap_ent){(uint64_t)m->rank << 32 | (uint32_t)i, s->sym[i], s->sym[j]});
+}
+
+/* BPE on a long word: symbols in a linked list, candidate pairs in a binary heap; entries made
+ * stale by earlier merges are recognized on pop because the ids no longer match. O(n log n). */
+static int bpe_long(const struct sil_vocab *v, struct scratch *s, int32_t n, struct id_buf *out)
+{
+    if ((size_t)n > s->heap_cap) {
+        /* each merge adds at most 2 entries and removes one symbol: 3n bounds the heap */
+        size_t cap = (size_t)n * 3;
+        struct heap_ent *h = realloc(s->heap, cap * sizeof *h);
+        if (!h)
+            return -ENOMEM;
+        s->heap = h;
+        s->heap_cap = cap;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        s->prev[i] = i - 1;
+        s->next[i] = i + 1 < n ? i + 1 : -1;
+    }
+    size_t hn = 0;
+    for (int32_t i = 0; i + 1 < n; i++)
+        heap_add_pair(v, s, &hn, i);
+    while (hn) {
+        struct heap_ent e = heap_pop(s->heap, &hn);
+        int32_t i = (int32_t)(uint32_t)e.key, j = s->next[i];
+        if (s->sym[i] != e.left || j < 0 || s->sym[j] != e.right)
+            continue;
+        s->sym[i] = merge_get(v, e.left, e.right)->result;
+        s->sym[j] = -1;
+        s->next[i] = s->next[j];
+        if (s->next[j] >= 0)
+            s->prev[s->next[j]] = i;
+        heap_add_pair(v, s, &hn, s->prev[i]);
+        heap_add_pair(v, s, &hn, i);
+    }
+    for (int32_t i = 0; i >= 0; i = s->next[i])
+        if (id_push(out, s->sym[i]) < 0)
+            return -ENOMEM;
+    return 0;
+}
+
+static int encode_word(const struct sil_vocab *v, const unsigned char *w, size_t n,
+                       struct scratch *s, struct id_buf *out)
+{
+    if (n == 0)
+        return 0;
+    if (n == 1)
+        return id_push(out, v->byte_tok[w[0]]);
+    if (v->pre_def->ignore_merges) {
+        int32_t id = bytes_lookup(v, w, n);
+        if (id >= 0)
+            return id_push(out, id);
+    }
+    if (n > INT32_MAX / 4)
+        return -E2BIG;
+    if (scratch_reserve(s, n) < 0)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        s->sym[i] = v->byte_tok[w[i]];
+    if (n <= BPE_SHORT)
+        return bpe_short(v, s->sym, (int)n, out);
+    return bpe_long(v, s, (int32_t)n, out);
+}
+
+/* Splits one fragment (no special tokens inside) into words with the pre-tokenizer regex. Bytes
+ * the regex does not cover (invalid UTF-8, and some whitespace for gpt2) form words of their own. */
+static int encode_fragment(const struct sil_vocab *v, const unsigned char *t, size_t len,
+                           pcre2_match_data *md, pcre2_match_context *mc, struct scratch *s,
+                           struct id_buf *out)
+{
+    size_t pos = 0;
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    while (pos < len) {
+        int rc = pcre2_match(v->re, t, len, pos, 0, md, mc);
+        size_t ms, me;
+        if (rc >= 0) {
+            ms = ov[0];
+            me = ov[1];
+            if (me <= ms) /* cannot happen with these regexes; never loop on an empty match */
+                me = ms + 1 <= len ? ms + 1 : len;
+        } else if (rc == PCRE2_ERROR_NOMATCH) {
+            ms = me = len;
+        } else {
+            /* resource limit on a pathological input: the rest is one word (still exact bytes) */
+            ms = pos;
+            me = len;
+        }
+        int e;
+        if (ms > pos && (e = encode_word(v, t + pos, ms - pos, s, out)) < 0)
+            return e;
+        if (me > ms && (e = encode_word(v, t + ms, me - ms, s, out)) < 0)
+            return e;
+        pos = me;
+    }
+    return 0;
+}
+
+/* The special token starting at t[0..n), longest first, or -1. */
+static int32_t match_special(const struct sil_vocab *v, const char *t, size_t n, bool parse_special)
+{
+    for (int32_t k = 0; k < v->n_specials; k++) {
+        int32_t id = v->specials[k];
+        size_t l = v->text_off[id + 1] - v->text_off[id] - 1;
+        if (l > n || (!parse_special && v->type[id] != TT_USER_DEFINED))
+            continue;
+        if (memcmp(t, v->text + v->text_off[id], l) == 0)
+            return id;
+    }
+    return -1;
+}
+
+int sil_tokenize(const struct sil_vocab *v, const char *text, size_t len, bool add_bos,
+                 bool parse_special, int32_t **ids, size_t *n_ids, struct sil_error *err)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    struct id_buf out = {0};
+    struct scratch s = {0};
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    pcre2_match_context *mc = pcre2_match_context_create(NULL);
+    pcre2_jit_stack *js = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, NULL);
+    int rc = 0;
+    if (!md || !mc || !js) {
+        rc = sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
+        goto done;
+    }
+    pcre2_jit_stack_assign(mc, NULL, js);
+    if (add_bos && v->bos >= 0 && (rc = id_push(&out, v->bos)) < 0)
+        goto oom;
+
+    const unsigned char *t = (const unsigned char *)text;
+    size_t frag = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!v->special_first[t[i]])
+            continue;
+        int32_t id = match_special(v, text + i, len - i, parse_special);
+        if (id < 0)
+            continue;
+        if (i > frag && (rc = encode_fragment(v, t + frag, i - frag, md, mc, &s, &out)) < 0)
+            goto oom;
+        if ((rc = id_push(&out, id)) < 0)
+            goto oom;
+        i += v->text_off[id + 1] - v->text_off[id] - 2;
+        frag = i + 1;
+    }
+    if (len > frag && (rc = encode_fragment(v, t + frag, len - frag, md, mc, &s, &out)) < 0)
+        goto oom;
+    if (out.n == 0) {
+        free(out.ids);
+        out.ids = malloc(sizeof *out.ids); /* a valid pointer even for no tokens */
+        if (!out.ids) {
+            rc = -ENOMEM;
+            goto oom;
+        }
+    }
+    *ids = out.ids;
+    *n_ids = out.n;
+    out.ids = NULL;
+    goto done;
+oom:
+    rc = sil_errorf(err, rc, "tokenizer: %s while encoding %zu bytes",
+                    rc == -E2BIG ? "word too long" : "out of memory", len);
+done:
+    free(out.ids);
+    free(s.sym);
+    free(s.next);
+    free(s.prev);
+    free(s.heap);
+    pcre2_jit_stack_free(js);
+    pcre2_match_context_free(mc);
+    pcre2_match_data_free(md);
+    return rc;
+}
+
+/* ---- decode ------------------------------------------------------------------------------------- */
+
+static bool decode_shows(const struct sil_vocab *v, int32_t id, bool with_special)
+{
+    uint8_t t = v->type[id];
+    return with_special || is_bpe_type(t) || t == TT_USER_DEFINED;
+}
+
+int sil_detokenize(const struct sil_vocab *v, const int32_t *ids, size_t n, bool with_special,
+                   char **out, size_t *len, struct sil_error *err)
+{
+    *out = NULL;
+    *len = 0;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= v->n_tokens)
+            return sil_errorf(err, -EINVAL, "detokenize: ids[%zu] = %d is not a token id (0..%d)",
+                              i, ids[i], v->n_tokens - 1);
+        if (decode_shows(v, ids[i], with_special))
+            total += v->bytes_off[ids[i] + 1] - v->bytes_off[ids[i]];
+    }
+    char *buf = malloc(total + 1);
+    if (!buf)
+        return sil_errorf(err, -ENOMEM, "detokenize: out of memory");
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!decode_shows(v, ids[i], with_special))
+            continue;
+        uint32_t l = v->bytes_off[ids[i] + 1] - v->bytes_off[ids[i]];
+        memcpy(buf + o, v->bytes + v->bytes_off[ids[i]], l);
+        o += l;
+    }
+    buf[o] = 0;
+    *out = buf;
+    *len = o;
+    return 0;
+}
+
+void sil_detok_init(struct sil_detok *d, const struct sil_vocab *v, bool with_special)
+{
+    d->v = v;
+    d->with_special = with_special;
+    d->n_pending = 0;
+}
+
+/* How many trailing bytes of s[0..n) are a proper prefix of a valid UTF-8 character, i.e. must
+ * wait for more bytes. Anything else (complete or invalid) can be emitted now. */
+static int utf8_incomplete_tail(const unsigned char *s, size_t n)
+{
+    for (int k = 1; k <= 3 && (size_t)k <= n; k++) {
+        unsigned c = s[n - k];
+        if ((c & 0xc0) == 0x80)
+            continue; /* continuation byte: look further back for the lead */
+        int need = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        if (need <= k)
+            return 0;
+        /* second-byte ranges that keep the prefix valid (no overlong, surrogate, > U+10FFFF) */
+        if (k >= 2) {
+            unsigned c1 = s[n - k + 1];
+            if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 > 0x9f) || (c == 0xf0 && c1 < 0x90) ||
+                (c == 0xf4 && c1 > 0x8f))
+                return 0;
+        }
+        return k;
+    }
+    return 0;
+}
+
+static int detok_emit(struct sil_detok *d, const char *add, size_t add_len, bool final, char *out,
+                      size_t cap)
+{
+    unsigned char tail[8];
+    size_t np = (size_t)d->n_pending;
+    size_t total = np + add_len;
+    /* the last few bytes of pending + add decide what is held back */
+    size_t tn = total < 4 ? total : 4;
+    for (size_t i = 0; i < tn; i++) {
+        size_t k = total - tn + i;
+        tail[i] = (unsigned char)(k < np ? d->pending[k] : add[k - np]);
+    }
+    size_t hold = final ? 0 : (size_t)utf8_incomplete_tail(tail, tn);
+    size_t emit = total - hold;
+    if (emit > cap)
+        return -ENOSPC;
+    char keep[8];
+    for (size_t i = 0; i < hold; i++) {
+        size_t k = emit + i;
+        keep[i] = k < np ? d->pending[k] : add[k - np];
+    }
+    size_t from_pending = emit < np ? emit : np;
+    memcpy(out, d->pending, from_pending);
+    if (emit > np)
+        memcpy(out + np, add, emit - np);
+    memcpy(d->pending, keep, hold);
+    d->n_pending = (int)hold;
+    return (int)emit;
+}
+
+int sil_detok_push(struct sil_detok *d, int32_t id, char *out, size_t cap)
+{
+    const struct sil_vocab *v = d->v;
+    if (id < 0 || id >= v->n_tokens)
+        return -EINVAL;
+    if (!decode_shows(v, id, d->with_special))
+        return detok_emit(d, NULL, 0, false, out, cap);
+    return detok_emit(d, v->bytes + v->bytes_off[id], v->bytes_off[id + 1] - v->bytes_off[id],
+                      false, out, cap);
+}
+
+int sil_detok_flush(struct sil_detok *d, char *out, size_t cap)
+{
+    return detok_emit(d, NULL, 0, true, out, cap);
+}
