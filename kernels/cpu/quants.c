@@ -876,26 +876,26 @@ void sil_quants_set_level(enum sil_cpu_level level)
         int type;
         sil_vec_dot_fn fn[3]; /* scalar, avx2, avx512 (+vnni) */
     } dots[] = {
-        {SIL_TYPE_F32, {vec_dot_f32, vec_dot_f32, vec_dot_f32}},
-        {SIL_TYPE_F16, {vec_dot_f16, vec_dot_f16, vec_dot_f16}},
-        {SIL_TYPE_BF16, {vec_dot_bf16, vec_dot_bf16, vec_dot_bf16}},
-        {SIL_TYPE_Q8_0, {vec_dot_q8_0, vec_dot_q8_0, vec_dot_q8_0}},
-        {SIL_TYPE_Q4_0, {vec_dot_q4_0, vec_dot_q4_0, vec_dot_q4_0}},
-        {SIL_TYPE_Q4_1, {vec_dot_q4_1, vec_dot_q4_1, vec_dot_q4_1}},
-        {SIL_TYPE_Q5_0, {vec_dot_q5_0, vec_dot_q5_0, vec_dot_q5_0}},
-        {SIL_TYPE_Q5_1, {vec_dot_q5_1, vec_dot_q5_1, vec_dot_q5_1}},
-        {SIL_TYPE_Q4_K, {vec_dot_q4_K, vec_dot_q4_K, vec_dot_q4_K}},
-        {SIL_TYPE_Q5_K, {vec_dot_q5_K, vec_dot_q5_K, vec_dot_q5_K}},
-        {SIL_TYPE_Q6_K, {vec_dot_q6_K, vec_dot_q6_K, vec_dot_q6_K}},
+        {SIL_TYPE_F32, {vec_dot_f32, sil_vec_dot_f32_avx2, sil_vec_dot_f32_avx512}},
+        {SIL_TYPE_F16, {vec_dot_f16, sil_vec_dot_f16_avx2, sil_vec_dot_f16_avx512}},
+        {SIL_TYPE_BF16, {vec_dot_bf16, sil_vec_dot_bf16_avx2, sil_vec_dot_bf16_avx512}},
+        {SIL_TYPE_Q8_0, {vec_dot_q8_0, sil_vec_dot_q8_0_avx2, sil_vec_dot_q8_0_avx512}},
+        {SIL_TYPE_Q4_0, {vec_dot_q4_0, sil_vec_dot_q4_0_avx2, sil_vec_dot_q4_0_avx512}},
+        {SIL_TYPE_Q4_1, {vec_dot_q4_1, sil_vec_dot_q4_1_avx2, sil_vec_dot_q4_1_avx512}},
+        {SIL_TYPE_Q5_0, {vec_dot_q5_0, sil_vec_dot_q5_0_avx2, sil_vec_dot_q5_0_avx512}},
+        {SIL_TYPE_Q5_1, {vec_dot_q5_1, sil_vec_dot_q5_1_avx2, sil_vec_dot_q5_1_avx512}},
+        {SIL_TYPE_Q4_K, {vec_dot_q4_K, sil_vec_dot_q4_K_avx2, sil_vec_dot_q4_K_avx512}},
+        {SIL_TYPE_Q5_K, {vec_dot_q5_K, sil_vec_dot_q5_K_avx2, sil_vec_dot_q5_K_avx512}},
+        {SIL_TYPE_Q6_K, {vec_dot_q6_K, sil_vec_dot_q6_K_avx2, sil_vec_dot_q6_K_avx512}},
     };
     /* The 512-bit kernels use VNNI; a CPU with AVX-512 but no VNNI runs the AVX2 ones. */
     const int k = level >= SIL_CPU_AVX512_VNNI ? 2 : level >= SIL_CPU_AVX2 ? 1 : 0;
     for (size_t i = 0; i < sizeof(dots) / sizeof(dots[0]); i++)
         traits[dots[i].type].vec_dot = dots[i].fn[k];
-    static const sil_from_float_fn q8_0[3] = {q8_0_from_float, q8_0_from_float,
-                                              q8_0_from_float};
-    static const sil_from_float_fn q8_K[3] = {q8_K_from_float, q8_K_from_float,
-                                              q8_K_from_float};
+    static const sil_from_float_fn q8_0[3] = {q8_0_from_float, sil_quantize_q8_0_avx2,
+                                              sil_quantize_q8_0_avx512};
+    static const sil_from_float_fn q8_K[3] = {q8_K_from_float, sil_quantize_q8_K_avx2,
+                                              sil_quantize_q8_K_avx512};
     traits[SIL_TYPE_Q8_0].from_float = q8_0[k];
     traits[SIL_TYPE_Q8_K].from_float = q8_K[k];
 }

@@ -1,0 +1,337 @@
+/* AVX-512 (F/BW/VL/DQ) + VNNI dot products. Only used when the CPU has VNNI (cpu.c); then
+ * AVX2 is present too, so the activation quantizers reuse the AVX2 ones where wider registers
+ * would not help. Same integer sums as the scalar kernels; float accumulation order differs. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/quants_impl.h"
+
+static inline float fp16(sil_fp16 h)
+{
+    return _cvtsh_ss(h);
+}
+
+static inline float hsum256_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+float sil_vec_dot_f32_avx512(int64_t n, const void *vw, const void *va)
+{
+    const float *w = vw, *a = va;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(a + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(a + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(a + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), s0);
+    if (i < n) { /* masked tail: lanes past n load as zero */
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w + i), _mm512_maskz_loadu_ps(k, a + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static inline __m512 load_f16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+float sil_vec_dot_f16_avx512(int64_t n, const void *vw, const void *va)
+{
+    const uint16_t *w = vw;
+    const float *a = va;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(a + i), s0);
+        s1 = _mm512_fmadd_ps(load_f16(w + i + 16), _mm512_loadu_ps(a + i + 16), s1);
+        s2 = _mm512_fmadd_ps(load_f16(w + i + 32), _mm512_loadu_ps(a + i + 32), s2);
+        s3 = _mm512_fmadd_ps(load_f16(w + i + 48), _mm512_loadu_ps(a + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(a + i), s0);
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 wf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w + i));
+        s1 = _mm512_fmadd_ps(wf, _mm512_maskz_loadu_ps(k, a + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static inline __m512 load_bf16(const uint16_t *p)
+{
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+float sil_vec_dot_bf16_avx512(int64_t n, const void *vw, const void *va)
+{
+    const uint16_t *w = vw;
+    const float *a = va;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(load_bf16(w + i), _mm512_loadu_ps(a + i), s0);
+        s1 = _mm512_fmadd_ps(load_bf16(w + i + 16), _mm512_loadu_ps(a + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(load_bf16(w + i), _mm512_loadu_ps(a + i), s0);
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, w + i));
+        const __m512 wf = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        s1 = _mm512_fmadd_ps(wf, _mm512_maskz_loadu_ps(k, a + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+/* ---- legacy formats: one 32-element block per 256-bit VNNI step -------------------------------- */
+
+static inline __m256i dot_s8s8(__m256i x, __m256i y)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+static inline __m256i nibbles32(const uint8_t *qs)
+{
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+/* 0x10 in byte j where bit j of qh is set: a mask register makes this one instruction */
+static inline __m256i fifth_bits(const uint8_t *qh)
+{
+    uint32_t x;
+    memcpy(&x, qh, 4);
+    return _mm256_maskz_mov_epi8((__mmask32)x, _mm256_set1_epi8(0x10));
+}
+
+float sil_vec_dot_q8_0_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q8_0 *w = vw, *a = va;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t i = 0;
+    const int64_t nb = n / SIL_QK;
+    for (; i + 2 <= nb; i += 2) { /* two independent chains hide the dpbusd latency */
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)w[i].qs);
+        const __m256i y0 = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)w[i + 1].qs);
+        const __m256i y1 = _mm256_loadu_si256((const __m256i *)a[i + 1].qs);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].d) * fp16(a[i].d)),
+                               _mm256_cvtepi32_ps(dot_s8s8(x0, y0)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i + 1].d) * fp16(a[i + 1].d)),
+                               _mm256_cvtepi32_ps(dot_s8s8(x1, y1)), acc1);
+    }
+    for (; i < nb; i++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)w[i].qs);
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].d) * fp16(a[i].d)),
+                               _mm256_cvtepi32_ps(dot_s8s8(x, y)), acc0);
+    }
+    return hsum256_ps(_mm256_add_ps(acc0, acc1));
+}
+
+float sil_vec_dot_q4_0_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q4_0 *w = vw;
+    const struct sil_block_q8_0 *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / SIL_QK; i++) {
+        const __m256i x = _mm256_sub_epi8(nibbles32(w[i].qs), _mm256_set1_epi8(8));
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].d) * fp16(a[i].d)),
+                              _mm256_cvtepi32_ps(dot_s8s8(x, y)), acc);
+    }
+    return hsum256_ps(acc);
+}
+
+float sil_vec_dot_q5_0_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q5_0 *w = vw;
+    const struct sil_block_q8_0 *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / SIL_QK; i++) {
+        __m256i x = _mm256_or_si256(nibbles32(w[i].qs), fifth_bits(w[i].qh));
+        x = _mm256_sub_epi8(x, _mm256_set1_epi8(16));
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].d) * fp16(a[i].d)),
+                              _mm256_cvtepi32_ps(dot_s8s8(x, y)), acc);
+    }
+    return hsum256_ps(acc);
+}
+
+float sil_vec_dot_q4_1_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q4_1 *w = vw;
+    const struct sil_block_q8_0 *a = va;
+    __m256 acc = _mm256_setzero_ps(), accm = acc;
+    const __m256i ones = _mm256_set1_epi8(1), zero = _mm256_setzero_si256();
+    for (int64_t i = 0; i < n / SIL_QK; i++) {
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        const float da = fp16(a[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].d) * da),
+                              _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, nibbles32(w[i].qs), y)), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].m) * da),
+                               _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, ones, y)), accm);
+    }
+    return hsum256_ps(_mm256_add_ps(acc, accm));
+}
+
+float sil_vec_dot_q5_1_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q5_1 *w = vw;
+    const struct sil_block_q8_0 *a = va;
+    __m256 acc = _mm256_setzero_ps(), accm = acc;
+    const __m256i ones = _mm256_set1_epi8(1), zero = _mm256_setzero_si256();
+    for (int64_t i = 0; i < n / SIL_QK; i++) {
+        const __m256i q = _mm256_or_si256(nibbles32(w[i].qs), fifth_bits(w[i].qh));
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        const float da = fp16(a[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].d) * da),
+                              _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, q, y)), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].m) * da),
+                               _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, ones, y)), accm);
+    }
+    return hsum256_ps(_mm256_add_ps(acc, accm));
+}
+
+/* ---- k-quants: 64 elements per 512-bit VNNI step ------------------------------------------------ */
+
+static inline __m512i join(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline int k4_mins_dot(const uint8_t *mins, const int16_t *bsums)
+{
+    int s = 0;
+    for (int j = 0; j < 8; j++)
+        s += mins[j] * (bsums[2 * j] + bsums[2 * j + 1]);
+    return s;
+}
+
+/* lanes 0..7 get scale 2j, lanes 8..15 scale 2j+1 */
+static inline __m512i pair_scales(const uint8_t *sc, int j)
+{
+    return join(_mm256_set1_epi32(sc[2 * j]), _mm256_set1_epi32(sc[2 * j + 1]));
+}
+
+float sil_vec_dot_q4_K_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q4_K *w = vw;
+    const struct sil_block_q8_K *a = va;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps();
+    float accm = 0;
+    for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++)
+            sil_k4_scale_min(j, w[i].scales, &sc[j], &mn[j]);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
+            const __m512i qq = join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            const __m512i y = _mm512_loadu_si512(a[i].qs + 64 * j);
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq, y);
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, pair_scales(sc, j)));
+        }
+        const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        accm += dmin * (float)k4_mins_dot(mn, a[i].bsums);
+    }
+    return _mm512_reduce_add_ps(acc) - accm;
+}
+
+float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q5_K *w = vw;
+    const struct sil_block_q8_K *a = va;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m512 acc = _mm512_setzero_ps();
+    float accm = 0;
+    for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++)
+            sil_k4_scale_min(j, w[i].scales, &sc[j], &mn[j]);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
+            const __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
+            const __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
+            const __m512i qq = join(_mm256_or_si256(_mm256_and_si256(q, m4), hlo),
+                                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hhi));
+            const __m512i y = _mm512_loadu_si512(a[i].qs + 64 * j);
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq, y);
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, pair_scales(sc, j)));
+        }
+        const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        accm += dmin * (float)k4_mins_dot(mn, a[i].bsums);
+    }
+    return _mm512_reduce_add_ps(acc) - accm;
+}
+
+float sil_vec_dot_q6_K_avx512(int64_t n, const void *vw, const void *va)
+{
+    const struct sil_block_q6_K *w = vw;
+    const struct sil_block_q8_K *a = va;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    /* lane k of the product of elements [64p, 64p+64) of half h belongs to sub-block
+     * 8h + 4p + k/4 */
+    const __m512i idx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i four = _mm512_set1_epi32(4);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w[i].scales));
+        __m512i sumi = _mm512_setzero_si512();
+        __m512i idx = idx0;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w[i].ql + 64 * h;
+            const int8_t *y = a[i].qs + 128 * h;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+            const __m256i q1 = _mm256_or_si256(
+                _mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            const __m512i pa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(q0, q1), _mm512_loadu_si512(y));
+            const __m512i pb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(q2, q3), _mm512_loadu_si512(y + 64));
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pa, _mm512_permutexvar_epi32(idx, sc32)));
+            idx = _mm512_add_epi32(idx, four);
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pb, _mm512_permutexvar_epi32(idx, sc32)));
+            idx = _mm512_add_epi32(idx, four);
+        }
+        /* the -32 offset: sum_k sc_k * 32 * bsum_k */
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
+        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(corr));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(fp16(w[i].d) * a[i].d), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+void sil_quantize_q8_0_avx512(const float *x, void *y, int64_t n)
+{
+    sil_quantize_q8_0_avx2(x, y, n);
+}
+
+void sil_quantize_q8_K_avx512(const float *x, void *y, int64_t n)
+{
+    sil_quantize_q8_K_avx2(x, y, n);
+}
