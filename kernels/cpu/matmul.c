@@ -8,6 +8,7 @@
 
 /* Weight rows per work chunk: a chunk's rows stay in L1/L2 while every input row passes. */
 #define CHUNK_ROWS 16
+#define SIL_MM_MAX_JOBS 1024
 
 static int format_of_type(int t)
 {
@@ -110,7 +111,7 @@ int64_t sil_matmul_scratch_floats(int64_t k_max)
 struct mm_task {
     const struct sil_mm_job *jobs;
     int n_jobs;
-    long chunk_start[64 + 1]; /* first chunk index of each job (n_jobs <= 64) */
+    long chunk_start[SIL_MM_MAX_JOBS + 1]; /* first chunk index of each job */
     atomic_long next;
     float *scratch;
     int64_t scratch_stride;
@@ -132,12 +133,12 @@ static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scra
             wt->to_float(wrow, scratch, k);
             for (int64_t j = 0; j < jb->n_rows; j++) {
                 int64_t src = jb->rows ? jb->rows[j] : j;
-                jb->y[j * jb->ldy + r] = sil_dot_f32(scratch, in->x + src * k, k);
+                jb->y[(jb->out_rows ? jb->out_rows[j] : j) * jb->ldy + r] = sil_dot_f32(scratch, in->x + src * k, k);
             }
         } else {
             for (int64_t j = 0; j < jb->n_rows; j++) {
                 int64_t src = jb->rows ? jb->rows[j] : j;
-                jb->y[j * jb->ldy + r] = wt->vec_dot(k, wrow, abase + (size_t)src * ars);
+                jb->y[(jb->out_rows ? jb->out_rows[j] : j) * jb->ldy + r] = wt->vec_dot(k, wrow, abase + (size_t)src * ars);
             }
         }
     }
@@ -168,10 +169,10 @@ static void mm_run(void *arg, int ith, int nth)
 void sil_matmul(struct sil_threadpool *tp, const struct sil_mm_job *jobs, int n_jobs,
                 float *scratch, int64_t k_max)
 {
-    while (n_jobs > 64) { /* the chunk table is fixed-size; larger lists run in slices */
-        sil_matmul(tp, jobs, 64, scratch, k_max);
-        jobs += 64;
-        n_jobs -= 64;
+    while (n_jobs > SIL_MM_MAX_JOBS) { /* the chunk table is fixed-size: run in slices */
+        sil_matmul(tp, jobs, SIL_MM_MAX_JOBS, scratch, k_max);
+        jobs += SIL_MM_MAX_JOBS;
+        n_jobs -= SIL_MM_MAX_JOBS;
     }
     struct mm_task t;
     t.jobs = jobs;

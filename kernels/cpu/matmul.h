@@ -49,7 +49,8 @@ struct sil_mm_job {
     struct sil_mm_input *in; /* prepared for wtype */
     const int32_t *rows; /* input rows to use (NULL: 0..n_rows-1) */
     int64_t n_rows;
-    float *y;           /* y[j * ldy + r] for j < n_rows, r < m */
+    float *y;           /* y[o * ldy + r] for r < m, o = out_rows ? out_rows[j] : j */
+    const int32_t *out_rows;
     int64_t ldy;
 };
 

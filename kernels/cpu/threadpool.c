@@ -80,9 +80,9 @@ int sil_threadpool_create(struct sil_threadpool **out, int n_threads)
     }
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = malloc(sizeof(*wa));
-        int rc = wa ? pthread_create(&tp->threads[i], NULL, worker_main, wa) : ENOMEM;
         if (wa)
             *wa = (struct worker_arg){tp, i};
+        int rc = wa ? pthread_create(&tp->threads[i], NULL, worker_main, wa) : ENOMEM;
         if (rc != 0) {
             free(wa);
             tp->n_threads = i;

@@ -1,0 +1,279 @@
+#include "bench/sil-eval/model.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/engine/engine.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse_int(const char *what, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "sil-eval: %s '%s' is not an integer in [%ld, %ld]\n", what, s, lo, hi);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_tokens(const char *s, int32_t **ids, size_t *n)
+{
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof(*v));
+    while (v && *s) {
+        char *end;
+        errno = 0;
+        long t = strtol(s, &end, 10);
+        if (errno || end == s || t < 0 || t > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "sil-eval: --tokens: bad id list at '%s'\n", s);
+            free(v);
+            return -EINVAL;
+        }
+        if (k == cap) {
+            int32_t *w = realloc(v, (cap *= 2) * sizeof(*v));
+            if (!w)
+                break;
+            v = w;
+        }
+        v[k++] = (int32_t)t;
+        s = *end ? end + 1 : end;
+    }
+    if (!v)
+        return -ENOMEM;
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+static int read_all(const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -errno;
+    size_t cap = 1 << 16, n = 0;
+    char *p = malloc(cap);
+    while (p) {
+        size_t r = fread(p + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+        if (n == cap) {
+            char *q = realloc(p, cap *= 2);
+            if (!q)
+                free(p);
+            p = q;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!p || bad) {
+        free(p);
+        return p ? -EIO : -ENOMEM;
+    }
+    *buf = p;
+    *len = n;
+    return 0;
+}
+
+static int32_t argmax(const float *x, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static void print_row(const float *x, int32_t n)
+{
+    putchar('[');
+    for (int32_t i = 0; i < n; i++)
+        printf(i ? ", %.8g" : "%.8g", (double)x[i]);
+    putchar(']');
+}
+
+int sil_eval_model(const struct sil_eval_model_opts *o)
+{
+    long n_predict = 0, n_threads = 0;
+    if (o->n_predict && parse_int("--n-predict", o->n_predict, 0, 1 << 20, &n_predict) < 0)
+        return 2;
+    if (o->threads && parse_int("--threads", o->threads, 1, 1024, &n_threads) < 0)
+        return 2;
+    const char *mode = o->logits ? o->logits : "last";
+    if (strcmp(mode, "last") && strcmp(mode, "all") && strcmp(mode, "none")) {
+        fprintf(stderr, "sil-eval: --logits must be last, all or none\n");
+        return 2;
+    }
+    const bool all = strcmp(mode, "all") == 0;
+    if (!!o->tokens + !!o->prompt + !!o->tokenize_file != 1) {
+        fprintf(stderr, "sil-eval: give exactly one of --tokens, --prompt, --tokenize-file\n");
+        return 2;
+    }
+
+    struct sil_error err = {0};
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.model_path = o->model;
+    p.n_threads = (int)n_threads;
+    p.backend = o->backend;
+    p.exact = o->exact;
+    p.n_seq_max = 1;
+    struct sil_engine *e = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    float *logits = NULL;
+    int32_t *greedy = NULL;
+    int rc = 1;
+    if (sil_engine_open(&e, &p, &err) < 0) {
+        fprintf(stderr, "sil-eval: %s\n", err.msg);
+        return 1;
+    }
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    if (o->tokens) {
+        if (parse_tokens(o->tokens, &ids, &n_ids) < 0)
+            goto out;
+    } else {
+        char *text = NULL;
+        size_t len = 0;
+        if (o->prompt) {
+            text = strdup(o->prompt);
+            len = strlen(o->prompt);
+        } else {
+            int r = read_all(o->tokenize_file, &text, &len);
+            if (r < 0) {
+                fprintf(stderr, "sil-eval: %s: %s\n", o->tokenize_file, strerror(-r));
+                goto out;
+            }
+        }
+        int r = text ? sil_tokenize(sil_engine_vocab(e), text, len, o->add_bos, o->parse_special, &ids,
+                                    &n_ids, &err)
+                     : -ENOMEM;
+        free(text);
+        if (r < 0) {
+            fprintf(stderr, "sil-eval: %s\n", err.msg);
+            goto out;
+        }
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "sil-eval: the prompt has no tokens\n");
+        goto out;
+    }
+    if ((int64_t)n_ids + n_predict > sil_engine_n_ctx(e)) {
+        fprintf(stderr, "sil-eval: %zu prompt + %ld predicted tokens exceed the context (%d)\n", n_ids,
+                n_predict, sil_engine_n_ctx(e));
+        goto out;
+    }
+    int seq = sil_seq_create(e, &err);
+    size_t n_rows_out = all ? n_ids : 1;
+    logits = malloc(sizeof(float) * (size_t)V * n_rows_out);
+    greedy = malloc(sizeof(int32_t) * (size_t)(n_predict + 1));
+    int32_t *pos = malloc(sizeof(int32_t) * 512), *seqs = malloc(sizeof(int32_t) * 512);
+    bool *want = malloc(sizeof(bool) * 512);
+    if (seq < 0 || !logits || !greedy || !pos || !seqs || !want) {
+        fprintf(stderr, "sil-eval: %s\n", seq < 0 ? err.msg : "out of memory");
+        free(pos);
+        free(seqs);
+        free(want);
+        goto out;
+    }
+
+    /* prefill in batches of up to 512 rows */
+    double t0 = now_s();
+    for (size_t b0 = 0; b0 < n_ids; b0 += 512) {
+        int32_t n = (int32_t)(n_ids - b0 < 512 ? n_ids - b0 : 512);
+        for (int32_t i = 0; i < n; i++) {
+            pos[i] = (int32_t)(b0 + (size_t)i);
+            seqs[i] = seq;
+            want[i] = all || b0 + (size_t)i == n_ids - 1;
+        }
+        struct sil_batch b = {n, ids + b0, pos, seqs, want};
+        if (sil_engine_eval(e, &b, all ? logits + b0 * (size_t)V : logits, &err) < 0) {
+            fprintf(stderr, "sil-eval: %s\n", err.msg);
+            free(pos);
+            free(seqs);
+            free(want);
+            goto out;
+        }
+    }
+    double t_prefill = now_s() - t0;
+    const float *last = logits + (n_rows_out - 1) * (size_t)V;
+
+    /* greedy decode: token s comes from the logits after token s-1 */
+    float *step = malloc(sizeof(float) * (size_t)V);
+    double t_decode = 0;
+    long n_decoded = 0;
+    if (n_predict > 0 && step) {
+        greedy[0] = argmax(last, V);
+        t0 = now_s();
+        for (long s = 1; s < n_predict; s++) {
+            int32_t tok = greedy[s - 1], ps = (int32_t)(n_ids + (size_t)s - 1);
+            struct sil_batch b = {1, &tok, &ps, &seq, NULL};
+            if (sil_engine_eval(e, &b, step, &err) < 0) {
+                fprintf(stderr, "sil-eval: %s\n", err.msg);
+                break;
+            }
+            greedy[s] = argmax(step, V);
+            n_decoded++;
+        }
+        t_decode = now_s() - t0;
+    }
+    free(step);
+    free(pos);
+    free(seqs);
+    free(want);
+    if (n_predict > 1 && n_decoded != n_predict - 1)
+        goto out;
+
+    if (o->json) {
+        printf("{\"n_vocab\": %d, \"tokens\": [", V);
+        for (size_t i = 0; i < n_ids; i++)
+            printf(i ? ", %d" : "%d", ids[i]);
+        printf("], \"logits\": [");
+        if (strcmp(mode, "none") != 0)
+            for (size_t r = 0; r < n_rows_out; r++) {
+                if (r)
+                    printf(", ");
+                print_row(logits + r * (size_t)V, V);
+            }
+        printf("], \"greedy\": [");
+        for (long s = 0; s < n_predict; s++)
+            printf(s ? ", %d" : "%d", greedy[s]);
+        printf("], \"timings\": {\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f}}\n",
+               t_prefill > 0 ? (double)n_ids / t_prefill : 0.0,
+               t_decode > 0 ? (double)n_decoded / t_decode : 0.0);
+    } else {
+        printf("tokens: %zu, n_vocab %d\n", n_ids, V);
+        if (strcmp(mode, "none") != 0)
+            for (size_t r = 0; r < n_rows_out; r++) {
+                printf("logits[%zu] argmax %d: ", all ? r : n_ids - 1, argmax(logits + r * (size_t)V, V));
+                print_row(logits + r * (size_t)V, V < 8 ? V : 8);
+                printf(" ...\n");
+            }
+        printf("greedy:");
+        for (long s = 0; s < n_predict; s++)
+            printf(" %d", greedy[s]);
+        printf("\nprefill: %.2f tok/s (%zu tokens), decode: %.2f tok/s (%ld tokens), %d threads\n",
+               t_prefill > 0 ? (double)n_ids / t_prefill : 0.0, n_ids,
+               t_decode > 0 ? (double)n_decoded / t_decode : 0.0, n_decoded, sil_engine_info(e)->n_threads);
+    }
+    rc = fflush(stdout) == 0 ? 0 : 1;
+out:
+    free(ids);
+    free(logits);
+    free(greedy);
+    sil_engine_close(e);
+    return rc;
+}

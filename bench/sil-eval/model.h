@@ -1,0 +1,22 @@
+/* sil-eval's model modes: evaluate a prompt, print logits, greedy continuation and timings. */
+#ifndef SIL_EVAL_MODEL_H
+#define SIL_EVAL_MODEL_H
+
+#include <stdbool.h>
+
+struct sil_eval_model_opts {
+    const char *model;
+    const char *tokens;        /* "1,2,3" */
+    const char *prompt;        /* text, tokenized with the model's vocab */
+    const char *tokenize_file; /* a file's exact bytes, tokenized */
+    const char *n_predict;     /* greedy tokens after the prompt (default 0) */
+    const char *logits;        /* last | all | none (default last) */
+    const char *threads;       /* default: online CPUs */
+    const char *backend;       /* cpu | cuda */
+    bool exact, json, parse_special, add_bos;
+};
+
+/* Returns a process exit status (0, 1 on failure, 2 on usage errors). */
+int sil_eval_model(const struct sil_eval_model_opts *o);
+
+#endif

@@ -1,0 +1,77 @@
+/* Qwen3.5 linear-attention layer around the gated delta-net core (delta_net.h):
+ *
+ *   qkv_mixed = Wqkv x   [conv_dim]        z    = Wgate x   [n_v_heads * head_v_dim]
+ *   alpha_raw = Walpha x [n_v_heads]       beta = Wbeta x   [n_v_heads]
+ *   o = delta_net(qkv_mixed, z, alpha_raw, beta; the sequence's conv + SSM state)
+ *   out = Wssm_out o
+ * Each sequence's rows run in order through its own state; the conv channels and then the
+ * value heads of one sequence are spread over the threads. */
+#include "daemon/engine/forward.h"
+
+struct dn_task {
+    struct sil_fwd *f;
+    const struct sil_delta_net_params *p;
+    struct sil_delta_net_state st;
+    int32_t n, r0, nt; /* ubatch rows; rows [r0, r0 + nt) are this sequence's */
+    int64_t conv_dim, zdim;
+};
+
+static void dn_conv(void *arg, int ith, int nth)
+{
+    struct dn_task *t = arg;
+    long c0, c1;
+    sil_split_range((long)t->conv_dim, ith, nth, &c0, &c1);
+    sil_delta_net_conv(t->p, &t->st, t->nt, t->f->a + (int64_t)t->r0 * t->conv_dim,
+                       t->f->e + (int64_t)t->r0 * t->conv_dim, c0, c1);
+}
+
+static void dn_heads(void *arg, int ith, int nth)
+{
+    struct dn_task *t = arg;
+    struct sil_fwd *f = t->f;
+    const int nv = t->p->n_v_heads;
+    long h0, h1;
+    sil_split_range(nv, ith, nth, &h0, &h1);
+    if (h0 == h1)
+        return;
+    sil_delta_net_heads(t->p, &t->st, t->nt, f->e + (int64_t)t->r0 * t->conv_dim,
+                        f->b + (int64_t)t->r0 * t->zdim, f->c + (int64_t)t->r0 * nv,
+                        f->c + (int64_t)(t->n + t->r0) * nv, f->d + (int64_t)t->r0 * t->zdim,
+                        (int32_t)h0, (int32_t)h1, f->dn_scratch + (int64_t)ith * f->dn_head_scratch);
+}
+
+void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
+{
+    const struct sil_hparams *hp = &f->model->hp;
+    const struct sil_layer *l = &f->model->layers[il];
+    const struct sil_delta_net_params *p = &f->dn[l->recr_index];
+    const int n = ub->n;
+    const int64_t conv_dim = sil_delta_net_conv_dim(p);
+    const int64_t nv = p->n_v_heads, zdim = nv * p->head_v_dim;
+
+    /* f->c holds alpha [n][nv] then beta [n][nv] */
+    struct sil_mm_input in;
+    sil_fwd_input(f, &in, 0, f->cur, n, hp->n_embd);
+    struct sil_mm_job jobs[4] = {
+        {.w = l->wqkv->data, .wtype = l->wqkv->type, .m = conv_dim, .in = &in, .n_rows = n, .y = f->a, .ldy = conv_dim},
+        {.w = l->wgate->data, .wtype = l->wgate->type, .m = zdim, .in = &in, .n_rows = n, .y = f->b, .ldy = zdim},
+        {.w = l->ssm_alpha->data, .wtype = l->ssm_alpha->type, .m = nv, .in = &in, .n_rows = n, .y = f->c, .ldy = nv},
+        {.w = l->ssm_beta->data, .wtype = l->ssm_beta->type, .m = nv, .in = &in, .n_rows = n, .y = f->c + (int64_t)n * nv, .ldy = nv},
+    };
+    sil_fwd_matmul(f, jobs, 4);
+
+    for (int32_t r = 0; r < ub->n_runs; r++) {
+        const int32_t r0 = ub->run_start[r], r1 = ub->run_start[r + 1];
+        struct dn_task t = {f, p, {0}, n, r0, r1 - r0, conv_dim, zdim};
+        float *state = f->recr_state[ub->seq[r0]] + (int64_t)l->recr_index * f->dn_state_floats;
+        sil_delta_net_state_bind(p, &t.st, state);
+        sil_threadpool_run(f->tp, dn_conv, &t);
+        sil_threadpool_run(f->tp, dn_heads, &t);
+    }
+
+    struct sil_mm_input in_o;
+    sil_fwd_input(f, &in_o, 1, f->d, n, zdim);
+    struct sil_mm_job jo = {.w = l->ssm_out->data, .wtype = l->ssm_out->type, .m = hp->n_embd,
+                            .in = &in_o, .n_rows = n, .y = f->tmp, .ldy = hp->n_embd};
+    sil_fwd_matmul(f, &jo, 1);
+}
