@@ -179,24 +179,118 @@ void sil_delta_net_conv(const struct sil_delta_net_params *p, struct sil_delta_n
     }
 }
 
-void sil_delta_net_heads(const struct sil_delta_net_params *p, struct sil_delta_net_state *st,
-                         int32_t n_tokens, const float *conv_out, const float *z,
-                         const float *alpha_raw, const float *beta_raw, float *out, int32_t h0,
-                         int32_t h1, float *scratch)
+/* 8 floats, unaligned, may alias float: the state rows are plain float arrays. */
+typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
+
+/* A macro, not a function: passing a 32-byte vector by value changes the ABI without AVX. */
+#define HSUM8(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
+
+/* One token of one value head, S [dv][dk] in place:
+ *   d = beta (v - decay S k);  S = decay S + d k^T;  o = S q
+ * Two passes over S (the decay is folded into the first), four rows at a time so each load of
+ * k and q serves four independent accumulator chains. Written once, compiled for the baseline
+ * ISA and for AVX2+FMA (see delta_rule_*), chosen at run time. */
+static inline __attribute__((always_inline)) void delta_rule(float *S, const float *k,
+                                                             const float *q, const float *v,
+                                                             float *d, float *o, int dk, int dv,
+                                                             float decay, float beta)
 {
+    if (dk % 8 != 0) {
+        for (int j = 0; j < dv; j++)
+            d[j] = beta * (v[j] - decay * dot(S + (int64_t)j * dk, k, dk));
+        for (int j = 0; j < dv; j++) {
+            float *Sj = S + (int64_t)j * dk;
+            for (int i = 0; i < dk; i++)
+                Sj[i] = decay * Sj[i] + d[j] * k[i];
+            o[j] = dot(Sj, q, dk);
+        }
+        return;
+    }
+    int j = 0;
+    for (; j + 4 <= dv; j += 4) {
+        const float *S0 = S + (int64_t)j * dk, *S1 = S0 + dk, *S2 = S1 + dk, *S3 = S2 + dk;
+        v8 a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+        for (int i = 0; i < dk; i += 8) {
+            v8 kv = *(const v8 *)(k + i);
+            a0 += *(const v8 *)(S0 + i) * kv;
+            a1 += *(const v8 *)(S1 + i) * kv;
+            a2 += *(const v8 *)(S2 + i) * kv;
+            a3 += *(const v8 *)(S3 + i) * kv;
+        }
+        d[j] = beta * (v[j] - decay * HSUM8(a0));
+        d[j + 1] = beta * (v[j + 1] - decay * HSUM8(a1));
+        d[j + 2] = beta * (v[j + 2] - decay * HSUM8(a2));
+        d[j + 3] = beta * (v[j + 3] - decay * HSUM8(a3));
+    }
+    for (; j < dv; j++) {
+        v8 a0 = { 0 };
+        for (int i = 0; i < dk; i += 8)
+            a0 += *(const v8 *)(S + (int64_t)j * dk + i) * *(const v8 *)(k + i);
+        d[j] = beta * (v[j] - decay * HSUM8(a0));
+    }
+    j = 0;
+    for (; j + 4 <= dv; j += 4) {
+        float *S0 = S + (int64_t)j * dk, *S1 = S0 + dk, *S2 = S1 + dk, *S3 = S2 + dk;
+        const float d0 = d[j], d1 = d[j + 1], d2 = d[j + 2], d3 = d[j + 3];
+        v8 o0 = { 0 }, o1 = { 0 }, o2 = { 0 }, o3 = { 0 };
+        for (int i = 0; i < dk; i += 8) {
+            v8 kv = *(const v8 *)(k + i), qv = *(const v8 *)(q + i);
+            v8 s0 = decay * *(v8 *)(S0 + i) + d0 * kv;
+            v8 s1 = decay * *(v8 *)(S1 + i) + d1 * kv;
+            v8 s2 = decay * *(v8 *)(S2 + i) + d2 * kv;
+            v8 s3 = decay * *(v8 *)(S3 + i) + d3 * kv;
+            *(v8 *)(S0 + i) = s0;
+            *(v8 *)(S1 + i) = s1;
+            *(v8 *)(S2 + i) = s2;
+            *(v8 *)(S3 + i) = s3;
+            o0 += s0 * qv;
+            o1 += s1 * qv;
+            o2 += s2 * qv;
+            o3 += s3 * qv;
+        }
+        o[j] = HSUM8(o0);
+        o[j + 1] = HSUM8(o1);
+        o[j + 2] = HSUM8(o2);
+        o[j + 3] = HSUM8(o3);
+    }
+    for (; j < dv; j++) {
+        float *Sj = S + (int64_t)j * dk;
+        v8 o0 = { 0 };
+        for (int i = 0; i < dk; i += 8) {
+            v8 s0 = decay * *(v8 *)(Sj + i) + d[j] * *(const v8 *)(k + i);
+            *(v8 *)(Sj + i) = s0;
+            o0 += s0 * *(const v8 *)(q + i);
+        }
+        o[j] = HSUM8(o0);
+    }
+}
+
+struct head_args {
+    const struct sil_delta_net_params *p;
+    struct sil_delta_net_state *st;
+    int32_t n_tokens;
+    const float *conv_out, *z, *alpha_raw, *beta_raw;
+    float *out;
+    int32_t h0, h1;
+    float *scratch;
+};
+
+static inline __attribute__((always_inline)) void heads_body(const struct head_args *a)
+{
+    const struct sil_delta_net_params *p = a->p;
     const int nk = p->n_k_heads, nv = p->n_v_heads, dk = p->head_k_dim, dv = p->head_v_dim;
     const int64_t cd = sil_delta_net_conv_dim(p);
     const int64_t ov = (int64_t)nv * dv;
     const float q_scale = 1.0f / sqrtf((float)dk);
-    float *q = scratch;      /* [dk] */
+    float *q = a->scratch;   /* [dk] */
     float *k = q + dk;       /* [dk] */
     float *d = k + dk;       /* [dv] */
 
-    for (int h = h0; h < h1; h++) {
+    for (int h = a->h0; h < a->h1; h++) {
         const int kh = h % nk;
-        float *S = st->ssm + (int64_t)h * dv * dk; /* [dv][dk] */
-        for (int32_t t = 0; t < n_tokens; t++) {
-            const float *row = conv_out + (int64_t)t * cd;
+        float *S = a->st->ssm + (int64_t)h * dv * dk; /* [dv][dk] */
+        for (int32_t t = 0; t < a->n_tokens; t++) {
+            const float *row = a->conv_out + (int64_t)t * cd;
             const float *v = row + 2 * (int64_t)nk * dk + (int64_t)h * dv;
             memcpy(q, row + (int64_t)kh * dk, (size_t)dk * sizeof(float));
             memcpy(k, row + (int64_t)nk * dk + (int64_t)kh * dk, (size_t)dk * sizeof(float));
@@ -207,29 +301,48 @@ void sil_delta_net_heads(const struct sil_delta_net_params *p, struct sil_delta_
                 k[i] *= ks;
             }
 
-            const float decay = expf(p->a[h] * softplus(alpha_raw[(int64_t)t * nv + h] + p->dt_bias[h]));
-            const float beta = sigmoid(beta_raw[(int64_t)t * nv + h]);
+            const int64_t gi = (int64_t)t * nv + h;
+            const float decay = expf(p->a[h] * softplus(a->alpha_raw[gi] + p->dt_bias[h]));
+            const float beta = sigmoid(a->beta_raw[gi]);
 
-            /* (decay S) k = decay (S k): the decay is folded into the second pass. */
-            for (int j = 0; j < dv; j++)
-                d[j] = beta * (v[j] - decay * dot(S + (int64_t)j * dk, k, dk));
-
-            float *o = out + (int64_t)t * ov + (int64_t)h * dv;
-            for (int j = 0; j < dv; j++) {
-                float *Sj = S + (int64_t)j * dk;
-                const float dj = d[j];
-                for (int i = 0; i < dk; i++)
-                    Sj[i] = decay * Sj[i] + dj * k[i];
-                o[j] = dot(Sj, q, dk);
-            }
+            float *o = a->out + (int64_t)t * ov + (int64_t)h * dv;
+            delta_rule(S, k, q, v, d, o, dk, dv, decay, beta);
 
             /* Gated RMSNorm: rmsnorm(o) * ssm_norm * silu(z). */
             const float rs = (float)(1.0 / sqrt(sumsq(o, dv) / dv + (double)p->eps));
-            const float *zh = z + (int64_t)t * ov + (int64_t)h * dv;
+            const float *zh = a->z + (int64_t)t * ov + (int64_t)h * dv;
             for (int j = 0; j < dv; j++)
                 o[j] = o[j] * rs * p->norm[j] * silu(zh[j]);
         }
     }
+}
+
+static void heads_generic(const struct head_args *a)
+{
+    heads_body(a);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void heads_avx2(const struct head_args *a)
+{
+    heads_body(a);
+}
+#endif
+
+void sil_delta_net_heads(const struct sil_delta_net_params *p, struct sil_delta_net_state *st,
+                         int32_t n_tokens, const float *conv_out, const float *z,
+                         const float *alpha_raw, const float *beta_raw, float *out, int32_t h0,
+                         int32_t h1, float *scratch)
+{
+    const struct head_args a = { p, st, n_tokens, conv_out, z, alpha_raw, beta_raw, out, h0, h1,
+                                 scratch };
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        heads_avx2(&a);
+        return;
+    }
+#endif
+    heads_generic(&a);
 }
 
 void sil_delta_net_forward(const struct sil_delta_net_params *p, struct sil_delta_net_state *st,
