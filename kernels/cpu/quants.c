@@ -818,20 +818,35 @@ static float vec_dot_q5_K(int64_t n, const void *vw, const void *va)
     return s;
 }
 
-/* q6_K: sum_k sc_k * sum((q-32)*qa) = sum_k sc_k * (sum(q*qa) - 32*bsum_k). */
+/* q6_K: sum_k sc_k * sum((q-32)*qa) = sum_k sc_k * (sum(q*qa) - 32*bsum_k). Walks the layout
+ * in its storage order: each byte of ql/qh feeds four elements 32 apart. */
 static float vec_dot_q6_K(int64_t n, const void *vw, const void *va)
 {
     const struct sil_block_q6_K *w = vw;
     const struct sil_block_q8_K *a = va;
     float s = 0;
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
-        int sumi = 0;
-        for (int k = 0; k < 16; k++) {
-            int sk = 0;
-            for (int l = 0; l < 16; l++)
-                sk += q6_K_get(&w[i], 16 * k + l) * a[i].qs[16 * k + l];
-            sumi += w[i].scales[k] * (sk - 32 * a[i].bsums[k]);
+        int sub[16];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w[i].ql + 64 * h, *qh = w[i].qh + 32 * h;
+            const int8_t *qa = a[i].qs + 128 * h;
+            for (int is = 0; is < 2; is++) {
+                int s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                for (int l = 16 * is; l < 16 * is + 16; l++) {
+                    s0 += ((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) * qa[l];
+                    s1 += ((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) * qa[l + 32];
+                    s2 += ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) * qa[l + 64];
+                    s3 += ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) * qa[l + 96];
+                }
+                sub[8 * h + is + 0] = s0;
+                sub[8 * h + is + 2] = s1;
+                sub[8 * h + is + 4] = s2;
+                sub[8 * h + is + 6] = s3;
+            }
         }
+        int sumi = 0;
+        for (int k = 0; k < 16; k++)
+            sumi += w[i].scales[k] * (sub[k] - 32 * a[i].bsums[k]);
         s += FP16(w[i].d) * a[i].d * (float)sumi;
     }
     return s;
