@@ -1,0 +1,494 @@
+/* Engine parity against the reference logits in refdata/models (tolerance rules of its README):
+ * every model file and prompt in normal mode against llama.cpp, in exact mode against the
+ * tight references; greedy continuations; decode vs prefill; several sequences in one batch vs
+ * each alone; API errors leave sequences untouched. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "daemon/engine/engine.h"
+#include "tests/testutil.h"
+
+static const char *const models[] = {
+    "qwen35moe-tiny-F16",    "qwen35moe-tiny-Q8_0",  "qwen35moe-tiny-Q6_K", "qwen35moe-tiny-Q5_K_M",
+    "qwen35moe-tiny-Q4_K_M", "qwen35-tiny-Q4_K_M",   "qwen3moe-tiny-Q4_K_M", "qwen3-tiny-Q8_0",
+};
+#define N_MODELS (sizeof(models) / sizeof(models[0]))
+
+/* ---- a minimal reader for the index JSON: number arrays by key inside one prompt object ---- */
+
+struct index {
+    char *json;
+    size_t len;
+};
+
+static bool index_load(struct index *ix, const char *model)
+{
+    char rel[256];
+    snprintf(rel, sizeof(rel), "models/%s.json", model);
+    char *path = tu_refdata_path(rel);
+    void *buf;
+    int rc = tu_read_file(path, &buf, &ix->len);
+    free(path);
+    ix->json = buf;
+    return rc == 0;
+}
+
+/* [start, end) of prompt P's object. */
+static bool prompt_span(const struct index *ix, char P, const char **s, const char **e)
+{
+    const char *pr = strstr(ix->json, "\"prompts\"");
+    char key[8];
+    snprintf(key, sizeof(key), "\"%c\": {", P);
+    *s = pr ? strstr(pr, key) : NULL;
+    if (!*s)
+        return false;
+    snprintf(key, sizeof(key), "\"%c\": {", P + 1);
+    *e = strstr(*s, key);
+    if (!*e)
+        *e = ix->json + ix->len;
+    return true;
+}
+
+/* Numbers of array `key` in prompt P; malloc'd, count in *n; NULL if absent. */
+static double *index_array(const struct index *ix, char P, const char *key, size_t *n)
+{
+    const char *s, *e;
+    if (!prompt_span(ix, P, &s, &e))
+        return NULL;
+    char needle[96];
+    snprintf(needle, sizeof(needle), "\"%s\":", key);
+    const char *k = strstr(s, needle);
+    if (!k || k > e)
+        return NULL;
+    const char *p = strchr(k + strlen(needle), '[');
+    if (!p || p > e)
+        return NULL;
+    p++;
+    size_t cap = 64, cnt = 0;
+    double *v = malloc(cap * sizeof(double));
+    while (v && *p && *p != ']') {
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p)
+            break;
+        if (cnt == cap)
+            v = realloc(v, (cap *= 2) * sizeof(double));
+        if (!v)
+            break;
+        v[cnt++] = x;
+        p = end;
+        while (*p == ',' || *p == ' ' || *p == '\n')
+            p++;
+    }
+    *n = cnt;
+    return v;
+}
+
+/* A reference logits file [n_pos][512]. */
+static float *ref_logits(const char *name, size_t n_floats)
+{
+    char rel[256];
+    snprintf(rel, sizeof(rel), "models/%s", name);
+    char *path = tu_refdata_path(rel);
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = tu_read_file(path, &buf, &len);
+    free(path);
+    if (rc != 0 || len != n_floats * sizeof(float)) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static struct sil_engine *open_model(const char *model, bool exact, int n_seq)
+{
+    char rel[256];
+    snprintf(rel, sizeof(rel), "models/%s.gguf", model);
+    char *path = tu_refdata_path(rel);
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.model_path = path;
+    p.n_threads = 2;
+    p.exact = exact;
+    p.n_seq_max = n_seq;
+    p.n_ctx = 256;
+    struct sil_error err = {0};
+    struct sil_engine *e = NULL;
+    int rc = sil_engine_open(&e, &p, &err);
+    free(path);
+    if (rc < 0)
+        fail_msg("open %s: %s", model, err.msg);
+    return e;
+}
+
+static int32_t argmax(const float *x, int32_t n)
+{
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* Evaluates ids as one prefill (all logits) in a new sequence; returns the sequence. */
+static int prefill(struct sil_engine *e, const int32_t *ids, int32_t n, float *logits)
+{
+    struct sil_error err = {0};
+    int seq = sil_seq_create(e, &err);
+    assert_true(seq >= 0);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *sq = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = malloc(sizeof(bool) * (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = i;
+        sq[i] = seq;
+        want[i] = true;
+    }
+    struct sil_batch b = {n, ids, pos, sq, want};
+    int rc = sil_engine_eval(e, &b, logits, &err);
+    if (rc < 0)
+        fail_msg("eval: %s", err.msg);
+    free(pos);
+    free(sq);
+    free(want);
+    return seq;
+}
+
+/* n greedy tokens continuing seq from the logits `last`. */
+static void greedy(struct sil_engine *e, int seq, const float *last, int n, int32_t *out)
+{
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    float *step = malloc(sizeof(float) * (size_t)V);
+    struct sil_error err = {0};
+    out[0] = argmax(last, V);
+    for (int s = 1; s < n; s++) {
+        int32_t tok = out[s - 1], pos = sil_seq_len(e, seq);
+        struct sil_batch b = {1, &tok, &pos, &seq, NULL};
+        assert_int_equal(sil_engine_eval(e, &b, step, &err), 0);
+        out[s] = argmax(step, V);
+    }
+    free(step);
+}
+
+/* One model x prompt against a reference: logits within tol[p], greedy while margins > T. */
+static void check_prompt(const char *model, bool exact, char P)
+{
+    struct index ix;
+    assert_true(index_load(&ix, model));
+    size_t n_ids = 0, n_tol = 0, n_g = 0, n_m = 0, n_shape = 0;
+    double *ids_d = index_array(&ix, P, "ids", &n_ids);
+    double *shape = index_array(&ix, P, "shape", &n_shape);
+    assert_non_null(ids_d);
+    assert_int_equal(n_shape, 2);
+    const bool quantized = strstr(model, "F16") == NULL;
+    char ref_name[256];
+    double *tol = NULL, *g_ref = NULL, *margin = NULL;
+    if (exact) {
+        if (quantized)
+            snprintf(ref_name, sizeof(ref_name), "%s.%c.dequant.f32", model, P);
+        else /* the HF logits are named by architecture: "qwen35moe-tiny.A.hf.f32" */
+            snprintf(ref_name, sizeof(ref_name), "%.*s.%c.hf.f32",
+                     (int)(strstr(model, "-F16") - model), model, P);
+        g_ref = index_array(&ix, P, quantized ? "dequant_f32_path_greedy16" : "hf_greedy16", &n_g);
+        margin = index_array(&ix, P, quantized ? "dequant_f32_path_greedy16_top2_margin" : "f32_path_greedy16_top2_margin", &n_m);
+        n_tol = n_ids;
+        tol = malloc(sizeof(double) * n_tol);
+        for (size_t i = 0; i < n_tol; i++)
+            tol[i] = 1e-3;
+    } else {
+        snprintf(ref_name, sizeof(ref_name), "%s.%c.f32", model, P);
+        tol = index_array(&ix, P, "tolerance_per_position", &n_tol);
+        g_ref = index_array(&ix, P, "greedy16", &n_g);
+        margin = index_array(&ix, P, "greedy16_top2_margin", &n_m);
+    }
+    const int32_t V = (int32_t)shape[1];
+    float *want = ref_logits(ref_name, n_ids * (size_t)V);
+    if (!want) { /* the README lists which tight references were not shipped */
+        assert_true(exact);
+        goto out;
+    }
+    assert_int_equal(n_tol, n_ids);
+    assert_int_equal(n_g, 16);
+    assert_int_equal(n_m, 16);
+
+    struct sil_engine *e = open_model(model, exact, 1);
+    assert_int_equal(sil_engine_info(e)->n_vocab, V);
+    int32_t *ids = malloc(sizeof(int32_t) * n_ids);
+    for (size_t i = 0; i < n_ids; i++)
+        ids[i] = (int32_t)ids_d[i];
+    float *got = malloc(sizeof(float) * n_ids * (size_t)V);
+    int seq = prefill(e, ids, (int32_t)n_ids, got);
+    double T = 0;
+    for (size_t p = 0; p < n_ids; p++) {
+        double d = 0;
+        for (int32_t v = 0; v < V; v++)
+            d = fmax(d, fabs((double)got[p * V + v] - want[p * V + v]));
+        if (!(d <= tol[p]))
+            fail_msg("%s %c%s: position %zu max diff %g > tolerance %g", model, P, exact ? " exact" : "",
+                     p, d, tol[p]);
+        T = fmax(T, tol[p]);
+    }
+    int32_t g[16];
+    greedy(e, seq, got + (n_ids - 1) * (size_t)V, 16, g);
+    for (int s = 0; s < 16 && margin[s] > T; s++)
+        if (g[s] != (int32_t)g_ref[s])
+            fail_msg("%s %c%s: greedy step %d: %d, reference %d", model, P, exact ? " exact" : "", s,
+                     g[s], (int)g_ref[s]);
+    free(ids);
+    free(got);
+    sil_engine_close(e);
+out:
+    free(want);
+    free(ids_d);
+    free(shape);
+    free(tol);
+    free(g_ref);
+    free(margin);
+    free(ix.json);
+}
+
+static void test_parity_normal(void **state)
+{
+    (void)state;
+    for (size_t m = 0; m < N_MODELS; m++)
+        for (char P = 'A'; P <= 'C'; P++)
+            check_prompt(models[m], false, P);
+}
+
+static void test_parity_exact(void **state)
+{
+    (void)state;
+    for (size_t m = 0; m < N_MODELS; m++)
+        for (char P = 'A'; P <= 'C'; P++)
+            check_prompt(models[m], true, P);
+}
+
+/* Prompt C ids of a model index. */
+static int32_t *prompt_ids(const char *model, char P, size_t *n)
+{
+    struct index ix;
+    assert_true(index_load(&ix, model));
+    double *d = index_array(&ix, P, "ids", n);
+    assert_non_null(d);
+    int32_t *ids = malloc(sizeof(int32_t) * *n);
+    for (size_t i = 0; i < *n; i++)
+        ids[i] = (int32_t)d[i];
+    free(d);
+    free(ix.json);
+    return ids;
+}
+
+/* Token-by-token decode gives the prefill's logits (and stays within tolerance of llama.cpp's
+ * own decode-path logits, prompt D). */
+static void test_decode_vs_prefill(void **state)
+{
+    (void)state;
+    const char *const which[] = {"qwen35moe-tiny-Q4_K_M", "qwen3-tiny-Q8_0"};
+    for (size_t w = 0; w < 2; w++) {
+        size_t n;
+        int32_t *ids = prompt_ids(which[w], 'C', &n);
+        struct sil_engine *e = open_model(which[w], false, 2);
+        const int32_t V = sil_engine_info(e)->n_vocab;
+        float *pre = malloc(sizeof(float) * n * (size_t)V), *dec = malloc(sizeof(float) * n * (size_t)V);
+        prefill(e, ids, (int32_t)n, pre);
+        struct sil_error err = {0};
+        int seq = sil_seq_create(e, &err);
+        for (size_t i = 0; i < n; i++) {
+            int32_t pos = (int32_t)i;
+            struct sil_batch b = {1, &ids[i], &pos, &seq, NULL};
+            assert_int_equal(sil_engine_eval(e, &b, dec + i * V, &err), 0);
+        }
+        double d = 0;
+        for (size_t i = 0; i < n * (size_t)V; i++)
+            d = fmax(d, fabs((double)pre[i] - dec[i]));
+        if (d > 1e-4)
+            fail_msg("%s: decode vs prefill max diff %g", which[w], d);
+        struct index ix;
+        assert_true(index_load(&ix, which[w]));
+        size_t nt;
+        double *tol = index_array(&ix, 'D', "tolerance_per_position", &nt);
+        char name[128];
+        snprintf(name, sizeof(name), "%s.D.f32", which[w]);
+        float *ref = ref_logits(name, n * (size_t)V);
+        assert_non_null(ref);
+        assert_int_equal(nt, n);
+        for (size_t p = 0; p < n; p++) {
+            double dd = 0;
+            for (int32_t v = 0; v < V; v++)
+                dd = fmax(dd, fabs((double)dec[p * V + v] - ref[p * V + v]));
+            if (dd > tol[p])
+                fail_msg("%s D: position %zu diff %g > %g", which[w], p, dd, tol[p]);
+        }
+        free(tol);
+        free(ref);
+        free(ix.json);
+        free(pre);
+        free(dec);
+        free(ids);
+        sil_engine_close(e);
+    }
+}
+
+/* Three sequences prefilled in one interleaved batch, then decoded together, give the same
+ * logits as each sequence evaluated alone. */
+static void test_batched_vs_alone(void **state)
+{
+    (void)state;
+    const char *const which[] = {"qwen35moe-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M", "qwen35moe-tiny-F16"};
+    for (size_t w = 0; w < 3; w++) {
+        size_t nc, nb;
+        int32_t *c = prompt_ids(which[w], 'C', &nc);
+        int32_t *bb = prompt_ids(which[w], 'B', &nb);
+        const int32_t lens[3] = {40, (int32_t)nb, 25};
+        const int32_t *src[3] = {c, bb, c + 50};
+        struct sil_engine *e = open_model(which[w], false, 4);
+        const int32_t V = sil_engine_info(e)->n_vocab;
+        struct sil_error err = {0};
+        /* alone: prefill, then 3 greedy steps, keeping every logits row */
+        float *alone[3];
+        int32_t next[3][4];
+        for (int s = 0; s < 3; s++) {
+            alone[s] = malloc(sizeof(float) * (size_t)(lens[s] + 3) * V);
+            int seq = prefill(e, src[s], lens[s], alone[s]);
+            next[s][0] = argmax(alone[s] + (size_t)(lens[s] - 1) * V, V);
+            for (int k = 0; k < 3; k++) {
+                int32_t pos = lens[s] + k;
+                struct sil_batch b = {1, &next[s][k], &pos, &seq, NULL};
+                float *row = alone[s] + (size_t)(lens[s] + k) * V;
+                assert_int_equal(sil_engine_eval(e, &b, row, &err), 0);
+                next[s][k + 1] = argmax(row, V);
+            }
+            sil_seq_free(e, seq);
+        }
+        /* together: rows interleaved round-robin across the three sequences */
+        int seqs[3];
+        for (int s = 0; s < 3; s++)
+            seqs[s] = sil_seq_create(e, &err);
+        int32_t total = lens[0] + lens[1] + lens[2];
+        int32_t *tok = malloc(sizeof(int32_t) * (size_t)total), *pos = malloc(sizeof(int32_t) * (size_t)total),
+                *sq = malloc(sizeof(int32_t) * (size_t)total), *who = malloc(sizeof(int32_t) * (size_t)total);
+        bool *want = malloc(sizeof(bool) * (size_t)total);
+        int32_t k = 0, at[3] = {0, 0, 0};
+        while (k < total)
+            for (int s = 0; s < 3; s++)
+                if (at[s] < lens[s]) {
+                    tok[k] = src[s][at[s]];
+                    pos[k] = at[s]++;
+                    sq[k] = seqs[s];
+                    who[k] = s;
+                    want[k++] = true;
+                }
+        float *together = malloc(sizeof(float) * (size_t)total * V);
+        struct sil_batch b = {total, tok, pos, sq, want};
+        assert_int_equal(sil_engine_eval(e, &b, together, &err), 0);
+        double d = 0;
+        for (int32_t r = 0; r < total; r++)
+            for (int32_t v = 0; v < V; v++)
+                d = fmax(d, fabs((double)together[(size_t)r * V + v] - alone[who[r]][(size_t)pos[r] * V + v]));
+        if (d > 1e-5)
+            fail_msg("%s: batched prefill vs alone max diff %g", which[w], d);
+        for (int step = 0; step < 3; step++) {
+            int32_t t3[3], p3[3], s3[3];
+            for (int s = 0; s < 3; s++) {
+                t3[s] = next[s][step];
+                p3[s] = lens[s] + step;
+                s3[s] = seqs[s];
+            }
+            struct sil_batch bd = {3, t3, p3, s3, NULL};
+            assert_int_equal(sil_engine_eval(e, &bd, together, &err), 0);
+            for (int s = 0; s < 3; s++)
+                for (int32_t v = 0; v < V; v++)
+                    d = fmax(d, fabs((double)together[(size_t)s * V + v] - alone[s][(size_t)(lens[s] + step) * V + v]));
+            if (d > 1e-5)
+                fail_msg("%s: batched decode step %d vs alone max diff %g", which[w], step, d);
+        }
+        for (int s = 0; s < 3; s++)
+            free(alone[s]);
+        free(tok);
+        free(pos);
+        free(sq);
+        free(who);
+        free(want);
+        free(together);
+        free(c);
+        free(bb);
+        sil_engine_close(e);
+    }
+}
+
+/* Bad batches fail without changing any sequence; truncate to 0 restarts a sequence. */
+static void test_api_errors(void **state)
+{
+    (void)state;
+    struct sil_engine *e = open_model("qwen35moe-tiny-Q4_K_M", false, 2);
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    struct sil_error err = {0};
+    int s0 = sil_seq_create(e, &err), s1 = sil_seq_create(e, &err);
+    assert_true(s0 >= 0 && s1 >= 0 && s0 != s1);
+    assert_int_equal(sil_seq_create(e, &err), -ENOSPC);
+    float *a = malloc(sizeof(float) * V), *b2 = malloc(sizeof(float) * V);
+    int32_t toks[3] = {508, 10, 20}, pos[3] = {0, 1, 2}, sq[3] = {s0, s0, s0};
+    struct sil_batch ok = {3, toks, pos, sq, NULL};
+    assert_int_equal(sil_engine_eval(e, &ok, a, &err), 0);
+    assert_int_equal(sil_seq_len(e, s0), 3);
+    assert_true(sil_seq_memory(e, s0) > 0);
+
+    /* wrong position, bad token, dead sequence: errors, lengths unchanged */
+    int32_t t1 = 30, p_bad = 5, p_ok = 3;
+    struct sil_batch bad_pos = {1, &t1, &p_bad, &s0, NULL};
+    assert_int_equal(sil_engine_eval(e, &bad_pos, b2, &err), -EINVAL);
+    int32_t t_bad = V;
+    int32_t two_t[2] = {30, t_bad}, two_p[2] = {3, 4}, two_s[2] = {s0, s0};
+    struct sil_batch bad_tok = {2, two_t, two_p, two_s, NULL};
+    assert_int_equal(sil_engine_eval(e, &bad_tok, b2, &err), -EINVAL);
+    int dead = 7;
+    struct sil_batch bad_seq = {1, &t1, &p_ok, &dead, NULL};
+    assert_int_equal(sil_engine_eval(e, &bad_seq, b2, &err), -EINVAL);
+    assert_int_equal(sil_seq_len(e, s0), 3);
+    /* hybrid model: cutting into the middle needs a checkpoint */
+    assert_int_equal(sil_seq_truncate(e, s0, 1, &err), -ENOTSUP);
+
+    /* the sequence continues as if nothing happened: same logits as a fresh run */
+    struct sil_batch next = {1, &t1, &p_ok, &s0, NULL};
+    assert_int_equal(sil_engine_eval(e, &next, a, &err), 0);
+    int32_t toks4[4] = {508, 10, 20, 30}, pos4[4] = {0, 1, 2, 3}, sq4[4] = {s1, s1, s1, s1};
+    struct sil_batch fresh = {4, toks4, pos4, sq4, NULL};
+    assert_int_equal(sil_engine_eval(e, &fresh, b2, &err), 0);
+    assert_memory_equal(a, b2, sizeof(float) * V);
+
+    /* truncate to 0 and replay: identical */
+    assert_int_equal(sil_seq_truncate(e, s1, 0, &err), 0);
+    assert_int_equal(sil_seq_len(e, s1), 0);
+    assert_int_equal(sil_engine_eval(e, &fresh, b2, &err), 0);
+    assert_memory_equal(a, b2, sizeof(float) * V);
+    sil_seq_free(e, s1);
+    assert_int_equal(sil_seq_len(e, s1), 0);
+    assert_true(sil_seq_create(e, &err) >= 0);
+    free(a);
+    free(b2);
+    sil_engine_close(e);
+}
+
+int main(void)
+{
+    if (!tu_refdata_exists("models/qwen3-tiny-Q8_0.gguf")) {
+        fprintf(stderr, "test_engine: no reference data under %s\n", tu_shared_dir());
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_normal),
+        cmocka_unit_test(test_parity_exact),
+        cmocka_unit_test(test_decode_vs_prefill),
+        cmocka_unit_test(test_batched_vs_alone),
+        cmocka_unit_test(test_api_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
