@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "daemon/engine/gguf.h"
 #include "kernels/cpu/quants.h"
 #include "tests/testutil.h"
 
@@ -511,6 +512,110 @@ static void test_simd_vs_scalar(void **state)
     sil_cpu_force_level(SIL_CPU_AVX512_VNNI);
 }
 
+/* ---- refdata: quantized files against the unquantized one ------------------------------------- */
+
+/* Every quantized tensor of qwen35moe-tiny-<TYPE>.gguf, dequantized, against the same tensor of
+ * the F16 file (= the unquantized weights): per element within the legacy formats' bound, and for
+ * the k-quants within the per-element bound and the relative RMS bound of test_roundtrip (the
+ * reference files were quantized by an independent implementation, so this checks our layout
+ * reading as much as their quantizer). */
+static void check_refdata_file(const char *file, const int *want_types, int n_want)
+{
+    char *qpath = tu_refdata_path(file), *fpath = tu_refdata_path("models/qwen35moe-tiny-F16.gguf");
+    if (!tu_refdata_exists(file) || !tu_refdata_exists("models/qwen35moe-tiny-F16.gguf")) {
+        free(qpath);
+        free(fpath);
+        skip();
+    }
+    struct sil_gguf *gq = NULL, *gf = NULL;
+    struct sil_error err = {0};
+    if (sil_gguf_open(&gq, qpath, &err) != 0 || sil_gguf_open(&gf, fpath, &err) != 0)
+        fail_msg("open: %s", err.msg);
+    int seen[SIL_TYPE_COUNT] = {0};
+    double worst[SIL_TYPE_COUNT] = {0};
+    for (int64_t ti = 0; ti < sil_gguf_n_tensors(gq); ti++) {
+        const struct sil_gguf_tensor *tq = sil_gguf_tensor(gq, ti);
+        if (tq->type == SIL_TYPE_F32 || tq->type == SIL_TYPE_F16)
+            continue;
+        const struct sil_gguf_tensor *tf = sil_gguf_find_tensor(gf, tq->name);
+        assert_non_null(tf);
+        assert_int_equal(tf->type, SIL_TYPE_F16);
+        for (int d = 0; d < 4; d++)
+            assert_int_equal(tq->ne[d], tf->ne[d]);
+        const struct sil_type_traits *t = sil_type_traits(tq->type);
+        assert_non_null(t);
+        assert_true(t->supported);
+        const int64_t n = tq->ne[0] * tq->ne[1] * tq->ne[2] * tq->ne[3];
+        assert_int_equal(tq->nbytes, sil_row_size(tq->type, tq->ne[0]) * (n / tq->ne[0]));
+        float *x = xmalloc(n * sizeof(float)), *y = xmalloc(n * sizeof(float));
+        sil_dequantize_row(SIL_TYPE_F16, tf->data, x, n);
+        sil_dequantize_row(tq->type, tq->data, y, n);
+        double se = 0, sx = 0;
+        for (int64_t i = 0; i < n; i++) {
+            se += (double)(x[i] - y[i]) * (x[i] - y[i]);
+            sx += (double)x[i] * x[i];
+            float b;
+            if (t->block_size == 32) {
+                b = legacy_bound(tq->type, x + i / 32 * 32);
+            } else {
+                float amax, mn, mx;
+                stats(x + i / 256 * 256, 256, &amax, &mn, &mx);
+                const int nmax = tq->type == SIL_TYPE_Q4_K ? 15 : tq->type == SIL_TYPE_Q5_K ? 31 : 32;
+                b = 2 * amax / nmax + 1e-30f;
+            }
+            if (!(fabsf(x[i] - y[i]) <= b))
+                fail_msg("%s %s (%s) element %lld: %g vs unquantized %g, bound %g", file, tq->name,
+                         t->name, (long long)i, y[i], x[i], b);
+        }
+        if (t->block_size == 256 && !(sqrt(se / sx) < kquant_rms_bound(tq->type)))
+            fail_msg("%s %s (%s): relative rms error %g", file, tq->name, t->name, sqrt(se / sx));
+        seen[tq->type]++;
+        if (sqrt(se / sx) > worst[tq->type])
+            worst[tq->type] = sqrt(se / sx);
+        free(x);
+        free(y);
+    }
+    for (int k = 0; k < SIL_TYPE_COUNT; k++)
+        if (seen[k])
+            print_message("  %s: %d %s tensors, worst relative rms error %.4f\n", file, seen[k],
+                          sil_type_name(k), worst[k]);
+    for (int k = 0; k < n_want; k++)
+        if (!seen[want_types[k]])
+            fail_msg("%s: no %s tensor compared", file, sil_type_name(want_types[k]));
+    sil_gguf_close(gq);
+    sil_gguf_close(gf);
+    free(qpath);
+    free(fpath);
+}
+
+static void test_refdata_q8_0(void **state)
+{
+    (void)state;
+    static const int want[] = {SIL_TYPE_Q8_0};
+    check_refdata_file("models/qwen35moe-tiny-Q8_0.gguf", want, 1);
+}
+
+static void test_refdata_q4_k_m(void **state)
+{
+    (void)state;
+    static const int want[] = {SIL_TYPE_Q4_K, SIL_TYPE_Q6_K, SIL_TYPE_Q5_0};
+    check_refdata_file("models/qwen35moe-tiny-Q4_K_M.gguf", want, 3);
+}
+
+static void test_refdata_q5_k_m(void **state)
+{
+    (void)state;
+    static const int want[] = {SIL_TYPE_Q5_K, SIL_TYPE_Q6_K, SIL_TYPE_Q5_1};
+    check_refdata_file("models/qwen35moe-tiny-Q5_K_M.gguf", want, 3);
+}
+
+static void test_refdata_q6_k(void **state)
+{
+    (void)state;
+    static const int want[] = {SIL_TYPE_Q6_K, SIL_TYPE_Q8_0};
+    check_refdata_file("models/qwen35moe-tiny-Q6_K.gguf", want, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -521,6 +626,10 @@ int main(void)
         cmocka_unit_test(test_activation_quant),
         cmocka_unit_test(test_vec_dot_matches_dequant),
         cmocka_unit_test(test_simd_vs_scalar),
+        cmocka_unit_test(test_refdata_q8_0),
+        cmocka_unit_test(test_refdata_q4_k_m),
+        cmocka_unit_test(test_refdata_q5_k_m),
+        cmocka_unit_test(test_refdata_q6_k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
