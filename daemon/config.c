@@ -13,7 +13,7 @@ void sil_config_defaults(struct sil_config *c)
 {
     memset(c, 0, sizeof(*c));
     strcpy(c->backend, "auto");
-    c->max_message = 16u << 20;
+    c->max_message = 4u << 20;
     c->max_output = 8u << 20;
     c->max_clients = 256;
     c->max_queue = 256;

@@ -1,0 +1,90 @@
+/* The engine thread: owns the engine, the running requests and the sessions, and runs the
+ * scheduler. Each step evaluates one batch: a decode row for every running sequence plus prompt
+ * chunks under a token budget, then samples, applies the generation controls (genctl.h) and packs
+ * the streamed notifications and final responses.
+ *
+ * The event loop talks to it through an inbox (submit, cancel, session operations, shutdown) and
+ * reads back packed messages from an outbox; an eventfd wakes the loop when output is ready.
+ * Messages name connections by id, never by pointer, so a connection may go away at any time.
+ *
+ * Ownership: sil_worker_submit takes the job (freed by the worker); outbox messages are taken by
+ * sil_worker_take_output and freed by the caller with free(). */
+#ifndef SIL_DAEMON_WORKER_H
+#define SIL_DAEMON_WORKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/genctl.h"
+
+#define SIL_SESSION_NAME_MAX 128
+
+enum sil_priority { SIL_PRIO_INTERACTIVE = 0, SIL_PRIO_NORMAL = 1, SIL_PRIO_BATCH = 2 };
+
+/* A generate or chat request, prepared by the loop (prompt tokenized, params checked). */
+struct sil_job_req {
+    uint64_t conn_id;
+    uint32_t msgid;
+    int32_t *prompt; /* malloc'd, owned by the job */
+    size_t n_prompt;
+    struct sil_sampler_params sampling;
+    struct sil_genctl_params ctl; /* stop strings point into stop_buf */
+    const char *stop_ptrs[SIL_GENCTL_MAX_STOP];
+    char *stop_buf;               /* malloc'd, owned by the job */
+    char session[SIL_SESSION_NAME_MAX]; /* "" = none */
+    int priority;
+};
+
+/* Figures the loop reports in status / metrics (a consistent snapshot). */
+struct sil_worker_stats {
+    int running, queued, sessions;
+    uint64_t session_bytes, state_bytes;
+    uint64_t requests_total, requests_failed, requests_cancelled;
+    uint64_t tokens_prompt, tokens_cached, tokens_generated;
+    uint64_t steps, eval_errors;
+    double eval_seconds;
+};
+
+struct sil_outmsg {
+    struct sil_outmsg *next;
+    uint64_t conn_id;
+    uint32_t msgid;
+    bool final;   /* the request's last message: the connection has one request less in flight */
+    bool stopped; /* the worker thread has ended (shutdown done); no bytes */
+    size_t len;
+    char data[];  /* one or more packed msgpack-RPC messages */
+};
+
+struct sil_worker;
+
+/* Starts the thread. The engine is used by the worker thread only from now on; the loop may
+ * still read the vocab and info (immutable). */
+int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct sil_config *cfg,
+                     struct sil_error *err);
+/* Joins the thread (after sil_worker_shutdown and the stopped message) and frees everything. */
+void sil_worker_free(struct sil_worker *w);
+int sil_worker_eventfd(const struct sil_worker *w);
+
+void sil_worker_submit(struct sil_worker *w, struct sil_job_req *job);
+void sil_job_req_free(struct sil_job_req *job);
+/* Cancels request msgid of a connection (final response with stop_reason "cancelled"). */
+void sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
+/* The connection is gone: its requests stop and free their memory, nothing is sent. */
+void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id);
+/* Answered by the worker through the outbox (a response to msgid). */
+void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
+void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, const char *name);
+/* Every request gets a final response with stop_reason "shutdown", then the thread ends and posts
+ * a message with stopped set. */
+void sil_worker_shutdown(struct sil_worker *w);
+/* Live settings (SIGHUP): session limits. */
+void sil_worker_set_limits(struct sil_worker *w, uint64_t session_memory, int max_sessions);
+
+/* Takes every pending output message (a list, oldest first) and clears the eventfd. */
+struct sil_outmsg *sil_worker_take_output(struct sil_worker *w);
+void sil_worker_stats(struct sil_worker *w, struct sil_worker_stats *st);
+
+#endif
