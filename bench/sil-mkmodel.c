@@ -51,6 +51,8 @@ static void usage(FILE *f)
             "                        whose weight on it is -S*ln(rank+1)/sqrt(n_embd/2), rank a per-layer\n"
             "                        random order of the experts\n"
             "  --seed N              random seed (default 1)\n"
+            "  --exact-quant         q4_K/q6_K through the reference quantizers (slow) instead of\n"
+            "                        fast min/max scales\n"
             "\n"
             "output:\n"
             "  --out FILE            the model file (written as FILE.tmp, then renamed)\n"
@@ -69,7 +71,7 @@ enum {
     O_PRESET = 256, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV, O_HEAD_DIM, O_FFN, O_EXPERTS, O_USED,
     O_EXP_FFN, O_SH_FFN, O_DN_K, O_DN_V, O_DN_DIM, O_DN_CONV, O_FAI, O_ROPE_BASE, O_ROPE_PARTIAL,
     O_CTX, O_TIED, O_UNTIED, O_VOCAB, O_VOCAB_FROM, O_PRE, O_TYPE, O_OVERRIDE, O_SKEW, O_SEED, O_OUT,
-    O_THREADS, O_NAME, O_DRY, O_QUIET, O_LIST, O_HELP,
+    O_THREADS, O_NAME, O_EXACT, O_DRY, O_QUIET, O_LIST, O_HELP,
 };
 
 static const struct option opts[] = {
@@ -83,7 +85,7 @@ static const struct option opts[] = {
     {"untied", 0, 0, O_UNTIED}, {"vocab", 1, 0, O_VOCAB}, {"vocab-from", 1, 0, O_VOCAB_FROM},
     {"pre", 1, 0, O_PRE}, {"type", 1, 0, O_TYPE}, {"type-override", 1, 0, O_OVERRIDE},
     {"skew", 1, 0, O_SKEW}, {"seed", 1, 0, O_SEED}, {"out", 1, 0, O_OUT}, {"threads", 1, 0, O_THREADS},
-    {"name", 1, 0, O_NAME}, {"dry-run", 0, 0, O_DRY}, {"quiet", 0, 0, O_QUIET},
+    {"name", 1, 0, O_NAME}, {"exact-quant", 0, 0, O_EXACT}, {"dry-run", 0, 0, O_DRY}, {"quiet", 0, 0, O_QUIET},
     {"list-presets", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
 };
 
@@ -119,7 +121,7 @@ int main(int argc, char **argv)
     const char *type = "q4_k_m";
     int64_t vocab = -1, threads = 2, seed = 1;
     float skew = 0;
-    bool dry = false, quiet = false;
+    bool dry = false, quiet = false, exact = false;
     char **overrides = calloc((size_t)argc, sizeof(char *));
     int n_overrides = 0;
     /* shape flags are applied after the preset, in the order given */
@@ -163,6 +165,7 @@ int main(int argc, char **argv)
             break;
         case O_NAME: name = optarg; break;
         case O_DRY: dry = true; break;
+        case O_EXACT: exact = true; break;
         case O_QUIET: quiet = true; break;
         case O_LIST: sil_mk_list_presets(stdout); return 0;
         case O_HELP: usage(stdout); return 0;
@@ -179,7 +182,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    struct sil_mk_model m = {.seed = (uint64_t)seed, .skew = skew, .name = name};
+    struct sil_mk_model m = {.seed = (uint64_t)seed, .skew = skew, .name = name, .exact_quant = exact};
     struct sil_error err = {0};
     if (preset) {
         if (sil_mk_preset(preset, &m.hp) != 0) {

@@ -249,8 +249,10 @@ static void fail(struct writer *w, int code, const char *msg)
     pthread_mutex_unlock(&w->mu);
 }
 
-static void convert_row(int type, const float *x, void *y, int64_t n)
+static void convert_row(const struct sil_mk_model *m, int type, const float *x, void *y, int64_t n)
 {
+    if (!m->exact_quant && sil_mk_fast_quantize_row(type, x, y, n))
+        return;
     if (type == SIL_TYPE_F32) {
         memcpy(y, x, (size_t)n * sizeof(float));
     } else if (type == SIL_TYPE_F16) {
@@ -304,7 +306,7 @@ static void *worker(void *p)
             if (w->err)
                 goto done;
             sil_mk_gen_row(m, t, ch->row0 + r, row);
-            convert_row(t->type, row, out + len, t->ne[0]);
+            convert_row(m, t->type, row, out + len, t->ne[0]);
             len += rs;
         }
         /* after a tensor's last chunk comes the padding up to the next tensor's offset */

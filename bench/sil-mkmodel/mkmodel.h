@@ -93,6 +93,7 @@ struct sil_mk_model {
     uint64_t seed;
     float skew;            /* Zipf exponent of expert popularity; 0 = none */
     int recipe;            /* enum sil_mk_recipe */
+    bool exact_quant;      /* reference quantizers for q4_K/q6_K instead of the fast ones */
     const char *name;      /* general.name */
 };
 
@@ -120,6 +121,9 @@ void sil_mk_gen_row(const struct sil_mk_model *m, const struct sil_mk_tensor *t,
                     float *out);
 /* The residual channel reserved for skew (only used when m->skew > 0). */
 int64_t sil_mk_bias_channel(const struct sil_mk_model *m);
+
+/* Fast min/max q4_K / q6_K quantizers (fastquant.c); false if type/n is not theirs. */
+bool sil_mk_fast_quantize_row(int type, const float *x, void *y, int64_t n);
 
 /* Vocabularies. */
 int sil_mk_vocab_synthetic(struct sil_mk_vocab *v, int64_t n, uint64_t seed, struct sil_error *err);
