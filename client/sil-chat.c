@@ -1,0 +1,479 @@
+/* sil-chat: ask siliceod a question (one-shot, from a pipe, or in a REPL), streaming the answer.
+ * See sil-chat(1). */
+#include <errno.h>
+#include <limits.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <editline/readline.h>
+
+#include "client/common/common.h"
+
+#define PROG "sil-chat"
+#define MAX_STDIN (8u << 20)
+#define MAX_TURNS 256
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) { interrupted = 1; }
+
+struct turn {
+    const char *role;
+    char *content;
+};
+
+struct opts {
+    const char *socket;
+    const char *system;
+    bool from_stdin, json, raw;
+    int show_reasoning; /* -1 auto (on a tty), 0 hide, 1 show */
+    int timeout_s;
+    struct sil_client_gen gen;
+};
+
+struct stream {
+    bool tty, dim, show_reasoning;
+    bool in_reasoning; /* the dim attribute is on */
+    bool printed_any;
+    char last;         /* last answer byte written, to end with a newline */
+    struct sil_rpc_client *c;
+    bool cancel_sent;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: " PROG " [OPTIONS] [QUESTION...]\n"
+            "Ask siliceod a question and stream the answer. Without a question and with a\n"
+            "terminal on stdin, starts an interactive session.\n"
+            "\n"
+            "  -s, --stdin               read stdin as context; the question is the instruction\n"
+            "  -S, --session NAME        keep the conversation in the daemon under NAME\n"
+            "      --system TEXT         system prompt\n"
+            "      --think / --no-think  let the model reason first, or not\n"
+            "      --hide-reasoning      do not print the reasoning (default off a terminal)\n"
+            "      --show-reasoning      print the reasoning even off a terminal\n"
+            "      --raw                 send QUESTION as a raw prompt (generate, no template)\n"
+            "      --json                print the final result as JSON instead of streaming\n"
+            "  -n, --max-tokens N        answer budget\n"
+            "      --max-thinking-tokens N  reasoning budget (-1: none)\n"
+            "  -t, --temperature X       sampling temperature (0: greedy)\n"
+            "      --top-k N  --top-p X  --min-p X  --repeat-penalty X  --presence-penalty X\n"
+            "      --seed N              sampling seed\n"
+            "      --stop STRING         stop string (repeatable, up to 16)\n"
+            "      --priority P          interactive, normal or batch\n"
+            "      --timeout SECONDS     give up after this long (default: none)\n"
+            "      --socket PATH         daemon socket (default: $SILICEO_SOCKET, then the\n"
+            "                            per-user or system socket)\n"
+            "  -h, --help                this help\n"
+            "  -V, --version             version\n");
+}
+
+enum {
+    O_SYSTEM = 256, O_THINK, O_NO_THINK, O_HIDE, O_SHOW, O_RAW, O_JSON, O_MAXTHINK, O_TOPK,
+    O_TOPP, O_MINP, O_REPEAT, O_PRESENCE, O_SEED, O_STOP, O_PRIORITY, O_TIMEOUT, O_SOCKET,
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    static const struct option lo[] = {
+        {"stdin", no_argument, 0, 's'},
+        {"session", required_argument, 0, 'S'},
+        {"system", required_argument, 0, O_SYSTEM},
+        {"think", no_argument, 0, O_THINK},
+        {"no-think", no_argument, 0, O_NO_THINK},
+        {"hide-reasoning", no_argument, 0, O_HIDE},
+        {"show-reasoning", no_argument, 0, O_SHOW},
+        {"raw", no_argument, 0, O_RAW},
+        {"json", no_argument, 0, O_JSON},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"max-thinking-tokens", required_argument, 0, O_MAXTHINK},
+        {"temperature", required_argument, 0, 't'},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP},
+        {"repeat-penalty", required_argument, 0, O_REPEAT},
+        {"presence-penalty", required_argument, 0, O_PRESENCE},
+        {"seed", required_argument, 0, O_SEED},
+        {"stop", required_argument, 0, O_STOP},
+        {"priority", required_argument, 0, O_PRIORITY},
+        {"timeout", required_argument, 0, O_TIMEOUT},
+        {"socket", required_argument, 0, O_SOCKET},
+        {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0},
+    };
+    long l;
+    int c;
+    while ((c = getopt_long(argc, argv, "+sS:n:t:hV", lo, NULL)) != -1) {
+        switch (c) {
+        case 's': o->from_stdin = true; break;
+        case 'S': o->gen.session = optarg; break;
+        case O_SYSTEM: o->system = optarg; break;
+        case O_THINK: o->gen.think = 1; break;
+        case O_NO_THINK: o->gen.think = 0; break;
+        case O_HIDE: o->show_reasoning = 0; break;
+        case O_SHOW: o->show_reasoning = 1; break;
+        case O_RAW: o->raw = true; break;
+        case O_JSON: o->json = true; break;
+        case 'n':
+            if (sil_client_parse_long(PROG, "--max-tokens", optarg, 1, 10000000, &o->gen.max_tokens) < 0)
+                return -1;
+            break;
+        case O_MAXTHINK:
+            if (sil_client_parse_long(PROG, "--max-thinking-tokens", optarg, -1, 10000000,
+                                      &o->gen.max_thinking_tokens) < 0)
+                return -1;
+            break;
+        case 't':
+            if (sil_client_parse_double(PROG, "--temperature", optarg, 0, 100, &o->gen.temperature) < 0)
+                return -1;
+            break;
+        case O_TOPK:
+            if (sil_client_parse_long(PROG, "--top-k", optarg, 0, 1000000, &o->gen.top_k) < 0)
+                return -1;
+            break;
+        case O_TOPP:
+            if (sil_client_parse_double(PROG, "--top-p", optarg, 0, 1, &o->gen.top_p) < 0)
+                return -1;
+            break;
+        case O_MINP:
+            if (sil_client_parse_double(PROG, "--min-p", optarg, 0, 1, &o->gen.min_p) < 0)
+                return -1;
+            break;
+        case O_REPEAT:
+            if (sil_client_parse_double(PROG, "--repeat-penalty", optarg, 0, 100, &o->gen.repeat_penalty) < 0)
+                return -1;
+            break;
+        case O_PRESENCE:
+            if (sil_client_parse_double(PROG, "--presence-penalty", optarg, -100, 100,
+                                        &o->gen.presence_penalty) < 0)
+                return -1;
+            break;
+        case O_SEED:
+            if (sil_client_parse_long(PROG, "--seed", optarg, 0, LONG_MAX, &l) < 0)
+                return -1;
+            o->gen.seed = l;
+            break;
+        case O_STOP:
+            if (o->gen.n_stop >= 16) {
+                sil_client_warn(PROG, "--stop: at most 16 stop strings");
+                return -1;
+            }
+            o->gen.stop[o->gen.n_stop++] = optarg;
+            break;
+        case O_PRIORITY:
+            if (strcmp(optarg, "interactive") && strcmp(optarg, "normal") && strcmp(optarg, "batch")) {
+                sil_client_warn(PROG, "--priority: interactive, normal or batch");
+                return -1;
+            }
+            o->gen.priority = optarg;
+            break;
+        case O_TIMEOUT:
+            if (sil_client_parse_long(PROG, "--timeout", optarg, 0, 86400 * 365, &l) < 0)
+                return -1;
+            o->timeout_s = (int)l;
+            break;
+        case O_SOCKET: o->socket = optarg; break;
+        case 'h': usage(stdout); exit(0);
+        case 'V': sil_client_version(PROG); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    return optind;
+}
+
+/* Joins argv words with spaces (malloc'd), NULL when there are none. */
+static char *join_args(int argc, char **argv)
+{
+    size_t n = 0;
+    for (int i = 0; i < argc; i++)
+        n += strlen(argv[i]) + 1;
+    if (n == 0)
+        return NULL;
+    char *s = malloc(n);
+    if (!s)
+        return NULL;
+    s[0] = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i)
+            strcat(s, " ");
+        strcat(s, argv[i]);
+    }
+    return s;
+}
+
+static void dim(struct stream *st, bool on)
+{
+    if (st->dim && st->in_reasoning != on)
+        fputs(on ? "\033[2m" : "\033[0m", stdout);
+    st->in_reasoning = on;
+}
+
+static int on_msg(void *ud, const struct sil_rpc_msg *m)
+{
+    struct stream *st = ud;
+    if (!m) {
+        if (interrupted && !st->cancel_sent) {
+            st->cancel_sent = true;
+            struct sil_rpc_error e;
+            if (sil_rpc_client_cancel(st->c, &e) < 0)
+                return -EINTR;
+        }
+        return 0;
+    }
+    if (m->type != SIL_RPC_NOTIFICATION || strcmp(m->method, "token") != 0 || !st)
+        return 0;
+    const char *s;
+    size_t n;
+    if (st->show_reasoning &&
+        sil_rpc_get_str(m->params, "reasoning", &s, &n, SIL_RPC_OPTIONAL, NULL) == 1 && n > 0) {
+        dim(st, true);
+        fwrite(s, 1, n, stdout);
+        st->printed_any = true;
+        st->last = s[n - 1];
+    }
+    if (sil_rpc_get_str(m->params, "text", &s, &n, SIL_RPC_OPTIONAL, NULL) == 1 && n > 0) {
+        if (st->in_reasoning) {
+            dim(st, false);
+            if (st->last != '\n')
+                fputc('\n', stdout);
+            fputc('\n', stdout);
+        }
+        fwrite(s, 1, n, stdout);
+        st->printed_any = true;
+        st->last = s[n - 1];
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* Sends one request (chat or generate); streams or prints JSON; returns the exit status and,
+ * for the REPL, a copy of the answer text in *answer. */
+static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn *turns, int n_turns,
+               const char *raw_prompt, char **answer)
+{
+    struct stream st = {.c = c};
+    st.tty = isatty(STDOUT_FILENO);
+    st.dim = st.tty && !getenv("NO_COLOR");
+    st.show_reasoning = o->show_reasoning < 0 ? st.tty : o->show_reasoning;
+    st.last = '\n';
+
+    msgpack_packer *pk = sil_rpc_client_begin(c, raw_prompt ? "generate" : "chat");
+    struct sil_client_gen gen = o->gen;
+    if (raw_prompt)
+        gen.think = -1; /* chat only */
+    msgpack_pack_map(pk, 1 + sil_client_gen_count(&gen));
+    if (raw_prompt) {
+        sil_rpc_kv_str(pk, "prompt", raw_prompt);
+    } else {
+        sil_rpc_pack_cstr(pk, "messages");
+        msgpack_pack_array(pk, (uint32_t)n_turns);
+        for (int i = 0; i < n_turns; i++) {
+            msgpack_pack_map(pk, 2);
+            sil_rpc_kv_str(pk, "role", turns[i].role);
+            sil_rpc_kv_str(pk, "content", turns[i].content);
+        }
+    }
+    sil_client_pack_gen(pk, &gen);
+
+    struct sigaction sa = {.sa_handler = on_sigint}, old;
+    sigemptyset(&sa.sa_mask);
+    interrupted = 0;
+    sigaction(SIGINT, &sa, &old);
+    const msgpack_object *res = NULL;
+    struct sil_rpc_error e = {0};
+    int r = sil_rpc_client_call(c, o->json ? NULL : on_msg, o->json ? NULL : &st, &res, &e);
+    sigaction(SIGINT, &old, NULL);
+    dim(&st, false);
+    if (!o->json && st.printed_any && st.last != '\n')
+        fputc('\n', stdout);
+    fflush(stdout);
+    if (r < 0) {
+        if (r == -EREMOTEIO)
+            sil_client_warn(PROG, "%s (error %d, %s)", e.msg, e.code, sil_rpc_code_name(e.code));
+        else
+            sil_client_warn(PROG, "%s", e.msg[0] ? e.msg : strerror(-r));
+        return SIL_EXIT_ERROR;
+    }
+    if (o->json) {
+        sil_rpc_print_json(stdout, res, 2);
+        fputc('\n', stdout);
+    }
+    char reason[32], msg[256];
+    sil_rpc_map_str(res, "stop_reason", reason, sizeof(reason), "");
+    if (answer) {
+        const char *s;
+        size_t n;
+        *answer = NULL;
+        if (sil_rpc_get_str(res, "text", &s, &n, SIL_RPC_OPTIONAL, NULL) == 1)
+            *answer = strndup(s, n);
+    }
+    if (strcmp(reason, "error") == 0) {
+        sil_client_warn(PROG, "generation failed: %s", sil_rpc_map_str(res, "error", msg, sizeof(msg), "unknown error"));
+        return SIL_EXIT_ERROR;
+    }
+    if (strcmp(reason, "cancelled") == 0 || strcmp(reason, "shutdown") == 0) {
+        if (!o->json)
+            fprintf(stderr, "[%s]\n", reason);
+        return interrupted ? 130 : SIL_EXIT_ERROR;
+    }
+    return SIL_EXIT_OK;
+}
+
+static void free_turns(struct turn *t, int *n, int keep)
+{
+    for (int i = keep; i < *n; i++)
+        free(t[i].content);
+    *n = keep;
+}
+
+static int repl(struct sil_rpc_client *c, struct opts *o)
+{
+    char hist[4096] = "";
+    if (sil_client_state_path("history", hist, sizeof(hist)) == 0) {
+        stifle_history(1000);
+        read_history(hist);
+    }
+    /* Without -S, a private session keeps the conversation evaluated between turns. */
+    char auto_session[64] = "";
+    if (!o->gen.session) {
+        snprintf(auto_session, sizeof(auto_session), "sil-chat-%ld-%ld", (long)getpid(), (long)time(NULL));
+        o->gen.session = auto_session;
+    }
+    struct turn turns[MAX_TURNS];
+    int n = 0, base = 0;
+    if (o->system) {
+        turns[n].role = "system";
+        turns[n++].content = strdup(o->system);
+        base = 1;
+    }
+    printf("siliceo chat; /help for commands, Ctrl-D to quit.\n");
+    int status = SIL_EXIT_OK;
+    char *line;
+    while ((line = readline("> ")) != NULL) {
+        char *p = line;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == 0) {
+            free(line);
+            continue;
+        }
+        add_history(p);
+        if (*p == '/') {
+            if (!strcmp(p, "/quit") || !strcmp(p, "/exit")) {
+                free(line);
+                break;
+            } else if (!strcmp(p, "/reset")) {
+                free_turns(turns, &n, base);
+                printf("conversation cleared\n");
+            } else if (!strcmp(p, "/think on")) {
+                o->gen.think = 1;
+            } else if (!strcmp(p, "/think off")) {
+                o->gen.think = 0;
+            } else {
+                printf("/reset  forget the conversation\n/think on|off\n/quit\n");
+            }
+            free(line);
+            continue;
+        }
+        if (n + 2 > MAX_TURNS)
+            free_turns(turns, &n, base); /* start over rather than grow without end */
+        turns[n].role = "user";
+        turns[n++].content = strdup(p);
+        free(line);
+        char *answer = NULL;
+        status = ask(c, o, turns, n, NULL, &answer);
+        if (status == SIL_EXIT_OK && answer) {
+            turns[n].role = "assistant";
+            turns[n++].content = answer;
+        } else {
+            free(answer);
+            free(turns[--n].content); /* the question goes with its failed answer */
+            if (c->fd < 0 || status == SIL_EXIT_ERROR) {
+                struct sil_rpc_error e;
+                /* the connection may be gone: reconnect for the next turn */
+                sil_rpc_client_close(c);
+                if (sil_client_connect(c, o->socket, o->timeout_s * 1000, &e) < 0) {
+                    sil_client_warn(PROG, "%s", e.msg);
+                    break;
+                }
+            }
+        }
+    }
+    if (auto_session[0]) {
+        msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.drop");
+        msgpack_pack_map(pk, 1);
+        sil_rpc_kv_str(pk, "name", auto_session);
+        struct sil_rpc_error e;
+        sil_rpc_client_call(c, NULL, NULL, NULL, &e);
+    }
+    free_turns(turns, &n, 0);
+    if (hist[0])
+        write_history(hist);
+    return status == 130 ? SIL_EXIT_OK : status;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {.show_reasoning = -1};
+    sil_client_gen_init(&o.gen);
+    int first = parse_args(argc, argv, &o);
+    if (first < 0)
+        return SIL_EXIT_USAGE;
+    char *question = join_args(argc - first, argv + first);
+    char *context = NULL;
+    bool stdin_tty = isatty(STDIN_FILENO);
+    if (o.from_stdin || (!question && !stdin_tty)) {
+        size_t len;
+        int r = sil_client_read_all(stdin, MAX_STDIN, &context, &len);
+        if (r < 0) {
+            sil_client_warn(PROG, "reading stdin: %s", r == -EFBIG ? "more than 8 MiB" : strerror(-r));
+            free(question);
+            return SIL_EXIT_ERROR;
+        }
+    }
+    if (!question && !context && !stdin_tty) {
+        sil_client_warn(PROG, "nothing to ask: give a question or pipe text in");
+        return SIL_EXIT_USAGE;
+    }
+
+    struct sil_rpc_client c;
+    struct sil_rpc_error e = {0};
+    if (sil_client_connect(&c, o.socket, o.timeout_s * 1000, &e) < 0) {
+        sil_client_warn(PROG, "%s", e.msg);
+        free(question);
+        free(context);
+        return SIL_EXIT_ERROR;
+    }
+    int status;
+    if (!question && !context) {
+        status = repl(&c, &o);
+    } else {
+        /* context then instruction, separated by a blank line */
+        size_t n = (context ? strlen(context) : 0) + (question ? strlen(question) : 0) + 3;
+        char *content = malloc(n);
+        if (!content) {
+            sil_client_warn(PROG, "out of memory");
+            return SIL_EXIT_ERROR;
+        }
+        snprintf(content, n, "%s%s%s", context ? context : "", context && question ? "\n\n" : "",
+                 question ? question : "");
+        struct turn turns[2];
+        int nt = 0;
+        if (o.system)
+            turns[nt++] = (struct turn){"system", (char *)o.system};
+        turns[nt++] = (struct turn){"user", content};
+        status = ask(&c, &o, turns, nt, o.raw ? content : NULL, NULL);
+        free(content);
+    }
+    sil_rpc_client_close(&c);
+    free(question);
+    free(context);
+    return status;
+}
