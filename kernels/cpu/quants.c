@@ -771,10 +771,10 @@ static float vec_dot_q4_K(int64_t n, const void *vw, const void *va)
         const uint8_t *q = w[i].qs;
         const int8_t *qa = a[i].qs;
         int sumi = 0, summ = 0;
+        uint8_t sc[8], mn[8];
+        sil_k4_unpack(w[i].scales, sc, mn);
         for (int j = 0; j < 4; j++, q += 32, qa += 64) {
-            uint8_t sc0, m0, sc1, m1;
-            sil_k4_scale_min(2 * j, w[i].scales, &sc0, &m0);
-            sil_k4_scale_min(2 * j + 1, w[i].scales, &sc1, &m1);
+            const int sc0 = sc[2 * j], m0 = mn[2 * j], sc1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
             int s0 = 0, s1 = 0;
             for (int l = 0; l < 32; l++) {
                 s0 += (q[l] & 0xF) * qa[l];
@@ -799,10 +799,10 @@ static float vec_dot_q5_K(int64_t n, const void *vw, const void *va)
         const uint8_t *q = w[i].qs, *qh = w[i].qh;
         const int8_t *qa = a[i].qs;
         int sumi = 0, summ = 0;
+        uint8_t sc[8], mn[8];
+        sil_k4_unpack(w[i].scales, sc, mn);
         for (int j = 0; j < 4; j++, q += 32, qa += 64) {
-            uint8_t sc0, m0, sc1, m1;
-            sil_k4_scale_min(2 * j, w[i].scales, &sc0, &m0);
-            sil_k4_scale_min(2 * j + 1, w[i].scales, &sc1, &m1);
+            const int sc0 = sc[2 * j], m0 = mn[2 * j], sc1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
             int s0 = 0, s1 = 0;
             for (int l = 0; l < 32; l++) {
                 s0 += ((q[l] & 0xF) | ((qh[l] >> (2 * j)) & 1) << 4) * qa[l];

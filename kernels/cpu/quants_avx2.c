@@ -224,19 +224,22 @@ float sil_vec_dot_q5_1_avx2(int64_t n, const void *w, const void *a)
     return dot_affine(n / SIL_QK, w, sizeof(struct sil_block_q5_1), a, unpack_q5_1);
 }
 
-/* sum_j m_j * (sum of the activations of sub-block j), from bsums */
-static inline int k4_mins_dot(const uint8_t *mins, const int16_t *bsums)
+/* sum_j m_j * (sum of the activations of sub-block j) as 4 int32 lanes: bsums summed in
+ * pairs (each pair is one sub-block of 32), times the 8 mins */
+static inline __m128i k4_mins_dot(const uint8_t *mins, const int16_t *bsums)
 {
-    int s = 0;
-    for (int j = 0; j < 8; j++)
-        s += mins[j] * (bsums[2 * j] + bsums[2 * j + 1]);
-    return s;
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    const __m128i sub = _mm_hadd_epi16(b0, b1); /* |sum of 32 int8| <= 4064: fits */
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mins));
+    return _mm_madd_epi16(sub, m16);
 }
 
-static inline void k4_unpack_scales(const uint8_t *packed, uint8_t *sc, uint8_t *m)
+static inline float hsum128_ps(__m128 s)
 {
-    for (int j = 0; j < 8; j++)
-        sil_k4_scale_min(j, packed, &sc[j], &m[j]);
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
 float sil_vec_dot_q4_K_avx2(int64_t n, const void *vw, const void *va)
@@ -245,10 +248,10 @@ float sil_vec_dot_q4_K_avx2(int64_t n, const void *vw, const void *va)
     const struct sil_block_q8_K *a = va;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
         uint8_t sc[8], mn[8];
-        k4_unpack_scales(w[i].scales, sc, mn);
+        sil_k4_unpack(w[i].scales, sc, mn);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
@@ -264,9 +267,9 @@ float sil_vec_dot_q4_K_avx2(int64_t n, const void *vw, const void *va)
         }
         const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += dmin * (float)k4_mins_dot(mn, a[i].bsums);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(mn, a[i].bsums)), accm);
     }
-    return hsum_ps(acc) - accm;
+    return hsum_ps(acc) - hsum128_ps(accm);
 }
 
 float sil_vec_dot_q5_K_avx2(int64_t n, const void *vw, const void *va)
@@ -275,10 +278,10 @@ float sil_vec_dot_q5_K_avx2(int64_t n, const void *vw, const void *va)
     const struct sil_block_q8_K *a = va;
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
         uint8_t sc[8], mn[8];
-        k4_unpack_scales(w[i].scales, sc, mn);
+        sil_k4_unpack(w[i].scales, sc, mn);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
@@ -300,9 +303,9 @@ float sil_vec_dot_q5_K_avx2(int64_t n, const void *vw, const void *va)
         }
         const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += dmin * (float)k4_mins_dot(mn, a[i].bsums);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(mn, a[i].bsums)), accm);
     }
-    return hsum_ps(acc) - accm;
+    return hsum_ps(acc) - hsum128_ps(accm);
 }
 
 /* q6_K: values 0..63 (unsigned) times activations, scaled per 16; the -32 offset is applied

@@ -211,18 +211,36 @@ static inline __m512i join(__m256i lo, __m256i hi)
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-static inline int k4_mins_dot(const uint8_t *mins, const int16_t *bsums)
+static inline __m128i k4_mins_dot(const uint8_t *mins, const int16_t *bsums)
 {
-    int s = 0;
-    for (int j = 0; j < 8; j++)
-        s += mins[j] * (bsums[2 * j] + bsums[2 * j + 1]);
-    return s;
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    const __m128i sub = _mm_hadd_epi16(b0, b1); /* |sum of 32 int8| <= 4064: fits */
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mins));
+    return _mm_madd_epi16(sub, m16);
 }
 
-/* lanes 0..7 get scale 2j, lanes 8..15 scale 2j+1 */
-static inline __m512i pair_scales(const uint8_t *sc, int j)
+static inline float hsum128_ps(__m128 s)
 {
-    return join(_mm256_set1_epi32(sc[2 * j]), _mm256_set1_epi32(sc[2 * j + 1]));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* idx[j]: lanes 0..7 take scale 2j, lanes 8..15 scale 2j+1 (of 16 int32 lanes sc0..7, m0..7) */
+static const int32_t pair_idx[4][16] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+};
+
+/* p * scale per lane; p = sum of 4 products (|p| <= 4*31*127 < 2^15), so multiplying its low
+ * 16 bits (madd against a scale whose high 16 bits are zero) is exact and cheaper than mullo */
+static inline __m512i scale_lanes(__m512i p, __m512i sc32, int j)
+{
+    const __m512i s = _mm512_permutexvar_epi32(_mm512_loadu_si512(pair_idx[j]), sc32);
+    return _mm512_madd_epi16(p, s);
 }
 
 float sil_vec_dot_q4_K_avx512(int64_t n, const void *vw, const void *va)
@@ -231,24 +249,24 @@ float sil_vec_dot_q4_K_avx512(int64_t n, const void *vw, const void *va)
     const struct sil_block_q8_K *a = va;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m512 acc = _mm512_setzero_ps();
-    float accm = 0;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++)
-            sil_k4_scale_min(j, w[i].scales, &sc[j], &mn[j]);
+        uint8_t scm[16];
+        sil_k4_unpack(w[i].scales, scm, scm + 8);
+        const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm));
         __m512i sumi = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
             const __m512i qq = join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
             const __m512i y = _mm512_loadu_si512(a[i].qs + 64 * j);
             const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq, y);
-            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, pair_scales(sc, j)));
+            sumi = _mm512_add_epi32(sumi, scale_lanes(p, sc32, j));
         }
         const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        accm += dmin * (float)k4_mins_dot(mn, a[i].bsums);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(scm + 8, a[i].bsums)), accm);
     }
-    return _mm512_reduce_add_ps(acc) - accm;
+    return _mm512_reduce_add_ps(acc) - hsum128_ps(accm);
 }
 
 float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
@@ -257,11 +275,11 @@ float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
     const struct sil_block_q8_K *a = va;
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m512 acc = _mm512_setzero_ps();
-    float accm = 0;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++)
-            sil_k4_scale_min(j, w[i].scales, &sc[j], &mn[j]);
+        uint8_t scm[16];
+        sil_k4_unpack(w[i].scales, scm, scm + 8);
+        const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm));
         const __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
         __m512i sumi = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
@@ -272,13 +290,13 @@ float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
                                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hhi));
             const __m512i y = _mm512_loadu_si512(a[i].qs + 64 * j);
             const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq, y);
-            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, pair_scales(sc, j)));
+            sumi = _mm512_add_epi32(sumi, scale_lanes(p, sc32, j));
         }
         const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        accm += dmin * (float)k4_mins_dot(mn, a[i].bsums);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(scm + 8, a[i].bsums)), accm);
     }
-    return _mm512_reduce_add_ps(acc) - accm;
+    return _mm512_reduce_add_ps(acc) - hsum128_ps(accm);
 }
 
 float sil_vec_dot_q6_K_avx512(int64_t n, const void *vw, const void *va)
@@ -292,7 +310,10 @@ float sil_vec_dot_q6_K_avx512(int64_t n, const void *vw, const void *va)
     const __m512i four = _mm512_set1_epi32(4);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
-        const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w[i].scales));
+        /* signed scales in the low 16 bits of each lane, high 16 bits zero, for the madd trick
+         * (|p| <= 4*63*127 < 2^15) */
+        const __m512i sc16 = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w[i].scales)),
+                                              _mm512_set1_epi32(0xFFFF));
         __m512i sumi = _mm512_setzero_si512();
         __m512i idx = idx0;
         for (int h = 0; h < 2; h++) {
@@ -311,15 +332,15 @@ float sil_vec_dot_q6_K_avx512(int64_t n, const void *vw, const void *va)
                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
             const __m512i pa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(q0, q1), _mm512_loadu_si512(y));
             const __m512i pb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(q2, q3), _mm512_loadu_si512(y + 64));
-            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pa, _mm512_permutexvar_epi32(idx, sc32)));
+            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(pa, _mm512_permutexvar_epi32(idx, sc16)));
             idx = _mm512_add_epi32(idx, four);
-            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pb, _mm512_permutexvar_epi32(idx, sc32)));
+            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(pb, _mm512_permutexvar_epi32(idx, sc16)));
             idx = _mm512_add_epi32(idx, four);
         }
         /* the -32 offset: sum_k sc_k * 32 * bsum_k */
         const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
-        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+        const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
+        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, scw), 5);
         sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(corr));
         acc = _mm512_fmadd_ps(_mm512_set1_ps(fp16(w[i].d) * a[i].d), _mm512_cvtepi32_ps(sumi), acc);
     }

@@ -4,6 +4,7 @@
 #define SIL_QUANTS_IMPL_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/quants.h"
 
@@ -112,6 +113,23 @@ static inline void sil_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_
         *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+/* All 8 scales (sc[0..7]) and mins (m[0..7]) of a q4_K / q5_K block at once, on 32-bit words:
+ * the low 6 bits of bytes 0..3 / 4..7 are scales / mins 0..3; scales / mins 4..7 are the low /
+ * high nibbles of bytes 8..11 with their top 2 bits in the top bits of bytes 0..3 / 4..7. */
+static inline void sil_k4_unpack(const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    uint32_t w0, w1, w2, s[2], mm[2];
+    memcpy(&w0, q, 4);
+    memcpy(&w1, q + 4, 4);
+    memcpy(&w2, q + 8, 4);
+    s[0] = w0 & 0x3f3f3f3f;
+    mm[0] = w1 & 0x3f3f3f3f;
+    s[1] = (w2 & 0x0f0f0f0f) | (((w0 >> 6) & 0x03030303) << 4);
+    mm[1] = ((w2 >> 4) & 0x0f0f0f0f) | (((w1 >> 6) & 0x03030303) << 4);
+    memcpy(sc, s, 8);
+    memcpy(m, mm, 8);
 }
 
 /* Called by cpu.c whenever the level in force changes: points the table at that level's kernels. */
