@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/sil-eval/model.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/tokenizer.h"
 
@@ -21,6 +22,9 @@ struct opts {
     bool json;
     bool help;
     bool version;
+    /* model evaluation (bench/sil-eval/model.c) */
+    const char *tokens, *prompt, *n_predict, *logits, *threads, *backend;
+    bool exact;
 };
 
 enum opt_kind { OPT_FLAG, OPT_STR };
@@ -40,6 +44,14 @@ static const struct opt_def {
     {"--add-bos", OPT_FLAG, offsetof(struct opts, add_bos), NULL,
      "prepend the BOS token when the vocab has one"},
     {"--json", OPT_FLAG, offsetof(struct opts, json), NULL, "print JSON: {\"ids\": [...]}"},
+    {"--tokens", OPT_STR, offsetof(struct opts, tokens), "IDS", "evaluate these token ids (1,2,3)"},
+    {"--prompt", OPT_STR, offsetof(struct opts, prompt), "TEXT", "evaluate TEXT (tokenized)"},
+    {"--n-predict", OPT_STR, offsetof(struct opts, n_predict), "N", "greedy tokens after the prompt"},
+    {"--logits", OPT_STR, offsetof(struct opts, logits), "MODE", "last (default), all or none"},
+    {"--threads", OPT_STR, offsetof(struct opts, threads), "N", "worker threads (default: CPUs)"},
+    {"--backend", OPT_STR, offsetof(struct opts, backend), "NAME", "cpu or cuda"},
+    {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
+     "reference mode: weights dequantized to F32, F32 activations"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
     {"--version", OPT_FLAG, offsetof(struct opts, version), NULL, "show the version and exit"},
 };
@@ -48,6 +60,9 @@ static const struct opt_def {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sil-eval --model FILE --tokenize-file FILE [--parse-special] [--add-bos] "
+               "[--json]\n"
+               "       sil-eval --model FILE (--tokens IDS | --prompt TEXT | --tokenize-file FILE)\n"
+               "                [--n-predict N] [--logits last|all|none] [--threads N] [--exact] "
                "[--json]\n\noptions:\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         char left[64];
@@ -128,6 +143,42 @@ static int read_file(const char *path, char **buf, size_t *len)
     return 0;
 }
 
+/* printf per id dominated the run time of large files; ids are formatted by hand. */
+static int print_ids(const int32_t *ids, size_t n, bool json)
+{
+    char buf[1 << 16];
+    size_t o = 0;
+    const char *sep = json ? ", " : " ";
+    if (json)
+        fputs("{\"ids\": [", stdout);
+    for (size_t i = 0; i < n; i++) {
+        if (o > sizeof buf - 32) {
+            fwrite(buf, 1, o, stdout);
+            o = 0;
+        }
+        if (i)
+            for (const char *p = sep; *p; p++)
+                buf[o++] = *p;
+        char digits[16];
+        int nd = 0;
+        int64_t x = ids[i];
+        if (x < 0) {
+            buf[o++] = '-';
+            x = -x;
+        }
+        do {
+            digits[nd++] = (char)('0' + x % 10);
+            x /= 10;
+        } while (x);
+        while (nd)
+            buf[o++] = digits[--nd];
+    }
+    if (o)
+        fwrite(buf, 1, o, stdout);
+    fputs(json ? "]}\n" : "\n", stdout);
+    return fflush(stdout) == 0 && !ferror(stdout) ? 0 : -EIO;
+}
+
 static int run_tokenize(const struct opts *o)
 {
     struct sil_error err = {0};
@@ -148,11 +199,7 @@ static int run_tokenize(const struct opts *o)
         fprintf(stderr, "sil-eval: %s\n", err.msg);
         goto out;
     }
-    fputs(o->json ? "{\"ids\": [" : "", stdout);
-    for (size_t i = 0; i < n; i++)
-        printf(i ? (o->json ? ", %d" : " %d") : "%d", ids[i]);
-    fputs(o->json ? "]}\n" : "\n", stdout);
-    rc = fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    rc = print_ids(ids, n, o->json) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 out:
     free(ids);
     free(text);
@@ -176,9 +223,19 @@ int main(int argc, char **argv)
         printf("sil-eval %s\n", SIL_VERSION);
         return EXIT_SUCCESS;
     }
+    if (o.tokens || o.prompt || (o.tokenize_file && (o.n_predict || o.logits))) {
+        if (!o.model) {
+            fprintf(stderr, "sil-eval: model evaluation needs --model FILE\n");
+            return EXIT_USAGE;
+        }
+        struct sil_eval_model_opts mo = {o.model, o.tokens, o.prompt, o.tokenize_file, o.n_predict,
+                                         o.logits, o.threads, o.backend, o.exact, o.json,
+                                         o.parse_special, o.add_bos};
+        return sil_eval_model(&mo);
+    }
     if (!o.tokenize_file) {
-        fprintf(stderr, "sil-eval: no mode given: use --tokenize-file FILE (model evaluation is "
-                        "not available yet); see sil-eval --help\n");
+        fprintf(stderr, "sil-eval: no mode given: use --tokens, --prompt or --tokenize-file; "
+                        "see sil-eval --help\n");
         return EXIT_USAGE;
     }
     if (!o.model) {

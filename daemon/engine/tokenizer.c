@@ -729,13 +729,94 @@ struct heap_ent {
 };
 
 /* Per-call scratch, grown as needed and freed at the end of the call. */
+/* Word cache: words repeat a lot in real text, and a cached word costs one hash probe instead of
+ * a BPE run. It lives for one call (the vocab stays immutable) and only for texts long enough to
+ * pay for it; when full it stops growing. */
+#define WC_MAX_WORD 32
+#define WC_MIN_TEXT 4096
+struct wc_ent {
+    uint64_t h; /* 0 = empty */
+    uint32_t word_off, ids_off;
+    uint8_t len, n_ids;
+};
+
+struct wcache {
+    struct wc_ent *ent;
+    uint32_t mask, used;
+    char *words;
+    int32_t *ids;
+    size_t words_len, words_cap, ids_len, ids_cap;
+};
+
 struct scratch {
     int32_t *sym;  /* symbol ids */
     int32_t *next; /* linked list for long words */
     int32_t *prev;
     struct heap_ent *heap;
     size_t cap, heap_cap;
+    struct wcache wc; /* ent == NULL: no cache */
 };
+
+static void wc_init(struct wcache *c, size_t text_len)
+{
+    size_t cap = 1024;
+    while (cap < text_len / 16 && cap < (1u << 17))
+        cap <<= 1;
+    c->ent = calloc(cap, sizeof *c->ent);
+    c->mask = c->ent ? (uint32_t)(cap - 1) : 0;
+}
+
+static void wc_free(struct wcache *c)
+{
+    free(c->ent);
+    free(c->words);
+    free(c->ids);
+}
+
+static const struct wc_ent *wc_find(const struct wcache *c, uint64_t h, const void *w, size_t n)
+{
+    for (uint32_t i = (uint32_t)h & c->mask;; i = (i + 1) & c->mask) {
+        const struct wc_ent *e = &c->ent[i];
+        if (e->h == 0)
+            return NULL;
+        if (e->h == h && e->len == n && memcmp(c->words + e->word_off, w, n) == 0)
+            return e;
+    }
+}
+
+/* Best effort: a failed allocation only means the word is not cached. */
+static void wc_add(struct wcache *c, uint64_t h, const void *w, size_t n, const int32_t *ids,
+                   size_t n_ids)
+{
+    if (c->used >= c->mask / 2 || n_ids > 255)
+        return;
+    if (c->words_len + n > c->words_cap) {
+        size_t cap = c->words_cap ? c->words_cap * 2 : 16384;
+        char *p = realloc(c->words, cap);
+        if (!p)
+            return;
+        c->words = p;
+        c->words_cap = cap;
+    }
+    if (c->ids_len + n_ids > c->ids_cap) {
+        size_t cap = c->ids_cap ? c->ids_cap * 2 : 4096;
+        int32_t *p = realloc(c->ids, cap * sizeof *p);
+        if (!p)
+            return;
+        c->ids = p;
+        c->ids_cap = cap;
+    }
+    uint32_t i = (uint32_t)h & c->mask;
+    while (c->ent[i].h)
+        i = (i + 1) & c->mask;
+    c->ent[i] = (struct wc_ent){h, (uint32_t)c->words_len, (uint32_t)c->ids_len, (uint8_t)n,
+                                (uint8_t)n_ids};
+    memcpy(c->words + c->words_len, w, n);
+    memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
+    c->words_len += n;
+    c->ids_len += n_ids;
+    c->used++;
+}
 
 static int scratch_reserve(struct scratch *s, size_t n)
 {
@@ -897,13 +978,26 @@ static int encode_word(const struct sil_vocab *v, const unsigned char *w, size_t
     }
     if (n > INT32_MAX / 4)
         return -E2BIG;
+    uint64_t h = 0;
+    if (s->wc.ent && n <= WC_MAX_WORD) {
+        h = hash_bytes(w, n) | 1;
+        const struct wc_ent *e = wc_find(&s->wc, h, w, n);
+        if (e) {
+            for (int i = 0; i < e->n_ids; i++)
+                if (id_push(out, s->wc.ids[e->ids_off + i]) < 0)
+                    return -ENOMEM;
+            return 0;
+        }
+    }
     if (scratch_reserve(s, n) < 0)
         return -ENOMEM;
     for (size_t i = 0; i < n; i++)
         s->sym[i] = v->byte_tok[w[i]];
-    if (n <= BPE_SHORT)
-        return bpe_short(v, s->sym, (int)n, out);
-    return bpe_long(v, s, (int32_t)n, out);
+    size_t first = out->n;
+    int rc = n <= BPE_SHORT ? bpe_short(v, s->sym, (int)n, out) : bpe_long(v, s, (int32_t)n, out);
+    if (rc == 0 && h)
+        wc_add(&s->wc, h, w, n, out->ids + first, out->n - first);
+    return rc;
 }
 
 /* Splits one fragment (no special tokens inside) into words with the pre-tokenizer regex. Bytes
@@ -969,6 +1063,8 @@ int sil_tokenize(const struct sil_vocab *v, const char *text, size_t len, bool a
         goto done;
     }
     pcre2_jit_stack_assign(mc, NULL, js);
+    if (len >= WC_MIN_TEXT)
+        wc_init(&s.wc, len);
     if (add_bos && v->bos >= 0 && (rc = id_push(&out, v->bos)) < 0)
         goto oom;
 
@@ -1010,6 +1106,7 @@ done:
     free(s.next);
     free(s.prev);
     free(s.heap);
+    wc_free(&s.wc);
     pcre2_jit_stack_free(js);
     pcre2_match_context_free(mc);
     pcre2_match_data_free(md);
