@@ -1,0 +1,545 @@
+/* sil-bench: measures siliceod as its clients see it: prefill and decode tok/s, time to first
+ * token, a concurrency sweep, expert-cache figures, and the protocol's own cost per streamed
+ * token (debug.stream). Writes results JSON as bench/results expects. See sil-bench(1). */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/common/common.h"
+
+#define PROG "sil-bench"
+#define MAX_LEVELS 16
+#define MAX_RUNS 100
+
+struct opts {
+    const char *socket;
+    long prompt_tokens, gen_tokens, runs, count;
+    long levels[MAX_LEVELS];
+    int n_levels;
+    bool overhead;
+    const char *out, *plot, *name, *notes, *text;
+    double timeout_s;
+};
+
+struct series {
+    double v[MAX_RUNS];
+    int n;
+};
+
+struct result {
+    const char *metric, *unit;
+    char config[96];
+    struct series s;
+};
+
+#define MAX_RESULTS 64
+static struct result results[MAX_RESULTS];
+static int n_results;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: " PROG " [OPTIONS]\n"
+            "Benchmark a running siliceod: prefill and decode speed, time to first token,\n"
+            "throughput at several concurrencies, and the protocol's cost per streamed token.\n"
+            "\n"
+            "  -p, --prompt-tokens N      prompt length in words, about one token each (512)\n"
+            "  -n, --gen-tokens N         tokens to generate per request (128)\n"
+            "  -r, --runs N               repetitions of each measurement (3)\n"
+            "  -c, --concurrency LIST     parallel connections, e.g. 1,2,4,8 (1)\n"
+            "      --protocol-overhead    only measure the cost per streamed token (debug.stream)\n"
+            "      --count N              notifications per --protocol-overhead run (100000)\n"
+            "      --text TEXT            text of each notification (\"x\")\n"
+            "  -o, --out FILE             write the results as JSON\n"
+            "      --plot FILE            PNG of the concurrency sweep (needs gnuplot)\n"
+            "      --name NAME            benchmark name in the JSON (\"serve\" or \"proto\")\n"
+            "      --notes TEXT           notes for the JSON\n"
+            "      --timeout SECONDS      per request (default 600)\n"
+            "      --socket PATH          daemon socket\n"
+            "  -h, --help                 this help\n"
+            "  -V, --version              version\n");
+}
+
+enum { O_OVERHEAD = 256, O_COUNT, O_TEXT, O_PLOT, O_NAME, O_NOTES, O_TIMEOUT, O_SOCKET };
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    static const struct option lo[] = {
+        {"prompt-tokens", required_argument, 0, 'p'},
+        {"gen-tokens", required_argument, 0, 'n'},
+        {"runs", required_argument, 0, 'r'},
+        {"concurrency", required_argument, 0, 'c'},
+        {"protocol-overhead", no_argument, 0, O_OVERHEAD},
+        {"count", required_argument, 0, O_COUNT},
+        {"text", required_argument, 0, O_TEXT},
+        {"out", required_argument, 0, 'o'},
+        {"plot", required_argument, 0, O_PLOT},
+        {"name", required_argument, 0, O_NAME},
+        {"notes", required_argument, 0, O_NOTES},
+        {"timeout", required_argument, 0, O_TIMEOUT},
+        {"socket", required_argument, 0, O_SOCKET},
+        {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0},
+    };
+    int c, r;
+    while ((c = getopt_long(argc, argv, "p:n:r:c:o:hV", lo, NULL)) != -1) {
+        r = 0;
+        switch (c) {
+        case 'p': r = sil_client_parse_long(PROG, "--prompt-tokens", optarg, 1, 1000000, &o->prompt_tokens); break;
+        case 'n': r = sil_client_parse_long(PROG, "--gen-tokens", optarg, 1, 1000000, &o->gen_tokens); break;
+        case 'r': r = sil_client_parse_long(PROG, "--runs", optarg, 1, MAX_RUNS, &o->runs); break;
+        case 'c':
+            r = sil_client_parse_list(PROG, "--concurrency", optarg, 1, 256, o->levels, MAX_LEVELS);
+            if (r > 0)
+                o->n_levels = r;
+            break;
+        case O_OVERHEAD: o->overhead = true; break;
+        case O_COUNT: r = sil_client_parse_long(PROG, "--count", optarg, 1, 10000000, &o->count); break;
+        case O_TEXT: o->text = optarg; break;
+        case 'o': o->out = optarg; break;
+        case O_PLOT: o->plot = optarg; break;
+        case O_NAME: o->name = optarg; break;
+        case O_NOTES: o->notes = optarg; break;
+        case O_TIMEOUT: r = sil_client_parse_double(PROG, "--timeout", optarg, 0.001, 86400, &o->timeout_s); break;
+        case O_SOCKET: o->socket = optarg; break;
+        case 'h': usage(stdout); exit(0);
+        case 'V': sil_client_version(PROG); exit(0);
+        default: usage(stderr); return -1;
+        }
+        if (r < 0)
+            return -1;
+    }
+    if (optind < argc) {
+        sil_client_warn(PROG, "unexpected argument '%s'", argv[optind]);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const struct series *s, double *min, double *max)
+{
+    double v[MAX_RUNS];
+    memcpy(v, s->v, sizeof(double) * (size_t)s->n);
+    qsort(v, (size_t)s->n, sizeof(double), cmp_double);
+    *min = v[0];
+    *max = v[s->n - 1];
+    return s->n % 2 ? v[s->n / 2] : (v[s->n / 2 - 1] + v[s->n / 2]) / 2;
+}
+
+static struct result *result_for(const char *metric, const char *unit, const char *config)
+{
+    for (int i = 0; i < n_results; i++)
+        if (!strcmp(results[i].metric, metric) && !strcmp(results[i].config, config))
+            return &results[i];
+    if (n_results == MAX_RESULTS)
+        return NULL;
+    struct result *r = &results[n_results++];
+    r->metric = metric;
+    r->unit = unit;
+    snprintf(r->config, sizeof(r->config), "%s", config);
+    return r;
+}
+
+static void record(const char *metric, const char *unit, const char *config, double v)
+{
+    struct result *r = result_for(metric, unit, config);
+    if (r && r->s.n < MAX_RUNS)
+        r->s.v[r->s.n++] = v;
+}
+
+/* ---- one generation request per thread -------------------------------------------------------- */
+
+struct job {
+    const struct opts *o;
+    const char *prompt;
+    pthread_barrier_t *start;
+    double t_send, t_first, t_end;
+    int64_t n_generated, n_prompt;
+    double prefill_tok_s, decode_tok_s, daemon_ttft_ms;
+    int rc;
+    char err[512];
+};
+
+static int on_token(void *ud, const struct sil_rpc_msg *m)
+{
+    struct job *j = ud;
+    if (m && m->type == SIL_RPC_NOTIFICATION && j->t_first == 0)
+        j->t_first = sil_client_now();
+    return 0;
+}
+
+static void *run_job(void *arg)
+{
+    struct job *j = arg;
+    struct sil_rpc_client c;
+    struct sil_rpc_error e = {0};
+    j->rc = sil_client_connect(&c, j->o->socket, (int)(j->o->timeout_s * 1000), &e);
+    if (j->start)
+        pthread_barrier_wait(j->start);
+    if (j->rc < 0) {
+        snprintf(j->err, sizeof(j->err), "%s", e.msg);
+        return NULL;
+    }
+    msgpack_packer *pk = sil_rpc_client_begin(&c, "generate");
+    msgpack_pack_map(pk, 4);
+    sil_rpc_kv_str(pk, "prompt", j->prompt);
+    sil_rpc_kv_int(pk, "max_tokens", j->o->gen_tokens);
+    sil_rpc_kv_double(pk, "temperature", 0);
+    sil_rpc_kv_uint(pk, "seed", 1);
+    const msgpack_object *res = NULL;
+    j->t_first = 0;
+    j->t_send = sil_client_now();
+    j->rc = sil_rpc_client_call(&c, on_token, j, &res, &e);
+    j->t_end = sil_client_now();
+    if (j->rc < 0) {
+        snprintf(j->err, sizeof(j->err), "%s", e.msg);
+    } else {
+        const msgpack_object *t = sil_rpc_map_get(res, "timings");
+        j->n_generated = sil_rpc_map_int(res, "n_generated", 0);
+        j->n_prompt = sil_rpc_map_int(res, "n_prompt", 0);
+        j->prefill_tok_s = sil_rpc_map_double(t, "prefill_tok_s", 0);
+        j->decode_tok_s = sil_rpc_map_double(t, "decode_tok_s", 0);
+        j->daemon_ttft_ms = sil_rpc_map_double(t, "time_to_first_token_ms", 0);
+    }
+    sil_rpc_client_close(&c);
+    return NULL;
+}
+
+static char *make_prompt(long words)
+{
+    static const char *w[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"};
+    char *s = malloc((size_t)words * 8 + 1);
+    if (!s)
+        return NULL;
+    size_t n = 0;
+    for (long i = 0; i < words; i++)
+        n += (size_t)sprintf(s + n, "%s%s", i ? " " : "", w[i % 9]);
+    return s;
+}
+
+static double plot_x[MAX_LEVELS], plot_y[MAX_LEVELS];
+static int n_plot;
+
+static int bench_generation(const struct opts *o)
+{
+    char *prompt = make_prompt(o->prompt_tokens);
+    if (!prompt)
+        return -ENOMEM;
+    for (int li = 0; li < o->n_levels; li++) {
+        int C = (int)o->levels[li];
+        char cfg[96];
+        snprintf(cfg, sizeof(cfg), "prompt=%ld,gen=%ld,concurrency=%d", o->prompt_tokens, o->gen_tokens, C);
+        struct series agg = {0};
+        for (long run = 0; run < o->runs; run++) {
+            struct job *jobs = calloc((size_t)C, sizeof(*jobs));
+            pthread_t *th = calloc((size_t)C, sizeof(*th));
+            pthread_barrier_t bar;
+            pthread_barrier_init(&bar, NULL, (unsigned)C);
+            for (int i = 0; i < C; i++) {
+                jobs[i] = (struct job){.o = o, .prompt = prompt, .start = &bar};
+                pthread_create(&th[i], NULL, run_job, &jobs[i]);
+            }
+            for (int i = 0; i < C; i++)
+                pthread_join(th[i], NULL);
+            pthread_barrier_destroy(&bar);
+            double t0 = INFINITY, t1 = 0;
+            int64_t total = 0;
+            for (int i = 0; i < C; i++) {
+                struct job *j = &jobs[i];
+                if (j->rc < 0) {
+                    sil_client_warn(PROG, "request failed: %s", j->err);
+                    free(jobs);
+                    free(th);
+                    free(prompt);
+                    return -EIO;
+                }
+                t0 = fmin(t0, j->t_send);
+                t1 = fmax(t1, j->t_end);
+                total += j->n_generated;
+                record("decode_tok_s", "tok/s", cfg, j->decode_tok_s);
+                if (C == 1) {
+                    record("prefill_tok_s", "tok/s", cfg, j->prefill_tok_s);
+                    record("ttft_ms", "ms", cfg, (j->t_first > 0 ? j->t_first : j->t_end) * 1e3 - j->t_send * 1e3);
+                    record("daemon_ttft_ms", "ms", cfg, j->daemon_ttft_ms);
+                }
+            }
+            double tput = total / (t1 - t0);
+            agg.v[agg.n++] = tput;
+            record("aggregate_tok_s", "tok/s", cfg, tput);
+            printf("concurrency %d run %ld: %" PRId64 " tokens in %.2f s = %.1f tok/s aggregate"
+                   " (per request decode %.1f tok/s, prefill %.1f tok/s, prompt %" PRId64 " tokens)\n",
+                   C, run + 1, total, t1 - t0, tput, jobs[0].decode_tok_s, jobs[0].prefill_tok_s, jobs[0].n_prompt);
+            fflush(stdout);
+            free(jobs);
+            free(th);
+        }
+        double mn, mx;
+        plot_x[n_plot] = C;
+        plot_y[n_plot++] = median(&agg, &mn, &mx);
+    }
+    free(prompt);
+    return 0;
+}
+
+struct counter {
+    long n;
+};
+
+static int count_token(void *ud, const struct sil_rpc_msg *m)
+{
+    struct counter *k = ud;
+    if (m && m->type == SIL_RPC_NOTIFICATION)
+        k->n++;
+    return 0;
+}
+
+static int bench_overhead(const struct opts *o)
+{
+    struct sil_rpc_client c;
+    struct sil_rpc_error e = {0};
+    if (sil_client_connect(&c, o->socket, (int)(o->timeout_s * 1000), &e) < 0) {
+        sil_client_warn(PROG, "%s", e.msg);
+        return -EIO;
+    }
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "debug.stream,count=%ld,text_bytes=%zu", o->count, strlen(o->text));
+    for (long run = 0; run < o->runs; run++) {
+        msgpack_packer *pk = sil_rpc_client_begin(&c, "debug.stream");
+        msgpack_pack_map(pk, 2);
+        sil_rpc_kv_int(pk, "count", o->count);
+        sil_rpc_kv_str(pk, "text", o->text);
+        struct counter k = {0};
+        const msgpack_object *res = NULL;
+        double t0 = sil_client_now();
+        int r = sil_rpc_client_call(&c, count_token, &k, &res, &e);
+        double dt = sil_client_now() - t0;
+        if (r < 0) {
+            sil_client_warn(PROG, "debug.stream: %s", e.msg);
+            sil_rpc_client_close(&c);
+            return -EIO;
+        }
+        int64_t sent = sil_rpc_map_int(res, "n_sent", -1);
+        if (sent != o->count || k.n != o->count) {
+            sil_client_warn(PROG, "debug.stream: asked %ld, daemon sent %" PRId64 ", received %ld", o->count, sent, k.n);
+            sil_rpc_client_close(&c);
+            return -EIO;
+        }
+        double us = dt * 1e6 / (double)o->count;
+        record("us_per_token", "us", cfg, us);
+        printf("protocol overhead run %ld: %ld notifications in %.3f s = %.2f us per token\n", run + 1, o->count, dt, us);
+        fflush(stdout);
+    }
+    sil_rpc_client_close(&c);
+    return 0;
+}
+
+/* ---- output ----------------------------------------------------------------------------------- */
+
+static void json_string(FILE *f, const char *s)
+{
+    msgpack_object o = {.type = MSGPACK_OBJECT_STR};
+    o.via.str.ptr = s ? s : "";
+    o.via.str.size = (uint32_t)strlen(o.via.str.ptr);
+    sil_rpc_print_json(f, &o, -1);
+}
+
+static void read_cpu(char *buf, size_t size)
+{
+    snprintf(buf, size, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *p = strchr(line, ':');
+            if (p) {
+                p += 1 + (p[1] == ' ');
+                p[strcspn(p, "\n")] = 0;
+                snprintf(buf, size, "%s", p);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void read_commit(char *buf, size_t size)
+{
+    snprintf(buf, size, "unknown");
+    FILE *p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+    if (!p)
+        return;
+    if (fgets(buf, (int)size, p))
+        buf[strcspn(buf, "\n")] = 0;
+    else
+        snprintf(buf, size, "unknown");
+    pclose(p);
+}
+
+static int write_json(const struct opts *o, int argc, char **argv, const msgpack_object *status)
+{
+    FILE *f = fopen(o->out, "w");
+    if (!f) {
+        sil_client_warn(PROG, "%s: %s", o->out, strerror(errno));
+        return -errno;
+    }
+    char date[32], cpu[256], commit[64];
+    time_t now = time(NULL);
+    strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    read_cpu(cpu, sizeof(cpu));
+    read_commit(commit, sizeof(commit));
+    char cmd[2048] = "";
+    for (int i = 0; i < argc; i++) {
+        size_t n = strlen(cmd);
+        snprintf(cmd + n, sizeof(cmd) - n, "%s%s", i ? " " : "", argv[i]);
+    }
+    fprintf(f, "{\n  \"benchmark\": ");
+    json_string(f, o->name ? o->name : o->overhead ? "proto" : "serve");
+    fprintf(f, ",\n  \"date\": \"%s\",\n  \"commit\": ", date);
+    json_string(f, commit);
+    fprintf(f, ",\n  \"command\": ");
+    json_string(f, cmd);
+    fprintf(f, ",\n  \"machine\": {\"cpu\": ");
+    json_string(f, cpu);
+    fprintf(f, ", \"cores\": %ld, \"ram_gib\": %.1f", sysconf(_SC_NPROCESSORS_ONLN),
+            (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / (1u << 30));
+    char dev[128];
+    if (sil_rpc_map_str(status, "device", dev, sizeof(dev), NULL)) {
+        fprintf(f, ", \"gpu\": ");
+        json_string(f, dev);
+    }
+    fprintf(f, "},\n  \"model\": ");
+    const msgpack_object *model = sil_rpc_map_get(status, "model");
+    if (model)
+        sil_rpc_print_json(f, model, -1);
+    else
+        fprintf(f, "null");
+    fprintf(f, ",\n  \"results\": [");
+    for (int i = 0; i < n_results; i++) {
+        struct result *r = &results[i];
+        double mn, mx, med = median(&r->s, &mn, &mx);
+        fprintf(f, "%s\n    {\"metric\": \"%s\", \"config\": ", i ? "," : "", r->metric);
+        json_string(f, r->config);
+        fprintf(f, ", \"value\": %.6g, \"unit\": \"%s\", \"runs\": %d, \"min\": %.6g, \"max\": %.6g}",
+                med, r->unit, r->s.n, mn, mx);
+    }
+    fprintf(f, "\n  ],\n  \"notes\": ");
+    json_string(f, o->notes ? o->notes
+                            : "measured by sil-bench from the client side; tok/s and ttft per "
+                              "request come from the daemon's timings, aggregate_tok_s and ttft_ms "
+                              "from the client's clock; no peer or floor measured here");
+    fprintf(f, "\n}\n");
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        sil_client_warn(PROG, "%s: write failed", o->out);
+        return -EIO;
+    }
+    printf("results written to %s\n", o->out);
+    return 0;
+}
+
+static int write_plot(const struct opts *o)
+{
+    FILE *g = popen("gnuplot 2>&1", "w");
+    if (!g) {
+        sil_client_warn(PROG, "--plot: cannot run gnuplot");
+        return -ENOENT;
+    }
+    fprintf(g, "set terminal png size 800,500\nset output '%s'\n", o->plot);
+    fprintf(g, "set title 'siliceod aggregate decode throughput'\nset xlabel 'concurrent requests'\n"
+               "set ylabel 'tok/s'\nset grid\nset logscale x 2\nset key off\n");
+    fprintf(g, "plot '-' using 1:2 with linespoints lw 2 pt 7\n");
+    for (int i = 0; i < n_plot; i++)
+        fprintf(g, "%g %g\n", plot_x[i], plot_y[i]);
+    fprintf(g, "e\n");
+    int rc = pclose(g);
+    if (rc != 0) {
+        sil_client_warn(PROG, "--plot: gnuplot failed (status %d)", rc);
+        return -EIO;
+    }
+    printf("plot written to %s\n", o->plot);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {.prompt_tokens = 512, .gen_tokens = 128, .runs = 3, .count = 100000,
+                     .text = "x", .timeout_s = 600, .levels = {1}, .n_levels = 1};
+    if (parse_args(argc, argv, &o) < 0)
+        return SIL_EXIT_USAGE;
+
+    struct sil_rpc_client c;
+    struct sil_rpc_error e = {0};
+    if (sil_client_connect(&c, o.socket, (int)(o.timeout_s * 1000), &e) < 0) {
+        sil_client_warn(PROG, "%s", e.msg);
+        return SIL_EXIT_ERROR;
+    }
+    /* The status is kept across calls by copying it out of the client. */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_unpacked status;
+    msgpack_unpacked_init(&status);
+    const msgpack_object *st = NULL;
+    if (sil_rpc_client_call0(&c, "status", NULL, NULL, &st, &e) == 0) {
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_object(&pk, *st);
+        size_t off = 0;
+        msgpack_unpack_next(&status, sb.data, sb.size, &off);
+        char name[128], backend[32];
+        printf("model %s, backend %s\n",
+               sil_rpc_map_str(sil_rpc_map_get(&status.data, "model"), "name", name, sizeof(name), "?"),
+               sil_rpc_map_str(&status.data, "backend", backend, sizeof(backend), "?"));
+    } else {
+        sil_client_warn(PROG, "status: %s", e.msg);
+    }
+    sil_rpc_client_close(&c);
+    const msgpack_object *stp = status.data.type == MSGPACK_OBJECT_MAP ? &status.data : NULL;
+
+    int rc = o.overhead ? bench_overhead(&o) : bench_generation(&o);
+
+    if (rc == 0 && !o.overhead && stp && sil_rpc_map_get(stp, "expert_cache")) {
+        /* The figures after the runs, read fresh. */
+        if (sil_client_connect(&c, o.socket, (int)(o.timeout_s * 1000), &e) == 0) {
+            const msgpack_object *st2 = NULL;
+            if (sil_rpc_client_call0(&c, "status", NULL, NULL, &st2, &e) == 0) {
+                const msgpack_object *ec = sil_rpc_map_get(st2, "expert_cache");
+                double hr = sil_rpc_map_double(ec, "hit_rate", NAN);
+                if (!isnan(hr)) {
+                    record("hit_rate", "ratio", "expert_cache,after_runs", hr);
+                    printf("expert cache hit rate %.3f, %" PRId64 " bytes streamed\n", hr,
+                           sil_rpc_map_int(ec, "bytes_streamed", 0));
+                }
+            }
+            sil_rpc_client_close(&c);
+        }
+    }
+    if (rc == 0) {
+        for (int i = 0; i < n_results; i++) {
+            double mn, mx, med = median(&results[i].s, &mn, &mx);
+            printf("%-16s %-44s median %10.2f %-5s (min %.2f, max %.2f, %d runs)\n", results[i].metric,
+                   results[i].config, med, results[i].unit, mn, mx, results[i].s.n);
+        }
+        if (o.out && write_json(&o, argc, argv, stp) < 0)
+            rc = -EIO;
+        if (o.plot && !o.overhead && write_plot(&o) < 0)
+            rc = -EIO;
+    }
+    msgpack_unpacked_destroy(&status);
+    msgpack_sbuffer_destroy(&sb);
+    return rc == 0 ? SIL_EXIT_OK : SIL_EXIT_ERROR;
+}
