@@ -2,7 +2,10 @@
  * "<|im_start|>assistant\n" as the generation prompt. With thinking off the prompt ends with an
  * empty think block ("<think>\n\n</think>\n\n") as Qwen3.5's template writes it; with thinking on
  * it ends with "<think>\n" so the model opens its reasoning. Reasoning of earlier assistant turns
- * is dropped from history, as the template does. Marker texts come from the vocab. */
+ * is dropped from history, as the template does. Marker texts come from the vocab.
+ * Flavour by the vocab's pre-tokenizer: "qwen35" renders Qwen3.5's template (contents trimmed);
+ * any other renders Qwen3's, whose thinking-on prompt ends at "<|im_start|>assistant\n" (no
+ * "<think>\n") and whose last assistant turn after the last user message gets a think block. */
 #ifndef SIL_CHAT_H
 #define SIL_CHAT_H
 

@@ -3,6 +3,9 @@
  * tokenizer.ggml.pre selects the pre-tokenizer regex ("qwen2", "qwen35", "llama-bpe", "gpt2"),
  * compiled once with PCRE2 (UTF, UCP, JIT). Special/control tokens are matched in the text only
  * when parse_special is set (longest match first); BPE never produces them otherwise.
+ * User-defined tokens (GGUF token type 4, e.g. Qwen's "<think>", "<tool_call>") are matched
+ * always, as both reference tokenizers (HF tokenizers, the GGUF reference) do. No NFC
+ * normalization (same as the GGUF reference; HF's Qwen tokenizer composes first).
  * Encoding is linear-ish: hash maps for tokens and merge ranks, a heap-driven merge per word.
  *
  * Ownership: struct sil_vocab copies what it needs from the GGUF at load, so it may outlive it.
