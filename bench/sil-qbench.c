@@ -1,0 +1,242 @@
+/* sil-qbench: single-thread dequant+dot throughput (vec_dot over a weight buffer larger than
+ * the caches, in GB/s of weights) per type and SIMD level, next to the machine's read bandwidth
+ * with 1 and 2 threads. Prints one JSON object per line; bench/run-quant.sh assembles the file.
+ *
+ *   sil-qbench [--mib N] [--runs N] [--n ROWLEN] [--types q4_K,q6_K,...] */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cpu/quants.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+struct stat3 {
+    double median, min, max;
+};
+
+static struct stat3 summarize(double *v, int n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+    return (struct stat3){v[n / 2], v[0], v[n - 1]};
+}
+
+/* Streaming read: 256-bit loads into 4 independent accumulators, so the loop is bound by
+ * loads, not adds. The target attribute keeps the rest of the file baseline x86-64. */
+__attribute__((target("avx2"))) static uint64_t read_sum_avx2(const uint64_t *p, size_t n)
+{
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    const __m256i *v = (const __m256i *)p;
+    for (size_t i = 0; i + 16 <= n; i += 16, v += 4) {
+        s0 = _mm256_add_epi64(s0, _mm256_load_si256(v));
+        s1 = _mm256_add_epi64(s1, _mm256_load_si256(v + 1));
+        s2 = _mm256_add_epi64(s2, _mm256_load_si256(v + 2));
+        s3 = _mm256_add_epi64(s3, _mm256_load_si256(v + 3));
+    }
+    const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
+}
+
+static uint64_t read_sum(const uint64_t *p, size_t n)
+{
+    if (__builtin_cpu_supports("avx2"))
+        return read_sum_avx2(p, n);
+    uint64_t s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += p[i];
+    return s;
+}
+
+struct reader {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+    pthread_barrier_t *start;
+};
+
+static void *reader_main(void *arg)
+{
+    struct reader *r = arg;
+    pthread_barrier_wait(r->start);
+    r->sum = read_sum(r->p, r->n);
+    return NULL;
+}
+
+static volatile uint64_t sink;
+
+/* Read bandwidth in GB/s with nthreads threads, each reading its own part of buf. */
+static double read_bw(const uint8_t *buf, size_t bytes, int nthreads)
+{
+    pthread_t th[8];
+    struct reader r[8];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
+    const size_t words = bytes / 8 / (size_t)nthreads / 16 * 16; /* 128-byte multiples */
+    for (int t = 0; t < nthreads; t++) {
+        r[t] = (struct reader){(const uint64_t *)buf + (size_t)t * words, words, 0, &start};
+        pthread_create(&th[t], NULL, reader_main, &r[t]);
+    }
+    const double t0 = now();
+    pthread_barrier_wait(&start);
+    for (int t = 0; t < nthreads; t++) {
+        pthread_join(th[t], NULL);
+        sink += r[t].sum;
+    }
+    const double dt = now() - t0;
+    pthread_barrier_destroy(&start);
+    return (double)words * 8 * nthreads / dt / 1e9;
+}
+
+static uint64_t rng = 88172645463325252ull;
+
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng >> 40) / 16777216.0f - 0.5f;
+}
+
+static void emit(const char *metric, const char *config, struct stat3 s, int runs, double floor,
+                 const char *floor_basis)
+{
+    printf("{\"metric\": \"%s\", \"config\": \"%s\", \"value\": %.3f, \"unit\": \"GB/s\", "
+           "\"runs\": %d, \"min\": %.3f, \"max\": %.3f",
+           metric, config, s.median, runs, s.min, s.max);
+    if (floor > 0)
+        printf(", \"floor\": %.3f, \"floor_basis\": \"%s\"", floor, floor_basis);
+    printf("}\n");
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    size_t mib = 256;
+    int runs = 5;
+    int64_t n = 2048;
+    const char *types = "q4_K,q6_K,q8_0,q5_K,q5_0,q4_0,f16";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mib") && i + 1 < argc)
+            mib = strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+            runs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--n") && i + 1 < argc)
+            n = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--types") && i + 1 < argc)
+            types = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--mib N] [--runs N] [--n ROWLEN] [--types q4_K,...]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (runs < 1 || runs > 100 || mib < 1 || n < 256 || n % 256) {
+        fprintf(stderr, "sil-qbench: need 1 <= runs <= 100, mib >= 1, n a multiple of 256\n");
+        return 2;
+    }
+    const size_t bytes = mib << 20;
+    uint8_t *buf = aligned_alloc(64, bytes);
+    if (!buf) {
+        fprintf(stderr, "sil-qbench: cannot allocate %zu MiB\n", mib);
+        return 1;
+    }
+    memset(buf, 1, bytes); /* fault every page in before timing */
+
+    double v[100], bw1 = 0;
+    for (int t = 1; t <= 2; t++) {
+        for (int r = 0; r < runs; r++)
+            v[r] = read_bw(buf, bytes, t);
+        const struct stat3 s = summarize(v, runs);
+        char cfg[64];
+        snprintf(cfg, sizeof(cfg), "threads=%d,buffer_mib=%zu", t, mib);
+        emit("read_bw_gb_s", cfg, s, runs, 0, NULL);
+        if (t == 1)
+            bw1 = s.median; /* the floor of every single-thread dot below */
+    }
+
+    /* activations: quantized once, cache-resident like in a matmul */
+    float *x = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        x[i] = frand();
+    const enum sil_cpu_level top = sil_cpu_detected_level();
+
+    char list[256];
+    snprintf(list, sizeof(list), "%s", types);
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        const int type = sil_type_from_name(name);
+        const struct sil_type_traits *tt = sil_type_traits(type);
+        if (!tt || !tt->supported || !tt->vec_dot) {
+            fprintf(stderr, "sil-qbench: skipping %s (no dot product)\n", name);
+            continue;
+        }
+        const size_t rs = sil_row_size(type, n);
+        const size_t rows = bytes / rs;
+        /* quantize a few distinct rows, then tile them over the buffer: the content does not
+         * change the speed, and quantizing 256 MiB with the reference quantizer would be slow */
+        const size_t distinct = 16;
+        float *src = malloc((size_t)n * sizeof(float));
+        for (size_t r = 0; r < distinct; r++) {
+            for (int64_t i = 0; i < n; i++)
+                src[i] = frand() * 0.1f;
+            tt->from_float_ref(src, buf + r * rs, n);
+        }
+        for (size_t r = distinct; r < rows; r++)
+            memcpy(buf + r * rs, buf + (r % distinct) * rs, rs);
+        free(src);
+        const struct sil_type_traits *ta = sil_type_traits(tt->vec_dot_type);
+        void *a = aligned_alloc(64, (sil_row_size(tt->vec_dot_type, n) + 63) / 64 * 64);
+        ta->from_float_ref(x, a, n);
+        float *out = malloc(rows * sizeof(float));
+        for (int lev = SIL_CPU_SCALAR; lev <= (int)top; lev++) {
+            if (lev == SIL_CPU_AVX512 && top == SIL_CPU_AVX512_VNNI)
+                continue; /* same kernels as AVX2 on this machine */
+            sil_cpu_force_level((enum sil_cpu_level)lev);
+            const sil_vec_dot_fn dot = tt->vec_dot;
+            for (int r = 0; r < runs; r++) {
+                const double t0 = now();
+                for (size_t i = 0; i < rows; i++)
+                    out[i] = dot(n, buf + i * rs, a);
+                v[r] = (double)(rows * rs) / (now() - t0) / 1e9;
+                sink += (uint64_t)out[rows / 2];
+            }
+            char cfg[96];
+            snprintf(cfg, sizeof(cfg), "type=%s,level=%s,n=%lld,threads=1,buffer_mib=%zu", tt->name,
+                     sil_cpu_level_name((enum sil_cpu_level)lev), (long long)n, mib);
+            emit("vec_dot_gb_s", cfg, summarize(v, runs), runs, bw1,
+                 "single-thread read bandwidth measured in this run");
+            /* the same kernel on an L2-resident slice: its compute-bound rate */
+            const size_t hot_rows = ((size_t)1 << 20) / rs;
+            for (int r = 0; r < runs; r++) {
+                const int reps = 64;
+                const double t0 = now();
+                for (int k = 0; k < reps; k++)
+                    for (size_t i = 0; i < hot_rows; i++)
+                        out[i] = dot(n, buf + i * rs, a);
+                v[r] = (double)(hot_rows * rs) * reps / (now() - t0) / 1e9;
+            }
+            snprintf(cfg, sizeof(cfg), "type=%s,level=%s,n=%lld,threads=1,buffer_mib=1", tt->name,
+                     sil_cpu_level_name((enum sil_cpu_level)lev), (long long)n);
+            emit("vec_dot_hot_gb_s", cfg, summarize(v, runs), runs, 0, NULL);
+        }
+        sil_cpu_force_level(SIL_CPU_AVX512_VNNI);
+        free(out);
+        free(a);
+    }
+    free(x);
+    free(buf);
+    return 0;
+}
