@@ -262,7 +262,6 @@ static int pump_streams(struct conn *c)
         if (d->remaining && !d->cancelled)
             return 0; /* wait for the client to read */
         msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, d->msgid);
-        msgpack_pack_nil(pk);
         msgpack_pack_map(pk, 2);
         sil_rpc_kv_uint(pk, "n_sent", d->sent);
         sil_rpc_kv_str(pk, "stop_reason", d->cancelled ? "cancelled" : "length");
@@ -311,7 +310,6 @@ static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
     if (client[0])
         sil_debug("client %llu is %s", (unsigned long long)c->id, client);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 6);
     sil_rpc_kv_uint(pk, "protocol", SIL_RPC_PROTOCOL_VERSION);
     sil_rpc_kv_str(pk, "server", "siliceod");
@@ -358,7 +356,6 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         sil_worker_stats(s->worker, &st);
     const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 13);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
     sil_rpc_kv_str(pk, "version", SIL_VERSION);
@@ -420,7 +417,6 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     if (s->worker)
         sil_worker_stats(s->worker, &st);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 1);
     sil_rpc_pack_cstr(pk, "metrics");
     msgpack_pack_map(pk, 26);
@@ -482,7 +478,6 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
     if (sil_tokenize(s->vocab, text, len, add_bos, special, &ids, &n, &e) < 0)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "tokenize: %s", e.msg);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 2);
     sil_rpc_pack_cstr(pk, "ids");
     msgpack_pack_array(pk, n);
@@ -540,7 +535,6 @@ static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
     if (rc < 0)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "detokenize: %s", e.msg);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 1);
     sil_rpc_kv_strn(pk, "text", text, len);
     free(text);
@@ -860,7 +854,6 @@ static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
     if (!is_stream)
         sil_worker_cancel(s->worker, c->id, (uint32_t)id);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 0);
     sil_rpc_end(&s->scratch);
     if (conn_send_scratch(c) < 0)
@@ -897,7 +890,6 @@ static int m_shutdown(struct conn *c, const struct sil_rpc_msg *m)
         return send_error(c, m->msgid, SIL_RPC_E_PERMISSION, "shutdown: only the daemon's owner (uid %d) or root may",
                           (int)geteuid());
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 0);
     sil_rpc_end(&s->scratch);
     if (conn_send_scratch(c) < 0)

@@ -309,7 +309,6 @@ static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason
             double prefill = ms(j->t_admit, j->t_first), decode = ms(j->t_first, j->t_end);
             size_t n_eval = j->r.n_prompt - j->n_cached;
             msgpack_packer *pk = sil_rpc_begin_response(&b, j->r.msgid);
-            msgpack_pack_nil(pk);
             int n = 11 + (j->r.session[0] != 0) + (errmsg != NULL);
             msgpack_pack_map(pk, n);
             sil_rpc_kv_strn(pk, "text", text, n_text);
@@ -700,7 +699,6 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         struct sil_rpc_buf b;
         sil_rpc_buf_init(&b, 0);
         msgpack_packer *pk = sil_rpc_begin_response(&b, m->msgid);
-        msgpack_pack_nil(pk);
         msgpack_pack_map(pk, 3);
         sil_rpc_pack_cstr(pk, "sessions");
         msgpack_pack_array(pk, w->n_sessions);
@@ -735,7 +733,6 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         struct sil_rpc_buf b;
         sil_rpc_buf_init(&b, 0);
         msgpack_packer *pk = sil_rpc_begin_response(&b, m->msgid);
-        msgpack_pack_nil(pk);
         msgpack_pack_map(pk, 0);
         sil_rpc_end(&b);
         post(w, m->conn_id, m->msgid, &b, false);
