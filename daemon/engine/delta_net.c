@@ -97,18 +97,13 @@ void sil_delta_net_state_load(const struct sil_delta_net_params *p, struct sil_d
 int64_t sil_delta_net_head_scratch_floats(const struct sil_delta_net_params *p, int32_t n_tokens)
 {
     (void)n_tokens;
-    return 2 * (int64_t)p->head_k_dim + p->head_v_dim;
+    return 4 * (int64_t)p->head_k_dim + 3 * (int64_t)p->head_v_dim; /* q, k twice; d; S k; gate */
 }
 
 int64_t sil_delta_net_scratch_floats(const struct sil_delta_net_params *p, int32_t n_tokens)
 {
     return (int64_t)n_tokens * sil_delta_net_conv_dim(p) +
            sil_delta_net_head_scratch_floats(p, n_tokens);
-}
-
-static inline float silu(float x)
-{
-    return x / (1.0f + expf(-x));
 }
 
 static inline float sigmoid(float x)
@@ -145,67 +140,152 @@ static double sumsq(const float *x, int n)
     return s;
 }
 
-void sil_delta_net_conv(const struct sil_delta_net_params *p, struct sil_delta_net_state *st,
-                        int32_t n_tokens, const float *qkv_mixed, float *conv_out, int64_t c0,
-                        int64_t c1)
-{
-    const int64_t cd = sil_delta_net_conv_dim(p);
-    const int K = p->conv_kernel;
-    const int H = K - 1; /* rows of history */
-
-    /* Window row r of token t is input position t - H + r: the state for positions < 0. */
-    for (int32_t t = 0; t < n_tokens; t++) {
-        float *o = conv_out + (int64_t)t * cd;
-        for (int64_t c = c0; c < c1; c++)
-            o[c] = 0.0f;
-        for (int r = 0; r < K; r++) {
-            int64_t pos = (int64_t)t - H + r;
-            const float *x = pos < 0 ? st->conv + (pos + H) * cd : qkv_mixed + pos * cd;
-            for (int64_t c = c0; c < c1; c++)
-                o[c] += p->conv1d[c * K + r] * x[c];
-        }
-        for (int64_t c = c0; c < c1; c++)
-            o[c] = silu(o[c]);
-    }
-
-    /* New history = the last H positions of [state; qkv_mixed]. Ascending r only reads rows at
-     * or after r in the old state, so the shift is safe in place. */
-    for (int r = 0; r < H; r++) {
-        int64_t pos = (int64_t)n_tokens - H + r;
-        const float *x = pos < 0 ? st->conv + (pos + H) * cd : qkv_mixed + pos * cd;
-        float *dst = st->conv + (int64_t)r * cd;
-        if (x != dst)
-            memmove(dst + c0, x + c0, (size_t)(c1 - c0) * sizeof(float));
-    }
-}
-
 /* 8 floats, unaligned, may alias float: the state rows are plain float arrays. */
 typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
 
 /* A macro, not a function: passing a 32-byte vector by value changes the ABI without AVX. */
 #define HSUM8(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4), may_alias));
 
-/* One token of one value head, S [dv][dk] in place:
- *   d = beta (v - decay S k);  S = decay S + d k^T;  o = S q
- * Two passes over S (the decay is folded into the first), four rows at a time so each load of
- * k and q serves four independent accumulator chains. Written once, compiled for the baseline
- * ISA and for AVX2+FMA (see delta_rule_*), chosen at run time. */
-static inline __attribute__((always_inline)) void delta_rule(float *S, const float *k,
-                                                             const float *q, const float *v,
-                                                             float *d, float *o, int dk, int dv,
-                                                             float decay, float beta)
+/* x[0..8) = silu(x) = x / (1 + e^-x) in place, e^-x by a degree-6 polynomial on
+ * [-ln2/2, ln2/2] scaled by 2^n (relative error ~2e-7); -x is clamped to [-87, 88] so 2^n stays
+ * a normal float. Vector code (not libm expf) because the conv and the gate take 12k of these
+ * per token at Qwen3.5-35B size. */
+static inline __attribute__((always_inline)) void silu8(float *x)
 {
-    if (dk % 8 != 0) {
-        for (int j = 0; j < dv; j++)
-            d[j] = beta * (v[j] - decay * dot(S + (int64_t)j * dk, k, dk));
-        for (int j = 0; j < dv; j++) {
-            float *Sj = S + (int64_t)j * dk;
-            for (int i = 0; i < dk; i++)
-                Sj[i] = decay * Sj[i] + d[j] * k[i];
-            o[j] = dot(Sj, q, dk);
+    const v8 v = *(const v8 *)x;
+    v8 t = -v;
+    const v8 hi = { 88, 88, 88, 88, 88, 88, 88, 88 }, lo = { -87, -87, -87, -87, -87, -87, -87, -87 };
+    v8i m = t > hi;
+    t = (v8)(((v8i)t & ~m) | ((v8i)hi & m));
+    m = t < lo;
+    t = (v8)(((v8i)t & ~m) | ((v8i)lo & m));
+    const v8 kf = t * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: rounds to an integer */
+    const v8 n = kf - 12582912.0f;
+    const v8 r = (t - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+    v8 e = 1.0f / 720 + r * (1.0f / 5040);
+    e = 1.0f / 120 + r * e;
+    e = 1.0f / 24 + r * e;
+    e = 1.0f / 6 + r * e;
+    e = 0.5f + r * e;
+    e = 1.0f + r * e;
+    e = 1.0f + r * e;
+    const v8i ni = (v8i)kf - 0x4B400000; /* n as an integer */
+    const v8 scale = (v8)((ni + 127) << 23);
+    *(v8 *)x = v / (1.0f + e * scale);
+}
+
+/* silu over n floats; the tail goes through the same vector code (zero-padded), so a value's
+ * result does not depend on where a thread's range starts or ends. */
+static inline __attribute__((always_inline)) void silu_row(float *x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        silu8(x + i);
+    if (i < n) {
+        float tmp[8] = { 0 };
+        memcpy(tmp, x + i, (size_t)(n - i) * sizeof(float));
+        silu8(tmp);
+        memcpy(x + i, tmp, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+/* Sum of squares: float vectors, and double precision only when that overflows (a state or
+ * projection that grew huge must still normalize). */
+static inline __attribute__((always_inline)) double sumsq_fast(const float *x, int n)
+{
+    if (n % 8 == 0) {
+        v8 acc = { 0 };
+        for (int i = 0; i < n; i += 8) {
+            const v8 v = *(const v8 *)(x + i);
+            acc += v * v;
         }
+        const float s = HSUM8(acc);
+        if (s < INFINITY)
+            return s;
+    }
+    return sumsq(x, n);
+}
+
+static inline __attribute__((always_inline)) void conv_body(const struct sil_delta_net_params *p,
+                                                            struct sil_delta_net_state *st,
+                                                            int32_t n_tokens,
+                                                            const float *qkv_mixed,
+                                                            float *conv_out, int64_t c0, int64_t c1)
+{
+    const int64_t cd = sil_delta_net_conv_dim(p);
+    const int K = p->conv_kernel;
+    const int H = K - 1; /* rows of history */
+    const float *x[64];
+
+    /* Window row r of token t is input position t - H + r: the state for positions < 0. */
+    for (int32_t t = 0; t < n_tokens; t++) {
+        for (int r = 0; r < K; r++) {
+            const int64_t pos = (int64_t)t - H + r;
+            x[r] = pos < 0 ? st->conv + (pos + H) * cd : qkv_mixed + pos * cd;
+        }
+        float *o = conv_out + (int64_t)t * cd;
+        for (int64_t c = c0; c < c1; c++) {
+            const float *w = p->conv1d + c * K;
+            float acc = 0.0f;
+            for (int r = 0; r < K; r++)
+                acc += w[r] * x[r][c];
+            o[c] = acc;
+        }
+        silu_row(o + c0, c1 - c0);
+    }
+
+    /* New history = the last H positions of [state; qkv_mixed]. Ascending r only reads rows at
+     * or after r in the old state, so the shift is safe in place. */
+    for (int r = 0; r < H; r++) {
+        const int64_t pos = (int64_t)n_tokens - H + r;
+        const float *src = pos < 0 ? st->conv + (pos + H) * cd : qkv_mixed + pos * cd;
+        float *dst = st->conv + (int64_t)r * cd;
+        if (src != dst)
+            memmove(dst + c0, src + c0, (size_t)(c1 - c0) * sizeof(float));
+    }
+}
+
+struct conv_args {
+    const struct sil_delta_net_params *p;
+    struct sil_delta_net_state *st;
+    int32_t n_tokens;
+    const float *qkv_mixed;
+    float *conv_out;
+    int64_t c0, c1;
+};
+
+static void conv_generic(const struct conv_args *a)
+{
+    conv_body(a->p, a->st, a->n_tokens, a->qkv_mixed, a->conv_out, a->c0, a->c1);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void conv_avx2(const struct conv_args *a)
+{
+    conv_body(a->p, a->st, a->n_tokens, a->qkv_mixed, a->conv_out, a->c0, a->c1);
+}
+#endif
+
+void sil_delta_net_conv(const struct sil_delta_net_params *p, struct sil_delta_net_state *st,
+                        int32_t n_tokens, const float *qkv_mixed, float *conv_out, int64_t c0,
+                        int64_t c1)
+{
+    const struct conv_args a = { p, st, n_tokens, qkv_mixed, conv_out, c0, c1 };
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        conv_avx2(&a);
         return;
     }
+#endif
+    conv_generic(&a);
+}
+
+/* p[j] = S_j . k for every row: the first pass of a call (later tokens get it from the fused
+ * update below). Four rows at a time so each load of k serves four accumulator chains. */
+static inline __attribute__((always_inline)) void rows_dot(const float *S, const float *k,
+                                                           float *p, int dk, int dv)
+{
     int j = 0;
     for (; j + 4 <= dv; j += 4) {
         const float *S0 = S + (int64_t)j * dk, *S1 = S0 + dk, *S2 = S1 + dk, *S3 = S2 + dk;
@@ -217,22 +297,34 @@ static inline __attribute__((always_inline)) void delta_rule(float *S, const flo
             a2 += *(const v8 *)(S2 + i) * kv;
             a3 += *(const v8 *)(S3 + i) * kv;
         }
-        d[j] = beta * (v[j] - decay * HSUM8(a0));
-        d[j + 1] = beta * (v[j + 1] - decay * HSUM8(a1));
-        d[j + 2] = beta * (v[j + 2] - decay * HSUM8(a2));
-        d[j + 3] = beta * (v[j + 3] - decay * HSUM8(a3));
+        p[j] = HSUM8(a0);
+        p[j + 1] = HSUM8(a1);
+        p[j + 2] = HSUM8(a2);
+        p[j + 3] = HSUM8(a3);
     }
     for (; j < dv; j++) {
         v8 a0 = { 0 };
         for (int i = 0; i < dk; i += 8)
             a0 += *(const v8 *)(S + (int64_t)j * dk + i) * *(const v8 *)(k + i);
-        d[j] = beta * (v[j] - decay * HSUM8(a0));
+        p[j] = HSUM8(a0);
     }
-    j = 0;
+}
+
+/* S_j = decay S_j + d_j k;  o_j = S_j . q;  and, when kn (the next token's k) is given,
+ * p_j = S_j . kn in the same pass, so a prefill reads and writes S once per token.
+ * The S . kn sums are formed exactly as rows_dot forms them, so prefill and token-by-token
+ * decode give bit-identical results. */
+static inline __attribute__((always_inline)) void rows_update(float *S, const float *k,
+                                                              const float *q, const float *kn,
+                                                              const float *d, float decay,
+                                                              float *o, float *p, int dk, int dv)
+{
+    int j = 0;
     for (; j + 4 <= dv; j += 4) {
         float *S0 = S + (int64_t)j * dk, *S1 = S0 + dk, *S2 = S1 + dk, *S3 = S2 + dk;
         const float d0 = d[j], d1 = d[j + 1], d2 = d[j + 2], d3 = d[j + 3];
         v8 o0 = { 0 }, o1 = { 0 }, o2 = { 0 }, o3 = { 0 };
+        v8 p0 = { 0 }, p1 = { 0 }, p2 = { 0 }, p3 = { 0 };
         for (int i = 0; i < dk; i += 8) {
             v8 kv = *(const v8 *)(k + i), qv = *(const v8 *)(q + i);
             v8 s0 = decay * *(v8 *)(S0 + i) + d0 * kv;
@@ -247,21 +339,58 @@ static inline __attribute__((always_inline)) void delta_rule(float *S, const flo
             o1 += s1 * qv;
             o2 += s2 * qv;
             o3 += s3 * qv;
+            if (kn) {
+                v8 nv = *(const v8 *)(kn + i);
+                p0 += s0 * nv;
+                p1 += s1 * nv;
+                p2 += s2 * nv;
+                p3 += s3 * nv;
+            }
         }
         o[j] = HSUM8(o0);
         o[j + 1] = HSUM8(o1);
         o[j + 2] = HSUM8(o2);
         o[j + 3] = HSUM8(o3);
+        if (kn) {
+            p[j] = HSUM8(p0);
+            p[j + 1] = HSUM8(p1);
+            p[j + 2] = HSUM8(p2);
+            p[j + 3] = HSUM8(p3);
+        }
     }
     for (; j < dv; j++) {
         float *Sj = S + (int64_t)j * dk;
-        v8 o0 = { 0 };
+        v8 o0 = { 0 }, p0 = { 0 };
         for (int i = 0; i < dk; i += 8) {
             v8 s0 = decay * *(v8 *)(Sj + i) + d[j] * *(const v8 *)(k + i);
             *(v8 *)(Sj + i) = s0;
             o0 += s0 * *(const v8 *)(q + i);
+            if (kn)
+                p0 += s0 * *(const v8 *)(kn + i);
         }
         o[j] = HSUM8(o0);
+        if (kn)
+            p[j] = HSUM8(p0);
+    }
+}
+
+/* The same for head dims that are not a multiple of 8 (test shapes; real models use 128). */
+static void rows_dot_scalar(const float *S, const float *k, float *p, int dk, int dv)
+{
+    for (int j = 0; j < dv; j++)
+        p[j] = dot(S + (int64_t)j * dk, k, dk);
+}
+
+static void rows_update_scalar(float *S, const float *k, const float *q, const float *kn,
+                               const float *d, float decay, float *o, float *p, int dk, int dv)
+{
+    for (int j = 0; j < dv; j++) {
+        float *Sj = S + (int64_t)j * dk;
+        for (int i = 0; i < dk; i++)
+            Sj[i] = decay * Sj[i] + d[j] * k[i];
+        o[j] = dot(Sj, q, dk);
+        if (kn)
+            p[j] = dot(Sj, kn, dk);
     }
 }
 
@@ -275,44 +404,73 @@ struct head_args {
     float *scratch;
 };
 
+/* q and k of token t for key head kh, l2-normalized, q also scaled by 1/sqrt(dk). */
+static inline __attribute__((always_inline)) void load_qk(const struct sil_delta_net_params *p,
+                                                          const float *row, int kh, float *q,
+                                                          float *k)
+{
+    const int nk = p->n_k_heads, dk = p->head_k_dim;
+    memcpy(q, row + (int64_t)kh * dk, (size_t)dk * sizeof(float));
+    memcpy(k, row + (int64_t)nk * dk + (int64_t)kh * dk, (size_t)dk * sizeof(float));
+    const float qs = (float)(1.0 / fmax(sqrt(sumsq_fast(q, dk)), (double)p->eps)) / sqrtf((float)dk);
+    const float ks = (float)(1.0 / fmax(sqrt(sumsq_fast(k, dk)), (double)p->eps));
+    for (int i = 0; i < dk; i++) {
+        q[i] *= qs;
+        k[i] *= ks;
+    }
+}
+
+/* Per value head h, tokens in order:
+ *   d = beta (v - decay S k);  S = decay S + d k^T;  o = S q;  out = gated_rmsnorm(o)
+ * with decay S k = decay (S k), and S k of token t+1 computed while S is updated for token t. */
 static inline __attribute__((always_inline)) void heads_body(const struct head_args *a)
 {
     const struct sil_delta_net_params *p = a->p;
     const int nk = p->n_k_heads, nv = p->n_v_heads, dk = p->head_k_dim, dv = p->head_v_dim;
     const int64_t cd = sil_delta_net_conv_dim(p);
     const int64_t ov = (int64_t)nv * dv;
-    const float q_scale = 1.0f / sqrtf((float)dk);
-    float *q = a->scratch;   /* [dk] */
-    float *k = q + dk;       /* [dk] */
-    float *d = k + dk;       /* [dv] */
+    const int vec = dk % 8 == 0;
+    float *qk[2][2] = { { a->scratch, a->scratch + dk }, { a->scratch + 2 * dk, a->scratch + 3 * dk } };
+    float *d = a->scratch + 4 * dk; /* [dv] */
+    float *sk = d + dv;             /* [dv] S k of the coming token */
+    float *gate = sk + dv;          /* [dv] silu(z) */
 
     for (int h = a->h0; h < a->h1; h++) {
         const int kh = h % nk;
         float *S = a->st->ssm + (int64_t)h * dv * dk; /* [dv][dk] */
+        load_qk(p, a->conv_out, kh, qk[0][0], qk[0][1]);
+        if (vec)
+            rows_dot(S, qk[0][1], sk, dk, dv);
+        else
+            rows_dot_scalar(S, qk[0][1], sk, dk, dv);
         for (int32_t t = 0; t < a->n_tokens; t++) {
             const float *row = a->conv_out + (int64_t)t * cd;
             const float *v = row + 2 * (int64_t)nk * dk + (int64_t)h * dv;
-            memcpy(q, row + (int64_t)kh * dk, (size_t)dk * sizeof(float));
-            memcpy(k, row + (int64_t)nk * dk + (int64_t)kh * dk, (size_t)dk * sizeof(float));
-            float qs = (float)(1.0 / fmax(sqrt(sumsq(q, dk)), (double)p->eps)) * q_scale;
-            float ks = (float)(1.0 / fmax(sqrt(sumsq(k, dk)), (double)p->eps));
-            for (int i = 0; i < dk; i++) {
-                q[i] *= qs;
-                k[i] *= ks;
+            const float *q = qk[t & 1][0], *k = qk[t & 1][1];
+            const float *kn = NULL;
+            if (t + 1 < a->n_tokens) {
+                load_qk(p, row + cd, kh, qk[(t + 1) & 1][0], qk[(t + 1) & 1][1]);
+                kn = qk[(t + 1) & 1][1];
             }
 
             const int64_t gi = (int64_t)t * nv + h;
             const float decay = expf(p->a[h] * softplus(a->alpha_raw[gi] + p->dt_bias[h]));
             const float beta = sigmoid(a->beta_raw[gi]);
+            for (int j = 0; j < dv; j++)
+                d[j] = beta * (v[j] - decay * sk[j]);
 
             float *o = a->out + (int64_t)t * ov + (int64_t)h * dv;
-            delta_rule(S, k, q, v, d, o, dk, dv, decay, beta);
+            if (vec)
+                rows_update(S, k, q, kn, d, decay, o, sk, dk, dv);
+            else
+                rows_update_scalar(S, k, q, kn, d, decay, o, sk, dk, dv);
 
             /* Gated RMSNorm: rmsnorm(o) * ssm_norm * silu(z). */
-            const float rs = (float)(1.0 / sqrt(sumsq(o, dv) / dv + (double)p->eps));
-            const float *zh = a->z + (int64_t)t * ov + (int64_t)h * dv;
+            const float rs = (float)(1.0 / sqrt(sumsq_fast(o, dv) / dv + (double)p->eps));
+            memcpy(gate, a->z + (int64_t)t * ov + (int64_t)h * dv, (size_t)dv * sizeof(float));
+            silu_row(gate, dv);
             for (int j = 0; j < dv; j++)
-                o[j] = o[j] * rs * p->norm[j] * silu(zh[j]);
+                o[j] = o[j] * rs * p->norm[j] * gate[j];
         }
     }
 }
