@@ -87,7 +87,9 @@ void sil_delta_net_state_load(const struct sil_delta_net_params *p, struct sil_d
  * largest batch. Sizes grow linearly with n_tokens. */
 int64_t sil_delta_net_scratch_floats(const struct sil_delta_net_params *p, int32_t n_tokens);
 
-/* Runs n_tokens (>= 1) tokens of one sequence in order; updates st in place.
+/* Runs n_tokens (>= 1) tokens of one sequence in order; updates st in place. Splitting the
+ * tokens over several calls (prefill vs decode, any chunking, any thread split in the two-phase
+ * form) gives bit-identical outputs and state on the same machine.
  * Inputs as described above (row strides: conv_dim, nv*dv, nv, nv). out may not alias inputs.
  * scratch: sil_delta_net_scratch_floats(p, n_tokens) floats. Single-threaded. */
 void sil_delta_net_forward(const struct sil_delta_net_params *p, struct sil_delta_net_state *st,
