@@ -822,6 +822,53 @@ static void test_getters(void **state)
     tu_buf_free(&b);
 }
 
+/* Every single-byte corruption of a valid file either opens (and then every accessor stays in
+ * bounds: the copy is exactly sized, so ASan builds catch any overread) or fails with a message. */
+static void test_byte_corruptions(void **state)
+{
+    struct tu_buf full = {0};
+    build_all_types(&full, 3, 32);
+    uint8_t *p = malloc(full.len);
+    assert_non_null(p);
+    static const int deltas[] = {-1, 1, 0x80};
+    size_t opened = 0, failed = 0;
+    for (size_t at = 0; at < full.len; at++) {
+        for (size_t d = 0; d < 5; d++) {
+            memcpy(p, full.p, full.len);
+            p[at] = d < 3 ? (uint8_t)(p[at] + deltas[d]) : d == 3 ? 0 : 0xff;
+            struct sil_gguf *g = NULL;
+            struct sil_error err = {0};
+            int r = sil_gguf_open_mem(&g, p, full.len, "t.gguf", &err);
+            if (r) {
+                assert_int_equal(r, -EINVAL);
+                assert_null(g);
+                assert_int_equal(strncmp(err.msg, "t.gguf: ", 8), 0);
+                assert_non_null(strstr(err.msg, "(offset 0x"));
+                failed++;
+                continue;
+            }
+            opened++;
+            for (int64_t i = 0; i < sil_gguf_n_kv(g); i++) {
+                assert_int_equal(sil_gguf_find_key(g, sil_gguf_key_name(g, i)), i);
+                for (uint64_t j = 0; j < sil_gguf_arr_len(g, i); j++) {
+                    struct sil_str e = sil_gguf_arr_str(g, i, j);
+                    assert_true(e.ptr == NULL || (const uint8_t *)e.ptr + e.len <= p + full.len);
+                }
+            }
+            for (int64_t i = 0; i < sil_gguf_n_tensors(g); i++) {
+                const struct sil_gguf_tensor *t = sil_gguf_tensor(g, i);
+                assert_true((const uint8_t *)t->data + t->nbytes <= p + full.len);
+            }
+            sil_gguf_close(g);
+        }
+    }
+    /* Both outcomes occur: the loop really exercised the checks and the accessors. */
+    assert_true(opened > 0);
+    assert_true(failed > 0);
+    free(p);
+    tu_buf_free(&full);
+}
+
 /* The error for a real file names its path. */
 static void test_error_names_path(void **state)
 {
@@ -859,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_alignment_key),
         cmocka_unit_test(test_getters),
+        cmocka_unit_test(test_byte_corruptions),
         cmocka_unit_test(test_error_names_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
