@@ -260,7 +260,7 @@ def concurrency():
 
 def cancel():
     c = Client()
-    mid = c.send("generate", {"prompt": "Count forever", "max_tokens": 4000, "grace_tokens": 0})
+    mid = c.send("generate", dict(GREEDY, prompt="Count forever", max_tokens=4000))
     seen = []
 
     def note(n):
@@ -269,7 +269,7 @@ def cancel():
             c.send("cancel", {"id": mid})
 
     err, r, _ = c.wait(mid, on_note=note)
-    check(err is None and r["stop_reason"] == "cancelled", "cancel ends the request with stop_reason cancelled")
+    check(err is None and r["stop_reason"] == "cancelled", "cancel ends the request with stop_reason cancelled (%r)" % ((err, r and r["stop_reason"]),))
     check(r["n_generated"] < 4000, "cancelled early (%d tokens)" % r["n_generated"])
     # The cancel's own response is an empty map.
     m = [x for x in c.notes if x[0] == 1]
