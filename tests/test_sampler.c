@@ -398,6 +398,45 @@ static void test_bad_logits_untouched(void **unused)
     assert_memory_equal(l, copy, sizeof l);
 }
 
+/* Odd parameters (NaN, infinities, negatives, huge) never crash, always give an id in range,
+ * and never pick a token whose logit is NaN or -inf while finite ones exist. */
+static void test_odd_params(void **unused)
+{
+    (void)unused;
+    const float fv[] = { NAN, INFINITY, -INFINITY, -1.0f, 0.0f, 1e-30f, 0.5f, 1.0f, 2.0f, 1e30f };
+    const int32_t iv[] = { -5, 0, 1, 3, 64, 1 << 30 };
+    enum { V = 50 };
+    float l[V];
+    for (int i = 0; i < V; i++)
+        l[i] = (i % 5 == 0) ? NAN : (i % 7 == 0) ? -INFINITY : (float)((i * 37) % 11) - 5.0f;
+    int32_t hist[20];
+    for (int i = 0; i < 20; i++)
+        hist[i] = (i * 13) % (V + 10) - 5; /* some out of range */
+    uint64_t x = 7;
+    for (int it = 0; it < 3000; it++) {
+        struct sil_sampler_params p;
+        sil_sampler_params_default(&p);
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p.temperature = fv[(x >> 10) % 10];
+        p.top_p = fv[(x >> 14) % 10];
+        p.min_p = fv[(x >> 18) % 10];
+        p.repeat_penalty = fv[(x >> 22) % 10];
+        p.presence_penalty = fv[(x >> 26) % 10];
+        p.top_k = iv[(x >> 30) % 6];
+        p.repeat_last_n = iv[(x >> 34) % 6];
+        p.seed = x | 1;
+        struct sil_sampler *s = sil_sampler_new(&p, V);
+        assert_non_null(s);
+        int32_t t = sil_sampler_sample(s, l, hist, 20);
+        assert_true(t >= 0 && t < V);
+        if (isnan(l[t]) || l[t] == -INFINITY)
+            fail_msg("iteration %d picked token %d (logit %g): T %g top_p %g min_p %g rp %g pp %g k %d",
+                     it, t, (double)l[t], (double)p.temperature, (double)p.top_p, (double)p.min_p,
+                     (double)p.repeat_penalty, (double)p.presence_penalty, p.top_k);
+        sil_sampler_free(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -412,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_large_vocab),
         cmocka_unit_test(test_seed),
         cmocka_unit_test(test_bad_logits_untouched),
+        cmocka_unit_test(test_odd_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
