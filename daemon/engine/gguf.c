@@ -181,8 +181,8 @@ static int rd_str(struct cursor *c, const uint8_t **s, uint64_t *len, const char
 static int rd_name(struct cursor *c, char **out, const char *what)
 {
     uint64_t at = c->off;
-    const uint8_t *s;
-    uint64_t len;
+    const uint8_t *s = NULL;
+    uint64_t len = 0;
     int r = rd_str(c, &s, &len, what);
     if (r)
         return r;
@@ -275,8 +275,8 @@ static int parse_array(struct cursor *c, struct kv *kv, int depth, const char *k
             return sil_errorf(c->err, -ENOMEM, "%s: key '%s': out of memory for %" PRIu64
                               " string offsets", c->name, key, n);
         for (uint64_t j = 0; j < n; j++) {
-            const uint8_t *s;
-            uint64_t len;
+            const uint8_t *s = NULL;
+            uint64_t len = 0;
             kv->str_off[j] = c->off;
             r = rd_str(c, &s, &len, "array string element");
             if (r)
@@ -324,7 +324,7 @@ static int parse_kv(struct cursor *c, struct sil_gguf *g, int64_t i)
     kv->type = t;
     kv->off = c->off;
     if (t == SIL_GGUF_STRING) {
-        const uint8_t *s;
+        const uint8_t *s = NULL;
         r = rd_str(c, &s, &kv->n, "string value");
         kv->data = s;
         return r;
@@ -822,7 +822,7 @@ static int get_int(const struct sil_gguf *g, const char *key, struct ival *v, co
 int sil_gguf_get_u32(const struct sil_gguf *g, const char *key, uint32_t *out,
                      struct sil_error *err)
 {
-    struct ival v;
+    struct ival v = {0};
     const struct kv *kv = NULL;
     int r = get_int(g, key, &v, "u32", &kv, err);
     if (r)
@@ -836,7 +836,7 @@ int sil_gguf_get_u32(const struct sil_gguf *g, const char *key, uint32_t *out,
 int sil_gguf_get_u64(const struct sil_gguf *g, const char *key, uint64_t *out,
                      struct sil_error *err)
 {
-    struct ival v;
+    struct ival v = {0};
     const struct kv *kv = NULL;
     int r = get_int(g, key, &v, "u64", &kv, err);
     if (r)
@@ -850,7 +850,7 @@ int sil_gguf_get_u64(const struct sil_gguf *g, const char *key, uint64_t *out,
 int sil_gguf_get_i64(const struct sil_gguf *g, const char *key, int64_t *out,
                      struct sil_error *err)
 {
-    struct ival v;
+    struct ival v = {0};
     const struct kv *kv = NULL;
     int r = get_int(g, key, &v, "i64", &kv, err);
     if (r)
@@ -868,7 +868,7 @@ int sil_gguf_get_f32(const struct sil_gguf *g, const char *key, float *out,
     int r = lookup(g, key, &kv, err);
     if (r)
         return r;
-    double d;
+    double d = 0;
     if (!read_float(kv->type, kv->data, &d))
         return mismatch(g, kv, "f32", err);
     if (isfinite(d) && fabs(d) > FLT_MAX)
@@ -938,14 +938,14 @@ int sil_gguf_arr_get_i64(const struct sil_gguf *g, int64_t i, uint64_t j, int64_
     const uint8_t *p = arr_elem(g, i, j, &t);
     if (!p)
         return -EINVAL;
-    struct ival v;
+    struct ival v = {0};
     if (read_int(t, p, &v)) {
         if (!v.neg && v.u > INT64_MAX)
             return -ERANGE;
         *out = v.neg ? v.s : (int64_t)v.u;
         return 0;
     }
-    double d;
+    double d = 0;
     if (!read_float(t, p, &d))
         return -EINVAL; /* bool */
     /* A float converts only when it is an integer that int64 holds. */
@@ -961,8 +961,8 @@ int sil_gguf_arr_get_f32(const struct sil_gguf *g, int64_t i, uint64_t j, float 
     const uint8_t *p = arr_elem(g, i, j, &t);
     if (!p)
         return -EINVAL;
-    double d;
-    struct ival v;
+    double d = 0;
+    struct ival v = {0};
     if (read_float(t, p, &d)) {
         if (isfinite(d) && fabs(d) > FLT_MAX)
             return -ERANGE;
