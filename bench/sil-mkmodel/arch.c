@@ -288,7 +288,7 @@ int sil_mk_build_tensors(struct sil_mk_model *m, struct sil_error *err)
     if (l.err)
         return sil_errorf(err, l.err, "tensor list: out of memory");
 
-    /* Logits of std ~2 at the output head (tied or not). */
+    /* Logits of std ~2 at the output head (tied or not); one random stream per tensor. */
     for (int64_t i = 0; i < m->n_tensors; i++) {
         struct sil_mk_tensor *t = &m->tensors[i];
         if (strcmp(t->name, "output.weight") == 0 || (hp->tied && t->init == SIL_MK_INIT_EMBD))
@@ -299,6 +299,10 @@ int sil_mk_build_tensors(struct sil_mk_model *m, struct sil_error *err)
     }
     return 0;
 }
+
+#undef W
+#undef MAT2
+#undef NORM
 
 void sil_mk_model_free(struct sil_mk_model *m)
 {

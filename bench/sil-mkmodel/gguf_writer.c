@@ -110,7 +110,7 @@ static void build_kv(struct kvs *k, const struct sil_mk_model *m)
     kv_u32(k, "context_length", hp->n_ctx_train);
     kv_u32(k, "embedding_length", hp->n_embd);
     if (!moe || hp->arch == SIL_MK_QWEN3MOE)
-        kv_u32(k, "feed_forward_length", moe ? hp->n_ff_exp * hp->n_expert_used : hp->n_ff);
+        kv_u32(k, "feed_forward_length", hp->n_ff); /* qwen3moe: the config's dense size */
     kv_u32(k, "attention.head_count", hp->n_head);
     kv_u32(k, "attention.head_count_kv", hp->n_head_kv);
     if (hybrid) {
@@ -238,7 +238,7 @@ static void report(struct writer *w, bool final)
             el, eta, w->tty && !final ? "" : "\n");
 }
 
-static void fail(struct writer *w, int code, const char *msg)
+static void writer_fail(struct writer *w, int code, const char *msg)
 {
     pthread_mutex_lock(&w->mu);
     if (!w->err) {
@@ -295,7 +295,7 @@ static void *worker(void *p)
     uint8_t *out = malloc(out_cap + ALIGN);
     static const uint8_t zeros[ALIGN];
     if (!row || !out) {
-        fail(w, -ENOMEM, "out of memory for chunk buffers");
+        writer_fail(w, -ENOMEM, "out of memory for chunk buffers");
         goto done;
     }
     for (int64_t c = a->id; c < w->n_chunks; c += a->n_threads) {
@@ -327,7 +327,7 @@ static void *worker(void *p)
         if (rc) {
             char msg[160];
             snprintf(msg, sizeof(msg), "write failed in tensor '%s': %s", t->name, strerror(-rc));
-            fail(w, rc, msg);
+            writer_fail(w, rc, msg);
             goto done;
         }
         pthread_mutex_lock(&w->mu);
