@@ -88,6 +88,24 @@ static int read_all(const char *path, char **buf, size_t *len)
     return 0;
 }
 
+/* A field of /proc/self/status in MiB (kB there), -1 if unreadable. */
+static double status_mib(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    double v = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            v = strtod(line + n + 1, NULL) / 1024.0;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
 static int32_t argmax(const float *x, int32_t n)
 {
     int32_t best = 0;
@@ -251,9 +269,13 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         printf("], \"greedy\": [");
         for (long s = 0; s < n_predict; s++)
             printf(s ? ", %d" : "%d", greedy[s]);
-        printf("], \"timings\": {\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f}}\n",
+        printf("], \"timings\": {\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f}",
                t_prefill > 0 ? (double)n_ids / t_prefill : 0.0,
                t_decode > 0 ? (double)n_decoded / t_decode : 0.0);
+        /* anonymous memory is everything beyond the mapped weights (scratch, KV, state);
+         * nothing is freed before this point, so it is also its peak */
+        printf(", \"memory\": {\"rss_anon_mib\": %.1f, \"rss_file_mib\": %.1f, \"peak_rss_mib\": %.1f}}\n",
+               status_mib("RssAnon"), status_mib("RssFile"), status_mib("VmHWM"));
     } else {
         printf("tokens: %zu, n_vocab %d\n", n_ids, V);
         if (strcmp(mode, "none") != 0)

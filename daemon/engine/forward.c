@@ -32,11 +32,10 @@ struct norm_task {
     float eps;
 };
 
-static void norm_run(void *arg, int ith, int nth)
+static void norm_run(void *arg, long lo, long hi, int ith)
 {
     struct norm_task *t = arg;
-    long lo, hi;
-    sil_split_range(t->rows, ith, nth, &lo, &hi);
+    (void)ith;
     for (long i = lo; i < hi; i++)
         sil_rmsnorm(t->y + i * t->width, t->x + i * t->width, t->w, t->width, t->eps);
 }
@@ -46,9 +45,9 @@ static void rmsnorm_rows(struct sil_fwd *f, float *y, const float *x, const stru
 {
     struct norm_task t = {y, x, w->data, rows, f->model->hp.n_embd, f->model->hp.rms_eps};
     if (rows < 8)
-        norm_run(&t, 0, 1);
+        norm_run(&t, 0, rows, 0);
     else
-        sil_threadpool_run(f->tp, norm_run, &t);
+        sil_threadpool_for(f->tp, rows, 0, norm_run, &t);
 }
 
 static void embed(struct sil_fwd *f, const struct sil_ubatch *ub)

@@ -25,15 +25,14 @@ struct attn_task {
 };
 
 /* Per row: q/k norm, rope, K and V into the cache. */
-static void qk_prep(void *arg, int ith, int nth)
+static void qk_prep(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
     struct sil_fwd *f = t->f;
     const struct sil_hparams *hp = &f->model->hp;
     const int hd = hp->n_embd_head_k, nkv = hp->n_head_kv;
     const float *qn = t->l->q_norm->data, *kn = t->l->k_norm->data;
-    long lo, hi;
-    sil_split_range(t->ub->n, ith, nth, &lo, &hi);
+    (void)ith;
     for (long i = lo; i < hi; i++) {
         const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
         float *q = f->a + i * t->q_row;
@@ -53,7 +52,7 @@ static void qk_prep(void *arg, int ith, int nth)
 }
 
 /* Per (row, head): softmax attention over the sequence's positions 0..pos. */
-static void attend(void *arg, int ith, int nth)
+static void attend(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
     struct sil_fwd *f = t->f;
@@ -64,8 +63,6 @@ static void attend(void *arg, int ith, int nth)
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = f->attn_scratch + (int64_t)ith * f->n_ctx;
     const int64_t ks = sil_kv_row_stride_k(f->kv), vs = sil_kv_row_stride_v(f->kv);
-    long lo, hi;
-    sil_split_range((long)t->ub->n * nh, ith, nth, &lo, &hi);
     for (long w = lo; w < hi; w++) {
         const long i = w / nh;
         const int h = (int)(w % nh), kvh = h / group;
@@ -106,8 +103,8 @@ void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
     };
     sil_fwd_matmul(f, jobs, 3);
 
-    sil_threadpool_run(f->tp, qk_prep, &t);
-    sil_threadpool_run(f->tp, attend, &t);
+    sil_threadpool_for(f->tp, n, 0, qk_prep, &t);
+    sil_threadpool_for(f->tp, (long)n * hp->n_head, 0, attend, &t);
 
     struct sil_mm_input in_o;
     sil_fwd_input(f, &in_o, 1, f->d, n, (int64_t)hp->n_head * hd);

@@ -16,24 +16,19 @@ struct dn_task {
     int64_t conv_dim, zdim;
 };
 
-static void dn_conv(void *arg, int ith, int nth)
+static void dn_conv(void *arg, long c0, long c1, int ith)
 {
     struct dn_task *t = arg;
-    long c0, c1;
-    sil_split_range((long)t->conv_dim, ith, nth, &c0, &c1);
+    (void)ith;
     sil_delta_net_conv(t->p, &t->st, t->nt, t->f->a + (int64_t)t->r0 * t->conv_dim,
                        t->f->e + (int64_t)t->r0 * t->conv_dim, c0, c1);
 }
 
-static void dn_heads(void *arg, int ith, int nth)
+static void dn_heads(void *arg, long h0, long h1, int ith)
 {
     struct dn_task *t = arg;
     struct sil_fwd *f = t->f;
     const int nv = t->p->n_v_heads;
-    long h0, h1;
-    sil_split_range(nv, ith, nth, &h0, &h1);
-    if (h0 == h1)
-        return;
     sil_delta_net_heads(t->p, &t->st, t->nt, f->e + (int64_t)t->r0 * t->conv_dim,
                         f->b + (int64_t)t->r0 * t->zdim, f->c + (int64_t)t->r0 * nv,
                         f->c + (int64_t)(t->n + t->r0) * nv, f->d + (int64_t)t->r0 * t->zdim,
@@ -65,8 +60,8 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
         struct dn_task t = {f, p, {0}, n, r0, r1 - r0, conv_dim, zdim};
         float *state = f->recr_state[ub->seq[r0]] + (int64_t)l->recr_index * f->dn_state_floats;
         sil_delta_net_state_bind(p, &t.st, state);
-        sil_threadpool_run(f->tp, dn_conv, &t);
-        sil_threadpool_run(f->tp, dn_heads, &t);
+        sil_threadpool_for(f->tp, conv_dim, 0, dn_conv, &t);
+        sil_threadpool_for(f->tp, nv, 1, dn_heads, &t);
     }
 
     struct sil_mm_input in_o;

@@ -23,11 +23,10 @@ struct swiglu_task {
     int64_t rows, width;
 };
 
-static void swiglu_run(void *arg, int ith, int nth)
+static void swiglu_run(void *arg, long lo, long hi, int ith)
 {
     struct swiglu_task *t = arg;
-    long lo, hi;
-    sil_split_range(t->rows, ith, nth, &lo, &hi);
+    (void)ith;
     sil_swiglu(t->out + lo * t->width, t->gate + lo * t->width, t->up + lo * t->width,
                (hi - lo) * t->width);
 }
@@ -37,9 +36,9 @@ static void swiglu(struct sil_fwd *f, float *out, const float *gate, const float
 {
     struct swiglu_task t = {out, gate, up, rows, width};
     if (rows * width < 16384)
-        swiglu_run(&t, 0, 1);
+        swiglu_run(&t, 0, rows, 0);
     else
-        sil_threadpool_run(f->tp, swiglu_run, &t);
+        sil_threadpool_for(f->tp, rows, 0, swiglu_run, &t);
 }
 
 void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il)

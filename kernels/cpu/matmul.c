@@ -1,6 +1,5 @@
 #include "kernels/cpu/matmul.h"
 
-#include <stdatomic.h>
 #include <string.h>
 
 #include "kernels/cpu/ops.h"
@@ -78,14 +77,13 @@ struct prep_task {
     int f;
 };
 
-static void prep_run(void *arg, int ith, int nth)
+static void prep_run(void *arg, long lo, long hi, int ith)
 {
     struct prep_task *t = arg;
     struct sil_mm_input *in = t->in;
     const struct sil_type_traits *tt = sil_type_traits(format_type(t->f));
     size_t rs = sil_row_size(format_type(t->f), in->k);
-    long lo, hi;
-    sil_split_range(in->n, ith, nth, &lo, &hi);
+    (void)ith;
     for (long j = lo; j < hi; j++)
         tt->from_float(in->x + j * in->k, (char *)in->buf[t->f] + (size_t)j * rs, in->k);
 }
@@ -97,9 +95,9 @@ void sil_mm_input_prepare(struct sil_threadpool *tp, struct sil_mm_input *in, in
         return;
     struct prep_task t = {in, f};
     if (in->n * in->k < 4096)
-        prep_run(&t, 0, 1); /* a decode row: not worth waking the pool */
+        prep_run(&t, 0, in->n, 0); /* a decode row: not worth waking the pool */
     else
-        sil_threadpool_run(tp, prep_run, &t);
+        sil_threadpool_for(tp, in->n, 0, prep_run, &t);
     in->ready[f] = true;
 }
 
@@ -112,7 +110,6 @@ struct mm_task {
     const struct sil_mm_job *jobs;
     int n_jobs;
     long chunk_start[SIL_MM_MAX_JOBS + 1]; /* first chunk index of each job */
-    atomic_long next;
     float *scratch;
     int64_t scratch_stride;
 };
@@ -144,17 +141,12 @@ static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scra
     }
 }
 
-static void mm_run(void *arg, int ith, int nth)
+static void mm_run(void *arg, long c0, long c1, int ith)
 {
     struct mm_task *t = arg;
-    (void)nth;
     float *scratch = t->scratch + (int64_t)ith * t->scratch_stride;
-    long total = t->chunk_start[t->n_jobs];
     int job = 0;
-    for (;;) {
-        long c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (c >= total)
-            break;
+    for (long c = c0; c < c1; c++) {
         while (c >= t->chunk_start[job + 1])
             job++;
         while (c < t->chunk_start[job])
@@ -184,11 +176,10 @@ void sil_matmul(struct sil_threadpool *tp, const struct sil_mm_job *jobs, int n_
         t.chunk_start[i + 1] = t.chunk_start[i] + nc;
         work += jobs[i].m * jobs[i].n_rows * jobs[i].in->k;
     }
-    atomic_init(&t.next, 0);
     t.scratch = scratch;
     t.scratch_stride = sil_matmul_scratch_floats(k_max);
     if (work < 32768)
-        mm_run(&t, 0, 1); /* tiny: waking workers costs more than it saves */
+        mm_run(&t, 0, t.chunk_start[n_jobs], 0); /* tiny: waking workers costs more than it saves */
     else
-        sil_threadpool_run(tp, mm_run, &t);
+        sil_threadpool_for(tp, t.chunk_start[n_jobs], 1, mm_run, &t);
 }

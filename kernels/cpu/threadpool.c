@@ -5,22 +5,28 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
-/* Spin iterations before a worker sleeps: long enough to bridge the gap between two kernels of
- * one forward pass, short enough that an idle daemon does not burn a core. */
+/* Spin iterations before a worker sleeps: bridges the gap between two kernels of one forward
+ * pass without burning a core when the daemon is idle. */
 #define SPIN_ITERS 20000
+#define OPEN_BIT (1ull << 40)
 
 struct sil_threadpool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint generation; /* bumped once per task */
-    atomic_int pending;     /* workers still running the current task */
+    atomic_uint generation;  /* bumped when a task opens */
+    atomic_int sleepers;     /* workers blocked on cv */
+    atomic_ullong state;     /* OPEN_BIT while the task accepts workers | workers inside */
+    atomic_long next;        /* next unclaimed item */
     atomic_bool stop;
-    sil_task_fn fn;
+    /* the open task */
+    sil_range_fn fn;
     void *arg;
+    long n, chunk;
 };
 
 struct worker_arg {
@@ -35,31 +41,55 @@ static inline void cpu_relax(void)
 #endif
 }
 
+static void claim_loop(struct sil_threadpool *tp, int ith)
+{
+    for (;;) {
+        long lo = atomic_fetch_add_explicit(&tp->next, tp->chunk, memory_order_relaxed);
+        if (lo >= tp->n)
+            return;
+        long hi = lo + tp->chunk < tp->n ? lo + tp->chunk : tp->n;
+        tp->fn(tp->arg, lo, hi, ith);
+    }
+}
+
 static void *worker_main(void *p)
 {
     struct worker_arg wa = *(struct worker_arg *)p;
     free(p);
     struct sil_threadpool *tp = wa.tp;
-    unsigned seen = 0;
+    unsigned seen = atomic_load(&tp->generation);
     for (;;) {
-        unsigned gen;
         int spins = 0;
-        while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
+        while (atomic_load_explicit(&tp->generation, memory_order_acquire) == seen &&
                !atomic_load(&tp->stop)) {
             if (++spins < SPIN_ITERS) {
                 cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&tp->mu);
+            atomic_fetch_add(&tp->sleepers, 1);
             while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop))
                 pthread_cond_wait(&tp->cv, &tp->mu);
+            atomic_fetch_sub(&tp->sleepers, 1);
             pthread_mutex_unlock(&tp->mu);
         }
         if (atomic_load(&tp->stop))
             return NULL;
-        seen = gen;
-        tp->fn(tp->arg, wa.ith, tp->n_threads);
-        atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_acq_rel);
+        /* join the task only while it is open; a late worker skips it */
+        unsigned long long s = atomic_load(&tp->state);
+        bool joined = false;
+        while (s & OPEN_BIT) {
+            if (atomic_compare_exchange_weak(&tp->state, &s, s + 1)) {
+                joined = true;
+                break;
+            }
+        }
+        /* while we are inside, the caller cannot open another task: generation is stable */
+        seen = atomic_load_explicit(&tp->generation, memory_order_acquire);
+        if (joined) {
+            claim_loop(tp, wa.ith);
+            atomic_fetch_sub_explicit(&tp->state, 1, memory_order_release);
+        }
     }
 }
 
@@ -115,22 +145,34 @@ int sil_threadpool_n_threads(const struct sil_threadpool *tp)
     return tp ? tp->n_threads : 1;
 }
 
-void sil_threadpool_run(struct sil_threadpool *tp, sil_task_fn fn, void *arg)
+void sil_threadpool_for(struct sil_threadpool *tp, long n, long chunk, sil_range_fn fn, void *arg)
 {
-    if (!tp || tp->n_threads == 1) {
-        fn(arg, 0, 1);
+    if (n <= 0)
+        return;
+    const int nth = tp ? tp->n_threads : 1;
+    if (chunk <= 0)
+        chunk = (n + 4L * nth - 1) / (4L * nth);
+    if (nth == 1 || n <= chunk) {
+        fn(arg, 0, n, 0);
         return;
     }
     tp->fn = fn;
     tp->arg = arg;
-    atomic_store_explicit(&tp->pending, tp->n_threads - 1, memory_order_relaxed);
-    pthread_mutex_lock(&tp->mu);
-    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_release);
-    pthread_cond_broadcast(&tp->cv);
-    pthread_mutex_unlock(&tp->mu);
-    fn(arg, 0, tp->n_threads);
+    tp->n = n;
+    tp->chunk = chunk;
+    atomic_store(&tp->next, 0);
+    atomic_store(&tp->state, OPEN_BIT);
+    atomic_fetch_add(&tp->generation, 1);
+    if (atomic_load(&tp->sleepers) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->cv);
+        pthread_mutex_unlock(&tp->mu);
+    }
+    claim_loop(tp, 0);
+    /* close: workers that have not joined yet will skip; wait for those inside */
+    atomic_fetch_and_explicit(&tp->state, ~OPEN_BIT, memory_order_acq_rel);
     int spins = 0;
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&tp->state, memory_order_acquire) != 0) {
         if (++spins < SPIN_ITERS)
             cpu_relax();
         else

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Engine CPU benchmark: prefill pp512 and decode tg128 tok/s with 2 threads on the sil-mkmodel
+# "bench" model (qwen35moe, 12 layers, hidden 1024, 64 experts top-8, q4_k_m), next to llama.cpp's
+# llama-bench on the same file in the same run, plus memory beyond the mapped weights at a 4k context.
+#
+# usage: bench/run-engine.sh PEER_BIN_DIR [MODEL.gguf]
+#   PEER_BIN_DIR  directory holding llama.cpp's llama-bench (skipped, and said so, if absent)
+#   MODEL.gguf    default: bench/models/bench-q4_k_m.gguf, made with sil-mkmodel if missing
+# Environment: B (build dir, default build), RUNS (default 3), THREADS (default 2),
+#              MACHINE (name in the results file, default vm).
+# Writes bench/results/engine-<machine>-<yyyymmdd>.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+peer_dir=${1:?usage: bench/run-engine.sh PEER_BIN_DIR [MODEL.gguf]}
+model=${2:-bench/models/bench-q4_k_m.gguf}
+B=${B:-build}
+RUNS=${RUNS:-3}
+THREADS=${THREADS:-2}
+export MACHINE=${MACHINE:-vm}
+made_by="sil-mkmodel --preset bench --type q4_k_m --seed 1"
+
+make -s B="$B" "$B/bin/sil-eval" "$B/bin/sil-mkmodel" >&2
+if [ ! -f "$model" ]; then
+    mkdir -p "$(dirname "$model")"
+    if [ -x bench/make-bench-model.sh ]; then
+        bench/make-bench-model.sh "$model" >&2
+    else
+        "$B/bin/sil-mkmodel" --preset bench --type q4_k_m --seed 1 --quiet --out "$model" >&2
+    fi
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# 512 prompt ids (any ids below the vocab size: the weights are random, so content is irrelevant)
+ids512=$(python3 -c 'print(",".join(str(100 + (i * 37) % 20000) for i in range(512)))')
+ids4k=$(python3 -c 'print(",".join(str(100 + (i * 37) % 20000) for i in range(4095)))')
+
+for r in $(seq "$RUNS"); do
+    echo "sil-eval run $r/$RUNS" >&2
+    "$B/bin/sil-eval" --model "$model" --tokens "$ids512" --n-predict 129 --logits none \
+        --threads "$THREADS" --json > "$tmp/sil-$r.json"
+done
+echo "sil-eval 4k-context memory run" >&2
+"$B/bin/sil-eval" --model "$model" --tokens "$ids4k" --n-predict 1 --logits none \
+    --threads "$THREADS" --json > "$tmp/sil-4k.json"
+
+peer_ok=0
+if [ -x "$peer_dir/llama-bench" ]; then
+    echo "llama-bench (peer)" >&2
+    if "$peer_dir/llama-bench" -m "$model" -t "$THREADS" -p 512 -n 128 -r "$RUNS" -o json \
+        > "$tmp/peer.json" 2> "$tmp/peer.err"; then
+        peer_ok=1
+    else
+        tail -n 5 "$tmp/peer.err" >&2
+    fi
+fi
+
+python3 - "$tmp" "$RUNS" "$peer_ok" "$model" "$made_by" "$THREADS" "$peer_dir" "$*" <<'PY'
+import json, os, platform, statistics, subprocess, sys, datetime
+tmp, runs, peer_ok, model, made_by, threads, peer_dir, args = sys.argv[1:9]
+runs, peer_ok = int(runs), peer_ok == "1"
+sil = [json.load(open(f"{tmp}/sil-{r}.json")) for r in range(1, runs + 1)]
+mem4k = json.load(open(f"{tmp}/sil-4k.json"))["memory"]
+def cpu():
+    for l in open("/proc/cpuinfo"):
+        if l.startswith("model name"):
+            return l.split(":", 1)[1].strip()
+    return platform.processor()
+ram = int(open("/proc/meminfo").readline().split()[1]) / 1024 / 1024
+peer = {}
+peer_name = None
+if peer_ok:
+    for t in json.load(open(f"{tmp}/peer.json")):
+        key = "prefill_tok_s" if t["n_prompt"] > 0 and t["n_gen"] == 0 else "decode_tok_s"
+        peer[key] = t["avg_ts"]
+        peer_name = f"llama.cpp {t.get('build_commit', '?')} llama-bench -t {threads} -p 512 -n 128 (backend {t.get('backends', '?')})"
+def entry(metric, config, values, unit, peer_key=None):
+    e = {"metric": metric, "config": config, "value": round(statistics.median(values), 2), "unit": unit,
+         "runs": len(values), "min": round(min(values), 2), "max": round(max(values), 2)}
+    if peer_key and peer_key in peer:
+        e["peer"] = peer_name
+        e["peer_value"] = round(peer[peer_key], 2)
+    return e
+results = [
+    entry("prefill_tok_s", f"pp512,threads={threads}", [s["timings"]["prefill_tok_s"] for s in sil], "tok/s", "prefill_tok_s"),
+    entry("decode_tok_s", f"tg128 after a 512-token prompt,threads={threads}", [s["timings"]["decode_tok_s"] for s in sil], "tok/s", "decode_tok_s"),
+    entry("rss_mib", "anonymous RSS (beyond the mapped weights) after pp512+tg128", [s["memory"]["rss_anon_mib"] for s in sil], "MiB"),
+    {"metric": "rss_mib", "config": "anonymous RSS (beyond the mapped weights) after a 4095-token prefill, n_ctx 4096",
+     "value": mem4k["rss_anon_mib"], "unit": "MiB", "runs": 1, "min": mem4k["rss_anon_mib"], "max": mem4k["rss_anon_mib"]},
+]
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+date = datetime.datetime.now(datetime.timezone.utc)
+out = {
+    "benchmark": "engine",
+    "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "commit": commit,
+    "command": "bench/run-engine.sh " + args,
+    "machine": {"cpu": cpu(), "cores": os.cpu_count(), "ram_gib": round(ram, 1)},
+    "model": {"file": os.path.basename(model), "bytes": os.path.getsize(model), "made_by": made_by, "routing": "uniform (random weights)"},
+    "results": results,
+    "notes": ("sil-eval --json timings: prefill = one 512-row batch; decode = 128 greedy tokens after the prompt "
+              "(llama-bench tg128 starts from an empty context). RSS is RssAnon from /proc/self/status at exit "
+              "(nothing is freed before, so it is the peak): scratch + KV + recurrent state, not the mmap'd weights. "
+              + ("" if peer_ok else "Peer llama-bench not run: not found or failed in " + peer_dir + ". ")
+              + "No floor computed yet."),
+}
+os.makedirs("bench/results", exist_ok=True)
+host = os.environ.get("MACHINE", "vm")
+path = f"bench/results/engine-{host}-{date.strftime('%Y%m%d')}.json"
+json.dump(out, open(path, "w"), indent=1)
+print(path)
+print(json.dumps(results, indent=1))
+PY
