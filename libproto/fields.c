@@ -283,8 +283,12 @@ const char *sil_rpc_map_str(const msgpack_object *map, const char *key, char *bu
 {
     const char *s;
     size_t n;
-    if (size == 0 || sil_rpc_get_str(map, key, &s, &n, SIL_RPC_OPTIONAL, NULL) <= 0)
+    if (size == 0)
         return def;
+    if (sil_rpc_get_str(map, key, &s, &n, SIL_RPC_OPTIONAL, NULL) <= 0) {
+        snprintf(buf, size, "%s", def ? def : "");
+        return def ? buf : NULL;
+    }
     if (n >= size)
         n = size - 1;
     memcpy(buf, s, n);

@@ -180,7 +180,9 @@ int sil_rpc_get_map(const msgpack_object *map, const char *key, const msgpack_ob
 int64_t sil_rpc_map_int(const msgpack_object *map, const char *key, int64_t def);
 double sil_rpc_map_double(const msgpack_object *map, const char *key, double def);
 bool sil_rpc_map_bool(const msgpack_object *map, const char *key, bool def);
-/* Copies a str/bin value into buf (NUL-terminated, truncated); returns buf, or def if absent. */
+/* Copies a str/bin value into buf (NUL-terminated, truncated) and returns buf. When absent or
+ * not a string: copies def into buf and returns buf, or, with def NULL, sets buf to "" and
+ * returns NULL. */
 const char *sil_rpc_map_str(const msgpack_object *map, const char *key, char *buf, size_t size,
                             const char *def);
 

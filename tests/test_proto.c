@@ -160,6 +160,10 @@ static void test_round_trip_response_and_error(void **state)
     char text[8];
     assert_string_equal(sil_rpc_map_str(m.result, "text", text, sizeof(text), "?"), "hi");
     assert_string_equal(sil_rpc_map_str(m.result, "nope", text, sizeof(text), "?"), "?");
+    assert_string_equal(text, "?");
+    assert_null(sil_rpc_map_str(m.result, "nope", text, sizeof(text), NULL));
+    assert_string_equal(text, "");
+    assert_null(sil_rpc_map_str(m.result, "n_generated", text, sizeof(text), NULL));
     sil_rpc_msg_release(&m);
 
     struct sil_rpc_unpacker *u = sil_rpc_unpacker_new(0, 0);

@@ -165,6 +165,10 @@ int sil_probe_prom(FILE *f, const msgpack_object *metrics)
 {
     if (!metrics || metrics->type != MSGPACK_OBJECT_MAP)
         return 0;
+    /* Also accept the samples wrapped as {metrics: {...}}. */
+    const msgpack_object *inner = sil_rpc_map_get(metrics, "metrics");
+    if (metrics->via.map.size == 1 && inner && inner->type == MSGPACK_OBJECT_MAP)
+        metrics = inner;
     int samples = 0;
     for (uint32_t i = 0; i < metrics->via.map.size; i++) {
         const msgpack_object *k = &metrics->via.map.ptr[i].key;

@@ -1,0 +1,544 @@
+/* Client helpers (option parsing, paths, generation params, probe verdict, Prometheus output)
+ * and the client programs end to end against a fake server thread on a private socket. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "client/common/common.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- helpers ---------------------------------------------------------------------------------- */
+
+static msgpack_object decode_owned(msgpack_sbuffer *sb, msgpack_unpacked *up)
+{
+    msgpack_unpacked_init(up);
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack_next(up, sb->data, sb->size, &off), MSGPACK_UNPACK_SUCCESS);
+    return up->data;
+}
+
+/* status {state, model{name}, backend, queue{running, queued}, uptime_s} */
+static void pack_status(msgpack_packer *pk, const char *state, int queued)
+{
+    msgpack_pack_map(pk, 5);
+    sil_rpc_kv_str(pk, "state", state);
+    sil_rpc_pack_cstr(pk, "model");
+    msgpack_pack_map(pk, 1);
+    sil_rpc_kv_str(pk, "name", "tiny");
+    sil_rpc_kv_str(pk, "backend", "cpu");
+    sil_rpc_pack_cstr(pk, "queue");
+    msgpack_pack_map(pk, 2);
+    sil_rpc_kv_int(pk, "running", 1);
+    sil_rpc_kv_int(pk, "queued", queued);
+    sil_rpc_kv_double(pk, "uptime_s", 12);
+}
+
+/* ---- option parsing and paths ----------------------------------------------------------------- */
+
+static void test_parse(void **state)
+{
+    long l = 0;
+    double d = 0;
+    assert_int_equal(sil_client_parse_long("t", "--n", "42", 1, 100, &l), 0);
+    assert_int_equal(l, 42);
+    assert_int_equal(sil_client_parse_long("t", "--n", "42x", 1, 100, &l), -EINVAL);
+    assert_int_equal(sil_client_parse_long("t", "--n", "", 1, 100, &l), -EINVAL);
+    assert_int_equal(sil_client_parse_long("t", "--n", "101", 1, 100, &l), -EINVAL);
+    assert_int_equal(sil_client_parse_long("t", "--n", "99999999999999999999", 1, LONG_MAX, &l), -EINVAL);
+    assert_int_equal(l, 42);
+    assert_int_equal(sil_client_parse_double("t", "--x", "0.25", 0, 1, &d), 0);
+    assert_true(d == 0.25);
+    assert_int_equal(sil_client_parse_double("t", "--x", "nan", 0, 1, &d), -EINVAL);
+    assert_int_equal(sil_client_parse_double("t", "--x", "1.5", 0, 1, &d), -EINVAL);
+    long v[4];
+    assert_int_equal(sil_client_parse_list("t", "-c", "1,2,4,8", 1, 256, v, 4), 4);
+    assert_int_equal(v[3], 8);
+    assert_int_equal(sil_client_parse_list("t", "-c", "3", 1, 256, v, 4), 1);
+    assert_int_equal(v[0], 3);
+    assert_int_equal(sil_client_parse_list("t", "-c", "1,,2", 1, 256, v, 4), -EINVAL);
+    assert_int_equal(sil_client_parse_list("t", "-c", "1,2,", 1, 256, v, 4), -EINVAL);
+    assert_int_equal(sil_client_parse_list("t", "-c", "1,2,3,4,5", 1, 256, v, 4), -EINVAL);
+    assert_int_equal(sil_client_parse_list("t", "-c", "0", 1, 256, v, 4), -EINVAL);
+}
+
+static void test_state_path_and_read_all(void **state)
+{
+    char dir[] = "/tmp/test_client.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char xdg[128], buf[256];
+    snprintf(xdg, sizeof(xdg), "%s/state", dir);
+    setenv("XDG_STATE_HOME", xdg, 1);
+    assert_int_equal(sil_client_state_path("history", buf, sizeof(buf)), 0);
+    char want[256];
+    snprintf(want, sizeof(want), "%s/siliceo/history", xdg);
+    assert_string_equal(buf, want);
+    struct stat st;
+    snprintf(want, sizeof(want), "%s/siliceo", xdg);
+    assert_int_equal(stat(want, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0700);
+    /* relative XDG_STATE_HOME is ignored (XDG spec): falls back to HOME */
+    setenv("XDG_STATE_HOME", "relative", 1);
+    setenv("HOME", dir, 1);
+    assert_int_equal(sil_client_state_path("h", buf, sizeof(buf)), 0);
+    snprintf(want, sizeof(want), "%s/.local/state/siliceo/h", dir);
+    assert_string_equal(buf, want);
+    assert_int_equal(sil_client_state_path("h", buf, 10), -ENAMETOOLONG);
+
+    char text[10000];
+    memset(text, 'a', sizeof(text));
+    FILE *f = fmemopen(text, sizeof(text), "r");
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(sil_client_read_all(f, sizeof(text), &out, &len), 0);
+    assert_int_equal(len, sizeof(text));
+    assert_int_equal(out[len], 0);
+    assert_int_equal(out[len - 1], 'a');
+    free(out);
+    rewind(f);
+    assert_int_equal(sil_client_read_all(f, sizeof(text) - 1, &out, &len), -EFBIG);
+    fclose(f);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_gen_params(void **state)
+{
+    struct sil_client_gen g;
+    sil_client_gen_init(&g);
+    assert_int_equal(sil_client_gen_count(&g), 0);
+    g.max_tokens = 10;
+    g.max_thinking_tokens = -1; /* "no limit" is sent */
+    g.temperature = 0;
+    g.top_k = 5;
+    g.seed = 7;
+    g.stop[g.n_stop++] = "END";
+    g.session = "s1";
+    g.think = 0;
+    int n = sil_client_gen_count(&g);
+    assert_int_equal(n, 8);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, (size_t)n);
+    sil_client_pack_gen(&pk, &g);
+    msgpack_unpacked up;
+    msgpack_object o = decode_owned(&sb, &up);
+    assert_int_equal(o.via.map.size, 8);
+    assert_int_equal(sil_rpc_map_int(&o, "max_tokens", 0), 10);
+    assert_int_equal(sil_rpc_map_int(&o, "max_thinking_tokens", 0), -1);
+    assert_true(sil_rpc_map_double(&o, "temperature", 9) == 0);
+    assert_int_equal(sil_rpc_map_int(&o, "seed", 0), 7);
+    assert_false(sil_rpc_map_bool(&o, "think", true));
+    char s[8];
+    assert_string_equal(sil_rpc_map_str(&o, "session", s, sizeof(s), NULL), "s1");
+    assert_null(sil_rpc_map_get(&o, "top_p"));
+    const msgpack_object *stop = sil_rpc_map_get(&o, "stop");
+    assert_non_null(stop);
+    assert_int_equal(stop->via.array.size, 1);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* ---- probe ------------------------------------------------------------------------------------ */
+
+static int eval(const char *state_name, int queued, const struct sil_probe_limits *lim, double ms,
+                double gen_ms, char *line, size_t size)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_status(&pk, state_name, queued);
+    msgpack_unpacked up;
+    msgpack_object o = decode_owned(&sb, &up);
+    int code = sil_probe_eval(lim, &o, ms, gen_ms, line, size);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+    return code;
+}
+
+static void test_probe_eval(void **state)
+{
+    char line[1024];
+    struct sil_probe_limits none = {-1, -1, -1, -1};
+    assert_int_equal(eval("ready", 0, &none, 1.5, -1, line, sizeof(line)), SIL_PROBE_OK);
+    assert_non_null(strstr(line, "SILICEO OK - ready, model tiny (cpu), 1 running, 0 queued"));
+    assert_non_null(strstr(line, "| status_ms=1.500ms;;"));
+    struct sil_probe_limits q = {.warn_queue = 2, .crit_queue = 5, .warn_latency_ms = -1, .crit_latency_ms = -1};
+    assert_int_equal(eval("ready", 1, &q, 1, -1, line, sizeof(line)), SIL_PROBE_OK);
+    assert_int_equal(eval("ready", 2, &q, 1, -1, line, sizeof(line)), SIL_PROBE_WARNING);
+    assert_non_null(strstr(line, "WARNING (queue)"));
+    assert_non_null(strstr(line, "queued=2;2;5"));
+    assert_int_equal(eval("ready", 5, &q, 1, -1, line, sizeof(line)), SIL_PROBE_CRITICAL);
+    struct sil_probe_limits l = {.warn_queue = -1, .crit_queue = -1, .warn_latency_ms = 10, .crit_latency_ms = 100};
+    assert_int_equal(eval("ready", 0, &l, 9.9, -1, line, sizeof(line)), SIL_PROBE_OK);
+    assert_int_equal(eval("ready", 0, &l, 10, -1, line, sizeof(line)), SIL_PROBE_WARNING);
+    assert_int_equal(eval("ready", 0, &l, 150, -1, line, sizeof(line)), SIL_PROBE_CRITICAL);
+    /* with --generate the generation latency is the one checked */
+    assert_int_equal(eval("ready", 0, &l, 1, 50, line, sizeof(line)), SIL_PROBE_WARNING);
+    assert_non_null(strstr(line, "generate 50.0 ms"));
+    assert_non_null(strstr(line, "generate_ms=50.000ms;10;100"));
+    assert_int_equal(eval("loading", 0, &none, 1, -1, line, sizeof(line)), SIL_PROBE_WARNING);
+    assert_int_equal(eval("stopping", 0, &none, 1, -1, line, sizeof(line)), SIL_PROBE_CRITICAL);
+    assert_string_equal(sil_probe_code_name(3), "UNKNOWN");
+}
+
+static char *prom_of(void (*fill)(msgpack_packer *), int *samples)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    fill(&pk);
+    msgpack_unpacked up;
+    msgpack_object o = decode_owned(&sb, &up);
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    *samples = sil_probe_prom(f, &o);
+    fclose(f);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+    return s;
+}
+
+static void fill_metrics(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 5);
+    sil_rpc_kv_uint(pk, "siliceo_requests_total", 12);
+    sil_rpc_kv_double(pk, "siliceo_uptime_seconds", 1.5);
+    sil_rpc_kv_str(pk, "siliceo_ignored", "text");
+    sil_rpc_pack_cstr(pk, "siliceo_expert hit-rate");
+    msgpack_pack_map(pk, 2);
+    sil_rpc_kv_double(pk, "layer=\"0\"", 0.5);
+    sil_rpc_kv_double(pk, "layer=1,kind=\"a\\b\"", 0.25);
+    sil_rpc_kv_int(pk, "siliceo_queue_running", 2);
+}
+
+static void fill_wrapped(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 1);
+    sil_rpc_pack_cstr(pk, "metrics");
+    fill_metrics(pk);
+}
+
+static void test_prom(void **state)
+{
+    int n = 0;
+    char *s = prom_of(fill_metrics, &n);
+    assert_int_equal(n, 5);
+    assert_string_equal(s,
+                        "# TYPE siliceo_requests_total counter\nsiliceo_requests_total 12\n"
+                        "# TYPE siliceo_uptime_seconds gauge\nsiliceo_uptime_seconds 1.5\n"
+                        "# TYPE siliceo_expert_hit_rate gauge\n"
+                        "siliceo_expert_hit_rate{layer=\"0\"} 0.5\n"
+                        "siliceo_expert_hit_rate{layer=\"1\",kind=\"a\\\\b\"} 0.25\n"
+                        "# TYPE siliceo_queue_running gauge\nsiliceo_queue_running 2\n");
+    free(s);
+    char *w = prom_of(fill_wrapped, &n);
+    assert_int_equal(n, 5);
+    assert_non_null(strstr(w, "siliceo_requests_total 12\n"));
+    free(w);
+}
+
+/* ---- the programs against a fake server ------------------------------------------------------- */
+
+struct fake {
+    int lfd;
+    volatile int stop;
+    int queued;
+    pthread_t th;
+    char path[128];
+    char dir[64];
+    char last_content[256];
+};
+
+static void send_buf(int fd, struct sil_rpc_buf *b)
+{
+    while (sil_rpc_buf_size(b) > 0) {
+        ssize_t w = write(fd, sil_rpc_buf_head(b), sil_rpc_buf_size(b));
+        if (w <= 0)
+            break;
+        sil_rpc_buf_consume(b, (size_t)w);
+    }
+}
+
+static void token(struct sil_rpc_buf *b, uint32_t id, const char *key, const char *text)
+{
+    msgpack_packer *pk = sil_rpc_begin_notification(b, "token");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 3);
+    sil_rpc_kv_uint(pk, "id", id);
+    sil_rpc_kv_str(pk, key, text);
+    sil_rpc_pack_cstr(pk, "ids");
+    msgpack_pack_array(pk, 0);
+    sil_rpc_end(b);
+}
+
+/* chat: streams reasoning "hmm", then "echo: " + the last message's content. */
+static void handle(struct fake *f, int fd, const struct sil_rpc_msg *m, struct sil_rpc_buf *b)
+{
+    if (!strcmp(m->method, "chat") || !strcmp(m->method, "generate")) {
+        const char *content = "";
+        size_t n = 0;
+        const msgpack_object *msgs = NULL;
+        if (sil_rpc_get_array(m->params, "messages", &msgs, 0, NULL) == 1 && msgs->via.array.size)
+            sil_rpc_get_str(&msgs->via.array.ptr[msgs->via.array.size - 1], "content", &content, &n, 0, NULL);
+        else
+            sil_rpc_get_str(m->params, "prompt", &content, &n, 0, NULL);
+        snprintf(f->last_content, sizeof(f->last_content), "%.*s", (int)n, content);
+        token(b, m->msgid, "reasoning", "hmm");
+        token(b, m->msgid, "text", "echo: ");
+        token(b, m->msgid, "text", f->last_content);
+        msgpack_packer *pk = sil_rpc_begin_response(b, m->msgid);
+        msgpack_pack_map(pk, 4);
+        char text[300];
+        snprintf(text, sizeof(text), "echo: %s", f->last_content);
+        sil_rpc_kv_str(pk, "text", text);
+        sil_rpc_kv_str(pk, "reasoning", "hmm");
+        sil_rpc_kv_str(pk, "stop_reason", "eos");
+        sil_rpc_kv_int(pk, "n_generated", 3);
+        sil_rpc_end(b);
+    } else if (!strcmp(m->method, "status")) {
+        pack_status(sil_rpc_begin_response(b, m->msgid), "ready", f->queued);
+        sil_rpc_end(b);
+    } else if (!strcmp(m->method, "metrics")) {
+        fill_metrics(sil_rpc_begin_response(b, m->msgid));
+        sil_rpc_end(b);
+    } else {
+        sil_rpc_pack_error_response(b, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "unknown method");
+    }
+    send_buf(fd, b);
+}
+
+static void *fake_main(void *arg)
+{
+    struct fake *f = arg;
+    while (!f->stop) {
+        struct pollfd p = {.fd = f->lfd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        int fd = accept(f->lfd, NULL, NULL);
+        if (fd < 0)
+            continue;
+        struct sil_rpc_unpacker *u = sil_rpc_unpacker_new(0, 0);
+        struct sil_rpc_buf b;
+        sil_rpc_buf_init(&b, 0);
+        char chunk[4096];
+        ssize_t n;
+        while ((n = read(fd, chunk, sizeof(chunk))) > 0) {
+            sil_rpc_unpacker_feed(u, chunk, (size_t)n, NULL);
+            struct sil_rpc_msg m;
+            int r;
+            while ((r = sil_rpc_unpacker_next(u, &m, NULL)) == 1) {
+                handle(f, fd, &m, &b);
+                sil_rpc_msg_release(&m);
+            }
+            if (r < 0)
+                break;
+        }
+        sil_rpc_buf_free(&b);
+        sil_rpc_unpacker_free(u);
+        close(fd);
+    }
+    return NULL;
+}
+
+static int fake_setup(void **state)
+{
+    struct fake *f = calloc(1, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "/tmp/test_client.XXXXXX");
+    if (!mkdtemp(f->dir))
+        return -1;
+    snprintf(f->path, sizeof(f->path), "%s/s.sock", f->dir);
+    f->lfd = sil_rpc_listen(f->path, 0600, 8, NULL);
+    if (f->lfd < 0)
+        return -1;
+    pthread_create(&f->th, NULL, fake_main, f);
+    *state = f;
+    return 0;
+}
+
+static int fake_teardown(void **state)
+{
+    struct fake *f = *state;
+    f->stop = 1;
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+    unlink(f->path);
+    rmdir(f->dir);
+    free(f);
+    return 0;
+}
+
+/* Runs a shell command line, returns its stdout (malloc'd) and exit status. */
+static char *run(const char *cmd, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(sil_client_read_all(p, 1 << 20, &out, &len), 0);
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static const char *bin_dir(void)
+{
+    const char *b = getenv("SIL_BUILD");
+    static char dir[512];
+    snprintf(dir, sizeof(dir), "%s/bin", b ? b : "build");
+    char p[600];
+    snprintf(p, sizeof(p), "%s/sil-chat", dir);
+    return access(p, X_OK) == 0 ? dir : NULL;
+}
+
+static void test_sil_chat(void **state)
+{
+    struct fake *f = *state;
+    const char *bin = bin_dir();
+    if (!bin)
+        skip();
+    char cmd[1024];
+    int st;
+    /* one-shot; reasoning hidden off a terminal */
+    snprintf(cmd, sizeof(cmd), "%s/sil-chat --socket %s What is up 2>&1", bin, f->path);
+    char *out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    assert_string_equal(out, "echo: What is up\n");
+    assert_string_equal(f->last_content, "What is up");
+    free(out);
+    /* --show-reasoning, plain (not a tty: no escape codes) */
+    snprintf(cmd, sizeof(cmd), "%s/sil-chat --show-reasoning --socket %s q 2>&1", bin, f->path);
+    out = run(cmd, &st);
+    assert_string_equal(out, "hmm\n\necho: q\n");
+    free(out);
+    /* stdin as context, the argument as instruction; $SILICEO_SOCKET */
+    snprintf(cmd, sizeof(cmd), "printf 'line1\\nline2' | SILICEO_SOCKET=%s %s/sil-chat -s summarise 2>&1", f->path, bin);
+    out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    assert_string_equal(f->last_content, "line1\nline2\n\nsummarise");
+    free(out);
+    /* --json prints the result map */
+    snprintf(cmd, sizeof(cmd), "%s/sil-chat --json --socket %s hi", bin, f->path);
+    out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "\"stop_reason\": \"eos\""));
+    assert_non_null(strstr(out, "\"text\": \"echo: hi\""));
+    free(out);
+    /* usage errors */
+    snprintf(cmd, sizeof(cmd), "%s/sil-chat --temperature hot --socket %s hi 2>&1", bin, f->path);
+    out = run(cmd, &st);
+    assert_int_equal(st, 2);
+    assert_non_null(strstr(out, "--temperature: 'hot' is not a number"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sil-chat --socket %s/nope hi 2>&1", bin, f->dir);
+    out = run(cmd, &st);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(out, "is siliceod running?"));
+    free(out);
+}
+
+static void test_sil_probe(void **state)
+{
+    struct fake *f = *state;
+    const char *bin = bin_dir();
+    if (!bin)
+        skip();
+    char cmd[1024];
+    int st;
+    f->queued = 3;
+    snprintf(cmd, sizeof(cmd), "%s/sil-probe --socket %s", bin, f->path);
+    char *out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "SILICEO OK - ready, model tiny (cpu), 1 running, 3 queued"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sil-probe --warn-queue 3 --crit-queue 10 --socket %s", bin, f->path);
+    out = run(cmd, &st);
+    assert_int_equal(st, 1);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sil-probe --crit-queue 2 --json --socket %s", bin, f->path);
+    out = run(cmd, &st);
+    assert_int_equal(st, 2);
+    assert_non_null(strstr(out, "{\"status\":\"CRITICAL\",\"code\":2,"));
+    assert_non_null(strstr(out, "\"daemon\":{\"state\":\"ready\""));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sil-probe --generate --socket %s", bin, f->path);
+    out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "generate_ms="));
+    assert_string_equal(f->last_content, "Hello");
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sil-probe --prom --socket %s", bin, f->path);
+    out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "siliceo_up 1\n"));
+    assert_non_null(strstr(out, "siliceo_requests_total 12\n"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sil-probe --prom --socket %s/nope", bin, f->dir);
+    out = run(cmd, &st);
+    assert_int_equal(st, 2);
+    assert_string_equal(out, "# TYPE siliceo_up gauge\nsiliceo_up 0\n");
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sil-probe --warn-queue x 2>/dev/null", bin);
+    out = run(cmd, &st);
+    assert_int_equal(st, 3);
+    free(out);
+}
+
+static void test_versions_and_help(void **state)
+{
+    const char *bin = bin_dir();
+    if (!bin)
+        skip();
+    const char *progs[] = {"sil-chat", "sil-probe", "sil-bench"};
+    for (int i = 0; i < 3; i++) {
+        char cmd[700];
+        int st;
+        snprintf(cmd, sizeof(cmd), "%s/%s --version", bin, progs[i]);
+        char *out = run(cmd, &st);
+        assert_int_equal(st, 0);
+        char want[64];
+        snprintf(want, sizeof(want), "%s %s\n", progs[i], SIL_VERSION);
+        assert_string_equal(out, want);
+        free(out);
+        snprintf(cmd, sizeof(cmd), "%s/%s --help", bin, progs[i]);
+        out = run(cmd, &st);
+        assert_int_equal(st, 0);
+        assert_non_null(strstr(out, "Usage: "));
+        assert_non_null(strstr(out, "--socket PATH"));
+        free(out);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_state_path_and_read_all),
+        cmocka_unit_test(test_gen_params),
+        cmocka_unit_test(test_probe_eval),
+        cmocka_unit_test(test_prom),
+        cmocka_unit_test_setup_teardown(test_sil_chat, fake_setup, fake_teardown),
+        cmocka_unit_test_setup_teardown(test_sil_probe, fake_setup, fake_teardown),
+        cmocka_unit_test(test_versions_and_help),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
