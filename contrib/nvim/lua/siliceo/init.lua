@@ -1,0 +1,214 @@
+-- siliceo for Neovim: talk to siliceod over its Unix socket (see siliceo-rpc(7)).
+--
+-- Single request/response (status) uses an rpc channel: sockconnect(..., {rpc = true}) and
+-- vim.rpcrequest(). Streamed replies cannot: Neovim dispatches notifications arriving on an rpc
+-- channel as calls of its own API and a plugin cannot register a handler for them
+-- (neovim/neovim#31868). So chat opens a raw channel (on_data) and frames msgpack-RPC itself
+-- with vim.mpack.
+local M = {}
+
+M.config = {
+  socket = nil,            -- path; default: $SILICEO_SOCKET, then the per-user / root socket
+  think = false,           -- let the model reason before answering
+  show_reasoning = false,  -- put the reasoning into the buffer too
+  max_tokens = nil,        -- answer budget; nil: the daemon's default
+  temperature = nil,
+  system = nil,            -- system prompt
+  session = nil,           -- keep the conversation in the daemon under this name
+  split = 'vnew',          -- how the reply buffer is opened
+}
+
+function M.setup(opts)
+  M.config = vim.tbl_extend('force', M.config, opts or {})
+end
+
+function M.socket_path()
+  if M.config.socket and M.config.socket ~= '' then
+    return M.config.socket
+  end
+  local env = vim.env.SILICEO_SOCKET
+  if env and env ~= '' then
+    return env
+  end
+  local uid = vim.uv and vim.uv.getuid() or vim.loop.getuid()
+  if uid == 0 then
+    return '/run/siliceo/siliceod.sock'
+  end
+  local xdg = vim.env.XDG_RUNTIME_DIR
+  if xdg and xdg ~= '' then
+    return xdg .. '/siliceo/siliceod.sock'
+  end
+  return string.format('/run/user/%d/siliceo/siliceod.sock', uid)
+end
+
+local function errmsg(e)
+  if type(e) == 'table' then
+    return string.format('%s (error %s)', tostring(e.message), tostring(e.code))
+  end
+  return tostring(e)
+end
+
+-- ---- single request over an rpc channel -----------------------------------------------------
+
+function M.request(method, params)
+  local ok, ch = pcall(vim.fn.sockconnect, 'pipe', M.socket_path(), { rpc = true })
+  if not ok or ch == 0 then
+    return nil, 'cannot connect to ' .. M.socket_path() .. ' (is siliceod running?)'
+  end
+  local ok2, res = pcall(vim.rpcrequest, ch, method, params or vim.empty_dict())
+  vim.fn.chanclose(ch)
+  if not ok2 then
+    return nil, tostring(res)
+  end
+  return res
+end
+
+function M.status()
+  local st, err = M.request('status')
+  if not st then
+    vim.notify('siliceo: ' .. err, vim.log.levels.ERROR)
+    return
+  end
+  local model = type(st.model) == 'table' and st.model.name or 'none'
+  local q = type(st.queue) == 'table' and st.queue or {}
+  vim.notify(string.format('siliceod %s: %s, model %s (%s), %d running, %d queued, up %ds',
+    tostring(st.version), tostring(st.state), tostring(model), tostring(st.backend),
+    q.running or 0, q.queued or 0, math.floor(st.uptime_s or 0)))
+  return st
+end
+
+-- ---- streaming over a raw channel -----------------------------------------------------------
+
+-- chansend() takes a list of lines in which NUL bytes are written as "\n".
+local function to_lines(bytes)
+  local lines = vim.split(bytes, '\n', { plain = true })
+  for i, l in ipairs(lines) do
+    lines[i] = l:gsub('%z', '\n')
+  end
+  return lines
+end
+
+-- on_data gives the same representation back: rebuild the bytes.
+local function from_lines(data)
+  local parts = {}
+  for i, l in ipairs(data) do
+    parts[i] = l:gsub('\n', '\0')
+  end
+  return table.concat(parts, '\n')
+end
+
+local current -- the stream in progress: {ch, id, buf}
+
+local function append(buf, text)
+  if not vim.api.nvim_buf_is_valid(buf) or text == '' then
+    return
+  end
+  local n = vim.api.nvim_buf_line_count(buf)
+  local last = vim.api.nvim_buf_get_lines(buf, n - 1, n, false)[1] or ''
+  local lines = vim.split(last .. text, '\n', { plain = true })
+  vim.api.nvim_buf_set_lines(buf, n - 1, n, false, lines)
+end
+
+local function stream_request(method, params, buf, on_done)
+  local unpacker = vim.mpack.Unpacker()
+  local id = 1
+  local ch
+  local function on_data(_, data)
+    if #data == 1 and data[1] == '' then
+      if current and current.ch == ch then
+        current = nil
+      end
+      return -- EOF
+    end
+    local bytes = from_lines(data)
+    local pos = 1
+    while pos <= #bytes do
+      local msg
+      msg, pos = unpacker(bytes, pos)
+      if msg == nil then
+        break -- incomplete: the unpacker keeps the partial message
+      end
+      vim.schedule(function()
+        if msg[1] == 2 and msg[2] == 'token' then
+          local p = msg[3]
+          local islist = vim.islist or vim.tbl_islist
+          if type(p) == 'table' and islist(p) then
+            p = p[1]
+          end
+          if type(p) == 'table' then
+            if M.config.show_reasoning and type(p.reasoning) == 'string' then
+              append(buf, p.reasoning)
+            end
+            if type(p.text) == 'string' then
+              append(buf, p.text)
+            end
+          end
+        elseif msg[1] == 1 and msg[2] == id then
+          if msg[3] ~= nil and msg[3] ~= vim.NIL then
+            vim.notify('siliceo: ' .. errmsg(msg[3]), vim.log.levels.ERROR)
+          end
+          pcall(vim.fn.chanclose, ch)
+          if current and current.ch == ch then
+            current = nil
+          end
+          if on_done then
+            on_done(msg[4])
+          end
+        end
+      end)
+    end
+  end
+  local ok, c = pcall(vim.fn.sockconnect, 'pipe', M.socket_path(), { on_data = on_data })
+  if not ok or c == 0 then
+    vim.notify('siliceo: cannot connect to ' .. M.socket_path(), vim.log.levels.ERROR)
+    return
+  end
+  ch = c
+  current = { ch = ch, id = id, next_id = id + 1, buf = buf }
+  vim.fn.chansend(ch, to_lines(vim.mpack.encode({ 0, id, method, params })))
+end
+
+function M.cancel()
+  if not current then
+    return
+  end
+  local cid = current.next_id
+  current.next_id = cid + 1
+  vim.fn.chansend(current.ch, to_lines(vim.mpack.encode({ 0, cid, 'cancel', { id = current.id } })))
+end
+
+-- Asks `question` (and `context`, e.g. the selected lines) and streams the reply into a new
+-- scratch buffer.
+function M.chat(question, context)
+  local content = question or ''
+  if context and context ~= '' then
+    content = context .. '\n\n' .. content
+  end
+  if content == '' then
+    vim.notify('siliceo: nothing to ask', vim.log.levels.WARN)
+    return
+  end
+  local messages = {}
+  if M.config.system then
+    table.insert(messages, { role = 'system', content = M.config.system })
+  end
+  table.insert(messages, { role = 'user', content = content })
+  local params = { messages = messages, think = M.config.think }
+  params.max_tokens = M.config.max_tokens
+  params.temperature = M.config.temperature
+  params.session = M.config.session
+
+  vim.cmd(M.config.split)
+  local buf = vim.api.nvim_get_current_buf()
+  vim.bo[buf].buftype = 'nofile'
+  vim.bo[buf].bufhidden = 'wipe'
+  vim.bo[buf].filetype = 'markdown'
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, { '' })
+  stream_request('chat', params, buf, function(res)
+    if type(res) == 'table' and res.stop_reason and res.stop_reason ~= 'eos' then
+      append(buf, '\n[' .. tostring(res.stop_reason) .. ']')
+    end
+  end)
+end
+
+return M
