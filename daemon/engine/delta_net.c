@@ -147,7 +147,7 @@ typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
 #define HSUM8(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4), may_alias));
 
-/* x[0..8) = silu(x) = x / (1 + e^-x) in place, e^-x by a degree-6 polynomial on
+/* x[0..8) = silu(x) = x / (1 + e^-x) in place, e^-x by a degree-7 polynomial on
  * [-ln2/2, ln2/2] scaled by 2^n (relative error ~2e-7); -x is clamped to [-87, 88] so 2^n stays
  * a normal float. Vector code (not libm expf) because the conv and the gate take 12k of these
  * per token at Qwen3.5-35B size. */
