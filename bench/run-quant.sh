@@ -3,7 +3,8 @@
 # machine's read bandwidth. Writes bench/results/quant-<machine>-<yyyymmdd>.json (BENCH.md).
 #
 #   bench/run-quant.sh [--machine NAME] [sil-qbench options: --mib N --runs N --n ROWLEN --types ...]
-# Environment: B (build dir, default build).
+# Environment: B (build dir, default build); NO_BUILD=1 runs an already built $B/bin/sil-qbench
+# (e.g. one copied to a machine without the build dependencies).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
@@ -12,7 +13,7 @@ if [ "${1:-}" = "--machine" ]; then
     machine=$2
     shift 2
 fi
-make -s B="$B" "$B/bin/sil-qbench" >/dev/null
+[ "${NO_BUILD:-0}" = 1 ] || make -s B="$B" "$B/bin/sil-qbench" >/dev/null
 out=bench/results/quant-$machine-$(date -u +%Y%m%d).json
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT

@@ -144,6 +144,7 @@ float sil_vec_dot_q8_0_avx2(int64_t n, const void *vw, const void *va)
     const struct sil_block_q8_0 *w = vw, *a = va;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK; i++) {
+        sil_prefetch_block(&w[i], sizeof(w[i]));
         const __m256i x = _mm256_loadu_si256((const __m256i *)w[i].qs);
         const __m256i y = _mm256_loadu_si256((const __m256i *)a[i].qs);
         const __m256 d = _mm256_set1_ps(fp16(w[i].d) * fp16(a[i].d));
@@ -250,6 +251,7 @@ float sil_vec_dot_q4_K_avx2(int64_t n, const void *vw, const void *va)
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        sil_prefetch_block(&w[i], sizeof(w[i]));
         uint8_t sc[8], mn[8];
         sil_k4_unpack(w[i].scales, sc, mn);
         __m256i sumi = _mm256_setzero_si256();
@@ -280,6 +282,7 @@ float sil_vec_dot_q5_K_avx2(int64_t n, const void *vw, const void *va)
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        sil_prefetch_block(&w[i], sizeof(w[i]));
         uint8_t sc[8], mn[8];
         sil_k4_unpack(w[i].scales, sc, mn);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
@@ -317,6 +320,7 @@ float sil_vec_dot_q6_K_avx2(int64_t n, const void *vw, const void *va)
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        sil_prefetch_block(&w[i], sizeof(w[i]));
         const int8_t *sc = w[i].scales;
         __m256i sumi = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {

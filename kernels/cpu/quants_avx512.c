@@ -122,6 +122,7 @@ float sil_vec_dot_q8_0_avx512(int64_t n, const void *vw, const void *va)
     int64_t i = 0;
     const int64_t nb = n / SIL_QK;
     for (; i + 2 <= nb; i += 2) { /* two independent chains hide the dpbusd latency */
+        sil_prefetch_block(&w[i], 2 * sizeof(w[i]));
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)w[i].qs);
         const __m256i y0 = _mm256_loadu_si256((const __m256i *)a[i].qs);
         const __m256i x1 = _mm256_loadu_si256((const __m256i *)w[i + 1].qs);
@@ -251,6 +252,7 @@ float sil_vec_dot_q4_K_avx512(int64_t n, const void *vw, const void *va)
     __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        sil_prefetch_block(&w[i], sizeof(w[i]));
         uint8_t scm[16];
         sil_k4_unpack(w[i].scales, scm, scm + 8);
         const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm));
@@ -277,6 +279,7 @@ float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
     __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        sil_prefetch_block(&w[i], sizeof(w[i]));
         uint8_t scm[16];
         sil_k4_unpack(w[i].scales, scm, scm + 8);
         const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm));
@@ -310,6 +313,7 @@ float sil_vec_dot_q6_K_avx512(int64_t n, const void *vw, const void *va)
     const __m512i four = _mm512_set1_epi32(4);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        sil_prefetch_block(&w[i], sizeof(w[i]));
         /* signed scales in the low 16 bits of each lane, high 16 bits zero, for the madd trick
          * (|p| <= 4*63*127 < 2^15) */
         const __m512i sc16 = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w[i].scales)),

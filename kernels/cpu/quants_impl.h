@@ -3,6 +3,7 @@
 #ifndef SIL_QUANTS_IMPL_H
 #define SIL_QUANTS_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -130,6 +131,21 @@ static inline void sil_k4_unpack(const uint8_t *q, uint8_t *sc, uint8_t *m)
     mm[1] = ((w2 >> 4) & 0x0f0f0f0f) | (((w1 >> 6) & 0x03030303) << 4);
     memcpy(sc, s, 8);
     memcpy(m, mm, 8);
+}
+
+/* Weights stream from memory once per token and each byte is used once: asking for the bytes
+ * SIL_PREFETCH_DIST ahead of the block being read lets the memory latency overlap the math.
+ * Measured single-thread, 256 MiB of weights, on a 16-core Xeon VM (read bandwidth 10.5 GB/s),
+ * AVX-512 q4_K / q6_K / q8_0 GB/s: no prefetch 4.7 / 5.4 / 5.3, 768 B 6.2 / 6.7 / 7.1,
+ * 1536 B 7.2 / 8.5 / 9.8, 3072 B 8.2 / 9.2 / 9.3. */
+#ifndef SIL_PREFETCH_DIST
+#define SIL_PREFETCH_DIST 3072
+#endif
+static inline void sil_prefetch_block(const void *p, size_t size)
+{
+    const char *c = (const char *)p + SIL_PREFETCH_DIST;
+    for (size_t o = 0; o < size; o += 64)
+        __builtin_prefetch(c + o, 0, 3);
 }
 
 /* Called by cpu.c whenever the level in force changes: points the table at that level's kernels. */
