@@ -31,5 +31,17 @@ void sil_error_prefix(struct sil_error *err, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* Built piecewise: the message is cut at the buffer's end, on purpose. */
+    size_t n = strnlen(prefix, sizeof err->msg - 1);
+    memcpy(err->msg, prefix, n);
+    size_t room = sizeof err->msg - 1 - n;
+    if (room >= 2) {
+        memcpy(err->msg + n, ": ", 2);
+        n += 2;
+        room -= 2;
+        size_t m = strnlen(old, room);
+        memcpy(err->msg + n, old, m);
+        n += m;
+    }
+    err->msg[n] = '\0';
 }
