@@ -32,7 +32,7 @@ void sil_error_prefix(struct sil_error *err, const char *fmt, ...)
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
     /* Built piecewise: the message is cut at the buffer's end, on purpose. */
-    size_t n = strnlen(prefix, sizeof err->msg - 1);
+    size_t n = strnlen(prefix, sizeof prefix - 1);
     memcpy(err->msg, prefix, n);
     size_t room = sizeof err->msg - 1 - n;
     if (room >= 2) {
