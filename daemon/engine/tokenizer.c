@@ -70,6 +70,7 @@ struct sil_vocab {
     char pre[32];
     const struct pre_def *pre_def;
     pcre2_code *re;
+    bool re_jit; /* JIT compiled: match with pcre2_jit_match, which skips the generic checks */
 
     uint8_t *type;      /* [n_tokens] enum tok_type */
     char *text;         /* token texts as stored in the GGUF, each NUL-terminated */
@@ -106,20 +107,23 @@ static inline uint64_t mix64(uint64_t x)
     return x;
 }
 
+/* One multiply per 8 bytes; words are short, so this runs once per word on the hot path. */
 static uint64_t hash_bytes(const void *p, size_t n)
 {
     const unsigned char *s = p;
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (n * 0xff51afd7ed558ccdULL);
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, s, 8);
-        h = mix64(h ^ w) + 0x9e3779b97f4a7c15ULL;
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
         s += 8;
         n -= 8;
     }
     uint64_t w = 0;
     memcpy(&w, s, n);
-    return mix64(h ^ w ^ ((uint64_t)n << 56));
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 29);
 }
 
 static int str_map_init(struct str_map *m, size_t n)
@@ -549,7 +553,9 @@ static int compile_pre(struct sil_vocab *v, const struct sil_gguf *g, struct sil
                           (size_t)eo, msg);
     }
     /* Without JIT the interpreter gives the same results, only slower. */
-    pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE);
+    size_t jit_size = 0;
+    v->re_jit = pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE) == 0 &&
+                pcre2_pattern_info(v->re, PCRE2_INFO_JITSIZE, &jit_size) == 0 && jit_size > 0;
     return 0;
 }
 
@@ -732,12 +738,12 @@ struct heap_ent {
 /* Word cache: words repeat a lot in real text, and a cached word costs one hash probe instead of
  * a BPE run. It lives for one call (the vocab stays immutable) and only for texts long enough to
  * pay for it; when full it stops growing. */
-#define WC_MAX_WORD 32
+#define WC_MAX_WORD 256
 #define WC_MIN_TEXT 4096
 struct wc_ent {
     uint64_t h; /* 0 = empty */
     uint32_t word_off, ids_off;
-    uint8_t len, n_ids;
+    uint16_t len, n_ids;
 };
 
 struct wcache {
@@ -788,7 +794,8 @@ static const struct wc_ent *wc_find(const struct wcache *c, uint64_t h, const vo
 static void wc_add(struct wcache *c, uint64_t h, const void *w, size_t n, const int32_t *ids,
                    size_t n_ids)
 {
-    if (c->used >= c->mask / 2 || n_ids > 255)
+    if (c->used >= c->mask / 2 || c->words_len + n > UINT32_MAX / 2 ||
+        c->ids_len + n_ids > UINT32_MAX / 2)
         return;
     if (c->words_len + n > c->words_cap) {
         size_t cap = c->words_cap ? c->words_cap * 2 : 16384;
@@ -809,8 +816,8 @@ static void wc_add(struct wcache *c, uint64_t h, const void *w, size_t n, const 
     uint32_t i = (uint32_t)h & c->mask;
     while (c->ent[i].h)
         i = (i + 1) & c->mask;
-    c->ent[i] = (struct wc_ent){h, (uint32_t)c->words_len, (uint32_t)c->ids_len, (uint8_t)n,
-                                (uint8_t)n_ids};
+    c->ent[i] = (struct wc_ent){h, (uint32_t)c->words_len, (uint32_t)c->ids_len, (uint16_t)n,
+                                (uint16_t)n_ids};
     memcpy(c->words + c->words_len, w, n);
     memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
     c->words_len += n;
@@ -1009,7 +1016,8 @@ static int encode_fragment(const struct sil_vocab *v, const unsigned char *t, si
     size_t pos = 0;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     while (pos < len) {
-        int rc = pcre2_match(v->re, t, len, pos, 0, md, mc);
+        int rc = v->re_jit ? pcre2_jit_match(v->re, t, len, pos, 0, md, mc)
+                           : pcre2_match(v->re, t, len, pos, 0, md, mc);
         size_t ms, me;
         if (rc >= 0) {
             ms = ov[0];
