@@ -279,6 +279,8 @@ static void pack_token(struct sil_rpc_buf *b, uint32_t msgid, const struct sil_g
 
 static double ms(double a, double b) { return a > 0 && b >= a ? (b - a) * 1e3 : 0; }
 
+static void publish_stats(struct sil_worker *w);
+
 /* Final response, the sequence back to its session (or freed), the job freed. */
 static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg)
 {
@@ -295,6 +297,8 @@ static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason
     if (reason == SIL_STOP_ERROR)
         w->local.requests_failed++;
 
+    /* Status read right after the final response must not count this request as running. */
+    publish_stats(w);
     if (!j->conn_gone) {
         struct sil_rpc_buf b;
         sil_rpc_buf_init(&b, 0);
