@@ -805,15 +805,18 @@ static void *worker_main(void *arg)
         }
         if (stop) {
             for (int pass = 0; pass < 2; pass++) {
+                /* Detached first: job_finish publishes stats, which walks the running list. */
                 struct job *j = pass ? w->running : w->queue;
+                if (pass)
+                    w->running = NULL, w->n_running = 0;
+                else
+                    w->queue = NULL, w->n_queued = 0;
                 while (j) {
                     struct job *next = j->next;
                     job_finish(w, j, SIL_STOP_SHUTDOWN, NULL);
                     j = next;
                 }
             }
-            w->running = w->queue = NULL;
-            w->n_running = w->n_queued = 0;
             while (w->sessions)
                 session_free(w, w->sessions);
             publish_stats(w);
