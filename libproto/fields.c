@@ -42,7 +42,7 @@ const msgpack_object *sil_rpc_map_get(const msgpack_object *map, const char *key
         } else {
             continue;
         }
-        if (n == klen && memcmp(s, key, n) == 0)
+        if (n == klen && (n == 0 || memcmp(s, key, n) == 0))
             return &map->via.map.ptr[i].val;
     }
     return NULL;
@@ -99,6 +99,8 @@ int sil_rpc_get_str(const msgpack_object *map, const char *key, const char **s, 
     } else {
         return wrong_type(key, "string", v, err);
     }
+    if (!*s)
+        *s = ""; /* msgpack-c gives NULL for an empty string; callers may pass it to memcpy */
     return 1;
 }
 
@@ -306,6 +308,8 @@ void sil_rpc_read_error(const msgpack_object *error, struct sil_rpc_error *err)
         return;
     if (error->type == MSGPACK_OBJECT_STR || error->type == MSGPACK_OBJECT_BIN) {
         const char *s = error->type == MSGPACK_OBJECT_STR ? error->via.str.ptr : error->via.bin.ptr;
+        if (!s)
+            s = "";
         uint32_t n = error->type == MSGPACK_OBJECT_STR ? error->via.str.size : error->via.bin.size;
         snprintf(err->msg, sizeof(err->msg), "%.*s", (int)(n > 511 ? 511 : n), s);
         return;

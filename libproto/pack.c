@@ -10,6 +10,8 @@ static int buf_write(void *data, const char *p, size_t n)
     struct sil_rpc_buf *b = data;
     if (b->failed)
         return -1;
+    if (n == 0)
+        return 0; /* an empty string body may come with p == NULL */
     if (b->cap - b->len < n) {
         /* Reclaim consumed bytes before growing. */
         if (b->off > 0) { /* mark >= off: packing never overlaps sending */

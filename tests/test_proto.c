@@ -692,6 +692,34 @@ static void test_wrong_types(void **state)
     raw_free(&r);
 }
 
+/* msgpack-c gives a NULL pointer for empty strings: lookups and copies must not pass it on. */
+static void test_empty_strings(void **state)
+{
+    const unsigned char raw[] = {0x93, 0x02, 0xa5, 't', 'o', 'k', 'e', 'n', 0x91, 0x82, 0xa0, 0xa1,
+                                 'v', 0xa4, 't', 'e', 'x', 't', 0xa0};
+    struct sil_rpc_msg m;
+    struct sil_rpc_error e;
+    assert_int_equal(sil_rpc_decode(raw, sizeof(raw), 0, 0, &m, &e), 1);
+    const msgpack_object *v = sil_rpc_map_get(m.params, "");
+    assert_non_null(v);
+    assert_int_equal(v->via.str.size, 1);
+    const char *s = NULL;
+    size_t n = 9;
+    assert_int_equal(sil_rpc_get_str(m.params, "text", &s, &n, SIL_RPC_REQUIRED, &e), 1);
+    assert_non_null(s);
+    assert_int_equal(n, 0);
+    char buf[4] = "xyz";
+    assert_int_equal(sil_rpc_get_strbuf(m.params, "text", buf, sizeof(buf), 0, &e), 1);
+    assert_string_equal(buf, "");
+    sil_rpc_msg_release(&m);
+    struct sil_rpc_buf b;
+    sil_rpc_buf_init(&b, 0);
+    assert_int_equal(sil_rpc_pack_token(&b, 1, NULL, 0, NULL, 0), 0);
+    assert_int_equal(sil_rpc_decode(sil_rpc_buf_head(&b), sil_rpc_buf_size(&b), 0, 0, &m, &e), 1);
+    sil_rpc_msg_release(&m);
+    sil_rpc_buf_free(&b);
+}
+
 static void test_json(void **state)
 {
     struct raw r;
@@ -1024,6 +1052,7 @@ int main(void)
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_depth_limit),
         cmocka_unit_test(test_wrong_types),
+        cmocka_unit_test(test_empty_strings),
         cmocka_unit_test(test_json),
         cmocka_unit_test(test_buf_limit),
         cmocka_unit_test(test_socket_path),
