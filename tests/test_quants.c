@@ -452,7 +452,12 @@ static void test_vec_dot_matches_dequant(void **state)
 static void test_simd_vs_scalar(void **state)
 {
     (void)state;
+    assert_int_equal(sil_cpu_force_level(SIL_CPU_SCALAR), SIL_CPU_SCALAR);
+    assert_int_equal(sil_cpu_level(), SIL_CPU_SCALAR);
     const enum sil_cpu_level top = sil_cpu_force_level(SIL_CPU_AVX512_VNNI);
+    assert_true(top <= sil_cpu_detected_level());
+    assert_int_equal(sil_cpu_level(), top);
+    assert_string_equal(sil_cpu_level_name(SIL_CPU_AVX2), "avx2");
     print_message("  detected %s, in force %s\n", sil_cpu_level_name(sil_cpu_detected_level()),
                   sil_cpu_level_name(top));
     for (size_t k = 0; k < N_WEIGHT_TYPES; k++) {

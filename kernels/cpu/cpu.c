@@ -1,7 +1,9 @@
-/* CPU feature dispatch: detects the SIMD level once (CPUID through the compiler's builtins,
- * which also check that the OS saves the wide registers), lets SIL_CPU_LEVEL cap it, and points
- * the type_traits table at that level's kernels. */
+/* CPU feature dispatch: detects the SIMD level once (CPUID, and XGETBV for whether the OS saves
+ * the wide registers), lets SIL_CPU_LEVEL cap it, and points the type_traits table at that
+ * level's kernels. */
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,19 +15,42 @@ static enum sil_cpu_level detected;
 static enum sil_cpu_level cap; /* from SIL_CPU_LEVEL; detected when unset */
 static enum sil_cpu_level current;
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* Which register states the OS saves (XCR0): the wide registers are usable only if it does. */
+static uint64_t xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+#endif
+
+/* CPUID by hand rather than __builtin_cpu_supports: clang does not know every feature name
+ * (f16c), and the fuzz build compiles this file with clang. */
 static enum sil_cpu_level detect(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-        !__builtin_cpu_supports("f16c"))
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
         return SIL_CPU_SCALAR;
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
+               f16c = c & (1u << 29);
+    if (!osxsave || !avx)
+        return SIL_CPU_SCALAR;
+    const uint64_t xcr = xcr0();
+    if ((xcr & 0x6) != 0x6) /* XMM and YMM state */
+        return SIL_CPU_SCALAR;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return SIL_CPU_SCALAR;
+    const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512dq = b & (1u << 17),
+               avx512bw = b & (1u << 30), avx512vl = b & (1u << 31), vnni = c & (1u << 11);
+    if (!avx2 || !fma || !f16c)
+        return SIL_CPU_SCALAR;
+    if (!avx512f || !avx512dq || !avx512bw || !avx512vl || (xcr & 0xe0) != 0xe0) /* opmask, ZMM */
         return SIL_CPU_AVX2;
-    if (!__builtin_cpu_supports("avx512vnni"))
-        return SIL_CPU_AVX512;
-    return SIL_CPU_AVX512_VNNI;
+    return vnni ? SIL_CPU_AVX512_VNNI : SIL_CPU_AVX512;
 #else
     return SIL_CPU_SCALAR;
 #endif
