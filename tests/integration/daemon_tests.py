@@ -342,7 +342,7 @@ def streams_for_sigterm(n, out_path):
     clients = []
     for i in range(n):
         c = Client()
-        clients.append((c, c.send("generate", {"prompt": "Long story %d" % i, "max_tokens": 100000,
+        clients.append((c, c.send("generate", {"prompt": "Long story %d" % i, "max_tokens": 100000, "temperature": 0,
                                                 "grace_tokens": 0})))
     for c, mid in clients:
         while True:
