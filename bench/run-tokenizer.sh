@@ -108,7 +108,7 @@ host=$(hostname -s 2>/dev/null || echo host)
 out=bench/results/tokenizer-$host-$(date -u +%Y%m%d).json
 mkdir -p bench/results
 python3 - "$out" "$inproc" "$sil_cli" "$peer_cli" "$peer_desc" "$same_ids" "$bytes" "$runs" \
-    "$model" "$machine_cpu" "$load_avg" "$*" <<'EOF'
+    "$model" "$machine_cpu" "$load_avg" "${peer:+--peer <llama-tokenize> }--runs $runs --mb $mb" <<'EOF'
 import json, os, subprocess, sys, datetime
 out, inproc, sil_cli, peer_cli, peer_desc, same, nbytes, runs, model, cpu, load_avg, args = sys.argv[1:]
 ip = json.loads(inproc)
