@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "daemon/engine/gguf.h"
+#include "daemon/engine/tokenizer.h"
 #include "kernels/cpu/quants.h"
 #include "tests/testutil.h"
 
@@ -677,6 +678,45 @@ static void test_hparams_checks(void **state)
     sil_mk_model_free(&m);
 }
 
+/* Our tokenizer loads a synthetic vocab and splits text exactly as llama.cpp does: the ids below
+ * are llama-tokenize's (parse_special) on the file this test writes (tiny, --vocab 4096, seed 1). */
+static void test_tokenizer_agrees(void **state)
+{
+    (void)state;
+    static const int32_t want[] = {4092, 84, 82, 263, 198, 39, 68, 75, 358, 11, 220, 355, 86, 301, 306,
+                                   30, 341, 320, 1790, 77, 82, 371, 260, 268, 323, 71, 302, 13, 4093,
+                                   198, 4094, 198, 303, 336, 321, 220, 90, 318, 220, 15, 26, 220, 92};
+    const char *text = "<|im_start|>user\nHello, how are you? The model runs on the machine.<|im_end|>\n"
+                       "<think>\nint main() { return 0; }";
+    struct sil_mk_model m;
+    struct sil_error err = {0};
+    memset(&m, 0, sizeof(m));
+    assert_int_equal(sil_mk_preset("tiny", &m.hp), 0);
+    m.seed = 1;
+    m.recipe = SIL_MK_F16;
+    assert_int_equal(sil_mk_vocab_synthetic(&m.vocab, 4096, 1, &err), 0);
+    m.hp.n_vocab = m.vocab.n;
+    assert_int_equal(sil_mk_build_tensors(&m, &err), 0);
+    assert_int_equal(sil_mk_assign_types(&m, NULL, 0, &err), 0);
+    struct sil_gguf *g = write_and_open(&m, "tok.gguf", 2);
+    struct sil_vocab *v = NULL;
+    if (sil_vocab_load(&v, g, &err))
+        fail_msg("vocab load: %s", err.msg);
+    assert_int_equal(sil_vocab_n_tokens(v), 4096);
+    assert_int_equal(sil_vocab_im_start(v), 4092);
+    assert_int_equal(sil_vocab_think_close(v), 4095);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (sil_tokenize(v, text, strlen(text), false, true, &ids, &n, &err))
+        fail_msg("tokenize: %s", err.msg);
+    assert_int_equal(n, sizeof(want) / sizeof(want[0]));
+    assert_memory_equal(ids, want, sizeof(want));
+    free(ids);
+    sil_vocab_free(v);
+    sil_gguf_close(g);
+    sil_mk_model_free(&m);
+}
+
 /* The binary: exit codes and a file the reader accepts. */
 static int run_cli(const char *args, char *out, size_t outsz)
 {
@@ -752,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_skew),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_hparams_checks),
+        cmocka_unit_test(test_tokenizer_agrees),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
