@@ -5,14 +5,15 @@
 #
 # usage: bench/run-engine.sh PEER_BIN_DIR [MODEL.gguf]
 #   PEER_BIN_DIR  directory holding llama.cpp's llama-bench (skipped, and said so, if absent)
-#   MODEL.gguf    default: bench/models/bench-q4_k_m.gguf, made with sil-mkmodel if missing
+#   MODEL.gguf    default: bench/work/bench-qwen35moe-q4_k_m.gguf, made by bench/make-bench-model.sh
+#                 (or sil-mkmodel --preset bench) if missing
 # Environment: B (build dir, default build), RUNS (default 3), THREADS (default 2),
 #              MACHINE (name in the results file, default vm).
 # Writes bench/results/engine-<machine>-<yyyymmdd>.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 peer_dir=${1:?usage: bench/run-engine.sh PEER_BIN_DIR [MODEL.gguf]}
-model=${2:-bench/models/bench-q4_k_m.gguf}
+model=${2:-bench/work/bench-qwen35moe-q4_k_m.gguf}
 B=${B:-build}
 RUNS=${RUNS:-3}
 THREADS=${THREADS:-2}
@@ -23,7 +24,7 @@ make -s B="$B" "$B/bin/sil-eval" "$B/bin/sil-mkmodel" >&2
 if [ ! -f "$model" ]; then
     mkdir -p "$(dirname "$model")"
     if [ -x bench/make-bench-model.sh ]; then
-        bench/make-bench-model.sh "$model" >&2
+        OUT="$model" B="$B" bench/make-bench-model.sh >&2
     else
         "$B/bin/sil-mkmodel" --preset bench --type q4_k_m --seed 1 --quiet --out "$model" >&2
     fi
@@ -94,7 +95,8 @@ out = {
     "benchmark": "engine",
     "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
     "commit": commit,
-    "command": "bench/run-engine.sh " + args,
+    # paths are machine-specific: the command is recorded with placeholders
+    "command": "B=... RUNS=%d THREADS=%s bench/run-engine.sh PEER_BIN_DIR%s" % (runs, threads, " MODEL.gguf" if len(args.split()) > 1 else ""),
     "machine": {"cpu": cpu(), "cores": os.cpu_count(), "ram_gib": round(ram, 1)},
     "model": {"file": os.path.basename(model), "bytes": os.path.getsize(model), "made_by": made_by, "routing": "uniform (random weights)"},
     "results": results,

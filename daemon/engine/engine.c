@@ -102,6 +102,7 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     f->in_buf[1] = xcalloc(ib, 1, &fail);
     f->jobs = xcalloc((size_t)(2 * X + 8), sizeof(struct sil_mm_job), &fail);
     f->out_rows = xcalloc((size_t)U, sizeof(int32_t), &fail);
+    f->last_out = xcalloc((size_t)U, sizeof(int32_t), &fail);
     f->recr_state = xcalloc((size_t)e->n_seq_max, sizeof(float *), &fail);
 
     e->seq_live = xcalloc((size_t)e->n_seq_max, sizeof(bool), &fail);
@@ -125,7 +126,7 @@ static void free_scratch(struct sil_engine *e)
     void *ptrs[] = {f->x, f->cur, f->tmp, f->a, f->b, f->c, f->d, f->e, f->moe_gate, f->moe_up,
                     f->moe_down, f->router, f->sh_gate, f->sel_expert, f->sel_weight, f->pair_row,
                     f->pair_slot, f->iota, f->expert_count, f->expert_off, f->attn_scratch,
-                    f->dn_scratch, f->mm_scratch, f->in_buf[0], f->in_buf[1], f->jobs, f->out_rows,
+                    f->dn_scratch, f->mm_scratch, f->in_buf[0], f->in_buf[1], f->jobs, f->out_rows, f->last_out,
                     f->dn, e->seq_live, e->seq_len, e->next_pos, e->seq_count, e->seq_off,
                     e->p_token, e->p_pos, e->p_seq, e->p_out, e->run_start};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)

@@ -79,10 +79,33 @@ void sil_fwd_output(struct sil_fwd *f, const struct sil_ubatch *ub, float *logit
     sil_fwd_matmul(f, &j, 1);
 }
 
+/* After the last layer's attention only rows that want logits matter: they are moved to the
+ * front of x and the last FFN runs on them alone (prefill with logits for the last row skips
+ * 1/n_layer of the FFN work). Returns the reduced ubatch. */
+static struct sil_ubatch keep_output_rows(struct sil_fwd *f, const struct sil_ubatch *ub)
+{
+    const int64_t E = f->model->hp.n_embd;
+    struct sil_ubatch r = *ub;
+    int32_t j = 0;
+    for (int32_t i = 0; i < ub->n; i++) {
+        if (ub->out_row[i] < 0)
+            continue;
+        if (j != i)
+            memmove(f->x + j * E, f->x + i * E, sizeof(float) * (size_t)E);
+        f->last_out[j++] = ub->out_row[i];
+    }
+    r.n = j;
+    r.out_row = f->last_out;
+    r.token = r.pos = r.seq = NULL; /* the FFN and the output head use neither */
+    r.n_runs = 0;
+    return r;
+}
+
 void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
 {
     const struct sil_model *m = f->model;
-    const int64_t E = m->hp.n_embd, nE = (int64_t)ub->n * E;
+    const int64_t E = m->hp.n_embd;
+    struct sil_ubatch last;
     embed(f, ub);
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct sil_layer *l = &m->layers[il];
@@ -91,13 +114,19 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
             sil_fwd_delta_net(f, ub, il);
         else
             sil_fwd_attention(f, ub, il);
-        sil_add(f->x, f->tmp, nE);
+        sil_add(f->x, f->tmp, (int64_t)ub->n * E);
+        if (il == m->hp.n_layer - 1) {
+            last = keep_output_rows(f, ub);
+            ub = &last;
+            if (ub->n == 0)
+                return;
+        }
         rmsnorm_rows(f, f->cur, f->x, l->ffn_norm, ub->n);
         if (m->traits->moe)
             sil_fwd_moe(f, ub, il);
         else
             sil_fwd_ffn(f, ub, il);
-        sil_add(f->x, f->tmp, nE);
+        sil_add(f->x, f->tmp, (int64_t)ub->n * E);
     }
     sil_fwd_output(f, ub, logits);
 }

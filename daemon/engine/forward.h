@@ -58,6 +58,7 @@ struct sil_fwd {
     void *in_buf[2];          /* quantized copies of matmul inputs */
     struct sil_mm_job *jobs;  /* [2 * n_expert + 8] */
     int32_t *out_rows;        /* [ub_max] */
+    int32_t *last_out;        /* [ub_max] out_row of the rows kept for the last layer's FFN */
 };
 
 void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits);
