@@ -17,7 +17,6 @@
 #include "daemon/engine/tokenizer.h"
 #include "tests/testutil.h"
 
-/* ---- minimal JSON reader (enough for the refdata files) ---------------------------------------- */
 
 enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
 struct jv {

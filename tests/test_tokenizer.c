@@ -19,7 +19,6 @@
 #include "daemon/engine/tokenizer.h"
 #include "tests/testutil.h"
 
-/* ---- minimal JSON reader (enough for the refdata files) ---------------------------------------- */
 
 enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
 struct jv {
@@ -203,7 +202,6 @@ static bool j_load(const char *rel, struct jv *out)
     return true;
 }
 
-/* ---- fixtures ------------------------------------------------------------------------------------ */
 
 static struct sil_vocab *load_vocab(const char *rel)
 {
@@ -274,7 +272,6 @@ static void roundtrip(const struct sil_vocab *v, const char *t, size_t n, const 
     free(out);
 }
 
-/* ---- reference vectors --------------------------------------------------------------------------- */
 
 static void check_vectors(const struct sil_vocab *v, const char *rel, const char *pre)
 {
@@ -332,7 +329,6 @@ static void test_llama3_vectors(void **state)
     check_vectors(llama3, "tokenizer/llama3-vectors.json", "llama-bpe");
 }
 
-/* ---- special ids and flags ----------------------------------------------------------------------- */
 
 static void test_special_ids(void **state)
 {
@@ -395,7 +391,6 @@ static void test_add_bos(void **state)
     free(ids);
 }
 
-/* ---- special-token matching ---------------------------------------------------------------------- */
 
 static bool has_id(const int32_t *ids, size_t n, int32_t id)
 {
@@ -462,7 +457,6 @@ static void test_special_only_when_asked(void **state)
     assert_non_null(strstr(err.msg, "ids[1]"));
 }
 
-/* ---- odd inputs --------------------------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x1234567887654321ULL;
 static uint32_t rnd(void)
@@ -498,7 +492,9 @@ static void test_empty_and_invalid_utf8(void **state)
         for (size_t i = 0; i < len; i++) {
             uint32_t r = rnd();
             /* mostly bytes that matter: ASCII, UTF-8 leads and continuations, '<' */
-            buf[i] = (char)(r % 4 == 0 ? 0x80 + (r >> 8) % 0x80 : r % 4 == 1 ? '<' + (r >> 8) % 3 : (r >> 8));
+            buf[i] = (char)(r % 4 == 0   ? 0x80 + (r >> 8) % 0x80
+                            : r % 4 == 1 ? '<' + (r >> 8) % 3
+                                         : (r >> 8));
         }
         for (int sp = 0; sp < 2; sp++) {
             encode(qwen3, buf, len, false, sp, &ids, &n);
@@ -559,7 +555,6 @@ static void test_1mb_inputs(void **state)
     free(t);
 }
 
-/* ---- BPE against a naive reference ------------------------------------------------------------ */
 
 static int cmp_str(const void *a, const void *b)
 {
@@ -744,7 +739,6 @@ static void test_cache_consistency(void **state)
     free(t);
 }
 
-/* ---- streaming detokenizer ---------------------------------------------------------------------- */
 
 static bool valid_utf8(const char *s, size_t n)
 {
@@ -752,7 +746,11 @@ static bool valid_utf8(const char *s, size_t n)
     size_t i = 0;
     while (i < n) {
         unsigned c = p[i];
-        size_t l = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        size_t l = c < 0x80                 ? 1
+                   : c >= 0xc2 && c <= 0xdf ? 2
+                   : c >= 0xe0 && c <= 0xef ? 3
+                   : c >= 0xf0 && c <= 0xf4 ? 4
+                                            : 0;
         if (!l || i + l > n)
             return false;
         for (size_t k = 1; k < l; k++)
@@ -856,7 +854,6 @@ static void test_detok_specials_and_space(void **state)
     free(ids);
 }
 
-/* ---- load errors (generated GGUFs) -------------------------------------------------------------- */
 
 static void put_byte_tokens(const char **toks)
 {
@@ -941,11 +938,13 @@ static void test_load_errors(void **state)
     assert_int_equal(load_mem("gpt2", "qwen2", NULL, 0, NULL, 0, merges, 1, &v, &err), -ENOENT);
     assert_non_null(strstr(err.msg, "tokenizer.ggml.tokens"));
 
-    assert_int_equal(load_mem("gpt2", "qwen2", toks, 258, types, 257, merges, 1, &v, &err), -EINVAL);
+    assert_int_equal(load_mem("gpt2", "qwen2", toks, 258, types, 257, merges, 1, &v, &err),
+                     -EINVAL);
     assert_non_null(strstr(err.msg, "token_type"));
 
     types[5] = 9;
-    assert_int_equal(load_mem("gpt2", "qwen2", toks, 258, types, 258, merges, 1, &v, &err), -EINVAL);
+    assert_int_equal(load_mem("gpt2", "qwen2", toks, 258, types, 258, merges, 1, &v, &err),
+                     -EINVAL);
     assert_non_null(strstr(err.msg, "token_type[5]"));
     types[5] = 1;
 

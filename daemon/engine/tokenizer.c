@@ -75,9 +75,8 @@ struct sil_vocab {
     uint8_t *type;      /* [n_tokens] enum tok_type */
     char *text;         /* token texts as stored in the GGUF, each NUL-terminated */
     uint32_t *text_off; /* [n_tokens + 1] */
-    char *bytes;        /* decoded bytes of each token (byte-level mapping undone for normal ones) */
+    char *bytes;        /* decoded bytes per token (byte-level mapping undone) */
     uint32_t *bytes_off; /* [n_tokens + 1] */
-    uint32_t max_bytes;  /* longest decoded token */
 
     struct str_map by_text;  /* stored text -> first id with it */
     struct str_map by_bytes; /* decoded bytes -> id, BPE tokens only */
@@ -95,7 +94,6 @@ struct sil_vocab {
     bool add_bos;
 };
 
-/* ---- hashing ---------------------------------------------------------------------------------- */
 
 static inline uint64_t mix64(uint64_t x)
 {
@@ -198,8 +196,7 @@ static inline const struct merge_slot *merge_get(const struct sil_vocab *v, int3
     }
 }
 
-/* ---- byte-level mapping -------------------------------------------------------------------------
- * GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 bytes (controls,
+/* GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 bytes (controls,
  * space, 0x7f-0xa0, 0xad) are mapped in order to code points 256, 257, ... */
 
 static bool byte_is_printable(unsigned b)
@@ -250,7 +247,6 @@ static int utf8_next(const unsigned char *s, size_t n, uint32_t *cp)
     return len;
 }
 
-/* ---- load --------------------------------------------------------------------------------------- */
 
 void sil_vocab_free(struct sil_vocab *v)
 {
@@ -399,8 +395,6 @@ static int decode_tokens(struct sil_vocab *v, struct sil_error *err)
                 }
             }
         }
-        if (o - v->bytes_off[id] > v->max_bytes)
-            v->max_bytes = o - v->bytes_off[id];
     }
     v->bytes_off[n] = o;
     return 0;
@@ -633,7 +627,6 @@ fail:
     return rc;
 }
 
-/* ---- accessors ---------------------------------------------------------------------------------- */
 
 int32_t sil_vocab_n_tokens(const struct sil_vocab *v)
 {
@@ -708,7 +701,6 @@ int sil_token_bytes(const struct sil_vocab *v, int32_t id, const char **bytes)
     return (int)(v->bytes_off[id + 1] - v->bytes_off[id]);
 }
 
-/* ---- encode ------------------------------------------------------------------------------------- */
 
 struct id_buf {
     int32_t *ids;
@@ -1008,7 +1000,8 @@ static int encode_word(const struct sil_vocab *v, const unsigned char *w, size_t
 }
 
 /* Splits one fragment (no special tokens inside) into words with the pre-tokenizer regex. Bytes
- * the regex does not cover (invalid UTF-8, and some whitespace for gpt2) form words of their own. */
+ * the regex does not cover (invalid UTF-8, and some whitespace for gpt2) form words of their own.
+ */
 static int encode_fragment(const struct sil_vocab *v, const unsigned char *t, size_t len,
                            pcre2_match_data *md, pcre2_match_context *mc, struct scratch *s,
                            struct id_buf *out)
@@ -1121,7 +1114,6 @@ done:
     return rc;
 }
 
-/* ---- decode ------------------------------------------------------------------------------------- */
 
 static bool decode_shows(const struct sil_vocab *v, int32_t id, bool with_special)
 {
@@ -1174,7 +1166,10 @@ static int utf8_incomplete_tail(const unsigned char *s, size_t n)
         unsigned c = s[n - k];
         if ((c & 0xc0) == 0x80)
             continue; /* continuation byte: look further back for the lead */
-        int need = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        int need = c >= 0xc2 && c <= 0xdf   ? 2
+                   : c >= 0xe0 && c <= 0xef ? 3
+                   : c >= 0xf0 && c <= 0xf4 ? 4
+                                            : 0;
         if (need <= k)
             return 0;
         /* second-byte ranges that keep the prefix valid (no overlong, surrogate, > U+10FFFF) */
