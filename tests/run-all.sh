@@ -41,7 +41,9 @@ if [ "$only" = all ] || [ "$only" = fuzz ]; then
         corpus=$(mktemp -d)
         seeds=tests/fuzz/corpus/${name#fuzz_}
         [ -d "$seeds" ] || seeds=
+        mkdir -p "$B/fuzz-artifacts"
         run "fuzz/$name" "$f" -max_total_time="${CHECK_FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -timeout=10 \
+            -artifact_prefix="$B/fuzz-artifacts/$name-" \
             -print_final_stats=1 "$corpus" $seeds
         rm -rf "$corpus"
     done
