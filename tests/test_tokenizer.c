@@ -526,7 +526,7 @@ static void test_1mb_inputs(void **state)
     size_t len = 1 << 20;
     char *t = malloc(len);
     assert_non_null(t);
-    for (int kind = 0; kind < 7; kind++) {
+    for (int kind = 0; kind < 8; kind++) {
         for (size_t i = 0; i < len; i++) {
             switch (kind) {
             case 0: t[i] = 'a'; break;
@@ -535,7 +535,8 @@ static void test_1mb_inputs(void **state)
             case 3: t[i] = (char)('0' + rnd() % 10); break;
             case 4: t[i] = "!?.,;"[rnd() % 5]; break;
             case 5: t[i] = "\xe4\xb8\xad"[i % 3]; break; /* one CJK character repeated */
-            default: t[i] = (char)(rnd() % 3 ? 'x' : '\n'); break;
+            case 6: t[i] = (char)(rnd() % 3 ? 'x' : '\n'); break;
+            default: t[i] = "<|"[rnd() % 2]; break; /* special-token prefixes everywhere */
             }
         }
         for (int v = 0; v < 2; v++) {
@@ -543,7 +544,7 @@ static void test_1mb_inputs(void **state)
             int32_t *ids;
             size_t n;
             double t0 = now();
-            encode(voc, t, len, false, false, &ids, &n);
+            encode(voc, t, len, false, kind == 7, &ids, &n);
             double dt = now() - t0;
             if (dt > 3.0)
                 fail_msg("1 MB input kind %d took %.2f s", kind, dt);

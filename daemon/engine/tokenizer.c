@@ -84,8 +84,11 @@ struct sil_vocab {
     uint32_t merge_mask;
     int32_t byte_tok[256]; /* token of each single byte */
 
-    int32_t *specials; /* ids matched in text, longest first */
-    int32_t n_specials;
+    /* Tokens matched in the text (control, user-defined, unknown): by text, and the distinct
+     * lengths longest first, so a position costs one probe per length, not one per token. */
+    struct str_map special_by_text;
+    uint32_t *special_len;
+    int n_special_len;
     uint8_t special_first[256]; /* 1 if some special token starts with this byte */
 
     int32_t bos, eos, eot, pad, im_start, im_end, think_open, think_close;
@@ -261,7 +264,8 @@ void sil_vocab_free(struct sil_vocab *v)
     free(v->by_text.slot);
     free(v->by_bytes.slot);
     free(v->merges);
-    free(v->specials);
+    free(v->special_by_text.slot);
+    free(v->special_len);
     free(v);
 }
 
@@ -280,16 +284,6 @@ static int get_opt_id(const struct sil_gguf *g, const char *key, int32_t n_token
                           sil_gguf_path(g), key, id, n_tokens);
     *out = (int32_t)id;
     return 0;
-}
-
-static int cmp_special(const void *a, const void *b, void *ctx)
-{
-    const struct sil_vocab *v = ctx;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint32_t lx = v->text_off[x + 1] - v->text_off[x], ly = v->text_off[y + 1] - v->text_off[y];
-    if (lx != ly)
-        return lx > ly ? -1 : 1;
-    return x < y ? -1 : x > y;
 }
 
 static int load_tokens(struct sil_vocab *v, const struct sil_gguf *g, struct sil_error *err)
@@ -358,6 +352,13 @@ static bool is_bpe_type(uint8_t t)
     return t == TT_NORMAL || t == TT_BYTE;
 }
 
+static bool is_matched_special(const struct sil_vocab *v, int32_t id)
+{
+    uint8_t t = v->type[id];
+    return (t == TT_CONTROL || t == TT_USER_DEFINED || t == TT_UNKNOWN) &&
+           v->text_off[id + 1] - v->text_off[id] > 1;
+}
+
 /* Decoded bytes of every token: normal tokens lose the byte-level mapping, others keep their
  * text. A code point outside the mapping is kept as its UTF-8 (it cannot come from BPE). */
 static int decode_tokens(struct sil_vocab *v, struct sil_error *err)
@@ -422,26 +423,27 @@ static int build_maps(struct sil_vocab *v, const struct sil_gguf *g, struct sil_
     }
 
     int32_t ns = 0;
-    for (int32_t id = 0; id < n; id++) {
-        uint8_t t = v->type[id];
-        if ((t == TT_CONTROL || t == TT_USER_DEFINED || t == TT_UNKNOWN) &&
-            v->text_off[id + 1] - v->text_off[id] > 1)
-            ns++;
-    }
-    v->specials = malloc((ns ? ns : 1) * sizeof *v->specials);
-    if (!v->specials)
+    for (int32_t id = 0; id < n; id++)
+        ns += is_matched_special(v, id);
+    v->special_len = malloc((ns ? ns : 1) * sizeof *v->special_len);
+    if (!v->special_len || str_map_init(&v->special_by_text, ns) < 0)
         return sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
-    ns = 0;
     for (int32_t id = 0; id < n; id++) {
-        uint8_t t = v->type[id];
-        if ((t == TT_CONTROL || t == TT_USER_DEFINED || t == TT_UNKNOWN) &&
-            v->text_off[id + 1] - v->text_off[id] > 1) {
-            v->specials[ns++] = id;
-            v->special_first[(unsigned char)v->text[v->text_off[id]]] = 1;
-        }
+        if (!is_matched_special(v, id))
+            continue;
+        str_map_put(&v->special_by_text, v->text, v->text_off, 1, id);
+        v->special_first[(unsigned char)v->text[v->text_off[id]]] = 1;
+        uint32_t l = v->text_off[id + 1] - v->text_off[id] - 1;
+        int k = 0;
+        while (k < v->n_special_len && v->special_len[k] > l)
+            k++;
+        if (k < v->n_special_len && v->special_len[k] == l)
+            continue;
+        memmove(v->special_len + k + 1, v->special_len + k,
+                (size_t)(v->n_special_len - k) * sizeof *v->special_len);
+        v->special_len[k] = l;
+        v->n_special_len++;
     }
-    v->n_specials = ns;
-    qsort_r(v->specials, ns, sizeof *v->specials, cmp_special, v);
     return 0;
 }
 
@@ -1037,12 +1039,12 @@ static int encode_fragment(const struct sil_vocab *v, const unsigned char *t, si
 /* The special token starting at t[0..n), longest first, or -1. */
 static int32_t match_special(const struct sil_vocab *v, const char *t, size_t n, bool parse_special)
 {
-    for (int32_t k = 0; k < v->n_specials; k++) {
-        int32_t id = v->specials[k];
-        size_t l = v->text_off[id + 1] - v->text_off[id] - 1;
-        if (l > n || (!parse_special && v->type[id] != TT_USER_DEFINED))
+    for (int k = 0; k < v->n_special_len; k++) {
+        size_t l = v->special_len[k];
+        if (l > n)
             continue;
-        if (memcmp(t, v->text + v->text_off[id], l) == 0)
+        int32_t id = str_map_get(&v->special_by_text, v->text, v->text_off, 1, t, l);
+        if (id >= 0 && (parse_special || v->type[id] == TT_USER_DEFINED))
             return id;
     }
     return -1;
