@@ -696,6 +696,32 @@ static void test_bpe_matches_reference(void **state)
     free(r.rank);
 }
 
+/* Whitespace is Unicode White_Space (U+0085, U+00A0, U+2028, U+3000 ...), not PCRE2's \s, which
+ * also takes U+180E. Expected ids measured with llama.cpp's llama-tokenize on qwen3-vocab.gguf. */
+static void test_whitespace_set(void **state)
+{
+    if (!qwen3)
+        skip();
+    static const struct {
+        const char *text;
+        int32_t ids[16];
+        size_t n;
+    } cases[] = {
+        {"a  \xe1\xa0\x8e" "b", {64, 220, 86089, 254, 236, 65}, 6},
+        {"x\xc2\x85y\xc2\xa0 z\xe2\x80\xa8w\xe3\x80\x80 v  \xe1\xa0\x8e\n",
+         {87, 126, 227, 88, 4102, 1147, 378, 101, 86, 22441, 348, 220, 86089, 254, 236, 198},
+         16},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int32_t *ids;
+        size_t n;
+        encode(qwen3, cases[c].text, strlen(cases[c].text), false, false, &ids, &n);
+        assert_int_equal(n, cases[c].n);
+        assert_memory_equal(ids, cases[c].ids, n * sizeof *ids);
+        free(ids);
+    }
+}
+
 /* Word cache: a long text with many repeated words encodes exactly like the words one by one. */
 static void test_cache_consistency(void **state)
 {
@@ -1016,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_empty_and_invalid_utf8),
         cmocka_unit_test(test_1mb_inputs),
         cmocka_unit_test(test_bpe_matches_reference),
+        cmocka_unit_test(test_whitespace_set),
         cmocka_unit_test(test_cache_consistency),
         cmocka_unit_test(test_detok_split_anywhere),
         cmocka_unit_test(test_detok_specials_and_space),

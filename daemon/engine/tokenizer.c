@@ -29,19 +29,25 @@ enum tok_type {
 };
 
 /* The pre-tokenizer regexes, written with case classes instead of (?i:...) so every engine reads
- * them the same way. */
+ * them the same way. Whitespace is spelled out as the Unicode White_Space set because PCRE2's \s
+ * also matches U+180E, which the reference tokenizers treat as a non-space character. */
+#define WS                                                                                         \
+    "\\t\\n\\x{0b}\\f\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"          \
+    "\\x{205f}\\x{3000}"
+#define S_ "[" WS "]"   /* \s */
+#define NS_ "[^" WS "]" /* \S */
 #define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 static const char RE_QWEN2[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
-                                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
-                                               "|\\s+(?!\\S)|\\s+";
+                                               "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
+                                               "|" S_ "*[\\r\\n]+|" S_ "+(?!" NS_ ")|" S_ "+";
 static const char RE_QWEN35[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
-                                                "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
-                                                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+                                                "| ?[^" WS "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+                                                "|" S_ "*[\\r\\n]+|" S_ "+(?!" NS_ ")|" S_ "+";
 static const char RE_LLAMA3[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-                                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
-                                                "|\\s+(?!\\S)|\\s+";
-static const char RE_GPT2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
+                                                "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
+                                                "|" S_ "*[\\r\\n]+|" S_ "+(?!" NS_ ")|" S_ "+";
+static const char RE_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
+                              "\\p{L}\\p{N}]+|" S_ "+(?!" NS_ ")";
 
 static const struct pre_def {
     const char *name;
