@@ -160,6 +160,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         return 1;
     }
     const int32_t V = sil_engine_info(e)->n_vocab;
+    if (o->backend && strcmp(o->backend, sil_engine_info(e)->backend) != 0 && strcmp(o->backend, "auto") != 0)
+        fprintf(stderr, "sil-eval: backend %s is not available, running on %s\n", o->backend,
+                sil_engine_info(e)->backend);
     if (o->tokens) {
         if (parse_tokens(o->tokens, &ids, &n_ids) < 0)
             goto out;

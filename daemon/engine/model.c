@@ -325,16 +325,17 @@ static void fill_info(struct sil_model *m, const char *path)
     }
 }
 
-int sil_model_load(struct sil_model **out, const char *path, struct sil_error *err)
+/* Takes ownership of g (closed on error). */
+static int model_from_gguf(struct sil_model **out, struct sil_gguf *g, const char *path,
+                           struct sil_error *err)
 {
     struct sil_model *m = calloc(1, sizeof(*m));
-    if (!m)
+    if (!m) {
+        sil_gguf_close(g);
         return sil_errorf(err, -ENOMEM, "%s: out of memory", path);
-    int rc = sil_gguf_open(&m->gguf, path, err);
-    if (rc < 0) {
-        free(m);
-        return rc;
     }
+    m->gguf = g;
+    int rc;
     struct sil_str arch;
     rc = sil_gguf_get_str(m->gguf, "general.architecture", &arch, err);
     if (rc < 0) {
@@ -380,6 +381,21 @@ int sil_model_load(struct sil_model **out, const char *path, struct sil_error *e
     return 0;
 }
 
+int sil_model_load(struct sil_model **out, const char *path, struct sil_error *err)
+{
+    struct sil_gguf *g;
+    int rc = sil_gguf_open(&g, path, err);
+    return rc < 0 ? rc : model_from_gguf(out, g, path, err);
+}
+
+int sil_model_load_mem(struct sil_model **out, const void *buf, size_t len, const char *name,
+                       struct sil_error *err)
+{
+    struct sil_gguf *g;
+    int rc = sil_gguf_open_mem(&g, buf, len, name, err);
+    return rc < 0 ? rc : model_from_gguf(out, g, name, err);
+}
+
 void sil_model_free(struct sil_model *m)
 {
     if (!m)
@@ -402,6 +418,14 @@ int sil_model_inspect(const char *path, FILE *out, struct sil_error *err)
     int rc = sil_model_load(&m, path, err);
     if (rc < 0)
         return rc;
+    sil_model_print(m, out);
+    sil_model_free(m);
+    return 0;
+}
+
+void sil_model_print(const struct sil_model *m, FILE *out)
+{
+    const char *path = m->info.path;
     const struct sil_hparams *hp = &m->hp;
     const struct sil_model_info *in = &m->info;
     fprintf(out, "file:            %s (%" PRIu64 " bytes, GGUF v%u)\n", path, in->file_bytes,
@@ -447,6 +471,4 @@ int sil_model_inspect(const char *path, FILE *out, struct sil_error *err)
         uint64_t per = in->routed_expert_bytes / ((uint64_t)hp->n_expert * (uint64_t)hp->n_layer);
         fprintf(out, "bytes/expert:    %" PRIu64 " (gate+up+down of one expert in one layer)\n", per);
     }
-    sil_model_free(m);
-    return 0;
 }

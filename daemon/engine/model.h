@@ -77,6 +77,11 @@ struct sil_model {
 };
 
 int sil_model_load(struct sil_model **out, const char *path, struct sil_error *err);
+/* The same on a caller-owned buffer (fuzzing); buf must outlive the model. */
+int sil_model_load_mem(struct sil_model **out, const void *buf, size_t len, const char *name,
+                       struct sil_error *err);
+/* What sil_model_inspect prints, for a loaded model. */
+void sil_model_print(const struct sil_model *m, FILE *out);
 void sil_model_free(struct sil_model *m);
 
 #endif
