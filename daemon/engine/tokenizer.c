@@ -32,22 +32,35 @@ enum tok_type {
  * them the same way. Whitespace is spelled out as the Unicode White_Space set because PCRE2's \s
  * also matches U+180E, which the reference tokenizers treat as a non-space character. */
 #define WS                                                                                         \
-    "\\t\\n\\x{0b}\\f\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"          \
+    "\\t\\n\\x{0b}\\f\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}" \
     "\\x{205f}\\x{3000}"
+/* Letters, digits and marks added in Unicode 15.0 and 15.1 (CJK extensions H and I, Kawi, Nag
+ * Mundari, Kaktovik numerals, ...), which the reference tokenizer's tables include and the PCRE2
+ * of Debian 12 (Unicode 14) does not; with a newer PCRE2 they are simply redundant. */
+#define L15                                                                                        \
+    "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}" \
+    "\\x{13441}-\\x{13446}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}" \
+    "\\x{1E4D0}-\\x{1E4EB}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+#define N15 "\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}"
+#define M15                                                                                        \
+    "\\x{CF3}\\x{ECE}\\x{10EFD}-\\x{10EFF}\\x{11241}\\x{11F00}-\\x{11F01}\\x{11F03}" \
+    "\\x{11F34}-\\x{11F3A}\\x{11F3E}-\\x{11F42}\\x{13440}\\x{13447}-\\x{13455}\\x{1E08F}" \
+    "\\x{1E4EC}-\\x{1E4EF}"
+#define L_ "\\p{L}" L15 /* inside a class: \p{L} */
+#define N_ "\\p{N}" N15
+#define M_ "\\p{M}" M15
 #define S_ "[" WS "]"   /* \s */
 #define NS_ "[^" WS "]" /* \S */
 #define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-static const char RE_QWEN2[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
-                                               "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
-                                               "|" S_ "*[\\r\\n]+|" S_ "+(?!" NS_ ")|" S_ "+";
-static const char RE_QWEN35[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
-                                                "| ?[^" WS "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
-                                                "|" S_ "*[\\r\\n]+|" S_ "+(?!" NS_ ")|" S_ "+";
-static const char RE_LLAMA3[] = RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-                                                "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
-                                                "|" S_ "*[\\r\\n]+|" S_ "+(?!" NS_ ")|" S_ "+";
-static const char RE_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
-                              "\\p{L}\\p{N}]+|" S_ "+(?!" NS_ ")";
+#define RE_WS_TAIL "|" S_ "*[\\r\\n]+|" S_ "+(?!" NS_ ")|" S_ "+"
+static const char RE_QWEN2[] = RE_CONTRACTIONS "|[^\\r\\n" L_ N_ "]?[" L_ "]+|[" N_ "]"
+                                               "| ?[^" WS L_ N_ "]+[\\r\\n]*" RE_WS_TAIL;
+static const char RE_QWEN35[] = RE_CONTRACTIONS "|[^\\r\\n" L_ N_ "]?[" L_ M_ "]+|[" N_ "]"
+                                                "| ?[^" WS L_ M_ N_ "]+[\\r\\n]*" RE_WS_TAIL;
+static const char RE_LLAMA3[] = RE_CONTRACTIONS "|[^\\r\\n" L_ N_ "]?[" L_ "]+|[" N_ "]{1,3}"
+                                                "| ?[^" WS L_ N_ "]+[\\r\\n]*" RE_WS_TAIL;
+static const char RE_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?[" L_ "]+| ?[" N_ "]+| ?[^" WS L_ N_
+                              "]+|" S_ "+(?!" NS_ ")";
 
 static const struct pre_def {
     const char *name;
