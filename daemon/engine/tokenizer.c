@@ -466,6 +466,18 @@ static int build_maps(struct sil_vocab *v, const struct sil_gguf *g, struct sil_
     return 0;
 }
 
+/* True if token res decodes to the bytes of l followed by those of r. Always so in a sane vocab;
+ * checking it keeps decode(encode(text)) == text for any file, even one whose token texts split
+ * UTF-8 sequences. */
+static bool bytes_concat(const struct sil_vocab *v, int32_t res, int32_t l, int32_t r)
+{
+    uint32_t nl = v->bytes_off[l + 1] - v->bytes_off[l], nr = v->bytes_off[r + 1] - v->bytes_off[r];
+    const char *p = v->bytes + v->bytes_off[res];
+    return v->bytes_off[res + 1] - v->bytes_off[res] == nl + nr &&
+           memcmp(p, v->bytes + v->bytes_off[l], nl) == 0 &&
+           memcmp(p + nl, v->bytes + v->bytes_off[r], nr) == 0;
+}
+
 static int load_merges(struct sil_vocab *v, const struct sil_gguf *g, struct sil_error *err)
 {
     const char *path = sil_gguf_path(g);
@@ -520,7 +532,7 @@ static int load_merges(struct sil_vocab *v, const struct sil_gguf *g, struct sil
         memcpy(buf, s.ptr, ll);
         memcpy(buf + ll, sp + 1, rl);
         int32_t res = text_lookup(v, buf, ll + rl);
-        if (res < 0 || !is_bpe_type(v->type[res]))
+        if (res < 0 || !is_bpe_type(v->type[res]) || !bytes_concat(v, res, l, r))
             continue;
         uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
         uint32_t i = (uint32_t)mix64(key) & v->merge_mask;

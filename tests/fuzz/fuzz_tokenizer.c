@@ -1,7 +1,10 @@
 /* Fuzz target: encode arbitrary bytes, then decode them back in one piece and through the
  * streaming detokenizer; both must give the input back exactly. The first byte picks options:
  * bit 0 parse_special, bit 1 the real Qwen3 vocab ($SHARED/refdata/tokenizer/qwen3-vocab.gguf,
- * when present) instead of a small generated one, bit 2 also render the text as a chat turn. */
+ * when present) instead of a small generated one, bit 2 also render the text as a chat turn.
+ * With bit 7 set the rest of the input instead patches the small vocab's GGUF bytes (3 bytes per
+ * patch: offset low, offset high, value) and the result is loaded: a vocab that loads must then
+ * encode and decode text exactly; one that does not must fail cleanly. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 
 static struct sil_vocab *small_vocab, *real_vocab;
 static unsigned char *small_gguf;
+static size_t small_gguf_len;
 
 struct wbuf {
     unsigned char *p;
@@ -111,6 +115,7 @@ static void make_small(void)
     while (b.n % 32)
         w(&b, "", 1);
     small_gguf = b.p;
+    small_gguf_len = b.n;
     struct sil_gguf *g = NULL;
     struct sil_error err = {0};
     if (sil_gguf_open_mem(&g, b.p, b.n, "small.gguf", &err) < 0 ||
@@ -138,11 +143,54 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+static void fuzz_load(const uint8_t *p, size_t n)
+{
+    unsigned char *buf = malloc(small_gguf_len);
+    memcpy(buf, small_gguf, small_gguf_len);
+    for (size_t i = 0; i + 3 <= n; i += 3)
+        buf[(p[i] | (size_t)p[i + 1] << 8) % small_gguf_len] = p[i + 2];
+    struct sil_gguf *g = NULL;
+    struct sil_vocab *v = NULL;
+    struct sil_error err = {0};
+    if (sil_gguf_open_mem(&g, buf, small_gguf_len, "patched.gguf", &err) == 0) {
+        if (sil_vocab_load(&v, g, &err) == 0) {
+            sil_gguf_close(g); /* the vocab must not need the mapping */
+            g = NULL;
+            static const char text[] = "hello <|im_start|>the\xff\xc3 <think>\n  x";
+            int32_t *ids = NULL;
+            size_t k = 0;
+            char *dec = NULL;
+            size_t dlen = 0;
+            if (sil_tokenize(v, text, sizeof text - 1, true, true, &ids, &k, &err) < 0 ||
+                sil_detokenize(v, ids, k, true, &dec, &dlen, &err) < 0)
+                abort();
+            int32_t bos = sil_vocab_bos(v);
+            const char *bt = "";
+            int bl = bos >= 0 ? sil_token_bytes(v, bos, &bt) : 0;
+            if (bl < 0 || dlen != (size_t)bl + sizeof text - 1 ||
+                memcmp(dec + bl, text, sizeof text - 1) != 0)
+                abort();
+            free(dec);
+            free(ids);
+            sil_vocab_free(v);
+        } else if (err.msg[0] == 0) {
+            abort(); /* a failure must say why */
+        }
+    }
+    if (g)
+        sil_gguf_close(g);
+    free(buf);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
     unsigned flags = data[0];
+    if (flags & 0x80) {
+        fuzz_load(data + 1, size - 1);
+        return 0;
+    }
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     const struct sil_vocab *v = (flags & 2) && real_vocab ? real_vocab : small_vocab;
