@@ -754,10 +754,8 @@ static int id_push(struct id_buf *b, int32_t id)
     return 0;
 }
 
-struct heap_ent {
-    uint64_t key; /* rank << 32 | position: lowest rank first, then leftmost */
-    int32_t left, right;
-};
+/* Heap entries are rank << 32 | position: lowest rank first, then leftmost. */
+typedef uint64_t heap_ent;
 
 /* Per-call scratch, grown as needed and freed at the end of the call. */
 /* Word cache: words repeat a lot in real text, and a cached word costs one hash probe instead of
@@ -783,7 +781,7 @@ struct scratch {
     int32_t *sym;  /* symbol ids */
     int32_t *next; /* linked list for long words */
     int32_t *prev;
-    struct heap_ent *heap;
+    heap_ent *heap;
     size_t cap, heap_cap;
     struct wcache wc; /* ent == NULL: no cache */
 };
@@ -913,12 +911,12 @@ static int bpe_short(const struct sil_vocab *v, int32_t *sym, int n, struct id_b
     return 0;
 }
 
-static void heap_push(struct heap_ent *h, size_t *n, struct heap_ent e)
+static void heap_push(heap_ent *h, size_t *n, heap_ent e)
 {
     size_t i = (*n)++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (h[p].key <= e.key)
+        if (h[p] <= e)
             break;
         h[i] = h[p];
         i = p;
@@ -926,17 +924,17 @@ static void heap_push(struct heap_ent *h, size_t *n, struct heap_ent e)
     h[i] = e;
 }
 
-static struct heap_ent heap_pop(struct heap_ent *h, size_t *n)
+static heap_ent heap_pop(heap_ent *h, size_t *n)
 {
-    struct heap_ent top = h[0], last = h[--*n];
+    heap_ent top = h[0], last = h[--*n];
     size_t i = 0, m = *n;
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= m)
             break;
-        if (c + 1 < m && h[c + 1].key < h[c].key)
+        if (c + 1 < m && h[c + 1] < h[c])
             c++;
-        if (last.key <= h[c].key)
+        if (last <= h[c])
             break;
         h[i] = h[c];
         i = c;
@@ -950,21 +948,20 @@ static void heap_add_pair(const struct sil_vocab *v, struct scratch *s, size_t *
 {
     if (i < 0 || s->next[i] < 0)
         return;
-    int32_t j = s->next[i];
-    const struct merge_slot *m = merge_get(v, s->sym[i], s->sym[j]);
+    const struct merge_slot *m = merge_get(v, s->sym[i], s->sym[s->next[i]]);
     if (m)
-        heap_push(s->heap, hn,
-                  (struct heap_ent){(uint64_t)m->rank << 32 | (uint32_t)i, s->sym[i], s->sym[j]});
+        heap_push(s->heap, hn, (uint64_t)m->rank << 32 | (uint32_t)i);
 }
 
-/* BPE on a long word: symbols in a linked list, candidate pairs in a binary heap; entries made
- * stale by earlier merges are recognized on pop because the ids no longer match. O(n log n). */
+/* BPE on a long word: symbols in a linked list, candidate pairs in a binary heap. An entry made
+ * stale by an earlier merge is recognized on pop: the pair now at its position is not the merge
+ * of its rank (ranks identify merges). O(n log n). */
 static int bpe_long(const struct sil_vocab *v, struct scratch *s, int32_t n, struct id_buf *out)
 {
     if ((size_t)n > s->heap_cap) {
         /* each merge adds at most 2 entries and removes one symbol: 3n bounds the heap */
         size_t cap = (size_t)n * 3;
-        struct heap_ent *h = realloc(s->heap, cap * sizeof *h);
+        heap_ent *h = realloc(s->heap, cap * sizeof *h);
         if (!h)
             return -ENOMEM;
         s->heap = h;
@@ -978,11 +975,14 @@ static int bpe_long(const struct sil_vocab *v, struct scratch *s, int32_t n, str
     for (int32_t i = 0; i + 1 < n; i++)
         heap_add_pair(v, s, &hn, i);
     while (hn) {
-        struct heap_ent e = heap_pop(s->heap, &hn);
-        int32_t i = (int32_t)(uint32_t)e.key, j = s->next[i];
-        if (s->sym[i] != e.left || j < 0 || s->sym[j] != e.right)
+        heap_ent e = heap_pop(s->heap, &hn);
+        int32_t i = (int32_t)(uint32_t)e, j = s->next[i];
+        if (s->sym[i] < 0 || j < 0)
             continue;
-        s->sym[i] = merge_get(v, e.left, e.right)->result;
+        const struct merge_slot *m = merge_get(v, s->sym[i], s->sym[j]);
+        if (!m || m->rank != (int32_t)(e >> 32))
+            continue;
+        s->sym[i] = m->result;
         s->sym[j] = -1;
         s->next[i] = s->next[j];
         if (s->next[j] >= 0)
