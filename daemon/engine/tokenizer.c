@@ -915,7 +915,7 @@ static void heap_push(heap_ent *h, size_t *n, heap_ent e)
 {
     size_t i = (*n)++;
     while (i > 0) {
-        size_t p = (i - 1) / 2;
+        size_t p = (i - 1) / 4;
         if (h[p] <= e)
             break;
         h[i] = h[p];
@@ -929,11 +929,12 @@ static heap_ent heap_pop(heap_ent *h, size_t *n)
     heap_ent top = h[0], last = h[--*n];
     size_t i = 0, m = *n;
     for (;;) {
-        size_t c = 2 * i + 1;
+        size_t c = 4 * i + 1, end = c + 4 < m ? c + 4 : m;
         if (c >= m)
             break;
-        if (c + 1 < m && h[c + 1] < h[c])
-            c++;
+        for (size_t k = c + 1; k < end; k++)
+            if (h[k] < h[c])
+                c = k;
         if (last <= h[c])
             break;
         h[i] = h[c];
@@ -953,7 +954,7 @@ static void heap_add_pair(const struct sil_vocab *v, struct scratch *s, size_t *
         heap_push(s->heap, hn, (uint64_t)m->rank << 32 | (uint32_t)i);
 }
 
-/* BPE on a long word: symbols in a linked list, candidate pairs in a binary heap. An entry made
+/* BPE on a long word: symbols in a linked list, candidate pairs in a 4-ary heap. An entry made
  * stale by an earlier merge is recognized on pop: the pair now at its position is not the merge
  * of its rank (ranks identify merges). O(n log n). */
 static int bpe_long(const struct sil_vocab *v, struct scratch *s, int32_t n, struct id_buf *out)
