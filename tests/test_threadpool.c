@@ -1,0 +1,114 @@
+/* The thread pool: every item of [0, n) is visited exactly once per task whatever the chunk
+ * size, ith stays below n_threads, thousands of back-to-back tasks (decode's pattern) do not
+ * lose or repeat work, and a task still completes when the caller is the only one working. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/cpu/threadpool.h"
+
+struct visit {
+    atomic_int *count;
+    int n_threads;
+    atomic_int bad_ith;
+};
+
+static void visit_fn(void *arg, long lo, long hi, int ith)
+{
+    struct visit *v = arg;
+    if (ith < 0 || ith >= v->n_threads || lo >= hi)
+        atomic_fetch_add(&v->bad_ith, 1);
+    for (long i = lo; i < hi; i++)
+        atomic_fetch_add(&v->count[i], 1);
+}
+
+static void check_once(struct sil_threadpool *tp, int nth, long n, long chunk)
+{
+    struct visit v = {calloc((size_t)n + 1, sizeof(atomic_int)), nth, 0};
+    sil_threadpool_for(tp, n, chunk, visit_fn, &v);
+    for (long i = 0; i < n; i++)
+        if (atomic_load(&v.count[i]) != 1)
+            fail_msg("n %ld chunk %ld: item %ld visited %d times", n, chunk, i, atomic_load(&v.count[i]));
+    assert_int_equal(atomic_load(&v.bad_ith), 0);
+    free(v.count);
+}
+
+static void test_cover(void **state)
+{
+    (void)state;
+    for (int nth = 1; nth <= 4; nth++) {
+        struct sil_threadpool *tp = NULL;
+        assert_int_equal(sil_threadpool_create(&tp, nth), 0);
+        assert_int_equal(sil_threadpool_n_threads(tp), nth);
+        const long ns[] = {1, 2, 3, 7, 64, 1000, 4097};
+        const long chunks[] = {0, 1, 3, 64, 5000};
+        for (size_t a = 0; a < sizeof(ns) / sizeof(ns[0]); a++)
+            for (size_t b = 0; b < sizeof(chunks) / sizeof(chunks[0]); b++)
+                check_once(tp, nth, ns[a], chunks[b]);
+        sil_threadpool_free(tp);
+    }
+    check_once(NULL, 1, 100, 7); /* no pool: the caller does everything */
+    assert_int_equal(sil_threadpool_create(&(struct sil_threadpool *){NULL}, 0), -EINVAL);
+}
+
+struct sum {
+    atomic_long total;
+};
+
+static void sum_fn(void *arg, long lo, long hi, int ith)
+{
+    (void)ith;
+    struct sum *s = arg;
+    long t = 0;
+    for (long i = lo; i < hi; i++)
+        t += i;
+    atomic_fetch_add(&s->total, t);
+}
+
+static void test_many_tasks(void **state)
+{
+    (void)state;
+    struct sil_threadpool *tp = NULL;
+    assert_int_equal(sil_threadpool_create(&tp, 2), 0);
+    for (int k = 0; k < 20000; k++) {
+        struct sum s = {0};
+        long n = 1 + k % 97;
+        sil_threadpool_for(tp, n, 1, sum_fn, &s);
+        if (atomic_load(&s.total) != n * (n - 1) / 2)
+            fail_msg("task %d: sum %ld, expected %ld", k, atomic_load(&s.total), n * (n - 1) / 2);
+    }
+    sil_threadpool_free(tp);
+}
+
+static void test_split_range(void **state)
+{
+    (void)state;
+    for (long n = 0; n < 50; n++)
+        for (int nth = 1; nth < 7; nth++) {
+            long prev = 0;
+            for (int i = 0; i < nth; i++) {
+                long lo, hi;
+                sil_split_range(n, i, nth, &lo, &hi);
+                assert_int_equal(lo, prev);
+                assert_true(hi - lo == n / nth || hi - lo == n / nth + 1);
+                prev = hi;
+            }
+            assert_int_equal(prev, n);
+        }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cover),
+        cmocka_unit_test(test_many_tasks),
+        cmocka_unit_test(test_split_range),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
