@@ -127,12 +127,21 @@ static inline uint64_t mix64(uint64_t x)
     return x;
 }
 
-/* One multiply per 8 bytes; words are short, so this runs once per word on the hot path. */
+static inline uint32_t load32(const unsigned char *p)
+{
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+}
+
+/* One multiply per 8 bytes; words are short, so this runs once per word on the hot path. The
+ * tail is read as two overlapping 4-byte loads (or 3 single bytes) instead of a variable-length
+ * copy. */
 static uint64_t hash_bytes(const void *p, size_t n)
 {
     const unsigned char *s = p;
     uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
-    while (n >= 8) {
+    while (n > 8) {
         uint64_t w;
         memcpy(&w, s, 8);
         h = (h ^ w) * 0xff51afd7ed558ccdULL;
@@ -141,8 +150,11 @@ static uint64_t hash_bytes(const void *p, size_t n)
         n -= 8;
     }
     uint64_t w = 0;
-    memcpy(&w, s, n);
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    if (n >= 4)
+        w = load32(s) | (uint64_t)load32(s + n - 4) << 32;
+    else if (n > 0)
+        w = s[0] | (uint64_t)s[n / 2] << 8 | (uint64_t)s[n - 1] << 16;
+    h = (h ^ w ^ (uint64_t)n << 56) * 0xc4ceb9fe1a85ec53ULL;
     return h ^ (h >> 29);
 }
 
