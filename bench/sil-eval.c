@@ -119,7 +119,7 @@ static int read_file(const char *path, char **buf, size_t *len)
         n += r;
         if (r == 0) {
             if (ferror(f))
-                rc = -EIO;
+                rc = errno ? -errno : -EIO;
             break;
         }
         if (n == cap) {
