@@ -971,7 +971,7 @@ static void heap_add_pair(const struct sil_vocab *v, struct scratch *s, size_t *
  * of its rank (ranks identify merges). O(n log n). */
 static int bpe_long(const struct sil_vocab *v, struct scratch *s, int32_t n, struct id_buf *out)
 {
-    if ((size_t)n > s->heap_cap) {
+    if ((size_t)n * 3 > s->heap_cap) {
         /* each merge adds at most 2 entries and removes one symbol: 3n bounds the heap */
         size_t cap = (size_t)n * 3;
         heap_ent *h = realloc(s->heap, cap * sizeof *h);
@@ -1045,18 +1045,40 @@ static int encode_word(const struct sil_vocab *v, const unsigned char *w, size_t
     return rc;
 }
 
+/* Per-call PCRE2 state. The match context and a large JIT stack are made only if the default
+ * 32 KiB stack ever runs out, so short calls stay cheap. */
+struct matcher {
+    pcre2_match_data *md;
+    pcre2_match_context *mc;
+    pcre2_jit_stack *js;
+};
+
+static int run_match(const struct sil_vocab *v, struct matcher *m, const unsigned char *t,
+                     size_t len, size_t pos)
+{
+    for (;;) {
+        int rc = v->re_jit ? pcre2_jit_match(v->re, t, len, pos, 0, m->md, m->mc)
+                           : pcre2_match(v->re, t, len, pos, 0, m->md, m->mc);
+        if (rc != PCRE2_ERROR_JIT_STACKLIMIT || m->js)
+            return rc;
+        if (!m->mc && !(m->mc = pcre2_match_context_create(NULL)))
+            return rc;
+        if (!(m->js = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL)))
+            return rc;
+        pcre2_jit_stack_assign(m->mc, NULL, m->js);
+    }
+}
+
 /* Splits one fragment (no special tokens inside) into words with the pre-tokenizer regex. Bytes
  * the regex does not cover (invalid UTF-8, and some whitespace for gpt2) form words of their own.
  */
 static int encode_fragment(const struct sil_vocab *v, const unsigned char *t, size_t len,
-                           pcre2_match_data *md, pcre2_match_context *mc, struct scratch *s,
-                           struct id_buf *out)
+                           struct matcher *mt, struct scratch *s, struct id_buf *out)
 {
     size_t pos = 0;
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(mt->md);
     while (pos < len) {
-        int rc = v->re_jit ? pcre2_jit_match(v->re, t, len, pos, 0, md, mc)
-                           : pcre2_match(v->re, t, len, pos, 0, md, mc);
+        int rc = run_match(v, mt, t, len, pos);
         size_t ms, me;
         if (rc >= 0) {
             ms = ov[0];
@@ -1101,15 +1123,12 @@ int sil_tokenize(const struct sil_vocab *v, const char *text, size_t len, bool a
     *n_ids = 0;
     struct id_buf out = {0};
     struct scratch s = {0};
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    pcre2_match_context *mc = pcre2_match_context_create(NULL);
-    pcre2_jit_stack *js = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, NULL);
+    struct matcher mt = {pcre2_match_data_create(1, NULL), NULL, NULL};
     int rc = 0;
-    if (!md || !mc || !js) {
+    if (!mt.md) {
         rc = sil_errorf(err, -ENOMEM, "tokenizer: out of memory");
         goto done;
     }
-    pcre2_jit_stack_assign(mc, NULL, js);
     if (len >= WC_MIN_TEXT)
         wc_init(&s.wc, len);
     if (add_bos && v->bos >= 0 && (rc = id_push(&out, v->bos)) < 0)
@@ -1123,14 +1142,14 @@ int sil_tokenize(const struct sil_vocab *v, const char *text, size_t len, bool a
         int32_t id = match_special(v, text + i, len - i, parse_special);
         if (id < 0)
             continue;
-        if (i > frag && (rc = encode_fragment(v, t + frag, i - frag, md, mc, &s, &out)) < 0)
+        if (i > frag && (rc = encode_fragment(v, t + frag, i - frag, &mt, &s, &out)) < 0)
             goto oom;
         if ((rc = id_push(&out, id)) < 0)
             goto oom;
         i += v->text_off[id + 1] - v->text_off[id] - 2;
         frag = i + 1;
     }
-    if (len > frag && (rc = encode_fragment(v, t + frag, len - frag, md, mc, &s, &out)) < 0)
+    if (len > frag && (rc = encode_fragment(v, t + frag, len - frag, &mt, &s, &out)) < 0)
         goto oom;
     if (out.n == 0) {
         free(out.ids);
@@ -1154,9 +1173,9 @@ done:
     free(s.prev);
     free(s.heap);
     wc_free(&s.wc);
-    pcre2_jit_stack_free(js);
-    pcre2_match_context_free(mc);
-    pcre2_match_data_free(md);
+    pcre2_jit_stack_free(mt.js);
+    pcre2_match_context_free(mt.mc);
+    pcre2_match_data_free(mt.md);
     return rc;
 }
 
