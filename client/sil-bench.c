@@ -194,9 +194,11 @@ static void *run_job(void *arg)
         return NULL;
     }
     msgpack_packer *pk = sil_rpc_client_begin(&c, "generate");
-    msgpack_pack_map(pk, 4);
+    msgpack_pack_map(pk, 5);
     sil_rpc_kv_str(pk, "prompt", j->prompt);
     sil_rpc_kv_int(pk, "max_tokens", j->o->gen_tokens);
+    /* Exactly --gen-tokens tokens: no grace tokens to end a sentence after the budget. */
+    sil_rpc_kv_int(pk, "grace_tokens", 0);
     sil_rpc_kv_double(pk, "temperature", 0);
     sil_rpc_kv_uint(pk, "seed", 1);
     const msgpack_object *res = NULL;

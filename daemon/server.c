@@ -47,6 +47,7 @@ struct conn {
     int n_inflight, cap_inflight;
     struct dstream *streams;
     bool closing; /* close once the output is flushed */
+    bool dirty;   /* output appended by on_worker, not yet written */
 };
 
 enum state { RUNNING, STOPPING, DRAINING };
@@ -151,8 +152,9 @@ static int conn_flush(struct conn *c)
     return 0;
 }
 
-/* Queues bytes; a client whose queue would pass max_output is dropped (it does not read). */
-static int conn_send(struct conn *c, const void *data, size_t n)
+/* Queues bytes without writing them; a client whose queue would pass max_output is dropped (it
+ * does not read). Returns -1 when the connection is gone. */
+static int conn_append(struct conn *c, const void *data, size_t n)
 {
     struct server *s = c->srv;
     if (conn_queued(c) + n > s->cfg->max_output) {
@@ -181,6 +183,13 @@ static int conn_send(struct conn *c, const void *data, size_t n)
     }
     memcpy(c->out + c->out_len, data, n);
     c->out_len += n;
+    return 0;
+}
+
+static int conn_send(struct conn *c, const void *data, size_t n)
+{
+    if (conn_append(c, data, n) < 0)
+        return -1;
     return conn_flush(c);
 }
 
@@ -1159,6 +1168,8 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
 {
     struct server *s = ud;
     struct sil_outmsg *m = sil_worker_take_output(s->worker);
+    /* Everything the worker produced since the last wake-up is appended first and each client's
+     * socket written once: one send per client per wake-up, not one per token. */
     while (m) {
         struct sil_outmsg *next = m->next;
         if (m->stopped) {
@@ -1168,12 +1179,19 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
             if (c) {
                 if (m->final)
                     inflight_remove(c, m->msgid);
-                if (m->len)
-                    conn_send(c, m->data, m->len);
+                if (m->len && conn_append(c, m->data, m->len) == 0)
+                    c->dirty = true;
             }
         }
         free(m);
         m = next;
+    }
+    for (struct conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->dirty) {
+            c->dirty = false;
+            conn_flush(c);
+        }
     }
     maybe_exit(s);
     return 0;

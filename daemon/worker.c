@@ -87,6 +87,10 @@ struct sil_worker {
     bool *b_want;
     float *logits;
     struct sil_worker_stats local;
+    /* Messages of this loop iteration, handed to the event loop together (one wake-up per step
+     * instead of one per token), and the buffer they are packed in (no allocation per token). */
+    struct sil_outmsg *pend_head, *pend_tail;
+    struct sil_rpc_buf pk;
 };
 
 static double now_s(void)
@@ -115,23 +119,42 @@ static int tokvec_push(struct tokvec *t, const int32_t *ids, size_t n)
 
 /* ---- outbox ------------------------------------------------------------------------------------ */
 
-static void post_raw(struct sil_worker *w, struct sil_outmsg *m)
+/* Hands the pending messages to the event loop. The eventfd is written only when the outbox was
+ * empty: a loop that has not yet taken the earlier messages is already due to wake up, and takes
+ * everything queued when it does (sil_worker_take_output reads the eventfd before the list). */
+static void flush_out(struct sil_worker *w)
 {
+    if (!w->pend_head)
+        return;
     pthread_mutex_lock(&w->mu);
+    bool was_empty = !w->out_head;
     if (w->out_tail)
-        w->out_tail->next = m;
+        w->out_tail->next = w->pend_head;
     else
-        w->out_head = m;
-    w->out_tail = m;
+        w->out_head = w->pend_head;
+    w->out_tail = w->pend_tail;
     pthread_mutex_unlock(&w->mu);
-    uint64_t one = 1;
-    ssize_t n = write(w->efd, &one, sizeof one);
-    (void)n;
+    w->pend_head = w->pend_tail = NULL;
+    if (was_empty) {
+        uint64_t one = 1;
+        ssize_t n = write(w->efd, &one, sizeof one);
+        (void)n;
+    }
 }
 
-/* Moves what b holds into a new outbox message. */
-static void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, struct sil_rpc_buf *b, bool final)
+static void post_raw(struct sil_worker *w, struct sil_outmsg *m)
 {
+    if (w->pend_tail)
+        w->pend_tail->next = m;
+    else
+        w->pend_head = m;
+    w->pend_tail = m;
+}
+
+/* Moves what the packing buffer holds into a new pending message. */
+static void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
+{
+    struct sil_rpc_buf *b = &w->pk;
     size_t n = sil_rpc_buf_size(b);
     struct sil_outmsg *m = malloc(sizeof(*m) + n);
     if (!m) {
@@ -153,11 +176,8 @@ static void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, struct 
 static void post_error(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, int code, const char *msg,
                        bool final)
 {
-    struct sil_rpc_buf b;
-    sil_rpc_buf_init(&b, 0);
-    sil_rpc_pack_error_response(&b, msgid, code, msg);
-    post(w, conn_id, msgid, &b, final);
-    sil_rpc_buf_free(&b);
+    sil_rpc_pack_error_response(&w->pk, msgid, code, msg);
+    post(w, conn_id, msgid, final);
 }
 
 /* ---- sessions ---------------------------------------------------------------------------------- */
@@ -300,19 +320,17 @@ static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason
     /* Status read right after the final response must not count this request as running. */
     publish_stats(w);
     if (!j->conn_gone) {
-        struct sil_rpc_buf b;
-        sil_rpc_buf_init(&b, 0);
         if (tail.n_answer || tail.n_reasoning)
-            pack_token(&b, j->r.msgid, &tail, NULL, 0);
+            pack_token(&w->pk, j->r.msgid, &tail, NULL, 0);
         if (reason == SIL_STOP_ERROR && j->gen.n == 0) {
-            sil_rpc_pack_error_response(&b, j->r.msgid, SIL_RPC_E_INTERNAL, errmsg);
+            sil_rpc_pack_error_response(&w->pk, j->r.msgid, SIL_RPC_E_INTERNAL, errmsg);
         } else {
             size_t n_text = 0, n_reason = 0;
             const char *text = j->gc ? sil_genctl_answer(j->gc, &n_text) : "";
             const char *reasoning = j->gc ? sil_genctl_reasoning(j->gc, &n_reason) : "";
             double prefill = ms(j->t_admit, j->t_first), decode = ms(j->t_first, j->t_end);
             size_t n_eval = j->r.n_prompt - j->n_cached;
-            msgpack_packer *pk = sil_rpc_begin_response(&b, j->r.msgid);
+            msgpack_packer *pk = sil_rpc_begin_response(&w->pk, j->r.msgid);
             int n = 11 + (j->r.session[0] != 0) + (errmsg != NULL);
             msgpack_pack_map(pk, n);
             sil_rpc_kv_strn(pk, "text", text, n_text);
@@ -341,10 +359,9 @@ static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason
             sil_rpc_kv_double(pk, "prefill_tok_s", prefill > 0 ? n_eval / (prefill * 1e-3) : 0);
             sil_rpc_kv_double(pk, "decode_tok_s",
                               decode > 0 && j->gen.n > 1 ? (j->gen.n - 1) / (decode * 1e-3) : 0);
-            sil_rpc_end(&b);
+            sil_rpc_end(&w->pk);
         }
-        post(w, j->r.conn_id, j->r.msgid, &b, true);
-        sil_rpc_buf_free(&b);
+        post(w, j->r.conn_id, j->r.msgid, true);
     } else {
         /* Nothing to send, but the loop still counts requests in flight per connection. */
         struct sil_outmsg *m = calloc(1, sizeof(*m));
@@ -529,11 +546,8 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
     struct sil_genctl_out o;
     int rc = sil_genctl_push(j->gc, id, piece, (size_t)n, &o);
     if (!j->conn_gone) {
-        struct sil_rpc_buf b;
-        sil_rpc_buf_init(&b, 0);
-        pack_token(&b, j->r.msgid, &o, &id, 1);
-        post(w, j->r.conn_id, j->r.msgid, &b, false);
-        sil_rpc_buf_free(&b);
+        pack_token(&w->pk, j->r.msgid, &o, &id, 1);
+        post(w, j->r.conn_id, j->r.msgid, false);
     }
     enum sil_stop_reason why = SIL_STOP_NONE;
     const char *msg = NULL;
@@ -700,9 +714,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
                 }
         break;
     case IN_SESS_LIST: {
-        struct sil_rpc_buf b;
-        sil_rpc_buf_init(&b, 0);
-        msgpack_packer *pk = sil_rpc_begin_response(&b, m->msgid);
+        msgpack_packer *pk = sil_rpc_begin_response(&w->pk, m->msgid);
         msgpack_pack_map(pk, 3);
         sil_rpc_pack_cstr(pk, "sessions");
         msgpack_pack_array(pk, w->n_sessions);
@@ -719,9 +731,8 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         }
         sil_rpc_kv_uint(pk, "memory", total);
         sil_rpc_kv_uint(pk, "memory_limit", w->session_memory);
-        sil_rpc_end(&b);
-        post(w, m->conn_id, m->msgid, &b, false);
-        sil_rpc_buf_free(&b);
+        sil_rpc_end(&w->pk);
+        post(w, m->conn_id, m->msgid, false);
         break;
     }
     case IN_SESS_DROP: {
@@ -734,13 +745,10 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
             s->drop_when_idle = true;
         else
             session_free(w, s);
-        struct sil_rpc_buf b;
-        sil_rpc_buf_init(&b, 0);
-        msgpack_packer *pk = sil_rpc_begin_response(&b, m->msgid);
+        msgpack_packer *pk = sil_rpc_begin_response(&w->pk, m->msgid);
         msgpack_pack_map(pk, 0);
-        sil_rpc_end(&b);
-        post(w, m->conn_id, m->msgid, &b, false);
-        sil_rpc_buf_free(&b);
+        sil_rpc_end(&w->pk);
+        post(w, m->conn_id, m->msgid, false);
         break;
     }
     }
@@ -825,15 +833,19 @@ static void *worker_main(void *arg)
                 m->stopped = true;
                 post_raw(w, m);
             }
+            flush_out(w);
             return NULL;
         }
         finish_cancelled(w);
         admit(w);
+        publish_stats(w);
+        flush_out(w); /* answers to the inbox and refusals go out before a long prefill step */
         if (w->running)
             step(w);
         finish_cancelled(w);
         sessions_enforce(w);
-        publish_stats(w);
+        publish_stats(w); /* before the final responses reach the loop */
+        flush_out(w);
     }
 }
 
@@ -947,6 +959,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    sil_rpc_buf_init(&w->pk, 0);
     w->b_tok = calloc(w->n_batch_max, sizeof(int32_t));
     w->b_pos = calloc(w->n_batch_max, sizeof(int32_t));
     w->b_seq = calloc(w->n_batch_max, sizeof(int32_t));
@@ -986,6 +999,12 @@ void sil_worker_free(struct sil_worker *w)
         w->out_head = m->next;
         free(m);
     }
+    while (w->pend_head) {
+        struct sil_outmsg *m = w->pend_head;
+        w->pend_head = m->next;
+        free(m);
+    }
+    sil_rpc_buf_free(&w->pk);
     if (w->efd >= 0)
         close(w->efd);
     free(w->b_tok);
