@@ -94,6 +94,8 @@ int main(int argc, char **argv)
     }
     double load_s = now() - t0;
     double *t = calloc((size_t)runs, sizeof *t);
+    if (!t)
+        return 1;
     int32_t *ids = NULL;
     size_t n = 0;
     for (int r = 0; r < runs; r++) {
@@ -101,6 +103,7 @@ int main(int argc, char **argv)
         double s = now();
         if (sil_tokenize(v, text, len, false, parse_special, &ids, &n, &err) < 0) {
             fprintf(stderr, "sil-tokbench: %s\n", err.msg);
+            free(t);
             return 1;
         }
         t[r] = now() - s;

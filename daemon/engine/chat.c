@@ -94,7 +94,7 @@ static const char *find(struct span s, const char *needle, size_t nn)
 
 static const char *find_last(struct span s, const char *needle, size_t nn)
 {
-    const char *last = NULL, *p = s.p;
+    const char *last = NULL, *p;
     struct span rest = s;
     while ((p = find(rest, needle, nn))) {
         last = p;
@@ -154,7 +154,7 @@ int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, 
         if (!r || !msgs[i].content)
             return sil_errorf(err, -EINVAL, "chat template: message %zu: %s missing", i,
                               r ? "content" : "role");
-        if (strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "system"))
+        if (strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 && strcmp(r, "system") != 0)
             return sil_errorf(err, -EINVAL,
                               "chat template: message %zu: role '%.32s' (expected system, user "
                               "or assistant)",
