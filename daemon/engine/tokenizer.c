@@ -1252,7 +1252,7 @@ static int utf8_incomplete_tail(const unsigned char *s, size_t n)
 static int detok_emit(struct sil_detok *d, const char *add, size_t add_len, bool final, char *out,
                       size_t cap)
 {
-    unsigned char tail[8];
+    unsigned char tail[8] = {0};
     size_t np = (size_t)d->n_pending;
     size_t total = np + add_len;
     /* the last few bytes of pending + add decide what is held back */
@@ -1265,7 +1265,7 @@ static int detok_emit(struct sil_detok *d, const char *add, size_t add_len, bool
     size_t emit = total - hold;
     if (emit > cap)
         return -ENOSPC;
-    char keep[8];
+    char keep[8] = {0};
     for (size_t i = 0; i < hold; i++) {
         size_t k = emit + i;
         keep[i] = k < np ? d->pending[k] : add[k - np];
