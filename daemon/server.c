@@ -57,7 +57,9 @@ struct server {
     int argc;
     char *const *argv;
     sd_event *ev;
-    sd_event_source *listen_src, *worker_src, *drain_timer;
+    sd_event_source *listen_src, *worker_src, *drain_timer, *watchdog_timer;
+    uint64_t watchdog_usec; /* WATCHDOG_USEC from systemd; 0: no watchdog */
+    bool engine_stalled;
     int listen_fd;
     bool activated;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -1258,6 +1260,48 @@ static int on_signal(sd_event_source *src, const struct signalfd_siginfo *si, vo
     return 0;
 }
 
+/* ---- watchdog ---------------------------------------------------------------------------------- */
+
+/* WATCHDOG=1 says both threads are alive: this timer firing shows the event loop runs, and the
+ * engine thread must be waiting for work or have finished a scheduler step within the watchdog
+ * interval. A hung engine (or one step longer than WatchdogSec) stops the pings, and systemd
+ * restarts the daemon. */
+static int on_watchdog(sd_event_source *src, uint64_t usec, void *ud)
+{
+    struct server *s = ud;
+    double age = 0;
+    bool alive = !s->worker || s->state == DRAINING || sil_worker_alive(s->worker, s->watchdog_usec, &age);
+    if (alive) {
+        sd_notify(0, "WATCHDOG=1");
+        if (s->engine_stalled) {
+            s->engine_stalled = false;
+            sil_notice("engine thread is making progress again; watchdog pings resumed");
+            sd_notify(0, "STATUS=ready");
+        }
+    } else if (!s->engine_stalled) {
+        s->engine_stalled = true;
+        sil_err("engine thread has not finished a step for %.1f s; watchdog pings stopped", age);
+        sd_notifyf(0, "STATUS=engine thread stalled for %.0f s", age);
+    }
+    sd_event_source_set_time(src, usec + s->watchdog_usec / 4);
+    return 0;
+}
+
+static int setup_watchdog(struct server *s)
+{
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0)
+        return 0;
+    s->watchdog_usec = usec;
+    int rc = sd_event_add_time_relative(s->ev, &s->watchdog_timer, CLOCK_MONOTONIC, usec / 4, usec / 20,
+                                        on_watchdog, s);
+    if (rc < 0)
+        return rc;
+    sd_event_source_set_enabled(s->watchdog_timer, SD_EVENT_ON);
+    sil_info("watchdog: pinging every %.2f s while the loop and the engine thread make progress", usec / 4e6);
+    return 0;
+}
+
 /* ---- start-up ---------------------------------------------------------------------------------- */
 
 static void load_progress(float fraction, const char *what, void *user)
@@ -1414,7 +1458,10 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_err("event loop set-up failed");
         goto out;
     }
-    sd_event_set_watchdog(s->ev, 1);
+    if (setup_watchdog(s) < 0) {
+        sil_err("event loop set-up failed (watchdog timer)");
+        goto out;
+    }
     sd_notifyf(0, "READY=1\nSTATUS=ready: %s on %s", s->engine ? sil_engine_info(s->engine)->name : "no model",
                s->path);
     sil_notice("ready");
@@ -1437,6 +1484,7 @@ out:
     sd_event_source_disable_unref(s->listen_src);
     sd_event_source_disable_unref(s->worker_src);
     sd_event_source_disable_unref(s->drain_timer);
+    sd_event_source_disable_unref(s->watchdog_timer);
     if (s->listen_fd >= 0 && !s->activated) {
         unlink(s->path);
         close(s->listen_fd);

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -69,6 +70,11 @@ struct sil_worker {
     struct sil_outmsg *out_head, *out_tail;
     bool stop;
     struct sil_worker_stats stats;
+    /* Liveness for the watchdog, read by the loop without the lock: the time the engine thread
+     * last went round its loop, and whether it is blocked waiting for work (then an old
+     * heartbeat is no sign of a hang). */
+    atomic_int_least64_t heartbeat_ns;
+    atomic_bool idle;
     uint64_t session_memory_limit;
     int max_sessions_limit;
     /* Engine thread only. */
@@ -99,6 +105,15 @@ static double now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void beat(struct sil_worker *w) { atomic_store_explicit(&w->heartbeat_ns, now_ns(), memory_order_relaxed); }
 
 static int tokvec_push(struct tokvec *t, const int32_t *ids, size_t n)
 {
@@ -795,9 +810,15 @@ static void *worker_main(void *arg)
 {
     struct sil_worker *w = arg;
     for (;;) {
+        beat(w);
         pthread_mutex_lock(&w->mu);
-        while (!w->in_head && !w->stop && !w->running)
+        while (!w->in_head && !w->stop && !w->running) {
+            atomic_store(&w->idle, true);
             pthread_cond_wait(&w->cv, &w->mu);
+        }
+        /* Beat before idle goes false, so the loop never sees busy with a stale heartbeat. */
+        beat(w);
+        atomic_store(&w->idle, false);
         struct inmsg *in = w->in_head;
         w->in_head = w->in_tail = NULL;
         bool stop = w->stop;
@@ -834,14 +855,17 @@ static void *worker_main(void *arg)
                 post_raw(w, m);
             }
             flush_out(w);
+            atomic_store(&w->idle, true); /* ended: nothing left that could hang */
             return NULL;
         }
         finish_cancelled(w);
         admit(w);
         publish_stats(w);
         flush_out(w); /* answers to the inbox and refusals go out before a long prefill step */
-        if (w->running)
+        if (w->running) {
             step(w);
+            beat(w);
+        }
         finish_cancelled(w);
         sessions_enforce(w);
         publish_stats(w); /* before the final responses reach the loop */
@@ -941,6 +965,15 @@ void sil_worker_stats(struct sil_worker *w, struct sil_worker_stats *st)
 
 int sil_worker_eventfd(const struct sil_worker *w) { return w->efd; }
 
+bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s)
+{
+    int64_t age = now_ns() - atomic_load_explicit(&w->heartbeat_ns, memory_order_relaxed);
+    bool idle = atomic_load(&w->idle);
+    if (age_s)
+        *age_s = idle ? 0 : age * 1e-9;
+    return idle || age <= (int64_t)max_age_usec * 1000;
+}
+
 int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct sil_config *cfg,
                      struct sil_error *err)
 {
@@ -959,6 +992,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    beat(w);
     sil_rpc_buf_init(&w->pk, 0);
     w->b_tok = calloc(w->n_batch_max, sizeof(int32_t));
     w->b_pos = calloc(w->n_batch_max, sizeof(int32_t));

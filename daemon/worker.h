@@ -67,6 +67,10 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
 /* Joins the thread (after sil_worker_shutdown and the stopped message) and frees everything. */
 void sil_worker_free(struct sil_worker *w);
 int sil_worker_eventfd(const struct sil_worker *w);
+/* Liveness of the engine thread, for the watchdog (any thread): true while it waits for work or
+ * went round its loop (one scheduler step) within max_age_usec. *age_s (may be NULL): seconds
+ * since it last did, 0 when idle. */
+bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s);
 
 void sil_worker_submit(struct sil_worker *w, struct sil_job_req *job);
 void sil_job_req_free(struct sil_job_req *job);
