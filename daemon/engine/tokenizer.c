@@ -67,9 +67,19 @@ static const struct pre_def {
     const char *regex;
     bool ignore_merges; /* a word that is itself a token is not merged (Llama 3) */
 } pre_defs[] = {
-    {"qwen2", RE_QWEN2, false},     {"qwen35", RE_QWEN35, false}, {"llama-bpe", RE_LLAMA3, true},
-    {"llama3", RE_LLAMA3, true},    {"smaug-bpe", RE_LLAMA3, false}, {"gpt2", RE_GPT2, false},
+    {"qwen2", RE_QWEN2, false},
+    {"qwen35", RE_QWEN35, false},
+    {"llama-bpe", RE_LLAMA3, true},
+    {"gpt2", RE_GPT2, false},
+    /* other names converters write for the same pre-tokenizers */
+    {"deepseek-r1-qwen", RE_QWEN2, false},
+    {"stablelm2", RE_QWEN2, false},
+    {"llama3", RE_LLAMA3, true},
+    {"llama-v3", RE_LLAMA3, true},
+    {"smaug-bpe", RE_LLAMA3, false},
+    {"dbrx", RE_LLAMA3, false},
     {"gpt-2", RE_GPT2, false},
+    {"phi-2", RE_GPT2, false},
 };
 
 /* Open-addressing table of int32 ids keyed by byte strings stored elsewhere. */
@@ -577,7 +587,8 @@ static int compile_pre(struct sil_vocab *v, const struct sil_gguf *g, struct sil
     if (!v->pre_def)
         return sil_errorf(err, -EINVAL,
                           "%s: tokenizer.ggml.pre: unknown pre-tokenizer '%.*s' (supported: "
-                          "qwen2, qwen35, llama-bpe, llama3, smaug-bpe, gpt2, gpt-2)",
+                          "qwen2, qwen35, llama-bpe, gpt2, and the aliases deepseek-r1-qwen, "
+                          "stablelm2, llama3, llama-v3, smaug-bpe, dbrx, gpt-2, phi-2)",
                           path, (int)(s.len > 64 ? 64 : s.len), s.ptr);
     snprintf(v->pre, sizeof v->pre, "%s", v->pre_def->name);
 
