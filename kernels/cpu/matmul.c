@@ -5,8 +5,11 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quants.h"
 
-/* Weight rows per work chunk: a chunk's rows stay in L1/L2 while every input row passes. */
+/* Weight rows per work chunk: a chunk's rows stay in L1/L2 while every input row passes. With
+ * few input rows (decode) a chunk is a few microseconds of work, so chunks grow until each
+ * thread claims about CHUNKS_PER_THREAD of them: every claim is a cache-line round trip. */
 #define CHUNK_ROWS 16
+#define CHUNKS_PER_THREAD 8
 #define SIL_MM_MAX_JOBS 1024
 
 static int format_of_type(int t)
@@ -110,6 +113,7 @@ struct mm_task {
     const struct sil_mm_job *jobs;
     int n_jobs;
     long chunk_start[SIL_MM_MAX_JOBS + 1]; /* first chunk index of each job */
+    long chunk_rows;
     float *scratch;
     int64_t scratch_stride;
 };
@@ -152,8 +156,8 @@ static void mm_run(void *arg, long c0, long c1, int ith)
         while (c < t->chunk_start[job])
             job--;
         const struct sil_mm_job *jb = &t->jobs[job];
-        long r0 = (c - t->chunk_start[job]) * CHUNK_ROWS;
-        long r1 = r0 + CHUNK_ROWS < jb->m ? r0 + CHUNK_ROWS : jb->m;
+        long r0 = (c - t->chunk_start[job]) * t->chunk_rows;
+        long r1 = r0 + t->chunk_rows < jb->m ? r0 + t->chunk_rows : jb->m;
         run_chunk(jb, r0, r1, scratch);
     }
 }
@@ -170,11 +174,19 @@ void sil_matmul(struct sil_threadpool *tp, const struct sil_mm_job *jobs, int n_
     t.jobs = jobs;
     t.n_jobs = n_jobs;
     t.chunk_start[0] = 0;
-    int64_t work = 0;
+    int64_t work = 0, rows = 0;
     for (int i = 0; i < n_jobs; i++) {
-        long nc = jobs[i].n_rows > 0 ? (long)((jobs[i].m + CHUNK_ROWS - 1) / CHUNK_ROWS) : 0;
-        t.chunk_start[i + 1] = t.chunk_start[i] + nc;
         work += jobs[i].m * jobs[i].n_rows * jobs[i].in->k;
+        rows += jobs[i].n_rows > 0 ? jobs[i].m : 0;
+    }
+    const int nth = sil_threadpool_n_threads(tp);
+    long cr = CHUNK_ROWS;
+    if (jobs[0].n_rows <= 4 && rows > (int64_t)CHUNK_ROWS * CHUNKS_PER_THREAD * nth)
+        cr = (long)(rows / ((int64_t)CHUNKS_PER_THREAD * nth)) / CHUNK_ROWS * CHUNK_ROWS;
+    t.chunk_rows = cr;
+    for (int i = 0; i < n_jobs; i++) {
+        long nc = jobs[i].n_rows > 0 ? (long)((jobs[i].m + cr - 1) / cr) : 0;
+        t.chunk_start[i + 1] = t.chunk_start[i] + nc;
     }
     t.scratch = scratch;
     t.scratch_stride = sil_matmul_scratch_floats(k_max);
