@@ -188,11 +188,11 @@ static int fail(struct sil_rpc_unpacker *u, int ret, int code, struct sil_rpc_er
 static int scan(struct sil_rpc_unpacker *u, struct sil_rpc_error *err)
 {
     for (;;) {
-        const unsigned char *p = (const unsigned char *)u->buf + u->scan;
         size_t avail = u->end - u->scan;
         size_t used = u->scan - u->start;
-        if (avail == 0)
+        if (avail == 0) /* buf may still be NULL: no pointer arithmetic on it before this */
             return 0;
+        const unsigned char *p = (const unsigned char *)u->buf + u->scan;
         uint64_t payload, children;
         bool container;
         int h = header(p, avail, &payload, &children, &container);
