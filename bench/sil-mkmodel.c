@@ -115,24 +115,21 @@ static int parse_float(const char *flag, const char *s, float *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* A shape flag; they are applied after the preset, in the order given. */
+struct setting {
+    int opt;
+    const char *val;
+};
+
+/* The exit status; overrides and set hold argc entries each, owned by the caller. */
+static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
 {
     const char *preset = NULL, *arch = NULL, *vocab_from = NULL, *pre = NULL, *out = NULL, *name = NULL;
     const char *type = "q4_k_m";
     int64_t vocab = -1, threads = 2, seed = 1;
     float skew = 0;
     bool dry = false, quiet = false, exact = false;
-    char **overrides = calloc((size_t)argc, sizeof(char *));
-    int n_overrides = 0;
-    /* shape flags are applied after the preset, in the order given */
-    struct setting {
-        int opt;
-        const char *val;
-    } *set = calloc((size_t)argc, sizeof(*set));
-    int n_set = 0;
-    if (!overrides || !set)
-        return 1;
-
+    int n_overrides = 0, n_set = 0;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -281,11 +278,23 @@ int main(int argc, char **argv)
     if (!dry && (rc = sil_mk_write(&m, out, (int)threads, !quiet, &err)))
         goto fail;
     sil_mk_model_free(&m);
-    free(overrides);
-    free(set);
     return 0;
 fail:
     fprintf(stderr, "sil-mkmodel: %s\n", err.msg);
     sil_mk_model_free(&m);
     return 1;
+}
+
+int main(int argc, char **argv)
+{
+    char **overrides = calloc((size_t)argc, sizeof(char *));
+    struct setting *set = calloc((size_t)argc, sizeof(*set));
+    int rc = 1;
+    if (overrides && set)
+        rc = mkmodel(argc, argv, overrides, set);
+    else
+        fprintf(stderr, "sil-mkmodel: out of memory\n");
+    free(overrides);
+    free(set);
+    return rc;
 }
