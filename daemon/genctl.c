@@ -17,6 +17,7 @@ struct sil_genctl {
     size_t max_stop_len;
     struct buf answer, held, reasoning;
     bool in_reasoning, in_grace, answer_started, finished;
+    bool cut; /* a stop string or a sentence end cut the text: nothing after it belongs */
     int32_t n_answer, n_reasoning, n_grace;
     int32_t forced;
     enum sil_stop_reason reason;
@@ -288,6 +289,7 @@ int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t l
         char prev = g->held.n ? g->held.p[g->held.n - 1] : g->answer.n ? g->answer.p[g->answer.n - 1] : 0;
         size_t cut = sentence_end(text, len, prev);
         if (cut > 0) {
+            g->cut = true; /* what follows the sentence end, held bytes too, is dropped */
             len = cut;
             grace_done = true;
         } else if (g->n_grace >= g->p.grace_tokens) {
@@ -297,9 +299,10 @@ int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t l
     int rc = answer_text(g, text, len);
     if (rc < 0)
         return rc;
-    if (rc == 1)
+    if (rc == 1) {
         g->reason = SIL_STOP_STOP;
-    else if (grace_done)
+        g->cut = true;
+    } else if (grace_done)
         g->reason = SIL_STOP_LENGTH;
     else if (!g->in_grace && g->p.max_tokens > 0 && g->n_answer >= g->p.max_tokens) {
         if (g->p.grace_tokens == 0 || ends_sentence(&g->answer, &g->held))
@@ -307,9 +310,31 @@ int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t l
         else
             g->in_grace = true;
     }
-    if (g->reason != SIL_STOP_NONE) {
-        struct sil_genctl_out tail;
-        sil_genctl_finish(g, g->reason, &tail);
+    /* Held-back text and markdown repair come with sil_genctl_finish, which the caller calls
+     * next: text without a token of its own may still come before it (sil_genctl_push_text). */
+    set_out(out, g, a0, r0);
+    return g->reason;
+}
+
+int sil_genctl_push_text(struct sil_genctl *g, const char *text, size_t len,
+                         struct sil_genctl_out *out)
+{
+    size_t a0 = g->answer.n, r0 = g->reasoning.n;
+    set_out(out, g, a0, r0);
+    if (g->finished || g->cut || len == 0)
+        return g->reason;
+    if (g->in_reasoning) {
+        int rc = buf_append(&g->reasoning, text, len);
+        if (rc)
+            return rc;
+    } else {
+        int rc = answer_text(g, text, len);
+        if (rc < 0)
+            return rc;
+        if (rc == 1) {
+            g->reason = SIL_STOP_STOP;
+            g->cut = true;
+        }
     }
     set_out(out, g, a0, r0);
     return g->reason;

@@ -66,10 +66,19 @@ int32_t sil_genctl_forced(const struct sil_genctl *g);
 
 /* Feeds one generated token and its text (from a streaming detokenizer: whole UTF-8 characters).
  * End-of-generation tokens are not fed: call sil_genctl_finish(g, SIL_STOP_EOS) instead.
- * Returns SIL_STOP_NONE to go on, or the reason to stop (stop string, answer budget). *out gets
+ * Returns SIL_STOP_NONE to go on, or the reason to stop (stop string, answer budget); after a
+ * reason, call sil_genctl_finish (held-back text and markdown repair come out there). *out gets
  * the text that may be streamed now. -ENOMEM on allocation failure. */
 int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t len,
                     struct sil_genctl_out *out);
+
+/* Text that comes with no token of its own, before sil_genctl_finish: what the streaming
+ * detokenizer still held at the end (an incomplete character, given as U+FFFD). It goes where the
+ * last token's text went (reasoning or answer, stop strings applied); no token is counted and no
+ * budget rule runs. Ignored after finish and when a stop string or a sentence end cut the text
+ * (it came after the cut). Returns as push. */
+int sil_genctl_push_text(struct sil_genctl *g, const char *text, size_t len,
+                         struct sil_genctl_out *out);
 
 /* Ends generation for the given reason (ignored if push already returned one): releases text
  * held back for stop-string matching and applies markdown repair. *out gets the last text to

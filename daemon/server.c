@@ -16,6 +16,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/log.h"
+#include "daemon/utf8.h"
 #include "daemon/worker.h"
 #include "siliceo-proto.h"
 
@@ -208,12 +209,15 @@ static int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt,
     __attribute__((format(printf, 4, 5)));
 static int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
 {
-    char msg[512];
+    char msg[512], clean[3 * sizeof msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sil_rpc_pack_error_response(&c->srv->scratch, msgid, code, msg);
+    /* Messages quote what clients sent and cut it at a byte count: keep them valid UTF-8. */
+    size_t n = sil_utf8_sanitize(msg, strlen(msg), clean);
+    clean[n] = 0;
+    sil_rpc_pack_error_response(&c->srv->scratch, msgid, code, clean);
     return conn_send_scratch(c);
 }
 
@@ -337,7 +341,7 @@ static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_pack_cstr(pk, "model");
     if (info) {
         msgpack_pack_map(pk, 2);
-        sil_rpc_kv_str(pk, "name", info->name);
+        sil_utf8_pack_kv(pk, "name", info->name, strlen(info->name)); /* GGUF metadata: any bytes */
         sil_rpc_kv_str(pk, "arch", info->arch_name);
     } else {
         msgpack_pack_nil(pk);
@@ -377,9 +381,9 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_pack_cstr(pk, "model");
     if (info) {
         msgpack_pack_map(pk, 13);
-        sil_rpc_kv_str(pk, "name", info->name);
+        sil_utf8_pack_kv(pk, "name", info->name, strlen(info->name));
         sil_rpc_kv_str(pk, "arch", info->arch_name);
-        sil_rpc_kv_str(pk, "file", info->path);
+        sil_utf8_pack_kv(pk, "file", info->path, strlen(info->path)); /* a path is bytes */
         sil_rpc_kv_uint(pk, "file_bytes", info->file_bytes);
         sil_rpc_kv_uint(pk, "n_params", info->n_params);
         sil_rpc_kv_int(pk, "n_ctx", sil_engine_n_ctx(s->engine));
@@ -547,7 +551,8 @@ static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "detokenize: %s", e.msg);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 1);
-    sil_rpc_kv_strn(pk, "text", text, len);
+    /* Any ids may be asked for: byte tokens that do not form UTF-8 come back as U+FFFD. */
+    sil_utf8_pack_kv(pk, "text", text, len);
     free(text);
     if (sil_rpc_end(&s->scratch) < 0)
         return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
@@ -817,17 +822,13 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
         msgs[i].content = strs[i * 3 + 1];
         msgs[i].reasoning = strs[i * 3 + 2];
     }
-    char *prompt = NULL;
-    size_t plen = 0;
+    /* Token ids straight from the template: message contents are never parsed for special
+     * tokens, so a message cannot close its turn and open a system turn by its text. */
     struct sil_error e = { 0 };
-    if (sil_chat_render(s->vocab, msgs, n, true, think, &prompt, &plen, &e) < 0) {
-        sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "messages: %s", e.msg);
-        goto bad;
-    }
-    int rc = sil_tokenize(s->vocab, prompt, plen, false, true, &j->prompt, &j->n_prompt, &e);
-    free(prompt);
+    int rc = sil_chat_tokenize(s->vocab, msgs, n, true, think, &j->prompt, &j->n_prompt, &e);
     if (rc < 0) {
-        sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "messages: %s", e.msg);
+        sil_rpc_errorf(&err, rc, rc == -ENOMEM ? SIL_RPC_E_INTERNAL : SIL_RPC_E_INVALID_PARAMS, "messages: %s",
+                       e.msg);
         goto bad;
     }
     j->ctl.in_reasoning = think && ends_in_think(s, j->prompt, j->n_prompt);
@@ -926,15 +927,15 @@ static int m_debug_stream(struct conn *c, const struct sil_rpc_msg *m)
         return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "text: at most 4096 bytes");
     if (inflight_has(c, m->msgid))
         return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
-    struct dstream *d = calloc(1, sizeof(*d) + len);
+    size_t clean_len = sil_utf8_sanitized_len(text, len); /* streamed back: valid UTF-8 only */
+    struct dstream *d = calloc(1, sizeof(*d) + clean_len);
     if (!d || inflight_add(c, m->msgid) < 0) {
         free(d);
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     d->msgid = m->msgid;
     d->remaining = (uint64_t)count;
-    d->len = len;
-    memcpy(d->text, text, len);
+    d->len = sil_utf8_sanitize(text, len, d->text);
     struct dstream **p = &c->streams;
     while (*p)
         p = &(*p)->next;

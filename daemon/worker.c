@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "daemon/utf8.h"
 #include "siliceo-proto.h"
 
 struct session {
@@ -302,9 +303,10 @@ static void pack_token(struct sil_rpc_buf *b, uint32_t msgid, const struct sil_g
     msgpack_pack_array(pk, 1);
     msgpack_pack_map(pk, o->n_reasoning ? 4 : 3);
     sil_rpc_kv_uint(pk, "id", msgid);
-    sil_rpc_kv_strn(pk, "text", o->answer, o->n_answer);
+    /* Already valid UTF-8 (job_token sanitizes each piece); packing checks it again for free. */
+    sil_utf8_pack_kv(pk, "text", o->answer, o->n_answer);
     if (o->n_reasoning)
-        sil_rpc_kv_strn(pk, "reasoning", o->reasoning, o->n_reasoning);
+        sil_utf8_pack_kv(pk, "reasoning", o->reasoning, o->n_reasoning);
     sil_rpc_pack_cstr(pk, "ids");
     msgpack_pack_array(pk, (uint32_t)n_ids);
     for (size_t i = 0; i < n_ids; i++)
@@ -322,8 +324,29 @@ static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason
     j->t_end = now_s();
     struct sil_genctl_out tail = { 0 };
     int reason = why;
-    if (j->gc)
+    if (j->gc) {
+        /* Bytes the detokenizer still holds are a character that never completed: U+FFFD
+         * (genctl drops it when a stop string or a sentence end cut the text before it). The
+         * last text to stream is everything the totals gained from here on. */
+        size_t a0, r0;
+        sil_genctl_answer(j->gc, &a0);
+        sil_genctl_reasoning(j->gc, &r0);
+        char held[16], clean[3 * sizeof held];
+        int n = sil_detok_flush(&j->dt, held, sizeof held);
+        if (n > 0) {
+            size_t len = sil_utf8_sanitize(held, (size_t)n, clean);
+            struct sil_genctl_out o;
+            sil_genctl_push_text(j->gc, clean, len, &o);
+        }
         reason = sil_genctl_finish(j->gc, why, &tail);
+        size_t na, nr;
+        const char *a = sil_genctl_answer(j->gc, &na), *r = sil_genctl_reasoning(j->gc, &nr);
+        if (!a)
+            a = "";
+        if (!r)
+            r = "";
+        tail = (struct sil_genctl_out){ a + a0, na - a0, r + r0, nr - r0 };
+    }
     if (reason < 0)
         reason = SIL_STOP_ERROR;
 
@@ -348,8 +371,8 @@ static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason
             msgpack_packer *pk = sil_rpc_begin_response(&w->pk, j->r.msgid);
             int n = 11 + (j->r.session[0] != 0) + (errmsg != NULL);
             msgpack_pack_map(pk, n);
-            sil_rpc_kv_strn(pk, "text", text, n_text);
-            sil_rpc_kv_strn(pk, "reasoning", reasoning, n_reason);
+            sil_utf8_pack_kv(pk, "text", text, n_text);
+            sil_utf8_pack_kv(pk, "reasoning", reasoning, n_reason);
             sil_rpc_pack_cstr(pk, "tokens");
             msgpack_pack_array(pk, (uint32_t)j->gen.n);
             for (size_t i = 0; i < j->gen.n; i++)
@@ -360,11 +383,12 @@ static void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason
             sil_rpc_kv_uint(pk, "n_reasoning", j->gc ? (uint64_t)sil_genctl_n_reasoning_tokens(j->gc) : 0);
             sil_rpc_kv_str(pk, "stop_reason", sil_stop_reason_name(reason));
             sil_rpc_kv_uint(pk, "seed", j->smp ? sil_sampler_seed(j->smp) : j->r.sampling.seed);
-            sil_rpc_kv_str(pk, "model", sil_engine_info(w->e)->name);
+            const char *model = sil_engine_info(w->e)->name;
+            sil_utf8_pack_kv(pk, "model", model, strlen(model)); /* GGUF metadata: any bytes */
             if (j->r.session[0])
-                sil_rpc_kv_str(pk, "session", j->r.session);
+                sil_utf8_pack_kv(pk, "session", j->r.session, strlen(j->r.session));
             if (errmsg)
-                sil_rpc_kv_str(pk, "error", errmsg);
+                sil_utf8_pack_kv(pk, "error", errmsg, strlen(errmsg));
             sil_rpc_pack_cstr(pk, "timings");
             msgpack_pack_map(pk, 6);
             sil_rpc_kv_double(pk, "queue_ms", ms(j->t_submit, j->t_admit));
@@ -554,12 +578,21 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
         running_finish(w, j, SIL_STOP_EOS, NULL);
         return;
     }
-    char piece[4096];
+    /* The detokenizer gives whole characters (an incomplete one waits for the next token) but
+     * passes invalid bytes on: those become U+FFFD here, before the generation controls, so stop
+     * strings, the streamed pieces and the result text all see the text the client gets. */
+    char piece[4096], clean[3 * sizeof piece];
     int n = sil_detok_push(&j->dt, id, piece, sizeof piece);
     if (n < 0)
         n = 0;
+    const char *text = piece;
+    size_t len = (size_t)n;
+    if (!sil_utf8_valid(piece, len)) {
+        len = sil_utf8_sanitize(piece, len, clean);
+        text = clean;
+    }
     struct sil_genctl_out o;
-    int rc = sil_genctl_push(j->gc, id, piece, (size_t)n, &o);
+    int rc = sil_genctl_push(j->gc, id, text, len, &o);
     if (!j->conn_gone) {
         pack_token(&w->pk, j->r.msgid, &o, &id, 1);
         post(w, j->r.conn_id, j->r.msgid, false);
@@ -737,7 +770,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         uint64_t total = 0;
         for (struct session *s = w->sessions; s; s = s->next) {
             msgpack_pack_map(pk, 5);
-            sil_rpc_kv_str(pk, "name", s->name);
+            sil_utf8_pack_kv(pk, "name", s->name, strlen(s->name));
             sil_rpc_kv_uint(pk, "n_tokens", s->busy ? s->busy->ctx.n : s->n_tokens);
             sil_rpc_kv_uint(pk, "memory", s->memory);
             sil_rpc_kv_double(pk, "idle_s", s->busy ? 0 : t - s->last_used);

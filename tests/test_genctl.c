@@ -322,10 +322,84 @@ static void test_finish_reasons(void **state)
     sil_genctl_free(g);
 }
 
+/* Text without a token (the detokenizer's last held bytes, as U+FFFD) joins the text unless a stop
+ * string or a sentence end cut it; it counts no token. */
+static void test_push_text(void **state)
+{
+    struct sil_genctl_out o;
+    /* a hard budget cut (no grace): the text is the last token's, kept */
+    struct sil_genctl_params p;
+    sil_genctl_params_default(&p);
+    p.max_tokens = 2;
+    p.grace_tokens = 0;
+    struct sil_genctl *g;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    assert_int_equal(sil_genctl_push(g, TOK, "a", 1, &o), SIL_STOP_NONE);
+    assert_int_equal(sil_genctl_push(g, TOK, " b", 2, &o), SIL_STOP_LENGTH);
+    assert_int_equal(sil_genctl_push_text(g, "\xef\xbf\xbd", 3, &o), SIL_STOP_LENGTH);
+    assert_int_equal(o.n_answer, 3);
+    assert_memory_equal(o.answer, "\xef\xbf\xbd", 3);
+    assert_int_equal(sil_genctl_finish(g, SIL_STOP_EOS, &o), SIL_STOP_LENGTH);
+    assert_string_equal(sil_genctl_answer(g, NULL), "a b\xef\xbf\xbd");
+    assert_int_equal(sil_genctl_n_answer_tokens(g), 2);
+    /* after finish: ignored */
+    assert_int_equal(sil_genctl_push_text(g, "x", 1, &o), SIL_STOP_LENGTH);
+    assert_int_equal(o.n_answer, 0);
+    assert_string_equal(sil_genctl_answer(g, NULL), "a b\xef\xbf\xbd");
+    sil_genctl_free(g);
+
+    /* a stop string matched: what follows it is dropped */
+    const char *stop[] = {"END"};
+    g = make(stop, 1, 0);
+    assert_int_equal(sil_genctl_push(g, TOK, "xEND", 4, &o), SIL_STOP_STOP);
+    assert_int_equal(sil_genctl_push_text(g, "\xef\xbf\xbd", 3, &o), SIL_STOP_STOP);
+    assert_int_equal(o.n_answer, 0);
+    sil_genctl_finish(g, SIL_STOP_EOS, &o);
+    assert_string_equal(sil_genctl_answer(g, NULL), "x");
+    sil_genctl_free(g);
+
+    /* the text may complete a stop string (held back until then) */
+    g = make(stop, 1, 0);
+    assert_int_equal(sil_genctl_push(g, TOK, "yEN", 3, &o), SIL_STOP_NONE);
+    assert_int_equal(sil_genctl_push_text(g, "D!", 2, &o), SIL_STOP_STOP);
+    sil_genctl_finish(g, SIL_STOP_EOS, &o);
+    assert_string_equal(sil_genctl_answer(g, NULL), "y");
+    sil_genctl_free(g);
+
+    /* a sentence end in the grace tokens cut the text: dropped */
+    g = make(NULL, 0, 1);
+    assert_int_equal(sil_genctl_push(g, TOK, "Hi", 2, &o), SIL_STOP_NONE);
+    assert_int_equal(sil_genctl_push(g, TOK, " there.", 7, &o), SIL_STOP_LENGTH);
+    assert_int_equal(sil_genctl_push_text(g, "\xef\xbf\xbd", 3, &o), SIL_STOP_LENGTH);
+    sil_genctl_finish(g, SIL_STOP_EOS, &o);
+    assert_string_equal(sil_genctl_answer(g, NULL), "Hi there.");
+    sil_genctl_free(g);
+
+    /* in reasoning it is reasoning; an open fence is still repaired after it */
+    sil_genctl_params_default(&p);
+    p.think_open = THINK_OPEN;
+    p.think_close = THINK_CLOSE;
+    p.in_reasoning = true;
+    assert_int_equal(sil_genctl_new(&g, &p), 0);
+    assert_int_equal(sil_genctl_push(g, TOK, "hmm", 3, &o), SIL_STOP_NONE);
+    assert_int_equal(sil_genctl_push_text(g, "\xef\xbf\xbd", 3, &o), SIL_STOP_NONE);
+    assert_int_equal(o.n_reasoning, 3);
+    assert_int_equal(sil_genctl_push(g, THINK_CLOSE, "", 0, &o), SIL_STOP_NONE);
+    assert_int_equal(sil_genctl_push(g, TOK, "```c\nx", 6, &o), SIL_STOP_NONE);
+    assert_int_equal(sil_genctl_push_text(g, "\xef\xbf\xbd", 3, &o), SIL_STOP_NONE);
+    sil_genctl_finish(g, SIL_STOP_EOS, &o);
+    assert_string_equal(sil_genctl_reasoning(g, NULL), "hmm\xef\xbf\xbd");
+    assert_string_equal(sil_genctl_answer(g, NULL), "```c\nx\xef\xbf\xbd\n```");
+    assert_int_equal(sil_genctl_n_reasoning_tokens(g), 2);
+    assert_int_equal(sil_genctl_n_answer_tokens(g), 1);
+    sil_genctl_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_across_tokens),
+        cmocka_unit_test(test_push_text),
         cmocka_unit_test(test_stop_prefix_released),
         cmocka_unit_test(test_stop_within_one_token),
         cmocka_unit_test(test_bad_params),

@@ -43,10 +43,6 @@ static void put(struct sbuf *b, const char *s, size_t n)
     b->p[b->len] = 0;
 }
 
-static void puts_(struct sbuf *b, const char *s)
-{
-    put(b, s, strlen(s));
-}
 
 /* A slice of a message string. */
 struct span {
@@ -116,30 +112,105 @@ static bool ends_with(struct span s, const char *w)
     return s.n >= n && memcmp(s.p + s.n - n, w, n) == 0;
 }
 
-/* Marker texts as the vocab stores them. */
-struct markers {
-    struct span im_start, im_end, think_open, think_close;
+/* A template marker: its token id and its text as the vocab stores it. */
+struct mark {
+    int32_t id;
+    struct span text;
 };
 
-static int marker(const struct sil_vocab *v, int32_t id, const char *what, struct span *out,
+struct markers {
+    struct mark im_start, im_end, think_open, think_close;
+};
+
+static int marker(const struct sil_vocab *v, int32_t id, const char *what, struct mark *out,
                   struct sil_error *err)
 {
     const char *p;
     int n = id >= 0 ? sil_token_bytes(v, id, &p) : -EINVAL;
     if (n <= 0)
         return sil_errorf(err, -EINVAL, "chat template: the vocab has no %s token", what);
-    *out = (struct span){p, (size_t)n};
+    *out = (struct mark){id, {p, (size_t)n}};
     return 0;
 }
 
-int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, size_t n,
-                    bool add_generation_prompt, bool think, char **out, size_t *len,
-                    struct sil_error *err)
+/* Where the template goes: text (sil_chat_render), or token ids (sil_chat_tokenize), where a
+ * marker is its id and the text between two markers (template text and message contents) is
+ * tokenized as one piece without special-token parsing, so a message can never produce a marker
+ * by its text. Cutting at the markers is what tokenizing the whole render with special-token
+ * parsing does too, so both give the same ids whenever the contents hold no marker text. */
+struct out {
+    const struct sil_vocab *v;
+    bool ids_mode;
+    struct sbuf text; /* the render, or (ids mode) the text since the last marker */
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    int rc; /* first failure */
+    struct sil_error *err;
+};
+
+static int push_ids(struct out *o, const int32_t *ids, size_t n)
 {
-    *out = NULL;
-    *len = 0;
+    if (o->n_ids + n > o->cap_ids) {
+        size_t cap = o->cap_ids ? o->cap_ids : 256;
+        while (cap < o->n_ids + n)
+            cap *= 2;
+        int32_t *p = realloc(o->ids, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        o->ids = p;
+        o->cap_ids = cap;
+    }
+    memcpy(o->ids + o->n_ids, ids, n * sizeof(*ids));
+    o->n_ids += n;
+    return 0;
+}
+
+/* ids mode: tokenizes the pending text (contents never parsed for special tokens). */
+static void flush_text(struct out *o)
+{
+    if (o->rc || !o->ids_mode || o->text.len == 0)
+        return;
+    if (o->text.oom) {
+        o->rc = sil_errorf(o->err, -ENOMEM, "chat template: out of memory");
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = sil_tokenize(o->v, o->text.p, o->text.len, false, false, &ids, &n, o->err);
+    if (rc == 0 && push_ids(o, ids, n) < 0)
+        rc = sil_errorf(o->err, -ENOMEM, "chat template: out of memory");
+    free(ids);
+    o->text.len = 0;
+    if (rc)
+        o->rc = rc;
+}
+
+static void emit(struct out *o, const char *s, size_t n)
+{
+    put(&o->text, s, n);
+}
+
+static void emits(struct out *o, const char *s)
+{
+    put(&o->text, s, strlen(s));
+}
+
+static void emit_mark(struct out *o, const struct mark *m)
+{
+    if (!o->ids_mode) {
+        put(&o->text, m->text.p, m->text.n);
+        return;
+    }
+    flush_text(o);
+    if (!o->rc && push_ids(o, &m->id, 1) < 0)
+        o->rc = sil_errorf(o->err, -ENOMEM, "chat template: out of memory");
+}
+
+static int build(const struct sil_vocab *v, const struct sil_chat_msg *msgs, size_t n,
+                 bool add_generation_prompt, bool think, struct out *o, struct sil_error *err)
+{
     const bool q35 = strcmp(sil_vocab_pre(v), "qwen35") == 0;
-    struct markers m = {{"", 0}, {"", 0}, {"", 0}, {"", 0}};
+    struct markers m = {{-1, {"", 0}}, {-1, {"", 0}}, {-1, {"", 0}}, {-1, {"", 0}}};
     int rc;
     if ((rc = marker(v, sil_vocab_im_start(v), "<|im_start|>", &m.im_start, err)) < 0 ||
         (rc = marker(v, sil_vocab_im_end(v), "<|im_end|>", &m.im_end, err)) < 0)
@@ -181,7 +252,6 @@ int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, 
     if (q35 && n && !found)
         return sil_errorf(err, -EINVAL, "chat template: no user message");
 
-    struct sbuf b = {0};
     const char nl = '\n';
     for (size_t i = 0; i < n; i++) {
         const char *role = msgs[i].role;
@@ -189,28 +259,28 @@ int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, 
         if (q35)
             content = trim(content);
         if (strcmp(role, "assistant") != 0) {
-            put(&b, m.im_start.p, m.im_start.n);
-            puts_(&b, role);
-            put(&b, &nl, 1);
-            put(&b, content.p, content.n);
-            put(&b, m.im_end.p, m.im_end.n);
-            put(&b, &nl, 1);
+            emit_mark(o, &m.im_start);
+            emits(o, role);
+            emit(o, &nl, 1);
+            emit(o, content.p, content.n);
+            emit_mark(o, &m.im_end);
+            emit(o, &nl, 1);
             continue;
         }
         struct span reasoning = {"", 0};
         if (msgs[i].reasoning) {
             reasoning = span_of(msgs[i].reasoning);
-        } else if (have_think && find(content, m.think_close.p, m.think_close.n)) {
-            const char *first = find(content, m.think_close.p, m.think_close.n);
-            const char *last = find_last(content, m.think_close.p, m.think_close.n);
+        } else if (have_think && find(content, m.think_close.text.p, m.think_close.text.n)) {
+            const char *first = find(content, m.think_close.text.p, m.think_close.text.n);
+            const char *last = find_last(content, m.think_close.text.p, m.think_close.text.n);
             struct span before = rstrip_nl((struct span){content.p, (size_t)(first - content.p)});
-            const char *open = find_last(before, m.think_open.p, m.think_open.n);
+            const char *open = find_last(before, m.think_open.text.p, m.think_open.text.n);
             if (open) {
-                before.n -= (size_t)(open + m.think_open.n - before.p);
-                before.p = open + m.think_open.n;
+                before.n -= (size_t)(open + m.think_open.text.n - before.p);
+                before.p = open + m.think_open.text.n;
             }
             reasoning = lstrip_nl(before);
-            size_t after = (size_t)(last + m.think_close.n - content.p);
+            size_t after = (size_t)(last + m.think_close.text.n - content.p);
             content = lstrip_nl((struct span){content.p + after, content.n - after});
         }
         bool keep;
@@ -223,53 +293,88 @@ int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, 
             if (keep)
                 content = lstrip_nl(content);
         }
-        put(&b, m.im_start.p, m.im_start.n);
-        puts_(&b, "assistant\n");
+        emit_mark(o, &m.im_start);
+        emits(o, "assistant\n");
         if (keep) {
-            if (!have_think) {
-                free(b.p);
+            if (!have_think)
                 return sil_errorf(err, -EINVAL,
                                   "chat template: the vocab has no <think>/</think> tokens");
-            }
-            put(&b, m.think_open.p, m.think_open.n);
-            put(&b, &nl, 1);
-            put(&b, reasoning.p, reasoning.n);
-            put(&b, &nl, 1);
-            put(&b, m.think_close.p, m.think_close.n);
-            puts_(&b, "\n\n");
+            emit_mark(o, &m.think_open);
+            emit(o, &nl, 1);
+            emit(o, reasoning.p, reasoning.n);
+            emit(o, &nl, 1);
+            emit_mark(o, &m.think_close);
+            emits(o, "\n\n");
         }
-        put(&b, content.p, content.n);
-        put(&b, m.im_end.p, m.im_end.n);
-        put(&b, &nl, 1);
+        emit(o, content.p, content.n);
+        emit_mark(o, &m.im_end);
+        emit(o, &nl, 1);
     }
     if (add_generation_prompt) {
-        put(&b, m.im_start.p, m.im_start.n);
-        puts_(&b, "assistant\n");
+        emit_mark(o, &m.im_start);
+        emits(o, "assistant\n");
         if (!think || q35) {
-            if (!have_think) {
-                free(b.p);
+            if (!have_think)
                 return sil_errorf(err, -EINVAL,
                                   "chat template: the vocab has no <think>/</think> tokens");
-            }
-            put(&b, m.think_open.p, m.think_open.n);
-            put(&b, &nl, 1);
+            emit_mark(o, &m.think_open);
+            emit(o, &nl, 1);
             if (!think) {
-                put(&b, &nl, 1);
-                put(&b, m.think_close.p, m.think_close.n);
-                puts_(&b, "\n\n");
+                emit(o, &nl, 1);
+                emit_mark(o, &m.think_close);
+                emits(o, "\n\n");
             }
         }
     }
-    put(&b, "", 0);
-    if (!b.p && !b.oom) {
-        b.p = calloc(1, 1);
-        b.oom = !b.p;
-    }
-    if (b.oom) {
-        free(b.p);
+    flush_text(o);
+    if (o->rc)
+        return o->rc;
+    if (o->text.oom)
         return sil_errorf(err, -ENOMEM, "chat template: out of memory");
+    return 0;
+}
+
+int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, size_t n,
+                    bool add_generation_prompt, bool think, char **out, size_t *len,
+                    struct sil_error *err)
+{
+    *out = NULL;
+    *len = 0;
+    struct out o = {.v = v, .err = err};
+    int rc = build(v, msgs, n, add_generation_prompt, think, &o, err);
+    if (rc == 0 && !o.text.p) {
+        o.text.p = calloc(1, 1);
+        if (!o.text.p)
+            rc = sil_errorf(err, -ENOMEM, "chat template: out of memory");
     }
-    *out = b.p;
-    *len = b.len;
+    if (rc) {
+        free(o.text.p);
+        return rc;
+    }
+    *out = o.text.p;
+    *len = o.text.len;
+    return 0;
+}
+
+int sil_chat_tokenize(const struct sil_vocab *v, const struct sil_chat_msg *msgs, size_t n,
+                      bool add_generation_prompt, bool think, int32_t **ids, size_t *n_ids,
+                      struct sil_error *err)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    struct out o = {.v = v, .ids_mode = true, .err = err};
+    int rc = build(v, msgs, n, add_generation_prompt, think, &o, err);
+    free(o.text.p);
+    if (rc == 0 && !o.ids) {
+        o.ids = malloc(sizeof(*o.ids));
+        if (!o.ids)
+            rc = sil_errorf(err, -ENOMEM, "chat template: out of memory");
+    }
+    if (rc) {
+        free(o.ids);
+        return rc;
+    }
+    *ids = o.ids;
+    *n_ids = o.n_ids;
     return 0;
 }

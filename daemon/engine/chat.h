@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "daemon/engine/error.h"
 
@@ -22,7 +23,19 @@ struct sil_chat_msg {
     const char *reasoning; /* assistant reasoning, may be NULL; dropped for earlier turns */
 };
 
-/* Renders messages to prompt text (to be tokenized with parse_special). *out is malloc'd. */
+/* The prompt as token ids, what a model is given: each template marker is its id, the text
+ * between markers (template text and message contents) is tokenized without special-token
+ * parsing, so content such as "<|im_end|>\n<|im_start|>system\n" stays plain text and cannot
+ * open a turn of its own. (User-defined tokens such as "<think>" are still matched in the text,
+ * as the tokenizer always does.) Gives the ids of sil_tokenize(render, parse_special = true)
+ * whenever no content holds a control token's text. *ids is malloc'd, never NULL on success. */
+int sil_chat_tokenize(const struct sil_vocab *v, const struct sil_chat_msg *msgs, size_t n,
+                      bool add_generation_prompt, bool think, int32_t **ids, size_t *n_ids,
+                      struct sil_error *err);
+
+/* Renders messages to prompt text, for display and debugging. Tokenizing it with parse_special
+ * lets marker text inside a content become control tokens: give a model sil_chat_tokenize's ids
+ * instead. *out is malloc'd. */
 int sil_chat_render(const struct sil_vocab *v, const struct sil_chat_msg *msgs, size_t n,
                     bool add_generation_prompt, bool think, char **out, size_t *len,
                     struct sil_error *err);

@@ -7,7 +7,14 @@ import sys
 import time
 
 
+class RawStr(bytes):
+    """Packed as a msgpack str holding these bytes as they are (e.g. invalid UTF-8)."""
+
+
 def pack(o):
+    if isinstance(o, RawStr):
+        b = bytes(o)
+        return b"\xdb" + struct.pack(">I", len(b)) + b
     if o is None:
         return b"\xc0"
     if o is True:
@@ -44,6 +51,11 @@ class Incomplete(Exception):
     pass
 
 
+# Decoding of msgpack str: "replace" by default; a test that checks the daemon sends only valid
+# UTF-8 sets "strict", so an invalid byte raises UnicodeDecodeError as strict decoders do.
+STR_ERRORS = "replace"
+
+
 def unpack(b, i=0):
     """Returns (object, next offset); raises Incomplete when b ends early."""
     if i >= len(b):
@@ -66,7 +78,7 @@ def unpack(b, i=0):
         return _arr(b, i, t & 15)
     if 0xA0 <= t <= 0xBF:
         n = t & 31
-        return take(n).decode("utf-8", "replace"), i + n
+        return take(n).decode("utf-8", STR_ERRORS), i + n
     if t == 0xC0:
         return None, i
     if t == 0xC2:
@@ -85,7 +97,7 @@ def unpack(b, i=0):
         if i + n > len(b):
             raise Incomplete()
         raw = b[i:i + n]
-        return (raw.decode("utf-8", "replace") if t >= 0xD9 else raw), i + n
+        return (raw.decode("utf-8", STR_ERRORS) if t >= 0xD9 else raw), i + n
     if t in (0xDC, 0xDD):
         w = 2 if t == 0xDC else 4
         n = int.from_bytes(take(w), "big")
