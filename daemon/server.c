@@ -643,6 +643,10 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
                 memchr(o->via.str.ptr, 0, o->via.str.size))
                 return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
                                       "stop[%u]: expected a string of 1 to %d bytes", i, SIL_GENCTL_MAX_STOP_LEN);
+            /* The text it is matched against is valid UTF-8; a string that is not could only hold
+             * back part of a character. */
+            if (!sil_utf8_valid(o->via.str.ptr, o->via.str.size))
+                return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "stop[%u]: not valid UTF-8", i);
             memcpy(q, o->via.str.ptr, o->via.str.size);
             q[o->via.str.size] = 0;
             j->stop_ptrs[i] = q;

@@ -471,6 +471,8 @@ def utf8():
     check(len(notes) == 2 and all(n["text"] == "a\ufffdb\ufffd" for n in notes), "debug.stream text sanitized")
     err, _, _ = c.call("chat", {"messages": [{"role": "x" + "\u00e9" * 40, "content": "x"}]})
     check(err is not None and err["code"] == 4, "a bad role quoted in the error message (valid UTF-8)")
+    err, _, _ = c.call("generate", {"prompt": "x", "max_tokens": 2, "stop": ["ok", RawStr(b"\xa9x")]})
+    check(err is not None and err["code"] == 4 and "stop[1]" in err["message"], "a stop string must be valid UTF-8")
     c.close()
 
 
