@@ -5,34 +5,63 @@
  *   o = delta_net(qkv_mixed, z, alpha_raw, beta; the sequence's conv + SSM state)
  *   out = Wssm_out o
  * Each sequence's rows run in order through its own state; the conv channels and then the
- * value heads of one sequence are spread over the threads. */
+ * value heads of all sequences in the batch are spread over the threads. */
 #include "daemon/engine/forward.h"
 
 struct dn_task {
     struct sil_fwd *f;
+    const struct sil_ubatch *ub;
     const struct sil_delta_net_params *p;
-    struct sil_delta_net_state st;
-    int32_t n, r0, nt; /* ubatch rows; rows [r0, r0 + nt) are this sequence's */
+    int recr_index;
     int64_t conv_dim, zdim;
+    long conv_chunks; /* channel ranges per sequence in the conv phase */
 };
 
-static void dn_conv(void *arg, long c0, long c1, int ith)
+/* The sequence run r: its rows [*r0, *r0 + *nt) and its state for this layer. */
+static void run_state(const struct dn_task *t, long r, int32_t *r0, int32_t *nt,
+                      struct sil_delta_net_state *st)
+{
+    const struct sil_ubatch *ub = t->ub;
+    *r0 = ub->run_start[r];
+    *nt = ub->run_start[r + 1] - *r0;
+    float *state = t->f->recr_state[ub->seq[*r0]] + (int64_t)t->recr_index * t->f->dn_state_floats;
+    sil_delta_net_state_bind(t->p, st, state);
+}
+
+/* item = (sequence run, channel range) */
+static void dn_conv(void *arg, long lo, long hi, int ith)
 {
     struct dn_task *t = arg;
     (void)ith;
-    sil_delta_net_conv(t->p, &t->st, t->nt, t->f->a + (int64_t)t->r0 * t->conv_dim,
-                       t->f->e + (int64_t)t->r0 * t->conv_dim, c0, c1);
+    for (long it = lo; it < hi; it++) {
+        const long r = it / t->conv_chunks, ci = it % t->conv_chunks;
+        int32_t r0, nt;
+        struct sil_delta_net_state st;
+        run_state(t, r, &r0, &nt, &st);
+        long c0, c1;
+        sil_split_range((long)t->conv_dim, (int)ci, (int)t->conv_chunks, &c0, &c1);
+        sil_delta_net_conv(t->p, &st, nt, t->f->a + (int64_t)r0 * t->conv_dim,
+                           t->f->e + (int64_t)r0 * t->conv_dim, c0, c1);
+    }
 }
 
-static void dn_heads(void *arg, long h0, long h1, int ith)
+/* item = (sequence run, value head) */
+static void dn_heads(void *arg, long lo, long hi, int ith)
 {
     struct dn_task *t = arg;
     struct sil_fwd *f = t->f;
-    const int nv = t->p->n_v_heads;
-    sil_delta_net_heads(t->p, &t->st, t->nt, f->e + (int64_t)t->r0 * t->conv_dim,
-                        f->b + (int64_t)t->r0 * t->zdim, f->c + (int64_t)t->r0 * nv,
-                        f->c + (int64_t)(t->n + t->r0) * nv, f->d + (int64_t)t->r0 * t->zdim,
-                        (int32_t)h0, (int32_t)h1, f->dn_scratch + (int64_t)ith * f->dn_head_scratch);
+    const int nv = t->p->n_v_heads, n = t->ub->n;
+    for (long it = lo; it < hi; it++) {
+        const long r = it / nv;
+        const int32_t h = (int32_t)(it % nv);
+        int32_t r0, nt;
+        struct sil_delta_net_state st;
+        run_state(t, r, &r0, &nt, &st);
+        sil_delta_net_heads(t->p, &st, nt, f->e + (int64_t)r0 * t->conv_dim, f->b + (int64_t)r0 * t->zdim,
+                            f->c + (int64_t)r0 * nv, f->c + (int64_t)(n + r0) * nv,
+                            f->d + (int64_t)r0 * t->zdim, h, h + 1,
+                            f->dn_scratch + (int64_t)ith * f->dn_head_scratch);
+    }
 }
 
 void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
@@ -55,14 +84,12 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
     };
     sil_fwd_matmul(f, jobs, 4);
 
-    for (int32_t r = 0; r < ub->n_runs; r++) {
-        const int32_t r0 = ub->run_start[r], r1 = ub->run_start[r + 1];
-        struct dn_task t = {f, p, {0}, n, r0, r1 - r0, conv_dim, zdim};
-        float *state = f->recr_state[ub->seq[r0]] + (int64_t)l->recr_index * f->dn_state_floats;
-        sil_delta_net_state_bind(p, &t.st, state);
-        sil_threadpool_for(f->tp, conv_dim, 0, dn_conv, &t);
-        sil_threadpool_for(f->tp, nv, 1, dn_heads, &t);
-    }
+    /* two parallel phases over all sequences of the batch (decode of N sequences is 2 tasks,
+     * not 2N): conv over (sequence, channel range), then the delta rule over (sequence, head) */
+    const long chunks = ub->n_runs >= 4 * f->n_threads ? 1 : (4 * f->n_threads + ub->n_runs - 1) / ub->n_runs;
+    struct dn_task t = {f, ub, p, l->recr_index, conv_dim, zdim, chunks};
+    sil_threadpool_for(f->tp, (long)ub->n_runs * chunks, 0, dn_conv, &t);
+    sil_threadpool_for(f->tp, (long)ub->n_runs * nv, 0, dn_heads, &t);
 
     struct sil_mm_input in_o;
     sil_fwd_input(f, &in_o, 1, f->d, n, zdim);
