@@ -1,7 +1,9 @@
 # siliceo — one top-level Makefile. Objects go under build/, never into the tree.
 #
 #   make            all binaries and libraries
-#   make check      every test that needs no GPU (units, parity, integration, short fuzz)
+#   make check      every test that needs no GPU (units, the units again under ASan + UBSan,
+#                   parity, integration, short fuzz)
+#   make check-asan only the unit tests built with ASan + UBSan (-O1, objects under build/asan/)
 #   make deps       install the Debian packages the project builds and tests with
 #   make demo       build, make the demo model, start siliceod, ask it a question, stop it
 #   make install    PREFIX=/usr/local DESTDIR=
@@ -77,8 +79,8 @@ BINS := $(if $(wildcard daemon/main.c),$(B)/bin/siliceod) $(addprefix $(B)/bin/,
 TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
 FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 
-.PHONY: all check check-unit check-integration check-fuzz check-mandoc check-cuda fuzz deps demo \
-	install uninstall clean format tests
+.PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan check-cuda fuzz \
+	deps demo install uninstall clean format tests
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(LIB_PROTO) $(B)/siliceo-proto.pc
@@ -163,13 +165,76 @@ $(foreach f,$(FUZZERS),$(eval $(call fuzz_bin,$(f))))
 
 tests: $(TEST_BINS)
 
+# ---- ASan + UBSan build of the unit tests (and of the binaries they run) under $(B)/asan --------
+# Same sources, own objects; the tree mirrors $(B) (tests/, bin/): `tests/run-all.sh asan` runs it.
+ASAN_CC ?= $(if $(shell command -v clang 2>/dev/null),clang,$(CC))
+ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_CFLAGS := $(BASE_CFLAGS) $(ASAN_FLAGS)
+ASAN_B := $(B)/asan
+aobj = $(patsubst %.c,$(ASAN_B)/obj/%.o,$(1))
+
+$(ASAN_B)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(ASAN_CC) $(ASAN_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+$(ASAN_B)/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(ASAN_CC) $(ASAN_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(ASAN_B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(ASAN_CC) $(ASAN_CFLAGS) -c $< -o $@
+
+A_LIB_KERNELS := $(ASAN_B)/lib/libsil-kernels.a
+A_LIB_ENGINE := $(ASAN_B)/lib/libsil-engine.a
+A_LIB_PROTO := $(ASAN_B)/lib/libsiliceo-proto.a
+A_LIB_DAEMON := $(ASAN_B)/lib/libsil-daemon.a
+A_LIB_CLIENT := $(ASAN_B)/lib/libsil-client.a
+$(eval $(call static_lib,$(A_LIB_KERNELS),$(call aobj,$(KERNEL_SRC))))
+$(eval $(call static_lib,$(A_LIB_ENGINE),$(call aobj,$(ENGINE_SRC))))
+$(eval $(call static_lib,$(A_LIB_PROTO),$(call aobj,$(PROTO_SRC))))
+$(eval $(call static_lib,$(A_LIB_DAEMON),$(call aobj,$(DAEMON_SRC))))
+$(eval $(call static_lib,$(A_LIB_CLIENT),$(call aobj,$(CLIENT_COMMON_SRC))))
+A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+
+define asan_test_bin
+$(ASAN_B)/tests/$(1): $(call aobj,tests/$(1).c $(TESTUTIL_SRC)) $(A_ALL_LIBS)
+	@mkdir -p $$(dir $$@)
+	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$(call aobj,tests/$(1).c $(TESTUTIL_SRC)) $(A_ALL_LIBS) -lcmocka $(ALL_LDLIBS)
+endef
+$(foreach t,$(TESTS),$(eval $(call asan_test_bin,$(t))))
+
+# Tests start some client and bench binaries (sil-chat, sil-mkmodel): those are sanitized too.
+define asan_client_bin
+$(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+	@mkdir -p $$(dir $$@)
+	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) -lm
+endef
+$(foreach c,$(CLIENTS),$(eval $(call asan_client_bin,$(c))))
+define asan_bench_bin
+$(ASAN_B)/bin/$(1): $(call aobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(A_LIB_ENGINE) $(A_LIB_KERNELS)
+	@mkdir -p $$(dir $$@)
+	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
+endef
+$(foreach b,$(BENCHES),$(eval $(call asan_bench_bin,$(b))))
+
+ASAN_TEST_BINS := $(addprefix $(ASAN_B)/tests/,$(TESTS))
+ASAN_BINS := $(addprefix $(ASAN_B)/bin/,$(CLIENTS) $(BENCHES))
+
+# Not run by check-asan, built for hand runs: B=build/asan tests/run-all.sh integration
+# (daemon_load's flat-RSS check cannot pass under ASan: freed memory sits in its quarantine).
+$(ASAN_B)/bin/siliceod: $(call aobj,daemon/main.c) $(A_LIB_DAEMON) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_PROTO)
+	@mkdir -p $(dir $@)
+	$(ASAN_CC) $(ASAN_FLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE)
+ifneq ($(wildcard daemon/main.c),)
+ASAN_BINS += $(ASAN_B)/bin/siliceod
+endif
+
 # ---- tests ---------------------------------------------------------------------------------------
 SHARED ?= $(abspath ../shared)
 FUZZ_SECONDS ?= 300
 CHECK_FUZZ_SECONDS ?= 30
 
-check: all tests $(FUZZ_BINS)
-	@SHARED=$(SHARED) B=$(B) CHECK_FUZZ_SECONDS=$(CHECK_FUZZ_SECONDS) tests/run-all.sh
+check: all tests $(FUZZ_BINS) $(ASAN_TEST_BINS) $(ASAN_BINS)
+	@SHARED=$(SHARED) B=$(B) ASAN_B=$(ASAN_B) CHECK_FUZZ_SECONDS=$(CHECK_FUZZ_SECONDS) tests/run-all.sh
 
 check-unit: all tests
 	@SHARED=$(SHARED) B=$(B) tests/run-all.sh unit
@@ -179,6 +244,9 @@ check-integration: all
 
 check-fuzz: $(FUZZ_BINS)
 	@SHARED=$(SHARED) B=$(B) CHECK_FUZZ_SECONDS=$(CHECK_FUZZ_SECONDS) tests/run-all.sh fuzz
+
+check-asan: $(ASAN_TEST_BINS) $(ASAN_BINS)
+	@SHARED=$(SHARED) B=$(B) ASAN_B=$(ASAN_B) tests/run-all.sh asan
 
 check-mandoc:
 	@SHARED=$(SHARED) B=$(B) tests/run-all.sh mandoc

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs the test suites of `make check`. With an argument, only that part: unit, integration, fuzz, mandoc.
-# Environment: B (build dir), SHARED (../shared), CHECK_FUZZ_SECONDS.
+# Runs the test suites of `make check`. With an argument, only that part: unit, asan, integration,
+# fuzz, mandoc.
+# Environment: B (build dir), ASAN_B (the ASan + UBSan build, default $B/asan: its tests/ and the
+# bin/ they start), SHARED (../shared), CHECK_FUZZ_SECONDS.
 set -u
 cd "$(dirname "$0")/.."
 B=${B:-build}
@@ -26,6 +28,16 @@ if [ "$only" = all ] || [ "$only" = unit ]; then
     for t in "$B"/tests/test_*; do
         [ -x "$t" ] || continue
         run "unit/$(basename "$t")" "$t"
+    done
+fi
+if [ "$only" = all ] || [ "$only" = asan ]; then
+    ASAN_B=${ASAN_B:-$B/asan}
+    # Leaks fail a test; UBSan (built with -fno-sanitize-recover) stops at its first report.
+    for t in "$ASAN_B"/tests/test_*; do
+        [ -x "$t" ] || continue
+        run "asan/$(basename "$t")" env SIL_BUILD="$(cd "$ASAN_B" && pwd)" \
+            ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1 \
+            UBSAN_OPTIONS=print_stacktrace=1 "$t"
     done
 fi
 if [ "$only" = all ] || [ "$only" = integration ]; then
