@@ -465,20 +465,22 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     return conn_send_scratch(c);
 }
 
-static bool need_model(struct conn *c, const struct sil_rpc_msg *m)
+/* need_model and admit_request: 1 to go on, else what the method returns (0: refused with an
+ * error response, -1: the connection is gone and c with it). */
+static int need_model(struct conn *c, const struct sil_rpc_msg *m)
 {
     if (c->srv->worker)
-        return true;
-    send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "%s: not available, siliceod runs with --no-model",
-               m->method);
-    return false;
+        return 1;
+    return send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "%s: not available, siliceod runs with --no-model",
+                      m->method);
 }
 
 static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
-    if (!need_model(c, m))
-        return 0;
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
     struct sil_rpc_error err = { 0 };
     const char *text;
     size_t len;
@@ -531,8 +533,9 @@ static int read_ids(const struct server *s, const msgpack_object *arr, const cha
 static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
-    if (!need_model(c, m))
-        return 0;
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
     struct sil_rpc_error err = { 0 };
     const msgpack_object *arr;
     bool special = false;
@@ -687,25 +690,23 @@ static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_re
 }
 
 /* Admission control shared by generate, chat and debug.stream. */
-static bool admit_request(struct conn *c, const struct sil_rpc_msg *m)
+static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
     if (c->n_inflight >= s->cfg->max_client_requests) {
         s->requests_rejected++;
-        send_error(c, m->msgid, SIL_RPC_E_BUSY, "more than %d requests in flight on this connection",
-                   s->cfg->max_client_requests);
-        return false;
+        return send_error(c, m->msgid, SIL_RPC_E_BUSY, "more than %d requests in flight on this connection",
+                          s->cfg->max_client_requests);
     }
     if (s->worker) {
         struct sil_worker_stats st;
         sil_worker_stats(s->worker, &st);
         if (st.queued >= s->cfg->max_queue && st.running >= s->cfg->max_running) {
             s->requests_rejected++;
-            send_error(c, m->msgid, SIL_RPC_E_BUSY, "queue full (%d waiting)", st.queued);
-            return false;
+            return send_error(c, m->msgid, SIL_RPC_E_BUSY, "queue full (%d waiting)", st.queued);
         }
     }
-    return true;
+    return 1;
 }
 
 /* The prompt ends inside an open think block: the model's first tokens are reasoning. */
@@ -730,8 +731,11 @@ static bool ends_in_think(const struct server *s, const int32_t *ids, size_t n)
 static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
-    if (!need_model(c, m) || !admit_request(c, m))
-        return 0;
+    int ok = need_model(c, m);
+    if (ok > 0)
+        ok = admit_request(c, m);
+    if (ok <= 0)
+        return ok;
     struct sil_rpc_error err = { 0 };
     struct sil_job_req *j = calloc(1, sizeof(*j));
     if (!j)
@@ -770,8 +774,11 @@ bad:
 static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
-    if (!need_model(c, m) || !admit_request(c, m))
-        return 0;
+    int ok = need_model(c, m);
+    if (ok > 0)
+        ok = admit_request(c, m);
+    if (ok <= 0)
+        return ok;
     struct sil_rpc_error err = { 0 };
     struct sil_job_req *j = calloc(1, sizeof(*j));
     struct sil_chat_msg *msgs = NULL;
@@ -879,16 +886,18 @@ static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
 
 static int m_sessions_list(struct conn *c, const struct sil_rpc_msg *m)
 {
-    if (!need_model(c, m))
-        return 0;
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
     sil_worker_sessions_list(c->srv->worker, c->id, m->msgid);
     return 0;
 }
 
 static int m_sessions_drop(struct conn *c, const struct sil_rpc_msg *m)
 {
-    if (!need_model(c, m))
-        return 0;
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
     struct sil_rpc_error err = { 0 };
     char name[SIL_SESSION_NAME_MAX];
     if (sil_rpc_get_strbuf(m->params, "name", name, sizeof name, SIL_RPC_REQUIRED, &err) < 0)
@@ -922,8 +931,9 @@ static int m_debug_stream(struct conn *c, const struct sil_rpc_msg *m)
     int64_t count;
     const char *text = "x";
     size_t len = 1;
-    if (!admit_request(c, m))
-        return 0;
+    int ok = admit_request(c, m);
+    if (ok <= 0)
+        return ok;
     if (sil_rpc_get_int(m->params, "count", 0, MAX_DEBUG_STREAM, &count, SIL_RPC_REQUIRED, &err) < 0 ||
         sil_rpc_get_str(m->params, "text", &text, &len, SIL_RPC_OPTIONAL, &err) < 0)
         return send_rpc_error(c, m->msgid, &err);
@@ -991,7 +1001,8 @@ static int conn_read(struct conn *c)
     size_t avail = 0;
     void *p = sil_rpc_unpacker_space(c->up, READ_CHUNK, &avail);
     if (!p) {
-        send_error(c, 0, SIL_RPC_E_TOO_LARGE, "too much unparsed input");
+        if (send_error(c, 0, SIL_RPC_E_TOO_LARGE, "too much unparsed input") < 0)
+            return -1;
         c->closing = true;
         return conn_flush(c);
     }
@@ -1034,9 +1045,8 @@ static int conn_read(struct conn *c)
         if (rc == -EPROTO && m.type != SIL_RPC_REQUEST && m.type >= 0)
             continue; /* a malformed notification or response: nothing to answer */
         /* Framing is lost (or the peer is not speaking the protocol): say why, then hang up. */
-        send_error(c, 0, err.code ? err.code : SIL_RPC_E_PARSE, "%s", err.msg);
-        if (!conn_find(s, c->id))
-            return -1;
+        if (send_error(c, 0, err.code ? err.code : SIL_RPC_E_PARSE, "%s", err.msg) < 0)
+            return -1; /* the send failed and freed c: not even c->id may be read */
         c->closing = true;
         return conn_flush(c);
     }

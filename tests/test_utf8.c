@@ -116,7 +116,8 @@ static size_t unpack_str(const msgpack_sbuffer *sb, size_t *off, char *buf, size
     assert_int_equal(u.data.type, MSGPACK_OBJECT_STR);
     size_t n = u.data.via.str.size;
     assert_true(n <= cap);
-    memcpy(buf, u.data.via.str.ptr, n);
+    if (n)
+        memcpy(buf, u.data.via.str.ptr, n);
     msgpack_unpacked_destroy(&u);
     return n;
 }
