@@ -17,260 +17,17 @@
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/tokenizer.h"
 #include "tests/testutil.h"
-
-
-enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
-struct jv {
-    enum jtype t;
-    double num;
-    bool b;
-    char *str; /* J_STR: UTF-8, NUL-terminated; len excludes the NUL */
-    size_t len;
-    struct jv *items; /* J_ARR / J_OBJ values */
-    char **keys;      /* J_OBJ */
-    size_t n;
-};
-
-static const char *j_ws(const char *p)
-{
-    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')
-        p++;
-    return p;
-}
-
-static size_t j_utf8(uint32_t cp, char *o)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xc0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | cp >> 18);
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
-static const char *j_parse(const char *p, struct jv *v);
-
-static const char *j_string(const char *p, char **out, size_t *len)
-{
-    const char *s = ++p;
-    size_t cap = 16;
-    while (*s && *s != '"')
-        s += (*s == '\\' && s[1]) ? 2 : 1, cap++;
-    char *b = malloc(cap * 4), *o = b;
-    assert_non_null(b);
-    while (*p != '"') {
-        if (!*p)
-            return NULL;
-        if (*p != '\\') {
-            *o++ = *p++;
-            continue;
-        }
-        p++;
-        char c = *p++;
-        switch (c) {
-        case 'n': *o++ = '\n'; break;
-        case 't': *o++ = '\t'; break;
-        case 'r': *o++ = '\r'; break;
-        case 'b': *o++ = '\b'; break;
-        case 'f': *o++ = '\f'; break;
-        case 'u': {
-            uint32_t cp = (uint32_t)strtoul((char[5]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
-            p += 4;
-            if (cp >= 0xd800 && cp < 0xdc00 && p[0] == '\\' && p[1] == 'u') {
-                uint32_t lo = (uint32_t)strtoul((char[5]){p[2], p[3], p[4], p[5], 0}, NULL, 16);
-                if (lo >= 0xdc00 && lo < 0xe000) {
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                    p += 6;
-                }
-            }
-            o += j_utf8(cp, o);
-            break;
-        }
-        default: *o++ = c; break;
-        }
-    }
-    *o = 0;
-    *out = b;
-    *len = (size_t)(o - b);
-    return p + 1;
-}
-
-static const char *j_parse(const char *p, struct jv *v)
-{
-    memset(v, 0, sizeof *v);
-    p = j_ws(p);
-    if (*p == '"') {
-        v->t = J_STR;
-        return j_string(p, &v->str, &v->len);
-    }
-    if (*p == '[' || *p == '{') {
-        bool obj = *p == '{';
-        char close = obj ? '}' : ']';
-        v->t = obj ? J_OBJ : J_ARR;
-        size_t cap = 0;
-        p = j_ws(p + 1);
-        while (*p != close) {
-            if (v->n == cap) {
-                cap = cap ? cap * 2 : 8;
-                v->items = realloc(v->items, cap * sizeof *v->items);
-                v->keys = realloc(v->keys, cap * sizeof *v->keys);
-                assert_non_null(v->items);
-                assert_non_null(v->keys);
-            }
-            v->keys[v->n] = NULL;
-            if (obj) {
-                size_t kl;
-                p = j_string(j_ws(p), &v->keys[v->n], &kl);
-                if (!p)
-                    return NULL;
-                p = j_ws(p);
-                if (*p++ != ':')
-                    return NULL;
-            }
-            p = j_parse(p, &v->items[v->n++]);
-            if (!p)
-                return NULL;
-            p = j_ws(p);
-            if (*p == ',')
-                p = j_ws(p + 1);
-            else if (*p != close)
-                return NULL;
-        }
-        return p + 1;
-    }
-    if (!strncmp(p, "true", 4) || !strncmp(p, "false", 5)) {
-        v->t = J_BOOL;
-        v->b = *p == 't';
-        return p + (v->b ? 4 : 5);
-    }
-    if (!strncmp(p, "null", 4))
-        return p + 4;
-    char *end;
-    v->t = J_NUM;
-    v->num = strtod(p, &end);
-    return end == p ? NULL : end;
-}
-
-static void j_free(struct jv *v)
-{
-    for (size_t i = 0; i < v->n; i++) {
-        j_free(&v->items[i]);
-        if (v->keys)
-            free(v->keys[i]);
-    }
-    free(v->items);
-    free(v->keys);
-    free(v->str);
-}
-
-static struct jv *j_get(struct jv *o, const char *key)
-{
-    for (size_t i = 0; o && o->t == J_OBJ && i < o->n; i++)
-        if (!strcmp(o->keys[i], key))
-            return &o->items[i];
-    return NULL;
-}
-
-static bool j_load(const char *rel, struct jv *out)
-{
-    if (!tu_refdata_exists(rel))
-        return false;
-    char *path = tu_refdata_path(rel);
-    void *buf;
-    size_t len;
-    assert_int_equal(tu_read_file(path, &buf, &len), 0);
-    const char *end = j_parse(buf, out);
-    if (!end)
-        fail_msg("%s: JSON parse error", rel);
-    free(buf);
-    free(path);
-    return true;
-}
-
-static size_t byte_level(unsigned char b, char *o)
-{
-    unsigned n = 0, cp = b;
-    bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-    if (!printable) {
-        for (unsigned x = 0; x < b; x++)
-            if (!((x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || x >= 0xae))
-                n++;
-        cp = 256 + n;
-    }
-    return j_utf8(cp, o);
-}
-
-static void put_byte_tokens(const char **toks)
-{
-    static char store[256][4];
-    for (int b = 0; b < 256; b++) {
-        size_t l = byte_level((unsigned char)b, store[b]);
-        store[b][l] = 0;
-        toks[b] = store[b];
-    }
-}
-
-/* model/pre/tokens/types/merges as given; NULL leaves a key out. */
-static int load_mem(const char *model, const char *pre, const char **toks, int32_t n_tok,
-                    const int32_t *types, int32_t n_types, const char **merges, int32_t n_merges,
-                    struct sil_vocab **v, struct sil_error *err)
-{
-    struct tu_buf b = {0};
-    uint64_t nkv = (model != NULL) + (pre != NULL) + (toks != NULL) + (types != NULL) +
-                   (merges != NULL);
-    tu_gguf_header(&b, 3, 0, nkv);
-    if (model)
-        tu_gguf_kv_str(&b, "tokenizer.ggml.model", model);
-    if (pre)
-        tu_gguf_kv_str(&b, "tokenizer.ggml.pre", pre);
-    if (toks)
-        tu_gguf_kv_arr_str(&b, "tokenizer.ggml.tokens", toks, (uint64_t)n_tok);
-    if (types)
-        tu_gguf_kv_arr_i32(&b, "tokenizer.ggml.token_type", types, (uint64_t)n_types);
-    if (merges)
-        tu_gguf_kv_arr_str(&b, "tokenizer.ggml.merges", merges, (uint64_t)n_merges);
-    tu_put_pad(&b, 32);
-    struct sil_gguf *g = NULL;
-    int rc = sil_gguf_open_mem(&g, b.p, b.len, "mem.gguf", err);
-    if (rc == 0) {
-        rc = sil_vocab_load(v, g, err);
-        sil_gguf_close(g);
-    }
-    tu_buf_free(&b);
-    return rc;
-}
-
+#include "tests/testutil_json.h"
+#include "tests/testutil_vocab.h"
 
 static struct sil_vocab *qwen3, *q35, *bare;
 
 static int setup(void **state)
 {
-    if (tu_refdata_exists("tokenizer/qwen3-vocab.gguf")) {
-        char *path = tu_refdata_path("tokenizer/qwen3-vocab.gguf");
-        struct sil_gguf *g = NULL;
-        struct sil_error err = {0};
-        if (sil_gguf_open(&g, path, &err) < 0 || sil_vocab_load(&qwen3, g, &err) < 0)
-            fail_msg("%s", err.msg);
-        sil_gguf_close(g);
-        free(path);
-    }
+    qwen3 = tu_vocab_load("tokenizer/qwen3-vocab.gguf");
     const char *toks[300];
     int32_t types[300];
-    put_byte_tokens(toks);
+    tu_byte_tokens(toks);
     for (int i = 0; i < 300; i++)
         types[i] = 1;
     toks[256] = "<|im_start|>";
@@ -281,8 +38,8 @@ static int setup(void **state)
     types[258] = types[259] = 4;
     const char *merges[] = {"a b"};
     struct sil_error err = {0};
-    if (load_mem("gpt2", "qwen35", toks, 260, types, 260, merges, 1, &q35, &err) < 0 ||
-        load_mem("gpt2", "qwen2", toks, 256, types, 256, merges, 1, &bare, &err) < 0)
+    if (tu_vocab_mem("gpt2", "qwen35", toks, 260, types, 260, merges, 1, &q35, &err) < 0 ||
+        tu_vocab_mem("gpt2", "qwen2", toks, 256, types, 256, merges, 1, &bare, &err) < 0)
         fail_msg("%s", err.msg);
     return 0;
 }
@@ -351,47 +108,55 @@ static void test_qwen3_refdata(void **state)
 {
     if (!qwen3)
         skip();
-    struct jv d;
-    assert_true(j_load("tokenizer/qwen3-chat.json", &d));
-    struct jv *cases = j_get(&d, "cases");
+    struct sil_json_doc *d = tu_json_load("tokenizer/qwen3-chat.json");
+    assert_non_null(d);
+    const struct sil_json *cases = sil_json_get(sil_json_root(d), "cases");
     assert_non_null(cases);
-    assert_true(cases->n >= 5);
-    for (size_t c = 0; c < cases->n; c++) {
-        struct jv *k = &cases->items[c], *msgs = j_get(k, "messages"), *kw = j_get(k, "kwargs");
+    assert_true(cases->n_children >= 5);
+    for (const struct sil_json *k = cases->child; k; k = k->next) {
+        const struct sil_json *msgs = sil_json_get(k, "messages"), *kw = sil_json_get(k, "kwargs");
+        const char *name = sil_json_get(k, "name")->str;
         struct sil_chat_msg m[16];
-        assert_true(msgs->n <= 16);
-        for (size_t i = 0; i < msgs->n; i++) {
-            m[i].role = j_get(&msgs->items[i], "role")->str;
-            m[i].content = j_get(&msgs->items[i], "content")->str;
-            struct jv *r = j_get(&msgs->items[i], "reasoning_content");
-            m[i].reasoning = r && r->t == J_STR ? r->str : NULL;
+        size_t nm = 0;
+        assert_true(msgs->n_children <= 16);
+        for (const struct sil_json *e = msgs->child; e; e = e->next, nm++) {
+            m[nm].role = sil_json_get(e, "role")->str;
+            m[nm].content = sil_json_get(e, "content")->str;
+            const struct sil_json *r = sil_json_get(e, "reasoning_content");
+            m[nm].reasoning = r && r->type == SIL_JSON_STR ? r->str : NULL;
         }
-        struct jv *gen = j_get(kw, "add_generation_prompt"), *think = j_get(kw, "enable_thinking");
-        char *out = render(qwen3, m, msgs->n, gen && gen->b, !think || think->b);
-        struct jv *want = j_get(k, "rendered");
+        const struct sil_json *gen = sil_json_get(kw, "add_generation_prompt");
+        const struct sil_json *think = sil_json_get(kw, "enable_thinking");
+        char *out = render(qwen3, m, nm, gen && gen->b, !think || think->b);
+        const struct sil_json *want = sil_json_get(k, "rendered");
         if (strcmp(out, want->str))
-            fail_msg("case %s:\n got: %s\nwant: %s", j_get(k, "name")->str, out, want->str);
+            fail_msg("case %s:\n got: %s\nwant: %s", name, out, want->str);
+        const struct sil_json *wid = sil_json_get(k, "ids");
+        size_t nw = (size_t)wid->n_children;
+        int32_t *want_ids = malloc((nw + 1) * sizeof(*want_ids));
+        assert_non_null(want_ids);
+        size_t i = 0;
+        for (const struct sil_json *e = wid->child; e; e = e->next)
+            want_ids[i++] = (int32_t)e->num;
         int32_t *ids;
         size_t n;
         assert_int_equal(sil_tokenize(qwen3, out, strlen(out), false, true, &ids, &n, NULL), 0);
-        struct jv *wid = j_get(k, "ids");
-        assert_int_equal(n, wid->n);
-        for (size_t i = 0; i < n; i++)
-            assert_int_equal(ids[i], (int32_t)wid->items[i].num);
+        assert_int_equal(n, nw);
+        for (i = 0; i < n; i++)
+            assert_int_equal(ids[i], want_ids[i]);
         free(ids);
         /* the ids the daemon gives the model: the same, straight from the template */
-        ids = chat_ids(qwen3, m, msgs->n, gen && gen->b, !think || think->b, &n);
-        if (n != wid->n)
-            fail_msg("case %s: sil_chat_tokenize gives %zu ids, want %zu", j_get(k, "name")->str,
-                     n, wid->n);
-        for (size_t i = 0; i < n; i++)
-            if (ids[i] != (int32_t)wid->items[i].num)
-                fail_msg("case %s: id %zu is %d, want %d", j_get(k, "name")->str, i, ids[i],
-                         (int32_t)wid->items[i].num);
+        ids = chat_ids(qwen3, m, nm, gen && gen->b, !think || think->b, &n);
+        if (n != nw)
+            fail_msg("case %s: sil_chat_tokenize gives %zu ids, want %zu", name, n, nw);
+        for (i = 0; i < n; i++)
+            if (ids[i] != want_ids[i])
+                fail_msg("case %s: id %zu is %d, want %d", name, i, ids[i], want_ids[i]);
+        free(want_ids);
         free(ids);
         free(out);
     }
-    j_free(&d);
+    sil_json_free(d);
 }
 
 /* Qwen3: the last assistant message after the last user query gets a think block even when it

@@ -4,7 +4,7 @@
  * imported), the JSON reader, routing skew, determinism, and the command line.
  *
  * The Makefile links bench sources only into the bench binary, so the sources are compiled into
- * this test here. */
+ * this test here (json.c comes with tests/testutil_json.c, linked into every test). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,11 +21,11 @@
 #include "daemon/engine/tokenizer.h"
 #include "kernels/cpu/quants.h"
 #include "tests/testutil.h"
+#include "tests/testutil_json.h"
 
 #include "bench/sil-mkmodel/arch.c"
 #include "bench/sil-mkmodel/fastquant.c"
 #include "bench/sil-mkmodel/gguf_writer.c"
-#include "bench/sil-mkmodel/json.c"
 #include "bench/sil-mkmodel/recipe.c"
 #include "bench/sil-mkmodel/vocab.c"
 #include "bench/sil-mkmodel/weights.c"

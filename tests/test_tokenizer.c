@@ -18,212 +18,15 @@
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/tokenizer.h"
 #include "tests/testutil.h"
-
-
-enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
-struct jv {
-    enum jtype t;
-    double num;
-    bool b;
-    char *str; /* J_STR: UTF-8, NUL-terminated; len excludes the NUL */
-    size_t len;
-    struct jv *items; /* J_ARR / J_OBJ values */
-    char **keys;      /* J_OBJ */
-    size_t n;
-};
-
-static const char *j_ws(const char *p)
-{
-    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')
-        p++;
-    return p;
-}
-
-static size_t j_utf8(uint32_t cp, char *o)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xc0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | cp >> 18);
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
-static const char *j_parse(const char *p, struct jv *v);
-
-static const char *j_string(const char *p, char **out, size_t *len)
-{
-    const char *s = ++p;
-    size_t cap = 16;
-    while (*s && *s != '"')
-        s += (*s == '\\' && s[1]) ? 2 : 1, cap++;
-    char *b = malloc(cap * 4), *o = b;
-    assert_non_null(b);
-    while (*p != '"') {
-        if (!*p)
-            return NULL;
-        if (*p != '\\') {
-            *o++ = *p++;
-            continue;
-        }
-        p++;
-        char c = *p++;
-        switch (c) {
-        case 'n': *o++ = '\n'; break;
-        case 't': *o++ = '\t'; break;
-        case 'r': *o++ = '\r'; break;
-        case 'b': *o++ = '\b'; break;
-        case 'f': *o++ = '\f'; break;
-        case 'u': {
-            uint32_t cp = (uint32_t)strtoul((char[5]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
-            p += 4;
-            if (cp >= 0xd800 && cp < 0xdc00 && p[0] == '\\' && p[1] == 'u') {
-                uint32_t lo = (uint32_t)strtoul((char[5]){p[2], p[3], p[4], p[5], 0}, NULL, 16);
-                if (lo >= 0xdc00 && lo < 0xe000) {
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                    p += 6;
-                }
-            }
-            o += j_utf8(cp, o);
-            break;
-        }
-        default: *o++ = c; break;
-        }
-    }
-    *o = 0;
-    *out = b;
-    *len = (size_t)(o - b);
-    return p + 1;
-}
-
-static const char *j_parse(const char *p, struct jv *v)
-{
-    memset(v, 0, sizeof *v);
-    p = j_ws(p);
-    if (*p == '"') {
-        v->t = J_STR;
-        return j_string(p, &v->str, &v->len);
-    }
-    if (*p == '[' || *p == '{') {
-        bool obj = *p == '{';
-        char close = obj ? '}' : ']';
-        v->t = obj ? J_OBJ : J_ARR;
-        size_t cap = 0;
-        p = j_ws(p + 1);
-        while (*p != close) {
-            if (v->n == cap) {
-                cap = cap ? cap * 2 : 8;
-                v->items = realloc(v->items, cap * sizeof *v->items);
-                v->keys = realloc(v->keys, cap * sizeof *v->keys);
-                assert_non_null(v->items);
-                assert_non_null(v->keys);
-            }
-            v->keys[v->n] = NULL;
-            if (obj) {
-                size_t kl;
-                p = j_string(j_ws(p), &v->keys[v->n], &kl);
-                if (!p)
-                    return NULL;
-                p = j_ws(p);
-                if (*p++ != ':')
-                    return NULL;
-            }
-            p = j_parse(p, &v->items[v->n++]);
-            if (!p)
-                return NULL;
-            p = j_ws(p);
-            if (*p == ',')
-                p = j_ws(p + 1);
-            else if (*p != close)
-                return NULL;
-        }
-        return p + 1;
-    }
-    if (!strncmp(p, "true", 4) || !strncmp(p, "false", 5)) {
-        v->t = J_BOOL;
-        v->b = *p == 't';
-        return p + (v->b ? 4 : 5);
-    }
-    if (!strncmp(p, "null", 4))
-        return p + 4;
-    char *end;
-    v->t = J_NUM;
-    v->num = strtod(p, &end);
-    return end == p ? NULL : end;
-}
-
-static void j_free(struct jv *v)
-{
-    for (size_t i = 0; i < v->n; i++) {
-        j_free(&v->items[i]);
-        if (v->keys)
-            free(v->keys[i]);
-    }
-    free(v->items);
-    free(v->keys);
-    free(v->str);
-}
-
-static struct jv *j_get(struct jv *o, const char *key)
-{
-    for (size_t i = 0; o && o->t == J_OBJ && i < o->n; i++)
-        if (!strcmp(o->keys[i], key))
-            return &o->items[i];
-    return NULL;
-}
-
-static bool j_load(const char *rel, struct jv *out)
-{
-    if (!tu_refdata_exists(rel))
-        return false;
-    char *path = tu_refdata_path(rel);
-    void *buf;
-    size_t len;
-    assert_int_equal(tu_read_file(path, &buf, &len), 0);
-    const char *end = j_parse(buf, out);
-    if (!end)
-        fail_msg("%s: JSON parse error", rel);
-    free(buf);
-    free(path);
-    return true;
-}
-
-
-static struct sil_vocab *load_vocab(const char *rel)
-{
-    if (!tu_refdata_exists(rel))
-        return NULL;
-    char *path = tu_refdata_path(rel);
-    struct sil_gguf *g = NULL;
-    struct sil_vocab *v = NULL;
-    struct sil_error err = {0};
-    if (sil_gguf_open(&g, path, &err) < 0 || sil_vocab_load(&v, g, &err) < 0)
-        fail_msg("%s: %s", rel, err.msg);
-    sil_gguf_close(g); /* the vocab must not depend on the mapping */
-    free(path);
-    return v;
-}
+#include "tests/testutil_json.h"
+#include "tests/testutil_vocab.h"
 
 static struct sil_vocab *qwen3, *llama3;
 
 static int setup(void **state)
 {
-    qwen3 = load_vocab("tokenizer/qwen3-vocab.gguf");
-    llama3 = load_vocab("tokenizer/llama3-vocab.gguf");
+    qwen3 = tu_vocab_load("tokenizer/qwen3-vocab.gguf");
+    llama3 = tu_vocab_load("tokenizer/llama3-vocab.gguf");
     return 0;
 }
 
@@ -244,18 +47,21 @@ static void encode(const struct sil_vocab *v, const char *t, size_t n, bool bos,
     assert_non_null(*ids);
 }
 
-static void assert_ids(const int32_t *got, size_t n_got, const struct jv *want, const char *what)
+static void assert_ids(const int32_t *got, size_t n_got, const struct sil_json *want, const char *what)
 {
-    bool same = want->t == J_ARR && n_got == want->n;
-    for (size_t i = 0; same && i < n_got; i++)
-        same = got[i] == (int32_t)want->items[i].num;
+    assert_non_null(want);
+    bool same = want->type == SIL_JSON_ARR && n_got == (size_t)want->n_children;
+    const struct sil_json *e = want->child;
+    for (size_t i = 0; same && i < n_got; i++, e = e->next)
+        same = got[i] == (int32_t)e->num;
     if (!same) {
         char g[256] = "", w[256] = "";
         for (size_t i = 0; i < n_got && i < 16; i++)
             snprintf(g + strlen(g), sizeof g - strlen(g), "%d ", got[i]);
-        for (size_t i = 0; i < want->n && i < 16; i++)
-            snprintf(w + strlen(w), sizeof w - strlen(w), "%d ", (int32_t)want->items[i].num);
-        fail_msg("%s: got %zu ids [%s...] want %zu [%s...]", what, n_got, g, want->n, w);
+        e = want->child;
+        for (size_t i = 0; e && i < 16; i++, e = e->next)
+            snprintf(w + strlen(w), sizeof w - strlen(w), "%d ", (int32_t)e->num);
+        fail_msg("%s: got %zu ids [%s...] want %lld [%s...]", what, n_got, g, (long long)want->n_children, w);
     }
 }
 
@@ -278,13 +84,15 @@ static void check_vectors(const struct sil_vocab *v, const char *rel, const char
     if (!v)
         skip();
     assert_string_equal(sil_vocab_pre(v), pre);
-    struct jv d;
-    assert_true(j_load(rel, &d));
-    struct jv *vec = j_get(&d, "vectors");
+    struct sil_json_doc *d = tu_json_load(rel);
+    assert_non_null(d);
+    const struct sil_json *vec = sil_json_get(sil_json_root(d), "vectors");
     assert_non_null(vec);
-    assert_true(vec->n >= 90);
-    for (size_t i = 0; i < vec->n; i++) {
-        struct jv *text = j_get(&vec->items[i], "text"), *want = j_get(&vec->items[i], "ids");
+    assert_true(vec->n_children >= 90);
+    size_t i = 0;
+    for (const struct sil_json *e = vec->child; e; e = e->next, i++) {
+        const struct sil_json *text = sil_json_get(e, "text"), *want = sil_json_get(e, "ids");
+        assert_non_null(text);
         int32_t *ids;
         size_t n;
         encode(v, text->str, text->len, false, false, &ids, &n);
@@ -294,17 +102,16 @@ static void check_vectors(const struct sil_vocab *v, const char *rel, const char
         roundtrip(v, text->str, text->len, ids, n);
         free(ids);
     }
-    struct jv *ps = j_get(&d, "parse_special");
+    const struct sil_json *ps = sil_json_get(sil_json_root(d), "parse_special");
     size_t checked = 0;
-    for (size_t i = 0; ps && i < ps->n; i++) {
-        struct jv *e = &ps->items[i];
-        if (!j_get(e, "agree")->b)
+    for (const struct sil_json *e = ps ? ps->child : NULL; e; e = e->next) {
+        if (!sil_json_get(e, "agree")->b)
             continue;
-        struct jv *text = j_get(e, "text");
+        const struct sil_json *text = sil_json_get(e, "text");
         int32_t *ids;
         size_t n;
         encode(v, text->str, text->len, false, true, &ids, &n);
-        assert_ids(ids, n, j_get(e, "ids_hf"), "parse_special vector");
+        assert_ids(ids, n, sil_json_get(e, "ids_hf"), "parse_special vector");
         /* decoding with specials gives the text back */
         char *out;
         size_t len;
@@ -316,7 +123,7 @@ static void check_vectors(const struct sil_vocab *v, const char *rel, const char
         checked++;
     }
     assert_true(checked >= 3);
-    j_free(&d);
+    sil_json_free(d);
 }
 
 static void test_qwen3_vectors(void **state)
@@ -617,26 +424,13 @@ static int32_t ref_rank(const struct ref_bpe *r, const char *a, const char *b)
     return best;
 }
 
-static size_t byte_level(unsigned char b, char *o)
-{
-    unsigned n = 0, cp = b;
-    bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-    if (!printable) {
-        for (unsigned x = 0; x < b; x++)
-            if (!((x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || x >= 0xae))
-                n++;
-        cp = 256 + n;
-    }
-    return j_utf8(cp, o);
-}
-
 static size_t ref_encode(const struct ref_bpe *r, const char *w, size_t len, int32_t *out)
 {
     char *sym[1024];
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         sym[n] = calloc(1, 4096);
-        byte_level((unsigned char)w[i], sym[n]);
+        tu_byte_level((unsigned char)w[i], sym[n]);
         n++;
     }
     for (;;) {
@@ -891,51 +685,11 @@ static void test_detok_specials_and_space(void **state)
 }
 
 
-static void put_byte_tokens(const char **toks)
-{
-    static char store[256][4];
-    for (int b = 0; b < 256; b++) {
-        size_t l = byte_level((unsigned char)b, store[b]);
-        store[b][l] = 0;
-        toks[b] = store[b];
-    }
-}
-
-/* model/pre/tokens/types/merges as given; NULL leaves a key out. */
-static int load_mem(const char *model, const char *pre, const char **toks, int32_t n_tok,
-                    const int32_t *types, int32_t n_types, const char **merges, int32_t n_merges,
-                    struct sil_vocab **v, struct sil_error *err)
-{
-    struct tu_buf b = {0};
-    uint64_t nkv = (model != NULL) + (pre != NULL) + (toks != NULL) + (types != NULL) +
-                   (merges != NULL);
-    tu_gguf_header(&b, 3, 0, nkv);
-    if (model)
-        tu_gguf_kv_str(&b, "tokenizer.ggml.model", model);
-    if (pre)
-        tu_gguf_kv_str(&b, "tokenizer.ggml.pre", pre);
-    if (toks)
-        tu_gguf_kv_arr_str(&b, "tokenizer.ggml.tokens", toks, (uint64_t)n_tok);
-    if (types)
-        tu_gguf_kv_arr_i32(&b, "tokenizer.ggml.token_type", types, (uint64_t)n_types);
-    if (merges)
-        tu_gguf_kv_arr_str(&b, "tokenizer.ggml.merges", merges, (uint64_t)n_merges);
-    tu_put_pad(&b, 32);
-    struct sil_gguf *g = NULL;
-    int rc = sil_gguf_open_mem(&g, b.p, b.len, "mem.gguf", err);
-    if (rc == 0) {
-        rc = sil_vocab_load(v, g, err);
-        sil_gguf_close(g);
-    }
-    tu_buf_free(&b);
-    return rc;
-}
-
 static void test_load_errors(void **state)
 {
     const char *toks[300];
     int32_t types[300];
-    put_byte_tokens(toks);
+    tu_byte_tokens(toks);
     for (int i = 0; i < 300; i++)
         types[i] = 1;
     toks[256] = "ab";
@@ -945,7 +699,7 @@ static void test_load_errors(void **state)
     struct sil_vocab *v = NULL;
     struct sil_error err = {0};
 
-    assert_int_equal(load_mem("gpt2", "qwen35", toks, 258, types, 258, merges, 1, &v, &err), 0);
+    assert_int_equal(tu_vocab_mem("gpt2", "qwen35", toks, 258, types, 258, merges, 1, &v, &err), 0);
     assert_string_equal(sil_vocab_pre(v), "qwen35");
     assert_int_equal(sil_vocab_im_start(v), 257);
     int32_t *ids;
@@ -957,40 +711,40 @@ static void test_load_errors(void **state)
     sil_vocab_free(v);
     v = NULL;
 
-    assert_int_equal(load_mem("gpt2", "no-such-pre", toks, 258, types, 258, merges, 1, &v, &err),
+    assert_int_equal(tu_vocab_mem("gpt2", "no-such-pre", toks, 258, types, 258, merges, 1, &v, &err),
                      -EINVAL);
     assert_null(v);
     assert_non_null(strstr(err.msg, "tokenizer.ggml.pre"));
     assert_non_null(strstr(err.msg, "no-such-pre"));
     assert_non_null(strstr(err.msg, "mem.gguf"));
 
-    assert_int_equal(load_mem("gpt2", NULL, toks, 258, types, 258, merges, 1, &v, &err), -EINVAL);
+    assert_int_equal(tu_vocab_mem("gpt2", NULL, toks, 258, types, 258, merges, 1, &v, &err), -EINVAL);
     assert_non_null(strstr(err.msg, "tokenizer.ggml.pre"));
 
-    assert_int_equal(load_mem("llama", "qwen2", toks, 258, types, 258, merges, 1, &v, &err),
+    assert_int_equal(tu_vocab_mem("llama", "qwen2", toks, 258, types, 258, merges, 1, &v, &err),
                      -EINVAL);
     assert_non_null(strstr(err.msg, "tokenizer.ggml.model"));
 
-    assert_int_equal(load_mem("gpt2", "qwen2", NULL, 0, NULL, 0, merges, 1, &v, &err), -ENOENT);
+    assert_int_equal(tu_vocab_mem("gpt2", "qwen2", NULL, 0, NULL, 0, merges, 1, &v, &err), -ENOENT);
     assert_non_null(strstr(err.msg, "tokenizer.ggml.tokens"));
 
-    assert_int_equal(load_mem("gpt2", "qwen2", toks, 258, types, 257, merges, 1, &v, &err),
+    assert_int_equal(tu_vocab_mem("gpt2", "qwen2", toks, 258, types, 257, merges, 1, &v, &err),
                      -EINVAL);
     assert_non_null(strstr(err.msg, "token_type"));
 
     types[5] = 9;
-    assert_int_equal(load_mem("gpt2", "qwen2", toks, 258, types, 258, merges, 1, &v, &err),
+    assert_int_equal(tu_vocab_mem("gpt2", "qwen2", toks, 258, types, 258, merges, 1, &v, &err),
                      -EINVAL);
     assert_non_null(strstr(err.msg, "token_type[5]"));
     types[5] = 1;
 
     /* a byte without a token */
-    assert_int_equal(load_mem("gpt2", "qwen2", toks + 1, 257, types, 257, merges, 1, &v, &err),
+    assert_int_equal(tu_vocab_mem("gpt2", "qwen2", toks + 1, 257, types, 257, merges, 1, &v, &err),
                      -EINVAL);
     assert_non_null(strstr(err.msg, "byte 0x00"));
 
     const char *bad_merge[] = {"ab"};
-    assert_int_equal(load_mem("gpt2", "qwen2", toks, 258, types, 258, bad_merge, 1, &v, &err),
+    assert_int_equal(tu_vocab_mem("gpt2", "qwen2", toks, 258, types, 258, bad_merge, 1, &v, &err),
                      -EINVAL);
     assert_non_null(strstr(err.msg, "merges[0]"));
     assert_null(v);
@@ -1001,7 +755,7 @@ static void test_merge_order(void **state)
 {
     const char *toks[300];
     int32_t types[300];
-    put_byte_tokens(toks);
+    tu_byte_tokens(toks);
     for (int i = 0; i < 300; i++)
         types[i] = 1;
     toks[256] = "bc";
@@ -1011,7 +765,7 @@ static void test_merge_order(void **state)
     const char *merges[] = {"b c", "a b", "a a", "aa aa"};
     struct sil_vocab *v = NULL;
     struct sil_error err = {0};
-    assert_int_equal(load_mem("gpt2", "qwen2", toks, 260, types, 260, merges, 4, &v, &err), 0);
+    assert_int_equal(tu_vocab_mem("gpt2", "qwen2", toks, 260, types, 260, merges, 4, &v, &err), 0);
     int32_t *ids;
     size_t n;
     encode(v, "abc", 3, false, false, &ids, &n); /* "b c" outranks "a b" */
