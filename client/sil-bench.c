@@ -350,14 +350,6 @@ static int bench_overhead(const struct opts *o)
 
 /* ---- output ----------------------------------------------------------------------------------- */
 
-static void json_string(FILE *f, const char *s)
-{
-    msgpack_object o = {.type = MSGPACK_OBJECT_STR};
-    o.via.str.ptr = s ? s : "";
-    o.via.str.size = (uint32_t)strlen(o.via.str.ptr);
-    sil_rpc_print_json(f, &o, -1);
-}
-
 static void read_cpu(char *buf, size_t size)
 {
     snprintf(buf, size, "unknown");
@@ -410,19 +402,19 @@ static int write_json(const struct opts *o, int argc, char **argv, const msgpack
         snprintf(cmd + n, sizeof(cmd) - n, "%s%s", i ? " " : "", argv[i]);
     }
     fprintf(f, "{\n  \"benchmark\": ");
-    json_string(f, o->name ? o->name : o->overhead ? "proto" : "serve");
+    sil_rpc_print_json_str(f, o->name ? o->name : o->overhead ? "proto" : "serve");
     fprintf(f, ",\n  \"date\": \"%s\",\n  \"commit\": ", date);
-    json_string(f, commit);
+    sil_rpc_print_json_str(f, commit);
     fprintf(f, ",\n  \"command\": ");
-    json_string(f, cmd);
+    sil_rpc_print_json_str(f, cmd);
     fprintf(f, ",\n  \"machine\": {\"cpu\": ");
-    json_string(f, cpu);
+    sil_rpc_print_json_str(f, cpu);
     fprintf(f, ", \"cores\": %ld, \"ram_gib\": %.1f", sysconf(_SC_NPROCESSORS_ONLN),
             (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / (1u << 30));
     char dev[128];
     if (sil_rpc_map_str(status, "device", dev, sizeof(dev), NULL)) {
         fprintf(f, ", \"gpu\": ");
-        json_string(f, dev);
+        sil_rpc_print_json_str(f, dev);
     }
     fprintf(f, "},\n  \"model\": ");
     const msgpack_object *model = sil_rpc_map_get(status, "model");
@@ -435,12 +427,12 @@ static int write_json(const struct opts *o, int argc, char **argv, const msgpack
         struct result *r = &results[i];
         double mn, mx, med = median(&r->s, &mn, &mx);
         fprintf(f, "%s\n    {\"metric\": \"%s\", \"config\": ", i ? "," : "", r->metric);
-        json_string(f, r->config);
+        sil_rpc_print_json_str(f, r->config);
         fprintf(f, ", \"value\": %.6g, \"unit\": \"%s\", \"runs\": %d, \"min\": %.6g, \"max\": %.6g}",
                 med, r->unit, r->s.n, mn, mx);
     }
     fprintf(f, "\n  ],\n  \"notes\": ");
-    json_string(f, o->notes ? o->notes
+    sil_rpc_print_json_str(f, o->notes ? o->notes
                             : "measured by sil-bench from the client side; tok/s and ttft per "
                               "request come from the daemon's timings, aggregate_tok_s and ttft_ms "
                               "from the client's clock; no peer or floor measured here");

@@ -98,19 +98,14 @@ static void print_json(int code, const char *line, double status_ms, double gen_
                        const char *error, const msgpack_object *status)
 {
     printf("{\"status\":\"%s\",\"code\":%d,\"summary\":", sil_probe_code_name(code), code);
-    msgpack_object s = {.type = MSGPACK_OBJECT_STR};
-    s.via.str.ptr = line;
-    s.via.str.size = (uint32_t)strlen(line);
-    sil_rpc_print_json(stdout, &s, -1);
+    sil_rpc_print_json_str(stdout, line);
     if (status_ms >= 0)
         printf(",\"status_ms\":%.3f", status_ms);
     if (gen_ms >= 0)
         printf(",\"generate_ms\":%.3f", gen_ms);
     if (error) {
-        s.via.str.ptr = error;
-        s.via.str.size = (uint32_t)strlen(error);
         printf(",\"error\":");
-        sil_rpc_print_json(stdout, &s, -1);
+        sil_rpc_print_json_str(stdout, error);
     }
     if (status) {
         printf(",\"daemon\":");

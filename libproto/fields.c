@@ -485,3 +485,9 @@ int sil_rpc_print_json(FILE *f, const msgpack_object *o, int indent)
     json_obj(f, o, indent, 0);
     return ferror(f) ? -EIO : 0;
 }
+
+int sil_rpc_print_json_str(FILE *f, const char *s)
+{
+    json_str(f, s ? s : "", s ? strlen(s) : 0);
+    return ferror(f) ? -EIO : 0;
+}

@@ -192,6 +192,8 @@ void sil_rpc_read_error(const msgpack_object *error, struct sil_rpc_error *err);
 /* Writes o as JSON (str as UTF-8 text with escapes, bin as a string, ext as null, non-string
  * map keys stringified). indent < 0: compact, else pretty with that many spaces. */
 int sil_rpc_print_json(FILE *f, const msgpack_object *o, int indent);
+/* Writes the C string s (NULL: "") as a JSON string, escaped as sil_rpc_print_json does. */
+int sil_rpc_print_json_str(FILE *f, const char *s);
 
 /* ---- packing ---------------------------------------------------------------------------------- */
 

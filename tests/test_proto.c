@@ -749,6 +749,15 @@ static void test_json(void **state)
     free(s);
     msgpack_unpacked_destroy(&up);
     raw_free(&r);
+    /* a C string alone: the same escapes; NULL is the empty string */
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    assert_non_null(f);
+    assert_int_equal(sil_rpc_print_json_str(f, "a\"b\\c\n\x01\xc3\xa9\xff"), 0);
+    assert_int_equal(sil_rpc_print_json_str(f, NULL), 0);
+    fclose(f);
+    assert_string_equal(s, "\"a\\\"b\\\\c\\n\\u0001\xc3\xa9\xef\xbf\xbd\"\"\"");
+    free(s);
 }
 
 /* ---- packing ---------------------------------------------------------------------------------- */
