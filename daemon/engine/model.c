@@ -208,6 +208,19 @@ static int bind_blk(struct loader *L, const struct sil_gguf_tensor **out, int il
     return bind(L, out, name, ne0, ne1, ne2, true, f32);
 }
 
+/* Layouts a converter can write on request (fused projections) that we do not read yet: one
+ * clear -ENOTSUP instead of a "missing tensor" that would send the user looking for damage. */
+static int check_fused(struct loader *L, int il, const char *fused, const char *separate)
+{
+    char a[128], b[128];
+    snprintf(a, sizeof(a), "blk.%d.%s", il, fused);
+    snprintf(b, sizeof(b), "blk.%d.%s", il, separate);
+    if (sil_gguf_find_tensor(L->m->gguf, a) && !sil_gguf_find_tensor(L->m->gguf, b))
+        return sil_errorf(L->err, -ENOTSUP, "%s: tensor '%s' (fused layout) is not supported yet; convert without fusing (separate '%s')",
+                          L->path, a, b);
+    return 0;
+}
+
 static int bind_tensors(struct loader *L)
 {
     struct sil_model *m = L->m;
@@ -249,6 +262,8 @@ static int bind_tensors(struct loader *L)
             B(&l->ssm_out, il, "ssm_out.weight", nv * dv, E, 0, false);
         } else {
             l->attn_index = ia++;
+            if ((rc = check_fused(L, il, "attn_qkv.weight", "attn_q.weight")) < 0)
+                return rc;
             const int64_t q_out = hd * hp->n_head * (t->gated_attn ? 2 : 1);
             B(&l->wq, il, "attn_q.weight", E, q_out, 0, false);
             B(&l->wk, il, "attn_k.weight", E, hd * hp->n_head_kv, 0, false);
@@ -259,6 +274,8 @@ static int bind_tensors(struct loader *L)
         }
         if (t->moe) {
             const int64_t X = hp->n_expert, F = hp->n_ff_exp;
+            if ((rc = check_fused(L, il, "ffn_gate_up_exps.weight", "ffn_gate_exps.weight")) < 0)
+                return rc;
             B(&l->ffn_gate_inp, il, "ffn_gate_inp.weight", E, X, 0, false);
             B(&l->ffn_gate_exps, il, "ffn_gate_exps.weight", E, F, X, false);
             B(&l->ffn_up_exps, il, "ffn_up_exps.weight", E, F, X, false);
