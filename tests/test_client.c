@@ -363,13 +363,20 @@ static void *fake_main(void *arg)
 static int fake_setup(void **state)
 {
     struct fake *f = calloc(1, sizeof(*f));
-    snprintf(f->dir, sizeof(f->dir), "/tmp/test_client.XXXXXX");
-    if (!mkdtemp(f->dir))
+    if (!f)
         return -1;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/test_client.XXXXXX");
+    if (!mkdtemp(f->dir)) {
+        free(f);
+        return -1;
+    }
     snprintf(f->path, sizeof(f->path), "%s/s.sock", f->dir);
     f->lfd = sil_rpc_listen(f->path, 0600, 8, NULL);
-    if (f->lfd < 0)
+    if (f->lfd < 0) {
+        rmdir(f->dir);
+        free(f);
         return -1;
+    }
     pthread_create(&f->th, NULL, fake_main, f);
     *state = f;
     return 0;
