@@ -424,6 +424,51 @@ static void test_batched_vs_alone(void **state)
     }
 }
 
+/* A batch longer than one internal forward pass (128 rows) gives the same logits as the same
+ * tokens fed in small chunks: state (KV, conv, SSM) carries across pass boundaries. */
+static void test_long_batch(void **state)
+{
+    (void)state;
+    const char *const which[] = {"qwen35moe-tiny-Q4_K_M", "qwen3-tiny-Q8_0"};
+    for (size_t w = 0; w < 2; w++) {
+        size_t nc;
+        int32_t *c = prompt_ids(which[w], 'C', &nc);
+        const int32_t n = (int32_t)(2 * nc + 37);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+        for (int32_t i = 0; i < n; i++)
+            ids[i] = c[(size_t)i % nc];
+        struct sil_engine *e = open_model(which[w], false, 2);
+        const int32_t V = sil_engine_info(e)->n_vocab;
+        float *one = malloc(sizeof(float) * (size_t)n * V), *chunks = malloc(sizeof(float) * (size_t)n * V);
+        prefill(e, ids, n, one);
+        struct sil_error err = {0};
+        int seq = sil_seq_create(e, &err);
+        int32_t pos[37], sq[37];
+        bool want[37];
+        for (int32_t at = 0; at < n; at += 37) {
+            int32_t m = n - at < 37 ? n - at : 37;
+            for (int32_t i = 0; i < m; i++) {
+                pos[i] = at + i;
+                sq[i] = seq;
+                want[i] = true;
+            }
+            struct sil_batch b = {m, ids + at, pos, sq, want};
+            assert_int_equal(sil_engine_eval(e, &b, chunks + (size_t)at * V, &err), 0);
+        }
+        assert_int_equal(sil_seq_len(e, seq), n);
+        double d = 0;
+        for (size_t i = 0; i < (size_t)n * V; i++)
+            d = fmax(d, fabs((double)one[i] - chunks[i]));
+        if (d > 1e-5)
+            fail_msg("%s: %d rows in one batch vs chunks of 37: max diff %g", which[w], n, d);
+        free(one);
+        free(chunks);
+        free(ids);
+        free(c);
+        sil_engine_close(e);
+    }
+}
+
 /* Bad batches fail without changing any sequence; truncate to 0 restarts a sequence. */
 static void test_api_errors(void **state)
 {
@@ -488,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_parity_exact),
         cmocka_unit_test(test_decode_vs_prefill),
         cmocka_unit_test(test_batched_vs_alone),
+        cmocka_unit_test(test_long_batch),
         cmocka_unit_test(test_api_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
