@@ -424,6 +424,61 @@ static void test_batched_vs_alone(void **state)
     }
 }
 
+/* The scheduler's step: one decode row of a running sequence and a prefill chunk of a new one
+ * in the same batch, the decode row placed between prefill rows. Same logits as alone. */
+static void test_mixed_prefill_decode(void **state)
+{
+    (void)state;
+    size_t nc;
+    int32_t *c = prompt_ids("qwen35moe-tiny-Q5_K_M", 'C', &nc);
+    struct sil_engine *e = open_model("qwen35moe-tiny-Q5_K_M", false, 3);
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    struct sil_error err = {0};
+    /* alone: A = c[0..30] then c[30]; B = c[40..60] */
+    float *a_alone = malloc(sizeof(float) * 31 * V), *b_alone = malloc(sizeof(float) * 20 * V);
+    int sa = prefill(e, c, 31, a_alone);
+    sil_seq_free(e, sa);
+    int sb = prefill(e, c + 40, 20, b_alone);
+    sil_seq_free(e, sb);
+    /* together: A's first 30 alone, then A's 31st row mixed into B's 20-row prefill */
+    float *tmp = malloc(sizeof(float) * 31 * V);
+    sa = prefill(e, c, 30, tmp);
+    sb = sil_seq_create(e, &err);
+    int32_t tok[21], pos[21], sq[21];
+    bool want[21];
+    for (int i = 0, k = 0; i < 21; i++) {
+        if (i == 7) {
+            tok[i] = c[30];
+            pos[i] = 30;
+            sq[i] = sa;
+        } else {
+            tok[i] = c[40 + k];
+            pos[i] = k++;
+            sq[i] = sb;
+        }
+        want[i] = true;
+    }
+    float *mixed = malloc(sizeof(float) * 21 * V);
+    struct sil_batch b = {21, tok, pos, sq, want};
+    assert_int_equal(sil_engine_eval(e, &b, mixed, &err), 0);
+    double d = 0;
+    for (int i = 0; i < 21; i++) {
+        const float *ref = sq[i] == sa ? a_alone + 30 * (size_t)V : b_alone + (size_t)pos[i] * V;
+        for (int32_t v = 0; v < V; v++)
+            d = fmax(d, fabs((double)mixed[(size_t)i * V + v] - ref[v]));
+    }
+    if (d > 1e-5)
+        fail_msg("mixed prefill + decode batch vs alone: max diff %g", d);
+    assert_int_equal(sil_seq_len(e, sa), 31);
+    assert_int_equal(sil_seq_len(e, sb), 20);
+    free(a_alone);
+    free(b_alone);
+    free(tmp);
+    free(mixed);
+    free(c);
+    sil_engine_close(e);
+}
+
 /* A batch longer than one internal forward pass (128 rows) gives the same logits as the same
  * tokens fed in small chunks: state (KV, conv, SSM) carries across pass boundaries. */
 static void test_long_batch(void **state)
@@ -534,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_decode_vs_prefill),
         cmocka_unit_test(test_batched_vs_alone),
         cmocka_unit_test(test_long_batch),
+        cmocka_unit_test(test_mixed_prefill_decode),
         cmocka_unit_test(test_api_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
