@@ -16,7 +16,7 @@
 #   libproto/*.c       -> build/lib/libsiliceo-proto.a
 #   daemon/*.c         -> build/bin/siliceod           (daemon/main.c holds main)
 #   client/common/*.c  -> linked into every client; client/sil-X.c -> build/bin/sil-X
-#   bench/sil-X.c + bench/sil-X/*.c -> build/bin/sil-X
+#   bench/sil-X.c + bench/sil-X/*.c -> build/bin/sil-X; bench/common/*.c -> linked into every bench tool
 #   tests/test_X.c (+ tests/testutil.c) -> build/tests/test_X
 #   tests/fuzz/fuzz_X.c -> build/fuzz/fuzz_X (clang, libFuzzer + ASan + UBSan)
 
@@ -58,6 +58,7 @@ ENGINE_SRC := $(wildcard daemon/engine/*.c)
 PROTO_SRC := $(wildcard libproto/*.c)
 DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLIENT_COMMON_SRC := $(wildcard client/common/*.c)
+BENCH_COMMON_SRC := $(wildcard bench/common/*.c)
 CLIENTS := $(patsubst client/%.c,%,$(wildcard client/sil-*.c))
 BENCHES := $(patsubst bench/%.c,%,$(wildcard bench/sil-*.c))
 TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
@@ -72,6 +73,7 @@ LIB_ENGINE := $(B)/lib/libsil-engine.a
 LIB_PROTO := $(B)/lib/libsiliceo-proto.a
 LIB_DAEMON := $(B)/lib/libsil-daemon.a
 LIB_CLIENT := $(B)/lib/libsil-client.a
+LIB_BENCH := $(B)/lib/libsil-bench.a
 
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 
@@ -119,6 +121,7 @@ $(eval $(call static_lib,$(LIB_ENGINE),$(call obj,$(ENGINE_SRC))))
 $(eval $(call static_lib,$(LIB_PROTO),$(call obj,$(PROTO_SRC))))
 $(eval $(call static_lib,$(LIB_DAEMON),$(call obj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(LIB_CLIENT),$(call obj,$(CLIENT_COMMON_SRC))))
+$(eval $(call static_lib,$(LIB_BENCH),$(call obj,$(BENCH_COMMON_SRC))))
 
 ENGINE_LIBS := $(LIB_ENGINE) $(LIB_KERNELS)
 ALL_LIBS := $(LIB_DAEMON) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
@@ -142,7 +145,7 @@ endef
 $(foreach c,$(CLIENTS),$(eval $(call client_bin,$(c))))
 
 define bench_bin
-$(B)/bin/$(1): $(call obj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(ENGINE_LIBS)
+$(B)/bin/$(1): $(call obj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(ENGINE_LIBS) $(LIB_BENCH)
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
 endef
@@ -188,11 +191,13 @@ A_LIB_ENGINE := $(ASAN_B)/lib/libsil-engine.a
 A_LIB_PROTO := $(ASAN_B)/lib/libsiliceo-proto.a
 A_LIB_DAEMON := $(ASAN_B)/lib/libsil-daemon.a
 A_LIB_CLIENT := $(ASAN_B)/lib/libsil-client.a
+A_LIB_BENCH := $(ASAN_B)/lib/libsil-bench.a
 $(eval $(call static_lib,$(A_LIB_KERNELS),$(call aobj,$(KERNEL_SRC))))
 $(eval $(call static_lib,$(A_LIB_ENGINE),$(call aobj,$(ENGINE_SRC))))
 $(eval $(call static_lib,$(A_LIB_PROTO),$(call aobj,$(PROTO_SRC))))
 $(eval $(call static_lib,$(A_LIB_DAEMON),$(call aobj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_CLIENT),$(call aobj,$(CLIENT_COMMON_SRC))))
+$(eval $(call static_lib,$(A_LIB_BENCH),$(call aobj,$(BENCH_COMMON_SRC))))
 A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 
 define asan_test_bin
@@ -210,7 +215,7 @@ $(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 endef
 $(foreach c,$(CLIENTS),$(eval $(call asan_client_bin,$(c))))
 define asan_bench_bin
-$(ASAN_B)/bin/$(1): $(call aobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(A_LIB_ENGINE) $(A_LIB_KERNELS)
+$(ASAN_B)/bin/$(1): $(call aobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_BENCH)
 	@mkdir -p $$(dir $$@)
 	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
 endef

@@ -2,10 +2,13 @@
  * tests, the demo and benchmarks. See sil-mkmodel(1). */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/common.h"
 #include "bench/sil-mkmodel/mkmodel.h"
 #include "kernels/cpu/quants.h"
 
@@ -61,7 +64,7 @@ static void usage(FILE *f)
             "  --dry-run             print the tensor table and the size, write nothing\n"
             "  --quiet               no progress line\n"
             "  --list-presets        the presets, then exit\n"
-            "  --help\n"
+            "  --help                this help       --version   the version\n"
             "\n"
             "presets:\n");
     sil_mk_list_presets(f);
@@ -71,7 +74,7 @@ enum {
     O_PRESET = 256, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV, O_HEAD_DIM, O_FFN, O_EXPERTS, O_USED,
     O_EXP_FFN, O_SH_FFN, O_DN_K, O_DN_V, O_DN_DIM, O_DN_CONV, O_FAI, O_ROPE_BASE, O_ROPE_PARTIAL,
     O_CTX, O_TIED, O_UNTIED, O_VOCAB, O_VOCAB_FROM, O_PRE, O_TYPE, O_OVERRIDE, O_SKEW, O_SEED, O_OUT,
-    O_THREADS, O_NAME, O_EXACT, O_DRY, O_QUIET, O_LIST, O_HELP,
+    O_THREADS, O_NAME, O_EXACT, O_DRY, O_QUIET, O_LIST, O_HELP, O_VERSION,
 };
 
 static const struct option opts[] = {
@@ -86,32 +89,22 @@ static const struct option opts[] = {
     {"pre", 1, 0, O_PRE}, {"type", 1, 0, O_TYPE}, {"type-override", 1, 0, O_OVERRIDE},
     {"skew", 1, 0, O_SKEW}, {"seed", 1, 0, O_SEED}, {"out", 1, 0, O_OUT}, {"threads", 1, 0, O_THREADS},
     {"name", 1, 0, O_NAME}, {"exact-quant", 0, 0, O_EXACT}, {"dry-run", 0, 0, O_DRY}, {"quiet", 0, 0, O_QUIET},
-    {"list-presets", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+    {"list-presets", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {"version", 0, 0, O_VERSION}, {0, 0, 0, 0},
 };
+
+#define PROG "sil-mkmodel"
 
 static int parse_int(const char *flag, const char *s, int64_t *out)
 {
-    char *e;
-    errno = 0;
-    long long v = strtoll(s, &e, 0);
-    if (errno || e == s || *e || v < 0) {
-        fprintf(stderr, "sil-mkmodel: %s: '%s' is not a non-negative integer\n", flag, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return sil_bench_parse_i64(PROG, flag, s, 0, INT64_MAX, out);
 }
 
 static int parse_float(const char *flag, const char *s, float *out)
 {
-    char *e;
-    errno = 0;
-    float v = strtof(s, &e);
-    if (errno || e == s || *e) {
-        fprintf(stderr, "sil-mkmodel: %s: '%s' is not a number\n", flag, s);
+    double v;
+    if (sil_bench_parse_double(PROG, flag, s, -HUGE_VAL, HUGE_VAL, &v))
         return -1;
-    }
-    *out = v;
+    *out = (float)v;
     return 0;
 }
 
@@ -145,7 +138,7 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
         case O_OVERRIDE: overrides[n_overrides++] = optarg; break;
         case O_SKEW:
             if (parse_float("--skew", optarg, &skew) || skew < 0 || skew > 10) {
-                fprintf(stderr, "sil-mkmodel: --skew must be in [0, 10]\n");
+                fprintf(stderr, PROG ": --skew must be in [0, 10]\n");
                 return 2;
             }
             break;
@@ -166,6 +159,7 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
         case O_QUIET: quiet = true; break;
         case O_LIST: sil_mk_list_presets(stdout); return 0;
         case O_HELP: usage(stdout); return 0;
+        case O_VERSION: sil_bench_version(PROG); return 0;
         case '?': usage(stderr); return 2;
         default: set[n_set++] = (struct setting){c, optarg}; break;
         }
@@ -202,10 +196,10 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
     }
     for (int i = 0; i < n_set; i++) {
         struct sil_mk_hparams *hp = &m.hp;
-        const char *flag = NULL;
+        char flag[32] = "";
         for (const struct option *o = opts; o->name; o++)
             if (o->val == set[i].opt)
-                flag = o->name;
+                snprintf(flag, sizeof(flag), "--%s", o->name);
         int64_t v = 0;
         int rc = 0;
         switch (set[i].opt) {

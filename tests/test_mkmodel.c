@@ -747,7 +747,10 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "qwen35-35b-a3b"));
     assert_int_equal(run_cli("--preset nope --out x", out, sizeof(out)), 2);
     assert_non_null(strstr(out, "unknown preset"));
+    assert_int_equal(run_cli("--version", out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "sil-mkmodel " SIL_VERSION));
     assert_int_equal(run_cli("--layers abc --out x", out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "--layers: 'abc' is not an integer"));
     assert_int_equal(run_cli("--type q3_x --out x", out, sizeof(out)), 2);
     assert_int_equal(run_cli("--preset tiny", out, sizeof(out)), 2);
     assert_int_equal(run_cli("--preset tiny --heads 3 --dry-run", out, sizeof(out)), 1);
