@@ -127,10 +127,12 @@ ENGINE_LIBS := $(LIB_ENGINE) $(LIB_KERNELS)
 ALL_LIBS := $(LIB_DAEMON) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
 ALL_LDLIBS := $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE) $(LDLIBS_EDIT)
 
+# The .pc names the install directories: `make install PREFIX=...` writes it again with those.
+PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+	-e 's|@VERSION@|$(VERSION)|g' libproto/siliceo-proto.pc.in
 $(B)/siliceo-proto.pc: libproto/siliceo-proto.pc.in Makefile
 	@mkdir -p $(dir $@)
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
-		-e 's|@VERSION@|$(VERSION)|g' $< > $@
+	$(PC_SED) > $@
 
 # ---- binaries ------------------------------------------------------------------------------------
 $(B)/bin/siliceod: $(call obj,daemon/main.c) $(LIB_DAEMON) $(ENGINE_LIBS) $(LIB_PROTO)
@@ -282,13 +284,15 @@ install: all
 	$(foreach b,$(CLIENTS) $(BENCHES),install -m 755 $(B)/bin/$(b) $(DESTDIR)$(BINDIR)/;)
 	install -m 644 $(LIB_PROTO) $(DESTDIR)$(LIBDIR)/
 	install -m 644 libproto/siliceo-proto.h $(DESTDIR)$(INCLUDEDIR)/
-	install -m 644 $(B)/siliceo-proto.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	$(PC_SED) > $(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
+	chmod 644 $(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
 	$(foreach s,1 5 7 8,$(foreach m,$(wildcard man/*.$(s)),install -m 644 $(m) $(DESTDIR)$(MANDIR)/man$(s)/;))
 
 uninstall:
 	rm -f $(DESTDIR)$(SBINDIR)/siliceod $(addprefix $(DESTDIR)$(BINDIR)/,$(CLIENTS) $(BENCHES)) \
 		$(DESTDIR)$(LIBDIR)/libsiliceo-proto.a $(DESTDIR)$(INCLUDEDIR)/siliceo-proto.h \
-		$(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
+		$(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc \
+		$(foreach s,1 5 7 8,$(patsubst man/%,$(DESTDIR)$(MANDIR)/man$(s)/%,$(wildcard man/*.$(s))))
 
 clean:
 	rm -rf $(B)
