@@ -2,7 +2,7 @@
  * (activations converted once to the type's vec_dot format: must equal vec_dot on the converted
  * row, bit for bit) and exact mode (dequantized weights, F32 activations: must match a double
  * reference). Row lists, output row maps and several jobs with different formats sharing one
- * input in one call. */
+ * input in one call. Batches through the tiled kernels at every tile edge. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quants.h"
+#include "kernels/cpu/quants_impl.h"
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void)
@@ -160,11 +161,87 @@ static void test_rows_and_jobs(void **state)
     free(wb);
 }
 
+/* The tiled kernel directly (every nr x nc up to one past a tile, activation rows scattered in
+ * memory) and through sil_matmul (every batch size and matrix height across a few tiles, with a
+ * row list): bitwise equal to vec_dot, which sums the same integers in the same float order. */
+static void test_tiles(void **state)
+{
+    struct fixture *f = *state;
+    enum { TK = 768, TM = 11, TN = 10 };
+    const int t = SIL_TYPE_Q4_K;
+    const struct sil_type_traits *tt = sil_type_traits(t);
+    const sil_vec_dot_tile_fn tile = sil_vec_dot_tile(t);
+    if (sil_cpu_level() >= SIL_CPU_AVX512_VNNI)
+        assert_non_null(tile);
+    const size_t rs = sil_row_size(t, TK), ars = sil_row_size(SIL_TYPE_Q8_K, TK);
+    char *w = malloc(rs * TM);
+    float *x = malloc(sizeof(float) * TK * TN), row[TK];
+    char *q = malloc(ars * TN);
+    for (int r = 0; r < TM; r++) {
+        for (int i = 0; i < TK; i++)
+            row[i] = frand() * (1.0f + (float)(r % 4));
+        sil_quantize_row_ref(t, row, w + rs * (size_t)r, TK);
+    }
+    for (int i = 0; i < TK * TN; i++)
+        x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+    for (int j = 0; j < TN; j++)
+        sil_type_traits(SIL_TYPE_Q8_K)->from_float(x + (size_t)j * TK, q + ars * (size_t)j, TK);
+    float want[TN][TM];
+    for (int j = 0; j < TN; j++)
+        for (int r = 0; r < TM; r++)
+            want[j][r] = tt->vec_dot(TK, w + rs * (size_t)r, q + ars * (size_t)j);
+
+    if (tile) {
+        const void *a[SIL_TILE_C + 1];
+        float out[(SIL_TILE_R + 1) * (SIL_TILE_C + 1)];
+        for (int nr = 1; nr <= SIL_TILE_R; nr++)
+            for (int nc = 1; nc <= SIL_TILE_C; nc++) {
+                for (int c = 0; c < nc; c++)
+                    a[c] = q + ars * (size_t)(TN - 1 - 2 * c);
+                memset(out, 0, sizeof(out));
+                tile(TK, w + rs * 2, rs, nr, a, nc, out, SIL_TILE_C + 1);
+                for (int r = 0; r < SIL_TILE_R + 1; r++)
+                    for (int c = 0; c < SIL_TILE_C + 1; c++) {
+                        const float exp = r < nr && c < nc ? want[TN - 1 - 2 * c][2 + r] : 0.0f;
+                        if (out[r * (SIL_TILE_C + 1) + c] != exp)
+                            fail_msg("tile %dx%d: out[%d][%d] = %.9g, want %.9g", nr, nc, r, c,
+                                     out[r * (SIL_TILE_C + 1) + c], exp);
+                    }
+            }
+    }
+
+    void *inbuf = calloc(1, sil_mm_input_bytes_all(TK, TN));
+    float *scratch = calloc(2 * (size_t)sil_matmul_scratch_floats(TK), sizeof(float));
+    int32_t rows[TN];
+    for (int j = 0; j < TN; j++)
+        rows[j] = (int32_t)((j * 3 + 1) % TN);
+    for (int m = 1; m <= TM; m++)
+        for (int n = 1; n <= TN; n++) {
+            float y[TN * TM];
+            struct sil_mm_input in;
+            sil_mm_input_init(&in, x, TN, TK, false, inbuf, TK, TN);
+            sil_mm_input_prepare(f->tp, &in, t);
+            struct sil_mm_job j = {.w = w, .wtype = t, .m = m, .in = &in, .rows = rows, .n_rows = n, .y = y, .ldy = m};
+            sil_matmul(f->tp, &j, 1, scratch, TK);
+            for (int jj = 0; jj < n; jj++)
+                for (int r = 0; r < m; r++)
+                    if (y[jj * m + r] != want[rows[jj]][r])
+                        fail_msg("m %d n %d: y[%d][%d] = %.9g, vec_dot gives %.9g", m, n, jj, r, y[jj * m + r],
+                                 want[rows[jj]][r]);
+        }
+    free(inbuf);
+    free(scratch);
+    free(w);
+    free(x);
+    free(q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_types),
         cmocka_unit_test(test_rows_and_jobs),
+        cmocka_unit_test(test_tiles),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quants.h"
+#include "kernels/cpu/quants_impl.h"
 
 /* Weight rows per work chunk: a chunk's rows stay in L1/L2 while every input row passes. With
  * few input rows (decode) a chunk is a few microseconds of work, so chunks grow until each
@@ -11,6 +12,11 @@
 #define CHUNK_ROWS 16
 #define CHUNKS_PER_THREAD 8
 #define SIL_MM_MAX_JOBS 1024
+/* Input rows from which a job goes through the tiled kernel: with fewer, each weight byte is
+ * used about once and vec_dot's prefetching matters more than the reuse. */
+#ifndef TILE_MIN_ROWS
+#define TILE_MIN_ROWS 2
+#endif
 
 static int format_of_type(int t)
 {
@@ -118,6 +124,30 @@ struct mm_task {
     int64_t scratch_stride;
 };
 
+/* Batches through a tiled kernel: for each SIL_TILE_C input rows, every SIL_TILE_R weight rows
+ * of the chunk (which stays in L1 while the input rows pass). */
+static void run_chunk_tiled(const struct sil_mm_job *jb, sil_vec_dot_tile_fn tile, long r0, long r1,
+                            const char *abase, size_t ars, size_t wrs)
+{
+    const int64_t k = jb->in->k;
+    float out[SIL_TILE_R * SIL_TILE_C];
+    const void *a[SIL_TILE_C];
+    for (int64_t j0 = 0; j0 < jb->n_rows; j0 += SIL_TILE_C) {
+        const int nc = jb->n_rows - j0 < SIL_TILE_C ? (int)(jb->n_rows - j0) : SIL_TILE_C;
+        for (int c = 0; c < nc; c++)
+            a[c] = abase + (size_t)(jb->rows ? jb->rows[j0 + c] : j0 + c) * ars;
+        for (long r = r0; r < r1; r += SIL_TILE_R) {
+            const int nr = r1 - r < SIL_TILE_R ? (int)(r1 - r) : SIL_TILE_R;
+            tile(k, (const char *)jb->w + (size_t)r * wrs, wrs, nr, a, nc, out, SIL_TILE_C);
+            for (int c = 0; c < nc; c++) {
+                float *y = jb->y + (jb->out_rows ? jb->out_rows[j0 + c] : j0 + c) * jb->ldy + r;
+                for (int i = 0; i < nr; i++)
+                    y[i] = out[i * SIL_TILE_C + c];
+            }
+        }
+    }
+}
+
 static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scratch)
 {
     const struct sil_mm_input *in = jb->in;
@@ -128,6 +158,11 @@ static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scra
     const bool dequant = f == 0 && jb->wtype != SIL_TYPE_F32 && in->exact;
     const size_t ars = f == 0 ? (size_t)k * sizeof(float) : sil_row_size(format_type(f), k);
     const char *abase = f == 0 ? (const char *)in->x : (const char *)in->buf[f];
+    const sil_vec_dot_tile_fn tile = f != 0 && jb->n_rows >= TILE_MIN_ROWS ? sil_vec_dot_tile(jb->wtype) : NULL;
+    if (tile) {
+        run_chunk_tiled(jb, tile, r0, r1, abase, ars, wrs);
+        return;
+    }
     for (long r = r0; r < r1; r++) {
         const void *wrow = (const char *)jb->w + (size_t)r * wrs;
         if (dequant) {

@@ -360,3 +360,99 @@ void sil_quantize_q8_K_avx512(const float *x, void *y, int64_t n)
 {
     sil_quantize_q8_K_avx2(x, y, n);
 }
+
+/* ---- tiled q4_K x q8_K: R weight rows x C activation rows per pass --------------------------------
+ * Prefill multiplies every weight row with many activation rows. One vec_dot per pair unpacks
+ * each weight block and loads each activation block once per product; here each unpacked
+ * weight vector serves C activation rows and each activation vector R weight rows. Per pair the
+ * integer sums and the float steps are the ones of sil_vec_dot_q4_K_avx512, in the same order,
+ * so the results are bitwise equal to it. */
+
+static inline __attribute__((always_inline)) void q4_K_tile(const int R, const int C, int64_t n,
+                                                             const void *vw, size_t wrs,
+                                                             const void *const *va, float *out, int ldo)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m512 acc[SIL_TILE_R][SIL_TILE_C];
+    __m128 accm[SIL_TILE_R][SIL_TILE_C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            acc[r][c] = _mm512_setzero_ps();
+            accm[r][c] = _mm_setzero_ps();
+        }
+    for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        const struct sil_block_q4_K *w[SIL_TILE_R];
+        const struct sil_block_q8_K *a[SIL_TILE_C];
+        uint8_t scm[SIL_TILE_R][16];
+        __m512i sc32[SIL_TILE_R];
+        __m512i sumi[SIL_TILE_R][SIL_TILE_C];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            w[r] = (const struct sil_block_q4_K *)((const char *)vw + (size_t)r * wrs) + i;
+            sil_k4_unpack(w[r]->scales, scm[r], scm[r] + 8);
+            sc32[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm[r]));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            a[c] = (const struct sil_block_q8_K *)va[c] + i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                sumi[r][c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m512i qq[SIL_TILE_R], s[SIL_TILE_R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(w[r]->qs + 32 * j));
+                qq[r] = join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                s[r] = _mm512_permutexvar_epi32(_mm512_loadu_si512(pair_idx[j]), sc32[r]);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const __m512i y = _mm512_loadu_si512(a[c]->qs + 64 * j);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) /* dpwssd = add(sumi, madd(p, s)) exactly */
+                    sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq[r], y),
+                                                     s[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m128i b0 = _mm_loadu_si128((const __m128i *)a[c]->bsums);
+            const __m128i b1 = _mm_loadu_si128((const __m128i *)(a[c]->bsums + 8));
+            const __m128i sub = _mm_hadd_epi16(b0, b1);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(scm[r] + 8)));
+                const float d = fp16(w[r]->d) * a[c]->d, dmin = fp16(w[r]->dmin) * a[c]->d;
+                acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[r][c]), acc[r][c]);
+                accm[r][c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(sub, m16)), accm[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            out[r * ldo + c] = _mm512_reduce_add_ps(acc[r][c]) - hsum128_ps(accm[r][c]);
+}
+
+void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
+                                  float *out, int ldo)
+{
+    if (nr == SIL_TILE_R) {
+        switch (nc) {
+        case 4: q4_K_tile(4, 4, n, w, wrs, a, out, ldo); return;
+        case 3: q4_K_tile(4, 3, n, w, wrs, a, out, ldo); return;
+        case 2: q4_K_tile(4, 2, n, w, wrs, a, out, ldo); return;
+        case 1: q4_K_tile(4, 1, n, w, wrs, a, out, ldo); return;
+        }
+    }
+    for (int r = 0; r < nr; r++) /* the last rows of a matrix: one weight row at a time */
+        for (int c = 0; c < nc; c++)
+            out[r * ldo + c] = sil_vec_dot_q4_K_avx512(n, (const char *)w + (size_t)r * wrs, a[c]);
+}
