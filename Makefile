@@ -88,26 +88,23 @@ FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 all: $(BINS) $(LIB_PROTO) $(B)/siliceo-proto.pc
 
 # ---- objects -------------------------------------------------------------------------------------
-$(B)/obj/%_avx2.o: %_avx2.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
-$(B)/obj/%_avx512.o: %_avx512.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
-$(B)/obj/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+# The object rules of one build flavour: $(1) object dir, $(2) compiler, $(3) flags (both passed
+# as $$(NAME) so they expand when the recipe runs).
+define object_rules
+$(1)/%_avx2.o: %_avx2.c
+	@mkdir -p $$(dir $$@)
+	$(2) $(3) $$(AVX2_FLAGS) -c $$< -o $$@
+$(1)/%_avx512.o: %_avx512.c
+	@mkdir -p $$(dir $$@)
+	$(2) $(3) $$(AVX512_FLAGS) -c $$< -o $$@
+$(1)/%.o: %.c
+	@mkdir -p $$(dir $$@)
+	$(2) $(3) -c $$< -o $$@
+endef
+$(eval $(call object_rules,$(B)/obj,$$(CC),$$(ALL_CFLAGS)))
 
 FUZZ_CFLAGS := $(BASE_CFLAGS) -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-$(B)/fuzzobj/%_avx2.o: %_avx2.c
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
-$(B)/fuzzobj/%_avx512.o: %_avx512.c
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
-$(B)/fuzzobj/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+$(eval $(call object_rules,$(B)/fuzzobj,$$(FUZZ_CC),$$(FUZZ_CFLAGS)))
 
 # ---- libraries -----------------------------------------------------------------------------------
 define static_lib
@@ -178,15 +175,7 @@ ASAN_CFLAGS := $(BASE_CFLAGS) $(ASAN_FLAGS)
 ASAN_B := $(B)/asan
 aobj = $(patsubst %.c,$(ASAN_B)/obj/%.o,$(1))
 
-$(ASAN_B)/obj/%_avx2.o: %_avx2.c
-	@mkdir -p $(dir $@)
-	$(ASAN_CC) $(ASAN_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
-$(ASAN_B)/obj/%_avx512.o: %_avx512.c
-	@mkdir -p $(dir $@)
-	$(ASAN_CC) $(ASAN_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
-$(ASAN_B)/obj/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(ASAN_CC) $(ASAN_CFLAGS) -c $< -o $@
+$(eval $(call object_rules,$(ASAN_B)/obj,$$(ASAN_CC),$$(ASAN_CFLAGS)))
 
 A_LIB_KERNELS := $(ASAN_B)/lib/libsil-kernels.a
 A_LIB_ENGINE := $(ASAN_B)/lib/libsil-engine.a
