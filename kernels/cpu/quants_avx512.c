@@ -2,6 +2,7 @@
  * AVX2 is present too, so the activation quantizers reuse the AVX2 ones where wider registers
  * would not help. Same integer sums as the scalar kernels; float accumulation order differs. */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/cpu/quants_impl.h"
@@ -212,12 +213,25 @@ static inline __m512i join(__m256i lo, __m256i hi)
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-static inline __m128i k4_mins_dot(const uint8_t *mins, const int16_t *bsums)
+/* sil_k4_unpack into a register (bytes 0..7 scales, 8..15 mins): going through memory costs a
+ * store-forwarding stall per block, which the tiled kernel, not waiting on memory, would feel */
+static inline __m128i k4_unpack_vec(const uint8_t *q)
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4);
+    memcpy(&w1, q + 4, 4);
+    memcpy(&w2, q + 8, 4);
+    return _mm_setr_epi32((int)(w0 & 0x3f3f3f3f), (int)((w2 & 0x0f0f0f0f) | (((w0 >> 6) & 0x03030303) << 4)),
+                          (int)(w1 & 0x3f3f3f3f), (int)(((w2 >> 4) & 0x0f0f0f0f) | (((w1 >> 6) & 0x03030303) << 4)));
+}
+
+/* sum_k mins[k] * (sum of sub-block k's activations); scm from k4_unpack_vec */
+static inline __m128i k4_mins_dot(__m128i scm, const int16_t *bsums)
 {
     const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
     const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
     const __m128i sub = _mm_hadd_epi16(b0, b1); /* |sum of 32 int8| <= 4064: fits */
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mins));
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
     return _mm_madd_epi16(sub, m16);
 }
 
@@ -244,18 +258,24 @@ static inline __m512i scale_lanes(__m512i p, __m512i sc32, int j)
     return _mm512_madd_epi16(p, s);
 }
 
+/* Adds the two 256-bit halves: the tiled q4_K kernel folds two pairs' sums into one register this
+ * way before the float step, and vec_dot does the same so that both round identically. */
+static inline __m256i fold256(__m512i v)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
 float sil_vec_dot_q4_K_avx512(int64_t n, const void *vw, const void *va)
 {
     const struct sil_block_q4_K *w = vw;
     const struct sil_block_q8_K *a = va;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m512 acc = _mm512_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
         sil_prefetch_block(&w[i], sizeof(w[i]));
-        uint8_t scm[16];
-        sil_k4_unpack(w[i].scales, scm, scm + 8);
-        const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm));
+        const __m128i scm = k4_unpack_vec(w[i].scales);
+        const __m512i sc32 = _mm512_cvtepu8_epi32(scm);
         __m512i sumi = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
@@ -265,10 +285,10 @@ float sil_vec_dot_q4_K_avx512(int64_t n, const void *vw, const void *va)
             sumi = _mm512_add_epi32(sumi, scale_lanes(p, sc32, j));
         }
         const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(scm + 8, a[i].bsums)), accm);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold256(sumi)), acc);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(scm, a[i].bsums)), accm);
     }
-    return _mm512_reduce_add_ps(acc) - hsum128_ps(accm);
+    return hsum256_ps(acc) - hsum128_ps(accm);
 }
 
 float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
@@ -280,9 +300,8 @@ float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
         sil_prefetch_block(&w[i], sizeof(w[i]));
-        uint8_t scm[16];
-        sil_k4_unpack(w[i].scales, scm, scm + 8);
-        const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm));
+        const __m128i scm = k4_unpack_vec(w[i].scales);
+        const __m512i sc32 = _mm512_cvtepu8_epi32(scm);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
         __m512i sumi = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
@@ -297,7 +316,7 @@ float sil_vec_dot_q5_K_avx512(int64_t n, const void *vw, const void *va)
         }
         const float d = fp16(w[i].d) * a[i].d, dmin = fp16(w[i].dmin) * a[i].d;
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(scm + 8, a[i].bsums)), accm);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(scm, a[i].bsums)), accm);
     }
     return _mm512_reduce_add_ps(acc) - hsum128_ps(accm);
 }
@@ -373,26 +392,32 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
                                                              const void *const *va, float *out, int ldo)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m512 acc[SIL_TILE_R][SIL_TILE_C];
-    __m128 accm[SIL_TILE_R][SIL_TILE_C];
+    /* pair (r, c): lanes 8(c%2)..8(c%2)+7 of acc[r][c/2], the sums folded as in vec_dot */
+    __m512 acc[SIL_TILE_R][(SIL_TILE_C + 1) / 2];
+    /* the mins term of pair (r, c) in lanes 4r..4r+3 of accm[c]: one 512-bit step serves 4 rows */
+    __m512 accm[SIL_TILE_C];
+    _Static_assert(SIL_TILE_R <= 4, "4 rows of mins per register");
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+        accm[c] = _mm512_setzero_ps();
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            acc[r][c] = _mm512_setzero_ps();
-            accm[r][c] = _mm_setzero_ps();
-        }
+        for (int r = 0; r < R; r++)
+            acc[r][c / 2] = _mm512_setzero_ps();
+    }
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
         const struct sil_block_q4_K *w[SIL_TILE_R];
         const struct sil_block_q8_K *a[SIL_TILE_C];
-        uint8_t scm[SIL_TILE_R][16];
         __m512i sc32[SIL_TILE_R];
         __m512i sumi[SIL_TILE_R][SIL_TILE_C];
+        __m512i mins = _mm512_setzero_si512();
+        __m512 dmin4 = _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             w[r] = (const struct sil_block_q4_K *)((const char *)vw + (size_t)r * wrs) + i;
-            sil_k4_unpack(w[r]->scales, scm[r], scm[r] + 8);
-            sc32[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scm[r]));
+            const __m128i scm = k4_unpack_vec(w[r]->scales);
+            sc32[r] = _mm512_cvtepu8_epi32(scm);
+            mins = _mm512_mask_broadcast_i32x4(mins, (__mmask16)(0xF << 4 * r), _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)));
+            dmin4 = _mm512_mask_mov_ps(dmin4, (__mmask16)(0xF << 4 * r), _mm512_set1_ps(fp16(w[r]->dmin)));
         }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++)
@@ -424,21 +449,34 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
         for (int c = 0; c < C; c++) {
             const __m128i b0 = _mm_loadu_si128((const __m128i *)a[c]->bsums);
             const __m128i b1 = _mm_loadu_si128((const __m128i *)(a[c]->bsums + 8));
-            const __m128i sub = _mm_hadd_epi16(b0, b1);
+            const __m512i sub = _mm512_broadcast_i32x4(_mm_hadd_epi16(b0, b1));
+            accm[c] = _mm512_fmadd_ps(_mm512_mul_ps(dmin4, _mm512_set1_ps(a[c]->d)),
+                                      _mm512_cvtepi32_ps(_mm512_madd_epi16(sub, mins)), accm[c]);
+        }
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c += 2) {
+            const bool two = c + 1 < C;
+            const __m512 da = _mm512_insertf32x8(_mm512_set1_ps(a[c]->d), _mm256_set1_ps(two ? a[c + 1]->d : 0.0f), 1);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(scm[r] + 8)));
-                const float d = fp16(w[r]->d) * a[c]->d, dmin = fp16(w[r]->dmin) * a[c]->d;
-                acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[r][c]), acc[r][c]);
-                accm[r][c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(sub, m16)), accm[r][c]);
+                const __m512i s1 = two ? sumi[r][c + 1] : _mm512_setzero_si512();
+                const __m512i f = _mm512_add_epi32(_mm512_shuffle_i64x2(sumi[r][c], s1, 0x44),
+                                                   _mm512_shuffle_i64x2(sumi[r][c], s1, 0xEE));
+                acc[r][c / 2] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(w[r]->d)), da),
+                                                _mm512_cvtepi32_ps(f), acc[r][c / 2]);
             }
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+        float m[16], v[16];
+        _mm512_storeu_ps(m, accm[c]);
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++)
-            out[r * ldo + c] = _mm512_reduce_add_ps(acc[r][c]) - hsum128_ps(accm[r][c]);
+        for (int r = 0; r < R; r++) {
+            _mm512_storeu_ps(v, acc[r][c / 2]);
+            out[r * ldo + c] = hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2))) - hsum128_ps(_mm_loadu_ps(m + 4 * r));
+        }
+    }
 }
 
 void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
