@@ -164,11 +164,9 @@ static void test_rows_and_jobs(void **state)
 /* The tiled kernel directly (every nr x nc up to one past a tile, activation rows scattered in
  * memory) and through sil_matmul (every batch size and matrix height across a few tiles, with a
  * row list): bitwise equal to vec_dot, which sums the same integers in the same float order. */
-static void test_tiles(void **state)
+static void check_tiles(struct fixture *f, int t)
 {
-    struct fixture *f = *state;
     enum { TK = 768, TM = 11, TN = 10 };
-    const int t = SIL_TYPE_Q4_K;
     const struct sil_type_traits *tt = sil_type_traits(t);
     const sil_vec_dot_tile_fn tile = sil_vec_dot_tile(t);
     if (sil_cpu_level() >= SIL_CPU_AVX512_VNNI)
@@ -204,7 +202,7 @@ static void test_tiles(void **state)
                     for (int c = 0; c < SIL_TILE_C + 1; c++) {
                         const float exp = r < nr && c < nc ? want[TN - 1 - 2 * c][2 + r] : 0.0f;
                         if (out[r * (SIL_TILE_C + 1) + c] != exp)
-                            fail_msg("tile %dx%d: out[%d][%d] = %.9g, want %.9g", nr, nc, r, c,
+                            fail_msg("%s tile %dx%d: out[%d][%d] = %.9g, want %.9g", tt->name, nr, nc, r, c,
                                      out[r * (SIL_TILE_C + 1) + c], exp);
                     }
             }
@@ -226,7 +224,7 @@ static void test_tiles(void **state)
             for (int jj = 0; jj < n; jj++)
                 for (int r = 0; r < m; r++)
                     if (y[jj * m + r] != want[rows[jj]][r])
-                        fail_msg("m %d n %d: y[%d][%d] = %.9g, vec_dot gives %.9g", m, n, jj, r, y[jj * m + r],
+                        fail_msg("%s m %d n %d: y[%d][%d] = %.9g, vec_dot gives %.9g", tt->name, m, n, jj, r, y[jj * m + r],
                                  want[rows[jj]][r]);
         }
     free(inbuf);
@@ -234,6 +232,12 @@ static void test_tiles(void **state)
     free(w);
     free(x);
     free(q);
+}
+
+static void test_tiles(void **state)
+{
+    check_tiles(*state, SIL_TYPE_Q4_K);
+    check_tiles(*state, SIL_TYPE_Q6_K);
 }
 
 int main(void)

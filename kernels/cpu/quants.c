@@ -885,7 +885,7 @@ static struct sil_type_traits traits[SIL_TYPE_COUNT] = {
     [SIL_TYPE_Q6_K] = FULL("q6_K", 256, 210, SIL_TYPE_Q8_K, q6_K_to_float, q6_K_from_float, vec_dot_q6_K),
 };
 
-static sil_vec_dot_tile_fn tile_q4_K; /* set with vec_dot by sil_quants_set_level */
+static sil_vec_dot_tile_fn tile_q4_K, tile_q6_K; /* set with vec_dot by sil_quants_set_level */
 
 void sil_quants_set_level(enum sil_cpu_level level)
 {
@@ -916,12 +916,13 @@ void sil_quants_set_level(enum sil_cpu_level level)
     traits[SIL_TYPE_Q8_0].from_float = q8_0[k];
     traits[SIL_TYPE_Q8_K].from_float = q8_K[k];
     tile_q4_K = k == 2 ? sil_vec_dot_tile_q4_K_avx512 : NULL;
+    tile_q6_K = k == 2 ? sil_vec_dot_tile_q6_K_avx512 : NULL;
 }
 
 sil_vec_dot_tile_fn sil_vec_dot_tile(int type)
 {
     sil_cpu_init();
-    return type == SIL_TYPE_Q4_K ? tile_q4_K : NULL;
+    return type == SIL_TYPE_Q4_K ? tile_q4_K : type == SIL_TYPE_Q6_K ? tile_q6_K : NULL;
 }
 
 const struct sil_type_traits *sil_type_traits(int type)

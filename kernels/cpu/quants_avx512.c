@@ -330,7 +330,7 @@ float sil_vec_dot_q6_K_avx512(int64_t n, const void *vw, const void *va)
      * 8h + 4p + k/4 */
     const __m512i idx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i four = _mm512_set1_epi32(4);
-    __m512 acc = _mm512_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / SIL_QK_K; i++) {
         sil_prefetch_block(&w[i], sizeof(w[i]));
         /* signed scales in the low 16 bits of each lane, high 16 bits zero, for the madd trick
@@ -364,10 +364,10 @@ float sil_vec_dot_q6_K_avx512(int64_t n, const void *vw, const void *va)
         const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
         const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
         const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, scw), 5);
-        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(corr));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(fp16(w[i].d) * a[i].d), _mm512_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[i].d) * a[i].d),
+                              _mm256_cvtepi32_ps(_mm256_sub_epi32(fold256(sumi), corr)), acc);
     }
-    return _mm512_reduce_add_ps(acc);
+    return hsum256_ps(acc);
 }
 
 void sil_quantize_q8_0_avx512(const float *x, void *y, int64_t n)
@@ -493,4 +493,123 @@ void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, 
     for (int r = 0; r < nr; r++) /* the last rows of a matrix: one weight row at a time */
         for (int c = 0; c < nc; c++)
             out[r * ldo + c] = sil_vec_dot_q4_K_avx512(n, (const char *)w + (size_t)r * wrs, a[c]);
+}
+
+/* q6_K x q8_K the same way; the -32 offset of each pair is subtracted after the fold, as vec_dot
+ * does, so the two stay bitwise equal. */
+static inline __attribute__((always_inline)) void q6_K_tile(const int R, const int C, int64_t n,
+                                                             const void *vw, size_t wrs,
+                                                             const void *const *va, float *out, int ldo)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    const __m512i idx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[SIL_TILE_R][(SIL_TILE_C + 1) / 2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c += 2)
+            acc[r][c / 2] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        const struct sil_block_q6_K *w[SIL_TILE_R];
+        const struct sil_block_q8_K *a[SIL_TILE_C];
+        __m512i sc16[SIL_TILE_R], scw[SIL_TILE_R];
+        __m512i sumi[SIL_TILE_R][SIL_TILE_C];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            w[r] = (const struct sil_block_q6_K *)((const char *)vw + (size_t)r * wrs) + i;
+            const __m128i sc = _mm_loadu_si128((const __m128i *)w[r]->scales);
+            sc16[r] = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
+            scw[r] = _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(sc));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            a[c] = (const struct sil_block_q8_K *)va[c] + i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                sumi[r][c] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m512i qa[SIL_TILE_R], qb[SIL_TILE_R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const uint8_t *ql = w[r]->ql + 64 * h;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(w[r]->qh + 32 * h));
+                const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                                   _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+                const __m256i q1 = _mm256_or_si256(
+                    _mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+                const __m256i q2 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+                const __m256i q3 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+                qa[r] = join(q0, q1);
+                qb[r] = join(q2, q3);
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < 2; p++) {
+                const __m512i idx = _mm512_add_epi32(idx0, _mm512_set1_epi32(8 * h + 4 * p));
+                __m512i s[SIL_TILE_R];
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    s[r] = _mm512_permutexvar_epi32(idx, sc16[r]);
+#pragma GCC unroll 4
+                for (int c = 0; c < C; c++) {
+                    const __m512i y = _mm512_loadu_si512(a[c]->qs + 128 * h + 64 * p);
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++)
+                        sumi[r][c] = _mm512_dpwssd_epi32(
+                            sumi[r][c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), p ? qb[r] : qa[r], y), s[r]);
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c += 2) {
+            const bool two = c + 1 < C;
+            const __m512 da = _mm512_insertf32x8(_mm512_set1_ps(a[c]->d), _mm256_set1_ps(two ? a[c + 1]->d : 0.0f), 1);
+            const __m256i bs0 = _mm256_loadu_si256((const __m256i *)a[c]->bsums);
+            const __m512i bs = _mm512_inserti64x4(_mm512_castsi256_si512(bs0),
+                                                  two ? _mm256_loadu_si256((const __m256i *)a[c + 1]->bsums)
+                                                      : _mm256_setzero_si256(), 1);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m512i s1 = two ? sumi[r][c + 1] : _mm512_setzero_si512();
+                const __m512i f = _mm512_add_epi32(_mm512_shuffle_i64x2(sumi[r][c], s1, 0x44),
+                                                   _mm512_shuffle_i64x2(sumi[r][c], s1, 0xEE));
+                const __m512i corr = _mm512_slli_epi32(_mm512_madd_epi16(bs, scw[r]), 5);
+                acc[r][c / 2] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(w[r]->d)), da),
+                                                _mm512_cvtepi32_ps(_mm512_sub_epi32(f, corr)), acc[r][c / 2]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        float v[16];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            _mm512_storeu_ps(v, acc[r][c / 2]);
+            out[r * ldo + c] = hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2)));
+        }
+    }
+}
+
+void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
+                                  float *out, int ldo)
+{
+    if (nr == SIL_TILE_R) {
+        switch (nc) {
+        case 4: q6_K_tile(4, 4, n, w, wrs, a, out, ldo); return;
+        case 3: q6_K_tile(4, 3, n, w, wrs, a, out, ldo); return;
+        case 2: q6_K_tile(4, 2, n, w, wrs, a, out, ldo); return;
+        case 1: q6_K_tile(4, 1, n, w, wrs, a, out, ldo); return;
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++)
+            out[r * ldo + c] = sil_vec_dot_q6_K_avx512(n, (const char *)w + (size_t)r * wrs, a[c]);
 }

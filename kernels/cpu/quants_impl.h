@@ -158,6 +158,8 @@ typedef void (*sil_vec_dot_tile_fn)(int64_t n, const void *w, size_t wrs, int nr
 sil_vec_dot_tile_fn sil_vec_dot_tile(int type);
 void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
                                   float *out, int ldo);
+void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
+                                  float *out, int ldo);
 
 /* Called by cpu.c whenever the level in force changes: points the table at that level's kernels. */
 void sil_quants_set_level(enum sil_cpu_level level);
