@@ -191,19 +191,21 @@ static void check_tiles(struct fixture *f, int t)
 
     if (tile) {
         const void *a[SIL_TILE_C + 1];
-        float out[(SIL_TILE_R + 1) * (SIL_TILE_C + 1)];
+        float buf[(SIL_TILE_C + 1) * 2 * (SIL_TILE_R + 1)], *out[SIL_TILE_C + 1];
+        for (int c = 0; c < SIL_TILE_C + 1; c++) /* columns in reverse order, with gaps */
+            out[c] = buf + (SIL_TILE_C - c) * 2 * (SIL_TILE_R + 1);
         for (int nr = 1; nr <= SIL_TILE_R; nr++)
             for (int nc = 1; nc <= SIL_TILE_C; nc++) {
                 for (int c = 0; c < nc; c++)
                     a[c] = q + ars * (size_t)(TN - 1 - 2 * c);
-                memset(out, 0, sizeof(out));
-                tile(TK, w + rs * 2, rs, nr, a, nc, out, SIL_TILE_C + 1);
-                for (int r = 0; r < SIL_TILE_R + 1; r++)
-                    for (int c = 0; c < SIL_TILE_C + 1; c++) {
+                memset(buf, 0, sizeof(buf));
+                tile(TK, w + rs * 2, rs, nr, a, nc, out);
+                for (int c = 0; c < SIL_TILE_C + 1; c++)
+                    for (int r = 0; r < 2 * (SIL_TILE_R + 1); r++) {
                         const float exp = r < nr && c < nc ? want[TN - 1 - 2 * c][2 + r] : 0.0f;
-                        if (out[r * (SIL_TILE_C + 1) + c] != exp)
-                            fail_msg("%s tile %dx%d: out[%d][%d] = %.9g, want %.9g", tt->name, nr, nc, r, c,
-                                     out[r * (SIL_TILE_C + 1) + c], exp);
+                        if (out[c][r] != exp)
+                            fail_msg("%s tile %dx%d: out[%d][%d] = %.9g, want %.9g", tt->name, nr, nc, c, r,
+                                     out[c][r], exp);
                     }
             }
     }

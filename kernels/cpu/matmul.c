@@ -130,20 +130,19 @@ static void run_chunk_tiled(const struct sil_mm_job *jb, sil_vec_dot_tile_fn til
                             const char *abase, size_t ars, size_t wrs)
 {
     const int64_t k = jb->in->k;
-    float out[SIL_TILE_R * SIL_TILE_C];
+    float *y[SIL_TILE_C];
     const void *a[SIL_TILE_C];
     for (int64_t j0 = 0; j0 < jb->n_rows; j0 += SIL_TILE_C) {
         const int nc = jb->n_rows - j0 < SIL_TILE_C ? (int)(jb->n_rows - j0) : SIL_TILE_C;
-        for (int c = 0; c < nc; c++)
+        for (int c = 0; c < nc; c++) {
             a[c] = abase + (size_t)(jb->rows ? jb->rows[j0 + c] : j0 + c) * ars;
+            y[c] = jb->y + (jb->out_rows ? jb->out_rows[j0 + c] : j0 + c) * jb->ldy + r0;
+        }
         for (long r = r0; r < r1; r += SIL_TILE_R) {
             const int nr = r1 - r < SIL_TILE_R ? (int)(r1 - r) : SIL_TILE_R;
-            tile(k, (const char *)jb->w + (size_t)r * wrs, wrs, nr, a, nc, out, SIL_TILE_C);
-            for (int c = 0; c < nc; c++) {
-                float *y = jb->y + (jb->out_rows ? jb->out_rows[j0 + c] : j0 + c) * jb->ldy + r;
-                for (int i = 0; i < nr; i++)
-                    y[i] = out[i * SIL_TILE_C + c];
-            }
+            tile(k, (const char *)jb->w + (size_t)r * wrs, wrs, nr, a, nc, y);
+            for (int c = 0; c < nc; c++)
+                y[c] += nr;
         }
     }
 }

@@ -389,7 +389,7 @@ void sil_quantize_q8_K_avx512(const float *x, void *y, int64_t n)
 
 static inline __attribute__((always_inline)) void q4_K_tile(const int R, const int C, int64_t n,
                                                              const void *vw, size_t wrs,
-                                                             const void *const *va, float *out, int ldo)
+                                                             const void *const *va, float *const *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     /* pair (r, c): lanes 8(c%2)..8(c%2)+7 of acc[r][c/2], the sums folded as in vec_dot */
@@ -474,32 +474,32 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             _mm512_storeu_ps(v, acc[r][c / 2]);
-            out[r * ldo + c] = hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2))) - hsum128_ps(_mm_loadu_ps(m + 4 * r));
+            out[c][r] = hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2))) - hsum128_ps(_mm_loadu_ps(m + 4 * r));
         }
     }
 }
 
 void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *out, int ldo)
+                                  float *const *out)
 {
     if (nr == SIL_TILE_R) {
         switch (nc) {
-        case 4: q4_K_tile(4, 4, n, w, wrs, a, out, ldo); return;
-        case 3: q4_K_tile(4, 3, n, w, wrs, a, out, ldo); return;
-        case 2: q4_K_tile(4, 2, n, w, wrs, a, out, ldo); return;
-        case 1: q4_K_tile(4, 1, n, w, wrs, a, out, ldo); return;
+        case 4: q4_K_tile(4, 4, n, w, wrs, a, out); return;
+        case 3: q4_K_tile(4, 3, n, w, wrs, a, out); return;
+        case 2: q4_K_tile(4, 2, n, w, wrs, a, out); return;
+        case 1: q4_K_tile(4, 1, n, w, wrs, a, out); return;
         }
     }
     for (int r = 0; r < nr; r++) /* the last rows of a matrix: one weight row at a time */
         for (int c = 0; c < nc; c++)
-            out[r * ldo + c] = sil_vec_dot_q4_K_avx512(n, (const char *)w + (size_t)r * wrs, a[c]);
+            out[c][r] = sil_vec_dot_q4_K_avx512(n, (const char *)w + (size_t)r * wrs, a[c]);
 }
 
 /* q6_K x q8_K the same way; the -32 offset of each pair is subtracted after the fold, as vec_dot
  * does, so the two stay bitwise equal. */
 static inline __attribute__((always_inline)) void q6_K_tile(const int R, const int C, int64_t n,
                                                              const void *vw, size_t wrs,
-                                                             const void *const *va, float *out, int ldo)
+                                                             const void *const *va, float *const *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     const __m512i idx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -593,23 +593,23 @@ static inline __attribute__((always_inline)) void q6_K_tile(const int R, const i
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             _mm512_storeu_ps(v, acc[r][c / 2]);
-            out[r * ldo + c] = hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2)));
+            out[c][r] = hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2)));
         }
     }
 }
 
 void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *out, int ldo)
+                                  float *const *out)
 {
     if (nr == SIL_TILE_R) {
         switch (nc) {
-        case 4: q6_K_tile(4, 4, n, w, wrs, a, out, ldo); return;
-        case 3: q6_K_tile(4, 3, n, w, wrs, a, out, ldo); return;
-        case 2: q6_K_tile(4, 2, n, w, wrs, a, out, ldo); return;
-        case 1: q6_K_tile(4, 1, n, w, wrs, a, out, ldo); return;
+        case 4: q6_K_tile(4, 4, n, w, wrs, a, out); return;
+        case 3: q6_K_tile(4, 3, n, w, wrs, a, out); return;
+        case 2: q6_K_tile(4, 2, n, w, wrs, a, out); return;
+        case 1: q6_K_tile(4, 1, n, w, wrs, a, out); return;
         }
     }
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++)
-            out[r * ldo + c] = sil_vec_dot_q6_K_avx512(n, (const char *)w + (size_t)r * wrs, a[c]);
+            out[c][r] = sil_vec_dot_q6_K_avx512(n, (const char *)w + (size_t)r * wrs, a[c]);
 }

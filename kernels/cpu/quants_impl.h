@@ -148,18 +148,18 @@ static inline void sil_prefetch_block(const void *p, size_t size)
         __builtin_prefetch(c + o, 0, 3);
 }
 
-/* Tiled dot products for batches (prefill): out[r * ldo + c] = vec_dot(n, w + r * wrs, a[c]) for
+/* Tiled dot products for batches (prefill): out[c][r] = vec_dot(n, w + r * wrs, a[c]) for
  * r < nr <= SIL_TILE_R, c < nc <= SIL_TILE_C, bitwise equal to the type's vec_dot at the same
  * level. sil_vec_dot_tile gives NULL for a type the current level has no tiled kernel for. */
 #define SIL_TILE_R 4
 #define SIL_TILE_C 4
 typedef void (*sil_vec_dot_tile_fn)(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                    float *out, int ldo);
+                                    float *const *out);
 sil_vec_dot_tile_fn sil_vec_dot_tile(int type);
 void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *out, int ldo);
+                                  float *const *out);
 void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *out, int ldo);
+                                  float *const *out);
 
 /* Called by cpu.c whenever the level in force changes: points the table at that level's kernels. */
 void sil_quants_set_level(enum sil_cpu_level level);
