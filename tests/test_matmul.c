@@ -166,7 +166,7 @@ static void test_rows_and_jobs(void **state)
  * row list): bitwise equal to vec_dot, which sums the same integers in the same float order. */
 static void check_tiles(struct fixture *f, int t)
 {
-    enum { TK = 768, TM = 11, TN = 10 };
+    enum { TK = 768, TM = 11, TN = 2 * SIL_TILE_C + 1 };
     const struct sil_type_traits *tt = sil_type_traits(t);
     const sil_vec_dot_tile_fn tile = sil_vec_dot_tile(t);
     if (sil_cpu_level() >= SIL_CPU_AVX512_VNNI)

@@ -152,7 +152,7 @@ static inline void sil_prefetch_block(const void *p, size_t size)
  * r < nr <= SIL_TILE_R, c < nc <= SIL_TILE_C, bitwise equal to the type's vec_dot at the same
  * level. sil_vec_dot_tile gives NULL for a type the current level has no tiled kernel for. */
 #define SIL_TILE_R 4
-#define SIL_TILE_C 4
+#define SIL_TILE_C 8
 typedef void (*sil_vec_dot_tile_fn)(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
                                     float *const *out);
 sil_vec_dot_tile_fn sil_vec_dot_tile(int type);
