@@ -4,6 +4,7 @@
 #   make check      every test that needs no GPU (units, the units again under ASan + UBSan,
 #                   parity, integration, short fuzz)
 #   make check-asan only the unit tests built with ASan + UBSan (-O1, objects under build/asan/)
+#   make check-asan-integration  the integration tests against the ASan + UBSan daemon and tools
 #   make deps       install the Debian packages the project builds and tests with
 #   make demo       build, make the demo model, start siliceod, ask it a question, stop it
 #   make install    PREFIX=/usr/local DESTDIR=
@@ -81,8 +82,8 @@ BINS := $(if $(wildcard daemon/main.c),$(B)/bin/siliceod) $(addprefix $(B)/bin/,
 TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
 FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 
-.PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan check-cuda fuzz \
-	deps demo install uninstall clean format tests
+.PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan \
+	check-asan-integration check-cuda fuzz deps demo install uninstall clean format tests
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(LIB_PROTO) $(B)/siliceo-proto.pc
@@ -215,8 +216,7 @@ $(foreach b,$(BENCHES),$(eval $(call asan_bench_bin,$(b))))
 ASAN_TEST_BINS := $(addprefix $(ASAN_B)/tests/,$(TESTS))
 ASAN_BINS := $(addprefix $(ASAN_B)/bin/,$(CLIENTS) $(BENCHES))
 
-# Not run by check-asan, built for hand runs: B=build/asan tests/run-all.sh integration
-# (daemon_load's flat-RSS check cannot pass under ASan: freed memory sits in its quarantine).
+# The sanitized daemon, for check-asan-integration.
 $(ASAN_B)/bin/siliceod: $(call aobj,daemon/main.c) $(A_LIB_DAEMON) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_PROTO)
 	@mkdir -p $(dir $@)
 	$(ASAN_CC) $(ASAN_FLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE)
@@ -243,6 +243,11 @@ check-fuzz: $(FUZZ_BINS)
 
 check-asan: $(ASAN_TEST_BINS) $(ASAN_BINS)
 	@SHARED=$(SHARED) B=$(B) ASAN_B=$(ASAN_B) tests/run-all.sh asan
+
+# Not part of check: about 80 s more on 2 cores, and the timing tests (daemon_watchdog) run
+# several times slower under the sanitizers.
+check-asan-integration: $(ASAN_BINS)
+	@SHARED=$(SHARED) B=$(B) ASAN_B=$(ASAN_B) tests/run-all.sh asan-integration
 
 check-mandoc:
 	@SHARED=$(SHARED) B=$(B) tests/run-all.sh mandoc
