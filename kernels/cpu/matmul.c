@@ -12,11 +12,9 @@
 #define CHUNK_ROWS 16
 #define CHUNKS_PER_THREAD 8
 #define SIL_MM_MAX_JOBS 1024
-/* Input rows from which a job goes through the tiled kernel: with fewer, each weight byte is
- * used about once and vec_dot's prefetching matters more than the reuse. */
-#ifndef TILE_MIN_ROWS
+/* Input rows from which a job goes through the tiled kernel: with one, each weight byte is used
+ * once and vec_dot's prefetching matters more than any reuse. */
 #define TILE_MIN_ROWS 2
-#endif
 
 static int format_of_type(int t)
 {
