@@ -204,8 +204,8 @@ static void check_tiles(struct fixture *f, int t)
                     for (int r = 0; r < 2 * (SIL_TILE_R + 1); r++) {
                         const float exp = r < nr && c < nc ? want[TN - 1 - 2 * c][2 + r] : 0.0f;
                         if (out[c][r] != exp)
-                            fail_msg("%s tile %dx%d: out[%d][%d] = %.9g, want %.9g", tt->name, nr, nc, c, r,
-                                     out[c][r], exp);
+                            fail_msg("%s tile %dx%d: out[%d][%d] = %.9g, want %.9g", tt->name, nr,
+                                     nc, c, r, out[c][r], exp);
                     }
             }
     }
@@ -221,13 +221,14 @@ static void check_tiles(struct fixture *f, int t)
             struct sil_mm_input in;
             sil_mm_input_init(&in, x, TN, TK, false, inbuf, TK, TN);
             sil_mm_input_prepare(f->tp, &in, t);
-            struct sil_mm_job j = {.w = w, .wtype = t, .m = m, .in = &in, .rows = rows, .n_rows = n, .y = y, .ldy = m};
+            struct sil_mm_job j = {
+                .w = w, .wtype = t, .m = m, .in = &in, .rows = rows, .n_rows = n, .y = y, .ldy = m};
             sil_matmul(f->tp, &j, 1, scratch, TK);
             for (int jj = 0; jj < n; jj++)
                 for (int r = 0; r < m; r++)
                     if (y[jj * m + r] != want[rows[jj]][r])
-                        fail_msg("%s m %d n %d: y[%d][%d] = %.9g, vec_dot gives %.9g", tt->name, m, n, jj, r, y[jj * m + r],
-                                 want[rows[jj]][r]);
+                        fail_msg("%s m %d n %d: y[%d][%d] = %.9g, vec_dot gives %.9g", tt->name, m,
+                                 n, jj, r, y[jj * m + r], want[rows[jj]][r]);
         }
     free(inbuf);
     free(scratch);

@@ -140,7 +140,9 @@ static void run_chunk_tiled(const struct sil_mm_job *jb, sil_vec_dot_tile_fn til
             const int nr = r1 - r < SIL_TILE_R ? (int)(r1 - r) : SIL_TILE_R;
             if (j0 == 0 && r + SIL_TILE_R < r1) { /* first pass: the next rows come from memory */
                 const char *next = (const char *)jb->w + (size_t)(r + SIL_TILE_R) * wrs;
-                const size_t len = (size_t)(r1 - r - SIL_TILE_R < SIL_TILE_R ? r1 - r - SIL_TILE_R : SIL_TILE_R) * wrs;
+                const size_t len =
+                    (size_t)(r1 - r - SIL_TILE_R < SIL_TILE_R ? r1 - r - SIL_TILE_R : SIL_TILE_R) *
+                    wrs;
                 for (size_t o = 0; o < len; o += 64)
                     __builtin_prefetch(next + o, 0, 3);
             }
@@ -161,7 +163,8 @@ static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scra
     const bool dequant = f == 0 && jb->wtype != SIL_TYPE_F32 && in->exact;
     const size_t ars = f == 0 ? (size_t)k * sizeof(float) : sil_row_size(format_type(f), k);
     const char *abase = f == 0 ? (const char *)in->x : (const char *)in->buf[f];
-    const sil_vec_dot_tile_fn tile = f != 0 && jb->n_rows >= TILE_MIN_ROWS ? sil_vec_dot_tile(jb->wtype) : NULL;
+    const sil_vec_dot_tile_fn tile =
+        f != 0 && jb->n_rows >= TILE_MIN_ROWS ? sil_vec_dot_tile(jb->wtype) : NULL;
     if (tile) {
         run_chunk_tiled(jb, tile, r0, r1, abase, ars, wrs);
         return;

@@ -223,8 +223,9 @@ static inline __m128i k4_unpack_vec(const uint8_t *q)
     memcpy(&w0, q, 4);
     memcpy(&w1, q + 4, 4);
     memcpy(&w2, q + 8, 4);
-    return _mm_setr_epi32((int)(w0 & 0x3f3f3f3f), (int)((w2 & 0x0f0f0f0f) | (((w0 >> 6) & 0x03030303) << 4)),
-                          (int)(w1 & 0x3f3f3f3f), (int)(((w2 >> 4) & 0x0f0f0f0f) | (((w1 >> 6) & 0x03030303) << 4)));
+    return _mm_setr_epi32(
+        (int)(w0 & 0x3f3f3f3f), (int)((w2 & 0x0f0f0f0f) | (((w0 >> 6) & 0x03030303) << 4)),
+        (int)(w1 & 0x3f3f3f3f), (int)(((w2 >> 4) & 0x0f0f0f0f) | (((w1 >> 6) & 0x03030303) << 4)));
 }
 
 /* sum_k mins[k] * (sum of sub-block k's activations); scm from k4_unpack_vec */
@@ -386,20 +387,22 @@ void sil_quantize_q8_K_avx512(const float *x, void *y, int64_t n)
     sil_quantize_q8_K_avx2(x, y, n);
 }
 
-/* ---- tiled q4_K x q8_K: R weight rows x C activation rows per pass --------------------------------
- * Prefill multiplies every weight row with many activation rows. One vec_dot per pair unpacks
+/* ---- tiled q4_K / q6_K x q8_K: R weight rows x C activation rows per pass -------------------- */
+
+/* Prefill multiplies every weight row with many activation rows. One vec_dot per pair unpacks
  * each weight block and loads each activation block once per product; here each unpacked
  * weight vector serves C activation rows and each activation vector R weight rows. Per pair the
- * integer sums and the float steps are the ones of sil_vec_dot_q4_K_avx512, in the same order,
- * so the results are bitwise equal to it. */
+ * integer sums and the float steps are those of the type's vec_dot, in the same order, so the
+ * results are bitwise equal to it. */
 
 /* 4 x 4: q4_K unpacks cheaply, so activation loads weigh as much as weight unpacking */
 #define Q4_R 4
 #define Q4_C 4
 
 static inline __attribute__((always_inline)) void q4_K_tile(const int R, const int C, int64_t n,
-                                                             const void *vw, size_t wrs,
-                                                             const void *const *va, float *const *out)
+                                                            const void *vw, size_t wrs,
+                                                            const void *const *va,
+                                                            float *const *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     /* pair (r, c): lanes 8(c%2)..8(c%2)+7 of acc[r][c/2], the sums folded as in vec_dot */
@@ -426,8 +429,10 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
             w[r] = (const struct sil_block_q4_K *)((const char *)vw + (size_t)r * wrs) + i;
             const __m128i scm = k4_unpack_vec(w[r]->scales);
             sc32[r] = _mm512_cvtepu8_epi32(scm);
-            mins = _mm512_mask_broadcast_i32x4(mins, (__mmask16)(0xF << 4 * r), _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)));
-            dmin4 = _mm512_mask_mov_ps(dmin4, (__mmask16)(0xF << 4 * r), _mm512_set1_ps(fp16(w[r]->dmin)));
+            mins = _mm512_mask_broadcast_i32x4(mins, (__mmask16)(0xF << 4 * r),
+                                               _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)));
+            dmin4 = _mm512_mask_mov_ps(dmin4, (__mmask16)(0xF << 4 * r),
+                                       _mm512_set1_ps(fp16(w[r]->dmin)));
         }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++)
@@ -443,7 +448,8 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(w[r]->qs + 32 * j));
-                qq[r] = join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                qq[r] =
+                    join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
                 s[r] = _mm512_permutexvar_epi32(_mm512_loadu_si512(pair_idx[j]), sc32[r]);
             }
 #pragma GCC unroll 4
@@ -451,8 +457,8 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
                 const __m512i y = _mm512_loadu_si512(a[c]->qs + 64 * j);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) /* dpwssd = add(sumi, madd(p, s)) exactly */
-                    sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq[r], y),
-                                                     s[r]);
+                    sumi[r][c] = _mm512_dpwssd_epi32(
+                        sumi[r][c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq[r], y), s[r]);
             }
         }
 #pragma GCC unroll 4
@@ -466,7 +472,8 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
 #pragma GCC unroll 2
         for (int c = 0; c < C; c += 2) {
             const bool two = c + 1 < C;
-            const __m512 da = _mm512_insertf32x8(_mm512_set1_ps(a[c]->d), _mm256_set1_ps(two ? a[c + 1]->d : 0.0f), 1);
+            const __m512 da = _mm512_insertf32x8(_mm512_set1_ps(a[c]->d),
+                                                 _mm256_set1_ps(two ? a[c + 1]->d : 0.0f), 1);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const __m512i s1 = two ? sumi[r][c + 1] : _mm512_setzero_si512();
@@ -484,21 +491,30 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             _mm512_storeu_ps(v, acc[r][c / 2]);
-            out[c][r] = hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2))) - hsum128_ps(_mm_loadu_ps(m + 4 * r));
+            out[c][r] =
+                hsum256_ps(_mm256_loadu_ps(v + 8 * (c % 2))) - hsum128_ps(_mm_loadu_ps(m + 4 * r));
         }
     }
 }
 
-void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *const *out)
+void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr,
+                                  const void *const *a, int nc, float *const *out)
 {
     if (nr == Q4_R) {
         for (int c = 0; c < nc; c += Q4_C) {
             switch (nc - c) {
-            case 1: q4_K_tile(4, 1, n, w, wrs, a + c, out + c); break;
-            case 2: q4_K_tile(4, 2, n, w, wrs, a + c, out + c); break;
-            case 3: q4_K_tile(4, 3, n, w, wrs, a + c, out + c); break;
-            default: q4_K_tile(4, 4, n, w, wrs, a + c, out + c); break;
+            case 1:
+                q4_K_tile(4, 1, n, w, wrs, a + c, out + c);
+                break;
+            case 2:
+                q4_K_tile(4, 2, n, w, wrs, a + c, out + c);
+                break;
+            case 3:
+                q4_K_tile(4, 3, n, w, wrs, a + c, out + c);
+                break;
+            default:
+                q4_K_tile(4, 4, n, w, wrs, a + c, out + c);
+                break;
             }
         }
         return;
@@ -515,8 +531,9 @@ void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, 
 #define Q6_R 2
 #define Q6_C 8
 static inline __attribute__((always_inline)) void q6_K_tile(const int R, const int C, int64_t n,
-                                                             const void *vw, size_t wrs,
-                                                             const void *const *va, float *const *out)
+                                                            const void *vw, size_t wrs,
+                                                            const void *const *va,
+                                                            float *const *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     const __m512i idx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -558,7 +575,8 @@ static inline __attribute__((always_inline)) void q6_K_tile(const int R, const i
                 const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
                                                    _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
                 const __m256i q1 = _mm256_or_si256(
-                    _mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
                 const __m256i q2 = _mm256_or_si256(
                     _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
@@ -581,26 +599,31 @@ static inline __attribute__((always_inline)) void q6_K_tile(const int R, const i
 #pragma GCC unroll 8
                     for (int r = 0; r < R; r++)
                         sumi[r][c] = _mm512_dpwssd_epi32(
-                            sumi[r][c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), p ? qb[r] : qa[r], y), s[r]);
+                            sumi[r][c],
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), p ? qb[r] : qa[r], y),
+                            s[r]);
                 }
             }
         }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c += 2) {
             const bool two = c + 1 < C;
-            const __m512 da = _mm512_insertf32x8(_mm512_set1_ps(a[c]->d), _mm256_set1_ps(two ? a[c + 1]->d : 0.0f), 1);
+            const __m512 da = _mm512_insertf32x8(_mm512_set1_ps(a[c]->d),
+                                                 _mm256_set1_ps(two ? a[c + 1]->d : 0.0f), 1);
             const __m256i bs0 = _mm256_loadu_si256((const __m256i *)a[c]->bsums);
-            const __m512i bs = _mm512_inserti64x4(_mm512_castsi256_si512(bs0),
-                                                  two ? _mm256_loadu_si256((const __m256i *)a[c + 1]->bsums)
-                                                      : _mm256_setzero_si256(), 1);
+            const __m512i bs = _mm512_inserti64x4(
+                _mm512_castsi256_si512(bs0),
+                two ? _mm256_loadu_si256((const __m256i *)a[c + 1]->bsums) : _mm256_setzero_si256(),
+                1);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 const __m512i s1 = two ? sumi[r][c + 1] : _mm512_setzero_si512();
                 const __m512i f = _mm512_add_epi32(_mm512_shuffle_i64x2(sumi[r][c], s1, 0x44),
                                                    _mm512_shuffle_i64x2(sumi[r][c], s1, 0xEE));
                 const __m512i corr = _mm512_slli_epi32(_mm512_madd_epi16(bs, scw[r]), 5);
-                acc[r][c / 2] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(w[r]->d)), da),
-                                                _mm512_cvtepi32_ps(_mm512_sub_epi32(f, corr)), acc[r][c / 2]);
+                acc[r][c / 2] =
+                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(w[r]->d)), da),
+                                    _mm512_cvtepi32_ps(_mm512_sub_epi32(f, corr)), acc[r][c / 2]);
             }
         }
     }
@@ -615,8 +638,8 @@ static inline __attribute__((always_inline)) void q6_K_tile(const int R, const i
     }
 }
 
-void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *const *out)
+void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr,
+                                  const void *const *a, int nc, float *const *out)
 {
     int r = 0;
     for (; r + Q6_R <= nr; r += Q6_R) {
@@ -625,14 +648,30 @@ void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr, 
         for (int c = 0; c < nc; c++)
             o[c] = out[c] + r;
         switch (nc) {
-        case 1: q6_K_tile(2, 1, n, wr, wrs, a, o); break;
-        case 2: q6_K_tile(2, 2, n, wr, wrs, a, o); break;
-        case 3: q6_K_tile(2, 3, n, wr, wrs, a, o); break;
-        case 4: q6_K_tile(2, 4, n, wr, wrs, a, o); break;
-        case 5: q6_K_tile(2, 5, n, wr, wrs, a, o); break;
-        case 6: q6_K_tile(2, 6, n, wr, wrs, a, o); break;
-        case 7: q6_K_tile(2, 7, n, wr, wrs, a, o); break;
-        default: q6_K_tile(2, 8, n, wr, wrs, a, o); break;
+        case 1:
+            q6_K_tile(2, 1, n, wr, wrs, a, o);
+            break;
+        case 2:
+            q6_K_tile(2, 2, n, wr, wrs, a, o);
+            break;
+        case 3:
+            q6_K_tile(2, 3, n, wr, wrs, a, o);
+            break;
+        case 4:
+            q6_K_tile(2, 4, n, wr, wrs, a, o);
+            break;
+        case 5:
+            q6_K_tile(2, 5, n, wr, wrs, a, o);
+            break;
+        case 6:
+            q6_K_tile(2, 6, n, wr, wrs, a, o);
+            break;
+        case 7:
+            q6_K_tile(2, 7, n, wr, wrs, a, o);
+            break;
+        default:
+            q6_K_tile(2, 8, n, wr, wrs, a, o);
+            break;
         }
     }
     for (; r < nr; r++)

@@ -153,13 +153,13 @@ static inline void sil_prefetch_block(const void *p, size_t size)
  * level. sil_vec_dot_tile gives NULL for a type the current level has no tiled kernel for. */
 #define SIL_TILE_R 4
 #define SIL_TILE_C 8
-typedef void (*sil_vec_dot_tile_fn)(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                    float *const *out);
+typedef void (*sil_vec_dot_tile_fn)(int64_t n, const void *w, size_t wrs, int nr,
+                                    const void *const *a, int nc, float *const *out);
 sil_vec_dot_tile_fn sil_vec_dot_tile(int type);
-void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *const *out);
-void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr, const void *const *a, int nc,
-                                  float *const *out);
+void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr,
+                                  const void *const *a, int nc, float *const *out);
+void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr,
+                                  const void *const *a, int nc, float *const *out);
 
 /* Called by cpu.c whenever the level in force changes: points the table at that level's kernels. */
 void sil_quants_set_level(enum sil_cpu_level level);
