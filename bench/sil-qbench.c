@@ -91,8 +91,8 @@ static float frand(void)
     return (float)(rng >> 40) / 16777216.0f - 0.5f;
 }
 
-static void emit(const char *metric, const char *config, struct sil_bench_stat s, int runs, double floor,
-                 const char *floor_basis)
+static void emit(const char *metric, const char *config, struct sil_bench_stat s, int runs,
+                 double floor, const char *floor_basis)
 {
     printf("{\"metric\": \"%s\", \"config\": \"%s\", \"value\": %.3f, \"unit\": \"GB/s\", "
            "\"runs\": %d, \"min\": %.3f, \"max\": %.3f",
@@ -112,7 +112,7 @@ static void usage(FILE *f)
             "next to the read bandwidth with 1 and 2 threads. One JSON object per line on stdout.\n"
             "\n"
             "  --mib N        weight buffer in MiB, larger than the caches (1-65536, default 256)\n"
-            "  --runs N       repetitions of each measurement; the median is reported (1-100, default 5)\n"
+            "  --runs N       repetitions of each measurement, median reported (1-100, default 5)\n"
             "  --n ROWLEN     row length, a multiple of 256 (256-65536, default 2048)\n"
             "  --types LIST   comma-separated types (default q4_K,q6_K,q8_0,q5_K,q5_0,q4_0,f16)\n"
             "  --help         this help\n"
@@ -196,7 +196,8 @@ int main(int argc, char **argv)
         const size_t rs = sil_row_size(type, n);
         const size_t rows = bytes / rs;
         if (rows < 1) {
-            fprintf(stderr, PROG ": skipping %s (a row of %zu bytes does not fit --mib)\n", name, rs);
+            fprintf(stderr, PROG ": skipping %s (a row of %zu bytes does not fit --mib)\n", name,
+                    rs);
             continue;
         }
         /* quantize a few distinct rows, then tile them over the buffer: the content does not

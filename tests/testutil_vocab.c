@@ -10,7 +10,10 @@
 #include "daemon/engine/gguf.h"
 #include "tests/testutil.h"
 
-static bool printable(unsigned b) { return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae; }
+static bool printable(unsigned b)
+{
+    return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+}
 
 size_t tu_byte_level(unsigned char b, char *out)
 {

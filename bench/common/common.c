@@ -13,7 +13,8 @@ int sil_bench_parse_i64(const char *prog, const char *flag, const char *s, int64
     long long v = strtoll(s, &end, 0);
     if (errno || end == s || *end || v < min || v > max) {
         if (max == INT64_MAX)
-            fprintf(stderr, "%s: %s: '%s' is not an integer >= %lld\n", prog, flag, s, (long long)min);
+            fprintf(stderr, "%s: %s: '%s' is not an integer >= %lld\n", prog, flag, s,
+                    (long long)min);
         else
             fprintf(stderr, "%s: %s: '%s' is not an integer in [%lld, %lld]\n", prog, flag, s,
                     (long long)min, (long long)max);

@@ -20,7 +20,8 @@ if nm "$SIL_BUILD/lib/libsiliceo-proto.a" 2>/dev/null | grep -q __asan_; then
     exit 0
 fi
 D=$T/root
-env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s B="$B" install DESTDIR="$D" PREFIX=/usr >"$T/log" 2>&1 ||
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s B="$B" install DESTDIR="$D" PREFIX=/usr \
+    >"$T/log" 2>&1 ||
     fail "make install: $(tail -n 20 "$T/log")"
 
 bins=()
@@ -37,7 +38,9 @@ done
 pc=$D/usr/lib/pkgconfig/siliceo-proto.pc
 [ -f "$pc" ] || fail "siliceo-proto.pc not in /usr/lib/pkgconfig"
 grep -qx 'prefix=/usr' "$pc" || fail "the .pc does not name PREFIX=/usr: $(head -n 3 "$pc")"
-for s in 5 7; do ls "$D"/usr/share/man/man$s/*.$s >/dev/null 2>&1 || fail "no section $s man page"; done
+for s in 5 7; do
+    ls "$D"/usr/share/man/man$s/*.$s >/dev/null 2>&1 || fail "no section $s man page"
+done
 echo "ok: ${#bins[@]} binaries, library, header, .pc and man pages installed under DESTDIR"
 
 export PKG_CONFIG_PATH=$D/usr/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$D
