@@ -79,10 +79,15 @@ static double *index_array(const struct index *ix, char P, const char *key, size
         double x = strtod(p, &end);
         if (end == p)
             break;
-        if (cnt == cap)
-            v = realloc(v, (cap *= 2) * sizeof(double));
-        if (!v)
-            break;
+        if (cnt == cap) {
+            double *w = realloc(v, (cap *= 2) * sizeof(double));
+            if (!w) {
+                free(v);
+                v = NULL;
+                break;
+            }
+            v = w;
+        }
         v[cnt++] = x;
         p = end;
         while (*p == ',' || *p == ' ' || *p == '\n')
@@ -95,8 +100,8 @@ static double *index_array(const struct index *ix, char P, const char *key, size
 /* A reference logits file [n_pos][512]. */
 static float *ref_logits(const char *name, size_t n_floats)
 {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "models/%s", name);
+    char rel[512];
+    snprintf(rel, sizeof(rel), "models/%.400s", name);
     char *path = tu_refdata_path(rel);
     void *buf = NULL;
     size_t len = 0;

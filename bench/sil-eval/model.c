@@ -44,8 +44,10 @@ static int parse_tokens(const char *s, int32_t **ids, size_t *n)
         }
         if (k == cap) {
             int32_t *w = realloc(v, (cap *= 2) * sizeof(*v));
-            if (!w)
-                break;
+            if (!w) {
+                free(v);
+                return -ENOMEM;
+            }
             v = w;
         }
         v[k++] = (int32_t)t;
