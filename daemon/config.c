@@ -307,7 +307,6 @@ enum {
     OPT_VRAM,
     OPT_NO_MODEL,
     OPT_CTX,
-    OPT_VERSION,
 };
 
 static const struct option long_opts[] = {
@@ -323,11 +322,11 @@ static const struct option long_opts[] = {
     { "vram-budget", required_argument, NULL, OPT_VRAM },
     { "context", required_argument, NULL, OPT_CTX },
     { "no-model", no_argument, NULL, OPT_NO_MODEL },
-    { "version", no_argument, NULL, OPT_VERSION },
+    { "version", no_argument, NULL, 'V' },
     { 0, 0, 0, 0 },
 };
 
-static const char short_opts[] = "+m:s:t:b:c:fh";
+static const char short_opts[] = "+m:s:t:b:c:fhV";
 
 static int flag_key(int opt, const char **key)
 {
@@ -358,7 +357,7 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
         switch (opt) {
         case 'c': config_path = optarg; break;
         case 'h': cli->action = SIL_CLI_HELP; break;
-        case OPT_VERSION: cli->action = SIL_CLI_VERSION; break;
+        case 'V': cli->action = SIL_CLI_VERSION; break;
         case OPT_INSPECT:
             cli->action = SIL_CLI_INSPECT;
             cli->inspect_path = optarg;
@@ -452,6 +451,21 @@ void sil_usage(FILE *f)
           "       siliceod --inspect FILE\n"
           "       siliceod --help | --version\n"
           "Settings are read from " SIL_DEFAULT_CONFIG " (or --config PATH) and overridden by\n"
-          "flags; see siliceod(8) and siliceod.conf(5).\n",
+          "flags; see siliceod(8) and siliceod.conf(5).\n"
+          "\n"
+          "  -m, --model FILE        GGUF model to serve\n"
+          "  -s, --socket PATH       listening socket (default: $XDG_RUNTIME_DIR/siliceo/siliceod.sock,\n"
+          "                          /run/siliceo/siliceod.sock for root)\n"
+          "  -t, --threads N         engine threads (default: online CPUs)\n"
+          "  -b, --backend NAME      cpu, cuda or auto\n"
+          "  -c, --config PATH       configuration file\n"
+          "      --vram-budget SIZE  device memory cap (CUDA backend)\n"
+          "      --context N         positions per sequence\n"
+          "      --log-level LEVEL   err, warning, notice, info or debug\n"
+          "  -f, --foreground        log to stderr (the daemon never forks)\n"
+          "      --no-model          protocol diagnostics without a model\n"
+          "      --inspect FILE      validate and describe a model file, then exit\n"
+          "  -h, --help              this text\n"
+          "  -V, --version           the version\n",
           f);
 }
