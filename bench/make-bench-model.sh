@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Makes the engine benchmark model: qwen35moe, q4_k_m, 12 layers, hidden 1024, 8 query / 2 KV
 # heads of 128, gated delta net 8 key / 16 value heads of 128, 64 experts top-8 of 512, shared
-# expert 512, vocab 32768 (~800 MiB), into bench/work/ (git-ignored).
+# expert 512, vocab 32768 (~800 MiB), into bench/models/ (git-ignored).
 # Usage: bench/make-bench-model.sh [--skew S] [--seed N] [other sil-mkmodel flags]
-# Environment: B (build dir, default build), OUT (default bench/work/bench-qwen35moe-q4_k_m.gguf).
+# Environment: B (build dir, default build), OUT (default bench/models/bench-qwen35moe-q4_k_m.gguf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
-OUT=${OUT:-bench/work/bench-qwen35moe-q4_k_m.gguf}
+OUT=${OUT:-bench/models/bench-qwen35moe-q4_k_m.gguf}
 mk="$B/bin/sil-mkmodel"
 [ -x "$mk" ] || make B="$B" "$mk"
 mkdir -p "$(dirname "$OUT")"

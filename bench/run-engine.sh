@@ -5,7 +5,7 @@
 #
 # usage: bench/run-engine.sh PEER_BIN_DIR [MODEL.gguf]
 #   PEER_BIN_DIR  directory holding llama.cpp's llama-bench (skipped, and said so, if absent)
-#   MODEL.gguf    default: bench/work/bench-qwen35moe-q4_k_m.gguf, made by bench/make-bench-model.sh
+#   MODEL.gguf    default: bench/models/bench-qwen35moe-q4_k_m.gguf, made by bench/make-bench-model.sh
 #                 (or sil-mkmodel --preset bench) if missing
 # Environment: B (build dir, default build), RUNS (default 3), THREADS (default 2),
 #              MACHINE (name in the results file, default vm).
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 peer_dir=${1:?usage: bench/run-engine.sh PEER_BIN_DIR [MODEL.gguf]}
-model=${2:-bench/work/bench-qwen35moe-q4_k_m.gguf}
+model=${2:-bench/models/bench-qwen35moe-q4_k_m.gguf}
 B=${B:-build}
 RUNS=${RUNS:-3}
 THREADS=${THREADS:-2}
