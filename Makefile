@@ -60,6 +60,8 @@ PROTO_SRC := $(wildcard libproto/*.c)
 DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLIENT_COMMON_SRC := $(wildcard client/common/*.c)
 BENCH_COMMON_SRC := $(wildcard bench/common/*.c)
+# sil-mkmodel's pieces are also a library, so tests and fuzzers link them instead of including .c files.
+MKMODEL_SRC := $(wildcard bench/sil-mkmodel/*.c)
 CLIENTS := $(patsubst client/%.c,%,$(wildcard client/sil-*.c))
 BENCHES := $(patsubst bench/%.c,%,$(wildcard bench/sil-*.c))
 TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
@@ -75,6 +77,7 @@ LIB_PROTO := $(B)/lib/libsiliceo-proto.a
 LIB_DAEMON := $(B)/lib/libsil-daemon.a
 LIB_CLIENT := $(B)/lib/libsil-client.a
 LIB_BENCH := $(B)/lib/libsil-bench.a
+LIB_MKMODEL := $(B)/lib/libsil-mkmodel.a
 
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 
@@ -120,9 +123,10 @@ $(eval $(call static_lib,$(LIB_PROTO),$(call obj,$(PROTO_SRC))))
 $(eval $(call static_lib,$(LIB_DAEMON),$(call obj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(LIB_CLIENT),$(call obj,$(CLIENT_COMMON_SRC))))
 $(eval $(call static_lib,$(LIB_BENCH),$(call obj,$(BENCH_COMMON_SRC))))
+$(eval $(call static_lib,$(LIB_MKMODEL),$(call obj,$(MKMODEL_SRC))))
 
 ENGINE_LIBS := $(LIB_ENGINE) $(LIB_KERNELS)
-ALL_LIBS := $(LIB_DAEMON) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
+ALL_LIBS := $(LIB_DAEMON) $(LIB_MKMODEL) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
 ALL_LDLIBS := $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE) $(LDLIBS_EDIT)
 
 # The .pc names the install directories: `make install PREFIX=...` writes it again with those.
@@ -158,7 +162,7 @@ $(B)/tests/$(1): $(call obj,tests/$(1).c $(TESTUTIL_SRC)) $(ALL_LIBS)
 endef
 $(foreach t,$(TESTS),$(eval $(call test_bin,$(t))))
 
-FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC))
+FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC))
 define fuzz_bin
 $(B)/fuzz/$(1): $(call fobj,tests/fuzz/$(1).c) $(FUZZ_LIB_OBJS)
 	@mkdir -p $$(dir $$@)
@@ -184,13 +188,15 @@ A_LIB_PROTO := $(ASAN_B)/lib/libsiliceo-proto.a
 A_LIB_DAEMON := $(ASAN_B)/lib/libsil-daemon.a
 A_LIB_CLIENT := $(ASAN_B)/lib/libsil-client.a
 A_LIB_BENCH := $(ASAN_B)/lib/libsil-bench.a
+A_LIB_MKMODEL := $(ASAN_B)/lib/libsil-mkmodel.a
 $(eval $(call static_lib,$(A_LIB_KERNELS),$(call aobj,$(KERNEL_SRC))))
 $(eval $(call static_lib,$(A_LIB_ENGINE),$(call aobj,$(ENGINE_SRC))))
 $(eval $(call static_lib,$(A_LIB_PROTO),$(call aobj,$(PROTO_SRC))))
 $(eval $(call static_lib,$(A_LIB_DAEMON),$(call aobj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_CLIENT),$(call aobj,$(CLIENT_COMMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_BENCH),$(call aobj,$(BENCH_COMMON_SRC))))
-A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+$(eval $(call static_lib,$(A_LIB_MKMODEL),$(call aobj,$(MKMODEL_SRC))))
+A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 
 define asan_test_bin
 $(ASAN_B)/tests/$(1): $(call aobj,tests/$(1).c $(TESTUTIL_SRC)) $(A_ALL_LIBS)

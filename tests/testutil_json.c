@@ -10,7 +10,7 @@
 #include "tests/testutil.h"
 
 /* The Makefile links bench sources only into the bench binaries: compiled here for the tests. */
-#include "bench/sil-mkmodel/json.c"
+#include "bench/sil-mkmodel/mkmodel.h"
 
 struct sil_json_doc *tu_json_load(const char *rel)
 {

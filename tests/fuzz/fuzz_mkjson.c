@@ -4,7 +4,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "bench/sil-mkmodel/json.c"
+#include <errno.h>
+
+#include "bench/sil-mkmodel/mkmodel.h"
 
 static size_t walk(const struct sil_json *v, int depth)
 {
