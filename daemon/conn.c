@@ -1,0 +1,363 @@
+/* Connections: accept with the peer credential check (refused peers get one error and are
+ * closed), per-connection output buffers bounded by max_output, non-blocking reads, and the
+ * framing of incoming msgpack-RPC messages, each handed to dispatch (methods.c).
+ *
+ * Ownership: a struct conn is created by on_accept and freed only by conn_free, which any write
+ * or read path may call when the peer fails or misbehaves; those paths then return -1. The
+ * connection holds the ids of its requests in flight so the worker can be told when it goes. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <systemd/sd-event.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/server_impl.h"
+#include "daemon/utf8.h"
+#include "daemon/worker.h"
+#include "siliceo-proto.h"
+
+#define READ_CHUNK 65536
+
+/* ---- connections ------------------------------------------------------------------------------- */
+
+void conn_free(struct conn *c)
+{
+    struct server *s = c->srv;
+    if (c->n_inflight && s->worker)
+        sil_worker_conn_closed(s->worker, c->id);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->n_conns--;
+    sd_event_source_disable_unref(c->io);
+    close(c->fd);
+    sil_rpc_unpacker_free(c->up);
+    while (c->streams) {
+        struct dstream *d = c->streams;
+        c->streams = d->next;
+        free(d);
+    }
+    free(c->inflight);
+    free(c->out);
+    free(c);
+}
+
+struct conn *conn_find(struct server *s, uint64_t id)
+{
+    for (struct conn *c = s->conns; c; c = c->next)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+size_t conn_queued(const struct conn *c) { return c->out_len - c->out_off; }
+
+static void conn_update_events(struct conn *c)
+{
+    uint32_t ev = c->closing ? 0 : EPOLLIN;
+    if (conn_queued(c))
+        ev |= EPOLLOUT;
+    sd_event_source_set_io_events(c->io, ev);
+}
+
+/* Writes what the socket takes now. Returns -1 when the connection had to be closed. */
+int conn_flush(struct conn *c)
+{
+    while (conn_queued(c)) {
+        ssize_t n = send(c->fd, c->out + c->out_off, conn_queued(c), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                break;
+            sil_debug("client %llu: send: %s", (unsigned long long)c->id, strerror(errno));
+            conn_free(c);
+            return -1;
+        }
+        c->out_off += n;
+        c->srv->bytes_out += n;
+    }
+    if (c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+    if (c->closing && !conn_queued(c)) {
+        conn_free(c);
+        return -1;
+    }
+    conn_update_events(c);
+    return 0;
+}
+
+/* Queues bytes without writing them; a client whose queue would pass max_output is dropped (it
+ * does not read). Returns -1 when the connection is gone. */
+int conn_append(struct conn *c, const void *data, size_t n)
+{
+    struct server *s = c->srv;
+    if (conn_queued(c) + n > s->cfg->max_output) {
+        sil_warn("client %llu (pid %d, uid %d) dropped: more than %llu bytes of output waiting",
+                 (unsigned long long)c->id, c->cred.pid, c->cred.uid, (unsigned long long)s->cfg->max_output);
+        s->clients_dropped++;
+        conn_free(c);
+        return -1;
+    }
+    if (c->out_off && c->out_len + n > c->out_cap) {
+        memmove(c->out, c->out + c->out_off, conn_queued(c));
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+    }
+    if (c->out_len + n > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 4096;
+        while (cap < c->out_len + n)
+            cap *= 2;
+        char *p = realloc(c->out, cap);
+        if (!p) {
+            conn_free(c);
+            return -1;
+        }
+        c->out = p;
+        c->out_cap = cap;
+    }
+    memcpy(c->out + c->out_len, data, n);
+    c->out_len += n;
+    return 0;
+}
+
+int conn_send(struct conn *c, const void *data, size_t n)
+{
+    if (conn_append(c, data, n) < 0)
+        return -1;
+    return conn_flush(c);
+}
+
+/* Sends what the scratch buffer holds. */
+int conn_send_scratch(struct conn *c)
+{
+    struct server *s = c->srv;
+    int rc = conn_send(c, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch));
+    sil_rpc_buf_reset(&s->scratch);
+    return rc;
+}
+
+int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
+{
+    char msg[512], clean[3 * sizeof msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* Messages quote what clients sent and cut it at a byte count: keep them valid UTF-8. */
+    size_t n = sil_utf8_sanitize(msg, strlen(msg), clean);
+    clean[n] = 0;
+    sil_rpc_pack_error_response(&c->srv->scratch, msgid, code, clean);
+    return conn_send_scratch(c);
+}
+
+int send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err)
+{
+    return send_error(c, msgid, err->code ? err->code : SIL_RPC_E_INVALID_PARAMS, "%s", err->msg);
+}
+
+bool inflight_has(const struct conn *c, uint32_t msgid)
+{
+    for (int i = 0; i < c->n_inflight; i++)
+        if (c->inflight[i] == msgid)
+            return true;
+    return false;
+}
+
+int inflight_add(struct conn *c, uint32_t msgid)
+{
+    if (c->n_inflight == c->cap_inflight) {
+        int cap = c->cap_inflight ? c->cap_inflight * 2 : 8;
+        uint32_t *p = realloc(c->inflight, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        c->inflight = p;
+        c->cap_inflight = cap;
+    }
+    c->inflight[c->n_inflight++] = msgid;
+    return 0;
+}
+
+void inflight_remove(struct conn *c, uint32_t msgid)
+{
+    for (int i = 0; i < c->n_inflight; i++)
+        if (c->inflight[i] == msgid) {
+            c->inflight[i] = c->inflight[--c->n_inflight];
+            return;
+        }
+}
+
+/* ---- I/O --------------------------------------------------------------------------------------- */
+
+static int conn_read(struct conn *c)
+{
+    struct server *s = c->srv;
+    size_t avail = 0;
+    void *p = sil_rpc_unpacker_space(c->up, READ_CHUNK, &avail);
+    if (!p) {
+        if (send_error(c, 0, SIL_RPC_E_TOO_LARGE, "too much unparsed input") < 0)
+            return -1;
+        c->closing = true;
+        return conn_flush(c);
+    }
+    ssize_t n = recv(c->fd, p, avail, MSG_DONTWAIT);
+    if (n == 0) {
+        conn_free(c);
+        return -1;
+    }
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR)
+            return 0;
+        conn_free(c);
+        return -1;
+    }
+    sil_rpc_unpacker_commit(c->up, n);
+    s->bytes_in += n;
+    for (;;) {
+        struct sil_rpc_msg m;
+        struct sil_rpc_error err = { 0 };
+        int rc = sil_rpc_unpacker_next(c->up, &m, &err);
+        if (rc == 0)
+            return 0;
+        s->messages_in++;
+        if (rc == 1) {
+            rc = dispatch(c, &m);
+            sil_rpc_msg_release(&m);
+            if (rc < 0)
+                return -1; /* the connection is gone */
+            if (c->closing)
+                return 0;
+            continue;
+        }
+        s->bad_messages++;
+        sil_debug("client %llu: bad message: %s", (unsigned long long)c->id, err.msg);
+        if (rc == -EPROTO && m.has_msgid && m.type == SIL_RPC_REQUEST) {
+            if (send_rpc_error(c, m.msgid, &err) < 0)
+                return -1;
+            continue;
+        }
+        if (rc == -EPROTO && m.type != SIL_RPC_REQUEST && m.type >= 0)
+            continue; /* a malformed notification or response: nothing to answer */
+        /* Framing is lost (or the peer is not speaking the protocol): say why, then hang up. */
+        if (send_error(c, 0, err.code ? err.code : SIL_RPC_E_PARSE, "%s", err.msg) < 0)
+            return -1; /* the send failed and freed c: not even c->id may be read */
+        c->closing = true;
+        return conn_flush(c);
+    }
+}
+
+static int on_conn_io(sd_event_source *src, int fd, uint32_t revents, void *ud)
+{
+    struct conn *c = ud;
+    if (revents & (EPOLLERR | EPOLLHUP)) {
+        if (!(revents & EPOLLIN)) {
+            conn_free(c);
+            return 0;
+        }
+    }
+    if (revents & EPOLLOUT) {
+        if (conn_flush(c) < 0)
+            return 0;
+        if (c->streams && pump_streams(c) < 0)
+            return 0;
+    }
+    if ((revents & EPOLLIN) && !c->closing)
+        conn_read(c);
+    return 0;
+}
+
+static bool peer_allowed(const struct server *s, int fd, const struct ucred *cr)
+{
+    if (cr->uid == 0 || cr->uid == geteuid())
+        return true;
+    for (int i = 0; i < s->cfg->n_allow_uids; i++)
+        if (s->cfg->allow_uids[i] == cr->uid)
+            return true;
+    if (!s->cfg->n_allow_gids)
+        return false;
+    gid_t groups[256];
+    socklen_t len = sizeof groups;
+    int n = 0;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+        n = len / sizeof(gid_t);
+    for (int i = 0; i < s->cfg->n_allow_gids; i++) {
+        if (s->cfg->allow_gids[i] == cr->gid)
+            return true;
+        for (int k = 0; k < n; k++)
+            if (groups[k] == s->cfg->allow_gids[i])
+                return true;
+    }
+    return false;
+}
+
+/* A refused peer gets one error response, written without waiting, and the socket is closed. */
+static void refuse(struct server *s, int fd, int code, const char *msg)
+{
+    sil_rpc_pack_error_response(&s->scratch, 0, code, msg);
+    ssize_t n = send(fd, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;
+    sil_rpc_buf_reset(&s->scratch);
+    s->clients_refused++;
+    close(fd);
+}
+
+int on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud)
+{
+    struct server *s = ud;
+    for (int k = 0; k < 16; k++) {
+        int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                sil_warn("accept: %s", strerror(errno));
+            return 0;
+        }
+        struct ucred cr = { 0 };
+        socklen_t len = sizeof cr;
+        if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+            close(cfd);
+            continue;
+        }
+        if (!peer_allowed(s, cfd, &cr)) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "permission denied: uid %d is not allowed to use this daemon", (int)cr.uid);
+            sil_notice("refused pid %d uid %d gid %d: not in the allow list", cr.pid, cr.uid, cr.gid);
+            refuse(s, cfd, SIL_RPC_E_PERMISSION, msg);
+            continue;
+        }
+        if (s->n_conns >= s->cfg->max_clients) {
+            sil_warn("refused pid %d: %d clients connected", cr.pid, s->n_conns);
+            refuse(s, cfd, SIL_RPC_E_BUSY, "too many clients");
+            continue;
+        }
+        struct conn *c = calloc(1, sizeof(*c));
+        if (!c) {
+            close(cfd);
+            continue;
+        }
+        c->srv = s;
+        c->fd = cfd;
+        c->id = ++s->next_conn_id;
+        c->cred = cr;
+        c->owner = cr.uid == 0 || cr.uid == geteuid();
+        c->up = sil_rpc_unpacker_new(s->cfg->max_message, 0);
+        if (!c->up || sd_event_add_io(s->ev, &c->io, cfd, EPOLLIN, on_conn_io, c) < 0) {
+            sil_rpc_unpacker_free(c->up);
+            close(cfd);
+            free(c);
+            continue;
+        }
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        s->n_conns++;
+        s->clients_total++;
+        sil_debug("client %llu connected: pid %d uid %d", (unsigned long long)c->id, cr.pid, cr.uid);
+    }
+    return 0;
+}

@@ -1,0 +1,757 @@
+/* The RPC methods of siliceo-rpc(7): hello, status, metrics, tokenize, detokenize, generate,
+ * chat, cancel, sessions.list, sessions.drop, shutdown and debug.stream, and dispatch, which
+ * routes a request to its method (and refuses new work while the daemon stops).
+ *
+ * Contract: a method answers on the loop thread (responses packed in the server's scratch
+ * buffer) or hands a prepared job to the worker, which answers through the outbox. It returns 0,
+ * or -1 when the connection is gone (then c is freed). Parameters are read from the message,
+ * which the caller releases after the call. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/engine/engine.h"
+#include "daemon/log.h"
+#include "daemon/server_impl.h"
+#include "daemon/utf8.h"
+#include "daemon/worker.h"
+#include "siliceo-proto.h"
+
+#define MAX_DEBUG_STREAM 10000000
+#define MAX_CHAT_MESSAGES 4096
+
+/* ---- debug.stream: notifications without the model, paced by the client's reading ------------- */
+
+int pump_streams(struct conn *c)
+{
+    struct server *s = c->srv;
+    while (c->streams) {
+        struct dstream *d = c->streams;
+        while (d->remaining && !d->cancelled && conn_queued(c) < s->cfg->max_output / 2) {
+            /* Batch a few notifications per send to keep the syscall count down. */
+            for (int k = 0; k < 64 && d->remaining; k++) {
+                sil_rpc_pack_token(&s->scratch, d->msgid, d->text, d->len, NULL, 0);
+                d->remaining--;
+                d->sent++;
+            }
+            if (conn_send_scratch(c) < 0)
+                return -1;
+        }
+        if (d->remaining && !d->cancelled)
+            return 0; /* wait for the client to read */
+        msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, d->msgid);
+        msgpack_pack_map(pk, 2);
+        sil_rpc_kv_uint(pk, "n_sent", d->sent);
+        sil_rpc_kv_str(pk, "stop_reason", d->cancelled ? "cancelled" : "length");
+        sil_rpc_end(&s->scratch);
+        c->streams = d->next;
+        inflight_remove(c, d->msgid);
+        free(d);
+        if (conn_send_scratch(c) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- methods ----------------------------------------------------------------------------------- */
+
+static const char *const capabilities[] = { "hello", "generate", "chat", "cancel", "tokenize", "detokenize",
+                                            "status", "metrics", "sessions.list", "sessions.drop", "shutdown",
+                                            "debug.stream", "stream", "sessions" };
+
+static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    struct sil_rpc_error err = { 0 };
+    const msgpack_object *proto = sil_rpc_map_get(m->params, "protocol");
+    char client[128] = "";
+    if (sil_rpc_get_strbuf(m->params, "client", client, sizeof client, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
+        return send_rpc_error(c, m->msgid, &err);
+    bool ok = !proto || proto->type == MSGPACK_OBJECT_NIL;
+    if (proto && proto->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < proto->via.array.size; i++) {
+            const msgpack_object *o = &proto->via.array.ptr[i];
+            if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 == SIL_RPC_PROTOCOL_VERSION)
+                ok = true;
+            else if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+                return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "field 'protocol[%u]': expected integer", i);
+        }
+    } else if (proto && proto->type != MSGPACK_OBJECT_NIL) {
+        int64_t v;
+        if (sil_rpc_get_int(m->params, "protocol", 0, UINT32_MAX, &v, SIL_RPC_REQUIRED, &err) < 0)
+            return send_rpc_error(c, m->msgid, &err);
+        ok = v == SIL_RPC_PROTOCOL_VERSION;
+    }
+    if (!ok)
+        return send_error(c, m->msgid, SIL_RPC_E_VERSION, "this daemon speaks protocol version %d",
+                          SIL_RPC_PROTOCOL_VERSION);
+    if (client[0])
+        sil_debug("client %llu is %s", (unsigned long long)c->id, client);
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 6);
+    sil_rpc_kv_uint(pk, "protocol", SIL_RPC_PROTOCOL_VERSION);
+    sil_rpc_kv_str(pk, "server", "siliceod");
+    sil_rpc_kv_str(pk, "version", SIL_VERSION);
+    sil_rpc_pack_cstr(pk, "capabilities");
+    size_t n_caps = sizeof capabilities / sizeof *capabilities;
+    bool thinking = s->vocab && sil_vocab_think_open(s->vocab) >= 0;
+    msgpack_pack_array(pk, n_caps + thinking);
+    for (size_t i = 0; i < n_caps; i++)
+        sil_rpc_pack_cstr(pk, capabilities[i]);
+    if (thinking)
+        sil_rpc_pack_cstr(pk, "thinking");
+    const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
+    sil_rpc_pack_cstr(pk, "model");
+    if (info) {
+        msgpack_pack_map(pk, 2);
+        sil_utf8_pack_kv(pk, "name", info->name, strlen(info->name)); /* GGUF metadata: any bytes */
+        sil_rpc_kv_str(pk, "arch", info->arch_name);
+    } else {
+        msgpack_pack_nil(pk);
+    }
+    sil_rpc_kv_uint(pk, "max_message", s->cfg->max_message);
+    sil_rpc_end(&s->scratch);
+    return conn_send_scratch(c);
+}
+
+static uint64_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "re");
+    unsigned long long size = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%llu %llu", &size, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static int m_status(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    struct sil_worker_stats st = { 0 };
+    if (s->worker)
+        sil_worker_stats(s->worker, &st);
+    const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 13);
+    sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
+    sil_rpc_kv_str(pk, "version", SIL_VERSION);
+    sil_rpc_kv_uint(pk, "pid", getpid());
+    sil_rpc_kv_double(pk, "uptime_s", now_s() - s->t_start);
+    sil_rpc_kv_str(pk, "backend", info ? info->backend : "none");
+    sil_rpc_kv_int(pk, "threads", info ? info->n_threads : 0);
+    sil_rpc_pack_cstr(pk, "model");
+    if (info) {
+        msgpack_pack_map(pk, 13);
+        sil_utf8_pack_kv(pk, "name", info->name, strlen(info->name));
+        sil_rpc_kv_str(pk, "arch", info->arch_name);
+        sil_utf8_pack_kv(pk, "file", info->path, strlen(info->path)); /* a path is bytes */
+        sil_rpc_kv_uint(pk, "file_bytes", info->file_bytes);
+        sil_rpc_kv_uint(pk, "n_params", info->n_params);
+        sil_rpc_kv_int(pk, "n_ctx", sil_engine_n_ctx(s->engine));
+        sil_rpc_kv_int(pk, "n_vocab", info->n_vocab);
+        sil_rpc_kv_int(pk, "n_ctx_train", info->n_ctx_train);
+        sil_rpc_kv_int(pk, "n_layer", info->n_layer);
+        sil_rpc_kv_int(pk, "n_expert", info->n_expert);
+        sil_rpc_kv_int(pk, "n_expert_used", info->n_expert_used);
+        sil_rpc_kv_uint(pk, "routed_expert_bytes", info->routed_expert_bytes);
+        sil_rpc_kv_uint(pk, "backbone_bytes", info->backbone_bytes);
+    } else {
+        msgpack_pack_nil(pk);
+    }
+    sil_rpc_pack_cstr(pk, "memory");
+    msgpack_pack_map(pk, 4);
+    sil_rpc_kv_uint(pk, "rss", rss_bytes());
+    sil_rpc_kv_uint(pk, "model", info ? info->file_bytes : 0);
+    sil_rpc_kv_uint(pk, "kv", st.state_bytes);
+    sil_rpc_kv_uint(pk, "sessions", st.session_bytes);
+    sil_rpc_pack_cstr(pk, "queue");
+    msgpack_pack_map(pk, 4);
+    sil_rpc_kv_int(pk, "running", st.running);
+    sil_rpc_kv_int(pk, "queued", st.queued);
+    sil_rpc_kv_int(pk, "max_running", s->cfg->max_running);
+    sil_rpc_kv_int(pk, "max_queue", s->cfg->max_queue);
+    sil_rpc_kv_int(pk, "sessions", st.sessions);
+    sil_rpc_kv_int(pk, "clients", s->n_conns);
+    sil_rpc_pack_cstr(pk, "requests");
+    msgpack_pack_map(pk, 3);
+    sil_rpc_kv_uint(pk, "total", st.requests_total);
+    sil_rpc_kv_uint(pk, "failed", st.requests_failed);
+    sil_rpc_kv_uint(pk, "cancelled", st.requests_cancelled);
+    sil_rpc_pack_cstr(pk, "tokens");
+    msgpack_pack_map(pk, 3);
+    sil_rpc_kv_uint(pk, "prompt", st.tokens_prompt);
+    sil_rpc_kv_uint(pk, "cached", st.tokens_cached);
+    sil_rpc_kv_uint(pk, "generated", st.tokens_generated);
+    sil_rpc_end(&s->scratch);
+    return conn_send_scratch(c);
+}
+
+static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    struct sil_worker_stats st = { 0 };
+    if (s->worker)
+        sil_worker_stats(s->worker, &st);
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 1);
+    sil_rpc_pack_cstr(pk, "metrics");
+    msgpack_pack_map(pk, 26);
+    sil_rpc_kv_double(pk, "siliceo_uptime_seconds", now_s() - s->t_start);
+    sil_rpc_kv_uint(pk, "siliceo_rss_bytes", rss_bytes());
+    sil_rpc_kv_uint(pk, "siliceo_clients", s->n_conns);
+    sil_rpc_kv_uint(pk, "siliceo_clients_total", s->clients_total);
+    sil_rpc_kv_uint(pk, "siliceo_clients_refused_total", s->clients_refused);
+    sil_rpc_kv_uint(pk, "siliceo_clients_dropped_total", s->clients_dropped);
+    sil_rpc_kv_uint(pk, "siliceo_bytes_in_total", s->bytes_in);
+    sil_rpc_kv_uint(pk, "siliceo_bytes_out_total", s->bytes_out);
+    sil_rpc_kv_uint(pk, "siliceo_messages_in_total", s->messages_in);
+    sil_rpc_kv_uint(pk, "siliceo_bad_messages_total", s->bad_messages);
+    sil_rpc_kv_uint(pk, "siliceo_requests_rejected_total", s->requests_rejected);
+    sil_rpc_kv_uint(pk, "siliceo_requests_total", st.requests_total);
+    sil_rpc_kv_uint(pk, "siliceo_requests_failed_total", st.requests_failed);
+    sil_rpc_kv_uint(pk, "siliceo_requests_cancelled_total", st.requests_cancelled);
+    sil_rpc_kv_int(pk, "siliceo_queue_running", st.running);
+    sil_rpc_kv_int(pk, "siliceo_queue_queued", st.queued);
+    sil_rpc_kv_uint(pk, "siliceo_tokens_prompt_total", st.tokens_prompt);
+    sil_rpc_kv_uint(pk, "siliceo_tokens_cached_total", st.tokens_cached);
+    sil_rpc_kv_uint(pk, "siliceo_tokens_generated_total", st.tokens_generated);
+    sil_rpc_kv_uint(pk, "siliceo_eval_steps_total", st.steps);
+    sil_rpc_kv_uint(pk, "siliceo_eval_errors_total", st.eval_errors);
+    sil_rpc_kv_double(pk, "siliceo_eval_seconds_total", st.eval_seconds);
+    sil_rpc_kv_int(pk, "siliceo_sessions", st.sessions);
+    sil_rpc_kv_uint(pk, "siliceo_session_bytes", st.session_bytes);
+    sil_rpc_kv_uint(pk, "siliceo_state_bytes", st.state_bytes);
+    sil_rpc_kv_uint(pk, "siliceo_ready", s->state == RUNNING);
+    sil_rpc_end(&s->scratch);
+    return conn_send_scratch(c);
+}
+
+/* need_model and admit_request: 1 to go on, else what the method returns (0: refused with an
+ * error response, -1: the connection is gone and c with it). */
+static int need_model(struct conn *c, const struct sil_rpc_msg *m)
+{
+    if (c->srv->worker)
+        return 1;
+    return send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "%s: not available, siliceod runs with --no-model",
+                      m->method);
+}
+
+static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
+    struct sil_rpc_error err = { 0 };
+    const char *text;
+    size_t len;
+    bool add_bos = false, special = false;
+    if (sil_rpc_get_str(m->params, "text", &text, &len, SIL_RPC_REQUIRED, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "add_bos", &add_bos, SIL_RPC_OPTIONAL, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "special", &special, SIL_RPC_OPTIONAL, &err) < 0)
+        return send_rpc_error(c, m->msgid, &err);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    struct sil_error e = { 0 };
+    if (sil_tokenize(s->vocab, text, len, add_bos, special, &ids, &n, &e) < 0)
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "tokenize: %s", e.msg);
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 2);
+    sil_rpc_pack_cstr(pk, "ids");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_int32(pk, ids[i]);
+    sil_rpc_kv_uint(pk, "n", n);
+    free(ids);
+    if (sil_rpc_end(&s->scratch) < 0)
+        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
+    return conn_send_scratch(c);
+}
+
+/* ids: an array of token ids, each checked against the vocab. *out malloc'd. */
+static int read_ids(const struct server *s, const msgpack_object *arr, const char *field, int32_t **out,
+                    size_t *n, struct sil_rpc_error *err)
+{
+    int32_t n_vocab = sil_vocab_n_tokens(s->vocab);
+    uint32_t cnt = arr->via.array.size;
+    int32_t *ids = malloc((cnt ? cnt : 1) * sizeof(*ids));
+    if (!ids)
+        return sil_rpc_errorf(err, -ENOMEM, SIL_RPC_E_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < cnt; i++) {
+        const msgpack_object *o = &arr->via.array.ptr[i];
+        if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= (uint64_t)n_vocab) {
+            free(ids);
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                                  "%s[%u]: expected a token id in [0, %d)", field, i, n_vocab);
+        }
+        ids[i] = (int32_t)o->via.u64;
+    }
+    *out = ids;
+    *n = cnt;
+    return 0;
+}
+
+static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
+    struct sil_rpc_error err = { 0 };
+    const msgpack_object *arr;
+    bool special = false;
+    int32_t *ids;
+    size_t n;
+    if (sil_rpc_get_array(m->params, "ids", &arr, SIL_RPC_REQUIRED, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "special", &special, SIL_RPC_OPTIONAL, &err) < 0 ||
+        read_ids(s, arr, "ids", &ids, &n, &err) < 0)
+        return send_rpc_error(c, m->msgid, &err);
+    char *text = NULL;
+    size_t len = 0;
+    struct sil_error e = { 0 };
+    int rc = sil_detokenize(s->vocab, ids, n, special, &text, &len, &e);
+    free(ids);
+    if (rc < 0)
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "detokenize: %s", e.msg);
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 1);
+    /* Any ids may be asked for: byte tokens that do not form UTF-8 come back as U+FFFD. */
+    sil_utf8_pack_kv(pk, "text", text, len);
+    free(text);
+    if (sil_rpc_end(&s->scratch) < 0)
+        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
+    return conn_send_scratch(c);
+}
+
+/* Sampling, budgets, stop strings, session and priority: the fields generate and chat share. */
+static int read_gen_params(struct server *s, const msgpack_object *p, struct sil_job_req *j,
+                           struct sil_rpc_error *err)
+{
+    const struct sil_config *cfg = s->cfg;
+    sil_sampler_params_default(&j->sampling);
+    sil_genctl_params_default(&j->ctl);
+    j->ctl.think_open = sil_vocab_think_open(s->vocab);
+    j->ctl.think_close = sil_vocab_think_close(s->vocab);
+    int64_t max_tokens = cfg->max_tokens_default, top_k = j->sampling.top_k, think = -1,
+            grace = SIL_GENCTL_GRACE_MAX, rep_n = j->sampling.repeat_last_n;
+    double temp = j->sampling.temperature, top_p = j->sampling.top_p, min_p = j->sampling.min_p,
+           rep = j->sampling.repeat_penalty, pres = j->sampling.presence_penalty;
+    uint64_t seed = 0;
+    bool repair = true;
+    const unsigned O = SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE;
+    if (sil_rpc_get_int(p, "max_tokens", 1, cfg->max_tokens_limit, &max_tokens, O, err) < 0 ||
+        sil_rpc_get_double(p, "temperature", 0, 100, &temp, O, err) < 0 ||
+        sil_rpc_get_int(p, "top_k", 0, 1 << 24, &top_k, O, err) < 0 ||
+        sil_rpc_get_double(p, "top_p", 0, 1, &top_p, O, err) < 0 ||
+        sil_rpc_get_double(p, "min_p", 0, 1, &min_p, O, err) < 0 ||
+        sil_rpc_get_double(p, "repeat_penalty", 0.01, 100, &rep, O, err) < 0 ||
+        sil_rpc_get_int(p, "repeat_last_n", 0, 1 << 20, &rep_n, O, err) < 0 ||
+        sil_rpc_get_double(p, "presence_penalty", -100, 100, &pres, O, err) < 0 ||
+        sil_rpc_get_uint(p, "seed", 0, UINT64_MAX, &seed, O, err) < 0 ||
+        sil_rpc_get_int(p, "max_thinking_tokens", -1, 1 << 24, &think, O, err) < 0 ||
+        sil_rpc_get_int(p, "grace_tokens", 0, SIL_GENCTL_GRACE_MAX, &grace, O, err) < 0 ||
+        sil_rpc_get_bool(p, "repair_markdown", &repair, O, err) < 0 ||
+        sil_rpc_get_strbuf(p, "session", j->session, sizeof j->session, O, err) < 0)
+        return -EINVAL;
+    j->sampling.temperature = (float)temp;
+    j->sampling.top_k = (int32_t)top_k;
+    j->sampling.top_p = (float)top_p;
+    j->sampling.min_p = (float)min_p;
+    j->sampling.repeat_penalty = (float)rep;
+    j->sampling.repeat_last_n = (int32_t)rep_n;
+    j->sampling.presence_penalty = (float)pres;
+    j->sampling.seed = seed;
+    j->ctl.max_tokens = (int32_t)max_tokens;
+    j->ctl.max_thinking_tokens = (int32_t)think;
+    j->ctl.grace_tokens = (int32_t)grace;
+    j->ctl.repair_markdown = repair;
+
+    j->priority = SIL_PRIO_NORMAL;
+    const msgpack_object *prio = sil_rpc_map_get(p, "priority");
+    if (prio && prio->type == MSGPACK_OBJECT_STR) {
+        static const char *const names[] = { "interactive", "normal", "batch" };
+        j->priority = -1;
+        for (int i = 0; i < 3; i++)
+            if (prio->via.str.size == strlen(names[i]) && memcmp(prio->via.str.ptr, names[i], prio->via.str.size) == 0)
+                j->priority = i;
+        if (j->priority < 0)
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                                  "priority: expected \"interactive\", \"normal\" or \"batch\"");
+    } else if (prio && prio->type != MSGPACK_OBJECT_NIL) {
+        int64_t v;
+        if (sil_rpc_get_int(p, "priority", 0, 2, &v, O, err) < 0)
+            return -EINVAL;
+        j->priority = (int)v;
+    }
+
+    /* stop: a string or an array of strings. */
+    const msgpack_object *stop = sil_rpc_map_get(p, "stop");
+    if (stop && stop->type != MSGPACK_OBJECT_NIL) {
+        const msgpack_object *items = stop;
+        uint32_t n = 1;
+        if (stop->type == MSGPACK_OBJECT_ARRAY) {
+            n = stop->via.array.size;
+            items = stop->via.array.ptr;
+        } else if (stop->type != MSGPACK_OBJECT_STR) {
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "stop: expected a string or an array of strings");
+        }
+        if (n > SIL_GENCTL_MAX_STOP)
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "stop: at most %d strings", SIL_GENCTL_MAX_STOP);
+        j->stop_buf = malloc((size_t)n * (SIL_GENCTL_MAX_STOP_LEN + 1) + 1);
+        if (!j->stop_buf)
+            return sil_rpc_errorf(err, -ENOMEM, SIL_RPC_E_INTERNAL, "out of memory");
+        char *q = j->stop_buf;
+        for (uint32_t i = 0; i < n; i++) {
+            const msgpack_object *o = &items[i];
+            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > SIL_GENCTL_MAX_STOP_LEN ||
+                memchr(o->via.str.ptr, 0, o->via.str.size))
+                return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                                      "stop[%u]: expected a string of 1 to %d bytes", i, SIL_GENCTL_MAX_STOP_LEN);
+            /* The text it is matched against is valid UTF-8; a string that is not could only hold
+             * back part of a character. */
+            if (!sil_utf8_valid(o->via.str.ptr, o->via.str.size))
+                return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "stop[%u]: not valid UTF-8", i);
+            memcpy(q, o->via.str.ptr, o->via.str.size);
+            q[o->via.str.size] = 0;
+            j->stop_ptrs[i] = q;
+            q += o->via.str.size + 1;
+        }
+        j->ctl.stop = j->stop_ptrs;
+        j->ctl.n_stop = n;
+    }
+    return 0;
+}
+
+static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_req *j)
+{
+    struct server *s = c->srv;
+    int32_t n_ctx = sil_engine_n_ctx(s->engine);
+    if (j->n_prompt == 0) {
+        sil_job_req_free(j);
+        return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "empty prompt");
+    }
+    if ((int64_t)j->n_prompt + 1 >= n_ctx) {
+        size_t n = j->n_prompt;
+        sil_job_req_free(j);
+        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "prompt of %zu tokens does not fit the context of %d", n,
+                          n_ctx);
+    }
+    if (inflight_has(c, m->msgid)) {
+        sil_job_req_free(j);
+        return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
+    }
+    if (inflight_add(c, m->msgid) < 0) {
+        sil_job_req_free(j);
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    }
+    j->conn_id = c->id;
+    j->msgid = m->msgid;
+    sil_worker_submit(s->worker, j);
+    return 0;
+}
+
+/* Admission control shared by generate, chat and debug.stream. */
+static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    if (c->n_inflight >= s->cfg->max_client_requests) {
+        s->requests_rejected++;
+        return send_error(c, m->msgid, SIL_RPC_E_BUSY, "more than %d requests in flight on this connection",
+                          s->cfg->max_client_requests);
+    }
+    if (s->worker) {
+        struct sil_worker_stats st;
+        sil_worker_stats(s->worker, &st);
+        if (st.queued >= s->cfg->max_queue && st.running >= s->cfg->max_running) {
+            s->requests_rejected++;
+            return send_error(c, m->msgid, SIL_RPC_E_BUSY, "queue full (%d waiting)", st.queued);
+        }
+    }
+    return 1;
+}
+
+/* The prompt ends inside an open think block: the model's first tokens are reasoning. */
+static bool ends_in_think(const struct server *s, const int32_t *ids, size_t n)
+{
+    int32_t open = sil_vocab_think_open(s->vocab);
+    if (open < 0 || n == 0)
+        return false;
+    if (ids[n - 1] == open)
+        return true;
+    if (n >= 2 && ids[n - 2] == open) {
+        const char *b;
+        int len = sil_token_bytes(s->vocab, ids[n - 1], &b);
+        for (int i = 0; i < len; i++)
+            if (b[i] != '\n' && b[i] != ' ')
+                return false;
+        return len > 0;
+    }
+    return false;
+}
+
+static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    int ok = need_model(c, m);
+    if (ok > 0)
+        ok = admit_request(c, m);
+    if (ok <= 0)
+        return ok;
+    struct sil_rpc_error err = { 0 };
+    struct sil_job_req *j = calloc(1, sizeof(*j));
+    if (!j)
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    const char *text = NULL;
+    size_t len = 0;
+    const msgpack_object *toks = NULL;
+    bool special = true, add_bos = sil_vocab_add_bos(s->vocab);
+    if (read_gen_params(s, m->params, j, &err) < 0 ||
+        sil_rpc_get_str(m->params, "prompt", &text, &len, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0 ||
+        sil_rpc_get_array(m->params, "prompt_tokens", &toks, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "special", &special, SIL_RPC_OPTIONAL, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "add_bos", &add_bos, SIL_RPC_OPTIONAL, &err) < 0)
+        goto bad;
+    if (!text == !toks) {
+        sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "give exactly one of prompt and prompt_tokens");
+        goto bad;
+    }
+    if (toks) {
+        if (read_ids(s, toks, "prompt_tokens", &j->prompt, &j->n_prompt, &err) < 0)
+            goto bad;
+    } else {
+        struct sil_error e = { 0 };
+        if (sil_tokenize(s->vocab, text, len, add_bos, special, &j->prompt, &j->n_prompt, &e) < 0) {
+            sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "prompt: %s", e.msg);
+            goto bad;
+        }
+    }
+    j->ctl.in_reasoning = ends_in_think(s, j->prompt, j->n_prompt);
+    return submit(c, m, j);
+bad:
+    sil_job_req_free(j);
+    return send_rpc_error(c, m->msgid, &err);
+}
+
+static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    int ok = need_model(c, m);
+    if (ok > 0)
+        ok = admit_request(c, m);
+    if (ok <= 0)
+        return ok;
+    struct sil_rpc_error err = { 0 };
+    struct sil_job_req *j = calloc(1, sizeof(*j));
+    struct sil_chat_msg *msgs = NULL;
+    char **strs = NULL;
+    uint32_t n = 0;
+    if (!j)
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    const msgpack_object *arr;
+    bool think = sil_vocab_think_open(s->vocab) >= 0;
+    if (read_gen_params(s, m->params, j, &err) < 0 ||
+        sil_rpc_get_array(m->params, "messages", &arr, SIL_RPC_REQUIRED, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "think", &think, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
+        goto bad;
+    n = arr->via.array.size;
+    if (n == 0 || n > MAX_CHAT_MESSAGES) {
+        sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "messages: expected 1 to %d messages", MAX_CHAT_MESSAGES);
+        goto bad;
+    }
+    msgs = calloc(n, sizeof(*msgs));
+    strs = calloc((size_t)n * 3, sizeof(*strs));
+    if (!msgs || !strs) {
+        sil_rpc_errorf(&err, -ENOMEM, SIL_RPC_E_INTERNAL, "out of memory");
+        goto bad;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *o = &arr->via.array.ptr[i];
+        const char *keys[3] = { "role", "content", "reasoning" };
+        if (o->type != MSGPACK_OBJECT_MAP) {
+            sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "messages[%u]: expected a map {role, content}", i);
+            goto bad;
+        }
+        for (int k = 0; k < 3; k++) {
+            const char *str;
+            size_t len;
+            int rc = sil_rpc_get_str(o, keys[k], &str, &len, k < 2 ? SIL_RPC_REQUIRED : SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE,
+                                     &err);
+            if (rc < 0 || (rc == 1 && memchr(str, 0, len))) {
+                if (rc >= 0)
+                    sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "%s: contains a NUL byte", keys[k]);
+                sil_rpc_error_prefix(&err, "messages[%u]", i);
+                goto bad;
+            }
+            if (rc == 1) {
+                strs[i * 3 + k] = strndup(str, len);
+                if (!strs[i * 3 + k]) {
+                    sil_rpc_errorf(&err, -ENOMEM, SIL_RPC_E_INTERNAL, "out of memory");
+                    goto bad;
+                }
+            }
+        }
+        msgs[i].role = strs[i * 3];
+        msgs[i].content = strs[i * 3 + 1];
+        msgs[i].reasoning = strs[i * 3 + 2];
+    }
+    /* Token ids straight from the template: message contents are never parsed for special
+     * tokens, so a message cannot close its turn and open a system turn by its text. */
+    struct sil_error e = { 0 };
+    int rc = sil_chat_tokenize(s->vocab, msgs, n, true, think, &j->prompt, &j->n_prompt, &e);
+    if (rc < 0) {
+        sil_rpc_errorf(&err, rc, rc == -ENOMEM ? SIL_RPC_E_INTERNAL : SIL_RPC_E_INVALID_PARAMS, "messages: %s",
+                       e.msg);
+        goto bad;
+    }
+    j->ctl.in_reasoning = think && ends_in_think(s, j->prompt, j->n_prompt);
+    for (uint32_t i = 0; i < n * 3; i++)
+        free(strs[i]);
+    free(strs);
+    free(msgs);
+    return submit(c, m, j);
+bad:
+    if (strs)
+        for (uint32_t i = 0; i < n * 3; i++)
+            free(strs[i]);
+    free(strs);
+    free(msgs);
+    sil_job_req_free(j);
+    return send_rpc_error(c, m->msgid, &err);
+}
+
+static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    struct sil_rpc_error err = { 0 };
+    int64_t id;
+    if (sil_rpc_get_int(m->params, "id", 0, UINT32_MAX, &id, SIL_RPC_REQUIRED, &err) < 0)
+        return send_rpc_error(c, m->msgid, &err);
+    if (!inflight_has(c, (uint32_t)id))
+        return send_error(c, m->msgid, SIL_RPC_E_NOT_FOUND, "no request %lld in flight on this connection",
+                          (long long)id);
+    bool is_stream = false;
+    for (struct dstream *d = c->streams; d; d = d->next)
+        if (d->msgid == (uint32_t)id) {
+            d->cancelled = true;
+            is_stream = true;
+        }
+    if (!is_stream)
+        sil_worker_cancel(s->worker, c->id, (uint32_t)id);
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 0);
+    sil_rpc_end(&s->scratch);
+    if (conn_send_scratch(c) < 0)
+        return -1;
+    return is_stream ? pump_streams(c) : 0;
+}
+
+static int m_sessions_list(struct conn *c, const struct sil_rpc_msg *m)
+{
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
+    sil_worker_sessions_list(c->srv->worker, c->id, m->msgid);
+    return 0;
+}
+
+static int m_sessions_drop(struct conn *c, const struct sil_rpc_msg *m)
+{
+    int ok = need_model(c, m);
+    if (ok <= 0)
+        return ok;
+    struct sil_rpc_error err = { 0 };
+    char name[SIL_SESSION_NAME_MAX];
+    if (sil_rpc_get_strbuf(m->params, "name", name, sizeof name, SIL_RPC_REQUIRED, &err) < 0)
+        return send_rpc_error(c, m->msgid, &err);
+    sil_worker_session_drop(c->srv->worker, c->id, m->msgid, name);
+    return 0;
+}
+
+static int m_shutdown(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    if (!c->owner)
+        return send_error(c, m->msgid, SIL_RPC_E_PERMISSION, "shutdown: only the daemon's owner (uid %d) or root may",
+                          (int)geteuid());
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 0);
+    sil_rpc_end(&s->scratch);
+    if (conn_send_scratch(c) < 0)
+        return -1;
+    char why[64];
+    snprintf(why, sizeof why, "shutdown requested by pid %d", c->cred.pid);
+    begin_shutdown(s, why);
+    return 0;
+}
+
+static int m_debug_stream(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct sil_rpc_error err = { 0 };
+    int64_t count;
+    const char *text = "x";
+    size_t len = 1;
+    int ok = admit_request(c, m);
+    if (ok <= 0)
+        return ok;
+    if (sil_rpc_get_int(m->params, "count", 0, MAX_DEBUG_STREAM, &count, SIL_RPC_REQUIRED, &err) < 0 ||
+        sil_rpc_get_str(m->params, "text", &text, &len, SIL_RPC_OPTIONAL, &err) < 0)
+        return send_rpc_error(c, m->msgid, &err);
+    if (len > 4096)
+        return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "text: at most 4096 bytes");
+    if (inflight_has(c, m->msgid))
+        return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
+    size_t clean_len = sil_utf8_sanitized_len(text, len); /* streamed back: valid UTF-8 only */
+    struct dstream *d = calloc(1, sizeof(*d) + clean_len);
+    if (!d || inflight_add(c, m->msgid) < 0) {
+        free(d);
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    }
+    d->msgid = m->msgid;
+    d->remaining = (uint64_t)count;
+    d->len = sil_utf8_sanitize(text, len, d->text);
+    struct dstream **p = &c->streams;
+    while (*p)
+        p = &(*p)->next;
+    *p = d;
+    return pump_streams(c);
+}
+
+struct method {
+    const char *name;
+    int (*fn)(struct conn *c, const struct sil_rpc_msg *m);
+    bool during_shutdown;
+};
+
+static const struct method methods[] = {
+    { "hello", m_hello, true },
+    { "status", m_status, true },
+    { "metrics", m_metrics, true },
+    { "generate", m_generate, false },
+    { "chat", m_chat, false },
+    { "cancel", m_cancel, true },
+    { "tokenize", m_tokenize, true },
+    { "detokenize", m_detokenize, true },
+    { "sessions.list", m_sessions_list, false },
+    { "sessions.drop", m_sessions_drop, false },
+    { "shutdown", m_shutdown, true },
+    { "debug.stream", m_debug_stream, false },
+};
+
+int dispatch(struct conn *c, const struct sil_rpc_msg *m)
+{
+    if (m->type != SIL_RPC_REQUEST)
+        return 0; /* no notifications or responses are expected from clients; ignored */
+    for (size_t i = 0; i < sizeof methods / sizeof *methods; i++) {
+        if (strcmp(methods[i].name, m->method) != 0)
+            continue;
+        if (c->srv->state != RUNNING && !methods[i].during_shutdown)
+            return send_error(c, m->msgid, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
+        sil_debug("client %llu: %s (msgid %u)", (unsigned long long)c->id, m->method, m->msgid);
+        return methods[i].fn(c, m);
+    }
+    return send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "unknown method '%.64s'", m->method);
+}
