@@ -1,0 +1,469 @@
+/* Jobs and the scheduler step of the engine thread. admit places queued jobs on sequences
+ * (reusing a session's common prefix); step evaluates one batch, a decode row for every running
+ * sequence plus prompt chunks under the prefill budget, then samples, applies the generation
+ * controls (genctl.h) and packs the streamed notifications; job_finish packs the final response.
+ *
+ * Ownership: a job owns its request (prompt, stop strings), sampler, genctl state and token
+ * vectors; job_free frees them all. Engine thread only. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/utf8.h"
+#include "daemon/worker_impl.h"
+#include "siliceo-proto.h"
+
+static int tokvec_push(struct tokvec *t, const int32_t *ids, size_t n)
+{
+    if (t->n + n > t->cap) {
+        size_t cap = t->cap ? t->cap : 64;
+        while (cap < t->n + n)
+            cap *= 2;
+        int32_t *p = realloc(t->p, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        t->p = p;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->n, ids, n * sizeof(*ids));
+    t->n += n;
+    return 0;
+}
+
+/* ---- jobs -------------------------------------------------------------------------------------- */
+
+void sil_job_req_free(struct sil_job_req *r)
+{
+    if (!r)
+        return;
+    free(r->prompt);
+    free(r->stop_buf);
+    free(r);
+}
+
+void job_free(struct sil_worker *w, struct job *j)
+{
+    sil_sampler_free(j->smp);
+    sil_genctl_free(j->gc);
+    free(j->ctx.p);
+    free(j->gen.p);
+    free(j->r.prompt);
+    free(j->r.stop_buf);
+    free(j);
+}
+
+static void pack_token(struct sil_rpc_buf *b, uint32_t msgid, const struct sil_genctl_out *o,
+                       const int32_t *ids, size_t n_ids)
+{
+    msgpack_packer *pk = sil_rpc_begin_notification(b, "token");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, o->n_reasoning ? 4 : 3);
+    sil_rpc_kv_uint(pk, "id", msgid);
+    /* Already valid UTF-8 (job_token sanitizes each piece); packing checks it again for free. */
+    sil_utf8_pack_kv(pk, "text", o->answer, o->n_answer);
+    if (o->n_reasoning)
+        sil_utf8_pack_kv(pk, "reasoning", o->reasoning, o->n_reasoning);
+    sil_rpc_pack_cstr(pk, "ids");
+    msgpack_pack_array(pk, (uint32_t)n_ids);
+    for (size_t i = 0; i < n_ids; i++)
+        msgpack_pack_int32(pk, ids[i]);
+    sil_rpc_end(b);
+}
+
+static double ms(double a, double b) { return a > 0 && b >= a ? (b - a) * 1e3 : 0; }
+
+/* Final response, the sequence back to its session (or freed), the job freed. */
+void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg)
+{
+    j->t_end = now_s();
+    struct sil_genctl_out tail = { 0 };
+    int reason = why;
+    if (j->gc) {
+        /* Bytes the detokenizer still holds are a character that never completed: U+FFFD
+         * (genctl drops it when a stop string or a sentence end cut the text before it). The
+         * last text to stream is everything the totals gained from here on. */
+        size_t a0, r0;
+        sil_genctl_answer(j->gc, &a0);
+        sil_genctl_reasoning(j->gc, &r0);
+        char held[16], clean[3 * sizeof held];
+        int n = sil_detok_flush(&j->dt, held, sizeof held);
+        if (n > 0) {
+            size_t len = sil_utf8_sanitize(held, (size_t)n, clean);
+            struct sil_genctl_out o;
+            sil_genctl_push_text(j->gc, clean, len, &o);
+        }
+        reason = sil_genctl_finish(j->gc, why, &tail);
+        size_t na, nr;
+        const char *a = sil_genctl_answer(j->gc, &na), *r = sil_genctl_reasoning(j->gc, &nr);
+        if (!a)
+            a = "";
+        if (!r)
+            r = "";
+        tail = (struct sil_genctl_out){ a + a0, na - a0, r + r0, nr - r0 };
+    }
+    if (reason < 0)
+        reason = SIL_STOP_ERROR;
+
+    if (reason == SIL_STOP_CANCELLED)
+        w->local.requests_cancelled++;
+    if (reason == SIL_STOP_ERROR)
+        w->local.requests_failed++;
+
+    /* Status read right after the final response must not count this request as running. */
+    publish_stats(w);
+    if (!j->conn_gone) {
+        if (tail.n_answer || tail.n_reasoning)
+            pack_token(&w->pk, j->r.msgid, &tail, NULL, 0);
+        if (reason == SIL_STOP_ERROR && j->gen.n == 0) {
+            sil_rpc_pack_error_response(&w->pk, j->r.msgid, SIL_RPC_E_INTERNAL, errmsg);
+        } else {
+            size_t n_text = 0, n_reason = 0;
+            const char *text = j->gc ? sil_genctl_answer(j->gc, &n_text) : "";
+            const char *reasoning = j->gc ? sil_genctl_reasoning(j->gc, &n_reason) : "";
+            double prefill = ms(j->t_admit, j->t_first), decode = ms(j->t_first, j->t_end);
+            size_t n_eval = j->r.n_prompt - j->n_cached;
+            msgpack_packer *pk = sil_rpc_begin_response(&w->pk, j->r.msgid);
+            int n = 11 + (j->r.session[0] != 0) + (errmsg != NULL);
+            msgpack_pack_map(pk, n);
+            sil_utf8_pack_kv(pk, "text", text, n_text);
+            sil_utf8_pack_kv(pk, "reasoning", reasoning, n_reason);
+            sil_rpc_pack_cstr(pk, "tokens");
+            msgpack_pack_array(pk, (uint32_t)j->gen.n);
+            for (size_t i = 0; i < j->gen.n; i++)
+                msgpack_pack_int32(pk, j->gen.p[i]);
+            sil_rpc_kv_uint(pk, "n_prompt", j->r.n_prompt);
+            sil_rpc_kv_uint(pk, "n_cached", j->n_cached);
+            sil_rpc_kv_uint(pk, "n_generated", j->gen.n);
+            sil_rpc_kv_uint(pk, "n_reasoning", j->gc ? (uint64_t)sil_genctl_n_reasoning_tokens(j->gc) : 0);
+            sil_rpc_kv_str(pk, "stop_reason", sil_stop_reason_name(reason));
+            sil_rpc_kv_uint(pk, "seed", j->smp ? sil_sampler_seed(j->smp) : j->r.sampling.seed);
+            const char *model = sil_engine_info(w->e)->name;
+            sil_utf8_pack_kv(pk, "model", model, strlen(model)); /* GGUF metadata: any bytes */
+            if (j->r.session[0])
+                sil_utf8_pack_kv(pk, "session", j->r.session, strlen(j->r.session));
+            if (errmsg)
+                sil_utf8_pack_kv(pk, "error", errmsg, strlen(errmsg));
+            sil_rpc_pack_cstr(pk, "timings");
+            msgpack_pack_map(pk, 6);
+            sil_rpc_kv_double(pk, "queue_ms", ms(j->t_submit, j->t_admit));
+            sil_rpc_kv_double(pk, "prefill_ms", prefill);
+            sil_rpc_kv_double(pk, "decode_ms", decode);
+            sil_rpc_kv_double(pk, "time_to_first_token_ms", ms(j->t_submit, j->t_first));
+            sil_rpc_kv_double(pk, "prefill_tok_s", prefill > 0 ? n_eval / (prefill * 1e-3) : 0);
+            sil_rpc_kv_double(pk, "decode_tok_s",
+                              decode > 0 && j->gen.n > 1 ? (j->gen.n - 1) / (decode * 1e-3) : 0);
+            sil_rpc_end(&w->pk);
+        }
+        post(w, j->r.conn_id, j->r.msgid, true);
+    } else {
+        /* Nothing to send, but the loop still counts requests in flight per connection. */
+        struct sil_outmsg *m = calloc(1, sizeof(*m));
+        if (m) {
+            m->conn_id = j->r.conn_id;
+            m->msgid = j->r.msgid;
+            m->final = true;
+            post_raw(w, m);
+        }
+    }
+
+    if (j->seq >= 0) {
+        struct session *s = j->sess;
+        bool keep = s && reason != SIL_STOP_ERROR && !s->drop_when_idle;
+        if (keep) {
+            free(s->tokens);
+            s->tokens = j->ctx.p;
+            s->n_tokens = j->ctx.n;
+            j->ctx.p = NULL;
+            s->memory = sil_seq_memory(w->e, j->seq);
+            s->last_used = now_s();
+            s->busy = NULL;
+            session_to_front(w, s);
+        } else if (s) {
+            s->busy = NULL;
+            session_free(w, s);
+        } else {
+            sil_seq_free(w->e, j->seq);
+        }
+        j->seq = -1;
+    }
+    sil_debug("request %u done: %s, %zu prompt (%zu cached), %zu generated", j->r.msgid,
+              sil_stop_reason_name(reason), j->r.n_prompt, j->n_cached, j->gen.n);
+    job_free(w, j);
+}
+
+void list_remove(struct job **head, struct job *j)
+{
+    for (struct job **p = head; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            j->next = NULL;
+            return;
+        }
+}
+
+void list_append(struct job **head, struct job *j)
+{
+    struct job **p = head;
+    while (*p)
+        p = &(*p)->next;
+    j->next = NULL;
+    *p = j;
+}
+
+/* Places the job's sequence: reuses its session's common prefix where it can. */
+static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
+{
+    struct session *s = NULL;
+    if (j->r.session[0]) {
+        s = session_find(w, j->r.session);
+        if (s && s->busy)
+            return -EBUSY;
+    }
+    j->t_admit = now_s();
+    if (s) {
+        size_t common = 0;
+        while (common < s->n_tokens && common < j->r.n_prompt && s->tokens[common] == j->r.prompt[common])
+            common++;
+        if (common == j->r.n_prompt)
+            common--; /* the last prompt token must be evaluated for its logits */
+        if ((int32_t)common < sil_seq_len(w->e, s->seq)) {
+            int rc = sil_seq_truncate(w->e, s->seq, (int32_t)common, err);
+            if (rc == -ENOTSUP) {
+                common = 0;
+                rc = sil_seq_truncate(w->e, s->seq, 0, err);
+            }
+            if (rc) {
+                session_free(w, s);
+                s = NULL;
+            }
+        }
+        if (s) {
+            j->seq = s->seq;
+            j->n_cached = j->n_done = common;
+            s->busy = j;
+            if (tokvec_push(&j->ctx, j->r.prompt, common))
+                return -ENOMEM;
+        }
+    }
+    if (!s) {
+        int seq = seq_get(w, err);
+        if (seq < 0)
+            return seq;
+        j->seq = seq;
+        if (j->r.session[0] && w->max_sessions > 0) {
+            s = calloc(1, sizeof(*s));
+            if (!s)
+                return -ENOMEM;
+            snprintf(s->name, sizeof s->name, "%s", j->r.session);
+            s->seq = seq;
+            s->busy = j;
+            s->last_used = now_s();
+            s->next = w->sessions;
+            if (w->sessions)
+                w->sessions->prev = s;
+            w->sessions = s;
+            w->n_sessions++;
+        }
+    }
+    j->sess = s;
+    struct sil_sampler *smp = sil_sampler_new(&j->r.sampling, w->n_vocab);
+    if (!smp)
+        return -ENOMEM;
+    j->smp = smp;
+    sil_detok_init(&j->dt, w->v, false);
+    int rc = sil_genctl_new(&j->gc, &j->r.ctl);
+    if (rc)
+        return rc;
+    w->local.tokens_cached += j->n_cached;
+    return 0;
+}
+
+void admit(struct sil_worker *w)
+{
+    while (w->n_running < w->max_running && w->queue) {
+        /* Highest priority first, then arrival order. */
+        struct job *best = NULL;
+        for (struct job *j = w->queue; j; j = j->next) {
+            if (j->r.session[0]) {
+                struct session *s = session_find(w, j->r.session);
+                if (s && s->busy)
+                    continue;
+            }
+            if (!best || j->r.priority < best->r.priority)
+                best = j;
+        }
+        if (!best)
+            return;
+        struct sil_error err = { 0 };
+        int rc = job_admit(w, best, &err);
+        if (rc == -ENOSPC && w->running)
+            return; /* a running request will free a sequence */
+        list_remove(&w->queue, best);
+        w->n_queued--;
+        if (rc) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "cannot start the request: %s", err.msg[0] ? err.msg : strerror(-rc));
+            job_finish(w, best, SIL_STOP_ERROR, msg);
+            continue;
+        }
+        list_append(&w->running, best);
+        w->n_running++;
+    }
+}
+
+static void running_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *msg)
+{
+    list_remove(&w->running, j);
+    w->n_running--;
+    job_finish(w, j, why, msg);
+}
+
+/* Streams the text of one new token and applies the generation controls. */
+static void job_token(struct sil_worker *w, struct job *j, int32_t id)
+{
+    if (!j->t_first)
+        j->t_first = now_s();
+    if (tokvec_push(&j->gen, &id, 1)) {
+        running_finish(w, j, SIL_STOP_ERROR, "out of memory");
+        return;
+    }
+    w->local.tokens_generated++;
+    if (sil_vocab_is_eog(w->v, id)) {
+        running_finish(w, j, SIL_STOP_EOS, NULL);
+        return;
+    }
+    /* The detokenizer gives whole characters (an incomplete one waits for the next token) but
+     * passes invalid bytes on: those become U+FFFD here, before the generation controls, so stop
+     * strings, the streamed pieces and the result text all see the text the client gets. */
+    char piece[4096], clean[3 * sizeof piece];
+    int n = sil_detok_push(&j->dt, id, piece, sizeof piece);
+    if (n < 0)
+        n = 0;
+    const char *text = piece;
+    size_t len = (size_t)n;
+    if (!sil_utf8_valid(piece, len)) {
+        len = sil_utf8_sanitize(piece, len, clean);
+        text = clean;
+    }
+    struct sil_genctl_out o;
+    int rc = sil_genctl_push(j->gc, id, text, len, &o);
+    if (!j->conn_gone) {
+        pack_token(&w->pk, j->r.msgid, &o, &id, 1);
+        post(w, j->r.conn_id, j->r.msgid, false);
+    }
+    enum sil_stop_reason why = SIL_STOP_NONE;
+    const char *msg = NULL;
+    if (rc < 0) {
+        why = SIL_STOP_ERROR;
+        msg = "out of memory";
+    } else if (rc != SIL_STOP_NONE) {
+        why = rc;
+    } else if ((int32_t)j->ctx.n + 1 >= w->n_ctx) {
+        why = SIL_STOP_LENGTH; /* the context is full */
+    }
+    if (why != SIL_STOP_NONE) {
+        running_finish(w, j, why, msg);
+        return;
+    }
+    j->pending = id;
+    j->decoding = true;
+}
+
+/* One scheduler step: decode rows for every decoding request, then prompt chunks. */
+void step(struct sil_worker *w)
+{
+    int n = 0, n_logits = 0;
+    int32_t budget = w->prefill_chunk;
+    for (struct job *j = w->running; j; j = j->next) {
+        j->logit_row = -1;
+        if (j->decoding && n < w->n_batch_max) {
+            w->b_tok[n] = j->pending;
+            w->b_pos[n] = (int32_t)j->ctx.n;
+            w->b_seq[n] = j->seq;
+            w->b_want[n] = true;
+            j->logit_row = n_logits++;
+            n++;
+        }
+    }
+    for (struct job *j = w->running; j && budget > 0 && n < w->n_batch_max; j = j->next) {
+        if (j->decoding)
+            continue;
+        size_t left = j->r.n_prompt - j->n_done;
+        size_t take = left;
+        if (take > (size_t)budget)
+            take = budget;
+        if (take > (size_t)(w->n_batch_max - n))
+            take = w->n_batch_max - n;
+        for (size_t i = 0; i < take; i++) {
+            w->b_tok[n] = j->r.prompt[j->n_done + i];
+            w->b_pos[n] = (int32_t)(j->ctx.n + i);
+            w->b_seq[n] = j->seq;
+            w->b_want[n] = false;
+            n++;
+        }
+        if (take == left) {
+            w->b_want[n - 1] = true;
+            j->logit_row = n_logits++;
+        }
+        budget -= (int32_t)take;
+    }
+    if (n == 0)
+        return;
+
+    struct sil_batch batch = { .n = n, .token = w->b_tok, .pos = w->b_pos, .seq = w->b_seq, .want_logits = w->b_want };
+    struct sil_error err = { 0 };
+    double t0 = now_s();
+    int rc = sil_engine_eval(w->e, &batch, w->logits, &err);
+    w->local.eval_seconds += now_s() - t0;
+    w->local.steps++;
+    if (rc) {
+        w->local.eval_errors++;
+        sil_err("evaluation failed (%d rows): %s", n, err.msg);
+        struct job *j = w->running;
+        w->running = NULL;
+        w->n_running = 0;
+        while (j) {
+            struct job *next = j->next;
+            job_finish(w, j, SIL_STOP_ERROR, err.msg);
+            j = next;
+        }
+        return;
+    }
+
+    /* Account for what was evaluated, row by row, before anything finishes. */
+    for (int r = 0; r < n;) {
+        struct job *j = NULL;
+        for (struct job *k = w->running; k; k = k->next)
+            if (k->seq == w->b_seq[r]) {
+                j = k;
+                break;
+            }
+        int start = r;
+        while (r < n && w->b_seq[r] == w->b_seq[start])
+            r++;
+        if (!j)
+            continue;
+        int cnt = r - start;
+        if (tokvec_push(&j->ctx, w->b_tok + start, cnt)) {
+            j->cancelled = true; /* finished below with what it has */
+            continue;
+        }
+        if (!j->decoding) {
+            j->n_done += cnt;
+            w->local.tokens_prompt += cnt;
+        }
+    }
+
+    struct job *j = w->running;
+    while (j) {
+        struct job *next = j->next;
+        if (j->logit_row >= 0 && !j->cancelled) {
+            const float *lg = w->logits + (size_t)j->logit_row * w->n_vocab;
+            int32_t forced = sil_genctl_forced(j->gc);
+            int32_t id = forced >= 0 ? forced : sil_sampler_sample(j->smp, lg, j->ctx.p, j->ctx.n);
+            job_token(w, j, id);
+        }
+        j = next;
+    }
+}

@@ -1,0 +1,142 @@
+/* Private to the engine thread's files (worker.c, session.c, scheduler.c): the worker, job and
+ * session structs and the functions they share. Everything here runs on the engine thread
+ * unless a field says "under mu" (worker.c's queues) or is atomic.
+ *
+ * Ownership: the worker owns its jobs (queue and running lists) and its sessions (an LRU list);
+ * a running job that uses a session holds it through sess / busy until job_finish gives the
+ * sequence back. Outbox messages are malloc'd by post and freed by the event loop. */
+#ifndef SIL_DAEMON_WORKER_IMPL_H
+#define SIL_DAEMON_WORKER_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "daemon/worker.h"
+#include "siliceo-proto.h"
+
+struct session {
+    struct session *prev, *next; /* most recently used first */
+    char name[SIL_SESSION_NAME_MAX];
+    int seq;
+    int32_t *tokens; /* what the sequence holds */
+    size_t n_tokens;
+    uint64_t memory;
+    double last_used;
+    struct job *busy;
+    bool drop_when_idle;
+};
+
+struct tokvec {
+    int32_t *p;
+    size_t n, cap;
+};
+
+struct job {
+    struct job *next;
+    struct sil_job_req r;
+    uint64_t arrival;
+    int seq;
+    struct session *sess;
+    bool cancelled, conn_gone, decoding;
+    size_t n_done;   /* prompt tokens in the sequence */
+    size_t n_cached; /* of which reused from the session */
+    int32_t pending; /* sampled token to evaluate next */
+    struct tokvec ctx; /* tokens in the sequence, in order */
+    struct tokvec gen; /* generated tokens */
+    struct sil_sampler *smp;
+    struct sil_genctl *gc;
+    struct sil_detok dt;
+    double t_submit, t_admit, t_first, t_end;
+    int logit_row;
+};
+
+enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP };
+
+struct inmsg {
+    struct inmsg *next;
+    enum in_type type;
+    uint64_t conn_id;
+    uint32_t msgid;
+    struct sil_job_req *job;
+    char name[SIL_SESSION_NAME_MAX];
+};
+
+struct sil_worker {
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int efd;
+    /* Under mu. */
+    struct inmsg *in_head, *in_tail;
+    struct sil_outmsg *out_head, *out_tail;
+    bool stop;
+    struct sil_worker_stats stats;
+    /* Liveness for the watchdog, read by the loop without the lock: the time the engine thread
+     * last went round its loop, and whether it is blocked waiting for work (then an old
+     * heartbeat is no sign of a hang). */
+    atomic_int_least64_t heartbeat_ns;
+    atomic_bool idle;
+    uint64_t session_memory_limit;
+    int max_sessions_limit;
+    /* Engine thread only. */
+    struct sil_engine *e;
+    const struct sil_vocab *v;
+    int32_t n_vocab, n_ctx;
+    int max_running, prefill_chunk, n_batch_max;
+    uint64_t session_memory;
+    int max_sessions;
+    struct job *queue, *running;
+    int n_running, n_queued;
+    struct session *sessions;
+    int n_sessions;
+    uint64_t arrivals;
+    int32_t *b_tok, *b_pos, *b_seq;
+    bool *b_want;
+    float *logits;
+    struct sil_worker_stats local;
+    /* Messages of this loop iteration, handed to the event loop together (one wake-up per step
+     * instead of one per token), and the buffer they are packed in (no allocation per token). */
+    struct sil_outmsg *pend_head, *pend_tail;
+    struct sil_rpc_buf pk;
+};
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* worker.c: the outbox (messages handed to the event loop when the step ends) and statistics. */
+void post_raw(struct sil_worker *w, struct sil_outmsg *m);
+/* Moves what the packing buffer holds into a new pending message. */
+void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
+void publish_stats(struct sil_worker *w);
+
+/* session.c: named sessions and the sequences they hold. */
+struct session *session_find(struct sil_worker *w, const char *name);
+void session_to_front(struct sil_worker *w, struct session *s);
+void session_free(struct sil_worker *w, struct session *s);
+/* Drops idle sessions from the least recently used end while over the limits. */
+void sessions_enforce(struct sil_worker *w);
+/* A sequence for a new request: evicts the least recently used idle session when all are taken. */
+int seq_get(struct sil_worker *w, struct sil_error *err);
+bool session_in_use(struct sil_worker *w, const char *name);
+
+/* scheduler.c: jobs and the scheduler step. */
+void job_free(struct sil_worker *w, struct job *j);
+/* Final response, the sequence back to its session (or freed), the job freed. */
+void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg);
+void list_remove(struct job **head, struct job *j);
+void list_append(struct job **head, struct job *j);
+/* Moves queued jobs to running while sequences and max_running allow. */
+void admit(struct sil_worker *w);
+/* One scheduler step: decode rows for every decoding request, then prompt chunks. */
+void step(struct sil_worker *w);
+
+#endif
