@@ -375,7 +375,7 @@ struct ref_bpe {
     size_t n;
 };
 
-/* Independent of tokenizer.c: ranks by binary search on the merge strings, results looked up by
+/* Independent of tokenizer_bpe.c: ranks by binary search on the merge strings, results found by
  * their stored text, one O(n^2) pass per merge. */
 static void ref_load(struct ref_bpe *r)
 {
