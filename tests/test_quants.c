@@ -530,7 +530,7 @@ static void check_refdata_file(const char *file, const int *want_types, int n_wa
     if (!tu_refdata_exists(file) || !tu_refdata_exists("models/qwen35moe-tiny-F16.gguf")) {
         free(qpath);
         free(fpath);
-        skip();
+        tu_skip_no_refdata();
     }
     struct sil_gguf *gq = NULL, *gf = NULL;
     struct sil_error err = {0};
