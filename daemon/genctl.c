@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@ struct sil_genctl {
     struct buf answer, held, reasoning;
     bool in_reasoning, in_grace, answer_started, finished;
     bool cut; /* a stop string or a sentence end cut the text: nothing after it belongs */
+    bool dot_pending; /* answer ends in digit + '.': the next text says decimal or sentence end */
     int32_t n_answer, n_reasoning, n_grace;
     int32_t forced;
     enum sil_stop_reason reason;
@@ -48,7 +50,8 @@ void sil_genctl_params_default(struct sil_genctl_params *p)
     p->think_close = -1;
 }
 
-static int buf_append(struct buf *b, const char *s, size_t n)
+/* Room for n more bytes and a NUL. */
+static int buf_reserve(struct buf *b, size_t n)
 {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
@@ -60,6 +63,13 @@ static int buf_append(struct buf *b, const char *s, size_t n)
         b->p = p;
         b->cap = cap;
     }
+    return 0;
+}
+
+static int buf_append(struct buf *b, const char *s, size_t n)
+{
+    if (buf_reserve(b, n) < 0)
+        return -ENOMEM;
     if (n)
         memcpy(b->p + b->n, s, n);
     b->n += n;
@@ -159,45 +169,66 @@ static bool is_closer(char c)
 }
 
 /* Where a sentence ends inside a grace token's text: the index just past the terminator run
- * (". ", "!?", "." at the end of the piece), or 0 when none. A '.' between digits is a decimal
- * point, and one at the end of a piece right after a digit is taken as such too. */
-static size_t sentence_end(const char *t, size_t n, char prev)
+ * (". ", "!?", "." at the end of the piece), or -1 when none. A '.' right after a digit may be a
+ * decimal point: inside the piece the next char decides ("3.14" goes on, "in 2024. Then" ends);
+ * at the end of the piece *pending is set and the next piece decides. With *pending set on entry
+ * the text follows such a '.': whitespace (after closers) ends the sentence before it, 0. */
+static ptrdiff_t sentence_end(const char *t, size_t n, char prev, bool *pending)
 {
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+    if (*pending) {
+        if (n == 0)
+            return -1; /* still undecided */
+        *pending = false;
+        while (i < n && is_closer(t[i]))
+            i++;
+        if (i == n || isspace((unsigned char)t[i]))
+            return (ptrdiff_t)i;
+    }
+    for (; i < n; i++) {
         char c = t[i];
         if (c != '.' && c != '!' && c != '?')
             continue;
         size_t j = i + 1;
         while (j < n && (t[j] == '.' || t[j] == '!' || t[j] == '?'))
             j++;
+        if (c == '.' && j == i + 1 && j == n && isdigit((unsigned char)(i > 0 ? t[i - 1] : prev))) {
+            *pending = true;
+            return -1;
+        }
         while (j < n && is_closer(t[j]))
             j++;
-        char before = i > 0 ? t[i - 1] : prev;
-        if (j == n) {
-            if (c == '.' && isdigit((unsigned char)before))
-                continue;
-            return j;
-        }
-        if (isspace((unsigned char)t[j]))
-            return j;
+        if (j == n || isspace((unsigned char)t[j]))
+            return (ptrdiff_t)j;
     }
-    return 0;
+    return -1;
 }
 
-static bool ends_sentence(const struct buf *a, const struct buf *b)
+/* The k-th char from the end (1 = last) of the answer as if held-back text were already out; 0
+ * before the start. */
+static char char_back(const struct sil_genctl *g, size_t k)
 {
-    /* Look at the answer as if held-back text were already out. */
-    size_t n = b->n;
-    const char *s = b->p;
-    for (int part = 0; part < 2; part++) {
-        while (n > 0 && (isspace((unsigned char)s[n - 1]) || is_closer(s[n - 1])))
-            n--;
-        if (n > 0)
-            return s[n - 1] == '.' || s[n - 1] == '!' || s[n - 1] == '?';
-        s = a->p;
-        n = a->n;
+    if (k <= g->held.n)
+        return g->held.p[g->held.n - k];
+    k -= g->held.n;
+    return k <= g->answer.n ? g->answer.p[g->answer.n - k] : 0;
+}
+
+/* Whether the answer so far ends a sentence. A final '.' right after a digit ("in 2024.", "3.")
+ * is undecided: it sets dot_pending and says no, so the grace token after it decides. */
+static bool ends_sentence(struct sil_genctl *g)
+{
+    size_t k = 1;
+    char c;
+    while ((c = char_back(g, k)) && (isspace((unsigned char)c) || is_closer(c)))
+        k++;
+    if (c != '.' && c != '!' && c != '?')
+        return false;
+    if (k == 1 && c == '.' && isdigit((unsigned char)char_back(g, 2))) {
+        g->dot_pending = true;
+        return false;
     }
-    return false;
+    return true;
 }
 
 static void set_out(struct sil_genctl_out *out, struct sil_genctl *g, size_t a0, size_t r0)
@@ -286,11 +317,10 @@ int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t l
     bool grace_done = false;
     if (g->in_grace) {
         g->n_grace++;
-        char prev = g->held.n ? g->held.p[g->held.n - 1] : g->answer.n ? g->answer.p[g->answer.n - 1] : 0;
-        size_t cut = sentence_end(text, len, prev);
-        if (cut > 0) {
-            g->cut = true; /* what follows the sentence end, held bytes too, is dropped */
-            len = cut;
+        ptrdiff_t cut = sentence_end(text, len, char_back(g, 1), &g->dot_pending);
+        if (cut >= 0) {
+            g->cut = true; /* what follows the sentence end is dropped */
+            len = (size_t)cut;
             grace_done = true;
         } else if (g->n_grace >= g->p.grace_tokens) {
             grace_done = true;
@@ -305,7 +335,7 @@ int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t l
     } else if (grace_done)
         g->reason = SIL_STOP_LENGTH;
     else if (!g->in_grace && g->p.max_tokens > 0 && g->n_answer >= g->p.max_tokens) {
-        if (g->p.grace_tokens == 0 || ends_sentence(&g->answer, &g->held))
+        if (g->p.grace_tokens == 0 || ends_sentence(g))
             g->reason = SIL_STOP_LENGTH;
         else
             g->in_grace = true;
@@ -354,55 +384,76 @@ int sil_genctl_finish(struct sil_genctl *g, enum sil_stop_reason why, struct sil
     g->held.n = 0;
     g->finished = true;
     if (g->p.repair_markdown) {
-        char fix[SIL_FENCE_REPAIR_MAX];
-        size_t n = sil_markdown_fence_repair(g->answer.p, g->answer.n, fix);
-        if (n && buf_append(&g->answer, fix, n) < 0)
-            return -ENOMEM;
+        size_t n = sil_markdown_fence_repair(g->answer.p, g->answer.n, NULL, 0);
+        if (n) { /* the closer goes straight into the answer: an opener may be any length */
+            if (buf_reserve(&g->answer, n) < 0)
+                return -ENOMEM;
+            sil_markdown_fence_repair(g->answer.p, g->answer.n, g->answer.p + g->answer.n, n + 1);
+            g->answer.n += n;
+        }
     }
     set_out(out, g, a0, r0);
     return g->reason;
 }
 
-size_t sil_markdown_fence_repair(const char *text, size_t len, char out[SIL_FENCE_REPAIR_MAX])
+/* A fence line (CommonMark): up to 3 spaces, then a run of 3 or more '`' or '~'. Returns the run
+ * length (0 when the line is no fence), its char in *c and where the run ends in *end. */
+static size_t fence_run(const char *line, size_t n, char *c, size_t *end)
 {
-    size_t open = 0; /* backticks of the open fence, 0 when none */
-    size_t i = 0;
-    while (i < len) {
-        size_t eol = i;
-        while (eol < len && text[eol] != '\n')
-            eol++;
-        size_t j = i, indent = 0;
-        while (j < eol && text[j] == ' ' && indent < 4) {
-            j++;
-            indent++;
-        }
-        size_t ticks = 0;
-        while (j + ticks < eol && text[j + ticks] == '`')
-            ticks++;
-        if (indent <= 3 && ticks >= 3) {
-            if (!open) {
-                open = ticks;
-            } else if (ticks >= open) {
-                size_t k = j + ticks;
-                while (k < eol && (text[k] == ' ' || text[k] == '\t' || text[k] == '\r'))
-                    k++;
-                if (k == eol)
-                    open = 0;
-            }
-        }
-        i = eol + 1;
-    }
-    if (!open)
+    size_t j = 0;
+    while (j < n && j < 4 && line[j] == ' ')
+        j++;
+    if (j > 3 || j == n || (line[j] != '`' && line[j] != '~'))
         return 0;
-    if (open > SIL_FENCE_REPAIR_MAX - 2)
-        open = SIL_FENCE_REPAIR_MAX - 2;
-    size_t n = 0;
-    if (len > 0 && text[len - 1] != '\n')
-        out[n++] = '\n';
-    memset(out + n, '`', open);
-    n += open;
-    out[n] = 0;
-    return n;
+    size_t k = j;
+    while (k < n && line[k] == line[j])
+        k++;
+    if (k - j < 3)
+        return 0;
+    *c = line[j];
+    *end = k;
+    return k - j;
+}
+
+size_t sil_markdown_fence_repair(const char *text, size_t len, char *out, size_t cap)
+{
+    size_t open = 0; /* length of the open fence's run, 0 when none */
+    char open_c = 0;
+    for (size_t i = 0; i < len;) {
+        const char *line = text + i;
+        const char *nl = memchr(line, '\n', len - i);
+        size_t n = nl ? (size_t)(nl - line) : len - i;
+        i += n + 1;
+        char c;
+        size_t end;
+        size_t run = fence_run(line, n, &c, &end);
+        if (!run)
+            continue;
+        if (!open) {
+            /* a backtick opener's info string has no backtick (else it is inline code) */
+            if (c == '`' && memchr(line + end, '`', n - end))
+                continue;
+            open = run;
+            open_c = c;
+        } else if (c == open_c && run >= open) {
+            /* a closer has nothing but spaces after its run */
+            while (end < n && (line[end] == ' ' || line[end] == '\t' || line[end] == '\r'))
+                end++;
+            if (end == n)
+                open = 0;
+        }
+    }
+    const bool nl = open && len > 0 && text[len - 1] != '\n';
+    const size_t need = open ? nl + open : 0;
+    if (cap > 0) {
+        size_t w = need < cap - 1 ? need : cap - 1;
+        if (nl && w > 0)
+            out[0] = '\n';
+        if (w > nl)
+            memset(out + nl, open_c, w - nl);
+        out[w] = 0;
+    }
+    return need;
 }
 
 const char *sil_genctl_answer(const struct sil_genctl *g, size_t *len)

@@ -8,8 +8,9 @@
  *    start of a stop string is held back until it is decided, and the match itself is never
  *    emitted;
  *  - answer budget (max_tokens) with up to SIL_GENCTL_GRACE_MAX grace tokens to end the sentence
- *    on '.', '!' or '?' (text after the sentence end is dropped);
- *  - markdown repair: an unterminated ``` fence in the answer is closed at the end.
+ *    on '.', '!' or '?' (text after the sentence end is dropped); a '.' after a digit ends it
+ *    when a space follows ("in 2024. "), not a digit ("3.14"), the next token deciding;
+ *  - markdown repair: an unterminated ``` or ~~~ fence in the answer is closed at the end.
  *
  * Ownership: struct sil_genctl owns its text buffers (malloc'd, grown as needed) and copies the
  * stop strings; free with sil_genctl_free. Not thread-safe; one per request. */
@@ -40,7 +41,7 @@ struct sil_genctl_params {
     int32_t max_thinking_tokens; /* reasoning tokens before think-close is forced; < 0 = no limit */
     int32_t grace_tokens;        /* extra tokens to end the sentence, 0..SIL_GENCTL_GRACE_MAX */
     bool in_reasoning;           /* the prompt already opened a think block */
-    bool repair_markdown;        /* close an unterminated ``` fence at the end */
+    bool repair_markdown;        /* close an unterminated ``` or ~~~ fence at the end */
     int32_t think_open, think_close; /* ids from the vocab, -1 if none */
     const char *const *stop;     /* stop strings (copied), at most SIL_GENCTL_MAX_STOP */
     size_t n_stop;
@@ -95,11 +96,12 @@ bool sil_genctl_in_reasoning(const struct sil_genctl *g);
 bool sil_genctl_in_grace(const struct sil_genctl *g);
 enum sil_stop_reason sil_genctl_reason(const struct sil_genctl *g);
 
-/* Markdown repair on its own: writes to out the suffix that closes an unterminated fence in text
- * (a newline if needed, then as many backticks as the opening fence) and returns its length, 0
- * when fences are balanced. A fence is a line starting (after up to 3 spaces) with 3 or more
- * backticks; it is closed by a line of at least as many backticks and nothing else. */
-#define SIL_FENCE_REPAIR_MAX 40
-size_t sil_markdown_fence_repair(const char *text, size_t len, char out[SIL_FENCE_REPAIR_MAX]);
+/* Markdown repair on its own: the suffix that closes an unterminated fenced code block in text (a
+ * newline if text does not end in one, then the opening fence's char as many times as it has),
+ * 0 when every fence is closed. Fences follow CommonMark: a line of up to 3 spaces, then 3 or
+ * more '`' (the rest of the line holding no '`') or '~'; closed by a line of up to 3 spaces, at
+ * least as many of the same char, then only spaces or tabs. Returns the suffix length; writes
+ * at most cap - 1 bytes of it and a NUL to out (as snprintf: cap 0 only measures). */
+size_t sil_markdown_fence_repair(const char *text, size_t len, char *out, size_t cap);
 
 #endif

@@ -107,7 +107,7 @@ static void same_as_render(const struct sil_vocab *v, const struct sil_chat_msg 
 static void test_qwen3_refdata(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     struct sil_json_doc *d = tu_json_load("tokenizer/qwen3-chat.json");
     assert_non_null(d);
     const struct sil_json *cases = sil_json_get(sil_json_root(d), "cases");
@@ -164,7 +164,7 @@ static void test_qwen3_refdata(void **state)
 static void test_qwen3_reasoning(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     struct sil_chat_msg m[] = {{"user", "Q", NULL}, {"assistant", "A", NULL}};
     char *out = render(qwen3, m, 2, false, true);
     assert_string_equal(out, "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n"

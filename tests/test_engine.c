@@ -215,11 +215,13 @@ static void check_prompt(const char *model, bool exact, char P)
         margin = index_array(&ix, P, "greedy16_top2_margin", &n_m);
     }
     const int32_t V = (int32_t)shape[1];
+    /* The dequantized-path logits of qwen3moe-tiny-Q4_K_M and qwen3-tiny-Q8_0 were not shipped
+     * (README, size); their greedy tokens and margins were, so those are still compared. */
     float *want = ref_logits(ref_name, n_ids * (size_t)V);
-    if (!want) { /* the README lists which tight references were not shipped */
-        assert_true(exact);
-        goto out;
-    }
+    if (!want && (!exact || !quantized))
+        fail_msg("%s %c: reference logits %s missing", model, P, ref_name);
+    assert_non_null(g_ref);
+    assert_non_null(margin);
     assert_int_equal(n_tol, n_ids);
     assert_int_equal(n_g, 16);
     assert_int_equal(n_m, 16);
@@ -233,24 +235,29 @@ static void check_prompt(const char *model, bool exact, char P)
     int seq = prefill(e, ids, (int32_t)n_ids, got);
     double T = 0;
     for (size_t p = 0; p < n_ids; p++) {
+        T = fmax(T, tol[p]);
+        if (!want)
+            continue;
         double d = 0;
         for (int32_t v = 0; v < V; v++)
             d = fmax(d, fabs((double)got[p * V + v] - want[p * V + v]));
         if (!(d <= tol[p]))
             fail_msg("%s %c%s: position %zu max diff %g > tolerance %g", model, P, exact ? " exact" : "",
                      p, d, tol[p]);
-        T = fmax(T, tol[p]);
     }
     int32_t g[16];
     greedy(e, seq, got + (n_ids - 1) * (size_t)V, 16, g);
-    for (int s = 0; s < 16 && margin[s] > T; s++)
+    int s = 0;
+    for (; s < 16 && margin[s] > T; s++)
         if (g[s] != (int32_t)g_ref[s])
             fail_msg("%s %c%s: greedy step %d: %d, reference %d", model, P, exact ? " exact" : "", s,
                      g[s], (int)g_ref[s]);
+    /* every tight-reference margin exceeds 1e-3 (README): exact mode checks all 16 steps */
+    if (exact && s != 16)
+        fail_msg("%s %c exact: only %d greedy steps checkable", model, P, s);
     free(ids);
     free(got);
     sil_engine_close(e);
-out:
     free(want);
     free(ids_d);
     free(shape);

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -246,6 +247,44 @@ static void test_grace_decimal_and_limit(void **state)
     assert_string_equal(sil_genctl_answer(g, NULL), "pi is 3.14 wow!");
     sil_genctl_free(g);
 
+    /* A '.' after a digit at the end of a piece ends the sentence when the next piece starts
+     * with a space ("in 2024." + " Then"): that piece is dropped. */
+    g = make(NULL, 0, 1);
+    const char *year[] = { "It", " was in 2024.", " Then", " more.", NULL };
+    feed(g, &r, year);
+    assert_int_equal(r.reason, SIL_STOP_LENGTH);
+    assert_int_equal(r.n_pushed, 3);
+    assert_string_equal(sil_genctl_answer(g, NULL), "It was in 2024.");
+    assert_string_equal(r.streamed_answer, "It was in 2024.");
+    sil_genctl_free(g);
+    /* the same with the '.' a token of its own, and a closing quote after it */
+    g = make(NULL, 0, 1);
+    const char *quoted[] = { "Say", " \"2024", ".", "\"", " next", " words.", NULL };
+    feed(g, &r, quoted);
+    assert_int_equal(r.n_pushed, 4);
+    assert_string_equal(sil_genctl_answer(g, NULL), "Say \"2024.\"");
+    sil_genctl_free(g);
+    /* in one piece: "2024. T" ends at the space, "3.14." only after the last '.' */
+    g = make(NULL, 0, 1);
+    const char *inside[] = { "A", " 3.14. B", NULL };
+    feed(g, &r, inside);
+    assert_string_equal(sil_genctl_answer(g, NULL), "A 3.14.");
+    sil_genctl_free(g);
+    /* The budget reached right after "2024." or "3.": the next token decides. */
+    g = make(NULL, 0, 2);
+    const char *at_budget[] = { "In", " 2024.", " Then", " more.", NULL };
+    feed(g, &r, at_budget);
+    assert_int_equal(r.reason, SIL_STOP_LENGTH);
+    assert_int_equal(r.n_pushed, 3);
+    assert_string_equal(sil_genctl_answer(g, NULL), "In 2024.");
+    sil_genctl_free(g);
+    g = make(NULL, 0, 2);
+    const char *pi_budget[] = { "pi", " 3.", "14", " is", " it.", " no", NULL };
+    feed(g, &r, pi_budget);
+    assert_int_equal(r.n_pushed, 5);
+    assert_string_equal(sil_genctl_answer(g, NULL), "pi 3.14 is it.");
+    sil_genctl_free(g);
+
     /* Without a sentence end the grace stops after grace_tokens extra tokens. */
     struct sil_genctl_params p;
     sil_genctl_params_default(&p);
@@ -268,24 +307,64 @@ static void test_grace_decimal_and_limit(void **state)
     sil_genctl_free(g);
 }
 
+/* The repair suffix of text, in a static buffer. */
+static const char *repair(const char *text)
+{
+    static char fix[256];
+    size_t n = sil_markdown_fence_repair(text, strlen(text), fix, sizeof fix);
+    assert_int_equal(n, strlen(fix));
+    assert_int_equal(sil_markdown_fence_repair(text, strlen(text), NULL, 0), n);
+    return fix;
+}
+
+/* n copies of c. */
+static const char *run_of(char c, int n)
+{
+    static char s[4][256];
+    static int k;
+    char *r = s[k++ % 4];
+    memset(r, c, (size_t)n);
+    r[n] = 0;
+    return r;
+}
+
 static void test_markdown_repair(void **state)
 {
-    char fix[SIL_FENCE_REPAIR_MAX];
-    const char *closed = "text\n```c\nint x;\n```\nafter";
-    assert_int_equal(sil_markdown_fence_repair(closed, strlen(closed), fix), 0);
-    const char *open = "text\n```c\nint x;";
-    assert_int_equal(sil_markdown_fence_repair(open, strlen(open), fix), 4);
-    assert_string_equal(fix, "\n```");
-    const char *open_nl = "```\ncode\n";
-    assert_int_equal(sil_markdown_fence_repair(open_nl, strlen(open_nl), fix), 3);
-    assert_string_equal(fix, "```");
+    assert_string_equal(repair("text\n```c\nint x;\n```\nafter"), "");
+    assert_string_equal(repair("text\n```c\nint x;"), "\n```");
+    assert_string_equal(repair("```\ncode\n"), "```");
     /* A four-backtick fence is not closed by three, nor by a fence with an info string. */
-    const char *four = "````md\n```\ninner\n```python\n";
-    assert_int_equal(sil_markdown_fence_repair(four, strlen(four), fix), 4);
-    assert_string_equal(fix, "````");
+    assert_string_equal(repair("````md\n```\ninner\n```python\n"), "````");
     /* Inline backticks and indented code are not fences. */
-    const char *inline_ticks = "use ```x``` here\n    ```\n";
-    assert_int_equal(sil_markdown_fence_repair(inline_ticks, strlen(inline_ticks), fix), 0);
+    assert_string_equal(repair("use ```x``` here\n    ```\n"), "");
+    /* nor is a backtick line whose info string holds a backtick (it is inline code) */
+    assert_string_equal(repair("``` a`b\ntext"), "");
+    /* A closer may have trailing blanks and up to 3 spaces before it, not 4. */
+    assert_string_equal(repair("```\nx\n   ```  \t\r\n"), "");
+    assert_string_equal(repair("```\nx\n    ```\n"), "```");
+
+    /* ~~~ fences: closed only by ~~~ (at least as many), and ``` inside them is content. */
+    assert_string_equal(repair("~~~\ncode"), "\n~~~");
+    assert_string_equal(repair("~~~~ info `with` ticks\n~~~\n```\n"), "~~~~");
+    assert_string_equal(repair("~~~\ncode\n~~~~~\nafter ~~~"), "");
+    assert_string_equal(repair("```\ncode\n~~~\n"), "```");
+    assert_string_equal(repair("~~~\ncode\n```\n"), "~~~");
+    assert_string_equal(repair("~~\n``\n"), "");
+
+    /* An opener of any length gets a closer as long (a 38-tick cap used to leave 39+ open). */
+    for (int n = 37; n <= 200; n += 163 == n ? 37 : 1) {
+        char text[512];
+        snprintf(text, sizeof text, "%s\nbody\n", run_of('`', n));
+        assert_string_equal(repair(text), run_of('`', n));
+        snprintf(text, sizeof text, "%s\nbody\n%s\n", run_of('`', n), run_of('`', n - 1));
+        assert_string_equal(repair(text), run_of('`', n));
+        snprintf(text, sizeof text, "%s\nbody\n%s\n", run_of('~', n), run_of('~', n));
+        assert_string_equal(repair(text), "");
+    }
+    /* snprintf-style: a short buffer gets what fits and a NUL, the length is the whole suffix */
+    char small[4];
+    assert_int_equal(sil_markdown_fence_repair("`````\nx", 7, small, sizeof small), 6);
+    assert_string_equal(small, "\n``");
 
     /* In a generation the fix is streamed at the end and is part of the answer. */
     struct sil_genctl *g = make(NULL, 0, 0);
@@ -303,6 +382,22 @@ static void test_markdown_repair(void **state)
     assert_int_equal(sil_genctl_new(&g, &p), 0);
     feed(g, &r, pieces);
     assert_string_equal(sil_genctl_answer(g, NULL), "```python\nprint(1)");
+    sil_genctl_free(g);
+
+    /* ~~~ and a 50-backtick opener in a generation */
+    g = make(NULL, 0, 0);
+    const char *tilde[] = { "~~~", "\nx = 1", NULL };
+    feed(g, &r, tilde);
+    assert_string_equal(sil_genctl_answer(g, NULL), "~~~\nx = 1\n~~~");
+    assert_string_equal(r.streamed_answer, "~~~\nx = 1\n~~~");
+    sil_genctl_free(g);
+    g = make(NULL, 0, 0);
+    const char *long_fence[] = { run_of('`', 50), "\ncode\n", NULL };
+    feed(g, &r, long_fence);
+    char want[128];
+    snprintf(want, sizeof want, "%s\ncode\n%s", run_of('`', 50), run_of('`', 50));
+    assert_string_equal(sil_genctl_answer(g, NULL), want);
+    assert_string_equal(r.streamed_answer, want);
     sil_genctl_free(g);
 }
 

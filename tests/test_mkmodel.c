@@ -193,7 +193,7 @@ static void compare_with_refdata(const char *ref, const char *preset, int arch, 
     char *rp = tu_refdata_path(ref);
     if (!tu_refdata_exists(ref)) {
         free(rp);
-        skip();
+        tu_skip_no_refdata();
     }
     struct sil_error err = {0};
     struct sil_gguf *r = NULL;
@@ -420,7 +420,7 @@ static void test_vocab_from_hf(void **state)
 {
     (void)state;
     if (!tu_refdata_exists("models/tiny-tokenizer.json") || !tu_refdata_exists("models/qwen3-tiny-Q8_0.gguf"))
-        skip();
+        tu_skip_no_refdata();
     char *jp = tu_refdata_path("models/tiny-tokenizer.json"), *gp = tu_refdata_path("models/qwen3-tiny-Q8_0.gguf");
     struct sil_mk_vocab v = {0};
     struct sil_error err = {0};

@@ -82,7 +82,7 @@ static void roundtrip(const struct sil_vocab *v, const char *t, size_t n, const 
 static void check_vectors(const struct sil_vocab *v, const char *rel, const char *pre)
 {
     if (!v)
-        skip();
+        tu_skip_no_refdata();
     assert_string_equal(sil_vocab_pre(v), pre);
     struct sil_json_doc *d = tu_json_load(rel);
     assert_non_null(d);
@@ -140,7 +140,7 @@ static void test_llama3_vectors(void **state)
 static void test_special_ids(void **state)
 {
     if (!qwen3 || !llama3)
-        skip();
+        tu_skip_no_refdata();
     assert_int_equal(sil_vocab_n_tokens(qwen3), 151936);
     assert_int_equal(sil_vocab_bos(qwen3), 151643);
     assert_int_equal(sil_vocab_eos(qwen3), 151645);
@@ -184,7 +184,7 @@ static void test_special_ids(void **state)
 static void test_add_bos(void **state)
 {
     if (!llama3)
-        skip();
+        tu_skip_no_refdata();
     int32_t *ids;
     size_t n;
     encode(llama3, "hi", 2, true, false, &ids, &n);
@@ -210,7 +210,7 @@ static bool has_id(const int32_t *ids, size_t n, int32_t id)
 static void test_special_only_when_asked(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     static const char *const texts[] = {"<|im_start|>", "<|im_end|>", "<|endoftext|>",
                                         "x<|im_start|>user\ny<|im_end|>z"};
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
@@ -277,7 +277,7 @@ static uint32_t rnd(void)
 static void test_empty_and_invalid_utf8(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     int32_t *ids;
     size_t n;
     encode(qwen3, "", 0, false, true, &ids, &n);
@@ -329,7 +329,7 @@ static double now(void)
 static void test_1mb_inputs(void **state)
 {
     if (!qwen3 || !llama3)
-        skip();
+        tu_skip_no_refdata();
     size_t len = 1 << 20;
     char *t = malloc(len);
     assert_non_null(t);
@@ -458,7 +458,7 @@ static size_t ref_encode(const struct ref_bpe *r, const char *w, size_t len, int
 static void test_bpe_matches_reference(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     struct ref_bpe r;
     ref_load(&r);
     /* letters only (one pre-tokenizer word each), ASCII and multi-byte, short and long */
@@ -496,7 +496,7 @@ static void test_bpe_matches_reference(void **state)
 static void test_whitespace_set(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     static const struct {
         const char *text;
         int32_t ids[20];
@@ -529,7 +529,7 @@ static void test_whitespace_set(void **state)
 static void test_cache_consistency(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     static const char *const words[] = {" hello", " world", ",", " ciao", " 世界", "\n", "  ",
                                         " internationalization", " the", "123"};
     size_t cap = 64 * 1024, len = 0;
@@ -638,7 +638,7 @@ static void stream_check(const struct sil_vocab *v, const char *t, size_t len, b
 static void test_detok_split_anywhere(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     static const char *const texts[] = {
         "Perfetto 👍 così è più bello — 世界 🇮🇹 ZWJ: 👨‍👩‍👧 end",
         "ascii only, nothing to hold back",
@@ -657,7 +657,7 @@ static void test_detok_split_anywhere(void **state)
 static void test_detok_specials_and_space(void **state)
 {
     if (!qwen3)
-        skip();
+        tu_skip_no_refdata();
     struct sil_detok d;
     char out[64];
     sil_detok_init(&d, qwen3, true);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,6 +48,12 @@ bool tu_refdata_exists(const char *rel)
     bool ok = access(p, R_OK) == 0;
     free(p);
     return ok;
+}
+
+bool tu_ci(void)
+{
+    const char *ci = getenv("CI");
+    return ci && (strcasecmp(ci, "true") == 0 || strcmp(ci, "1") == 0);
 }
 
 char *tu_tmpdir_create(void)

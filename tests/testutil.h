@@ -14,8 +14,18 @@
 const char *tu_shared_dir(void);
 /* "$SHARED/refdata/<rel>" (malloc'd). */
 char *tu_refdata_path(const char *rel);
-/* True if the reference file exists (tests may skip() when refdata is missing). */
+/* True if the reference file exists (tests call tu_skip_no_refdata() when it is missing). */
 bool tu_refdata_exists(const char *rel);
+/* True when the environment has CI=true (or CI=1): a CI run must have the reference data. */
+bool tu_ci(void);
+/* skip() for a test whose reference data is missing, but a failure under CI=true, so a CI machine
+ * without refdata cannot pass by skipping. Needs <cmocka.h>. */
+#define tu_skip_no_refdata()                                                                       \
+    do {                                                                                           \
+        if (tu_ci())                                                                               \
+            fail_msg("reference data missing under %s/refdata (CI=true)", tu_shared_dir());        \
+        skip();                                                                                    \
+    } while (0)
 
 /* A fresh directory under $TMPDIR (or /tmp), malloc'd path; NULL on failure. */
 char *tu_tmpdir_create(void);

@@ -140,8 +140,11 @@ def sessions():
     names = [s["name"] for s in lst["sessions"]]
     check("s1" in names, "sessions.list shows the session")
     s1 = [s for s in lst["sessions"] if s["name"] == "s1"][0]
-    check(s1["n_tokens"] == r1["n_prompt"] + r1["n_generated"] - (1 if r1["stop_reason"] != "eos" else 1),
-          "the session holds prompt + evaluated answer tokens")
+    # The last sampled token (an end-of-generation one included) is never evaluated, so it is not
+    # in the cache, whatever the stop reason.
+    check(r1["n_generated"] >= 1 and s1["n_tokens"] == r1["n_prompt"] + r1["n_generated"] - 1,
+          "the session holds prompt + evaluated answer tokens (%d = %d + %d - 1)"
+          % (s1["n_tokens"], r1["n_prompt"], r1["n_generated"]))
     c.close()
     # A new connection continues the conversation; only the new part is evaluated.
     c = Client()
@@ -163,6 +166,12 @@ def sessions():
     check(eb and eb["code"] == 7, "second request on a busy session -> error 7")
     ea, ra, _ = c.wait(a)
     check(ea is None, "the first request finishes")
+    # One generated token: nothing of the answer was evaluated, the session holds the prompt only.
+    r6, _ = c.ok("generate", dict(GREEDY, prompt="Count the cached tokens", max_tokens=1, session="s3"))
+    s3 = [s for s in c.ok("sessions.list")[0]["sessions"] if s["name"] == "s3"][0]
+    check(r6["n_generated"] == 1 and s3["n_tokens"] == r6["n_prompt"],
+          "a one-token answer leaves the prompt alone in the session (%d of %d)" % (s3["n_tokens"], r6["n_prompt"]))
+    c.ok("sessions.drop", {"name": "s3"})
     c.ok("sessions.drop", {"name": "s1"})
     names = [s["name"] for s in c.ok("sessions.list")[0]["sessions"]]
     check("s1" not in names and "s2" in names, "sessions.drop removes the session")
