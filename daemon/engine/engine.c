@@ -66,9 +66,6 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     f->k_max = max64(max64(E, hp->n_head * hd), max64(max64(ff, hp->n_ff_exp), zdim));
     const int64_t nth = f->n_threads;
     bool fail = false;
-    f->x = xcalloc((size_t)(U * E), sizeof(float), &fail);
-    f->cur = xcalloc((size_t)(U * E), sizeof(float), &fail);
-    f->tmp = xcalloc((size_t)(U * E), sizeof(float), &fail);
     f->a = xcalloc((size_t)(U * max64(max64(q_w, conv_dim), ff)), sizeof(float), &fail);
     f->b = xcalloc((size_t)(U * max64(max64(kv_w, zdim), ff)), sizeof(float), &fail);
     f->c = xcalloc((size_t)(U * max64(kv_w, 2 * nv)), sizeof(float), &fail);
@@ -101,8 +98,6 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     f->in_buf[0] = xcalloc(ib, 1, &fail);
     f->in_buf[1] = xcalloc(ib, 1, &fail);
     f->jobs = xcalloc((size_t)(2 * X + 8), sizeof(struct sil_mm_job), &fail);
-    f->out_rows = xcalloc((size_t)U, sizeof(int32_t), &fail);
-    f->last_out = xcalloc((size_t)U, sizeof(int32_t), &fail);
     f->recr_state = xcalloc((size_t)e->n_seq_max, sizeof(float *), &fail);
 
     e->seq_live = xcalloc((size_t)e->n_seq_max, sizeof(bool), &fail);
@@ -123,10 +118,10 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
 static void free_scratch(struct sil_engine *e)
 {
     struct sil_fwd *f = &e->f;
-    void *ptrs[] = {f->x, f->cur, f->tmp, f->a, f->b, f->c, f->d, f->e, f->moe_gate, f->moe_up,
+    void *ptrs[] = {f->a, f->b, f->c, f->d, f->e, f->moe_gate, f->moe_up,
                     f->moe_down, f->router, f->sh_gate, f->sel_expert, f->sel_weight, f->pair_row,
                     f->pair_slot, f->iota, f->expert_count, f->expert_off, f->attn_scratch,
-                    f->dn_scratch, f->mm_scratch, f->in_buf[0], f->in_buf[1], f->jobs, f->out_rows, f->last_out,
+                    f->dn_scratch, f->mm_scratch, f->in_buf[0], f->in_buf[1], f->jobs,
                     f->dn, e->seq_live, e->seq_len, e->next_pos, e->seq_count, e->seq_off,
                     e->p_token, e->p_pos, e->p_seq, e->p_out, e->run_start};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
@@ -169,6 +164,29 @@ static int bind_delta_net(struct sil_engine *e, struct sil_error *err)
     }
     e->f.dn_state_floats = sil_delta_net_state_floats(&e->f.dn[0]);
     return 0;
+}
+
+static int open_backend(struct sil_engine *e, struct sil_error *err)
+{
+    struct sil_fwd *f = &e->f;
+    const struct sil_hparams *hp = &e->model->hp;
+    struct sil_cpu_config c = {
+        .n_threads = f->n_threads,
+        .exact = f->exact,
+        .k_max = f->k_max,
+        .ub_max = f->ub_max,
+        .n_ctx = f->n_ctx,
+        .n_embd = hp->n_embd,
+        .n_expert = hp->n_expert,
+        .n_expert_used = hp->n_expert_used,
+        .n_ff_exp = hp->n_ff_exp,
+        .n_ff_shexp = hp->n_ff_shexp,
+        .dn_head_scratch = f->dn_head_scratch,
+    };
+    int rc = sil_backend_cpu_create(&f->be, &c, err);
+    if (rc < 0)
+        return rc;
+    return sil_fwd_open(f, err);
 }
 
 int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, struct sil_error *err)
@@ -221,6 +239,8 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         goto fail;
     if ((rc = alloc_scratch(e, err)) < 0)
         goto fail;
+    if ((rc = open_backend(e, err)) < 0)
+        goto fail;
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
                             hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
         goto fail;
@@ -238,6 +258,9 @@ void sil_engine_close(struct sil_engine *e)
     if (!e)
         return;
     sil_kv_free(e->f.kv);
+    sil_fwd_close(&e->f);
+    if (e->f.be)
+        e->f.be->ops->free(e->f.be);
     free_scratch(e);
     sil_threadpool_free(e->tp);
     sil_vocab_free(e->vocab);

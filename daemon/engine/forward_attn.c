@@ -85,7 +85,8 @@ static void attend(void *arg, long lo, long hi, int ith)
     }
 }
 
-void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
+void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur_,
+        struct sil_act out_)
 {
     const struct sil_hparams *hp = &f->model->hp;
     const struct sil_layer *l = &f->model->layers[il];
@@ -95,7 +96,7 @@ void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
                           (int64_t)hp->n_head * hd * (gated ? 2 : 1)};
 
     struct sil_mm_input in;
-    sil_fwd_input(f, &in, 0, f->cur, n, hp->n_embd);
+    sil_fwd_input(f, &in, 0, ((float *)cur_.data), n, hp->n_embd);
     struct sil_mm_job jobs[3] = {
         {.w = l->wq->data, .wtype = l->wq->type, .m = l->wq->ne[1], .in = &in, .n_rows = n, .y = f->a, .ldy = l->wq->ne[1]},
         {.w = l->wk->data, .wtype = l->wk->type, .m = l->wk->ne[1], .in = &in, .n_rows = n, .y = f->b, .ldy = l->wk->ne[1]},
@@ -109,6 +110,6 @@ void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
     struct sil_mm_input in_o;
     sil_fwd_input(f, &in_o, 1, f->d, n, (int64_t)hp->n_head * hd);
     struct sil_mm_job jo = {.w = l->wo->data, .wtype = l->wo->type, .m = hp->n_embd, .in = &in_o,
-                            .n_rows = n, .y = f->tmp, .ldy = hp->n_embd};
+                            .n_rows = n, .y = ((float *)out_.data), .ldy = hp->n_embd};
     sil_fwd_matmul(f, &jo, 1);
 }

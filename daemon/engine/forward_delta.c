@@ -64,7 +64,8 @@ static void dn_heads(void *arg, long lo, long hi, int ith)
     }
 }
 
-void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
+void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur_,
+        struct sil_act out_)
 {
     const struct sil_hparams *hp = &f->model->hp;
     const struct sil_layer *l = &f->model->layers[il];
@@ -75,7 +76,7 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
 
     /* f->c holds alpha [n][nv] then beta [n][nv] */
     struct sil_mm_input in;
-    sil_fwd_input(f, &in, 0, f->cur, n, hp->n_embd);
+    sil_fwd_input(f, &in, 0, ((float *)cur_.data), n, hp->n_embd);
     struct sil_mm_job jobs[4] = {
         {.w = l->wqkv->data, .wtype = l->wqkv->type, .m = conv_dim, .in = &in, .n_rows = n, .y = f->a, .ldy = conv_dim},
         {.w = l->wgate->data, .wtype = l->wgate->type, .m = zdim, .in = &in, .n_rows = n, .y = f->b, .ldy = zdim},
@@ -94,6 +95,6 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
     struct sil_mm_input in_o;
     sil_fwd_input(f, &in_o, 1, f->d, n, zdim);
     struct sil_mm_job jo = {.w = l->ssm_out->data, .wtype = l->ssm_out->type, .m = hp->n_embd,
-                            .in = &in_o, .n_rows = n, .y = f->tmp, .ldy = hp->n_embd};
+                            .in = &in_o, .n_rows = n, .y = ((float *)out_.data), .ldy = hp->n_embd};
     sil_fwd_matmul(f, &jo, 1);
 }

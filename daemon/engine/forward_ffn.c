@@ -41,13 +41,14 @@ static void swiglu(struct sil_fwd *f, float *out, const float *gate, const float
         sil_threadpool_for(f->tp, rows, 0, swiglu_run, &t);
 }
 
-void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
+void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur_,
+        struct sil_act out_)
 {
     const struct sil_hparams *hp = &f->model->hp;
     const struct sil_layer *l = &f->model->layers[il];
     const int n = ub->n, F = hp->n_ff, E = hp->n_embd;
     struct sil_mm_input in;
-    sil_fwd_input(f, &in, 0, f->cur, n, E);
+    sil_fwd_input(f, &in, 0, ((float *)cur_.data), n, E);
     struct sil_mm_job jobs[2] = {
         {.w = l->ffn_gate->data, .wtype = l->ffn_gate->type, .m = F, .in = &in, .n_rows = n, .y = f->a, .ldy = F},
         {.w = l->ffn_up->data, .wtype = l->ffn_up->type, .m = F, .in = &in, .n_rows = n, .y = f->b, .ldy = F},
@@ -57,7 +58,7 @@ void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
     struct sil_mm_input in_h;
     sil_fwd_input(f, &in_h, 1, f->d, n, F);
     struct sil_mm_job jd = {.w = l->ffn_down->data, .wtype = l->ffn_down->type, .m = E, .in = &in_h,
-                            .n_rows = n, .y = f->tmp, .ldy = E};
+                            .n_rows = n, .y = ((float *)out_.data), .ldy = E};
     sil_fwd_matmul(f, &jd, 1);
 }
 
@@ -93,7 +94,8 @@ static void route(struct sil_fwd *f, int n)
     }
 }
 
-void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
+void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur_,
+        struct sil_act out_)
 {
     const struct sil_hparams *hp = &f->model->hp;
     const struct sil_layer *l = &f->model->layers[il];
@@ -104,7 +106,7 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
 
     /* router logits (and the shared-expert gate logit) */
     struct sil_mm_input in;
-    sil_fwd_input(f, &in, 0, f->cur, n, E);
+    sil_fwd_input(f, &in, 0, ((float *)cur_.data), n, E);
     struct sil_mm_job rj[2] = {
         {.w = l->ffn_gate_inp->data, .wtype = l->ffn_gate_inp->type, .m = X, .in = &in, .n_rows = n, .y = f->router, .ldy = X},
     };
@@ -154,7 +156,7 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
     if (shexp)
         swiglu(f, f->d, f->a, f->b, n, S);
 
-    /* down projections: experts into moe_down [P][E], shared expert into f->tmp [n][E] */
+    /* down projections: experts into moe_down [P][E], shared expert into ((float *)out_.data) [n][E] */
     struct sil_mm_input in_h, in_s;
     sil_fwd_input(f, &in_h, 1, f->moe_gate, P, F);
     nj = 0;
@@ -170,19 +172,19 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
         /* the shared down input needs its own quantized copy: in_buf[0] is free again now */
         sil_fwd_input(f, &in_s, 0, f->d, n, S);
         f->jobs[nj++] = (struct sil_mm_job){.w = l->ffn_down_shexp->data, .wtype = l->ffn_down_shexp->type,
-                                            .m = E, .in = &in_s, .n_rows = n, .y = f->tmp, .ldy = E};
+                                            .m = E, .in = &in_s, .n_rows = n, .y = ((float *)out_.data), .ldy = E};
     }
     sil_fwd_matmul(f, f->jobs, nj);
 
     for (int i = 0; i < n; i++) {
-        float *out = f->tmp + (int64_t)i * E;
+        float *out = ((float *)out_.data) + (int64_t)i * E;
         if (shexp) {
             const float g = sil_sigmoid(f->sh_gate[i]);
             for (int j = 0; j < E; j++)
                 out[j] *= g;
         }
         /* experts summed in slot order first, then the shared expert added, as the reference */
-        float *acc = f->cur + (int64_t)i * E; /* cur is no longer needed */
+        float *acc = ((float *)cur_.data) + (int64_t)i * E; /* cur is no longer needed */
         memset(acc, 0, sizeof(float) * (size_t)E);
         for (int k = 0; k < K; k++) {
             int64_t q = (int64_t)i * K + k;
