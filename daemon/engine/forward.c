@@ -75,6 +75,11 @@ static void *xcalloc(size_t n, size_t sz, bool *fail)
     return p;
 }
 
+static size_t max_size(size_t a, size_t b)
+{
+    return a > b ? a : b;
+}
+
 static struct sil_act act(struct sil_fwd *f, int64_t rows, int64_t width, bool *fail)
 {
     struct sil_act a = {SIL_OP(f, alloc_act, (size_t)(rows * width) * sizeof(float)), rows, width,
@@ -100,6 +105,8 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
     f->cur = act(f, U, E, &fail);
     f->out = act(f, U, E, &fail);
     f->scratch_bytes = 0;
+    if (hp->n_layer_attn > 0)
+        f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_attention_scratch(f));
     if (f->scratch_bytes > 0) f->scratch = SIL_OP(f, alloc_act, f->scratch_bytes);
 
     if (X > 0) {

@@ -77,6 +77,12 @@ struct sil_fwd {
     struct sil_mm_job *jobs;
 };
 
+/* A block's arena: all of the scratch area, nothing taken yet. */
+static inline struct sil_fwd_arena sil_fwd_scratch(const struct sil_fwd *f)
+{
+    return (struct sil_fwd_arena){f->scratch, 0, f->scratch_bytes};
+}
+
 /* Calls op of the backend: SIL_OP(f, rmsnorm, y, x, w, eps). */
 #define SIL_OP(f, op, ...) (f)->be->ops->op((f)->be, __VA_ARGS__)
 /* One matmul of input x into any number of outputs: SIL_MATMUL(f, x, {&w->wq, q}, {&w->wk, k}). */
@@ -96,6 +102,7 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits);
  * ub_max rows. */
 void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                        struct sil_act out);
+size_t sil_fwd_attention_scratch(const struct sil_fwd *f);
 void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                        struct sil_act out);
 void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
