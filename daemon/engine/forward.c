@@ -107,6 +107,8 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
     f->scratch_bytes = 0;
     if (hp->n_layer_attn > 0)
         f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_attention_scratch(f));
+    if (hp->n_layer_recr > 0)
+        f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_delta_net_scratch(f));
     if (f->scratch_bytes > 0) f->scratch = SIL_OP(f, alloc_act, f->scratch_bytes);
 
     if (X > 0) {

@@ -105,6 +105,7 @@ void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il, s
 size_t sil_fwd_attention_scratch(const struct sil_fwd *f);
 void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                        struct sil_act out);
+size_t sil_fwd_delta_net_scratch(const struct sil_fwd *f);
 void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                  struct sil_act out);
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
