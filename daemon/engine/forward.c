@@ -109,6 +109,7 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
         f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_attention_scratch(f));
     if (hp->n_layer_recr > 0)
         f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_delta_net_scratch(f));
+    if (!m->traits->moe) f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_ffn_scratch(f));
     if (f->scratch_bytes > 0) f->scratch = SIL_OP(f, alloc_act, f->scratch_bytes);
 
     if (X > 0) {
@@ -122,6 +123,8 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
         p->gate = xcalloc((size_t)X, sizeof(struct sil_weight), &fail);
         p->up = xcalloc((size_t)X, sizeof(struct sil_weight), &fail);
         p->down = xcalloc((size_t)X, sizeof(struct sil_weight), &fail);
+        f->expert_pairs = xcalloc((size_t)X, sizeof(int32_t), &fail);
+        f->expert_next = xcalloc((size_t)X, sizeof(int32_t), &fail);
     }
     f->keep_rows = xcalloc((size_t)U, sizeof(int32_t), &fail);
     f->keep_out = xcalloc((size_t)U, sizeof(int32_t), &fail);
@@ -133,26 +136,11 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
 void sil_fwd_close(struct sil_fwd *f)
 {
     struct sil_moe_plan *p = &f->plan;
-    void *ptrs[] = {f->lw,         p->sel_expert, p->sel_weight, p->expert,
-                    p->pair_start, p->pair_row,   p->pair_of,    p->gate,
-                    p->up,         p->down,       f->keep_rows,  f->keep_out};
+    void *ptrs[] = {f->lw,        p->sel_expert, p->sel_weight,   p->expert,     p->pair_start,
+                    p->pair_row,  p->pair_of,    p->gate,         p->up,         p->down,
+                    f->keep_rows, f->keep_out,   f->expert_pairs, f->expert_next};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
         free(ptrs[i]);
-}
-
-void sil_fwd_matmul(struct sil_fwd *f, struct sil_mm_job *jobs, int n_jobs)
-{
-    for (int i = 0; i < n_jobs; i++)
-        sil_mm_input_prepare(f->tp, jobs[i].in, jobs[i].wtype);
-    sil_matmul(f->tp, jobs, n_jobs, f->mm_scratch, f->k_max);
-}
-
-void sil_fwd_input(struct sil_fwd *f, struct sil_mm_input *in, int which, const float *x, int64_t n,
-                   int64_t k)
-{
-    const int64_t rows =
-        (int64_t)f->ub_max * (f->model->hp.n_expert_used > 0 ? f->model->hp.n_expert_used : 1);
-    sil_mm_input_init(in, x, n, k, f->exact, f->in_buf[which], f->k_max, rows);
 }
 
 /* After the last layer's mixer only rows that want logits matter: the last FFN runs on them

@@ -13,8 +13,6 @@
 #include "daemon/engine/delta_net.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/threadpool.h"
 
 /* Handles of one block's weights, named as struct sil_layer names the tensors; zeroed (data
  * NULL) where the architecture or layer kind has none. */
@@ -56,25 +54,10 @@ struct sil_fwd {
     void *scratch;      /* block-local activations (struct sil_fwd_arena) */
     size_t scratch_bytes;
 
-    struct sil_moe_plan plan; /* host arrays for ub_max rows */
-    int32_t *keep_rows;       /* [ub_max] rows kept for the last layer's FFN */
-    int32_t *keep_out;        /* [ub_max] their logits rows */
-
-    /* CPU scratch of the blocks not yet moved onto the backend ops */
-    struct sil_threadpool *tp;
-    int n_threads;
-    bool exact;
-    int64_t k_max;
-    float *a, *b, *c, *d, *e;
-    float *moe_gate, *moe_up, *moe_down, *router, *sh_gate;
-    int32_t *sel_expert;
-    float *sel_weight;
-    int32_t *pair_row, *pair_slot, *iota, *expert_count, *expert_off;
-    float *attn_scratch, *dn_scratch;
-    int64_t dn_head_scratch;
-    float *mm_scratch;
-    void *in_buf[2];
-    struct sil_mm_job *jobs;
+    struct sil_moe_plan plan;            /* host arrays for ub_max rows */
+    int32_t *expert_pairs, *expert_next; /* [n_expert] while building the plan */
+    int32_t *keep_rows;                  /* [ub_max] rows kept for the last layer's FFN */
+    int32_t *keep_out;                   /* [ub_max] their logits rows */
 };
 
 /* A block's arena: all of the scratch area, nothing taken yet. */
@@ -108,12 +91,8 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, s
 size_t sil_fwd_delta_net_scratch(const struct sil_fwd *f);
 void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                  struct sil_act out);
+size_t sil_fwd_ffn_scratch(const struct sil_fwd *f);
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                  struct sil_act out);
-
-/* helpers of the blocks not yet moved onto the backend ops */
-void sil_fwd_matmul(struct sil_fwd *f, struct sil_mm_job *jobs, int n_jobs);
-void sil_fwd_input(struct sil_fwd *f, struct sil_mm_input *in, int which, const float *x, int64_t n,
-                   int64_t k);
 
 #endif
