@@ -1,5 +1,6 @@
-/* The engine API (engine.h) on the CPU backend: model + vocab + thread pool + per-sequence state
- * (KV for attention layers, conv + SSM state for delta-net layers) + scratch sized at open. */
+/* The engine API (engine.h): model + vocab + a backend (backend.h; the CPU one for now) + the
+ * forward pass's state (forward.h) + per-sequence state (KV for attention layers, conv + SSM
+ * state for delta-net layers), all sized at open. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
