@@ -123,7 +123,9 @@ struct sil_delta_net_args {
 
 /* Which experts run on which rows with which weights: the step between routing and the expert
  * matmuls (the expert cache decides hits and misses here by choosing each expert's handles).
- * A pair is one (row, top-k slot); pairs are grouped by expert, experts in ascending id. */
+ * A pair is one (row, top-k slot); pairs are grouped by expert, experts in ascending id. The
+ * arrays are host memory: a device backend's route copies the ids and weights back (n_rows *
+ * n_used * 8 bytes per MoE layer) until plans are built on the device. */
 struct sil_moe_plan {
     int32_t n_rows, n_used; /* ubatch rows, experts per row (K) */
     int32_t *sel_expert;    /* [n_rows * n_used] routed expert per (row, slot) */

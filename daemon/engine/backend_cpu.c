@@ -58,13 +58,15 @@ static void mm_input(struct cpu_backend *b, struct sil_mm_input *in, int which, 
     sil_mm_input_init(in, x.data, x.rows, x.width, b->c.exact, b->in_buf[which], b->c.k_max, rows);
 }
 
+/* y = x W^T over input rows `rows` of in (NULL: rows 0..y.rows-1) */
 static struct sil_mm_job mm_job(const struct sil_weight *w, struct sil_mm_input *in,
-                                struct sil_act y)
+                                const int32_t *rows, struct sil_act y)
 {
     return (struct sil_mm_job){.w = w->data,
                                .wtype = w->type,
                                .m = w->rows,
                                .in = in,
+                               .rows = rows,
                                .n_rows = y.rows,
                                .y = y.data,
                                .ldy = y.ld};
@@ -84,7 +86,7 @@ static void cpu_matmul(struct sil_backend *be, struct sil_act x, const struct si
     struct sil_mm_input in;
     mm_input(b, &in, 0, x);
     for (int i = 0; i < n; i++)
-        b->jobs[i] = mm_job(out[i].w, &in, out[i].y);
+        b->jobs[i] = mm_job(out[i].w, &in, NULL, out[i].y);
     run_jobs(b, b->jobs, n);
 }
 
@@ -371,27 +373,16 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
     int nj = 0;
     for (int a = 0; a < pl->n_active; a++) {
         const int32_t off = pl->pair_start[a], cnt = pl->pair_start[a + 1] - off;
-        b->jobs[nj++] = (struct sil_mm_job){.w = pl->gate[a].data,
-                                            .wtype = pl->gate[a].type,
-                                            .m = F,
-                                            .in = &in,
-                                            .rows = pl->pair_row + off,
-                                            .n_rows = cnt,
-                                            .y = b->moe_gate + off * F,
-                                            .ldy = F};
-        b->jobs[nj++] = (struct sil_mm_job){.w = pl->up[a].data,
-                                            .wtype = pl->up[a].type,
-                                            .m = F,
-                                            .in = &in,
-                                            .rows = pl->pair_row + off,
-                                            .n_rows = cnt,
-                                            .y = b->moe_up + off * F,
-                                            .ldy = F};
+        const int32_t *rows = pl->pair_row + off;
+        b->jobs[nj++] =
+            mm_job(&pl->gate[a], &in, rows, (struct sil_act){b->moe_gate + off * F, cnt, F, F});
+        b->jobs[nj++] =
+            mm_job(&pl->up[a], &in, rows, (struct sil_act){b->moe_up + off * F, cnt, F, F});
     }
     if (shexp) {
-        b->jobs[nj++] = mm_job(pl->sh_gate, &in, (struct sil_act){b->sh_gate, n, S, S});
-        b->jobs[nj++] = mm_job(pl->sh_up, &in, (struct sil_act){b->sh_up, n, S, S});
-        b->jobs[nj++] = mm_job(pl->sh_gate_inp, &in, (struct sil_act){b->sh_logit, n, 1, 1});
+        b->jobs[nj++] = mm_job(pl->sh_gate, &in, NULL, (struct sil_act){b->sh_gate, n, S, S});
+        b->jobs[nj++] = mm_job(pl->sh_up, &in, NULL, (struct sil_act){b->sh_up, n, S, S});
+        b->jobs[nj++] = mm_job(pl->sh_gate_inp, &in, NULL, (struct sil_act){b->sh_logit, n, 1, 1});
     }
     run_jobs(b, b->jobs, nj);
 
@@ -403,19 +394,13 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
     nj = 0;
     for (int a = 0; a < pl->n_active; a++) {
         const int32_t off = pl->pair_start[a], cnt = pl->pair_start[a + 1] - off;
-        b->jobs[nj++] = (struct sil_mm_job){.w = pl->down[a].data,
-                                            .wtype = pl->down[a].type,
-                                            .m = E,
-                                            .in = &in_h,
-                                            .rows = b->iota + off,
-                                            .n_rows = cnt,
-                                            .y = b->moe_down + off * E,
-                                            .ldy = E};
+        b->jobs[nj++] = mm_job(&pl->down[a], &in_h, b->iota + off,
+                               (struct sil_act){b->moe_down + off * E, cnt, E, E});
     }
     if (shexp) {
         /* the shared down input needs its own quantized copy: buffer 0 is free again now */
         mm_input(b, &in_s, 0, (struct sil_act){b->sh_gate, n, S, S});
-        b->jobs[nj++] = mm_job(pl->sh_down, &in_s, out);
+        b->jobs[nj++] = mm_job(pl->sh_down, &in_s, NULL, out);
     }
     run_jobs(b, b->jobs, nj);
 
@@ -448,7 +433,7 @@ static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_
     const int64_t V = w->rows;
     struct sil_mm_input in;
     mm_input(b, &in, 0, x);
-    struct sil_mm_job j = mm_job(w, &in, (struct sil_act){logits, x.rows, V, V});
+    struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){logits, x.rows, V, V});
     j.out_rows = out_rows;
     run_jobs(b, &j, 1);
     for (int64_t i = 0; argmax && i < x.rows; i++) {

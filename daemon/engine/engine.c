@@ -178,7 +178,6 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     e->n_ctx = p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     e->n_seq_max = p->n_seq_max > 0 ? p->n_seq_max : 64;
     e->n_batch_max = p->n_batch_max > 0 ? p->n_batch_max : 512;
-    e->info.backend = "cpu";
     e->info.n_threads = nt;
     struct sil_fwd *f = &e->f;
     f->model = e->model;
@@ -188,7 +187,9 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         goto fail;
     if ((rc = alloc_scratch(e, err)) < 0)
         goto fail;
-    if ((rc = open_backend(e, nt, p->exact, err)) < 0) goto fail;
+    if ((rc = open_backend(e, nt, p->exact, err)) < 0)
+        goto fail;
+    e->info.backend = f->be->ops->name;
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
                             hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
         goto fail;
