@@ -198,7 +198,7 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
             sil_fwd_ffn(f, ub, il, cur, out);
         SIL_OP(f, add, x, out);
     }
-    /* every row left wants logits */
+    /* keep_output_rows left only the rows that want logits */
     struct sil_act cur = sil_act_rows(f->cur, 0, ub->n);
     SIL_OP(f, rmsnorm, cur, sil_act_rows(f->x, 0, ub->n), &f->output_norm, eps);
     SIL_OP(f, head, cur, &f->output, ub->out_row, logits, NULL);
