@@ -1,5 +1,6 @@
-/* The engine API (engine.h) on the CPU backend: model + vocab + thread pool + per-sequence state
- * (KV for attention layers, conv + SSM state for delta-net layers) + scratch sized at open. */
+/* The engine API (engine.h): model + vocab + a backend (backend.h; the CPU one for now) + the
+ * forward pass's state (forward.h) + per-sequence state (KV for attention layers, conv + SSM
+ * state for delta-net layers), all sized at open. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,6 @@
 struct sil_engine {
     struct sil_model *model;
     struct sil_vocab *vocab;
-    struct sil_threadpool *tp;
     struct sil_model_info info;
     int32_t n_ctx, n_seq_max, n_batch_max;
     struct sil_fwd f;
@@ -51,58 +51,7 @@ static int64_t max64(int64_t a, int64_t b)
 static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
 {
     struct sil_fwd *f = &e->f;
-    const struct sil_hparams *hp = &e->model->hp;
-    const int64_t U = f->ub_max, E = hp->n_embd, hd = hp->n_embd_head_k;
-    const int64_t K = hp->n_expert_used, X = hp->n_expert;
-    const int64_t q_w = hp->n_head * hd * (e->model->traits->gated_attn ? 2 : 1);
-    const int64_t kv_w = hp->n_head_kv * hd;
-    int64_t conv_dim = 0, zdim = 0, nv = 0;
-    if (hp->n_layer_recr > 0) {
-        conv_dim = sil_delta_net_conv_dim(&f->dn[0]);
-        nv = f->dn[0].n_v_heads;
-        zdim = nv * f->dn[0].head_v_dim;
-    }
-    const int64_t ff = max64(hp->n_ff, hp->n_ff_shexp);
-    f->k_max = max64(max64(E, hp->n_head * hd), max64(max64(ff, hp->n_ff_exp), zdim));
-    const int64_t nth = f->n_threads;
     bool fail = false;
-    f->x = xcalloc((size_t)(U * E), sizeof(float), &fail);
-    f->cur = xcalloc((size_t)(U * E), sizeof(float), &fail);
-    f->tmp = xcalloc((size_t)(U * E), sizeof(float), &fail);
-    f->a = xcalloc((size_t)(U * max64(max64(q_w, conv_dim), ff)), sizeof(float), &fail);
-    f->b = xcalloc((size_t)(U * max64(max64(kv_w, zdim), ff)), sizeof(float), &fail);
-    f->c = xcalloc((size_t)(U * max64(kv_w, 2 * nv)), sizeof(float), &fail);
-    f->d = xcalloc((size_t)(U * max64(max64(hp->n_head * hd, zdim), ff)), sizeof(float), &fail);
-    f->e = xcalloc((size_t)(U * conv_dim), sizeof(float), &fail);
-    if (X > 0) {
-        f->moe_gate = xcalloc((size_t)(U * K * hp->n_ff_exp), sizeof(float), &fail);
-        f->moe_up = xcalloc((size_t)(U * K * hp->n_ff_exp), sizeof(float), &fail);
-        f->moe_down = xcalloc((size_t)(U * K * E), sizeof(float), &fail);
-        f->router = xcalloc((size_t)(U * X), sizeof(float), &fail);
-        f->sh_gate = xcalloc((size_t)U, sizeof(float), &fail);
-        f->sel_expert = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
-        f->sel_weight = xcalloc((size_t)(U * K), sizeof(float), &fail);
-        f->pair_row = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
-        f->pair_slot = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
-        f->iota = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
-        f->expert_count = xcalloc((size_t)(X + 1), sizeof(int32_t), &fail);
-        f->expert_off = xcalloc((size_t)(X + 1), sizeof(int32_t), &fail);
-        if (f->iota)
-            for (int64_t i = 0; i < U * K; i++)
-                f->iota[i] = (int32_t)i;
-    }
-    f->attn_scratch = xcalloc((size_t)(nth * f->n_ctx), sizeof(float), &fail);
-    if (hp->n_layer_recr > 0) {
-        f->dn_head_scratch = sil_delta_net_head_scratch_floats(&f->dn[0], (int32_t)U);
-        f->dn_scratch = xcalloc((size_t)(nth * f->dn_head_scratch), sizeof(float), &fail);
-    }
-    f->mm_scratch = xcalloc((size_t)(nth * sil_matmul_scratch_floats(f->k_max)), sizeof(float), &fail);
-    size_t ib = sil_mm_input_bytes_all(f->k_max, U * (K > 0 ? K : 1));
-    f->in_buf[0] = xcalloc(ib, 1, &fail);
-    f->in_buf[1] = xcalloc(ib, 1, &fail);
-    f->jobs = xcalloc((size_t)(2 * X + 8), sizeof(struct sil_mm_job), &fail);
-    f->out_rows = xcalloc((size_t)U, sizeof(int32_t), &fail);
-    f->last_out = xcalloc((size_t)U, sizeof(int32_t), &fail);
     f->recr_state = xcalloc((size_t)e->n_seq_max, sizeof(float *), &fail);
 
     e->seq_live = xcalloc((size_t)e->n_seq_max, sizeof(bool), &fail);
@@ -123,12 +72,8 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
 static void free_scratch(struct sil_engine *e)
 {
     struct sil_fwd *f = &e->f;
-    void *ptrs[] = {f->x, f->cur, f->tmp, f->a, f->b, f->c, f->d, f->e, f->moe_gate, f->moe_up,
-                    f->moe_down, f->router, f->sh_gate, f->sel_expert, f->sel_weight, f->pair_row,
-                    f->pair_slot, f->iota, f->expert_count, f->expert_off, f->attn_scratch,
-                    f->dn_scratch, f->mm_scratch, f->in_buf[0], f->in_buf[1], f->jobs, f->out_rows, f->last_out,
-                    f->dn, e->seq_live, e->seq_len, e->next_pos, e->seq_count, e->seq_off,
-                    e->p_token, e->p_pos, e->p_seq, e->p_out, e->run_start};
+    void *ptrs[] = {f->dn,      e->seq_live, e->seq_len, e->next_pos, e->seq_count, e->seq_off,
+                    e->p_token, e->p_pos,    e->p_seq,   e->p_out,    e->run_start};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
         free(ptrs[i]);
     if (f->recr_state)
@@ -171,6 +116,35 @@ static int bind_delta_net(struct sil_engine *e, struct sil_error *err)
     return 0;
 }
 
+/* The CPU backend, sized for this model: the widest matmul input, MoE and delta-net scratch. */
+static int open_backend(struct sil_engine *e, int n_threads, bool exact, struct sil_error *err)
+{
+    struct sil_fwd *f = &e->f;
+    const struct sil_hparams *hp = &e->model->hp;
+    const int64_t hd = hp->n_embd_head_k;
+    const int64_t zdim =
+        hp->n_layer_recr > 0 ? (int64_t)f->dn[0].n_v_heads * f->dn[0].head_v_dim : 0;
+    const int64_t ff = max64(hp->n_ff, hp->n_ff_shexp);
+    struct sil_cpu_config c = {
+        .n_threads = n_threads,
+        .exact = exact,
+        .k_max = max64(max64(hp->n_embd, hp->n_head * hd), max64(max64(ff, hp->n_ff_exp), zdim)),
+        .ub_max = f->ub_max,
+        .n_ctx = f->n_ctx,
+        .n_embd = hp->n_embd,
+        .n_expert = hp->n_expert,
+        .n_expert_used = hp->n_expert_used,
+        .n_ff_exp = hp->n_ff_exp,
+        .n_ff_shexp = hp->n_ff_shexp,
+        .dn_head_scratch =
+            hp->n_layer_recr > 0 ? sil_delta_net_head_scratch_floats(&f->dn[0], f->ub_max) : 0,
+    };
+    int rc = sil_backend_cpu_create(&f->be, &c, err);
+    if (rc < 0)
+        return rc;
+    return sil_fwd_open(f, err);
+}
+
 int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, struct sil_error *err)
 {
     if (!p || !p->model_path)
@@ -204,23 +178,18 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     e->n_ctx = p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     e->n_seq_max = p->n_seq_max > 0 ? p->n_seq_max : 64;
     e->n_batch_max = p->n_batch_max > 0 ? p->n_batch_max : 512;
-    e->info.backend = "cpu";
     e->info.n_threads = nt;
     struct sil_fwd *f = &e->f;
     f->model = e->model;
-    f->n_threads = nt;
-    f->exact = p->exact;
     f->n_ctx = e->n_ctx;
     f->ub_max = e->n_batch_max < UBATCH_MAX ? e->n_batch_max : UBATCH_MAX;
-    if ((rc = sil_threadpool_create(&e->tp, nt)) < 0) {
-        sil_errorf(err, rc, "engine: cannot start %d threads", nt);
-        goto fail;
-    }
-    f->tp = e->tp;
     if ((rc = bind_delta_net(e, err)) < 0)
         goto fail;
     if ((rc = alloc_scratch(e, err)) < 0)
         goto fail;
+    if ((rc = open_backend(e, nt, p->exact, err)) < 0)
+        goto fail;
+    e->info.backend = f->be->ops->name;
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
                             hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
         goto fail;
@@ -238,8 +207,10 @@ void sil_engine_close(struct sil_engine *e)
     if (!e)
         return;
     sil_kv_free(e->f.kv);
+    sil_fwd_close(&e->f);
+    if (e->f.be)
+        e->f.be->ops->free(e->f.be);
     free_scratch(e);
-    sil_threadpool_free(e->tp);
     sil_vocab_free(e->vocab);
     sil_model_free(e->model);
     free(e);

@@ -6,96 +6,161 @@
  *                                                 linear-attention layers)
  *     x += ffn_or_moe(rmsnorm(x) * ffn_norm)     (Qwen3.5 names it post_attention_norm)
  *   logits = output(rmsnorm(x) * output_norm)    only for rows that want logits */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon/engine/forward.h"
-#include "kernels/cpu/ops.h"
 
-void sil_fwd_matmul(struct sil_fwd *f, struct sil_mm_job *jobs, int n_jobs)
+struct sil_act sil_fwd_take(struct sil_fwd_arena *a, int64_t rows, int64_t width)
 {
-    for (int i = 0; i < n_jobs; i++)
-        sil_mm_input_prepare(f->tp, jobs[i].in, jobs[i].wtype);
-    sil_matmul(f->tp, jobs, n_jobs, f->mm_scratch, f->k_max);
+    const size_t bytes = ((size_t)(rows * width) * sizeof(float) + 63) & ~(size_t)63;
+    struct sil_act t = {a->base ? a->base + a->used : NULL, rows, width, width};
+    a->used += bytes;
+    if (a->base && a->used > a->size)
+        abort(); /* a block takes more than its *_scratch said: a programming error */
+    return t;
 }
 
-void sil_fwd_input(struct sil_fwd *f, struct sil_mm_input *in, int which, const float *x, int64_t n,
-                   int64_t k)
+static struct sil_weight weight(const struct sil_gguf_tensor *t)
 {
-    const int64_t rows = (int64_t)f->ub_max * (f->model->hp.n_expert_used > 0 ? f->model->hp.n_expert_used : 1);
-    sil_mm_input_init(in, x, n, k, f->exact, f->in_buf[which], f->k_max, rows);
+    struct sil_weight w = {0};
+    if (!t) return w;
+    w.type = t->type;
+    w.cols = t->ne[0];
+    w.rows = t->n_dims >= 2 ? t->ne[1] : 1;
+    w.n_mat = t->n_dims >= 3 ? t->ne[2] : 1;
+    w.mat_bytes = (size_t)t->nbytes / (size_t)w.n_mat;
+    w.loc = SIL_WEIGHT_MMAP;
+    w.data = t->data;
+    return w;
 }
 
-struct norm_task {
-    float *y;
-    const float *x, *w;
-    int64_t rows, width;
-    float eps;
-};
-
-static void norm_run(void *arg, long lo, long hi, int ith)
+static void bind_layer(struct sil_layer_weights *w, const struct sil_layer *l)
 {
-    struct norm_task *t = arg;
-    (void)ith;
-    for (long i = lo; i < hi; i++)
-        sil_rmsnorm(t->y + i * t->width, t->x + i * t->width, t->w, t->width, t->eps);
+    w->attn_norm = weight(l->attn_norm);
+    w->ffn_norm = weight(l->ffn_norm);
+    w->wq = weight(l->wq);
+    w->wk = weight(l->wk);
+    w->wv = weight(l->wv);
+    w->wo = weight(l->wo);
+    w->q_norm = weight(l->q_norm);
+    w->k_norm = weight(l->k_norm);
+    w->wqkv = weight(l->wqkv);
+    w->wgate = weight(l->wgate);
+    w->ssm_conv1d = weight(l->ssm_conv1d);
+    w->ssm_dt = weight(l->ssm_dt);
+    w->ssm_a = weight(l->ssm_a);
+    w->ssm_beta = weight(l->ssm_beta);
+    w->ssm_alpha = weight(l->ssm_alpha);
+    w->ssm_norm = weight(l->ssm_norm);
+    w->ssm_out = weight(l->ssm_out);
+    w->ffn_gate = weight(l->ffn_gate);
+    w->ffn_up = weight(l->ffn_up);
+    w->ffn_down = weight(l->ffn_down);
+    w->ffn_gate_inp = weight(l->ffn_gate_inp);
+    w->ffn_gate_exps = weight(l->ffn_gate_exps);
+    w->ffn_up_exps = weight(l->ffn_up_exps);
+    w->ffn_down_exps = weight(l->ffn_down_exps);
+    w->ffn_gate_inp_shexp = weight(l->ffn_gate_inp_shexp);
+    w->ffn_gate_shexp = weight(l->ffn_gate_shexp);
+    w->ffn_up_shexp = weight(l->ffn_up_shexp);
+    w->ffn_down_shexp = weight(l->ffn_down_shexp);
 }
 
-static void rmsnorm_rows(struct sil_fwd *f, float *y, const float *x, const struct sil_gguf_tensor *w,
-                         int64_t rows)
+static void *xcalloc(size_t n, size_t sz, bool *fail)
 {
-    struct norm_task t = {y, x, w->data, rows, f->model->hp.n_embd, f->model->hp.rms_eps};
-    if (rows < 8)
-        norm_run(&t, 0, rows, 0);
-    else
-        sil_threadpool_for(f->tp, rows, 0, norm_run, &t);
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) *fail = true;
+    return p;
 }
 
-static void embed(struct sil_fwd *f, const struct sil_ubatch *ub)
+static size_t max_size(size_t a, size_t b)
 {
-    const struct sil_gguf_tensor *te = f->model->tok_embd;
-    const int64_t E = f->model->hp.n_embd;
-    const size_t rs = sil_row_size(te->type, E);
-    for (int i = 0; i < ub->n; i++)
-        sil_dequantize_row(te->type, (const char *)te->data + (size_t)ub->token[i] * rs, f->x + i * E, E);
+    return a > b ? a : b;
 }
 
-void sil_fwd_output(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
+static struct sil_act act(struct sil_fwd *f, int64_t rows, int64_t width, bool *fail)
+{
+    struct sil_act a = {SIL_OP(f, alloc_act, (size_t)(rows * width) * sizeof(float)), rows, width,
+                        width};
+    if (!a.data) *fail = true;
+    return a;
+}
+
+int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
 {
     const struct sil_model *m = f->model;
-    const int64_t E = m->hp.n_embd;
-    int n_out = 0;
-    for (int i = 0; i < ub->n; i++) {
-        if (ub->out_row[i] < 0)
-            continue;
-        sil_rmsnorm(f->cur + n_out * E, f->x + i * E, m->output_norm->data, E, m->hp.rms_eps);
-        f->out_rows[n_out++] = ub->out_row[i];
+    const struct sil_hparams *hp = &m->hp;
+    const int64_t U = f->ub_max, E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used;
+    bool fail = false;
+    f->tok_embd = weight(m->tok_embd);
+    f->output_norm = weight(m->output_norm);
+    f->output = weight(m->output);
+    f->lw = xcalloc((size_t)hp->n_layer, sizeof(*f->lw), &fail);
+    for (int il = 0; f->lw && il < hp->n_layer; il++)
+        bind_layer(&f->lw[il], &m->layers[il]);
+
+    f->x = act(f, U, E, &fail);
+    f->cur = act(f, U, E, &fail);
+    f->out = act(f, U, E, &fail);
+    f->scratch_bytes = 0;
+    if (hp->n_layer_attn > 0)
+        f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_attention_scratch(f));
+    if (hp->n_layer_recr > 0)
+        f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_delta_net_scratch(f));
+    if (!m->traits->moe) f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_ffn_scratch(f));
+    if (f->scratch_bytes > 0) f->scratch = SIL_OP(f, alloc_act, f->scratch_bytes);
+
+    if (X > 0) {
+        struct sil_moe_plan *p = &f->plan;
+        p->sel_expert = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
+        p->sel_weight = xcalloc((size_t)(U * K), sizeof(float), &fail);
+        p->expert = xcalloc((size_t)X, sizeof(int32_t), &fail);
+        p->pair_start = xcalloc((size_t)X + 1, sizeof(int32_t), &fail);
+        p->pair_row = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
+        p->pair_of = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
+        p->gate = xcalloc((size_t)X, sizeof(struct sil_weight), &fail);
+        p->up = xcalloc((size_t)X, sizeof(struct sil_weight), &fail);
+        p->down = xcalloc((size_t)X, sizeof(struct sil_weight), &fail);
+        f->expert_pairs = xcalloc((size_t)X, sizeof(int32_t), &fail);
+        f->expert_next = xcalloc((size_t)X, sizeof(int32_t), &fail);
     }
-    if (n_out == 0)
-        return;
-    struct sil_mm_input in;
-    sil_fwd_input(f, &in, 0, f->cur, n_out, E);
-    struct sil_mm_job j = {.w = m->output->data, .wtype = m->output->type, .m = m->hp.n_vocab, .in = &in,
-                           .n_rows = n_out, .y = logits, .out_rows = f->out_rows, .ldy = m->hp.n_vocab};
-    sil_fwd_matmul(f, &j, 1);
+    f->keep_rows = xcalloc((size_t)U, sizeof(int32_t), &fail);
+    f->keep_out = xcalloc((size_t)U, sizeof(int32_t), &fail);
+    if (fail || (f->scratch_bytes > 0 && !f->scratch))
+        return sil_errorf(err, -ENOMEM, "%s: out of memory for activations", m->info.path);
+    return 0;
 }
 
-/* After the last layer's attention only rows that want logits matter: they are moved to the
- * front of x and the last FFN runs on them alone (prefill with logits for the last row skips
- * 1/n_layer of the FFN work). Returns the reduced ubatch. */
+void sil_fwd_close(struct sil_fwd *f)
+{
+    struct sil_moe_plan *p = &f->plan;
+    void *ptrs[] = {f->lw,        p->sel_expert, p->sel_weight,   p->expert,     p->pair_start,
+                    p->pair_row,  p->pair_of,    p->gate,         p->up,         p->down,
+                    f->keep_rows, f->keep_out,   f->expert_pairs, f->expert_next};
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
+        free(ptrs[i]);
+}
+
+/* After the last layer's mixer only rows that want logits matter: the last FFN runs on them
+ * alone (prefill with logits for the last row skips 1/n_layer of the FFN work). Gathers those
+ * rows of x into out and swaps the two; returns the reduced ubatch. */
 static struct sil_ubatch keep_output_rows(struct sil_fwd *f, const struct sil_ubatch *ub)
 {
-    const int64_t E = f->model->hp.n_embd;
     struct sil_ubatch r = *ub;
     int32_t j = 0;
     for (int32_t i = 0; i < ub->n; i++) {
-        if (ub->out_row[i] < 0)
-            continue;
-        if (j != i)
-            memmove(f->x + j * E, f->x + i * E, sizeof(float) * (size_t)E);
-        f->last_out[j++] = ub->out_row[i];
+        if (ub->out_row[i] < 0) continue;
+        f->keep_rows[j] = i;
+        f->keep_out[j++] = ub->out_row[i];
     }
+    SIL_OP(f, copy_rows, sil_act_rows(f->out, 0, j), f->x, f->keep_rows);
+    const struct sil_act x = f->x;
+    f->x = f->out;
+    f->out = x;
     r.n = j;
-    r.out_row = f->last_out;
+    r.out_row = f->keep_out;
     r.token = r.pos = r.seq = NULL; /* the FFN and the output head use neither */
     r.n_runs = 0;
     return r;
@@ -104,29 +169,37 @@ static struct sil_ubatch keep_output_rows(struct sil_fwd *f, const struct sil_ub
 void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
 {
     const struct sil_model *m = f->model;
-    const int64_t E = m->hp.n_embd;
+    const float eps = m->hp.rms_eps;
     struct sil_ubatch last;
-    embed(f, ub);
+    SIL_OP(f, get_rows, &f->tok_embd, ub->token, sil_act_rows(f->x, 0, ub->n));
     for (int il = 0; il < m->hp.n_layer; il++) {
-        const struct sil_layer *l = &m->layers[il];
-        rmsnorm_rows(f, f->cur, f->x, l->attn_norm, ub->n);
+        const struct sil_layer_weights *w = &f->lw[il];
+        struct sil_act x = sil_act_rows(f->x, 0, ub->n);     /* [n, n_embd] */
+        struct sil_act cur = sil_act_rows(f->cur, 0, ub->n); /* [n, n_embd] */
+        struct sil_act out = sil_act_rows(f->out, 0, ub->n); /* [n, n_embd] */
+        SIL_OP(f, rmsnorm, cur, x, &w->attn_norm, eps);
         if (m->hp.recurrent[il])
-            sil_fwd_delta_net(f, ub, il);
+            sil_fwd_delta_net(f, ub, il, cur, out);
         else
-            sil_fwd_attention(f, ub, il);
-        sil_add(f->x, f->tmp, (int64_t)ub->n * E);
+            sil_fwd_attention(f, ub, il, cur, out);
+        SIL_OP(f, add, x, out);
         if (il == m->hp.n_layer - 1) {
             last = keep_output_rows(f, ub);
             ub = &last;
-            if (ub->n == 0)
-                return;
+            if (ub->n == 0) return;
+            x = sil_act_rows(f->x, 0, ub->n);
+            cur = sil_act_rows(f->cur, 0, ub->n);
+            out = sil_act_rows(f->out, 0, ub->n);
         }
-        rmsnorm_rows(f, f->cur, f->x, l->ffn_norm, ub->n);
+        SIL_OP(f, rmsnorm, cur, x, &w->ffn_norm, eps);
         if (m->traits->moe)
-            sil_fwd_moe(f, ub, il);
+            sil_fwd_moe(f, ub, il, cur, out);
         else
-            sil_fwd_ffn(f, ub, il);
-        sil_add(f->x, f->tmp, (int64_t)ub->n * E);
+            sil_fwd_ffn(f, ub, il, cur, out);
+        SIL_OP(f, add, x, out);
     }
-    sil_fwd_output(f, ub, logits);
+    /* keep_output_rows left only the rows that want logits */
+    struct sil_act cur = sil_act_rows(f->cur, 0, ub->n);
+    SIL_OP(f, rmsnorm, cur, sil_act_rows(f->x, 0, ub->n), &f->output_norm, eps);
+    SIL_OP(f, head, cur, &f->output, ub->out_row, logits, NULL);
 }

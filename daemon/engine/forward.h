@@ -1,79 +1,98 @@
-/* The forward pass, one function per block (engine-internal). A ubatch is a list of rows
- * (token, position, sequence) grouped by sequence, each sequence's rows in position order.
- * Every buffer is sized at engine open for ub_max rows; nothing here allocates. */
+/* The forward pass, one function per block (engine-internal), written once for every
+ * architecture against the backend ops of backend.h. Its state (struct sil_fwd) is
+ * backend-neutral: weight handles, activation views, the MoE expert plan; each backend keeps its
+ * own context (thread pool, device buffers) behind struct sil_backend.
+ * Every buffer is sized at sil_fwd_open for ub_max rows; nothing here allocates afterwards. */
 #ifndef SIL_FORWARD_H
 #define SIL_FORWARD_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "daemon/engine/backend.h"
 #include "daemon/engine/delta_net.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/threadpool.h"
 
-struct sil_ubatch {
-    int32_t n;
-    const int32_t *token, *pos, *seq;
-    const int32_t *out_row; /* logits row for this row, or -1 */
-    /* runs of one sequence: rows [run_start[i], run_start[i+1]) */
-    int32_t n_runs;
-    const int32_t *run_start;
+/* Handles of one block's weights, named as struct sil_layer names the tensors; zeroed (data
+ * NULL) where the architecture or layer kind has none. */
+struct sil_layer_weights {
+    struct sil_weight attn_norm, ffn_norm;
+    struct sil_weight wq, wk, wv, wo, q_norm, k_norm;
+    struct sil_weight wqkv, wgate, ssm_conv1d, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm,
+        ssm_out;
+    struct sil_weight ffn_gate, ffn_up, ffn_down;
+    struct sil_weight ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    struct sil_weight ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
 };
+
+/* Block-local activations are carved in order from one scratch area, fresh for every block:
+ * a block names each one with its shape. With base NULL the arena only counts (sizing). */
+struct sil_fwd_arena {
+    char *base;
+    size_t used, size;
+};
+struct sil_act sil_fwd_take(struct sil_fwd_arena *a, int64_t rows, int64_t width);
 
 struct sil_fwd {
     const struct sil_model *model;
-    struct sil_threadpool *tp;
-    int n_threads;
-    bool exact;
+    struct sil_backend *be;
     int32_t ub_max, n_ctx;
-    int64_t k_max; /* widest matmul input */
+    /* per-sequence state, owned by the engine */
     struct sil_kv_cache *kv;
-    float **recr_state;                  /* [seq] -> n_layer_recr * dn_state_floats floats */
-    struct sil_delta_net_params *dn;     /* [n_layer_recr] */
+    float **recr_state;              /* [seq] -> n_layer_recr * dn_state_floats floats */
+    struct sil_delta_net_params *dn; /* [n_layer_recr] */
     int64_t dn_state_floats;
 
-    /* scratch, [ub_max][...] unless noted */
-    float *x;        /* [E] residual stream */
-    float *cur;      /* [E] normed input of a block */
-    float *tmp;      /* [E] block output */
-    float *a;        /* widest projection output (q_full, qkv_mixed, gate) */
-    float *b;        /* k / z / up */
-    float *c;        /* v / alpha+beta */
-    float *d;        /* attention output / delta-net output / swiglu */
-    float *e;        /* conv_out */
-    float *moe_gate, *moe_up; /* [ub_max * n_expert_used][n_ff_exp] */
-    float *moe_down;          /* [ub_max * n_expert_used][E] */
-    float *router;            /* [ub_max][n_expert] */
-    float *sh_gate;           /* [ub_max] */
-    int32_t *sel_expert;      /* [ub_max * n_expert_used] */
-    float *sel_weight;        /* [ub_max * n_expert_used] */
-    int32_t *pair_row, *pair_slot, *iota; /* [ub_max * n_expert_used] */
-    int32_t *expert_count, *expert_off;   /* [n_expert + 1] */
-    float *attn_scratch;      /* [n_threads][n_ctx] */
-    float *dn_scratch;        /* [n_threads][dn head scratch] */
-    int64_t dn_head_scratch;
-    float *mm_scratch;        /* [n_threads][matmul scratch] */
-    void *in_buf[2];          /* quantized copies of matmul inputs */
-    struct sil_mm_job *jobs;  /* [2 * n_expert + 8] */
-    int32_t *out_rows;        /* [ub_max] */
-    int32_t *last_out;        /* [ub_max] out_row of the rows kept for the last layer's FFN */
+    struct sil_weight tok_embd, output_norm, output;
+    struct sil_layer_weights *lw; /* [n_layer] */
+
+    /* activations, [ub_max][n_embd] */
+    struct sil_act x;   /* residual stream */
+    struct sil_act cur; /* normed input of a block */
+    struct sil_act out; /* a block's output */
+    void *scratch;      /* block-local activations (struct sil_fwd_arena) */
+    size_t scratch_bytes;
+
+    struct sil_moe_plan plan;            /* host arrays for ub_max rows */
+    int32_t *expert_pairs, *expert_next; /* [n_expert] while building the plan */
+    int32_t *keep_rows;                  /* [ub_max] rows kept for the last layer's FFN */
+    int32_t *keep_out;                   /* [ub_max] their logits rows */
 };
+
+/* A block's arena: all of the scratch area, nothing taken yet. */
+static inline struct sil_fwd_arena sil_fwd_scratch(const struct sil_fwd *f)
+{
+    return (struct sil_fwd_arena){f->scratch, 0, f->scratch_bytes};
+}
+
+/* Calls op of the backend: SIL_OP(f, rmsnorm, y, x, w, eps). */
+#define SIL_OP(f, op, ...) (f)->be->ops->op((f)->be, __VA_ARGS__)
+/* One matmul of input x into any number of outputs: SIL_MATMUL(f, x, {&w->wq, q}, {&w->wk, k}). */
+#define SIL_MATMUL(f, x, ...)                                                                      \
+    (f)->be->ops->matmul(                                                                          \
+        (f)->be, (x), (const struct sil_mm_out[]){__VA_ARGS__},                                    \
+        (int)(sizeof((const struct sil_mm_out[]){__VA_ARGS__}) / sizeof(struct sil_mm_out)))
+
+/* Binds the weight handles and allocates activations and the plan; model, be, ub_max, n_ctx
+ * and dn must be set. 0 or -ENOMEM. sil_fwd_close frees what open allocated (not the backend). */
+int sil_fwd_open(struct sil_fwd *f, struct sil_error *err);
+void sil_fwd_close(struct sil_fwd *f);
 
 void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits);
 
-/* blocks: input f->cur [n][E], output f->tmp [n][E] */
-void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il);
-void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il);
-void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il);
-void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il);
-/* final norm + output head for rows with out_row >= 0, into logits[out_row][n_vocab] */
-void sil_fwd_output(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits);
-
-/* helpers shared by the blocks */
-void sil_fwd_matmul(struct sil_fwd *f, struct sil_mm_job *jobs, int n_jobs);
-void sil_fwd_input(struct sil_fwd *f, struct sil_mm_input *in, int which, const float *x, int64_t n,
-                   int64_t k);
+/* Blocks: cur [n, n_embd] -> out [n, n_embd]. *_scratch: bytes of block-local activations for
+ * ub_max rows. */
+void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
+                       struct sil_act out);
+size_t sil_fwd_attention_scratch(const struct sil_fwd *f);
+void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
+                       struct sil_act out);
+size_t sil_fwd_delta_net_scratch(const struct sil_fwd *f);
+void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
+                 struct sil_act out);
+size_t sil_fwd_ffn_scratch(const struct sil_fwd *f);
+void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
+                 struct sil_act out);
 
 #endif

@@ -9,106 +9,62 @@
  *   out = Wo o
  * For text tokens Qwen3.5's multi-section rope has the same position in every section, which
  * is exactly NeoX rope on n_rot dims. */
-#include <math.h>
-#include <string.h>
-
 #include "daemon/engine/forward.h"
-#include "kernels/cpu/ops.h"
 
-struct attn_task {
-    struct sil_fwd *f;
-    const struct sil_ubatch *ub;
-    const struct sil_layer *l;
-    int layer;        /* attention layer index in the KV cache */
-    int64_t q_stride; /* floats from one q head to the next inside a row of f->a */
-    int64_t q_row;    /* floats per row of f->a */
+/* Block-local activations of n rows. */
+struct attn_acts {
+    struct sil_act q; /* [n, n_head * hd]; Qwen3.5: [n, n_head * 2 * hd], per head q then gate */
+    struct sil_act k; /* [n, n_head_kv * hd] */
+    struct sil_act v; /* [n, n_head_kv * hd] */
+    struct sil_act o; /* [n, n_head * hd] */
 };
 
-/* Per row: q/k norm, rope, K and V into the cache. */
-static void qk_prep(void *arg, long lo, long hi, int ith)
+static void attn_acts(const struct sil_fwd *f, struct sil_fwd_arena *ar, int64_t n,
+                      struct attn_acts *t)
 {
-    struct attn_task *t = arg;
-    struct sil_fwd *f = t->f;
     const struct sil_hparams *hp = &f->model->hp;
-    const int hd = hp->n_embd_head_k, nkv = hp->n_head_kv;
-    const float *qn = t->l->q_norm->data, *kn = t->l->k_norm->data;
-    (void)ith;
-    for (long i = lo; i < hi; i++) {
-        const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
-        float *q = f->a + i * t->q_row;
-        for (int h = 0; h < hp->n_head; h++) {
-            float *qh = q + h * t->q_stride;
-            sil_rmsnorm(qh, qh, qn, hd, hp->rms_eps);
-            sil_rope_neox(qh, 1, hd, hp->n_rot, pos, hp->rope_freq_base);
-        }
-        float *k = f->b + i * (int64_t)nkv * hd;
-        for (int h = 0; h < nkv; h++)
-            sil_rmsnorm(k + h * hd, k + h * hd, kn, hd, hp->rms_eps);
-        sil_rope_neox(k, nkv, hd, hp->n_rot, pos, hp->rope_freq_base);
-        memcpy(sil_kv_k(f->kv, t->layer, seq, pos), k, sizeof(float) * (size_t)nkv * hd);
-        memcpy(sil_kv_v(f->kv, t->layer, seq, pos), f->c + i * (int64_t)nkv * hd,
-               sizeof(float) * (size_t)nkv * hd);
-    }
+    const int64_t hd = hp->n_embd_head_k;
+    t->q = sil_fwd_take(ar, n, hp->n_head * hd * (f->model->traits->gated_attn ? 2 : 1));
+    t->k = sil_fwd_take(ar, n, hp->n_head_kv * hd);
+    t->v = sil_fwd_take(ar, n, hp->n_head_kv * hd);
+    t->o = sil_fwd_take(ar, n, hp->n_head * hd);
 }
 
-/* Per (row, head): softmax attention over the sequence's positions 0..pos. */
-static void attend(void *arg, long lo, long hi, int ith)
+size_t sil_fwd_attention_scratch(const struct sil_fwd *f)
 {
-    struct attn_task *t = arg;
-    struct sil_fwd *f = t->f;
-    const struct sil_hparams *hp = &f->model->hp;
-    const int hd = hp->n_embd_head_k, nh = hp->n_head;
-    const int group = hp->n_head / hp->n_head_kv;
-    const bool gated = f->model->traits->gated_attn;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *scores = f->attn_scratch + (int64_t)ith * f->n_ctx;
-    const int64_t ks = sil_kv_row_stride_k(f->kv), vs = sil_kv_row_stride_v(f->kv);
-    for (long w = lo; w < hi; w++) {
-        const long i = w / nh;
-        const int h = (int)(w % nh), kvh = h / group;
-        const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
-        const float *q = f->a + i * t->q_row + h * t->q_stride;
-        const float *k0 = sil_kv_k(f->kv, t->layer, seq, 0) + kvh * hd;
-        const float *v0 = sil_kv_v(f->kv, t->layer, seq, 0) + kvh * hd;
-        for (int32_t p = 0; p <= pos; p++)
-            scores[p] = sil_dot_f32(q, k0 + p * ks, hd) * scale;
-        sil_softmax(scores, pos + 1);
-        float *o = f->d + i * (int64_t)nh * hd + h * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int32_t p = 0; p <= pos; p++)
-            sil_axpy(o, scores[p], v0 + p * vs, hd);
-        if (gated) {
-            const float *g = q + hd;
-            for (int j = 0; j < hd; j++)
-                o[j] *= sil_sigmoid(g[j]);
-        }
-    }
+    struct sil_fwd_arena ar = {0};
+    struct attn_acts t;
+    attn_acts(f, &ar, f->ub_max, &t);
+    return ar.used;
 }
 
-void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
+void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
+                       struct sil_act out)
 {
     const struct sil_hparams *hp = &f->model->hp;
-    const struct sil_layer *l = &f->model->layers[il];
-    const int n = ub->n, hd = hp->n_embd_head_k;
-    const bool gated = f->model->traits->gated_attn;
-    struct attn_task t = {f, ub, l, l->attn_index, gated ? 2 * hd : hd,
-                          (int64_t)hp->n_head * hd * (gated ? 2 : 1)};
+    const struct sil_layer_weights *w = &f->lw[il];
+    struct sil_fwd_arena ar = sil_fwd_scratch(f);
+    struct attn_acts t;
+    attn_acts(f, &ar, ub->n, &t);
 
-    struct sil_mm_input in;
-    sil_fwd_input(f, &in, 0, f->cur, n, hp->n_embd);
-    struct sil_mm_job jobs[3] = {
-        {.w = l->wq->data, .wtype = l->wq->type, .m = l->wq->ne[1], .in = &in, .n_rows = n, .y = f->a, .ldy = l->wq->ne[1]},
-        {.w = l->wk->data, .wtype = l->wk->type, .m = l->wk->ne[1], .in = &in, .n_rows = n, .y = f->b, .ldy = l->wk->ne[1]},
-        {.w = l->wv->data, .wtype = l->wv->type, .m = l->wv->ne[1], .in = &in, .n_rows = n, .y = f->c, .ldy = l->wv->ne[1]},
+    SIL_MATMUL(f, cur, {&w->wq, t.q}, {&w->wk, t.k}, {&w->wv, t.v});
+    const struct sil_attn_args a = {
+        .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->n_embd_head_k,
+        .n_rot = hp->n_rot,
+        .rope_freq_base = hp->rope_freq_base,
+        .eps = hp->rms_eps,
+        .gated = f->model->traits->gated_attn,
+        .q_norm = &w->q_norm,
+        .k_norm = &w->k_norm,
+        .kv = f->kv,
+        .layer = f->model->layers[il].attn_index,
+        .q = t.q,
+        .k = t.k,
+        .v = t.v,
+        .o = t.o,
     };
-    sil_fwd_matmul(f, jobs, 3);
-
-    sil_threadpool_for(f->tp, n, 0, qk_prep, &t);
-    sil_threadpool_for(f->tp, (long)n * hp->n_head, 0, attend, &t);
-
-    struct sil_mm_input in_o;
-    sil_fwd_input(f, &in_o, 1, f->d, n, (int64_t)hp->n_head * hd);
-    struct sil_mm_job jo = {.w = l->wo->data, .wtype = l->wo->type, .m = hp->n_embd, .in = &in_o,
-                            .n_rows = n, .y = f->tmp, .ldy = hp->n_embd};
-    sil_fwd_matmul(f, &jo, 1);
+    SIL_OP(f, attention, ub, &a);
+    SIL_MATMUL(f, t.o, {&w->wo, out});
 }

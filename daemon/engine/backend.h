@@ -1,0 +1,204 @@
+/* The backend operations the forward pass (forward*.c) is written against. A backend is a
+ * table of ops plus its own context (the CPU backend: thread pool, quantized-input buffers,
+ * per-thread scratch; a device backend: its streams and device buffers); the forward pass keeps
+ * only backend-neutral state: activation views, weight handles, the MoE expert plan.
+ *
+ * Activations (struct sil_act) are F32 row-major views into memory the backend allocated
+ * (alloc_act): host memory on the CPU, device memory elsewhere. The forward pass computes views
+ * (rows, widths, offsets) but never reads or writes their elements; only ops do.
+ * Weights (struct sil_weight) are handles: type, shape and where the bytes live (the mmap,
+ * host or device memory, an expert slot), so placement can change without touching the blocks.
+ * Host arrays in op arguments (token ids, positions, sequences, output rows, the expert plan)
+ * are the forward pass's and stay valid for the duration of the call.
+ *
+ * Ownership: a backend owns everything alloc_act returned until free; ops keep no pointer to
+ * their arguments after they return. One thread at a time drives a backend. */
+#ifndef SIL_BACKEND_H
+#define SIL_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/engine/delta_net.h"
+#include "daemon/engine/error.h"
+#include "daemon/engine/kv_cache.h"
+
+enum sil_weight_loc {
+    SIL_WEIGHT_MMAP,   /* in place in the model file's mapping */
+    SIL_WEIGHT_HOST,   /* host memory the backend owns */
+    SIL_WEIGHT_DEVICE, /* resident in device memory */
+    SIL_WEIGHT_SLOT,   /* a slot of the expert cache */
+};
+
+/* One weight matrix (or a stack of n_mat equal ones: routed experts), or a vector (rows 1). */
+struct sil_weight {
+    int type;           /* enum sil_type */
+    int64_t rows, cols; /* of one matrix: output x input elements (GGUF ne[1] x ne[0]) */
+    int64_t n_mat;      /* stacked matrices (experts, GGUF ne[2]); 1 otherwise */
+    size_t mat_bytes;   /* bytes of one matrix */
+    enum sil_weight_loc loc;
+    const void *data; /* address of matrix 0 in the memory loc names */
+};
+
+/* Handle of matrix i of a stack (one routed expert), in the same memory. */
+static inline struct sil_weight sil_weight_mat(const struct sil_weight *w, int64_t i)
+{
+    struct sil_weight m = *w;
+    m.n_mat = 1;
+    m.data = (const char *)w->data + (size_t)i * w->mat_bytes;
+    return m;
+}
+
+/* rows x width F32 values, row r at data + r * ld floats, in backend memory. */
+struct sil_act {
+    void *data;
+    int64_t rows, width, ld;
+};
+
+/* Rows [r0, r0 + n) of a. */
+static inline struct sil_act sil_act_rows(struct sil_act a, int64_t r0, int64_t n)
+{
+    a.data = (char *)a.data + (size_t)(r0 * a.ld) * sizeof(float);
+    a.rows = n;
+    return a;
+}
+
+/* One output of a matmul: y = x W^T, y [x.rows, w->rows]. */
+struct sil_mm_out {
+    const struct sil_weight *w;
+    struct sil_act y;
+};
+
+/* A ubatch: rows (token, position, sequence) grouped by sequence, each sequence's rows in
+ * position order; runs of one sequence are rows [run_start[i], run_start[i+1]). */
+struct sil_ubatch {
+    int32_t n;
+    const int32_t *token, *pos, *seq;
+    const int32_t *out_row; /* logits row for this row, or -1 */
+    int32_t n_runs;
+    const int32_t *run_start;
+};
+
+/* Full attention of one layer over the KV layout (kv_cache.h). Per row i and head h:
+ * q_h, k_h = rmsnorm(.) * q_norm / k_norm, NeoX rope on the first n_rot dims at pos[i];
+ * K, V of the row stored at (layer, seq[i], pos[i]); o_h = softmax(q_h K^T / sqrt(hd)) V over
+ * positions 0..pos[i] of seq[i] with kv head h / (n_head / n_head_kv); gated: o_h *= sigmoid(g_h)
+ * where q holds per head [q_h, g_h]. q and k are overwritten (normed and rotated). */
+struct sil_attn_args {
+    int n_head, n_head_kv, head_dim, n_rot;
+    float rope_freq_base, eps;
+    bool gated;
+    const struct sil_weight *q_norm, *k_norm; /* [head_dim] F32 */
+    struct sil_kv_cache *kv;
+    int layer;        /* index among the full-attention layers */
+    struct sil_act q; /* [n, n_head * head_dim * (gated ? 2 : 1)] */
+    struct sil_act k; /* [n, n_head_kv * head_dim] */
+    struct sil_act v; /* [n, n_head_kv * head_dim] */
+    struct sil_act o; /* [n, n_head * head_dim] */
+};
+
+/* Recurrent state of one gated delta-net layer: sequence s's state is
+ * seq_state[s] + offset floats (sil_delta_net_state_bind's layout). */
+struct sil_recr_state {
+    float *const *seq_state;
+    int64_t offset;
+};
+
+/* The two steps of a gated delta-net layer (delta_net.h has the math), each over all sequence
+ * runs of the ubatch with their own state. conv1d: conv_out = silu(causal conv1d(qkv_mixed)),
+ * advancing the conv state. delta_net: the delta rule and gated norm per value head, advancing
+ * S; a run of one row is the decode step, longer runs are prefill (a backend may chunk them). */
+struct sil_delta_net_args {
+    const struct sil_delta_net_params *p; /* dims (and the CPU's host pointers) */
+    const struct sil_weight *conv1d, *dt_bias, *a, *norm;
+    struct sil_recr_state state;
+    struct sil_act qkv_mixed; /* [n, conv_dim] */
+    struct sil_act conv_out;  /* [n, conv_dim] */
+    struct sil_act z;         /* [n, n_v_heads * head_v_dim] */
+    struct sil_act alpha;     /* [n, n_v_heads] */
+    struct sil_act beta;      /* [n, n_v_heads] */
+    struct sil_act out;       /* [n, n_v_heads * head_v_dim] */
+};
+
+/* Which experts run on which rows with which weights: the step between routing and the expert
+ * matmuls (the expert cache decides hits and misses here by choosing each expert's handles).
+ * A pair is one (row, top-k slot); pairs are grouped by expert, experts in ascending id. The
+ * arrays are host memory: a device backend's route copies the ids and weights back (n_rows *
+ * n_used * 8 bytes per MoE layer) until plans are built on the device. */
+struct sil_moe_plan {
+    int32_t n_rows, n_used; /* ubatch rows, experts per row (K) */
+    int32_t *sel_expert;    /* [n_rows * n_used] routed expert per (row, slot) */
+    float *sel_weight;      /* [n_rows * n_used] its normalised router weight */
+    int32_t n_active;       /* experts with at least one row */
+    int32_t *expert;        /* [n_active] expert id */
+    int32_t *pair_start;    /* [n_active + 1] pairs of active expert a: [start[a], start[a+1]) */
+    int32_t *pair_row;      /* [n_rows * n_used] input row of each pair */
+    int32_t *pair_of;       /* [n_rows * n_used] pair index of (row, slot) */
+    struct sil_weight *gate, *up, *down; /* [n_active] the expert's matrices */
+    /* shared expert, always run on every row; gate_inp NULL when the model has none */
+    const struct sil_weight *sh_gate_inp, *sh_gate, *sh_up, *sh_down;
+};
+
+struct sil_backend;
+
+struct sil_backend_ops {
+    const char *name;
+    void (*free)(struct sil_backend *be);
+    /* Activation memory for the lifetime of the backend; NULL on failure. */
+    void *(*alloc_act)(struct sil_backend *be, size_t bytes);
+
+    /* y[i] = dequantized row ids[i] of w (an embedding table). */
+    void (*get_rows)(struct sil_backend *be, const struct sil_weight *w, const int32_t *ids,
+                     struct sil_act y);
+    /* y[i] = x[rows[i]] for i < y.rows; y and x do not overlap. */
+    void (*copy_rows)(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                      const int32_t *rows);
+    /* Every out[j].y = x W_j^T; outputs sharing one input run together. */
+    void (*matmul)(struct sil_backend *be, struct sil_act x, const struct sil_mm_out *out, int n);
+    /* y = x / sqrt(mean(x^2) + eps) * w per row; y may be x. */
+    void (*rmsnorm)(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                    const struct sil_weight *w, float eps);
+    /* y += x */
+    void (*add)(struct sil_backend *be, struct sil_act y, struct sil_act x);
+    /* y = silu(gate) * up; y may be gate */
+    void (*swiglu)(struct sil_backend *be, struct sil_act y, struct sil_act gate,
+                   struct sil_act up);
+    void (*attention)(struct sil_backend *be, const struct sil_ubatch *ub,
+                      const struct sil_attn_args *a);
+    void (*conv1d)(struct sil_backend *be, const struct sil_ubatch *ub,
+                   const struct sil_delta_net_args *a);
+    void (*delta_net)(struct sil_backend *be, const struct sil_ubatch *ub,
+                      const struct sil_delta_net_args *a);
+    /* p = softmax(x W^T) per row; plan->sel_expert / sel_weight = the n_used largest (ties to the
+     * lower id, in descending order) and p_e / max(sum of them, 2^-14). Fills n_rows, n_used. */
+    void (*route)(struct sil_backend *be, struct sil_act x, const struct sil_weight *w, int n_used,
+                  struct sil_moe_plan *plan);
+    /* out = sum over slots k (in order) of w_k * down_e(silu(gate_e x) * up_e x) per row, plus
+     * sigmoid(sh_gate_inp . x) * shared expert(x) when there is one. */
+    void (*moe)(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *plan,
+                struct sil_act out);
+    /* logits[out_rows[i]] (n_vocab = w->rows floats each, host memory) = x[i] W^T; argmax[i]
+     * (when not NULL) its largest entry, ties to the lower id. */
+    void (*head)(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
+                 const int32_t *out_rows, float *logits, int32_t *argmax);
+};
+
+struct sil_backend {
+    const struct sil_backend_ops *ops;
+};
+
+/* Sizes the CPU backend needs at open: the widest matmul input (k_max), rows per ubatch (ub_max),
+ * attention context, the widest router (n_expert), experts per row, the widest expert and
+ * shared expert, the embedding width, the delta-net head scratch of one thread. */
+struct sil_cpu_config {
+    int n_threads;
+    bool exact; /* weights dequantized to F32, F32 activations */
+    int64_t k_max, ub_max, n_ctx;
+    int64_t n_embd, n_expert, n_expert_used, n_ff_exp, n_ff_shexp, dn_head_scratch;
+};
+
+int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config *c,
+                           struct sil_error *err);
+
+#endif

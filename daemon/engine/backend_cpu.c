@@ -1,0 +1,545 @@
+/* The CPU backend: the ops of backend.h over kernels/cpu (quantized matmul, element-wise ops)
+ * and the gated delta net of delta_net.h, spread over one thread pool. Activations are host
+ * memory; weights are read where their handles point (the mmap or host memory).
+ *
+ * Everything an op needs is sized at create (sil_cpu_config): no op allocates. Results do not
+ * depend on the number of threads or on how work is split: every output element is computed
+ * by one thread in a fixed order. This backend is the reference other backends are tested
+ * against. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/backend.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quants.h"
+#include "kernels/cpu/threadpool.h"
+
+struct cpu_backend {
+    struct sil_backend base;
+    struct sil_cpu_config c;
+    struct sil_threadpool *tp;
+    void **acts; /* alloc_act's blocks, freed with the backend */
+    int n_acts;
+    /* matmul: quantized copies of up to two inputs at a time, per-thread scratch, jobs */
+    void *in_buf[2];
+    float *mm_scratch;       /* [n_threads][matmul scratch] */
+    struct sil_mm_job *jobs; /* [2 * n_expert + 8] */
+    float *attn_scratch;     /* [n_threads][n_ctx] */
+    float *dn_scratch;       /* [n_threads][dn_head_scratch] */
+    /* MoE */
+    float *router;            /* [ub_max][n_expert] */
+    float *moe_gate, *moe_up; /* [ub_max * n_expert_used][n_ff_exp] per pair, in pair order */
+    float *moe_down;          /* [ub_max * n_expert_used][n_embd] */
+    float *sh_gate, *sh_up;   /* [ub_max][n_ff_shexp] */
+    float *sh_logit;          /* [ub_max] */
+    float *acc;               /* [n_embd] */
+    int32_t *iota;            /* [ub_max * n_expert_used] */
+};
+
+static struct cpu_backend *cpu(struct sil_backend *be)
+{
+    return (struct cpu_backend *)be;
+}
+
+static float *rowp(struct sil_act a, int64_t r)
+{
+    return (float *)a.data + r * a.ld;
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+/* Points in at x (rows of x.width, contiguous) with quantized-copy buffer `which`. */
+static void mm_input(struct cpu_backend *b, struct sil_mm_input *in, int which, struct sil_act x)
+{
+    const int64_t rows = b->c.ub_max * (b->c.n_expert_used > 0 ? b->c.n_expert_used : 1);
+    sil_mm_input_init(in, x.data, x.rows, x.width, b->c.exact, b->in_buf[which], b->c.k_max, rows);
+}
+
+/* y = x W^T over input rows `rows` of in (NULL: rows 0..y.rows-1) */
+static struct sil_mm_job mm_job(const struct sil_weight *w, struct sil_mm_input *in,
+                                const int32_t *rows, struct sil_act y)
+{
+    return (struct sil_mm_job){.w = w->data,
+                               .wtype = w->type,
+                               .m = w->rows,
+                               .in = in,
+                               .rows = rows,
+                               .n_rows = y.rows,
+                               .y = y.data,
+                               .ldy = y.ld};
+}
+
+static void run_jobs(struct cpu_backend *b, struct sil_mm_job *jobs, int n_jobs)
+{
+    for (int i = 0; i < n_jobs; i++)
+        sil_mm_input_prepare(b->tp, jobs[i].in, jobs[i].wtype);
+    sil_matmul(b->tp, jobs, n_jobs, b->mm_scratch, b->c.k_max);
+}
+
+static void cpu_matmul(struct sil_backend *be, struct sil_act x, const struct sil_mm_out *out,
+                       int n)
+{
+    struct cpu_backend *b = cpu(be);
+    struct sil_mm_input in;
+    mm_input(b, &in, 0, x);
+    for (int i = 0; i < n; i++)
+        b->jobs[i] = mm_job(out[i].w, &in, NULL, out[i].y);
+    run_jobs(b, b->jobs, n);
+}
+
+/* ---- element-wise and per-row ops -------------------------------------------------------- */
+
+static void cpu_get_rows(struct sil_backend *be, const struct sil_weight *w, const int32_t *ids,
+                         struct sil_act y)
+{
+    const size_t rs = sil_row_size(w->type, w->cols);
+    for (int64_t i = 0; i < y.rows; i++)
+        sil_dequantize_row(w->type, (const char *)w->data + (size_t)ids[i] * rs, rowp(y, i),
+                           w->cols);
+}
+
+static void cpu_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                          const int32_t *rows)
+{
+    for (int64_t i = 0; i < y.rows; i++)
+        memcpy(rowp(y, i), rowp(x, rows[i]), sizeof(float) * (size_t)y.width);
+}
+
+struct norm_task {
+    struct sil_act y, x;
+    const float *w;
+    float eps;
+};
+
+static void norm_run(void *arg, long lo, long hi, int ith)
+{
+    struct norm_task *t = arg;
+    (void)ith;
+    for (long i = lo; i < hi; i++)
+        sil_rmsnorm(rowp(t->y, i), rowp(t->x, i), t->w, t->x.width, t->eps);
+}
+
+static void cpu_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                        const struct sil_weight *w, float eps)
+{
+    struct norm_task t = {y, x, w->data, eps};
+    if (x.rows < 8)
+        norm_run(&t, 0, x.rows, 0);
+    else
+        sil_threadpool_for(cpu(be)->tp, x.rows, 0, norm_run, &t);
+}
+
+static void cpu_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
+{
+    if (y.ld == y.width && x.ld == x.width) {
+        sil_add(y.data, x.data, y.rows * y.width);
+        return;
+    }
+    for (int64_t i = 0; i < y.rows; i++)
+        sil_add(rowp(y, i), rowp(x, i), y.width);
+}
+
+struct swiglu_task {
+    float *out;
+    const float *gate, *up;
+    int64_t width;
+};
+
+static void swiglu_run(void *arg, long lo, long hi, int ith)
+{
+    struct swiglu_task *t = arg;
+    (void)ith;
+    sil_swiglu(t->out + lo * t->width, t->gate + lo * t->width, t->up + lo * t->width,
+               (hi - lo) * t->width);
+}
+
+/* rows of width contiguous floats */
+static void swiglu(struct cpu_backend *b, float *out, const float *gate, const float *up,
+                   int64_t rows, int64_t width)
+{
+    struct swiglu_task t = {out, gate, up, width};
+    if (rows * width < 16384)
+        swiglu_run(&t, 0, rows, 0);
+    else
+        sil_threadpool_for(b->tp, rows, 0, swiglu_run, &t);
+}
+
+static void cpu_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act gate,
+                       struct sil_act up)
+{
+    swiglu(cpu(be), y.data, gate.data, up.data, y.rows, y.width);
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+struct attn_task {
+    struct cpu_backend *b;
+    const struct sil_ubatch *ub;
+    const struct sil_attn_args *a;
+    int64_t q_stride; /* floats from one q head to the next inside a row of q */
+};
+
+/* Per row: q/k norm, rope, K and V into the cache. */
+static void qk_prep(void *arg, long lo, long hi, int ith)
+{
+    struct attn_task *t = arg;
+    const struct sil_attn_args *a = t->a;
+    const int hd = a->head_dim, nkv = a->n_head_kv;
+    const float *qn = a->q_norm->data, *kn = a->k_norm->data;
+    (void)ith;
+    for (long i = lo; i < hi; i++) {
+        const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
+        float *q = rowp(a->q, i);
+        for (int h = 0; h < a->n_head; h++) {
+            float *qh = q + h * t->q_stride;
+            sil_rmsnorm(qh, qh, qn, hd, a->eps);
+            sil_rope_neox(qh, 1, hd, a->n_rot, pos, a->rope_freq_base);
+        }
+        float *k = rowp(a->k, i);
+        for (int h = 0; h < nkv; h++)
+            sil_rmsnorm(k + h * hd, k + h * hd, kn, hd, a->eps);
+        sil_rope_neox(k, nkv, hd, a->n_rot, pos, a->rope_freq_base);
+        memcpy(sil_kv_k(a->kv, a->layer, seq, pos), k, sizeof(float) * (size_t)nkv * hd);
+        memcpy(sil_kv_v(a->kv, a->layer, seq, pos), rowp(a->v, i),
+               sizeof(float) * (size_t)nkv * hd);
+    }
+}
+
+/* Per (row, head): softmax attention over the sequence's positions 0..pos. */
+static void attend(void *arg, long lo, long hi, int ith)
+{
+    struct attn_task *t = arg;
+    const struct sil_attn_args *a = t->a;
+    const int hd = a->head_dim, nh = a->n_head;
+    const int group = a->n_head / a->n_head_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = t->b->attn_scratch + (int64_t)ith * t->b->c.n_ctx;
+    const int64_t ks = sil_kv_row_stride_k(a->kv), vs = sil_kv_row_stride_v(a->kv);
+    for (long w = lo; w < hi; w++) {
+        const long i = w / nh;
+        const int h = (int)(w % nh), kvh = h / group;
+        const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
+        const float *q = rowp(a->q, i) + h * t->q_stride;
+        const float *k0 = sil_kv_k(a->kv, a->layer, seq, 0) + kvh * hd;
+        const float *v0 = sil_kv_v(a->kv, a->layer, seq, 0) + kvh * hd;
+        for (int32_t p = 0; p <= pos; p++)
+            scores[p] = sil_dot_f32(q, k0 + p * ks, hd) * scale;
+        sil_softmax(scores, pos + 1);
+        float *o = rowp(a->o, i) + h * hd;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int32_t p = 0; p <= pos; p++)
+            sil_axpy(o, scores[p], v0 + p * vs, hd);
+        if (a->gated) {
+            const float *g = q + hd;
+            for (int j = 0; j < hd; j++)
+                o[j] *= sil_sigmoid(g[j]);
+        }
+    }
+}
+
+static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
+                          const struct sil_attn_args *a)
+{
+    struct attn_task t = {cpu(be), ub, a, a->gated ? 2 * a->head_dim : a->head_dim};
+    sil_threadpool_for(t.b->tp, ub->n, 0, qk_prep, &t);
+    sil_threadpool_for(t.b->tp, (long)ub->n * a->n_head, 0, attend, &t);
+}
+
+/* ---- gated delta net ------------------------------------------------------------------------ */
+
+struct dn_task {
+    struct cpu_backend *b;
+    const struct sil_ubatch *ub;
+    const struct sil_delta_net_args *a;
+    long conv_chunks; /* channel ranges per sequence in the conv phase */
+};
+
+/* The sequence run r: its rows [*r0, *r0 + *nt) and its state for this layer. */
+static void run_state(const struct dn_task *t, long r, int32_t *r0, int32_t *nt,
+                      struct sil_delta_net_state *st)
+{
+    const struct sil_ubatch *ub = t->ub;
+    *r0 = ub->run_start[r];
+    *nt = ub->run_start[r + 1] - *r0;
+    float *state = t->a->state.seq_state[ub->seq[*r0]] + t->a->state.offset;
+    sil_delta_net_state_bind(t->a->p, st, state);
+}
+
+/* item = (sequence run, channel range) */
+static void dn_conv(void *arg, long lo, long hi, int ith)
+{
+    struct dn_task *t = arg;
+    const struct sil_delta_net_args *a = t->a;
+    (void)ith;
+    for (long it = lo; it < hi; it++) {
+        const long r = it / t->conv_chunks, ci = it % t->conv_chunks;
+        int32_t r0, nt;
+        struct sil_delta_net_state st;
+        run_state(t, r, &r0, &nt, &st);
+        long c0, c1;
+        sil_split_range((long)a->qkv_mixed.width, (int)ci, (int)t->conv_chunks, &c0, &c1);
+        sil_delta_net_conv(a->p, &st, nt, rowp(a->qkv_mixed, r0), rowp(a->conv_out, r0), c0, c1);
+    }
+}
+
+static void cpu_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
+                       const struct sil_delta_net_args *a)
+{
+    const long nth = cpu(be)->c.n_threads;
+    /* decode of N sequences is one task, not N: few runs are split over channel ranges */
+    const long chunks = ub->n_runs >= 4 * nth ? 1 : (4 * nth + ub->n_runs - 1) / ub->n_runs;
+    struct dn_task t = {cpu(be), ub, a, chunks};
+    sil_threadpool_for(t.b->tp, (long)ub->n_runs * chunks, 0, dn_conv, &t);
+}
+
+/* item = (sequence run, value head) */
+static void dn_heads(void *arg, long lo, long hi, int ith)
+{
+    struct dn_task *t = arg;
+    const struct sil_delta_net_args *a = t->a;
+    const int nv = a->p->n_v_heads;
+    for (long it = lo; it < hi; it++) {
+        const long r = it / nv;
+        const int32_t h = (int32_t)(it % nv);
+        int32_t r0, nt;
+        struct sil_delta_net_state st;
+        run_state(t, r, &r0, &nt, &st);
+        sil_delta_net_heads(a->p, &st, nt, rowp(a->conv_out, r0), rowp(a->z, r0),
+                            rowp(a->alpha, r0), rowp(a->beta, r0), rowp(a->out, r0), h, h + 1,
+                            t->b->dn_scratch + (int64_t)ith * t->b->c.dn_head_scratch);
+    }
+}
+
+static void cpu_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
+                          const struct sil_delta_net_args *a)
+{
+    struct dn_task t = {cpu(be), ub, a, 1};
+    sil_threadpool_for(t.b->tp, (long)ub->n_runs * a->p->n_v_heads, 0, dn_heads, &t);
+}
+
+/* ---- router and experts ------------------------------------------------------------------ */
+
+static void cpu_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
+                      int n_used, struct sil_moe_plan *plan)
+{
+    struct cpu_backend *b = cpu(be);
+    const int X = (int)w->rows, K = n_used, n = (int)x.rows;
+    struct sil_mm_out logits = {w, {b->router, x.rows, X, X}};
+    cpu_matmul(be, x, &logits, 1);
+    plan->n_rows = n;
+    plan->n_used = K;
+    for (int i = 0; i < n; i++) {
+        float *p = b->router + (int64_t)i * X;
+        sil_softmax(p, X);
+        int32_t *sel = plan->sel_expert + (int64_t)i * K;
+        float *wt = plan->sel_weight + (int64_t)i * K;
+        /* selection by repeated max: K is small (8) and this keeps ties in index order */
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < X; e++) {
+                bool taken = false;
+                for (int j = 0; j < k; j++)
+                    taken = taken || sel[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[k] = best;
+            wt[k] = p[best];
+            sum += p[best];
+        }
+        if (sum < 6.103515625e-5f)
+            sum = 6.103515625e-5f; /* the reference clamps the sum the same way */
+        for (int k = 0; k < K; k++)
+            wt[k] /= sum;
+    }
+}
+
+static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *pl,
+                    struct sil_act out)
+{
+    struct cpu_backend *b = cpu(be);
+    const int64_t n = pl->n_rows, K = pl->n_used, E = out.width, P = n * K;
+    const bool shexp = pl->sh_gate_inp != NULL;
+    const int64_t F = pl->n_active > 0 ? pl->gate[0].rows : 0;
+    const int64_t S = shexp ? pl->sh_gate->rows : 0;
+
+    /* gate and up of every active expert (+ the shared expert and its gate logit) in one
+     * parallel matmul; pair j's rows land at row j of moe_gate / moe_up */
+    struct sil_mm_input in, in_h, in_s;
+    mm_input(b, &in, 0, x);
+    int nj = 0;
+    for (int a = 0; a < pl->n_active; a++) {
+        const int32_t off = pl->pair_start[a], cnt = pl->pair_start[a + 1] - off;
+        const int32_t *rows = pl->pair_row + off;
+        b->jobs[nj++] =
+            mm_job(&pl->gate[a], &in, rows, (struct sil_act){b->moe_gate + off * F, cnt, F, F});
+        b->jobs[nj++] =
+            mm_job(&pl->up[a], &in, rows, (struct sil_act){b->moe_up + off * F, cnt, F, F});
+    }
+    if (shexp) {
+        b->jobs[nj++] = mm_job(pl->sh_gate, &in, NULL, (struct sil_act){b->sh_gate, n, S, S});
+        b->jobs[nj++] = mm_job(pl->sh_up, &in, NULL, (struct sil_act){b->sh_up, n, S, S});
+        b->jobs[nj++] = mm_job(pl->sh_gate_inp, &in, NULL, (struct sil_act){b->sh_logit, n, 1, 1});
+    }
+    run_jobs(b, b->jobs, nj);
+
+    swiglu(b, b->moe_gate, b->moe_gate, b->moe_up, P, F);
+    if (shexp) swiglu(b, b->sh_gate, b->sh_gate, b->sh_up, n, S);
+
+    /* down projections: experts into moe_down [P][E], the shared expert into out [n][E] */
+    mm_input(b, &in_h, 1, (struct sil_act){b->moe_gate, P, F, F});
+    nj = 0;
+    for (int a = 0; a < pl->n_active; a++) {
+        const int32_t off = pl->pair_start[a], cnt = pl->pair_start[a + 1] - off;
+        b->jobs[nj++] = mm_job(&pl->down[a], &in_h, b->iota + off,
+                               (struct sil_act){b->moe_down + off * E, cnt, E, E});
+    }
+    if (shexp) {
+        /* the shared down input needs its own quantized copy: buffer 0 is free again now */
+        mm_input(b, &in_s, 0, (struct sil_act){b->sh_gate, n, S, S});
+        b->jobs[nj++] = mm_job(pl->sh_down, &in_s, NULL, out);
+    }
+    run_jobs(b, b->jobs, nj);
+
+    for (int64_t i = 0; i < n; i++) {
+        float *o = rowp(out, i);
+        if (shexp) {
+            const float g = sil_sigmoid(b->sh_logit[i]);
+            for (int64_t j = 0; j < E; j++)
+                o[j] *= g;
+        }
+        /* experts summed in slot order first, then the shared expert added, as the reference */
+        memset(b->acc, 0, sizeof(float) * (size_t)E);
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t q = i * K + k;
+            sil_axpy(b->acc, pl->sel_weight[q], b->moe_down + (int64_t)pl->pair_of[q] * E, E);
+        }
+        if (shexp)
+            sil_add(o, b->acc, E);
+        else
+            memcpy(o, b->acc, sizeof(float) * (size_t)E);
+    }
+}
+
+/* ---- output head ------------------------------------------------------------------------ */
+
+static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
+                     const int32_t *out_rows, float *logits, int32_t *argmax)
+{
+    struct cpu_backend *b = cpu(be);
+    const int64_t V = w->rows;
+    struct sil_mm_input in;
+    mm_input(b, &in, 0, x);
+    struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){logits, x.rows, V, V});
+    j.out_rows = out_rows;
+    run_jobs(b, &j, 1);
+    for (int64_t i = 0; argmax && i < x.rows; i++) {
+        const float *l = logits + (int64_t)out_rows[i] * V;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (l[v] > l[best]) best = (int32_t)v;
+        argmax[i] = best;
+    }
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+static void *cpu_alloc_act(struct sil_backend *be, size_t bytes)
+{
+    struct cpu_backend *b = cpu(be);
+    void **acts = realloc(b->acts, sizeof(void *) * (size_t)(b->n_acts + 1));
+    if (!acts) return NULL;
+    b->acts = acts;
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (p) b->acts[b->n_acts++] = p;
+    return p;
+}
+
+static void cpu_free(struct sil_backend *be)
+{
+    struct cpu_backend *b = cpu(be);
+    if (!b) return;
+    void *ptrs[] = {b->in_buf[0],  b->in_buf[1], b->mm_scratch, b->jobs,   b->attn_scratch,
+                    b->dn_scratch, b->router,    b->moe_gate,   b->moe_up, b->moe_down,
+                    b->sh_gate,    b->sh_up,     b->sh_logit,   b->acc,    b->iota};
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
+        free(ptrs[i]);
+    for (int i = 0; i < b->n_acts; i++)
+        free(b->acts[i]);
+    free(b->acts);
+    sil_threadpool_free(b->tp);
+    free(b);
+}
+
+static const struct sil_backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .alloc_act = cpu_alloc_act,
+    .get_rows = cpu_get_rows,
+    .copy_rows = cpu_copy_rows,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .add = cpu_add,
+    .swiglu = cpu_swiglu,
+    .attention = cpu_attention,
+    .conv1d = cpu_conv1d,
+    .delta_net = cpu_delta_net,
+    .route = cpu_route,
+    .moe = cpu_moe,
+    .head = cpu_head,
+};
+
+static void *xcalloc(size_t n, size_t sz, bool *fail)
+{
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) *fail = true;
+    return p;
+}
+
+int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config *c,
+                           struct sil_error *err)
+{
+    struct cpu_backend *b = calloc(1, sizeof(*b));
+    if (!b) return sil_errorf(err, -ENOMEM, "cpu backend: out of memory");
+    b->base.ops = &cpu_ops;
+    b->c = *c;
+    int rc = sil_threadpool_create(&b->tp, c->n_threads);
+    if (rc < 0) {
+        free(b);
+        return sil_errorf(err, rc, "cpu backend: cannot start %d threads", c->n_threads);
+    }
+    const int64_t U = c->ub_max, K = c->n_expert_used, X = c->n_expert, nth = c->n_threads;
+    bool fail = false;
+    const size_t ib = sil_mm_input_bytes_all(c->k_max, U * (K > 0 ? K : 1));
+    b->in_buf[0] = xcalloc(ib, 1, &fail);
+    b->in_buf[1] = xcalloc(ib, 1, &fail);
+    b->mm_scratch =
+        xcalloc((size_t)(nth * sil_matmul_scratch_floats(c->k_max)), sizeof(float), &fail);
+    b->jobs = xcalloc((size_t)(2 * X + 8), sizeof(struct sil_mm_job), &fail);
+    b->attn_scratch = xcalloc((size_t)(nth * c->n_ctx), sizeof(float), &fail);
+    if (c->dn_head_scratch > 0)
+        b->dn_scratch = xcalloc((size_t)(nth * c->dn_head_scratch), sizeof(float), &fail);
+    if (X > 0) {
+        b->router = xcalloc((size_t)(U * X), sizeof(float), &fail);
+        b->moe_gate = xcalloc((size_t)(U * K * c->n_ff_exp), sizeof(float), &fail);
+        b->moe_up = xcalloc((size_t)(U * K * c->n_ff_exp), sizeof(float), &fail);
+        b->moe_down = xcalloc((size_t)(U * K * c->n_embd), sizeof(float), &fail);
+        b->sh_gate = xcalloc((size_t)(U * c->n_ff_shexp), sizeof(float), &fail);
+        b->sh_up = xcalloc((size_t)(U * c->n_ff_shexp), sizeof(float), &fail);
+        b->sh_logit = xcalloc((size_t)U, sizeof(float), &fail);
+        b->acc = xcalloc((size_t)c->n_embd, sizeof(float), &fail);
+        b->iota = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
+        if (b->iota)
+            for (int64_t i = 0; i < U * K; i++)
+                b->iota[i] = (int32_t)i;
+    }
+    if (fail) {
+        cpu_free(&b->base);
+        return sil_errorf(err, -ENOMEM, "cpu backend: out of memory for scratch buffers");
+    }
+    *out = &b->base;
+    return 0;
+}

@@ -1,0 +1,330 @@
+/* The CPU backend's ops (backend.h) against direct double-precision formulas on small F32
+ * weights: matmul into several outputs, row ops, router top-k (ties to the lower id, the
+ * normalisation), MoE over a hand-built expert plan with and without the shared expert, the
+ * output head's row placement and argmax; and results that do not depend on the thread count.
+ * These are the checks a device backend's ops are held to against this one. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "daemon/engine/backend.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quants.h"
+
+enum { E = 5, F = 4, S = 3, X = 4, K = 2, N = 3, V = 6 };
+
+static void fill(float *x, int n, float scale, uint32_t seed)
+{
+    uint32_t s = seed;
+    for (int i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = ((float)(s >> 8) / 16777216.0f * 2.0f - 1.0f) * scale;
+    }
+}
+
+static struct sil_weight f32_weight(const float *w, int64_t rows, int64_t cols, int64_t n_mat)
+{
+    return (struct sil_weight){.type = SIL_TYPE_F32,
+                               .rows = rows,
+                               .cols = cols,
+                               .n_mat = n_mat,
+                               .mat_bytes = (size_t)(rows * cols) * sizeof(float),
+                               .loc = SIL_WEIGHT_HOST,
+                               .data = w};
+}
+
+static struct sil_backend *open_cpu(int n_threads)
+{
+    struct sil_cpu_config c = {.n_threads = n_threads,
+                               .k_max = 8,
+                               .ub_max = 8,
+                               .n_ctx = 16,
+                               .n_embd = E,
+                               .n_expert = X,
+                               .n_expert_used = K,
+                               .n_ff_exp = F,
+                               .n_ff_shexp = S};
+    struct sil_backend *be = NULL;
+    struct sil_error err;
+    assert_int_equal(sil_backend_cpu_create(&be, &c, &err), 0);
+    return be;
+}
+
+static struct sil_act act(struct sil_backend *be, int64_t rows, int64_t width)
+{
+    struct sil_act a = {be->ops->alloc_act(be, (size_t)(rows * width) * sizeof(float)), rows, width,
+                        width};
+    assert_non_null(a.data);
+    return a;
+}
+
+static double dot(const float *a, const float *b, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+static double silu(double x)
+{
+    return x / (1.0 + exp(-x));
+}
+
+static void test_matmul_and_rows(void **state)
+{
+    (void)state;
+    struct sil_backend *be = open_cpu(2);
+    float w1[3 * E], w2[2 * E], xs[N * E], nw[E];
+    fill(w1, 3 * E, 1.0f, 1);
+    fill(w2, 2 * E, 1.0f, 2);
+    fill(xs, N * E, 2.0f, 3);
+    fill(nw, E, 1.0f, 4);
+    struct sil_weight W1 = f32_weight(w1, 3, E, 1), W2 = f32_weight(w2, 2, E, 1);
+    struct sil_act x = act(be, N, E), y1 = act(be, N, 3), y2 = act(be, N, 2);
+    memcpy(x.data, xs, sizeof(xs));
+    const struct sil_mm_out out[2] = {{&W1, y1}, {&W2, y2}};
+    be->ops->matmul(be, x, out, 2);
+    for (int i = 0; i < N; i++) {
+        for (int r = 0; r < 3; r++)
+            assert_true(fabs(((float *)y1.data)[i * 3 + r] - dot(w1 + r * E, xs + i * E, E)) <
+                        1e-5);
+        for (int r = 0; r < 2; r++)
+            assert_true(fabs(((float *)y2.data)[i * 2 + r] - dot(w2 + r * E, xs + i * E, E)) <
+                        1e-5);
+    }
+
+    /* embedding rows, row gather, rmsnorm, add, swiglu */
+    struct sil_weight emb = f32_weight(xs, N, E, 1);
+    struct sil_act g = act(be, 2, E), c = act(be, 2, E);
+    const int32_t ids[2] = {2, 0};
+    be->ops->get_rows(be, &emb, ids, g);
+    assert_memory_equal(g.data, xs + 2 * E, sizeof(float) * E);
+    assert_memory_equal((float *)g.data + E, xs, sizeof(float) * E);
+    const int32_t rows[2] = {1, 1};
+    be->ops->copy_rows(be, c, x, rows);
+    assert_memory_equal((float *)c.data + E, xs + E, sizeof(float) * E);
+    struct sil_weight NW = f32_weight(nw, 1, E, 1);
+    be->ops->rmsnorm(be, c, g, &NW, 1e-6f);
+    const double scale = 1.0 / sqrt(dot(xs + 2 * E, xs + 2 * E, E) / E + 1e-6);
+    for (int j = 0; j < E; j++)
+        assert_true(fabs(((float *)c.data)[j] - xs[2 * E + j] * scale * nw[j]) < 1e-5);
+    be->ops->add(be, g, sil_act_rows(x, 1, 2)); /* g = x[2] + x[1], x[0] + x[2] */
+    for (int j = 0; j < E; j++)
+        assert_true(((float *)g.data)[E + j] == xs[j] + xs[2 * E + j]);
+    be->ops->swiglu(be, c, g, sil_act_rows(x, 0, 2));
+    for (int j = 0; j < 2 * E; j++)
+        assert_true(fabs(((float *)c.data)[j] - silu(((float *)g.data)[j]) * xs[j]) < 1e-5);
+    be->ops->free(be);
+}
+
+/* Router weights picking input column 0, so the router logits are exactly vals. */
+static void router_weights(float *w, const float *vals)
+{
+    memset(w, 0, sizeof(float) * X * E);
+    for (int e = 0; e < X; e++)
+        w[e * E] = vals[e];
+}
+
+static void test_route(void **state)
+{
+    (void)state;
+    struct sil_backend *be = open_cpu(2);
+    const float vals[X] = {0.5f, 2.0f, -1.0f, 2.0f};
+    float w[X * E];
+    router_weights(w, vals);
+    struct sil_weight R = f32_weight(w, X, E, 1);
+    struct sil_act x = act(be, 1, E);
+    ((float *)x.data)[0] = 1.0f;
+    int32_t sel[K];
+    float sw[K];
+    struct sil_moe_plan plan = {.sel_expert = sel, .sel_weight = sw};
+    be->ops->route(be, x, &R, K, &plan);
+    assert_int_equal(plan.n_rows, 1);
+    assert_int_equal(plan.n_used, K);
+    assert_int_equal(sel[0], 1); /* the tie between experts 1 and 3 goes to the lower id first */
+    assert_int_equal(sel[1], 3);
+    assert_true(fabs(sw[0] - 0.5) < 1e-6 && fabs(sw[1] - 0.5) < 1e-6);
+    const float vals2[X] = {1.0f, 0.0f, 3.0f, 2.0f};
+    router_weights(w, vals2);
+    be->ops->route(be, x, &R, K, &plan);
+    assert_int_equal(sel[0], 2);
+    assert_int_equal(sel[1], 3);
+    const double e2 = exp(1.0);
+    assert_true(fabs(sw[0] - e2 / (e2 + 1)) < 1e-6 && fabs(sw[1] - 1 / (e2 + 1)) < 1e-6);
+    be->ops->free(be);
+}
+
+struct moe_fixture {
+    float gate[X * F * E], up[X * F * E], down[X * E * F];
+    float sg[S * E], su[S * E], sd[E * S], sgi[E];
+    float xs[N * E];
+    int32_t sel[N * K];
+    float sw[N * K];
+};
+
+static void moe_fixture_fill(struct moe_fixture *m)
+{
+    fill(m->gate, X * F * E, 1.0f, 11);
+    fill(m->up, X * F * E, 1.0f, 12);
+    fill(m->down, X * E * F, 1.0f, 13);
+    fill(m->sg, S * E, 1.0f, 14);
+    fill(m->su, S * E, 1.0f, 15);
+    fill(m->sd, E * S, 1.0f, 16);
+    fill(m->sgi, E, 1.0f, 17);
+    fill(m->xs, N * E, 1.5f, 18);
+    /* rows 0 and 2 share expert 3; expert 1 has no row */
+    const int32_t sel[N * K] = {3, 0, 2, 0, 3, 2};
+    const float sw[N * K] = {0.7f, 0.3f, 0.6f, 0.4f, 0.55f, 0.45f};
+    memcpy(m->sel, sel, sizeof(sel));
+    memcpy(m->sw, sw, sizeof(sw));
+}
+
+/* out of one FFN on row x: down (silu(gate x) * up x), gate/up [f][E], down [E][f] */
+static void ffn_ref(const float *g, const float *u, const float *d, int f, const float *x,
+                    double *y)
+{
+    double h[8];
+    for (int r = 0; r < f; r++)
+        h[r] = silu(dot(g + r * E, x, E)) * dot(u + r * E, x, E);
+    for (int j = 0; j < E; j++) {
+        y[j] = 0;
+        for (int r = 0; r < f; r++)
+            y[j] += d[j * f + r] * h[r];
+    }
+}
+
+/* The plan as forward_ffn.c builds it: pairs grouped by expert in ascending id. */
+static void build_plan(struct sil_moe_plan *p, const struct moe_fixture *m,
+                       const struct sil_weight *G, const struct sil_weight *U,
+                       const struct sil_weight *D, int32_t *expert, int32_t *start,
+                       int32_t *pair_row, int32_t *pair_of, struct sil_weight *hg,
+                       struct sil_weight *hu, struct sil_weight *hd)
+{
+    p->n_rows = N;
+    p->n_used = K;
+    p->sel_expert = (int32_t *)m->sel;
+    p->sel_weight = (float *)m->sw;
+    p->expert = expert;
+    p->pair_start = start;
+    p->pair_row = pair_row;
+    p->pair_of = pair_of;
+    p->gate = hg;
+    p->up = hu;
+    p->down = hd;
+    int32_t at = 0;
+    p->n_active = 0;
+    for (int e = 0; e < X; e++) {
+        bool used = false;
+        for (int q = 0; q < N * K; q++) {
+            if (m->sel[q] != e) continue;
+            if (!used) {
+                expert[p->n_active] = e;
+                start[p->n_active] = at;
+                hg[p->n_active] = sil_weight_mat(G, e);
+                hu[p->n_active] = sil_weight_mat(U, e);
+                hd[p->n_active] = sil_weight_mat(D, e);
+                p->n_active++;
+                used = true;
+            }
+            pair_row[at] = q / K;
+            pair_of[q] = at++;
+        }
+    }
+    start[p->n_active] = at;
+}
+
+static void run_moe(int n_threads, bool shared, float *result)
+{
+    static struct moe_fixture m;
+    moe_fixture_fill(&m);
+    struct sil_backend *be = open_cpu(n_threads);
+    struct sil_weight G = f32_weight(m.gate, F, E, X), U = f32_weight(m.up, F, E, X),
+                      D = f32_weight(m.down, E, F, X);
+    struct sil_weight SG = f32_weight(m.sg, S, E, 1), SU = f32_weight(m.su, S, E, 1),
+                      SD = f32_weight(m.sd, E, S, 1), SGI = f32_weight(m.sgi, 1, E, 1);
+    int32_t expert[X], start[X + 1], pair_row[N * K], pair_of[N * K];
+    struct sil_weight hg[X], hu[X], hd[X];
+    struct sil_moe_plan p;
+    build_plan(&p, &m, &G, &U, &D, expert, start, pair_row, pair_of, hg, hu, hd);
+    assert_int_equal(p.n_active, 3);
+    p.sh_gate_inp = shared ? &SGI : NULL;
+    p.sh_gate = shared ? &SG : NULL;
+    p.sh_up = shared ? &SU : NULL;
+    p.sh_down = shared ? &SD : NULL;
+    struct sil_act x = act(be, N, E), out = act(be, N, E);
+    memcpy(x.data, m.xs, sizeof(m.xs));
+    be->ops->moe(be, x, &p, out);
+    memcpy(result, out.data, sizeof(float) * N * E);
+
+    for (int i = 0; i < N; i++) {
+        double ref[E] = {0}, y[E];
+        for (int k = 0; k < K; k++) {
+            const int e = m.sel[i * K + k];
+            ffn_ref(m.gate + e * F * E, m.up + e * F * E, m.down + e * E * F, F, m.xs + i * E, y);
+            for (int j = 0; j < E; j++)
+                ref[j] += m.sw[i * K + k] * y[j];
+        }
+        if (shared) {
+            ffn_ref(m.sg, m.su, m.sd, S, m.xs + i * E, y);
+            const double g = 1.0 / (1.0 + exp(-dot(m.sgi, m.xs + i * E, E)));
+            for (int j = 0; j < E; j++)
+                ref[j] += g * y[j];
+        }
+        for (int j = 0; j < E; j++)
+            assert_true(fabs(result[i * E + j] - ref[j]) < 1e-4);
+    }
+    be->ops->free(be);
+}
+
+static void test_moe(void **state)
+{
+    (void)state;
+    float a[N * E], b[N * E];
+    run_moe(1, true, a);
+    run_moe(3, true, b);
+    assert_memory_equal(a, b, sizeof(a)); /* the thread count changes nothing */
+    run_moe(2, false, a);
+}
+
+static void test_head_argmax(void **state)
+{
+    (void)state;
+    struct sil_backend *be = open_cpu(2);
+    float w[V * E] = {0};
+    const float col0[V] = {0.1f, 0.9f, 0.3f, 0.9f, -2.0f, 0.5f};
+    for (int v = 0; v < V; v++)
+        w[v * E] = col0[v];
+    struct sil_weight H = f32_weight(w, V, E, 1);
+    struct sil_act x = act(be, 2, E);
+    float *xs = x.data;
+    xs[0] = 1.0f;  /* row 0: logits = col0, argmax 1 (tie with 3 goes to the lower id) */
+    xs[E] = -1.0f; /* row 1: logits = -col0, argmax 4 */
+    float logits[2 * V];
+    const int32_t out_rows[2] = {1, 0};
+    int32_t am[2];
+    be->ops->head(be, x, &H, out_rows, logits, am);
+    for (int v = 0; v < V; v++) {
+        assert_true(logits[V + v] == col0[v]); /* row 0 went to logits row 1 */
+        assert_true(logits[v] == -col0[v]);
+    }
+    assert_int_equal(am[0], 1);
+    assert_int_equal(am[1], 4);
+    be->ops->free(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_and_rows),
+        cmocka_unit_test(test_route),
+        cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_head_argmax),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
