@@ -283,7 +283,8 @@ demo: all
 
 # ---- dependencies --------------------------------------------------------------------------------
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
-	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps
+	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
+	debhelper dpkg-dev lintian git
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
@@ -363,4 +364,4 @@ format:
 	clang-format -i $(wildcard kernels/cpu/*.[ch] daemon/*.[ch] daemon/engine/*.[ch] libproto/*.[ch] \
 		client/*.[ch] client/common/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
 
--include $(shell find $(B) -name '*.d' 2>/dev/null)
+-include $(shell find $(B) -name '*.d' -type f 2>/dev/null)
