@@ -11,7 +11,7 @@ SIL_BUILD=${SIL_BUILD:-$ROOT/build}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-cd "$ROOT"
+cd "$ROOT" || exit 1
 
 B=$(realpath --relative-to="$ROOT" "$SIL_BUILD")
 if nm "$SIL_BUILD/lib/libsiliceo-proto.a" 2>/dev/null | grep -q __asan_; then
@@ -27,7 +27,9 @@ env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s B="$B" deb >"$T/log" 2>&1 ||
     fail "make deb: $(tail -n 30 "$T/log")"
 D=$SIL_BUILD/deb
 grep -q '^E:' "$D/lintian.log" && fail "lintian errors: $(grep '^E:' "$D/lintian.log")"
-echo "ok: make deb built $(ls "$D"/*.deb | grep -vc dbgsym) packages; lintian: $(grep -c '^W:' "$D/lintian.log") warnings, no errors"
+n=0
+for f in "$D"/*.deb; do case $f in *-dbgsym_*) ;; *) n=$((n + 1)) ;; esac; done
+echo "ok: make deb built $n packages; lintian: $(grep -c '^W:' "$D/lintian.log") warnings, no errors"
 grep '^W:' "$D/lintian.log" | sed 's/^/    /'
 
 R=$T/root
@@ -51,7 +53,7 @@ grep -qx "$conf" "$T/ctl/siliceod/conffiles" || fail "$conf is not a conffile"
 echo "ok: ExecStart=$exec_start; both in the package, $conf a conffile"
 
 mkdir -p "$R/usr/bin"
-cp /lib/systemd/system/*.target "$U/"
+cp /lib/systemd/system/*.target /lib/systemd/system/modprobe@.service "$U/"
 [ -e "$R/bin" ] || ln -s usr/bin "$R/bin"
 cp "$(type -P kill)" "$R/usr/bin/kill"
 out=$(MANPATH=$R/usr/share/man systemd-analyze verify --root="$R" "$U/siliceod.service" \
@@ -100,7 +102,7 @@ echo "ok: every packaged binary has its man page; completions packaged"
 ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 export PKG_CONFIG_PATH=$R/usr/lib/$ma/pkgconfig PKG_CONFIG_SYSROOT_DIR=$R
 printf '#include <siliceo-proto.h>\nint main(void) { return sil_rpc_code_name(SIL_RPC_E_PARSE) ? 0 : 1; }\n' >"$T/p.c"
-# shellcheck disable=SC2046
+# shellcheck disable=SC2046 # the flags are words
 ${CC:-cc} -o "$T/p" "$T/p.c" $(pkg-config --cflags --libs siliceo-proto) >"$T/cc.log" 2>&1 ||
     fail "build against libsiliceo-proto-dev: $(cat "$T/cc.log")"
 "$T/p" || fail "the program built against libsiliceo-proto-dev exited $?"

@@ -4,7 +4,8 @@
 # scores siliceod.service at most 1.0, ExecStart and the config exist, the sysusers.d user is the
 # unit's User= and socket owner, tmpfiles.d makes the socket's directory for that user as the
 # unit's RuntimeDirectory (kept across restarts), and the installed config loads in the real
-# daemon. A second install keeps an edited config; uninstall removes the rest.
+# daemon, whose syscalls the unit's SystemCallFilter= all allows. A second install keeps an
+# edited config; uninstall removes the rest.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SIL_BUILD=${SIL_BUILD:-$ROOT/build}
@@ -16,7 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-cd "$ROOT"
+cd "$ROOT" || exit 1
 export PYTHONPATH=$ROOT/tests/integration${PYTHONPATH:+:$PYTHONPATH}
 
 # As install.sh: a nested make of the build make check made; a sanitizer build is no install tree.
@@ -61,7 +62,7 @@ echo "ok: ExecStart=$exec_start, both paths installed"
 # verify needs what a real root has around the units: the targets they are ordered against,
 # ExecReload's kill and the Documentation= pages (found through MANPATH).
 mkdir -p "$R/lib/systemd/system" "$R/usr/bin"
-cp /lib/systemd/system/*.target "$R/lib/systemd/system/"
+cp /lib/systemd/system/*.target /lib/systemd/system/modprobe@.service "$R/lib/systemd/system/"
 ln -s usr/bin "$R/bin"
 cp "$(type -P kill)" "$R/usr/bin/kill"
 out=$(MANPATH=$R/usr/share/man systemd-analyze verify --root="$R" "$U/siliceod.service" \
@@ -80,7 +81,7 @@ echo "ok: systemd-analyze security --offline=true: exposure $score (at most 1.0)
 # the NVIDIA nodes by major name behind a closed device policy.
 [ -z "$(key "$U/siliceod.service" SupplementaryGroups)" ] || fail "SupplementaryGroups= in the unit"
 [ "$(key "$U/siliceod.service" DevicePolicy)" = closed ] || fail "DevicePolicy is not closed"
-for d in char-nvidia-frontend char-nvidia-uvm; do
+for d in char-nvidia-frontend char-nvidia char-nvidia-uvm; do
     key "$U/siliceod.service" DeviceAllow | grep -q "^$d rw" || fail "no DeviceAllow=$d rw"
 done
 echo "ok: no SupplementaryGroups=, DevicePolicy=closed with the NVIDIA majors allowed"
@@ -129,6 +130,7 @@ cp /etc/group "$T/group"
 grep -q "^$user:" "$T/group" || grep "^$user:" "$R/etc/group" >>"$T/group"
 # The daemon's command line starts with this (an array: run in the background, the daemon itself
 # is the job, so SIGTERM reaches it).
+# shellcheck disable=SC2016 # the inner sh expands them
 ns=(unshare -m sh -c 'mount --bind "$0" /etc/group && exec "$@"' "$T/group")
 if ! "${ns[@]}" true 2>/dev/null; then
     # No mount namespace here: the same file with the group replaced by one that exists.
@@ -140,19 +142,36 @@ fi
 out=$("${ns[@]}" "$SIL_BUILD/bin/siliceod" --config "$cfg" --socket "$T/s.sock" 2>&1)
 grep -q "/var/lib/siliceo/models/" <<<"$out" || fail "without --model the daemon said: $out"
 echo "ok: the config's model= is read: $(grep -m1 models <<<"$out")"
-"${ns[@]}" "$SIL_BUILD/bin/siliceod" --config "$cfg" --model "$model" --socket "$T/s.sock" \
-    >"$T/d.log" 2>&1 &
+# Under strace when there is one: every syscall of a run (load, requests, shutdown) must pass
+# the unit's SystemCallFilter=.
+tr=()
+command -v strace >/dev/null && tr=(strace -f -qq -o "$T/strace.log")
+"${ns[@]}" "${tr[@]}" "$SIL_BUILD/bin/siliceod" --config "$cfg" --model "$model" \
+    --socket "$T/s.sock" >"$T/d.log" 2>&1 &
 DPID=$!
 python3 -c "import siltest,sys; sys.exit(0 if siltest.wait_socket('$T/s.sock', 20) else 1)" ||
     fail "the daemon with the installed config did not come up: $(cat "$T/d.log")"
-SILICEO_SOCKET=$T/s.sock python3 -c "import siltest; siltest.Client().ok('hello', {})" ||
-    fail "hello: $(cat "$T/d.log")"
-kill -TERM "$DPID"
+SILICEO_SOCKET=$T/s.sock python3 - <<'PY' || fail "requests: $(cat "$T/d.log")"
+import siltest
+c = siltest.Client()
+c.ok("hello", {})
+r, _ = c.ok("generate", {"prompt": "Hi", "max_tokens": 4})
+assert r["n_generated"] >= 1, r
+c.ok("status", {})
+c.ok("shutdown", {})
+PY
 rc=0
 wait "$DPID" || rc=$?
 DPID=
 [ "$rc" = 0 ] || fail "daemon exit $rc: $(cat "$T/d.log")"
-echo "ok: siliceod runs with the installed $conf (allow_groups = $user) and stops cleanly"
+echo "ok: siliceod runs with the installed $conf (allow_groups = $user), answers, stops with 0"
+if [ ${#tr[@]} -gt 0 ]; then
+    refused=$(python3 tests/integration/syscalls.py "$U/siliceod.service" "$T/strace.log" 2>"$T/sc.log") ||
+        fail "SystemCallFilter= refuses syscalls the daemon made: $refused"
+    echo "ok: $(cat "$T/sc.log"); the unit's SystemCallFilter= allows them all"
+else
+    echo "skip: no strace, syscalls not checked against SystemCallFilter= (make deps installs it)"
+fi
 
 # Reinstalling keeps an edited config; uninstall removes the rest but not the edited config.
 echo "threads = 3" >>"$R/etc/siliceo/siliceod.conf"
