@@ -346,11 +346,12 @@ uninstall:
 		rmdir $(DESTDIR)$(SYSCONFDIR)/siliceo 2>/dev/null || true; fi
 
 # ---- Debian packages -----------------------------------------------------------------------------
-# dpkg-buildpackage in a copy of the tracked tree (it writes debian/ and ../*.deb); the packages
+# dpkg-buildpackage in a copy of the tree's files that git tracks or would track (it writes debian/ and ../*.deb); the packages
 # and the build log land in $(B)/deb/.
 deb:
 	rm -rf $(B)/deb && mkdir -p $(B)/deb/src
-	git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t $(B)/deb/src
+	git ls-files -z --cached --others --exclude-standard | \
+		xargs -0 sh -c 'for f; do [ ! -e "$$f" ] || cp --parents "$$f" "$$0"; done' $(B)/deb/src
 	cd $(B)/deb/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
 		dpkg-buildpackage -us -uc -b -j2 >../build.log 2>&1 || { tail -n 40 ../build.log; exit 1; }
 	lintian $(B)/deb/*.changes >$(B)/deb/lintian.log 2>&1 || { cat $(B)/deb/lintian.log; exit 1; }
