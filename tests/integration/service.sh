@@ -4,8 +4,9 @@
 # scores siliceod.service at most 1.0, ExecStart and the config exist, the sysusers.d user is the
 # unit's User= and socket owner, tmpfiles.d makes the socket's directory for that user as the
 # unit's RuntimeDirectory (kept across restarts), and the installed config loads in the real
-# daemon, whose syscalls the unit's SystemCallFilter= all allows. A second install keeps an
-# edited config; uninstall removes the rest.
+# daemon, whose syscalls the unit's SystemCallFilter= all allows; behind a held listener (as the
+# socket unit holds it) a restart keeps the socket. A second install keeps an edited config;
+# uninstall removes the rest.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SIL_BUILD=${SIL_BUILD:-$ROOT/build}
@@ -172,6 +173,47 @@ if [ ${#tr[@]} -gt 0 ]; then
 else
     echo "skip: no strace, syscalls not checked against SystemCallFilter= (make deps installs it)"
 fi
+
+# A restart behind the socket unit: this process holds the listener as systemd does and passes
+# it (LISTEN_FDS) to one daemon, then to the next. The socket file outlives the first daemon,
+# and a client that connects while none runs is answered by the second.
+"${ns[@]}" env SIL="$SIL_BUILD/bin/siliceod" CFG="$cfg" MODEL="$model" SOCK="$T/run/siliceod.sock" \
+    python3 - <<'PY' ||
+import os
+import socket
+import subprocess
+import siltest
+path = os.environ["SOCK"]
+os.makedirs(os.path.dirname(path), mode=0o750)
+ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+ls.bind(path)
+ls.listen(16)
+def daemon():
+    # The listener becomes fd 3 of the daemon, LISTEN_PID its pid (sh's, kept across exec).
+    fd = ls.fileno()
+    return subprocess.Popen(["sh", "-c", 'eval "exec 3<&$0"; LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"',
+                             str(fd), os.environ["SIL"], "--config", os.environ["CFG"],
+                             "--model", os.environ["MODEL"]],
+                            pass_fds=(fd,), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def stop(d):
+    d.terminate()
+    rc = d.wait(20)
+    log = d.stderr.read().decode()
+    if rc != 0 or "passed by systemd" not in log:
+        siltest.check(False, f"activated daemon: exit {rc}, log: {log[-600:]}")
+d = daemon()
+siltest.Client(path).ok("hello", {})
+stop(d)
+siltest.check(os.path.exists(path), "the socket file survives the daemon's stop")
+early = siltest.Client(path)  # accepted into the backlog, no daemon yet
+early.send("hello", {}, msgid=1)
+d = daemon()
+err, res, _ = early.wait(1)
+siltest.check(err is None and res.get("server") == "siliceod", f"queued client answered by {res and res.get('server')} ({err})")
+stop(d)
+PY
+    fail "restart behind the socket"
+echo "ok: the socket file and listener survive a daemon restart; a client queued meanwhile is answered"
 
 # Reinstalling keeps an edited config; uninstall removes the rest but not the edited config.
 echo "threads = 3" >>"$R/etc/siliceo/siliceod.conf"
