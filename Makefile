@@ -7,7 +7,11 @@
 #   make check-asan-integration  the integration tests against the ASan + UBSan daemon and tools
 #   make deps       install the Debian packages the project builds and tests with
 #   make demo       build, make the demo model, start siliceod, ask it a question, stop it
-#   make install    PREFIX=/usr/local DESTDIR=
+#   make install    PREFIX=/usr/local DESTDIR= (binaries, library, man pages, completions,
+#                   Neovim plugin, probe script)
+#   make install-service  install, plus the systemd units, sysusers.d and tmpfiles.d entries and
+#                   /etc/siliceo/siliceod.conf; without DESTDIR it also creates the user and dirs
+#   make deb        the Debian packages (dpkg-buildpackage), into $(B)/deb/
 #   make fuzz       run every fuzz target for FUZZ_SECONDS (default 300) each
 #   make format     clang-format the sources
 #
@@ -28,7 +32,15 @@ SBINDIR ?= $(PREFIX)/sbin
 LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 MANDIR ?= $(PREFIX)/share/man
+DATADIR ?= $(PREFIX)/share
 SYSCONFDIR ?= /etc
+# systemd searches /usr/local/lib/... too; Debian 12 keeps units in /lib/systemd/system.
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
+# On Neovim's default 'packpath': `:packadd siliceo` loads the plugin.
+NVIMDIR ?= $(DATADIR)/nvim/site/pack/siliceo/opt/siliceo
 
 VERSION := 0.1.0
 CC ?= cc
@@ -86,7 +98,8 @@ TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
 FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 
 .PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan \
-	check-asan-integration check-cuda fuzz deps demo install uninstall clean format tests
+	check-asan-integration check-cuda fuzz deps demo install install-service uninstall deb clean \
+	format tests
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(LIB_PROTO) $(B)/siliceo-proto.pc
@@ -270,16 +283,22 @@ demo: all
 
 # ---- dependencies --------------------------------------------------------------------------------
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
-	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps
+	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
+	debhelper dpkg-dev lintian git strace
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
 
 # ---- install -------------------------------------------------------------------------------------
+COMPLETIONS := $(notdir $(wildcard contrib/bash-completion/*))
+NVIM_FILES := $(patsubst contrib/nvim/%,%,$(shell find contrib/nvim -type f 2>/dev/null))
+UNIT_SED = sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
+
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 		$(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 \
-		$(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(MANDIR)/man8
+		$(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(BASHCOMPDIR) \
+		$(DESTDIR)$(DATADIR)/siliceo
 	$(if $(wildcard daemon/main.c),install -m 755 $(B)/bin/siliceod $(DESTDIR)$(SBINDIR)/)
 	$(foreach b,$(CLIENTS) $(BENCHES),install -m 755 $(B)/bin/$(b) $(DESTDIR)$(BINDIR)/;)
 	install -m 644 $(LIB_PROTO) $(DESTDIR)$(LIBDIR)/
@@ -287,12 +306,57 @@ install: all
 	$(PC_SED) > $(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
 	chmod 644 $(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
 	$(foreach s,1 5 7 8,$(foreach m,$(wildcard man/*.$(s)),install -m 644 $(m) $(DESTDIR)$(MANDIR)/man$(s)/;))
+	$(foreach c,$(COMPLETIONS),install -m 644 contrib/bash-completion/$(c) $(DESTDIR)$(BASHCOMPDIR)/;)
+	install -m 755 contrib/siliceo-probe.sh $(DESTDIR)$(DATADIR)/siliceo/
+	$(foreach f,$(NVIM_FILES),install -D -m 644 contrib/nvim/$(f) $(DESTDIR)$(NVIMDIR)/$(f);)
 
+# The service files. An existing configuration is kept (a new one beside it as .dist); without
+# DESTDIR the user, group and directories are created at once and systemd re-reads its units.
+install-service: install
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) \
+		$(DESTDIR)$(SYSCONFDIR)/siliceo
+	$(UNIT_SED) contrib/systemd/siliceod.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.service
+	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.service
+	install -m 644 contrib/systemd/siliceod.socket $(DESTDIR)$(SYSTEMDUNITDIR)/
+	install -m 644 contrib/sysusers/siliceo.conf $(DESTDIR)$(SYSUSERSDIR)/
+	install -m 644 contrib/tmpfiles/siliceo.conf $(DESTDIR)$(TMPFILESDIR)/
+	if [ -e $(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf ]; then \
+		install -m 644 contrib/siliceod.conf $(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf.dist; \
+		echo "kept $(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf; the shipped one is siliceod.conf.dist"; \
+	else install -m 644 contrib/siliceod.conf $(DESTDIR)$(SYSCONFDIR)/siliceo/; fi
+	$(if $(DESTDIR),,systemd-sysusers $(SYSUSERSDIR)/siliceo.conf)
+	$(if $(DESTDIR),,systemd-tmpfiles --create $(TMPFILESDIR)/siliceo.conf)
+	$(if $(DESTDIR),,-systemctl daemon-reload)
+
+# The configuration stays when it differs from the shipped one (it was edited).
 uninstall:
 	rm -f $(DESTDIR)$(SBINDIR)/siliceod $(addprefix $(DESTDIR)$(BINDIR)/,$(CLIENTS) $(BENCHES)) \
 		$(DESTDIR)$(LIBDIR)/libsiliceo-proto.a $(DESTDIR)$(INCLUDEDIR)/siliceo-proto.h \
 		$(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc \
-		$(foreach s,1 5 7 8,$(patsubst man/%,$(DESTDIR)$(MANDIR)/man$(s)/%,$(wildcard man/*.$(s))))
+		$(foreach s,1 5 7 8,$(patsubst man/%,$(DESTDIR)$(MANDIR)/man$(s)/%,$(wildcard man/*.$(s)))) \
+		$(addprefix $(DESTDIR)$(BASHCOMPDIR)/,$(COMPLETIONS)) \
+		$(DESTDIR)$(DATADIR)/siliceo/siliceo-probe.sh \
+		$(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.service $(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.socket \
+		$(DESTDIR)$(SYSUSERSDIR)/siliceo.conf $(DESTDIR)$(TMPFILESDIR)/siliceo.conf \
+		$(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf.dist
+	rm -rf $(DESTDIR)$(NVIMDIR)
+	-rmdir $(DESTDIR)$(DATADIR)/siliceo $(dir $(DESTDIR)$(NVIMDIR)) $(DESTDIR)$(DATADIR)/nvim/site/pack/siliceo 2>/dev/null
+	if cmp -s contrib/siliceod.conf $(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf; then \
+		rm -f $(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf; \
+		rmdir $(DESTDIR)$(SYSCONFDIR)/siliceo 2>/dev/null || true; fi
+
+# ---- Debian packages -----------------------------------------------------------------------------
+# dpkg-buildpackage in a copy of the tree's files that git tracks or would track (it writes debian/ and ../*.deb); the packages
+# and the build log land in $(B)/deb/.
+deb:
+	rm -rf $(B)/deb && mkdir -p $(B)/deb/src
+	git ls-files -z --cached --others --exclude-standard | \
+		xargs -0 sh -c 'for f; do [ ! -e "$$f" ] || cp --parents "$$f" "$$0"; done' $(B)/deb/src
+	cd $(B)/deb/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
+		dpkg-buildpackage -us -uc -b -j2 >../build.log 2>&1 || { tail -n 40 ../build.log; exit 1; }
+	lintian $(B)/deb/*.changes >$(B)/deb/lintian.log 2>&1 || { cat $(B)/deb/lintian.log; exit 1; }
+	cat $(B)/deb/lintian.log
+	ls $(B)/deb/*.deb
 
 clean:
 	rm -rf $(B)
@@ -301,4 +365,4 @@ format:
 	clang-format -i $(wildcard kernels/cpu/*.[ch] daemon/*.[ch] daemon/engine/*.[ch] libproto/*.[ch] \
 		client/*.[ch] client/common/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
 
--include $(shell find $(B) -name '*.d' 2>/dev/null)
+-include $(shell find $(B) -name '*.d' -type f 2>/dev/null)
