@@ -437,8 +437,7 @@ static int repl(struct sil_rpc_client *c, struct opts *o)
         line_cancelled = false;
         line = readline("> ");
         if (!line) {
-            if (!terminating)
-                fputc('\n', stdout); /* Ctrl-D: leave the shell's prompt on a line of its own */
+            fputc('\n', stdout); /* Ctrl-D or a signal: the shell's prompt on a line of its own */
             break;
         }
         if (line_cancelled) {
