@@ -173,7 +173,8 @@ int sil_client_read_all(FILE *f, size_t max, char **out, size_t *len)
             free(b);
             return -EFBIG;
         }
-        if (k == 0) {
+        /* A terminal's Ctrl-D is one end of file: do not read past it. */
+        if (k == 0 || feof(f)) {
             if (ferror(f)) {
                 free(b);
                 return -EIO;
