@@ -44,6 +44,18 @@ grep -q "cannot connect to siliceod: tried .*$T/none/siliceo/siliceod.sock (No s
     fail "error does not name the per-user socket: $(cat "$T/err")"
 grep -q "/run/siliceo/siliceod.sock (" "$T/err" || [ -S /run/siliceo/siliceod.sock ] ||
     fail "error does not name the system socket: $(cat "$T/err")"
+if command -v nvim >/dev/null; then
+    (cd "$ROOT/contrib/nvim" && env -u SILICEO_SOCKET XDG_RUNTIME_DIR="$T/xdg" nvim --headless -u NONE \
+        --cmd "set rtp+=." -c "lua local r, e = require('siliceo').request('status'); io.stdout:write(r and 'OK ' .. r.model.name or e)" \
+        -c q >"$T/nvim.out" 2>&1) || true
+    grep -q "^OK Qwen3 Tiny" "$T/nvim.out" || fail "Neovim plugin via XDG_RUNTIME_DIR: $(cat "$T/nvim.out")"
+    (cd "$ROOT/contrib/nvim" && env -u SILICEO_SOCKET XDG_RUNTIME_DIR="$T/none" nvim --headless -u NONE \
+        --cmd "set rtp+=." -c "lua local r, e = require('siliceo').request('status'); io.stdout:write(r and 'OK' or e)" \
+        -c q >"$T/nvim.out" 2>&1) || true
+    grep -q "cannot connect to siliceod: tried .*$T/none/siliceo/siliceod.sock" "$T/nvim.out" &&
+        grep -q "/run/siliceo/siliceod.sock" "$T/nvim.out" || fail "Neovim plugin error: $(cat "$T/nvim.out")"
+    echo "ok: the Neovim plugin finds the per-user socket and names every path it tried"
+fi
 # --socket and SILICEO_SOCKET still name the only socket tried.
 rc=0
 "$BIN/sil-probe" --socket "$T/nope.sock" >"$T/out" 2>&1 || rc=$?
