@@ -435,6 +435,7 @@ static int repl(struct sil_rpc_client *c, struct opts *o)
     char *line;
     for (;;) {
         line_cancelled = false;
+        interrupted = 0; /* a Ctrl-C that cancelled the last answer is spent */
         line = readline("> ");
         if (!line) {
             fputc('\n', stdout); /* Ctrl-D or a signal: the shell's prompt on a line of its own */

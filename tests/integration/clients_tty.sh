@@ -54,6 +54,18 @@ grep -qx 'first\\040question' "$T/state/siliceo/history" || fail "history: $(cat
 pane a | grep -qx "EXIT=143" || fail "the shell's next line is not on a line of its own"
 echo "ok: SIGTERM: exit 143, history saved, private session dropped"
 
+# ---- Ctrl-C during an answer cancels it; the next prompt is a clean one -------------------------
+start_chat g -n 3000 -t 0.8 --no-think
+wait_for g "Ctrl-D to quit."
+$TM send-keys -t g "tell me a long story" Enter
+sleep 0.5
+$TM send-keys -t g C-c
+wait_for g "[cancelled]"
+sleep 0.3
+pane g | grep -A1 -xF "[cancelled]" | tail -1 | grep -qx ">" || { pane g; fail "no clean prompt after a cancelled answer"; }
+chat_pid g >/dev/null || fail "sil-chat died on Ctrl-C during an answer"
+echo "ok: Ctrl-C during an answer cancels it and gives a clean prompt"
+
 # ---- SIGHUP during an answer -------------------------------------------------------------------
 start_chat b -n 200 -t 0 --no-think
 wait_for b "Ctrl-D to quit."
