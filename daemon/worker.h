@@ -48,12 +48,22 @@ struct sil_worker_stats {
     double eval_seconds;
 };
 
+/* Outbox messages that are news about the model rather than bytes for a client. */
+enum sil_worker_event {
+    SIL_WORKER_EV_NONE,
+    SIL_WORKER_EV_DAMAGED,       /* data: why (NUL-terminated); the mapping is no longer read */
+    SIL_WORKER_EV_RELOADED,      /* engine: the new one, in use; old_engine: the loop closes it */
+    SIL_WORKER_EV_RELOAD_FAILED, /* data: why; the model in use stays */
+};
+
 struct sil_outmsg {
     struct sil_outmsg *next;
     uint64_t conn_id;
     uint32_t msgid;
     bool final;   /* the request's last message: the connection has one request less in flight */
     bool stopped; /* the worker thread has ended (shutdown done); no bytes */
+    enum sil_worker_event event;
+    struct sil_engine *engine, *old_engine;
     size_t len;
     char data[];  /* one or more packed msgpack-RPC messages */
 };
@@ -84,6 +94,14 @@ void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t ms
 /* Every request gets a final response with stop_reason "shutdown", then the thread ends and posts
  * a message with stopped set. */
 void sil_worker_shutdown(struct sil_worker *w);
+/* The model file is about to change or changed (the loop's file watch): as a fault would, it
+ * fails every request and posts SIL_WORKER_EV_DAMAGED once nothing reads the mapping. The
+ * engine's running evaluation stops at its next micro-batch. */
+void sil_worker_model_damaged(struct sil_worker *w, struct sil_engine *e);
+/* Loads the model p names on the engine thread once the running requests are done (queued ones
+ * fail: they were tokenized for the old model), drops the sessions and posts RELOADED with both
+ * engines, or RELOAD_FAILED. p's strings are copied. */
+void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p);
 /* Live settings (SIGHUP): session limits. */
 void sil_worker_set_limits(struct sil_worker *w, uint64_t session_memory, int max_sessions);
 
