@@ -447,12 +447,11 @@ void step(struct sil_worker *w)
     if (n == 0)
         return;
 
-    struct sil_batch batch = { .n = n, .token = w->b_tok, .pos = w->b_pos, .seq = w->b_seq, .want_logits = w->b_want,
-                               .row_status = w->b_status };
+    struct sil_batch batch = { .n = n, .token = w->b_tok, .pos = w->b_pos, .seq = w->b_seq, .want_logits = w->b_want };
     struct sil_error err = { 0 };
     test_stall(w);
     double t0 = now_s();
-    int rc = sil_engine_eval(w->e, &batch, w->logits, &err);
+    int rc = sil_engine_eval_rows(w->e, &batch, w->logits, w->b_status, &err);
     w->local.eval_seconds += now_s() - t0;
     w->local.steps++;
     if (rc) {

@@ -365,19 +365,19 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
 /* ---- evaluation --------------------------------------------------------------------------- */
 
 /* Marks the rows of sequence seq (or every row, seq < 0) as failed with rc. */
-static void fail_rows(const struct sil_batch *b, int32_t seq, int rc)
+static void fail_rows(const struct sil_batch *b, int *st, int32_t seq, int rc)
 {
-    if (!b->row_status)
+    if (!st)
         return;
     for (int32_t i = 0; i < b->n; i++)
         if (seq < 0 || b->seq[i] == seq)
-            b->row_status[i] = rc;
+            st[i] = rc;
 }
 
-static int damaged_error(struct sil_engine *e, const struct sil_batch *b, struct sil_error *err)
+static int damaged_error(struct sil_engine *e, const struct sil_batch *b, int *st, struct sil_error *err)
 {
     atomic_store(&e->damaged, true);
-    fail_rows(b, -1, -EIO);
+    fail_rows(b, st, -1, -EIO);
     size_t off = 0;
     if (sil_mapguard_faults(e->guard_slot, &off) > 0)
         return sil_errorf(err, -EIO,
@@ -434,19 +434,25 @@ static bool run_ubatches(struct sil_engine *e, int32_t n, float *logits)
 
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err)
 {
+    return sil_engine_eval_rows(e, b, logits, NULL, err);
+}
+
+int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits, int *st,
+                         struct sil_error *err)
+{
     if (!b || b->n < 0 || b->n > e->n_batch_max) {
         if (b && b->n > 0 && b->token && b->seq)
-            fail_rows(b, -1, -EINVAL);
+            fail_rows(b, st, -1, -EINVAL);
         return sil_errorf(err, -EINVAL, "engine: batch of %d rows (max %d)", b ? b->n : -1, e->n_batch_max);
     }
     if (b->n == 0)
         return 0;
     if (!b->token || !b->pos || !b->seq)
         return sil_errorf(err, -EINVAL, "engine: batch without token, pos or seq arrays");
-    if (b->row_status)
-        memset(b->row_status, 0, sizeof(int) * (size_t)b->n);
+    if (st)
+        memset(st, 0, sizeof(int) * (size_t)b->n);
     if (atomic_load(&e->damaged))
-        return damaged_error(e, b, err);
+        return damaged_error(e, b, st, err);
     const int32_t n = b->n, V = e->model->hp.n_vocab;
     /* Validate everything before touching any state: an error leaves sequences unchanged. */
     for (int s = 0; s < e->n_seq_max; s++)
@@ -466,7 +472,7 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
             rc = sil_errorf(err, -ENOSPC, "engine: batch row %d: position %d beyond the context (%d)", i,
                             b->pos[i], e->n_ctx);
         if (rc < 0) {
-            fail_rows(b, s, rc);
+            fail_rows(b, st, s, rc);
             return rc;
         }
         e->next_pos[s]++;
@@ -487,7 +493,7 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
         e->p_out[at] = want ? n_out++ : -1;
     }
     if (n_out > 0 && !logits) {
-        fail_rows(b, -1, -EINVAL);
+        fail_rows(b, st, -1, -EINVAL);
         return sil_errorf(err, -EINVAL, "engine: %d rows want logits but no logits buffer was given", n_out);
     }
 
@@ -496,11 +502,11 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
     struct sil_mapguard_point pt;
     sil_mapguard_push(&pt);
     if (sigsetjmp(pt.jb, 0))
-        return damaged_error(e, b, err);
+        return damaged_error(e, b, st, err);
     bool ok = run_ubatches(e, n, logits);
     sil_mapguard_pop(&pt);
     if (!ok)
-        return damaged_error(e, b, err);
+        return damaged_error(e, b, st, err);
     for (int s = 0; s < e->n_seq_max; s++)
         e->seq_len[s] = e->next_pos[s];
     return 0;

@@ -81,10 +81,6 @@ struct sil_batch {
     const int32_t *pos;
     const int32_t *seq;
     const bool *want_logits; /* NULL = logits for the last row of each sequence only */
-    /* Optional output, n entries: 0, or the -errno that failed the row's sequence. On success all
-     * 0; on failure the rows of the sequences that caused it (or every row, when the whole batch
-     * failed) are < 0, and a sequence whose rows are all 0 may be evaluated again unchanged. */
-    int *row_status;
 };
 
 /* Evaluates the batch. Logits of the rows that want them are written to logits in row order,
@@ -94,6 +90,12 @@ struct sil_batch {
  * sil_engine_mark_damaged was called; err names the file. The engine is then damaged for good:
  * every later evaluation fails the same way, and it is only fit for sil_engine_close. */
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err);
+/* The same, and says which sequences failed: row_status (b->n entries, may be NULL) gets 0 or the
+ * -errno that failed the row's sequence. On success all 0; on failure the rows of the sequences
+ * that caused it (every row when the whole batch failed) are < 0, and a sequence whose rows are
+ * all 0 may be evaluated again unchanged (e.g. after another sequence ran out of device memory). */
+int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits, int *row_status,
+                         struct sil_error *err);
 
 /* fn (may be NULL) is called on the evaluating thread after each micro-batch of sil_engine_eval,
  * so a watchdog sees progress inside a long evaluation. */

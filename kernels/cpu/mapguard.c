@@ -21,7 +21,7 @@ struct range {
 __thread struct sil_mapguard_point *sil_mapguard_top;
 static struct range ranges[MAX_RANGES];
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool installed;
+static struct sigaction prev_action; /* what ran before ours: faults not ours go back to it */
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
@@ -37,25 +37,26 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
         sil_mapguard_top = pt->prev;
         siglongjmp(pt->jb, 1); /* SA_NODEFER: SIGBUS is not left blocked in this thread */
     }
-    /* Not ours: the default action when the faulting instruction runs again. */
-    signal(sig, SIG_DFL);
+    /* Not ours: the previous handler (or the default action) when the instruction runs again. */
+    sigaction(sig, &prev_action, NULL);
 }
 
 int sil_mapguard_register(const void *base, size_t len)
 {
     pthread_mutex_lock(&reg_mu);
-    if (!installed) {
+    /* Installed again when someone replaced it since (a test framework does, per test). */
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && cur.sa_sigaction != on_sigbus) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = on_sigbus;
         sa.sa_flags = SA_SIGINFO | SA_NODEFER;
         sigemptyset(&sa.sa_mask);
-        if (sigaction(SIGBUS, &sa, NULL) < 0) {
+        if (sigaction(SIGBUS, &sa, &prev_action) < 0) {
             int e = errno;
             pthread_mutex_unlock(&reg_mu);
             return -e;
         }
-        installed = true;
     }
     int slot = -ENOSPC;
     for (int i = 0; i < MAX_RANGES; i++) {
