@@ -262,9 +262,9 @@ static int on_signal(sd_event_source *src, const struct signalfd_siginfo *si, vo
 /* ---- watchdog ---------------------------------------------------------------------------------- */
 
 /* WATCHDOG=1 says both threads are alive: this timer firing shows the event loop runs, and the
- * engine thread must be waiting for work or have finished a scheduler step within the watchdog
- * interval. A hung engine (or one step longer than WatchdogSec) stops the pings, and systemd
- * restarts the daemon. */
+ * engine thread must be waiting for work or have made progress (a scheduler step, or a
+ * micro-batch inside a long evaluation) within the watchdog interval. A hung engine stops the
+ * pings, and systemd restarts the daemon. */
 static int on_watchdog(sd_event_source *src, uint64_t usec, void *ud)
 {
     struct server *s = ud;
@@ -279,7 +279,7 @@ static int on_watchdog(sd_event_source *src, uint64_t usec, void *ud)
         }
     } else if (!s->engine_stalled) {
         s->engine_stalled = true;
-        sil_err("engine thread has not finished a step for %.1f s; watchdog pings stopped", age);
+        sil_err("engine thread has made no progress for %.1f s; watchdog pings stopped", age);
         sd_notifyf(0, "STATUS=engine thread stalled for %.0f s", age);
     }
     sd_event_source_set_time(src, usec + s->watchdog_usec / 4);

@@ -78,7 +78,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
 void sil_worker_free(struct sil_worker *w);
 int sil_worker_eventfd(const struct sil_worker *w);
 /* Liveness of the engine thread, for the watchdog (any thread): true while it waits for work or
- * went round its loop (one scheduler step) within max_age_usec. *age_s (may be NULL): seconds
+ * made progress (went round its loop, or finished a micro-batch of an evaluation) within
+ * max_age_usec. *age_s (may be NULL): seconds
  * since it last did, 0 when idle. */
 bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s);
 
