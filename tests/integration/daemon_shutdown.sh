@@ -70,3 +70,17 @@ PY
 rc=0; wait "$DPID" || rc=$?; DPID=
 [ "$rc" = 0 ] || fail "exit status $rc"
 echo "ok: SIGTERM exits as soon as the last client is gone, exit 0"
+
+# A backend asked for by name that cannot run is an error saying why; vram_budget without CUDA
+# says it has no effect; auto says what it picked.
+rc=0
+"$D" --config "$T/siliceod.conf" --model "$MODEL" --socket "$SILICEO_SOCKET" --backend cuda 2>"$T/err" || rc=$?
+[ "$rc" != 0 ] || fail "--backend cuda started without a CUDA backend"
+grep -q "no CUDA backend" "$T/err" || fail "--backend cuda message: $(cat "$T/err")"
+echo "ok: --backend cuda without CUDA is an error: $(cat "$T/err")"
+start_daemon --model "$MODEL" --vram-budget 1G --log-level info
+python3 -c "import siltest; siltest.Client().ok('status')"
+grep -q "vram_budget has no effect" "$T/daemon.log" || fail "no vram_budget notice: $(cat "$T/daemon.log")"
+grep -q "backend auto: cpu" "$T/daemon.log" || fail "no backend auto line"
+echo "ok: --vram-budget on the CPU backend says it has no effect; auto logs its choice"
+stop_daemon
