@@ -472,7 +472,8 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
     if (s->worker && s->model_state != MODEL_OK && strcmp(m->method, "debug.stream") != 0) {
         s->requests_rejected++;
         if (s->model_state == MODEL_RELOADING)
-            return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE, "the model is being reloaded; send the request again");
+            return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE,
+                              "the model is being reloaded; send the request again");
         return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE, "%s", s->model_problem);
     }
     if (s->worker) {

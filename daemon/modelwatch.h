@@ -28,7 +28,8 @@ struct sil_modelwatch;
 /* changed(user, why) is called once, on the loop thread, when the file is being changed. The
  * caller must have SIGIO blocked in every thread and route it to sil_modelwatch_on_sigio.
  * Returns 0 (the watch may be of kind "none" when neither a lease nor inotify works) or -errno. */
-int sil_modelwatch_start(struct sil_modelwatch **out, sd_event *ev, const struct sil_model_info *info,
+int sil_modelwatch_start(struct sil_modelwatch **out, sd_event *ev,
+                         const struct sil_model_info *info,
                          void (*changed)(void *user, const char *why), void *user);
 void sil_modelwatch_free(struct sil_modelwatch *w);
 /* "lease", "inotify" or "none". */

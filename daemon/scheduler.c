@@ -117,8 +117,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
         if (tail.n_answer || tail.n_reasoning)
             pack_token(&w->pk, j->r.msgid, &tail, NULL, 0);
         if (reason == SIL_STOP_ERROR && j->gen.n == 0) {
-            sil_rpc_pack_error_response(&w->pk, j->r.msgid, j->err_code ? j->err_code : SIL_RPC_E_INTERNAL,
-                                        errmsg);
+            sil_rpc_pack_error_response(&w->pk, j->r.msgid,
+                                        j->err_code ? j->err_code : SIL_RPC_E_INTERNAL, errmsg);
         } else {
             size_t n_text = 0, n_reason = 0;
             const char *text = j->gc ? sil_genctl_answer(j->gc, &n_text) : "";
@@ -386,8 +386,7 @@ static void eval_failed(struct sil_worker *w, int n, const char *why)
         bool hit = false;
         for (int r = 0; r < n && !hit; r++)
             hit = w->b_seq[r] == j->seq && (!any || w->b_status[r] < 0);
-        if (hit)
-            running_finish(w, j, SIL_STOP_ERROR, msg);
+        if (hit) running_finish(w, j, SIL_STOP_ERROR, msg);
     }
 }
 
@@ -395,13 +394,12 @@ static void eval_failed(struct sil_worker *w, int n, const char *why)
  * evaluation that has prompt rows, without a heartbeat, as a hung engine would. */
 static void test_stall(struct sil_worker *w)
 {
-    if (w->test_stall_ms <= 0)
-        return;
+    if (w->test_stall_ms <= 0) return;
     bool prefill = false;
     for (struct job *j = w->running; j; j = j->next)
         prefill |= !j->decoding;
     if (prefill) {
-        struct timespec ts = { w->test_stall_ms / 1000, (w->test_stall_ms % 1000) * 1000000L };
+        struct timespec ts = {w->test_stall_ms / 1000, (w->test_stall_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
 }

@@ -50,27 +50,29 @@ static void maybe_exit(struct server *s)
 
 void server_conn_gone(struct server *s)
 {
-    if (s->state == DRAINING && !s->conns && s->ev)
-        sd_event_exit(s->ev, 0);
+    if (s->state == DRAINING && !s->conns && s->ev) sd_event_exit(s->ev, 0);
 }
 
 const char *model_state_name(const struct server *s)
 {
-    return s->model_state == MODEL_DAMAGED ? "damaged" : s->model_state == MODEL_RELOADING ? "reloading" : "ok";
+    return s->model_state == MODEL_DAMAGED     ? "damaged"
+           : s->model_state == MODEL_RELOADING ? "reloading"
+                                               : "ok";
 }
 
-/* ---- the model file ---------------------------------------------------------------------------- */
+/* ---- the model file ----------------------------------------------------------------------------
+ */
 
 static void on_model_changed(void *user, const char *why)
 {
     struct server *s = user;
-    if (s->model_state == MODEL_DAMAGED)
-        return;
+    if (s->model_state == MODEL_DAMAGED) return;
     sil_err("%s; stopping its use", why);
     if (s->model_state == MODEL_OK) {
         s->model_state = MODEL_DAMAGED;
         snprintf(s->model_problem, sizeof s->model_problem,
-                 "%s; the model cannot be used until it is reloaded: replace the file by rename and send "
+                 "%s; the model cannot be used until it is reloaded: replace the file by rename "
+                 "and send "
                  "SIGHUP to siliceod",
                  why);
     }
@@ -104,15 +106,16 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
  * (it was replaced by rename). */
 static void maybe_reload(struct server *s)
 {
-    if (!s->worker || s->model_state == MODEL_RELOADING)
-        return;
+    if (!s->worker || s->model_state == MODEL_RELOADING) return;
     const struct sil_model_info *info = sil_engine_info(s->engine);
     struct stat st;
     if (s->model_state == MODEL_OK) {
-        if (stat(s->cfg->model, &st) < 0 || ((uint64_t)st.st_dev == info->file_dev && (uint64_t)st.st_ino == info->file_ino))
+        if (stat(s->cfg->model, &st) < 0 ||
+            ((uint64_t)st.st_dev == info->file_dev && (uint64_t)st.st_ino == info->file_ino))
             return;
     }
-    sil_notice("reloading the model from %s%s", s->cfg->model, s->model_state == MODEL_DAMAGED ? " (damaged)" : "");
+    sil_notice("reloading the model from %s%s", s->cfg->model,
+               s->model_state == MODEL_DAMAGED ? " (damaged)" : "");
     s->reload_damaged = s->model_state == MODEL_DAMAGED;
     s->model_state = MODEL_RELOADING;
     sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the model %s", s->cfg->model);
@@ -127,8 +130,7 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
     case SIL_WORKER_EV_DAMAGED:
         if (s->model_state == MODEL_OK)
             snprintf(s->model_problem, sizeof s->model_problem, "%s", m->data);
-        if (s->model_state != MODEL_RELOADING)
-            s->model_state = MODEL_DAMAGED;
+        if (s->model_state != MODEL_RELOADING) s->model_state = MODEL_DAMAGED;
         sil_modelwatch_release(s->watch); /* nothing reads the mapping now */
         sd_notifyf(0, "STATUS=model damaged: %s", s->model_problem);
         break;
@@ -147,7 +149,8 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
         s->model_state = s->reload_damaged ? MODEL_DAMAGED : MODEL_OK;
         if (s->reload_damaged)
             snprintf(s->model_problem, sizeof s->model_problem,
-                     "the model file changed while in use and the %s; replace the file by rename and send SIGHUP to "
+                     "the model file changed while in use and the %s; replace the file by rename "
+                     "and send SIGHUP to "
                      "siliceod",
                      m->data);
         sd_notifyf(0, "READY=1\nSTATUS=%s", m->data);
@@ -251,8 +254,7 @@ static int on_signal(sd_event_source *src, const struct signalfd_siginfo *si, vo
             sil_worker_set_limits(s->worker, s->cfg->session_memory, s->cfg->max_sessions);
         sil_notice("configuration reloaded%s%s%s", changed[0] ? " (restart needed for: " : "", changed,
                    changed[0] ? ")" : "");
-        if (s->state == RUNNING)
-            maybe_reload(s);
+        if (s->state == RUNNING) maybe_reload(s);
         return 0;
     }
     begin_shutdown(s, si->ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -315,13 +317,11 @@ static bool load_progress(float fraction, const char *what, void *user)
 {
     /* Test hook: a slow load, to stop it in the middle. */
     for (int ms = sil_test_hook("load_ms"); ms > 0 && !stop_pending(); ms -= 10)
-        nanosleep(&(struct timespec){ 0, 10000000L }, NULL);
-    if (stop_pending())
-        return false;
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    if (stop_pending()) return false;
     static int last = -1;
     int pct = (int)(fraction * 100);
-    if (pct == last)
-        return true;
+    if (pct == last) return true;
     last = pct;
     sd_notifyf(0, "STATUS=loading model: %d%% %s", pct, what ? what : "");
     return true;
@@ -437,8 +437,8 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         }
         if (!S_ISREG(st.st_mode)) {
             sil_err("cannot load the model: %s: not a regular file (%s)", cfg->model,
-                    S_ISDIR(st.st_mode)    ? "a directory"
-                    : S_ISFIFO(st.st_mode) ? "a FIFO"
+                    S_ISDIR(st.st_mode)                          ? "a directory"
+                    : S_ISFIFO(st.st_mode)                       ? "a FIFO"
                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
                                                                  : "a special file");
             goto out;
@@ -472,7 +472,8 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         if (!cfg->backend[0] || strcmp(cfg->backend, "auto") == 0)
             sil_info("backend auto: %s (this build has no CUDA backend)", info->backend);
         if (cfg->vram_budget && strcmp(info->backend, "cuda") != 0)
-            sil_notice("vram_budget has no effect: the model runs on the %s backend", info->backend);
+            sil_notice("vram_budget has no effect: the model runs on the %s backend",
+                       info->backend);
         s->vocab = sil_engine_vocab(s->engine);
         if (sil_worker_start(&s->worker, s->engine, cfg, &err) < 0) {
             sil_err("%s", err.msg);
@@ -489,12 +490,12 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sd_event_add_signal(s->ev, NULL, SIGINT, on_signal, s) < 0 ||
         sd_event_add_signal(s->ev, NULL, SIGHUP, on_signal, s) < 0 ||
         sd_event_add_signal(s->ev, NULL, SIGIO, on_signal, s) < 0 ||
-        (s->worker && sd_event_add_io(s->ev, &s->worker_src, sil_worker_eventfd(s->worker), EPOLLIN, on_worker, s) < 0)) {
+        (s->worker && sd_event_add_io(s->ev, &s->worker_src, sil_worker_eventfd(s->worker), EPOLLIN,
+                                      on_worker, s) < 0)) {
         sil_err("event loop set-up failed");
         goto out;
     }
-    if (s->engine)
-        start_watch(s);
+    if (s->engine) start_watch(s);
     if (setup_watchdog(s) < 0) {
         sil_err("event loop set-up failed (watchdog timer)");
         goto out;

@@ -14,8 +14,7 @@ int sil_test_hook(const char *name)
             return v > 0 && v < 1000000 ? (int)v : 0;
         }
         s = strchr(s, ',');
-        if (s)
-            s++;
+        if (s) s++;
     }
     return 0;
 }

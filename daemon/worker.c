@@ -158,12 +158,10 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         break;
     }
     case IN_DAMAGED:
-        if (m->engine == w->e)
-            model_damaged(w, NULL);
+        if (m->engine == w->e) model_damaged(w, NULL);
         break;
     case IN_RELOAD:
-        if (w->reload)
-            reload_free(w->reload);
+        if (w->reload) reload_free(w->reload);
         w->reload = m->reload;
         m->reload = NULL;
         /* Queued requests were tokenized for the model in use; the running ones may finish. */
@@ -196,15 +194,14 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
 
 static void reload_free(struct reload *r)
 {
-    if (!r)
-        return;
+    if (!r) return;
     free(r->path);
     free(r->backend);
     free(r);
 }
 
-static void post_event(struct sil_worker *w, enum sil_worker_event ev, const char *text, struct sil_engine *e,
-                       struct sil_engine *old)
+static void post_event(struct sil_worker *w, enum sil_worker_event ev, const char *text,
+                       struct sil_engine *e, struct sil_engine *old)
 {
     size_t n = text ? strlen(text) + 1 : 0;
     struct sil_outmsg *m = calloc(1, sizeof(*m) + n);
@@ -215,8 +212,7 @@ static void post_event(struct sil_worker *w, enum sil_worker_event ev, const cha
     m->event = ev;
     m->engine = e;
     m->old_engine = old;
-    if (n)
-        memcpy(m->data, text, n);
+    if (n) memcpy(m->data, text, n);
     post_raw(w, m);
 }
 
@@ -240,8 +236,7 @@ static void fail_all(struct sil_worker *w, int code, const char *msg)
 
 void model_damaged(struct sil_worker *w, const char *why)
 {
-    if (w->damaged)
-        return;
+    if (w->damaged) return;
     w->damaged = true;
     sil_engine_mark_damaged(w->e);
     const char *path = sil_engine_info(w->e)->path;
@@ -249,7 +244,8 @@ void model_damaged(struct sil_worker *w, const char *why)
     if (why)
         snprintf(detail, sizeof detail, "%s", why);
     else
-        snprintf(detail, sizeof detail, "%s: the model file is being written to while in use", path);
+        snprintf(detail, sizeof detail, "%s: the model file is being written to while in use",
+                 path);
     snprintf(msg, sizeof msg,
              "%s; the model cannot be used until it is reloaded: replace the file by rename "
              "(write the new file elsewhere, then mv it to %s) and send SIGHUP to siliceod",
@@ -268,7 +264,7 @@ static void eval_progress(void *user)
     beat(w);
     if (w->test_ubatch_ms > 0) {
         /* Test hook: a slow but live evaluation (each micro-batch takes this long). */
-        struct timespec ts = { w->test_ubatch_ms / 1000, (w->test_ubatch_ms % 1000) * 1000000L };
+        struct timespec ts = {w->test_ubatch_ms / 1000, (w->test_ubatch_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
         beat(w);
     }
@@ -286,7 +282,7 @@ static void do_reload(struct sil_worker *w)
     struct reload *r = w->reload;
     w->reload = NULL;
     struct sil_engine *ne = NULL;
-    struct sil_error err = { 0 };
+    struct sil_error err = {0};
     r->p.progress = reload_progress;
     r->p.progress_user = w;
     double t0 = now_s();
@@ -301,7 +297,8 @@ static void do_reload(struct sil_worker *w)
     if (rc < 0) {
         char msg[700];
         snprintf(msg, sizeof msg, "reload failed: %s", err.msg);
-        sil_err("%s; %s", msg, w->damaged ? "the damaged model stays unusable" : "keeping the model in use");
+        sil_err("%s; %s", msg,
+                w->damaged ? "the damaged model stays unusable" : "keeping the model in use");
         post_event(w, SIL_WORKER_EV_RELOAD_FAILED, msg, NULL, NULL);
         reload_free(r);
         return;
@@ -413,11 +410,11 @@ static void *worker_main(void *arg)
             return NULL;
         }
         finish_cancelled(w);
-        if (w->reload && !w->running)
-            do_reload(w);
+        if (w->reload && !w->running) do_reload(w);
         if (w->damaged)
-            fail_all(w, SIL_RPC_E_UNAVAILABLE, "the model file changed while in use; replace it by rename "
-                                               "and send SIGHUP to siliceod");
+            fail_all(w, SIL_RPC_E_UNAVAILABLE,
+                     "the model file changed while in use; replace it by rename "
+                     "and send SIGHUP to siliceod");
         else if (!w->reload)
             admit(w);
         publish_stats(w);
@@ -497,8 +494,7 @@ void sil_worker_shutdown(struct sil_worker *w)
 
 void sil_worker_model_damaged(struct sil_worker *w, struct sil_engine *e)
 {
-    if (e)
-        sil_engine_mark_damaged(e); /* stops an evaluation in progress at its next micro-batch */
+    if (e) sil_engine_mark_damaged(e); /* stops an evaluation in progress at its next micro-batch */
     struct inmsg *m = new_in(IN_DAMAGED, 0, 0);
     m->engine = e;
     send_in(w, m);
@@ -594,7 +590,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->test_ubatch_ms = sil_test_hook("ubatch_ms");
     sil_engine_set_eval_progress(e, eval_progress, w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
-    if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status || !w->logits) {
+    if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
+        !w->logits) {
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
     }

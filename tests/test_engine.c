@@ -717,14 +717,10 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_normal),
-        cmocka_unit_test(test_parity_exact),
-        cmocka_unit_test(test_decode_vs_prefill),
-        cmocka_unit_test(test_batched_vs_alone),
-        cmocka_unit_test(test_long_batch),
-        cmocka_unit_test(test_mixed_prefill_decode),
-        cmocka_unit_test(test_api_errors),
-        cmocka_unit_test(test_row_status),
+        cmocka_unit_test(test_parity_normal),      cmocka_unit_test(test_parity_exact),
+        cmocka_unit_test(test_decode_vs_prefill),  cmocka_unit_test(test_batched_vs_alone),
+        cmocka_unit_test(test_long_batch),         cmocka_unit_test(test_mixed_prefill_decode),
+        cmocka_unit_test(test_api_errors),         cmocka_unit_test(test_row_status),
         cmocka_unit_test(test_model_file_changed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

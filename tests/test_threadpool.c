@@ -138,7 +138,7 @@ static void test_mapping_fault(void **state)
     assert_true(slot >= 0);
     struct sil_threadpool *tp;
     assert_int_equal(sil_threadpool_create(&tp, 4), 0);
-    struct pages p = { .base = map, .page = page };
+    struct pages p = {.base = map, .page = page};
     sil_threadpool_for(tp, n_pages, 1, read_pages, &p);
     assert_int_equal(atomic_load(&p.done), n_pages);
     assert_false(sil_threadpool_faulted(tp));

@@ -186,8 +186,9 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         return sil_errorf(err, -EINVAL, "engine: unknown backend '%s' (cpu, cuda, auto)", p->backend);
     /* Asked for by name, a backend that cannot run is an error, never a silent CPU run. */
     if (p->backend && strcmp(p->backend, "cuda") == 0)
-        return sil_errorf(err, -ENOTSUP, "engine: backend 'cuda': this build has no CUDA backend "
-                                         "(use backend cpu or auto)");
+        return sil_errorf(err, -ENOTSUP,
+                          "engine: backend 'cuda': this build has no CUDA backend "
+                          "(use backend cpu or auto)");
     struct sil_engine *e = calloc(1, sizeof(*e));
     if (!e)
         return sil_errorf(err, -ENOMEM, "engine: out of memory");
@@ -211,7 +212,8 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         free(e);
         return rc;
     }
-    e->guard_slot = sil_mapguard_register(sil_gguf_base(e->model->gguf), sil_gguf_file_size(e->model->gguf));
+    e->guard_slot =
+        sil_mapguard_register(sil_gguf_base(e->model->gguf), sil_gguf_file_size(e->model->gguf));
     if (e->guard_slot < 0) {
         sil_errorf(err, e->guard_slot, "%s: cannot guard the mapping against faults", e->info.path);
         goto fail;
@@ -367,24 +369,25 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
 /* Marks the rows of sequence seq (or every row, seq < 0) as failed with rc. */
 static void fail_rows(const struct sil_batch *b, int *st, int32_t seq, int rc)
 {
-    if (!st)
-        return;
+    if (!st) return;
     for (int32_t i = 0; i < b->n; i++)
-        if (seq < 0 || b->seq[i] == seq)
-            st[i] = rc;
+        if (seq < 0 || b->seq[i] == seq) st[i] = rc;
 }
 
-static int damaged_error(struct sil_engine *e, const struct sil_batch *b, int *st, struct sil_error *err)
+static int damaged_error(struct sil_engine *e, const struct sil_batch *b, int *st,
+                         struct sil_error *err)
 {
     atomic_store(&e->damaged, true);
     fail_rows(b, st, -1, -EIO);
     size_t off = 0;
     if (sil_mapguard_faults(e->guard_slot, &off) > 0)
-        return sil_errorf(err, -EIO,
-                          "%s: the model file changed while in use (a read of the mapping at offset %zu "
-                          "faulted: the file was truncated or rewritten)",
-                          e->info.path, off);
-    return sil_errorf(err, -EIO, "%s: the model file changed while in use (it was written to)", e->info.path);
+        return sil_errorf(
+            err, -EIO,
+            "%s: the model file changed while in use (a read of the mapping at offset %zu "
+            "faulted: the file was truncated or rewritten)",
+            e->info.path, off);
+    return sil_errorf(err, -EIO, "%s: the model file changed while in use (it was written to)",
+                      e->info.path);
 }
 
 void sil_engine_set_eval_progress(struct sil_engine *e, void (*fn)(void *user), void *user)
@@ -409,8 +412,7 @@ bool sil_engine_damaged(const struct sil_engine *e)
 static bool run_ubatches(struct sil_engine *e, int32_t n, float *logits)
 {
     for (int32_t r0 = 0; r0 < n; r0 += e->f.ub_max) {
-        if (atomic_load(&e->damaged))
-            return false;
+        if (atomic_load(&e->damaged)) return false;
         struct sil_ubatch ub;
         ub.n = n - r0 < e->f.ub_max ? n - r0 : e->f.ub_max;
         ub.token = e->p_token + r0;
@@ -419,15 +421,12 @@ static bool run_ubatches(struct sil_engine *e, int32_t n, float *logits)
         ub.out_row = e->p_out + r0;
         ub.n_runs = 0;
         for (int32_t i = 0; i < ub.n; i++)
-            if (i == 0 || ub.seq[i] != ub.seq[i - 1])
-                e->run_start[ub.n_runs++] = i;
+            if (i == 0 || ub.seq[i] != ub.seq[i - 1]) e->run_start[ub.n_runs++] = i;
         e->run_start[ub.n_runs] = ub.n;
         ub.run_start = e->run_start;
         sil_forward(&e->f, &ub, logits);
-        if (sil_threadpool_faulted(e->tp))
-            return false;
-        if (e->eval_progress)
-            e->eval_progress(e->eval_progress_user);
+        if (sil_threadpool_faulted(e->tp)) return false;
+        if (e->eval_progress) e->eval_progress(e->eval_progress_user);
     }
     return !atomic_load(&e->damaged);
 }
@@ -441,18 +440,15 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
                          struct sil_error *err)
 {
     if (!b || b->n < 0 || b->n > e->n_batch_max) {
-        if (b && b->n > 0 && b->token && b->seq)
-            fail_rows(b, st, -1, -EINVAL);
+        if (b && b->n > 0 && b->token && b->seq) fail_rows(b, st, -1, -EINVAL);
         return sil_errorf(err, -EINVAL, "engine: batch of %d rows (max %d)", b ? b->n : -1, e->n_batch_max);
     }
     if (b->n == 0)
         return 0;
     if (!b->token || !b->pos || !b->seq)
         return sil_errorf(err, -EINVAL, "engine: batch without token, pos or seq arrays");
-    if (st)
-        memset(st, 0, sizeof(int) * (size_t)b->n);
-    if (atomic_load(&e->damaged))
-        return damaged_error(e, b, st, err);
+    if (st) memset(st, 0, sizeof(int) * (size_t)b->n);
+    if (atomic_load(&e->damaged)) return damaged_error(e, b, st, err);
     const int32_t n = b->n, V = e->model->hp.n_vocab;
     /* Validate everything before touching any state: an error leaves sequences unchanged. */
     for (int s = 0; s < e->n_seq_max; s++)
@@ -464,12 +460,15 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
         if (!seq_ok(e, s))
             rc = sil_errorf(err, -EINVAL, "engine: batch row %d: sequence %d is not live", i, s);
         else if (b->token[i] < 0 || b->token[i] >= V)
-            rc = sil_errorf(err, -EINVAL, "engine: batch row %d: token %d outside [0, %d)", i, b->token[i], V);
+            rc = sil_errorf(err, -EINVAL, "engine: batch row %d: token %d outside [0, %d)", i,
+                            b->token[i], V);
         else if (b->pos[i] != e->next_pos[s])
-            rc = sil_errorf(err, -EINVAL, "engine: batch row %d: position %d, sequence %d expects %d", i,
+            rc = sil_errorf(err, -EINVAL,
+                            "engine: batch row %d: position %d, sequence %d expects %d", i,
                             b->pos[i], s, e->next_pos[s]);
         else if (b->pos[i] >= e->n_ctx)
-            rc = sil_errorf(err, -ENOSPC, "engine: batch row %d: position %d beyond the context (%d)", i,
+            rc = sil_errorf(err, -ENOSPC,
+                            "engine: batch row %d: position %d beyond the context (%d)", i,
                             b->pos[i], e->n_ctx);
         if (rc < 0) {
             fail_rows(b, st, s, rc);
@@ -494,19 +493,18 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
     }
     if (n_out > 0 && !logits) {
         fail_rows(b, st, -1, -EINVAL);
-        return sil_errorf(err, -EINVAL, "engine: %d rows want logits but no logits buffer was given", n_out);
+        return sil_errorf(err, -EINVAL,
+                          "engine: %d rows want logits but no logits buffer was given", n_out);
     }
 
     /* A truncated model file faults on its next read (SIGBUS): caught here on this thread, and in
      * the pool's threads by the pool, so the evaluation fails instead of the process. */
     struct sil_mapguard_point pt;
     sil_mapguard_push(&pt);
-    if (sigsetjmp(pt.jb, 0))
-        return damaged_error(e, b, st, err);
+    if (sigsetjmp(pt.jb, 0)) return damaged_error(e, b, st, err);
     bool ok = run_ubatches(e, n, logits);
     sil_mapguard_pop(&pt);
-    if (!ok)
-        return damaged_error(e, b, st, err);
+    if (!ok) return damaged_error(e, b, st, err);
     for (int s = 0; s < e->n_seq_max; s++)
         e->seq_len[s] = e->next_pos[s];
     return 0;

@@ -47,7 +47,8 @@ struct sil_model_info {
     const char *name;       /* general.name or the file's base name */
     const char *path;
     uint64_t file_bytes;
-    uint64_t file_dev, file_ino; /* the inode the mapping keeps (a rename over the path is another) */
+    uint64_t file_dev,
+        file_ino; /* the inode the mapping keeps (a rename over the path is another) */
     int32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, n_expert, n_expert_used;
     uint64_t n_params;
     uint64_t routed_expert_bytes, backbone_bytes;
@@ -94,8 +95,8 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
  * -errno that failed the row's sequence. On success all 0; on failure the rows of the sequences
  * that caused it (every row when the whole batch failed) are < 0, and a sequence whose rows are
  * all 0 may be evaluated again unchanged (e.g. after another sequence ran out of device memory). */
-int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits, int *row_status,
-                         struct sil_error *err);
+int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                         int *row_status, struct sil_error *err);
 
 /* fn (may be NULL) is called on the evaluating thread after each micro-batch of sil_engine_eval,
  * so a watchdog sees progress inside a long evaluation. */

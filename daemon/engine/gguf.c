@@ -583,8 +583,9 @@ int sil_gguf_open(struct sil_gguf **out, const char *path, struct sil_error *err
         return sil_errorf(err, -EINVAL, "%s: not a regular file (%s)", path,
                           S_ISDIR(st.st_mode)    ? "a directory"
                           : S_ISFIFO(st.st_mode) ? "a FIFO"
-                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                                                                       : "a socket or other special file");
+                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)
+                              ? "a device"
+                              : "a socket or other special file");
     }
     void *map = NULL;
     if (st.st_size > 0) {

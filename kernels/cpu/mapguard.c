@@ -60,12 +60,12 @@ int sil_mapguard_register(const void *base, size_t len)
     }
     int slot = -ENOSPC;
     for (int i = 0; i < MAX_RANGES; i++) {
-        if (atomic_load(&ranges[i].base) != 0)
-            continue;
+        if (atomic_load(&ranges[i].base) != 0) continue;
         atomic_store(&ranges[i].len, len);
         atomic_store(&ranges[i].faults, 0);
         atomic_store(&ranges[i].first_offset, 0);
-        atomic_store_explicit(&ranges[i].base, (uintptr_t)base ? (uintptr_t)base : 1, memory_order_release);
+        atomic_store_explicit(&ranges[i].base, (uintptr_t)base ? (uintptr_t)base : 1,
+                              memory_order_release);
         slot = i;
         break;
     }
@@ -75,8 +75,7 @@ int sil_mapguard_register(const void *base, size_t len)
 
 void sil_mapguard_unregister(int slot)
 {
-    if (slot < 0 || slot >= MAX_RANGES)
-        return;
+    if (slot < 0 || slot >= MAX_RANGES) return;
     pthread_mutex_lock(&reg_mu);
     atomic_store(&ranges[slot].base, 0);
     pthread_mutex_unlock(&reg_mu);
@@ -84,10 +83,8 @@ void sil_mapguard_unregister(int slot)
 
 uint64_t sil_mapguard_faults(int slot, size_t *offset)
 {
-    if (slot < 0 || slot >= MAX_RANGES)
-        return 0;
+    if (slot < 0 || slot >= MAX_RANGES) return 0;
     uint64_t n = atomic_load(&ranges[slot].faults);
-    if (offset)
-        *offset = n ? atomic_load(&ranges[slot].first_offset) : 0;
+    if (offset) *offset = n ? atomic_load(&ranges[slot].first_offset) : 0;
     return n;
 }

@@ -29,7 +29,7 @@ struct sil_threadpool {
     atomic_ullong state;     /* OPEN_BIT while the task accepts workers | workers inside */
     atomic_long next;        /* next unclaimed item */
     atomic_bool stop;
-    atomic_bool faulted;     /* a task read a faulting mapping (mapguard.h); later tasks are skipped */
+    atomic_bool faulted; /* a task read a faulting mapping (mapguard.h); later tasks are skipped */
     /* the open task */
     sil_range_fn fn;
     void *arg;
@@ -57,8 +57,7 @@ static long now_ns(void)
 
 static void claim_loop(struct sil_threadpool *tp, int ith)
 {
-    if (atomic_load_explicit(&tp->faulted, memory_order_relaxed))
-        return;
+    if (atomic_load_explicit(&tp->faulted, memory_order_relaxed)) return;
     /* A read of a truncated model file faults here (SIGBUS): this thread records it and stops,
      * and the other threads find no work left, so the caller's wait still ends. */
     struct sil_mapguard_point pt;
@@ -70,8 +69,7 @@ static void claim_loop(struct sil_threadpool *tp, int ith)
     }
     for (;;) {
         long lo = atomic_fetch_add_explicit(&tp->next, tp->chunk, memory_order_relaxed);
-        if (lo >= tp->n)
-            break;
+        if (lo >= tp->n) break;
         long hi = lo + tp->chunk < tp->n ? lo + tp->chunk : tp->n;
         tp->fn(tp->arg, lo, hi, ith);
     }
@@ -178,8 +176,7 @@ bool sil_threadpool_faulted(struct sil_threadpool *tp)
 
 void sil_threadpool_clear_fault(struct sil_threadpool *tp)
 {
-    if (tp)
-        atomic_store(&tp->faulted, false);
+    if (tp) atomic_store(&tp->faulted, false);
 }
 
 int sil_threadpool_n_threads(const struct sil_threadpool *tp)
