@@ -9,7 +9,9 @@
 # do, and SIGHUP after a replace by rename serves again. A replace by rename while serving does
 # not damage the running model; SIGHUP then loads the new file.
 . "$(dirname "$0")/lib.bash"
-"$SIL_BUILD/bin/sil-mkmodel" --preset tiny --seed 7 --type q8_0 --name other-model --quiet \
+MK=$SIL_BUILD/bin/sil-mkmodel
+[ -x "$MK" ] || MK=$ROOT/build/bin/sil-mkmodel # sanitizer builds have only the daemon
+"$MK" --preset tiny --seed 7 --type q8_0 --name other-model --quiet \
     --out "$T/other.gguf" >/dev/null 2>&1
 python3 - "$SIL_BUILD/bin/siliceod" "$T" "$MODEL" <<'PY'
 import os, shutil, signal, subprocess, sys, threading, time

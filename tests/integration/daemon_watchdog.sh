@@ -77,6 +77,11 @@ try:
     gap = max_gap(pings(t0 - wd, t1 + wd))
     check(gap < wd, "pings kept coming while decoding (largest gap %.3f s < %.3f s)" % (gap, wd))
 
+    # One micro-batch's own compute must fit the interval for what follows to mean anything (a
+    # sanitizer build on a loaded machine may be slower).
+    res, _ = c.ok("generate", {"prompt_tokens": [(i * 7 + 3) % 500 + 1 for i in range(128)], "max_tokens": 1,
+                               "grace_tokens": 0, "temperature": 0})
+    ub = res["timings"]["prefill_ms"] / 1e3 - 0.15
     # 1000 prompt tokens in one step: 8 micro-batches of 150 ms each, one evaluation of 1.2 s,
     # four times the watchdog interval; the per-micro-batch progress keeps the pings coming.
     ids = [(i * 37 + 11) % 500 + 1 for i in range(1000)]
@@ -88,8 +93,11 @@ try:
     step = res["timings"]["prefill_ms"] / 1e3
     check(step > 3 * wd, "the evaluation took %.2f s (> 3 x the watchdog interval)" % step)
     gap = max_gap(pings(t0 - wd, t1 + wd))
-    check(gap < wd, "pings kept coming during a %.2f s evaluation (largest gap %.3f s < %.3f s)" % (step, gap, wd))
-    check("pings stopped" not in daemon_log(), "no stall reported for a live engine")
+    if ub < wd / 2:
+        check(gap < wd, "pings kept coming during a %.2f s evaluation (largest gap %.3f s < %.3f s)" % (step, gap, wd))
+        check("pings stopped" not in daemon_log(), "no stall reported for a live engine")
+    else:
+        print("skip: one micro-batch computes for %.2f s here, too long for a %.2f s watchdog" % (ub, wd))
     c.close()
     p.terminate()
     check(p.wait(timeout=20) == 0, "daemon exited 0 on SIGTERM")
