@@ -270,10 +270,15 @@ static void eval_progress(void *user)
     }
 }
 
+/* A reload beats the heartbeat, and stops when the daemon is stopping (SIGTERM). */
 static bool reload_progress(float fraction, const char *what, void *user)
 {
-    beat(user);
-    return true;
+    struct sil_worker *w = user;
+    beat(w);
+    pthread_mutex_lock(&w->mu);
+    bool stop = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    return !stop;
 }
 
 /* The reload, once no request runs: the new engine first, so a failed load keeps the old one. */

@@ -14,7 +14,7 @@ MK=$SIL_BUILD/bin/sil-mkmodel
 "$MK" --preset tiny --seed 7 --type q8_0 --name other-model --quiet \
     --out "$T/other.gguf" >/dev/null 2>&1
 python3 - "$SIL_BUILD/bin/siliceod" "$T" "$MODEL" <<'PY'
-import os, shutil, signal, subprocess, sys, threading, time
+import os, shutil, signal, socket, subprocess, sys, threading, time
 import siltest
 from siltest import check
 
@@ -96,7 +96,15 @@ try:
     res, _ = c.ok("generate", REQ)
     check(res["tokens"] == base and status(c)["model_state"] == "ok",
           "rename: the running model keeps the old inode (same answer, model ok)")
+    # A request running at SIGHUP finishes on the old model; the reload waits for it.
+    c2 = siltest.Client()
+    mid = c2.send("generate", dict(REQ, max_tokens=400))
+    c2.s.recv(1, socket.MSG_PEEK)  # it streams
     p.send_signal(signal.SIGHUP)
+    err, res, _ = c2.wait(mid)
+    check(err is None and res["stop_reason"] == "length" and res["tokens"][:len(base)] == base,
+          "rename: the request running at SIGHUP finished on the old model (%d tokens)" % len(res["tokens"]))
+    c2.close()
     t_end = time.monotonic() + 20
     while time.monotonic() < t_end and status(c)["model"]["name"] != "other-model":
         time.sleep(0.05)
