@@ -47,6 +47,7 @@ void conn_free(struct conn *c)
     free(c->inflight);
     free(c->out);
     free(c);
+    server_conn_gone(s);
 }
 
 struct conn *conn_find(struct server *s, uint64_t id)

@@ -136,8 +136,14 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         sil_worker_stats(s->worker, &st);
     const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_map(pk, 13);
+    msgpack_pack_map(pk, 15);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
+    sil_rpc_kv_str(pk, "model_state", model_state_name(s));
+    sil_rpc_pack_cstr(pk, "model_problem");
+    if (s->model_state == MODEL_OK)
+        msgpack_pack_nil(pk);
+    else
+        sil_utf8_pack_str(pk, s->model_problem, strlen(s->model_problem)); /* names a path: bytes */
     sil_rpc_kv_str(pk, "version", SIL_VERSION);
     sil_rpc_kv_uint(pk, "pid", getpid());
     sil_rpc_kv_double(pk, "uptime_s", now_s() - s->t_start);
@@ -462,6 +468,13 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
         s->requests_rejected++;
         return send_error(c, m->msgid, SIL_RPC_E_BUSY, "more than %d requests in flight on this connection",
                           s->cfg->max_client_requests);
+    }
+    if (s->worker && s->model_state != MODEL_OK && strcmp(m->method, "debug.stream") != 0) {
+        s->requests_rejected++;
+        if (s->model_state == MODEL_RELOADING)
+            return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE,
+                              "the model is being reloaded; send the request again");
+        return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE, "%s", s->model_problem);
     }
     if (s->worker) {
         struct sil_worker_stats st;

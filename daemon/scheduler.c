@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/log.h"
 #include "daemon/utf8.h"
@@ -116,7 +117,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
         if (tail.n_answer || tail.n_reasoning)
             pack_token(&w->pk, j->r.msgid, &tail, NULL, 0);
         if (reason == SIL_STOP_ERROR && j->gen.n == 0) {
-            sil_rpc_pack_error_response(&w->pk, j->r.msgid, SIL_RPC_E_INTERNAL, errmsg);
+            sil_rpc_pack_error_response(&w->pk, j->r.msgid,
+                                        j->err_code ? j->err_code : SIL_RPC_E_INTERNAL, errmsg);
         } else {
             size_t n_text = 0, n_reason = 0;
             const char *text = j->gc ? sil_genctl_answer(j->gc, &n_text) : "";
@@ -370,6 +372,38 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
     j->decoding = true;
 }
 
+/* A failed evaluation fails the requests whose rows the engine marked (row_status), or every
+ * request in the batch when it marked none; the others were left as they were and go on. */
+static void eval_failed(struct sil_worker *w, int n, const char *why)
+{
+    bool any = false;
+    for (int r = 0; r < n; r++)
+        any |= w->b_status[r] < 0;
+    char msg[700];
+    snprintf(msg, sizeof msg, "evaluation failed: %s", why);
+    for (struct job *j = w->running, *next; j; j = next) {
+        next = j->next;
+        bool hit = false;
+        for (int r = 0; r < n && !hit; r++)
+            hit = w->b_seq[r] == j->seq && (!any || w->b_status[r] < 0);
+        if (hit) running_finish(w, j, SIL_STOP_ERROR, msg);
+    }
+}
+
+/* Test hook (SILICEOD_TEST_HOOKS stall_ms=N): the engine thread stops for N ms before an
+ * evaluation that has prompt rows, without a heartbeat, as a hung engine would. */
+static void test_stall(struct sil_worker *w)
+{
+    if (w->test_stall_ms <= 0) return;
+    bool prefill = false;
+    for (struct job *j = w->running; j; j = j->next)
+        prefill |= !j->decoding;
+    if (prefill) {
+        struct timespec ts = {w->test_stall_ms / 1000, (w->test_stall_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* One scheduler step: decode rows for every decoding request, then prompt chunks. */
 void step(struct sil_worker *w)
 {
@@ -413,21 +447,19 @@ void step(struct sil_worker *w)
 
     struct sil_batch batch = { .n = n, .token = w->b_tok, .pos = w->b_pos, .seq = w->b_seq, .want_logits = w->b_want };
     struct sil_error err = { 0 };
+    test_stall(w);
     double t0 = now_s();
-    int rc = sil_engine_eval(w->e, &batch, w->logits, &err);
+    int rc = sil_engine_eval_rows(w->e, &batch, w->logits, w->b_status, &err);
     w->local.eval_seconds += now_s() - t0;
     w->local.steps++;
     if (rc) {
         w->local.eval_errors++;
         sil_err("evaluation failed (%d rows): %s", n, err.msg);
-        struct job *j = w->running;
-        w->running = NULL;
-        w->n_running = 0;
-        while (j) {
-            struct job *next = j->next;
-            job_finish(w, j, SIL_STOP_ERROR, err.msg);
-            j = next;
+        if (rc == -EIO) {
+            model_damaged(w, err.msg); /* fails every request, with what to do */
+            return;
         }
+        eval_failed(w, n, err.msg);
         return;
     }
 

@@ -23,7 +23,9 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/log.h"
+#include "daemon/modelwatch.h"
 #include "daemon/server_impl.h"
+#include "daemon/testhooks.h"
 #include "daemon/utf8.h"
 #include "daemon/worker.h"
 #include "siliceo-proto.h"
@@ -46,6 +48,118 @@ static void maybe_exit(struct server *s)
         sd_event_exit(s->ev, 0);
 }
 
+void server_conn_gone(struct server *s)
+{
+    if (s->state == DRAINING && !s->conns && s->ev) sd_event_exit(s->ev, 0);
+}
+
+const char *model_state_name(const struct server *s)
+{
+    return s->model_state == MODEL_DAMAGED     ? "damaged"
+           : s->model_state == MODEL_RELOADING ? "reloading"
+                                               : "ok";
+}
+
+/* ---- the model file ----------------------------------------------------------------------------
+ */
+
+static void on_model_changed(void *user, const char *why)
+{
+    struct server *s = user;
+    if (s->model_state == MODEL_DAMAGED) return;
+    sil_err("%s; stopping its use", why);
+    if (s->model_state == MODEL_OK) {
+        s->model_state = MODEL_DAMAGED;
+        snprintf(s->model_problem, sizeof s->model_problem,
+                 "%s; the model cannot be used until it is reloaded: replace the file by rename "
+                 "and send "
+                 "SIGHUP to siliceod",
+                 why);
+    }
+    /* The worker answers with SIL_WORKER_EV_DAMAGED once nothing reads the mapping; the lease
+     * (and with it the writer) is released then. */
+    sil_worker_model_damaged(s->worker, s->engine);
+}
+
+static void start_watch(struct server *s)
+{
+    sil_modelwatch_free(s->watch);
+    s->watch = NULL;
+    if (sil_modelwatch_start(&s->watch, s->ev, sil_engine_info(s->engine), on_model_changed, s) < 0)
+        sil_warn("out of memory: the model file is not watched");
+}
+
+static void engine_params(const struct server *s, struct sil_engine_params *ep)
+{
+    const struct sil_config *cfg = s->cfg;
+    sil_engine_params_default(ep);
+    ep->model_path = cfg->model;
+    ep->n_threads = cfg->threads;
+    ep->backend = cfg->backend;
+    ep->vram_budget = cfg->vram_budget;
+    ep->n_ctx = cfg->ctx;
+    ep->n_seq_max = cfg->max_running + cfg->max_sessions;
+    ep->n_batch_max = cfg->prefill_chunk + cfg->max_running;
+}
+
+/* SIGHUP: a damaged model is always reloaded; a sound one when the path names another file now
+ * (it was replaced by rename). */
+static void maybe_reload(struct server *s)
+{
+    if (!s->worker || s->model_state == MODEL_RELOADING) return;
+    const struct sil_model_info *info = sil_engine_info(s->engine);
+    struct stat st;
+    if (s->model_state == MODEL_OK) {
+        if (stat(s->cfg->model, &st) < 0 ||
+            ((uint64_t)st.st_dev == info->file_dev && (uint64_t)st.st_ino == info->file_ino))
+            return;
+    }
+    sil_notice("reloading the model from %s%s", s->cfg->model,
+               s->model_state == MODEL_DAMAGED ? " (damaged)" : "");
+    s->reload_damaged = s->model_state == MODEL_DAMAGED;
+    s->model_state = MODEL_RELOADING;
+    sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the model %s", s->cfg->model);
+    struct sil_engine_params ep;
+    engine_params(s, &ep);
+    sil_worker_reload(s->worker, &ep);
+}
+
+static void on_model_event(struct server *s, struct sil_outmsg *m)
+{
+    switch (m->event) {
+    case SIL_WORKER_EV_DAMAGED:
+        if (s->model_state == MODEL_OK)
+            snprintf(s->model_problem, sizeof s->model_problem, "%s", m->data);
+        if (s->model_state != MODEL_RELOADING) s->model_state = MODEL_DAMAGED;
+        sil_modelwatch_release(s->watch); /* nothing reads the mapping now */
+        sd_notifyf(0, "STATUS=model damaged: %s", s->model_problem);
+        break;
+    case SIL_WORKER_EV_RELOADED:
+        s->engine = m->engine;
+        s->vocab = sil_engine_vocab(s->engine);
+        sil_modelwatch_free(s->watch);
+        s->watch = NULL;
+        sil_engine_close(m->old_engine);
+        s->model_state = MODEL_OK;
+        s->model_problem[0] = 0;
+        start_watch(s);
+        sd_notifyf(0, "READY=1\nSTATUS=ready: %s on %s", sil_engine_info(s->engine)->name, s->path);
+        break;
+    case SIL_WORKER_EV_RELOAD_FAILED:
+        s->model_state = s->reload_damaged ? MODEL_DAMAGED : MODEL_OK;
+        if (s->reload_damaged)
+            snprintf(s->model_problem, sizeof s->model_problem,
+                     "the model file changed while in use and the %s; replace the file by rename "
+                     "and send SIGHUP to "
+                     "siliceod",
+                     m->data);
+        sd_notifyf(0, "READY=1\nSTATUS=%s", m->data);
+        break;
+    case SIL_WORKER_EV_NONE:
+        break;
+    }
+}
+
 static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
 {
     struct server *s = ud;
@@ -56,6 +170,8 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
         struct sil_outmsg *next = m->next;
         if (m->stopped) {
             s->state = DRAINING;
+        } else if (m->event) {
+            on_model_event(s, m);
         } else {
             struct conn *c = conn_find(s, m->conn_id);
             if (c) {
@@ -119,6 +235,10 @@ void begin_shutdown(struct server *s, const char *why)
 static int on_signal(sd_event_source *src, const struct signalfd_siginfo *si, void *ud)
 {
     struct server *s = ud;
+    if (si->ssi_signo == SIGIO) {
+        sil_modelwatch_on_sigio(s->watch, (int)si->ssi_fd);
+        return 0;
+    }
     if (si->ssi_signo == SIGHUP) {
         struct sil_config fresh;
         struct sil_cli cli;
@@ -134,6 +254,7 @@ static int on_signal(sd_event_source *src, const struct signalfd_siginfo *si, vo
             sil_worker_set_limits(s->worker, s->cfg->session_memory, s->cfg->max_sessions);
         sil_notice("configuration reloaded%s%s%s", changed[0] ? " (restart needed for: " : "", changed,
                    changed[0] ? ")" : "");
+        if (s->state == RUNNING) maybe_reload(s);
         return 0;
     }
     begin_shutdown(s, si->ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -143,9 +264,9 @@ static int on_signal(sd_event_source *src, const struct signalfd_siginfo *si, vo
 /* ---- watchdog ---------------------------------------------------------------------------------- */
 
 /* WATCHDOG=1 says both threads are alive: this timer firing shows the event loop runs, and the
- * engine thread must be waiting for work or have finished a scheduler step within the watchdog
- * interval. A hung engine (or one step longer than WatchdogSec) stops the pings, and systemd
- * restarts the daemon. */
+ * engine thread must be waiting for work or have made progress (a scheduler step, or a
+ * micro-batch inside a long evaluation) within the watchdog interval. A hung engine stops the
+ * pings, and systemd restarts the daemon. */
 static int on_watchdog(sd_event_source *src, uint64_t usec, void *ud)
 {
     struct server *s = ud;
@@ -160,7 +281,7 @@ static int on_watchdog(sd_event_source *src, uint64_t usec, void *ud)
         }
     } else if (!s->engine_stalled) {
         s->engine_stalled = true;
-        sil_err("engine thread has not finished a step for %.1f s; watchdog pings stopped", age);
+        sil_err("engine thread has made no progress for %.1f s; watchdog pings stopped", age);
         sd_notifyf(0, "STATUS=engine thread stalled for %.0f s", age);
     }
     sd_event_source_set_time(src, usec + s->watchdog_usec / 4);
@@ -184,14 +305,26 @@ static int setup_watchdog(struct server *s)
 
 /* ---- start-up ---------------------------------------------------------------------------------- */
 
-static void load_progress(float fraction, const char *what, void *user)
+/* SIGTERM and SIGINT are blocked (sd-event takes them later), so a signal during the load waits
+ * as pending: it stops the load between its stages. */
+static bool stop_pending(void)
 {
+    sigset_t p;
+    return sigpending(&p) == 0 && (sigismember(&p, SIGTERM) == 1 || sigismember(&p, SIGINT) == 1);
+}
+
+static bool load_progress(float fraction, const char *what, void *user)
+{
+    /* Test hook: a slow load, to stop it in the middle. */
+    for (int ms = sil_test_hook("load_ms"); ms > 0 && !stop_pending(); ms -= 10)
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    if (stop_pending()) return false;
     static int last = -1;
     int pct = (int)(fraction * 100);
-    if (pct == last)
-        return;
+    if (pct == last) return true;
     last = pct;
     sd_notifyf(0, "STATUS=loading model: %d%% %s", pct, what ? what : "");
+    return true;
 }
 
 /* Creates the socket's directory (0750) when missing; the default ones are ours to fix up. */
@@ -288,29 +421,46 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     sigaddset(&ss, SIGTERM);
     sigaddset(&ss, SIGINT);
     sigaddset(&ss, SIGHUP);
+    sigaddset(&ss, SIGIO); /* the model file's lease breaks (modelwatch.h) */
     /* Blocked before any thread exists, so the worker inherits the mask and sd-event gets them. */
     sigprocmask(SIG_BLOCK, &ss, NULL);
     signal(SIGPIPE, SIG_IGN);
     sil_rpc_buf_init(&s->scratch, 0);
 
+    if (!cfg->no_model) {
+        /* Before the socket listens: a FIFO, device or directory would block or fail the load
+         * later, with clients already connecting. stat() does not open, so it cannot block. */
+        struct stat st;
+        if (stat(cfg->model, &st) < 0) {
+            sil_err("cannot load the model: %s: %s", cfg->model, strerror(errno));
+            goto out;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            sil_err("cannot load the model: %s: not a regular file (%s)", cfg->model,
+                    S_ISDIR(st.st_mode)                          ? "a directory"
+                    : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+                    : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                 : "a special file");
+            goto out;
+        }
+    }
     if (setup_listen(s) < 0)
         goto out;
 
     if (!cfg->no_model) {
         struct sil_engine_params ep;
-        sil_engine_params_default(&ep);
-        ep.model_path = cfg->model;
-        ep.n_threads = cfg->threads;
-        ep.backend = cfg->backend;
-        ep.vram_budget = cfg->vram_budget;
-        ep.n_ctx = cfg->ctx;
-        ep.n_seq_max = cfg->max_running + cfg->max_sessions;
-        ep.n_batch_max = cfg->prefill_chunk + cfg->max_running;
+        engine_params(s, &ep);
         ep.progress = load_progress;
         struct sil_error err = { 0 };
         sd_notifyf(0, "STATUS=loading model %s", cfg->model);
         double t0 = now_s();
-        if (sil_engine_open(&s->engine, &ep, &err) < 0) {
+        int lrc = sil_engine_open(&s->engine, &ep, &err);
+        if (lrc == -ECANCELED) {
+            sil_notice("model load stopped by a signal; exiting");
+            status = 0;
+            goto out;
+        }
+        if (lrc < 0) {
             sil_err("cannot load the model: %s", err.msg);
             sd_notifyf(0, "STATUS=cannot load the model: %s", err.msg);
             goto out;
@@ -319,6 +469,11 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_info("model %s (%s, %d layers, %llu parameters) loaded in %.2f s on %s, %d threads, context %d",
                  info->name, info->arch_name, info->n_layer, (unsigned long long)info->n_params, now_s() - t0,
                  info->backend, info->n_threads, sil_engine_n_ctx(s->engine));
+        if (!cfg->backend[0] || strcmp(cfg->backend, "auto") == 0)
+            sil_info("backend auto: %s (this build has no CUDA backend)", info->backend);
+        if (cfg->vram_budget && strcmp(info->backend, "cuda") != 0)
+            sil_notice("vram_budget has no effect: the model runs on the %s backend",
+                       info->backend);
         s->vocab = sil_engine_vocab(s->engine);
         if (sil_worker_start(&s->worker, s->engine, cfg, &err) < 0) {
             sil_err("%s", err.msg);
@@ -334,10 +489,13 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sd_event_add_signal(s->ev, NULL, SIGTERM, on_signal, s) < 0 ||
         sd_event_add_signal(s->ev, NULL, SIGINT, on_signal, s) < 0 ||
         sd_event_add_signal(s->ev, NULL, SIGHUP, on_signal, s) < 0 ||
-        (s->worker && sd_event_add_io(s->ev, &s->worker_src, sil_worker_eventfd(s->worker), EPOLLIN, on_worker, s) < 0)) {
+        sd_event_add_signal(s->ev, NULL, SIGIO, on_signal, s) < 0 ||
+        (s->worker && sd_event_add_io(s->ev, &s->worker_src, sil_worker_eventfd(s->worker), EPOLLIN,
+                                      on_worker, s) < 0)) {
         sil_err("event loop set-up failed");
         goto out;
     }
+    if (s->engine) start_watch(s);
     if (setup_watchdog(s) < 0) {
         sil_err("event loop set-up failed (watchdog timer)");
         goto out;
@@ -359,6 +517,7 @@ out:
         sil_worker_free(s->worker);
         s->worker = NULL;
     }
+    sil_modelwatch_free(s->watch);
     if (s->engine)
         sil_engine_close(s->engine);
     sd_event_source_disable_unref(s->listen_src);

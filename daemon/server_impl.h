@@ -50,6 +50,11 @@ struct conn {
 
 enum state { RUNNING, STOPPING, DRAINING };
 
+/* The model's health, as the loop knows it: damaged when its file changed under the mapping
+ * (generate and chat are refused with model_problem, which says what to do), reloading while
+ * SIGHUP's load runs on the engine thread. */
+enum model_state { MODEL_OK, MODEL_DAMAGED, MODEL_RELOADING };
+
 struct server {
     struct sil_config *cfg;
     int argc;
@@ -64,6 +69,10 @@ struct server {
     struct sil_engine *engine;
     const struct sil_vocab *vocab;
     struct sil_worker *worker;
+    struct sil_modelwatch *watch;
+    enum model_state model_state;
+    bool reload_damaged; /* the reload in progress replaces a damaged model */
+    char model_problem[1400];
     struct conn *conns;
     int n_conns;
     uint64_t next_conn_id;
@@ -111,5 +120,9 @@ int pump_streams(struct conn *c);
 
 /* server.c: lifecycle. */
 void begin_shutdown(struct server *s, const char *why);
+/* A connection was freed: while draining, the last one ends the loop. */
+void server_conn_gone(struct server *s);
+/* "ok", "damaged" or "reloading". */
+const char *model_state_name(const struct server *s);
 
 #endif

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "daemon/testhooks.h"
 #include "daemon/utf8.h"
 #include "daemon/worker_impl.h"
 #include "siliceo-proto.h"
@@ -78,6 +79,8 @@ void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
     m->msgid = msgid;
     m->final = final;
     m->stopped = false;
+    m->event = SIL_WORKER_EV_NONE;
+    m->engine = m->old_engine = NULL;
     m->len = n;
     memcpy(m->data, sil_rpc_buf_head(b), n);
     sil_rpc_buf_reset(b);
@@ -92,6 +95,8 @@ static void post_error(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, i
 }
 
 /* ---- the thread -------------------------------------------------------------------------------- */
+
+static void reload_free(struct reload *r);
 
 static void handle_in(struct sil_worker *w, struct inmsg *m)
 {
@@ -152,6 +157,22 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         post(w, m->conn_id, m->msgid, false);
         break;
     }
+    case IN_DAMAGED:
+        if (m->engine == w->e) model_damaged(w, NULL);
+        break;
+    case IN_RELOAD:
+        if (w->reload) reload_free(w->reload);
+        w->reload = m->reload;
+        m->reload = NULL;
+        /* Queued requests were tokenized for the model in use; the running ones may finish. */
+        for (struct job *j = w->queue, *next; j; j = next) {
+            next = j->next;
+            list_remove(&w->queue, j);
+            w->n_queued--;
+            j->err_code = SIL_RPC_E_UNAVAILABLE;
+            job_finish(w, j, SIL_STOP_ERROR, "the model is being reloaded; send the request again");
+        }
+        break;
     case IN_SESS_DROP: {
         struct session *s = session_find(w, m->name);
         if (!s) {
@@ -169,6 +190,139 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         break;
     }
     }
+}
+
+static void reload_free(struct reload *r)
+{
+    if (!r) return;
+    free(r->path);
+    free(r->backend);
+    free(r);
+}
+
+static void post_event(struct sil_worker *w, enum sil_worker_event ev, const char *text,
+                       struct sil_engine *e, struct sil_engine *old)
+{
+    size_t n = text ? strlen(text) + 1 : 0;
+    struct sil_outmsg *m = calloc(1, sizeof(*m) + n);
+    if (!m) {
+        sil_err("out of memory telling the event loop about the model");
+        return;
+    }
+    m->event = ev;
+    m->engine = e;
+    m->old_engine = old;
+    if (n) memcpy(m->data, text, n);
+    post_raw(w, m);
+}
+
+static void fail_all(struct sil_worker *w, int code, const char *msg)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        /* Detached first: job_finish publishes stats, which walks the running list. */
+        struct job *j = pass ? w->running : w->queue;
+        if (pass)
+            w->running = NULL, w->n_running = 0;
+        else
+            w->queue = NULL, w->n_queued = 0;
+        while (j) {
+            struct job *next = j->next;
+            j->err_code = code;
+            job_finish(w, j, SIL_STOP_ERROR, msg);
+            j = next;
+        }
+    }
+}
+
+void model_damaged(struct sil_worker *w, const char *why)
+{
+    if (w->damaged) return;
+    w->damaged = true;
+    sil_engine_mark_damaged(w->e);
+    const char *path = sil_engine_info(w->e)->path;
+    char detail[700], msg[1200];
+    if (why)
+        snprintf(detail, sizeof detail, "%s", why);
+    else
+        snprintf(detail, sizeof detail, "%s: the model file is being written to while in use",
+                 path);
+    snprintf(msg, sizeof msg,
+             "%s; the model cannot be used until it is reloaded: replace the file by rename "
+             "(write the new file elsewhere, then mv it to %s) and send SIGHUP to siliceod",
+             detail, path);
+    sil_err("%s", msg);
+    fail_all(w, SIL_RPC_E_UNAVAILABLE, msg);
+    while (w->sessions)
+        session_free(w, w->sessions);
+    publish_stats(w);
+    post_event(w, SIL_WORKER_EV_DAMAGED, msg, w->e, NULL);
+}
+
+static void eval_progress(void *user)
+{
+    struct sil_worker *w = user;
+    beat(w);
+    if (w->test_ubatch_ms > 0) {
+        /* Test hook: a slow but live evaluation (each micro-batch takes this long). */
+        struct timespec ts = {w->test_ubatch_ms / 1000, (w->test_ubatch_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        beat(w);
+    }
+}
+
+/* A reload beats the heartbeat, and stops when the daemon is stopping (SIGTERM). */
+static bool reload_progress(float fraction, const char *what, void *user)
+{
+    struct sil_worker *w = user;
+    beat(w);
+    pthread_mutex_lock(&w->mu);
+    bool stop = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    return !stop;
+}
+
+/* The reload, once no request runs: the new engine first, so a failed load keeps the old one. */
+static void do_reload(struct sil_worker *w)
+{
+    struct reload *r = w->reload;
+    w->reload = NULL;
+    struct sil_engine *ne = NULL;
+    struct sil_error err = {0};
+    r->p.progress = reload_progress;
+    r->p.progress_user = w;
+    double t0 = now_s();
+    int rc = sil_engine_open(&ne, &r->p, &err);
+    beat(w);
+    int32_t nv = rc == 0 ? sil_vocab_n_tokens(sil_engine_vocab(ne)) : 0;
+    float *logits = NULL;
+    if (rc == 0 && !(logits = calloc((size_t)w->max_running * (size_t)nv, sizeof(float)))) {
+        sil_engine_close(ne);
+        rc = sil_errorf(&err, -ENOMEM, "reload: out of memory for the logits");
+    }
+    if (rc < 0) {
+        char msg[700];
+        snprintf(msg, sizeof msg, "reload failed: %s", err.msg);
+        sil_err("%s; %s", msg,
+                w->damaged ? "the damaged model stays unusable" : "keeping the model in use");
+        post_event(w, SIL_WORKER_EV_RELOAD_FAILED, msg, NULL, NULL);
+        reload_free(r);
+        return;
+    }
+    while (w->sessions)
+        session_free(w, w->sessions); /* their sequences belong to the old engine */
+    struct sil_engine *old = w->e;
+    w->e = ne;
+    w->v = sil_engine_vocab(ne);
+    w->n_vocab = nv;
+    w->n_ctx = sil_engine_n_ctx(ne);
+    free(w->logits);
+    w->logits = logits;
+    w->damaged = false;
+    sil_engine_set_eval_progress(ne, eval_progress, w);
+    sil_notice("model %s reloaded in %.2f s", sil_engine_info(ne)->path, now_s() - t0);
+    publish_stats(w);
+    post_event(w, SIL_WORKER_EV_RELOADED, NULL, ne, old);
+    reload_free(r);
 }
 
 static void finish_cancelled(struct sil_worker *w)
@@ -214,7 +368,7 @@ static void *worker_main(void *arg)
     for (;;) {
         beat(w);
         pthread_mutex_lock(&w->mu);
-        while (!w->in_head && !w->stop && !w->running) {
+        while (!w->in_head && !w->stop && !w->running && !(w->reload && !w->running)) {
             atomic_store(&w->idle, true);
             pthread_cond_wait(&w->cv, &w->mu);
         }
@@ -261,7 +415,13 @@ static void *worker_main(void *arg)
             return NULL;
         }
         finish_cancelled(w);
-        admit(w);
+        if (w->reload && !w->running) do_reload(w);
+        if (w->damaged)
+            fail_all(w, SIL_RPC_E_UNAVAILABLE,
+                     "the model file changed while in use; replace it by rename "
+                     "and send SIGHUP to siliceod");
+        else if (!w->reload)
+            admit(w);
         publish_stats(w);
         flush_out(w); /* answers to the inbox and refusals go out before a long prefill step */
         if (w->running) {
@@ -337,6 +497,36 @@ void sil_worker_shutdown(struct sil_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+void sil_worker_model_damaged(struct sil_worker *w, struct sil_engine *e)
+{
+    if (e) sil_engine_mark_damaged(e); /* stops an evaluation in progress at its next micro-batch */
+    struct inmsg *m = new_in(IN_DAMAGED, 0, 0);
+    m->engine = e;
+    send_in(w, m);
+}
+
+void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p)
+{
+    struct reload *r = calloc(1, sizeof(*r));
+    if (!r) {
+        sil_err("reload: out of memory");
+        return;
+    }
+    r->p = *p;
+    r->path = strdup(p->model_path);
+    r->backend = p->backend ? strdup(p->backend) : NULL;
+    if (!r->path || (p->backend && !r->backend)) {
+        sil_err("reload: out of memory");
+        reload_free(r);
+        return;
+    }
+    r->p.model_path = r->path;
+    r->p.backend = r->backend;
+    struct inmsg *m = new_in(IN_RELOAD, 0, 0);
+    m->reload = r;
+    send_in(w, m);
+}
+
 void sil_worker_set_limits(struct sil_worker *w, uint64_t session_memory, int max_sessions)
 {
     pthread_mutex_lock(&w->mu);
@@ -400,8 +590,13 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->b_pos = calloc(w->n_batch_max, sizeof(int32_t));
     w->b_seq = calloc(w->n_batch_max, sizeof(int32_t));
     w->b_want = calloc(w->n_batch_max, sizeof(bool));
+    w->b_status = calloc(w->n_batch_max, sizeof(int));
+    w->test_stall_ms = sil_test_hook("stall_ms");
+    w->test_ubatch_ms = sil_test_hook("ubatch_ms");
+    sil_engine_set_eval_progress(e, eval_progress, w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
-    if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->logits) {
+    if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
+        !w->logits) {
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
     }
@@ -428,8 +623,10 @@ void sil_worker_free(struct sil_worker *w)
         w->in_head = m->next;
         if (m->job)
             sil_job_req_free(m->job);
+        reload_free(m->reload);
         free(m);
     }
+    reload_free(w->reload);
     while (w->out_head) {
         struct sil_outmsg *m = w->out_head;
         w->out_head = m->next;
@@ -447,6 +644,7 @@ void sil_worker_free(struct sil_worker *w)
     free(w->b_pos);
     free(w->b_seq);
     free(w->b_want);
+    free(w->b_status);
     free(w->logits);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);

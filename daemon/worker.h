@@ -48,12 +48,22 @@ struct sil_worker_stats {
     double eval_seconds;
 };
 
+/* Outbox messages that are news about the model rather than bytes for a client. */
+enum sil_worker_event {
+    SIL_WORKER_EV_NONE,
+    SIL_WORKER_EV_DAMAGED,       /* data: why (NUL-terminated); the mapping is no longer read */
+    SIL_WORKER_EV_RELOADED,      /* engine: the new one, in use; old_engine: the loop closes it */
+    SIL_WORKER_EV_RELOAD_FAILED, /* data: why; the model in use stays */
+};
+
 struct sil_outmsg {
     struct sil_outmsg *next;
     uint64_t conn_id;
     uint32_t msgid;
     bool final;   /* the request's last message: the connection has one request less in flight */
     bool stopped; /* the worker thread has ended (shutdown done); no bytes */
+    enum sil_worker_event event;
+    struct sil_engine *engine, *old_engine;
     size_t len;
     char data[];  /* one or more packed msgpack-RPC messages */
 };
@@ -68,7 +78,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
 void sil_worker_free(struct sil_worker *w);
 int sil_worker_eventfd(const struct sil_worker *w);
 /* Liveness of the engine thread, for the watchdog (any thread): true while it waits for work or
- * went round its loop (one scheduler step) within max_age_usec. *age_s (may be NULL): seconds
+ * made progress (went round its loop, or finished a micro-batch of an evaluation) within
+ * max_age_usec. *age_s (may be NULL): seconds
  * since it last did, 0 when idle. */
 bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s);
 
@@ -84,6 +95,14 @@ void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t ms
 /* Every request gets a final response with stop_reason "shutdown", then the thread ends and posts
  * a message with stopped set. */
 void sil_worker_shutdown(struct sil_worker *w);
+/* The model file is about to change or changed (the loop's file watch): as a fault would, it
+ * fails every request and posts SIL_WORKER_EV_DAMAGED once nothing reads the mapping. The
+ * engine's running evaluation stops at its next micro-batch. */
+void sil_worker_model_damaged(struct sil_worker *w, struct sil_engine *e);
+/* Loads the model p names on the engine thread once the running requests are done (queued ones
+ * fail: they were tokenized for the old model), drops the sessions and posts RELOADED with both
+ * engines, or RELOAD_FAILED. p's strings are copied. */
+void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p);
 /* Live settings (SIGHUP): session limits. */
 void sil_worker_set_limits(struct sil_worker *w, uint64_t session_memory, int max_sessions);
 

@@ -52,9 +52,16 @@ struct job {
     struct sil_detok dt;
     double t_submit, t_admit, t_first, t_end;
     int logit_row;
+    int err_code; /* protocol error code of a failed final response; 0 = internal error */
 };
 
-enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP };
+enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP, IN_DAMAGED, IN_RELOAD };
+
+/* What a reload opens (IN_RELOAD): the engine parameters with their strings. */
+struct reload {
+    struct sil_engine_params p;
+    char *path, *backend;
+};
 
 struct inmsg {
     struct inmsg *next;
@@ -62,6 +69,8 @@ struct inmsg {
     uint64_t conn_id;
     uint32_t msgid;
     struct sil_job_req *job;
+    struct reload *reload;
+    struct sil_engine *engine; /* IN_DAMAGED: the engine whose file changed */
     char name[SIL_SESSION_NAME_MAX];
 };
 
@@ -97,7 +106,13 @@ struct sil_worker {
     uint64_t arrivals;
     int32_t *b_tok, *b_pos, *b_seq;
     bool *b_want;
+    int *b_status; /* per row, from sil_engine_eval */
     float *logits;
+    /* The model: damaged once its file changed (no evaluation reads the mapping after that), and
+     * a reload waiting for the running requests to end. */
+    bool damaged;
+    struct reload *reload;
+    int test_stall_ms, test_ubatch_ms; /* SILICEOD_TEST_HOOKS */
     struct sil_worker_stats local;
     /* Messages of this loop iteration, handed to the event loop together (one wake-up per step
      * instead of one per token), and the buffer they are packed in (no allocation per token). */
@@ -117,6 +132,9 @@ void post_raw(struct sil_worker *w, struct sil_outmsg *m);
 /* Moves what the packing buffer holds into a new pending message. */
 void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
 void publish_stats(struct sil_worker *w);
+/* The model file changed (why names it): every request fails with what to do, sessions go, the
+ * loop is told (SIL_WORKER_EV_DAMAGED), and nothing reads the mapping any more. */
+void model_damaged(struct sil_worker *w, const char *why);
 
 /* session.c: named sessions and the sequences they hold. */
 struct session *session_find(struct sil_worker *w, const char *name);

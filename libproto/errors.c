@@ -22,6 +22,7 @@ static const struct {
     [SIL_RPC_E_INTERNAL] = {"internal_error", "internal error"},
     [SIL_RPC_E_SHUTTING_DOWN] = {"shutting_down", "shutting down"},
     [SIL_RPC_E_VERSION] = {"version_mismatch", "no common protocol version"},
+    [SIL_RPC_E_UNAVAILABLE] = {"model_unavailable", "the model is damaged or being reloaded"},
 };
 
 const char *sil_rpc_code_name(int code)

@@ -52,6 +52,7 @@ enum sil_rpc_code {
     SIL_RPC_E_INTERNAL = 10,        /* bug or resource failure in the daemon */
     SIL_RPC_E_SHUTTING_DOWN = 11,   /* daemon is stopping */
     SIL_RPC_E_VERSION = 12,         /* no common protocol version */
+    SIL_RPC_E_UNAVAILABLE = 13,     /* model damaged or being reloaded (message: what to do) */
     SIL_RPC_CODE_COUNT
 };
 

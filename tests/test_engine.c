@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -589,6 +591,132 @@ static void test_api_errors(void **state)
     sil_engine_close(e);
 }
 
+/* A failed batch says which rows failed: only the sequence at fault; the others can be
+ * evaluated again unchanged. */
+static void test_row_status(void **state)
+{
+    (void)state;
+    struct sil_engine *e = open_model("qwen3-tiny-Q8_0", false, 2);
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    struct sil_error err = {0};
+    int s0 = sil_seq_create(e, &err), s1 = sil_seq_create(e, &err);
+    float *lg = malloc(sizeof(float) * 2 * (size_t)V);
+    int32_t tok[4] = {508, 10, 20, V}, pos[4] = {0, 1, 0, 1}, sq[4] = {s0, s0, s1, s1};
+    int st[4] = {7, 7, 7, 7};
+    struct sil_batch b = {4, tok, pos, sq, NULL};
+    assert_int_equal(sil_engine_eval_rows(e, &b, lg, st, &err), -EINVAL);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], 0);
+    assert_int_equal(st[2], -EINVAL);
+    assert_int_equal(st[3], -EINVAL);
+    assert_int_equal(sil_seq_len(e, s0), 0);
+    struct sil_batch again = {2, tok, pos, sq, NULL};
+    assert_int_equal(sil_engine_eval_rows(e, &again, lg, st, &err), 0);
+    assert_int_equal(st[0] | st[1], 0);
+    assert_int_equal(sil_seq_len(e, s0), 2);
+
+    /* marked damaged (the file is being written): every row fails with -EIO, for good */
+    sil_engine_mark_damaged(e);
+    assert_true(sil_engine_damaged(e));
+    int32_t t2 = 30, p2 = 2;
+    struct sil_batch one = {1, &t2, &p2, &s0, NULL};
+    assert_int_equal(sil_engine_eval_rows(e, &one, lg, st, &err), -EIO);
+    assert_int_equal(st[0], -EIO);
+    assert_non_null(strstr(err.msg, "qwen3-tiny-Q8_0.gguf"));
+    free(lg);
+    sil_engine_close(e);
+
+    /* a backend asked for by name that this build lacks is an error, not a CPU run */
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    char *path = tu_refdata_path("models/qwen3-tiny-Q8_0.gguf");
+    p.model_path = path;
+    p.backend = "cuda";
+    e = NULL;
+    assert_int_equal(sil_engine_open(&e, &p, &err), -ENOTSUP);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "CUDA"));
+    free(path);
+}
+
+static bool stop_at_half(float fraction, const char *what, void *user)
+{
+    (*(int *)user)++;
+    return fraction < 0.6f; /* goes on at 0.5, stops at the next stage */
+}
+
+/* The model file truncated under the mapping: the evaluation fails with -EIO naming the file
+ * (the SIGBUS is caught on this thread and on the pool's), and the process goes on. A FIFO or a
+ * directory is refused without blocking; a load stopped by its progress callback fails cleanly. */
+static void test_model_file_changed(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir_create();
+    char *path = tu_path_join(dir, "model.gguf");
+    char *src = tu_refdata_path("models/qwen3-tiny-Q8_0.gguf");
+    void *buf;
+    size_t len;
+    assert_int_equal(tu_read_file(src, &buf, &len), 0);
+    assert_int_equal(tu_write_file(path, buf, len), 0);
+    free(buf);
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.model_path = path;
+    p.n_threads = 4;
+    p.n_ctx = 256;
+    struct sil_error err = {0};
+    struct sil_engine *e = NULL;
+    assert_int_equal(sil_engine_open(&e, &p, &err), 0);
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    int32_t tok[64], pos[64], sq[64];
+    int st[64];
+    int s = sil_seq_create(e, &err);
+    for (int i = 0; i < 64; i++)
+        tok[i] = (i * 37 + 11) % 500, pos[i] = i, sq[i] = s;
+    struct sil_batch b = {64, tok, pos, sq, NULL};
+    assert_int_equal(sil_engine_eval_rows(e, &b, lg, st, &err), 0);
+
+    assert_int_equal(truncate(path, 1000), 0);
+    sil_seq_truncate(e, s, 0, &err);
+    assert_int_equal(sil_engine_eval_rows(e, &b, lg, st, &err), -EIO);
+    assert_non_null(strstr(err.msg, path));
+    assert_non_null(strstr(err.msg, "offset"));
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(st[i], -EIO);
+    assert_true(sil_engine_damaged(e));
+    assert_int_equal(sil_engine_eval(e, &b, lg, &err), -EIO);
+    free(lg);
+    sil_engine_close(e);
+
+    /* not regular files: refused at once (a FIFO would otherwise block open() for a writer) */
+    char *fifo = tu_path_join(dir, "fifo");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    p.model_path = fifo;
+    assert_int_equal(sil_engine_open(&e, &p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "a FIFO"));
+    p.model_path = dir;
+    assert_int_equal(sil_engine_open(&e, &p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "a directory"));
+
+    /* the load stops when the progress callback says so */
+    int calls = 0;
+    p.model_path = src;
+    p.progress = stop_at_half;
+    p.progress_user = &calls;
+    e = NULL;
+    assert_int_equal(sil_engine_open(&e, &p, &err), -ECANCELED);
+    assert_null(e);
+    assert_int_equal(calls, 2);
+    unlink(fifo);
+    unlink(path);
+    free(fifo);
+    free(path);
+    free(src);
+    tu_tmpdir_remove(dir);
+    free(dir);
+}
+
 int main(void)
 {
     if (!tu_refdata_exists("models/qwen3-tiny-Q8_0.gguf")) {
@@ -596,13 +724,11 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_normal),
-        cmocka_unit_test(test_parity_exact),
-        cmocka_unit_test(test_decode_vs_prefill),
-        cmocka_unit_test(test_batched_vs_alone),
-        cmocka_unit_test(test_long_batch),
-        cmocka_unit_test(test_mixed_prefill_decode),
-        cmocka_unit_test(test_api_errors),
+        cmocka_unit_test(test_parity_normal),      cmocka_unit_test(test_parity_exact),
+        cmocka_unit_test(test_decode_vs_prefill),  cmocka_unit_test(test_batched_vs_alone),
+        cmocka_unit_test(test_long_batch),         cmocka_unit_test(test_mixed_prefill_decode),
+        cmocka_unit_test(test_api_errors),         cmocka_unit_test(test_row_status),
+        cmocka_unit_test(test_model_file_changed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,11 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "kernels/cpu/mapguard.h"
 #include "kernels/cpu/threadpool.h"
 
 struct visit {
@@ -103,12 +107,87 @@ static void test_split_range(void **state)
         }
 }
 
+struct pages {
+    const volatile char *base;
+    long page;
+    atomic_long sum, done;
+};
+
+static void read_pages(void *arg, long lo, long hi, int ith)
+{
+    struct pages *p = arg;
+    for (long i = lo; i < hi; i++) {
+        atomic_fetch_add(&p->sum, p->base[i * p->page]);
+        atomic_fetch_add(&p->done, 1);
+    }
+}
+
+/* A file truncated under its mapping: the pool's threads and the caller fault (SIGBUS) reading
+ * it; each fault is caught, the task ends, the pool says it faulted and skips later tasks until
+ * cleared. Without the guard the process would die here. */
+static void test_mapping_fault(void **state)
+{
+    char path[] = "/tmp/test_threadpool.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const long page = sysconf(_SC_PAGESIZE), n_pages = 256;
+    assert_int_equal(ftruncate(fd, page * n_pages), 0);
+    char *map = mmap(NULL, (size_t)(page * n_pages), PROT_READ, MAP_PRIVATE, fd, 0);
+    assert_true(map != MAP_FAILED);
+    int slot = sil_mapguard_register(map, (size_t)(page * n_pages));
+    assert_true(slot >= 0);
+    struct sil_threadpool *tp;
+    assert_int_equal(sil_threadpool_create(&tp, 4), 0);
+    struct pages p = {.base = map, .page = page};
+    sil_threadpool_for(tp, n_pages, 1, read_pages, &p);
+    assert_int_equal(atomic_load(&p.done), n_pages);
+    assert_false(sil_threadpool_faulted(tp));
+    assert_int_equal(sil_mapguard_faults(slot, NULL), 0);
+
+    assert_int_equal(ftruncate(fd, page), 0); /* every page past the first now faults */
+    atomic_store(&p.done, 0);
+    sil_threadpool_for(tp, n_pages, 1, read_pages, &p);
+    assert_true(sil_threadpool_faulted(tp));
+    size_t off = 0;
+    assert_true(sil_mapguard_faults(slot, &off) >= 1);
+    assert_true(off >= (size_t)page && off < (size_t)(page * n_pages));
+    assert_true(atomic_load(&p.done) < n_pages);
+    /* skipped while the fault stands, run again once cleared (on pages that still exist) */
+    atomic_store(&p.done, 0);
+    sil_threadpool_for(tp, 64, 1, read_pages, &p);
+    assert_int_equal(atomic_load(&p.done), 0);
+    sil_threadpool_clear_fault(tp);
+    p.page = 0; /* every item reads page 0, which is still in the file */
+    sil_threadpool_for(tp, 64, 1, read_pages, &p);
+    assert_int_equal(atomic_load(&p.done), 64);
+    assert_false(sil_threadpool_faulted(tp));
+
+    /* the caller's own guard point catches a fault outside the pool */
+    struct sil_mapguard_point pt;
+    volatile int caught = 0;
+    sil_mapguard_push(&pt);
+    if (sigsetjmp(pt.jb, 0)) {
+        caught = 1;
+    } else {
+        (void)*(const volatile char *)(map + 3 * page);
+        sil_mapguard_pop(&pt);
+    }
+    assert_int_equal(caught, 1);
+
+    sil_threadpool_free(tp);
+    sil_mapguard_unregister(slot);
+    munmap(map, (size_t)(page * n_pages));
+    close(fd);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cover),
         cmocka_unit_test(test_many_tasks),
         cmocka_unit_test(test_split_range),
+        cmocka_unit_test(test_mapping_fault),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
  * forward pass's state (forward.h) + per-sequence state (KV for attention layers, conv + SSM
  * state for delta-net layers), all sized at open. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/cpu/mapguard.h"
 
 /* Rows per forward pass: bounds the scratch (RSS) while keeping matmuls matrix-matrix. */
 #define UBATCH_MAX 128
@@ -28,6 +30,10 @@ struct sil_engine {
     int32_t *seq_count, *seq_off;             /* [n_seq_max + 1] */
     int32_t *p_token, *p_pos, *p_seq, *p_out; /* [n_batch_max] rows grouped by sequence */
     int32_t *run_start;                       /* [UBATCH_MAX + 1] */
+    int guard_slot;                           /* the mapping's mapguard slot, or -1 */
+    atomic_bool damaged;                      /* the file changed under the mapping */
+    void (*eval_progress)(void *user);
+    void *eval_progress_user;
 };
 
 void sil_engine_params_default(struct sil_engine_params *p)
@@ -152,23 +158,43 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if (p->backend && strcmp(p->backend, "cpu") != 0 && strcmp(p->backend, "auto") != 0 &&
         strcmp(p->backend, "cuda") != 0)
         return sil_errorf(err, -EINVAL, "engine: unknown backend '%s' (cpu, cuda, auto)", p->backend);
+    /* Asked for by name, a backend that cannot run is an error, never a silent CPU run. */
+    if (p->backend && strcmp(p->backend, "cuda") == 0)
+        return sil_errorf(err, -ENOTSUP,
+                          "engine: backend 'cuda': this build has no CUDA backend "
+                          "(use backend cpu or auto)");
     struct sil_engine *e = calloc(1, sizeof(*e));
     if (!e)
         return sil_errorf(err, -ENOMEM, "engine: out of memory");
+    e->guard_slot = -1;
     int rc = sil_model_load(&e->model, p->model_path, err);
     if (rc < 0) {
         free(e);
         return rc;
     }
-    if (p->progress)
-        p->progress(0.5f, "model mapped and validated", p->progress_user);
-    const struct sil_hparams *hp = &e->model->hp;
     e->info = e->model->info;
+    if (p->progress && !p->progress(0.5f, "model mapped and validated", p->progress_user)) {
+        rc = sil_errorf(err, -ECANCELED, "%s: load stopped", p->model_path);
+        sil_model_free(e->model);
+        free(e);
+        return rc;
+    }
+    const struct sil_hparams *hp = &e->model->hp;
     rc = sil_vocab_load(&e->vocab, e->model->gguf, err);
     if (rc < 0) {
         sil_model_free(e->model);
         free(e);
         return rc;
+    }
+    e->guard_slot =
+        sil_mapguard_register(sil_gguf_base(e->model->gguf), sil_gguf_file_size(e->model->gguf));
+    if (e->guard_slot < 0) {
+        sil_errorf(err, e->guard_slot, "%s: cannot guard the mapping against faults", e->info.path);
+        goto fail;
+    }
+    if (p->progress && !p->progress(0.7f, "vocabulary loaded", p->progress_user)) {
+        rc = sil_errorf(err, -ECANCELED, "%s: load stopped", p->model_path);
+        goto fail;
     }
     int nt = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nt < 1)
@@ -193,8 +219,10 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
                             hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
         goto fail;
-    if (p->progress)
-        p->progress(1.0f, "ready", p->progress_user);
+    if (p->progress && !p->progress(1.0f, "ready", p->progress_user)) {
+        rc = sil_errorf(err, -ECANCELED, "%s: load stopped", p->model_path);
+        goto fail;
+    }
     *out = e;
     return 0;
 fail:
@@ -212,6 +240,7 @@ void sil_engine_close(struct sil_engine *e)
         e->f.be->ops->free(e->f.be);
     free_scratch(e);
     sil_vocab_free(e->vocab);
+    sil_mapguard_unregister(e->guard_slot);
     sil_model_free(e->model);
     free(e);
 }
@@ -308,14 +337,89 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
 
 /* ---- evaluation --------------------------------------------------------------------------- */
 
+/* Marks the rows of sequence seq (or every row, seq < 0) as failed with rc. */
+static void fail_rows(const struct sil_batch *b, int *st, int32_t seq, int rc)
+{
+    if (!st) return;
+    for (int32_t i = 0; i < b->n; i++)
+        if (seq < 0 || b->seq[i] == seq) st[i] = rc;
+}
+
+static int damaged_error(struct sil_engine *e, const struct sil_batch *b, int *st,
+                         struct sil_error *err)
+{
+    atomic_store(&e->damaged, true);
+    fail_rows(b, st, -1, -EIO);
+    size_t off = 0;
+    if (sil_mapguard_faults(e->guard_slot, &off) > 0)
+        return sil_errorf(
+            err, -EIO,
+            "%s: the model file changed while in use (a read of the mapping at offset %zu "
+            "faulted: the file was truncated or rewritten)",
+            e->info.path, off);
+    return sil_errorf(err, -EIO, "%s: the model file changed while in use (it was written to)",
+                      e->info.path);
+}
+
+void sil_engine_set_eval_progress(struct sil_engine *e, void (*fn)(void *user), void *user)
+{
+    e->eval_progress = fn;
+    e->eval_progress_user = user;
+}
+
+void sil_engine_mark_damaged(struct sil_engine *e)
+{
+    atomic_store(&e->damaged, true);
+}
+
+bool sil_engine_damaged(const struct sil_engine *e)
+{
+    return atomic_load(&e->damaged);
+}
+
+/* The forward passes, one micro-batch at a time. Runs under the engine thread's guard point:
+ * a fault in serial code jumps back to sil_engine_eval, one in the pool's tasks is recorded by
+ * the pool (threadpool.h) and seen here after the micro-batch. */
+static bool run_ubatches(struct sil_engine *e, int32_t n, float *logits)
+{
+    for (int32_t r0 = 0; r0 < n; r0 += e->f.ub_max) {
+        if (atomic_load(&e->damaged)) return false;
+        struct sil_ubatch ub;
+        ub.n = n - r0 < e->f.ub_max ? n - r0 : e->f.ub_max;
+        ub.token = e->p_token + r0;
+        ub.pos = e->p_pos + r0;
+        ub.seq = e->p_seq + r0;
+        ub.out_row = e->p_out + r0;
+        ub.n_runs = 0;
+        for (int32_t i = 0; i < ub.n; i++)
+            if (i == 0 || ub.seq[i] != ub.seq[i - 1]) e->run_start[ub.n_runs++] = i;
+        e->run_start[ub.n_runs] = ub.n;
+        ub.run_start = e->run_start;
+        sil_forward(&e->f, &ub, logits);
+        if (sil_threadpool_faulted(e->tp)) return false;
+        if (e->eval_progress) e->eval_progress(e->eval_progress_user);
+    }
+    return !atomic_load(&e->damaged);
+}
+
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err)
 {
-    if (!b || b->n < 0 || b->n > e->n_batch_max)
+    return sil_engine_eval_rows(e, b, logits, NULL, err);
+}
+
+int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits, int *st,
+                         struct sil_error *err)
+{
+    if (!b || b->n < 0 || b->n > e->n_batch_max) {
+        if (b && b->n > 0 && b->token && b->seq) fail_rows(b, st, -1, -EINVAL);
         return sil_errorf(err, -EINVAL, "engine: batch of %d rows (max %d)", b ? b->n : -1, e->n_batch_max);
+    }
     if (b->n == 0)
         return 0;
     if (!b->token || !b->pos || !b->seq)
         return sil_errorf(err, -EINVAL, "engine: batch without token, pos or seq arrays");
+    if (st) memset(st, 0, sizeof(int) * (size_t)b->n);
+    if (atomic_load(&e->damaged)) return damaged_error(e, b, st, err);
     const int32_t n = b->n, V = e->model->hp.n_vocab;
     /* Validate everything before touching any state: an error leaves sequences unchanged. */
     for (int s = 0; s < e->n_seq_max; s++)
@@ -323,17 +427,24 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
     memset(e->seq_count, 0, sizeof(int32_t) * (size_t)(e->n_seq_max + 1));
     for (int32_t i = 0; i < n; i++) {
         const int32_t s = b->seq[i];
+        int rc = 0;
         if (!seq_ok(e, s))
-            return sil_errorf(err, -EINVAL, "engine: batch row %d: sequence %d is not live", i, s);
-        if (b->token[i] < 0 || b->token[i] >= V)
-            return sil_errorf(err, -EINVAL, "engine: batch row %d: token %d outside [0, %d)", i,
-                              b->token[i], V);
-        if (b->pos[i] != e->next_pos[s])
-            return sil_errorf(err, -EINVAL, "engine: batch row %d: position %d, sequence %d expects %d", i,
-                              b->pos[i], s, e->next_pos[s]);
-        if (b->pos[i] >= e->n_ctx)
-            return sil_errorf(err, -ENOSPC, "engine: batch row %d: position %d beyond the context (%d)", i,
-                              b->pos[i], e->n_ctx);
+            rc = sil_errorf(err, -EINVAL, "engine: batch row %d: sequence %d is not live", i, s);
+        else if (b->token[i] < 0 || b->token[i] >= V)
+            rc = sil_errorf(err, -EINVAL, "engine: batch row %d: token %d outside [0, %d)", i,
+                            b->token[i], V);
+        else if (b->pos[i] != e->next_pos[s])
+            rc = sil_errorf(err, -EINVAL,
+                            "engine: batch row %d: position %d, sequence %d expects %d", i,
+                            b->pos[i], s, e->next_pos[s]);
+        else if (b->pos[i] >= e->n_ctx)
+            rc = sil_errorf(err, -ENOSPC,
+                            "engine: batch row %d: position %d beyond the context (%d)", i,
+                            b->pos[i], e->n_ctx);
+        if (rc < 0) {
+            fail_rows(b, st, s, rc);
+            return rc;
+        }
         e->next_pos[s]++;
         e->seq_count[s]++;
     }
@@ -351,24 +462,20 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
         e->p_seq[at] = s;
         e->p_out[at] = want ? n_out++ : -1;
     }
-    if (n_out > 0 && !logits)
-        return sil_errorf(err, -EINVAL, "engine: %d rows want logits but no logits buffer was given", n_out);
-
-    for (int32_t r0 = 0; r0 < n; r0 += e->f.ub_max) {
-        struct sil_ubatch ub;
-        ub.n = n - r0 < e->f.ub_max ? n - r0 : e->f.ub_max;
-        ub.token = e->p_token + r0;
-        ub.pos = e->p_pos + r0;
-        ub.seq = e->p_seq + r0;
-        ub.out_row = e->p_out + r0;
-        ub.n_runs = 0;
-        for (int32_t i = 0; i < ub.n; i++)
-            if (i == 0 || ub.seq[i] != ub.seq[i - 1])
-                e->run_start[ub.n_runs++] = i;
-        e->run_start[ub.n_runs] = ub.n;
-        ub.run_start = e->run_start;
-        sil_forward(&e->f, &ub, logits);
+    if (n_out > 0 && !logits) {
+        fail_rows(b, st, -1, -EINVAL);
+        return sil_errorf(err, -EINVAL,
+                          "engine: %d rows want logits but no logits buffer was given", n_out);
     }
+
+    /* A truncated model file faults on its next read (SIGBUS): caught here on this thread, and in
+     * the pool's threads by the pool, so the evaluation fails instead of the process. */
+    struct sil_mapguard_point pt;
+    sil_mapguard_push(&pt);
+    if (sigsetjmp(pt.jb, 0)) return damaged_error(e, b, st, err);
+    bool ok = run_ubatches(e, n, logits);
+    sil_mapguard_pop(&pt);
+    if (!ok) return damaged_error(e, b, st, err);
     for (int s = 0; s < e->n_seq_max; s++)
         e->seq_len[s] = e->next_pos[s];
     return 0;

@@ -34,8 +34,9 @@ struct sil_engine_params {
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
     int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
     bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
-    /* Load progress in [0,1], called from the loading thread; may be NULL. */
-    void (*progress)(float fraction, const char *what, void *user);
+    /* Load progress in [0,1], called from the loading thread between the stages of the load;
+     * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
+    bool (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
 };
 void sil_engine_params_default(struct sil_engine_params *p);
@@ -46,6 +47,8 @@ struct sil_model_info {
     const char *name;       /* general.name or the file's base name */
     const char *path;
     uint64_t file_bytes;
+    uint64_t file_dev,
+        file_ino; /* the inode the mapping keeps (a rename over the path is another) */
     int32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, n_expert, n_expert_used;
     uint64_t n_params;
     uint64_t routed_expert_bytes, backbone_bytes;
@@ -83,8 +86,26 @@ struct sil_batch {
 
 /* Evaluates the batch. Logits of the rows that want them are written to logits in row order,
  * n_vocab floats each (the caller sizes it: rows wanting logits x n_vocab). On error the
- * sequences in the batch are left as they were before the call. */
+ * sequences in the batch are left as they were before the call, except after -EIO.
+ * -EIO: the model file changed under the mapping (a read faulted: the file was truncated) or
+ * sil_engine_mark_damaged was called; err names the file. The engine is then damaged for good:
+ * every later evaluation fails the same way, and it is only fit for sil_engine_close. */
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err);
+/* The same, and says which sequences failed: row_status (b->n entries, may be NULL) gets 0 or the
+ * -errno that failed the row's sequence. On success all 0; on failure the rows of the sequences
+ * that caused it (every row when the whole batch failed) are < 0, and a sequence whose rows are
+ * all 0 may be evaluated again unchanged (e.g. after another sequence ran out of device memory). */
+int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                         int *row_status, struct sil_error *err);
+
+/* fn (may be NULL) is called on the evaluating thread after each micro-batch of sil_engine_eval,
+ * so a watchdog sees progress inside a long evaluation. */
+void sil_engine_set_eval_progress(struct sil_engine *e, void (*fn)(void *user), void *user);
+
+/* Any thread: stops a running sil_engine_eval at its next micro-batch and fails every later one
+ * (-EIO), e.g. because the file is about to be written. */
+void sil_engine_mark_damaged(struct sil_engine *e);
+bool sil_engine_damaged(const struct sil_engine *e);
 
 /* Validates a file as a loadable model without building an engine, and prints what
  * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,

@@ -47,6 +47,7 @@ struct sil_gguf {
     const uint8_t *base;
     uint64_t size;
     void *map; /* non-NULL when we own an mmap */
+    uint64_t dev, ino; /* of the mapped file (0 for memory) */
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset;
@@ -564,7 +565,9 @@ int sil_gguf_open_mem(struct sil_gguf **out, const void *buf, size_t len, const 
 int sil_gguf_open(struct sil_gguf **out, const char *path, struct sil_error *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or some devices) would otherwise wait for a writer forever;
+     * anything that is not a regular file is refused below before a byte is read. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         return sil_errorf(err, -e, "%s: cannot open: %s", path, strerror(e));
@@ -577,7 +580,12 @@ int sil_gguf_open(struct sil_gguf **out, const char *path, struct sil_error *err
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return sil_errorf(err, -EINVAL, "%s: not a regular file", path);
+        return sil_errorf(err, -EINVAL, "%s: not a regular file (%s)", path,
+                          S_ISDIR(st.st_mode)    ? "a directory"
+                          : S_ISFIFO(st.st_mode) ? "a FIFO"
+                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)
+                              ? "a device"
+                              : "a socket or other special file");
     }
     void *map = NULL;
     if (st.st_size > 0) {
@@ -604,6 +612,8 @@ int sil_gguf_open(struct sil_gguf **out, const char *path, struct sil_error *err
     g->map = map;
     g->base = map ? map : empty;
     g->size = (uint64_t)st.st_size;
+    g->dev = (uint64_t)st.st_dev;
+    g->ino = (uint64_t)st.st_ino;
     return open_common(out, g, err);
 }
 
@@ -631,6 +641,12 @@ void sil_gguf_close(struct sil_gguf *g)
 uint32_t sil_gguf_version(const struct sil_gguf *g)
 {
     return g->version;
+}
+
+void sil_gguf_file_id(const struct sil_gguf *g, uint64_t *dev, uint64_t *ino)
+{
+    *dev = g->dev;
+    *ino = g->ino;
 }
 
 const char *sil_gguf_path(const struct sil_gguf *g)

@@ -67,6 +67,8 @@ void sil_gguf_close(struct sil_gguf *g);
 
 uint32_t sil_gguf_version(const struct sil_gguf *g);
 const char *sil_gguf_path(const struct sil_gguf *g);
+/* st_dev and st_ino of the mapped file (0, 0 for a buffer): names the inode the mapping keeps. */
+void sil_gguf_file_id(const struct sil_gguf *g, uint64_t *dev, uint64_t *ino);
 uint64_t sil_gguf_file_size(const struct sil_gguf *g);
 uint64_t sil_gguf_alignment(const struct sil_gguf *g);
 uint64_t sil_gguf_data_offset(const struct sil_gguf *g); /* start of tensor data in the file */

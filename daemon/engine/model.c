@@ -310,6 +310,7 @@ static void fill_info(struct sil_model *m, const char *path)
     in->arch_name = m->traits->name;
     in->path = sil_gguf_path(m->gguf);
     in->file_bytes = sil_gguf_file_size(m->gguf);
+    sil_gguf_file_id(m->gguf, &in->file_dev, &in->file_ino);
     struct sil_str s;
     struct sil_error e;
     if (sil_gguf_get_str(m->gguf, "general.name", &s, &e) == 0 && s.len > 0) {

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "kernels/cpu/mapguard.h"
+
 /* How long a worker spins for the next task before it sleeps: bridges the gaps between the
  * kernels of one forward pass (a futex wake-up costs ~100 us on a VM, and PAUSE lasts from 3 to
  * 140 cycles depending on the CPU, so the budget is in time, not iterations), and an idle
@@ -27,6 +29,7 @@ struct sil_threadpool {
     atomic_ullong state;     /* OPEN_BIT while the task accepts workers | workers inside */
     atomic_long next;        /* next unclaimed item */
     atomic_bool stop;
+    atomic_bool faulted; /* a task read a faulting mapping (mapguard.h); later tasks are skipped */
     /* the open task */
     sil_range_fn fn;
     void *arg;
@@ -54,13 +57,23 @@ static long now_ns(void)
 
 static void claim_loop(struct sil_threadpool *tp, int ith)
 {
+    if (atomic_load_explicit(&tp->faulted, memory_order_relaxed)) return;
+    /* A read of a truncated model file faults here (SIGBUS): this thread records it and stops,
+     * and the other threads find no work left, so the caller's wait still ends. */
+    struct sil_mapguard_point pt;
+    sil_mapguard_push(&pt);
+    if (sigsetjmp(pt.jb, 0)) {
+        atomic_store(&tp->faulted, true);
+        atomic_store(&tp->next, tp->n);
+        return;
+    }
     for (;;) {
         long lo = atomic_fetch_add_explicit(&tp->next, tp->chunk, memory_order_relaxed);
-        if (lo >= tp->n)
-            return;
+        if (lo >= tp->n) break;
         long hi = lo + tp->chunk < tp->n ? lo + tp->chunk : tp->n;
         tp->fn(tp->arg, lo, hi, ith);
     }
+    sil_mapguard_pop(&pt);
 }
 
 static void *worker_main(void *p)
@@ -156,6 +169,16 @@ void sil_threadpool_free(struct sil_threadpool *tp)
     free(tp);
 }
 
+bool sil_threadpool_faulted(struct sil_threadpool *tp)
+{
+    return tp && atomic_load(&tp->faulted);
+}
+
+void sil_threadpool_clear_fault(struct sil_threadpool *tp)
+{
+    if (tp) atomic_store(&tp->faulted, false);
+}
+
 int sil_threadpool_n_threads(const struct sil_threadpool *tp)
 {
     return tp ? tp->n_threads : 1;
@@ -169,7 +192,8 @@ void sil_threadpool_for(struct sil_threadpool *tp, long n, long chunk, sil_range
     if (chunk <= 0)
         chunk = (n + 4L * nth - 1) / (4L * nth);
     if (nth == 1 || n <= chunk) {
-        fn(arg, 0, n, 0);
+        if (!tp || !atomic_load_explicit(&tp->faulted, memory_order_relaxed))
+            fn(arg, 0, n, 0); /* a fault here reaches the caller's own guard point */
         return;
     }
     tp->fn = fn;
