@@ -145,6 +145,10 @@ struct sil_backend;
 struct sil_backend_ops {
     const char *name;
     void (*free)(struct sil_backend *be);
+    /* 0 once the ops issued so far completed, or -errno for the first failure among them (a
+     * fault on the model mapping in a worker: -EIO; a device error). Ops themselves return
+     * nothing, so the engine asks here after each micro-batch. */
+    int (*status)(struct sil_backend *be);
     /* Activation memory for the lifetime of the backend; NULL on failure. */
     void *(*alloc_act)(struct sil_backend *be, size_t bytes);
 

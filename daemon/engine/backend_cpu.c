@@ -474,9 +474,15 @@ static void cpu_free(struct sil_backend *be)
     free(b);
 }
 
+static int cpu_status(struct sil_backend *be)
+{
+    return sil_threadpool_faulted(cpu(be)->tp) ? -EIO : 0;
+}
+
 static const struct sil_backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
+    .status = cpu_status,
     .alloc_act = cpu_alloc_act,
     .get_rows = cpu_get_rows,
     .copy_rows = cpu_copy_rows,

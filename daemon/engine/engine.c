@@ -396,7 +396,7 @@ static bool run_ubatches(struct sil_engine *e, int32_t n, float *logits)
         e->run_start[ub.n_runs] = ub.n;
         ub.run_start = e->run_start;
         sil_forward(&e->f, &ub, logits);
-        if (sil_threadpool_faulted(e->tp)) return false;
+        if (e->f.be->ops->status(e->f.be) < 0) return false;
         if (e->eval_progress) e->eval_progress(e->eval_progress_user);
     }
     return !atomic_load(&e->damaged);
