@@ -1,0 +1,380 @@
+// Matrix-vector products for decode: y[j][r] = W[r] . x[j] for a batch of up to 8 rows j.
+//
+// Quantized weights: one warp per output row; lane l takes the 32-element units l, l+32, ...
+// of the row, unpacks each unit once to 32 int8 values q with w_i = d_h * q_i + m (d_h per
+// half of 16, for Q6_K's 16-element scales) and dots it with every batch row's q8_1 block by
+// dp4a: W.x = sum over units of da * (d_0 s_0 + d_1 s_1) + m * sa, sa = da * sum(qa). Adjacent
+// lanes read adjacent units, so each weight byte crosses DRAM once per launch.
+// F32 / F16 / BF16 weights use float math on the F32 activations.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define SIL_Q8_QK 32
+
+struct sil_q8_1 {
+    float d;  // scale
+    float s;  // d * sum(q)
+    int8_t q[SIL_Q8_QK];
+};
+static_assert(sizeof(struct sil_q8_1) == 40, "q8_1 block is 40 bytes (SIL_CUDA_Q8_BLOCK_BYTES)");
+
+// A weight unit of 32 elements: w_i = d[i / 16] * q_i + m.
+struct sil_wunit {
+    int q[8];
+    float d0, d1, m;
+};
+
+__device__ __forceinline__ float sil_h2f(const uint8_t *p)
+{
+    return __half2float(__ushort_as_half(*(const uint16_t *)p));
+}
+
+// 32-bit loads at 2-byte alignment (blocks of 18, 22, 34, 210 bytes) and at 4-byte alignment.
+__device__ __forceinline__ int sil_ld_b2(const uint8_t *p, int i)
+{
+    const uint16_t *h = (const uint16_t *)p + 2 * i;
+    return (int)((uint32_t)h[0] | ((uint32_t)h[1] << 16));
+}
+__device__ __forceinline__ int sil_ld_b4(const uint8_t *p, int i)
+{
+    return ((const int *)p)[i];
+}
+
+// The 4 high bits hb (bit b -> byte b, bit 4 of that byte).
+__device__ __forceinline__ int sil_spread4(uint32_t hb)
+{
+    return (int)(((hb & 1u) << 4) | ((hb & 2u) << 11) | ((hb & 4u) << 18) | ((hb & 8u) << 25));
+}
+
+enum sil_cuda_wt { WT_Q4_0, WT_Q4_1, WT_Q5_0, WT_Q5_1, WT_Q8_0, WT_Q4_K, WT_Q5_K, WT_Q6_K };
+
+template <int T> struct sil_wtraits;
+template <> struct sil_wtraits<WT_Q4_0> { static constexpr int qk = 32, bytes = 18; };
+template <> struct sil_wtraits<WT_Q4_1> { static constexpr int qk = 32, bytes = 20; };
+template <> struct sil_wtraits<WT_Q5_0> { static constexpr int qk = 32, bytes = 22; };
+template <> struct sil_wtraits<WT_Q5_1> { static constexpr int qk = 32, bytes = 24; };
+template <> struct sil_wtraits<WT_Q8_0> { static constexpr int qk = 32, bytes = 34; };
+template <> struct sil_wtraits<WT_Q4_K> { static constexpr int qk = 256, bytes = 144; };
+template <> struct sil_wtraits<WT_Q5_K> { static constexpr int qk = 256, bytes = 176; };
+template <> struct sil_wtraits<WT_Q6_K> { static constexpr int qk = 256, bytes = 210; };
+
+__device__ __forceinline__ void sil_k4_scale_min(const uint8_t *sc, int j, int *s, int *m)
+{
+    if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+// Unit u of a row (32 elements) as q, d0, d1, m.
+template <int T> __device__ __forceinline__ void sil_load_unit(const uint8_t *row, int u,
+                                                               sil_wunit &w);
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q4_0>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)u * 18;
+    const float d = sil_h2f(b);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int v = sil_ld_b2(b + 2, j);
+        w.q[j] = v & 0x0F0F0F0F;
+        w.q[4 + j] = (v >> 4) & 0x0F0F0F0F;
+    }
+    w.d0 = w.d1 = d;
+    w.m = -8.0f * d;
+}
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q4_1>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)u * 20;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int v = sil_ld_b4(b + 4, j);
+        w.q[j] = v & 0x0F0F0F0F;
+        w.q[4 + j] = (v >> 4) & 0x0F0F0F0F;
+    }
+    w.d0 = w.d1 = sil_h2f(b);
+    w.m = sil_h2f(b + 2);
+}
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q5_0>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)u * 22;
+    const float d = sil_h2f(b);
+    const uint32_t qh = (uint32_t)sil_ld_b2(b + 2, 0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int v = sil_ld_b2(b + 6, j);
+        w.q[j] = (v & 0x0F0F0F0F) | sil_spread4((qh >> (4 * j)) & 0xF);
+        w.q[4 + j] = ((v >> 4) & 0x0F0F0F0F) | sil_spread4((qh >> (16 + 4 * j)) & 0xF);
+    }
+    w.d0 = w.d1 = d;
+    w.m = -16.0f * d;
+}
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q5_1>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)u * 24;
+    const uint32_t qh = (uint32_t)sil_ld_b4(b + 4, 0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int v = sil_ld_b4(b + 8, j);
+        w.q[j] = (v & 0x0F0F0F0F) | sil_spread4((qh >> (4 * j)) & 0xF);
+        w.q[4 + j] = ((v >> 4) & 0x0F0F0F0F) | sil_spread4((qh >> (16 + 4 * j)) & 0xF);
+    }
+    w.d0 = w.d1 = sil_h2f(b);
+    w.m = sil_h2f(b + 2);
+}
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q8_0>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)u * 34;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        w.q[j] = sil_ld_b2(b + 2, j);
+    w.d0 = w.d1 = sil_h2f(b);
+    w.m = 0.0f;
+}
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q4_K>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)(u >> 3) * 144;
+    const int s = u & 7, g = s >> 1, shift = (s & 1) * 4;
+    int sc, mn;
+    sil_k4_scale_min(b + 4, s, &sc, &mn);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        w.q[j] = (sil_ld_b4(b + 16, 8 * g + j) >> shift) & 0x0F0F0F0F;
+    w.d0 = w.d1 = sil_h2f(b) * (float)sc;
+    w.m = -sil_h2f(b + 2) * (float)mn;
+}
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q5_K>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)(u >> 3) * 176;
+    const int s = u & 7, g = s >> 1, shift = (s & 1) * 4;
+    int sc, mn;
+    sil_k4_scale_min(b + 4, s, &sc, &mn);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int lo = (sil_ld_b4(b + 48, 8 * g + j) >> shift) & 0x0F0F0F0F;
+        const int hi = ((sil_ld_b4(b + 16, j) >> s) & 0x01010101) << 4;
+        w.q[j] = lo | hi;
+    }
+    w.d0 = w.d1 = sil_h2f(b) * (float)sc;
+    w.m = -sil_h2f(b + 2) * (float)mn;
+}
+
+template <> __device__ __forceinline__ void sil_load_unit<WT_Q6_K>(const uint8_t *row, int u,
+                                                                   sil_wunit &w)
+{
+    const uint8_t *b = row + (size_t)(u >> 3) * 210;
+    const int s = u & 7, h = s >> 2, t = s & 3;
+    const uint8_t *ql = b + 64 * h + (t & 1) * 32;
+    const uint8_t *qh = b + 128 + 32 * h;
+    const int nshift = (t >> 1) * 4, hshift = 2 * t;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int lo = (sil_ld_b2(ql, j) >> nshift) & 0x0F0F0F0F;
+        const int hi = ((sil_ld_b2(qh, j) >> hshift) & 0x03030303) << 4;
+        w.q[j] = (int)__vsub4((unsigned)(lo | hi), 0x20202020u);
+    }
+    const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * t;
+    const float d = sil_h2f(b + 208);
+    w.d0 = d * (float)sc[0];
+    w.d1 = d * (float)sc[1];
+    w.m = 0.0f;
+}
+
+__device__ __forceinline__ float sil_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+#define SIL_MMV_WARPS 4
+
+// w: rows of row_bytes; a: [N][units] q8_1 blocks; y[j * ldy + r].
+template <int T, int N>
+__device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t row_bytes,
+                                         int rows, int units, const sil_q8_1 *__restrict__ a,
+                                         float *__restrict__ y, int64_t ldy)
+{
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    const uint8_t *row = w + (uint64_t)r * row_bytes;
+    float acc[N];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        acc[j] = 0.0f;
+    for (int u = lane; u < units; u += 32) {
+        sil_wunit wu;
+        sil_load_unit<T>(row, u, wu);
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            const sil_q8_1 *blk = a + (int64_t)j * units + u;
+            const int *aq = (const int *)blk->q;
+            int s0 = 0, s1 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                s0 = __dp4a(wu.q[i], aq[i], s0);
+                s1 = __dp4a(wu.q[4 + i], aq[4 + i], s1);
+            }
+            acc[j] += blk->d * (wu.d0 * (float)s0 + wu.d1 * (float)s1) + wu.m * blk->s;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const float v = sil_warp_sum(acc[j]);
+        if (lane == 0)
+            y[(int64_t)j * ldy + r] = v;
+    }
+}
+
+// Float weights: 0 F32, 1 F16, 2 BF16. vec: cols % 8 == 0 and rows 16-byte aligned.
+template <int F> __device__ __forceinline__ float sil_wf(const uint8_t *row, int64_t i)
+{
+    if (F == 0)
+        return ((const float *)row)[i];
+    const uint16_t h = ((const uint16_t *)row)[i];
+    if (F == 1)
+        return __half2float(__ushort_as_half(h));
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+template <int F> __device__ __forceinline__ void sil_wf8(const uint8_t *row, int64_t c, float *v)
+{
+    if (F == 0) {
+        const float4 a = ((const float4 *)row)[c * 2], b = ((const float4 *)row)[c * 2 + 1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+        return;
+    }
+    const uint4 q = ((const uint4 *)row)[c];
+    const uint32_t p[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (F == 1) {
+            v[2 * i] = __half2float(__ushort_as_half((uint16_t)(p[i] & 0xffff)));
+            v[2 * i + 1] = __half2float(__ushort_as_half((uint16_t)(p[i] >> 16)));
+        } else {
+            v[2 * i] = __uint_as_float(p[i] << 16);
+            v[2 * i + 1] = __uint_as_float(p[i] & 0xffff0000u);
+        }
+    }
+}
+
+template <int F, int N>
+__device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t row_bytes,
+                                         int rows, int64_t cols, int vec,
+                                         const float *__restrict__ x, float *__restrict__ y,
+                                         int64_t ldy)
+{
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    const uint8_t *row = w + (uint64_t)r * row_bytes;
+    float acc[N];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        acc[j] = 0.0f;
+    if (vec) {
+        for (int64_t c = lane; c < cols / 8; c += 32) {
+            float v[8];
+            sil_wf8<F>(row, c, v);
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                const float4 *xa = (const float4 *)(x + j * cols) + 2 * c;
+                const float4 p = xa[0], q = xa[1];
+                acc[j] += v[0] * p.x + v[1] * p.y + v[2] * p.z + v[3] * p.w + v[4] * q.x +
+                          v[5] * q.y + v[6] * q.z + v[7] * q.w;
+            }
+        }
+    } else {
+        for (int64_t i = lane; i < cols; i += 32) {
+            const float v = sil_wf<F>(row, i);
+#pragma unroll
+            for (int j = 0; j < N; j++)
+                acc[j] += v * x[j * cols + i];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const float v = sil_warp_sum(acc[j]);
+        if (lane == 0)
+            y[(int64_t)j * ldy + r] = v;
+    }
+}
+
+#define SIL_MMVQ_ENTRY(NAME, T, N)                                                                \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_mmvq_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
+                              const sil_q8_1 *a, float *y, int64_t ldy)                           \
+    {                                                                                             \
+        sil_mmvq<T, N>(w, row_bytes, rows, units, a, y, ldy);                                     \
+    }
+#define SIL_MMVF_ENTRY(NAME, F, N)                                                                \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_mmvf_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,       \
+                              int vec, const float *x, float *y, int64_t ldy)                     \
+    {                                                                                             \
+        sil_mmvf<F, N>(w, row_bytes, rows, cols, vec, x, y, ldy);                                 \
+    }
+#define SIL_BATCHES(E, NAME, T)                                                                   \
+    E(NAME, T, 1) E(NAME, T, 2) E(NAME, T, 3) E(NAME, T, 4) E(NAME, T, 5) E(NAME, T, 6)          \
+        E(NAME, T, 7) E(NAME, T, 8)
+
+SIL_BATCHES(SIL_MMVQ_ENTRY, q4_0, WT_Q4_0)
+SIL_BATCHES(SIL_MMVQ_ENTRY, q4_1, WT_Q4_1)
+SIL_BATCHES(SIL_MMVQ_ENTRY, q5_0, WT_Q5_0)
+SIL_BATCHES(SIL_MMVQ_ENTRY, q5_1, WT_Q5_1)
+SIL_BATCHES(SIL_MMVQ_ENTRY, q8_0, WT_Q8_0)
+SIL_BATCHES(SIL_MMVQ_ENTRY, q4_K, WT_Q4_K)
+SIL_BATCHES(SIL_MMVQ_ENTRY, q5_K, WT_Q5_K)
+SIL_BATCHES(SIL_MMVQ_ENTRY, q6_K, WT_Q6_K)
+SIL_BATCHES(SIL_MMVF_ENTRY, f32, 0)
+SIL_BATCHES(SIL_MMVF_ENTRY, f16, 1)
+SIL_BATCHES(SIL_MMVF_ENTRY, bf16, 2)
+
+// x [n][k] F32 -> q8_1 blocks; one warp per block of 32, nblocks = n * k / 32.
+extern "C" __global__ void __launch_bounds__(256)
+    sil_quantize_q8_1(const float *__restrict__ x, int64_t nblocks, sil_q8_1 *__restrict__ out)
+{
+    const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (b >= nblocks)
+        return;
+    const float v = x[b * 32 + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    out[b].q[lane] = (int8_t)q;
+    if (lane == 0) {
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
