@@ -7,6 +7,7 @@
  *
  * Each figure is the median over 5 timed loops of N launches (default 100) after a warm-up. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +162,75 @@ static void bench_matvec(const char *name, int type, int64_t rows, int64_t cols,
     free(b);
 }
 
+/* MoE at uniform routing: each launch takes the next of 64 random top-8 plans over 256 experts,
+ * so the expert tensors (>= 151 MB each) are read from DRAM, as in decode. */
+#define MOE_PLANS 64
+struct moe_ctx {
+    struct bweight *g, *u, *d;
+    sil_cuda_ptr ids, wts, q8, h, h8, y;
+    int n_expert, k;
+};
+static int moe_gate_up_launch(void *p, int i)
+{
+    struct moe_ctx *c = p;
+    return sil_cuda_moe_gate_up(cu, &c->g->w[0], &c->u->w[0], c->n_expert, c->q8, 1,
+                                c->ids + sizeof(int32_t) * c->k * (i % MOE_PLANS), c->k, c->h, NULL,
+                                &err);
+}
+static int moe_down_launch(void *p, int i)
+{
+    struct moe_ctx *c = p;
+    const size_t off = sizeof(int32_t) * c->k * (i % MOE_PLANS);
+    return sil_cuda_moe_down(cu, &c->d->w[0], c->n_expert, c->h8, 1, c->ids + off, c->wts + off,
+                             c->k, c->y, NULL, &err);
+}
+
+static void bench_moe(int type, int dtype, int n_expert, int k, int64_t n_embd, int64_t n_ff)
+{
+    struct bweight *g = calloc(1, sizeof *g), *u = calloc(1, sizeof *u), *d = calloc(1, sizeof *d);
+    if (!g || !u || !d) exit(1);
+    bweight_make(g, type, n_expert * n_ff, n_embd);
+    bweight_make(u, type, n_expert * n_ff, n_embd);
+    bweight_make(d, dtype, n_expert * n_embd, n_ff);
+    int32_t ids[MOE_PLANS * 8];
+    float wts[MOE_PLANS * 8];
+    for (int p = 0; p < MOE_PLANS; p++)
+        for (int j = 0; j < k; j++) {
+            int e;
+            bool dup;
+            do { /* distinct experts within a plan */
+                e = (int)((frand() + 1.0f) * 0.5f * n_expert) % n_expert;
+                dup = false;
+                for (int i = 0; i < j; i++)
+                    dup = dup || ids[p * k + i] == e;
+            } while (dup);
+            ids[p * k + j] = e;
+            wts[p * k + j] = 1.0f / k;
+        }
+    struct moe_ctx c = {g, u, d, 0, 0, q8_dev, 0, 0, y_dev, n_expert, k};
+    CK(sil_cuda_alloc(cu, sizeof ids, &c.ids, &err));
+    CK(sil_cuda_alloc(cu, sizeof wts, &c.wts, &err));
+    CK(sil_cuda_alloc(cu, sizeof(float) * k * n_ff, &c.h, &err));
+    CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(k, n_ff), &c.h8, &err));
+    CK(sil_cuda_upload(cu, c.ids, ids, sizeof ids, NULL, &err));
+    CK(sil_cuda_upload(cu, c.wts, wts, sizeof wts, NULL, &err));
+    CK(sil_cuda_quantize_q8(cu, x_dev, 1, n_embd, q8_dev, NULL, &err));
+    CK(sil_cuda_quantize_q8(cu, y_dev, k, n_ff, c.h8, NULL, &err));
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "type=%s,experts=%d,top=%d,n_embd=%lld,n_ff=%lld,tokens=1",
+             sil_type_name(type), n_expert, k, (long long)n_embd, (long long)n_ff);
+    record("moe_gate_up_swiglu", cfg, time_launches(moe_gate_up_launch, &c),
+           2.0 * k * n_ff * g->w[0].row_bytes + sil_cuda_q8_bytes(1, n_embd) + 4.0 * k * n_ff);
+    snprintf(cfg, sizeof cfg, "type=%s,experts=%d,top=%d,n_embd=%lld,n_ff=%lld,tokens=1",
+             sil_type_name(dtype), n_expert, k, (long long)n_embd, (long long)n_ff);
+    record("moe_down_weighted", cfg, time_launches(moe_down_launch, &c),
+           (double)k * n_embd * d->w[0].row_bytes + sil_cuda_q8_bytes(k, n_ff) + 4.0 * n_embd);
+    sil_cuda_release(cu, c.ids), sil_cuda_release(cu, c.wts), sil_cuda_release(cu, c.h);
+    sil_cuda_release(cu, c.h8);
+    bweight_free(g), bweight_free(u), bweight_free(d);
+    free(g), free(u), free(d);
+}
+
 struct op_ctx {
     int op;
     int64_t a, b;
@@ -267,6 +337,8 @@ int main(int argc, char **argv)
     bench_matvec("experts_gate_up_x16", SIL_TYPE_Q4_K, 16 * n_ff, n_embd, 1);
     bench_matvec("expert_down", SIL_TYPE_Q4_K, n_embd, n_ff, 1);
     bench_matvec("expert_down", SIL_TYPE_Q6_K, n_embd, n_ff, 1);
+    bench_moe(SIL_TYPE_Q4_K, SIL_TYPE_Q4_K, (int)n_expert, 8, n_embd, n_ff);
+    bench_moe(SIL_TYPE_Q4_K, SIL_TYPE_Q6_K, (int)n_expert, 8, n_embd, n_ff);
     bench_op("swiglu", 4, 16, n_ff, 4.0 * 3 * 16 * n_ff);
     bench_op("add", 5, 1, n_embd, 4.0 * 3 * n_embd);
     bench_matvec("output_head", SIL_TYPE_Q6_K, vocab, n_embd, 1);

@@ -114,6 +114,7 @@ struct sil_cuda {
     CUstream stream; /* the default stream of this context's ops */
     CUfunction mv[MV_COUNT][SIL_CUDA_MAX_BATCH];
     CUfunction k[K_COUNT];
+    CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     struct sil_cuda_info info;
 };
 
@@ -210,6 +211,15 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
             CUresult r = cu->api.cuModuleGetFunction(&cu->mv[t][n - 1], cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
+    for (int t = 0; t < MV_F32; t++) {
+        snprintf(name, sizeof name, "sil_moe_gate_up_%s", mv_names[t]);
+        CUresult r = cu->api.cuModuleGetFunction(&cu->moe_gate_up[t], cu->mod, name);
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_down_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_down[t], cu->mod, name);
+        }
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+    }
     for (int i = 0; i < K_COUNT; i++) {
         CUresult r = cu->api.cuModuleGetFunction(&cu->k[i], cu->mod, k_names[i]);
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, k_names[i]);
@@ -521,6 +531,9 @@ int sil_cuda_weight_view(int type, int64_t rows, int64_t cols, sil_cuda_ptr data
     if ((uint64_t)rows > SIZE_MAX / row_bytes)
         return set_err(err, -EOVERFLOW, "cuda: weight of %lld rows of %zu bytes overflows",
                        (long long)rows, row_bytes);
+    if (data % 16 != 0)
+        return set_err(err, -EINVAL, "cuda: weight data at 0x%llx is not 16-byte aligned",
+                       (unsigned long long)data);
     *out = (struct sil_cuda_weight){.type = type,
                                     .rows = rows,
                                     .cols = cols,
@@ -695,4 +708,65 @@ int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, si
         return set_err(err, -EINVAL, "cuda: argmax of %d x %lld", rows, (long long)n);
     void *p[] = {&x, &n, &out};
     return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)rows, 1, 256, s, p, err);
+}
+
+int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                         const struct sil_cuda_weight *up, int n_expert, sil_cuda_ptr q8, int n_tok,
+                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, struct sil_cuda_stream *s,
+                         struct sil_error *err)
+{
+    const int slot = mv_slot(gate->type);
+    if (slot < 0 || slot >= MV_F32 || up->type != gate->type || !gate->data || !up->data)
+        return set_err(err, -ENOTSUP, "cuda: moe gate/up of %s and %s: needs one quantized type",
+                       sil_type_name(gate->type), sil_type_name(up->type));
+    if (n_expert <= 0 || gate->rows % n_expert || up->rows != gate->rows ||
+        up->cols != gate->cols || n_tok <= 0 || k <= 0 || (int64_t)n_tok * k > 65535)
+        return set_err(err, -EINVAL, "cuda: moe gate/up of %lld rows over %d experts, %d x %d",
+                       (long long)gate->rows, n_expert, n_tok, k);
+    int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
+    int64_t nblocks = (int64_t)n_tok * units;
+    uint64_t row_bytes = gate->row_bytes;
+    void *p[] = {(void *)&gate->data,
+                 (void *)&up->data,
+                 &row_bytes,
+                 &n_ff,
+                 &units,
+                 &n_expert,
+                 &q8,
+                 &nblocks,
+                 &ids,
+                 &k,
+                 &h};
+    return launch(cu, cu->moe_gate_up[slot], "moe_gate_up", (unsigned)((n_ff + 3) / 4),
+                  (unsigned)(n_tok * k), 128, s, p, err);
+}
+
+int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, int n_expert,
+                      sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights, int k,
+                      sil_cuda_ptr y, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int slot = mv_slot(down->type);
+    if (slot < 0 || slot >= MV_F32 || !down->data)
+        return set_err(err, -ENOTSUP, "cuda: moe down of %s: needs a quantized type",
+                       sil_type_name(down->type));
+    if (n_expert <= 0 || down->rows % n_expert || n_tok <= 0 || n_tok > 65535 || k <= 0 ||
+        (int64_t)n_tok * k > 65535)
+        return set_err(err, -EINVAL, "cuda: moe down of %lld rows over %d experts, %d x %d",
+                       (long long)down->rows, n_expert, n_tok, k);
+    int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
+    int64_t nblocks = (int64_t)n_tok * k * units;
+    uint64_t row_bytes = down->row_bytes;
+    void *p[] = {(void *)&down->data,
+                 &row_bytes,
+                 &n_embd,
+                 &units,
+                 &n_expert,
+                 &q8h,
+                 &nblocks,
+                 &ids,
+                 &weights,
+                 &k,
+                 &y};
+    return launch(cu, cu->moe_down[slot], "moe_down", (unsigned)((n_embd + 3) / 4), (unsigned)n_tok,
+                  128, s, p, err);
 }

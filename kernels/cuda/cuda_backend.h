@@ -99,7 +99,8 @@ bool sil_cuda_type_supported(int type);
 int sil_cuda_weight_upload(struct sil_cuda *cu, int type, int64_t rows, int64_t cols,
                            const void *src, size_t bytes, struct sil_cuda_weight *out,
                            struct sil_error *err);
-/* Describes memory already on the device (an expert slot); nothing is copied or owned. */
+/* Describes memory already on the device (an expert slot, 16-byte aligned); nothing is copied
+ * or owned. */
 int sil_cuda_weight_view(int type, int64_t rows, int64_t cols, sil_cuda_ptr data,
                          struct sil_cuda_weight *out, struct sil_error *err);
 void sil_cuda_weight_free(struct sil_cuda *cu, struct sil_cuda_weight *w);
@@ -107,16 +108,19 @@ void sil_cuda_weight_free(struct sil_cuda *cu, struct sil_cuda_weight *w);
 /* ---- ops ----------------------------------------------------------------------------------- */
 
 /* Activations for the quantized matvec: x [n][k] F32 rounded to blocks of 32 int8 with a float
- * scale d and the sum d * sum(q) (q8_1). Quantize once, use for every weight of that input. */
+ * scale d = amax / 127 and the sum d * sum(q). Layout, for nb = n * k / 32 blocks: int8 q[nb][32],
+ * then float2 (d, d * sum(q))[nb]. Quantize once, use for every weight of that input; a matvec
+ * reads it with the same n it was quantized with. */
 #define SIL_CUDA_Q8_BLOCK 32
-#define SIL_CUDA_Q8_BLOCK_BYTES 40 /* float d, float s, int8 q[32] */
+#define SIL_CUDA_Q8_BLOCK_BYTES 40 /* 32 int8 + float d + float d * sum */
 #define SIL_CUDA_MAX_BATCH 8
 size_t sil_cuda_q8_bytes(int64_t n, int64_t k);
 int sil_cuda_quantize_q8(struct sil_cuda *cu, sil_cuda_ptr x, int64_t n, int64_t k, sil_cuda_ptr q8,
                          struct sil_cuda_stream *s, struct sil_error *err);
 
 /* y[j][r] = W[r] . x[j] for j < n (1..SIL_CUDA_MAX_BATCH), r < rows; y row stride ldy floats.
- * Quantized weights read q8 (from sil_cuda_quantize_q8 of x), F32/F16/BF16 read x [n][cols]. */
+ * Quantized weights read q8 (sil_cuda_quantize_q8 of the n rows of x), F32/F16/BF16 read
+ * x [n][cols] (16-byte aligned rows take the vector path). */
 int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
                     sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
                     struct sil_error *err);
@@ -145,5 +149,21 @@ int sil_cuda_router_topk(struct sil_cuda *cu, sil_cuda_ptr logits, int n_tok, in
 /* out[r] = index of the largest of x[r][0..n) (first on ties, NaN never wins), int32. */
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
                     struct sil_cuda_stream *s, struct sil_error *err);
+
+/* Fused MoE over an explicit expert plan, for decode batches (n_tok * k <= 65535). Expert
+ * weights are one handle each for gate, up and down, experts stacked as GGUF stores them
+ * (rows = n_expert * n_ff for gate/up, n_expert * n_embd for down); ids [n_tok][k] int32 and
+ * weights [n_tok][k] F32 on the device (sil_cuda_router_topk's output). Quantized types only;
+ * gate and up of one type.
+ * gate_up: h [n_tok * k][n_ff] = silu(gate_e . x_t) * (up_e . x_t), q8 of x [n_tok][n_embd]. */
+int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                         const struct sil_cuda_weight *up, int n_expert, sil_cuda_ptr q8, int n_tok,
+                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, struct sil_cuda_stream *s,
+                         struct sil_error *err);
+/* down: y [n_tok][n_embd] = sum_j weights[t][j] * down_{ids[t][j]} . h[t * k + j], q8 of h
+ * [n_tok * k][n_ff]. y is written, not added to. */
+int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, int n_expert,
+                      sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights, int k,
+                      sil_cuda_ptr y, struct sil_cuda_stream *s, struct sil_error *err);
 
 #endif

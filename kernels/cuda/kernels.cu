@@ -6,3 +6,4 @@
 
 #include "kernels/cuda/mmvq.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/moe.cuh"

@@ -13,12 +13,17 @@
 
 #define SIL_Q8_QK 32
 
-struct sil_q8_1 {
-    float d;  // scale
-    float s;  // d * sum(q)
-    int8_t q[SIL_Q8_QK];
+// Activations of n rows of `units` blocks, struct-of-arrays so the int8 values load 16 bytes at a
+// time: q [n][units][32] int8, then ds [n][units] float2 (d, d * sum(q)) (SIL_CUDA_Q8_*).
+struct sil_q8_view {
+    const int4 *q;
+    const float2 *ds;
 };
-static_assert(sizeof(struct sil_q8_1) == 40, "q8_1 block is 40 bytes (SIL_CUDA_Q8_BLOCK_BYTES)");
+
+__device__ __forceinline__ sil_q8_view sil_q8_at(const uint8_t *buf, int64_t nblocks)
+{
+    return {(const int4 *)buf, (const float2 *)(buf + nblocks * SIL_Q8_QK)};
+}
 
 // A weight unit of 32 elements: w_i = d[i / 16] * q_i + m.
 struct sil_wunit {
@@ -153,9 +158,12 @@ template <> __device__ __forceinline__ void sil_load_unit<WT_Q4_K>(const uint8_t
     const int s = u & 7, g = s >> 1, shift = (s & 1) * 4;
     int sc, mn;
     sil_k4_scale_min(b + 4, s, &sc, &mn);
+    const int4 *qs = (const int4 *)(b + 16 + 32 * g); // 16-byte aligned: rows of 144-byte blocks
+    const int4 v0 = qs[0], v1 = qs[1];
+    const int v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
     for (int j = 0; j < 8; j++)
-        w.q[j] = (sil_ld_b4(b + 16, 8 * g + j) >> shift) & 0x0F0F0F0F;
+        w.q[j] = (v[j] >> shift) & 0x0F0F0F0F;
     w.d0 = w.d1 = sil_h2f(b) * (float)sc;
     w.m = -sil_h2f(b + 2) * (float)mn;
 }
@@ -167,12 +175,13 @@ template <> __device__ __forceinline__ void sil_load_unit<WT_Q5_K>(const uint8_t
     const int s = u & 7, g = s >> 1, shift = (s & 1) * 4;
     int sc, mn;
     sil_k4_scale_min(b + 4, s, &sc, &mn);
+    const int4 *qs = (const int4 *)(b + 48 + 32 * g), *qh = (const int4 *)(b + 16);
+    const int4 l0 = qs[0], l1 = qs[1], h0 = qh[0], h1 = qh[1];
+    const int lv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    const int hv[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int lo = (sil_ld_b4(b + 48, 8 * g + j) >> shift) & 0x0F0F0F0F;
-        const int hi = ((sil_ld_b4(b + 16, j) >> s) & 0x01010101) << 4;
-        w.q[j] = lo | hi;
-    }
+    for (int j = 0; j < 8; j++)
+        w.q[j] = ((lv[j] >> shift) & 0x0F0F0F0F) | (((hv[j] >> s) & 0x01010101) << 4);
     w.d0 = w.d1 = sil_h2f(b) * (float)sc;
     w.m = -sil_h2f(b + 2) * (float)mn;
 }
@@ -208,36 +217,50 @@ __device__ __forceinline__ float sil_warp_sum(float v)
 
 #define SIL_MMV_WARPS 4
 
-// w: rows of row_bytes; a: [N][units] q8_1 blocks; y[j * ldy + r].
+// One unit's dot with batch row j's block u: da * (d0 s0 + d1 s1) + m * sa.
+template <int N>
+__device__ __forceinline__ void sil_unit_dot(const sil_wunit &w, sil_q8_view a, int units, int u,
+                                             float *acc)
+{
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const int64_t blk = (int64_t)j * units + u;
+        const int4 a0 = a.q[2 * blk], a1 = a.q[2 * blk + 1];
+        const float2 ds = a.ds[blk];
+        int s0 = __dp4a(w.q[0], a0.x, 0), s1 = __dp4a(w.q[4], a1.x, 0);
+        s0 = __dp4a(w.q[1], a0.y, s0), s1 = __dp4a(w.q[5], a1.y, s1);
+        s0 = __dp4a(w.q[2], a0.z, s0), s1 = __dp4a(w.q[6], a1.z, s1);
+        s0 = __dp4a(w.q[3], a0.w, s0), s1 = __dp4a(w.q[7], a1.w, s1);
+        acc[j] += ds.x * (w.d0 * (float)s0 + w.d1 * (float)s1) + w.m * ds.y;
+    }
+}
+
+// w: rows of row_bytes; a: q8 of [N][units] blocks (sil_q8_at); y[j * ldy + r]. Each lane keeps
+// two units' loads in flight (u and u + 32) before it uses either.
 template <int T, int N>
 __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t row_bytes,
-                                         int rows, int units, const sil_q8_1 *__restrict__ a,
+                                         int rows, int units, const uint8_t *__restrict__ a8,
                                          float *__restrict__ y, int64_t ldy)
 {
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows)
         return;
+    const sil_q8_view a = sil_q8_at(a8, (int64_t)N * units);
     const uint8_t *row = w + (uint64_t)r * row_bytes;
     float acc[N];
 #pragma unroll
     for (int j = 0; j < N; j++)
         acc[j] = 0.0f;
-    for (int u = lane; u < units; u += 32) {
-        sil_wunit wu;
-        sil_load_unit<T>(row, u, wu);
-#pragma unroll
-        for (int j = 0; j < N; j++) {
-            const sil_q8_1 *blk = a + (int64_t)j * units + u;
-            const int *aq = (const int *)blk->q;
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                s0 = __dp4a(wu.q[i], aq[i], s0);
-                s1 = __dp4a(wu.q[4 + i], aq[4 + i], s1);
-            }
-            acc[j] += blk->d * (wu.d0 * (float)s0 + wu.d1 * (float)s1) + wu.m * blk->s;
-        }
+    for (int u = lane; u < units; u += 64) {
+        sil_wunit wa, wb;
+        const bool second = u + 32 < units;
+        sil_load_unit<T>(row, u, wa);
+        if (second)
+            sil_load_unit<T>(row, u + 32, wb);
+        sil_unit_dot<N>(wa, a, units, u, acc);
+        if (second)
+            sil_unit_dot<N>(wb, a, units, u + 32, acc);
     }
 #pragma unroll
     for (int j = 0; j < N; j++) {
@@ -326,7 +349,7 @@ __device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t
 #define SIL_MMVQ_ENTRY(NAME, T, N)                                                                \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvq_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
-                              const sil_q8_1 *a, float *y, int64_t ldy)                           \
+                              const uint8_t *a, float *y, int64_t ldy)                            \
     {                                                                                             \
         sil_mmvq<T, N>(w, row_bytes, rows, units, a, y, ldy);                                     \
     }
@@ -353,9 +376,9 @@ SIL_BATCHES(SIL_MMVF_ENTRY, f32, 0)
 SIL_BATCHES(SIL_MMVF_ENTRY, f16, 1)
 SIL_BATCHES(SIL_MMVF_ENTRY, bf16, 2)
 
-// x [n][k] F32 -> q8_1 blocks; one warp per block of 32, nblocks = n * k / 32.
+// x [n][k] F32 -> q8 blocks (sil_q8_at layout); one warp per block of 32, nblocks = n * k / 32.
 extern "C" __global__ void __launch_bounds__(256)
-    sil_quantize_q8_1(const float *__restrict__ x, int64_t nblocks, sil_q8_1 *__restrict__ out)
+    sil_quantize_q8_1(const float *__restrict__ x, int64_t nblocks, uint8_t *__restrict__ out)
 {
     const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -372,9 +395,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    out[b].q[lane] = (int8_t)q;
-    if (lane == 0) {
-        out[b].d = d;
-        out[b].s = d * (float)sum;
-    }
+    out[b * 32 + lane] = (uint8_t)(int8_t)q;
+    if (lane == 0)
+        ((float2 *)(out + nblocks * 32))[b] = make_float2(d, d * (float)sum);
 }
