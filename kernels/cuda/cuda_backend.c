@@ -623,8 +623,9 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
     if (n < 1 || n > SIL_CUDA_MAX_BATCH || ldy < w->rows)
         return set_err(err, -EINVAL, "cuda: matvec batch %d (1..%d), ldy %lld < rows %lld", n,
                        SIL_CUDA_MAX_BATCH, (long long)ldy, (long long)w->rows);
+    /* 4 warps a block; the quantized kernels take 2 rows a warp from batch 2 on (mmvq.cuh) */
     unsigned g = 0;
-    int rc = grid_of(w->rows, 4, &g, err);
+    int rc = grid_of(w->rows, slot < MV_F32 && n >= 2 ? 8 : 4, &g, err);
     if (rc < 0) return rc;
     uint64_t row_bytes = w->row_bytes;
     int rows = (int)w->rows;

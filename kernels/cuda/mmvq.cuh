@@ -47,6 +47,28 @@ __device__ __forceinline__ int sil_ld_b4(const uint8_t *p, int i)
     return ((const int *)p)[i];
 }
 
+// 8 ints from a 2-byte aligned p with aligned 4-byte loads (9 when p is not 4-aligned, joined by
+// funnel shifts): a third of the loads of 16 sil_ld_b2 halves. Reads up to 2 bytes past p + 32,
+// so only where the block continues (Q6_K's ql and qh).
+__device__ __forceinline__ void sil_ld8_a2(const uint8_t *p, int *v)
+{
+    const uintptr_t a = (uintptr_t)p;
+    const int *w = (const int *)(a & ~(uintptr_t)3);
+    if ((a & 3) == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = w[j];
+    } else {
+        int x[9];
+#pragma unroll
+        for (int j = 0; j < 9; j++)
+            x[j] = w[j];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = (int)__funnelshift_r((unsigned)x[j], (unsigned)x[j + 1], 16);
+    }
+}
+
 // The 4 high bits hb (bit b -> byte b, bit 4 of that byte).
 __device__ __forceinline__ int sil_spread4(uint32_t hb)
 {
@@ -194,10 +216,13 @@ template <> __device__ __forceinline__ void sil_load_unit<WT_Q6_K>(const uint8_t
     const uint8_t *ql = b + 64 * h + (t & 1) * 32;
     const uint8_t *qh = b + 128 + 32 * h;
     const int nshift = (t >> 1) * 4, hshift = 2 * t;
+    int lv[8], hv[8];
+    sil_ld8_a2(ql, lv); // ql ends 64 bytes before the block's qh, qh 16 before its scales
+    sil_ld8_a2(qh, hv);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const int lo = (sil_ld_b2(ql, j) >> nshift) & 0x0F0F0F0F;
-        const int hi = ((sil_ld_b2(qh, j) >> hshift) & 0x03030303) << 4;
+        const int lo = (lv[j] >> nshift) & 0x0F0F0F0F;
+        const int hi = ((hv[j] >> hshift) & 0x03030303) << 4;
         w.q[j] = (int)__vsub4((unsigned)(lo | hi), 0x20202020u);
     }
     const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * t;
@@ -235,18 +260,73 @@ __device__ __forceinline__ void sil_unit_dot(const sil_wunit &w, sil_q8_view a, 
     }
 }
 
+// Two weight rows against batch row j's block u: each activation block is loaded once for both.
+template <int N>
+__device__ __forceinline__ void sil_unit_dot2(const sil_wunit &w0, const sil_wunit &w1,
+                                              sil_q8_view a, int units, int u, float *acc0,
+                                              float *acc1)
+{
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const int64_t blk = (int64_t)j * units + u;
+        const int4 a0 = a.q[2 * blk], a1 = a.q[2 * blk + 1];
+        const float2 ds = a.ds[blk];
+        const int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        int s0 = 0, s1 = 0, t0 = 0, t1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s0 = __dp4a(w0.q[i], av[i], s0), s1 = __dp4a(w0.q[4 + i], av[4 + i], s1);
+            t0 = __dp4a(w1.q[i], av[i], t0), t1 = __dp4a(w1.q[4 + i], av[4 + i], t1);
+        }
+        acc0[j] += ds.x * (w0.d0 * (float)s0 + w0.d1 * (float)s1) + w0.m * ds.y;
+        acc1[j] += ds.x * (w1.d0 * (float)t0 + w1.d1 * (float)t1) + w1.m * ds.y;
+    }
+}
+
+// Rows per warp: batches of 2 and more share each activation load between two weight rows.
+#define SIL_MMVQ_ROWS(N) ((N) >= 2 ? 2 : 1)
+
 // w: rows of row_bytes; a: q8 of [N][units] blocks (sil_q8_at); y[j * ldy + r]. Each lane keeps
-// two units' loads in flight (u and u + 32) before it uses either.
+// two weight units' loads in flight before it uses either: units u and u + 32 of one row (batch
+// 1), or unit u of two rows (batch >= 2).
 template <int T, int N>
 __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                          int rows, int units, const uint8_t *__restrict__ a8,
                                          float *__restrict__ y, int64_t ldy)
 {
     const int lane = threadIdx.x & 31;
+    const sil_q8_view a = sil_q8_at(a8, (int64_t)N * units);
+    if (SIL_MMVQ_ROWS(N) == 2) {
+        const int r0 = 2 * (blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5));
+        if (r0 >= rows)
+            return;
+        const bool has1 = r0 + 1 < rows;
+        const uint8_t *row0 = w + (uint64_t)r0 * row_bytes;
+        const uint8_t *row1 = has1 ? row0 + row_bytes : row0; // a lone last row is done twice
+        float acc0[N], acc1[N];
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            acc0[j] = acc1[j] = 0.0f;
+        for (int u = lane; u < units; u += 32) {
+            sil_wunit w0, w1;
+            sil_load_unit<T>(row0, u, w0);
+            sil_load_unit<T>(row1, u, w1);
+            sil_unit_dot2<N>(w0, w1, a, units, u, acc0, acc1);
+        }
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            const float v0 = sil_warp_sum(acc0[j]), v1 = sil_warp_sum(acc1[j]);
+            if (lane == 0) {
+                y[(int64_t)j * ldy + r0] = v0;
+                if (has1)
+                    y[(int64_t)j * ldy + r0 + 1] = v1;
+            }
+        }
+        return;
+    }
     const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows)
         return;
-    const sil_q8_view a = sil_q8_at(a8, (int64_t)N * units);
     const uint8_t *row = w + (uint64_t)r * row_bytes;
     float acc[N];
 #pragma unroll
