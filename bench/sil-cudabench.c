@@ -21,7 +21,7 @@
 
 struct result {
     char name[64], config[128];
-    double us, bytes, gbs;
+    double us, us_min, us_max, bytes, gbs;
 };
 
 static struct result results[128];
@@ -97,7 +97,9 @@ static void bweight_free(struct bweight *b)
 
 typedef int (*launch_fn)(void *ctx, int i);
 
-/* Median microseconds per launch. */
+static double last_min, last_max; /* of the last time_launches */
+
+/* Median microseconds per launch (last_min / last_max: the fastest and slowest loop). */
 static double time_launches(launch_fn f, void *ctx)
 {
     for (int i = 0; i < 10; i++)
@@ -114,6 +116,8 @@ static double time_launches(launch_fn f, void *ctx)
         t[k] = ms * 1000.0 / reps;
     }
     qsort(t, 5, sizeof *t, cmp_d);
+    last_min = t[0];
+    last_max = t[4];
     return t[2];
 }
 
@@ -123,6 +127,8 @@ static void record(const char *name, const char *config, double us, double bytes
     snprintf(r->name, sizeof r->name, "%s", name);
     snprintf(r->config, sizeof r->config, "%s", config);
     r->us = us;
+    r->us_min = last_min;
+    r->us_max = last_max;
     r->bytes = bytes;
     r->gbs = bytes / (us * 1e3);
     printf("%-22s %-44s %10.2f us %12.0f B %8.1f GB/s\n", name, config, us, bytes, r->gbs);
@@ -380,14 +386,15 @@ int main(int argc, char **argv)
             const struct result *r = &results[i];
             fprintf(f,
                     ",\n    {\"metric\": \"us_per_call\", \"config\": \"kernel=%s,%s\", \"value\": "
-                    "%.3f, \"unit\": \"us\", \"runs\": 5}",
-                    r->name, r->config, r->us);
+                    "%.3f, \"unit\": \"us\", \"runs\": 5, \"min\": %.3f, \"max\": %.3f}",
+                    r->name, r->config, r->us, r->us_min, r->us_max);
             fprintf(f,
                     ",\n    {\"metric\": \"gb_s\", \"config\": \"kernel=%s,%s\", \"value\": %.1f, "
                     "\"unit\": \"GB/s\", \"floor\": %.1f, \"floor_basis\": \"d2d copy bandwidth "
                     "measured in this run; bytes = weights + activations + outputs, each once\", "
-                    "\"bytes\": %.0f, \"runs\": 5}",
-                    r->name, r->config, r->gbs, peak, r->bytes);
+                    "\"bytes\": %.0f, \"runs\": 5, \"min\": %.1f, \"max\": %.1f}",
+                    r->name, r->config, r->gbs, peak, r->bytes, r->bytes / (r->us_max * 1e3),
+                    r->bytes / (r->us_min * 1e3));
         }
         fprintf(f,
                 "\n  ],\n  \"notes\": \"value is the median of 5 timed loops of %d launches "
