@@ -289,11 +289,23 @@ int main(int argc, char **argv)
             json = argv[++i];
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
             commit = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 100;
-        else {
-            fprintf(stderr, "usage: sil-cudabench [--json PATH] [--commit ID] [--reps N]\n");
-            return 2;
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            char *end;
+            const long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > 100000) {
+                fprintf(stderr, "sil-cudabench: --reps takes 1 to 100000\n");
+                return 2;
+            }
+            reps = (int)v;
+        } else if (!strcmp(argv[i], "--version")) {
+            printf("sil-cudabench %s (fatbin: %s)\n", SIL_VERSION, sil_cuda_fatbin_archs());
+            return 0;
+        } else {
+            const bool help = !strcmp(argv[i], "--help");
+            fprintf(help ? stdout : stderr,
+                    "usage: sil-cudabench [--json PATH] [--commit ID] [--reps N] [--help] "
+                    "[--version]\n");
+            return help ? 0 : 2;
         }
     }
     CK(sil_cuda_init(&cu, 0, &err));
