@@ -1,0 +1,773 @@
+/* The CUDA backend's host side: the Driver API through dlopen, the embedded fatbin, buffers,
+ * streams, events, and the launches of the kernels in kernels.cu. Contract in cuda_backend.h. */
+#include "kernels/cuda/cuda_backend.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/quants.h"
+
+#ifndef SIL_CUDA_ARCHS
+#define SIL_CUDA_ARCHS "unknown"
+#endif
+
+/* The few Driver API types and constants used, as cuda.h declares them (ABI-stable). */
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef unsigned long long CUdeviceptr;
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_STREAM_NON_BLOCKING = 1,
+    CU_EVENT_DEFAULT = 0,
+    CU_EVENT_DISABLE_TIMING = 2,
+    CU_MEMHOSTALLOC_PORTABLE = 1,
+};
+
+/* Symbol names are the ones cuda.h maps its API names to (the _v2 ABI where there is one). */
+#define SIL_CU_FUNCS(X)                                                                            \
+    X(cuGetErrorString, CUresult, (CUresult, const char **))                                       \
+    X(cuGetErrorName, CUresult, (CUresult, const char **))                                         \
+    X(cuInit, CUresult, (unsigned))                                                                \
+    X(cuDriverGetVersion, CUresult, (int *))                                                       \
+    X(cuDeviceGetCount, CUresult, (int *))                                                         \
+    X(cuDeviceGet, CUresult, (CUdevice *, int))                                                    \
+    X(cuDeviceGetName, CUresult, (char *, int, CUdevice))                                          \
+    X(cuDeviceGetAttribute, CUresult, (int *, int, CUdevice))                                      \
+    X(cuDeviceTotalMem_v2, CUresult, (size_t *, CUdevice))                                         \
+    X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))                                 \
+    X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                          \
+    X(cuCtxGetCurrent, CUresult, (CUcontext *))                                                    \
+    X(cuCtxSetCurrent, CUresult, (CUcontext))                                                      \
+    X(cuModuleLoadData, CUresult, (CUmodule *, const void *))                                      \
+    X(cuModuleUnload, CUresult, (CUmodule))                                                        \
+    X(cuModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *))                       \
+    X(cuMemGetInfo_v2, CUresult, (size_t *, size_t *))                                             \
+    X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                            \
+    X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                       \
+    X(cuMemHostAlloc, CUresult, (void **, size_t, unsigned))                                       \
+    X(cuMemFreeHost, CUresult, (void *))                                                           \
+    X(cuMemcpyHtoDAsync_v2, CUresult, (CUdeviceptr, const void *, size_t, CUstream))               \
+    X(cuMemcpyDtoHAsync_v2, CUresult, (void *, CUdeviceptr, size_t, CUstream))                     \
+    X(cuMemcpyDtoDAsync_v2, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                \
+    X(cuMemsetD8Async, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))                   \
+    X(cuStreamCreate, CUresult, (CUstream *, unsigned))                                            \
+    X(cuStreamDestroy_v2, CUresult, (CUstream))                                                    \
+    X(cuStreamSynchronize, CUresult, (CUstream))                                                   \
+    X(cuEventCreate, CUresult, (CUevent *, unsigned))                                              \
+    X(cuEventDestroy_v2, CUresult, (CUevent))                                                      \
+    X(cuEventRecord, CUresult, (CUevent, CUstream))                                                \
+    X(cuEventSynchronize, CUresult, (CUevent))                                                     \
+    X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))                                   \
+    X(cuLaunchKernel, CUresult,                                                                    \
+      (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, \
+       void **, void **))
+
+struct sil_cu_api {
+    void *lib;
+#define X(name, ret, args) ret(*name) args;
+    SIL_CU_FUNCS(X)
+#undef X
+};
+
+/* Kernel entry points, named as in kernels.cu. The matvec ones are [type slot][batch - 1]. */
+enum {
+    MV_Q4_0,
+    MV_Q4_1,
+    MV_Q5_0,
+    MV_Q5_1,
+    MV_Q8_0,
+    MV_Q4_K,
+    MV_Q5_K,
+    MV_Q6_K,
+    MV_F32,
+    MV_F16,
+    MV_BF16,
+    MV_COUNT
+};
+static const char *const mv_names[MV_COUNT] = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K",
+                                               "q5_K", "q6_K", "f32",  "f16",  "bf16"};
+enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_COUNT };
+static const char *const k_names[K_COUNT] = {
+    "sil_quantize_q8_1", "sil_rmsnorm_f32",     "sil_add_f32",    "sil_swiglu_f32",
+    "sil_rope_neox_f32", "sil_router_topk_f32", "sil_argmax_f32",
+};
+
+struct sil_cuda {
+    struct sil_cu_api api;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUstream stream; /* the default stream of this context's ops */
+    CUfunction mv[MV_COUNT][SIL_CUDA_MAX_BATCH];
+    CUfunction k[K_COUNT];
+    CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
+    struct sil_cuda_info info;
+};
+
+struct sil_cuda_stream {
+    CUstream s;
+};
+struct sil_cuda_event {
+    CUevent e;
+};
+
+extern const unsigned char sil_cuda_fatbin[];
+extern const uint64_t sil_cuda_fatbin_size;
+
+const char *sil_cuda_fatbin_archs(void)
+{
+    return SIL_CUDA_ARCHS;
+}
+
+static int set_err(struct sil_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int set_err(struct sil_error *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+/* Driver errors as -errno: out of memory is ENOMEM, no device ENODEV, the rest EIO. */
+static int cu_fail(const struct sil_cu_api *api, struct sil_error *err, CUresult r,
+                   const char *call)
+{
+    const char *name = NULL, *str = NULL;
+    if (api->cuGetErrorName) api->cuGetErrorName(r, &name);
+    if (api->cuGetErrorString) api->cuGetErrorString(r, &str);
+    const int code = r == 2 ? -ENOMEM : r == CUDA_ERROR_NO_DEVICE ? -ENODEV : -EIO;
+    return set_err(err, code, "cuda: %s failed: %s (%s, %d)", call, str ? str : "unknown error",
+                   name ? name : "?", r);
+}
+
+#define CU_CHECK(cu, err, call)                                                                    \
+    do {                                                                                           \
+        CUresult r_ = (cu)->api.call;                                                              \
+        if (r_ != CUDA_SUCCESS) return cu_fail(&(cu)->api, err, r_, #call);                        \
+    } while (0)
+
+/* Binds the context to the calling thread (a no-op when it already is). */
+static int bind_ctx(struct sil_cuda *cu, struct sil_error *err)
+{
+    CUcontext cur = NULL;
+    CU_CHECK(cu, err, cuCtxGetCurrent(&cur));
+    if (cur != cu->ctx) CU_CHECK(cu, err, cuCtxSetCurrent(cu->ctx));
+    return 0;
+}
+
+static CUstream stream_of(const struct sil_cuda *cu, const struct sil_cuda_stream *s)
+{
+    return s ? s->s : cu->stream;
+}
+
+static int load_api(struct sil_cu_api *api, struct sil_error *err)
+{
+    const char *lib = getenv("SIL_CUDA_DRIVER");
+    if (!lib || !*lib) lib = "libcuda.so.1";
+    api->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!api->lib) {
+        const char *why = dlerror();
+        return set_err(err, -ENOENT, "cuda: %s not found (no NVIDIA driver installed?): %s", lib,
+                       why ? why : "dlopen failed");
+    }
+#define X(name, ret, args)                                                                         \
+    *(void **)&api->name = dlsym(api->lib, #name);                                                 \
+    if (!api->name) {                                                                              \
+        dlclose(api->lib);                                                                         \
+        api->lib = NULL;                                                                           \
+        return set_err(err, -ENOSYS, "cuda: %s lacks %s (driver too old?)", lib, #name);           \
+    }
+    SIL_CU_FUNCS(X)
+#undef X
+    return 0;
+}
+
+static int load_functions(struct sil_cuda *cu, struct sil_error *err)
+{
+    char name[64];
+    for (int t = 0; t < MV_COUNT; t++)
+        for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
+            snprintf(name, sizeof name, "sil_%s_%s_%d", t >= MV_F32 ? "mmvf" : "mmvq", mv_names[t],
+                     n);
+            CUresult r = cu->api.cuModuleGetFunction(&cu->mv[t][n - 1], cu->mod, name);
+            if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+        }
+    for (int t = 0; t < MV_F32; t++) {
+        snprintf(name, sizeof name, "sil_moe_gate_up_%s", mv_names[t]);
+        CUresult r = cu->api.cuModuleGetFunction(&cu->moe_gate_up[t], cu->mod, name);
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_down_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_down[t], cu->mod, name);
+        }
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+    }
+    for (int i = 0; i < K_COUNT; i++) {
+        CUresult r = cu->api.cuModuleGetFunction(&cu->k[i], cu->mod, k_names[i]);
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, k_names[i]);
+    }
+    return 0;
+}
+
+static bool arch_in_fatbin(int major, int minor)
+{
+    char want[16];
+    snprintf(want, sizeof want, "sm_%d%d", major, minor);
+    const char *a = SIL_CUDA_ARCHS;
+    for (const char *p = strstr(a, want); p; p = strstr(p + 1, want))
+        if ((p == a || p[-1] == ' ') && (p[strlen(want)] == ' ' || p[strlen(want)] == 0))
+            return true;
+    return false;
+}
+
+int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
+{
+    *out = NULL;
+    struct sil_cuda *cu = calloc(1, sizeof *cu);
+    if (!cu) return set_err(err, -ENOMEM, "cuda: out of memory");
+    int rc = load_api(&cu->api, err);
+    if (rc < 0) {
+        free(cu);
+        return rc;
+    }
+    struct sil_cu_api *a = &cu->api;
+    CUresult r = a->cuInit(0);
+    int count = 0;
+    if (r == CUDA_SUCCESS) r = a->cuDeviceGetCount(&count);
+    if (r == CUDA_ERROR_NO_DEVICE || (r == CUDA_SUCCESS && count == 0)) {
+        rc = set_err(err, -ENODEV, "cuda: no CUDA device (the driver sees none)");
+        goto fail_lib;
+    }
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(a, err, r, "cuInit");
+        goto fail_lib;
+    }
+    if (ordinal < 0 || ordinal >= count) {
+        rc = set_err(err, -ENODEV, "cuda: no device %d (the driver sees %d)", ordinal, count);
+        goto fail_lib;
+    }
+    struct sil_cuda_info *in = &cu->info;
+    in->ordinal = ordinal;
+#define STEP(call)                                                                                 \
+    do {                                                                                           \
+        r = a->call;                                                                               \
+        if (r != CUDA_SUCCESS) {                                                                   \
+            rc = cu_fail(a, err, r, #call);                                                        \
+            goto fail_ctx;                                                                         \
+        }                                                                                          \
+    } while (0)
+    STEP(cuDeviceGet(&cu->dev, ordinal));
+    STEP(cuDriverGetVersion(&in->driver_version));
+    STEP(cuDeviceGetName(in->name, (int)sizeof in->name, cu->dev));
+    STEP(
+        cuDeviceGetAttribute(&in->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, cu->dev));
+    STEP(
+        cuDeviceGetAttribute(&in->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, cu->dev));
+    STEP(cuDeviceGetAttribute(&in->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cu->dev));
+    STEP(cuDeviceTotalMem_v2(&in->total_mem, cu->dev));
+    if (in->cc_major * 10 + in->cc_minor < 75) {
+        rc = set_err(err, -ENOTSUP, "cuda: %s is sm_%d%d; the kernels need sm_75 or newer",
+                     in->name, in->cc_major, in->cc_minor);
+        goto fail_lib;
+    }
+    STEP(cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev));
+    STEP(cuCtxSetCurrent(cu->ctx));
+    STEP(cuModuleLoadData(&cu->mod, sil_cuda_fatbin));
+    const char *jit = getenv("CUDA_FORCE_PTX_JIT");
+    in->ptx_jit =
+        (jit && *jit && strcmp(jit, "0") != 0) || !arch_in_fatbin(in->cc_major, in->cc_minor);
+    rc = load_functions(cu, err);
+    if (rc < 0) goto fail_ctx;
+    STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
+#undef STEP
+    *out = cu;
+    return 0;
+
+fail_ctx:
+    if (cu->mod) a->cuModuleUnload(cu->mod);
+    if (cu->ctx) a->cuDevicePrimaryCtxRelease_v2(cu->dev);
+fail_lib:
+    dlclose(a->lib);
+    free(cu);
+    return rc;
+}
+
+void sil_cuda_free(struct sil_cuda *cu)
+{
+    if (!cu) return;
+    if (bind_ctx(cu, NULL) == 0) {
+        if (cu->stream) cu->api.cuStreamDestroy_v2(cu->stream);
+        cu->api.cuModuleUnload(cu->mod);
+    }
+    cu->api.cuDevicePrimaryCtxRelease_v2(cu->dev);
+    dlclose(cu->api.lib);
+    free(cu);
+}
+
+const struct sil_cuda_info *sil_cuda_get_info(const struct sil_cuda *cu)
+{
+    return &cu->info;
+}
+
+int sil_cuda_mem_info(struct sil_cuda *cu, size_t *free_bytes, size_t *total_bytes,
+                      struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuMemGetInfo_v2(free_bytes, total_bytes));
+    return 0;
+}
+
+int sil_cuda_alloc(struct sil_cuda *cu, size_t bytes, sil_cuda_ptr *out, struct sil_error *err)
+{
+    *out = 0;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CUdeviceptr p = 0;
+    CUresult r = cu->api.cuMemAlloc_v2(&p, bytes ? bytes : 1);
+    if (r != CUDA_SUCCESS) {
+        struct sil_error e;
+        const int code = cu_fail(&cu->api, &e, r, "cuMemAlloc");
+        return set_err(err, code, "%.400s (%zu bytes)", e.msg, bytes);
+    }
+    *out = p;
+    return 0;
+}
+
+void sil_cuda_release(struct sil_cuda *cu, sil_cuda_ptr p)
+{
+    if (p && bind_ctx(cu, NULL) == 0) cu->api.cuMemFree_v2(p);
+}
+
+int sil_cuda_memset(struct sil_cuda *cu, sil_cuda_ptr p, uint8_t value, size_t bytes,
+                    struct sil_cuda_stream *s, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuMemsetD8Async(p, value, bytes, stream_of(cu, s)));
+    return 0;
+}
+
+int sil_cuda_upload(struct sil_cuda *cu, sil_cuda_ptr dst, const void *src, size_t bytes,
+                    struct sil_cuda_stream *s, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuMemcpyHtoDAsync_v2(dst, src, bytes, stream_of(cu, s)));
+    return 0;
+}
+
+int sil_cuda_download(struct sil_cuda *cu, void *dst, sil_cuda_ptr src, size_t bytes,
+                      struct sil_cuda_stream *s, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuMemcpyDtoHAsync_v2(dst, src, bytes, stream_of(cu, s)));
+    return 0;
+}
+
+int sil_cuda_copy_d2d(struct sil_cuda *cu, sil_cuda_ptr dst, sil_cuda_ptr src, size_t bytes,
+                      struct sil_cuda_stream *s, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuMemcpyDtoDAsync_v2(dst, src, bytes, stream_of(cu, s)));
+    return 0;
+}
+
+int sil_cuda_host_alloc(struct sil_cuda *cu, size_t bytes, void **out, struct sil_error *err)
+{
+    *out = NULL;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuMemHostAlloc(out, bytes ? bytes : 1, CU_MEMHOSTALLOC_PORTABLE));
+    return 0;
+}
+
+void sil_cuda_host_release(struct sil_cuda *cu, void *p)
+{
+    if (p && bind_ctx(cu, NULL) == 0) cu->api.cuMemFreeHost(p);
+}
+
+int sil_cuda_stream_create(struct sil_cuda *cu, struct sil_cuda_stream **out, struct sil_error *err)
+{
+    *out = NULL;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    struct sil_cuda_stream *s = calloc(1, sizeof *s);
+    if (!s) return set_err(err, -ENOMEM, "cuda: out of memory");
+    CUresult r = cu->api.cuStreamCreate(&s->s, CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS) {
+        free(s);
+        return cu_fail(&cu->api, err, r, "cuStreamCreate");
+    }
+    *out = s;
+    return 0;
+}
+
+void sil_cuda_stream_destroy(struct sil_cuda *cu, struct sil_cuda_stream *s)
+{
+    if (!s) return;
+    if (bind_ctx(cu, NULL) == 0) cu->api.cuStreamDestroy_v2(s->s);
+    free(s);
+}
+
+int sil_cuda_sync(struct sil_cuda *cu, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuStreamSynchronize(stream_of(cu, s)));
+    return 0;
+}
+
+int sil_cuda_event_create(struct sil_cuda *cu, struct sil_cuda_event **out, struct sil_error *err)
+{
+    *out = NULL;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    struct sil_cuda_event *e = calloc(1, sizeof *e);
+    if (!e) return set_err(err, -ENOMEM, "cuda: out of memory");
+    CUresult r = cu->api.cuEventCreate(&e->e, CU_EVENT_DEFAULT);
+    if (r != CUDA_SUCCESS) {
+        free(e);
+        return cu_fail(&cu->api, err, r, "cuEventCreate");
+    }
+    *out = e;
+    return 0;
+}
+
+void sil_cuda_event_destroy(struct sil_cuda *cu, struct sil_cuda_event *e)
+{
+    if (!e) return;
+    if (bind_ctx(cu, NULL) == 0) cu->api.cuEventDestroy_v2(e->e);
+    free(e);
+}
+
+int sil_cuda_event_record(struct sil_cuda *cu, struct sil_cuda_event *e, struct sil_cuda_stream *s,
+                          struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuEventRecord(e->e, stream_of(cu, s)));
+    return 0;
+}
+
+int sil_cuda_event_elapsed(struct sil_cuda *cu, struct sil_cuda_event *start,
+                           struct sil_cuda_event *end, float *ms, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuEventSynchronize(end->e));
+    CU_CHECK(cu, err, cuEventElapsedTime(ms, start->e, end->e));
+    return 0;
+}
+
+/* ---- weights ------------------------------------------------------------------------------- */
+
+static int mv_slot(int type)
+{
+    switch (type) {
+    case SIL_TYPE_Q4_0:
+        return MV_Q4_0;
+    case SIL_TYPE_Q4_1:
+        return MV_Q4_1;
+    case SIL_TYPE_Q5_0:
+        return MV_Q5_0;
+    case SIL_TYPE_Q5_1:
+        return MV_Q5_1;
+    case SIL_TYPE_Q8_0:
+        return MV_Q8_0;
+    case SIL_TYPE_Q4_K:
+        return MV_Q4_K;
+    case SIL_TYPE_Q5_K:
+        return MV_Q5_K;
+    case SIL_TYPE_Q6_K:
+        return MV_Q6_K;
+    case SIL_TYPE_F32:
+        return MV_F32;
+    case SIL_TYPE_F16:
+        return MV_F16;
+    case SIL_TYPE_BF16:
+        return MV_BF16;
+    default:
+        return -1;
+    }
+}
+
+bool sil_cuda_type_supported(int type)
+{
+    return mv_slot(type) >= 0;
+}
+
+int sil_cuda_weight_view(int type, int64_t rows, int64_t cols, sil_cuda_ptr data,
+                         struct sil_cuda_weight *out, struct sil_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!sil_cuda_type_supported(type))
+        return set_err(err, -ENOTSUP, "cuda: weight type %s has no CUDA kernel",
+                       sil_type_name(type));
+    const size_t row_bytes = sil_row_size(type, cols);
+    if (rows <= 0 || rows > INT32_MAX || cols <= 0 || row_bytes == 0)
+        return set_err(err, -EINVAL, "cuda: weight of %lld x %lld %s: bad shape", (long long)rows,
+                       (long long)cols, sil_type_name(type));
+    if ((uint64_t)rows > SIZE_MAX / row_bytes)
+        return set_err(err, -EOVERFLOW, "cuda: weight of %lld rows of %zu bytes overflows",
+                       (long long)rows, row_bytes);
+    if (data % 16 != 0)
+        return set_err(err, -EINVAL, "cuda: weight data at 0x%llx is not 16-byte aligned",
+                       (unsigned long long)data);
+    *out = (struct sil_cuda_weight){.type = type,
+                                    .rows = rows,
+                                    .cols = cols,
+                                    .row_bytes = row_bytes,
+                                    .bytes = (size_t)rows * row_bytes,
+                                    .data = data};
+    return 0;
+}
+
+int sil_cuda_weight_upload(struct sil_cuda *cu, int type, int64_t rows, int64_t cols,
+                           const void *src, size_t bytes, struct sil_cuda_weight *out,
+                           struct sil_error *err)
+{
+    int rc = sil_cuda_weight_view(type, rows, cols, 0, out, err);
+    if (rc < 0) return rc;
+    if (bytes != out->bytes)
+        return set_err(err, -EINVAL, "cuda: weight of %lld x %lld %s is %zu bytes, given %zu",
+                       (long long)rows, (long long)cols, sil_type_name(type), out->bytes, bytes);
+    rc = sil_cuda_alloc(cu, out->bytes, &out->data, err);
+    if (rc < 0) return rc;
+    rc = sil_cuda_upload(cu, out->data, src, bytes, NULL, err);
+    if (rc == 0) rc = sil_cuda_sync(cu, NULL, err);
+    if (rc < 0) {
+        sil_cuda_release(cu, out->data);
+        out->data = 0;
+        return rc;
+    }
+    out->owned = true;
+    return 0;
+}
+
+void sil_cuda_weight_free(struct sil_cuda *cu, struct sil_cuda_weight *w)
+{
+    if (w->owned) sil_cuda_release(cu, w->data);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- ops ----------------------------------------------------------------------------------- */
+
+static int launch(struct sil_cuda *cu, CUfunction f, const char *what, unsigned gx, unsigned gy,
+                  unsigned block, struct sil_cuda_stream *s, void **params, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CUresult r =
+        cu->api.cuLaunchKernel(f, gx, gy, 1, block, 1, 1, 0, stream_of(cu, s), params, NULL);
+    if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, what);
+    return 0;
+}
+
+/* Grid dimension x is limited to 2^31 - 1 blocks. */
+static int grid_of(int64_t items, int64_t per_block, unsigned *g, struct sil_error *err)
+{
+    const int64_t n = (items + per_block - 1) / per_block;
+    if (n <= 0 || n > INT32_MAX)
+        return set_err(err, -EINVAL, "cuda: %lld work items out of range", (long long)items);
+    *g = (unsigned)n;
+    return 0;
+}
+
+size_t sil_cuda_q8_bytes(int64_t n, int64_t k)
+{
+    return (size_t)(n * (k / SIL_CUDA_Q8_BLOCK)) * SIL_CUDA_Q8_BLOCK_BYTES;
+}
+
+int sil_cuda_quantize_q8(struct sil_cuda *cu, sil_cuda_ptr x, int64_t n, int64_t k, sil_cuda_ptr q8,
+                         struct sil_cuda_stream *s, struct sil_error *err)
+{
+    if (n <= 0 || k <= 0 || k % SIL_CUDA_Q8_BLOCK != 0)
+        return set_err(err, -EINVAL, "cuda: quantize of %lld x %lld: k must be a multiple of 32",
+                       (long long)n, (long long)k);
+    int64_t nblocks = n * k / SIL_CUDA_Q8_BLOCK;
+    unsigned g = 0;
+    int rc = grid_of(nblocks, 8, &g, err);
+    if (rc < 0) return rc;
+    void *p[] = {&x, &nblocks, &q8};
+    return launch(cu, cu->k[K_QUANTIZE], "quantize_q8_1", g, 1, 256, s, p, err);
+}
+
+int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
+                    sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
+                    struct sil_error *err)
+{
+    const int slot = mv_slot(w->type);
+    if (slot < 0 || !w->data)
+        return set_err(err, -EINVAL, "cuda: matvec on an empty or unsupported weight");
+    if (n < 1 || n > SIL_CUDA_MAX_BATCH || ldy < w->rows)
+        return set_err(err, -EINVAL, "cuda: matvec batch %d (1..%d), ldy %lld < rows %lld", n,
+                       SIL_CUDA_MAX_BATCH, (long long)ldy, (long long)w->rows);
+    /* 4 warps a block; the quantized kernels take 2 rows a warp from batch 2 on (mmvq.cuh) */
+    unsigned g = 0;
+    int rc = grid_of(w->rows, slot < MV_F32 && n >= 2 ? 8 : 4, &g, err);
+    if (rc < 0) return rc;
+    uint64_t row_bytes = w->row_bytes;
+    int rows = (int)w->rows;
+    if (slot >= MV_F32) {
+        if (!x)
+            return set_err(err, -EINVAL, "cuda: matvec on %s needs the F32 input",
+                           sil_type_name(w->type));
+        int64_t cols = w->cols;
+        int vec = cols % 8 == 0 && row_bytes % 16 == 0 && w->data % 16 == 0 && x % 16 == 0;
+        void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &vec, &x, &y, &ldy};
+        return launch(cu, cu->mv[slot][n - 1], "matvec", g, 1, 128, s, p, err);
+    }
+    if (!q8)
+        return set_err(err, -EINVAL, "cuda: matvec on %s needs the q8 input",
+                       sil_type_name(w->type));
+    int units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
+    void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &y, &ldy};
+    return launch(cu, cu->mv[slot][n - 1], "matvec", g, 1, 128, s, p, err);
+}
+
+int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,
+                     int64_t rows, int64_t n, float eps, struct sil_cuda_stream *s,
+                     struct sil_error *err)
+{
+    if (rows <= 0 || rows > INT32_MAX || n <= 0)
+        return set_err(err, -EINVAL, "cuda: rmsnorm of %lld x %lld", (long long)rows, (long long)n);
+    void *p[] = {&y, &x, &w, &n, &eps};
+    return launch(cu, cu->k[K_RMSNORM], "rmsnorm", (unsigned)rows, 1, 256, s, p, err);
+}
+
+int sil_cuda_add(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, int64_t n,
+                 struct sil_cuda_stream *s, struct sil_error *err)
+{
+    unsigned g = 0;
+    int rc = grid_of(n, 256, &g, err);
+    if (rc < 0) return rc;
+    void *p[] = {&y, &x, &n};
+    return launch(cu, cu->k[K_ADD], "add", g, 1, 256, s, p, err);
+}
+
+int sil_cuda_swiglu(struct sil_cuda *cu, sil_cuda_ptr out, sil_cuda_ptr gate, sil_cuda_ptr up,
+                    int64_t n, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    unsigned g = 0;
+    int rc = grid_of(n, 256, &g, err);
+    if (rc < 0) return rc;
+    void *p[] = {&out, &gate, &up, &n};
+    return launch(cu, cu->k[K_SWIGLU], "swiglu", g, 1, 256, s, p, err);
+}
+
+int sil_cuda_rope_neox(struct sil_cuda *cu, sil_cuda_ptr x, int n_tok, int n_head, int head_dim,
+                       int n_rot, sil_cuda_ptr pos, float freq_base, struct sil_cuda_stream *s,
+                       struct sil_error *err)
+{
+    if (n_tok <= 0 || n_tok > 65535 || n_head <= 0 || n_rot <= 0 || n_rot % 2 || n_rot > head_dim)
+        return set_err(err, -EINVAL, "cuda: rope of %d tokens, %d heads, n_rot %d of %d", n_tok,
+                       n_head, n_rot, head_dim);
+    /* The same powf as the CPU backend, so both build the same angles. */
+    float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
+    int half = n_rot / 2;
+    void *p[] = {&x, &n_head, &head_dim, &n_rot, &pos, &theta_scale};
+    return launch(cu, cu->k[K_ROPE], "rope_neox", (unsigned)n_head, (unsigned)n_tok,
+                  half < 128 ? (unsigned)((half + 31) / 32 * 32) : 128u, s, p, err);
+}
+
+int sil_cuda_router_topk(struct sil_cuda *cu, sil_cuda_ptr logits, int n_tok, int n_expert, int k,
+                         sil_cuda_ptr ids, sil_cuda_ptr weights, struct sil_cuda_stream *s,
+                         struct sil_error *err)
+{
+    if (n_tok <= 0 || n_expert <= 0 || n_expert > 1024 || k <= 0 || k > 32 || k > n_expert)
+        return set_err(err, -EINVAL, "cuda: router of %d tokens, %d experts, top %d", n_tok,
+                       n_expert, k);
+    void *p[] = {&logits, &n_expert, &k, &ids, &weights};
+    return launch(cu, cu->k[K_ROUTER], "router_topk", (unsigned)n_tok, 1, 256, s, p, err);
+}
+
+int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
+                    struct sil_cuda_stream *s, struct sil_error *err)
+{
+    if (rows <= 0 || n <= 0 || n > INT32_MAX)
+        return set_err(err, -EINVAL, "cuda: argmax of %d x %lld", rows, (long long)n);
+    void *p[] = {&x, &n, &out};
+    return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)rows, 1, 256, s, p, err);
+}
+
+int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                         const struct sil_cuda_weight *up, int n_expert, sil_cuda_ptr q8, int n_tok,
+                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, struct sil_cuda_stream *s,
+                         struct sil_error *err)
+{
+    const int slot = mv_slot(gate->type);
+    if (slot < 0 || slot >= MV_F32 || up->type != gate->type || !gate->data || !up->data)
+        return set_err(err, -ENOTSUP, "cuda: moe gate/up of %s and %s: needs one quantized type",
+                       sil_type_name(gate->type), sil_type_name(up->type));
+    if (n_expert <= 0 || gate->rows % n_expert || up->rows != gate->rows ||
+        up->cols != gate->cols || n_tok <= 0 || k <= 0 || (int64_t)n_tok * k > 65535)
+        return set_err(err, -EINVAL, "cuda: moe gate/up of %lld rows over %d experts, %d x %d",
+                       (long long)gate->rows, n_expert, n_tok, k);
+    int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
+    int64_t nblocks = (int64_t)n_tok * units;
+    uint64_t row_bytes = gate->row_bytes;
+    void *p[] = {(void *)&gate->data,
+                 (void *)&up->data,
+                 &row_bytes,
+                 &n_ff,
+                 &units,
+                 &n_expert,
+                 &q8,
+                 &nblocks,
+                 &ids,
+                 &k,
+                 &h};
+    return launch(cu, cu->moe_gate_up[slot], "moe_gate_up", (unsigned)((n_ff + 3) / 4),
+                  (unsigned)(n_tok * k), 128, s, p, err);
+}
+
+int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, int n_expert,
+                      sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights, int k,
+                      sil_cuda_ptr y, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int slot = mv_slot(down->type);
+    if (slot < 0 || slot >= MV_F32 || !down->data)
+        return set_err(err, -ENOTSUP, "cuda: moe down of %s: needs a quantized type",
+                       sil_type_name(down->type));
+    if (n_expert <= 0 || down->rows % n_expert || n_tok <= 0 || n_tok > 65535 || k <= 0 ||
+        (int64_t)n_tok * k > 65535)
+        return set_err(err, -EINVAL, "cuda: moe down of %lld rows over %d experts, %d x %d",
+                       (long long)down->rows, n_expert, n_tok, k);
+    int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
+    int64_t nblocks = (int64_t)n_tok * k * units;
+    uint64_t row_bytes = down->row_bytes;
+    void *p[] = {(void *)&down->data,
+                 &row_bytes,
+                 &n_embd,
+                 &units,
+                 &n_expert,
+                 &q8h,
+                 &nblocks,
+                 &ids,
+                 &weights,
+                 &k,
+                 &y};
+    return launch(cu, cu->moe_down[slot], "moe_down", (unsigned)((n_embd + 3) / 4), (unsigned)n_tok,
+                  128, s, p, err);
+}

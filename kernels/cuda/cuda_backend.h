@@ -1,0 +1,169 @@
+/* The CUDA backend's device layer: a context on one GPU, device buffers, weight upload, streams,
+ * events, and the forward pass's ops as kernels taking device pointers.
+ *
+ * The CUDA Driver API is reached through dlopen("libcuda.so.1") (no CUDA runtime is linked); the
+ * kernels come from one fatbin embedded in the binary (SASS for SIL_CUDA_ARCHS, compute_75 PTX
+ * for newer GPUs) loaded with cuModuleLoadData. Without a driver or a GPU, sil_cuda_init fails
+ * with a message saying which; nothing here aborts.
+ *
+ * Errors: 0 or -errno; the struct sil_error (may be NULL) names the driver call and its error
+ * string. A launch error inside an op is reported by that op; an error raised while kernels run
+ * is reported by the next sync.
+ *
+ * Ownership: a struct sil_cuda owns its context, module and default stream; buffers, weights,
+ * streams, events and pinned host memory are owned by the caller and freed before
+ * sil_cuda_free. Ops are asynchronous on the stream given (NULL: the context's default stream);
+ * their pointers must stay valid until that stream is synced. No op allocates. */
+#ifndef SIL_CUDA_BACKEND_H
+#define SIL_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/engine/error.h"
+
+typedef uint64_t sil_cuda_ptr; /* a device address (CUdeviceptr); 0 is none */
+struct sil_cuda;
+struct sil_cuda_stream;
+struct sil_cuda_event;
+
+struct sil_cuda_info {
+    int ordinal;
+    char name[128];
+    int cc_major, cc_minor;
+    int sm_count;
+    int driver_version; /* 13000 for 13.0 */
+    size_t total_mem;
+    bool ptx_jit; /* the module was built from PTX (CUDA_FORCE_PTX_JIT or no SASS match) */
+};
+
+/* The architectures the embedded fatbin carries, e.g. "sm_75 sm_86 sm_89 sm_90 compute_75". */
+const char *sil_cuda_fatbin_archs(void);
+
+/* Opens device `ordinal`: loads the driver, creates a context and loads the kernels. */
+int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err);
+void sil_cuda_free(struct sil_cuda *cu);
+const struct sil_cuda_info *sil_cuda_get_info(const struct sil_cuda *cu);
+int sil_cuda_mem_info(struct sil_cuda *cu, size_t *free_bytes, size_t *total_bytes,
+                      struct sil_error *err);
+
+/* Device memory (256-byte aligned). */
+int sil_cuda_alloc(struct sil_cuda *cu, size_t bytes, sil_cuda_ptr *out, struct sil_error *err);
+void sil_cuda_release(struct sil_cuda *cu, sil_cuda_ptr p);
+int sil_cuda_memset(struct sil_cuda *cu, sil_cuda_ptr p, uint8_t value, size_t bytes,
+                    struct sil_cuda_stream *s, struct sil_error *err);
+/* Copies; asynchronous on s (pageable host memory makes them synchronous in effect). */
+int sil_cuda_upload(struct sil_cuda *cu, sil_cuda_ptr dst, const void *src, size_t bytes,
+                    struct sil_cuda_stream *s, struct sil_error *err);
+int sil_cuda_download(struct sil_cuda *cu, void *dst, sil_cuda_ptr src, size_t bytes,
+                      struct sil_cuda_stream *s, struct sil_error *err);
+int sil_cuda_copy_d2d(struct sil_cuda *cu, sil_cuda_ptr dst, sil_cuda_ptr src, size_t bytes,
+                      struct sil_cuda_stream *s, struct sil_error *err);
+
+/* Pinned host memory (staging buffers for async copies). */
+int sil_cuda_host_alloc(struct sil_cuda *cu, size_t bytes, void **out, struct sil_error *err);
+void sil_cuda_host_release(struct sil_cuda *cu, void *p);
+
+int sil_cuda_stream_create(struct sil_cuda *cu, struct sil_cuda_stream **out,
+                           struct sil_error *err);
+void sil_cuda_stream_destroy(struct sil_cuda *cu, struct sil_cuda_stream *s);
+/* Waits for s (NULL: the default stream); reports errors raised by kernels run on it. */
+int sil_cuda_sync(struct sil_cuda *cu, struct sil_cuda_stream *s, struct sil_error *err);
+
+int sil_cuda_event_create(struct sil_cuda *cu, struct sil_cuda_event **out, struct sil_error *err);
+void sil_cuda_event_destroy(struct sil_cuda *cu, struct sil_cuda_event *e);
+int sil_cuda_event_record(struct sil_cuda *cu, struct sil_cuda_event *e, struct sil_cuda_stream *s,
+                          struct sil_error *err);
+/* Milliseconds between two recorded events (waits for `end`). */
+int sil_cuda_event_elapsed(struct sil_cuda *cu, struct sil_cuda_event *start,
+                           struct sil_cuda_event *end, float *ms, struct sil_error *err);
+
+/* ---- weights ------------------------------------------------------------------------------- */
+
+/* A weight matrix on the device: rows x cols of a GGUF type, rows contiguous, GGUF's block
+ * layout unchanged (the handle lets a later version repack behind it). */
+struct sil_cuda_weight {
+    int type; /* enum sil_type */
+    int64_t rows, cols;
+    size_t row_bytes;
+    size_t bytes;
+    sil_cuda_ptr data;
+    bool owned; /* data was allocated by sil_cuda_weight_upload */
+};
+
+/* Types sil_cuda_matvec computes with. */
+bool sil_cuda_type_supported(int type);
+/* Checks the shape (cols a multiple of the type's block, bytes == rows * row size), allocates
+ * and copies. `src` is host memory (the mmap); the copy is complete when this returns. */
+int sil_cuda_weight_upload(struct sil_cuda *cu, int type, int64_t rows, int64_t cols,
+                           const void *src, size_t bytes, struct sil_cuda_weight *out,
+                           struct sil_error *err);
+/* Describes memory already on the device (an expert slot, 16-byte aligned); nothing is copied
+ * or owned. */
+int sil_cuda_weight_view(int type, int64_t rows, int64_t cols, sil_cuda_ptr data,
+                         struct sil_cuda_weight *out, struct sil_error *err);
+void sil_cuda_weight_free(struct sil_cuda *cu, struct sil_cuda_weight *w);
+
+/* ---- ops ----------------------------------------------------------------------------------- */
+
+/* Activations for the quantized matvec: x [n][k] F32 rounded to blocks of 32 int8 with a float
+ * scale d = amax / 127 and the sum d * sum(q). Layout, for nb = n * k / 32 blocks: int8 q[nb][32],
+ * then float2 (d, d * sum(q))[nb]. Quantize once, use for every weight of that input; a matvec
+ * reads it with the same n it was quantized with. */
+#define SIL_CUDA_Q8_BLOCK 32
+#define SIL_CUDA_Q8_BLOCK_BYTES 40 /* 32 int8 + float d + float d * sum */
+#define SIL_CUDA_MAX_BATCH 8
+size_t sil_cuda_q8_bytes(int64_t n, int64_t k);
+int sil_cuda_quantize_q8(struct sil_cuda *cu, sil_cuda_ptr x, int64_t n, int64_t k, sil_cuda_ptr q8,
+                         struct sil_cuda_stream *s, struct sil_error *err);
+
+/* y[j][r] = W[r] . x[j] for j < n (1..SIL_CUDA_MAX_BATCH), r < rows; y row stride ldy floats.
+ * Quantized weights read q8 (sil_cuda_quantize_q8 of the n rows of x), F32/F16/BF16 read
+ * x [n][cols] (16-byte aligned rows take the vector path). */
+int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
+                    sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
+                    struct sil_error *err);
+
+/* y = x / sqrt(mean(x^2) + eps) * w per row of n (w may be 0). y may equal x. */
+int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,
+                     int64_t rows, int64_t n, float eps, struct sil_cuda_stream *s,
+                     struct sil_error *err);
+/* y[i] += x[i] */
+int sil_cuda_add(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, int64_t n,
+                 struct sil_cuda_stream *s, struct sil_error *err);
+/* out[i] = silu(gate[i]) * up[i] */
+int sil_cuda_swiglu(struct sil_cuda *cu, sil_cuda_ptr out, sil_cuda_ptr gate, sil_cuda_ptr up,
+                    int64_t n, struct sil_cuda_stream *s, struct sil_error *err);
+/* NeoX rope in place on x [n_tok][n_head][head_dim], first n_rot dims, position pos[t] (int32
+ * on the device), as sil_rope_neox. */
+int sil_cuda_rope_neox(struct sil_cuda *cu, sil_cuda_ptr x, int n_tok, int n_head, int head_dim,
+                       int n_rot, sil_cuda_ptr pos, float freq_base, struct sil_cuda_stream *s,
+                       struct sil_error *err);
+/* Router per row of logits [n_tok][n_expert]: softmax, the top k (ties to the lower id), weights
+ * renormalised over the k (sum clamped below at 2^-14, as the CPU backend): ids, weights
+ * [n_tok][k]. n_expert <= 1024, k <= 32. */
+int sil_cuda_router_topk(struct sil_cuda *cu, sil_cuda_ptr logits, int n_tok, int n_expert, int k,
+                         sil_cuda_ptr ids, sil_cuda_ptr weights, struct sil_cuda_stream *s,
+                         struct sil_error *err);
+/* out[r] = index of the largest of x[r][0..n) (first on ties, NaN never wins), int32. */
+int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
+                    struct sil_cuda_stream *s, struct sil_error *err);
+
+/* Fused MoE over an explicit expert plan, for decode batches (n_tok * k <= 65535). Expert
+ * weights are one handle each for gate, up and down, experts stacked as GGUF stores them
+ * (rows = n_expert * n_ff for gate/up, n_expert * n_embd for down); ids [n_tok][k] int32 and
+ * weights [n_tok][k] F32 on the device (sil_cuda_router_topk's output). Quantized types only;
+ * gate and up of one type.
+ * gate_up: h [n_tok * k][n_ff] = silu(gate_e . x_t) * (up_e . x_t), q8 of x [n_tok][n_embd]. */
+int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                         const struct sil_cuda_weight *up, int n_expert, sil_cuda_ptr q8, int n_tok,
+                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, struct sil_cuda_stream *s,
+                         struct sil_error *err);
+/* down: y [n_tok][n_embd] = sum_j weights[t][j] * down_{ids[t][j]} . h[t * k + j], q8 of h
+ * [n_tok * k][n_ff]. y is written, not added to. */
+int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, int n_expert,
+                      sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights, int k,
+                      sil_cuda_ptr y, struct sil_cuda_stream *s, struct sil_error *err);
+
+#endif

@@ -1,0 +1,108 @@
+// Fused MoE for decode over an explicit expert plan: ids [n_tok][k] name the experts of each
+// token. Expert weights are stacked as GGUF stores them ([n_expert][rows][cols], one weight of
+// n_expert * rows rows), so expert e's row r is row e * rows + r.
+//   gate_up: grid (n_ff / 4, n_tok * k), a warp per (pair, row): h = silu(gate . x) * (up . x),
+//            both dots from one pass over the token's q8 activations;
+//   down:    grid (n_embd / 4, n_tok), a warp per (token, row): y = sum_j w_j down_{e_j} . h_j,
+//            the lanes spread over (j, unit) so k * n_ff / 32 units keep all 32 lanes busy.
+// An expert id out of range writes NaN (the host checks ids it builds; NaN makes a bad plan show).
+#pragma once
+
+__device__ __forceinline__ sil_q8_view sil_q8_row(sil_q8_view a, int64_t row, int units)
+{
+    return {a.q + 2 * row * units, a.ds + row * units};
+}
+
+template <int T>
+__device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
+                                                const uint8_t *__restrict__ wu,
+                                                uint64_t row_bytes, int n_ff, int units,
+                                                int n_expert, const uint8_t *__restrict__ a8,
+                                                int64_t nblocks, const int32_t *__restrict__ ids,
+                                                int k, float *__restrict__ h)
+{
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    if (r >= n_ff)
+        return;
+    const int p = blockIdx.y, t = p / k, e = ids[p];
+    if (e < 0 || e >= n_expert) {
+        if (lane == 0)
+            h[(int64_t)p * n_ff + r] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
+    const uint64_t off = ((uint64_t)e * n_ff + r) * row_bytes;
+    float g = 0.0f, u = 0.0f;
+    for (int i = lane; i < units; i += 32) {
+        sil_wunit wa, wb;
+        sil_load_unit<T>(wg + off, i, wa);
+        sil_load_unit<T>(wu + off, i, wb);
+        sil_unit_dot<1>(wa, a, units, i, &g);
+        sil_unit_dot<1>(wb, a, units, i, &u);
+    }
+    g = sil_warp_sum(g);
+    u = sil_warp_sum(u);
+    if (lane == 0)
+        h[(int64_t)p * n_ff + r] = g / (1.0f + expf(-g)) * u;
+}
+
+template <int T>
+__device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uint64_t row_bytes,
+                                             int n_embd, int units, int n_expert,
+                                             const uint8_t *__restrict__ h8, int64_t nblocks,
+                                             const int32_t *__restrict__ ids,
+                                             const float *__restrict__ wts, int k,
+                                             float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    if (r >= n_embd)
+        return;
+    const int t = blockIdx.y;
+    const sil_q8_view a = sil_q8_at(h8, nblocks);
+    float acc = 0.0f;
+    bool bad = false;
+    for (int idx = lane; idx < k * units; idx += 32) {
+        const int j = idx / units, u = idx - j * units;
+        const int p = t * k + j, e = ids[p];
+        if (e < 0 || e >= n_expert) {
+            bad = true;
+            continue;
+        }
+        sil_wunit w;
+        sil_load_unit<T>(wd + ((uint64_t)e * n_embd + r) * row_bytes, u, w);
+        float d = 0.0f;
+        sil_unit_dot<1>(w, sil_q8_row(a, p, units), units, u, &d);
+        acc += wts[p] * d;
+    }
+    acc = sil_warp_sum(acc);
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0)
+        y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
+}
+
+#define SIL_MOE_ENTRY(NAME, T)                                                                    \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes,          \
+                               int n_ff, int units, int n_expert, const uint8_t *a8,              \
+                               int64_t nblocks, const int32_t *ids, int k, float *h)              \
+    {                                                                                             \
+        sil_moe_gate_up<T>(wg, wu, row_bytes, n_ff, units, n_expert, a8, nblocks, ids, k, h);     \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, int n_embd, int units,         \
+                            int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, \
+                            const float *wts, int k, float *y)                                    \
+    {                                                                                             \
+        sil_moe_down<T>(wd, row_bytes, n_embd, units, n_expert, h8, nblocks, ids, wts, k, y);     \
+    }
+
+SIL_MOE_ENTRY(q4_0, WT_Q4_0)
+SIL_MOE_ENTRY(q4_1, WT_Q4_1)
+SIL_MOE_ENTRY(q5_0, WT_Q5_0)
+SIL_MOE_ENTRY(q5_1, WT_Q5_1)
+SIL_MOE_ENTRY(q8_0, WT_Q8_0)
+SIL_MOE_ENTRY(q4_K, WT_Q4_K)
+SIL_MOE_ENTRY(q5_K, WT_Q5_K)
+SIL_MOE_ENTRY(q6_K, WT_Q6_K)

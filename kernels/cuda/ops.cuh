@@ -1,0 +1,193 @@
+// Element-wise and per-row ops of the forward pass, in the CPU backend's arithmetic
+// (kernels/cpu/ops.c) so results agree to float rounding: rmsnorm, add, swiglu, NeoX rope,
+// softmax router with top-k, argmax.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#define SIL_ROW_THREADS 256
+
+// Block-wide sum over SIL_ROW_THREADS threads; every thread gets the total.
+__device__ __forceinline__ float sil_block_sum(float v, float *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads(); // sh may still be read by a previous call
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    v = lane < SIL_ROW_THREADS / 32 ? sh[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float sil_block_max(float v, float *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    v = lane < SIL_ROW_THREADS / 32 ? sh[lane] : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// One block per row.
+extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
+    sil_rmsnorm_f32(float *y, const float *x, const float *w, int64_t n, float eps)
+{
+    __shared__ float sh[32];
+    const float *xr = x + blockIdx.x * n;
+    float *yr = y + blockIdx.x * n;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += SIL_ROW_THREADS)
+        ss += xr[i] * xr[i];
+    ss = sil_block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += SIL_ROW_THREADS)
+        yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+}
+
+extern "C" __global__ void sil_add_f32(float *y, const float *x, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] += x[i];
+}
+
+extern "C" __global__ void sil_swiglu_f32(float *out, const float *gate, const float *up,
+                                          int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// grid (n_head, n_tok); thread i < n_rot/2 rotates the pair (i, i + n_rot/2). The angle is built
+// by repeated multiplication as the CPU backend does, with theta_scale computed on the host.
+extern "C" __global__ void sil_rope_neox_f32(float *x, int n_head, int head_dim, int n_rot,
+                                             const int32_t *pos, float theta_scale)
+{
+    const int half = n_rot / 2;
+    float *v = x + ((int64_t)blockIdx.y * n_head + blockIdx.x) * head_dim;
+    const float p = (float)pos[blockIdx.y];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float theta = p;
+        for (int k = 0; k < i; k++)
+            theta *= theta_scale;
+        const float cs = cosf(theta), sn = sinf(theta);
+        const float a = v[i], b = v[i + half];
+        v[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        v[i + half] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+    }
+}
+
+// Largest (value, then lowest index) over the block; returns the index (n if none).
+__device__ __forceinline__ int sil_block_argmax(float v, int idx, float *shv, int *shi)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > v || (ov == v && oi < idx))
+            v = ov, idx = oi;
+    }
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0)
+        shv[w] = v, shi[w] = idx;
+    __syncthreads();
+    if (lane < SIL_ROW_THREADS / 32)
+        v = shv[lane], idx = shi[lane];
+    else
+        v = -INFINITY, idx = 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > v || (ov == v && oi < idx))
+            v = ov, idx = oi;
+    }
+    return idx;
+}
+
+// One block per row. A thread's candidate starts at (-inf, INT_MAX); NaN never compares greater.
+extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
+    sil_argmax_f32(const float *x, int64_t n, int32_t *out)
+{
+    __shared__ float shv[32];
+    __shared__ int shi[32];
+    const float *xr = x + blockIdx.x * n;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int64_t i = threadIdx.x; i < n; i += SIL_ROW_THREADS)
+        if (xr[i] > bv)
+            bv = xr[i], bi = (int)i;
+    bi = sil_block_argmax(bv, bi, shv, shi);
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+}
+
+#define SIL_ROUTER_MAX 1024
+
+// One block per token: softmax over n_expert, then k rounds of block argmax over the experts not
+// yet taken; weights p_e / sum(p_top) with the sum clamped below at 2^-14.
+extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
+    sil_router_topk_f32(const float *logits, int n_expert, int k, int32_t *ids, float *weights)
+{
+    __shared__ float p[SIL_ROUTER_MAX];
+    __shared__ float shv[32];
+    __shared__ int shi[32];
+    __shared__ int sel[32];
+    const float *l = logits + (int64_t)blockIdx.x * n_expert;
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS)
+        mx = fmaxf(mx, l[e]);
+    mx = sil_block_max(mx, shv);
+    float sum = 0.0f;
+    for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS) {
+        p[e] = expf(l[e] - mx);
+        sum += p[e];
+    }
+    sum = sil_block_sum(sum, shv);
+    const float inv = 1.0f / sum;
+    for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS)
+        p[e] *= inv;
+    __syncthreads();
+    float top = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS) {
+            bool taken = false;
+            for (int i = 0; i < j; i++)
+                taken = taken || sel[i] == e;
+            if (!taken && (bi == 0x7fffffff || p[e] > bv))
+                bv = p[e], bi = e;
+        }
+        bi = sil_block_argmax(bv, bi, shv, shi);
+        if (threadIdx.x == 0)
+            sel[j] = bi;
+        __syncthreads();
+        top += p[sel[j]];
+    }
+    if (top < 6.103515625e-5f)
+        top = 6.103515625e-5f;
+    for (int j = threadIdx.x; j < k; j += SIL_ROW_THREADS) {
+        ids[(int64_t)blockIdx.x * k + j] = sel[j];
+        weights[(int64_t)blockIdx.x * k + j] = p[sel[j]] / top;
+    }
+}

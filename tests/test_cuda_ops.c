@@ -1,0 +1,658 @@
+/* Every CUDA kernel against the CPU backend on random inputs, as llama.cpp's test-backend-ops:
+ * quantized matvec for every type (odd row counts, column counts that are multiples of the block
+ * but not of 256 * 8, batch 1..8), rmsnorm, add, swiglu, NeoX rope, router top-k, argmax, and
+ * the fused MoE (gate+up+SwiGLU, down + weighted sum) over an expert plan.
+ *
+ * Tolerances for matvec: ||gpu - ref|| / ||m|| over a row of outputs, m[r] = sum_c |w_rc x_c|
+ * (the scale of each dot, which rounding follows):
+ *   quantized: <= 1e-5 against the same arithmetic in double (weights dequantized by the CPU
+ *              backend, activations rounded to q8 on the host as the GPU does, which must match
+ *              the device's bit for bit), and <= 5e-3 against the CPU backend's own dot
+ *              products (its Q8_0 / Q8_K activations round differently);
+ *   float:     <= 1e-5 against double and against the CPU backend.
+ *   rmsnorm, swiglu, rope: max |gpu - cpu| <= 1e-5 * max(1, |cpu|) (rope 1e-4); add exact;
+ *   router: the same expert ids, weights within 1e-5; argmax: the same index;
+ *   moe: h within 1e-5 of the product rule's error scale, y <= 1e-5 as matvec (same rounding).
+ * Outputs are poisoned with NaN bytes before each launch, so an unwritten element fails.
+ *
+ * Without a driver or GPU it checks the host-side pieces (the loader's error path, the embedded
+ * fatbin, weight shape checks) and skips the rest, unless SIL_CUDA_REQUIRE=1 (check-cuda). */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quants.h"
+#include "kernels/cuda/cuda_backend.h"
+
+extern const unsigned char sil_cuda_fatbin[];
+extern const uint64_t sil_cuda_fatbin_size;
+
+static int failures;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng >> 40) / 8388608.0f - 1.0f;
+}
+
+static void fill(float *x, int64_t n, float scale)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = frand() * scale;
+}
+
+static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(bool ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (!ok) failures++;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ < 0) {                                                                             \
+            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, err.msg);                    \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static struct sil_error err;
+
+/* ---- host-side pieces (no GPU needed) -------------------------------------------------------- */
+
+static void test_host_side(void)
+{
+    /* A fatbin starts with its magic 0xBA55ED50 (little-endian). */
+    uint32_t magic;
+    memcpy(&magic, sil_cuda_fatbin, 4);
+    check(magic == 0xBA55ED50u && sil_cuda_fatbin_size > 1024,
+          "host: embedded fatbin (%llu bytes, magic %08x)",
+          (unsigned long long)sil_cuda_fatbin_size, magic);
+    const char *archs = sil_cuda_fatbin_archs();
+    check(strstr(archs, "sm_75") && strstr(archs, "sm_90") && strstr(archs, "compute_75"),
+          "host: fatbin architectures \"%s\"", archs);
+
+    /* The loader's error path: a driver library that is not there. */
+    const char *old = getenv("SIL_CUDA_DRIVER");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("SIL_CUDA_DRIVER", "libcuda-does-not-exist.so.1", 1);
+    struct sil_cuda *cu = (struct sil_cuda *)1;
+    struct sil_error e = {0};
+    int rc = sil_cuda_init(&cu, 0, &e);
+    check(rc == -ENOENT && e.code == -ENOENT && cu == NULL && strstr(e.msg, "not found"),
+          "host: missing driver is an error: rc %d \"%s\"", rc, e.msg);
+    if (saved) {
+        setenv("SIL_CUDA_DRIVER", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("SIL_CUDA_DRIVER");
+    }
+
+    struct sil_cuda_weight w;
+    e = (struct sil_error){0};
+    rc = sil_cuda_weight_view(SIL_TYPE_Q4_K, 8, 300, 0, &w, &e);
+    check(rc == -EINVAL && strstr(e.msg, "bad shape"), "host: q4_K with 300 columns refused: %s",
+          e.msg);
+    rc = sil_cuda_weight_view(SIL_TYPE_Q2_K, 8, 256, 0, &w, &e);
+    check(rc == -ENOTSUP, "host: q2_K refused: %s", e.msg);
+    rc = sil_cuda_weight_view(SIL_TYPE_Q6_K, 3, 512, 0, &w, &e);
+    check(rc == 0 && w.row_bytes == 420 && w.bytes == 1260, "host: q6_K 3 x 512 is 3 x 420 bytes");
+    check(sil_cuda_q8_bytes(3, 64) == 3 * 2 * SIL_CUDA_Q8_BLOCK_BYTES, "host: q8 buffer size");
+}
+
+/* ---- matvec ---------------------------------------------------------------------------------- */
+
+/* The GPU's activation rounding: blocks of 32, d = amax / 127, q = round(x / d). */
+static void host_q8(const float *x, int64_t k, float *d, int8_t *q)
+{
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        d[b] = amax / 127.0f;
+        for (int i = 0; i < 32; i++)
+            q[b * 32 + i] = amax == 0.0f ? 0 : (int8_t)roundf(x[b * 32 + i] / d[b]);
+    }
+}
+
+/* ||a - ref|| / ||mag||, mag[r] = sum_c |w_rc x_c|: the dot's scale, which rounding errors follow
+ * (a plain ||ref|| would blow up where a dot cancels to near zero). */
+static double nerr(const float *a, const double *ref, const double *mag, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += mag[i] * mag[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+struct mv_stats {
+    double worst_same, worst_cpu;
+    int runs;
+    bool q8_exact;
+};
+
+static void matvec_case(struct sil_cuda *cu, int type, int rows, int cols, int nb,
+                        struct mv_stats *st)
+{
+    const struct sil_type_traits *tt = sil_type_traits(type);
+    const size_t rb = sil_row_size(type, cols);
+    float *wf = xmalloc(sizeof(float) * (size_t)rows * cols);
+    uint8_t *wq = xmalloc(rb * rows);
+    float *x = xmalloc(sizeof(float) * (size_t)nb * cols);
+    fill(wf, (int64_t)rows * cols, 1.0f);
+    for (int r = 0; r < rows; r++) /* rows of different magnitude, some offset (mins matter) */
+        for (int c = 0; c < cols; c++)
+            wf[(size_t)r * cols + c] = wf[(size_t)r * cols + c] * (0.5f + (r % 5)) + 0.1f * (r % 3);
+    for (int r = 0; r < rows; r++)
+        sil_quantize_row_ref(type, wf + (size_t)r * cols, wq + rb * r, cols);
+    fill(x, (int64_t)nb * cols, 2.0f);
+    for (int r = 0; r < rows; r++) /* the weights as the CPU backend reads them */
+        sil_dequantize_row(type, wq + rb * r, wf + (size_t)r * cols, cols);
+
+    struct sil_cuda_weight w;
+    CK(sil_cuda_weight_upload(cu, type, rows, cols, wq, rb * rows, &w, &err));
+    sil_cuda_ptr dx, dq8 = 0, dy;
+    const bool quant = tt->block_size > 1;
+    CK(sil_cuda_alloc(cu, sizeof(float) * nb * cols, &dx, &err));
+    CK(sil_cuda_alloc(cu, sizeof(float) * nb * (rows + 3), &dy, &err));
+    CK(sil_cuda_upload(cu, dx, x, sizeof(float) * nb * cols, NULL, &err));
+    if (quant) {
+        CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(nb, cols), &dq8, &err));
+        CK(sil_cuda_quantize_q8(cu, dx, nb, cols, dq8, NULL, &err));
+    }
+    CK(sil_cuda_memset(cu, dy, 0xff, sizeof(float) * nb * (rows + 3), NULL, &err));
+    CK(sil_cuda_matvec(cu, &w, quant ? 0 : dx, dq8, nb, dy, rows + 3, NULL, &err));
+    float *y = xmalloc(sizeof(float) * nb * (rows + 3));
+    CK(sil_cuda_download(cu, y, dy, sizeof(float) * nb * (rows + 3), NULL, &err));
+    uint8_t *q8dev = NULL;
+    if (quant) {
+        q8dev = xmalloc(sil_cuda_q8_bytes(nb, cols));
+        CK(sil_cuda_download(cu, q8dev, dq8, sil_cuda_q8_bytes(nb, cols), NULL, &err));
+    }
+    CK(sil_cuda_sync(cu, NULL, &err));
+
+    double *ref = xmalloc(sizeof(double) * rows);
+    double *refc = xmalloc(sizeof(double) * rows), *mag = xmalloc(sizeof(double) * rows);
+    float *d = xmalloc(sizeof(float) * cols / 32 + 4);
+    int8_t *q = xmalloc(cols);
+    const struct sil_type_traits *at = sil_type_traits(tt->vec_dot_type);
+    uint8_t *xa = xmalloc(sil_row_size(tt->vec_dot_type, cols) + 64);
+    float *cpu = xmalloc(sizeof(float) * rows);
+    for (int j = 0; j < nb; j++) {
+        const float *xj = x + (size_t)j * cols;
+        if (quant) {
+            host_q8(xj, cols, d, q);
+            const int64_t nbk = (int64_t)nb * (cols / 32);
+            for (int b = 0; b < cols / 32; b++) {
+                const int64_t blk = (int64_t)j * (cols / 32) + b;
+                float dd;
+                memcpy(&dd, q8dev + nbk * 32 + blk * 8, 4);
+                if (dd != d[b] || memcmp(q8dev + blk * 32, q + b * 32, 32) != 0)
+                    st->q8_exact = false;
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            double s = 0, m = 0;
+            const float *wr = wf + (size_t)r * cols;
+            for (int c = 0; c < cols; c++) {
+                s += (double)wr[c] * (quant ? (double)d[c / 32] * q[c] : (double)xj[c]);
+                m += fabs((double)wr[c] * xj[c]);
+            }
+            ref[r] = s;
+            mag[r] = m;
+        }
+        at->from_float_ref(xj, xa, cols);
+        sil_vec_dot_rows(type, cols, wq, rb, rows, xa, cpu);
+        for (int r = 0; r < rows; r++)
+            refc[r] = cpu[r];
+        const float *yj = y + (size_t)j * (rows + 3);
+        const double e1 = nerr(yj, ref, mag, rows), e2 = nerr(yj, refc, mag, rows);
+        st->worst_same = fmax(st->worst_same, e1);
+        st->worst_cpu = fmax(st->worst_cpu, e2);
+        if (!(e1 <= 1e-5) || !(e2 <= (quant ? 5e-3 : 1e-5)))
+            printf("     %s %d x %d batch %d row %d: err %.3g (same rounding), %.3g (cpu)\n",
+                   tt->name, rows, cols, nb, j, e1, e2);
+        /* the padding past rows must stay untouched (poison) */
+        for (int r = rows; r < rows + 3; r++)
+            if (!isnan(yj[r])) st->worst_same = INFINITY;
+    }
+    st->runs++;
+    free(ref), free(refc), free(mag), free(d), free(q), free(xa), free(cpu), free(q8dev), free(y);
+    sil_cuda_release(cu, dx), sil_cuda_release(cu, dy), sil_cuda_release(cu, dq8);
+    sil_cuda_weight_free(cu, &w);
+    free(wf), free(wq), free(x);
+}
+
+static void test_matvec(struct sil_cuda *cu)
+{
+    static const int types[] = {SIL_TYPE_Q4_K, SIL_TYPE_Q5_K, SIL_TYPE_Q6_K, SIL_TYPE_Q8_0,
+                                SIL_TYPE_Q4_0, SIL_TYPE_Q4_1, SIL_TYPE_Q5_0, SIL_TYPE_Q5_1,
+                                SIL_TYPE_F16,  SIL_TYPE_BF16, SIL_TYPE_F32};
+    static const int rows_l[] = {1, 7, 33, 130};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        const int type = types[t];
+        const int bs = (int)sil_type_traits(type)->block_size;
+        /* columns: one block, a few blocks, and more than 256 * 8 but not a multiple of it;
+         * for float types odd counts too (the scalar path) */
+        int cols_l[4];
+        if (bs == 256)
+            cols_l[0] = 256, cols_l[1] = 768, cols_l[2] = 2304, cols_l[3] = 4096;
+        else if (bs == 32)
+            cols_l[0] = 32, cols_l[1] = 96, cols_l[2] = 2080, cols_l[3] = 4096;
+        else
+            cols_l[0] = 37, cols_l[1] = 96, cols_l[2] = 2050, cols_l[3] = 2048;
+        struct mv_stats st = {.q8_exact = true};
+        for (int ci = 0; ci < 4; ci++)
+            for (int ri = 0; ri < 4; ri++)
+                for (int nb = 1; nb <= SIL_CUDA_MAX_BATCH; nb++) {
+                    if (ci == 3 && nb != 1 && nb != 8) /* the large case at the ends only */
+                        continue;
+                    matvec_case(cu, type, rows_l[ri], cols_l[ci], nb, &st);
+                }
+        const bool quant = bs > 1;
+        check(st.worst_same <= 1e-5 && st.worst_cpu <= (quant ? 5e-3 : 1e-5) && st.q8_exact,
+              "matvec %-5s %3d cases: err %.2e vs same rounding, %.2e vs cpu backend%s",
+              sil_type_name(type), st.runs, st.worst_same, st.worst_cpu,
+              quant ? (st.q8_exact ? ", q8 bit-exact" : ", q8 MISMATCH") : "");
+    }
+}
+
+/* ---- element-wise and per-row ops ------------------------------------------------------------ */
+
+static double max_rel(const float *a, const float *b, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        m = fmax(m, fabs(a[i] - b[i]) / fmax(1.0, fabs(b[i])));
+    }
+    return m;
+}
+
+static sil_cuda_ptr dev_copy(struct sil_cuda *cu, const void *h, size_t bytes)
+{
+    sil_cuda_ptr p;
+    CK(sil_cuda_alloc(cu, bytes, &p, &err));
+    CK(sil_cuda_upload(cu, p, h, bytes, NULL, &err));
+    return p;
+}
+
+static void get(struct sil_cuda *cu, void *h, sil_cuda_ptr p, size_t bytes)
+{
+    CK(sil_cuda_download(cu, h, p, bytes, NULL, &err));
+    CK(sil_cuda_sync(cu, NULL, &err));
+}
+
+static void test_rmsnorm(struct sil_cuda *cu)
+{
+    static const int ns[] = {2048, 1000, 7};
+    for (int t = 0; t < 3; t++) {
+        const int rows = 5, n = ns[t];
+        float *x = xmalloc(sizeof(float) * rows * n), *w = xmalloc(sizeof(float) * n);
+        float *y = xmalloc(sizeof(float) * rows * n), *ref = xmalloc(sizeof(float) * rows * n);
+        fill(x, rows * n, 3.0f);
+        fill(w, n, 1.5f);
+        sil_cuda_ptr dx = dev_copy(cu, x, sizeof(float) * rows * n);
+        sil_cuda_ptr dw = dev_copy(cu, w, sizeof(float) * n), dy;
+        CK(sil_cuda_alloc(cu, sizeof(float) * rows * n, &dy, &err));
+        CK(sil_cuda_memset(cu, dy, 0xff, sizeof(float) * rows * n, NULL, &err));
+        CK(sil_cuda_rmsnorm(cu, dy, dx, t == 2 ? 0 : dw, rows, n, 1e-6f, NULL, &err));
+        get(cu, y, dy, sizeof(float) * rows * n);
+        for (int r = 0; r < rows; r++)
+            sil_rmsnorm(ref + r * n, x + r * n, t == 2 ? NULL : w, n, 1e-6f);
+        const double e1 = max_rel(y, ref, rows * n);
+        CK(sil_cuda_rmsnorm(cu, dx, dx, dw, rows, n, 1e-6f, NULL, &err)); /* in place */
+        get(cu, y, dx, sizeof(float) * rows * n);
+        const double e2 = t == 2 ? 0 : max_rel(y, ref, rows * n);
+        check(e1 <= 1e-5 && e2 <= 1e-5, "rmsnorm %d x %d%s: max err %.2e, in place %.2e", rows, n,
+              t == 2 ? " (no weight)" : "", e1, e2);
+        sil_cuda_release(cu, dx), sil_cuda_release(cu, dw), sil_cuda_release(cu, dy);
+        free(x), free(w), free(y), free(ref);
+    }
+}
+
+static void test_add_swiglu(struct sil_cuda *cu)
+{
+    const int n = 100003;
+    float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
+    float *y = xmalloc(sizeof(float) * n), *ref = xmalloc(sizeof(float) * n);
+    fill(a, n, 8.0f);
+    fill(b, n, 3.0f);
+    sil_cuda_ptr da = dev_copy(cu, a, sizeof(float) * n), db = dev_copy(cu, b, sizeof(float) * n);
+    sil_cuda_ptr dy;
+    CK(sil_cuda_alloc(cu, sizeof(float) * n, &dy, &err));
+    CK(sil_cuda_memset(cu, dy, 0xff, sizeof(float) * n, NULL, &err));
+    CK(sil_cuda_swiglu(cu, dy, da, db, n, NULL, &err));
+    get(cu, y, dy, sizeof(float) * n);
+    sil_swiglu(ref, a, b, n);
+    const double es = max_rel(y, ref, n);
+    check(es <= 1e-5, "swiglu %d: max err %.2e", n, es);
+    CK(sil_cuda_add(cu, da, db, n, NULL, &err));
+    get(cu, y, da, sizeof(float) * n);
+    memcpy(ref, a, sizeof(float) * n);
+    sil_add(ref, b, n);
+    check(memcmp(y, ref, sizeof(float) * n) == 0, "add %d: bit-exact", n);
+    sil_cuda_release(cu, da), sil_cuda_release(cu, db), sil_cuda_release(cu, dy);
+    free(a), free(b), free(y), free(ref);
+}
+
+static void test_rope(struct sil_cuda *cu)
+{
+    static const int shapes[][4] = {{5, 16, 256, 64}, {3, 4, 128, 128}, {2, 3, 64, 34}};
+    for (int t = 0; t < 3; t++) {
+        const int n_tok = shapes[t][0], n_head = shapes[t][1], hd = shapes[t][2];
+        const int n_rot = shapes[t][3];
+        const int64_t n = (int64_t)n_tok * n_head * hd;
+        float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+        int32_t pos[8];
+        fill(x, n, 2.0f);
+        for (int i = 0; i < n_tok; i++)
+            pos[i] = i == 0 ? 0 : (int32_t)((frand() + 1.0f) * 20000.0f);
+        sil_cuda_ptr dx = dev_copy(cu, x, sizeof(float) * n);
+        sil_cuda_ptr dp = dev_copy(cu, pos, sizeof(pos));
+        CK(sil_cuda_rope_neox(cu, dx, n_tok, n_head, hd, n_rot, dp, 10000000.0f, NULL, &err));
+        get(cu, y, dx, sizeof(float) * n);
+        for (int i = 0; i < n_tok; i++)
+            sil_rope_neox(x + (int64_t)i * n_head * hd, n_head, hd, n_rot, pos[i], 10000000.0f);
+        const double e = max_rel(y, x, n);
+        check(e <= 1e-4, "rope %d tok x %d heads x %d, n_rot %d, pos up to 40000: max err %.2e",
+              n_tok, n_head, hd, n_rot, e);
+        sil_cuda_release(cu, dx), sil_cuda_release(cu, dp);
+        free(x), free(y);
+    }
+}
+
+/* The CPU backend's router (forward_ffn.c): softmax, top k by repeated max, renormalised. */
+static void cpu_route(float *p, int X, int K, int32_t *sel, float *w)
+{
+    sil_softmax(p, X);
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < X; e++) {
+            bool taken = false;
+            for (int j = 0; j < k; j++)
+                taken = taken || sel[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[k] = best;
+        w[k] = p[best];
+        sum += p[best];
+    }
+    if (sum < 6.103515625e-5f) sum = 6.103515625e-5f;
+    for (int k = 0; k < K; k++)
+        w[k] /= sum;
+}
+
+static void test_router(struct sil_cuda *cu)
+{
+    static const int shapes[][3] = {{7, 256, 8}, {3, 100, 5}, {2, 1024, 32}, {1, 8, 8}};
+    for (int t = 0; t < 4; t++) {
+        const int n_tok = shapes[t][0], X = shapes[t][1], K = shapes[t][2];
+        float *l = xmalloc(sizeof(float) * n_tok * X), *w = xmalloc(sizeof(float) * n_tok * K);
+        float *rw = xmalloc(sizeof(float) * n_tok * K);
+        int32_t *ids = xmalloc(sizeof(int32_t) * n_tok * K);
+        int32_t *rids = xmalloc(sizeof(int32_t) * n_tok * K);
+        fill(l, n_tok * X, 4.0f);
+        sil_cuda_ptr dl = dev_copy(cu, l, sizeof(float) * n_tok * X), di, dw;
+        CK(sil_cuda_alloc(cu, sizeof(int32_t) * n_tok * K, &di, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * n_tok * K, &dw, &err));
+        CK(sil_cuda_memset(cu, dw, 0xff, sizeof(float) * n_tok * K, NULL, &err));
+        CK(sil_cuda_router_topk(cu, dl, n_tok, X, K, di, dw, NULL, &err));
+        get(cu, ids, di, sizeof(int32_t) * n_tok * K);
+        get(cu, w, dw, sizeof(float) * n_tok * K);
+        for (int i = 0; i < n_tok; i++)
+            cpu_route(l + i * X, X, K, rids + i * K, rw + i * K);
+        const bool same = memcmp(ids, rids, sizeof(int32_t) * n_tok * K) == 0;
+        const double e = max_rel(w, rw, n_tok * K);
+        check(same && e <= 1e-5, "router %d tok, %d experts, top %d: ids %s, weights err %.2e",
+              n_tok, X, K, same ? "equal" : "DIFFER", e);
+        sil_cuda_release(cu, dl), sil_cuda_release(cu, di), sil_cuda_release(cu, dw);
+        free(l), free(w), free(rw), free(ids), free(rids);
+    }
+}
+
+static int32_t cpu_argmax(const float *x, int64_t n)
+{
+    int32_t best = 0;
+    float bv = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > bv) bv = x[i], best = (int32_t)i;
+    return best;
+}
+
+static void test_argmax(struct sil_cuda *cu)
+{
+    const int rows = 4;
+    const int64_t n = 248320;
+    float *x = xmalloc(sizeof(float) * rows * n);
+    fill(x, rows * n, 10.0f);
+    x[n + 777] = 50.0f; /* row 1: a tie, the first wins */
+    x[n + 200001] = 50.0f;
+    x[2 * n + 5] = NAN; /* row 2: NaN never wins */
+    x[2 * n + 9] = 60.0f;
+    x[2 * n + 10] = NAN;
+    for (int64_t i = 0; i < n; i++) /* row 3: all -inf but one NaN: index 0 as on the CPU */
+        x[3 * n + i] = i == 3 ? NAN : -INFINITY;
+    sil_cuda_ptr dx = dev_copy(cu, x, sizeof(float) * rows * n), dout;
+    CK(sil_cuda_alloc(cu, sizeof(int32_t) * rows, &dout, &err));
+    CK(sil_cuda_argmax(cu, dx, rows, n, dout, NULL, &err));
+    int32_t out[4];
+    get(cu, out, dout, sizeof out);
+    bool ok = true;
+    for (int r = 0; r < rows; r++)
+        ok = ok && out[r] == cpu_argmax(x + r * n, n);
+    check(ok && out[1] == 777 && out[2] == 9 && out[3] == 0,
+          "argmax %d x %lld (ties, NaN, all -inf): %d %d %d %d", rows, (long long)n, out[0], out[1],
+          out[2], out[3]);
+    sil_cuda_release(cu, dx), sil_cuda_release(cu, dout);
+    free(x);
+}
+
+/* ---- fused MoE --------------------------------------------------------------------------------
+ */
+
+/* Random quantized rows of type, and their dequantized values (what the CPU backend reads). */
+static uint8_t *rand_weight(int type, int64_t rows, int64_t cols, float *deq)
+{
+    const size_t rb = sil_row_size(type, cols);
+    uint8_t *q = xmalloc(rb * rows);
+    for (int64_t r = 0; r < rows; r++) {
+        fill(deq + r * cols, cols, 0.5f + (float)(r % 3));
+        sil_quantize_row_ref(type, deq + r * cols, q + rb * r, cols);
+        sil_dequantize_row(type, q + rb * r, deq + r * cols, cols);
+    }
+    return q;
+}
+
+/* sum_c w[c] * dq8(x)[c] in double, and sum |w x| (the scale for the tolerance). */
+static double dot_q8(const float *w, const float *x, int64_t n, double *mag)
+{
+    float d[256];
+    int8_t q[8192];
+    host_q8(x, n, d, q);
+    double s = 0, m = 0;
+    for (int64_t c = 0; c < n; c++) {
+        s += (double)w[c] * d[c / 32] * q[c];
+        m += fabs((double)w[c] * x[c]);
+    }
+    *mag = m;
+    return s;
+}
+
+static void moe_case(struct sil_cuda *cu, int type, int dtype, int n_tok)
+{
+    const int X = 12, K = 4, E = 256, F = 512; /* experts, top-k, n_embd, n_ff */
+    float *gf = xmalloc(sizeof(float) * X * F * E), *uf = xmalloc(sizeof(float) * X * F * E);
+    float *df = xmalloc(sizeof(float) * X * E * F);
+    uint8_t *gq = rand_weight(type, (int64_t)X * F, E, gf);
+    uint8_t *uq = rand_weight(type, (int64_t)X * F, E, uf);
+    uint8_t *dq = rand_weight(dtype, (int64_t)X * E, F, df);
+    float *x = xmalloc(sizeof(float) * n_tok * E), wts[8 * 4];
+    int32_t ids[8 * 4];
+    fill(x, n_tok * E, 2.0f);
+    for (int t = 0; t < n_tok; t++)
+        for (int j = 0; j < K; j++) { /* distinct experts per token, some shared across tokens */
+            ids[t * K + j] = (t * 5 + j * 3 + (j > 1 ? 1 : 0)) % X;
+            wts[t * K + j] = 0.1f + 0.2f * (frand() + 1.0f);
+        }
+    struct sil_cuda_weight g, u, d;
+    CK(sil_cuda_weight_upload(cu, type, (int64_t)X * F, E, gq, sil_row_size(type, E) * X * F, &g,
+                              &err));
+    CK(sil_cuda_weight_upload(cu, type, (int64_t)X * F, E, uq, sil_row_size(type, E) * X * F, &u,
+                              &err));
+    CK(sil_cuda_weight_upload(cu, dtype, (int64_t)X * E, F, dq, sil_row_size(dtype, F) * X * E, &d,
+                              &err));
+    sil_cuda_ptr dx = dev_copy(cu, x, sizeof(float) * n_tok * E);
+    sil_cuda_ptr di = dev_copy(cu, ids, sizeof(int32_t) * n_tok * K);
+    sil_cuda_ptr dw = dev_copy(cu, wts, sizeof(float) * n_tok * K);
+    sil_cuda_ptr dq8, dh, dh8, dy;
+    CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n_tok, E), &dq8, &err));
+    CK(sil_cuda_alloc(cu, sizeof(float) * n_tok * K * F, &dh, &err));
+    CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n_tok * K, F), &dh8, &err));
+    CK(sil_cuda_alloc(cu, sizeof(float) * n_tok * E, &dy, &err));
+    CK(sil_cuda_memset(cu, dh, 0xff, sizeof(float) * n_tok * K * F, NULL, &err));
+    CK(sil_cuda_memset(cu, dy, 0xff, sizeof(float) * n_tok * E, NULL, &err));
+    CK(sil_cuda_quantize_q8(cu, dx, n_tok, E, dq8, NULL, &err));
+    CK(sil_cuda_moe_gate_up(cu, &g, &u, X, dq8, n_tok, di, K, dh, NULL, &err));
+    CK(sil_cuda_quantize_q8(cu, dh, n_tok * K, F, dh8, NULL, &err));
+    CK(sil_cuda_moe_down(cu, &d, X, dh8, n_tok, di, dw, K, dy, NULL, &err));
+    float *h = xmalloc(sizeof(float) * n_tok * K * F), *y = xmalloc(sizeof(float) * n_tok * E);
+    get(cu, h, dh, sizeof(float) * n_tok * K * F);
+    get(cu, y, dy, sizeof(float) * n_tok * E);
+
+    /* h against silu(g) * u from the same-rounding dots; the error scale is the product rule's */
+    double eh = 0, ey_num = 0, ey_den = 0;
+    for (int p = 0; p < n_tok * K; p++) {
+        const int t = p / K, e = ids[p];
+        for (int r = 0; r < F; r++) {
+            double mg, mu;
+            const double gv = dot_q8(gf + ((int64_t)e * F + r) * E, x + t * E, E, &mg);
+            const double uv = dot_q8(uf + ((int64_t)e * F + r) * E, x + t * E, E, &mu);
+            const double sg = gv / (1.0 + exp(-gv));
+            const double hv = sg * uv, scale = fabs(sg) * mu + fabs(uv) * 1.1 * mg + 1e-30;
+            const double err1 = isfinite(h[p * F + r]) ? fabs(h[p * F + r] - hv) / scale : INFINITY;
+            eh = fmax(eh, err1);
+        }
+    }
+    /* y against the down projection of the GPU's own h (isolates the down kernel) */
+    for (int t = 0; t < n_tok; t++)
+        for (int r = 0; r < E; r++) {
+            double sum = 0, mag = 0;
+            for (int j = 0; j < K; j++) {
+                const int p = t * K + j;
+                double m;
+                sum += wts[p] * dot_q8(df + ((int64_t)ids[p] * E + r) * F, h + p * F, F, &m);
+                mag += wts[p] * m;
+            }
+            const double yv = y[t * E + r];
+            ey_num += isfinite(yv) ? (yv - sum) * (yv - sum) : INFINITY;
+            ey_den += mag * mag;
+        }
+    const double ey = sqrt(ey_num / ey_den);
+    check(eh <= 1e-5 && ey <= 1e-5,
+          "moe %s gate/up + %s down, %d experts top %d, %d tok: h err %.2e, y err %.2e",
+          sil_type_name(type), sil_type_name(dtype), X, K, n_tok, eh, ey);
+    sil_cuda_release(cu, dx), sil_cuda_release(cu, di), sil_cuda_release(cu, dw);
+    sil_cuda_release(cu, dq8), sil_cuda_release(cu, dh), sil_cuda_release(cu, dh8);
+    sil_cuda_release(cu, dy);
+    sil_cuda_weight_free(cu, &g), sil_cuda_weight_free(cu, &u), sil_cuda_weight_free(cu, &d);
+    free(gf), free(uf), free(df), free(gq), free(uq), free(dq), free(x), free(h), free(y);
+}
+
+static void test_moe(struct sil_cuda *cu)
+{
+    static const int types[][2] = {{SIL_TYPE_Q4_K, SIL_TYPE_Q6_K}, {SIL_TYPE_Q4_K, SIL_TYPE_Q4_K},
+                                   {SIL_TYPE_Q5_K, SIL_TYPE_Q6_K}, {SIL_TYPE_Q6_K, SIL_TYPE_Q5_K},
+                                   {SIL_TYPE_Q8_0, SIL_TYPE_Q8_0}, {SIL_TYPE_Q4_0, SIL_TYPE_Q4_1},
+                                   {SIL_TYPE_Q5_0, SIL_TYPE_Q5_1}};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        for (int n_tok = 1; n_tok <= 3; n_tok += 2)
+            moe_case(cu, types[i][0], types[i][1], n_tok);
+}
+
+static void test_bad_args(struct sil_cuda *cu)
+{
+    struct sil_cuda_weight w;
+    struct sil_error e = {0};
+    uint8_t blk[144] = {0};
+    int rc = sil_cuda_weight_upload(cu, SIL_TYPE_Q4_K, 1, 256, blk, 143, &w, &e);
+    check(rc == -EINVAL, "args: upload with the wrong byte count refused: %s", e.msg);
+    CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_K, 1, 256, blk, 144, &w, &err));
+    rc = sil_cuda_matvec(cu, &w, 0, 0, 1, 0, 1, NULL, &e);
+    check(rc == -EINVAL, "args: quantized matvec without q8 input refused: %s", e.msg);
+    rc = sil_cuda_matvec(cu, &w, 0, 1, 9, 0, 1, NULL, &e);
+    check(rc == -EINVAL, "args: batch 9 refused: %s", e.msg);
+    sil_cuda_weight_free(cu, &w);
+    sil_cuda_ptr p;
+    rc = sil_cuda_alloc(cu, (size_t)1 << 50, &p, &e);
+    check(rc == -ENOMEM && p == 0, "args: a 1 PiB allocation fails cleanly: %s", e.msg);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    test_host_side();
+    const char *req = getenv("SIL_CUDA_REQUIRE");
+    const bool require = req && *req && strcmp(req, "0") != 0;
+    struct sil_cuda *cu = NULL;
+    struct sil_error e = {0};
+    int rc = sil_cuda_init(&cu, 0, &e);
+    if (rc < 0) {
+        check(cu == NULL && e.code == rc && e.msg[0] != 0, "init fails cleanly: %s", e.msg);
+        if (!require) {
+            printf("SKIP GPU tests: %s\n", e.msg);
+            return failures ? 1 : 0;
+        }
+        printf("FAIL no usable GPU and SIL_CUDA_REQUIRE is set\n");
+        return 1;
+    }
+    const struct sil_cuda_info *in = sil_cuda_get_info(cu);
+    size_t fr = 0, tot = 0;
+    CK(sil_cuda_mem_info(cu, &fr, &tot, &err));
+    printf("device %d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f free), driver %d.%d, %s\n", in->ordinal,
+           in->name, in->cc_major, in->cc_minor, in->sm_count, (double)in->total_mem / 1073741824.0,
+           (double)fr / 1073741824.0, in->driver_version / 1000, in->driver_version % 1000 / 10,
+           in->ptx_jit ? "PTX through the JIT" : "SASS");
+    test_bad_args(cu);
+    test_matvec(cu);
+    test_rmsnorm(cu);
+    test_add_swiglu(cu);
+    test_rope(cu);
+    test_router(cu);
+    test_argmax(cu);
+    test_moe(cu);
+    CK(sil_cuda_sync(cu, NULL, &err));
+    sil_cuda_free(cu);
+    printf("%s: %d failure%s\n", failures ? "FAILED" : "PASSED", failures,
+           failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
