@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,7 +90,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {0, 0, 0, 0},
     };
     int c, r;
-    while ((c = getopt_long(argc, argv, "p:n:r:c:o:hV", lo, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":p:n:r:c:o:hV", lo, NULL)) != -1) {
         r = 0;
         switch (c) {
         case 'p': r = sil_client_parse_long(PROG, "--prompt-tokens", optarg, 1, 1000000, &o->prompt_tokens); break;
@@ -111,13 +113,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_SOCKET: o->socket = optarg; break;
         case 'h': usage(stdout); exit(0);
         case 'V': sil_client_version(PROG); exit(0);
-        default: usage(stderr); return -1;
+        default: sil_client_bad_option(PROG, c, argc, argv, lo); return -1;
         }
         if (r < 0)
             return -1;
     }
     if (optind < argc) {
-        sil_client_warn(PROG, "unexpected argument '%s'", argv[optind]);
+        sil_client_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
+        return -1;
+    }
+    if (o->plot && o->overhead) {
+        sil_client_usage_error(PROG, "--plot draws the concurrency sweep, not --protocol-overhead");
         return -1;
     }
     return 0;
@@ -232,8 +238,11 @@ static char *make_prompt(long words)
     return s;
 }
 
-static double plot_x[MAX_LEVELS], plot_y[MAX_LEVELS];
+/* Per concurrency level, medians over the runs: aggregate tok/s (generated tokens of all
+ * requests over the wall time, prefill included) and per-request decode tok/s. */
+static double plot_x[MAX_LEVELS], plot_agg[MAX_LEVELS], plot_decode[MAX_LEVELS];
 static int n_plot;
+static int64_t prompt_seen; /* prompt tokens as the daemon counted them */
 
 static int bench_generation(const struct opts *o)
 {
@@ -244,7 +253,7 @@ static int bench_generation(const struct opts *o)
         int C = (int)o->levels[li];
         char cfg[96];
         snprintf(cfg, sizeof(cfg), "prompt=%ld,gen=%ld,concurrency=%d", o->prompt_tokens, o->gen_tokens, C);
-        struct series agg = {0};
+        struct series agg = {0}, dec = {0};
         for (long run = 0; run < o->runs; run++) {
             struct job *jobs = calloc((size_t)C, sizeof(*jobs));
             pthread_t *th = calloc((size_t)C, sizeof(*th));
@@ -257,7 +266,7 @@ static int bench_generation(const struct opts *o)
             for (int i = 0; i < C; i++)
                 pthread_join(th[i], NULL);
             pthread_barrier_destroy(&bar);
-            double t0 = INFINITY, t1 = 0;
+            double t0 = INFINITY, t1 = 0, decode_sum = 0;
             int64_t total = 0;
             for (int i = 0; i < C; i++) {
                 struct job *j = &jobs[i];
@@ -271,7 +280,8 @@ static int bench_generation(const struct opts *o)
                 t0 = fmin(t0, j->t_send);
                 t1 = fmax(t1, j->t_end);
                 total += j->n_generated;
-                record("decode_tok_s", "tok/s", cfg, j->decode_tok_s);
+                decode_sum += j->decode_tok_s;
+                prompt_seen = j->n_prompt;
                 if (C == 1) {
                     record("prefill_tok_s", "tok/s", cfg, j->prefill_tok_s);
                     record("ttft_ms", "ms", cfg, (j->t_first > 0 ? j->t_first : j->t_end) * 1e3 - j->t_send * 1e3);
@@ -280,6 +290,9 @@ static int bench_generation(const struct opts *o)
             }
             double tput = total / (t1 - t0);
             agg.v[agg.n++] = tput;
+            dec.v[dec.n++] = decode_sum / C;
+            /* One value per run (the mean over its requests), so "runs" counts runs. */
+            record("decode_tok_s", "tok/s", cfg, decode_sum / C);
             record("aggregate_tok_s", "tok/s", cfg, tput);
             printf("concurrency %d run %ld: %" PRId64 " tokens in %.2f s = %.1f tok/s aggregate"
                    " (per request decode %.1f tok/s, prefill %.1f tok/s, prompt %" PRId64 " tokens)\n",
@@ -290,7 +303,8 @@ static int bench_generation(const struct opts *o)
         }
         double mn, mx;
         plot_x[n_plot] = C;
-        plot_y[n_plot++] = median(&agg, &mn, &mx);
+        plot_decode[n_plot] = median(&dec, &mn, &mx);
+        plot_agg[n_plot++] = median(&agg, &mn, &mx);
     }
     free(prompt);
     return 0;
@@ -446,19 +460,54 @@ static int write_json(const struct opts *o, int argc, char **argv, const msgpack
     return 0;
 }
 
-static int write_plot(const struct opts *o)
+/* gnuplot's single-quoted string: a quote is doubled, nothing else is special. */
+static void gp_str(FILE *g, const char *s)
 {
-    FILE *g = popen("gnuplot 2>&1", "w");
+    fputc('\'', g);
+    for (; *s; s++) {
+        if (*s == '\'')
+            fputc('\'', g);
+        if (*s != '\n')
+            fputc(*s, g);
+    }
+    fputc('\'', g);
+}
+
+static int write_plot(const struct opts *o, const char *gnuplot, const char *model)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof(cmd), "'%s' 2>&1", gnuplot);
+    FILE *g = popen(cmd, "w");
     if (!g) {
-        sil_client_warn(PROG, "--plot: cannot run gnuplot");
+        sil_client_warn(PROG, "--plot: cannot run %s: %s", gnuplot, strerror(errno));
         return -ENOENT;
     }
-    fprintf(g, "set terminal png size 800,500\nset output '%s'\n", o->plot);
-    fprintf(g, "set title 'siliceod aggregate decode throughput'\nset xlabel 'concurrent requests'\n"
-               "set ylabel 'tok/s'\nset grid\nset logscale x 2\nset key off\n");
-    fprintf(g, "plot '-' using 1:2 with linespoints lw 2 pt 7\n");
+    char title[1024];
+    snprintf(title, sizeof(title),
+             "siliceod throughput against concurrency (median of %ld runs)\n"
+             "model %s, prompt %" PRId64 " tokens, %ld generated per request",
+             o->runs, model, prompt_seen, o->gen_tokens);
+    fprintf(g, "set terminal png size 900,560\nset output ");
+    gp_str(g, o->plot);
+    fprintf(g, "\nset title ");
+    /* gnuplot breaks a title at "\n" only inside double quotes; two lines by hand instead. */
+    char *nl = strchr(title, '\n');
+    *nl = 0;
+    fprintf(g, "sprintf(\"%%s\\n%%s\", ");
+    gp_str(g, title);
+    fprintf(g, ", ");
+    gp_str(g, nl + 1);
+    fprintf(g, ")\nset xlabel 'concurrent requests'\nset ylabel 'generated tokens per second'\n"
+               "set yrange [0:*]\nset grid\nset logscale x 2\nset key below\n");
+    fprintf(g, "plot '-' using 1:2 with linespoints lw 2 pt 7 title "
+               "'aggregate: tokens of all requests / wall time, prefill included', "
+               "'-' using 1:2 with linespoints lw 2 pt 5 title "
+               "'decode, per request (daemon timings)'\n");
     for (int i = 0; i < n_plot; i++)
-        fprintf(g, "%g %g\n", plot_x[i], plot_y[i]);
+        fprintf(g, "%g %g\n", plot_x[i], plot_agg[i]);
+    fprintf(g, "e\n");
+    for (int i = 0; i < n_plot; i++)
+        fprintf(g, "%g %g\n", plot_x[i], plot_decode[i]);
     fprintf(g, "e\n");
     int rc = pclose(g);
     if (rc != 0) {
@@ -469,12 +518,59 @@ static int write_plot(const struct opts *o)
     return 0;
 }
 
+/* The first executable name in $PATH, or -ENOENT. */
+static int find_program(const char *name, char *out, size_t size)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/bin:/bin";
+    while (*path) {
+        size_t n = strcspn(path, ":");
+        int k = snprintf(out, size, "%.*s/%s", (int)n, n ? path : ".", name);
+        if (k > 0 && (size_t)k < size && access(out, X_OK) == 0)
+            return 0;
+        path += n + (path[n] == ':');
+    }
+    return -ENOENT;
+}
+
+/* Can the file be written? Tried for real (access() says yes to root on a read-only mount), and
+ * before the runs, so a benchmark of minutes does not end in "cannot write". A file that was
+ * not there is removed again; one that was is left untouched. */
+static int check_writable(const char *opt, const char *file)
+{
+    int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        close(fd);
+        unlink(file);
+        return 0;
+    }
+    if (errno == EEXIST)
+        fd = open(file, O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return 0;
+    }
+    int r = -errno;
+    sil_client_warn(PROG, "%s %s: cannot write it: %s", opt, file, strerror(-r));
+    return r;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o = {.prompt_tokens = 512, .gen_tokens = 128, .runs = 3, .count = 100000,
                      .text = "x", .timeout_s = 600, .levels = {1}, .n_levels = 1};
     if (parse_args(argc, argv, &o) < 0)
         return SIL_EXIT_USAGE;
+    char gnuplot[4096] = "";
+    if (o.plot && find_program("gnuplot", gnuplot, sizeof(gnuplot)) < 0) {
+        sil_client_warn(PROG, "--plot needs gnuplot, which is not in PATH (Debian: apt install "
+                              "gnuplot-nox)");
+        return SIL_EXIT_ERROR;
+    }
+    if ((o.plot && check_writable("--plot", o.plot) < 0) ||
+        (o.out && check_writable("--out", o.out) < 0))
+        return SIL_EXIT_ERROR;
 
     struct sil_rpc_client c;
     struct sil_rpc_error e = {0};
@@ -530,7 +626,9 @@ int main(int argc, char **argv)
         }
         if (o.out && write_json(&o, argc, argv, stp) < 0)
             rc = -EIO;
-        if (o.plot && !o.overhead && write_plot(&o) < 0)
+        char model[128];
+        sil_rpc_map_str(sil_rpc_map_get(stp, "model"), "name", model, sizeof(model), "?");
+        if (o.plot && write_plot(&o, gnuplot, model) < 0)
             rc = -EIO;
     }
     msgpack_unpacked_destroy(&status);

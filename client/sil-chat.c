@@ -2,6 +2,7 @@
  * See sil-chat(1). */
 #include <errno.h>
 #include <limits.h>
+#include <locale.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -18,9 +19,17 @@
 #define MAX_STDIN (8u << 20)
 #define MAX_TURNS 256
 
-static volatile sig_atomic_t interrupted;
+/* Set by the signal handler: SIGINT cancels the answer or the line being typed; SIGTERM and
+ * SIGHUP end the REPL after it saved its history and dropped its private session. */
+static volatile sig_atomic_t interrupted, terminating;
 
-static void on_sigint(int sig) { interrupted = 1; }
+static void on_signal(int sig)
+{
+    if (sig == SIGINT)
+        interrupted = 1;
+    else
+        terminating = sig;
+}
 
 struct turn {
     const char *role;
@@ -110,7 +119,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
     };
     long l;
     int c;
-    while ((c = getopt_long(argc, argv, "+sS:n:t:hV", lo, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:sS:n:t:hV", lo, NULL)) != -1) {
         switch (c) {
         case 's': o->from_stdin = true; break;
         case 'S': o->gen.session = optarg; break;
@@ -182,7 +192,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_SOCKET: o->socket = optarg; break;
         case 'h': usage(stdout); exit(0);
         case 'V': sil_client_version(PROG); exit(0);
-        default: usage(stderr); return -1;
+        default: sil_client_bad_option(PROG, c, argc, argv, lo); return -1;
         }
     }
     return optind;
@@ -215,11 +225,20 @@ static void dim(struct stream *st, bool on)
     st->in_reasoning = on;
 }
 
+/* Model text: escaped on a terminal, the bytes as they are into a pipe or file. */
+static void emit(const struct stream *st, const char *s, size_t n)
+{
+    if (st->tty)
+        sil_client_write_tty(stdout, s, n);
+    else
+        fwrite(s, 1, n, stdout);
+}
+
 static int on_msg(void *ud, const struct sil_rpc_msg *m)
 {
     struct stream *st = ud;
     if (!m) {
-        if (interrupted && !st->cancel_sent) {
+        if ((interrupted || terminating) && !st->cancel_sent) {
             st->cancel_sent = true;
             struct sil_rpc_error e;
             if (sil_rpc_client_cancel(st->c, &e) < 0)
@@ -234,7 +253,7 @@ static int on_msg(void *ud, const struct sil_rpc_msg *m)
     if (st->show_reasoning &&
         sil_rpc_get_str(m->params, "reasoning", &s, &n, SIL_RPC_OPTIONAL, NULL) == 1 && n > 0) {
         dim(st, true);
-        fwrite(s, 1, n, stdout);
+        emit(st, s, n);
         st->printed_any = true;
         st->last = s[n - 1];
     }
@@ -245,7 +264,7 @@ static int on_msg(void *ud, const struct sil_rpc_msg *m)
                 fputc('\n', stdout);
             fputc('\n', stdout);
         }
-        fwrite(s, 1, n, stdout);
+        emit(st, s, n);
         st->printed_any = true;
         st->last = s[n - 1];
     }
@@ -282,7 +301,7 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
     }
     sil_client_pack_gen(pk, &gen);
 
-    struct sigaction sa = {.sa_handler = on_sigint}, old;
+    struct sigaction sa = {.sa_handler = on_signal}, old; /* no SA_RESTART: poll wakes up */
     sigemptyset(&sa.sa_mask);
     interrupted = 0;
     sigaction(SIGINT, &sa, &old);
@@ -321,7 +340,7 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
     if (strcmp(reason, "cancelled") == 0 || strcmp(reason, "shutdown") == 0) {
         if (!o->json)
             fprintf(stderr, "[%s]\n", reason);
-        return interrupted ? 130 : SIL_EXIT_ERROR;
+        return interrupted || terminating ? 130 : SIL_EXIT_ERROR;
     }
     return SIL_EXIT_OK;
 }
@@ -333,8 +352,66 @@ static void free_turns(struct turn *t, int *n, int keep)
     *n = keep;
 }
 
+/* Keys the REPL's reader hands editline after a Ctrl-C: end of line, then newline, so the
+ * line is shown whole, marked ^C and left behind; repl() drops it. */
+static int pending_keys[2], n_pending;
+static bool line_cancelled;
+
+/* Reads one character for editline (a UTF-8 sequence as its code point) and turns SIGINT into
+ * "abandon this line": editline's own signal handling would kill sil-chat. */
+static int repl_getc(FILE *f)
+{
+    if (n_pending > 0) {
+        int k = pending_keys[--n_pending];
+        if (k == '\n') {
+            fputs("^C", stdout);
+            fflush(stdout);
+        }
+        return k;
+    }
+    int fd = fileno(f);
+    unsigned char b[4];
+    int need = 1, have = 0;
+    while (have < need) {
+        if (terminating)
+            return EOF;
+        if (interrupted && have == 0) {
+            interrupted = 0;
+            line_cancelled = true;
+            pending_keys[0] = '\n';
+            n_pending = 1;
+            return 0x05; /* ^E: editline's end of line */
+        }
+        ssize_t r = read(fd, &b[have], 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return EOF;
+        if (have == 0)
+            need = b[0] < 0x80 ? 1 : (b[0] & 0xe0) == 0xc0 ? 2 : (b[0] & 0xf0) == 0xe0 ? 3
+                 : (b[0] & 0xf8) == 0xf0 ? 4 : 1;
+        else if ((b[have] & 0xc0) != 0x80)
+            return 0xfffd;
+        have++;
+    }
+    if (need == 1)
+        return b[0] < 0x80 ? b[0] : 0xfffd;
+    int cp = b[0] & (0x7f >> need);
+    for (int i = 1; i < need; i++)
+        cp = cp << 6 | (b[i] & 0x3f);
+    return cp;
+}
+
 static int repl(struct sil_rpc_client *c, struct opts *o)
 {
+    /* Before editline's first use: it reads our way and leaves the signals to us. */
+    rl_catch_signals = 0;
+    rl_getc_function = repl_getc;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     char hist[4096] = "";
     if (sil_client_state_path("history", hist, sizeof(hist)) == 0) {
         stifle_history(1000);
@@ -356,7 +433,18 @@ static int repl(struct sil_rpc_client *c, struct opts *o)
     printf("siliceo chat; /help for commands, Ctrl-D to quit.\n");
     int status = SIL_EXIT_OK;
     char *line;
-    while ((line = readline("> ")) != NULL) {
+    for (;;) {
+        line_cancelled = false;
+        interrupted = 0; /* a Ctrl-C that cancelled the last answer is spent */
+        line = readline("> ");
+        if (!line) {
+            fputc('\n', stdout); /* Ctrl-D or a signal: the shell's prompt on a line of its own */
+            break;
+        }
+        if (line_cancelled) {
+            free(line);
+            continue;
+        }
         char *p = line;
         while (*p == ' ' || *p == '\t')
             p++;
@@ -389,6 +477,10 @@ static int repl(struct sil_rpc_client *c, struct opts *o)
         free(line);
         char *answer = NULL;
         status = ask(c, o, turns, n, NULL, &answer);
+        if (terminating) {
+            free(answer);
+            break;
+        }
         if (status == SIL_EXIT_OK && answer) {
             turns[n].role = "assistant";
             turns[n++].content = answer;
@@ -416,11 +508,14 @@ static int repl(struct sil_rpc_client *c, struct opts *o)
     free_turns(turns, &n, 0);
     if (hist[0])
         write_history(hist);
+    if (terminating)
+        return 128 + terminating;
     return status == 130 ? SIL_EXIT_OK : status;
 }
 
 int main(int argc, char **argv)
 {
+    setlocale(LC_CTYPE, ""); /* editline reads and shows UTF-8 by the locale */
     struct opts o = {.show_reasoning = -1};
     sil_client_gen_init(&o.gen);
     int first = parse_args(argc, argv, &o);
@@ -430,6 +525,8 @@ int main(int argc, char **argv)
     char *context = NULL;
     bool stdin_tty = isatty(STDIN_FILENO);
     if (o.from_stdin || (!question && !stdin_tty)) {
+        if (stdin_tty)
+            fprintf(stderr, PROG ": reading the context from standard input; end it with Ctrl-D\n");
         size_t len;
         int r = sil_client_read_all(stdin, MAX_STDIN, &context, &len);
         if (r < 0) {
@@ -438,8 +535,12 @@ int main(int argc, char **argv)
             return SIL_EXIT_ERROR;
         }
     }
-    if (!question && !context && !stdin_tty) {
-        sil_client_warn(PROG, "nothing to ask: give a question or pipe text in");
+    if (context && context[strspn(context, " \t\r\n")] == 0) {
+        free(context); /* only blanks: no context */
+        context = NULL;
+    }
+    if (!question && !context && (!stdin_tty || o.from_stdin)) {
+        sil_client_warn(PROG, "nothing to ask: no question given and standard input is empty");
         return SIL_EXIT_USAGE;
     }
 

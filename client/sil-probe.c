@@ -12,6 +12,7 @@
 struct opts {
     const char *socket;
     bool json, prom, generate;
+    enum sil_prom_format prom_format;
     const char *prompt;
     long gen_tokens;
     double timeout_s;
@@ -34,13 +35,16 @@ static void usage(FILE *f)
             "      --generate-tokens N    tokens for --generate (default 4)\n"
             "      --json                 print the verdict and the status as JSON\n"
             "      --prom                 print the metrics in the Prometheus text format\n"
+            "      --openmetrics          print the metrics in the OpenMetrics text format\n"
             "      --timeout SECONDS      give up (CRITICAL) after this long (default 10)\n"
             "      --socket PATH          daemon socket\n"
             "  -h, --help                 this help\n"
             "  -V, --version              version\n");
 }
 
-enum { O_WQ = 256, O_CQ, O_WL, O_CL, O_PROMPT, O_GT, O_JSON, O_PROM, O_TIMEOUT, O_SOCKET };
+enum {
+    O_WQ = 256, O_CQ, O_WL, O_CL, O_PROMPT, O_GT, O_JSON, O_PROM, O_OPENMETRICS, O_TIMEOUT, O_SOCKET
+};
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
@@ -54,6 +58,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"generate-tokens", required_argument, 0, O_GT},
         {"json", no_argument, 0, O_JSON},
         {"prom", no_argument, 0, O_PROM},
+        {"openmetrics", no_argument, 0, O_OPENMETRICS},
         {"timeout", required_argument, 0, O_TIMEOUT},
         {"socket", required_argument, 0, O_SOCKET},
         {"help", no_argument, 0, 'h'},
@@ -61,7 +66,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {0, 0, 0, 0},
     };
     int c;
-    while ((c = getopt_long(argc, argv, "ghV", lo, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":ghV", lo, NULL)) != -1) {
         int r = 0;
         switch (c) {
         case O_WQ: r = sil_client_parse_long(PROG, "--warn-queue", optarg, 0, 1000000000, &o->lim.warn_queue); break;
@@ -72,22 +78,23 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_PROMPT: o->prompt = optarg; break;
         case O_GT: r = sil_client_parse_long(PROG, "--generate-tokens", optarg, 1, 4096, &o->gen_tokens); break;
         case O_JSON: o->json = true; break;
-        case O_PROM: o->prom = true; break;
+        case O_PROM: o->prom = true; o->prom_format = SIL_PROM_TEXT; break;
+        case O_OPENMETRICS: o->prom = true; o->prom_format = SIL_PROM_OPENMETRICS; break;
         case O_TIMEOUT: r = sil_client_parse_double(PROG, "--timeout", optarg, 0.001, 86400, &o->timeout_s); break;
         case O_SOCKET: o->socket = optarg; break;
         case 'h': usage(stdout); exit(0);
         case 'V': sil_client_version(PROG); exit(0);
-        default: usage(stderr); return -1;
+        default: sil_client_bad_option(PROG, c, argc, argv, lo); return -1;
         }
         if (r < 0)
             return -1;
     }
     if (optind < argc) {
-        sil_client_warn(PROG, "unexpected argument '%s'", argv[optind]);
+        sil_client_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
         return -1;
     }
     if (o->json && o->prom) {
-        sil_client_warn(PROG, "--json and --prom exclude each other");
+        sil_client_usage_error(PROG, "--json and --prom (or --openmetrics) exclude each other");
         return -1;
     }
     return 0;
@@ -121,8 +128,12 @@ static int fail(const struct opts *o, const char *what, const struct sil_rpc_err
     int code = SIL_PROBE_CRITICAL;
     snprintf(line, sizeof(line), "SILICEO %s - %s: %s", sil_probe_code_name(code), what,
              e->msg[0] ? e->msg : strerror(-r));
-    if (o->prom)
-        printf("# TYPE siliceo_up gauge\nsiliceo_up 0\n");
+    if (o->prom) {
+        /* The scrape still parses; the reason goes to stderr (the journal, or a cron mail). */
+        sil_prom_gauge(stdout, o->prom_format, "siliceo_up", 0);
+        sil_prom_end(stdout, o->prom_format);
+        fprintf(stderr, "%s\n", line);
+    }
     else if (o->json)
         print_json(code, line, -1, -1, e->msg, NULL);
     else
@@ -157,9 +168,10 @@ int main(int argc, char **argv)
             return code;
         }
         double ms = (sil_client_now() - t0) * 1e3;
-        printf("# TYPE siliceo_up gauge\nsiliceo_up 1\n");
-        printf("# TYPE siliceo_probe_latency_seconds gauge\nsiliceo_probe_latency_seconds %.6f\n", ms / 1e3);
-        sil_probe_prom(stdout, m);
+        sil_prom_gauge(stdout, o.prom_format, "siliceo_up", 1);
+        sil_prom_gauge(stdout, o.prom_format, "siliceo_probe_latency_seconds", ms / 1e3);
+        sil_probe_prom(stdout, m, o.prom_format);
+        sil_prom_end(stdout, o.prom_format);
         sil_rpc_client_close(&c);
         return SIL_PROBE_OK;
     }

@@ -34,15 +34,9 @@ int sil_rpc_client_init_fd(struct sil_rpc_client *c, int fd, struct sil_rpc_erro
 
 int sil_rpc_client_open(struct sil_rpc_client *c, const char *path, struct sil_rpc_error *err)
 {
-    char def[4096];
     memset(c, 0, sizeof(*c));
     c->fd = -1;
-    if (!path) {
-        if (sil_rpc_socket_path(NULL, def, sizeof(def)) < 0)
-            return sil_rpc_errorf(err, -ENAMETOOLONG, 0, "socket path too long");
-        path = def;
-    }
-    int fd = sil_rpc_connect(path, err);
+    int fd = path ? sil_rpc_connect(path, err) : sil_rpc_connect_any(NULL, err);
     if (fd < 0)
         return fd;
     return sil_rpc_client_init_fd(c, fd, err);
@@ -118,6 +112,44 @@ int sil_rpc_client_cancel(struct sil_rpc_client *c, struct sil_rpc_error *err)
     return send_all(c, deadline, err);
 }
 
+/* A response to msgid 0 is about the connection, not a request: a refused peer (error 6, 7)
+ * gets one before the server closes. */
+static bool connection_error(const struct sil_rpc_msg *m)
+{
+    return m->type == SIL_RPC_RESPONSE && m->msgid == 0 && m->error;
+}
+
+/* The server closed while we sent: what it wrote before closing is still readable and says
+ * why (AF_UNIX keeps queued data readable after the peer's close). */
+static int read_refusal(struct sil_rpc_client *c, int ret, struct sil_rpc_error *err)
+{
+    for (int rounds = 0; rounds < 64; rounds++) {
+        struct sil_rpc_msg m;
+        struct sil_rpc_error e = {0};
+        int r;
+        while ((r = sil_rpc_unpacker_next(c->up, &m, &e)) == 1) {
+            bool mine = m.type == SIL_RPC_RESPONSE && m.msgid == c->pending_id && m.error;
+            if (connection_error(&m) || mine) {
+                sil_rpc_read_error(m.error, err);
+                sil_rpc_msg_release(&m);
+                return -EREMOTEIO;
+            }
+            sil_rpc_msg_release(&m);
+        }
+        if (r < 0)
+            break;
+        size_t avail;
+        void *space = sil_rpc_unpacker_space(c->up, READ_CHUNK, &avail);
+        if (!space)
+            break;
+        ssize_t n = recv(c->fd, space, avail, MSG_DONTWAIT);
+        if (n <= 0)
+            break;
+        sil_rpc_unpacker_commit(c->up, (size_t)n);
+    }
+    return ret;
+}
+
 int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void *ud,
                         const msgpack_object **result, struct sil_rpc_error *err)
 {
@@ -130,6 +162,8 @@ int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void
     c->cancel_sent = false;
     int64_t deadline = now_ms() + (c->timeout_ms > 0 ? c->timeout_ms : 0);
     int r = send_all(c, deadline, err);
+    if (r == -ECONNRESET)
+        return read_refusal(c, r, err);
     if (r < 0)
         return r;
     for (;;) {
@@ -145,6 +179,11 @@ int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void
                 if (result)
                     *result = m.result;
                 return 0;
+            }
+            if (connection_error(&m)) {
+                sil_rpc_read_error(m.error, err);
+                sil_rpc_msg_release(&m);
+                return -EREMOTEIO;
             }
             if (m.type == SIL_RPC_RESPONSE && c->cancel_sent && m.msgid == c->cancel_id) {
                 sil_rpc_msg_release(&m);

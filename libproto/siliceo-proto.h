@@ -251,8 +251,19 @@ int sil_rpc_kv_nil(msgpack_packer *pk, const char *key);
  * without XDG_RUNTIME_DIR) and /run/siliceo/siliceod.sock for root. 0 or -ENAMETOOLONG. */
 int sil_rpc_socket_path(const char *override, char *buf, size_t size);
 
+/* The sockets a client tries, in order: only override or $SILICEO_SOCKET when set; else the
+ * per-user socket (as above; not for root) then /run/siliceo/siliceod.sock, the system
+ * service's. Returns how many were written (1 or 2) or -ENAMETOOLONG. */
+#define SIL_RPC_SYSTEM_SOCKET "/run/siliceo/siliceod.sock"
+#define SIL_RPC_MAX_CANDIDATES 2
+int sil_rpc_socket_candidates(const char *override, char paths[][4096], int max);
+
 /* A connected SOCK_STREAM | SOCK_CLOEXEC fd, or a negative errno. */
 int sil_rpc_connect(const char *path, struct sil_rpc_error *err);
+/* Connects to the first candidate that answers. On failure the error names every path tried
+ * with its reason, and for EACCES the socket's group and the allow lists to check; the return
+ * is the most telling errno (-EACCES before -ECONNREFUSED before -ENOENT). */
+int sil_rpc_connect_any(const char *override, struct sil_rpc_error *err);
 /* A listening socket at path with the given mode (e.g. 0660). A stale socket file (nobody
  * listening) is replaced; a live one gives -EADDRINUSE. The parent directory must exist. */
 int sil_rpc_listen(const char *path, mode_t mode, int backlog, struct sil_rpc_error *err);
@@ -277,7 +288,7 @@ struct sil_rpc_client {
  * sil_rpc_client_cancel()). Return 0 to keep waiting, a negative errno to abort the call. */
 typedef int (*sil_rpc_notify_fn)(void *ud, const struct sil_rpc_msg *msg);
 
-/* path NULL -> sil_rpc_socket_path(NULL). */
+/* path NULL -> the candidates of sil_rpc_connect_any(NULL). */
 int sil_rpc_client_open(struct sil_rpc_client *c, const char *path, struct sil_rpc_error *err);
 /* Wraps an already connected fd (tests, socket pairs); the client owns it afterwards. */
 int sil_rpc_client_init_fd(struct sil_rpc_client *c, int fd, struct sil_rpc_error *err);
@@ -288,7 +299,8 @@ void sil_rpc_client_close(struct sil_rpc_client *c);
 msgpack_packer *sil_rpc_client_begin(struct sil_rpc_client *c, const char *method);
 /* Sends the request started by begin and waits for its response. On success returns 0 and
  * *result points to the result object (valid until the next call or close). When the server
- * answered with an error: -EREMOTEIO, err->code / msg are the server's. Local failures:
+ * answered with an error: -EREMOTEIO, err->code / msg are the server's; so too when it refused
+ * the connection (an error response to msgid 0, read even after a broken pipe). Local failures:
  * -ETIMEDOUT, -ECONNRESET (server closed), -EPROTO / -EBADMSG / -EMSGSIZE (bad reply), other
  * errno from the socket, or what notify returned. */
 int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void *ud,

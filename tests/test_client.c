@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -199,7 +200,7 @@ static void test_probe_eval(void **state)
     assert_string_equal(sil_probe_code_name(3), "UNKNOWN");
 }
 
-static char *prom_of(void (*fill)(msgpack_packer *), int *samples)
+static char *prom_fmt(void (*fill)(msgpack_packer *), int *samples, enum sil_prom_format fmt)
 {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
@@ -211,11 +212,16 @@ static char *prom_of(void (*fill)(msgpack_packer *), int *samples)
     char *s = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&s, &n);
-    *samples = sil_probe_prom(f, &o);
+    *samples = sil_probe_prom(f, &o, fmt);
     fclose(f);
     msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&sb);
     return s;
+}
+
+static char *prom_of(void (*fill)(msgpack_packer *), int *samples)
+{
+    return prom_fmt(fill, samples, SIL_PROM_TEXT);
 }
 
 static void fill_metrics(msgpack_packer *pk)
@@ -244,17 +250,236 @@ static void test_prom(void **state)
     char *s = prom_of(fill_metrics, &n);
     assert_int_equal(n, 5);
     assert_string_equal(s,
+                        "# HELP siliceo_requests_total generation requests accepted\n"
                         "# TYPE siliceo_requests_total counter\nsiliceo_requests_total 12\n"
+                        "# HELP siliceo_uptime_seconds seconds since siliceod started\n"
                         "# TYPE siliceo_uptime_seconds gauge\nsiliceo_uptime_seconds 1.5\n"
+                        "# HELP siliceo_expert_hit_rate siliceo_expert_hit_rate as reported by "
+                        "siliceod\n"
                         "# TYPE siliceo_expert_hit_rate gauge\n"
                         "siliceo_expert_hit_rate{layer=\"0\"} 0.5\n"
                         "siliceo_expert_hit_rate{layer=\"1\",kind=\"a\\\\b\"} 0.25\n"
+                        "# HELP siliceo_queue_running generation requests running\n"
                         "# TYPE siliceo_queue_running gauge\nsiliceo_queue_running 2\n");
     free(s);
     char *w = prom_of(fill_wrapped, &n);
     assert_int_equal(n, 5);
     assert_non_null(strstr(w, "siliceo_requests_total 12\n"));
     free(w);
+}
+
+/* The daemon's names of today: a gauge and a counter of one OpenMetrics family; a key that
+ * sanitises to a name already taken; help sent by the daemon, with a quote and a newline. */
+static void fill_clashing(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 2);
+    sil_rpc_pack_cstr(pk, "metrics");
+    msgpack_pack_map(pk, 6);
+    sil_rpc_kv_uint(pk, "siliceo_clients", 2);
+    sil_rpc_kv_uint(pk, "siliceo_clients_total", 7);
+    sil_rpc_kv_uint(pk, "siliceo_sessions", 1);
+    sil_rpc_kv_uint(pk, "siliceo sessions", 9);
+    sil_rpc_kv_uint(pk, "siliceo_busy", 1);
+    sil_rpc_kv_uint(pk, "siliceo_busy_total", 3);
+    sil_rpc_pack_cstr(pk, "help");
+    msgpack_pack_map(pk, 1);
+    sil_rpc_kv_str(pk, "siliceo_sessions", "named \"sessions\"\nheld");
+}
+
+static void test_prom_families(void **state)
+{
+    int n = 0;
+    char *s = prom_fmt(fill_clashing, &n, SIL_PROM_TEXT);
+    /* renamed, counter kept, duplicate left out, the unknown clashing gauge left out */
+    assert_int_equal(n, 4);
+    assert_non_null(strstr(s, "# HELP siliceo_connected_clients clients connected now\n"
+                              "# TYPE siliceo_connected_clients gauge\n"
+                              "siliceo_connected_clients 2\n"));
+    assert_non_null(strstr(s, "# TYPE siliceo_clients_total counter\nsiliceo_clients_total 7\n"));
+    assert_null(strstr(s, "siliceo_clients "));
+    assert_non_null(strstr(s, "# HELP siliceo_sessions named \"sessions\"\\nheld\n"));
+    assert_non_null(strstr(s, "siliceo_sessions 1\n"));
+    assert_null(strstr(s, "siliceo_sessions 9"));
+    assert_null(strstr(s, "siliceo_busy "));
+    assert_non_null(strstr(s, "siliceo_busy_total 3\n"));
+    free(s);
+    /* OpenMetrics: a counter's family has no _total, its sample does; quotes escaped in help */
+    s = prom_fmt(fill_clashing, &n, SIL_PROM_OPENMETRICS);
+    assert_int_equal(n, 4);
+    assert_non_null(strstr(s, "# HELP siliceo_clients connections accepted\n"
+                              "# TYPE siliceo_clients counter\nsiliceo_clients_total 7\n"));
+    assert_non_null(strstr(s, "# HELP siliceo_sessions named \\\"sessions\\\"\\nheld\n"));
+    free(s);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    sil_prom_gauge(f, SIL_PROM_OPENMETRICS, "siliceo_up", 1);
+    sil_prom_end(f, SIL_PROM_OPENMETRICS);
+    sil_prom_end(f, SIL_PROM_TEXT);
+    fclose(f);
+    assert_string_equal(buf, "# HELP siliceo_up 1 when sil-probe reached siliceod and read its "
+                             "metrics, else 0\n# TYPE siliceo_up gauge\nsiliceo_up 1\n# EOF\n");
+    free(buf);
+}
+
+/* getopt_long the way the clients call it, then the one-line message. */
+static void bad_option(const char *const *args, int n, const char *want)
+{
+    static const struct option lo[] = {
+        {"socket", required_argument, 0, 256},
+        {"session", required_argument, 0, 'S'},
+        {"json", no_argument, 0, 257},
+        {"stdin", no_argument, 0, 's'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {0, 0, 0, 0},
+    };
+    char *argv[8];
+    for (int i = 0; i < n; i++)
+        argv[i] = (char *)args[i];
+    argv[n] = NULL;
+    optind = 0;
+    opterr = 0;
+    int c, bad = 0;
+    while ((c = getopt_long(n, argv, "+:sS:n:", lo, NULL)) != -1)
+        if (c == '?' || c == ':') {
+            bad = c;
+            break;
+        }
+    assert_true(bad != 0);
+    char msg[256];
+    sil_client_bad_option_msg(bad, n, argv, lo, msg, sizeof(msg));
+    assert_string_equal(msg, want);
+}
+
+static void test_bad_option(void **state)
+{
+    bad_option((const char *[]){"p", "--bogus", "x"}, 3, "unknown option '--bogus'");
+    bad_option((const char *[]){"p", "--bogus=1"}, 2, "unknown option '--bogus'");
+    bad_option((const char *[]){"p", "--socket"}, 2, "option '--socket' needs an argument");
+    bad_option((const char *[]){"p", "--max-tokens"}, 2, "option '--max-tokens' needs an argument");
+    bad_option((const char *[]){"p", "-n"}, 2, "option '-n' needs an argument");
+    bad_option((const char *[]){"p", "--s", "x"}, 3,
+               "option '--s' is ambiguous (--socket, --session, --stdin)");
+    bad_option((const char *[]){"p", "--json=yes"}, 2, "option '--json' takes no argument");
+    bad_option((const char *[]){"p", "-x"}, 2, "unknown option '-x'");
+    bad_option((const char *[]){"p", "--json", "-sxs"}, 3, "unknown option '-x'");
+    bad_option((const char *[]){"p", "-sx"}, 2, "unknown option '-x'");
+}
+
+static char *tty_text(const char *s, size_t n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    sil_client_write_tty(f, s, n);
+    fclose(f);
+    return buf;
+}
+
+static void test_write_tty(void **state)
+{
+    const char in[] = "a\tb\nc\033[2J\033]0;title\007\r\bz\177 caf\xc3\xa9 \xc2\x9b"
+                      "1m \xe2\x82\xac";
+    char *out = tty_text(in, sizeof(in) - 1);
+    assert_string_equal(out, "a\tb\nc^[[2J^[]0;title^G^M^Hz^? caf\xc3\xa9 \\u009b1m \xe2\x82\xac");
+    free(out);
+    out = tty_text("x\0y", 3);
+    assert_string_equal(out, "x^@y");
+    free(out);
+}
+
+static void test_socket_candidates(void **state)
+{
+    char p[SIL_RPC_MAX_CANDIDATES][4096];
+    char want[4096];
+    setenv("SILICEO_SOCKET", "/env.sock", 1);
+    assert_int_equal(sil_rpc_socket_candidates("/opt.sock", p, 2), 1);
+    assert_string_equal(p[0], "/opt.sock");
+    assert_int_equal(sil_rpc_socket_candidates(NULL, p, 2), 1);
+    assert_string_equal(p[0], "/env.sock");
+    unsetenv("SILICEO_SOCKET");
+    setenv("XDG_RUNTIME_DIR", "/xdg", 1);
+    assert_int_equal(sil_rpc_socket_candidates("", p, 2), 2);
+    if (geteuid() == 0) {
+        assert_string_equal(p[0], "/run/siliceo/siliceod.sock");
+        assert_string_equal(p[1], "/xdg/siliceo/siliceod.sock");
+    } else {
+        assert_string_equal(p[0], "/xdg/siliceo/siliceod.sock");
+        assert_string_equal(p[1], "/run/siliceo/siliceod.sock");
+    }
+    unsetenv("XDG_RUNTIME_DIR");
+    int n = sil_rpc_socket_candidates(NULL, p, 2);
+    snprintf(want, sizeof(want), "/run/user/%u/siliceo/siliceod.sock", (unsigned)geteuid());
+    assert_int_equal(n, geteuid() == 0 ? 1 : 2);
+    assert_string_equal(p[0], geteuid() == 0 ? SIL_RPC_SYSTEM_SOCKET : want);
+    /* Every path tried is named, with its reason. */
+    char dir[] = "/tmp/test_client_sock.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    setenv("XDG_RUNTIME_DIR", dir, 1);
+    struct sil_rpc_error e = {0};
+    int r = sil_rpc_connect_any(NULL, &e);
+    if (r >= 0) { /* a system daemon runs on this machine */
+        close(r);
+        unsetenv("XDG_RUNTIME_DIR");
+        rmdir(dir);
+        return;
+    }
+    assert_true(r == -ENOENT || r == -ECONNREFUSED || r == -EACCES);
+    snprintf(want, sizeof(want), "%s/siliceo/siliceod.sock (No such file or directory)", dir);
+    assert_non_null(strstr(e.msg, want));
+    assert_non_null(strstr(e.msg, "cannot connect to siliceod: tried "));
+    assert_non_null(strstr(e.msg, SIL_RPC_SYSTEM_SOCKET " ("));
+    unsetenv("XDG_RUNTIME_DIR");
+    rmdir(dir);
+}
+
+/* A refused peer: the server writes an error response to msgid 0 and closes, before (the
+ * client's send then fails with EPIPE) or after the client's request arrived. */
+static void send_buf(int fd, struct sil_rpc_buf *b);
+
+static void refuse_on(int fd)
+{
+    struct sil_rpc_buf b;
+    sil_rpc_buf_init(&b, 0);
+    sil_rpc_pack_error_response(&b, 0, SIL_RPC_E_PERMISSION,
+                                "permission denied: uid 7 is not allowed");
+    send_buf(fd, &b);
+    sil_rpc_buf_free(&b);
+    close(fd);
+}
+
+/* Refuses once the request is there, without reading it. */
+static void *refuse_after_request(void *arg)
+{
+    int fd = *(int *)arg;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    poll(&p, 1, 5000);
+    refuse_on(fd);
+    return NULL;
+}
+
+static void test_refused(void **state)
+{
+    for (int order = 0; order < 2; order++) {
+        int sv[2];
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        struct sil_rpc_client c;
+        assert_int_equal(sil_rpc_client_init_fd(&c, sv[0], NULL), 0);
+        c.timeout_ms = 5000;
+        pthread_t th;
+        if (order == 0)
+            refuse_on(sv[1]);
+        else
+            pthread_create(&th, NULL, refuse_after_request, &sv[1]);
+        struct sil_rpc_error e = {0};
+        int r = sil_rpc_client_call0(&c, "status", NULL, NULL, NULL, &e);
+        if (order == 1)
+            pthread_join(th, NULL);
+        assert_int_equal(r, -EREMOTEIO);
+        assert_int_equal(e.code, SIL_RPC_E_PERMISSION);
+        assert_string_equal(e.msg, "permission denied: uid 7 is not allowed");
+        sil_rpc_client_close(&c);
+    }
 }
 
 /* ---- the programs against a fake server ------------------------------------------------------- */
@@ -502,7 +727,8 @@ static void test_sil_probe(void **state)
     snprintf(cmd, sizeof(cmd), "%s/sil-probe --prom --socket %s/nope", bin, f->dir);
     out = run(cmd, &st);
     assert_int_equal(st, 2);
-    assert_string_equal(out, "# TYPE siliceo_up gauge\nsiliceo_up 0\n");
+    assert_non_null(strstr(out, "# TYPE siliceo_up gauge\nsiliceo_up 0\n"));
+    assert_null(strstr(out, "siliceo_requests_total"));
     free(out);
     snprintf(cmd, sizeof(cmd), "%s/sil-probe --warn-queue x 2>/dev/null", bin);
     out = run(cmd, &st);
@@ -543,6 +769,11 @@ int main(void)
         cmocka_unit_test(test_gen_params),
         cmocka_unit_test(test_probe_eval),
         cmocka_unit_test(test_prom),
+        cmocka_unit_test(test_prom_families),
+        cmocka_unit_test(test_bad_option),
+        cmocka_unit_test(test_write_tty),
+        cmocka_unit_test(test_socket_candidates),
+        cmocka_unit_test(test_refused),
         cmocka_unit_test_setup_teardown(test_sil_chat, fake_setup, fake_teardown),
         cmocka_unit_test_setup_teardown(test_sil_probe, fake_setup, fake_teardown),
         cmocka_unit_test(test_versions_and_help),

@@ -13,10 +13,12 @@
 int sil_client_connect(struct sil_rpc_client *c, const char *socket_opt, int timeout_ms,
                        struct sil_rpc_error *err)
 {
-    char path[4096];
-    if (sil_rpc_socket_path(socket_opt, path, sizeof(path)) < 0)
-        return sil_rpc_errorf(err, -ENAMETOOLONG, 0, "socket path too long");
-    int r = sil_rpc_client_open(c, path, err);
+    memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    int fd = sil_rpc_connect_any(socket_opt, err);
+    if (fd < 0)
+        return fd;
+    int r = sil_rpc_client_init_fd(c, fd, err);
     if (r < 0)
         return r;
     c->timeout_ms = timeout_ms;
@@ -171,7 +173,8 @@ int sil_client_read_all(FILE *f, size_t max, char **out, size_t *len)
             free(b);
             return -EFBIG;
         }
-        if (k == 0) {
+        /* A terminal's Ctrl-D is one end of file: do not read past it. */
+        if (k == 0 || feof(f)) {
             if (ferror(f)) {
                 free(b);
                 return -EIO;
@@ -238,4 +241,92 @@ void sil_client_pack_gen(msgpack_packer *pk, const struct sil_client_gen *g)
         sil_rpc_kv_str(pk, "priority", g->priority);
     if (g->think >= 0)
         sil_rpc_kv_bool(pk, "think", g->think != 0);
+}
+
+void sil_client_usage_error(const char *prog, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "; try '%s --help'\n", prog);
+    va_end(ap);
+}
+
+/* The long options whose names start with the first n bytes of name, listed into buf. */
+static int long_matches(const struct option *lo, const char *name, size_t n, char *buf,
+                        size_t size)
+{
+    int count = 0;
+    size_t used = 0;
+    buf[0] = 0;
+    for (const struct option *o = lo; o && o->name; o++) {
+        if (strncmp(o->name, name, n) != 0)
+            continue;
+        if (strlen(o->name) == n)
+            return 1; /* an exact match is never ambiguous */
+        int k = snprintf(buf + used, size - used, "%s--%s", count ? ", " : "", o->name);
+        if (k > 0 && (size_t)k < size - used)
+            used += (size_t)k;
+        count++;
+    }
+    return count;
+}
+
+void sil_client_bad_option_msg(int c, int argc, char **argv, const struct option *lo, char *buf,
+                               size_t size)
+{
+    /* A short option in the middle of a group leaves optind on that group. */
+    const char *cur = optind < argc ? argv[optind] : NULL;
+    const char *prev = optind > 0 && optind <= argc ? argv[optind - 1] : NULL;
+    bool in_group = optopt > 0 && optopt < 256 && cur && cur[0] == '-' && cur[1] != '-' &&
+                    strchr(cur + 1, optopt);
+    if (!in_group && prev && strncmp(prev, "--", 2) == 0 && prev[2]) {
+        const char *name = prev + 2;
+        const char *eq = strchr(name, '=');
+        size_t n = eq ? (size_t)(eq - name) : strlen(name);
+        char list[256];
+        int m = long_matches(lo, name, n, list, sizeof(list));
+        if (c == ':')
+            snprintf(buf, size, "option '--%.*s' needs an argument", (int)n, name);
+        else if (m > 1)
+            snprintf(buf, size, "option '--%.*s' is ambiguous (%s)", (int)n, name, list);
+        else if (m == 1 && eq)
+            snprintf(buf, size, "option '--%.*s' takes no argument", (int)n, name);
+        else
+            snprintf(buf, size, "unknown option '--%.*s'", (int)n, name);
+        return;
+    }
+    if (optopt > 0 && optopt < 256 && optopt != '?' && (unsigned char)optopt > ' ')
+        snprintf(buf, size, c == ':' ? "option '-%c' needs an argument" : "unknown option '-%c'",
+                 optopt);
+    else
+        snprintf(buf, size, "unknown option '%s'", prev ? prev : "?");
+}
+
+void sil_client_bad_option(const char *prog, int c, int argc, char **argv, const struct option *lo)
+{
+    char msg[400];
+    sil_client_bad_option_msg(c, argc, argv, lo, msg, sizeof(msg));
+    sil_client_usage_error(prog, "%s", msg);
+}
+
+void sil_client_write_tty(FILE *f, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7f)) {
+            fputc(c, f);
+        } else if (c < 0x20 || c == 0x7f) {
+            fputc('^', f);
+            fputc(c == 0x7f ? '?' : c + 0x40, f);
+        } else if (c == 0xc2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
+                   (unsigned char)s[i + 1] <= 0x9f) {
+            /* U+0080..U+009F: C1 controls, CSI (U+009B) among them. */
+            fprintf(f, "\\u%04x", (unsigned char)s[i + 1]);
+            i++;
+        } else {
+            fputc(c, f);
+        }
+    }
 }

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -24,6 +25,22 @@ int sil_client_connect(struct sil_rpc_client *c, const char *socket_opt, int tim
 /* "prog: message" on stderr. */
 void sil_client_warn(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sil_client_version(const char *prog);
+
+/* A command-line mistake in one line: "prog: <message>; try 'prog --help'". */
+void sil_client_usage_error(const char *prog, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* After getopt_long (with opterr = 0 and ':' leading the short options) returned '?' or ':':
+ * writes what was wrong with the option it stopped at (unknown, ambiguous, missing or
+ * unexpected argument), naming it as typed. */
+void sil_client_bad_option_msg(int c, int argc, char **argv, const struct option *lo, char *buf,
+                               size_t size);
+/* The same, printed by sil_client_usage_error(). */
+void sil_client_bad_option(const char *prog, int c, int argc, char **argv, const struct option *lo);
+
+/* Writes model text for a terminal: C0 control bytes (but \n and \t), DEL and C1 controls
+ * shown in caret or \u form (ESC as ^[), so the model cannot move the cursor, retitle the window
+ * or hide text. Everything else, UTF-8 included, as is. */
+void sil_client_write_tty(FILE *f, const char *s, size_t n);
 
 /* Strict numeric option parsing: the whole string, in range; prints "prog: --opt: ..." and
  * returns -EINVAL otherwise. */
@@ -81,9 +98,19 @@ struct sil_probe_limits {
 int sil_probe_eval(const struct sil_probe_limits *lim, const msgpack_object *status,
                    double status_ms, double gen_ms, char *line, size_t size);
 
-/* Writes a metrics result in the Prometheus text exposition format: names ending in _total as
- * counters, others as gauges, map values as labelled samples. Names are sanitised to
- * [a-zA-Z0-9_:]. Returns the number of samples written. */
-int sil_probe_prom(FILE *f, const msgpack_object *metrics);
+/* Prometheus output: the classic text format (0.0.4, what Prometheus and node_exporter's
+ * textfile collector read) or OpenMetrics 1.0 (counter families named without _total, # EOF). */
+enum sil_prom_format { SIL_PROM_TEXT, SIL_PROM_OPENMETRICS };
+
+/* Writes a metrics result ({metrics: {name: number or {labels: number}}, help?: {name: text}}):
+ * names sanitised to [a-zA-Z0-9_:], those ending in _total as counters, others as gauges, each
+ * family with # HELP (the daemon's, else the known one, else a generic line) and # TYPE. Keys
+ * that would make two families of one name (siliceo_clients beside siliceo_clients_total; it is
+ * renamed siliceo_connected_clients) are renamed or left out. Returns the samples written. */
+int sil_probe_prom(FILE *f, const msgpack_object *metrics, enum sil_prom_format fmt);
+/* One gauge family with its help (sil-probe's own siliceo_up, siliceo_probe_latency_seconds). */
+void sil_prom_gauge(FILE *f, enum sil_prom_format fmt, const char *name, double v);
+/* The end of the exposition: # EOF for OpenMetrics, nothing for the text format. */
+void sil_prom_end(FILE *f, enum sil_prom_format fmt);
 
 #endif

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *sil_probe_code_name(int code)
@@ -114,8 +115,14 @@ static void prom_value(FILE *f, double v)
         fputs(v > 0 ? "+Inf" : "-Inf", f);
     else if (v == floor(v) && fabs(v) < 1e15)
         fprintf(f, "%.0f", v);
-    else
-        fprintf(f, "%.17g", v);
+    else {
+        /* The shortest of %.15g and %.17g that reads back as v. */
+        char b[32];
+        snprintf(b, sizeof(b), "%.15g", v);
+        if (strtod(b, NULL) != v)
+            snprintf(b, sizeof(b), "%.17g", v);
+        fputs(b, f);
+    }
 }
 
 /* A label set as sent by the daemon (layer="3" or layer=3,kind="x"): label values are quoted
@@ -146,12 +153,13 @@ static void prom_labels(FILE *f, const char *s, size_t n)
         if (name[0]) {
             fprintf(f, "%s%s=\"", first ? "" : ",", name);
             for (size_t k = vstart; k < vend; k++) {
+                if (s[k] == '\n') {
+                    fputs("\\n", f);
+                    continue;
+                }
                 if (s[k] == '"' || s[k] == '\\')
                     fputc('\\', f);
-                if (s[k] == '\n')
-                    fputs("\\n", f);
-                else
-                    fputc(s[k], f);
+                fputc(s[k], f);
             }
             fputc('"', f);
             first = false;
@@ -161,46 +169,191 @@ static void prom_labels(FILE *f, const char *s, size_t n)
     fputc('}', f);
 }
 
-int sil_probe_prom(FILE *f, const msgpack_object *metrics)
+/* Help for the daemon's metrics (siliceo-rpc(7)); a daemon may send its own in `help`. */
+static const struct {
+    const char *name, *help;
+} known_help[] = {
+    {"siliceo_up", "1 when sil-probe reached siliceod and read its metrics, else 0"},
+    {"siliceo_probe_latency_seconds", "time sil-probe took to connect and read the metrics"},
+    {"siliceo_uptime_seconds", "seconds since siliceod started"},
+    {"siliceo_rss_bytes", "resident memory of siliceod"},
+    {"siliceo_ready", "1 while siliceod serves, 0 while it stops"},
+    {"siliceo_connected_clients", "clients connected now"},
+    {"siliceo_clients_total", "connections accepted"},
+    {"siliceo_clients_refused_total", "peers refused (allow list or max_clients)"},
+    {"siliceo_clients_dropped_total", "clients dropped for not reading their output"},
+    {"siliceo_bytes_in_total", "bytes read from client sockets"},
+    {"siliceo_bytes_out_total", "bytes written to client sockets"},
+    {"siliceo_messages_in_total", "messages received"},
+    {"siliceo_bad_messages_total", "messages received malformed or invalid"},
+    {"siliceo_requests_rejected_total", "requests refused with error 7 (queue or client limit)"},
+    {"siliceo_requests_total", "generation requests accepted"},
+    {"siliceo_requests_failed_total", "generation requests that ended with an error"},
+    {"siliceo_requests_cancelled_total", "generation requests cancelled"},
+    {"siliceo_queue_running", "generation requests running"},
+    {"siliceo_queue_queued", "generation requests waiting"},
+    {"siliceo_tokens_prompt_total", "prompt tokens of all requests"},
+    {"siliceo_tokens_cached_total", "prompt tokens found in a session's state, not evaluated"},
+    {"siliceo_tokens_generated_total", "tokens generated"},
+    {"siliceo_eval_steps_total", "scheduler steps (engine evaluations)"},
+    {"siliceo_eval_errors_total", "engine evaluations that failed"},
+    {"siliceo_eval_seconds_total", "seconds spent in engine evaluations"},
+    {"siliceo_sessions", "named sessions held"},
+    {"siliceo_session_bytes", "bytes of engine state held by sessions"},
+    {"siliceo_state_bytes", "bytes of engine state of all sequences"},
+};
+
+/* Older daemons' names that clash in OpenMetrics: the gauge siliceo_clients and the counter
+ * siliceo_clients_total are one family there. */
+static const struct {
+    const char *from, *to;
+} renamed[] = {
+    {"siliceo_clients", "siliceo_connected_clients"},
+};
+
+static const char *help_for(const char *name, const msgpack_object *help, char *buf, size_t size)
+{
+    const msgpack_object *h = NULL;
+    if (help && help->type == MSGPACK_OBJECT_MAP)
+        h = sil_rpc_map_get(help, name);
+    if (h && h->type == MSGPACK_OBJECT_STR && h->via.str.size > 0) {
+        size_t n = h->via.str.size < size - 1 ? h->via.str.size : size - 1;
+        memcpy(buf, h->via.str.ptr, n);
+        buf[n] = 0;
+        return buf;
+    }
+    for (size_t i = 0; i < sizeof(known_help) / sizeof(known_help[0]); i++)
+        if (strcmp(known_help[i].name, name) == 0)
+            return known_help[i].help;
+    snprintf(buf, size, "%s as reported by siliceod", name);
+    return buf;
+}
+
+static void prom_help_text(FILE *f, const char *s, enum sil_prom_format fmt)
+{
+    for (; *s; s++) {
+        if (*s == '\n')
+            fputs("\\n", f);
+        else if (*s == '\\' || (*s == '"' && fmt == SIL_PROM_OPENMETRICS))
+            fprintf(f, "\\%c", *s);
+        else
+            fputc(*s, f);
+    }
+}
+
+/* # HELP and # TYPE of one family. OpenMetrics names a counter's family without its _total,
+ * which only the sample keeps; the classic text format names the family as the sample. */
+static void prom_family(FILE *f, enum sil_prom_format fmt, const char *name, bool counter,
+                        const char *help)
+{
+    size_t len = strlen(name);
+    int base = (int)(counter && fmt == SIL_PROM_OPENMETRICS ? len - 6 : len);
+    fprintf(f, "# HELP %.*s ", base, name);
+    prom_help_text(f, help, fmt);
+    fprintf(f, "\n# TYPE %.*s %s\n", base, name, counter ? "counter" : "gauge");
+}
+
+void sil_prom_gauge(FILE *f, enum sil_prom_format fmt, const char *name, double v)
+{
+    char buf[160];
+    prom_family(f, fmt, name, false, help_for(name, NULL, buf, sizeof(buf)));
+    fprintf(f, "%s ", name);
+    prom_value(f, v);
+    fputc('\n', f);
+}
+
+void sil_prom_end(FILE *f, enum sil_prom_format fmt)
+{
+    if (fmt == SIL_PROM_OPENMETRICS)
+        fputs("# EOF\n", f);
+}
+
+static bool is_counter(const char *name)
+{
+    size_t len = strlen(name);
+    return len > 6 && strcmp(name + len - 6, "_total") == 0;
+}
+
+#define MAX_FAMILIES 256
+
+int sil_probe_prom(FILE *f, const msgpack_object *metrics, enum sil_prom_format fmt)
 {
     if (!metrics || metrics->type != MSGPACK_OBJECT_MAP)
         return 0;
-    /* Also accept the samples wrapped as {metrics: {...}}. */
+    /* The method's result is {metrics: {...}, help?: {...}}; a bare map of samples is accepted. */
+    const msgpack_object *help = sil_rpc_map_get(metrics, "help");
     const msgpack_object *inner = sil_rpc_map_get(metrics, "metrics");
-    if (metrics->via.map.size == 1 && inner && inner->type == MSGPACK_OBJECT_MAP)
+    if (inner && inner->type == MSGPACK_OBJECT_MAP)
         metrics = inner;
-    int samples = 0;
-    for (uint32_t i = 0; i < metrics->via.map.size; i++) {
+    struct {
+        char name[128];
+        const msgpack_object *v;
+    } fam[MAX_FAMILIES];
+    int n_fam = 0;
+    for (uint32_t i = 0; i < metrics->via.map.size && n_fam < MAX_FAMILIES; i++) {
         const msgpack_object *k = &metrics->via.map.ptr[i].key;
         const msgpack_object *v = &metrics->via.map.ptr[i].val;
-        if (k->type != MSGPACK_OBJECT_STR || k->via.str.size == 0)
+        double x;
+        if (k->type != MSGPACK_OBJECT_STR || k->via.str.size == 0 ||
+            (!number_of(v, &x) && v->type != MSGPACK_OBJECT_MAP))
             continue;
-        char name[128];
-        prom_name(k->via.str.ptr, k->via.str.size, name, sizeof(name));
-        size_t len = strlen(name);
-        bool counter = len > 6 && strcmp(name + len - 6, "_total") == 0;
+        char *name = fam[n_fam].name;
+        prom_name(k->via.str.ptr, k->via.str.size, name, sizeof(fam[0].name));
+        for (size_t r = 0; r < sizeof(renamed) / sizeof(renamed[0]); r++)
+            if (strcmp(name, renamed[r].from) == 0)
+                snprintf(name, sizeof(fam[0].name), "%s", renamed[r].to);
+        /* sil-probe writes these itself. */
+        if (!strcmp(name, "siliceo_up") || !strcmp(name, "siliceo_probe_latency_seconds"))
+            continue;
+        fam[n_fam++].v = v;
+    }
+    /* One family per name: a second key that sanitises or renames to a name already taken, or a
+     * gauge named as a counter's family (X beside X_total), would be rejected by a parser. */
+    bool skip[MAX_FAMILIES] = {false};
+    for (int i = 0; i < n_fam; i++) {
+        for (int j = 0; j < n_fam && !skip[i]; j++) {
+            if (j == i || skip[j])
+                continue;
+            size_t lj = strlen(fam[j].name);
+            bool same = j < i && strcmp(fam[i].name, fam[j].name) == 0;
+            bool clash = !is_counter(fam[i].name) && is_counter(fam[j].name) &&
+                         strlen(fam[i].name) == lj - 6 &&
+                         strncmp(fam[i].name, fam[j].name, lj - 6) == 0;
+            skip[i] = same || clash;
+        }
+    }
+    int samples = 0;
+    for (int i = 0; i < n_fam; i++) {
+        if (skip[i])
+            continue;
+        const char *name = fam[i].name;
+        const msgpack_object *v = fam[i].v;
+        bool counter = is_counter(name);
+        char buf[160];
+        const char *h = help_for(name, help, buf, sizeof(buf));
         double x;
         if (number_of(v, &x)) {
-            fprintf(f, "# TYPE %s %s\n%s ", name, counter ? "counter" : "gauge", name);
+            prom_family(f, fmt, name, counter, h);
+            fprintf(f, "%s ", name);
             prom_value(f, x);
             fputc('\n', f);
             samples++;
-        } else if (v->type == MSGPACK_OBJECT_MAP) {
-            bool typed = false;
-            for (uint32_t j = 0; j < v->via.map.size; j++) {
-                const msgpack_object *lk = &v->via.map.ptr[j].key;
-                if (lk->type != MSGPACK_OBJECT_STR || !number_of(&v->via.map.ptr[j].val, &x))
-                    continue;
-                if (!typed)
-                    fprintf(f, "# TYPE %s %s\n", name, counter ? "counter" : "gauge");
-                typed = true;
-                fputs(name, f);
-                prom_labels(f, lk->via.str.ptr, lk->via.str.size);
-                fputc(' ', f);
-                prom_value(f, x);
-                fputc('\n', f);
-                samples++;
-            }
+            continue;
+        }
+        bool typed = false;
+        for (uint32_t j = 0; j < v->via.map.size; j++) {
+            const msgpack_object *lk = &v->via.map.ptr[j].key;
+            if (lk->type != MSGPACK_OBJECT_STR || !number_of(&v->via.map.ptr[j].val, &x))
+                continue;
+            if (!typed)
+                prom_family(f, fmt, name, counter, h);
+            typed = true;
+            fputs(name, f);
+            prom_labels(f, lk->via.str.ptr, lk->via.str.size);
+            fputc(' ', f);
+            prom_value(f, x);
+            fputc('\n', f);
+            samples++;
         }
     }
     return samples;

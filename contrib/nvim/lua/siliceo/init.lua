@@ -8,7 +8,7 @@
 local M = {}
 
 M.config = {
-  socket = nil,            -- path; default: $SILICEO_SOCKET, then the per-user / root socket
+  socket = nil,            -- path; default: $SILICEO_SOCKET, else the per-user then the system socket
   think = false,           -- let the model reason before answering
   show_reasoning = false,  -- put the reasoning into the buffer too
   max_tokens = nil,        -- answer budget; nil: the daemon's default
@@ -22,24 +22,49 @@ function M.setup(opts)
   M.config = vim.tbl_extend('force', M.config, opts or {})
 end
 
-function M.socket_path()
+-- The sockets to try, in order: the configured one or $SILICEO_SOCKET alone; else the per-user
+-- socket, then the system service's (root: the system one first), as the other clients do.
+local SYSTEM_SOCKET = '/run/siliceo/siliceod.sock'
+
+function M.socket_paths()
   if M.config.socket and M.config.socket ~= '' then
-    return M.config.socket
+    return { M.config.socket }
   end
   local env = vim.env.SILICEO_SOCKET
   if env and env ~= '' then
-    return env
+    return { env }
   end
   local uid = vim.uv and vim.uv.getuid() or vim.loop.getuid()
-  if uid == 0 then
-    return '/run/siliceo/siliceod.sock'
-  end
   local xdg = vim.env.XDG_RUNTIME_DIR
-  if xdg and xdg ~= '' then
-    return xdg .. '/siliceo/siliceod.sock'
+  local user = (xdg and xdg ~= '') and (xdg .. '/siliceo/siliceod.sock')
+    or string.format('/run/user/%d/siliceo/siliceod.sock', uid)
+  if uid == 0 then
+    return (xdg and xdg ~= '') and { SYSTEM_SOCKET, user } or { SYSTEM_SOCKET }
   end
-  return string.format('/run/user/%d/siliceo/siliceod.sock', uid)
+  return { user, SYSTEM_SOCKET }
 end
+
+function M.socket_path()
+  return M.socket_paths()[1]
+end
+
+-- Opens a channel on the first socket that answers; else nil and a message naming every path
+-- tried with its reason.
+local function connect(opts)
+  local tried = {}
+  for _, path in ipairs(M.socket_paths()) do
+    local ok, ch = pcall(vim.fn.sockconnect, 'pipe', path, opts)
+    if ok and ch ~= 0 then
+      return ch
+    end
+    local why = ok and 'cannot connect' or tostring(ch):gsub('^.-:%s*', '')
+    table.insert(tried, string.format('%s (%s)', path, why))
+  end
+  local hint = #tried > 1 and '; is siliceod running? set the socket option or SILICEO_SOCKET'
+    or ''
+  return nil, 'cannot connect to siliceod: tried ' .. table.concat(tried, ', ') .. hint
+end
+M.connect = connect
 
 local function errmsg(e)
   if type(e) == 'table' then
@@ -51,9 +76,9 @@ end
 -- ---- single request over an rpc channel -----------------------------------------------------
 
 function M.request(method, params)
-  local ok, ch = pcall(vim.fn.sockconnect, 'pipe', M.socket_path(), { rpc = true })
-  if not ok or ch == 0 then
-    return nil, 'cannot connect to ' .. M.socket_path() .. ' (is siliceod running?)'
+  local ch, cerr = connect({ rpc = true })
+  if not ch then
+    return nil, cerr
   end
   local ok2, res = pcall(vim.rpcrequest, ch, method, params or vim.empty_dict())
   vim.fn.chanclose(ch)
@@ -158,9 +183,9 @@ local function stream_request(method, params, buf, on_done)
       end)
     end
   end
-  local ok, c = pcall(vim.fn.sockconnect, 'pipe', M.socket_path(), { on_data = on_data })
-  if not ok or c == 0 then
-    vim.notify('siliceo: cannot connect to ' .. M.socket_path(), vim.log.levels.ERROR)
+  local c, cerr = connect({ on_data = on_data })
+  if not c then
+    vim.notify('siliceo: ' .. cerr, vim.log.levels.ERROR)
     return
   end
   ch = c

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The clients against the real daemon, as a shell user meets them: finding the socket, a refused
+# peer reading why, one-line answers to bad options, nothing to ask, Prometheus output read by
+# Debian's prometheus_client parsers, sil-bench's checks and plot.
+. "$(dirname "$0")/lib.bash"
+BIN=$SIL_BUILD/bin
+SOCK=$SILICEO_SOCKET
+start_daemon --model "$MODEL"
+
+# ---- bad options: one line, "try --help" -------------------------------------------------------
+for p in sil-chat:2 sil-probe:3 sil-bench:2; do
+    prog=${p%:*} want=${p#*:} rc=0
+    "$BIN/$prog" --bogus >"$T/out" 2>"$T/err" || rc=$?
+    [ "$rc" = "$want" ] || fail "$prog --bogus exited $rc, want $want"
+    [ "$(wc -l <"$T/err")" = 1 ] || fail "$prog --bogus printed $(wc -l <"$T/err") lines: $(cat "$T/err")"
+    grep -qx "$prog: unknown option '--bogus'; try '$prog --help'" "$T/err" || fail "$prog: $(cat "$T/err")"
+    [ ! -s "$T/out" ] || fail "$prog --bogus wrote to stdout"
+    rc=0
+    "$BIN/$prog" --socket 2>"$T/err" || rc=$?
+    grep -qx "$prog: option '--socket' needs an argument; try '$prog --help'" "$T/err" || fail "$prog: $(cat "$T/err")"
+done
+echo "ok: a bad option gets one line and 'try --help' from every client"
+
+# ---- nothing to ask ----------------------------------------------------------------------------
+rc=0
+"$BIN/sil-chat" </dev/null 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] || fail "sil-chat </dev/null exited $rc"
+grep -q "nothing to ask" "$T/err" || fail "sil-chat </dev/null: $(cat "$T/err")"
+rc=0
+printf ' \n\t\n' | "$BIN/sil-chat" 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "nothing to ask" "$T/err" || fail "blank stdin: $rc $(cat "$T/err")"
+echo "ok: sil-chat with an empty stdin and no question says there is nothing to ask"
+
+# ---- finding the socket ------------------------------------------------------------------------
+# The per-user place, found through XDG_RUNTIME_DIR; for root it comes after the system socket.
+mkdir -p "$T/xdg/siliceo"
+ln -s "$SOCK" "$T/xdg/siliceo/siliceod.sock"
+env -u SILICEO_SOCKET XDG_RUNTIME_DIR="$T/xdg" "$BIN/sil-probe" >"$T/out" || fail "probe via XDG_RUNTIME_DIR: $(cat "$T/out")"
+echo "ok: without SILICEO_SOCKET the clients find the per-user socket"
+rc=0
+env -u SILICEO_SOCKET XDG_RUNTIME_DIR="$T/none" "$BIN/sil-chat" hi 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] || fail "sil-chat with no socket exited $rc"
+grep -q "cannot connect to siliceod: tried .*$T/none/siliceo/siliceod.sock (No such file or directory)" "$T/err" ||
+    fail "error does not name the per-user socket: $(cat "$T/err")"
+grep -q "/run/siliceo/siliceod.sock (" "$T/err" || [ -S /run/siliceo/siliceod.sock ] ||
+    fail "error does not name the system socket: $(cat "$T/err")"
+if command -v nvim >/dev/null; then
+    (cd "$ROOT/contrib/nvim" && env -u SILICEO_SOCKET XDG_RUNTIME_DIR="$T/xdg" nvim --headless -u NONE \
+        --cmd "set rtp+=." -c "lua local r, e = require('siliceo').request('status'); io.stdout:write(r and 'OK ' .. r.model.name or e)" \
+        -c q >"$T/nvim.out" 2>&1) || true
+    grep -q "^OK Qwen3 Tiny" "$T/nvim.out" || fail "Neovim plugin via XDG_RUNTIME_DIR: $(cat "$T/nvim.out")"
+    (cd "$ROOT/contrib/nvim" && env -u SILICEO_SOCKET XDG_RUNTIME_DIR="$T/none" nvim --headless -u NONE \
+        --cmd "set rtp+=." -c "lua local r, e = require('siliceo').request('status'); io.stdout:write(r and 'OK' or e)" \
+        -c q >"$T/nvim.out" 2>&1) || true
+    grep -q "cannot connect to siliceod: tried .*$T/none/siliceo/siliceod.sock" "$T/nvim.out" &&
+        grep -q "/run/siliceo/siliceod.sock" "$T/nvim.out" || fail "Neovim plugin error: $(cat "$T/nvim.out")"
+    echo "ok: the Neovim plugin finds the per-user socket and names every path it tried"
+fi
+# --socket and SILICEO_SOCKET still name the only socket tried.
+rc=0
+"$BIN/sil-probe" --socket "$T/nope.sock" >"$T/out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "connect $T/nope.sock: No such file" "$T/out" && ! grep -q /run/siliceo "$T/out" ||
+    fail "--socket: $(cat "$T/out")"
+echo "ok: the error names every socket tried; --socket is the only one tried when given"
+
+# ---- a refused peer sees why (needs root to run a client as another user) --------------------------
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    NOBODY="setpriv --reuid=65534 --regid=65534 --clear-groups"
+    chmod 755 "$T" "$(dirname "$SOCK")"
+    chmod 666 "$SOCK"
+    for i in $(seq 10); do
+        rc=0
+        $NOBODY "$BIN/sil-chat" --socket "$SOCK" hi 2>"$T/err" || rc=$?
+        [ "$rc" = 1 ] || fail "refused sil-chat exited $rc"
+        grep -q "permission denied: uid 65534 is not allowed to use this daemon (error 6, permission_denied)" "$T/err" ||
+            fail "refused sil-chat (try $i): $(cat "$T/err")"
+    done
+    rc=0
+    $NOBODY "$BIN/sil-probe" --socket "$SOCK" >"$T/out" || rc=$?
+    [ "$rc" = 2 ] && grep -q "CRITICAL - status: permission denied: uid 65534" "$T/out" || fail "refused probe: $(cat "$T/out")"
+    echo "ok: a uid outside the allow list reads the daemon's error 6 (10 of 10 tries)"
+    chmod 660 "$SOCK"
+    rc=0
+    $NOBODY "$BIN/sil-chat" --socket "$SOCK" hi 2>"$T/err" || rc=$?
+    grep -q "Permission denied; $SOCK belongs to group root: join that group" "$T/err" &&
+        grep -q "allow_groups" "$T/err" || fail "EACCES hint: $(cat "$T/err")"
+    echo "ok: EACCES on the socket names its group and the allow lists"
+else
+    echo "skip: refused-peer checks need root and setpriv"
+fi
+
+# ---- Prometheus output -------------------------------------------------------------------------
+"$BIN/sil-chat" --no-think -n 2 -t 0 hi >/dev/null || fail "sil-chat hi"
+"$BIN/sil-probe" --prom >"$T/metrics.prom" || fail "sil-probe --prom"
+"$BIN/sil-probe" --openmetrics >"$T/metrics.om" || fail "sil-probe --openmetrics"
+/usr/bin/python3 - "$T/metrics.prom" "$T/metrics.om" <<'EOF' || fail "Prometheus output rejected"
+import sys
+from prometheus_client.parser import text_string_to_metric_families as text_parse
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+prom, om = (open(p).read() for p in sys.argv[1:3])
+for name, fams in (("text", list(text_parse(prom))), ("openmetrics", list(om_parse(om)))):
+    names = [f.name for f in fams]
+    assert len(names) == len(set(names)), (name, "duplicate families", names)
+    for f in fams:
+        assert f.type in ("gauge", "counter"), (name, f.name, f.type)
+        assert f.documentation, (name, f.name, "no help")
+        assert f.samples, (name, f.name, "no samples")
+    by = {f.name: f for f in fams}
+    assert by["siliceo_up"].samples[0].value == 1
+    assert by["siliceo_connected_clients"].type == "gauge"
+    assert by["siliceo_clients"].type == "counter"
+    assert by["siliceo_clients"].samples[0].name == "siliceo_clients_total"
+    assert by["siliceo_requests"].samples[0].value >= 1, by["siliceo_requests"]
+    print("ok: %s parser: %d families, each with help and type" % (name, len(fams)))
+# Every family line carries # HELP and # TYPE in the text itself.
+for text in (prom, om):
+    helps = [l.split()[2] for l in text.splitlines() if l.startswith("# HELP ")]
+    types = [l.split()[2] for l in text.splitlines() if l.startswith("# TYPE ")]
+    assert helps == types and len(helps) > 20, (helps, types)
+assert om.endswith("# EOF\n") and not prom.endswith("# EOF\n")
+EOF
+rc=0
+"$BIN/sil-probe" --openmetrics --socket "$T/nope.sock" >"$T/down.om" 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "nope.sock" "$T/err" || fail "failed scrape: $rc $(cat "$T/err")"
+/usr/bin/python3 -c "
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as p
+f = list(p(open('$T/down.om').read())); assert [x.name for x in f] == ['siliceo_up'] and f[0].samples[0].value == 0
+" || fail "failed scrape output: $(cat "$T/down.om")"
+echo "ok: a failed scrape is siliceo_up 0 (parsed) and the reason on stderr"
+
+# ---- sil-bench ---------------------------------------------------------------------------------
+rc=0
+(PATH=/nonexistent; "$BIN/sil-bench" -p 4 -n 2 -r 1 --plot "$T/p.png" >"$T/out" 2>"$T/err") || rc=$?
+[ "$rc" = 1 ] && grep -q "needs gnuplot" "$T/err" && [ ! -s "$T/out" ] || fail "no gnuplot: $rc $(cat "$T/err" "$T/out")"
+rc=0
+"$BIN/sil-bench" -p 4 -n 2 -r 1 --plot "$T/nodir/p.png" >"$T/out" 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "cannot write it" "$T/err" && [ ! -s "$T/out" ] || fail "bad plot path: $rc $(cat "$T/err")"
+echo "ok: sil-bench checks gnuplot and the plot path before any request"
+# A stand-in gnuplot keeps the script; then the real one draws it.
+mkdir -p "$T/fakebin"
+printf '#!/bin/sh\ncat >"%s/plot.gp"\n' "$T" >"$T/fakebin/gnuplot"
+chmod +x "$T/fakebin/gnuplot"
+PATH="$T/fakebin:$PATH" "$BIN/sil-bench" -p 8 -n 4 -r 2 -c 1,2 -o "$T/bench.json" --plot "$T/p.png" >"$T/out" ||
+    fail "sil-bench: $(cat "$T/out")"
+grep -q "^set yrange \[0:\*\]" "$T/plot.gp" || fail "plot y axis does not start at 0"
+grep -q "^set title .*median of 2 runs.*model Qwen3 Tiny, prompt [0-9]* tokens, 4 generated per request" "$T/plot.gp" ||
+    fail "plot title: $(grep title "$T/plot.gp")"
+grep -q "aggregate: .*prefill included" "$T/plot.gp" || fail "plot does not say what it measured"
+python3 -c "
+import json; r = json.load(open('$T/bench.json'))['results']
+bad = [x for x in r if x['runs'] != 2]
+assert not bad and len(r) >= 6, bad
+" || fail "runs in the JSON: $(cat "$T/bench.json")"
+if command -v gnuplot >/dev/null; then
+    "$BIN/sil-bench" -p 8 -n 4 -r 1 -c 1,2 --plot "$T/p.png" >"$T/out" || fail "sil-bench --plot: $(cat "$T/out")"
+    [ "$(head -c 4 "$T/p.png" | od -An -c | tr -d ' ')" = "211PNG" ] || fail "not a PNG"
+fi
+echo "ok: sil-bench's plot starts at 0, names model and lengths, says what it measured; runs counts runs"
+stop_daemon
