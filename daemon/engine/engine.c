@@ -116,19 +116,26 @@ static int bind_delta_net(struct sil_engine *e, struct sil_error *err)
     return 0;
 }
 
+/* The widest matmul input of the model. */
+static int64_t k_max_of(const struct sil_engine *e)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    const int64_t zdim =
+        hp->n_layer_recr > 0 ? (int64_t)e->f.dn[0].n_v_heads * e->f.dn[0].head_v_dim : 0;
+    const int64_t ff = max64(hp->n_ff, hp->n_ff_shexp);
+    return max64(max64(hp->n_embd, hp->n_head * hp->n_embd_head_k),
+                 max64(max64(ff, hp->n_ff_exp), zdim));
+}
+
 /* The CPU backend, sized for this model: the widest matmul input, MoE and delta-net scratch. */
-static int open_backend(struct sil_engine *e, int n_threads, bool exact, struct sil_error *err)
+static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_error *err)
 {
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
-    const int64_t hd = hp->n_embd_head_k;
-    const int64_t zdim =
-        hp->n_layer_recr > 0 ? (int64_t)f->dn[0].n_v_heads * f->dn[0].head_v_dim : 0;
-    const int64_t ff = max64(hp->n_ff, hp->n_ff_shexp);
     struct sil_cpu_config c = {
         .n_threads = n_threads,
         .exact = exact,
-        .k_max = max64(max64(hp->n_embd, hp->n_head * hd), max64(max64(ff, hp->n_ff_exp), zdim)),
+        .k_max = k_max_of(e),
         .ub_max = f->ub_max,
         .n_ctx = f->n_ctx,
         .n_embd = hp->n_embd,
@@ -143,6 +150,75 @@ static int open_backend(struct sil_engine *e, int n_threads, bool exact, struct 
     if (rc < 0)
         return rc;
     return sil_fwd_open(f, err);
+}
+
+/* The CUDA backend with every weight resident: sized up front so a model that does not fit
+ * (the device or --vram-budget) fails before anything is uploaded. */
+static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
+{
+    struct sil_fwd *f = &e->f;
+    const struct sil_hparams *hp = &e->model->hp;
+    if (p->exact)
+        return sil_errorf(err, -ENOTSUP, "cuda backend: exact (F32) mode runs on the CPU backend only");
+    size_t scratch = 0;
+    if (hp->n_layer_attn > 0)
+        scratch = sil_fwd_attention_scratch(f);
+    if (hp->n_layer_recr > 0 && sil_fwd_delta_net_scratch(f) > scratch)
+        scratch = sil_fwd_delta_net_scratch(f);
+    if (!e->model->traits->moe && sil_fwd_ffn_scratch(f) > scratch)
+        scratch = sil_fwd_ffn_scratch(f);
+    struct sil_cuda_config c = {
+        .ordinal = 0,
+        .vram_budget = p->vram_budget,
+        .k_max = k_max_of(e),
+        .ub_max = f->ub_max,
+        .n_ctx = f->n_ctx,
+        .n_seq_max = e->n_seq_max,
+        .n_embd = hp->n_embd,
+        .n_vocab = hp->n_vocab,
+        .n_head = hp->n_head,
+        .n_expert = hp->n_expert,
+        .n_expert_used = hp->n_expert_used,
+        .n_ff_exp = hp->n_ff_exp,
+        .n_ff_shexp = hp->n_ff_shexp,
+        .n_layer_attn = hp->n_layer_attn,
+        .kv_dim = (int64_t)hp->n_head_kv * hp->n_embd_head_k,
+        .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
+        .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
+        .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
+    };
+    if (hp->n_layer_attn > 0 && hp->n_embd_head_v != hp->n_embd_head_k)
+        return sil_errorf(err, -ENOTSUP, "cuda backend: K and V head sizes differ");
+    int rc = sil_backend_cuda_create(&f->be, &c, err);
+    if (rc == 0)
+        rc = sil_fwd_open(f, err);
+    if (rc == 0)
+        rc = sil_fwd_place_weights(f, err);
+    if (rc < 0) {
+        sil_fwd_close(f);
+        if (f->be)
+            f->be->ops->free(f->be);
+        f->be = NULL;
+    }
+    return rc;
+}
+
+/* cpu, cuda (an error says why it cannot run) or auto (CUDA when it can hold the model, else
+ * the CPU with one line on stderr saying why). */
+static int open_backend(struct sil_engine *e, const struct sil_engine_params *p, int n_threads,
+                        struct sil_error *err)
+{
+    const char *name = p->backend ? p->backend : "auto";
+    if (strcmp(name, "cpu") == 0)
+        return open_cpu(e, n_threads, p->exact, err);
+    if (strcmp(name, "cuda") == 0)
+        return open_cuda(e, p, err);
+    struct sil_error why = {0};
+    if (!p->exact && open_cuda(e, p, &why) == 0)
+        return 0;
+    fprintf(stderr, "siliceo: backend auto: using the CPU: %s\n",
+            p->exact ? "exact mode runs on the CPU backend only" : why.msg);
+    return open_cpu(e, n_threads, p->exact, err);
 }
 
 int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, struct sil_error *err)
@@ -187,7 +263,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         goto fail;
     if ((rc = alloc_scratch(e, err)) < 0)
         goto fail;
-    if ((rc = open_backend(e, nt, p->exact, err)) < 0)
+    if ((rc = open_backend(e, p, nt, err)) < 0)
         goto fail;
     e->info.backend = f->be->ops->name;
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
@@ -317,6 +393,7 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
     if (!b->token || !b->pos || !b->seq)
         return sil_errorf(err, -EINVAL, "engine: batch without token, pos or seq arrays");
     const int32_t n = b->n, V = e->model->hp.n_vocab;
+    int rc;
     /* Validate everything before touching any state: an error leaves sequences unchanged. */
     for (int s = 0; s < e->n_seq_max; s++)
         e->next_pos[s] = e->seq_len[s];
@@ -368,6 +445,8 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
         e->run_start[ub.n_runs] = ub.n;
         ub.run_start = e->run_start;
         sil_forward(&e->f, &ub, logits);
+        if (e->f.be->ops->status && (rc = e->f.be->ops->status(e->f.be, err)) < 0)
+            return rc;
     }
     for (int s = 0; s < e->n_seq_max; s++)
         e->seq_len[s] = e->next_pos[s];
