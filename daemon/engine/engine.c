@@ -187,6 +187,9 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
+    /* the embedding table stays in host memory (get_rows reads it there) unless it is the head */
+    if (!e->model->tied_output && c.weight_bytes >= (uint64_t)e->model->tok_embd->nbytes)
+        c.weight_bytes -= (uint64_t)e->model->tok_embd->nbytes;
     if (hp->n_layer_attn > 0 && hp->n_embd_head_v != hp->n_embd_head_k)
         return sil_errorf(err, -ENOTSUP, "cuda backend: K and V head sizes differ");
     int rc = sil_backend_cuda_create(&f->be, &c, err);
