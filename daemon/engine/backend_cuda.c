@@ -42,7 +42,7 @@ extern const unsigned char sil_cuda_fwd_fatbin[];
 
 enum { F_GATHER, F_QK_PREP, F_ATTEND, F_CONV1D, F_DELTA_NET, F_GATE_ADD, F_MOE_COMBINE, F_COUNT };
 static const char *const f_names[F_COUNT] = {
-    "sil_fwd_gather_rows", "sil_fwd_qk_prep", "sil_fwd_attend",     "sil_fwd_conv1d",
+    "sil_fwd_gather_rows", "sil_fwd_qk_prep",  "sil_fwd_attend",      "sil_fwd_conv1d",
     "sil_fwd_delta_net",   "sil_fwd_gate_add", "sil_fwd_moe_combine",
 };
 
@@ -69,8 +69,8 @@ struct cuda_backend {
     sil_cuda_ptr scores;         /* [ub_max][n_head][n_ctx] */
     sil_cuda_ptr pos, seq, rows; /* [ub_max] int32 */
     sil_cuda_ptr run_start, run_seq;
-    sil_cuda_ptr logits; /* [MB][n_vocab] */
-    sil_cuda_ptr router; /* [ub_max][n_expert] */
+    sil_cuda_ptr logits;                      /* [MB][n_vocab] */
+    sil_cuda_ptr router;                      /* [ub_max][n_expert] */
     sil_cuda_ptr ids, wts, pair_of, pair_row; /* [ub_max * K] */
     sil_cuda_ptr h_gate, h_up, d_pair;        /* [ub_max * K][n_ff_exp], [..][n_embd] */
     sil_cuda_ptr x_g;                         /* [MB][k_max] gathered rows */
@@ -120,8 +120,8 @@ static int dalloc(struct cuda_backend *b, size_t bytes, sil_cuda_ptr *out, struc
         return sil_errorf(err, -ENOMEM,
                           "cuda backend: --vram-budget of %llu MiB exceeded (%llu MiB in use, "
                           "%zu more needed)",
-                          (unsigned long long)(b->budget >> 20), (unsigned long long)(b->used >> 20),
-                          bytes);
+                          (unsigned long long)(b->budget >> 20),
+                          (unsigned long long)(b->used >> 20), bytes);
     if (b->n_allocs == b->cap_allocs) {
         const int cap = b->cap_allocs ? 2 * b->cap_allocs : 256;
         sil_cuda_ptr *a = realloc(b->allocs, sizeof(*a) * (size_t)cap);
@@ -189,8 +189,7 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
             const struct sil_act y = out[j].y;
             if (!ok(b, view(out[j].w, out[j].w->rows, &cw, &b->err))) return;
             const sil_cuda_ptr yp = dp(y.data) + (uint64_t)(r0 * y.ld) * sizeof(float);
-            if (!ok(b, sil_cuda_matvec(b->cu, &cw, xp, b->q8, n, yp, y.ld, NULL, &b->err)))
-                return;
+            if (!ok(b, sil_cuda_matvec(b->cu, &cw, xp, b->q8, n, yp, y.ld, NULL, &b->err))) return;
         }
     }
 }
@@ -232,8 +231,8 @@ static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_
 {
     struct cuda_backend *b = cb(be);
     if (b->rc || y.rows == 0) return;
-    if (!ok(b, sil_cuda_upload(b->cu, b->rows, rows, sizeof(int32_t) * (size_t)y.rows, NULL,
-                               &b->err)))
+    if (!ok(b,
+            sil_cuda_upload(b->cu, b->rows, rows, sizeof(int32_t) * (size_t)y.rows, NULL, &b->err)))
         return;
     sil_cuda_ptr yp = dp(y.data), xp = dp(x.data);
     int64_t width = y.width;
@@ -321,9 +320,8 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     float fb = a->rope_freq_base, eps = a->eps;
     int64_t ldq = a->q.ld, ldk = a->k.ld, ldv = a->v.ld, ldo = a->o.ld;
     int hdi = hd;
-    void *p1[] = {&q,  &ldq, &q_stride, &k,      &ldk,    &v,    &ldv,
-                  &qn, &kn,  &b->pos,   &b->seq, &n_head, &n_kv, &hdi,
-                  &n_rot, &fb, &eps,    &kc,     &vc,     &n_ctx};
+    void *p1[] = {&q,      &ldq,    &q_stride, &k,   &ldk,   &v,  &ldv, &qn, &kn, &b->pos,
+                  &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx};
     if (!ok(b, launch(b, F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n, p1))) return;
     void *p2[] = {&q,      &ldq,    &q_stride, &o,   &ldo,   &kc,    &vc,       &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &gated, &b->scores};
@@ -341,11 +339,10 @@ static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
     for (int32_t r = 0; r < ub->n_runs; r++) {
         const int32_t i = ub->run_start[r];
         if (ub->pos[i] != 0) continue;
-        const sil_cuda_ptr s = b->state + (uint64_t)((int64_t)ub->seq[i] * b->c.recr_floats +
-                                                     a->state.offset) *
-                                              sizeof(float);
-        if (!ok(b, sil_cuda_memset(b->cu, s, 0, sizeof(float) * (size_t)st_floats, NULL,
-                                   &b->err)))
+        const sil_cuda_ptr s =
+            b->state +
+            (uint64_t)((int64_t)ub->seq[i] * b->c.recr_floats + a->state.offset) * sizeof(float);
+        if (!ok(b, sil_cuda_memset(b->cu, s, 0, sizeof(float) * (size_t)st_floats, NULL, &b->err)))
             return;
     }
     if (p->conv_kernel < 1 || p->conv_kernel > 9) {
@@ -356,8 +353,8 @@ static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
     int K = p->conv_kernel;
     int64_t cd = sil_delta_net_conv_dim(p), off = a->state.offset;
     int64_t ldx = a->qkv_mixed.ld, ldo = a->conv_out.ld;
-    void *pp[] = {&x, &ldx, &out, &ldo, &w, &K, &cd, &b->run_start, &b->run_seq, &b->state_tab,
-                  &off};
+    void *pp[] = {&x,  &ldx,          &out,        &ldo,          &w,  &K,
+                  &cd, &b->run_start, &b->run_seq, &b->state_tab, &off};
     ok(b, launch(b, F_CONV1D, cdiv(cd, 128), (unsigned)ub->n_runs, pp));
 }
 
@@ -379,9 +376,10 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
     int64_t off = a->state.offset, ssm_off = sil_delta_net_conv_floats(p);
     int64_t ldc = a->conv_out.ld, ldz = a->z.ld, lda = a->alpha.ld, ldb = a->beta.ld;
     int64_t ldo = a->out.ld;
-    void *pp[] = {&conv, &ldc, &z,  &ldz, &al,  &lda, &be_, &ldb, &out,          &ldo,
-                  &sa,   &dt,  &nw, &nk,  &nv,  &dk,  &dv,  &eps, &b->run_start, &b->run_seq,
-                  &b->state_tab, &off, &ssm_off};
+    void *pp[] = {&conv, &ldc,    &z,   &ldz, &al,           &lda,        &be_,
+                  &ldb,  &out,    &ldo, &sa,  &dt,           &nw,         &nk,
+                  &nv,   &dk,     &dv,  &eps, &b->run_start, &b->run_seq, &b->state_tab,
+                  &off,  &ssm_off};
     ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
 }
 
@@ -435,8 +433,8 @@ static void shared_and_sum(struct cuda_backend *b, struct sil_act x, const struc
     const int64_t E = out.width;
     sil_cuda_ptr outp = dp(out.data);
     if (!pl->sh_gate_inp) {
-        ok(b, sil_cuda_copy_d2d(b->cu, outp, b->routed, sizeof(float) * (size_t)(x.rows * E),
-                                NULL, &b->err));
+        ok(b, sil_cuda_copy_d2d(b->cu, outp, b->routed, sizeof(float) * (size_t)(x.rows * E), NULL,
+                                &b->err));
         return;
     }
     const int64_t S = pl->sh_gate->rows;
@@ -473,12 +471,13 @@ static void moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
         const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * E) * 4;
-        const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4, w = b->wts + (uint64_t)(r0 * K) * 4;
+        const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4,
+                           w = b->wts + (uint64_t)(r0 * K) * 4;
         if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err)) ||
             !ok(b, sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL,
                                         &b->err)) ||
-            !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8, NULL,
-                                        &b->err)) ||
+            !ok(b,
+                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8, NULL, &b->err)) ||
             !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8, n, ids, w, K,
                                      b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err)))
             return;
@@ -507,7 +506,8 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
             void *p[] = {&b->x_g, &ldg, &xp, &ldx, &rows, (void *)&E};
             if (!ok(b, launch(b, F_GATHER, (unsigned)cnt, 1, p))) return;
             const struct sil_mm_out gu[] = {
-                {&pl->gate[a], {(void *)(uintptr_t)(b->h_gate + (uint64_t)(j0 * F) * 4), cnt, F, F}},
+                {&pl->gate[a],
+                 {(void *)(uintptr_t)(b->h_gate + (uint64_t)(j0 * F) * 4), cnt, F, F}},
                 {&pl->up[a], {(void *)(uintptr_t)(b->h_up + (uint64_t)(j0 * F) * 4), cnt, F, F}},
             };
             mm_chunks(b, (struct sil_act){(void *)(uintptr_t)b->x_g, cnt, E, E}, gu, 2);
@@ -520,8 +520,9 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
         const int32_t j0 = pl->pair_start[a], cnt = pl->pair_start[a + 1] - j0;
         const struct sil_mm_out d = {
             &pl->down[a], {(void *)(uintptr_t)(b->d_pair + (uint64_t)(j0 * E) * 4), cnt, E, E}};
-        mm_chunks(b, (struct sil_act){(void *)(uintptr_t)(b->h_gate + (uint64_t)(j0 * F) * 4), cnt, F, F},
-                  &d, 1);
+        mm_chunks(
+            b, (struct sil_act){(void *)(uintptr_t)(b->h_gate + (uint64_t)(j0 * F) * 4), cnt, F, F},
+            &d, 1);
     }
     if (b->rc) return;
     int64_t ldo = E;
@@ -688,7 +689,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const uint64_t q8 =
         max_u(sil_cuda_q8_bytes(MB, c->k_max), X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) + 256;
     const uint64_t moe = X > 0 ? (uint64_t)(U * X + 2 * U * K * F + U * K * E + MB * c->k_max +
-                                            U * E + 2 * U * S + U) * f4 +
+                                            U * E + 2 * U * S + U) *
+                                         f4 +
                                      4 * (uint64_t)(U * K) * 4
                                : 0;
     const uint64_t scratch = q8 + (uint64_t)(U * c->n_head * c->n_ctx) * f4 +
@@ -705,8 +707,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                         "KV %llu, state and scratch %llu MiB): --vram-budget is %llu MiB, give "
                         "at least %llu MiB",
                         (unsigned long long)(need >> 20),
-                        (unsigned long long)(c->weight_bytes >> 20),
-                        (unsigned long long)(kv >> 20),
+                        (unsigned long long)(c->weight_bytes >> 20), (unsigned long long)(kv >> 20),
                         (unsigned long long)((st + scratch + c->act_bytes) >> 20),
                         (unsigned long long)(c->vram_budget >> 20),
                         (unsigned long long)((need + (1u << 20) - 1) >> 20));

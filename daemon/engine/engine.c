@@ -159,7 +159,8 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
     if (p->exact)
-        return sil_errorf(err, -ENOTSUP, "cuda backend: exact (F32) mode runs on the CPU backend only");
+        return sil_errorf(err, -ENOTSUP,
+                          "cuda backend: exact (F32) mode runs on the CPU backend only");
     size_t scratch = 0;
     if (hp->n_layer_attn > 0)
         scratch = sil_fwd_attention_scratch(f);
