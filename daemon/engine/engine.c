@@ -1,4 +1,4 @@
-/* The engine API (engine.h): model + vocab + a backend (backend.h; the CPU one for now) + the
+/* The engine API (engine.h): model + vocab + a backend (backend.h: CPU or CUDA) + the
  * forward pass's state (forward.h) + per-sequence state (KV for attention layers, conv + SSM
  * state for delta-net layers), all sized at open. */
 #include <errno.h>
@@ -212,7 +212,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
 static int open_backend(struct sil_engine *e, const struct sil_engine_params *p, int n_threads,
                         struct sil_error *err)
 {
-    const char *name = p->backend ? p->backend : "auto";
+    const char *name = p->backend ? p->backend : "cpu";
     if (strcmp(name, "cpu") == 0)
         return open_cpu(e, n_threads, p->exact, err);
     if (strcmp(name, "cuda") == 0)
