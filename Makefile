@@ -161,8 +161,8 @@ $(eval $(call static_lib,$(LIB_CLIENT),$(call obj,$(CLIENT_COMMON_SRC))))
 $(eval $(call static_lib,$(LIB_BENCH),$(call obj,$(BENCH_COMMON_SRC))))
 $(eval $(call static_lib,$(LIB_MKMODEL),$(call obj,$(MKMODEL_SRC))))
 
-ENGINE_LIBS := $(LIB_CUDA) $(LIB_ENGINE) $(LIB_KERNELS)
-ALL_LIBS := $(LIB_DAEMON) $(LIB_MKMODEL) $(LIB_CUDA) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
+ENGINE_LIBS := $(LIB_ENGINE) $(LIB_CUDA) $(LIB_KERNELS)
+ALL_LIBS := $(LIB_DAEMON) $(LIB_MKMODEL) $(LIB_ENGINE) $(LIB_CUDA) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
 
 # The fatbin is embedded with .incbin: nothing beyond the compiler and nvcc is needed.
 $(B)/cuda/kernels.fatbin: kernels/cuda/kernels.cu $(CUDA_CU)
@@ -178,8 +178,21 @@ $(B)/cuda/fatbin.S: $(B)/cuda/kernels.fatbin
 $(CUDA_FATBIN_OBJ): $(B)/cuda/fatbin.S
 	@mkdir -p $(dir $@)
 	$(CC) -c $< -o $@
+# The engine's forward-pass kernels (fwd.cu): a second module, embedded the same way.
+$(B)/cuda/fwd.fatbin: kernels/cuda/fwd.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ALL) -o $@ $<
+$(B)/cuda/fwd_fatbin.S: $(B)/cuda/fwd.fatbin
+	printf '%s\n' '.section .rodata' '.balign 64' '.globl sil_cuda_fwd_fatbin' \
+		'.type sil_cuda_fwd_fatbin, @object' 'sil_cuda_fwd_fatbin:' '.incbin "$<"' \
+		'sil_cuda_fwd_fatbin_end:' '.size sil_cuda_fwd_fatbin, sil_cuda_fwd_fatbin_end - sil_cuda_fwd_fatbin' \
+		'.section .note.GNU-stack,"",@progbits' > $@
+CUDA_FWD_FATBIN_OBJ := $(B)/obj/kernels/cuda/fwd_fatbin.o
+$(CUDA_FWD_FATBIN_OBJ): $(B)/cuda/fwd_fatbin.S
+	@mkdir -p $(dir $@)
+	$(CC) -c $< -o $@
 ifneq ($(LIB_CUDA),)
-$(eval $(call static_lib,$(LIB_CUDA),$(call obj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ)))
+$(eval $(call static_lib,$(LIB_CUDA),$(call obj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ)))
 endif
 ALL_LDLIBS := $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE) $(LDLIBS_EDIT)
 
@@ -227,6 +240,8 @@ $(foreach t,$(CUDA_TESTS),$(eval $(call cuda_bin,$(t),$(B)/tests,obj,tests/$(t).
 $(foreach b,$(CUDA_BENCHES),$(eval $(call cuda_bin,$(b),$(B)/bin,obj,bench/$(b).c,$(LIB_CUDA) $(LIB_KERNELS),CC,CFLAGS)))
 
 FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC))
+# the engine calls the CUDA backend when built with it
+FUZZ_LIB_OBJS += $(call fobj,$(CUDA_HOST_SRC)) $(if $(CUDA_HOST_SRC),$(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ))
 define fuzz_bin
 $(B)/fuzz/$(1): $(call fobj,tests/fuzz/$(1).c) $(FUZZ_LIB_OBJS)
 	@mkdir -p $$(dir $$@)
@@ -262,9 +277,9 @@ $(eval $(call static_lib,$(A_LIB_BENCH),$(call aobj,$(BENCH_COMMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_MKMODEL),$(call aobj,$(MKMODEL_SRC))))
 A_LIB_CUDA := $(if $(CUDA_HOST_SRC),$(ASAN_B)/lib/libsil-cuda.a)
 ifneq ($(A_LIB_CUDA),)
-$(eval $(call static_lib,$(A_LIB_CUDA),$(call aobj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ)))
+$(eval $(call static_lib,$(A_LIB_CUDA),$(call aobj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ)))
 endif
-A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_CUDA) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 
 define asan_test_bin
 $(ASAN_B)/tests/$(1): $(call aobj,tests/$(1).c $(TESTUTIL_SRC)) $(A_ALL_LIBS)
@@ -282,7 +297,7 @@ $(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 endef
 $(foreach c,$(CLIENTS),$(eval $(call asan_client_bin,$(c))))
 define asan_bench_bin
-$(ASAN_B)/bin/$(1): $(call aobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(A_LIB_CUDA) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_BENCH)
+$(ASAN_B)/bin/$(1): $(call aobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS) $(A_LIB_BENCH)
 	@mkdir -p $$(dir $$@)
 	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
 endef
@@ -293,7 +308,7 @@ ASAN_TEST_BINS := $(addprefix $(ASAN_B)/tests/,$(TESTS))
 ASAN_BINS := $(addprefix $(ASAN_B)/bin/,$(CLIENTS) $(BENCHES))
 
 # The sanitized daemon, for check-asan-integration.
-$(ASAN_B)/bin/siliceod: $(call aobj,daemon/main.c) $(A_LIB_DAEMON) $(A_LIB_CUDA) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_PROTO)
+$(ASAN_B)/bin/siliceod: $(call aobj,daemon/main.c) $(A_LIB_DAEMON) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS) $(A_LIB_PROTO)
 	@mkdir -p $(dir $@)
 	$(ASAN_CC) $(ASAN_FLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE)
 ifneq ($(wildcard daemon/main.c),)
@@ -336,11 +351,17 @@ fuzz: $(FUZZ_BINS)
 # not reported because the test provokes one (a failed 1 PiB allocation) on purpose.
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null)
 ifeq ($(CUDA),1)
-check-cuda: $(B)/tests/test_cuda_ops
+# Whole-model parity (CUDA vs CPU backend on every reference model) links the engine.
+REFDATA_MODELS ?= $(SHARED)/refdata/models
+$(B)/tests/cuda_fwd_parity: $(call obj,tests/cuda_fwd_parity.c) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS_ENGINE)
+check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/cuda_fwd_parity
 	SIL_CUDA_REQUIRE=1 $(B)/tests/test_cuda_ops
 	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 $(B)/tests/test_cuda_ops
 	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --tool memcheck --report-api-errors no \
 		--error-exitcode 9 $(B)/tests/test_cuda_ops,@echo "check-cuda: no compute-sanitizer; memcheck skipped")
+	SIL_CUDA_REQUIRE=1 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(REFDATA_MODELS)
 else
 check-cuda:
 	@echo "check-cuda: built with CUDA=0 (no nvcc); nothing to check" && false

@@ -49,7 +49,7 @@ static const struct opt_def {
     {"--n-predict", OPT_STR, offsetof(struct opts, n_predict), "N", "greedy tokens after the prompt"},
     {"--logits", OPT_STR, offsetof(struct opts, logits), "MODE", "last (default), all or none"},
     {"--threads", OPT_STR, offsetof(struct opts, threads), "N", "worker threads (default: CPUs)"},
-    {"--backend", OPT_STR, offsetof(struct opts, backend), "NAME", "cpu or cuda"},
+    {"--backend", OPT_STR, offsetof(struct opts, backend), "NAME", "cpu (default), cuda or auto"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},

@@ -148,7 +148,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     sil_engine_params_default(&p);
     p.model_path = o->model;
     p.n_threads = (int)n_threads;
-    p.backend = o->backend;
+    p.backend = o->backend ? o->backend : "cpu"; /* the reference unless asked */
     p.exact = o->exact;
     p.n_seq_max = 1;
     struct sil_engine *e = NULL;

@@ -12,7 +12,7 @@ struct sil_eval_model_opts {
     const char *n_predict;     /* greedy tokens after the prompt (default 0) */
     const char *logits;        /* last | all | none (default last) */
     const char *threads;       /* default: online CPUs */
-    const char *backend;       /* cpu | cuda */
+    const char *backend;       /* cpu | cuda | auto; NULL = cpu */
     bool exact, json, parse_special, add_bos;
 };
 

@@ -145,10 +145,6 @@ struct sil_backend;
 struct sil_backend_ops {
     const char *name;
     void (*free)(struct sil_backend *be);
-    /* 0 once the ops issued so far completed, or -errno for the first failure among them (a
-     * fault on the model mapping in a worker: -EIO; a device error). Ops themselves return
-     * nothing, so the engine asks here after each micro-batch. */
-    int (*status)(struct sil_backend *be);
     /* Activation memory for the lifetime of the backend; NULL on failure. */
     void *(*alloc_act)(struct sil_backend *be, size_t bytes);
 
@@ -186,6 +182,15 @@ struct sil_backend_ops {
      * (when not NULL) its largest entry, ties to the lower id. */
     void (*head)(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
                  const int32_t *out_rows, float *logits, int32_t *argmax);
+
+    /* Optional (NULL: weights stay where they are). Moves w into the backend's memory for good
+     * and rewrites the handle; release_host: the bytes in the mmap are not needed any more. */
+    int (*place)(struct sil_backend *be, struct sil_weight *w, bool release_host,
+                 struct sil_error *err);
+    /* Optional (NULL: ops cannot fail). The first error any op met since create (a fault on the
+     * model mapping in a CPU worker: -EIO; a device error); ops after an error do nothing. Ops
+     * return nothing, so the engine asks here after each micro-batch. */
+    int (*status)(struct sil_backend *be, struct sil_error *err);
 };
 
 struct sil_backend {
@@ -204,5 +209,22 @@ struct sil_cpu_config {
 
 int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config *c,
                            struct sil_error *err);
+
+/* Sizes the CUDA backend needs at open: everything above that applies, plus the KV cache
+ * (n_layer_attn layers of n_seq_max sequences of n_ctx rows of kv_dim floats), the recurrent
+ * state (n_seq_max * recr_floats floats), the logits rows, and what the caller will allocate
+ * and place (act_bytes, weight_bytes), so a model that does not fit fails at create. */
+struct sil_cuda_config {
+    int ordinal;
+    uint64_t vram_budget; /* 0: all free device memory */
+    int64_t k_max, ub_max, n_ctx, n_seq_max;
+    int64_t n_embd, n_vocab, n_head, n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    int64_t n_layer_attn, kv_dim, recr_floats;
+    uint64_t act_bytes, weight_bytes;
+};
+
+/* -ENOTSUP when built without CUDA; -ENODEV / -ENOENT / -ENOMEM with the reason otherwise. */
+int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_config *c,
+                            struct sil_error *err);
 
 #endif

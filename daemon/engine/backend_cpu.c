@@ -474,9 +474,10 @@ static void cpu_free(struct sil_backend *be)
     free(b);
 }
 
-static int cpu_status(struct sil_backend *be)
+static int cpu_status(struct sil_backend *be, struct sil_error *err)
 {
-    return sil_threadpool_faulted(cpu(be)->tp) ? -EIO : 0;
+    if (!sil_threadpool_faulted(cpu(be)->tp)) return 0;
+    return sil_errorf(err, -EIO, "cpu backend: a worker's read of the model mapping faulted");
 }
 
 static const struct sil_backend_ops cpu_ops = {

@@ -1,4 +1,4 @@
-/* The engine API (engine.h): model + vocab + a backend (backend.h; the CPU one for now) + the
+/* The engine API (engine.h): model + vocab + a backend (backend.h: CPU or CUDA) + the
  * forward pass's state (forward.h) + per-sequence state (KV for attention layers, conv + SSM
  * state for delta-net layers), all sized at open. */
 #include <errno.h>
@@ -122,19 +122,26 @@ static int bind_delta_net(struct sil_engine *e, struct sil_error *err)
     return 0;
 }
 
+/* The widest matmul input of the model. */
+static int64_t k_max_of(const struct sil_engine *e)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    const int64_t zdim =
+        hp->n_layer_recr > 0 ? (int64_t)e->f.dn[0].n_v_heads * e->f.dn[0].head_v_dim : 0;
+    const int64_t ff = max64(hp->n_ff, hp->n_ff_shexp);
+    return max64(max64(hp->n_embd, hp->n_head * hp->n_embd_head_k),
+                 max64(max64(ff, hp->n_ff_exp), zdim));
+}
+
 /* The CPU backend, sized for this model: the widest matmul input, MoE and delta-net scratch. */
-static int open_backend(struct sil_engine *e, int n_threads, bool exact, struct sil_error *err)
+static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_error *err)
 {
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
-    const int64_t hd = hp->n_embd_head_k;
-    const int64_t zdim =
-        hp->n_layer_recr > 0 ? (int64_t)f->dn[0].n_v_heads * f->dn[0].head_v_dim : 0;
-    const int64_t ff = max64(hp->n_ff, hp->n_ff_shexp);
     struct sil_cpu_config c = {
         .n_threads = n_threads,
         .exact = exact,
-        .k_max = max64(max64(hp->n_embd, hp->n_head * hd), max64(max64(ff, hp->n_ff_exp), zdim)),
+        .k_max = k_max_of(e),
         .ub_max = f->ub_max,
         .n_ctx = f->n_ctx,
         .n_embd = hp->n_embd,
@@ -149,6 +156,79 @@ static int open_backend(struct sil_engine *e, int n_threads, bool exact, struct 
     if (rc < 0)
         return rc;
     return sil_fwd_open(f, err);
+}
+
+/* The CUDA backend with every weight resident: sized up front so a model that does not fit
+ * (the device or --vram-budget) fails before anything is uploaded. */
+static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
+{
+    struct sil_fwd *f = &e->f;
+    const struct sil_hparams *hp = &e->model->hp;
+    if (p->exact)
+        return sil_errorf(err, -ENOTSUP,
+                          "cuda backend: exact (F32) mode runs on the CPU backend only");
+    size_t scratch = 0;
+    if (hp->n_layer_attn > 0)
+        scratch = sil_fwd_attention_scratch(f);
+    if (hp->n_layer_recr > 0 && sil_fwd_delta_net_scratch(f) > scratch)
+        scratch = sil_fwd_delta_net_scratch(f);
+    if (!e->model->traits->moe && sil_fwd_ffn_scratch(f) > scratch)
+        scratch = sil_fwd_ffn_scratch(f);
+    struct sil_cuda_config c = {
+        .ordinal = 0,
+        .vram_budget = p->vram_budget,
+        .k_max = k_max_of(e),
+        .ub_max = f->ub_max,
+        .n_ctx = f->n_ctx,
+        .n_seq_max = e->n_seq_max,
+        .n_embd = hp->n_embd,
+        .n_vocab = hp->n_vocab,
+        .n_head = hp->n_head,
+        .n_expert = hp->n_expert,
+        .n_expert_used = hp->n_expert_used,
+        .n_ff_exp = hp->n_ff_exp,
+        .n_ff_shexp = hp->n_ff_shexp,
+        .n_layer_attn = hp->n_layer_attn,
+        .kv_dim = (int64_t)hp->n_head_kv * hp->n_embd_head_k,
+        .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
+        .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
+        .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
+    };
+    /* the embedding table stays in host memory (get_rows reads it there) unless it is the head */
+    if (!e->model->tied_output && c.weight_bytes >= (uint64_t)e->model->tok_embd->nbytes)
+        c.weight_bytes -= (uint64_t)e->model->tok_embd->nbytes;
+    if (hp->n_layer_attn > 0 && hp->n_embd_head_v != hp->n_embd_head_k)
+        return sil_errorf(err, -ENOTSUP, "cuda backend: K and V head sizes differ");
+    int rc = sil_backend_cuda_create(&f->be, &c, err);
+    if (rc == 0)
+        rc = sil_fwd_open(f, err);
+    if (rc == 0)
+        rc = sil_fwd_place_weights(f, err);
+    if (rc < 0) {
+        sil_fwd_close(f);
+        if (f->be)
+            f->be->ops->free(f->be);
+        f->be = NULL;
+    }
+    return rc;
+}
+
+/* cpu, cuda (an error says why it cannot run) or auto (CUDA when it can hold the model, else
+ * the CPU with one line on stderr saying why). */
+static int open_backend(struct sil_engine *e, const struct sil_engine_params *p, int n_threads,
+                        struct sil_error *err)
+{
+    const char *name = p->backend ? p->backend : "cpu";
+    if (strcmp(name, "cpu") == 0)
+        return open_cpu(e, n_threads, p->exact, err);
+    if (strcmp(name, "cuda") == 0)
+        return open_cuda(e, p, err);
+    struct sil_error why = {0};
+    if (!p->exact && open_cuda(e, p, &why) == 0)
+        return 0;
+    fprintf(stderr, "siliceo: backend auto: using the CPU: %s\n",
+            p->exact ? "exact mode runs on the CPU backend only" : why.msg);
+    return open_cpu(e, n_threads, p->exact, err);
 }
 
 int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, struct sil_error *err)
@@ -213,7 +293,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         goto fail;
     if ((rc = alloc_scratch(e, err)) < 0)
         goto fail;
-    if ((rc = open_backend(e, nt, p->exact, err)) < 0)
+    if ((rc = open_backend(e, p, nt, err)) < 0)
         goto fail;
     e->info.backend = f->be->ops->name;
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
@@ -380,10 +460,10 @@ bool sil_engine_damaged(const struct sil_engine *e)
 /* The forward passes, one micro-batch at a time. Runs under the engine thread's guard point:
  * a fault in serial code jumps back to sil_engine_eval, one in the pool's tasks is recorded by
  * the pool (threadpool.h) and seen here after the micro-batch. */
-static bool run_ubatches(struct sil_engine *e, int32_t n, float *logits)
+static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, struct sil_error *err)
 {
     for (int32_t r0 = 0; r0 < n; r0 += e->f.ub_max) {
-        if (atomic_load(&e->damaged)) return false;
+        if (atomic_load(&e->damaged)) return 1;
         struct sil_ubatch ub;
         ub.n = n - r0 < e->f.ub_max ? n - r0 : e->f.ub_max;
         ub.token = e->p_token + r0;
@@ -396,10 +476,13 @@ static bool run_ubatches(struct sil_engine *e, int32_t n, float *logits)
         e->run_start[ub.n_runs] = ub.n;
         ub.run_start = e->run_start;
         sil_forward(&e->f, &ub, logits);
-        if (e->f.be->ops->status(e->f.be) < 0) return false;
+        /* A backend error: the model is damaged when the mapping faulted, else the ops failed
+         * (a device error) and the error is the backend's. */
+        int rc = e->f.be->ops->status ? e->f.be->ops->status(e->f.be, err) : 0;
+        if (rc < 0) return sil_mapguard_faults(e->guard_slot, NULL) > 0 ? 1 : rc;
         if (e->eval_progress) e->eval_progress(e->eval_progress_user);
     }
-    return !atomic_load(&e->damaged);
+    return atomic_load(&e->damaged) ? 1 : 0;
 }
 
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err)
@@ -473,9 +556,13 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
     struct sil_mapguard_point pt;
     sil_mapguard_push(&pt);
     if (sigsetjmp(pt.jb, 0)) return damaged_error(e, b, st, err);
-    bool ok = run_ubatches(e, n, logits);
+    const int rc = run_ubatches(e, n, logits, err);
     sil_mapguard_pop(&pt);
-    if (!ok) return damaged_error(e, b, st, err);
+    if (rc > 0) return damaged_error(e, b, st, err);
+    if (rc < 0) {
+        fail_rows(b, st, -1, rc);
+        return rc;
+    }
     for (int s = 0; s < e->n_seq_max; s++)
         e->seq_len[s] = e->next_pos[s];
     return 0;

@@ -28,7 +28,7 @@ enum sil_arch { SIL_ARCH_QWEN35MOE, SIL_ARCH_QWEN35, SIL_ARCH_QWEN3MOE, SIL_ARCH
 struct sil_engine_params {
     const char *model_path;
     int n_threads;        /* 0 = number of online CPUs */
-    const char *backend;  /* "cpu", "cuda" or "auto" (NULL = auto) */
+    const char *backend;  /* "cpu", "cuda" or "auto" (NULL = cpu, the reference) */
     uint64_t vram_budget; /* bytes; 0 = no limit (CUDA only) */
     int32_t n_ctx;        /* max positions per sequence; 0 = min(model context, 4096) */
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
@@ -52,7 +52,7 @@ struct sil_model_info {
     int32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, n_expert, n_expert_used;
     uint64_t n_params;
     uint64_t routed_expert_bytes, backbone_bytes;
-    const char *backend;    /* backend in use: "cpu" */
+    const char *backend;    /* backend in use: "cpu" or "cuda" */
     int n_threads;
 };
 

@@ -88,6 +88,62 @@ static struct sil_act act(struct sil_fwd *f, int64_t rows, int64_t width, bool *
     return a;
 }
 
+/* Every weight handle the blocks use, for sil_fwd_place_weights. */
+static int place_layer(struct sil_fwd *f, struct sil_layer_weights *w, struct sil_error *err)
+{
+    struct sil_weight *all[] = {
+        &w->attn_norm,
+        &w->ffn_norm,
+        &w->wq,
+        &w->wk,
+        &w->wv,
+        &w->wo,
+        &w->q_norm,
+        &w->k_norm,
+        &w->wqkv,
+        &w->wgate,
+        &w->ssm_conv1d,
+        &w->ssm_dt,
+        &w->ssm_a,
+        &w->ssm_beta,
+        &w->ssm_alpha,
+        &w->ssm_norm,
+        &w->ssm_out,
+        &w->ffn_gate,
+        &w->ffn_up,
+        &w->ffn_down,
+        &w->ffn_gate_inp,
+        &w->ffn_gate_exps,
+        &w->ffn_up_exps,
+        &w->ffn_down_exps,
+        &w->ffn_gate_inp_shexp,
+        &w->ffn_gate_shexp,
+        &w->ffn_up_shexp,
+        &w->ffn_down_shexp,
+    };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        int rc = f->be->ops->place(f->be, all[i], true, err);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+int sil_fwd_place_weights(struct sil_fwd *f, struct sil_error *err)
+{
+    if (!f->be->ops->place) return 0;
+    for (int il = 0; il < f->model->hp.n_layer; il++) {
+        int rc = place_layer(f, &f->lw[il], err);
+        if (rc < 0) {
+            sil_error_prefix(err, "layer %d", il);
+            return rc;
+        }
+    }
+    int rc = f->be->ops->place(f->be, &f->output_norm, true, err);
+    /* the embedding is read on the host (get_rows); a tied head keeps those pages */
+    if (rc == 0) rc = f->be->ops->place(f->be, &f->output, f->output.data != f->tok_embd.data, err);
+    return rc;
+}
+
 int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
 {
     const struct sil_model *m = f->model;
@@ -141,6 +197,10 @@ void sil_fwd_close(struct sil_fwd *f)
                     f->keep_rows, f->keep_out,   f->expert_pairs, f->expert_next};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
         free(ptrs[i]);
+    /* open may run again (another backend) */
+    f->lw = NULL;
+    memset(p, 0, sizeof(*p));
+    f->keep_rows = f->keep_out = f->expert_pairs = f->expert_next = NULL;
 }
 
 /* After the last layer's mixer only rows that want logits matter: the last FFN runs on them

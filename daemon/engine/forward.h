@@ -78,6 +78,9 @@ static inline struct sil_fwd_arena sil_fwd_scratch(const struct sil_fwd *f)
  * and dn must be set. 0 or -ENOMEM. sil_fwd_close frees what open allocated (not the backend). */
 int sil_fwd_open(struct sil_fwd *f, struct sil_error *err);
 void sil_fwd_close(struct sil_fwd *f);
+/* Hands every weight to the backend's place op (where it has one): after this the handles
+ * point where the backend keeps them. 0 or the backend's error. */
+int sil_fwd_place_weights(struct sil_fwd *f, struct sil_error *err);
 
 void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits);
 

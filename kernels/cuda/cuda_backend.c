@@ -771,3 +771,57 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     return launch(cu, cu->moe_down[slot], "moe_down", (unsigned)((n_embd + 3) / 4), (unsigned)n_tok,
                   128, s, p, err);
 }
+
+/* ---- further modules ----------------------------------------------------------------------- */
+
+struct sil_cuda_module {
+    CUmodule m;
+};
+
+int sil_cuda_module_load(struct sil_cuda *cu, const void *image, struct sil_cuda_module **out,
+                         struct sil_error *err)
+{
+    *out = NULL;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    struct sil_cuda_module *m = calloc(1, sizeof *m);
+    if (!m) return set_err(err, -ENOMEM, "cuda: out of memory");
+    CUresult r = cu->api.cuModuleLoadData(&m->m, image);
+    if (r != CUDA_SUCCESS) {
+        free(m);
+        return cu_fail(&cu->api, err, r, "cuModuleLoadData");
+    }
+    *out = m;
+    return 0;
+}
+
+void sil_cuda_module_unload(struct sil_cuda *cu, struct sil_cuda_module *m)
+{
+    if (!m) return;
+    if (bind_ctx(cu, NULL) == 0) cu->api.cuModuleUnload(m->m);
+    free(m);
+}
+
+int sil_cuda_module_function(struct sil_cuda *cu, struct sil_cuda_module *m, const char *name,
+                             void **fn, struct sil_error *err)
+{
+    CUfunction f = NULL;
+    CUresult r = cu->api.cuModuleGetFunction(&f, m->m, name);
+    if (r != CUDA_SUCCESS)
+        return set_err(err, -ENOENT, "cuda: kernel %s not in the module (driver error %d)", name,
+                       r);
+    *fn = f;
+    return 0;
+}
+
+int sil_cuda_launch(struct sil_cuda *cu, void *fn, const char *what, unsigned gx, unsigned gy,
+                    unsigned gz, unsigned block, struct sil_cuda_stream *s, void **params,
+                    struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CUresult r = cu->api.cuLaunchKernel((CUfunction)fn, gx, gy, gz, block, 1, 1, 0,
+                                        stream_of(cu, s), params, NULL);
+    if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, what);
+    return 0;
+}

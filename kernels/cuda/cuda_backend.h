@@ -167,3 +167,20 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
                       sil_cuda_ptr y, struct sil_cuda_stream *s, struct sil_error *err);
 
 #endif
+
+/* ---- further modules ----------------------------------------------------------------------- */
+
+/* A second fatbin (kernels outside kernels.cu, e.g. the engine's forward-pass kernels in
+ * fwd.cu), loaded into this context; its functions launch on the same streams as the ops above.
+ * Freed before sil_cuda_free. */
+struct sil_cuda_module;
+int sil_cuda_module_load(struct sil_cuda *cu, const void *image, struct sil_cuda_module **out,
+                         struct sil_error *err);
+void sil_cuda_module_unload(struct sil_cuda *cu, struct sil_cuda_module *m);
+/* *fn: an opaque function handle, valid while the module is loaded. */
+int sil_cuda_module_function(struct sil_cuda *cu, struct sil_cuda_module *m, const char *name,
+                             void **fn, struct sil_error *err);
+/* Launches fn on grid (gx, gy, gz) of `block` threads with params as cuLaunchKernel takes them. */
+int sil_cuda_launch(struct sil_cuda *cu, void *fn, const char *what, unsigned gx, unsigned gy,
+                    unsigned gz, unsigned block, struct sil_cuda_stream *s, void **params,
+                    struct sil_error *err);

@@ -1,0 +1,777 @@
+/* The CUDA backend: the ops of backend.h on one GPU, over kernels/cuda (the op library of
+ * cuda_backend.h and the forward-pass kernels of fwd.cu). Everything is resident: weights are
+ * uploaded by place() at load, activations, KV cache and recurrent state live on the device,
+ * and only the logits rows that are wanted (and the router's choices, for the expert plan)
+ * come back to the host.
+ *
+ * Activation pointers (struct sil_act.data) are device addresses; weight handles placed here
+ * are SIL_WEIGHT_DEVICE with data a device address. The embedding table stays in the mmap:
+ * get_rows dequantizes the ubatch's rows on the host and uploads them (n * n_embd floats).
+ * KV: [attention layer][sequence][n_ctx][kv_dim] F32. Recurrent state: per sequence the
+ * layout of the engine's host state (n_layer_recr * state floats), reset on the device when a
+ * sequence run starts at position 0 (the engine zeroes its host copy at exactly those points).
+ *
+ * Errors: ops cannot return one; the first failure is kept (status) and later ops do nothing.
+ * Ops run in order on the context's default stream; head() synchronizes (logits download).
+ * Nothing on the per-token path allocates. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/engine/backend.h"
+
+#ifndef SIL_HAVE_CUDA
+
+int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_config *c,
+                            struct sil_error *err)
+{
+    (void)c;
+    *out = NULL;
+    return sil_errorf(err, -ENOTSUP, "cuda backend: built without CUDA");
+}
+
+#else
+
+#include "kernels/cpu/quants.h"
+#include "kernels/cuda/cuda_backend.h"
+
+extern const unsigned char sil_cuda_fwd_fatbin[];
+
+enum { F_GATHER, F_QK_PREP, F_ATTEND, F_CONV1D, F_DELTA_NET, F_GATE_ADD, F_MOE_COMBINE, F_COUNT };
+static const char *const f_names[F_COUNT] = {
+    "sil_fwd_gather_rows", "sil_fwd_qk_prep",  "sil_fwd_attend",      "sil_fwd_conv1d",
+    "sil_fwd_delta_net",   "sil_fwd_gate_add", "sil_fwd_moe_combine",
+};
+
+#define MB SIL_CUDA_MAX_BATCH
+
+struct cuda_backend {
+    struct sil_backend base;
+    struct sil_cuda_config c;
+    struct sil_cuda *cu;
+    struct sil_cuda_module *mod;
+    void *fn[F_COUNT];
+    int rc;
+    struct sil_error err;
+    uint64_t used, budget; /* device bytes taken, the cap */
+    uint64_t weight_bytes;
+    /* device allocations, freed with the backend */
+    sil_cuda_ptr *allocs;
+    int n_allocs, cap_allocs;
+    /* device buffers */
+    sil_cuda_ptr kv_k, kv_v;     /* [layer][seq][n_ctx][kv_dim] */
+    sil_cuda_ptr state;          /* [seq][recr_floats] */
+    sil_cuda_ptr state_tab;      /* [seq] float * */
+    sil_cuda_ptr q8;             /* quantized matmul inputs */
+    sil_cuda_ptr scores;         /* [ub_max][n_head][n_ctx] */
+    sil_cuda_ptr pos, seq, rows; /* [ub_max] int32 */
+    sil_cuda_ptr run_start, run_seq;
+    sil_cuda_ptr logits;                      /* [MB][n_vocab] */
+    sil_cuda_ptr router;                      /* [ub_max][n_expert] */
+    sil_cuda_ptr ids, wts, pair_of, pair_row; /* [ub_max * K] */
+    sil_cuda_ptr h_gate, h_up, d_pair;        /* [ub_max * K][n_ff_exp], [..][n_embd] */
+    sil_cuda_ptr x_g;                         /* [MB][k_max] gathered rows */
+    sil_cuda_ptr routed;                      /* [ub_max][n_embd] */
+    sil_cuda_ptr sh_gate, sh_up, sh_logit;    /* [ub_max][n_ff_shexp], [ub_max] */
+    /* host */
+    float *emb;   /* [ub_max][n_embd] */
+    int32_t *tmp; /* [ub_max * K + ub_max + 1] */
+    bool meta_ok; /* pos / seq / runs of the current ubatch are on the device */
+};
+
+static struct cuda_backend *cb(struct sil_backend *be)
+{
+    return (struct cuda_backend *)be;
+}
+
+static sil_cuda_ptr dp(const void *p)
+{
+    return (sil_cuda_ptr)(uintptr_t)p;
+}
+
+/* Keeps the first error; true when ops should go on. */
+static bool ok(struct cuda_backend *b, int rc)
+{
+    if (rc < 0 && b->rc == 0) {
+        b->rc = rc;
+        if (b->err.code == 0) sil_errorf(&b->err, rc, "cuda backend: error %d", rc);
+    }
+    return b->rc == 0;
+}
+
+static bool fail(struct cuda_backend *b, int code, const char *what)
+{
+    if (b->rc == 0) {
+        b->rc = code;
+        sil_errorf(&b->err, code, "cuda backend: %s", what);
+    }
+    return false;
+}
+
+static int dalloc(struct cuda_backend *b, size_t bytes, sil_cuda_ptr *out, struct sil_error *err)
+{
+    *out = 0;
+    if (bytes == 0) return 0;
+    bytes = (bytes + 255) & ~(size_t)255;
+    if (b->budget && b->used + bytes > b->budget)
+        return sil_errorf(err, -ENOMEM,
+                          "cuda backend: --vram-budget of %llu MiB exceeded (%llu MiB in use, "
+                          "%zu more needed)",
+                          (unsigned long long)(b->budget >> 20),
+                          (unsigned long long)(b->used >> 20), bytes);
+    if (b->n_allocs == b->cap_allocs) {
+        const int cap = b->cap_allocs ? 2 * b->cap_allocs : 256;
+        sil_cuda_ptr *a = realloc(b->allocs, sizeof(*a) * (size_t)cap);
+        if (!a) return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        b->allocs = a;
+        b->cap_allocs = cap;
+    }
+    int rc = sil_cuda_alloc(b->cu, bytes, out, err);
+    if (rc < 0) return rc;
+    rc = sil_cuda_memset(b->cu, *out, 0, bytes, NULL, err);
+    if (rc < 0) {
+        sil_cuda_release(b->cu, *out);
+        *out = 0;
+        return rc;
+    }
+    b->allocs[b->n_allocs++] = *out;
+    b->used += bytes;
+    return 0;
+}
+
+static int launch(struct cuda_backend *b, int f, unsigned gx, unsigned gy, void **p)
+{
+    if (gx == 0 || gy == 0) return 0;
+    return sil_cuda_launch(b->cu, b->fn[f], f_names[f], gx, gy, 1, 128, NULL, p, &b->err);
+}
+
+static unsigned cdiv(int64_t a, int64_t b)
+{
+    return (unsigned)((a + b - 1) / b);
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+static int view(const struct sil_weight *w, int64_t rows, struct sil_cuda_weight *cw,
+                struct sil_error *err)
+{
+    if (w->loc != SIL_WEIGHT_DEVICE)
+        return sil_errorf(err, -EINVAL, "cuda backend: a weight is not on the device");
+    return sil_cuda_weight_view(w->type, rows, w->cols, dp(w->data), cw, err);
+}
+
+static bool quantized(int type)
+{
+    return type != SIL_TYPE_F32 && type != SIL_TYPE_F16 && type != SIL_TYPE_BF16;
+}
+
+/* y rows [r0, r0 + n) = x rows [r0, r0 + n) W^T for each output, x quantized once per chunk. */
+static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil_mm_out *out,
+                      int n_out)
+{
+    if (x.ld != x.width) {
+        fail(b, -EINVAL, "matmul input rows are not contiguous");
+        return;
+    }
+    bool any_q = false;
+    for (int j = 0; j < n_out; j++)
+        any_q = any_q || quantized(out[j].w->type);
+    for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
+        const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
+        const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * x.ld) * sizeof(float);
+        if (any_q && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err)))
+            return;
+        for (int j = 0; j < n_out; j++) {
+            struct sil_cuda_weight cw;
+            const struct sil_act y = out[j].y;
+            if (!ok(b, view(out[j].w, out[j].w->rows, &cw, &b->err))) return;
+            const sil_cuda_ptr yp = dp(y.data) + (uint64_t)(r0 * y.ld) * sizeof(float);
+            if (!ok(b, sil_cuda_matvec(b->cu, &cw, xp, b->q8, n, yp, y.ld, NULL, &b->err))) return;
+        }
+    }
+}
+
+static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct sil_mm_out *out,
+                        int n)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc) return;
+    mm_chunks(b, x, out, n);
+}
+
+/* ---- element-wise and per-row ops -------------------------------------------------------- */
+
+static void cuda_get_rows(struct sil_backend *be, const struct sil_weight *w, const int32_t *ids,
+                          struct sil_act y)
+{
+    struct cuda_backend *b = cb(be);
+    b->meta_ok = false; /* a new ubatch starts here */
+    if (b->rc) return;
+    if (w->loc != SIL_WEIGHT_MMAP && w->loc != SIL_WEIGHT_HOST) {
+        fail(b, -EINVAL, "the embedding table is not in host memory");
+        return;
+    }
+    const size_t rs = sil_row_size(w->type, w->cols);
+    for (int64_t i = 0; i < y.rows; i++)
+        sil_dequantize_row(w->type, (const char *)w->data + (size_t)ids[i] * rs,
+                           b->emb + i * w->cols, w->cols);
+    if (y.ld != y.width) {
+        fail(b, -EINVAL, "embedding rows are not contiguous");
+        return;
+    }
+    ok(b, sil_cuda_upload(b->cu, dp(y.data), b->emb, sizeof(float) * (size_t)(y.rows * y.width),
+                          NULL, &b->err));
+}
+
+static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                           const int32_t *rows)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || y.rows == 0) return;
+    if (!ok(b,
+            sil_cuda_upload(b->cu, b->rows, rows, sizeof(int32_t) * (size_t)y.rows, NULL, &b->err)))
+        return;
+    sil_cuda_ptr yp = dp(y.data), xp = dp(x.data);
+    int64_t width = y.width;
+    void *p[] = {&yp, &y.ld, &xp, &x.ld, &b->rows, &width};
+    ok(b, launch(b, F_GATHER, (unsigned)y.rows, 1, p));
+}
+
+static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                         const struct sil_weight *w, float eps)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || x.rows == 0) return;
+    if (x.ld != x.width || y.ld != y.width) {
+        fail(b, -EINVAL, "rmsnorm rows are not contiguous");
+        return;
+    }
+    ok(b, sil_cuda_rmsnorm(b->cu, dp(y.data), dp(x.data), dp(w->data), x.rows, x.width, eps, NULL,
+                           &b->err));
+}
+
+static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || y.rows == 0) return;
+    if (y.ld == y.width && x.ld == x.width) {
+        ok(b, sil_cuda_add(b->cu, dp(y.data), dp(x.data), y.rows * y.width, NULL, &b->err));
+        return;
+    }
+    for (int64_t i = 0; i < y.rows && b->rc == 0; i++)
+        ok(b, sil_cuda_add(b->cu, dp(y.data) + (uint64_t)(i * y.ld) * 4,
+                           dp(x.data) + (uint64_t)(i * x.ld) * 4, y.width, NULL, &b->err));
+}
+
+static void cuda_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act gate,
+                        struct sil_act up)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || y.rows == 0) return;
+    if (y.ld != y.width || gate.ld != gate.width || up.ld != up.width) {
+        fail(b, -EINVAL, "swiglu rows are not contiguous");
+        return;
+    }
+    ok(b, sil_cuda_swiglu(b->cu, dp(y.data), dp(gate.data), dp(up.data), y.rows * y.width, NULL,
+                          &b->err));
+}
+
+/* ---- attention and the delta net --------------------------------------------------------- */
+
+/* Positions, sequences and sequence runs of the ubatch, once per forward pass. */
+static bool upload_meta(struct cuda_backend *b, const struct sil_ubatch *ub)
+{
+    if (b->meta_ok) return true;
+    const size_t n = sizeof(int32_t) * (size_t)ub->n;
+    if (!ok(b, sil_cuda_upload(b->cu, b->pos, ub->pos, n, NULL, &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->seq, ub->seq, n, NULL, &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->run_start, ub->run_start,
+                               sizeof(int32_t) * (size_t)(ub->n_runs + 1), NULL, &b->err)))
+        return false;
+    for (int32_t r = 0; r < ub->n_runs; r++)
+        b->tmp[r] = ub->seq[ub->run_start[r]];
+    if (!ok(b, sil_cuda_upload(b->cu, b->run_seq, b->tmp, sizeof(int32_t) * (size_t)ub->n_runs,
+                               NULL, &b->err)))
+        return false;
+    b->meta_ok = true;
+    return true;
+}
+
+static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
+                           const struct sil_attn_args *a)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
+    const int hd = a->head_dim;
+    if (hd > 1024 || (int64_t)a->n_head_kv * hd != b->c.kv_dim || a->n_head % a->n_head_kv) {
+        fail(b, -EINVAL, "attention shape outside what the kernels take");
+        return;
+    }
+    const uint64_t layer = (uint64_t)a->layer * (uint64_t)(b->c.n_seq_max * b->c.n_ctx) *
+                           (uint64_t)b->c.kv_dim * sizeof(float);
+    sil_cuda_ptr kc = b->kv_k + layer, vc = b->kv_v + layer;
+    sil_cuda_ptr q = dp(a->q.data), k = dp(a->k.data), v = dp(a->v.data), o = dp(a->o.data);
+    sil_cuda_ptr qn = dp(a->q_norm->data), kn = dp(a->k_norm->data);
+    int q_stride = a->gated ? 2 * hd : hd, n_head = a->n_head, n_kv = a->n_head_kv;
+    int n_rot = a->n_rot, n_ctx = (int)b->c.n_ctx, gated = a->gated;
+    float fb = a->rope_freq_base, eps = a->eps;
+    int64_t ldq = a->q.ld, ldk = a->k.ld, ldv = a->v.ld, ldo = a->o.ld;
+    int hdi = hd;
+    void *p1[] = {&q,      &ldq,    &q_stride, &k,   &ldk,   &v,  &ldv, &qn, &kn, &b->pos,
+                  &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx};
+    if (!ok(b, launch(b, F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n, p1))) return;
+    void *p2[] = {&q,      &ldq,    &q_stride, &o,   &ldo,   &kc,    &vc,       &b->pos,
+                  &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &gated, &b->scores};
+    ok(b, launch(b, F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
+}
+
+static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
+                        const struct sil_delta_net_args *a)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
+    const struct sil_delta_net_params *p = a->p;
+    const int64_t st_floats = sil_delta_net_state_floats(p);
+    /* a run from position 0 starts from the empty state, as the engine's host copy does */
+    for (int32_t r = 0; r < ub->n_runs; r++) {
+        const int32_t i = ub->run_start[r];
+        if (ub->pos[i] != 0) continue;
+        const sil_cuda_ptr s =
+            b->state +
+            (uint64_t)((int64_t)ub->seq[i] * b->c.recr_floats + a->state.offset) * sizeof(float);
+        if (!ok(b, sil_cuda_memset(b->cu, s, 0, sizeof(float) * (size_t)st_floats, NULL, &b->err)))
+            return;
+    }
+    if (p->conv_kernel < 1 || p->conv_kernel > 9) {
+        fail(b, -EINVAL, "conv1d kernel longer than 9 taps");
+        return;
+    }
+    sil_cuda_ptr x = dp(a->qkv_mixed.data), out = dp(a->conv_out.data), w = dp(a->conv1d->data);
+    int K = p->conv_kernel;
+    int64_t cd = sil_delta_net_conv_dim(p), off = a->state.offset;
+    int64_t ldx = a->qkv_mixed.ld, ldo = a->conv_out.ld;
+    void *pp[] = {&x,  &ldx,          &out,        &ldo,          &w,  &K,
+                  &cd, &b->run_start, &b->run_seq, &b->state_tab, &off};
+    ok(b, launch(b, F_CONV1D, cdiv(cd, 128), (unsigned)ub->n_runs, pp));
+}
+
+static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
+                           const struct sil_delta_net_args *a)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
+    const struct sil_delta_net_params *p = a->p;
+    if (p->head_k_dim > 1024 || p->head_v_dim > 1024) {
+        fail(b, -EINVAL, "delta-net head dims above 1024");
+        return;
+    }
+    sil_cuda_ptr conv = dp(a->conv_out.data), z = dp(a->z.data), al = dp(a->alpha.data);
+    sil_cuda_ptr be_ = dp(a->beta.data), out = dp(a->out.data);
+    sil_cuda_ptr sa = dp(a->a->data), dt = dp(a->dt_bias->data), nw = dp(a->norm->data);
+    int nk = p->n_k_heads, nv = p->n_v_heads, dk = p->head_k_dim, dv = p->head_v_dim;
+    float eps = p->eps;
+    int64_t off = a->state.offset, ssm_off = sil_delta_net_conv_floats(p);
+    int64_t ldc = a->conv_out.ld, ldz = a->z.ld, lda = a->alpha.ld, ldb = a->beta.ld;
+    int64_t ldo = a->out.ld;
+    void *pp[] = {&conv, &ldc,    &z,   &ldz, &al,           &lda,        &be_,
+                  &ldb,  &out,    &ldo, &sa,  &dt,           &nw,         &nk,
+                  &nv,   &dk,     &dv,  &eps, &b->run_start, &b->run_seq, &b->state_tab,
+                  &off,  &ssm_off};
+    ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
+}
+
+/* ---- router and experts ------------------------------------------------------------------ */
+
+static void cuda_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
+                       int n_used, struct sil_moe_plan *plan)
+{
+    struct cuda_backend *b = cb(be);
+    const int X = (int)w->rows, K = n_used, n = (int)x.rows;
+    plan->n_rows = n;
+    plan->n_used = K;
+    if (b->rc || n == 0) {
+        /* keep the plan well-formed for moe_plan() even after an error */
+        for (int64_t q = 0; q < (int64_t)n * K; q++) {
+            plan->sel_expert[q] = (int32_t)(q % K) % X;
+            plan->sel_weight[q] = 0.0f;
+        }
+        return;
+    }
+    const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
+    mm_chunks(b, x, &lo, 1);
+    if (b->rc == 0)
+        ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
+    /* the plan is built on the host for now: the choices come back (n * K * 8 bytes) */
+    const size_t bytes = sizeof(int32_t) * (size_t)(n * K);
+    if (b->rc == 0) ok(b, sil_cuda_download(b->cu, plan->sel_expert, b->ids, bytes, NULL, &b->err));
+    if (b->rc == 0) ok(b, sil_cuda_download(b->cu, plan->sel_weight, b->wts, bytes, NULL, &b->err));
+    if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
+    for (int64_t q = 0; q < (int64_t)n * K; q++)
+        if (b->rc || plan->sel_expert[q] < 0 || plan->sel_expert[q] >= X) {
+            fail(b, -EIO, "router returned an expert id out of range");
+            plan->sel_expert[q] = 0;
+        }
+}
+
+/* The stacked tensor an expert handle of the plan points into: data of expert e minus e. */
+static int stack_of(const struct sil_weight *m, int32_t e, int X, struct sil_cuda_weight *cw,
+                    struct sil_error *err)
+{
+    struct sil_weight s = *m;
+    s.data = (const char *)m->data - (size_t)e * m->mat_bytes;
+    return view(&s, m->rows * X, cw, err);
+}
+
+/* Shared expert into out: sigmoid(gate_inp . x) * down(silu(gate x) * up x), then out +=
+ * routed (already in b->routed). x is quantized in b->q8 for chunk [r0, r0 + n). */
+static void shared_and_sum(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                           struct sil_act out)
+{
+    const int64_t E = out.width;
+    sil_cuda_ptr outp = dp(out.data);
+    if (!pl->sh_gate_inp) {
+        ok(b, sil_cuda_copy_d2d(b->cu, outp, b->routed, sizeof(float) * (size_t)(x.rows * E), NULL,
+                                &b->err));
+        return;
+    }
+    const int64_t S = pl->sh_gate->rows;
+    const struct sil_mm_out gu[] = {
+        {pl->sh_gate, {(void *)(uintptr_t)b->sh_gate, x.rows, S, S}},
+        {pl->sh_up, {(void *)(uintptr_t)b->sh_up, x.rows, S, S}},
+        {pl->sh_gate_inp, {(void *)(uintptr_t)b->sh_logit, x.rows, 1, 1}},
+    };
+    mm_chunks(b, x, gu, 3);
+    if (b->rc ||
+        !ok(b, sil_cuda_swiglu(b->cu, b->sh_gate, b->sh_gate, b->sh_up, x.rows * S, NULL, &b->err)))
+        return;
+    const struct sil_mm_out d = {pl->sh_down, out};
+    mm_chunks(b, (struct sil_act){(void *)(uintptr_t)b->sh_gate, x.rows, S, S}, &d, 1);
+    if (b->rc) return;
+    int64_t ldr = E;
+    void *p[] = {&outp, &out.ld, &b->sh_logit, &b->routed, &ldr, (void *)&E};
+    ok(b, launch(b, F_GATE_ADD, cdiv(E, 128), (unsigned)x.rows, p));
+}
+
+/* Quantized experts: the fused kernels over the stacked tensors, 8 rows at a time. */
+static void moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                      int X)
+{
+    const int K = pl->n_used;
+    const int64_t E = x.width;
+    struct sil_cuda_weight g, u, d;
+    const int32_t e0 = pl->expert[0];
+    if (!ok(b, stack_of(&pl->gate[0], e0, X, &g, &b->err)) ||
+        !ok(b, stack_of(&pl->up[0], e0, X, &u, &b->err)) ||
+        !ok(b, stack_of(&pl->down[0], e0, X, &d, &b->err)))
+        return;
+    const int64_t F = pl->gate[0].rows;
+    for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
+        const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
+        const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * E) * 4;
+        const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4,
+                           w = b->wts + (uint64_t)(r0 * K) * 4;
+        if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err)) ||
+            !ok(b, sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL,
+                                        &b->err)) ||
+            !ok(b,
+                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8, NULL, &b->err)) ||
+            !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8, n, ids, w, K,
+                                     b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err)))
+            return;
+    }
+}
+
+/* Any type: per active expert, its rows gathered, matvecs, then the weighted sum per row. */
+static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl)
+{
+    const int K = pl->n_used;
+    const int64_t E = x.width, P = (int64_t)pl->n_rows * K;
+    const int64_t F = pl->gate[0].rows;
+    for (int64_t q = 0; q < P; q++)
+        b->tmp[q] = pl->pair_row[q];
+    if (!ok(b, sil_cuda_upload(b->cu, b->pair_row, b->tmp, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->pair_of, pl->pair_of, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)))
+        return;
+    sil_cuda_ptr xp = dp(x.data);
+    int64_t ldx = E, ldg = E;
+    for (int a = 0; a < pl->n_active && b->rc == 0; a++) {
+        for (int32_t j0 = pl->pair_start[a]; j0 < pl->pair_start[a + 1] && b->rc == 0; j0 += MB) {
+            const int32_t cnt = pl->pair_start[a + 1] - j0 < MB ? pl->pair_start[a + 1] - j0 : MB;
+            sil_cuda_ptr rows = b->pair_row + (uint64_t)j0 * 4;
+            void *p[] = {&b->x_g, &ldg, &xp, &ldx, &rows, (void *)&E};
+            if (!ok(b, launch(b, F_GATHER, (unsigned)cnt, 1, p))) return;
+            const struct sil_mm_out gu[] = {
+                {&pl->gate[a],
+                 {(void *)(uintptr_t)(b->h_gate + (uint64_t)(j0 * F) * 4), cnt, F, F}},
+                {&pl->up[a], {(void *)(uintptr_t)(b->h_up + (uint64_t)(j0 * F) * 4), cnt, F, F}},
+            };
+            mm_chunks(b, (struct sil_act){(void *)(uintptr_t)b->x_g, cnt, E, E}, gu, 2);
+        }
+    }
+    if (b->rc ||
+        !ok(b, sil_cuda_swiglu(b->cu, b->h_gate, b->h_gate, b->h_up, P * F, NULL, &b->err)))
+        return;
+    for (int a = 0; a < pl->n_active && b->rc == 0; a++) {
+        const int32_t j0 = pl->pair_start[a], cnt = pl->pair_start[a + 1] - j0;
+        const struct sil_mm_out d = {
+            &pl->down[a], {(void *)(uintptr_t)(b->d_pair + (uint64_t)(j0 * E) * 4), cnt, E, E}};
+        mm_chunks(
+            b, (struct sil_act){(void *)(uintptr_t)(b->h_gate + (uint64_t)(j0 * F) * 4), cnt, F, F},
+            &d, 1);
+    }
+    if (b->rc) return;
+    int64_t ldo = E;
+    void *p[] = {&b->routed, &ldo, &b->d_pair, &b->pair_of, &b->wts, (void *)&K, (void *)&E};
+    ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
+}
+
+static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *pl,
+                     struct sil_act out)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc || x.rows == 0 || pl->n_active == 0) return;
+    if (x.ld != x.width || out.ld != out.width) {
+        fail(b, -EINVAL, "moe rows are not contiguous");
+        return;
+    }
+    const int X = (int)b->c.n_expert;
+    const int t = pl->gate[0].type;
+    if (quantized(t) && pl->up[0].type == t && quantized(pl->down[0].type))
+        moe_fused(b, x, pl, X);
+    else
+        moe_generic(b, x, pl);
+    if (b->rc == 0) shared_and_sum(b, x, pl, out);
+}
+
+/* ---- output head ------------------------------------------------------------------------ */
+
+static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
+                      const int32_t *out_rows, float *logits, int32_t *argmax)
+{
+    struct cuda_backend *b = cb(be);
+    const int64_t V = w->rows;
+    for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
+        const int64_t n = x.rows - r0 < MB ? x.rows - r0 : MB;
+        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->logits, n, V, V}};
+        mm_chunks(b, sil_act_rows(x, r0, n), &lo, 1);
+        if (argmax && b->rc == 0 &&
+            ok(b, sil_cuda_argmax(b->cu, b->logits, (int)n, V, b->rows, NULL, &b->err)))
+            ok(b, sil_cuda_download(b->cu, argmax + r0, b->rows, sizeof(int32_t) * (size_t)n, NULL,
+                                    &b->err));
+        for (int64_t i = 0; i < n && b->rc == 0; i++)
+            ok(b, sil_cuda_download(b->cu, logits + (int64_t)out_rows[r0 + i] * V,
+                                    b->logits + (uint64_t)(i * V) * 4, sizeof(float) * (size_t)V,
+                                    NULL, &b->err));
+        if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
+    }
+}
+
+/* ---- placement, status, lifetime ------------------------------------------------------------ */
+
+/* Private read-only file mappings only: dropping their pages loses nothing (they are read
+ * back from the file if touched again). The model is mapped that way (model.c). */
+static void release_pages(const void *p, size_t bytes)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + pg - 1) & ~(pg - 1), hi = ((uintptr_t)p + bytes) & ~(pg - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release_host,
+                      struct sil_error *err)
+{
+    struct cuda_backend *b = cb(be);
+    if (!w->data || w->loc == SIL_WEIGHT_DEVICE) return 0;
+    const size_t bytes = w->mat_bytes * (size_t)w->n_mat;
+    if (w->rows > 1 && !sil_cuda_type_supported(w->type))
+        return sil_errorf(err, -ENOTSUP, "cuda backend: weight type %s has no CUDA kernel",
+                          sil_type_name(w->type));
+    sil_cuda_ptr d = 0;
+    int rc = dalloc(b, bytes, &d, err);
+    if (rc == 0) rc = sil_cuda_upload(b->cu, d, w->data, bytes, NULL, err);
+    if (rc == 0) rc = sil_cuda_sync(b->cu, NULL, err);
+    if (rc < 0) return rc;
+    if (release_host && w->loc == SIL_WEIGHT_MMAP) release_pages(w->data, bytes);
+    b->weight_bytes += bytes;
+    w->loc = SIL_WEIGHT_DEVICE;
+    w->data = (const void *)(uintptr_t)d;
+    return 0;
+}
+
+static int cuda_status(struct sil_backend *be, struct sil_error *err)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
+    if (b->rc && err) *err = b->err;
+    return b->rc;
+}
+
+static void *cuda_alloc_act(struct sil_backend *be, size_t bytes)
+{
+    struct cuda_backend *b = cb(be);
+    sil_cuda_ptr p = 0;
+    struct sil_error e = {0};
+    if (dalloc(b, bytes ? bytes : 4, &p, &e) < 0) {
+        if (b->rc == 0) {
+            b->rc = e.code;
+            b->err = e;
+        }
+        return NULL;
+    }
+    return (void *)(uintptr_t)p;
+}
+
+static void cuda_free(struct sil_backend *be)
+{
+    struct cuda_backend *b = cb(be);
+    if (!b) return;
+    if (b->cu) {
+        sil_cuda_sync(b->cu, NULL, NULL);
+        for (int i = 0; i < b->n_allocs; i++)
+            sil_cuda_release(b->cu, b->allocs[i]);
+        sil_cuda_module_unload(b->cu, b->mod);
+        sil_cuda_free(b->cu);
+    }
+    free(b->allocs);
+    free(b->emb);
+    free(b->tmp);
+    free(b);
+}
+
+static const struct sil_backend_ops cuda_ops = {
+    .name = "cuda",
+    .free = cuda_free,
+    .alloc_act = cuda_alloc_act,
+    .get_rows = cuda_get_rows,
+    .copy_rows = cuda_copy_rows,
+    .matmul = cuda_matmul,
+    .rmsnorm = cuda_rmsnorm,
+    .add = cuda_add,
+    .swiglu = cuda_swiglu,
+    .attention = cuda_attention,
+    .conv1d = cuda_conv1d,
+    .delta_net = cuda_delta_net,
+    .route = cuda_route,
+    .moe = cuda_moe,
+    .head = cuda_head,
+    .place = cuda_place,
+    .status = cuda_status,
+};
+
+static uint64_t max_u(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_config *c,
+                            struct sil_error *err)
+{
+    *out = NULL;
+    struct cuda_backend *b = calloc(1, sizeof(*b));
+    if (!b) return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+    b->base.ops = &cuda_ops;
+    b->c = *c;
+    int rc = sil_cuda_init(&b->cu, c->ordinal, err);
+    if (rc < 0) {
+        free(b);
+        return rc;
+    }
+    const int64_t U = c->ub_max, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
+    const int64_t X = c->n_expert, E = c->n_embd, S = c->n_ff_shexp, F = c->n_ff_exp;
+    const uint64_t f4 = sizeof(float);
+    const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * c->n_seq_max * c->n_ctx * c->kv_dim) * f4;
+    const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
+    const uint64_t q8 =
+        max_u(sil_cuda_q8_bytes(MB, c->k_max), X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) + 256;
+    const uint64_t moe = X > 0 ? (uint64_t)(U * X + 2 * U * K * F + U * K * E + MB * c->k_max +
+                                            U * E + 2 * U * S + U) *
+                                         f4 +
+                                     4 * (uint64_t)(U * K) * 4
+                               : 0;
+    const uint64_t scratch = q8 + (uint64_t)(U * c->n_head * c->n_ctx) * f4 +
+                             (uint64_t)(MB * c->n_vocab) * f4 + 5 * (uint64_t)(U + 1) * 4 +
+                             (uint64_t)c->n_seq_max * 8 + moe;
+    /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
+    const uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
+    size_t free_b = 0, total_b = 0;
+    rc = sil_cuda_mem_info(b->cu, &free_b, &total_b, err);
+    const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
+    if (rc == 0 && c->vram_budget && need > c->vram_budget)
+        rc = sil_errorf(err, -ENOMEM,
+                        "cuda backend: the model needs %llu MiB of device memory (weights %llu, "
+                        "KV %llu, state and scratch %llu MiB): --vram-budget is %llu MiB, give "
+                        "at least %llu MiB",
+                        (unsigned long long)(need >> 20),
+                        (unsigned long long)(c->weight_bytes >> 20), (unsigned long long)(kv >> 20),
+                        (unsigned long long)((st + scratch + c->act_bytes) >> 20),
+                        (unsigned long long)(c->vram_budget >> 20),
+                        (unsigned long long)((need + (1u << 20) - 1) >> 20));
+    else if (rc == 0 && need > free_b)
+        rc = sil_errorf(err, -ENOMEM,
+                        "cuda backend: the model needs %llu MiB of device memory, %s has %llu MiB "
+                        "free",
+                        (unsigned long long)(need >> 20), in->name,
+                        (unsigned long long)(free_b >> 20));
+    b->budget = c->vram_budget;
+    if (rc == 0) rc = sil_cuda_module_load(b->cu, sil_cuda_fwd_fatbin, &b->mod, err);
+    for (int i = 0; rc == 0 && i < F_COUNT; i++)
+        rc = sil_cuda_module_function(b->cu, b->mod, f_names[i], &b->fn[i], err);
+    struct {
+        sil_cuda_ptr *p;
+        uint64_t bytes;
+    } bufs[] = {
+        {&b->kv_k, kv / 2},
+        {&b->kv_v, kv / 2},
+        {&b->state, st},
+        {&b->state_tab, (uint64_t)c->n_seq_max * 8},
+        {&b->q8, q8},
+        {&b->scores, (uint64_t)(U * c->n_head * c->n_ctx) * f4},
+        {&b->pos, (uint64_t)U * 4},
+        {&b->seq, (uint64_t)U * 4},
+        {&b->rows, (uint64_t)U * 4},
+        {&b->run_start, (uint64_t)(U + 1) * 4},
+        {&b->run_seq, (uint64_t)U * 4},
+        {&b->logits, (uint64_t)(MB * c->n_vocab) * f4},
+        {&b->router, (uint64_t)(U * X) * f4},
+        {&b->ids, (uint64_t)(U * K) * 4},
+        {&b->wts, (uint64_t)(U * K) * 4},
+        {&b->pair_of, (uint64_t)(U * K) * 4},
+        {&b->pair_row, (uint64_t)(U * K) * 4},
+        {&b->h_gate, (uint64_t)(U * K * F) * f4},
+        {&b->h_up, (uint64_t)(U * K * F) * f4},
+        {&b->d_pair, (uint64_t)(U * K * E) * f4},
+        {&b->x_g, (uint64_t)(MB * c->k_max) * f4},
+        {&b->routed, (uint64_t)(U * E) * f4},
+        {&b->sh_gate, (uint64_t)(U * S) * f4},
+        {&b->sh_up, (uint64_t)(U * S) * f4},
+        {&b->sh_logit, (uint64_t)U * f4},
+    };
+    for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
+    if (rc == 0) {
+        b->emb = calloc((size_t)(U * E), sizeof(float));
+        b->tmp = calloc((size_t)(U * K + U + 1), sizeof(int32_t));
+        uint64_t *tab = calloc((size_t)c->n_seq_max + 1, sizeof(uint64_t));
+        if (!b->emb || !b->tmp || !tab)
+            rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        for (int64_t s = 0; tab && s < c->n_seq_max; s++)
+            tab[s] = b->state + (uint64_t)(s * c->recr_floats) * f4;
+        if (rc == 0 && c->n_seq_max > 0)
+            rc = sil_cuda_upload(b->cu, b->state_tab, tab, (size_t)c->n_seq_max * 8, NULL, err);
+        if (rc == 0) rc = sil_cuda_sync(b->cu, NULL, err);
+        free(tab);
+    }
+    if (rc < 0) {
+        cuda_free(&b->base);
+        return rc;
+    }
+    *out = &b->base;
+    return 0;
+}
+
+#endif

@@ -1,0 +1,289 @@
+// Forward-pass kernels the op library of kernels.cu lacks, for the CUDA backend of the engine
+// (daemon/engine/backend_cuda.c): attention over the KV cache with optional output gate, the
+// gated delta net (conv1d with state, the delta rule per value head) and a strided row gather.
+// Simple first versions: one block per (row, head) for attention, one block per (sequence run,
+// value head) walking the run's tokens in order for the delta net. Arithmetic follows the CPU
+// backend (kernels/cpu/ops.c, daemon/engine/delta_net.c) to float rounding.
+#include <math.h>
+#include <stdint.h>
+
+#define FWD_THREADS 128
+
+__device__ __forceinline__ float fwd_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a block of FWD_THREADS threads; every thread gets it. sh: 32 floats.
+__device__ __forceinline__ float fwd_block_sum(float v, float *sh)
+{
+    v = fwd_warp_sum(v);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < FWD_THREADS / 32 ? sh[lane] : 0.0f;
+    return fwd_warp_sum(v);
+}
+
+__device__ __forceinline__ float fwd_block_max(float v, float *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < FWD_THREADS / 32 ? sh[lane] : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// y[i][c] = x[rows[i]][c]; grid (n rows), rows int32 on the device.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_gather_rows(float *y, int64_t ldy, const float *x, int64_t ldx, const int *rows,
+                        int64_t width)
+{
+    const float *src = x + (int64_t)rows[blockIdx.x] * ldx;
+    float *dst = y + (int64_t)blockIdx.x * ldy;
+    for (int64_t c = threadIdx.x; c < width; c += FWD_THREADS)
+        dst[c] = src[c];
+}
+
+// Per row i (blockIdx.y) and head h (blockIdx.x over n_head + n_head_kv): rmsnorm with the
+// head norm, NeoX rope on the first n_rot dims at pos[i]; k heads and the row's v go to the
+// cache rows of (seq[i], pos[i]). kv: [seq][n_ctx][kv_dim] of this layer.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_qk_prep(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
+                    int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
+                    const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
+                    float eps, float *kc, float *vc, int n_ctx)
+{
+    __shared__ float sh[32];
+    __shared__ float buf[1024];
+    const int i = blockIdx.y, h = blockIdx.x;
+    const bool is_q = h < n_head;
+    float *x = is_q ? q + (int64_t)i * ldq + (int64_t)h * q_stride
+                    : k + (int64_t)i * ldk + (int64_t)(h - n_head) * hd;
+    const float *w = is_q ? q_norm : k_norm;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
+        ss += x[j] * x[j];
+    ss = fwd_block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
+        buf[j] = x[j] * scale * w[j];
+    __syncthreads();
+    const int half = n_rot / 2;
+    const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
+        float r = buf[j];
+        if (j < n_rot) {
+            const int t = j < half ? j : j - half;
+            // theta = pos * theta_scale^t, formed by repeated products as the CPU does
+            float theta = (float)pos[i];
+            for (int u = 0; u < t; u++)
+                theta *= theta_scale;
+            const float c = cosf(theta), s = sinf(theta);
+            r = j < half ? buf[j] * c - buf[j + half] * s : buf[j - half] * s + buf[j] * c;
+        }
+        x[j] = r;
+        if (!is_q) {
+            const int64_t at = ((int64_t)seq[i] * n_ctx + pos[i]) * (int64_t)n_head_kv * hd +
+                               (int64_t)(h - n_head) * hd + j;
+            kc[at] = r;
+            vc[at] = v[(int64_t)i * ldv + (int64_t)(h - n_head) * hd + j];
+        }
+    }
+}
+
+// o_h = softmax(q_h K^T / sqrt(hd)) V over positions 0..pos[i] of seq[i]; gated: o *= sigmoid
+// of the gate that follows q_h. Block per (head, row); scores: [rows * n_head][n_ctx] scratch.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
+                   const float *kc, const float *vc, const int *pos, const int *seq, int n_head,
+                   int n_head_kv, int hd, int n_ctx, int gated, float *scores)
+{
+    __shared__ float sh[32];
+    __shared__ float qs[1024];
+    const int i = blockIdx.y, h = blockIdx.x;
+    const int kvh = h / (n_head / n_head_kv);
+    const int np = pos[i] + 1;
+    const int64_t kv_dim = (int64_t)n_head_kv * hd;
+    const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
+    const float *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const float *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    float *s = scores + ((int64_t)i * n_head + h) * n_ctx;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
+        qs[j] = qh[j];
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int p = warp; p < np; p += FWD_THREADS / 32) {
+        const float *kp = k0 + (int64_t)p * kv_dim;
+        float d = 0.0f;
+        for (int j = lane; j < hd; j += 32)
+            d += qs[j] * kp[j];
+        d = fwd_warp_sum(d);
+        if (lane == 0) s[p] = d * scale;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int p = threadIdx.x; p < np; p += FWD_THREADS)
+        mx = fmaxf(mx, s[p]);
+    mx = fwd_block_max(mx, sh);
+    float sum = 0.0f;
+    for (int p = threadIdx.x; p < np; p += FWD_THREADS) {
+        const float e = expf(s[p] - mx);
+        s[p] = e;
+        sum += e;
+    }
+    sum = fwd_block_sum(sum, sh); // its barriers also publish s[]
+    const float inv = 1.0f / sum;
+    float *oh = o + (int64_t)i * ldo + (int64_t)h * hd;
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
+        float acc = 0.0f;
+        for (int p = 0; p < np; p++)
+            acc += s[p] * inv * v0[(int64_t)p * kv_dim + j];
+        if (gated) acc *= 1.0f / (1.0f + expf(-qh[hd + j]));
+        oh[j] = acc;
+    }
+}
+
+// Causal depthwise conv1d + silu for every sequence run, advancing its conv state.
+// Grid (channel blocks, runs); state of run r at state[seq of run] + offset: [K-1][cd].
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_conv1d(const float *x, int64_t ldx, float *out, int64_t ldo, const float *w, int K,
+                   int64_t cd, const int *run_start, const int *run_seq, float *const *seq_state,
+                   int64_t offset)
+{
+    const int64_t c = (int64_t)blockIdx.x * FWD_THREADS + threadIdx.x;
+    if (c >= cd) return;
+    const int r = blockIdx.y;
+    const int r0 = run_start[r], nt = run_start[r + 1] - r0;
+    float *st = seq_state[run_seq[r]] + offset;
+    const int H = K - 1;
+    const float *wc = w + c * K;
+    float hist[8]; // K <= 9
+    for (int j = 0; j < H; j++)
+        hist[j] = st[(int64_t)j * cd + c];
+    for (int t = 0; t < nt; t++) {
+        const float xc = x[(int64_t)(r0 + t) * ldx + c];
+        float acc = 0.0f;
+        for (int j = 0; j < H; j++)
+            acc += wc[j] * hist[j];
+        acc += wc[H] * xc;
+        out[(int64_t)(r0 + t) * ldo + c] = acc / (1.0f + expf(-acc));
+        for (int j = 0; j + 1 < H; j++)
+            hist[j] = hist[j + 1];
+        if (H > 0) hist[H - 1] = xc;
+    }
+    for (int j = 0; j < H; j++)
+        st[(int64_t)j * cd + c] = hist[j];
+}
+
+// The delta rule and gated RMSNorm for value head h (blockIdx.x) of run r (blockIdx.y), the
+// run's tokens in order. S_h [dv][dk] at seq_state[seq] + offset + (K-1)*cd + h*dv*dk.
+// A warp per row of S, lanes over dk; dk, dv <= 1024.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_delta_net(const float *conv, int64_t ldc, const float *z, int64_t ldz,
+                      const float *alpha, int64_t lda, const float *beta_raw, int64_t ldb,
+                      float *out, int64_t ldo, const float *ssm_a, const float *dt_bias,
+                      const float *norm, int nk, int nv, int dk, int dv, float eps,
+                      const int *run_start, const int *run_seq, float *const *seq_state,
+                      int64_t offset, int64_t ssm_offset)
+{
+    __shared__ float sh[32];
+    __shared__ float qs[1024], ks[1024], os[1024];
+    const int h = blockIdx.x, r = blockIdx.y, kh = h % nk;
+    const int r0 = run_start[r], nt = run_start[r + 1] - r0;
+    float *S = seq_state[run_seq[r]] + offset + ssm_offset + (int64_t)h * dv * dk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = 0; t < nt; t++) {
+        const float *row = conv + (int64_t)(r0 + t) * ldc;
+        float sq = 0.0f, sk = 0.0f;
+        for (int j = threadIdx.x; j < dk; j += FWD_THREADS) {
+            const float a = row[(int64_t)kh * dk + j], b = row[(int64_t)nk * dk + kh * dk + j];
+            qs[j] = a;
+            ks[j] = b;
+            sq += a * a;
+            sk += b * b;
+        }
+        sq = fwd_block_sum(sq, sh);
+        sk = fwd_block_sum(sk, sh);
+        const float qscale = 1.0f / fmaxf(sqrtf(sq), eps) / sqrtf((float)dk);
+        const float kscale = 1.0f / fmaxf(sqrtf(sk), eps);
+        for (int j = threadIdx.x; j < dk; j += FWD_THREADS) {
+            qs[j] *= qscale;
+            ks[j] *= kscale;
+        }
+        __syncthreads();
+        const float ar = alpha[(int64_t)(r0 + t) * lda + h] + dt_bias[h];
+        const float sp = ar > 20.0f ? ar : log1pf(expf(ar));
+        const float decay = expf(ssm_a[h] * sp);
+        const float b = 1.0f / (1.0f + expf(-beta_raw[(int64_t)(r0 + t) * ldb + h]));
+        const float *v = row + 2 * (int64_t)nk * dk + (int64_t)h * dv;
+        for (int j = warp; j < dv; j += FWD_THREADS / 32) {
+            float *Sj = S + (int64_t)j * dk;
+            float p = 0.0f;
+            for (int i = lane; i < dk; i += 32)
+                p += Sj[i] * ks[i];
+            p = fwd_warp_sum(p);
+            const float d = b * (v[j] - decay * p);
+            float o = 0.0f;
+            for (int i = lane; i < dk; i += 32) {
+                const float s = decay * Sj[i] + d * ks[i];
+                Sj[i] = s;
+                o += s * qs[i];
+            }
+            o = fwd_warp_sum(o);
+            if (lane == 0) os[j] = o;
+        }
+        __syncthreads();
+        float ss = 0.0f;
+        for (int j = threadIdx.x; j < dv; j += FWD_THREADS)
+            ss += os[j] * os[j];
+        ss = fwd_block_sum(ss, sh);
+        const float rs = 1.0f / sqrtf(ss / (float)dv + eps);
+        const float *zr = z + (int64_t)(r0 + t) * ldz + (int64_t)h * dv;
+        float *orow = out + (int64_t)(r0 + t) * ldo + (int64_t)h * dv;
+        for (int j = threadIdx.x; j < dv; j += FWD_THREADS) {
+            const float g = zr[j] / (1.0f + expf(-zr[j]));
+            orow[j] = os[j] * rs * norm[j] * g;
+        }
+        __syncthreads(); // qs, ks, os are rewritten by the next token
+    }
+}
+
+// y[i][c] = sigmoid(g[i]) * y[i][c] + x[i][c]: the shared expert's gate, then the routed sum.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_gate_add(float *y, int64_t ldy, const float *g, const float *x, int64_t ldx,
+                     int64_t width)
+{
+    const int i = blockIdx.y;
+    const int64_t c = (int64_t)blockIdx.x * FWD_THREADS + threadIdx.x;
+    if (c >= width) return;
+    const float s = 1.0f / (1.0f + expf(-g[i]));
+    y[(int64_t)i * ldy + c] = s * y[(int64_t)i * ldy + c] + x[(int64_t)i * ldx + c];
+}
+
+// out[i] = sum over slots k (in order) of w[i*K+k] * d[pair_of[i*K+k]]: the routed experts'
+// weighted sum from per-pair down outputs d [pairs][width]. Grid (column blocks, rows).
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_moe_combine(float *out, int64_t ldo, const float *d, const int *pair_of,
+                        const float *w, int K, int64_t width)
+{
+    const int i = blockIdx.y;
+    const int64_t c = (int64_t)blockIdx.x * FWD_THREADS + threadIdx.x;
+    if (c >= width) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++)
+        acc += w[i * K + k] * d[(int64_t)pair_of[i * K + k] * width + c];
+    out[(int64_t)i * ldo + c] = acc;
+}
