@@ -16,7 +16,8 @@
 #   daemon/engine/*.c  -> build/lib/libsil-engine.a
 #   libproto/*.c       -> build/lib/libsiliceo-proto.a
 #   daemon/*.c         -> build/bin/siliceod           (daemon/main.c holds main)
-#   client/common/*.c  -> linked into every client; client/sil-X.c -> build/bin/sil-X
+#   client/common/*.c  -> linked into every client; client/sil-X.c + client/sil-X/*.c -> build/bin/sil-X
+#                         (LDLIBS_sil-X: extra link flags of that one client)
 #   bench/sil-X.c + bench/sil-X/*.c -> build/bin/sil-X; bench/common/*.c -> linked into every bench tool
 #   tests/test_X.c (+ tests/testutil.c) -> build/tests/test_X
 #   tests/fuzz/fuzz_X.c -> build/fuzz/fuzz_X (clang, libFuzzer + ASan + UBSan)
@@ -50,6 +51,9 @@ LDLIBS_ENGINE := $(shell pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre
 LDLIBS_PROTO := $(shell pkg-config --libs msgpack 2>/dev/null || echo -lmsgpackc)
 LDLIBS_DAEMON := $(shell pkg-config --libs libsystemd 2>/dev/null || echo -lsystemd)
 LDLIBS_EDIT := $(shell pkg-config --libs libedit 2>/dev/null || echo -ledit)
+# Only sil-openai speaks HTTP; it also takes systemd's socket activation.
+LDLIBS_sil-openai := $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd) \
+	$(LDLIBS_DAEMON) -lpthread
 
 AVX2_FLAGS := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
@@ -142,9 +146,9 @@ $(B)/bin/siliceod: $(call obj,daemon/main.c) $(LIB_DAEMON) $(ENGINE_LIBS) $(LIB_
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE)
 
 define client_bin
-$(B)/bin/$(1): $(call obj,client/$(1).c) $(LIB_CLIENT) $(LIB_PROTO)
+$(B)/bin/$(1): $(call obj,client/$(1).c $(wildcard client/$(1)/*.c)) $(LIB_CLIENT) $(LIB_PROTO)
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) -lm
+	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) $$(LDLIBS_$(1)) -lm
 endef
 $(foreach c,$(CLIENTS),$(eval $(call client_bin,$(c))))
 
@@ -162,7 +166,9 @@ $(B)/tests/$(1): $(call obj,tests/$(1).c $(TESTUTIL_SRC)) $(ALL_LIBS)
 endef
 $(foreach t,$(TESTS),$(eval $(call test_bin,$(t))))
 
-FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC))
+# client/sil-openai/*.c holds no HTTP code: its request parser is a fuzz target.
+FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC) \
+	$(wildcard client/sil-openai/*.c))
 define fuzz_bin
 $(B)/fuzz/$(1): $(call fobj,tests/fuzz/$(1).c) $(FUZZ_LIB_OBJS)
 	@mkdir -p $$(dir $$@)
@@ -207,9 +213,9 @@ $(foreach t,$(TESTS),$(eval $(call asan_test_bin,$(t))))
 
 # Tests start some client and bench binaries (sil-chat, sil-mkmodel): those are sanitized too.
 define asan_client_bin
-$(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+$(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c $(wildcard client/$(1)/*.c)) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 	@mkdir -p $$(dir $$@)
-	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) -lm
+	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) $$(LDLIBS_$(1)) -lm
 endef
 $(foreach c,$(CLIENTS),$(eval $(call asan_client_bin,$(c))))
 define asan_bench_bin
@@ -270,7 +276,8 @@ demo: all
 
 # ---- dependencies --------------------------------------------------------------------------------
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
-	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps
+	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
+	libmicrohttpd-dev curl
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
@@ -299,6 +306,6 @@ clean:
 
 format:
 	clang-format -i $(wildcard kernels/cpu/*.[ch] daemon/*.[ch] daemon/engine/*.[ch] libproto/*.[ch] \
-		client/*.[ch] client/common/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
+		client/*.[ch] client/*/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
