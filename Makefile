@@ -278,9 +278,15 @@ demo: all
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
 	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
 	libmicrohttpd-dev curl
+# The official openai JavaScript SDK, for tests/integration/openai.sh only: installed into the
+# build tree (git-ignored), never committed or linked. 4.104.0 runs on Node.js 18 and 20.
+NPM_TEST_PACKAGES := openai@4.104.0
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
+	@if ! command -v npm >/dev/null; then echo "deps: no npm: the openai SDK test will be skipped"; \
+	elif [ -f $(B)/npm/node_modules/openai/package.json ]; then echo "deps: openai SDK present"; \
+	else mkdir -p $(B)/npm && npm install --prefix $(B)/npm --no-audit --no-fund $(NPM_TEST_PACKAGES); fi
 
 # ---- install -------------------------------------------------------------------------------------
 install: all

@@ -288,7 +288,7 @@ def sse_client():
 
 def daemon_status():
     c = siltest.Client()
-    st = c.ok("status")
+    st, _ = c.ok("status")
     c.close()
     return st
 
