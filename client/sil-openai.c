@@ -38,6 +38,7 @@ struct opts {
     int max_connections;
     int timeout_s;         /* idle HTTP connection */
     int health_timeout_ms;
+    bool debug_stream;     /* POST /v1/debug/stream relays debug.stream, for bench/run-openai.sh */
     char token[256];       /* "" : no check */
 };
 
@@ -375,8 +376,40 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 static void stream_free(void *cls) { gen_free(cls); }
 
+/* {count, text?, stream?} -> debug.stream: the daemon streams without the model, so the bridge's
+ * own cost per token can be measured. */
+static int debug_request(const char *body, size_t len, uint32_t msgid, struct sil_rpc_buf *out,
+                         struct sil_oa_req *req, struct sil_oa_fail *f)
+{
+    struct sil_oa_json_doc *doc;
+    struct sil_oa_json_err je;
+    if (sil_oa_json_parse(&doc, body, len, &je) < 0)
+        return sil_oa_failf(f, 400, NULL, "invalid JSON at byte %zu: %s", je.offset, je.msg);
+    const struct sil_oa_json *o = sil_oa_json_root(doc);
+    const struct sil_oa_json *count = sil_oa_json_get(o, "count");
+    const struct sil_oa_json *text = sil_oa_json_get(o, "text");
+    const struct sil_oa_json *stream = sil_oa_json_get(o, "stream");
+    int r = 0;
+    if (!count || count->type != SIL_OA_JSON_NUMBER || !count->is_int ||
+        (text && text->type != SIL_OA_JSON_STRING))
+        r = sil_oa_failf(f, 400, "count", "want {count: integer, text: string}");
+    if (r == 0) {
+        msgpack_packer *pk = sil_rpc_begin_request(out, msgid, "debug.stream");
+        msgpack_pack_map(pk, text ? 2 : 1);
+        sil_rpc_kv_int(pk, "count", count->i);
+        if (text)
+            sil_rpc_kv_strn(pk, "text", text->str, text->len);
+        sil_rpc_end(out);
+        req->kind = SIL_OA_CHAT;
+        req->stream = !stream || stream->type == SIL_OA_JSON_TRUE;
+        req->include_usage = false;
+    }
+    sil_oa_json_free(doc);
+    return r;
+}
+
 static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_kind kind,
-                                       const char *body, size_t len)
+                                       bool debug, const char *body, size_t len)
 {
     atomic_fetch_add(&g_requests, 1);
     struct gen *g = calloc(1, sizeof(*g));
@@ -405,7 +438,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
     }
     struct sil_oa_fail f;
     g->msgid = 1;
-    if (sil_oa_request(kind, body, len, &caps, g->msgid, &g->out, &g->req, &f) < 0) {
+    if (debug ? debug_request(body, len, g->msgid, &g->out, &g->req, &f) < 0
+              : sil_oa_request(kind, body, len, &caps, g->msgid, &g->out, &g->req, &f) < 0) {
         gen_free(g);
         return send_fail(conn, &f);
     }
@@ -632,6 +666,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         route = 4;
     else if (strcmp(url, "/metrics") == 0)
         route = 5;
+    else if (g_opt.debug_stream && strcmp(url, "/v1/debug/stream") == 0)
+        route = 6;
     else
         route = 0;
 
@@ -649,7 +685,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             return send_failf(conn, 404, NULL, "unknown URL %s %.200s", method, url);
         if (route != 2 && !token_ok(conn))
             return send_failf(conn, 401, NULL, "missing or wrong bearer token");
-        if ((route == 1 && !post) || (route != 1 && !get))
+        if (((route == 1 || route == 6) && !post) || (route != 1 && route != 6 && !get))
             return send_failf(conn, 405, NULL, "method %s not allowed on %.200s", method, url);
         if (u->too_large)
             return send_failf(conn, 413, NULL, "request body over %zu bytes", g_opt.max_body);
@@ -683,7 +719,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     if (u->too_large)
         return send_failf(conn, 413, NULL, "request body over %zu bytes", g_opt.max_body);
     switch (route) {
-    case 1: return handle_generate(conn, kind, u->data ? u->data : "", u->len);
+    case 1: return handle_generate(conn, kind, false, u->data ? u->data : "", u->len);
+    case 6: return handle_generate(conn, kind, true, u->data ? u->data : "", u->len);
     case 2: return handle_health(conn);
     case 3: return handle_models(conn, NULL);
     case 4: return handle_models(conn, url + 11);
@@ -730,6 +767,7 @@ static void usage(FILE *f)
             "      --max-connections N  HTTP connections (default 64)\n"
             "      --timeout SEC        idle HTTP connection timeout (default 60)\n"
             "      --health-timeout MS  how long /health waits for the daemon (default 2000)\n"
+            "      --debug-stream       serve POST /v1/debug/stream (benchmarks)\n"
             "  -h, --help, -V, --version\n");
 }
 
@@ -744,7 +782,7 @@ int main(int argc, char **argv)
     g_opt.health_timeout_ms = 2000;
     const char *token_file = NULL;
     static char hostbuf[256];
-    enum { O_TOKEN = 256, O_BODY, O_CONC, O_CONN, O_TIMEOUT, O_HEALTH };
+    enum { O_TOKEN = 256, O_BODY, O_CONC, O_CONN, O_TIMEOUT, O_HEALTH, O_DEBUG };
     static const struct option lo[] = {
         {"socket", required_argument, 0, 's'},      {"listen", required_argument, 0, 'l'},
         {"port", required_argument, 0, 'p'},        {"unix", required_argument, 0, 'u'},
@@ -753,6 +791,7 @@ int main(int argc, char **argv)
         {"max-connections", required_argument, 0, O_CONN},
         {"timeout", required_argument, 0, O_TIMEOUT},
         {"health-timeout", required_argument, 0, O_HEALTH},
+        {"debug-stream", no_argument, 0, O_DEBUG},
         {"help", no_argument, 0, 'h'},              {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     int c;
@@ -806,6 +845,7 @@ int main(int argc, char **argv)
                 return SIL_EXIT_USAGE;
             g_opt.health_timeout_ms = (int)v;
             break;
+        case O_DEBUG: g_opt.debug_stream = true; break;
         case 'h': usage(stdout); return SIL_EXIT_OK;
         case 'V': sil_client_version(PROG); return SIL_EXIT_OK;
         default: usage(stderr); return SIL_EXIT_USAGE;
