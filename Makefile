@@ -82,6 +82,7 @@ LIB_DAEMON := $(B)/lib/libsil-daemon.a
 LIB_CLIENT := $(B)/lib/libsil-client.a
 LIB_BENCH := $(B)/lib/libsil-bench.a
 LIB_MKMODEL := $(B)/lib/libsil-mkmodel.a
+LIB_OPENAI := $(B)/lib/libsil-openai.a
 
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 
@@ -128,9 +129,13 @@ $(eval $(call static_lib,$(LIB_DAEMON),$(call obj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(LIB_CLIENT),$(call obj,$(CLIENT_COMMON_SRC))))
 $(eval $(call static_lib,$(LIB_BENCH),$(call obj,$(BENCH_COMMON_SRC))))
 $(eval $(call static_lib,$(LIB_MKMODEL),$(call obj,$(MKMODEL_SRC))))
+# sil-openai's HTTP-free pieces (JSON, request mapping), for tests/test_openai.c.
+OPENAI_SRC := $(wildcard client/sil-openai/*.c)
+$(eval $(call static_lib,$(LIB_OPENAI),$(call obj,$(OPENAI_SRC))))
 
 ENGINE_LIBS := $(LIB_ENGINE) $(LIB_KERNELS)
-ALL_LIBS := $(LIB_DAEMON) $(LIB_MKMODEL) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
+ALL_LIBS := $(LIB_DAEMON) $(LIB_MKMODEL) $(LIB_OPENAI) $(LIB_ENGINE) $(LIB_KERNELS) $(LIB_CLIENT) \
+	$(LIB_PROTO)
 ALL_LDLIBS := $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE) $(LDLIBS_EDIT)
 
 # The .pc names the install directories: `make install PREFIX=...` writes it again with those.
@@ -168,7 +173,7 @@ $(foreach t,$(TESTS),$(eval $(call test_bin,$(t))))
 
 # client/sil-openai/*.c holds no HTTP code: its request parser is a fuzz target.
 FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC) \
-	$(wildcard client/sil-openai/*.c))
+	$(OPENAI_SRC))
 define fuzz_bin
 $(B)/fuzz/$(1): $(call fobj,tests/fuzz/$(1).c) $(FUZZ_LIB_OBJS)
 	@mkdir -p $$(dir $$@)
@@ -195,6 +200,7 @@ A_LIB_DAEMON := $(ASAN_B)/lib/libsil-daemon.a
 A_LIB_CLIENT := $(ASAN_B)/lib/libsil-client.a
 A_LIB_BENCH := $(ASAN_B)/lib/libsil-bench.a
 A_LIB_MKMODEL := $(ASAN_B)/lib/libsil-mkmodel.a
+A_LIB_OPENAI := $(ASAN_B)/lib/libsil-openai.a
 $(eval $(call static_lib,$(A_LIB_KERNELS),$(call aobj,$(KERNEL_SRC))))
 $(eval $(call static_lib,$(A_LIB_ENGINE),$(call aobj,$(ENGINE_SRC))))
 $(eval $(call static_lib,$(A_LIB_PROTO),$(call aobj,$(PROTO_SRC))))
@@ -202,7 +208,8 @@ $(eval $(call static_lib,$(A_LIB_DAEMON),$(call aobj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_CLIENT),$(call aobj,$(CLIENT_COMMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_BENCH),$(call aobj,$(BENCH_COMMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_MKMODEL),$(call aobj,$(MKMODEL_SRC))))
-A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+$(eval $(call static_lib,$(A_LIB_OPENAI),$(call aobj,$(OPENAI_SRC))))
+A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_OPENAI) $(A_LIB_ENGINE) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 
 define asan_test_bin
 $(ASAN_B)/tests/$(1): $(call aobj,tests/$(1).c $(TESTUTIL_SRC)) $(A_ALL_LIBS)

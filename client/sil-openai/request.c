@@ -52,7 +52,9 @@ static int get_int(struct sil_oa_fail *f, jv *o, const char *key, int64_t min, i
         return -EINVAL;
     if (v->num != floor(v->num))
         return sil_oa_failf(f, 400, key, "'%s' must be an integer, got %s", key, v->str);
-    if (v->num < (double)min || v->num > (double)max)
+    /* Past int64 the double cannot be converted: out of range whatever min and max are. */
+    if (v->num < (double)min || v->num > (double)max ||
+        (!v->is_int && (v->num >= 0x1p63 || v->num < -0x1p63)))
         return sil_oa_failf(f, 400, key, "'%s' is %s, out of range [%lld, %lld]", key, v->str,
                             (long long)min, (long long)max);
     *out = v->is_int ? v->i : (int64_t)v->num;
