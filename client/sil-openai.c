@@ -29,17 +29,17 @@
 #define PROG "sil-openai"
 
 struct opts {
-    const char *socket;    /* daemon socket, NULL: the default */
+    const char *socket; /* daemon socket, NULL: the default */
     const char *host;
     int port;
     const char *unix_path; /* listen on a Unix socket instead */
     size_t max_body;
-    int max_concurrent;    /* generation requests in flight */
+    int max_concurrent; /* generation requests in flight */
     int max_connections;
-    int timeout_s;         /* idle HTTP connection */
+    int timeout_s; /* idle HTTP connection */
     int health_timeout_ms;
-    bool debug_stream;     /* POST /v1/debug/stream relays debug.stream, for bench/run-openai.sh */
-    char token[256];       /* "" : no check */
+    bool debug_stream; /* POST /v1/debug/stream relays debug.stream, for bench/run-openai.sh */
+    char token[256];   /* "" : no check */
 };
 
 static struct opts g_opt;
@@ -54,7 +54,10 @@ static char g_model[128];
 static struct sil_oa_caps g_caps;
 static bool g_have_info;
 
-static void on_signal(int sig) { g_stop = 1; }
+static void on_signal(int sig)
+{
+    g_stop = 1;
+}
 
 static int open_client(struct sil_rpc_client *c, int timeout_ms, struct sil_rpc_error *err)
 {
@@ -62,8 +65,7 @@ static int open_client(struct sil_rpc_client *c, int timeout_ms, struct sil_rpc_
     if (sil_rpc_socket_path(g_opt.socket, path, sizeof(path)) < 0)
         return sil_rpc_errorf(err, -ENAMETOOLONG, 0, "socket path too long");
     int r = sil_rpc_client_open(c, path, err);
-    if (r == 0)
-        c->timeout_ms = timeout_ms;
+    if (r == 0) c->timeout_ms = timeout_ms;
     return r;
 }
 
@@ -71,8 +73,7 @@ static int refresh_info(struct sil_rpc_error *err)
 {
     struct sil_rpc_client c;
     int r = open_client(&c, g_opt.health_timeout_ms, err);
-    if (r < 0)
-        return r;
+    if (r < 0) return r;
     msgpack_packer *pk = sil_rpc_client_begin(&c, "hello");
     msgpack_pack_map(pk, 2);
     sil_rpc_kv_int(pk, "protocol", SIL_RPC_PROTOCOL_VERSION);
@@ -106,8 +107,7 @@ static int get_info(char *model, size_t size, struct sil_oa_caps *caps, struct s
     pthread_mutex_unlock(&g_info_lock);
     if (!have) {
         int r = refresh_info(err);
-        if (r < 0)
-            return r;
+        if (r < 0) return r;
     }
     pthread_mutex_lock(&g_info_lock);
     snprintf(model, size, "%s", g_model);
@@ -121,15 +121,13 @@ static int get_info(char *model, size_t size, struct sil_oa_caps *caps, struct s
 static enum MHD_Result send_buf(struct MHD_Connection *conn, int status, const char *type,
                                 char *data, size_t len)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
         free(data);
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", type);
-    if (status == 401)
-        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     enum MHD_Result r = MHD_queue_response(conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return r;
@@ -139,8 +137,7 @@ static enum MHD_Result send_json(struct MHD_Connection *conn, int status, struct
 {
     size_t len;
     char *p = sil_oa_buf_take(b, &len);
-    if (!p)
-        return MHD_NO;
+    if (!p) return MHD_NO;
     return send_buf(conn, status, "application/json", p, len);
 }
 
@@ -150,8 +147,7 @@ static enum MHD_Result send_fail(struct MHD_Connection *conn, const struct sil_o
     sil_oa_buf_init(&b, 0);
     sil_oa_format_error(&b, f);
     sil_oa_buf_cstr(&b, "\n");
-    if (f->status >= 500 || f->status == 429)
-        atomic_fetch_add(&g_errors, 1);
+    if (f->status >= 500 || f->status == 429) atomic_fetch_add(&g_errors, 1);
     return send_json(conn, f->status, &b);
 }
 
@@ -178,8 +174,8 @@ static enum MHD_Result send_failf(struct MHD_Connection *conn, int status, const
 /* ---- one generation ------------------------------------------------------------------------- */
 
 struct gen {
-    int fd;        /* daemon connection, -1 once closed */
-    int peer_fd;   /* the HTTP client's socket */
+    int fd;      /* daemon connection, -1 once closed */
+    int peer_fd; /* the HTTP client's socket */
     uint32_t msgid;
     struct sil_rpc_unpacker *up;
     struct sil_rpc_buf out;
@@ -189,29 +185,24 @@ struct gen {
     struct sil_oa_buf sse; /* formatted, not yet handed to MHD */
     size_t sse_off;
     bool first, done, failed;
-    bool slot;             /* holds one of max_concurrent */
+    bool slot; /* holds one of max_concurrent */
 };
 
 static void gen_close(struct gen *g)
 {
-    if (g->fd >= 0)
-        close(g->fd); /* the daemon cancels what the connection still runs */
+    if (g->fd >= 0) close(g->fd); /* the daemon cancels what the connection still runs */
     g->fd = -1;
 }
 
 static void gen_free(struct gen *g)
 {
-    if (!g)
-        return;
-    if (g->fd >= 0 && !g->done)
-        atomic_fetch_add(&g_cancelled, 1);
+    if (!g) return;
+    if (g->fd >= 0 && !g->done) atomic_fetch_add(&g_cancelled, 1);
     gen_close(g);
-    if (g->up)
-        sil_rpc_unpacker_free(g->up);
+    if (g->up) sil_rpc_unpacker_free(g->up);
     sil_rpc_buf_free(&g->out);
     sil_oa_buf_free(&g->sse);
-    if (g->slot)
-        atomic_fetch_sub(&g_in_flight, 1);
+    if (g->slot) atomic_fetch_sub(&g_in_flight, 1);
     free(g);
 }
 
@@ -221,19 +212,15 @@ static int gen_next(struct gen *g, struct sil_rpc_msg *msg, struct sil_rpc_error
 {
     for (;;) {
         int r = sil_rpc_unpacker_next(g->up, msg, err);
-        if (r == 1)
-            return 1;
-        if (r < 0 && r != -EPROTO)
-            return r;
-        if (r == -EPROTO)
-            continue;
+        if (r == 1) return 1;
+        if (r < 0 && r != -EPROTO) return r;
+        if (r == -EPROTO) continue;
         if (sil_rpc_buf_size(&g->out)) {
             ssize_t w = send(g->fd, sil_rpc_buf_head(&g->out), sil_rpc_buf_size(&g->out),
                              MSG_NOSIGNAL | MSG_DONTWAIT);
             if (w < 0 && errno != EAGAIN && errno != EINTR)
                 return sil_rpc_errorf(err, -errno, 0, "send to siliceod: %s", strerror(errno));
-            if (w > 0)
-                sil_rpc_buf_consume(&g->out, (size_t)w);
+            if (w > 0) sil_rpc_buf_consume(&g->out, (size_t)w);
         }
         struct pollfd p[2] = {
             {.fd = g->fd, .events = POLLIN | (sil_rpc_buf_size(&g->out) ? POLLOUT : 0)},
@@ -242,8 +229,7 @@ static int gen_next(struct gen *g, struct sil_rpc_msg *msg, struct sil_rpc_error
         int n = poll(p, g->peer_fd >= 0 ? 2 : 1, -1);
         if (n < 0 && errno != EINTR)
             return sil_rpc_errorf(err, -errno, 0, "poll: %s", strerror(errno));
-        if (n <= 0)
-            continue;
+        if (n <= 0) continue;
         if (g->peer_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
             gen_close(g);
             atomic_fetch_add(&g_cancelled, 1);
@@ -253,15 +239,13 @@ static int gen_next(struct gen *g, struct sil_rpc_msg *msg, struct sil_rpc_error
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
             size_t avail;
             void *space = sil_rpc_unpacker_space(g->up, 64 * 1024, &avail);
-            if (!space)
-                return sil_rpc_errorf(err, -ENOBUFS, 0, "siliceod reply too large");
+            if (!space) return sil_rpc_errorf(err, -ENOBUFS, 0, "siliceod reply too large");
             ssize_t rd = recv(g->fd, space, avail, MSG_DONTWAIT);
             if (rd == 0)
                 return sil_rpc_errorf(err, -ECONNRESET, 0, "siliceod closed the connection");
             if (rd < 0 && errno != EAGAIN && errno != EINTR)
                 return sil_rpc_errorf(err, -errno, 0, "recv from siliceod: %s", strerror(errno));
-            if (rd > 0)
-                sil_rpc_unpacker_commit(g->up, (size_t)rd);
+            if (rd > 0) sil_rpc_unpacker_commit(g->up, (size_t)rd);
         }
     }
 }
@@ -286,8 +270,7 @@ static void gen_token(struct gen *g, const struct sil_rpc_msg *m)
         reasoning = rs->via.str.ptr;
         rn = rs->via.str.size;
     }
-    if (!tn && !rn && !g->first)
-        return;
+    if (!tn && !rn && !g->first) return;
     sil_oa_format_chunk(&g->sse, &g->resp, g->first, text, tn, reasoning, rn, NULL,
                         g->req.include_usage);
     g->first = false;
@@ -321,8 +304,7 @@ static void gen_final(struct gen *g, const struct sil_rpc_msg *m)
         } else {
             sil_oa_format_chunk(&g->sse, &g->resp, g->first, "", 0, "", 0, finish,
                                 g->req.include_usage);
-            if (g->req.include_usage)
-                sil_oa_format_usage_chunk(&g->sse, &g->resp, m->result);
+            if (g->req.include_usage) sil_oa_format_usage_chunk(&g->sse, &g->resp, m->result);
         }
     }
     sil_oa_buf_cstr(&g->sse, "data: [DONE]\n\n");
@@ -334,15 +316,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct gen *g = cls;
     while (g->sse_off >= g->sse.len) {
-        if (g->done)
-            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (g->done) return MHD_CONTENT_READER_END_OF_STREAM;
         sil_oa_buf_reset(&g->sse);
         g->sse_off = 0;
         struct sil_rpc_msg m;
         struct sil_rpc_error err = {0};
         int r = gen_next(g, &m, &err);
-        if (r == -EPIPE)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (r == -EPIPE) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (r < 0) {
             struct sil_oa_fail f;
             sil_oa_failf(&f, 502, NULL, "siliceod: %s", err.msg);
@@ -367,14 +347,16 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         }
     }
     size_t n = g->sse.len - g->sse_off;
-    if (n > max)
-        n = max;
+    if (n > max) n = max;
     memcpy(buf, g->sse.data + g->sse_off, n);
     g->sse_off += n;
     return (ssize_t)n;
 }
 
-static void stream_free(void *cls) { gen_free(cls); }
+static void stream_free(void *cls)
+{
+    gen_free(cls);
+}
 
 /* {count, text?, stream?} -> debug.stream: the daemon streams without the model, so the bridge's
  * own cost per token can be measured. */
@@ -397,8 +379,7 @@ static int debug_request(const char *body, size_t len, uint32_t msgid, struct si
         msgpack_packer *pk = sil_rpc_begin_request(out, msgid, "debug.stream");
         msgpack_pack_map(pk, text ? 2 : 1);
         sil_rpc_kv_int(pk, "count", count->i);
-        if (text)
-            sil_rpc_kv_strn(pk, "text", text->str, text->len);
+        if (text) sil_rpc_kv_strn(pk, "text", text->str, text->len);
         sil_rpc_end(out);
         req->kind = SIL_OA_CHAT;
         req->stream = !stream || stream->type == SIL_OA_JSON_TRUE;
@@ -413,8 +394,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
 {
     atomic_fetch_add(&g_requests, 1);
     struct gen *g = calloc(1, sizeof(*g));
-    if (!g)
-        return MHD_NO;
+    if (!g) return MHD_NO;
     g->fd = -1;
     g->first = true;
     sil_rpc_buf_init(&g->out, 0);
@@ -482,8 +462,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
             sil_oa_fail_from_rpc(&f, e.code, e.msg);
             return send_fail(conn, &f);
         }
-        if (g->req.stream || (m.type == SIL_RPC_RESPONSE && m.msgid == g->msgid))
-            break;
+        if (g->req.stream || (m.type == SIL_RPC_RESPONSE && m.msgid == g->msgid)) break;
         sil_rpc_msg_release(&m); /* non-streamed: the result carries the whole text */
     }
     if (!g->req.stream) {
@@ -505,8 +484,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
     else
         gen_final(g, &m);
     sil_rpc_msg_release(&m);
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, g, stream_free);
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
+                                                                  stream_reader, g, stream_free);
     if (!resp) {
         gen_free(g);
         return MHD_NO;
@@ -565,8 +544,7 @@ static enum MHD_Result handle_models(struct MHD_Connection *conn, const char *on
         return send_failf(conn, 404, "model", "the model '%.100s' does not exist", one);
     struct sil_oa_buf b;
     sil_oa_buf_init(&b, 0);
-    if (!one)
-        sil_oa_buf_cstr(&b, "{\"object\":\"list\",\"data\":[");
+    if (!one) sil_oa_buf_cstr(&b, "{\"object\":\"list\",\"data\":[");
     sil_oa_buf_cstr(&b, "{\"id\":");
     sil_oa_buf_jstr(&b, model, strlen(model));
     sil_oa_buf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"siliceo\"}",
@@ -582,8 +560,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *conn)
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
-    if (!f)
-        return MHD_NO;
+    if (!f) return MHD_NO;
     int ok = 0;
     if (open_client(&c, g_opt.health_timeout_ms, &err) == 0) {
         const msgpack_object *res;
@@ -621,11 +598,9 @@ struct upload {
 
 static bool token_ok(struct MHD_Connection *conn)
 {
-    if (!g_opt.token[0])
-        return true;
+    if (!g_opt.token[0]) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
-        return false;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
     size_t n = strlen(h), m = strlen(g_opt.token);
     unsigned char diff = n != m;
@@ -674,15 +649,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     struct upload *u = *con_cls;
     if (!u) {
         u = calloc(1, sizeof(*u));
-        if (!u)
-            return MHD_NO;
+        if (!u) return MHD_NO;
         *con_cls = u;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > g_opt.max_body)
-            u->too_large = true;
+        if (cl && strtoull(cl, NULL, 10) > g_opt.max_body) u->too_large = true;
         /* Refused before the body is read: the connection is closed after the answer. */
-        if (route == 0)
-            return send_failf(conn, 404, NULL, "unknown URL %s %.200s", method, url);
+        if (route == 0) return send_failf(conn, 404, NULL, "unknown URL %s %.200s", method, url);
         if (route != 2 && !token_ok(conn))
             return send_failf(conn, 401, NULL, "missing or wrong bearer token");
         if (((route == 1 || route == 6) && !post) || (route != 1 && route != 6 && !get))
@@ -704,8 +676,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                     while (cap < u->len + *upload_size)
                         cap *= 2;
                     char *p = realloc(u->data, cap);
-                    if (!p)
-                        return MHD_NO;
+                    if (!p) return MHD_NO;
                     u->data = p;
                     u->cap = cap;
                 }
@@ -719,12 +690,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     if (u->too_large)
         return send_failf(conn, 413, NULL, "request body over %zu bytes", g_opt.max_body);
     switch (route) {
-    case 1: return handle_generate(conn, kind, false, u->data ? u->data : "", u->len);
-    case 6: return handle_generate(conn, kind, true, u->data ? u->data : "", u->len);
-    case 2: return handle_health(conn);
-    case 3: return handle_models(conn, NULL);
-    case 4: return handle_models(conn, url + 11);
-    default: return handle_metrics(conn);
+    case 1:
+        return handle_generate(conn, kind, false, u->data ? u->data : "", u->len);
+    case 6:
+        return handle_generate(conn, kind, true, u->data ? u->data : "", u->len);
+    case 2:
+        return handle_health(conn);
+    case 3:
+        return handle_models(conn, NULL);
+    case 4:
+        return handle_models(conn, url + 11);
+    default:
+        return handle_metrics(conn);
     }
 }
 
@@ -753,22 +730,21 @@ static int read_token(const char *path)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: " PROG " [options]\n"
-            "  -s, --socket PATH        siliceod socket (default: $SILICEO_SOCKET, then the "
-            "standard path)\n"
-            "  -l, --listen HOST:PORT   address to listen on (default 127.0.0.1:8080)\n"
-            "  -p, --port PORT          port on 127.0.0.1\n"
-            "  -u, --unix PATH          listen on a Unix socket instead\n"
-            "      --token-file PATH    require 'Authorization: Bearer <token>' (also "
-            "$SILICEO_OPENAI_TOKEN)\n"
-            "      --max-body BYTES     largest request body (default 1048576)\n"
-            "      --max-concurrent N   generation requests in flight (default 16)\n"
-            "      --max-connections N  HTTP connections (default 64)\n"
-            "      --timeout SEC        idle HTTP connection timeout (default 60)\n"
-            "      --health-timeout MS  how long /health waits for the daemon (default 2000)\n"
-            "      --debug-stream       serve POST /v1/debug/stream (benchmarks)\n"
-            "  -h, --help, -V, --version\n");
+    fprintf(f, "usage: " PROG " [options]\n"
+               "  -s, --socket PATH        siliceod socket (default: $SILICEO_SOCKET, then the "
+               "standard path)\n"
+               "  -l, --listen HOST:PORT   address to listen on (default 127.0.0.1:8080)\n"
+               "  -p, --port PORT          port on 127.0.0.1\n"
+               "  -u, --unix PATH          listen on a Unix socket instead\n"
+               "      --token-file PATH    require 'Authorization: Bearer <token>' (also "
+               "$SILICEO_OPENAI_TOKEN)\n"
+               "      --max-body BYTES     largest request body (default 1048576)\n"
+               "      --max-concurrent N   generation requests in flight (default 16)\n"
+               "      --max-connections N  HTTP connections (default 64)\n"
+               "      --timeout SEC        idle HTTP connection timeout (default 60)\n"
+               "      --health-timeout MS  how long /health waits for the daemon (default 2000)\n"
+               "      --debug-stream       serve POST /v1/debug/stream (benchmarks)\n"
+               "  -h, --help, -V, --version\n");
 }
 
 int main(int argc, char **argv)
@@ -783,23 +759,30 @@ int main(int argc, char **argv)
     const char *token_file = NULL;
     static char hostbuf[256];
     enum { O_TOKEN = 256, O_BODY, O_CONC, O_CONN, O_TIMEOUT, O_HEALTH, O_DEBUG };
-    static const struct option lo[] = {
-        {"socket", required_argument, 0, 's'},      {"listen", required_argument, 0, 'l'},
-        {"port", required_argument, 0, 'p'},        {"unix", required_argument, 0, 'u'},
-        {"token-file", required_argument, 0, O_TOKEN},
-        {"max-body", required_argument, 0, O_BODY}, {"max-concurrent", required_argument, 0, O_CONC},
-        {"max-connections", required_argument, 0, O_CONN},
-        {"timeout", required_argument, 0, O_TIMEOUT},
-        {"health-timeout", required_argument, 0, O_HEALTH},
-        {"debug-stream", no_argument, 0, O_DEBUG},
-        {"help", no_argument, 0, 'h'},              {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
+    static const struct option lo[] = {{"socket", required_argument, 0, 's'},
+                                       {"listen", required_argument, 0, 'l'},
+                                       {"port", required_argument, 0, 'p'},
+                                       {"unix", required_argument, 0, 'u'},
+                                       {"token-file", required_argument, 0, O_TOKEN},
+                                       {"max-body", required_argument, 0, O_BODY},
+                                       {"max-concurrent", required_argument, 0, O_CONC},
+                                       {"max-connections", required_argument, 0, O_CONN},
+                                       {"timeout", required_argument, 0, O_TIMEOUT},
+                                       {"health-timeout", required_argument, 0, O_HEALTH},
+                                       {"debug-stream", no_argument, 0, O_DEBUG},
+                                       {"help", no_argument, 0, 'h'},
+                                       {"version", no_argument, 0, 'V'},
+                                       {0, 0, 0, 0}};
     int c;
     long v;
     while ((c = getopt_long(argc, argv, "s:l:p:u:hV", lo, NULL)) != -1) {
         switch (c) {
-        case 's': g_opt.socket = optarg; break;
-        case 'u': g_opt.unix_path = optarg; break;
+        case 's':
+            g_opt.socket = optarg;
+            break;
+        case 'u':
+            g_opt.unix_path = optarg;
+            break;
         case 'l': {
             const char *colon = strrchr(optarg, ':');
             if (!colon || colon == optarg || (size_t)(colon - optarg) >= sizeof(hostbuf)) {
@@ -819,7 +802,9 @@ int main(int argc, char **argv)
                 return SIL_EXIT_USAGE;
             g_opt.port = (int)v;
             break;
-        case O_TOKEN: token_file = optarg; break;
+        case O_TOKEN:
+            token_file = optarg;
+            break;
         case O_BODY:
             if (sil_client_parse_long(PROG, "--max-body", optarg, 1, 1L << 30, &v) < 0)
                 return SIL_EXIT_USAGE;
@@ -845,10 +830,18 @@ int main(int argc, char **argv)
                 return SIL_EXIT_USAGE;
             g_opt.health_timeout_ms = (int)v;
             break;
-        case O_DEBUG: g_opt.debug_stream = true; break;
-        case 'h': usage(stdout); return SIL_EXIT_OK;
-        case 'V': sil_client_version(PROG); return SIL_EXIT_OK;
-        default: usage(stderr); return SIL_EXIT_USAGE;
+        case O_DEBUG:
+            g_opt.debug_stream = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return SIL_EXIT_OK;
+        case 'V':
+            sil_client_version(PROG);
+            return SIL_EXIT_OK;
+        default:
+            usage(stderr);
+            return SIL_EXIT_USAGE;
         }
     }
     if (optind < argc) {
@@ -856,8 +849,7 @@ int main(int argc, char **argv)
         return SIL_EXIT_USAGE;
     }
     if (token_file) {
-        if (read_token(token_file) < 0)
-            return SIL_EXIT_USAGE;
+        if (read_token(token_file) < 0) return SIL_EXIT_USAGE;
     } else if (getenv("SILICEO_OPENAI_TOKEN") && getenv("SILICEO_OPENAI_TOKEN")[0]) {
         snprintf(g_opt.token, sizeof(g_opt.token), "%s", getenv("SILICEO_OPENAI_TOKEN"));
     }
@@ -892,8 +884,7 @@ int main(int argc, char **argv)
         }
         lfd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         int one = 1;
-        if (lfd >= 0)
-            setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (lfd >= 0) setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
         if (lfd < 0 ||
             bind(lfd, v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4,
                  v6 ? sizeof(a6) : sizeof(a4)) < 0 ||
@@ -907,10 +898,9 @@ int main(int argc, char **argv)
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
             MHD_USE_ERROR_LOG,
-        0, NULL, NULL, handler, NULL, MHD_OPTION_LISTEN_SOCKET, lfd,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)g_opt.max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g_opt.timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-        request_done, NULL, MHD_OPTION_END);
+        0, NULL, NULL, handler, NULL, MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)g_opt.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g_opt.timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL, MHD_OPTION_END);
     if (!d) {
         sil_client_warn(PROG, "cannot start the HTTP server");
         return SIL_EXIT_ERROR;
@@ -927,7 +917,6 @@ int main(int argc, char **argv)
         pause();
     sd_notify(0, "STOPPING=1");
     MHD_stop_daemon(d);
-    if (g_opt.unix_path && n == 0)
-        unlink(g_opt.unix_path);
+    if (g_opt.unix_path && n == 0) unlink(g_opt.unix_path);
     return SIL_EXIT_OK;
 }

@@ -23,7 +23,9 @@ static void json_accepts(void **state)
     struct sil_oa_json_doc *d;
     struct sil_oa_json_err e;
     assert_int_equal(parse(" {\"a\": [1, -0.5e2, true, false, null, \"x\\u00e9\\ud83d\\ude00\\n\"],"
-                           " \"b\": {}} ", &d, &e), 0);
+                           " \"b\": {}} ",
+                           &d, &e),
+                     0);
     const struct sil_oa_json *r = sil_oa_json_root(d);
     assert_int_equal(r->type, SIL_OA_JSON_OBJECT);
     assert_int_equal(r->n, 2);
@@ -58,20 +60,36 @@ static void json_rejects(void **state)
         const char *text;
         size_t offset;
     } bad[] = {
-        {"", 0},           {"{", 1},          {"[1,]", 3},        {"{\"a\":1,}", 7},
-        {"01", 1},         {"1.", 2},         {"-", 1},           {"1e", 2},
-        {"+1", 0},         {"'a'", 0},        {"\"\\x\"", 1},     {"\"\\ud800\"", 1},
-        {"\"\\udc00\"", 1}, {"\"a", 0},       {"\"\x01\"", 1},    {"\"\xc0\xaf\"", 1},
-        {"\"\xed\xa0\x80\"", 1}, {"\"\xf4\x90\x80\x80\"", 1}, {"\"\xe2\x82\"", 1},
-        {"{\"a\":1,\"a\":2}", 7}, {"[1] x", 4},  {"nul", 0},      {"\xef\xbb\xbf{}", 0},
+        {"", 0},
+        {"{", 1},
+        {"[1,]", 3},
+        {"{\"a\":1,}", 7},
+        {"01", 1},
+        {"1.", 2},
+        {"-", 1},
+        {"1e", 2},
+        {"+1", 0},
+        {"'a'", 0},
+        {"\"\\x\"", 1},
+        {"\"\\ud800\"", 1},
+        {"\"\\udc00\"", 1},
+        {"\"a", 0},
+        {"\"\x01\"", 1},
+        {"\"\xc0\xaf\"", 1},
+        {"\"\xed\xa0\x80\"", 1},
+        {"\"\xf4\x90\x80\x80\"", 1},
+        {"\"\xe2\x82\"", 1},
+        {"{\"a\":1,\"a\":2}", 7},
+        {"[1] x", 4},
+        {"nul", 0},
+        {"\xef\xbb\xbf{}", 0},
         {"1e999", 0},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct sil_oa_json_doc *d = (void *)1;
         struct sil_oa_json_err e = {0};
         int r = parse(bad[i].text, &d, &e);
-        if (r != -EINVAL)
-            fail_msg("case %zu (%s): %d", i, bad[i].text, r);
+        if (r != -EINVAL) fail_msg("case %zu (%s): %d", i, bad[i].text, r);
         assert_null(d);
         if (e.offset != bad[i].offset)
             fail_msg("case %zu (%s): offset %zu, want %zu (%s)", i, bad[i].text, e.offset,
@@ -112,8 +130,7 @@ static const msgpack_object *decode(struct sil_rpc_buf *out, struct sil_rpc_msg 
                                     const char *method)
 {
     struct sil_rpc_error re;
-    assert_int_equal(
-        sil_rpc_decode(sil_rpc_buf_head(out), sil_rpc_buf_size(out), 0, 0, m, &re), 1);
+    assert_int_equal(sil_rpc_decode(sil_rpc_buf_head(out), sil_rpc_buf_size(out), 0, 0, m, &re), 1);
     assert_int_equal(m->type, SIL_RPC_REQUEST);
     assert_string_equal(m->method, method);
     return m->params;
@@ -135,8 +152,7 @@ static void chat_request(void **state)
     struct sil_oa_fail f;
     struct sil_oa_caps caps = {.logit_bias = true};
     int r = sil_oa_request(SIL_OA_CHAT, body, strlen(body), &caps, 5, &out, &req, &f);
-    if (r)
-        fail_msg("%s", f.msg);
+    if (r) fail_msg("%s", f.msg);
     assert_true(req.stream && req.include_usage);
     struct sil_rpc_msg m;
     const msgpack_object *p = decode(&out, &m, "chat");
@@ -170,7 +186,8 @@ static void completion_request(void **state)
     struct sil_oa_fail f;
     struct sil_oa_caps caps = {0};
     const char *body = "{\"prompt\":[[5,6,7]],\"max_tokens\":2}";
-    assert_int_equal(sil_oa_request(SIL_OA_COMPLETION, body, strlen(body), &caps, 1, &out, &req, &f), 0);
+    assert_int_equal(
+        sil_oa_request(SIL_OA_COMPLETION, body, strlen(body), &caps, 1, &out, &req, &f), 0);
     struct sil_rpc_msg m;
     const msgpack_object *p = decode(&out, &m, "generate");
     const msgpack_object *t = sil_rpc_map_get(p, "prompt_tokens");
@@ -194,18 +211,24 @@ static void refusals(void **state)
         {"{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content", 400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
          "messages[0].content", 400},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000\"}]}", "messages[0].content", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000\"}]}", "messages[0].content",
+         400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":2}", "n", 400},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":1.5}", "max_tokens", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":1.5}", "max_tokens",
+         400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"seed\":1e300}", "seed", 400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"seed\":-1}", "seed", 400},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"temperature\":3}", "temperature", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"temperature\":3}", "temperature",
+         400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"stop\":[1]}", "stop", 400},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{\"x\":1}}", "logit_bias", 400},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{\"1\":1}}", "logit_bias", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{\"x\":1}}",
+         "logit_bias", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{\"1\":1}}",
+         "logit_bias", 400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{}]}", "tools", 400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"stream\":1}", "stream", 400},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"frequency_penalty\":0.5}", "frequency_penalty", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"frequency_penalty\":0.5}",
+         "frequency_penalty", 400},
     };
     struct sil_oa_caps caps = {0}; /* no logit_bias: a non-empty one is refused */
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -213,8 +236,8 @@ static void refusals(void **state)
         sil_rpc_buf_init(&out, 0);
         struct sil_oa_req req;
         struct sil_oa_fail f = {0};
-        int r = sil_oa_request(SIL_OA_CHAT, bad[i].body, strlen(bad[i].body), &caps, 1, &out,
-                               &req, &f);
+        int r =
+            sil_oa_request(SIL_OA_CHAT, bad[i].body, strlen(bad[i].body), &caps, 1, &out, &req, &f);
         if (r != -EINVAL || f.status != bad[i].status || strcmp(f.param, bad[i].param) != 0)
             fail_msg("case %zu: r %d status %d param '%s' (%s)", i, r, f.status, f.param, f.msg);
         assert_int_equal(sil_rpc_buf_size(&out), 0);
@@ -246,13 +269,14 @@ static void responses(void **state)
     struct sil_oa_fail f;
     assert_int_equal(sil_oa_format_result(&b, &r, &u.data, &f), 0);
     assert_string_equal(
-        b.data, "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":5,\"model\":\"m\","
-                "\"system_fingerprint\":\"siliceo-" SIL_VERSION "\",\"choices\":[{\"index\":0,"
-                "\"message\":{\"role\":\"assistant\",\"content\":\"Hi \\\"you\\\"\","
-                "\"reasoning_content\":\"hmm\"},\"logprobs\":null,\"finish_reason\":\"stop\"}],"
-                "\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":4,\"total_tokens\":14,"
-                "\"prompt_tokens_details\":{\"cached_tokens\":3},"
-                "\"completion_tokens_details\":{\"reasoning_tokens\":2}}}");
+        b.data,
+        "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":5,\"model\":\"m\","
+        "\"system_fingerprint\":\"siliceo-" SIL_VERSION "\",\"choices\":[{\"index\":0,"
+        "\"message\":{\"role\":\"assistant\",\"content\":\"Hi \\\"you\\\"\","
+        "\"reasoning_content\":\"hmm\"},\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+        "\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":4,\"total_tokens\":14,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":3},"
+        "\"completion_tokens_details\":{\"reasoning_tokens\":2}}}");
     struct sil_oa_json_doc *d;
     struct sil_oa_json_err e;
     assert_int_equal(sil_oa_json_parse(&d, b.data, b.len, &e), 0);
@@ -277,9 +301,12 @@ static void responses(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(json_accepts),       cmocka_unit_test(json_rejects),
-        cmocka_unit_test(escaper),            cmocka_unit_test(chat_request),
-        cmocka_unit_test(completion_request), cmocka_unit_test(refusals),
+        cmocka_unit_test(json_accepts),
+        cmocka_unit_test(json_rejects),
+        cmocka_unit_test(escaper),
+        cmocka_unit_test(chat_request),
+        cmocka_unit_test(completion_request),
+        cmocka_unit_test(refusals),
         cmocka_unit_test(responses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

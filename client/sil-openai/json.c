@@ -48,8 +48,7 @@ static struct sil_oa_json *new_node(struct sil_oa_json_doc *d)
     struct chunk *c = d->chunks;
     if (!c || c->used == NODES_PER_CHUNK) {
         c = malloc(sizeof(*c));
-        if (!c)
-            return NULL;
+        if (!c) return NULL;
         c->next = d->chunks;
         c->used = 0;
         d->chunks = c;
@@ -61,48 +60,38 @@ static struct sil_oa_json *new_node(struct sil_oa_json_doc *d)
 
 size_t sil_oa_utf8_len(const unsigned char *s, size_t n)
 {
-    if (n == 0)
-        return 0;
+    if (n == 0) return 0;
     unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
+    if (c < 0x80) return 1;
     size_t len;
     unsigned char lo = 0x80, hi = 0xBF;
     if (c >= 0xC2 && c <= 0xDF)
         len = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
         len = 3;
-        if (c == 0xE0)
-            lo = 0xA0; /* overlong */
-        if (c == 0xED)
-            hi = 0x9F; /* surrogates */
+        if (c == 0xE0) lo = 0xA0; /* overlong */
+        if (c == 0xED) hi = 0x9F; /* surrogates */
     } else if (c >= 0xF0 && c <= 0xF4) {
         len = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        if (c == 0xF4)
-            hi = 0x8F; /* past U+10FFFF */
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F; /* past U+10FFFF */
     } else
         return 0;
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
+    if (n < len || s[1] < lo || s[1] > hi) return 0;
     for (size_t i = 2; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
+        if ((s[i] & 0xC0) != 0x80) return 0;
     return len;
 }
 
 static void skip_ws(struct parser *ps)
 {
-    while (ps->p < ps->end &&
-           (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
         ps->p++;
 }
 
 static int hex4(struct parser *ps, unsigned *out)
 {
-    if (ps->end - ps->p < 4)
-        return fail(ps, ps->p, "truncated \\u escape");
+    if (ps->end - ps->p < 4) return fail(ps, ps->p, "truncated \\u escape");
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
         unsigned char c = ps->p[i];
@@ -152,33 +141,45 @@ static int parse_string(struct parser *ps, const char **out, size_t *out_len)
     const unsigned char *open = ps->p++;
     char *o = ps->doc->strs + ps->doc->strs_len, *o0 = o;
     for (;;) {
-        if (ps->p >= ps->end)
-            return fail(ps, open, "unterminated string");
+        if (ps->p >= ps->end) return fail(ps, open, "unterminated string");
         unsigned char c = *ps->p;
         if (c == '"') {
             ps->p++;
             break;
         }
-        if (c < 0x20)
-            return fail(ps, ps->p, "control character 0x%02x in a string", c);
+        if (c < 0x20) return fail(ps, ps->p, "control character 0x%02x in a string", c);
         if (c == '\\') {
             const unsigned char *esc = ps->p++;
-            if (ps->p >= ps->end)
-                return fail(ps, esc, "truncated escape");
+            if (ps->p >= ps->end) return fail(ps, esc, "truncated escape");
             c = *ps->p++;
             switch (c) {
-            case '"': *o++ = '"'; break;
-            case '\\': *o++ = '\\'; break;
-            case '/': *o++ = '/'; break;
-            case 'b': *o++ = '\b'; break;
-            case 'f': *o++ = '\f'; break;
-            case 'n': *o++ = '\n'; break;
-            case 'r': *o++ = '\r'; break;
-            case 't': *o++ = '\t'; break;
+            case '"':
+                *o++ = '"';
+                break;
+            case '\\':
+                *o++ = '\\';
+                break;
+            case '/':
+                *o++ = '/';
+                break;
+            case 'b':
+                *o++ = '\b';
+                break;
+            case 'f':
+                *o++ = '\f';
+                break;
+            case 'n':
+                *o++ = '\n';
+                break;
+            case 'r':
+                *o++ = '\r';
+                break;
+            case 't':
+                *o++ = '\t';
+                break;
             case 'u': {
                 unsigned cp;
-                if (hex4(ps, &cp) < 0)
-                    return -EINVAL;
+                if (hex4(ps, &cp) < 0) return -EINVAL;
                 if (cp >= 0xDC00 && cp <= 0xDFFF)
                     return fail(ps, esc, "lone low surrogate \\u%04X", cp);
                 if (cp >= 0xD800 && cp <= 0xDBFF) {
@@ -187,8 +188,7 @@ static int parse_string(struct parser *ps, const char **out, size_t *out_len)
                         return fail(ps, esc, "high surrogate \\u%04X not followed by a low one",
                                     cp);
                     ps->p += 2;
-                    if (hex4(ps, &lo) < 0)
-                        return -EINVAL;
+                    if (hex4(ps, &lo) < 0) return -EINVAL;
                     if (lo < 0xDC00 || lo > 0xDFFF)
                         return fail(ps, esc, "high surrogate \\u%04X not followed by a low one",
                                     cp);
@@ -203,8 +203,7 @@ static int parse_string(struct parser *ps, const char **out, size_t *out_len)
             continue;
         }
         size_t n = sil_oa_utf8_len(ps->p, (size_t)(ps->end - ps->p));
-        if (n == 0)
-            return fail(ps, ps->p, "invalid UTF-8 in a string");
+        if (n == 0) return fail(ps, ps->p, "invalid UTF-8 in a string");
         memcpy(o, ps->p, n);
         o += n;
         ps->p += n;
@@ -220,30 +219,25 @@ static int parse_number(struct parser *ps, struct sil_oa_json *v)
 {
     const unsigned char *s = ps->p, *q = s;
     bool integral = true;
-    if (q < ps->end && *q == '-')
-        q++;
-    if (q >= ps->end || *q < '0' || *q > '9')
-        return fail(ps, q, "bad number");
+    if (q < ps->end && *q == '-') q++;
+    if (q >= ps->end || *q < '0' || *q > '9') return fail(ps, q, "bad number");
     if (*q == '0') {
         q++;
-        if (q < ps->end && *q >= '0' && *q <= '9')
-            return fail(ps, q, "leading zero in a number");
+        if (q < ps->end && *q >= '0' && *q <= '9') return fail(ps, q, "leading zero in a number");
     } else
         while (q < ps->end && *q >= '0' && *q <= '9')
             q++;
     if (q < ps->end && *q == '.') {
         integral = false;
         q++;
-        if (q >= ps->end || *q < '0' || *q > '9')
-            return fail(ps, q, "digit expected after '.'");
+        if (q >= ps->end || *q < '0' || *q > '9') return fail(ps, q, "digit expected after '.'");
         while (q < ps->end && *q >= '0' && *q <= '9')
             q++;
     }
     if (q < ps->end && (*q == 'e' || *q == 'E')) {
         integral = false;
         q++;
-        if (q < ps->end && (*q == '+' || *q == '-'))
-            q++;
+        if (q < ps->end && (*q == '+' || *q == '-')) q++;
         if (q >= ps->end || *q < '0' || *q > '9')
             return fail(ps, q, "digit expected in the exponent");
         while (q < ps->end && *q >= '0' && *q <= '9')
@@ -258,8 +252,7 @@ static int parse_number(struct parser *ps, struct sil_oa_json *v)
     ps->doc->strs_len += n + 1;
     errno = 0;
     v->num = strtod(t, NULL);
-    if (!isfinite(v->num))
-        return fail(ps, s, "number out of range");
+    if (!isfinite(v->num)) return fail(ps, s, "number out of range");
     if (integral) {
         errno = 0;
         long long i = strtoll(t, NULL, 10);
@@ -303,33 +296,27 @@ static int parse_container(struct parser *ps, struct sil_oa_json *v, int depth, 
     }
     for (;;) {
         struct sil_oa_json *c = new_node(ps->doc);
-        if (!c)
-            return -ENOMEM;
+        if (!c) return -ENOMEM;
         skip_ws(ps);
         if (object) {
-            if (ps->p >= ps->end || *ps->p != '"')
-                return fail(ps, ps->p, "member name expected");
+            if (ps->p >= ps->end || *ps->p != '"') return fail(ps, ps->p, "member name expected");
             const unsigned char *kat = ps->p;
             int r = parse_string(ps, &c->key, &c->key_len);
-            if (r < 0)
-                return r;
+            if (r < 0) return r;
             for (const struct sil_oa_json *o = v->child; o; o = o->next)
                 if (o->key_len == c->key_len && memcmp(o->key, c->key, c->key_len) == 0)
                     return fail(ps, kat, "duplicate member \"%.40s\"", c->key);
             skip_ws(ps);
-            if (ps->p >= ps->end || *ps->p != ':')
-                return fail(ps, ps->p, "':' expected");
+            if (ps->p >= ps->end || *ps->p != ':') return fail(ps, ps->p, "':' expected");
             ps->p++;
         }
         int r = parse_value(ps, c, depth + 1);
-        if (r < 0)
-            return r;
+        if (r < 0) return r;
         *tail = c;
         tail = &c->next;
         v->n++;
         skip_ws(ps);
-        if (ps->p >= ps->end)
-            return fail(ps, open, "unterminated %s", object ? "object" : "array");
+        if (ps->p >= ps->end) return fail(ps, open, "unterminated %s", object ? "object" : "array");
         if (*ps->p == ',') {
             ps->p++;
             continue;
@@ -345,18 +332,23 @@ static int parse_container(struct parser *ps, struct sil_oa_json *v, int depth, 
 static int parse_value(struct parser *ps, struct sil_oa_json *v, int depth)
 {
     skip_ws(ps);
-    if (ps->p >= ps->end)
-        return fail(ps, ps->p, "value expected");
+    if (ps->p >= ps->end) return fail(ps, ps->p, "value expected");
     switch (*ps->p) {
-    case '{': return parse_container(ps, v, depth, true);
-    case '[': return parse_container(ps, v, depth, false);
-    case '"': v->type = SIL_OA_JSON_STRING; return parse_string(ps, &v->str, &v->len);
-    case 't': return literal(ps, "true", SIL_OA_JSON_TRUE, v);
-    case 'f': return literal(ps, "false", SIL_OA_JSON_FALSE, v);
-    case 'n': return literal(ps, "null", SIL_OA_JSON_NULL, v);
+    case '{':
+        return parse_container(ps, v, depth, true);
+    case '[':
+        return parse_container(ps, v, depth, false);
+    case '"':
+        v->type = SIL_OA_JSON_STRING;
+        return parse_string(ps, &v->str, &v->len);
+    case 't':
+        return literal(ps, "true", SIL_OA_JSON_TRUE, v);
+    case 'f':
+        return literal(ps, "false", SIL_OA_JSON_FALSE, v);
+    case 'n':
+        return literal(ps, "null", SIL_OA_JSON_NULL, v);
     default:
-        if (*ps->p == '-' || (*ps->p >= '0' && *ps->p <= '9'))
-            return parse_number(ps, v);
+        if (*ps->p == '-' || (*ps->p >= '0' && *ps->p <= '9')) return parse_number(ps, v);
         return fail(ps, ps->p, "unexpected character");
     }
 }
@@ -366,8 +358,7 @@ int sil_oa_json_parse(struct sil_oa_json_doc **out, const char *text, size_t len
 {
     *out = NULL;
     struct sil_oa_json_doc *d = calloc(1, sizeof(*d));
-    if (!d)
-        return -ENOMEM;
+    if (!d) return -ENOMEM;
     d->strs = malloc(len + 1);
     if (!d->strs) {
         free(d);
@@ -380,12 +371,10 @@ int sil_oa_json_parse(struct sil_oa_json_doc **out, const char *text, size_t len
                         .err = err};
     int r = -ENOMEM;
     d->root = new_node(d);
-    if (d->root)
-        r = parse_value(&ps, d->root, 0);
+    if (d->root) r = parse_value(&ps, d->root, 0);
     if (r == 0) {
         skip_ws(&ps);
-        if (ps.p != ps.end)
-            r = fail(&ps, ps.p, "trailing bytes after the value");
+        if (ps.p != ps.end) r = fail(&ps, ps.p, "trailing bytes after the value");
     }
     if (r < 0) {
         sil_oa_json_free(d);
@@ -402,8 +391,7 @@ const struct sil_oa_json *sil_oa_json_root(const struct sil_oa_json_doc *doc)
 
 void sil_oa_json_free(struct sil_oa_json_doc *d)
 {
-    if (!d)
-        return;
+    if (!d) return;
     for (struct chunk *c = d->chunks, *n; c; c = n) {
         n = c->next;
         free(c);
@@ -414,12 +402,10 @@ void sil_oa_json_free(struct sil_oa_json_doc *d)
 
 const struct sil_oa_json *sil_oa_json_get(const struct sil_oa_json *v, const char *key)
 {
-    if (!v || v->type != SIL_OA_JSON_OBJECT)
-        return NULL;
+    if (!v || v->type != SIL_OA_JSON_OBJECT) return NULL;
     size_t n = strlen(key);
     for (const struct sil_oa_json *c = v->child; c; c = c->next)
-        if (c->key_len == n && memcmp(c->key, key, n) == 0)
-            return c;
+        if (c->key_len == n && memcmp(c->key, key, n) == 0) return c;
     return NULL;
 }
 
@@ -448,20 +434,17 @@ void sil_oa_buf_reset(struct sil_oa_buf *b)
 {
     b->len = 0;
     b->failed = false;
-    if (b->data)
-        b->data[0] = 0;
+    if (b->data) b->data[0] = 0;
 }
 
 static bool reserve(struct sil_oa_buf *b, size_t n)
 {
-    if (b->failed)
-        return false;
+    if (b->failed) return false;
     if (n > SIZE_MAX / 2 - b->len || (b->max && b->len + n > b->max)) {
         b->failed = true;
         return false;
     }
-    if (b->len + n + 1 <= b->cap)
-        return true;
+    if (b->len + n + 1 <= b->cap) return true;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + n + 1)
         cap *= 2;
@@ -477,14 +460,16 @@ static bool reserve(struct sil_oa_buf *b, size_t n)
 
 void sil_oa_buf_add(struct sil_oa_buf *b, const void *p, size_t n)
 {
-    if (!reserve(b, n))
-        return;
+    if (!reserve(b, n)) return;
     memcpy(b->data + b->len, p, n);
     b->len += n;
     b->data[b->len] = 0;
 }
 
-void sil_oa_buf_cstr(struct sil_oa_buf *b, const char *s) { sil_oa_buf_add(b, s, strlen(s)); }
+void sil_oa_buf_cstr(struct sil_oa_buf *b, const char *s)
+{
+    sil_oa_buf_add(b, s, strlen(s));
+}
 
 void sil_oa_buf_printf(struct sil_oa_buf *b, const char *fmt, ...)
 {
@@ -501,8 +486,7 @@ void sil_oa_buf_printf(struct sil_oa_buf *b, const char *fmt, ...)
         sil_oa_buf_add(b, tmp, (size_t)n);
         return;
     }
-    if (!reserve(b, (size_t)n))
-        return;
+    if (!reserve(b, (size_t)n)) return;
     va_start(ap, fmt);
     vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);
@@ -512,8 +496,7 @@ void sil_oa_buf_printf(struct sil_oa_buf *b, const char *fmt, ...)
 void sil_oa_buf_jstr(struct sil_oa_buf *b, const char *s, size_t n)
 {
     /* Worst case 6 bytes out per byte in (\u00XX), plus the quotes. */
-    if (n > (SIZE_MAX - 2) / 6 || !reserve(b, n * 6 + 2))
-        return;
+    if (n > (SIZE_MAX - 2) / 6 || !reserve(b, n * 6 + 2)) return;
     static const char hex[] = "0123456789abcdef";
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
     char *o = b->data + b->len;
@@ -528,11 +511,21 @@ void sil_oa_buf_jstr(struct sil_oa_buf *b, const char *s, size_t n)
         if (c < 0x80) {
             *o++ = '\\';
             switch (c) {
-            case '"': *o++ = '"'; break;
-            case '\\': *o++ = '\\'; break;
-            case '\n': *o++ = 'n'; break;
-            case '\r': *o++ = 'r'; break;
-            case '\t': *o++ = 't'; break;
+            case '"':
+                *o++ = '"';
+                break;
+            case '\\':
+                *o++ = '\\';
+                break;
+            case '\n':
+                *o++ = 'n';
+                break;
+            case '\r':
+                *o++ = 'r';
+                break;
+            case '\t':
+                *o++ = 't';
+                break;
             default:
                 *o++ = 'u';
                 *o++ = '0';
@@ -567,8 +560,7 @@ char *sil_oa_buf_take(struct sil_oa_buf *b, size_t *len)
     }
     b->data[b->len] = 0;
     char *p = b->data;
-    if (len)
-        *len = b->len;
+    if (len) *len = b->len;
     memset(b, 0, sizeof(*b));
     return p;
 }

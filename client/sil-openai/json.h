@@ -31,17 +31,17 @@ struct sil_oa_json {
     size_t key_len;
     const char *str; /* string: decoded UTF-8, NUL-terminated; number: its text */
     size_t len;
-    double num;      /* number */
-    bool is_int;     /* number: no fraction or exponent, and fits int64 */
-    int64_t i;       /* number when is_int */
-    size_t n;        /* array / object: number of children */
+    double num;  /* number */
+    bool is_int; /* number: no fraction or exponent, and fits int64 */
+    int64_t i;   /* number when is_int */
+    size_t n;    /* array / object: number of children */
     struct sil_oa_json *child, *next;
 };
 
 struct sil_oa_json_doc;
 
 struct sil_oa_json_err {
-    size_t offset;  /* byte offset of the error in the input */
+    size_t offset; /* byte offset of the error in the input */
     char msg[160];
 };
 

@@ -17,9 +17,9 @@ enum sil_oa_kind { SIL_OA_CHAT, SIL_OA_COMPLETION };
 /* An OpenAI-style error: HTTP status and the fields of {"error": {message, type, param, code}}. */
 struct sil_oa_fail {
     int status;
-    const char *type;  /* "invalid_request_error", ... */
-    const char *code;  /* NULL or e.g. "context_length_exceeded" */
-    char param[96];    /* "" for null */
+    const char *type; /* "invalid_request_error", ... */
+    const char *code; /* NULL or e.g. "context_length_exceeded" */
+    char param[96];   /* "" for null */
     char msg[512];
 };
 

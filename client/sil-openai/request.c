@@ -33,12 +33,13 @@ static jv *opt(jv *o, const char *key)
 static int want(struct sil_oa_fail *f, jv *v, enum sil_oa_json_type t, const char *param)
 {
     bool ok = v->type == t || (t == SIL_OA_JSON_TRUE && v->type == SIL_OA_JSON_FALSE);
-    if (ok)
-        return 0;
+    if (ok) return 0;
     return sil_oa_failf(f, 400, param, "'%s' must be %s, got %s", param,
-                        t == SIL_OA_JSON_TRUE ? "a boolean" : t == SIL_OA_JSON_NUMBER ? "a number"
-                        : t == SIL_OA_JSON_STRING ? "a string" : t == SIL_OA_JSON_ARRAY ? "an array"
-                        : "an object",
+                        t == SIL_OA_JSON_TRUE     ? "a boolean"
+                        : t == SIL_OA_JSON_NUMBER ? "a number"
+                        : t == SIL_OA_JSON_STRING ? "a string"
+                        : t == SIL_OA_JSON_ARRAY  ? "an array"
+                                                  : "an object",
                         sil_oa_json_type_name(v->type));
 }
 
@@ -46,10 +47,8 @@ static int get_int(struct sil_oa_fail *f, jv *o, const char *key, int64_t min, i
                    int64_t *out)
 {
     jv *v = opt(o, key);
-    if (!v)
-        return 0;
-    if (want(f, v, SIL_OA_JSON_NUMBER, key) < 0)
-        return -EINVAL;
+    if (!v) return 0;
+    if (want(f, v, SIL_OA_JSON_NUMBER, key) < 0) return -EINVAL;
     if (v->num != floor(v->num))
         return sil_oa_failf(f, 400, key, "'%s' must be an integer, got %s", key, v->str);
     /* Past int64 the double cannot be converted: out of range whatever min and max are. */
@@ -64,10 +63,8 @@ static int get_int(struct sil_oa_fail *f, jv *o, const char *key, int64_t min, i
 static int get_num(struct sil_oa_fail *f, jv *o, const char *key, double *out)
 {
     jv *v = opt(o, key);
-    if (!v)
-        return 0;
-    if (want(f, v, SIL_OA_JSON_NUMBER, key) < 0)
-        return -EINVAL;
+    if (!v) return 0;
+    if (want(f, v, SIL_OA_JSON_NUMBER, key) < 0) return -EINVAL;
     *out = v->num;
     return 1;
 }
@@ -75,15 +72,16 @@ static int get_num(struct sil_oa_fail *f, jv *o, const char *key, double *out)
 static int get_bool(struct sil_oa_fail *f, jv *o, const char *key, bool *out)
 {
     jv *v = opt(o, key);
-    if (!v)
-        return 0;
-    if (want(f, v, SIL_OA_JSON_TRUE, key) < 0)
-        return -EINVAL;
+    if (!v) return 0;
+    if (want(f, v, SIL_OA_JSON_TRUE, key) < 0) return -EINVAL;
     *out = v->type == SIL_OA_JSON_TRUE;
     return 1;
 }
 
-static bool has_nul(const char *s, size_t n) { return memchr(s, 0, n) != NULL; }
+static bool has_nul(const char *s, size_t n)
+{
+    return memchr(s, 0, n) != NULL;
+}
 
 /* One message's content as text parts: a string, or an array of {type: "text", text}. */
 static int content_len(struct sil_oa_fail *f, jv *c, size_t i, size_t *len)
@@ -91,8 +89,7 @@ static int content_len(struct sil_oa_fail *f, jv *c, size_t i, size_t *len)
     char param[64];
     snprintf(param, sizeof(param), "messages[%zu].content", i);
     *len = 0;
-    if (!c)
-        return 0;
+    if (!c) return 0;
     if (c->type == SIL_OA_JSON_STRING) {
         if (has_nul(c->str, c->len))
             return sil_oa_failf(f, 400, param, "'%s' holds a NUL character", param);
@@ -119,8 +116,7 @@ static int content_len(struct sil_oa_fail *f, jv *c, size_t i, size_t *len)
 static void pack_content(msgpack_packer *pk, jv *c, size_t len)
 {
     msgpack_pack_str(pk, len);
-    if (!c)
-        return;
+    if (!c) return;
     if (c->type == SIL_OA_JSON_STRING) {
         msgpack_pack_str_body(pk, c->str, c->len);
         return;
@@ -133,14 +129,10 @@ static void pack_content(msgpack_packer *pk, jv *c, size_t len)
 
 static int check_messages(struct sil_oa_fail *f, jv *msgs)
 {
-    if (!msgs)
-        return sil_oa_failf(f, 400, "messages", "'messages' is required");
-    if (want(f, msgs, SIL_OA_JSON_ARRAY, "messages") < 0)
-        return -EINVAL;
-    if (msgs->n == 0)
-        return sil_oa_failf(f, 400, "messages", "'messages' must not be empty");
-    if (msgs->n > 4096)
-        return sil_oa_failf(f, 400, "messages", "more than 4096 messages");
+    if (!msgs) return sil_oa_failf(f, 400, "messages", "'messages' is required");
+    if (want(f, msgs, SIL_OA_JSON_ARRAY, "messages") < 0) return -EINVAL;
+    if (msgs->n == 0) return sil_oa_failf(f, 400, "messages", "'messages' must not be empty");
+    if (msgs->n > 4096) return sil_oa_failf(f, 400, "messages", "more than 4096 messages");
     size_t i = 0;
     for (jv *m = msgs->child; m; m = m->next, i++) {
         char param[64];
@@ -161,14 +153,12 @@ static int check_messages(struct sil_oa_fail *f, jv *msgs)
         if (tc && !(tc->type == SIL_OA_JSON_ARRAY && tc->n == 0))
             return sil_oa_failf(f, 400, "tool_calls", "tool calls are not supported");
         jv *c = sil_oa_json_get(m, "content");
-        if (c && c->type == SIL_OA_JSON_NULL)
-            c = NULL;
+        if (c && c->type == SIL_OA_JSON_NULL) c = NULL;
         snprintf(param, sizeof(param), "messages[%zu].content", i);
         if (!c && strcmp(role->str, "assistant") != 0)
             return sil_oa_failf(f, 400, param, "'%s' is required", param);
         size_t len;
-        if (content_len(f, c, i, &len) < 0)
-            return -EINVAL;
+        if (content_len(f, c, i, &len) < 0) return -EINVAL;
         jv *r = opt(m, "reasoning_content");
         snprintf(param, sizeof(param), "messages[%zu].reasoning_content", i);
         if (r && (r->type != SIL_OA_JSON_STRING || has_nul(r->str, r->len)))
@@ -179,8 +169,7 @@ static int check_messages(struct sil_oa_fail *f, jv *msgs)
 
 static int check_stop(struct sil_oa_fail *f, jv *stop)
 {
-    if (!stop || stop->type == SIL_OA_JSON_STRING)
-        return 0;
+    if (!stop || stop->type == SIL_OA_JSON_STRING) return 0;
     if (stop->type != SIL_OA_JSON_ARRAY)
         return sil_oa_failf(f, 400, "stop", "'stop' must be a string or an array of strings");
     for (jv *s = stop->child; s; s = s->next)
@@ -191,18 +180,16 @@ static int check_stop(struct sil_oa_fail *f, jv *stop)
 
 static int check_logit_bias(struct sil_oa_fail *f, jv *lb, const struct sil_oa_caps *caps)
 {
-    if (!lb)
-        return 0;
-    if (want(f, lb, SIL_OA_JSON_OBJECT, "logit_bias") < 0)
-        return -EINVAL;
+    if (!lb) return 0;
+    if (want(f, lb, SIL_OA_JSON_OBJECT, "logit_bias") < 0) return -EINVAL;
     for (jv *e = lb->child; e; e = e->next) {
         char *end;
         errno = 0;
         long id = strtol(e->key, &end, 10);
         if (e->key_len == 0 || e->key[0] < '0' || e->key[0] > '9' || *end || errno ||
             id > INT32_MAX || (size_t)(end - e->key) != e->key_len)
-            return sil_oa_failf(f, 400, "logit_bias", "'logit_bias': key \"%.32s\" is not a token id",
-                                e->key);
+            return sil_oa_failf(f, 400, "logit_bias",
+                                "'logit_bias': key \"%.32s\" is not a token id", e->key);
         if (e->type != SIL_OA_JSON_NUMBER || e->num < -100 || e->num > 100)
             return sil_oa_failf(f, 400, "logit_bias",
                                 "'logit_bias[%ld]' must be a number in [-100, 100]", id);
@@ -218,21 +205,17 @@ static int check_logit_bias(struct sil_oa_fail *f, jv *lb, const struct sil_oa_c
 static int check_unsupported(struct sil_oa_fail *f, jv *o)
 {
     int64_t n = 1;
-    if (get_int(f, o, "n", INT32_MIN, INT32_MAX, &n) < 0)
-        return -EINVAL;
+    if (get_int(f, o, "n", INT32_MIN, INT32_MAX, &n) < 0) return -EINVAL;
     if (n != 1)
         return sil_oa_failf(f, 400, "n",
                             "'n' is %lld: only n = 1 is supported (siliceod generates one choice "
                             "per request; send several requests instead)",
                             (long long)n);
     int64_t best_of = 1;
-    if (get_int(f, o, "best_of", INT32_MIN, INT32_MAX, &best_of) < 0)
-        return -EINVAL;
-    if (best_of != 1)
-        return sil_oa_failf(f, 400, "best_of", "only best_of = 1 is supported");
+    if (get_int(f, o, "best_of", INT32_MIN, INT32_MAX, &best_of) < 0) return -EINVAL;
+    if (best_of != 1) return sil_oa_failf(f, 400, "best_of", "only best_of = 1 is supported");
     double fp = 0;
-    if (get_num(f, o, "frequency_penalty", &fp) < 0)
-        return -EINVAL;
+    if (get_num(f, o, "frequency_penalty", &fp) < 0) return -EINVAL;
     if (fp != 0)
         return sil_oa_failf(f, 400, "frequency_penalty",
                             "'frequency_penalty' is not supported (use presence_penalty or "
@@ -241,10 +224,8 @@ static int check_unsupported(struct sil_oa_fail *f, jv *o)
     if (lp && lp->type != SIL_OA_JSON_FALSE)
         return sil_oa_failf(f, 400, "logprobs", "'logprobs' is not supported");
     bool echo = false;
-    if (get_bool(f, o, "echo", &echo) < 0)
-        return -EINVAL;
-    if (echo)
-        return sil_oa_failf(f, 400, "echo", "'echo' is not supported");
+    if (get_bool(f, o, "echo", &echo) < 0) return -EINVAL;
+    if (echo) return sil_oa_failf(f, 400, "echo", "'echo' is not supported");
     jv *tools = opt(o, "tools");
     if (tools && !(tools->type == SIL_OA_JSON_ARRAY && tools->n == 0))
         return sil_oa_failf(f, 400, "tools", "tools are not supported");
@@ -277,27 +258,21 @@ static int collect(struct sil_oa_fail *f, enum sil_oa_kind kind, jv *o,
 {
     memset(p, 0, sizeof(*p));
     jv *model = opt(o, "model");
-    if (model && want(f, model, SIL_OA_JSON_STRING, "model") < 0)
-        return -EINVAL;
-    if (check_unsupported(f, o) < 0)
-        return -EINVAL;
+    if (model && want(f, model, SIL_OA_JSON_STRING, "model") < 0) return -EINVAL;
+    if (check_unsupported(f, o) < 0) return -EINVAL;
     if (kind == SIL_OA_CHAT) {
         p->messages = sil_oa_json_get(o, "messages");
-        if (check_messages(f, p->messages) < 0)
-            return -EINVAL;
+        if (check_messages(f, p->messages) < 0) return -EINVAL;
     } else {
         jv *pr = opt(o, "prompt");
-        if (!pr)
-            return sil_oa_failf(f, 400, "prompt", "'prompt' is required");
-        if (pr->type == SIL_OA_JSON_ARRAY && pr->n == 1 &&
-            pr->child->type != SIL_OA_JSON_NUMBER)
+        if (!pr) return sil_oa_failf(f, 400, "prompt", "'prompt' is required");
+        if (pr->type == SIL_OA_JSON_ARRAY && pr->n == 1 && pr->child->type != SIL_OA_JSON_NUMBER)
             pr = pr->child; /* ["text"] or [[ids]] */
         if (pr->type == SIL_OA_JSON_STRING) {
             if (pr->len == 0 || has_nul(pr->str, pr->len))
                 return sil_oa_failf(f, 400, "prompt", "'prompt' must be non-empty, without NUL");
         } else if (pr->type == SIL_OA_JSON_ARRAY) {
-            if (pr->n == 0)
-                return sil_oa_failf(f, 400, "prompt", "'prompt' must not be empty");
+            if (pr->n == 0) return sil_oa_failf(f, 400, "prompt", "'prompt' must not be empty");
             for (jv *t = pr->child; t; t = t->next)
                 if (t->type != SIL_OA_JSON_NUMBER || !t->is_int || t->i < 0 || t->i > INT32_MAX)
                     return sil_oa_failf(f, 400, "prompt",
@@ -308,74 +283,54 @@ static int collect(struct sil_oa_fail *f, enum sil_oa_kind kind, jv *o,
         p->prompt = pr;
     }
     int r;
-    if ((r = get_int(f, o, "max_tokens", 1, INT32_MAX, &p->max_tokens)) < 0)
-        return r;
+    if ((r = get_int(f, o, "max_tokens", 1, INT32_MAX, &p->max_tokens)) < 0) return r;
     p->has_max = r;
-    if ((r = get_int(f, o, "max_completion_tokens", 1, INT32_MAX, &p->max_tokens)) < 0)
-        return r;
+    if ((r = get_int(f, o, "max_completion_tokens", 1, INT32_MAX, &p->max_tokens)) < 0) return r;
     p->has_max |= r;
-    if ((r = get_int(f, o, "max_thinking_tokens", -1, 16777216, &p->max_thinking)) < 0)
-        return r;
+    if ((r = get_int(f, o, "max_thinking_tokens", -1, 16777216, &p->max_thinking)) < 0) return r;
     p->has_thinking = r;
-    if ((r = get_int(f, o, "seed", 0, INT64_MAX, &p->seed)) < 0)
-        return r;
+    if ((r = get_int(f, o, "seed", 0, INT64_MAX, &p->seed)) < 0) return r;
     p->has_seed = r;
-    if ((r = get_int(f, o, "top_k", 0, 16777216, &p->top_k)) < 0)
-        return r;
+    if ((r = get_int(f, o, "top_k", 0, 16777216, &p->top_k)) < 0) return r;
     p->has_top_k = r;
-    if ((r = get_num(f, o, "temperature", &p->temperature)) < 0)
-        return r;
+    if ((r = get_num(f, o, "temperature", &p->temperature)) < 0) return r;
     p->has_temp = r;
     if (r && (p->temperature < 0 || p->temperature > 2))
         return sil_oa_failf(f, 400, "temperature", "'temperature' must be in [0, 2]");
-    if ((r = get_num(f, o, "top_p", &p->top_p)) < 0)
-        return r;
+    if ((r = get_num(f, o, "top_p", &p->top_p)) < 0) return r;
     p->has_top_p = r;
     if (r && (p->top_p < 0 || p->top_p > 1))
         return sil_oa_failf(f, 400, "top_p", "'top_p' must be in [0, 1]");
-    if ((r = get_num(f, o, "presence_penalty", &p->presence)) < 0)
-        return r;
+    if ((r = get_num(f, o, "presence_penalty", &p->presence)) < 0) return r;
     p->has_presence = r;
     if (r && (p->presence < -2 || p->presence > 2))
         return sil_oa_failf(f, 400, "presence_penalty", "'presence_penalty' must be in [-2, 2]");
-    if ((r = get_num(f, o, "min_p", &p->min_p)) < 0)
-        return r;
+    if ((r = get_num(f, o, "min_p", &p->min_p)) < 0) return r;
     p->has_min_p = r;
-    if ((r = get_num(f, o, "repeat_penalty", &p->repeat_penalty)) < 0)
-        return r;
+    if ((r = get_num(f, o, "repeat_penalty", &p->repeat_penalty)) < 0) return r;
     p->has_repeat = r;
-    if ((r = get_bool(f, o, "think", &p->think)) < 0)
-        return r;
+    if ((r = get_bool(f, o, "think", &p->think)) < 0) return r;
     p->has_think = r;
     jv *ctk = opt(o, "chat_template_kwargs");
     if (ctk && !p->has_think) {
-        if (want(f, ctk, SIL_OA_JSON_OBJECT, "chat_template_kwargs") < 0)
-            return -EINVAL;
-        if ((r = get_bool(f, ctk, "enable_thinking", &p->think)) < 0)
-            return r;
+        if (want(f, ctk, SIL_OA_JSON_OBJECT, "chat_template_kwargs") < 0) return -EINVAL;
+        if ((r = get_bool(f, ctk, "enable_thinking", &p->think)) < 0) return r;
         p->has_think = r;
     }
-    if (kind != SIL_OA_CHAT)
-        p->has_think = 0;
+    if (kind != SIL_OA_CHAT) p->has_think = 0;
     p->stop = opt(o, "stop");
-    if (check_stop(f, p->stop) < 0)
-        return -EINVAL;
+    if (check_stop(f, p->stop) < 0) return -EINVAL;
     p->logit_bias = opt(o, "logit_bias");
-    if (check_logit_bias(f, p->logit_bias, caps) < 0)
-        return -EINVAL;
-    if (p->logit_bias && p->logit_bias->n == 0)
-        p->logit_bias = NULL;
+    if (check_logit_bias(f, p->logit_bias, caps) < 0) return -EINVAL;
+    if (p->logit_bias && p->logit_bias->n == 0) p->logit_bias = NULL;
     req->kind = kind;
     req->stream = false;
     req->include_usage = false;
-    if (get_bool(f, o, "stream", &req->stream) < 0)
-        return -EINVAL;
+    if (get_bool(f, o, "stream", &req->stream) < 0) return -EINVAL;
     jv *so = opt(o, "stream_options");
     if (so) {
-        if (want(f, so, SIL_OA_JSON_OBJECT, "stream_options") < 0)
-            return -EINVAL;
-        if (get_bool(f, so, "include_usage", &req->include_usage) < 0)
-            return -EINVAL;
+        if (want(f, so, SIL_OA_JSON_OBJECT, "stream_options") < 0) return -EINVAL;
+        if (get_bool(f, so, "include_usage", &req->include_usage) < 0) return -EINVAL;
     }
     return 0;
 }
@@ -400,8 +355,7 @@ static void pack_params(msgpack_packer *pk, enum sil_oa_kind kind, const struct 
             sil_rpc_kv_str(pk, "role", strcmp(role->str, "developer") ? role->str : "system");
             sil_rpc_pack_cstr(pk, "content");
             pack_content(pk, c, len);
-            if (r)
-                sil_rpc_kv_strn(pk, "reasoning", r->str, r->len);
+            if (r) sil_rpc_kv_strn(pk, "reasoning", r->str, r->len);
         }
     } else if (p->prompt->type == SIL_OA_JSON_STRING) {
         sil_rpc_kv_strn(pk, "prompt", p->prompt->str, p->prompt->len);
@@ -416,24 +370,15 @@ static void pack_params(msgpack_packer *pk, enum sil_oa_kind kind, const struct 
         sil_rpc_kv_int(pk, "max_tokens", p->max_tokens);
         sil_rpc_kv_int(pk, "grace_tokens", 0);
     }
-    if (p->has_thinking)
-        sil_rpc_kv_int(pk, "max_thinking_tokens", p->max_thinking);
-    if (p->has_seed)
-        sil_rpc_kv_uint(pk, "seed", (uint64_t)p->seed);
-    if (p->has_top_k)
-        sil_rpc_kv_int(pk, "top_k", p->top_k);
-    if (p->has_temp)
-        sil_rpc_kv_double(pk, "temperature", p->temperature);
-    if (p->has_top_p)
-        sil_rpc_kv_double(pk, "top_p", p->top_p);
-    if (p->has_presence)
-        sil_rpc_kv_double(pk, "presence_penalty", p->presence);
-    if (p->has_min_p)
-        sil_rpc_kv_double(pk, "min_p", p->min_p);
-    if (p->has_repeat)
-        sil_rpc_kv_double(pk, "repeat_penalty", p->repeat_penalty);
-    if (p->has_think)
-        sil_rpc_kv_bool(pk, "think", p->think);
+    if (p->has_thinking) sil_rpc_kv_int(pk, "max_thinking_tokens", p->max_thinking);
+    if (p->has_seed) sil_rpc_kv_uint(pk, "seed", (uint64_t)p->seed);
+    if (p->has_top_k) sil_rpc_kv_int(pk, "top_k", p->top_k);
+    if (p->has_temp) sil_rpc_kv_double(pk, "temperature", p->temperature);
+    if (p->has_top_p) sil_rpc_kv_double(pk, "top_p", p->top_p);
+    if (p->has_presence) sil_rpc_kv_double(pk, "presence_penalty", p->presence);
+    if (p->has_min_p) sil_rpc_kv_double(pk, "min_p", p->min_p);
+    if (p->has_repeat) sil_rpc_kv_double(pk, "repeat_penalty", p->repeat_penalty);
+    if (p->has_think) sil_rpc_kv_bool(pk, "think", p->think);
     if (p->stop) {
         sil_rpc_pack_cstr(pk, "stop");
         if (p->stop->type == SIL_OA_JSON_STRING) {
@@ -461,10 +406,8 @@ int sil_oa_request(enum sil_oa_kind kind, const char *body, size_t len,
     struct sil_oa_json_doc *doc;
     struct sil_oa_json_err je = {0};
     int r = sil_oa_json_parse(&doc, body, len, &je);
-    if (r == -ENOMEM)
-        return sil_oa_failf(f, 500, NULL, "out of memory"), -ENOMEM;
-    if (r < 0)
-        return sil_oa_failf(f, 400, NULL, "invalid JSON at byte %zu: %s", je.offset, je.msg);
+    if (r == -ENOMEM) return sil_oa_failf(f, 500, NULL, "out of memory"), -ENOMEM;
+    if (r < 0) return sil_oa_failf(f, 400, NULL, "invalid JSON at byte %zu: %s", je.offset, je.msg);
     jv *o = sil_oa_json_root(doc);
     struct params p;
     if (o->type != SIL_OA_JSON_OBJECT)
@@ -486,14 +429,30 @@ void sil_oa_fail_from_rpc(struct sil_oa_fail *f, int code, const char *message)
 {
     int status = 502;
     switch (code) {
-    case SIL_RPC_E_INVALID_PARAMS: status = 400; break;
-    case SIL_RPC_E_TOO_LARGE: status = 400; break;
-    case SIL_RPC_E_PERMISSION: status = 403; break;
-    case SIL_RPC_E_BUSY: status = 429; break;
-    case SIL_RPC_E_NOT_FOUND: status = 404; break;
-    case SIL_RPC_E_METHOD_NOT_FOUND: status = 503; break; /* e.g. --no-model */
-    case SIL_RPC_E_SHUTTING_DOWN: status = 503; break;
-    case SIL_RPC_E_INTERNAL: status = 500; break;
+    case SIL_RPC_E_INVALID_PARAMS:
+        status = 400;
+        break;
+    case SIL_RPC_E_TOO_LARGE:
+        status = 400;
+        break;
+    case SIL_RPC_E_PERMISSION:
+        status = 403;
+        break;
+    case SIL_RPC_E_BUSY:
+        status = 429;
+        break;
+    case SIL_RPC_E_NOT_FOUND:
+        status = 404;
+        break;
+    case SIL_RPC_E_METHOD_NOT_FOUND:
+        status = 503;
+        break; /* e.g. --no-model */
+    case SIL_RPC_E_SHUTTING_DOWN:
+        status = 503;
+        break;
+    case SIL_RPC_E_INTERNAL:
+        status = 500;
+        break;
     }
     /* The daemon names the field as "field 'x': ...": that is the OpenAI param. */
     char param[64] = "";
@@ -536,10 +495,8 @@ void sil_oa_format_error(struct sil_oa_buf *b, const struct sil_oa_fail *f)
 
 const char *sil_oa_finish_reason(const char *s, size_t n)
 {
-    if ((n == 3 && !memcmp(s, "eos", 3)) || (n == 4 && !memcmp(s, "stop", 4)))
-        return "stop";
-    if (n == 6 && !memcmp(s, "length", 6))
-        return "length";
+    if ((n == 3 && !memcmp(s, "eos", 3)) || (n == 4 && !memcmp(s, "stop", 4))) return "stop";
+    if (n == 6 && !memcmp(s, "length", 6)) return "length";
     return NULL;
 }
 

@@ -17,10 +17,8 @@ static void roundtrip(const struct sil_oa_json *v)
         sil_oa_buf_jstr(&b, v->str, v->len);
         struct sil_oa_json_doc *d;
         struct sil_oa_json_err e;
-        if (b.failed)
-            __builtin_trap();
-        if (sil_oa_json_parse(&d, b.data, b.len, &e) != 0)
-            __builtin_trap();
+        if (b.failed) __builtin_trap();
+        if (sil_oa_json_parse(&d, b.data, b.len, &e) != 0) __builtin_trap();
         const struct sil_oa_json *r = sil_oa_json_root(d);
         if (r->type != SIL_OA_JSON_STRING || r->len != v->len || memcmp(r->str, v->str, v->len))
             __builtin_trap();
@@ -30,8 +28,7 @@ static void roundtrip(const struct sil_oa_json *v)
     size_t n = 0;
     for (const struct sil_oa_json *c = v->child; c; c = c->next, n++)
         roundtrip(c);
-    if (n != v->n)
-        __builtin_trap();
+    if (n != v->n) __builtin_trap();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -58,8 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             struct sil_rpc_error re;
             if (sil_rpc_decode(sil_rpc_buf_head(&out), sil_rpc_buf_size(&out), 0, 0, &m, &re) != 1)
                 __builtin_trap();
-            if (m.type != SIL_RPC_REQUEST || m.msgid != 7 || !m.params)
-                __builtin_trap();
+            if (m.type != SIL_RPC_REQUEST || m.msgid != 7 || !m.params) __builtin_trap();
             sil_rpc_msg_release(&m);
         } else if (f.status < 400 || f.status > 599 || !f.msg[0]) {
             __builtin_trap();
