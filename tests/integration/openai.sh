@@ -11,13 +11,23 @@ start_bridge() { # log name, flags...
     local name=$1; shift
     "$SIL_BUILD/bin/sil-openai" "$@" >"$T/$name.log" 2>&1 &
     OPIDS+=($!)
+    OLOGS+=("$T/$name.log")
 }
-stop_bridges() {
-    local p
-    for p in "${OPIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+OLOGS=()
+stop_bridges() { # each must exit 0 on SIGTERM, without a sanitizer report in its log
+    local p rc l
+    for p in "${OPIDS[@]}"; do
+        kill -TERM "$p" 2>/dev/null || true
+        rc=0
+        wait "$p" 2>/dev/null || rc=$?
+        [ "$rc" -eq 0 ] || { echo "FAIL: sil-openai exited $rc"; cat "$T"/*.log; exit 1; }
+    done
     OPIDS=()
+    for l in "${OLOGS[@]}"; do
+        if grep -q 'Sanitizer\|runtime error' "$l"; then echo "FAIL: sanitizer report"; cat "$l"; exit 1; fi
+    done
 }
-trap 'stop_bridges; cleanup' EXIT
+trap 'for p in "${OPIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done; cleanup' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_http() { # url, want status
     local i code
@@ -77,14 +87,28 @@ start_bridge limited --port "$P3" --max-concurrent 1
 wait_http "http://127.0.0.1:$P3/health" 200
 python3 "$HERE/openai_tests.py" "http://127.0.0.1:$P3" concurrency || fail "concurrency"
 
+# Socket activation, as contrib/systemd/sil-openai.socket does it: the listening socket is fd 3.
+if command -v systemd-socket-activate >/dev/null; then
+    P4=$(free_port)
+    systemd-socket-activate -l "127.0.0.1:$P4" "$SIL_BUILD/bin/sil-openai" --socket "$SILICEO_SOCKET" >"$T/activated.log" 2>&1 &
+    OPIDS+=($!)
+    OLOGS+=("$T/activated.log")
+    wait_http "http://127.0.0.1:$P4/health" 200
+    curl -s "http://127.0.0.1:$P4/v1/models" | grep -q '"object":"list"' || fail "socket activation"
+    echo "ok: a socket-activated sil-openai serves on the socket it was passed"
+fi
+
 # The official openai JavaScript SDK, a client written elsewhere.
-SDK=$SIL_BUILD/npm/node_modules/openai
+NPM=$SIL_BUILD/npm
+[ -d "$NPM/node_modules/openai" ] || NPM=$ROOT/build/npm
+SDK=$NPM/node_modules/openai
 if [ -d "$SDK" ] && command -v node >/dev/null; then
-    NODE_PATH=$SIL_BUILD/npm/node_modules node "$HERE/openai_sdk.mjs" "http://127.0.0.1:$P/v1" ||
+    NODE_PATH=$NPM/node_modules node "$HERE/openai_sdk.mjs" "http://127.0.0.1:$P/v1" ||
         fail "openai SDK"
 else
     case ${CI:-} in true | TRUE | True | 1) fail "openai SDK missing (make deps)" ;; esac
     echo "skip: openai JavaScript SDK not installed (make deps)"
 fi
 stop_bridges
+echo "ok: every sil-openai exited 0 on SIGTERM"
 stop_daemon
