@@ -48,11 +48,14 @@ static atomic_ullong g_counter, g_requests, g_errors, g_cancelled, g_rejected;
 static unsigned long long g_id_salt;
 static volatile sig_atomic_t g_stop;
 
-/* Daemon facts, cached from hello: the model name goes into every response. */
+/* Daemon facts, cached from hello: the model name goes into every response. Asked again after
+ * INFO_TTL_S, so a daemon restarted with another model is seen without a round trip per request. */
+#define INFO_TTL_S 5.0
 static pthread_mutex_t g_info_lock = PTHREAD_MUTEX_INITIALIZER;
 static char g_model[128];
 static struct sil_oa_caps g_caps;
 static bool g_have_info;
+static double g_info_at;
 
 static void on_signal(int sig)
 {
@@ -94,6 +97,7 @@ static int refresh_info(struct sil_rpc_error *err)
                     g_caps.logit_bias = true;
             }
         g_have_info = true;
+        g_info_at = sil_client_now();
         pthread_mutex_unlock(&g_info_lock);
     }
     sil_rpc_client_close(&c);
@@ -103,12 +107,11 @@ static int refresh_info(struct sil_rpc_error *err)
 static int get_info(char *model, size_t size, struct sil_oa_caps *caps, struct sil_rpc_error *err)
 {
     pthread_mutex_lock(&g_info_lock);
-    bool have = g_have_info;
+    bool have = g_have_info, fresh = have && sil_client_now() - g_info_at < INFO_TTL_S;
     pthread_mutex_unlock(&g_info_lock);
-    if (!have) {
-        int r = refresh_info(err);
-        if (r < 0) return r;
-    }
+    /* A failed refresh keeps the old facts: the request's own connection tells whether the
+     * daemon is there. */
+    if (!fresh && refresh_info(err) < 0 && !have) return -EHOSTDOWN;
     pthread_mutex_lock(&g_info_lock);
     snprintf(model, size, "%s", g_model);
     *caps = g_caps;

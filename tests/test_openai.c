@@ -107,6 +107,31 @@ static void json_rejects(void **state)
     memset(deep, '[', 65);
     memset(deep + 65, ']', 65);
     assert_int_equal(sil_oa_json_parse(&d, deep, 130, &e), -EINVAL);
+    /* Bounds on values and on members of one object. */
+    size_t n = 2 * (SIL_OA_JSON_MAX_VALUES + 1) + 1;
+    char *big = malloc(n + 1);
+    assert_non_null(big);
+    big[0] = '[';
+    for (size_t i = 1; i < n; i += 2) {
+        big[i] = '0';
+        big[i + 1] = ',';
+    }
+    big[n - 1] = ']';
+    assert_int_equal(sil_oa_json_parse(&d, big, n, &e), -EINVAL); /* one value over */
+    assert_non_null(strstr(e.msg, "values"));
+    memcpy(big + n - 3, "]  ", 3); /* one fewer: at the limit */
+    assert_int_equal(sil_oa_json_parse(&d, big, n, &e), 0);
+    sil_oa_json_free(d);
+    free(big);
+    struct sil_oa_buf ob;
+    sil_oa_buf_init(&ob, 0);
+    sil_oa_buf_cstr(&ob, "{");
+    for (int i = 0; i <= SIL_OA_JSON_MAX_MEMBERS; i++)
+        sil_oa_buf_printf(&ob, "%s\"k%d\":0", i ? "," : "", i);
+    sil_oa_buf_cstr(&ob, "}");
+    assert_int_equal(sil_oa_json_parse(&d, ob.data, ob.len, &e), -EINVAL);
+    assert_non_null(strstr(e.msg, "members"));
+    sil_oa_buf_free(&ob);
 }
 
 static void escaper(void **state)

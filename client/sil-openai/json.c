@@ -18,6 +18,7 @@ struct chunk {
 
 struct sil_oa_json_doc {
     struct chunk *chunks;
+    size_t n_values;
     char *strs; /* decoded strings; never longer than the input (quotes pay for the NULs) */
     size_t strs_len;
     struct sil_oa_json *root;
@@ -270,6 +271,14 @@ static int parse_number(struct parser *ps, struct sil_oa_json *v)
 
 static int parse_value(struct parser *ps, struct sil_oa_json *v, int depth);
 
+static uint32_t hash(const char *s, size_t n) /* FNV-1a */
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
 static int literal(struct parser *ps, const char *word, enum sil_oa_json_type t,
                    struct sil_oa_json *v)
 {
@@ -295,16 +304,23 @@ static int parse_container(struct parser *ps, struct sil_oa_json *v, int depth, 
         return 0;
     }
     for (;;) {
+        if (ps->doc->n_values >= SIL_OA_JSON_MAX_VALUES)
+            return fail(ps, ps->p, "more than %d values", SIL_OA_JSON_MAX_VALUES);
+        if (object && v->n >= SIL_OA_JSON_MAX_MEMBERS)
+            return fail(ps, ps->p, "more than %d members in an object", SIL_OA_JSON_MAX_MEMBERS);
         struct sil_oa_json *c = new_node(ps->doc);
         if (!c) return -ENOMEM;
+        ps->doc->n_values++;
         skip_ws(ps);
         if (object) {
             if (ps->p >= ps->end || *ps->p != '"') return fail(ps, ps->p, "member name expected");
             const unsigned char *kat = ps->p;
             int r = parse_string(ps, &c->key, &c->key_len);
             if (r < 0) return r;
+            c->key_hash = hash(c->key, c->key_len);
             for (const struct sil_oa_json *o = v->child; o; o = o->next)
-                if (o->key_len == c->key_len && memcmp(o->key, c->key, c->key_len) == 0)
+                if (o->key_hash == c->key_hash && o->key_len == c->key_len &&
+                    memcmp(o->key, c->key, c->key_len) == 0)
                     return fail(ps, kat, "duplicate member \"%.40s\"", c->key);
             skip_ws(ps);
             if (ps->p >= ps->end || *ps->p != ':') return fail(ps, ps->p, "':' expected");

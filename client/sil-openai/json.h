@@ -14,6 +14,10 @@
 
 #define SIL_OA_JSON_MAX_DEPTH 64
 #define SIL_OA_JSON_MAX_NUMBER 64 /* bytes in a number's text */
+/* Bounds on what a peer can make the parser allocate and compare: values in a document (about
+ * 100 bytes each) and members of one object (duplicate names are checked pairwise by hash). */
+#define SIL_OA_JSON_MAX_VALUES (1 << 17)
+#define SIL_OA_JSON_MAX_MEMBERS 8192
 
 enum sil_oa_json_type {
     SIL_OA_JSON_NULL,
@@ -31,10 +35,11 @@ struct sil_oa_json {
     size_t key_len;
     const char *str; /* string: decoded UTF-8, NUL-terminated; number: its text */
     size_t len;
-    double num;  /* number */
-    bool is_int; /* number: no fraction or exponent, and fits int64 */
-    int64_t i;   /* number when is_int */
-    size_t n;    /* array / object: number of children */
+    double num;        /* number */
+    bool is_int;       /* number: no fraction or exponent, and fits int64 */
+    int64_t i;         /* number when is_int */
+    size_t n;          /* array / object: number of children */
+    uint32_t key_hash; /* of key, for the duplicate check */
     struct sil_oa_json *child, *next;
 };
 
