@@ -22,7 +22,8 @@
 #   daemon/engine/*.c  -> build/lib/libsil-engine.a
 #   libproto/*.c       -> build/lib/libsiliceo-proto.a
 #   daemon/*.c         -> build/bin/siliceod           (daemon/main.c holds main)
-#   client/common/*.c  -> linked into every client; client/sil-X.c -> build/bin/sil-X
+#   client/common/*.c  -> linked into every client; client/sil-X.c + client/sil-X/*.c -> build/bin/sil-X
+#                         (LDLIBS_sil-X: extra link flags of that one client)
 #   bench/sil-X.c + bench/sil-X/*.c -> build/bin/sil-X; bench/common/*.c -> linked into every bench tool
 #   tests/test_X.c (+ tests/testutil.c) -> build/tests/test_X
 #   tests/fuzz/fuzz_X.c -> build/fuzz/fuzz_X (clang, libFuzzer + ASan + UBSan)
@@ -66,6 +67,9 @@ LDLIBS_ENGINE := $(shell pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre
 LDLIBS_PROTO := $(shell pkg-config --libs msgpack 2>/dev/null || echo -lmsgpackc)
 LDLIBS_DAEMON := $(shell pkg-config --libs libsystemd 2>/dev/null || echo -lsystemd)
 LDLIBS_EDIT := $(shell pkg-config --libs libedit 2>/dev/null || echo -ledit)
+# Only sil-openai speaks HTTP; it also takes systemd's socket activation.
+LDLIBS_sil-openai := $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd) \
+	$(LDLIBS_DAEMON) -lpthread
 
 AVX2_FLAGS := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
@@ -94,6 +98,7 @@ LIB_DAEMON := $(B)/lib/libsil-daemon.a
 LIB_CLIENT := $(B)/lib/libsil-client.a
 LIB_BENCH := $(B)/lib/libsil-bench.a
 LIB_MKMODEL := $(B)/lib/libsil-mkmodel.a
+LIB_OPENAI := $(B)/lib/libsil-openai.a
 
 # CUDA: the kernels are one translation unit (kernels/cuda/kernels.cu includes the rest), built into
 # one fatbin of SASS for every listed architecture plus compute_75 PTX, which newer GPUs JIT.
@@ -160,9 +165,12 @@ $(eval $(call static_lib,$(LIB_DAEMON),$(call obj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(LIB_CLIENT),$(call obj,$(CLIENT_COMMON_SRC))))
 $(eval $(call static_lib,$(LIB_BENCH),$(call obj,$(BENCH_COMMON_SRC))))
 $(eval $(call static_lib,$(LIB_MKMODEL),$(call obj,$(MKMODEL_SRC))))
+# sil-openai's HTTP-free pieces (JSON, request mapping), for tests/test_openai.c.
+OPENAI_SRC := $(wildcard client/sil-openai/*.c)
+$(eval $(call static_lib,$(LIB_OPENAI),$(call obj,$(OPENAI_SRC))))
 
 ENGINE_LIBS := $(LIB_ENGINE) $(LIB_CUDA) $(LIB_KERNELS)
-ALL_LIBS := $(LIB_DAEMON) $(LIB_MKMODEL) $(LIB_ENGINE) $(LIB_CUDA) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
+ALL_LIBS := $(LIB_DAEMON) $(LIB_MKMODEL) $(LIB_OPENAI) $(LIB_ENGINE) $(LIB_CUDA) $(LIB_KERNELS) $(LIB_CLIENT) $(LIB_PROTO)
 
 # The fatbin is embedded with .incbin: nothing beyond the compiler and nvcc is needed.
 $(B)/cuda/kernels.fatbin: kernels/cuda/kernels.cu $(CUDA_CU)
@@ -209,9 +217,9 @@ $(B)/bin/siliceod: $(call obj,daemon/main.c) $(LIB_DAEMON) $(ENGINE_LIBS) $(LIB_
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE)
 
 define client_bin
-$(B)/bin/$(1): $(call obj,client/$(1).c) $(LIB_CLIENT) $(LIB_PROTO)
+$(B)/bin/$(1): $(call obj,client/$(1).c $(wildcard client/$(1)/*.c)) $(LIB_CLIENT) $(LIB_PROTO)
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) -lm
+	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) $$(LDLIBS_$(1)) -lm
 endef
 $(foreach c,$(CLIENTS),$(eval $(call client_bin,$(c))))
 
@@ -239,8 +247,10 @@ endef
 $(foreach t,$(CUDA_TESTS),$(eval $(call cuda_bin,$(t),$(B)/tests,obj,tests/$(t).c,$(LIB_CUDA) $(LIB_KERNELS),CC,CFLAGS)))
 $(foreach b,$(CUDA_BENCHES),$(eval $(call cuda_bin,$(b),$(B)/bin,obj,bench/$(b).c,$(LIB_CUDA) $(LIB_KERNELS),CC,CFLAGS)))
 
-FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC))
-# the engine calls the CUDA backend when built with it
+# the engine calls the CUDA backend when built with it; client/sil-openai/*.c holds no HTTP code:
+# its request parser is a fuzz target.
+FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC) \
+	$(OPENAI_SRC))
 FUZZ_LIB_OBJS += $(call fobj,$(CUDA_HOST_SRC)) $(if $(CUDA_HOST_SRC),$(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ))
 define fuzz_bin
 $(B)/fuzz/$(1): $(call fobj,tests/fuzz/$(1).c) $(FUZZ_LIB_OBJS)
@@ -268,6 +278,7 @@ A_LIB_DAEMON := $(ASAN_B)/lib/libsil-daemon.a
 A_LIB_CLIENT := $(ASAN_B)/lib/libsil-client.a
 A_LIB_BENCH := $(ASAN_B)/lib/libsil-bench.a
 A_LIB_MKMODEL := $(ASAN_B)/lib/libsil-mkmodel.a
+A_LIB_OPENAI := $(ASAN_B)/lib/libsil-openai.a
 $(eval $(call static_lib,$(A_LIB_KERNELS),$(call aobj,$(KERNEL_SRC))))
 $(eval $(call static_lib,$(A_LIB_ENGINE),$(call aobj,$(ENGINE_SRC))))
 $(eval $(call static_lib,$(A_LIB_PROTO),$(call aobj,$(PROTO_SRC))))
@@ -275,11 +286,12 @@ $(eval $(call static_lib,$(A_LIB_DAEMON),$(call aobj,$(DAEMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_CLIENT),$(call aobj,$(CLIENT_COMMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_BENCH),$(call aobj,$(BENCH_COMMON_SRC))))
 $(eval $(call static_lib,$(A_LIB_MKMODEL),$(call aobj,$(MKMODEL_SRC))))
+$(eval $(call static_lib,$(A_LIB_OPENAI),$(call aobj,$(OPENAI_SRC))))
 A_LIB_CUDA := $(if $(CUDA_HOST_SRC),$(ASAN_B)/lib/libsil-cuda.a)
 ifneq ($(A_LIB_CUDA),)
 $(eval $(call static_lib,$(A_LIB_CUDA),$(call aobj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ)))
 endif
-A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_OPENAI) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 
 define asan_test_bin
 $(ASAN_B)/tests/$(1): $(call aobj,tests/$(1).c $(TESTUTIL_SRC)) $(A_ALL_LIBS)
@@ -291,9 +303,9 @@ $(foreach t,$(CUDA_TESTS),$(eval $(call cuda_bin,$(t),$(ASAN_B)/tests,aobj,tests
 
 # Tests start some client and bench binaries (sil-chat, sil-mkmodel): those are sanitized too.
 define asan_client_bin
-$(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c) $(A_LIB_CLIENT) $(A_LIB_PROTO)
+$(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c $(wildcard client/$(1)/*.c)) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 	@mkdir -p $$(dir $$@)
-	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) -lm
+	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) $$(LDLIBS_$(1)) -lm
 endef
 $(foreach c,$(CLIENTS),$(eval $(call asan_client_bin,$(c))))
 define asan_bench_bin
@@ -375,10 +387,17 @@ demo: all
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
 	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
 	debhelper dpkg-dev lintian git strace \
-	python3-prometheus-client tmux
+	python3-prometheus-client tmux \
+	libmicrohttpd-dev curl
+# The official openai JavaScript SDK, for tests/integration/openai.sh only: installed into the
+# build tree (git-ignored), never committed or linked. 4.104.0 runs on Node.js 18 and 20.
+NPM_TEST_PACKAGES := openai@4.104.0
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
+	@if ! command -v npm >/dev/null; then echo "deps: no npm: the openai SDK test will be skipped"; \
+	elif [ -f $(B)/npm/node_modules/openai/package.json ]; then echo "deps: openai SDK present"; \
+	else mkdir -p $(B)/npm && npm install --prefix $(B)/npm --no-audit --no-fund $(NPM_TEST_PACKAGES); fi
 
 # ---- install -------------------------------------------------------------------------------------
 COMPLETIONS := $(notdir $(wildcard contrib/bash-completion/*))
@@ -454,6 +473,6 @@ clean:
 
 format:
 	clang-format -i $(wildcard kernels/cpu/*.[ch] kernels/cuda/*.[ch] daemon/*.[ch] daemon/engine/*.[ch] libproto/*.[ch] \
-		client/*.[ch] client/common/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
+		client/*.[ch] client/*/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
 
 -include $(shell find $(B) -name '*.d' -type f 2>/dev/null)

@@ -1,0 +1,79 @@
+/* The OpenAI API side of sil-openai, without any HTTP: a request body is checked and turned into
+ * the params of the daemon's chat or generate method (siliceo-rpc(7)); daemon results and token
+ * notifications are turned into OpenAI response objects and stream chunks. Kept apart from the
+ * server so tests/fuzz/fuzz_openai_json.c can drive it with arbitrary bytes. */
+#ifndef SIL_OPENAI_H
+#define SIL_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "siliceo-proto.h"
+#include "client/sil-openai/json.h"
+
+enum sil_oa_kind { SIL_OA_CHAT, SIL_OA_COMPLETION };
+
+/* An OpenAI-style error: HTTP status and the fields of {"error": {message, type, param, code}}. */
+struct sil_oa_fail {
+    int status;
+    const char *type; /* "invalid_request_error", ... */
+    const char *code; /* NULL or e.g. "context_length_exceeded" */
+    char param[96];   /* "" for null */
+    char msg[512];
+};
+
+int sil_oa_failf(struct sil_oa_fail *f, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* What the server needs to know about a parsed request. */
+struct sil_oa_req {
+    enum sil_oa_kind kind;
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+};
+
+/* Daemon features the translation depends on (from the hello capabilities). */
+struct sil_oa_caps {
+    bool logit_bias;
+};
+
+/* Checks body and packs the request [0, msgid, "chat" | "generate", params] into out.
+ * 0, or -EINVAL with f filled (status 400 or 413) / -ENOMEM. */
+int sil_oa_request(enum sil_oa_kind kind, const char *body, size_t len,
+                   const struct sil_oa_caps *caps, uint32_t msgid, struct sil_rpc_buf *out,
+                   struct sil_oa_req *req, struct sil_oa_fail *f);
+
+/* A daemon error response {code, message} as an OpenAI error. */
+void sil_oa_fail_from_rpc(struct sil_oa_fail *f, int code, const char *message);
+
+/* {"error": {...}} */
+void sil_oa_format_error(struct sil_oa_buf *b, const struct sil_oa_fail *f);
+
+/* Identity of one response, the same in every chunk of a stream. */
+struct sil_oa_resp {
+    enum sil_oa_kind kind;
+    char id[48];
+    long long created;
+    const char *model;
+};
+
+/* "stop" / "length" from the daemon's stop_reason; NULL for an ending that is no finish
+ * (cancelled, shutdown, error). */
+const char *sil_oa_finish_reason(const char *stop_reason, size_t len);
+
+/* The whole chat.completion / text_completion object from the daemon's result map. */
+int sil_oa_format_result(struct sil_oa_buf *b, const struct sil_oa_resp *r,
+                         const msgpack_object *result, struct sil_oa_fail *f);
+/* One SSE event "data: {chunk}\n\n": a delta with text and / or reasoning (either may be
+ * empty), the role on the first chunk, finish_reason (NULL: null). */
+void sil_oa_format_chunk(struct sil_oa_buf *b, const struct sil_oa_resp *r, bool first,
+                         const char *text, size_t text_len, const char *reasoning,
+                         size_t reasoning_len, const char *finish, bool usage_null);
+/* The last chunk of a stream with include_usage: empty choices and the usage object. */
+void sil_oa_format_usage_chunk(struct sil_oa_buf *b, const struct sil_oa_resp *r,
+                               const msgpack_object *result);
+/* "usage": {...} from the result map (no leading comma). */
+void sil_oa_format_usage(struct sil_oa_buf *b, const msgpack_object *result);
+
+#endif
