@@ -336,9 +336,11 @@ fuzz: $(FUZZ_BINS)
 # not reported because the test provokes one (a failed 1 PiB allocation) on purpose.
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null)
 ifeq ($(CUDA),1)
-check-cuda: $(B)/tests/test_cuda_ops
+check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq
 	SIL_CUDA_REQUIRE=1 $(B)/tests/test_cuda_ops
 	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 $(B)/tests/test_cuda_ops
+	SIL_CUDA_REQUIRE=1 $(B)/tests/test_cuda_mmq
+	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 $(B)/tests/test_cuda_mmq
 	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --tool memcheck --report-api-errors no \
 		--error-exitcode 9 $(B)/tests/test_cuda_ops,@echo "check-cuda: no compute-sanitizer; memcheck skipped")
 else
