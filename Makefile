@@ -368,9 +368,11 @@ REFDATA_MODELS ?= $(SHARED)/refdata/models
 $(B)/tests/cuda_fwd_parity: $(call obj,tests/cuda_fwd_parity.c) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS_ENGINE)
-check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/cuda_fwd_parity
+check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fwd_parity
 	SIL_CUDA_REQUIRE=1 $(B)/tests/test_cuda_ops
 	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 $(B)/tests/test_cuda_ops
+	SIL_CUDA_REQUIRE=1 $(B)/tests/test_cuda_mmq
+	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 $(B)/tests/test_cuda_mmq
 	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --tool memcheck --report-api-errors no \
 		--error-exitcode 9 $(B)/tests/test_cuda_ops,@echo "check-cuda: no compute-sanitizer; memcheck skipped")
 	SIL_CUDA_REQUIRE=1 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(REFDATA_MODELS)

@@ -2,6 +2,7 @@
  * (n_embd 2048, expert ffn 512, 256 experts top-8, output head 248320 rows), with the bytes each
  * launch must move and the bandwidth reached, against a device-to-device copy measured in the
  * same run. Weights are rotated over enough copies to exceed the L2, so the figures are DRAM's.
+ * Then prefill's products (sil_cuda_matmul) at the pp512 shapes, with TFLOP/s beside GB/s.
  *
  *   sil-cudabench [--json PATH] [--commit ID] [--reps N]
  *
@@ -21,7 +22,7 @@
 
 struct result {
     char name[64], config[128];
-    double us, us_min, us_max, bytes, gbs;
+    double us, us_min, us_max, bytes, gbs, flops; /* flops: 0 where not a product */
 };
 
 static struct result results[128];
@@ -131,6 +132,7 @@ static void record(const char *name, const char *config, double us, double bytes
     r->us_max = last_max;
     r->bytes = bytes;
     r->gbs = bytes / (us * 1e3);
+    r->flops = 0;
     printf("%-22s %-44s %10.2f us %12.0f B %8.1f GB/s\n", name, config, us, bytes, r->gbs);
 }
 
@@ -164,6 +166,51 @@ static void bench_matvec(const char *name, int type, int64_t rows, int64_t cols,
     snprintf(cfg, sizeof cfg, "type=%s,rows=%lld,cols=%lld,batch=%d", sil_type_name(type),
              (long long)rows, (long long)cols, n);
     record(name, cfg, us, bytes);
+    bweight_free(b);
+    free(b);
+}
+
+/* Prefill products (sil_cuda_matmul) of n activation rows: TFLOP/s counts 2 * rows * cols * n. */
+static sil_cuda_ptr xmm_dev, q8mm_dev, ymm_dev;
+#define MM_MAX_N 512
+#define MM_MAX_COLS 4096
+#define MM_MAX_ROWS 248320
+
+struct mm_ctx {
+    struct bweight *b;
+    int n;
+};
+static int mm_launch(void *p, int i)
+{
+    struct mm_ctx *c = p;
+    const struct sil_cuda_weight *w = &c->b->w[i % c->b->copies];
+    return sil_cuda_matmul(cu, w, xmm_dev, q8mm_dev, c->n, ymm_dev, w->rows, NULL, &err);
+}
+
+static void bench_matmul(const char *name, int type, int64_t rows, int64_t cols, int n, int mma)
+{
+    if (sil_cuda_set_mma(cu, mma, &err) < 0) {
+        printf("%-22s skipped: %s\n", name, err.msg);
+        return;
+    }
+    struct bweight *b = calloc(1, sizeof *b);
+    if (!b) exit(1);
+    bweight_make(b, type, rows, cols);
+    const bool quant = sil_type_traits(type)->block_size > 1;
+    if (quant) CK(sil_cuda_quantize_q8(cu, xmm_dev, n, cols, q8mm_dev, NULL, &err));
+    struct mm_ctx c = {b, n};
+    const double us = time_launches(mm_launch, &c);
+    const double bytes = (double)b->w[0].bytes +
+                         (quant ? (double)sil_cuda_q8_bytes(n, cols) : 4.0 * n * cols) +
+                         4.0 * n * rows;
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "type=%s,rows=%lld,cols=%lld,n=%d,mma=sm_%d", sil_type_name(type),
+             (long long)rows, (long long)cols, n, sil_cuda_get_mma(cu));
+    record(name, cfg, us, bytes);
+    struct result *r = &results[n_results - 1];
+    r->flops = 2.0 * (double)rows * (double)cols * n;
+    printf("%-22s %-44s %10.2f TFLOP/s\n", "", "", r->flops / (us * 1e6));
+    CK(sil_cuda_set_mma(cu, 0, &err));
     bweight_free(b);
     free(b);
 }
@@ -371,6 +418,36 @@ int main(int argc, char **argv)
         for (int n = 1; n <= 8; n += 7)
             bench_matvec("matvec_16384x2048", types[t], 16384, n_embd, n);
 
+    /* pp512's products at the 35B-A3B shapes: attention q+gate / k / v / output, the delta net's
+     * qkv / z / output, the shared expert (all 512 tokens), one routed expert at uniform routing
+     * (512 * 8 / 256 = 16 tokens), and the output head. */
+    CK(sil_cuda_alloc(cu, sizeof(float) * MM_MAX_N * MM_MAX_COLS, &xmm_dev, &err));
+    CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(MM_MAX_N, MM_MAX_COLS), &q8mm_dev, &err));
+    CK(sil_cuda_alloc(cu, sizeof(float) * MM_MAX_N * (size_t)MM_MAX_ROWS, &ymm_dev, &err));
+    for (int i = 0; i < MM_MAX_N * MM_MAX_COLS; i += 8 * (int)vocab)
+        CK(sil_cuda_copy_d2d(cu, xmm_dev + sizeof(float) * i, x_dev,
+                             sizeof(float) * (MM_MAX_N * MM_MAX_COLS - i < 8 * vocab
+                                                  ? MM_MAX_N * MM_MAX_COLS - i
+                                                  : 8 * vocab),
+                             NULL, &err));
+    bench_matmul("pp512_attn_q_gate", SIL_TYPE_Q4_K, 8192, n_embd, 512, 0);
+    bench_matmul("pp512_attn_q_gate", SIL_TYPE_Q4_K, 8192, n_embd, 512, 75);
+    bench_matmul("pp512_attn_k_or_v", SIL_TYPE_Q4_K, 512, n_embd, 512, 0);
+    bench_matmul("pp512_attn_v", SIL_TYPE_Q6_K, 512, n_embd, 512, 0);
+    bench_matmul("pp512_attn_out", SIL_TYPE_Q4_K, n_embd, 4096, 512, 0);
+    bench_matmul("pp512_dn_qkv", SIL_TYPE_Q4_K, 8192, n_embd, 512, 0);
+    bench_matmul("pp512_dn_z", SIL_TYPE_Q4_K, 4096, n_embd, 512, 0);
+    bench_matmul("pp512_dn_out", SIL_TYPE_Q4_K, n_embd, 4096, 512, 0);
+    bench_matmul("pp512_shexp_gate_up", SIL_TYPE_Q4_K, n_ff, n_embd, 512, 0);
+    bench_matmul("pp512_shexp_down", SIL_TYPE_Q6_K, n_embd, n_ff, 512, 0);
+    bench_matmul("pp512_expert_gate_up", SIL_TYPE_Q4_K, n_ff, n_embd, 16, 0);
+    bench_matmul("pp512_expert_down", SIL_TYPE_Q6_K, n_embd, n_ff, 16, 0);
+    bench_matmul("pp512_output_head", SIL_TYPE_Q6_K, vocab, n_embd, 512, 0);
+    bench_matmul("pp512_output_head", SIL_TYPE_Q6_K, vocab, n_embd, 512, 75);
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        bench_matmul("matmul_8192x2048", types[t], 8192, n_embd, 512, 0);
+    sil_cuda_release(cu, xmm_dev), sil_cuda_release(cu, q8mm_dev), sil_cuda_release(cu, ymm_dev);
+
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {
@@ -407,6 +484,13 @@ int main(int argc, char **argv)
                     "\"bytes\": %.0f, \"runs\": 5, \"min\": %.1f, \"max\": %.1f}",
                     r->name, r->config, r->gbs, peak, r->bytes, r->bytes / (r->us_max * 1e3),
                     r->bytes / (r->us_min * 1e3));
+            if (r->flops > 0)
+                fprintf(f,
+                        ",\n    {\"metric\": \"tflop_s\", \"config\": \"kernel=%s,%s\", \"value\": "
+                        "%.2f, \"unit\": \"TFLOP/s\", \"flops\": %.0f, \"runs\": 5, \"min\": %.2f, "
+                        "\"max\": %.2f}",
+                        r->name, r->config, r->flops / (r->us * 1e6), r->flops,
+                        r->flops / (r->us_max * 1e6), r->flops / (r->us_min * 1e6));
         }
         fprintf(f,
                 "\n  ],\n  \"notes\": \"value is the median of 5 timed loops of %d launches "

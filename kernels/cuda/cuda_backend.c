@@ -115,6 +115,9 @@ struct sil_cuda {
     CUfunction mv[MV_COUNT][SIL_CUDA_MAX_BATCH];
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
+    CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
+    CUfunction mmf[MV_COUNT - MV_F32];
+    int mma_best, mma_sm; /* the newest mma path this module runs on the device; the one used */
     struct sil_cuda_info info;
 };
 
@@ -220,6 +223,16 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         }
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
+    for (int t = 0; t < MV_COUNT; t++)
+        for (int v = 0; v < (t < MV_F32 ? 2 : 1); v++) {
+            if (t < MV_F32)
+                snprintf(name, sizeof name, "sil_mmq_%s_%s", mv_names[t], v ? "sm80" : "sm75");
+            else
+                snprintf(name, sizeof name, "sil_mmf_%s", mv_names[t]);
+            CUfunction *f = t < MV_F32 ? &cu->mmq[t][v] : &cu->mmf[t - MV_F32];
+            CUresult r = cu->api.cuModuleGetFunction(f, cu->mod, name);
+            if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+        }
     for (int i = 0; i < K_COUNT; i++) {
         CUresult r = cu->api.cuModuleGetFunction(&cu->k[i], cu->mod, k_names[i]);
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, k_names[i]);
@@ -296,6 +309,8 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
         (jit && *jit && strcmp(jit, "0") != 0) || !arch_in_fatbin(in->cc_major, in->cc_minor);
     rc = load_functions(cu, err);
     if (rc < 0) goto fail_ctx;
+    /* m16n8k32 is in the sm_80+ SASS only; the compute_75 PTX carries m8n8k16 in both entries */
+    cu->mma_best = cu->mma_sm = in->cc_major >= 8 && !in->ptx_jit ? 80 : 75;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
 #undef STEP
     *out = cu;
@@ -644,6 +659,62 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
     int units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
     void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &y, &ldy};
     return launch(cu, cu->mv[slot][n - 1], "matvec", g, 1, 128, s, p, err);
+}
+
+int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err)
+{
+    if (sm == 0) sm = cu->mma_best;
+    if (sm != 75 && sm != 80)
+        return set_err(err, -EINVAL, "cuda: mma path sm_%d: 75, 80 or 0 (the best)", sm);
+    if (sm > cu->mma_best)
+        return set_err(err, -ENOTSUP, "cuda: mma path sm_%d needs sm_80+ SASS (%s, sm_%d%d)", sm,
+                       cu->info.ptx_jit ? "PTX through the JIT" : "SASS", cu->info.cc_major,
+                       cu->info.cc_minor);
+    cu->mma_sm = sm;
+    return 0;
+}
+
+int sil_cuda_get_mma(const struct sil_cuda *cu)
+{
+    return cu->mma_sm;
+}
+
+int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
+                    sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
+                    struct sil_error *err)
+{
+    const int slot = mv_slot(w->type);
+    if (slot < 0 || !w->data)
+        return set_err(err, -EINVAL, "cuda: matmul on an empty or unsupported weight");
+    /* grid y counts tiles of 64 activation rows and is limited to 65535 */
+    if (n < 1 || n > 65535 * 64 || ldy < w->rows)
+        return set_err(err, -EINVAL, "cuda: matmul of %d rows (1..%d), ldy %lld < rows %lld", n,
+                       65535 * 64, (long long)ldy, (long long)w->rows);
+    const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((n + 63) / 64);
+    uint64_t row_bytes = w->row_bytes;
+    int rows = (int)w->rows;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CUresult r;
+    if (slot >= MV_F32) {
+        if (!x)
+            return set_err(err, -EINVAL, "cuda: matmul on %s needs the F32 input",
+                           sil_type_name(w->type));
+        int64_t cols = w->cols;
+        void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &x, &n, &y, &ldy};
+        r = cu->api.cuLaunchKernel(cu->mmf[slot - MV_F32], gx, gy, 1, 256, 1, 1, 0,
+                                   stream_of(cu, s), p, NULL);
+    } else {
+        if (!q8)
+            return set_err(err, -EINVAL, "cuda: matmul on %s needs the q8 input",
+                           sil_type_name(w->type));
+        int units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
+        void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &n, &y, &ldy};
+        r = cu->api.cuLaunchKernel(cu->mmq[slot][cu->mma_sm >= 80], gx, gy, 1, 128, 1, 1, 0,
+                                   stream_of(cu, s), p, NULL);
+    }
+    if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, "matmul");
+    return 0;
 }
 
 int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,

@@ -92,7 +92,7 @@ struct sil_cuda_weight {
     bool owned; /* data was allocated by sil_cuda_weight_upload */
 };
 
-/* Types sil_cuda_matvec computes with. */
+/* Types sil_cuda_matvec and sil_cuda_matmul compute with. */
 bool sil_cuda_type_supported(int type);
 /* Checks the shape (cols a multiple of the type's block, bytes == rows * row size), allocates
  * and copies. `src` is host memory (the mmap); the copy is complete when this returns. */
@@ -124,6 +124,20 @@ int sil_cuda_quantize_q8(struct sil_cuda *cu, sil_cuda_ptr x, int64_t n, int64_t
 int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
                     sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
                     struct sil_error *err);
+
+/* The same product for prefill, any n >= 1 (meant for n > SIL_CUDA_MAX_BATCH): quantized
+ * weights on int8 tensor cores (weights unpacked to int8 per 32 columns, their scales applied in
+ * float per 32 columns), reading q8 (sil_cuda_quantize_q8 of the n rows, the same layout);
+ * F32/F16/BF16 in float from x [n][cols]. y[j * ldy + r] for j < n, r < rows; nothing else of y
+ * is written. */
+int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
+                    sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
+                    struct sil_error *err);
+/* The int8 mma path of sil_cuda_matmul: 75 (mma.m8n8k16, every GPU), 80 (mma.m16n8k32, sm_80+
+ * devices running the fatbin's SASS), 0 the best the device runs (the default). -ENOTSUP for 80
+ * where it is not there. For tests and benchmarks of both paths. */
+int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err);
+int sil_cuda_get_mma(const struct sil_cuda *cu);
 
 /* y = x / sqrt(mean(x^2) + eps) * w per row of n (w may be 0). y may equal x. */
 int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,

@@ -7,3 +7,4 @@
 #include "kernels/cuda/mmvq.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/mmq.cuh"
