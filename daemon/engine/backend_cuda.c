@@ -168,7 +168,8 @@ static bool quantized(int type)
     return type != SIL_TYPE_F32 && type != SIL_TYPE_F16 && type != SIL_TYPE_BF16;
 }
 
-/* y rows [r0, r0 + n) = x rows [r0, r0 + n) W^T for each output, x quantized once per chunk. */
+/* y = x W^T for each output, x quantized once. Up to MB rows: the matvec, which reads each
+ * weight once; more (prefill): the tensor-core product over all rows in one launch. */
 static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil_mm_out *out,
                       int n_out)
 {
@@ -179,8 +180,9 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     bool any_q = false;
     for (int j = 0; j < n_out; j++)
         any_q = any_q || quantized(out[j].w->type);
-    for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
-        const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
+    const int64_t step = x.rows > MB ? x.rows : MB;
+    for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += step) {
+        const int n = (int)(x.rows - r0 < step ? x.rows - r0 : step);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * x.ld) * sizeof(float);
         if (any_q && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err)))
             return;
@@ -189,7 +191,10 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
             const struct sil_act y = out[j].y;
             if (!ok(b, view(out[j].w, out[j].w->rows, &cw, &b->err))) return;
             const sil_cuda_ptr yp = dp(y.data) + (uint64_t)(r0 * y.ld) * sizeof(float);
-            if (!ok(b, sil_cuda_matvec(b->cu, &cw, xp, b->q8, n, yp, y.ld, NULL, &b->err))) return;
+            const int rc = n > MB
+                               ? sil_cuda_matmul(b->cu, &cw, xp, b->q8, n, yp, y.ld, NULL, &b->err)
+                               : sil_cuda_matvec(b->cu, &cw, xp, b->q8, n, yp, y.ld, NULL, &b->err);
+            if (!ok(b, rc)) return;
         }
     }
 }
@@ -687,7 +692,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * c->n_seq_max * c->n_ctx * c->kv_dim) * f4;
     const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
     const uint64_t q8 =
-        max_u(sil_cuda_q8_bytes(MB, c->k_max), X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) + 256;
+        max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max), X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) +
+        256;
     const uint64_t moe = X > 0 ? (uint64_t)(U * X + 2 * U * K * F + U * K * E + MB * c->k_max +
                                             U * E + 2 * U * S + U) *
                                          f4 +
