@@ -470,7 +470,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
                  info->name, info->arch_name, info->n_layer, (unsigned long long)info->n_params, now_s() - t0,
                  info->backend, info->n_threads, sil_engine_n_ctx(s->engine));
         if (!cfg->backend[0] || strcmp(cfg->backend, "auto") == 0)
-            sil_info("backend auto: %s (this build has no CUDA backend)", info->backend);
+            sil_info("backend auto: %s", info->backend);
         if (cfg->vram_budget && strcmp(info->backend, "cuda") != 0)
             sil_notice("vram_budget has no effect: the model runs on the %s backend",
                        info->backend);

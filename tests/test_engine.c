@@ -626,16 +626,23 @@ static void test_row_status(void **state)
     free(lg);
     sil_engine_close(e);
 
-    /* a backend asked for by name that this build lacks is an error, not a CPU run */
+    /* a backend asked for by name that cannot run (a build without CUDA, no driver, no GPU) is an
+     * error saying why, not a CPU run; where a GPU is usable there is nothing to refuse */
     struct sil_engine_params p;
     sil_engine_params_default(&p);
     char *path = tu_refdata_path("models/qwen3-tiny-Q8_0.gguf");
     p.model_path = path;
     p.backend = "cuda";
     e = NULL;
-    assert_int_equal(sil_engine_open(&e, &p, &err), -ENOTSUP);
-    assert_null(e);
-    assert_non_null(strstr(err.msg, "CUDA"));
+    const int rc = sil_engine_open(&e, &p, &err);
+    if (rc == 0) {
+        assert_string_equal(sil_engine_info(e)->backend, "cuda");
+        sil_engine_close(e);
+    } else {
+        assert_true(rc < 0);
+        assert_null(e);
+        assert_true(strstr(err.msg, "CUDA") || strstr(err.msg, "cuda"));
+    }
     free(path);
 }
 

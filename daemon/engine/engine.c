@@ -238,11 +238,6 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if (p->backend && strcmp(p->backend, "cpu") != 0 && strcmp(p->backend, "auto") != 0 &&
         strcmp(p->backend, "cuda") != 0)
         return sil_errorf(err, -EINVAL, "engine: unknown backend '%s' (cpu, cuda, auto)", p->backend);
-    /* Asked for by name, a backend that cannot run is an error, never a silent CPU run. */
-    if (p->backend && strcmp(p->backend, "cuda") == 0)
-        return sil_errorf(err, -ENOTSUP,
-                          "engine: backend 'cuda': this build has no CUDA backend "
-                          "(use backend cpu or auto)");
     struct sil_engine *e = calloc(1, sizeof(*e));
     if (!e)
         return sil_errorf(err, -ENOMEM, "engine: out of memory");

@@ -75,9 +75,14 @@ echo "ok: SIGTERM exits as soon as the last client is gone, exit 0"
 # says it has no effect; auto says what it picked.
 rc=0
 "$D" --config "$T/siliceod.conf" --model "$MODEL" --socket "$SILICEO_SOCKET" --backend cuda 2>"$T/err" || rc=$?
-[ "$rc" != 0 ] || fail "--backend cuda started without a CUDA backend"
-grep -q "no CUDA backend" "$T/err" || fail "--backend cuda message: $(cat "$T/err")"
-echo "ok: --backend cuda without CUDA is an error: $(cat "$T/err")"
+if [ -e /dev/nvidiactl ]; then
+    echo "skip: a GPU machine: --backend cuda may run here"
+else
+    [ "$rc" != 0 ] || fail "--backend cuda started without a GPU"
+    grep -Eqi "cuda.*(libcuda|driver|device|without CUDA|no CUDA)" "$T/err" ||
+        fail "--backend cuda message: $(cat "$T/err")"
+    echo "ok: --backend cuda without a GPU is an error: $(cat "$T/err")"
+fi
 start_daemon --model "$MODEL" --vram-budget 1G --log-level info
 python3 -c "import siltest; siltest.Client().ok('status')"
 grep -q "vram_budget has no effect" "$T/daemon.log" || fail "no vram_budget notice: $(cat "$T/daemon.log")"
