@@ -16,6 +16,8 @@
 
 static int tokvec_push(struct tokvec *t, const int32_t *ids, size_t n)
 {
+    if (n == 0)
+        return 0; /* t->p may still be NULL: NULL + 0 is undefined */
     if (t->n + n > t->cap) {
         size_t cap = t->cap ? t->cap : 64;
         while (cap < t->n + n)
