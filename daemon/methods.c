@@ -450,6 +450,7 @@ static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_re
     }
     j->conn_id = c->id;
     j->msgid = m->msgid;
+    j->uid = c->cred.uid;
     sil_worker_submit(s->worker, j);
     return 0;
 }
@@ -654,7 +655,7 @@ static int m_sessions_list(struct conn *c, const struct sil_rpc_msg *m)
     int ok = need_model(c, m);
     if (ok <= 0)
         return ok;
-    sil_worker_sessions_list(c->srv->worker, c->id, m->msgid);
+    sil_worker_sessions_list(c->srv->worker, c->id, m->msgid, c->cred.uid, c->owner);
     return 0;
 }
 
@@ -665,9 +666,16 @@ static int m_sessions_drop(struct conn *c, const struct sil_rpc_msg *m)
         return ok;
     struct sil_rpc_error err = { 0 };
     char name[SIL_SESSION_NAME_MAX];
-    if (sil_rpc_get_strbuf(m->params, "name", name, sizeof name, SIL_RPC_REQUIRED, &err) < 0)
+    uint64_t uid = c->cred.uid;
+    if (sil_rpc_get_strbuf(m->params, "name", name, sizeof name, SIL_RPC_REQUIRED, &err) < 0 ||
+        sil_rpc_get_uint(m->params, "uid", 0, UINT32_MAX, &uid, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE,
+                         &err) < 0)
         return send_rpc_error(c, m->msgid, &err);
-    sil_worker_session_drop(c->srv->worker, c->id, m->msgid, name);
+    /* Another uid's session is only the daemon owner's to drop. */
+    if (uid != c->cred.uid && !c->owner)
+        return send_error(c, m->msgid, SIL_RPC_E_PERMISSION,
+                          "sessions.drop: only the daemon's owner may drop another uid's session");
+    sil_worker_session_drop(c->srv->worker, c->id, m->msgid, (uint32_t)uid, name);
     return 0;
 }
 

@@ -218,7 +218,7 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
 {
     struct session *s = NULL;
     if (j->r.session[0]) {
-        s = session_find(w, j->r.session);
+        s = session_find(w, j->r.uid, j->r.session);
         if (s && s->busy)
             return -EBUSY;
     }
@@ -258,6 +258,7 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
             if (!s)
                 return -ENOMEM;
             snprintf(s->name, sizeof s->name, "%s", j->r.session);
+            s->uid = j->r.uid;
             s->seq = seq;
             s->busy = j;
             s->last_used = now_s();
@@ -288,7 +289,7 @@ void admit(struct sil_worker *w)
         struct job *best = NULL;
         for (struct job *j = w->queue; j; j = j->next) {
             if (j->r.session[0]) {
-                struct session *s = session_find(w, j->r.session);
+                struct session *s = session_find(w, j->r.uid, j->r.session);
                 if (s && s->busy)
                     continue;
             }

@@ -3,6 +3,8 @@
  * from the least recently used end when over session_memory / max_sessions, or when a new
  * request needs a sequence and none is free.
  *
+ * A session is keyed by (uid, name): requests of one uid never see, reuse or drop another's.
+ *
  * Ownership: the worker owns every session; session_free frees the sequence and the tokens. A
  * session busy with a job is never dropped. Engine thread only. */
 #include <errno.h>
@@ -12,10 +14,10 @@
 #include "daemon/log.h"
 #include "daemon/worker_impl.h"
 
-struct session *session_find(struct sil_worker *w, const char *name)
+struct session *session_find(struct sil_worker *w, uint32_t uid, const char *name)
 {
     for (struct session *s = w->sessions; s; s = s->next)
-        if (strcmp(s->name, name) == 0)
+        if (s->uid == uid && strcmp(s->name, name) == 0)
             return s;
     return NULL;
 }
@@ -88,11 +90,11 @@ int seq_get(struct sil_worker *w, struct sil_error *err)
     }
 }
 
-bool session_in_use(struct sil_worker *w, const char *name)
+bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name)
 {
     for (int pass = 0; pass < 2; pass++)
         for (struct job *j = pass ? w->running : w->queue; j; j = j->next)
-            if (strcmp(j->r.session, name) == 0)
+            if (j->r.uid == uid && strcmp(j->r.session, name) == 0)
                 return true;
     return false;
 }

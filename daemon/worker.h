@@ -35,6 +35,7 @@ struct sil_job_req {
     const char *stop_ptrs[SIL_GENCTL_MAX_STOP];
     char *stop_buf;               /* malloc'd, owned by the job */
     char session[SIL_SESSION_NAME_MAX]; /* "" = none */
+    uint32_t uid; /* the peer's: sessions are keyed by (uid, name) */
     int priority;
 };
 
@@ -78,9 +79,13 @@ void sil_job_req_free(struct sil_job_req *job);
 void sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
 /* The connection is gone: its requests stop and free their memory, nothing is sent. */
 void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id);
-/* Answered by the worker through the outbox (a response to msgid). */
-void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
-void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, const char *name);
+/* Answered by the worker through the outbox (a response to msgid). Sessions belong to the uid
+ * that made them: the list shows uid's own, or every session when all is set (the daemon's
+ * owner); drop removes (uid, name) only. */
+void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                              bool all);
+void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                             const char *name);
 /* Every request gets a final response with stop_reason "shutdown", then the thread ends and posts
  * a message with stopped set. */
 void sil_worker_shutdown(struct sil_worker *w);

@@ -21,6 +21,7 @@
 struct session {
     struct session *prev, *next; /* most recently used first */
     char name[SIL_SESSION_NAME_MAX];
+    uint32_t uid; /* owner: another uid's same name is another session */
     int seq;
     int32_t *tokens; /* what the sequence holds */
     size_t n_tokens;
@@ -63,6 +64,8 @@ struct inmsg {
     uint32_t msgid;
     struct sil_job_req *job;
     char name[SIL_SESSION_NAME_MAX];
+    uint32_t uid; /* session operations: the caller's uid */
+    bool all;     /* sessions.list by the daemon's owner */
 };
 
 struct sil_worker {
@@ -119,14 +122,14 @@ void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
 void publish_stats(struct sil_worker *w);
 
 /* session.c: named sessions and the sequences they hold. */
-struct session *session_find(struct sil_worker *w, const char *name);
+struct session *session_find(struct sil_worker *w, uint32_t uid, const char *name);
 void session_to_front(struct sil_worker *w, struct session *s);
 void session_free(struct sil_worker *w, struct session *s);
 /* Drops idle sessions from the least recently used end while over the limits. */
 void sessions_enforce(struct sil_worker *w);
 /* A sequence for a new request: evicts the least recently used idle session when all are taken. */
 int seq_get(struct sil_worker *w, struct sil_error *err);
-bool session_in_use(struct sil_worker *w, const char *name);
+bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name);
 
 /* scheduler.c: jobs and the scheduler step. */
 void job_free(struct sil_worker *w, struct job *j);

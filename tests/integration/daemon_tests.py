@@ -169,6 +169,86 @@ def sessions():
     c.close()
 
 
+OTHER_UID = 12345  # admitted by allow_users in daemon_methods.sh
+
+
+def as_uid(uid, fn):
+    """Runs fn() in a child process with uid (gid 0 keeps the socket reachable); returns what fn
+    returns (a repr-able value) or raises with the child's error."""
+    import pickle
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(0)
+            os.setuid(uid)
+            out = ("ok", fn())
+        except BaseException as e:  # reported to the parent
+            out = ("err", "%s: %s" % (type(e).__name__, e))
+        os.write(w, pickle.dumps(out))
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        d = os.read(r, 65536)
+        if not d:
+            break
+        data += d
+    os.close(r)
+    os.waitpid(pid, 0)
+    kind, val = pickle.loads(data)
+    if kind != "ok":
+        raise RuntimeError("as uid %d: %s" % (uid, val))
+    return val
+
+
+def sessions_uid():
+    """Sessions are keyed by (uid, name): another uid neither sees, reuses, nor drops them."""
+    secret = "The launch code is 7741; remember it."
+    c = Client()
+    r1, _ = c.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))
+    check(r1["n_cached"] == 0, "root's first request on 'shared'")
+
+    def other():
+        c2 = Client()
+        lst = c2.ok("sessions.list")[0]["sessions"]
+        guess = c2.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))[0]
+        again = c2.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))[0]
+        mine = c2.ok("sessions.list")[0]["sessions"]
+        err_other, _, _ = c2.call("sessions.drop", {"name": "shared", "uid": 0})
+        c2.ok("sessions.drop", {"name": "shared"})
+        err_gone, _, _ = c2.call("sessions.drop", {"name": "shared"})
+        c2.close()
+        return dict(lst=lst, guess=guess["n_cached"], again=again["n_cached"], mine=mine,
+                    err_other=err_other, err_gone=err_gone)
+
+    o = as_uid(OTHER_UID, other)
+    check(o["lst"] == [], "another uid's sessions.list does not show root's session (%r)" % o["lst"])
+    check(o["guess"] == 0, "the right guess of root's prompt under the same name gives n_cached 0 (%d)" % o["guess"])
+    check(o["again"] > 0, "the other uid's own 'shared' session is reused by its next request (%d)" % o["again"])
+    check(len(o["mine"]) == 1 and o["mine"][0]["uid"] == OTHER_UID and o["mine"][0]["name"] == "shared",
+          "the other uid lists its own session with its uid")
+    check(o["err_other"] is not None and o["err_other"]["code"] == 6,
+          "dropping root's session by uid from another uid -> error 6")
+    check(o["err_gone"] is not None and o["err_gone"]["code"] == 9, "the other uid dropped its own session only")
+    # Root's session survived all that, and the daemon's owner sees every uid's sessions.
+    r2, _ = c.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))
+    check(r2["n_cached"] > 0, "root's session still holds its prompt (%d cached)" % r2["n_cached"])
+    as_uid(OTHER_UID, lambda: Client().ok("generate", dict(GREEDY, prompt="x y", session="theirs",
+                                                           max_tokens=2))[0]["n_cached"])
+    lst = c.ok("sessions.list")[0]["sessions"]
+    owners = sorted((s["name"], s["uid"]) for s in lst)
+    check(("shared", 0) in owners and ("theirs", OTHER_UID) in owners,
+          "the owner's sessions.list shows every session with its uid (%r)" % owners)
+    c.ok("sessions.drop", {"name": "theirs", "uid": OTHER_UID})
+    lst = c.ok("sessions.list")[0]["sessions"]
+    check(all(s["name"] != "theirs" for s in lst), "the owner may drop another uid's session")
+    c.ok("sessions.drop", {"name": "shared"})
+    c.close()
+
+
 def bad_input():
     """Each bad message gets an error or a closed connection; a bystander keeps streaming."""
     by = Client()
