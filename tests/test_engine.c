@@ -529,6 +529,130 @@ static void test_long_batch(void **state)
     }
 }
 
+/* Evaluates ids[from, to) on seq in one batch; logits of every row into lg (may be NULL). */
+static void eval_span(struct sil_engine *e, int seq, const int32_t *ids, int32_t from, int32_t to, float *lg)
+{
+    int32_t n = to - from;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *sq = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = malloc(sizeof(bool) * (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = from + i;
+        sq[i] = seq;
+        want[i] = lg != NULL;
+    }
+    struct sil_batch b = {n, ids + from, pos, sq, want};
+    struct sil_error err = {0};
+    if (sil_engine_eval(e, &b, lg, &err) < 0)
+        fail_msg("eval: %s", err.msg);
+    free(pos);
+    free(sq);
+    free(want);
+}
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Chat turns on a hybrid model the way the daemon runs them: checkpoints at the end of the
+ * conversation before the generation prompt, at the end of the prompt and after the answer; the
+ * next turn cuts back to the nearest checkpoint at or below the common prefix and evaluates only
+ * the rest. Its logits equal a cold evaluation of the whole conversation (exact: 1e-3; normal:
+ * the 2e-2 floor of the refdata rules for quantized files). */
+static void test_checkpoint_continue(void **state)
+{
+    (void)state;
+    const char *const which[] = {"qwen35-tiny-Q4_K_M", "qwen35moe-tiny-Q4_K_M"};
+    const char *const say[] = {"My name is Bob. Tell me about cats.", "What is my name?", "And dogs?"};
+    for (size_t w = 0; w < 2; w++) {
+        for (int exact = 0; exact < 2; exact++) {
+            struct sil_engine *e = open_model(which[w], exact, 2);
+            const struct sil_vocab *v = sil_engine_vocab(e);
+            const int32_t V = sil_engine_info(e)->n_vocab;
+            const double tol = exact ? 1e-3 : 2e-2;
+            struct sil_error err = {0};
+            int seq = sil_seq_create(e, &err);
+            assert_true(seq >= 0);
+            struct sil_chat_msg msgs[8];
+            char answers[3][512];
+            size_t n_msgs = 0;
+            int32_t held[256]; /* what the sequence holds */
+            size_t n_held = 0;
+            double worst = 0;
+            for (int turn = 0; turn < 3; turn++) {
+                msgs[n_msgs++] = (struct sil_chat_msg){"user", say[turn], NULL};
+                int32_t *ids, *hist;
+                size_t n, n_hist;
+                assert_int_equal(sil_chat_tokenize(v, msgs, n_msgs, true, false, &ids, &n, &err), 0);
+                assert_int_equal(sil_chat_tokenize(v, msgs, n_msgs, false, false, &hist, &n_hist, &err), 0);
+                assert_true(n_hist < n && common_prefix(ids, n, hist, n_hist) == n_hist);
+                int32_t from = 0;
+                if (turn > 0) {
+                    size_t lcp = common_prefix(held, n_held, ids, n);
+                    from = sil_seq_resume_pos(e, seq, (int32_t)lcp);
+                    if (from <= 0)
+                        fail_msg("%s turn %d: no checkpoint below the common prefix %zu", which[w], turn, lcp);
+                    assert_true(from <= (int32_t)lcp);
+                    assert_int_equal(sil_seq_truncate(e, seq, from, &err), 0);
+                    assert_int_equal(sil_seq_len(e, seq), from);
+                }
+                /* The rest, split where the daemon takes its checkpoints. */
+                float *lg = malloc(sizeof(float) * (size_t)V * n);
+                int32_t cut = (int32_t)n_hist > from ? (int32_t)n_hist : from;
+                if (cut > from) {
+                    eval_span(e, seq, ids, from, cut, lg + (size_t)from * V);
+                    assert_int_equal(sil_seq_checkpoint(e, seq, 4, &err), 0);
+                }
+                eval_span(e, seq, ids, cut, (int32_t)n, lg + (size_t)cut * V);
+                assert_int_equal(sil_seq_checkpoint(e, seq, 4, &err), 0);
+                assert_true(sil_seq_n_checkpoints(e, seq) <= 4);
+                /* Cold: the whole conversation in a fresh sequence. */
+                float *cold = malloc(sizeof(float) * (size_t)V * n);
+                int other = prefill(e, ids, (int32_t)n, cold);
+                for (size_t p = (size_t)from; p < n; p++)
+                    for (int32_t k = 0; k < V; k++)
+                        worst = fmax(worst, fabs((double)lg[p * V + k] - cold[p * V + k]));
+                sil_seq_free(e, other);
+                /* A short greedy answer, evaluated, then the end-of-turn checkpoint. */
+                int32_t ans[6];
+                greedy(e, seq, lg + (n - 1) * (size_t)V, 6, ans);
+                memcpy(held, ids, sizeof(int32_t) * n);
+                memcpy(held + n, ans, sizeof(int32_t) * 5); /* the last one is not evaluated */
+                n_held = n + 5;
+                assert_int_equal(sil_seq_len(e, seq), (int32_t)n_held);
+                uint64_t before = sil_seq_memory(e, seq);
+                assert_int_equal(sil_seq_checkpoint(e, seq, 4, &err), 0);
+                assert_true(sil_seq_memory(e, seq) > before || sil_seq_n_checkpoints(e, seq) == 4);
+                char *text = NULL;
+                size_t tl = 0;
+                assert_int_equal(sil_detokenize(v, ans, 5, false, &text, &tl, &err), 0);
+                snprintf(answers[turn], sizeof answers[turn], "%.*s", (int)tl, text);
+                free(text);
+                msgs[n_msgs++] = (struct sil_chat_msg){"assistant", answers[turn], NULL};
+                free(lg);
+                free(cold);
+                free(ids);
+                free(hist);
+            }
+            if (!(worst <= tol))
+                fail_msg("%s%s: continued vs cold logits differ by %g > %g", which[w], exact ? " exact" : "",
+                         worst, tol);
+            printf("%s%s: 3 turns continued from checkpoints, max diff vs cold %.3g\n", which[w],
+                   exact ? " exact" : "", worst);
+            /* No checkpoint at the cut: refused, nothing changed; max_keep 0 drops them all. */
+            assert_int_equal(sil_seq_truncate(e, seq, 1, &err), -ENOTSUP);
+            assert_int_equal(sil_seq_len(e, seq), (int32_t)n_held);
+            assert_int_equal(sil_seq_checkpoint(e, seq, 0, &err), 0);
+            assert_int_equal(sil_seq_n_checkpoints(e, seq), 0);
+            assert_int_equal(sil_seq_resume_pos(e, seq, (int32_t)n_held - 1), 0);
+            sil_engine_close(e);
+        }
+    }
+}
+
 /* Bad batches fail without changing any sequence; truncate to 0 restarts a sequence. */
 static void test_api_errors(void **state)
 {
@@ -596,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_long_batch),
         cmocka_unit_test(test_mixed_prefill_decode),
         cmocka_unit_test(test_api_errors),
+        cmocka_unit_test(test_checkpoint_continue),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
