@@ -553,11 +553,16 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
     if (!j)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const msgpack_object *arr;
-    bool think = sil_vocab_think_open(s->vocab) >= 0;
+    bool think = sil_vocab_think_open(s->vocab) >= 0, append = false;
     if (read_gen_params(s, m->params, j, &err) < 0 ||
         sil_rpc_get_array(m->params, "messages", &arr, SIL_RPC_REQUIRED, &err) < 0 ||
-        sil_rpc_get_bool(m->params, "think", &think, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
+        sil_rpc_get_bool(m->params, "think", &think, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "append", &append, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
         goto bad;
+    if (append && !j->session[0]) {
+        sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "append: needs a session");
+        goto bad;
+    }
     n = arr->via.array.size;
     if (n == 0 || n > MAX_CHAT_MESSAGES) {
         sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "messages: expected 1 to %d messages", MAX_CHAT_MESSAGES);
@@ -609,6 +614,15 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
         goto bad;
     }
     j->ctl.in_reasoning = think && ends_in_think(s, j->prompt, j->n_prompt);
+    if (j->session[0]) {
+        /* The messages go with the job: the session keeps them as its transcript. */
+        j->chat = msgs;
+        j->n_chat = n;
+        j->think = think;
+        j->append = append;
+        free(strs); /* the strings now belong to msgs */
+        return submit(c, m, j);
+    }
     for (uint32_t i = 0; i < n * 3; i++)
         free(strs[i]);
     free(strs);

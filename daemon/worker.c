@@ -143,9 +143,10 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         for (struct session *s = w->sessions; s; s = s->next) {
             if (!m->all && s->uid != m->uid)
                 continue;
-            msgpack_pack_map(pk, 6);
+            msgpack_pack_map(pk, 7);
             sil_utf8_pack_kv(pk, "name", s->name, strlen(s->name));
             sil_rpc_kv_uint(pk, "uid", s->uid);
+            sil_rpc_kv_uint(pk, "messages", s->n_log);
             sil_rpc_kv_uint(pk, "n_tokens", s->busy ? s->busy->ctx.n : s->n_tokens);
             sil_rpc_kv_uint(pk, "memory", s->memory);
             sil_rpc_kv_double(pk, "idle_s", s->busy ? 0 : t - s->last_used);
@@ -405,6 +406,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->n_batch_max = cfg->prefill_chunk + cfg->max_running;
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
+    w->checkpoints = cfg->session_checkpoints;
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     beat(w);
     sil_rpc_buf_init(&w->pk, 0);

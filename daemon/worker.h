@@ -36,6 +36,15 @@ struct sil_job_req {
     char *stop_buf;               /* malloc'd, owned by the job */
     char session[SIL_SESSION_NAME_MAX]; /* "" = none */
     uint32_t uid; /* the peer's: sessions are keyed by (uid, name) */
+    /* Prompt position where a later request may diverge (a recurrent-state checkpoint is taken
+     * there); 0 = none. Chat requests on a session get the end of the conversation. */
+    int32_t resume;
+    /* A chat request on a session: its messages (each string malloc'd, owned by the job), kept
+     * as the session's transcript with the answer; with append the prompt is rendered at
+     * admission from the transcript plus these. */
+    struct sil_chat_msg *chat;
+    size_t n_chat;
+    bool think, append;
     int priority;
 };
 
@@ -75,6 +84,8 @@ bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s
 
 void sil_worker_submit(struct sil_worker *w, struct sil_job_req *job);
 void sil_job_req_free(struct sil_job_req *job);
+/* Frees n messages whose strings are each malloc'd, and the array. */
+void sil_chat_msgs_free(struct sil_chat_msg *m, size_t n);
 /* Cancels request msgid of a connection (final response with stop_reason "cancelled"). */
 void sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
 /* The connection is gone: its requests stop and free their memory, nothing is sent. */

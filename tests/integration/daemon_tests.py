@@ -249,6 +249,55 @@ def sessions_uid():
     c.close()
 
 
+def hybrid_sessions():
+    """Sessions on a hybrid model (qwen35 / qwen35moe): each turn resumes from a recurrent-state
+    checkpoint (n_cached > 0) and answers exactly as a cold run of the whole conversation."""
+    c = Client()
+    for think in (False, True):
+        name = "h%d" % think
+        conv = []
+        for turn, say in enumerate(["My name is Bob.", "What is my name?", "And what is yours?"]):
+            conv.append({"role": "user", "content": say})
+            p = dict(GREEDY, messages=conv, max_tokens=8, think=think, max_thinking_tokens=4)
+            r, _ = c.ok("chat", dict(p, session=name))
+            cold, _ = c.ok("chat", p)
+            if turn == 0:
+                check(r["n_cached"] == 0, "think=%s turn 1 evaluates everything" % think)
+            else:
+                check(r["n_cached"] > 0, "think=%s turn %d reuses %d of %d prompt tokens"
+                      % (think, turn + 1, r["n_cached"], r["n_prompt"]))
+            check(r["tokens"] == cold["tokens"], "think=%s turn %d answers as a cold run" % (think, turn + 1))
+            conv.append({"role": "assistant", "content": r["text"].replace("\0", "")})
+    # The daemon keeps the transcript: append sends only the new message.
+    conv = []
+    for turn, say in enumerate(["My name is Bob.", "What is my name?", "Say it again."]):
+        r, _ = c.ok("chat", dict(GREEDY, messages=[{"role": "user", "content": say}], max_tokens=8,
+                                 think=False, session="ha", append=True))
+        conv.append({"role": "user", "content": say})
+        cold, _ = c.ok("chat", dict(GREEDY, messages=conv, max_tokens=8, think=False))
+        check(r["n_prompt"] == cold["n_prompt"] and r["tokens"] == cold["tokens"],
+              "append turn %d renders the whole conversation (%d tokens) and answers as a cold run"
+              % (turn + 1, r["n_prompt"]))
+        check(turn == 0 or r["n_cached"] > 0, "append turn %d reuses %d tokens" % (turn + 1, r["n_cached"]))
+        # The transcript keeps the answer without NUL bytes (a message cannot hold one).
+        conv.append({"role": "assistant", "content": r["text"].replace("\0", "")})
+    lst = {x["name"]: x for x in c.ok("sessions.list")[0]["sessions"]}
+    check(lst["ha"]["messages"] == 6, "the session holds 6 messages (%d)" % lst["ha"]["messages"])
+    # generate continuations: prompt + text + more.
+    prompt = "Once upon a time"
+    for turn in range(3):
+        r, _ = c.ok("generate", dict(GREEDY, prompt=prompt, max_tokens=8, session="g"))
+        cold, _ = c.ok("generate", dict(GREEDY, prompt=prompt, max_tokens=8))
+        check(turn == 0 or r["n_cached"] > 0, "generate turn %d reuses %d of %d" % (turn + 1, r["n_cached"], r["n_prompt"]))
+        check(r["tokens"] == cold["tokens"], "generate turn %d continues as a cold run" % (turn + 1))
+        detok = c.ok("detokenize", {"ids": r["tokens"]})[0]["text"]
+        check(r["text"] == detok, "generate text is the detokenized tokens (%r)" % r["text"])
+        prompt = prompt + r["text"] + " and then"
+    for n in ("h0", "h1", "ha", "g"):
+        c.ok("sessions.drop", {"name": n})
+    c.close()
+
+
 def bad_input():
     """Each bad message gets an error or a closed connection; a bystander keeps streaming."""
     by = Client()
