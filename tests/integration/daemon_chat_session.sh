@@ -36,4 +36,30 @@ echo "ok: --drop removes the session; a second --drop says there is none"
 python3 -c "import json,sys; r=json.load(open('$T/3.json')); sys.exit(0 if r['n_cached']==0 else 1)" ||
     fail "a dropped session still reused tokens"
 echo "ok: after --drop the session starts over"
+# The Neovim plugin's session option: the same conversation, continued across processes.
+if command -v nvim >/dev/null; then
+    cat >"$T/nv.lua" <<'LUA'
+local s = require('siliceo')
+s.setup({ session = 'nv', system = 'You are terse.', max_tokens = 4, temperature = 0, split = 'enew' })
+local function wait_messages(n)
+  return vim.wait(60000, function() return s.session_messages('nv') == n end, 100)
+end
+s.chat('My name is Bob.')
+assert(wait_messages(3), 'first chat: the session should hold 3 messages')
+s.chat('What is my name?')
+assert(wait_messages(5), 'second chat: the session should hold 5 messages')
+vim.cmd('qall!')
+LUA
+    ROOT_NV=$ROOT/contrib/nvim
+    timeout 120 nvim --headless -u NONE --cmd "set rtp^=$ROOT_NV" -c "runtime plugin/siliceo.lua" \
+        -c "luafile $T/nv.lua" >"$T/nv.out" 2>&1 || fail "nvim: $(cat "$T/nv.out")"
+    echo "ok: two :SiliceoChat calls in Neovim continue one session (5 messages)"
+    "$CHAT" "${opts[@]}" -S nv --json "Say it again." >"$T/4.json" || fail "sil-chat -S nv failed"
+    python3 -c "import json,sys; r=json.load(open('$T/4.json')); sys.exit(0 if r['n_cached']>0 else 1)" ||
+        fail "sil-chat did not continue the Neovim session"
+    "$CHAT" --sessions | grep -Eq '^nv +7 ' || fail "the nv session should hold 7 messages: $("$CHAT" --sessions)"
+    echo "ok: sil-chat -S nv continues the conversation Neovim started (7 messages)"
+else
+    echo "skip: nvim not installed (Neovim plugin session check)"
+fi
 stop_daemon
