@@ -546,6 +546,22 @@ GPT2_BYTES = (list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xA
 GPT2_BYTES += [b for b in range(256) if b not in GPT2_BYTES]  # byte of token i < 256 (byte-level vocab)
 
 
+def generate_text():
+    """generate's text is the detokenized tokens: leading spaces, tabs and newlines included."""
+    c = Client()
+    leading = 0
+    for seed in range(40):
+        r, _ = c.ok("generate", {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0,
+                                 "seed": seed, "grace_tokens": 0, "repair_markdown": False})
+        d = c.ok("detokenize", {"ids": r["tokens"]})[0]["text"]
+        if r["stop_reason"] == "eos":
+            d = c.ok("detokenize", {"ids": r["tokens"][:-1]})[0]["text"]
+        check(r["text"] == d, "seed %d: text %r = detokenized tokens %r" % (seed, r["text"], d))
+        leading += d[:1] in (" ", "\t", "\n", "\r")
+    check(leading > 0, "%d of 40 answers start with a blank, and keep it" % leading)
+    c.close()
+
+
 def utf8():
     """A model with random weights and a byte-level vocab emits byte tokens that do not form UTF-8.
     Every str the daemon sends must still decode strictly (siltest raises otherwise); ids stay
@@ -572,7 +588,7 @@ def utf8():
         d = c.ok("detokenize", {"ids": r["tokens"]})[0]["text"]
         check("\ufffd" not in d or seen_fffd > 0, "detokenize of the same ids is valid UTF-8 too")
         if r["n_reasoning"] == 0 and "```" not in d and r["stop_reason"] == "length":
-            same = d.lstrip(" \n\r\t") == r["text"]
+            same = d == r["text"]  # leading blanks kept: text is the tokens' text
             check(same, "piecewise replacement = replacement of the whole text" +
                   ("" if same else ": %r vs %r" % (d, r["text"])))
     check(seen_fffd > 0, "the random model did emit invalid UTF-8 (%d U+FFFD)" % seen_fffd)
