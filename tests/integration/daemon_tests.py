@@ -293,7 +293,12 @@ def hybrid_sessions():
         detok = c.ok("detokenize", {"ids": r["tokens"]})[0]["text"]
         check(r["text"] == detok, "generate text is the detokenized tokens (%r)" % r["text"])
         prompt = prompt + r["text"] + " and then"
-    for n in ("h0", "h1", "ha", "g"):
+    # No common prefix at all (nothing to resume: the sequence restarts from 0).
+    c.ok("generate", dict(GREEDY, prompt="Hello", max_tokens=3, session="z", add_bos=False))
+    r, _ = c.ok("generate", dict(GREEDY, prompt="Zebra crossing", max_tokens=3, session="z", add_bos=False))
+    cold, _ = c.ok("generate", dict(GREEDY, prompt="Zebra crossing", max_tokens=3, add_bos=False))
+    check(r["n_cached"] == 0 and r["tokens"] == cold["tokens"], "a session reused with no common prefix starts over")
+    for n in ("h0", "h1", "ha", "g", "z"):
         c.ok("sessions.drop", {"name": n})
     c.close()
 
