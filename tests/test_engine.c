@@ -1,7 +1,8 @@
 /* Engine parity against the reference logits in refdata/models (tolerance rules of its README):
  * every model file and prompt in normal mode against llama.cpp, in exact mode against the
  * tight references; greedy continuations; decode vs prefill; several sequences in one batch vs
- * each alone; API errors leave sequences untouched. */
+ * each alone; API errors leave sequences untouched; checkpointed continuations equal cold runs;
+ * KV pages past a cut are given back. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -10,10 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/kv_cache.h"
 #include "tests/testutil.h"
 
 static const char *const models[] = {
@@ -653,6 +657,53 @@ static void test_checkpoint_continue(void **state)
     }
 }
 
+/* Pages of [p, p + bytes) resident in memory (mincore). */
+static size_t resident_pages(const void *p, size_t bytes)
+{
+    const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(ps - 1), b = ((uintptr_t)p + bytes + ps - 1) & ~(uintptr_t)(ps - 1);
+    size_t n = (b - a) / ps, r = 0;
+    unsigned char *vec = malloc(n);
+    assert_int_equal(mincore((void *)a, b - a, vec), 0);
+    for (size_t i = 0; i < n; i++)
+        r += vec[i] & 1;
+    free(vec);
+    return r;
+}
+
+/* The KV a sequence reports is what it holds: pages are backed only once written, a trim gives
+ * the pages past the cut back (they read as zeros again), a release unmaps them. */
+static void test_kv_release(void **state)
+{
+    (void)state;
+    struct sil_kv_cache *kv;
+    struct sil_error err = {0};
+    const int32_t n_ctx = 4096, ek = 128, ev = 128;
+    assert_int_equal(sil_kv_create(&kv, 2, 1, n_ctx, ek, ev, &err), 0);
+    assert_int_equal(sil_kv_seq_alloc(kv, 0, &err), 0);
+    const size_t run = sizeof(float) * (size_t)n_ctx * ek;
+    assert_int_equal(resident_pages(sil_kv_k(kv, 1, 0, 0), run), 0);
+    for (int32_t p = 0; p < 2000; p++)
+        for (int l = 0; l < 2; l++) {
+            sil_kv_k(kv, l, 0, p)[0] = 1.0f;
+            sil_kv_v(kv, l, 0, p)[ev - 1] = 2.0f;
+        }
+    size_t before = resident_pages(sil_kv_k(kv, 1, 0, 0), run);
+    assert_true(before >= 2000 * ek * sizeof(float) / 4096);
+    sil_kv_seq_trim(kv, 0, 100);
+    size_t after = resident_pages(sil_kv_k(kv, 1, 0, 0), run);
+    /* what is left: the pages of positions < 100, one more where a run is not page aligned */
+    assert_true(after <= 100 * ek * sizeof(float) / 4096 + 2);
+    assert_true(after < before);
+    assert_true(sil_kv_k(kv, 1, 0, 99)[0] == 1.0f);
+    assert_true(sil_kv_k(kv, 0, 0, 1999)[0] == 0.0f && sil_kv_v(kv, 1, 0, 1999)[ev - 1] == 0.0f);
+    const uint64_t used = 2u * 100u * (uint64_t)(ek + ev) * sizeof(float);
+    assert_true(sil_kv_seq_bytes(kv, 100) >= used && sil_kv_seq_bytes(kv, 100) <= used + 4 * 4096);
+    assert_int_equal(sil_kv_seq_bytes(kv, 0), 0);
+    printf("kv trim: %zu resident pages of one K run -> %zu\n", before, after);
+    sil_kv_free(kv);
+}
+
 /* Bad batches fail without changing any sequence; truncate to 0 restarts a sequence. */
 static void test_api_errors(void **state)
 {
@@ -721,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_mixed_prefill_decode),
         cmocka_unit_test(test_api_errors),
         cmocka_unit_test(test_checkpoint_continue),
+        cmocka_unit_test(test_kv_release),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
