@@ -32,9 +32,9 @@ struct opts {
     const char *socket;
     const char *system;
     bool from_stdin, json, raw;
-    bool append;           /* chat continues the daemon's transcript of the -S session */
-    bool list_sessions;    /* --sessions */
-    const char *drop;      /* --drop NAME */
+    bool append;        /* chat continues the daemon's transcript of the -S session */
+    bool list_sessions; /* --sessions */
+    const char *drop;   /* --drop NAME */
     int show_reasoning; /* -1 auto (on a tty), 0 hide, 1 show */
     int timeout_s;
     struct sil_client_gen gen;
@@ -474,8 +474,10 @@ static int print_sessions(struct sil_rpc_client *c)
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *s = &arr->via.array.ptr[i];
         int64_t uid = sil_rpc_map_int(s, "uid", -1);
-        printf("%-24s %8lld %8lld %9.1fM %7.0fs%s", sil_rpc_map_str(s, "name", buf, sizeof buf, "?"),
-               (long long)sil_rpc_map_int(s, "messages", 0), (long long)sil_rpc_map_int(s, "n_tokens", 0),
+        printf("%-24s %8lld %8lld %9.1fM %7.0fs%s",
+               sil_rpc_map_str(s, "name", buf, sizeof buf, "?"),
+               (long long)sil_rpc_map_int(s, "messages", 0),
+               (long long)sil_rpc_map_int(s, "n_tokens", 0),
                sil_rpc_map_int(s, "memory", 0) / 1048576.0, sil_rpc_map_double(s, "idle_s", 0),
                sil_rpc_map_bool(s, "busy", false) ? " busy" : "");
         if (uid != (int64_t)getuid())

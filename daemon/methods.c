@@ -557,7 +557,8 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
     if (read_gen_params(s, m->params, j, &err) < 0 ||
         sil_rpc_get_array(m->params, "messages", &arr, SIL_RPC_REQUIRED, &err) < 0 ||
         sil_rpc_get_bool(m->params, "think", &think, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0 ||
-        sil_rpc_get_bool(m->params, "append", &append, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
+        sil_rpc_get_bool(m->params, "append", &append, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE,
+                         &err) < 0)
         goto bad;
     if (append && !j->session[0]) {
         sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "append: needs a session");

@@ -134,8 +134,10 @@ int session_chat_prompt(struct sil_worker *w, struct job *j, const struct sessio
     if (joined) {
         rc = sil_chat_tokenize(w->v, all, n, true, j->r.think, &ids, &n_ids, err);
         if (rc == 0 && (int64_t)n_ids + 1 >= w->n_ctx)
-            rc = sil_errorf(err, -E2BIG, "session '%s': the conversation (%zu tokens) no longer fits "
-                            "the context of %d; drop the session to start over", s->name, n_ids, w->n_ctx);
+            rc = sil_errorf(err, -E2BIG,
+                            "session '%s': the conversation (%zu tokens) no longer fits the "
+                            "context of %d; drop the session to start over",
+                            s->name, n_ids, w->n_ctx);
         if (rc == 0) {
             free(j->r.prompt);
             j->r.prompt = ids;

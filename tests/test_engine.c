@@ -534,7 +534,8 @@ static void test_long_batch(void **state)
 }
 
 /* Evaluates ids[from, to) on seq in one batch; logits of every row into lg (may be NULL). */
-static void eval_span(struct sil_engine *e, int seq, const int32_t *ids, int32_t from, int32_t to, float *lg)
+static void eval_span(struct sil_engine *e, int seq, const int32_t *ids, int32_t from, int32_t to,
+                      float *lg)
 {
     int32_t n = to - from;
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *sq = malloc(sizeof(int32_t) * (size_t)n);
@@ -570,7 +571,8 @@ static void test_checkpoint_continue(void **state)
 {
     (void)state;
     const char *const which[] = {"qwen35-tiny-Q4_K_M", "qwen35moe-tiny-Q4_K_M"};
-    const char *const say[] = {"My name is Bob. Tell me about cats.", "What is my name?", "And dogs?"};
+    const char *const say[] = {"My name is Bob. Tell me about cats.", "What is my name?",
+                               "And dogs?"};
     for (size_t w = 0; w < 2; w++) {
         for (int exact = 0; exact < 2; exact++) {
             struct sil_engine *e = open_model(which[w], exact, 2);
@@ -590,15 +592,18 @@ static void test_checkpoint_continue(void **state)
                 msgs[n_msgs++] = (struct sil_chat_msg){"user", say[turn], NULL};
                 int32_t *ids, *hist;
                 size_t n, n_hist;
-                assert_int_equal(sil_chat_tokenize(v, msgs, n_msgs, true, false, &ids, &n, &err), 0);
-                assert_int_equal(sil_chat_tokenize(v, msgs, n_msgs, false, false, &hist, &n_hist, &err), 0);
+                assert_int_equal(sil_chat_tokenize(v, msgs, n_msgs, true, false, &ids, &n, &err),
+                                 0);
+                assert_int_equal(
+                    sil_chat_tokenize(v, msgs, n_msgs, false, false, &hist, &n_hist, &err), 0);
                 assert_true(n_hist < n && common_prefix(ids, n, hist, n_hist) == n_hist);
                 int32_t from = 0;
                 if (turn > 0) {
                     size_t lcp = common_prefix(held, n_held, ids, n);
                     from = sil_seq_resume_pos(e, seq, (int32_t)lcp);
                     if (from <= 0)
-                        fail_msg("%s turn %d: no checkpoint below the common prefix %zu", which[w], turn, lcp);
+                        fail_msg("%s turn %d: no checkpoint below the common prefix %zu",
+                                 which[w], turn, lcp);
                     assert_true(from <= (int32_t)lcp);
                     assert_int_equal(sil_seq_truncate(e, seq, from, &err), 0);
                     assert_int_equal(sil_seq_len(e, seq), from);
@@ -642,8 +647,8 @@ static void test_checkpoint_continue(void **state)
                 free(hist);
             }
             if (!(worst <= tol))
-                fail_msg("%s%s: continued vs cold logits differ by %g > %g", which[w], exact ? " exact" : "",
-                         worst, tol);
+                fail_msg("%s%s: continued vs cold logits differ by %g > %g", which[w],
+                         exact ? " exact" : "", worst, tol);
             printf("%s%s: 3 turns continued from checkpoints, max diff vs cold %.3g\n", which[w],
                    exact ? " exact" : "", worst);
             /* No checkpoint at the cut: refused, nothing changed; max_keep 0 drops them all. */
@@ -661,7 +666,8 @@ static void test_checkpoint_continue(void **state)
 static size_t resident_pages(const void *p, size_t bytes)
 {
     const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(ps - 1), b = ((uintptr_t)p + bytes + ps - 1) & ~(uintptr_t)(ps - 1);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(ps - 1);
+    uintptr_t b = ((uintptr_t)p + bytes + ps - 1) & ~(uintptr_t)(ps - 1);
     size_t n = (b - a) / ps, r = 0;
     unsigned char *vec = malloc(n);
     assert_int_equal(mincore((void *)a, b - a, vec), 0);

@@ -226,8 +226,8 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
                             hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
         goto fail;
-    if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max, (int64_t)hp->n_layer_recr * f->dn_state_floats,
-                              err)) < 0)
+    if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
+                              (int64_t)hp->n_layer_recr * f->dn_state_floats, err)) < 0)
         goto fail;
     if (p->progress)
         p->progress(1.0f, "ready", p->progress_user);

@@ -76,7 +76,8 @@ static size_t page_size(void)
 static void release_range(char *from, char *to)
 {
     const size_t ps = page_size();
-    uintptr_t a = ((uintptr_t)from + ps - 1) & ~(uintptr_t)(ps - 1), b = (uintptr_t)to & ~(uintptr_t)(ps - 1);
+    uintptr_t a = ((uintptr_t)from + ps - 1) & ~(uintptr_t)(ps - 1);
+    uintptr_t b = (uintptr_t)to & ~(uintptr_t)(ps - 1);
     if (b > a)
         madvise((void *)a, b - a, MADV_DONTNEED);
 }
