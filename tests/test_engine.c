@@ -18,6 +18,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/kv_cache.h"
+#include "daemon/engine/state_ckpt.h"
 #include "tests/testutil.h"
 
 static const char *const models[] = {
@@ -662,6 +663,43 @@ static void test_checkpoint_continue(void **state)
     }
 }
 
+/* The checkpoint store alone: sorted positions, replace at the same position, the lowest go
+ * first beyond max_keep, restore copies exactly, drop_after and clear. */
+static void test_ckpt_store(void **state)
+{
+    (void)state;
+    struct sil_state_ckpt *c;
+    struct sil_error err = {0};
+    assert_int_equal(sil_ckpt_create(&c, 2, 3, &err), 0);
+    float st[3], out[3];
+    const int32_t order[] = {40, 10, 30, 20, 50};
+    for (int i = 0; i < 5; i++) {
+        st[0] = st[1] = st[2] = (float)order[i];
+        assert_int_equal(sil_ckpt_save(c, 1, order[i], st, 4, &err), 0);
+    }
+    assert_int_equal(sil_ckpt_count(c, 1), 4);
+    assert_int_equal(sil_ckpt_count(c, 0), 0);
+    assert_int_equal(sil_ckpt_find(c, 1, 15), -1); /* 10 was the lowest: dropped */
+    assert_int_equal(sil_ckpt_find(c, 1, 29), 20);
+    assert_int_equal(sil_ckpt_find(c, 1, 1000), 50);
+    /* below everything kept while full: not taken */
+    assert_int_equal(sil_ckpt_save(c, 1, 5, st, 4, &err), 0);
+    assert_int_equal(sil_ckpt_find(c, 1, 9), -1);
+    st[0] = 7;
+    assert_int_equal(sil_ckpt_save(c, 1, 30, st, 4, &err), 0); /* replaces */
+    assert_int_equal(sil_ckpt_count(c, 1), 4);
+    assert_int_equal(sil_ckpt_restore(c, 1, 30, out), 0);
+    assert_true(out[0] == 7 && out[1] == 50 && out[2] == 50);
+    assert_int_equal(sil_ckpt_restore(c, 1, 31, out), -ENOENT);
+    assert_int_equal(sil_ckpt_bytes(c, 1), 4 * 3 * sizeof(float));
+    sil_ckpt_drop_after(c, 1, 30);
+    assert_int_equal(sil_ckpt_find(c, 1, 1000), 30);
+    assert_int_equal(sil_ckpt_count(c, 1), 2);
+    assert_int_equal(sil_ckpt_save(c, 1, 60, st, 0, &err), 0); /* max_keep 0: none kept */
+    assert_int_equal(sil_ckpt_count(c, 1), 0);
+    sil_ckpt_free(c);
+}
+
 /* Pages of [p, p + bytes) resident in memory (mincore). */
 static size_t resident_pages(const void *p, size_t bytes)
 {
@@ -779,6 +817,7 @@ int main(void)
         cmocka_unit_test(test_api_errors),
         cmocka_unit_test(test_checkpoint_continue),
         cmocka_unit_test(test_kv_release),
+        cmocka_unit_test(test_ckpt_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

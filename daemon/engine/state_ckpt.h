@@ -3,9 +3,10 @@
  * cut back to that position and continued as if the tokens after it had never been evaluated.
  * Attention KV needs no snapshot (positions past the cut are simply rewritten).
  *
- * A store holds, per sequence, a bounded list of (position, snapshot); what keeps them (a
- * session's turns, a prefix cache taking one every N blocks of a long prompt) chooses where and
- * how many. Restoring copies the snapshot back: bit-identical state, so a continuation gives the
+ * A store holds, per owner (an index: the engine's stores are per sequence; a prefix cache can
+ * keep one of its own, per cached block chain), a bounded list of (position, snapshot); what
+ * keeps them (a session's turns, a prefix cache taking one every N blocks of a long prompt)
+ * chooses where and how many. Restoring copies the snapshot back: bit-identical state, so a continuation gives the
  * same outputs as evaluating the whole prefix. Snapshots are malloc'd when taken (between
  * evaluations, never inside one) and freed when dropped.
  * Ownership: the store owns every snapshot; one thread at a time (the engine's). */
