@@ -2,9 +2,12 @@
  * (reusing a session's common prefix); step evaluates one batch, a decode row for every running
  * sequence plus prompt chunks under the prefill budget, then samples, applies the generation
  * controls (genctl.h) and packs the streamed notifications; job_finish packs the final response.
+ * On a session, recurrent-state checkpoints are taken where a later request may resume: a prompt
+ * chunk ends at the request's resume point (the conversation before the generation prompt), and
+ * at the end of the prompt and of the answer; admission cuts back to the nearest one.
  *
- * Ownership: a job owns its request (prompt, stop strings), sampler, genctl state and token
- * vectors; job_free frees them all. Engine thread only. */
+ * Ownership: a job owns its request (prompt, stop strings, chat messages), sampler, genctl state
+ * and token vectors; job_free frees them all. Engine thread only. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
