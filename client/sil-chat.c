@@ -18,6 +18,7 @@
 #define PROG "sil-chat"
 #define MAX_STDIN (8u << 20)
 #define MAX_TURNS 256
+#define SIL_SESSION_NAME_BUF 256
 
 /* Set by the signal handler: SIGINT cancels the answer or the line being typed; SIGTERM and
  * SIGHUP end the REPL after it saved its history and dropped its private session. */
@@ -40,6 +41,9 @@ struct opts {
     const char *socket;
     const char *system;
     bool from_stdin, json, raw;
+    bool append;        /* chat continues the daemon's transcript of the -S session */
+    bool list_sessions; /* --sessions */
+    const char *drop;   /* --drop NAME */
     int show_reasoning; /* -1 auto (on a tty), 0 hide, 1 show */
     int timeout_s;
     struct sil_client_gen gen;
@@ -62,7 +66,10 @@ static void usage(FILE *f)
             "terminal on stdin, starts an interactive session.\n"
             "\n"
             "  -s, --stdin               read stdin as context; the question is the instruction\n"
-            "  -S, --session NAME        keep the conversation in the daemon under NAME\n"
+            "  -S, --session NAME        keep the conversation in the daemon under NAME: each\n"
+            "                            call continues it\n"
+            "      --sessions            list your sessions\n"
+            "      --drop NAME           drop session NAME\n"
             "      --system TEXT         system prompt\n"
             "      --think / --no-think  let the model reason first, or not\n"
             "      --hide-reasoning      do not print the reasoning (default off a terminal)\n"
@@ -86,6 +93,7 @@ static void usage(FILE *f)
 enum {
     O_SYSTEM = 256, O_THINK, O_NO_THINK, O_HIDE, O_SHOW, O_RAW, O_JSON, O_MAXTHINK, O_TOPK,
     O_TOPP, O_MINP, O_REPEAT, O_PRESENCE, O_SEED, O_STOP, O_PRIORITY, O_TIMEOUT, O_SOCKET,
+    O_SESSIONS, O_DROP,
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -93,6 +101,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
     static const struct option lo[] = {
         {"stdin", no_argument, 0, 's'},
         {"session", required_argument, 0, 'S'},
+        {"sessions", no_argument, 0, O_SESSIONS},
+        {"drop", required_argument, 0, O_DROP},
         {"system", required_argument, 0, O_SYSTEM},
         {"think", no_argument, 0, O_THINK},
         {"no-think", no_argument, 0, O_NO_THINK},
@@ -190,6 +200,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->timeout_s = (int)l;
             break;
         case O_SOCKET: o->socket = optarg; break;
+        case O_SESSIONS: o->list_sessions = true; break;
+        case O_DROP: o->drop = optarg; break;
         case 'h': usage(stdout); exit(0);
         case 'V': sil_client_version(PROG); exit(0);
         default: sil_client_bad_option(PROG, c, argc, argv, lo); return -1;
@@ -287,7 +299,10 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
     struct sil_client_gen gen = o->gen;
     if (raw_prompt)
         gen.think = -1; /* chat only */
-    msgpack_pack_map(pk, 1 + sil_client_gen_count(&gen));
+    const bool append = o->append && !raw_prompt;
+    msgpack_pack_map(pk, 1 + append + sil_client_gen_count(&gen));
+    if (append)
+        sil_rpc_kv_bool(pk, "append", true);
     if (raw_prompt) {
         sil_rpc_kv_str(pk, "prompt", raw_prompt);
     } else {
@@ -513,6 +528,75 @@ static int repl(struct sil_rpc_client *c, struct opts *o)
     return status == 130 ? SIL_EXIT_OK : status;
 }
 
+/* sessions.list: *out the caller's sessions (an array inside the result, valid until the
+ * next call) or NULL on error (printed). */
+static const msgpack_object *list_sessions(struct sil_rpc_client *c)
+{
+    msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.list");
+    msgpack_pack_map(pk, 0);
+    const msgpack_object *res = NULL, *arr = NULL;
+    struct sil_rpc_error e = {0};
+    if (sil_rpc_client_call(c, NULL, NULL, &res, &e) < 0 ||
+        sil_rpc_get_array(res, "sessions", &arr, SIL_RPC_REQUIRED, &e) < 0) {
+        sil_client_warn(PROG, "sessions.list: %s", e.msg);
+        return NULL;
+    }
+    return arr;
+}
+
+/* Messages the daemon holds for session name: 0 when it is new (or unknown). */
+static int64_t session_messages(struct sil_rpc_client *c, const char *name)
+{
+    const msgpack_object *arr = list_sessions(c);
+    char buf[SIL_SESSION_NAME_BUF];
+    for (uint32_t i = 0; arr && i < arr->via.array.size; i++) {
+        const msgpack_object *s = &arr->via.array.ptr[i];
+        if (strcmp(sil_rpc_map_str(s, "name", buf, sizeof buf, ""), name) == 0 &&
+            sil_rpc_map_int(s, "uid", -1) == (int64_t)getuid())
+            return sil_rpc_map_int(s, "messages", 0);
+    }
+    return 0;
+}
+
+static int print_sessions(struct sil_rpc_client *c)
+{
+    const msgpack_object *arr = list_sessions(c);
+    if (!arr)
+        return SIL_EXIT_ERROR;
+    char buf[SIL_SESSION_NAME_BUF];
+    printf("%-24s %8s %8s %10s %8s\n", "NAME", "MESSAGES", "TOKENS", "MEMORY", "IDLE");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *s = &arr->via.array.ptr[i];
+        int64_t uid = sil_rpc_map_int(s, "uid", -1);
+        printf("%-24s %8lld %8lld %9.1fM %7.0fs%s",
+               sil_rpc_map_str(s, "name", buf, sizeof buf, "?"),
+               (long long)sil_rpc_map_int(s, "messages", 0),
+               (long long)sil_rpc_map_int(s, "n_tokens", 0),
+               sil_rpc_map_int(s, "memory", 0) / 1048576.0, sil_rpc_map_double(s, "idle_s", 0),
+               sil_rpc_map_bool(s, "busy", false) ? " busy" : "");
+        if (uid != (int64_t)getuid())
+            printf(" (uid %lld)", (long long)uid); /* the daemon's owner sees everyone's */
+        putchar('\n');
+    }
+    return SIL_EXIT_OK;
+}
+
+static int drop_session(struct sil_rpc_client *c, const char *name)
+{
+    msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.drop");
+    msgpack_pack_map(pk, 1);
+    sil_rpc_kv_str(pk, "name", name);
+    struct sil_rpc_error e = {0};
+    if (sil_rpc_client_call(c, NULL, NULL, NULL, &e) < 0) {
+        if (e.code == SIL_RPC_E_NOT_FOUND)
+            sil_client_warn(PROG, "no session '%s'", name);
+        else
+            sil_client_warn(PROG, "sessions.drop: %s", e.msg);
+        return SIL_EXIT_ERROR;
+    }
+    return SIL_EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     setlocale(LC_CTYPE, ""); /* editline reads and shows UTF-8 by the locale */
@@ -521,6 +605,19 @@ int main(int argc, char **argv)
     int first = parse_args(argc, argv, &o);
     if (first < 0)
         return SIL_EXIT_USAGE;
+    if (o.list_sessions || o.drop) {
+        struct sil_rpc_client c;
+        struct sil_rpc_error e = {0};
+        if (sil_client_connect(&c, o.socket, o.timeout_s * 1000, &e) < 0) {
+            sil_client_warn(PROG, "%s", e.msg);
+            return SIL_EXIT_ERROR;
+        }
+        int st = o.drop ? drop_session(&c, o.drop) : SIL_EXIT_OK;
+        if (st == SIL_EXIT_OK && o.list_sessions)
+            st = print_sessions(&c);
+        sil_rpc_client_close(&c);
+        return st;
+    }
     char *question = join_args(argc - first, argv + first);
     char *context = NULL;
     bool stdin_tty = isatty(STDIN_FILENO);
@@ -567,7 +664,10 @@ int main(int argc, char **argv)
                  question ? question : "");
         struct turn turns[2];
         int nt = 0;
-        if (o.system)
+        /* -S: the daemon keeps the transcript; send only what is new (the system prompt only
+         * when the conversation starts). */
+        o.append = o.gen.session != NULL && !o.raw;
+        if (o.system && !(o.append && session_messages(&c, o.gen.session) > 0))
             turns[nt++] = (struct turn){"system", (char *)o.system};
         turns[nt++] = (struct turn){"user", content};
         status = ask(&c, &o, turns, nt, o.raw ? content : NULL, NULL);

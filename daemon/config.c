@@ -24,6 +24,7 @@ void sil_config_defaults(struct sil_config *c)
     c->prefill_chunk = 256;
     c->session_memory = 1ull << 30;
     c->max_sessions = 32;
+    c->session_checkpoints = 4;
     c->log_level = SIL_LOG_INFO;
 }
 
@@ -239,6 +240,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("max_tokens_limit", max_tokens_limit, 1, 1 << 24)
     INT_KEY("prefill_chunk", prefill_chunk, 1, 1 << 16)
     INT_KEY("max_sessions", max_sessions, 0, 4096)
+    INT_KEY("session_checkpoints", session_checkpoints, 0, 256)
     SIZE_KEY("vram_budget", vram_budget, 0)
     SIZE_KEY("max_message", max_message, 1024)
     SIZE_KEY("max_output", max_output, 4096)

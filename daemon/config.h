@@ -46,6 +46,7 @@ struct sil_config {
     int32_t prefill_chunk;      /* prompt tokens evaluated per step, across requests */
     uint64_t session_memory;    /* engine state kept by idle sessions, bytes; LRU beyond it */
     int max_sessions;
+    int session_checkpoints; /* recurrent-state checkpoints a session keeps (hybrid models) */
     int log_level;
     bool foreground;
     bool no_model;              /* --no-model: protocol-only diagnostics (debug.stream) */

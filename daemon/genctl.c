@@ -18,6 +18,7 @@ struct sil_genctl {
     size_t max_stop_len;
     struct buf answer, held, reasoning;
     bool in_reasoning, in_grace, answer_started, finished;
+    bool after_think; /* a think block closed: the blank lines the format puts after it go */
     bool cut; /* a stop string or a sentence end cut the text: nothing after it belongs */
     bool dot_pending; /* answer ends in digit + '.': the next text says decimal or sentence end */
     int32_t n_answer, n_reasoning, n_grace;
@@ -244,8 +245,10 @@ static void set_out(struct sil_genctl_out *out, struct sil_genctl *g, size_t a0,
 static int answer_text(struct sil_genctl *g, const char *text, size_t len)
 {
     if (!g->answer_started) {
-        /* The answer after a think block starts with blank lines; drop them. */
-        while (len > 0 && (*text == '\n' || *text == ' ' || *text == '\r' || *text == '\t')) {
+        /* The answer after a think block starts with blank lines; drop them. Elsewhere leading
+         * blanks are the model's text (prompt + text must be what the tokens say). */
+        while (g->after_think && len > 0 &&
+               (*text == '\n' || *text == ' ' || *text == '\r' || *text == '\t')) {
             text++;
             len--;
         }
@@ -287,6 +290,7 @@ int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t l
         g->n_reasoning++;
         if (id >= 0 && id == g->p.think_close) {
             g->in_reasoning = false;
+            g->after_think = true;
             g->forced = -1;
             return SIL_STOP_NONE;
         }

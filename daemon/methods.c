@@ -456,6 +456,7 @@ static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_re
     }
     j->conn_id = c->id;
     j->msgid = m->msgid;
+    j->uid = c->cred.uid;
     sil_worker_submit(s->worker, j);
     return 0;
 }
@@ -565,11 +566,17 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
     if (!j)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const msgpack_object *arr;
-    bool think = sil_vocab_think_open(s->vocab) >= 0;
+    bool think = sil_vocab_think_open(s->vocab) >= 0, append = false;
     if (read_gen_params(s, m->params, j, &err) < 0 ||
         sil_rpc_get_array(m->params, "messages", &arr, SIL_RPC_REQUIRED, &err) < 0 ||
-        sil_rpc_get_bool(m->params, "think", &think, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
+        sil_rpc_get_bool(m->params, "think", &think, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0 ||
+        sil_rpc_get_bool(m->params, "append", &append, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE,
+                         &err) < 0)
         goto bad;
+    if (append && !j->session[0]) {
+        sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "append: needs a session");
+        goto bad;
+    }
     n = arr->via.array.size;
     if (n == 0 || n > MAX_CHAT_MESSAGES) {
         sil_rpc_errorf(&err, -EINVAL, SIL_RPC_E_INVALID_PARAMS, "messages: expected 1 to %d messages", MAX_CHAT_MESSAGES);
@@ -621,6 +628,15 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
         goto bad;
     }
     j->ctl.in_reasoning = think && ends_in_think(s, j->prompt, j->n_prompt);
+    if (j->session[0]) {
+        /* The messages go with the job: the session keeps them as its transcript. */
+        j->chat = msgs;
+        j->n_chat = n;
+        j->think = think;
+        j->append = append;
+        free(strs); /* the strings now belong to msgs */
+        return submit(c, m, j);
+    }
     for (uint32_t i = 0; i < n * 3; i++)
         free(strs[i]);
     free(strs);
@@ -667,7 +683,7 @@ static int m_sessions_list(struct conn *c, const struct sil_rpc_msg *m)
     int ok = need_model(c, m);
     if (ok <= 0)
         return ok;
-    sil_worker_sessions_list(c->srv->worker, c->id, m->msgid);
+    sil_worker_sessions_list(c->srv->worker, c->id, m->msgid, c->cred.uid, c->owner);
     return 0;
 }
 
@@ -678,9 +694,16 @@ static int m_sessions_drop(struct conn *c, const struct sil_rpc_msg *m)
         return ok;
     struct sil_rpc_error err = { 0 };
     char name[SIL_SESSION_NAME_MAX];
-    if (sil_rpc_get_strbuf(m->params, "name", name, sizeof name, SIL_RPC_REQUIRED, &err) < 0)
+    uint64_t uid = c->cred.uid;
+    if (sil_rpc_get_strbuf(m->params, "name", name, sizeof name, SIL_RPC_REQUIRED, &err) < 0 ||
+        sil_rpc_get_uint(m->params, "uid", 0, UINT32_MAX, &uid, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE,
+                         &err) < 0)
         return send_rpc_error(c, m->msgid, &err);
-    sil_worker_session_drop(c->srv->worker, c->id, m->msgid, name);
+    /* Another uid's session is only the daemon owner's to drop. */
+    if (uid != c->cred.uid && !c->owner)
+        return send_error(c, m->msgid, SIL_RPC_E_PERMISSION,
+                          "sessions.drop: only the daemon's owner may drop another uid's session");
+    sil_worker_session_drop(c->srv->worker, c->id, m->msgid, (uint32_t)uid, name);
     return 0;
 }
 

@@ -2,9 +2,12 @@
  * (reusing a session's common prefix); step evaluates one batch, a decode row for every running
  * sequence plus prompt chunks under the prefill budget, then samples, applies the generation
  * controls (genctl.h) and packs the streamed notifications; job_finish packs the final response.
+ * On a session, recurrent-state checkpoints are taken where a later request may resume: a prompt
+ * chunk ends at the request's resume point (the conversation before the generation prompt), and
+ * at the end of the prompt and of the answer; admission cuts back to the nearest one.
  *
- * Ownership: a job owns its request (prompt, stop strings), sampler, genctl state and token
- * vectors; job_free frees them all. Engine thread only. */
+ * Ownership: a job owns its request (prompt, stop strings, chat messages), sampler, genctl state
+ * and token vectors; job_free frees them all. Engine thread only. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,8 @@
 
 static int tokvec_push(struct tokvec *t, const int32_t *ids, size_t n)
 {
+    if (n == 0)
+        return 0; /* t->p may still be NULL: NULL + 0 is undefined */
     if (t->n + n > t->cap) {
         size_t cap = t->cap ? t->cap : 64;
         while (cap < t->n + n)
@@ -40,6 +45,7 @@ void sil_job_req_free(struct sil_job_req *r)
         return;
     free(r->prompt);
     free(r->stop_buf);
+    sil_chat_msgs_free(r->chat, r->n_chat);
     free(r);
 }
 
@@ -51,7 +57,17 @@ void job_free(struct sil_worker *w, struct job *j)
     free(j->gen.p);
     free(j->r.prompt);
     free(j->r.stop_buf);
+    sil_chat_msgs_free(j->r.chat, j->r.n_chat);
     free(j);
+}
+
+/* A recurrent-state checkpoint where a later request on the job's session may resume (no-op on
+ * attention-only models). Failing to take one only costs reuse later. */
+static void job_checkpoint(struct sil_worker *w, struct job *j)
+{
+    struct sil_error err = { 0 };
+    if (j->sess && j->seq >= 0 && sil_seq_checkpoint(w->e, j->seq, w->checkpoints, &err) < 0)
+        sil_debug("session '%s': no checkpoint: %s", j->sess->name, err.msg);
 }
 
 static void pack_token(struct sil_rpc_buf *b, uint32_t msgid, const struct sil_genctl_out *o,
@@ -173,11 +189,15 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
         struct session *s = j->sess;
         bool keep = s && reason != SIL_STOP_ERROR && !s->drop_when_idle;
         if (keep) {
+            job_checkpoint(w, j); /* a continuation of this answer resumes here */
             free(s->tokens);
             s->tokens = j->ctx.p;
             s->n_tokens = j->ctx.n;
             j->ctx.p = NULL;
-            s->memory = sil_seq_memory(w->e, j->seq);
+            size_t na = 0, nr = 0;
+            const char *a = j->gc ? sil_genctl_answer(j->gc, &na) : NULL;
+            const char *r = j->gc ? sil_genctl_reasoning(j->gc, &nr) : NULL;
+            session_keep_transcript(w, s, j, a ? a : "", a ? na : 0, r ? r : "", r ? nr : 0);
             s->last_used = now_s();
             s->busy = NULL;
             session_to_front(w, s);
@@ -218,11 +238,14 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
 {
     struct session *s = NULL;
     if (j->r.session[0]) {
-        s = session_find(w, j->r.session);
+        s = session_find(w, j->r.uid, j->r.session);
         if (s && s->busy)
             return -EBUSY;
     }
     j->t_admit = now_s();
+    int rc0 = session_chat_prompt(w, j, s, err);
+    if (rc0 < 0)
+        return rc0;
     if (s) {
         size_t common = 0;
         while (common < s->n_tokens && common < j->r.n_prompt && s->tokens[common] == j->r.prompt[common])
@@ -230,11 +253,9 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
         if (common == j->r.n_prompt)
             common--; /* the last prompt token must be evaluated for its logits */
         if ((int32_t)common < sil_seq_len(w->e, s->seq)) {
+            /* Recurrent state can only go back to a checkpoint: the nearest at or below. */
+            common = (size_t)sil_seq_resume_pos(w->e, s->seq, (int32_t)common);
             int rc = sil_seq_truncate(w->e, s->seq, (int32_t)common, err);
-            if (rc == -ENOTSUP) {
-                common = 0;
-                rc = sil_seq_truncate(w->e, s->seq, 0, err);
-            }
             if (rc) {
                 session_free(w, s);
                 s = NULL;
@@ -258,6 +279,7 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
             if (!s)
                 return -ENOMEM;
             snprintf(s->name, sizeof s->name, "%s", j->r.session);
+            s->uid = j->r.uid;
             s->seq = seq;
             s->busy = j;
             s->last_used = now_s();
@@ -288,7 +310,7 @@ void admit(struct sil_worker *w)
         struct job *best = NULL;
         for (struct job *j = w->queue; j; j = j->next) {
             if (j->r.session[0]) {
-                struct session *s = session_find(w, j->r.session);
+                struct session *s = session_find(w, j->r.uid, j->r.session);
                 if (s && s->busy)
                     continue;
             }
@@ -425,6 +447,9 @@ void step(struct sil_worker *w)
             continue;
         size_t left = j->r.n_prompt - j->n_done;
         size_t take = left;
+        /* A chunk ends at the resume point so its checkpoint can be taken there. */
+        if (j->sess && j->r.resume > 0 && j->n_done < (size_t)j->r.resume)
+            take = (size_t)j->r.resume - j->n_done;
         if (take > (size_t)budget)
             take = budget;
         if (take > (size_t)(w->n_batch_max - n))
@@ -484,6 +509,8 @@ void step(struct sil_worker *w)
         if (!j->decoding) {
             j->n_done += cnt;
             w->local.tokens_prompt += cnt;
+            if (j->n_done == j->r.n_prompt || (j->r.resume > 0 && j->n_done == (size_t)j->r.resume))
+                job_checkpoint(w, j);
         }
     }
 

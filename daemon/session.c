@@ -3,6 +3,11 @@
  * from the least recently used end when over session_memory / max_sessions, or when a new
  * request needs a sequence and none is free.
  *
+ * A chat session also keeps its transcript (the messages and answers so far), so a chat
+ * request with append continues the conversation without resending it.
+ *
+ * A session is keyed by (uid, name): requests of one uid never see, reuse or drop another's.
+ *
  * Ownership: the worker owns every session; session_free frees the sequence and the tokens. A
  * session busy with a job is never dropped. Engine thread only. */
 #include <errno.h>
@@ -12,10 +17,10 @@
 #include "daemon/log.h"
 #include "daemon/worker_impl.h"
 
-struct session *session_find(struct sil_worker *w, const char *name)
+struct session *session_find(struct sil_worker *w, uint32_t uid, const char *name)
 {
     for (struct session *s = w->sessions; s; s = s->next)
-        if (strcmp(s->name, name) == 0)
+        if (s->uid == uid && strcmp(s->name, name) == 0)
             return s;
     return NULL;
 }
@@ -46,6 +51,7 @@ void session_free(struct sil_worker *w, struct session *s)
     if (s->seq >= 0)
         sil_seq_free(w->e, s->seq);
     free(s->tokens);
+    sil_chat_msgs_free(s->log, s->n_log);
     free(s);
     w->n_sessions--;
 }
@@ -88,11 +94,121 @@ int seq_get(struct sil_worker *w, struct sil_error *err)
     }
 }
 
-bool session_in_use(struct sil_worker *w, const char *name)
+bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name)
 {
     for (int pass = 0; pass < 2; pass++)
         for (struct job *j = pass ? w->running : w->queue; j; j = j->next)
-            if (strcmp(j->r.session, name) == 0)
+            if (j->r.uid == uid && strcmp(j->r.session, name) == 0)
                 return true;
     return false;
+}
+
+void sil_chat_msgs_free(struct sil_chat_msg *m, size_t n)
+{
+    for (size_t i = 0; m && i < n; i++) {
+        free((char *)m[i].role);
+        free((char *)m[i].content);
+        free((char *)m[i].reasoning);
+    }
+    free(m);
+}
+
+int session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
+                        struct sil_error *err)
+{
+    if (!j->r.chat)
+        return 0;
+    const bool joined = j->r.append && s && s->n_log > 0;
+    const size_t n = (joined ? s->n_log : 0) + j->r.n_chat;
+    struct sil_chat_msg *all = j->r.chat;
+    if (joined) {
+        all = malloc(sizeof(*all) * n);
+        if (!all)
+            return sil_errorf(err, -ENOMEM, "out of memory");
+        memcpy(all, s->log, sizeof(*all) * s->n_log);
+        memcpy(all + s->n_log, j->r.chat, sizeof(*all) * j->r.n_chat);
+    }
+    int32_t *ids = NULL, *hist = NULL;
+    size_t n_ids = 0, n_hist = 0;
+    int rc = 0;
+    if (joined) {
+        rc = sil_chat_tokenize(w->v, all, n, true, j->r.think, &ids, &n_ids, err);
+        if (rc == 0 && (int64_t)n_ids + 1 >= w->n_ctx)
+            rc = sil_errorf(err, -E2BIG,
+                            "session '%s': the conversation (%zu tokens) no longer fits the "
+                            "context of %d; drop the session to start over",
+                            s->name, n_ids, w->n_ctx);
+        if (rc == 0) {
+            free(j->r.prompt);
+            j->r.prompt = ids;
+            j->r.n_prompt = n_ids;
+            ids = NULL;
+        }
+    }
+    /* The conversation without the generation prompt: where the next turn diverges. */
+    if (rc == 0 && sil_chat_tokenize(w->v, all, n, false, j->r.think, &hist, &n_hist, err) == 0 &&
+        n_hist < j->r.n_prompt && memcmp(hist, j->r.prompt, n_hist * sizeof(*hist)) == 0)
+        j->r.resume = (int32_t)n_hist;
+    free(ids);
+    free(hist);
+    if (joined)
+        free(all);
+    return rc;
+}
+
+/* A copy without NUL bytes: a message is a C string, and a client could not send one either. */
+static char *dup_n(const char *p, size_t n)
+{
+    char *d = malloc(n + 1);
+    size_t k = 0;
+    for (size_t i = 0; d && i < n; i++)
+        if (p[i])
+            d[k++] = p[i];
+    if (d)
+        d[k] = 0;
+    return d;
+}
+
+static uint64_t log_bytes(const struct session *s)
+{
+    uint64_t b = sizeof(*s->log) * s->n_log;
+    for (size_t i = 0; i < s->n_log; i++)
+        b += strlen(s->log[i].role) + strlen(s->log[i].content) + 2 +
+             (s->log[i].reasoning ? strlen(s->log[i].reasoning) + 1 : 0);
+    return b;
+}
+
+void session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
+                             const char *answer, size_t n_answer, const char *reasoning,
+                             size_t n_reasoning)
+{
+    if (!j->r.chat || !j->r.append) {
+        sil_chat_msgs_free(s->log, s->n_log);
+        s->log = NULL;
+        s->n_log = 0;
+    }
+    if (j->r.chat) {
+        size_t n = s->n_log + j->r.n_chat + 1;
+        struct sil_chat_msg *log = realloc(s->log, sizeof(*log) * n);
+        char *role = strdup("assistant"), *content = dup_n(answer, n_answer);
+        char *why = n_reasoning ? dup_n(reasoning, n_reasoning) : NULL;
+        if (!log || !role || !content || (n_reasoning && !why)) {
+            /* A transcript with a hole would mislead the next turn: start over instead. */
+            free(role);
+            free(content);
+            free(why);
+            sil_chat_msgs_free(log ? log : s->log, s->n_log);
+            s->log = NULL;
+            s->n_log = 0;
+        } else {
+            memcpy(log + s->n_log, j->r.chat, sizeof(*log) * j->r.n_chat);
+            log[n - 1] = (struct sil_chat_msg){ role, content, why };
+            free(j->r.chat); /* the strings moved into the transcript */
+            j->r.chat = NULL;
+            j->r.n_chat = 0;
+            s->log = log;
+            s->n_log = n;
+        }
+    }
+    s->memory = sil_seq_memory(w->e, s->seq) + log_bytes(s);
 }

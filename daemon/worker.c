@@ -114,7 +114,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         free(m->job);
         j->seq = -1;
         j->t_submit = now_s();
-        if (j->r.session[0] && session_in_use(w, j->r.session)) {
+        if (j->r.session[0] && session_in_use(w, j->r.uid, j->r.session)) {
             post_error(w, j->r.conn_id, j->r.msgid, SIL_RPC_E_BUSY, "session in use by another request", true);
             job_free(w, j);
             break;
@@ -139,12 +139,19 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         msgpack_packer *pk = sil_rpc_begin_response(&w->pk, m->msgid);
         msgpack_pack_map(pk, 3);
         sil_rpc_pack_cstr(pk, "sessions");
-        msgpack_pack_array(pk, w->n_sessions);
+        uint32_t n_shown = 0;
+        for (struct session *s = w->sessions; s; s = s->next)
+            n_shown += m->all || s->uid == m->uid;
+        msgpack_pack_array(pk, n_shown);
         double t = now_s();
         uint64_t total = 0;
         for (struct session *s = w->sessions; s; s = s->next) {
-            msgpack_pack_map(pk, 5);
+            if (!m->all && s->uid != m->uid)
+                continue;
+            msgpack_pack_map(pk, 7);
             sil_utf8_pack_kv(pk, "name", s->name, strlen(s->name));
+            sil_rpc_kv_uint(pk, "uid", s->uid);
+            sil_rpc_kv_uint(pk, "messages", s->n_log);
             sil_rpc_kv_uint(pk, "n_tokens", s->busy ? s->busy->ctx.n : s->n_tokens);
             sil_rpc_kv_uint(pk, "memory", s->memory);
             sil_rpc_kv_double(pk, "idle_s", s->busy ? 0 : t - s->last_used);
@@ -174,7 +181,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         }
         break;
     case IN_SESS_DROP: {
-        struct session *s = session_find(w, m->name);
+        struct session *s = session_find(w, m->uid, m->name);
         if (!s) {
             post_error(w, m->conn_id, m->msgid, SIL_RPC_E_NOT_FOUND, "no such session", false);
             break;
@@ -477,14 +484,20 @@ void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id)
     send_in(w, new_in(IN_CONN_CLOSED, conn_id, 0));
 }
 
-void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid)
+void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                              bool all)
 {
-    send_in(w, new_in(IN_SESS_LIST, conn_id, msgid));
+    struct inmsg *m = new_in(IN_SESS_LIST, conn_id, msgid);
+    m->uid = uid;
+    m->all = all;
+    send_in(w, m);
 }
 
-void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, const char *name)
+void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                             const char *name)
 {
     struct inmsg *m = new_in(IN_SESS_DROP, conn_id, msgid);
+    m->uid = uid;
     snprintf(m->name, sizeof m->name, "%s", name);
     send_in(w, m);
 }
@@ -583,6 +596,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->n_batch_max = cfg->prefill_chunk + cfg->max_running;
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
+    w->checkpoints = cfg->session_checkpoints;
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     beat(w);
     sil_rpc_buf_init(&w->pk, 0);

@@ -35,6 +35,16 @@ struct sil_job_req {
     const char *stop_ptrs[SIL_GENCTL_MAX_STOP];
     char *stop_buf;               /* malloc'd, owned by the job */
     char session[SIL_SESSION_NAME_MAX]; /* "" = none */
+    uint32_t uid; /* the peer's: sessions are keyed by (uid, name) */
+    /* Prompt position where a later request may diverge (a recurrent-state checkpoint is taken
+     * there); 0 = none. Chat requests on a session get the end of the conversation. */
+    int32_t resume;
+    /* A chat request on a session: its messages (each string malloc'd, owned by the job), kept
+     * as the session's transcript with the answer; with append the prompt is rendered at
+     * admission from the transcript plus these. */
+    struct sil_chat_msg *chat;
+    size_t n_chat;
+    bool think, append;
     int priority;
 };
 
@@ -85,13 +95,19 @@ bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s
 
 void sil_worker_submit(struct sil_worker *w, struct sil_job_req *job);
 void sil_job_req_free(struct sil_job_req *job);
+/* Frees n messages whose strings are each malloc'd, and the array. */
+void sil_chat_msgs_free(struct sil_chat_msg *m, size_t n);
 /* Cancels request msgid of a connection (final response with stop_reason "cancelled"). */
 void sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
 /* The connection is gone: its requests stop and free their memory, nothing is sent. */
 void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id);
-/* Answered by the worker through the outbox (a response to msgid). */
-void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
-void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, const char *name);
+/* Answered by the worker through the outbox (a response to msgid). Sessions belong to the uid
+ * that made them: the list shows uid's own, or every session when all is set (the daemon's
+ * owner); drop removes (uid, name) only. */
+void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                              bool all);
+void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                             const char *name);
 /* Every request gets a final response with stop_reason "shutdown", then the thread ends and posts
  * a message with stopped set. */
 void sil_worker_shutdown(struct sil_worker *w);

@@ -21,10 +21,13 @@
 struct session {
     struct session *prev, *next; /* most recently used first */
     char name[SIL_SESSION_NAME_MAX];
+    uint32_t uid; /* owner: another uid's same name is another session */
     int seq;
     int32_t *tokens; /* what the sequence holds */
     size_t n_tokens;
-    uint64_t memory;
+    uint64_t memory; /* engine state (KV, recurrent state, checkpoints) + transcript */
+    struct sil_chat_msg *log; /* chat transcript (strings malloc'd), NULL after a generate */
+    size_t n_log;
     double last_used;
     struct job *busy;
     bool drop_when_idle;
@@ -72,6 +75,8 @@ struct inmsg {
     struct reload *reload;
     struct sil_engine *engine; /* IN_DAMAGED: the engine whose file changed */
     char name[SIL_SESSION_NAME_MAX];
+    uint32_t uid; /* session operations: the caller's uid */
+    bool all;     /* sessions.list by the daemon's owner */
 };
 
 struct sil_worker {
@@ -99,6 +104,7 @@ struct sil_worker {
     int max_running, prefill_chunk, n_batch_max;
     uint64_t session_memory;
     int max_sessions;
+    int checkpoints; /* recurrent-state checkpoints per session */
     struct job *queue, *running;
     int n_running, n_queued;
     struct session *sessions;
@@ -137,14 +143,24 @@ void publish_stats(struct sil_worker *w);
 void model_damaged(struct sil_worker *w, const char *why);
 
 /* session.c: named sessions and the sequences they hold. */
-struct session *session_find(struct sil_worker *w, const char *name);
+struct session *session_find(struct sil_worker *w, uint32_t uid, const char *name);
 void session_to_front(struct sil_worker *w, struct session *s);
 void session_free(struct sil_worker *w, struct session *s);
 /* Drops idle sessions from the least recently used end while over the limits. */
 void sessions_enforce(struct sil_worker *w);
 /* A sequence for a new request: evicts the least recently used idle session when all are taken. */
 int seq_get(struct sil_worker *w, struct sil_error *err);
-bool session_in_use(struct sil_worker *w, const char *name);
+bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name);
+/* A chat job on a session: with append, the prompt becomes the transcript of s (may be NULL)
+ * plus the job's messages; the resume point is the conversation's end before the generation
+ * prompt. -E2BIG (err set) when the conversation no longer fits the context. */
+int session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
+                        struct sil_error *err);
+/* After a chat job on s: the transcript becomes (append ? the old one : nothing) + the job's
+ * messages (moved) + the answer; after any other job it is cleared. Updates s->memory. */
+void session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
+                             const char *answer, size_t n_answer, const char *reasoning,
+                             size_t n_reasoning);
 
 /* scheduler.c: jobs and the scheduler step. */
 void job_free(struct sil_worker *w, struct job *j);

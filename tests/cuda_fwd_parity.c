@@ -14,7 +14,10 @@
  *   3. decode vs prefill on the GPU: prompt 2 one token per call vs one call, <= 0.1: decode
  *      takes the matvec, prefill the tensor-core product, whose float epilogues round apart;
  *   4. batched vs alone on the GPU: prompts 1 and 2 as two sequences in one batch vs each
- *      alone, <= 1e-3.
+ *      alone, <= 1e-3;
+ *   5. checkpoints on the GPU: prompt 2 token by token with a checkpoint half way, then cut back
+ *      to it and continued: the same last logits as the first pass, <= 1e-3 (the recurrent state
+ *      goes through the host and back).
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -263,6 +266,32 @@ int main(int argc, char **argv)
            model, n, d1, d2, GPU_SELF_TOL,
            d1 <= GPU_SELF_TOL && d2 <= GPU_SELF_TOL ? "ok" : "FAIL");
     fails += !(d1 <= GPU_SELF_TOL && d2 <= GPU_SELF_TOL);
+
+    /* 5. checkpoint, cut back, continue */
+    {
+        const int half = n2 / 2;
+        if (prefill(gpu, p2, 1, lg, &sg) < 0) return 1;
+        int rc = 0;
+        for (int i = 1; i < n2 && rc == 0; i++) {
+            if (i == half) rc = sil_seq_checkpoint(gpu, sg, 4, &err);
+            if (rc == 0) rc = step(gpu, sg, p2[i], lg);
+        }
+        if (rc == 0) memcpy(alone, lg, sizeof(float) * (size_t)V);
+        if (rc == 0) rc = sil_seq_truncate(gpu, sg, half, &err);
+        for (int i = half; i < n2 && rc == 0; i++)
+            rc = step(gpu, sg, p2[i], lg);
+        if (rc < 0) {
+            fprintf(stderr, "%s: checkpoint: %s\n", model, err.msg);
+            fails++;
+        } else {
+            const float dc = max_diff(alone, lg, V);
+            printf("%s: cuda checkpoint at %d, cut back and continued: max |diff| = %.4g (tol %.0e) "
+                   "%s\n",
+                   model, half, dc, GPU_SELF_TOL, dc <= GPU_SELF_TOL ? "ok" : "FAIL");
+            fails += !(dc <= GPU_SELF_TOL);
+        }
+        sil_seq_free(gpu, sg);
+    }
 
     sil_engine_close(cpu);
     sil_engine_close(gpu);

@@ -70,6 +70,7 @@ static void test_file(void **state)
                                          "allow_users = 0, 1234\n"
                                          "allow_groups = 0\n"
                                          "session_memory = 256M\n"
+                                         "session_checkpoints = 9\n"
                                          "log_level = debug\n"
                                          "\n");
     struct sil_config c;
@@ -84,6 +85,7 @@ static void test_file(void **state)
     assert_int_equal(c.allow_uids[1], 1234);
     assert_int_equal(c.n_allow_gids, 1);
     assert_true(c.session_memory == 256ull << 20);
+    assert_int_equal(c.session_checkpoints, 9);
     assert_int_equal(c.log_level, SIL_LOG_DEBUG);
     assert_string_equal(c.config_path, p);
 }
@@ -115,6 +117,10 @@ static void test_file_errors(void **state)
 
     p = write_file("g.conf", "max_message = 10\n");
     assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+
+    p = write_file("h.conf", "session_checkpoints = 257\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "session_checkpoints"));
 
     char missing[128];
     snprintf(missing, sizeof missing, "%s/none.conf", dir);

@@ -1,7 +1,8 @@
 /* Engine parity against the reference logits in refdata/models (tolerance rules of its README):
  * every model file and prompt in normal mode against llama.cpp, in exact mode against the
  * tight references; greedy continuations; decode vs prefill; several sequences in one batch vs
- * each alone; API errors leave sequences untouched. */
+ * each alone; API errors leave sequences untouched; checkpointed continuations equal cold runs;
+ * KV pages past a cut are given back. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -11,11 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/kv_cache.h"
+#include "daemon/engine/state_ckpt.h"
 #include "tests/testutil.h"
 
 static const char *const models[] = {
@@ -538,6 +542,220 @@ static void test_long_batch(void **state)
     }
 }
 
+/* Evaluates ids[from, to) on seq in one batch; logits of every row into lg (may be NULL). */
+static void eval_span(struct sil_engine *e, int seq, const int32_t *ids, int32_t from, int32_t to,
+                      float *lg)
+{
+    int32_t n = to - from;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *sq = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = malloc(sizeof(bool) * (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = from + i;
+        sq[i] = seq;
+        want[i] = lg != NULL;
+    }
+    struct sil_batch b = {n, ids + from, pos, sq, want};
+    struct sil_error err = {0};
+    if (sil_engine_eval(e, &b, lg, &err) < 0)
+        fail_msg("eval: %s", err.msg);
+    free(pos);
+    free(sq);
+    free(want);
+}
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Chat turns on a hybrid model the way the daemon runs them: checkpoints at the end of the
+ * conversation before the generation prompt, at the end of the prompt and after the answer; the
+ * next turn cuts back to the nearest checkpoint at or below the common prefix and evaluates only
+ * the rest. Its logits equal a cold evaluation of the whole conversation (exact: 1e-3; normal:
+ * the 2e-2 floor of the refdata rules for quantized files). */
+static void test_checkpoint_continue(void **state)
+{
+    (void)state;
+    const char *const which[] = {"qwen35-tiny-Q4_K_M", "qwen35moe-tiny-Q4_K_M"};
+    const char *const say[] = {"My name is Bob. Tell me about cats.", "What is my name?",
+                               "And dogs?"};
+    for (size_t w = 0; w < 2; w++) {
+        for (int exact = 0; exact < 2; exact++) {
+            struct sil_engine *e = open_model(which[w], exact, 2);
+            const struct sil_vocab *v = sil_engine_vocab(e);
+            const int32_t V = sil_engine_info(e)->n_vocab;
+            const double tol = exact ? 1e-3 : 2e-2;
+            struct sil_error err = {0};
+            int seq = sil_seq_create(e, &err);
+            assert_true(seq >= 0);
+            struct sil_chat_msg msgs[8];
+            char answers[3][512];
+            size_t n_msgs = 0;
+            int32_t held[256]; /* what the sequence holds */
+            size_t n_held = 0;
+            double worst = 0;
+            for (int turn = 0; turn < 3; turn++) {
+                msgs[n_msgs++] = (struct sil_chat_msg){"user", say[turn], NULL};
+                int32_t *ids, *hist;
+                size_t n, n_hist;
+                assert_int_equal(sil_chat_tokenize(v, msgs, n_msgs, true, false, &ids, &n, &err),
+                                 0);
+                assert_int_equal(
+                    sil_chat_tokenize(v, msgs, n_msgs, false, false, &hist, &n_hist, &err), 0);
+                assert_true(n_hist < n && common_prefix(ids, n, hist, n_hist) == n_hist);
+                int32_t from = 0;
+                if (turn > 0) {
+                    size_t lcp = common_prefix(held, n_held, ids, n);
+                    from = sil_seq_resume_pos(e, seq, (int32_t)lcp);
+                    if (from <= 0)
+                        fail_msg("%s turn %d: no checkpoint below the common prefix %zu",
+                                 which[w], turn, lcp);
+                    assert_true(from <= (int32_t)lcp);
+                    assert_int_equal(sil_seq_truncate(e, seq, from, &err), 0);
+                    assert_int_equal(sil_seq_len(e, seq), from);
+                }
+                /* The rest, split where the daemon takes its checkpoints. */
+                float *lg = malloc(sizeof(float) * (size_t)V * n);
+                int32_t cut = (int32_t)n_hist > from ? (int32_t)n_hist : from;
+                if (cut > from) {
+                    eval_span(e, seq, ids, from, cut, lg + (size_t)from * V);
+                    assert_int_equal(sil_seq_checkpoint(e, seq, 4, &err), 0);
+                }
+                eval_span(e, seq, ids, cut, (int32_t)n, lg + (size_t)cut * V);
+                assert_int_equal(sil_seq_checkpoint(e, seq, 4, &err), 0);
+                assert_true(sil_seq_n_checkpoints(e, seq) <= 4);
+                /* Cold: the whole conversation in a fresh sequence. */
+                float *cold = malloc(sizeof(float) * (size_t)V * n);
+                int other = prefill(e, ids, (int32_t)n, cold);
+                for (size_t p = (size_t)from; p < n; p++)
+                    for (int32_t k = 0; k < V; k++)
+                        worst = fmax(worst, fabs((double)lg[p * V + k] - cold[p * V + k]));
+                sil_seq_free(e, other);
+                /* A short greedy answer, evaluated, then the end-of-turn checkpoint. */
+                int32_t ans[6];
+                greedy(e, seq, lg + (n - 1) * (size_t)V, 6, ans);
+                memcpy(held, ids, sizeof(int32_t) * n);
+                memcpy(held + n, ans, sizeof(int32_t) * 5); /* the last one is not evaluated */
+                n_held = n + 5;
+                assert_int_equal(sil_seq_len(e, seq), (int32_t)n_held);
+                uint64_t before = sil_seq_memory(e, seq);
+                assert_int_equal(sil_seq_checkpoint(e, seq, 4, &err), 0);
+                assert_true(sil_seq_memory(e, seq) > before || sil_seq_n_checkpoints(e, seq) == 4);
+                char *text = NULL;
+                size_t tl = 0;
+                assert_int_equal(sil_detokenize(v, ans, 5, false, &text, &tl, &err), 0);
+                snprintf(answers[turn], sizeof answers[turn], "%.*s", (int)tl, text);
+                free(text);
+                msgs[n_msgs++] = (struct sil_chat_msg){"assistant", answers[turn], NULL};
+                free(lg);
+                free(cold);
+                free(ids);
+                free(hist);
+            }
+            if (!(worst <= tol))
+                fail_msg("%s%s: continued vs cold logits differ by %g > %g", which[w],
+                         exact ? " exact" : "", worst, tol);
+            printf("%s%s: 3 turns continued from checkpoints, max diff vs cold %.3g\n", which[w],
+                   exact ? " exact" : "", worst);
+            /* No checkpoint at the cut: refused, nothing changed; max_keep 0 drops them all. */
+            assert_int_equal(sil_seq_truncate(e, seq, 1, &err), -ENOTSUP);
+            assert_int_equal(sil_seq_len(e, seq), (int32_t)n_held);
+            assert_int_equal(sil_seq_checkpoint(e, seq, 0, &err), 0);
+            assert_int_equal(sil_seq_n_checkpoints(e, seq), 0);
+            assert_int_equal(sil_seq_resume_pos(e, seq, (int32_t)n_held - 1), 0);
+            sil_engine_close(e);
+        }
+    }
+}
+
+/* The checkpoint store alone: sorted positions, replace at the same position, the lowest go
+ * first beyond max_keep, restore copies exactly, drop_after and clear. */
+static void test_ckpt_store(void **state)
+{
+    (void)state;
+    struct sil_state_ckpt *c;
+    struct sil_error err = {0};
+    assert_int_equal(sil_ckpt_create(&c, 2, 3, &err), 0);
+    float st[3], out[3];
+    const int32_t order[] = {40, 10, 30, 20, 50};
+    for (int i = 0; i < 5; i++) {
+        st[0] = st[1] = st[2] = (float)order[i];
+        assert_int_equal(sil_ckpt_save(c, 1, order[i], st, 4, &err), 0);
+    }
+    assert_int_equal(sil_ckpt_count(c, 1), 4);
+    assert_int_equal(sil_ckpt_count(c, 0), 0);
+    assert_int_equal(sil_ckpt_find(c, 1, 15), -1); /* 10 was the lowest: dropped */
+    assert_int_equal(sil_ckpt_find(c, 1, 29), 20);
+    assert_int_equal(sil_ckpt_find(c, 1, 1000), 50);
+    /* below everything kept while full: not taken */
+    assert_int_equal(sil_ckpt_save(c, 1, 5, st, 4, &err), 0);
+    assert_int_equal(sil_ckpt_find(c, 1, 9), -1);
+    st[0] = 7;
+    assert_int_equal(sil_ckpt_save(c, 1, 30, st, 4, &err), 0); /* replaces */
+    assert_int_equal(sil_ckpt_count(c, 1), 4);
+    assert_int_equal(sil_ckpt_restore(c, 1, 30, out), 0);
+    assert_true(out[0] == 7 && out[1] == 50 && out[2] == 50);
+    assert_int_equal(sil_ckpt_restore(c, 1, 31, out), -ENOENT);
+    assert_int_equal(sil_ckpt_bytes(c, 1), 4 * 3 * sizeof(float));
+    sil_ckpt_drop_after(c, 1, 30);
+    assert_int_equal(sil_ckpt_find(c, 1, 1000), 30);
+    assert_int_equal(sil_ckpt_count(c, 1), 2);
+    assert_int_equal(sil_ckpt_save(c, 1, 60, st, 0, &err), 0); /* max_keep 0: none kept */
+    assert_int_equal(sil_ckpt_count(c, 1), 0);
+    sil_ckpt_free(c);
+}
+
+/* Pages of [p, p + bytes) resident in memory (mincore). */
+static size_t resident_pages(const void *p, size_t bytes)
+{
+    const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(ps - 1);
+    uintptr_t b = ((uintptr_t)p + bytes + ps - 1) & ~(uintptr_t)(ps - 1);
+    size_t n = (b - a) / ps, r = 0;
+    unsigned char *vec = malloc(n);
+    assert_int_equal(mincore((void *)a, b - a, vec), 0);
+    for (size_t i = 0; i < n; i++)
+        r += vec[i] & 1;
+    free(vec);
+    return r;
+}
+
+/* The KV a sequence reports is what it holds: pages are backed only once written, a trim gives
+ * the pages past the cut back (they read as zeros again), a release unmaps them. */
+static void test_kv_release(void **state)
+{
+    (void)state;
+    struct sil_kv_cache *kv;
+    struct sil_error err = {0};
+    const int32_t n_ctx = 4096, ek = 128, ev = 128;
+    assert_int_equal(sil_kv_create(&kv, 2, 1, n_ctx, ek, ev, &err), 0);
+    assert_int_equal(sil_kv_seq_alloc(kv, 0, &err), 0);
+    const size_t run = sizeof(float) * (size_t)n_ctx * ek;
+    assert_int_equal(resident_pages(sil_kv_k(kv, 1, 0, 0), run), 0);
+    for (int32_t p = 0; p < 2000; p++)
+        for (int l = 0; l < 2; l++) {
+            sil_kv_k(kv, l, 0, p)[0] = 1.0f;
+            sil_kv_v(kv, l, 0, p)[ev - 1] = 2.0f;
+        }
+    size_t before = resident_pages(sil_kv_k(kv, 1, 0, 0), run);
+    assert_true(before >= 2000 * ek * sizeof(float) / 4096);
+    sil_kv_seq_trim(kv, 0, 100);
+    size_t after = resident_pages(sil_kv_k(kv, 1, 0, 0), run);
+    /* what is left: the pages of positions < 100, one more where a run is not page aligned */
+    assert_true(after <= 100 * ek * sizeof(float) / 4096 + 2);
+    assert_true(after < before);
+    assert_true(sil_kv_k(kv, 1, 0, 99)[0] == 1.0f);
+    assert_true(sil_kv_k(kv, 0, 0, 1999)[0] == 0.0f && sil_kv_v(kv, 1, 0, 1999)[ev - 1] == 0.0f);
+    const uint64_t used = 2u * 100u * (uint64_t)(ek + ev) * sizeof(float);
+    assert_true(sil_kv_seq_bytes(kv, 100) >= used && sil_kv_seq_bytes(kv, 100) <= used + 4 * 4096);
+    assert_int_equal(sil_kv_seq_bytes(kv, 0), 0);
+    printf("kv trim: %zu resident pages of one K run -> %zu\n", before, after);
+    sil_kv_free(kv);
+}
+
 /* Bad batches fail without changing any sequence; truncate to 0 restarts a sequence. */
 static void test_api_errors(void **state)
 {
@@ -731,11 +949,18 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_normal),      cmocka_unit_test(test_parity_exact),
-        cmocka_unit_test(test_decode_vs_prefill),  cmocka_unit_test(test_batched_vs_alone),
-        cmocka_unit_test(test_long_batch),         cmocka_unit_test(test_mixed_prefill_decode),
-        cmocka_unit_test(test_api_errors),         cmocka_unit_test(test_row_status),
+        cmocka_unit_test(test_parity_normal),
+        cmocka_unit_test(test_parity_exact),
+        cmocka_unit_test(test_decode_vs_prefill),
+        cmocka_unit_test(test_batched_vs_alone),
+        cmocka_unit_test(test_long_batch),
+        cmocka_unit_test(test_mixed_prefill_decode),
+        cmocka_unit_test(test_api_errors),
+        cmocka_unit_test(test_row_status),
         cmocka_unit_test(test_model_file_changed),
+        cmocka_unit_test(test_checkpoint_continue),
+        cmocka_unit_test(test_kv_release),
+        cmocka_unit_test(test_ckpt_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

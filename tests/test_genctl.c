@@ -109,6 +109,19 @@ static void test_stop_within_one_token(void **state)
     sil_genctl_free(g);
 }
 
+/* Without a think block the answer is the tokens' text, leading blanks included (a completion
+ * client appends it to its prompt). */
+static void test_leading_blanks_kept(void **state)
+{
+    struct sil_genctl *g = make(NULL, 0, 0);
+    const char *pieces[] = { " \t", "\n", " world", NULL };
+    struct run r;
+    feed(g, &r, pieces);
+    assert_string_equal(sil_genctl_answer(g, NULL), " \t\n world");
+    assert_string_equal(r.streamed_answer, " \t\n world");
+    sil_genctl_free(g);
+}
+
 static void test_bad_params(void **state)
 {
     struct sil_genctl_params p;
@@ -498,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_stop_prefix_released),
         cmocka_unit_test(test_stop_within_one_token),
         cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_leading_blanks_kept),
         cmocka_unit_test(test_thinking_budget),
         cmocka_unit_test(test_thinking_zero_and_model_opened),
         cmocka_unit_test(test_stop_strings_ignore_reasoning),

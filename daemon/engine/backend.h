@@ -191,6 +191,12 @@ struct sil_backend_ops {
      * model mapping in a CPU worker: -EIO; a device error); ops after an error do nothing. Ops
      * return nothing, so the engine asks here after each micro-batch. */
     int (*status)(struct sil_backend *be, struct sil_error *err);
+    /* Optional (NULL: a sequence's recurrent state is the host array the forward pass hands the
+     * ops). Copies sequence seq's recurrent state, n floats in the engine's layout, out of or
+     * into the backend's memory, for checkpoints taken and restored between evaluations. */
+    int (*state_read)(struct sil_backend *be, int seq, float *dst, int64_t n, struct sil_error *err);
+    int (*state_write)(struct sil_backend *be, int seq, const float *src, int64_t n,
+                       struct sil_error *err);
 };
 
 struct sil_backend {

@@ -616,6 +616,36 @@ static int cuda_status(struct sil_backend *be, struct sil_error *err)
     return b->rc;
 }
 
+static int state_check(struct cuda_backend *b, int seq, int64_t n, struct sil_error *err)
+{
+    if (seq < 0 || seq >= b->c.n_seq_max || n != b->c.recr_floats)
+        return sil_errorf(err, -EINVAL, "cuda backend: state of sequence %d, %lld floats", seq,
+                          (long long)n);
+    return cuda_status(&b->base, err);
+}
+
+static int cuda_state_read(struct sil_backend *be, int seq, float *dst, int64_t n,
+                           struct sil_error *err)
+{
+    struct cuda_backend *b = cb(be);
+    int rc = state_check(b, seq, n, err);
+    if (rc < 0) return rc;
+    const sil_cuda_ptr src = b->state + (uint64_t)(seq * b->c.recr_floats) * sizeof(float);
+    rc = sil_cuda_download(b->cu, dst, src, (size_t)n * sizeof(float), NULL, err);
+    return rc < 0 ? rc : sil_cuda_sync(b->cu, NULL, err);
+}
+
+static int cuda_state_write(struct sil_backend *be, int seq, const float *src, int64_t n,
+                            struct sil_error *err)
+{
+    struct cuda_backend *b = cb(be);
+    int rc = state_check(b, seq, n, err);
+    if (rc < 0) return rc;
+    const sil_cuda_ptr dst = b->state + (uint64_t)(seq * b->c.recr_floats) * sizeof(float);
+    rc = sil_cuda_upload(b->cu, dst, src, (size_t)n * sizeof(float), NULL, err);
+    return rc < 0 ? rc : sil_cuda_sync(b->cu, NULL, err);
+}
+
 static void *cuda_alloc_act(struct sil_backend *be, size_t bytes)
 {
     struct cuda_backend *b = cb(be);
@@ -666,6 +696,8 @@ static const struct sil_backend_ops cuda_ops = {
     .head = cuda_head,
     .place = cuda_place,
     .status = cuda_status,
+    .state_read = cuda_state_read,
+    .state_write = cuda_state_write,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)

@@ -11,6 +11,7 @@
 #include "daemon/engine/forward.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/state_ckpt.h"
 #include "daemon/engine/tokenizer.h"
 #include "kernels/cpu/mapguard.h"
 
@@ -25,6 +26,7 @@ struct sil_engine {
     struct sil_fwd f;
     bool *seq_live;
     int32_t *seq_len;
+    struct sil_state_ckpt *ckpt; /* recurrent-state checkpoints per sequence */
     /* eval scratch */
     int32_t *next_pos;                        /* [n_seq_max] */
     int32_t *seq_count, *seq_off;             /* [n_seq_max + 1] */
@@ -294,6 +296,9 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
                             hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
         goto fail;
+    if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
+                              (int64_t)hp->n_layer_recr * f->dn_state_floats, err)) < 0)
+        goto fail;
     if (p->progress && !p->progress(1.0f, "ready", p->progress_user)) {
         rc = sil_errorf(err, -ECANCELED, "%s: load stopped", p->model_path);
         goto fail;
@@ -310,6 +315,7 @@ void sil_engine_close(struct sil_engine *e)
     if (!e)
         return;
     sil_kv_free(e->f.kv);
+    sil_ckpt_free(e->ckpt);
     sil_fwd_close(&e->f);
     if (e->f.be)
         e->f.be->ops->free(e->f.be);
@@ -357,6 +363,7 @@ int sil_seq_create(struct sil_engine *e, struct sil_error *err)
     } else if (nrs > 0) {
         memset(e->f.recr_state[s], 0, sizeof(float) * (size_t)nrs);
     }
+    sil_ckpt_clear(e->ckpt, s);
     e->seq_live[s] = true;
     e->seq_len[s] = 0;
     return s;
@@ -372,6 +379,7 @@ void sil_seq_free(struct sil_engine *e, int seq)
     if (!seq_ok(e, seq))
         return;
     sil_kv_seq_release(e->f.kv, seq);
+    sil_ckpt_clear(e->ckpt, seq);
     e->seq_live[seq] = false;
     e->seq_len[seq] = 0;
 }
@@ -395,11 +403,53 @@ int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_er
         if (nrs > 0)
             memset(e->f.recr_state[seq], 0, sizeof(float) * (size_t)nrs);
     } else if (e->model->hp.n_layer_recr > 0) {
-        return sil_errorf(err, -ENOTSUP, "engine: sequence %d: no recurrent-state checkpoint at position %d",
-                          seq, n_pos);
+        if (sil_ckpt_restore(e->ckpt, seq, n_pos, e->f.recr_state[seq]) < 0)
+            return sil_errorf(err, -ENOTSUP,
+                              "engine: sequence %d: no recurrent-state checkpoint at position %d",
+                              seq, n_pos);
+        /* a backend that keeps the state in its own memory gets the restored copy */
+        const struct sil_backend *be = e->f.be;
+        const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
+        int rc = be->ops->state_write
+                     ? be->ops->state_write(e->f.be, seq, e->f.recr_state[seq], nrs, err)
+                     : 0;
+        if (rc < 0) return rc;
     }
-    e->seq_len[seq] = n_pos; /* attention KV past n_pos is simply overwritten later */
+    sil_ckpt_drop_after(e->ckpt, seq, n_pos);
+    sil_kv_seq_trim(e->f.kv, seq, n_pos); /* the pages past the cut go back to the system */
+    e->seq_len[seq] = n_pos;
     return 0;
+}
+
+int sil_seq_checkpoint(struct sil_engine *e, int seq, int max_keep, struct sil_error *err)
+{
+    if (!seq_ok(e, seq))
+        return sil_errorf(err, -EINVAL, "engine: sequence %d is not live", seq);
+    if (e->model->hp.n_layer_recr == 0 || e->seq_len[seq] == 0)
+        return 0;
+    if (e->f.be->ops->state_read) {
+        const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
+        int rc = e->f.be->ops->state_read(e->f.be, seq, e->f.recr_state[seq], nrs, err);
+        if (rc < 0) return rc;
+    }
+    return sil_ckpt_save(e->ckpt, seq, e->seq_len[seq], e->f.recr_state[seq], max_keep, err);
+}
+
+int32_t sil_seq_resume_pos(const struct sil_engine *e, int seq, int32_t n_pos)
+{
+    if (!seq_ok(e, seq) || n_pos <= 0)
+        return 0;
+    if (n_pos >= e->seq_len[seq])
+        return e->seq_len[seq];
+    if (e->model->hp.n_layer_recr == 0)
+        return n_pos;
+    int32_t at = sil_ckpt_find(e->ckpt, seq, n_pos);
+    return at > 0 ? at : 0;
+}
+
+int sil_seq_n_checkpoints(const struct sil_engine *e, int seq)
+{
+    return seq_ok(e, seq) ? sil_ckpt_count(e->ckpt, seq) : 0;
 }
 
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
@@ -407,7 +457,8 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
     if (!seq_ok(e, seq))
         return 0;
     return sil_kv_seq_bytes(e->f.kv, e->seq_len[seq]) +
-           (uint64_t)e->model->hp.n_layer_recr * (uint64_t)e->f.dn_state_floats * sizeof(float);
+           (uint64_t)e->model->hp.n_layer_recr * (uint64_t)e->f.dn_state_floats * sizeof(float) +
+           sil_ckpt_bytes(e->ckpt, seq);
 }
 
 /* ---- evaluation --------------------------------------------------------------------------- */

@@ -69,9 +69,20 @@ int sil_seq_create(struct sil_engine *e, struct sil_error *err);
 void sil_seq_free(struct sil_engine *e, int seq);
 int32_t sil_seq_len(const struct sil_engine *e, int seq); /* positions evaluated so far */
 /* Drops positions >= n_pos. Attention KV can always be cut; recurrent (delta-net) state only
- * where a checkpoint exists at n_pos (n_pos == 0 always works): else -ENOTSUP. */
+ * where a checkpoint exists at n_pos (n_pos == 0 always works): else -ENOTSUP. The cut restores
+ * that checkpoint, drops those past it and gives the KV pages past n_pos back to the system. */
 int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err);
-/* Bytes of state (KV + recurrent) the sequence holds now. */
+/* Recurrent-state checkpoint at the sequence's current length (conv + SSM state of every
+ * delta-net layer), so a later sil_seq_truncate can cut back to here. At most max_keep per
+ * sequence: the lowest positions go first (max_keep <= 0 drops them all). Take them between
+ * evaluations where a later request may diverge (end of a prompt, end of a turn, every N blocks
+ * of a long prompt). No-op on models without recurrent layers. -ENOMEM. */
+int sil_seq_checkpoint(struct sil_engine *e, int seq, int max_keep, struct sil_error *err);
+/* The highest position <= n_pos that sil_seq_truncate accepts: n_pos itself on attention-only
+ * models, else the nearest checkpoint (0 when none). */
+int32_t sil_seq_resume_pos(const struct sil_engine *e, int seq, int32_t n_pos);
+int sil_seq_n_checkpoints(const struct sil_engine *e, int seq);
+/* Bytes of state (KV + recurrent + checkpoints) the sequence holds now. */
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
 
 /* One row per token. Rows of one sequence must be in position order and continue it

@@ -178,6 +178,140 @@ def sessions():
     c.close()
 
 
+OTHER_UID = 12345  # admitted by allow_users in daemon_methods.sh
+
+
+def as_uid(uid, fn):
+    """Runs fn() in a child process with uid (gid 0 keeps the socket reachable); returns what fn
+    returns (a repr-able value) or raises with the child's error."""
+    import pickle
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(0)
+            os.setuid(uid)
+            out = ("ok", fn())
+        except BaseException as e:  # reported to the parent
+            out = ("err", "%s: %s" % (type(e).__name__, e))
+        os.write(w, pickle.dumps(out))
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        d = os.read(r, 65536)
+        if not d:
+            break
+        data += d
+    os.close(r)
+    os.waitpid(pid, 0)
+    kind, val = pickle.loads(data)
+    if kind != "ok":
+        raise RuntimeError("as uid %d: %s" % (uid, val))
+    return val
+
+
+def sessions_uid():
+    """Sessions are keyed by (uid, name): another uid neither sees, reuses, nor drops them."""
+    secret = "The launch code is 7741; remember it."
+    c = Client()
+    r1, _ = c.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))
+    check(r1["n_cached"] == 0, "root's first request on 'shared'")
+
+    def other():
+        c2 = Client()
+        lst = c2.ok("sessions.list")[0]["sessions"]
+        guess = c2.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))[0]
+        again = c2.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))[0]
+        mine = c2.ok("sessions.list")[0]["sessions"]
+        err_other, _, _ = c2.call("sessions.drop", {"name": "shared", "uid": 0})
+        c2.ok("sessions.drop", {"name": "shared"})
+        err_gone, _, _ = c2.call("sessions.drop", {"name": "shared"})
+        c2.close()
+        return dict(lst=lst, guess=guess["n_cached"], again=again["n_cached"], mine=mine,
+                    err_other=err_other, err_gone=err_gone)
+
+    o = as_uid(OTHER_UID, other)
+    check(o["lst"] == [], "another uid's sessions.list does not show root's session (%r)" % o["lst"])
+    check(o["guess"] == 0, "the right guess of root's prompt under the same name gives n_cached 0 (%d)" % o["guess"])
+    check(o["again"] > 0, "the other uid's own 'shared' session is reused by its next request (%d)" % o["again"])
+    check(len(o["mine"]) == 1 and o["mine"][0]["uid"] == OTHER_UID and o["mine"][0]["name"] == "shared",
+          "the other uid lists its own session with its uid")
+    check(o["err_other"] is not None and o["err_other"]["code"] == 6,
+          "dropping root's session by uid from another uid -> error 6")
+    check(o["err_gone"] is not None and o["err_gone"]["code"] == 9, "the other uid dropped its own session only")
+    # Root's session survived all that, and the daemon's owner sees every uid's sessions.
+    r2, _ = c.ok("generate", dict(GREEDY, prompt=secret, session="shared", max_tokens=3))
+    check(r2["n_cached"] > 0, "root's session still holds its prompt (%d cached)" % r2["n_cached"])
+    as_uid(OTHER_UID, lambda: Client().ok("generate", dict(GREEDY, prompt="x y", session="theirs",
+                                                           max_tokens=2))[0]["n_cached"])
+    lst = c.ok("sessions.list")[0]["sessions"]
+    owners = sorted((s["name"], s["uid"]) for s in lst)
+    check(("shared", 0) in owners and ("theirs", OTHER_UID) in owners,
+          "the owner's sessions.list shows every session with its uid (%r)" % owners)
+    c.ok("sessions.drop", {"name": "theirs", "uid": OTHER_UID})
+    lst = c.ok("sessions.list")[0]["sessions"]
+    check(all(s["name"] != "theirs" for s in lst), "the owner may drop another uid's session")
+    c.ok("sessions.drop", {"name": "shared"})
+    c.close()
+
+
+def hybrid_sessions():
+    """Sessions on a hybrid model (qwen35 / qwen35moe): each turn resumes from a recurrent-state
+    checkpoint (n_cached > 0) and answers exactly as a cold run of the whole conversation."""
+    c = Client()
+    for think in (False, True):
+        name = "h%d" % think
+        conv = []
+        for turn, say in enumerate(["My name is Bob.", "What is my name?", "And what is yours?"]):
+            conv.append({"role": "user", "content": say})
+            p = dict(GREEDY, messages=conv, max_tokens=8, think=think, max_thinking_tokens=4)
+            r, _ = c.ok("chat", dict(p, session=name))
+            cold, _ = c.ok("chat", p)
+            if turn == 0:
+                check(r["n_cached"] == 0, "think=%s turn 1 evaluates everything" % think)
+            else:
+                check(r["n_cached"] > 0, "think=%s turn %d reuses %d of %d prompt tokens"
+                      % (think, turn + 1, r["n_cached"], r["n_prompt"]))
+            check(r["tokens"] == cold["tokens"], "think=%s turn %d answers as a cold run" % (think, turn + 1))
+            conv.append({"role": "assistant", "content": r["text"].replace("\0", "")})
+    # The daemon keeps the transcript: append sends only the new message.
+    conv = []
+    for turn, say in enumerate(["My name is Bob.", "What is my name?", "Say it again."]):
+        r, _ = c.ok("chat", dict(GREEDY, messages=[{"role": "user", "content": say}], max_tokens=8,
+                                 think=False, session="ha", append=True))
+        conv.append({"role": "user", "content": say})
+        cold, _ = c.ok("chat", dict(GREEDY, messages=conv, max_tokens=8, think=False))
+        check(r["n_prompt"] == cold["n_prompt"] and r["tokens"] == cold["tokens"],
+              "append turn %d renders the whole conversation (%d tokens) and answers as a cold run"
+              % (turn + 1, r["n_prompt"]))
+        check(turn == 0 or r["n_cached"] > 0, "append turn %d reuses %d tokens" % (turn + 1, r["n_cached"]))
+        # The transcript keeps the answer without NUL bytes (a message cannot hold one).
+        conv.append({"role": "assistant", "content": r["text"].replace("\0", "")})
+    lst = {x["name"]: x for x in c.ok("sessions.list")[0]["sessions"]}
+    check(lst["ha"]["messages"] == 6, "the session holds 6 messages (%d)" % lst["ha"]["messages"])
+    # generate continuations: prompt + text + more.
+    prompt = "Once upon a time"
+    for turn in range(3):
+        r, _ = c.ok("generate", dict(GREEDY, prompt=prompt, max_tokens=8, session="g"))
+        cold, _ = c.ok("generate", dict(GREEDY, prompt=prompt, max_tokens=8))
+        check(turn == 0 or r["n_cached"] > 0, "generate turn %d reuses %d of %d" % (turn + 1, r["n_cached"], r["n_prompt"]))
+        check(r["tokens"] == cold["tokens"], "generate turn %d continues as a cold run" % (turn + 1))
+        detok = c.ok("detokenize", {"ids": r["tokens"]})[0]["text"]
+        check(r["text"] == detok, "generate text is the detokenized tokens (%r)" % r["text"])
+        prompt = prompt + r["text"] + " and then"
+    # No common prefix at all (nothing to resume: the sequence restarts from 0).
+    c.ok("generate", dict(GREEDY, prompt="Hello", max_tokens=3, session="z", add_bos=False))
+    r, _ = c.ok("generate", dict(GREEDY, prompt="Zebra crossing", max_tokens=3, session="z", add_bos=False))
+    cold, _ = c.ok("generate", dict(GREEDY, prompt="Zebra crossing", max_tokens=3, add_bos=False))
+    check(r["n_cached"] == 0 and r["tokens"] == cold["tokens"], "a session reused with no common prefix starts over")
+    for n in ("h0", "h1", "ha", "g", "z"):
+        c.ok("sessions.drop", {"name": n})
+    c.close()
+
+
 def bad_input():
     """Each bad message gets an error or a closed connection; a bystander keeps streaming."""
     by = Client()
@@ -426,6 +560,22 @@ GPT2_BYTES = (list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xA
 GPT2_BYTES += [b for b in range(256) if b not in GPT2_BYTES]  # byte of token i < 256 (byte-level vocab)
 
 
+def generate_text():
+    """generate's text is the detokenized tokens: leading spaces, tabs and newlines included."""
+    c = Client()
+    leading = 0
+    for seed in range(40):
+        r, _ = c.ok("generate", {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0,
+                                 "seed": seed, "grace_tokens": 0, "repair_markdown": False})
+        d = c.ok("detokenize", {"ids": r["tokens"]})[0]["text"]
+        if r["stop_reason"] == "eos":
+            d = c.ok("detokenize", {"ids": r["tokens"][:-1]})[0]["text"]
+        check(r["text"] == d, "seed %d: text %r = detokenized tokens %r" % (seed, r["text"], d))
+        leading += d[:1] in (" ", "\t", "\n", "\r")
+    check(leading > 0, "%d of 40 answers start with a blank, and keep it" % leading)
+    c.close()
+
+
 def utf8():
     """A model with random weights and a byte-level vocab emits byte tokens that do not form UTF-8.
     Every str the daemon sends must still decode strictly (siltest raises otherwise); ids stay
@@ -452,7 +602,7 @@ def utf8():
         d = c.ok("detokenize", {"ids": r["tokens"]})[0]["text"]
         check("\ufffd" not in d or seen_fffd > 0, "detokenize of the same ids is valid UTF-8 too")
         if r["n_reasoning"] == 0 and "```" not in d and r["stop_reason"] == "length":
-            same = d.lstrip(" \n\r\t") == r["text"]
+            same = d == r["text"]  # leading blanks kept: text is the tokens' text
             check(same, "piecewise replacement = replacement of the whole text" +
                   ("" if same else ": %r vs %r" % (d, r["text"])))
     check(seen_fffd > 0, "the random model did emit invalid UTF-8 (%d U+FFFD)" % seen_fffd)

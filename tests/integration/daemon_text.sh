@@ -10,4 +10,5 @@ stop_daemon
 start_daemon --model "$T/random.gguf"
 python3 "$HERE/daemon_tests.py" chat_injection
 python3 "$HERE/daemon_tests.py" utf8
+python3 "$HERE/daemon_tests.py" generate_text
 stop_daemon

@@ -1,5 +1,5 @@
 -- :SiliceoStatus, :SiliceoChat {question} (with a range: the lines are the context),
--- :SiliceoCancel. Configure with require('siliceo').setup({...}).
+-- :SiliceoSessions, :SiliceoDrop [name], :SiliceoCancel. Configure with require('siliceo').setup({...}).
 if vim.g.loaded_siliceo then
   return
 end
@@ -16,6 +16,14 @@ vim.api.nvim_create_user_command('SiliceoChat', function(opts)
   end
   require('siliceo').chat(opts.args, context)
 end, { nargs = '*', range = true, desc = 'Ask siliceod; with a range, the lines are the context' })
+
+vim.api.nvim_create_user_command('SiliceoSessions', function()
+  require('siliceo').list_sessions()
+end, { desc = 'List your siliceod sessions' })
+
+vim.api.nvim_create_user_command('SiliceoDrop', function(opts)
+  require('siliceo').drop(opts.args)
+end, { nargs = '?', desc = 'Drop a siliceod session (default: the configured one)' })
 
 vim.api.nvim_create_user_command('SiliceoCancel', function()
   require('siliceo').cancel()

@@ -14,7 +14,8 @@ M.config = {
   max_tokens = nil,        -- answer budget; nil: the daemon's default
   temperature = nil,
   system = nil,            -- system prompt
-  session = nil,           -- keep the conversation in the daemon under this name
+  session = nil,           -- keep the conversation in the daemon under this name: each chat
+                           -- continues it (the daemon keeps the transcript, see sil-chat -S)
   split = 'vnew',          -- how the reply buffer is opened
 }
 
@@ -100,6 +101,61 @@ function M.status()
     tostring(st.version), tostring(st.state), tostring(model), tostring(st.backend),
     q.running or 0, q.queued or 0, math.floor(st.uptime_s or 0)))
   return st
+end
+
+-- ---- sessions ------------------------------------------------------------------------------
+
+local function my_uid()
+  return vim.uv and vim.uv.getuid() or vim.loop.getuid()
+end
+
+-- The caller's sessions (sessions.list), or nil and an error.
+function M.sessions()
+  local res, err = M.request('sessions.list')
+  if not res then
+    return nil, err
+  end
+  return res.sessions or {}
+end
+
+-- Messages the daemon keeps for session `name` (0 when it is new).
+function M.session_messages(name)
+  for _, s in ipairs(M.sessions() or {}) do
+    if s.name == name and s.uid == my_uid() then
+      return s.messages or 0
+    end
+  end
+  return 0
+end
+
+function M.list_sessions()
+  local list, err = M.sessions()
+  if not list then
+    vim.notify('siliceo: ' .. err, vim.log.levels.ERROR)
+    return
+  end
+  local lines = {}
+  for _, s in ipairs(list) do
+    table.insert(lines, string.format('%s: %d messages, %d tokens, %.1f MiB%s', tostring(s.name),
+      s.messages or 0, s.n_tokens or 0, (s.memory or 0) / 1048576,
+      s.uid ~= my_uid() and (' (uid ' .. tostring(s.uid) .. ')') or ''))
+  end
+  vim.notify(#lines > 0 and table.concat(lines, '\n') or 'siliceo: no sessions')
+  return list
+end
+
+function M.drop(name)
+  local name_ = (name and name ~= '') and name or M.config.session
+  if not name_ then
+    vim.notify('siliceo: which session?', vim.log.levels.WARN)
+    return false
+  end
+  local ok, err = M.request('sessions.drop', { name = name_ })
+  if not ok then
+    vim.notify('siliceo: ' .. err, vim.log.levels.ERROR)
+    return false
+  end
+  return true
 end
 
 -- ---- streaming over a raw channel -----------------------------------------------------------
@@ -214,14 +270,20 @@ function M.chat(question, context)
     return
   end
   local messages = {}
-  if M.config.system then
+  local session = M.config.session
+  -- With a session the daemon keeps the transcript: send only the new message (the system
+  -- prompt when the conversation starts).
+  if M.config.system and not (session and M.session_messages(session) > 0) then
     table.insert(messages, { role = 'system', content = M.config.system })
   end
   table.insert(messages, { role = 'user', content = content })
   local params = { messages = messages, think = M.config.think }
   params.max_tokens = M.config.max_tokens
   params.temperature = M.config.temperature
-  params.session = M.config.session
+  params.session = session
+  if session then
+    params.append = true
+  end
 
   vim.cmd(M.config.split)
   local buf = vim.api.nvim_get_current_buf()
