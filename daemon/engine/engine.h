@@ -86,6 +86,14 @@ struct sil_batch {
  * sequences in the batch are left as they were before the call. */
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err);
 
+/* Work counters since open, for benchmarks: forward passes (ubatches), rows evaluated, and the
+ * routed-expert weight bytes the MoE layers read (every expert a ubatch routed to, once per
+ * layer: the union of the rows' experts). */
+struct sil_engine_stats {
+    uint64_t n_ubatch, n_rows, expert_bytes;
+};
+void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out);
+
 /* Validates a file as a loadable model without building an engine, and prints what
  * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,
  * total / routed-expert / backbone bytes, bytes per expert). Returns 0 or -errno with err set. */
