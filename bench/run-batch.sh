@@ -10,7 +10,9 @@
 # Environment: B (build dir, default build), RUNS (default 3), THREADS (default 2),
 #              STREAMS (default 1,2,4,8,16), GEN (decode steps, default 64), PROMPT (tokens per
 #              sequence, default 32), MACHINE (name in the results file, default vm),
-#              OUT (default bench/results/batch-<machine>-<yyyymmdd>.json).
+#              OUT (default bench/results/batch-<machine>-<yyyymmdd>.json),
+#              BASE_BIN (a sil-batchbench built from an older commit, BASE its name: runs alternate
+#              between the two and the file holds both, the older one's configs marked build=BASE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-bench/models/bench-qwen35moe-q4_k_m.gguf}
@@ -31,14 +33,24 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat /proc/loadavg > "$tmp/load-start"
-"$B/bin/sil-batchbench" --model "$model" --threads "$THREADS" --streams "$STREAMS" --gen "$GEN" \
-    --prompt "$PROMPT" --runs "$RUNS" > "$tmp/runs.jsonl"
+args=(--model "$model" --threads "$THREADS" --streams "$STREAMS" --gen "$GEN" --prompt "$PROMPT")
+: > "$tmp/runs.jsonl"
+: > "$tmp/base.jsonl"
+for r in $(seq "$RUNS"); do
+    if [ -n "${BASE_BIN:-}" ]; then
+        echo "run $r/$RUNS: ${BASE:-base}" >&2
+        "$BASE_BIN" "${args[@]}" --runs 1 >> "$tmp/base.jsonl"
+    fi
+    echo "run $r/$RUNS" >&2
+    "$B/bin/sil-batchbench" "${args[@]}" --runs 1 >> "$tmp/runs.jsonl"
+done
 cat /proc/loadavg > "$tmp/load-end"
 
-python3 - "$tmp" "$model" "$OUT" "$B" <<'PY'
+python3 - "$tmp" "$model" "$OUT" "$B" "${BASE:-base}" <<'PY'
 import datetime, json, os, statistics, subprocess, sys
-tmp, model, out, build = sys.argv[1:5]
-rows = [json.loads(l) for l in open(f"{tmp}/runs.jsonl")]
+tmp, model, out, build, base = sys.argv[1:6]
+sets = [("", [json.loads(l) for l in open(f"{tmp}/runs.jsonl")]),
+        (f",build={base}", [json.loads(l) for l in open(f"{tmp}/base.jsonl")])]
 
 def cpu():
     for l in open("/proc/cpuinfo"):
@@ -56,27 +68,28 @@ commit = git("rev-parse", "--short", "HEAD") or "unknown"
 if git("status", "--porcelain", "--untracked-files=no", "--", "daemon", "kernels", "bench"):
     commit += "-dirty"
 results = []
-for n in sorted({r["streams"] for r in rows}):
-    rs = [r for r in rows if r["streams"] == n]
-    v = [r["decode_tok_s"] for r in rs]
-    fl = statistics.median([r["floor_tok_s"] for r in rs])
-    eb = statistics.median([r["expert_bytes_step"] for r in rs])
-    bw = statistics.median([r["read_bw_gb_s"] for r in rs])
-    r0 = rs[0]
-    results.append({
-        "metric": "decode_tok_s",
-        "config": f"streams={n},threads={r0['threads']},prompt={r0['prompt']},gen={r0['gen']},aggregate",
-        "value": round(statistics.median(v), 3), "unit": "tok/s",
-        "floor": round(fl, 3),
-        "floor_basis": (f"N * read_bw / (backbone {r0['backbone_bytes_step'] / 1e6:.1f} MB + union of "
-                        f"routed experts {eb / 1e6:.1f} MB per step, counted from the run's routing); "
-                        f"read_bw {bw:.2f} GB/s with {r0['threads']} threads, measured before each run"),
-        "runs": len(v), "min": round(min(v), 3), "max": round(max(v), 3),
-        "cpu_ms_per_step": round(statistics.median([r["cpu_ms_step"] for r in rs]), 3),
-    })
+for tag, rows in sets:
+    for n in sorted({r["streams"] for r in rows}):
+        rs = [r for r in rows if r["streams"] == n]
+        v = [r["decode_tok_s"] for r in rs]
+        fl = statistics.median([r["floor_tok_s"] for r in rs])
+        eb = statistics.median([r["expert_bytes_step"] for r in rs])
+        bw = statistics.median([r["read_bw_gb_s"] for r in rs])
+        r0 = rs[0]
+        results.append({
+            "metric": "decode_tok_s",
+            "config": f"streams={n},threads={r0['threads']},prompt={r0['prompt']},gen={r0['gen']},aggregate{tag}",
+            "value": round(statistics.median(v), 3), "unit": "tok/s",
+            "floor": round(fl, 3),
+            "floor_basis": (f"N * read_bw / (backbone {r0['backbone_bytes_step'] / 1e6:.1f} MB + union of "
+                            f"routed experts {eb / 1e6:.1f} MB per step, counted from the run's routing); "
+                            f"read_bw {bw:.2f} GB/s with {r0['threads']} threads, measured before each run"),
+            "runs": len(v), "min": round(min(v), 3), "max": round(max(v), 3),
+            "cpu_ms_per_step": round(statistics.median([r["cpu_ms_step"] for r in rs]), 3),
+        })
 load0 = open(f"{tmp}/load-start").read().split()[:3]
 load1 = open(f"{tmp}/load-end").read().split()[:3]
-env = " ".join(f"{k}={os.environ[k]}" for k in ("RUNS", "THREADS", "STREAMS", "GEN", "PROMPT", "MACHINE")
+env = " ".join(f"{k}={os.environ[k]}" for k in ("RUNS", "THREADS", "STREAMS", "GEN", "PROMPT", "MACHINE", "BASE")
                if k in os.environ)
 ram = int(open("/proc/meminfo").readline().split()[1]) / 1024 / 1024
 doc = {
@@ -91,7 +104,7 @@ doc = {
     "notes": (
         "sil-batchbench: N sequences, each prefilled with its own prompt, then GEN decode steps of "
         "one sil_engine_eval with N rows (greedy, argmax per row on the host, included in the "
-        "time); value = aggregate tok/s of the decode steps, median of runs; stream counts "
+        "time); runs alternate with the BASE build where one is given; value = aggregate tok/s of the decode steps, median of runs; stream counts "
         "alternate within each run. floor = byte bound: N tokens per step over (every "
         "non-expert tensor less the embedding table, N embedding rows, and the routed-expert "
         "matrices of every expert some row of the step was routed to, once per layer, as the "
@@ -107,7 +120,7 @@ with open(out, "w") as f:
     json.dump(doc, f, indent=2)
     f.write("\n")
 for r in results:
-    print(f"{r['config']:50s} {r['value']:9.2f} tok/s  floor {r['floor']:9.2f}  "
+    print(f"{r['config']:60s} {r['value']:9.2f} tok/s  floor {r['floor']:9.2f}  "
           f"(min {r['min']}, max {r['max']}, cpu {r['cpu_ms_per_step']} ms/step)")
 print("results written to", out)
 PY
