@@ -22,6 +22,7 @@
 #define PROG "sil-batchbench"
 #define MAX_STREAMS 64
 #define MAX_THREADS 64
+#define WARMUP_STEPS 4 /* decode steps of the untimed first run */
 
 /* ---- streaming read bandwidth ------------------------------------------------------------ */
 
@@ -294,7 +295,7 @@ int main(int argc, char **argv)
     p.model_path = model;
     p.n_threads = (int)threads;
     p.n_seq_max = ns_max;
-    p.n_ctx = (int32_t)(n_prompt + n_gen + 1);
+    p.n_ctx = (int32_t)(n_prompt + (n_gen > WARMUP_STEPS ? n_gen : WARMUP_STEPS) + 1);
     p.n_batch_max = (int32_t)(n_prompt > ns_max ? n_prompt : ns_max);
     struct sil_error err = {0};
     struct sil_engine *e;
@@ -319,7 +320,7 @@ int main(int argc, char **argv)
     memset(bw_buf, 1, bw_bytes); /* fault the pages in before timing */
     /* warm-up: the model's pages into the page cache, the pool's threads started */
     double tok_s, eb, cpu_ms;
-    if (run_one(e, &b, 1, (int)n_prompt, 4, &tok_s, &eb, &cpu_ms) < 0) goto out;
+    if (run_one(e, &b, 1, (int)n_prompt, WARMUP_STEPS, &tok_s, &eb, &cpu_ms) < 0) goto out;
     for (int r = 0; r < runs; r++)
         for (int i = 0; i < n_ns; i++) {
             const double bw = read_bw(bw_buf, bw_bytes, (int)threads);
