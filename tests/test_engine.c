@@ -756,6 +756,39 @@ static void test_kv_release(void **state)
     sil_kv_free(kv);
 }
 
+/* The work counters: one row routes to exactly n_expert_used experts in every layer, so it
+ * reads that fraction of the routed-expert bytes; two rows read the union of theirs. */
+static void test_stats_expert_bytes(void **state)
+{
+    (void)state;
+    struct sil_engine *e = open_model("qwen35moe-tiny-Q4_K_M", false, 3);
+    const struct sil_model_info *in = sil_engine_info(e);
+    const uint64_t one =
+        in->routed_expert_bytes / (uint64_t)in->n_expert * (uint64_t)in->n_expert_used;
+    struct sil_error err = {0};
+    struct sil_engine_stats s0, s1, s2;
+    sil_engine_stats(e, &s0);
+    assert_true(s0.n_ubatch == 0 && s0.n_rows == 0 && s0.expert_bytes == 0);
+    float *logits = malloc(sizeof(float) * 3 * (size_t)in->n_vocab);
+    int seq[3];
+    int32_t tok[3] = {11, 200, 377}, pos[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++)
+        seq[i] = sil_seq_create(e, &err);
+    struct sil_batch b1 = {1, tok, pos, seq, NULL};
+    if (sil_engine_eval(e, &b1, logits, &err) < 0) fail_msg("eval: %s", err.msg);
+    sil_engine_stats(e, &s1);
+    assert_true(s1.n_ubatch == 1 && s1.n_rows == 1);
+    assert_true(s1.expert_bytes == one);
+    struct sil_batch b3 = {2, tok + 1, pos + 1, seq + 1, NULL};
+    if (sil_engine_eval(e, &b3, logits, &err) < 0) fail_msg("eval: %s", err.msg);
+    sil_engine_stats(e, &s2);
+    assert_true(s2.n_ubatch == 2 && s2.n_rows == 3);
+    const uint64_t d = s2.expert_bytes - s1.expert_bytes;
+    assert_true(d >= one && d <= 2 * one);
+    free(logits);
+    sil_engine_close(e);
+}
+
 /* Bad batches fail without changing any sequence; truncate to 0 restarts a sequence. */
 static void test_api_errors(void **state)
 {
@@ -961,6 +994,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_continue),
         cmocka_unit_test(test_kv_release),
         cmocka_unit_test(test_ckpt_store),
+        cmocka_unit_test(test_stats_expert_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,7 +35,7 @@ struct cpu_backend {
     float *moe_down;          /* [ub_max * n_expert_used][n_embd] */
     float *sh_gate, *sh_up;   /* [ub_max][n_ff_shexp] */
     float *sh_logit;          /* [ub_max] */
-    float *acc;               /* [n_embd] */
+    float *acc;               /* [n_threads][n_embd] */
     int32_t *iota;            /* [ub_max * n_expert_used] */
 };
 
@@ -322,20 +322,26 @@ static void cpu_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
 
 /* ---- router and experts ------------------------------------------------------------------ */
 
-static void cpu_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
-                      int n_used, struct sil_moe_plan *plan)
+/* Rows from which the per-row steps of route and moe (softmax and top-k, the weighted sum of
+ * the experts) go to the pool: below it they are a few microseconds of caller time. */
+#define PAR_ROWS 4
+
+struct route_task {
+    const float *router; /* [n][X] logits, softmaxed in place */
+    int X, K;
+    struct sil_moe_plan *plan;
+};
+
+static void route_rows(void *arg, long lo, long hi, int ith)
 {
-    struct cpu_backend *b = cpu(be);
-    const int X = (int)w->rows, K = n_used, n = (int)x.rows;
-    struct sil_mm_out logits = {w, {b->router, x.rows, X, X}};
-    cpu_matmul(be, x, &logits, 1);
-    plan->n_rows = n;
-    plan->n_used = K;
-    for (int i = 0; i < n; i++) {
-        float *p = b->router + (int64_t)i * X;
+    struct route_task *t = arg;
+    const int X = t->X, K = t->K;
+    (void)ith;
+    for (long i = lo; i < hi; i++) {
+        float *p = (float *)t->router + (int64_t)i * X;
         sil_softmax(p, X);
-        int32_t *sel = plan->sel_expert + (int64_t)i * K;
-        float *wt = plan->sel_weight + (int64_t)i * K;
+        int32_t *sel = t->plan->sel_expert + (int64_t)i * K;
+        float *wt = t->plan->sel_weight + (int64_t)i * K;
         /* selection by repeated max: K is small (8) and this keeps ties in index order */
         float sum = 0.0f;
         for (int k = 0; k < K; k++) {
@@ -350,10 +356,61 @@ static void cpu_route(struct sil_backend *be, struct sil_act x, const struct sil
             wt[k] = p[best];
             sum += p[best];
         }
-        if (sum < 6.103515625e-5f)
-            sum = 6.103515625e-5f; /* the reference clamps the sum the same way */
+        if (sum < 6.103515625e-5f) sum = 6.103515625e-5f; /* the reference clamps the sum so */
         for (int k = 0; k < K; k++)
             wt[k] /= sum;
+    }
+}
+
+static void cpu_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
+                      int n_used, struct sil_moe_plan *plan)
+{
+    struct cpu_backend *b = cpu(be);
+    const int X = (int)w->rows, K = n_used, n = (int)x.rows;
+    struct sil_mm_out logits = {w, {b->router, x.rows, X, X}};
+    cpu_matmul(be, x, &logits, 1);
+    plan->n_rows = n;
+    plan->n_used = K;
+    /* rows are independent: with many threads the serial per-row steps would bound the step */
+    struct route_task t = {b->router, X, K, plan};
+    if (n < PAR_ROWS)
+        route_rows(&t, 0, n, 0);
+    else
+        sil_threadpool_for(b->tp, n, 1, route_rows, &t);
+}
+
+struct combine_task {
+    struct cpu_backend *b;
+    const struct sil_moe_plan *pl;
+    struct sil_act out;
+};
+
+/* out row i = its experts' down outputs weighted in slot order (+ the gated shared expert,
+ * already in out); each thread sums into its own accumulator */
+static void combine_rows(void *arg, long lo, long hi, int ith)
+{
+    const struct combine_task *t = arg;
+    const struct sil_moe_plan *pl = t->pl;
+    const int64_t K = pl->n_used, E = t->out.width;
+    const bool shexp = pl->sh_gate_inp != NULL;
+    float *acc = t->b->acc + (int64_t)ith * E;
+    for (long i = lo; i < hi; i++) {
+        float *o = rowp(t->out, i);
+        if (shexp) {
+            const float g = sil_sigmoid(t->b->sh_logit[i]);
+            for (int64_t j = 0; j < E; j++)
+                o[j] *= g;
+        }
+        /* experts summed in slot order first, then the shared expert added, as the reference */
+        memset(acc, 0, sizeof(float) * (size_t)E);
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t q = i * K + k;
+            sil_axpy(acc, pl->sel_weight[q], t->b->moe_down + (int64_t)pl->pair_of[q] * E, E);
+        }
+        if (shexp)
+            sil_add(o, acc, E);
+        else
+            memcpy(o, acc, sizeof(float) * (size_t)E);
     }
 }
 
@@ -404,24 +461,11 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
     }
     run_jobs(b, b->jobs, nj);
 
-    for (int64_t i = 0; i < n; i++) {
-        float *o = rowp(out, i);
-        if (shexp) {
-            const float g = sil_sigmoid(b->sh_logit[i]);
-            for (int64_t j = 0; j < E; j++)
-                o[j] *= g;
-        }
-        /* experts summed in slot order first, then the shared expert added, as the reference */
-        memset(b->acc, 0, sizeof(float) * (size_t)E);
-        for (int64_t k = 0; k < K; k++) {
-            const int64_t q = i * K + k;
-            sil_axpy(b->acc, pl->sel_weight[q], b->moe_down + (int64_t)pl->pair_of[q] * E, E);
-        }
-        if (shexp)
-            sil_add(o, b->acc, E);
-        else
-            memcpy(o, b->acc, sizeof(float) * (size_t)E);
-    }
+    struct combine_task t = {b, pl, out};
+    if (n < PAR_ROWS)
+        combine_rows(&t, 0, n, 0);
+    else
+        sil_threadpool_for(b->tp, n, 1, combine_rows, &t);
 }
 
 /* ---- output head ------------------------------------------------------------------------ */
@@ -537,7 +581,7 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
         b->sh_gate = xcalloc((size_t)(U * c->n_ff_shexp), sizeof(float), &fail);
         b->sh_up = xcalloc((size_t)(U * c->n_ff_shexp), sizeof(float), &fail);
         b->sh_logit = xcalloc((size_t)U, sizeof(float), &fail);
-        b->acc = xcalloc((size_t)c->n_embd, sizeof(float), &fail);
+        b->acc = xcalloc((size_t)(nth * c->n_embd), sizeof(float), &fail);
         b->iota = xcalloc((size_t)(U * K), sizeof(int32_t), &fail);
         if (b->iota)
             for (int64_t i = 0; i < U * K; i++)

@@ -613,3 +613,10 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
         e->seq_len[s] = e->next_pos[s];
     return 0;
 }
+
+void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
+{
+    out->n_ubatch = e->f.n_ubatch;
+    out->n_rows = e->f.n_rows;
+    out->expert_bytes = e->f.expert_bytes;
+}

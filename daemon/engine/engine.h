@@ -118,6 +118,14 @@ void sil_engine_set_eval_progress(struct sil_engine *e, void (*fn)(void *user), 
 void sil_engine_mark_damaged(struct sil_engine *e);
 bool sil_engine_damaged(const struct sil_engine *e);
 
+/* Work counters since open, for benchmarks: forward passes (ubatches), rows evaluated, and the
+ * routed-expert weight bytes the MoE layers read (every expert a ubatch routed to, once per
+ * layer: the union of the rows' experts). */
+struct sil_engine_stats {
+    uint64_t n_ubatch, n_rows, expert_bytes;
+};
+void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out);
+
 /* Validates a file as a loadable model without building an engine, and prints what
  * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,
  * total / routed-expert / backbone bytes, bytes per expert). Returns 0 or -errno with err set. */

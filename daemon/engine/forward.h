@@ -58,6 +58,9 @@ struct sil_fwd {
     int32_t *expert_pairs, *expert_next; /* [n_expert] while building the plan */
     int32_t *keep_rows;                  /* [ub_max] rows kept for the last layer's FFN */
     int32_t *keep_out;                   /* [ub_max] their logits rows */
+    /* work counters since open (benchmarks' byte bounds): ubatches, rows, and the routed-expert
+     * weight bytes the MoE layers' plans named (each active expert's matrices once a layer) */
+    uint64_t n_ubatch, n_rows, expert_bytes;
 };
 
 /* A block's arena: all of the scratch area, nothing taken yet. */

@@ -215,14 +215,17 @@ void sil_matmul(struct sil_threadpool *tp, const struct sil_mm_job *jobs, int n_
     t.jobs = jobs;
     t.n_jobs = n_jobs;
     t.chunk_start[0] = 0;
-    int64_t work = 0, rows = 0;
+    int64_t work = 0, rows = 0, pairs = 0;
     for (int i = 0; i < n_jobs; i++) {
         work += jobs[i].m * jobs[i].n_rows * jobs[i].in->k;
         rows += jobs[i].n_rows > 0 ? jobs[i].m : 0;
+        pairs += jobs[i].m * jobs[i].n_rows;
     }
     const int nth = sil_threadpool_n_threads(tp);
     long cr = CHUNK_ROWS;
-    if (jobs[0].n_rows <= 4 && rows > (int64_t)CHUNK_ROWS * CHUNKS_PER_THREAD * nth)
+    /* decode-sized work: input rows per weight row over all jobs, not the first job's (in a
+     * batch's MoE call the lowest expert may have many rows and the others one) */
+    if (pairs <= 4 * rows && rows > (int64_t)CHUNK_ROWS * CHUNKS_PER_THREAD * nth)
         cr = (long)(rows / ((int64_t)CHUNKS_PER_THREAD * nth)) / CHUNK_ROWS * CHUNK_ROWS;
     t.chunk_rows = cr;
     for (int i = 0; i < n_jobs; i++) {
