@@ -6,9 +6,15 @@
 command -v tmux >/dev/null || { echo "skip: no tmux"; exit 0; }
 BIN=$SIL_BUILD/bin
 TM="tmux -S $T/tmux.sock"
-cleanup_tty() { $TM kill-server 2>/dev/null || true; cleanup; }
+cleanup_tty() {
+    $TM kill-server 2>/dev/null || true
+    # the clients the windows ran may still be saving their history: let them end first
+    for _ in $(seq 50); do pgrep -f "$BIN/sil-chat" >/dev/null || break; sleep 0.1; done
+    cleanup
+}
 trap cleanup_tty EXIT
-start_daemon --model "$MODEL"
+# Each micro-batch takes at least 5 ms, so a long answer is still running when Ctrl-C comes.
+SILICEOD_TEST_HOOKS=ubatch_ms=5 start_daemon --model "$MODEL"
 
 pane() { $TM capture-pane -p -t "$1"; }
 wait_for() { # window, fixed string, seconds
