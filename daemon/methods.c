@@ -7,6 +7,7 @@
  * or -1 when the connection is gone (then c is freed). Parameters are read from the message,
  * which the caller releases after the call. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +60,7 @@ int pump_streams(struct conn *c)
 
 static const char *const capabilities[] = { "hello", "generate", "chat", "cancel", "tokenize", "detokenize",
                                             "status", "metrics", "sessions.list", "sessions.drop", "shutdown",
-                                            "debug.stream", "stream", "sessions" };
+                                            "debug.stream", "stream", "sessions", "logit_bias" };
 
 static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
 {
@@ -334,6 +335,50 @@ static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
 }
 
 /* Sampling, budgets, stop strings, session and priority: the fields generate and chat share. */
+/* logit_bias: {token id: bias} as in the OpenAI API; biases are clamped to [-100, 100]. */
+static int read_logit_bias(const struct server *s, const msgpack_object *p, struct sil_job_req *j,
+                           struct sil_rpc_error *err)
+{
+    const msgpack_object *lb = sil_rpc_map_get(p, "logit_bias");
+    if (!lb || lb->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    if (lb->type != MSGPACK_OBJECT_MAP || lb->via.map.size > SIL_LOGIT_BIAS_MAX)
+        return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                              "logit_bias: expected a map of at most %d {token id: bias}",
+                              SIL_LOGIT_BIAS_MAX);
+    uint32_t n = lb->via.map.size;
+    if (n == 0)
+        return 0;
+    int32_t n_vocab = sil_vocab_n_tokens(s->vocab);
+    j->bias_buf = malloc(n * sizeof *j->bias_buf);
+    if (!j->bias_buf)
+        return sil_rpc_errorf(err, -ENOMEM, SIL_RPC_E_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *k = &lb->via.map.ptr[i].key, *v = &lb->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_POSITIVE_INTEGER || k->via.u64 >= (uint64_t)n_vocab)
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                                  "logit_bias: entry %u: the key is not a token id in [0, %d)", i,
+                                  n_vocab);
+        double x;
+        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            x = (double)v->via.u64;
+        else if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+            x = (double)v->via.i64;
+        else if (v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64)
+            x = v->via.f64;
+        else
+            x = NAN;
+        if (!isfinite(x))
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                                  "logit_bias[%d]: expected a finite number", (int)k->via.u64);
+        j->bias_buf[i].id = (int32_t)k->via.u64;
+        j->bias_buf[i].bias = (float)(x < -100 ? -100 : x > 100 ? 100 : x);
+    }
+    j->sampling.logit_bias = j->bias_buf;
+    j->sampling.n_logit_bias = (int32_t)n;
+    return 0;
+}
+
 static int read_gen_params(struct server *s, const msgpack_object *p, struct sil_job_req *j,
                            struct sil_rpc_error *err)
 {
@@ -429,7 +474,7 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
         j->ctl.stop = j->stop_ptrs;
         j->ctl.n_stop = n;
     }
-    return 0;
+    return read_logit_bias(s, p, j, err);
 }
 
 static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_req *j)

@@ -45,6 +45,7 @@ void sil_job_req_free(struct sil_job_req *r)
         return;
     free(r->prompt);
     free(r->stop_buf);
+    free(r->bias_buf);
     sil_chat_msgs_free(r->chat, r->n_chat);
     free(r);
 }
@@ -57,6 +58,7 @@ void job_free(struct sil_worker *w, struct job *j)
     free(j->gen.p);
     free(j->r.prompt);
     free(j->r.stop_buf);
+    free(j->r.bias_buf);
     sil_chat_msgs_free(j->r.chat, j->r.n_chat);
     free(j);
 }

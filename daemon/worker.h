@@ -21,6 +21,7 @@
 #include "daemon/genctl.h"
 
 #define SIL_SESSION_NAME_MAX 128
+#define SIL_LOGIT_BIAS_MAX 1024 /* entries in a request's logit_bias */
 
 enum sil_priority { SIL_PRIO_INTERACTIVE = 0, SIL_PRIO_NORMAL = 1, SIL_PRIO_BATCH = 2 };
 
@@ -30,7 +31,8 @@ struct sil_job_req {
     uint32_t msgid;
     int32_t *prompt; /* malloc'd, owned by the job */
     size_t n_prompt;
-    struct sil_sampler_params sampling;
+    struct sil_sampler_params sampling; /* logit_bias points into bias_buf */
+    struct sil_logit_bias *bias_buf;    /* malloc'd, owned by the job */
     struct sil_genctl_params ctl; /* stop strings point into stop_buf */
     const char *stop_ptrs[SIL_GENCTL_MAX_STOP];
     char *stop_buf;               /* malloc'd, owned by the job */

@@ -1,5 +1,5 @@
-/* Sampler: greedy and penalties exactly; temperature, top-k, top-p, min-p by frequencies over
- * many seeded draws (tolerance 5 standard errors); seeds reproduce and differ. */
+/* Sampler: greedy, penalties and logit bias exactly; temperature, top-k, top-p, min-p by
+ * frequencies over many seeded draws (tolerance 5 standard errors); seeds reproduce and differ. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -92,6 +92,8 @@ static void test_defaults(void **unused)
     assert_int_equal(p.repeat_last_n, 64);
     assert_float_equal(p.presence_penalty, 0.0f, 0);
     assert_int_equal(p.seed, 0);
+    assert_null(p.logit_bias);
+    assert_int_equal(p.n_logit_bias, 0);
     assert_null(sil_sampler_new(&p, 0));
     sil_sampler_free(NULL);
 }
@@ -437,6 +439,78 @@ static void test_odd_params(void **unused)
     }
 }
 
+/* logit_bias: added before greedy, penalties and filters; +100 forces a token, -100 forbids one,
+ * a small bias shifts the distribution by exactly e^bias; bad entries are ignored. */
+static void test_logit_bias(void **unused)
+{
+    (void)unused;
+    const float l[] = { 0.5f, 2.0f, 1.9f, -1.0f, 1.0f };
+    struct sil_sampler_params p = plain(0.0f, 1);
+    assert_int_equal(sample1(&p, l, 5, NULL, 0), 1);
+    const struct sil_logit_bias ban1[] = { { 1, -100.0f } };
+    p.logit_bias = ban1;
+    p.n_logit_bias = 1;
+    assert_int_equal(sample1(&p, l, 5, NULL, 0), 2); /* greedy sees the biased logits */
+    const struct sil_logit_bias up3[] = { { 3, 3.5f } }; /* -1 + 3.5 = 2.5 > 2.0 */
+    p.logit_bias = up3;
+    assert_int_equal(sample1(&p, l, 5, NULL, 0), 3);
+
+    /* Sampling at T 1 with top-k 2: +100 on the worst token makes it the only one ever drawn,
+     * -100 on the two best leaves {4, 0} to top-k, in ratio e^0.5. */
+    p = plain(1.0f, 7);
+    p.top_k = 2;
+    const struct sil_logit_bias force3[] = { { 3, 100.0f } };
+    p.logit_bias = force3;
+    p.n_logit_bias = 1;
+    const double e_force[] = { 0, 0, 0, 1, 0 };
+    check_freq(&p, l, 5, e_force, 2000);
+    const struct sil_logit_bias ban12[] = { { 1, -100.0f }, { 2, -100.0f } };
+    p.logit_bias = ban12;
+    p.n_logit_bias = 2;
+    double e_ban[5];
+    const int keep[] = { 1, 0, 0, 0, 1 };
+    softmax_kept(l, keep, 5, 1.0, e_ban);
+    check_freq(&p, l, 5, e_ban, 20000);
+
+    /* A small bias at T 1, no filters: p(i) proportional to e^(l_i + b_i). */
+    p = plain(1.0f, 11);
+    const struct sil_logit_bias mix[] = { { 0, 1.5f }, { 4, -0.5f } };
+    p.logit_bias = mix;
+    p.n_logit_bias = 2;
+    const float lb[] = { 2.0f, 2.0f, 1.9f, -1.0f, 0.5f };
+    double e_mix[5];
+    const int all[] = { 1, 1, 1, 1, 1 };
+    softmax_kept(lb, all, 5, 1.0, e_mix);
+    check_freq(&p, l, 5, e_mix, 20000);
+
+    /* The bias applies before the repetition penalty: (2 + 1) / 2 = 1.5 < 1.8 (token 0); after
+     * it, 2 / 2 + 1 = 2 would win. */
+    p = plain(0.0f, 1);
+    const struct sil_logit_bias up1[] = { { 1, 1.0f } };
+    p.logit_bias = up1;
+    p.n_logit_bias = 1;
+    p.repeat_penalty = 2.0f;
+    const float l2[] = { 1.8f, 2.0f, 0.3f };
+    const int32_t h1[] = { 1 };
+    assert_int_equal(sample1(&p, l2, 3, NULL, 0), 1);
+    assert_int_equal(sample1(&p, l2, 3, h1, 1), 0);
+
+    /* Ids out of range and non-finite biases are ignored, not written. */
+    p = plain(0.0f, 1);
+    const struct sil_logit_bias bad[] = { { -1, 100.0f }, { 5, 100.0f }, { 3, NAN },
+                                          { 4, INFINITY } };
+    p.logit_bias = bad;
+    p.n_logit_bias = 4;
+    assert_int_equal(sample1(&p, l, 5, NULL, 0), 1);
+    /* The logits the caller passed are not modified. */
+    p.logit_bias = force3;
+    p.n_logit_bias = 1;
+    float copy[5];
+    memcpy(copy, l, sizeof copy);
+    assert_int_equal(sample1(&p, copy, 5, NULL, 0), 3);
+    assert_memory_equal(copy, l, sizeof copy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -452,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_seed),
         cmocka_unit_test(test_bad_logits_untouched),
         cmocka_unit_test(test_odd_params),
+        cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,5 @@
 /* Token sampler. The chain, on a private copy of the logits:
+ *   0. the logit biases are added (NaN logits become -inf first);
  *   1. penalties over the distinct tokens of the last repeat_last_n history entries
  *      (repeat_last_n < 0: the whole history, 0: none): repetition as in CTRL (a positive logit
  *      is divided by the penalty, a negative one multiplied), presence subtracts a constant;
@@ -44,6 +45,8 @@ void sil_sampler_params_default(struct sil_sampler_params *p)
     p->repeat_last_n = 64;
     p->presence_penalty = 0.0f;
     p->seed = 0;
+    p->logit_bias = NULL;
+    p->n_logit_bias = 0;
 }
 
 static uint64_t splitmix64(uint64_t *x)
@@ -280,6 +283,11 @@ int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int
     for (int32_t i = 0; i < nv; i++) {
         c[i].logit = isnan(logits[i]) ? -INFINITY : logits[i];
         c[i].id = i;
+    }
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
+        const struct sil_logit_bias *b = &s->p.logit_bias[i];
+        if (b->id >= 0 && b->id < nv && isfinite(b->bias))
+            c[b->id].logit += b->bias;
     }
     apply_penalties(s, history, n_history);
 

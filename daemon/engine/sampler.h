@@ -1,10 +1,17 @@
-/* Token sampler: repetition / presence penalties, then top-k, top-p, min-p, temperature, and a
- * seeded draw (same seed and inputs -> same tokens). temperature <= 0 is greedy (argmax). */
+/* Token sampler: logit bias, repetition / presence penalties, then top-k, top-p, min-p,
+ * temperature, and a seeded draw (same seed and inputs -> same tokens). temperature <= 0 is greedy
+ * (argmax of the biased, penalized logits). */
 #ifndef SIL_SAMPLER_H
 #define SIL_SAMPLER_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Added to one token's logit before anything else (OpenAI's logit_bias). */
+struct sil_logit_bias {
+    int32_t id;
+    float bias;
+};
 
 struct sil_sampler_params {
     float temperature;      /* default 0.8; <= 0 greedy */
@@ -15,6 +22,10 @@ struct sil_sampler_params {
     int32_t repeat_last_n;  /* default 64 */
     float presence_penalty; /* default 0.0 (off) */
     uint64_t seed;          /* default 0 = take one from the clock (reported back by the sampler) */
+    /* Default none. Not copied: the array must outlive the sampler. Ids outside [0, n_vocab) are
+     * ignored; an id given twice gets both biases. */
+    const struct sil_logit_bias *logit_bias;
+    int32_t n_logit_bias;
 };
 
 void sil_sampler_params_default(struct sil_sampler_params *p);

@@ -37,6 +37,10 @@ stop_daemon() { # expects exit status 0 after SIGTERM
     wait "$DPID" || rc=$?
     DPID=
     if [ "$rc" -ne 0 ]; then echo "daemon exited $rc"; cat "$T/daemon.log"; exit 1; fi
+    # Under the ASan build a leak (LeakSanitizer runs at exit) or a UBSan report fails too.
+    if grep -q 'Sanitizer\|runtime error' "$T/daemon.log"; then
+        echo "FAIL: sanitizer report"; cat "$T/daemon.log"; exit 1
+    fi
     echo "ok: daemon exited 0 on SIGTERM"
 }
 
