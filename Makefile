@@ -98,7 +98,7 @@ TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
 FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 
 .PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan \
-	check-asan-integration check-cuda fuzz deps demo install install-service uninstall deb clean \
+	check-asan-integration check-cuda fuzz deps deps-train demo install install-service uninstall deb clean \
 	format tests
 .DEFAULT_GOAL := all
 
@@ -285,10 +285,16 @@ demo: all
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
 	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
 	debhelper dpkg-dev lintian git strace \
-	python3-prometheus-client tmux
+	python3-prometheus-client tmux python3-torch
+# What bench/train needs beyond the parity test's PyTorch: the loss-curve plot.
+TRAIN_DEB_PACKAGES := python3-torch python3-numpy python3-matplotlib
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
+
+deps-train:
+	@if dpkg -s $(TRAIN_DEB_PACKAGES) >/dev/null 2>&1; then echo "deps-train: all packages present"; \
+	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(TRAIN_DEB_PACKAGES); fi
 
 # ---- install -------------------------------------------------------------------------------------
 COMPLETIONS := $(notdir $(wildcard contrib/bash-completion/*))
