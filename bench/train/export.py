@@ -26,7 +26,10 @@ BIN = os.path.join(os.environ.get("SIL_BUILD") or os.path.join(ROOT, "build"), "
 
 
 def load(ckpt_path):
-    ck = torch.load(ckpt_path, map_location="cpu")
+    try:  # our own file: config and argv beside the tensors
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    except TypeError:
+        ck = torch.load(ckpt_path, map_location="cpu")
     cfg = Config(**ck["config"])
     m = Qwen35Moe(cfg)
     m.load_state_dict(ck["model"])

@@ -234,7 +234,8 @@ class Qwen35Moe(nn.Module):
         q, k = q[:, :, idx], k[:, :, idx]                               # [B, T, nv, d]
         g = self.p(p + "ssm_a") * F.softplus(alpha + self.p(p + "ssm_dt.bias"))
         rule = delta_rule_chunked if self.chunked else delta_rule
-        o = rule(q.float(), k.float(), v.float(), g.float(), beta.float()).to(x.dtype)
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the state in float32
+            o = rule(q.float(), k.float(), v.float(), g.float(), beta.float()).to(x.dtype)
         o = rmsnorm(o, self.p(p + "ssm_norm.weight"), c.rms_eps) * F.silu(z)
         return F.linear(o.reshape(B, T, nv * d), self.p(p + "ssm_out.weight"))
 

@@ -1,7 +1,8 @@
 """The engine against the PyTorch model on the same weights.
 
   parity.py --random [--preset tiny]       random weights: export F32, compare logits
-  parity.py --ckpt CKPT [--gguf FILE]      a trained checkpoint (exported to F32 unless given)
+  parity.py --ckpt CKPT [--type q8_0]      a trained checkpoint, exported to F32 (or Q8_0)
+  parity.py --ckpt CKPT --gguf FILE        against an existing F32 or Q8_0 export of it
 
 For each prompt, sil-eval --exact --logits all --json runs the GGUF and the PyTorch forward runs
 the checkpoint in float64 (a reference free of PyTorch's own float32 rounding); the check is
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe  # noqa: E402
 import data  # noqa: E402
 from export import BIN, export, load  # noqa: E402
+from gguf_read import load_into  # noqa: E402
 from model import PRESETS, Qwen35Moe  # noqa: E402
 
 
@@ -96,7 +98,9 @@ def main():
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ckpt")
-    ap.add_argument("--gguf")
+    ap.add_argument("--gguf", help="an existing export (F32 or Q8_0) to compare instead")
+    ap.add_argument("--type", default="f32", choices=["f32", "q8_0"],
+                    help="export type; q8_0: PyTorch runs the dequantized Q8_0 weights")
     ap.add_argument("--tol", type=float, default=1e-3)
     ap.add_argument("--n-prompts", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=4)
@@ -128,7 +132,10 @@ def main():
             gguf = a.gguf or os.path.join(tmp, "m.gguf")
         model.eval()
         if not a.gguf:
-            export(model, tok_path, gguf, "f32")
+            export(model, tok_path, gguf, a.type)
+        if a.type != "f32" or a.gguf:
+            # PyTorch runs what the file holds (Q8_0 dequantized), so the check is the engine's
+            model = load_into(Qwen35Moe(model.cfg), gguf).eval()
         held = data.heldout_examples(1, a.seed)
         prompts = [e["prompt"] for e in held[:a.n_prompts]]
         ok = check_tokenizer(tok, gguf, [e["prompt"] + e["completion"] for e in held])

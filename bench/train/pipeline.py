@@ -6,14 +6,17 @@ Runs train.py into DIR, exports DIR/model-f32.gguf, model-q8_0.gguf and model-q4
 sil-mkmodel, checks the engine's logits against PyTorch on the F32 file (sil-eval --exact), then
 answers the held-out questions with the engine (sil-eval greedy, F32 exact and Q8_0 and Q4_K_M
 normal) and writes DIR/engine_eval.json (accuracy per family, agreement with PyTorch's greedy
-answers) and DIR/reference.json (PyTorch float64 logits of a few prompts: the file the engine's
-make-check test compares against). Needs build/bin/sil-mkmodel and build/bin/sil-eval.
+answers) and DIR/reference.json (PyTorch float64 logits of a few prompts on the Q8_0 file's
+dequantized weights: what a make-check test of the shipped file compares against). Needs build/bin/sil-mkmodel and build/bin/sil-eval.
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
+import tarfile
 import sys
 import time
 
@@ -24,6 +27,8 @@ sys.path.insert(0, HERE)
 import bpe  # noqa: E402
 import data  # noqa: E402
 import parity  # noqa: E402
+import train  # noqa: E402
+from gguf_read import load_into  # noqa: E402
 from export import export, load  # noqa: E402
 from model import Qwen35Moe  # noqa: E402
 
@@ -31,12 +36,14 @@ TYPES = ["f32", "q8_0", "q4_k_m"]
 
 
 def engine_answers(gguf, tok, examples, exact, n_predict=96):
-    out = []
-    for e in examples:
-        r = parity.sil_eval(gguf, tok.encode(e["prompt"]), n_predict, exact=exact, logits="none")
+    """The engine's greedy completions, one sil-eval per question, a few at a time."""
+    def one(e):
+        r = parity.sil_eval(gguf, tok.encode(e["prompt"]), n_predict, exact=exact, logits="none",
+                            threads=1)
         text = tok.decode(r["greedy"])
-        out.append(text.split("<|im_end|>")[0] + ("<|im_end|>" if "<|im_end|>" in text else ""))
-    return out
+        return text.split("<|im_end|>")[0] + ("<|im_end|>" if "<|im_end|>" in text else "")
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(16, (os.cpu_count() or 2)))) as ex:
+        return list(ex.map(one, examples))
 
 
 def score(examples, completions, torch_completions):
@@ -70,6 +77,8 @@ def reference(model, tok, prompts, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--bundle", help="copy the results here as at most 8 files (a device "
+                    "run's $OUT): the two quantized models, the JSON results, the plot, a tar")
     ap.add_argument("--engine-questions", type=int, default=200,
                     help="held-out questions the engine answers (spread over the families)")
     a, rest = ap.parse_known_args()
@@ -94,15 +103,27 @@ def main():
     prompts = [e["prompt"] for e in sel[:3]]
     ok_tok = parity.check_tokenizer(tok, files["f32"], [e["prompt"] for e in sel[:50]])
     ok_logits = parity.compare(model, tok, files["f32"], prompts, 8, 1e-3)
-    reference(model, tok, prompts, os.path.join(a.out, "reference.json"))
 
-    res = {"parity_tokenizer": ok_tok, "parity_logits_exact_f32": ok_logits, "n": len(sel)}
+    # PyTorch on the Q8_0 file's own (dequantized) weights: the reference for the shipped file
+    mq = load_into(Qwen35Moe(model.cfg), files["q8_0"]).eval()
+    ok_q8 = parity.compare(mq, tok, files["q8_0"], prompts, 8, 1e-3)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_q8 = train.greedy(mq.to(dev), tok, [e["prompt"] for e in sel], 96, dev, bf16=False)
+    with open(os.path.join(a.out, "heldout_torch_q8_0.jsonl"), "w") as f:
+        for e, c in zip(sel, torch_q8):
+            f.write(json.dumps({"key": e["key"], "family": e["family"], "prompt": e["prompt"],
+                                "answer": e["answer"], "torch_completion": c}) + "\n")
+
+    reference(mq, tok, prompts, os.path.join(a.out, "reference.json"))  # of the Q8_0 weights
+    res = {"parity_tokenizer": ok_tok, "parity_logits_exact_f32": ok_logits,
+           "parity_logits_exact_q8_0": ok_q8, "n": len(sel)}
     torch_c = [e["torch_completion"] for e in sel]
     res["torch"] = score(sel, torch_c, torch_c)
+    res["torch_q8_0"] = score(sel, torch_q8, torch_q8)
     for t, exact in (("f32", True), ("q8_0", False), ("q8_0", True), ("q4_k_m", False)):
         name = f"{t}{'_exact' if exact else ''}"
         comp = engine_answers(files[t], tok, sel, exact)
-        res[name] = score(sel, comp, torch_c)
+        res[name] = score(sel, comp, torch_q8 if t == "q8_0" else torch_c)
         tot = sum(f["correct"] for f in res[name].values())
         same = sum(f["same_as_torch"] for f in res[name].values())
         print(f"engine {name}: {tot}/{len(sel)} correct, {same}/{len(sel)} answers equal "
@@ -110,8 +131,17 @@ def main():
     res["seconds_total"] = round(time.time() - t0, 1)
     with open(os.path.join(a.out, "engine_eval.json"), "w") as f:
         json.dump(res, f, indent=1)
+    if a.bundle:
+        os.makedirs(a.bundle, exist_ok=True)
+        for f in ("model-q8_0.gguf", "model-q4_k_m.gguf", "metrics.json", "engine_eval.json",
+                  "loss.png", "reference.json", "heldout_torch_q8_0.jsonl"):
+            if os.path.exists(os.path.join(a.out, f)):
+                shutil.copy(os.path.join(a.out, f), a.bundle)
+        with tarfile.open(os.path.join(a.bundle, "rest.tar.xz"), "w:xz") as t:
+            for f in ("tokenizer.json", "log.jsonl", "heldout_torch.jsonl"):
+                t.add(os.path.join(a.out, f), f)
     print(f"pipeline done in {res['seconds_total']:.0f} s: {a.out}", flush=True)
-    sys.exit(0 if ok_tok and ok_logits else 1)
+    sys.exit(0 if ok_tok and ok_logits and ok_q8 else 1)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def batch_of(enc, idx, pad, device):
 
 
 @torch.no_grad()
-def greedy(model, tok, prompts, max_new, device, routing_log=None):
+def greedy(model, tok, prompts, max_new, device, routing_log=None, bf16=True):
     """Greedy completions, prompts of equal token length batched together; stops at <|im_end|>."""
     end = tok.special("<|im_end|>")
     enc = [tok.encode(p) for p in prompts]
@@ -65,7 +65,7 @@ def greedy(model, tok, prompts, max_new, device, routing_log=None):
             done = torch.zeros(len(part), dtype=torch.bool, device=device)
             gen = []
             for _ in range(max_new):
-                with autocast(device):
+                with autocast(device if bf16 else "cpu"):
                     nxt = model(x)[:, -1].float().argmax(-1)
                 nxt = torch.where(done, torch.full_like(nxt, end), nxt)
                 gen.append(nxt)
@@ -182,7 +182,8 @@ def main():
     ap.add_argument("--n-train", type=int, default=200000)
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--heldout", type=int, default=200, help="held-out questions per family")
-    ap.add_argument("--time-budget", type=float, default=0, help="stop after this many seconds")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds of training at most; the schedule ends with them")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -219,11 +220,18 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
 
+    def progress(s):
+        """Fraction of the run done: by steps, or by time when a budget is given and it is
+        the tighter bound, so the cosine reaches its floor when the budget ends."""
+        f = (s - a.warmup) / max(1, a.steps - a.warmup)
+        if a.time_budget and s > 0:
+            f = max(f, (time.time() - t_train) / a.time_budget)
+        return min(max(f, 0.0), 1.0)
+
     def lr_at(s):
         if s < a.warmup:
             return a.lr * (s + 1) / a.warmup
-        f = (s - a.warmup) / max(1, a.steps - a.warmup)
-        return a.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(f, 1.0))))
+        return a.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(s))))
 
     log = []
     logf = open(os.path.join(a.out, "log.jsonl"), "w")
@@ -231,9 +239,11 @@ def main():
     model.train()
     t_train = time.time()
     step = 0
+    lr = a.lr
     for step in range(a.steps):
+        lr = lr_at(step)
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(step)
+            gr["lr"] = lr
         idx = [rng.randrange(len(enc)) for _ in range(a.batch)]
         x, y = batch_of(enc, idx, pad, dev)
         with autocast(dev):
@@ -247,14 +257,14 @@ def main():
         opt.step()
         if step % a.log_every == 0 or step == a.steps - 1:
             r = {"step": step, "loss": loss.item(), "aux": model.aux_loss.item(),
-                 "lr": lr_at(step), "grad_norm": gn.item(), "time_s": time.time() - t_train}
+                 "lr": lr, "grad_norm": gn.item(), "time_s": time.time() - t_train}
             log.append(r)
             logf.write(json.dumps(r) + "\n")
             logf.flush()
             if step % (a.log_every * 10) == 0 or step == a.steps - 1:
                 print(f"step {step}: loss {r['loss']:.4f} lr {r['lr']:.2e} "
                       f"{r['time_s']:.0f} s", flush=True)
-        if a.time_budget and time.time() - t_train > a.time_budget:
+        if a.time_budget and step >= a.warmup and progress(step) >= 1.0:
             print(f"time budget reached at step {step}", flush=True)
             break
     train_s = time.time() - t_train

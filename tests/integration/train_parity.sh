@@ -5,7 +5,8 @@
 #  2. With PyTorch (python3-torch): the chunked delta rule equals the sequential one; our BPE
 #     encodes chat exchanges exactly as the engine's tokenizer; the engine's logits and greedy
 #     tokens (sil-eval --exact, F32 file) match the PyTorch qwen35moe within 1e-3 relative on a
-#     random model and on one trained for a few steps. About 30 s on 2 loaded cores.
+#     random model and on one trained for a few steps, and on that one's Q8_0 file against
+#     PyTorch on its dequantized weights. About 25 s on 2 loaded cores.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 B=${SIL_BUILD:-$ROOT/build}
@@ -93,4 +94,7 @@ assert l[-1]['loss'] < l[0]['loss'] - 0.5, l" || fail "loss did not fall in 12 s
 "$PY" parity.py --ckpt "$T/tr/ckpt.pt" --n-prompts 3 --n-predict 6 >"$T/p2" 2>&1 ||
     fail "trained-weight parity: $(cat "$T/p2")"
 sed 's/^/trained: /' "$T/p2" | grep -v sil-mkmodel
+"$PY" parity.py --ckpt "$T/tr/ckpt.pt" --type q8_0 --n-prompts 2 --n-predict 4 >"$T/p3" 2>&1 ||
+    fail "Q8_0 parity: $(cat "$T/p3")"
+sed 's/^/trained q8_0: /' "$T/p3" | grep -v sil-mkmodel
 echo "ok: engine = PyTorch on random and trained qwen35moe weights"
