@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--bundle", help="copy the results here as at most 8 files (a device "
                     "run's $OUT): the two quantized models, the JSON results, the plot, a tar")
+    ap.add_argument("--llama-bench", help="a llama-bench binary: check that llama.cpp loads "
+                    "and runs the Q8_0 and Q4_K_M files (output into the bundle's tar)")
     ap.add_argument("--engine-questions", type=int, default=200,
                     help="held-out questions the engine answers (spread over the families)")
     a, rest = ap.parse_known_args()
@@ -128,6 +130,17 @@ def main():
         same = sum(f["same_as_torch"] for f in res[name].values())
         print(f"engine {name}: {tot}/{len(sel)} correct, {same}/{len(sel)} answers equal "
               f"PyTorch's", flush=True)
+    extra = []
+    if a.llama_bench:
+        for t in ("q8_0", "q4_k_m"):
+            r = subprocess.run([a.llama_bench, "-m", files[t], "-ngl", "99", "-p", "64", "-n", "32",
+                                "-r", "2", "-o", "json"], capture_output=True, text=True)
+            name = f"llama-bench-{t}.json"
+            with open(os.path.join(a.out, name), "w") as f:
+                f.write(r.stdout + ("\n# stderr:\n" + r.stderr[-4000:] if r.returncode else ""))
+            extra.append(name)
+            res[f"llama_bench_{t}_exit"] = r.returncode
+            print(f"llama-bench {t}: exit {r.returncode}", flush=True)
     res["seconds_total"] = round(time.time() - t0, 1)
     with open(os.path.join(a.out, "engine_eval.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -138,7 +151,7 @@ def main():
             if os.path.exists(os.path.join(a.out, f)):
                 shutil.copy(os.path.join(a.out, f), a.bundle)
         with tarfile.open(os.path.join(a.bundle, "rest.tar.xz"), "w:xz") as t:
-            for f in ("tokenizer.json", "log.jsonl", "heldout_torch.jsonl"):
+            for f in ["tokenizer.json", "log.jsonl", "heldout_torch.jsonl"] + extra:
                 t.add(os.path.join(a.out, f), f)
     print(f"pipeline done in {res['seconds_total']:.0f} s: {a.out}", flush=True)
     sys.exit(0 if ok_tok and ok_logits and ok_q8 else 1)
