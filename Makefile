@@ -126,7 +126,7 @@ TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
 FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 
 .PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan \
-	check-asan-integration check-cuda fuzz deps demo install install-service uninstall deb clean \
+	check-asan-integration check-cuda fuzz deps deps-train demo install install-service uninstall deb clean \
 	format tests
 .DEFAULT_GOAL := all
 
@@ -390,16 +390,22 @@ DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-
 	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
 	debhelper dpkg-dev lintian git strace \
 	python3-prometheus-client tmux \
-	libmicrohttpd-dev curl
+	libmicrohttpd-dev curl python3-torch
 # The official openai JavaScript SDK, for tests/integration/openai.sh only: installed into the
 # build tree (git-ignored), never committed or linked. 4.104.0 runs on Node.js 18 and 20.
 NPM_TEST_PACKAGES := openai@4.104.0
+# What bench/train needs beyond the parity test's PyTorch: the loss-curve plot.
+TRAIN_DEB_PACKAGES := python3-torch python3-numpy python3-matplotlib
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi
 	@if ! command -v npm >/dev/null; then echo "deps: no npm: the openai SDK test will be skipped"; \
 	elif [ -f $(B)/npm/node_modules/openai/package.json ]; then echo "deps: openai SDK present"; \
 	else mkdir -p $(B)/npm && npm install --prefix $(B)/npm --no-audit --no-fund $(NPM_TEST_PACKAGES); fi
+
+deps-train:
+	@if dpkg -s $(TRAIN_DEB_PACKAGES) >/dev/null 2>&1; then echo "deps-train: all packages present"; \
+	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(TRAIN_DEB_PACKAGES); fi
 
 # ---- install -------------------------------------------------------------------------------------
 COMPLETIONS := $(notdir $(wildcard contrib/bash-completion/*))

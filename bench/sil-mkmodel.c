@@ -56,6 +56,8 @@ static void usage(FILE *f)
             "  --seed N              random seed (default 1)\n"
             "  --exact-quant         q4_K/q6_K through the reference quantizers (slow) instead of\n"
             "                        fast min/max scales\n"
+            "  --weights-from DIR    the values of each tensor from DIR/NAME.f32 (raw F32, ne[0]\n"
+            "                        fastest) instead of random ones: export of a trained model\n"
             "\n"
             "output:\n"
             "  --out FILE            the model file (written as FILE.tmp, then renamed)\n"
@@ -74,7 +76,7 @@ enum {
     O_PRESET = 256, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV, O_HEAD_DIM, O_FFN, O_EXPERTS, O_USED,
     O_EXP_FFN, O_SH_FFN, O_DN_K, O_DN_V, O_DN_DIM, O_DN_CONV, O_FAI, O_ROPE_BASE, O_ROPE_PARTIAL,
     O_CTX, O_TIED, O_UNTIED, O_VOCAB, O_VOCAB_FROM, O_PRE, O_TYPE, O_OVERRIDE, O_SKEW, O_SEED, O_OUT,
-    O_THREADS, O_NAME, O_EXACT, O_DRY, O_QUIET, O_LIST, O_HELP, O_VERSION,
+    O_THREADS, O_NAME, O_EXACT, O_WEIGHTS, O_DRY, O_QUIET, O_LIST, O_HELP, O_VERSION,
 };
 
 static const struct option opts[] = {
@@ -89,6 +91,7 @@ static const struct option opts[] = {
     {"pre", 1, 0, O_PRE}, {"type", 1, 0, O_TYPE}, {"type-override", 1, 0, O_OVERRIDE},
     {"skew", 1, 0, O_SKEW}, {"seed", 1, 0, O_SEED}, {"out", 1, 0, O_OUT}, {"threads", 1, 0, O_THREADS},
     {"name", 1, 0, O_NAME}, {"exact-quant", 0, 0, O_EXACT}, {"dry-run", 0, 0, O_DRY}, {"quiet", 0, 0, O_QUIET},
+    {"weights-from", 1, 0, O_WEIGHTS},
     {"list-presets", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {"version", 0, 0, O_VERSION}, {0, 0, 0, 0},
 };
 
@@ -118,6 +121,7 @@ struct setting {
 static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
 {
     const char *preset = NULL, *arch = NULL, *vocab_from = NULL, *pre = NULL, *out = NULL, *name = NULL;
+    const char *weights_from = NULL;
     const char *type = "q4_k_m";
     int64_t vocab = -1, threads = 2, seed = 1;
     float skew = 0;
@@ -156,6 +160,7 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
         case O_NAME: name = optarg; break;
         case O_DRY: dry = true; break;
         case O_EXACT: exact = true; break;
+        case O_WEIGHTS: weights_from = optarg; break;
         case O_QUIET: quiet = true; break;
         case O_LIST: sil_mk_list_presets(stdout); return 0;
         case O_HELP: usage(stdout); return 0;
@@ -252,6 +257,8 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
     m.hp.n_vocab = m.vocab.n;
     if ((rc = sil_mk_check_hparams(&m.hp, &err)) || (rc = sil_mk_build_tensors(&m, &err)) ||
         (rc = sil_mk_assign_types(&m, overrides, n_overrides, &err)))
+        goto fail;
+    if (weights_from && (rc = sil_mk_weights_from_dir(&m, weights_from, &err)))
         goto fail;
 
     uint64_t total = 0, params = 0;

@@ -234,6 +234,8 @@ int sil_mk_build_tensors(struct sil_mk_model *m, struct sil_error *err)
     const int64_t key_dim = hp->ssm_d_state * hp->ssm_n_group;
     const int64_t value_dim = hp->ssm_d_state * hp->ssm_dt_rank;
 
+    for (int64_t i = 0; i < m->n_tensors; i++)
+        free(m->tensors[i].src);
     free(m->tensors);
     m->tensors = NULL;
     m->n_tensors = 0;
@@ -306,6 +308,8 @@ int sil_mk_build_tensors(struct sil_mk_model *m, struct sil_error *err)
 
 void sil_mk_model_free(struct sil_mk_model *m)
 {
+    for (int64_t i = 0; i < m->n_tensors; i++)
+        free(m->tensors[i].src);
     free(m->tensors);
     m->tensors = NULL;
     m->n_tensors = 0;

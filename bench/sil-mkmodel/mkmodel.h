@@ -73,6 +73,8 @@ struct sil_mk_tensor {
     uint64_t seed;         /* per-tensor stream, from the model seed and the name */
     uint64_t offset;       /* in the data section */
     uint64_t nbytes;
+    float *src;            /* given values (--weights-from), all ne[0]*ne[1]*ne[2] of them; or
+                              NULL: generated. Owned by the tensor. */
 };
 
 struct sil_mk_vocab {
@@ -119,6 +121,11 @@ void sil_mk_model_free(struct sil_mk_model *m);
  * Deterministic in (model seed, tensor name, row): any row can be regenerated alone. */
 void sil_mk_gen_row(const struct sil_mk_model *m, const struct sil_mk_tensor *t, int64_t row,
                     float *out);
+/* Takes every tensor's values from DIR/<tensor name>.f32 (raw little-endian F32, ne[0] fastest,
+ * exactly the tensor's element count) instead of generating them, so a trained model is written
+ * with the same names, layouts, recipes and quantizers. A missing, short or long file, or a .f32
+ * file that names no tensor of the shape, is an error. */
+int sil_mk_weights_from_dir(struct sil_mk_model *m, const char *dir, struct sil_error *err);
 /* The residual channel reserved for skew (only used when m->skew > 0). */
 int64_t sil_mk_bias_channel(const struct sil_mk_model *m);
 

@@ -14,8 +14,15 @@
  * w_e[k0] = -S * ln(rank_e + 1) / sqrt(n_embd / 2), with rank_e a per-layer random permutation
  * of the experts: logit offsets of -S ln(rank), i.e. selection odds roughly proportional to
  * (rank + 1)^-S, a Zipf law of exponent S on top of the random per-token routing. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "bench/sil-mkmodel/mkmodel.h"
 
@@ -80,6 +87,10 @@ void sil_mk_gen_row(const struct sil_mk_model *m, const struct sil_mk_tensor *t,
     const int64_t n = t->ne[0];
     uint64_t s = splitmix64(t->seed ^ splitmix64((uint64_t)row + 1));
 
+    if (t->src) {
+        memcpy(out, t->src + row * n, (size_t)n * sizeof(float));
+        return;
+    }
     switch (t->init) {
     case SIL_MK_INIT_NORM:
         for (int64_t i = 0; i < n; i++)
@@ -115,4 +126,77 @@ void sil_mk_gen_row(const struct sil_mk_model *m, const struct sil_mk_tensor *t,
         if ((t->flags & SIL_MK_OUT_EMBD) && row % t->ne[1] == k0)
             memset(out, 0, (size_t)n * sizeof(float));
     }
+}
+
+/* Reads the whole of path into t->src; its size must be the tensor's element count * 4. */
+static int read_tensor(struct sil_mk_tensor *t, const char *path, struct sil_error *err)
+{
+    const int64_t elems = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    const size_t want = (size_t)elems * sizeof(float);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return sil_errorf(err, -errno, "%s: %s (tensor '%s' needs %lld floats)", path,
+                          strerror(errno), t->name, (long long)elems);
+    struct stat st;
+    const int64_t got = fstat(fd, &st) < 0 ? -1 : (int64_t)st.st_size;
+    if (got < 0 || (uint64_t)got != want) {
+        close(fd);
+        return sil_errorf(err, -EINVAL, "%s: %lld bytes, tensor '%s' [%lld, %lld, %lld] needs %zu",
+                          path, (long long)got, t->name, (long long)t->ne[0], (long long)t->ne[1],
+                          (long long)t->ne[2], want);
+    }
+    t->src = malloc(want ? want : 1);
+    if (!t->src) {
+        close(fd);
+        return sil_errorf(err, -ENOMEM, "%s: out of memory", path);
+    }
+    size_t done = 0;
+    while (done < want) {
+        ssize_t r = read(fd, (char *)t->src + done, want - done);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? -errno : -EIO;
+            close(fd);
+            return sil_errorf(err, e, "%s: read failed at byte %zu", path, done);
+        }
+        done += (size_t)r;
+    }
+    close(fd);
+    for (int64_t i = 0; i < elems; i++)
+        if (!isfinite(t->src[i]))
+            return sil_errorf(err, -EINVAL, "%s: element %lld is not finite", path, (long long)i);
+    return 0;
+}
+
+int sil_mk_weights_from_dir(struct sil_mk_model *m, const char *dir, struct sil_error *err)
+{
+    char path[4096];
+    for (int64_t i = 0; i < m->n_tensors; i++) {
+        struct sil_mk_tensor *t = &m->tensors[i];
+        snprintf(path, sizeof(path), "%s/%s.f32", dir, t->name);
+        int rc = read_tensor(t, path, err);
+        if (rc)
+            return rc;
+    }
+    /* A file the shape does not use means the flags and the weights disagree (tied vs untied,
+     * layer count, which layers are full attention). */
+    DIR *d = opendir(dir);
+    if (!d)
+        return sil_errorf(err, -errno, "%s: %s", dir, strerror(errno));
+    int rc = 0;
+    for (struct dirent *e; !rc && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".f32") != 0)
+            continue;
+        bool known = false;
+        for (int64_t i = 0; i < m->n_tensors && !known; i++)
+            known = strlen(m->tensors[i].name) == len - 4 &&
+                    strncmp(m->tensors[i].name, e->d_name, len - 4) == 0;
+        if (!known)
+            rc = sil_errorf(err, -EINVAL, "%s/%s: no tensor of this shape has that name", dir,
+                            e->d_name);
+    }
+    closedir(d);
+    return rc;
 }
