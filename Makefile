@@ -270,7 +270,8 @@ demo: all
 
 # ---- dependencies --------------------------------------------------------------------------------
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \
-	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps
+	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
+	python3-prometheus-client
 deps:
 	@if dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1; then echo "deps: all packages present"; \
 	else apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES); fi

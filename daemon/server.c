@@ -61,8 +61,21 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
             if (c) {
                 if (m->final)
                     inflight_remove(c, m->msgid);
-                if (m->len && conn_append(c, m->data, m->len) == 0)
+                if (m->len > s->cfg->max_output) {
+                    /* It could never be queued: the client gets error 5, not a hang-up. */
+                    s->results_too_large++;
+                    sil_warn("client %llu: %zu bytes of output for request %u exceed max_output", (unsigned long long)c->id,
+                             m->len, m->msgid);
+                    if (m->final) {
+                        sil_rpc_pack_error_response(&s->scratch, m->msgid, SIL_RPC_E_TOO_LARGE,
+                                                    "result larger than max_output");
+                        if (conn_append(c, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch)) == 0)
+                            c->dirty = true;
+                        sil_rpc_buf_reset(&s->scratch);
+                    }
+                } else if (m->len && conn_append(c, m->data, m->len) == 0) {
                     c->dirty = true;
+                }
             }
         }
         free(m);
@@ -293,9 +306,8 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     signal(SIGPIPE, SIG_IGN);
     sil_rpc_buf_init(&s->scratch, 0);
 
-    if (setup_listen(s) < 0)
-        goto out;
-
+    /* The model is checked and loaded before the socket listens: a bad model never shows a
+     * "listening" line, and clients never wait on a daemon that is about to fail. */
     if (!cfg->no_model) {
         struct sil_engine_params ep;
         sil_engine_params_default(&ep);
@@ -327,6 +339,8 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     } else {
         sil_notice("running without a model (--no-model): only hello, status, metrics and debug.stream work");
     }
+    if (setup_listen(s) < 0)
+        goto out;
 
     if (sd_event_default(&s->ev) < 0)
         goto out;
@@ -336,6 +350,11 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sd_event_add_signal(s->ev, NULL, SIGHUP, on_signal, s) < 0 ||
         (s->worker && sd_event_add_io(s->ev, &s->worker_src, sil_worker_eventfd(s->worker), EPOLLIN, on_worker, s) < 0)) {
         sil_err("event loop set-up failed");
+        goto out;
+    }
+    if (sd_event_add_time_relative(s->ev, &s->tick_timer, CLOCK_MONOTONIC, 1000000, 100000, on_conn_tick, s) < 0 ||
+        sd_event_source_set_enabled(s->tick_timer, SD_EVENT_ON) < 0) {
+        sil_err("event loop set-up failed (connection timer)");
         goto out;
     }
     if (setup_watchdog(s) < 0) {
@@ -355,6 +374,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
 out:
     while (s->conns)
         conn_free(s->conns);
+    lingering_free_all(s);
     if (s->worker) {
         sil_worker_free(s->worker);
         s->worker = NULL;
@@ -365,6 +385,7 @@ out:
     sd_event_source_disable_unref(s->worker_src);
     sd_event_source_disable_unref(s->drain_timer);
     sd_event_source_disable_unref(s->watchdog_timer);
+    sd_event_source_disable_unref(s->tick_timer);
     if (s->listen_fd >= 0 && !s->activated) {
         unlink(s->path);
         close(s->listen_fd);

@@ -52,6 +52,9 @@ struct job {
     struct sil_detok dt;
     double t_submit, t_admit, t_first, t_end;
     int logit_row;
+    /* Its final response when memory runs out: allocated with the job, so the loop always learns
+     * the request ended (the client gets error 10, not silence). NULL once used. */
+    struct sil_outmsg *oom;
 };
 
 enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP };
@@ -61,7 +64,7 @@ struct inmsg {
     enum in_type type;
     uint64_t conn_id;
     uint32_t msgid;
-    struct sil_job_req *job;
+    struct job *job; /* IN_SUBMIT: prepared by the loop thread */
     char name[SIL_SESSION_NAME_MAX];
 };
 
@@ -81,6 +84,7 @@ struct sil_worker {
      * heartbeat is no sign of a hang). */
     atomic_int_least64_t heartbeat_ns;
     atomic_bool idle;
+    atomic_int n_jobs; /* generation requests submitted and not yet freed (max_queue) */
     uint64_t session_memory_limit;
     int max_sessions_limit;
     /* Engine thread only. */
@@ -114,8 +118,15 @@ static inline double now_s(void)
 
 /* worker.c: the outbox (messages handed to the event loop when the step ends) and statistics. */
 void post_raw(struct sil_worker *w, struct sil_outmsg *m);
-/* Moves what the packing buffer holds into a new pending message. */
-void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
+/* Moves what the packing buffer holds into a new pending message; false (buffer emptied, error
+ * logged) when there is no memory for it. */
+bool post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
+/* A job's final response failed to post: its preallocated error 10 (or, for a connection that is
+ * gone, an empty final message) goes instead. */
+void post_job_oom(struct sil_worker *w, struct job *j);
+/* An error response whose message passes the UTF-8 sanitizer (engine errors quote paths and
+ * metadata: any bytes). */
+void pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const char *msg);
 void publish_stats(struct sil_worker *w);
 
 /* session.c: named sessions and the sequences they hold. */

@@ -146,6 +146,14 @@ int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void
                     *result = m.result;
                 return 0;
             }
+            if (m.type == SIL_RPC_RESPONSE && !m.has_msgid && m.error) {
+                /* The daemon's error about the connection (refused peer, timeout): it ends the
+                 * call, and the connection after it. */
+                c->resp = m;
+                c->have_resp = true;
+                sil_rpc_read_error(m.error, err);
+                return -EREMOTEIO;
+            }
             if (m.type == SIL_RPC_RESPONSE && c->cancel_sent && m.msgid == c->cancel_id) {
                 sil_rpc_msg_release(&m);
                 continue;

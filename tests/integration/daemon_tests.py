@@ -83,7 +83,8 @@ def controls():
     r, notes = c.ok("generate", dict(GREEDY, prompt=think_prompt, max_thinking_tokens=3, max_tokens=4))
     toks = r["tokens"]
     check(len(toks) >= 4 and toks[3] == think_close[0], "max_thinking_tokens forces </think> after 3 tokens")
-    check(r["n_reasoning"] == 4, "reasoning counts the 3 tokens and the close")
+    check(r["n_reasoning"] == 3, "reasoning counts the 3 tokens, not the close the budget forced")
+    check([i for n in notes for i in n["ids"]] == toks, "the streamed ids add up to tokens")
     streamed_reasoning = "".join(n.get("reasoning", "") for n in notes)
     check(streamed_reasoning == r["reasoning"] and "".join(n["text"] for n in notes) == r["text"],
           "reasoning and answer streamed in separate fields")
