@@ -420,6 +420,9 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
                           config_path ? config_path : SIL_DEFAULT_CONFIG);
     if (c->max_tokens_default > c->max_tokens_limit)
         c->max_tokens_default = c->max_tokens_limit;
+    /* One whole message must always fit, or a client alone could never finish one. */
+    if (c->max_input < c->max_message)
+        c->max_input = c->max_message;
     return 0;
 }
 

@@ -230,6 +230,43 @@ void inflight_remove(struct conn *c, uint32_t msgid)
         }
 }
 
+void conn_deliver(struct server *s, const struct sil_outmsg *m)
+{
+    struct conn *c = conn_find(s, m->conn_id);
+    if (!c)
+        return;
+    if (m->final)
+        inflight_remove(c, m->msgid);
+    if (m->len > s->cfg->max_output) {
+        /* It could never be queued: the client gets error 5, not a hang-up. */
+        s->results_too_large++;
+        sil_warn("client %llu: %zu bytes of output for request %u exceed max_output", (unsigned long long)c->id,
+                 m->len, m->msgid);
+        if (m->final) {
+            sil_rpc_pack_error_response(&s->scratch, m->msgid, SIL_RPC_E_TOO_LARGE, "result larger than max_output");
+            if (conn_append(c, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch)) == 0)
+                c->dirty = true;
+            sil_rpc_buf_reset(&s->scratch);
+        }
+    } else if (m->len) {
+        if (conn_append(c, m->data, m->len) == 0)
+            c->dirty = true;
+    } else if (m->final) {
+        c->dirty = true; /* nothing to send, but a half-closed connection may be done */
+    }
+}
+
+void conn_flush_dirty(struct server *s)
+{
+    for (struct conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->dirty) {
+            c->dirty = false;
+            conn_flush(c);
+        }
+    }
+}
+
 /* ---- I/O --------------------------------------------------------------------------------------- */
 
 /* Keeps the buffered-input figures: the server's total, and since when a message is incomplete

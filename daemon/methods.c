@@ -314,6 +314,12 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
         sil_rpc_get_bool(m->params, "add_bos", &add_bos, SIL_RPC_OPTIONAL, &err) < 0 ||
         sil_rpc_get_bool(m->params, "special", &special, SIL_RPC_OPTIONAL, &err) < 0)
         return send_rpc_error(c, m->msgid, &err);
+    if (len >= TOKJOB_MIN_TEXT) {
+        /* Megabytes take a tenth of a second or more: off the loop, so streams keep flowing. */
+        if (tokpool_submit(s, c, m->msgid, text, len, add_bos, special, NULL) < 0)
+            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return 0;
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     struct sil_error e = { 0 };
@@ -540,17 +546,16 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
     return 1;
 }
 
-/* The prompt ends inside an open think block: the model's first tokens are reasoning. */
-static bool ends_in_think(const struct server *s, const int32_t *ids, size_t n)
+bool prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n)
 {
-    int32_t open = sil_vocab_think_open(s->vocab);
+    int32_t open = sil_vocab_think_open(v);
     if (open < 0 || n == 0)
         return false;
     if (ids[n - 1] == open)
         return true;
     if (n >= 2 && ids[n - 2] == open) {
         const char *b;
-        int len = sil_token_bytes(s->vocab, ids[n - 1], &b);
+        int len = sil_token_bytes(v, ids[n - 1], &b);
         for (int i = 0; i < len; i++)
             if (b[i] != '\n' && b[i] != ' ')
                 return false;
@@ -588,6 +593,17 @@ static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
     if (toks) {
         if (read_ids(s, toks, "prompt_tokens", &j->prompt, &j->n_prompt, &err) < 0)
             goto bad;
+    } else if (len >= TOKJOB_MIN_TEXT) {
+        /* A long prompt is tokenized off the loop, so other streams do not wait for it. */
+        if (inflight_has(c, m->msgid)) {
+            sil_job_req_free(j);
+            return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
+        }
+        if (tokpool_submit(s, c, m->msgid, text, len, add_bos, special, j) < 0) {
+            sil_job_req_free(j);
+            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        }
+        return 0;
     } else {
         struct sil_error e = { 0 };
         if (sil_tokenize(s->vocab, text, len, add_bos, special, &j->prompt, &j->n_prompt, &e) < 0) {
@@ -595,7 +611,7 @@ static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
             goto bad;
         }
     }
-    j->ctl.in_reasoning = ends_in_think(s, j->prompt, j->n_prompt);
+    j->ctl.in_reasoning = prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
     return submit(c, m, j);
 bad:
     sil_job_req_free(j);
@@ -673,7 +689,7 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
                        e.msg);
         goto bad;
     }
-    j->ctl.in_reasoning = think && ends_in_think(s, j->prompt, j->n_prompt);
+    j->ctl.in_reasoning = think && prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
     for (uint32_t i = 0; i < n * 3; i++)
         free(strs[i]);
     free(strs);

@@ -54,40 +54,14 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
      * socket written once: one send per client per wake-up, not one per token. */
     while (m) {
         struct sil_outmsg *next = m->next;
-        if (m->stopped) {
+        if (m->stopped)
             s->state = DRAINING;
-        } else {
-            struct conn *c = conn_find(s, m->conn_id);
-            if (c) {
-                if (m->final)
-                    inflight_remove(c, m->msgid);
-                if (m->len > s->cfg->max_output) {
-                    /* It could never be queued: the client gets error 5, not a hang-up. */
-                    s->results_too_large++;
-                    sil_warn("client %llu: %zu bytes of output for request %u exceed max_output", (unsigned long long)c->id,
-                             m->len, m->msgid);
-                    if (m->final) {
-                        sil_rpc_pack_error_response(&s->scratch, m->msgid, SIL_RPC_E_TOO_LARGE,
-                                                    "result larger than max_output");
-                        if (conn_append(c, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch)) == 0)
-                            c->dirty = true;
-                        sil_rpc_buf_reset(&s->scratch);
-                    }
-                } else if (m->len && conn_append(c, m->data, m->len) == 0) {
-                    c->dirty = true;
-                }
-            }
-        }
+        else
+            conn_deliver(s, m);
         free(m);
         m = next;
     }
-    for (struct conn *c = s->conns, *next; c; c = next) {
-        next = c->next;
-        if (c->dirty) {
-            c->dirty = false;
-            conn_flush(c);
-        }
-    }
+    conn_flush_dirty(s);
     maybe_exit(s);
     return 0;
 }
@@ -352,6 +326,10 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_err("event loop set-up failed");
         goto out;
     }
+    if (s->worker && tokpool_start(s) < 0) {
+        sil_err("cannot start the tokenizer thread");
+        goto out;
+    }
     if (sd_event_add_time_relative(s->ev, &s->tick_timer, CLOCK_MONOTONIC, 1000000, 100000, on_conn_tick, s) < 0 ||
         sd_event_source_set_enabled(s->tick_timer, SD_EVENT_ON) < 0) {
         sil_err("event loop set-up failed (connection timer)");
@@ -375,6 +353,8 @@ out:
     while (s->conns)
         conn_free(s->conns);
     lingering_free_all(s);
+    tokpool_free(s->tok); /* before the worker: it may still submit to it */
+    s->tok = NULL;
     if (s->worker) {
         sil_worker_free(s->worker);
         s->worker = NULL;

@@ -79,6 +79,7 @@ struct server {
     struct sil_engine *engine;
     const struct sil_vocab *vocab;
     struct sil_worker *worker;
+    struct tokpool *tok; /* tokenizes large texts off the loop (tokjob.c) */
     struct conn *conns;
     int n_conns;
     uint64_t next_conn_id;
@@ -129,7 +130,26 @@ int on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud);
 int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud);
 void lingering_free_all(struct server *s);
 
+/* Delivers one outbox message (worker or tokenizer thread) to its connection, if still there:
+ * the final one takes the request off the in-flight list; one larger than max_output becomes
+ * error 5. Connections written to are marked dirty. */
+void conn_deliver(struct server *s, const struct sil_outmsg *m);
+/* Writes every dirty connection once. */
+void conn_flush_dirty(struct server *s);
+
+/* tokjob.c: texts of at least TOKJOB_MIN_TEXT bytes are tokenized on a helper thread. */
+#define TOKJOB_MIN_TEXT 65536
+struct tokpool;
+int tokpool_start(struct server *s);
+void tokpool_free(struct tokpool *p);
+/* Copies text; puts msgid in flight on c. gen NULL: a tokenize request answered {ids, n}; else a
+ * generate request the thread completes (prompt, checks) and submits. -ENOMEM: nothing done. */
+int tokpool_submit(struct server *s, struct conn *c, uint32_t msgid, const char *text, size_t len, bool add_bos,
+                   bool special, struct sil_job_req *gen);
+
 /* methods.c: the RPC methods. */
+/* The prompt ends inside an open think block: the model's first tokens are reasoning. */
+bool prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n);
 /* Runs one well-formed message; returns -1 when the connection is gone. */
 int dispatch(struct conn *c, const struct sil_rpc_msg *m);
 /* Sends what debug.stream requests may send now; -1 when the connection is gone. */

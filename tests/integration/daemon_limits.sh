@@ -27,18 +27,21 @@ rc=0; "$SIL_BUILD/bin/siliceod" --config "$T/siliceod.conf" --socket "$T/junk.so
 echo "ok: exit statuses 2 (usage) and 1 (config, model), no 'listening' before the model, --help names SILICEO_SOCKET"
 
 write_conf "threads = 2" "max_queue = 4" "max_running = 2" "max_output = 256K" "message_timeout = 2" \
-    "idle_timeout = 4" "max_input = 1M"
+    "idle_timeout = 4" "max_input = 1M" "context = 8192"
 start_daemon --model "$MODEL" ${LIMITS_DEBUG:+--log-level debug}
 grep -q "listening" "$T/daemon.log" || fail "no 'listening' line"
 python3 "$L" conn_errors
 python3 "$L" half_close
 python3 "$L" max_output 262144
+# Texts of 4 MB are tokenized off the event loop: a stream elsewhere keeps flowing.
+python3 "$L" tokenize_stall tokenize
+python3 "$L" tokenize_stall generate
 python3 "$L" cancel_queued
 python3 "$L" eog_ids
 # Debian's interpreter: python3-prometheus-client lives in its dist-packages.
 /usr/bin/python3 "$L" metrics
 python3 "$L" burst 4 2
-python3 "$L" input_cap 1048576
+python3 "$L" input_cap 4194304  # max_input 1M is raised to max_message
 python3 "$L" timeouts 2 4
 stop_daemon
 

@@ -119,6 +119,20 @@ def max_output(limit):
     check(err is not None and err["code"] == 5 and "max_output" in err["message"],
           "tokenize result over max_output gives error 5 (%r)" % (err,))
     check(c.ok("tokenize", {"text": "small"})[0]["n"] > 0, "the connection still works")
+    # The same for a text tokenized on the helper thread (at least 64 KiB).
+    err, res, _ = c.call("tokenize", {"text": "word " * 100000})
+    check(err is not None and err["code"] == 5, "a large text's result over max_output: error 5 too")
+    res, _ = c.ok("tokenize", {"text": "word " * 14000})
+    small = c.ok("tokenize", {"text": "word " * 100})[0]["ids"]  # inline: under 64 KiB
+    check(res["n"] == len(res["ids"]) and res["n"] >= 140 * (len(small) - 1),
+          "a 70 KB text tokenized off the loop: %d ids" % res["n"])
+    check(res["ids"][:len(small) - 1] == small[:-1], "and the ids match the inline tokenizer's")
+    err, res, _ = c.call("generate", dict(GREEDY, prompt="word " * 40000, max_tokens=2))
+    check(err is not None and err["code"] == 5 and "context" in err["message"],
+          "a 100 KB prompt tokenized off the loop: error 5 for the context (%r)" % (err,))
+    err, res, _ = c.call("generate", dict(GREEDY, prompt="word " * 600 + " " * 70000, max_tokens=2))  # context 8192
+    check(err is None and res["n_prompt"] > 600 and res["n_generated"] >= 1,
+          "a long prompt that fits is generated from (%d tokens)" % (res or {}).get("n_prompt", 0))
     m = c.ok("metrics")[0]["metrics"]
     check(m["siliceo_results_too_large_total"] >= 1 and m["siliceo_clients_dropped_total"] == 0,
           "counted as too large, nobody dropped")
@@ -356,7 +370,51 @@ def allow_lists(uid, gid):
     c.close()
 
 
+def tokenize_stall(method):
+    """A 4 MB tokenize must not stop the event loop: a debug.stream on another connection keeps
+    flowing while it runs. Prints the longest gap between streamed notifications."""
+    a = Client(timeout=120)
+    times = []
+    mid = a.send("debug.stream", {"count": 10000000, "text": "x"})
+    done = threading.Event()
+
+    def reader():
+        while not done.is_set():
+            m = a.read()
+            if m is None:
+                return
+            if m[0] == 2:
+                times.append(time.monotonic())
+            elif m[0] == 1 and m[1] == mid:
+                return
+
+    th = threading.Thread(target=reader)
+    th.start()
+    time.sleep(0.5)
+    b = Client(timeout=120)
+    text = "lorem ipsum dolor sit amet, " * (4000000 // 28)
+    # Replies stay small (error 5 over max_output, or a prompt too long for the context): the
+    # daemon tokenizes either way, and the test client need not decode a million ids.
+    t0 = time.monotonic()
+    err, res, _ = b.call(method, {"text": text} if method == "tokenize" else
+                         {"prompt": text, "max_tokens": 1})
+    t1 = time.monotonic()
+    time.sleep(0.2)
+    a.send("cancel", {"id": mid})
+    th.join(60)
+    done.set()
+    inside = [t for t in times if t0 - 0.05 <= t <= t1 + 0.05]
+    gaps = [y - x for x, y in zip(inside, inside[1:])] or [t1 - t0]
+    gap = max(gaps)
+    print("%s of %d bytes: %.3f s (%s); longest gap in the stream meanwhile: %.3f s over %d notifications" %
+          (method, len(text), t1 - t0, "error %d" % err["code"] if err else "ok", gap, len(inside)))
+    check(len(inside) > 0, "the stream flowed during the tokenize")
+    check(gap < max(0.08, 0.25 * (t1 - t0)), "no stall of the event loop (%.3f s of %.3f s)" % (gap, t1 - t0))
+    a.close()
+    b.close()
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
-    args = [int(a) for a in sys.argv[2:]]
+    args = [int(a) if a.isdigit() else a for a in sys.argv[2:]]
     globals()[what](*args)
