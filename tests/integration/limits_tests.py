@@ -130,7 +130,10 @@ def max_output(limit):
     err, res, _ = c.call("generate", dict(GREEDY, prompt="word " * 40000, max_tokens=2))
     check(err is not None and err["code"] == 5 and "context" in err["message"],
           "a 100 KB prompt tokenized off the loop: error 5 for the context (%r)" % (err,))
-    err, res, _ = c.call("generate", dict(GREEDY, prompt="word " * 600 + " " * 70000, max_tokens=2))  # context 8192
+    # Spaces make 16-byte tokens: 70 KB that fits the context of 8192 (a long prefill under ASan).
+    c.s.settimeout(900)
+    err, res, _ = c.call("generate", dict(GREEDY, prompt="word " * 600 + " " * 70000, max_tokens=2))
+    c.s.settimeout(60)
     check(err is None and res["n_prompt"] > 600 and res["n_generated"] >= 1,
           "a long prompt that fits is generated from (%d tokens)" % (res or {}).get("n_prompt", 0))
     m = c.ok("metrics")[0]["metrics"]
