@@ -25,6 +25,9 @@ void sil_config_defaults(struct sil_config *c)
     c->session_memory = 1ull << 30;
     c->max_sessions = 32;
     c->session_checkpoints = 4;
+    c->idle_timeout = 0;
+    c->message_timeout = 30;
+    c->max_input = 64u << 20;
     c->log_level = SIL_LOG_INFO;
 }
 
@@ -241,6 +244,9 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("prefill_chunk", prefill_chunk, 1, 1 << 16)
     INT_KEY("max_sessions", max_sessions, 0, 4096)
     INT_KEY("session_checkpoints", session_checkpoints, 0, 256)
+    INT_KEY("idle_timeout", idle_timeout, 0, 1 << 30)
+    INT_KEY("message_timeout", message_timeout, 0, 1 << 30)
+    SIZE_KEY("max_input", max_input, 65536)
     SIZE_KEY("vram_budget", vram_budget, 0)
     SIZE_KEY("max_message", max_message, 1024)
     SIZE_KEY("max_output", max_output, 4096)
@@ -309,6 +315,8 @@ enum {
     OPT_VRAM,
     OPT_NO_MODEL,
     OPT_CTX,
+    OPT_IDLE_TIMEOUT,
+    OPT_MESSAGE_TIMEOUT,
 };
 
 static const struct option long_opts[] = {
@@ -324,6 +332,8 @@ static const struct option long_opts[] = {
     { "vram-budget", required_argument, NULL, OPT_VRAM },
     { "context", required_argument, NULL, OPT_CTX },
     { "no-model", no_argument, NULL, OPT_NO_MODEL },
+    { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
+    { "message-timeout", required_argument, NULL, OPT_MESSAGE_TIMEOUT },
     { "version", no_argument, NULL, 'V' },
     { 0, 0, 0, 0 },
 };
@@ -340,6 +350,8 @@ static int flag_key(int opt, const char **key)
     case OPT_LOG_LEVEL: *key = "log_level"; return 1;
     case OPT_VRAM: *key = "vram_budget"; return 1;
     case OPT_CTX: *key = "context"; return 1;
+    case OPT_IDLE_TIMEOUT: *key = "idle_timeout"; return 1;
+    case OPT_MESSAGE_TIMEOUT: *key = "message_timeout"; return 1;
     }
     return 0;
 }
@@ -365,13 +377,16 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
             cli->inspect_path = optarg;
             break;
         case '?':
+            cli->usage_error = true;
             if (optopt)
                 return sil_errorf(err, -EINVAL, "unknown option or missing argument: -%c", optopt);
             return sil_errorf(err, -EINVAL, "unknown option or missing argument: %s", argv[optind - 1]);
         }
     }
-    if (optind < argc)
+    if (optind < argc) {
+        cli->usage_error = true;
         return sil_errorf(err, -EINVAL, "unexpected argument '%s'", argv[optind]);
+    }
     if (cli->action != SIL_CLI_RUN)
         return 0;
 
@@ -395,8 +410,10 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
             c->no_model = true;
         } else if (flag_key(opt, &key)) {
             char why[256];
-            if (set_key(c, key, optarg, why, sizeof why))
+            if (set_key(c, key, optarg, why, sizeof why)) {
+                cli->usage_error = true;
                 return sil_errorf(err, -EINVAL, "option --%s: %s", key, why);
+            }
         }
     }
     optind = 0;
@@ -405,6 +422,9 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
                           config_path ? config_path : SIL_DEFAULT_CONFIG);
     if (c->max_tokens_default > c->max_tokens_limit)
         c->max_tokens_default = c->max_tokens_limit;
+    /* One whole message must always fit, or a client alone could never finish one. */
+    if (c->max_input < c->max_message)
+        c->max_input = c->max_message;
     return 0;
 }
 
@@ -441,6 +461,9 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     dst->max_tokens_limit = src->max_tokens_limit;
     dst->session_memory = src->session_memory;
     dst->max_sessions = src->max_sessions;
+    dst->idle_timeout = src->idle_timeout;
+    dst->message_timeout = src->message_timeout;
+    dst->max_input = src->max_input;
     dst->log_level = src->log_level;
 }
 
@@ -449,6 +472,7 @@ void sil_usage(FILE *f)
     fputs("usage: siliceod --model FILE [--socket PATH] [--threads N] [--backend cpu|cuda|auto]\n"
           "                [--config PATH] [--vram-budget SIZE] [--context N]\n"
           "                [--log-level err|warning|notice|info|debug] [--foreground]\n"
+          "                [--idle-timeout SECONDS] [--message-timeout SECONDS]\n"
           "       siliceod --no-model [--socket PATH]   (protocol diagnostics only)\n"
           "       siliceod --inspect FILE\n"
           "       siliceod --help | --version\n"
@@ -456,18 +480,23 @@ void sil_usage(FILE *f)
           "flags; see siliceod(8) and siliceod.conf(5).\n"
           "\n"
           "  -m, --model FILE        GGUF model to serve\n"
-          "  -s, --socket PATH       listening socket (default: $XDG_RUNTIME_DIR/siliceo/siliceod.sock,\n"
-          "                          /run/siliceo/siliceod.sock for root)\n"
+          "  -s, --socket PATH       listening socket (default: $SILICEO_SOCKET, else\n"
+          "                          $XDG_RUNTIME_DIR/siliceo/siliceod.sock, /run/siliceo/siliceod.sock\n"
+          "                          for root)\n"
           "  -t, --threads N         engine threads (default: online CPUs)\n"
           "  -b, --backend NAME      cpu, cuda or auto\n"
           "  -c, --config PATH       configuration file\n"
           "      --vram-budget SIZE  device memory cap (CUDA backend)\n"
           "      --context N         positions per sequence\n"
           "      --log-level LEVEL   err, warning, notice, info or debug\n"
+          "      --idle-timeout S    close connections idle this long (default 0: never)\n"
+          "      --message-timeout S drop a client whose message stays incomplete this long (30)\n"
           "  -f, --foreground        log to stderr (the daemon never forks)\n"
           "      --no-model          protocol diagnostics without a model\n"
           "      --inspect FILE      validate and describe a model file, then exit\n"
           "  -h, --help              this text\n"
-          "  -V, --version           the version\n",
+          "  -V, --version           the version\n"
+          "\n"
+          "Environment: SILICEO_SOCKET, the socket path when --socket and 'socket =' are not given.\n",
           f);
 }

@@ -47,6 +47,9 @@ struct sil_config {
     uint64_t session_memory;    /* engine state kept by idle sessions, bytes; LRU beyond it */
     int max_sessions;
     int session_checkpoints; /* recurrent-state checkpoints a session keeps (hybrid models) */
+    int idle_timeout;           /* seconds a connection may sit with nothing in flight, 0 = never */
+    int message_timeout;        /* seconds an incomplete message may wait for its rest, 0 = never */
+    uint64_t max_input;         /* unparsed input buffered across all connections */
     int log_level;
     bool foreground;
     bool no_model;              /* --no-model: protocol-only diagnostics (debug.stream) */
@@ -63,6 +66,7 @@ enum sil_cli_action { SIL_CLI_RUN, SIL_CLI_HELP, SIL_CLI_VERSION, SIL_CLI_INSPEC
 struct sil_cli {
     enum sil_cli_action action;
     const char *inspect_path;
+    bool usage_error; /* the error is in the command line itself (exit 2), not the settings (1) */
 };
 
 /* Defaults, the config file, then the flags in argv. Does not touch getopt's global state

@@ -1,6 +1,10 @@
-/* Connections: accept with the peer credential check (refused peers get one error and are
- * closed), per-connection output buffers bounded by max_output, non-blocking reads, and the
- * framing of incoming msgpack-RPC messages, each handed to dispatch (methods.c).
+/* Connections: accept with the peer credential check (refused peers get one error, then our
+ * side is shut and their input read and dropped briefly so they can read it), per-connection
+ * output buffers bounded by max_output, non-blocking reads, the framing of incoming msgpack-RPC
+ * messages, each handed to dispatch (methods.c), and the input limits: max_input across
+ * connections, message_timeout for an incomplete message, idle_timeout.
+ * A peer that shuts its write side still gets the answers to what it sent; the connection
+ * closes after the last of them is written.
  *
  * Ownership: a struct conn is created by on_accept and freed only by conn_free, which any write
  * or read path may call when the peer fails or misbehaves; those paths then return -1. The
@@ -21,14 +25,18 @@
 #include "siliceo-proto.h"
 
 #define READ_CHUNK 65536
+#define MAX_LINGERING 64      /* refused peers whose input is drained at once; others just closed */
+#define LINGER_USEC 2000000ull /* how long a refused peer's input is drained */
 
 /* ---- connections ------------------------------------------------------------------------------- */
 
 void conn_free(struct conn *c)
 {
     struct server *s = c->srv;
-    if (c->n_inflight && s->worker)
-        sil_worker_conn_closed(s->worker, c->id);
+    if (c->n_inflight && s->worker && c->close_msg)
+        sil_worker_conn_closed(s->worker, c->id, c->close_msg);
+    else
+        sil_worker_close_msg_free(c->close_msg);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -36,6 +44,7 @@ void conn_free(struct conn *c)
     if (c->next)
         c->next->prev = c->prev;
     s->n_conns--;
+    s->input_bytes -= c->pending_in;
     sd_event_source_disable_unref(c->io);
     close(c->fd);
     sil_rpc_unpacker_free(c->up);
@@ -62,7 +71,7 @@ size_t conn_queued(const struct conn *c) { return c->out_len - c->out_off; }
 
 static void conn_update_events(struct conn *c)
 {
-    uint32_t ev = c->closing ? 0 : EPOLLIN;
+    uint32_t ev = c->closing || c->read_eof || c->paused ? 0 : EPOLLIN;
     if (conn_queued(c))
         ev |= EPOLLOUT;
     sd_event_source_set_io_events(c->io, ev);
@@ -82,9 +91,12 @@ int conn_flush(struct conn *c)
         }
         c->out_off += n;
         c->srv->bytes_out += n;
+        c->t_active = now_s();
     }
     if (c->out_off == c->out_len)
         c->out_off = c->out_len = 0;
+    if (c->read_eof && !c->n_inflight && !c->streams)
+        c->closing = true; /* half-closed peer: its last answer is queued */
     if (c->closing && !conn_queued(c)) {
         conn_free(c);
         return -1;
@@ -162,6 +174,32 @@ int send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *e
     return send_error(c, msgid, err->code ? err->code : SIL_RPC_E_INVALID_PARAMS, "%s", err->msg);
 }
 
+int send_conn_error(struct conn *c, int code, const char *fmt, ...)
+{
+    char msg[512], clean[3 * sizeof msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t n = sil_utf8_sanitize(msg, strlen(msg), clean);
+    clean[n] = 0;
+    sil_rpc_pack_conn_error(&c->srv->scratch, code, clean);
+    return conn_send_scratch(c);
+}
+
+int send_result_scratch(struct conn *c, uint32_t msgid)
+{
+    struct server *s = c->srv;
+    size_t n = sil_rpc_buf_size(&s->scratch);
+    if (n > s->cfg->max_output) {
+        sil_rpc_buf_reset(&s->scratch);
+        s->results_too_large++;
+        return send_error(c, msgid, SIL_RPC_E_TOO_LARGE, "result of %zu bytes is larger than max_output (%llu)",
+                          n, (unsigned long long)s->cfg->max_output);
+    }
+    return conn_send_scratch(c);
+}
+
 bool inflight_has(const struct conn *c, uint32_t msgid)
 {
     for (int i = 0; i < c->n_inflight; i++)
@@ -193,23 +231,85 @@ void inflight_remove(struct conn *c, uint32_t msgid)
         }
 }
 
+void conn_deliver(struct server *s, const struct sil_outmsg *m)
+{
+    struct conn *c = conn_find(s, m->conn_id);
+    if (!c)
+        return;
+    if (m->final)
+        inflight_remove(c, m->msgid);
+    if (m->len > s->cfg->max_output) {
+        /* It could never be queued: the client gets error 5, not a hang-up. */
+        s->results_too_large++;
+        sil_warn("client %llu: %zu bytes of output for request %u exceed max_output", (unsigned long long)c->id,
+                 m->len, m->msgid);
+        if (m->final) {
+            sil_rpc_pack_error_response(&s->scratch, m->msgid, SIL_RPC_E_TOO_LARGE, "result larger than max_output");
+            if (conn_append(c, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch)) == 0)
+                c->dirty = true;
+            sil_rpc_buf_reset(&s->scratch);
+        }
+    } else if (m->len) {
+        if (conn_append(c, m->data, m->len) == 0)
+            c->dirty = true;
+    } else if (m->final) {
+        c->dirty = true; /* nothing to send, but a half-closed connection may be done */
+    }
+}
+
+void conn_flush_dirty(struct server *s)
+{
+    for (struct conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->dirty) {
+            c->dirty = false;
+            conn_flush(c);
+        }
+    }
+}
+
 /* ---- I/O --------------------------------------------------------------------------------------- */
+
+/* Keeps the buffered-input figures: the server's total, and since when a message is incomplete
+ * (a message completed in this read restarts the clock for the bytes after it). */
+static void note_pending(struct conn *c, bool completed)
+{
+    struct server *s = c->srv;
+    size_t p = sil_rpc_unpacker_pending(c->up);
+    s->input_bytes = s->input_bytes - c->pending_in + p;
+    c->pending_in = p;
+    if (!p)
+        c->t_partial = 0;
+    else if (completed || !c->t_partial)
+        c->t_partial = now_s();
+}
 
 static int conn_read(struct conn *c)
 {
     struct server *s = c->srv;
+    /* Over the global cap, a connection holding part of a message waits: others may still send
+     * small messages, and the message timeout ends whoever never completes theirs. */
+    if (c->pending_in && s->input_bytes >= s->cfg->max_input) {
+        c->paused = true;
+        conn_update_events(c);
+        return 0;
+    }
     size_t avail = 0;
     void *p = sil_rpc_unpacker_space(c->up, READ_CHUNK, &avail);
     if (!p) {
-        if (send_error(c, 0, SIL_RPC_E_TOO_LARGE, "too much unparsed input") < 0)
+        if (send_conn_error(c, SIL_RPC_E_TOO_LARGE, "too much unparsed input") < 0)
             return -1;
         c->closing = true;
         return conn_flush(c);
     }
     ssize_t n = recv(c->fd, p, avail, MSG_DONTWAIT);
     if (n == 0) {
-        conn_free(c);
-        return -1;
+        /* The peer shut its write side (or closed): it may still read. What it sent is answered;
+         * conn_flush closes once nothing is in flight and the output is written. */
+        c->read_eof = true;
+        c->t_partial = 0; /* an incomplete last message can never complete: dropped */
+        sil_debug("client %llu: end of input, %d requests in flight", (unsigned long long)c->id, c->n_inflight);
+        return conn_flush(c);
     }
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR)
@@ -219,20 +319,27 @@ static int conn_read(struct conn *c)
     }
     sil_rpc_unpacker_commit(c->up, n);
     s->bytes_in += n;
+    c->t_active = now_s();
+    bool completed = false;
     for (;;) {
         struct sil_rpc_msg m;
         struct sil_rpc_error err = { 0 };
         int rc = sil_rpc_unpacker_next(c->up, &m, &err);
-        if (rc == 0)
+        if (rc == 0) {
+            note_pending(c, completed);
             return 0;
+        }
+        completed = true;
         s->messages_in++;
         if (rc == 1) {
             rc = dispatch(c, &m);
             sil_rpc_msg_release(&m);
             if (rc < 0)
                 return -1; /* the connection is gone */
-            if (c->closing)
+            if (c->closing) {
+                note_pending(c, true);
                 return 0;
+            }
             continue;
         }
         s->bad_messages++;
@@ -244,9 +351,17 @@ static int conn_read(struct conn *c)
         }
         if (rc == -EPROTO && m.type != SIL_RPC_REQUEST && m.type >= 0)
             continue; /* a malformed notification or response: nothing to answer */
+        if (rc == -EPROTO) {
+            /* Whole msgpack, not a request whose msgid could be read: the framing holds, so the
+             * connection stays; the error has a nil msgid as it answers no request. */
+            if (send_conn_error(c, err.code ? err.code : SIL_RPC_E_INVALID_REQUEST, "%s", err.msg) < 0)
+                return -1;
+            continue;
+        }
         /* Framing is lost (or the peer is not speaking the protocol): say why, then hang up. */
-        if (send_error(c, 0, err.code ? err.code : SIL_RPC_E_PARSE, "%s", err.msg) < 0)
+        if (send_conn_error(c, err.code ? err.code : SIL_RPC_E_PARSE, "%s", err.msg) < 0)
             return -1; /* the send failed and freed c: not even c->id may be read */
+        note_pending(c, true);
         c->closing = true;
         return conn_flush(c);
     }
@@ -281,30 +396,144 @@ static bool peer_allowed(const struct server *s, int fd, const struct ucred *cr)
             return true;
     if (!s->cfg->n_allow_gids)
         return false;
-    gid_t groups[256];
-    socklen_t len = sizeof groups;
-    int n = 0;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
-        n = len / sizeof(gid_t);
-    for (int i = 0; i < s->cfg->n_allow_gids; i++) {
+    for (int i = 0; i < s->cfg->n_allow_gids; i++)
         if (s->cfg->allow_gids[i] == cr->gid)
             return true;
-        for (int k = 0; k < n; k++)
-            if (groups[k] == s->cfg->allow_gids[i])
-                return true;
+    gid_t stack[256], *groups = stack;
+    socklen_t len = sizeof stack;
+    int n = 0;
+    int rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+    if (rc < 0 && errno == ERANGE) {
+        /* More than 256 supplementary groups: the kernel said how much room they need. */
+        groups = malloc(len);
+        rc = groups ? getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) : -1;
     }
-    return false;
+    if (rc == 0)
+        n = len / sizeof(gid_t);
+    else
+        sil_warn("pid %d: cannot read its supplementary groups: %s", cr->pid, strerror(groups ? errno : ENOMEM));
+    bool ok = false;
+    for (int i = 0; i < s->cfg->n_allow_gids && !ok; i++)
+        for (int k = 0; k < n; k++)
+            if (groups[k] == s->cfg->allow_gids[i]) {
+                ok = true;
+                break;
+            }
+    if (groups != stack)
+        free(groups);
+    return ok;
 }
 
-/* A refused peer gets one error response, written without waiting, and the socket is closed. */
+static void lingering_free(struct lingering *l)
+{
+    struct server *s = l->srv;
+    for (struct lingering **p = &s->lingering; *p; p = &(*p)->next)
+        if (*p == l) {
+            *p = l->next;
+            break;
+        }
+    s->n_lingering--;
+    sd_event_source_disable_unref(l->io);
+    sd_event_source_disable_unref(l->timer);
+    close(l->fd);
+    free(l);
+}
+
+void lingering_free_all(struct server *s)
+{
+    while (s->lingering)
+        lingering_free(s->lingering);
+}
+
+static int on_lingering_io(sd_event_source *src, int fd, uint32_t revents, void *ud)
+{
+    struct lingering *l = ud;
+    char buf[4096];
+    for (int k = 0; k < 16; k++) {
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return 0;
+        lingering_free(l); /* end of input or an error: the peer has read or gone */
+        return 0;
+    }
+    return 0; /* more to drop: the next round */
+}
+
+static int on_lingering_timeout(sd_event_source *src, uint64_t usec, void *ud)
+{
+    lingering_free(ud);
+    return 0;
+}
+
+/* A refused peer gets one error (nil msgid), written without waiting; then our side is shut and
+ * what it sends is read and dropped until it closes or LINGER_USEC pass, so a client that wrote
+ * its first request before reading finds the error instead of a reset or a broken pipe. */
 static void refuse(struct server *s, int fd, int code, const char *msg)
 {
-    sil_rpc_pack_error_response(&s->scratch, 0, code, msg);
+    sil_rpc_pack_conn_error(&s->scratch, code, msg);
     ssize_t n = send(fd, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n;
     sil_rpc_buf_reset(&s->scratch);
     s->clients_refused++;
-    close(fd);
+    shutdown(fd, SHUT_WR);
+    struct lingering *l = s->n_lingering < MAX_LINGERING ? calloc(1, sizeof(*l)) : NULL;
+    if (!l) {
+        close(fd);
+        return;
+    }
+    l->srv = s;
+    l->fd = fd;
+    if (sd_event_add_io(s->ev, &l->io, fd, EPOLLIN, on_lingering_io, l) < 0 ||
+        sd_event_add_time_relative(s->ev, &l->timer, CLOCK_MONOTONIC, LINGER_USEC, 0, on_lingering_timeout, l) < 0) {
+        sd_event_source_disable_unref(l->io);
+        free(l);
+        close(fd);
+        return;
+    }
+    l->next = s->lingering;
+    s->lingering = l;
+    s->n_lingering++;
+}
+
+int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud)
+{
+    struct server *s = ud;
+    double t = now_s();
+    const struct sil_config *cfg = s->cfg;
+    for (struct conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->closing)
+            continue;
+        if (c->t_partial && cfg->message_timeout && t - c->t_partial > cfg->message_timeout) {
+            sil_notice("client %llu (pid %d, uid %d) dropped: a message incomplete for %d s (%zu bytes)",
+                       (unsigned long long)c->id, c->cred.pid, c->cred.uid, cfg->message_timeout, c->pending_in);
+            s->clients_timed_out++;
+            if (send_conn_error(c, SIL_RPC_E_TIMEOUT, "message incomplete after %d s (message_timeout)",
+                                cfg->message_timeout) < 0)
+                continue;
+            c->closing = true;
+            conn_flush(c);
+            continue;
+        }
+        bool idle = !c->n_inflight && !c->streams && !conn_queued(c) && !c->t_partial;
+        if (idle && cfg->idle_timeout && t - c->t_active > cfg->idle_timeout) {
+            sil_debug("client %llu: idle for %d s, closing", (unsigned long long)c->id, cfg->idle_timeout);
+            s->clients_timed_out++;
+            if (send_conn_error(c, SIL_RPC_E_TIMEOUT, "idle for %d s (idle_timeout)", cfg->idle_timeout) < 0)
+                continue;
+            c->closing = true;
+            conn_flush(c);
+            continue;
+        }
+        if (c->paused && s->input_bytes < cfg->max_input) {
+            c->paused = false;
+            conn_update_events(c);
+        }
+    }
+    sd_event_source_set_time(src, usec + 1000000);
+    return 0;
 }
 
 int on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud)
@@ -345,9 +574,13 @@ int on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud)
         c->id = ++s->next_conn_id;
         c->cred = cr;
         c->owner = cr.uid == 0 || cr.uid == geteuid();
+        c->t_active = now_s();
         c->up = sil_rpc_unpacker_new(s->cfg->max_message, 0);
-        if (!c->up || sd_event_add_io(s->ev, &c->io, cfd, EPOLLIN, on_conn_io, c) < 0) {
+        c->close_msg = s->worker ? sil_worker_close_msg_new() : NULL;
+        if (!c->up || (s->worker && !c->close_msg) ||
+            sd_event_add_io(s->ev, &c->io, cfd, EPOLLIN, on_conn_io, c) < 0) {
             sil_rpc_unpacker_free(c->up);
+            sil_worker_close_msg_free(c->close_msg);
             close(cfd);
             free(c);
             continue;

@@ -287,7 +287,9 @@ int sil_genctl_push(struct sil_genctl *g, int32_t id, const char *text, size_t l
         return g->reason;
 
     if (g->in_reasoning) {
-        g->n_reasoning++;
+        /* The model's own think-close is part of its reasoning; one forced by the budget is not. */
+        if (!(id >= 0 && id == g->p.think_close && g->forced == id))
+            g->n_reasoning++;
         if (id >= 0 && id == g->p.think_close) {
             g->in_reasoning = false;
             g->after_think = true;

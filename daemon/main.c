@@ -14,8 +14,9 @@ int main(int argc, char **argv)
     struct sil_error err = { 0 };
     if (sil_config_from_args(&cfg, &cli, argc, argv, &err) < 0) {
         fprintf(stderr, "siliceod: %s\n", err.msg);
-        if (cli.action == SIL_CLI_RUN)
-            fprintf(stderr, "try 'siliceod --help'\n");
+        if (!cli.usage_error)
+            return 1; /* siliceod(8): a bad configuration is a failure to start */
+        fprintf(stderr, "try 'siliceod --help'\n");
         return 2;
     }
     switch (cli.action) {

@@ -197,42 +197,102 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     return conn_send_scratch(c);
 }
 
+/* One metric: a counter ends in _total (OpenMetrics: the family is the name without it), a
+ * gauge never does, and no gauge is named like a counter's family. */
+struct metric {
+    const char *name, *help;
+    bool counter;
+    double value;
+};
+
+/* Prometheus text (version 0.0.4) or OpenMetrics text: # HELP and # TYPE for every family. */
+static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct metric *mt, int n, bool openmetrics)
+{
+    size_t cap = (size_t)n * 256 + 16, len = 0;
+    char *text = malloc(cap);
+    if (!text)
+        return -ENOMEM;
+    for (int i = 0; i < n; i++) {
+        size_t fam = strlen(mt[i].name) - (mt[i].counter && openmetrics ? 6 : 0);
+        len += snprintf(text + len, cap - len, "# HELP %.*s %s\n# TYPE %.*s %s\n%s %.17g\n", (int)fam, mt[i].name,
+                        mt[i].help, (int)fam, mt[i].name, mt[i].counter ? "counter" : "gauge", mt[i].name,
+                        mt[i].value);
+    }
+    if (openmetrics)
+        len += snprintf(text + len, cap - len, "# EOF\n");
+    msgpack_packer *pk = sil_rpc_begin_response(b, msgid);
+    msgpack_pack_map(pk, 1);
+    sil_rpc_kv_strn(pk, "text", text, len);
+    free(text);
+    return sil_rpc_end(b);
+}
+
 static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
+    struct sil_rpc_error err = { 0 };
+    char format[16] = "map";
+    if (sil_rpc_get_strbuf(m->params, "format", format, sizeof format, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
+        return send_rpc_error(c, m->msgid, &err);
+    bool map = strcmp(format, "map") == 0, om = strcmp(format, "openmetrics") == 0;
+    if (!map && !om && strcmp(format, "prometheus") != 0)
+        return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS,
+                          "field 'format': expected \"map\", \"prometheus\" or \"openmetrics\"");
     struct sil_worker_stats st = { 0 };
     if (s->worker)
         sil_worker_stats(s->worker, &st);
+    const struct metric mt[] = {
+        { "siliceo_uptime_seconds", "Seconds since the daemon started.", false, now_s() - s->t_start },
+        { "siliceo_rss_bytes", "Resident memory of the daemon.", false, (double)rss_bytes() },
+        { "siliceo_ready", "1 while serving, 0 while stopping.", false, s->state == RUNNING },
+        { "siliceo_connected_clients", "Clients connected now.", false, s->n_conns },
+        { "siliceo_clients_total", "Connections accepted.", true, s->clients_total },
+        { "siliceo_clients_refused_total", "Peers refused (allow list or max_clients).", true, s->clients_refused },
+        { "siliceo_clients_dropped_total", "Clients dropped for not reading their output.", true, s->clients_dropped },
+        { "siliceo_clients_timed_out_total", "Connections closed by idle_timeout or message_timeout.", true,
+          s->clients_timed_out },
+        { "siliceo_bytes_in_total", "Socket bytes read.", true, s->bytes_in },
+        { "siliceo_bytes_out_total", "Socket bytes written.", true, s->bytes_out },
+        { "siliceo_messages_in_total", "Messages received.", true, s->messages_in },
+        { "siliceo_bad_messages_total", "Messages received that were malformed or invalid.", true, s->bad_messages },
+        { "siliceo_requests_rejected_total", "Requests refused with error 7 (queue or per-connection limit).", true,
+          s->requests_rejected },
+        { "siliceo_results_too_large_total", "Results refused with error 5 for passing max_output.", true,
+          s->results_too_large },
+        { "siliceo_requests_total", "Generation requests accepted.", true, st.requests_total },
+        { "siliceo_requests_failed_total", "Generation requests ended by an error.", true, st.requests_failed },
+        { "siliceo_requests_cancelled_total", "Generation requests cancelled.", true, st.requests_cancelled },
+        { "siliceo_queue_running", "Generation requests running.", false, st.running },
+        { "siliceo_queue_queued", "Generation requests waiting for a slot.", false, st.queued },
+        { "siliceo_tokens_prompt_total", "Prompt tokens evaluated.", true, st.tokens_prompt },
+        { "siliceo_tokens_cached_total", "Prompt tokens reused from sessions.", true, st.tokens_cached },
+        { "siliceo_tokens_generated_total", "Tokens generated.", true, st.tokens_generated },
+        { "siliceo_eval_steps_total", "Scheduler steps (engine evaluations).", true, st.steps },
+        { "siliceo_eval_errors_total", "Engine evaluations that failed.", true, st.eval_errors },
+        { "siliceo_eval_seconds_total", "Seconds spent in engine evaluations.", true, st.eval_seconds },
+        { "siliceo_sessions", "Sessions kept.", false, st.sessions },
+        { "siliceo_session_bytes", "Engine state held by sessions.", false, st.session_bytes },
+        { "siliceo_state_bytes", "Engine state of all sequences.", false, st.state_bytes },
+    };
+    int n = (int)(sizeof mt / sizeof *mt);
+    if (!map) {
+        if (pack_metrics_text(&s->scratch, m->msgid, mt, n, om) < 0)
+            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return send_result_scratch(c, m->msgid);
+    }
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 1);
     sil_rpc_pack_cstr(pk, "metrics");
-    msgpack_pack_map(pk, 26);
-    sil_rpc_kv_double(pk, "siliceo_uptime_seconds", now_s() - s->t_start);
-    sil_rpc_kv_uint(pk, "siliceo_rss_bytes", rss_bytes());
-    sil_rpc_kv_uint(pk, "siliceo_clients", s->n_conns);
-    sil_rpc_kv_uint(pk, "siliceo_clients_total", s->clients_total);
-    sil_rpc_kv_uint(pk, "siliceo_clients_refused_total", s->clients_refused);
-    sil_rpc_kv_uint(pk, "siliceo_clients_dropped_total", s->clients_dropped);
-    sil_rpc_kv_uint(pk, "siliceo_bytes_in_total", s->bytes_in);
-    sil_rpc_kv_uint(pk, "siliceo_bytes_out_total", s->bytes_out);
-    sil_rpc_kv_uint(pk, "siliceo_messages_in_total", s->messages_in);
-    sil_rpc_kv_uint(pk, "siliceo_bad_messages_total", s->bad_messages);
-    sil_rpc_kv_uint(pk, "siliceo_requests_rejected_total", s->requests_rejected);
-    sil_rpc_kv_uint(pk, "siliceo_requests_total", st.requests_total);
-    sil_rpc_kv_uint(pk, "siliceo_requests_failed_total", st.requests_failed);
-    sil_rpc_kv_uint(pk, "siliceo_requests_cancelled_total", st.requests_cancelled);
-    sil_rpc_kv_int(pk, "siliceo_queue_running", st.running);
-    sil_rpc_kv_int(pk, "siliceo_queue_queued", st.queued);
-    sil_rpc_kv_uint(pk, "siliceo_tokens_prompt_total", st.tokens_prompt);
-    sil_rpc_kv_uint(pk, "siliceo_tokens_cached_total", st.tokens_cached);
-    sil_rpc_kv_uint(pk, "siliceo_tokens_generated_total", st.tokens_generated);
-    sil_rpc_kv_uint(pk, "siliceo_eval_steps_total", st.steps);
-    sil_rpc_kv_uint(pk, "siliceo_eval_errors_total", st.eval_errors);
-    sil_rpc_kv_double(pk, "siliceo_eval_seconds_total", st.eval_seconds);
-    sil_rpc_kv_int(pk, "siliceo_sessions", st.sessions);
-    sil_rpc_kv_uint(pk, "siliceo_session_bytes", st.session_bytes);
-    sil_rpc_kv_uint(pk, "siliceo_state_bytes", st.state_bytes);
-    sil_rpc_kv_uint(pk, "siliceo_ready", s->state == RUNNING);
+    msgpack_pack_map(pk, n);
+    for (int i = 0; i < n; i++) {
+        sil_rpc_pack_cstr(pk, mt[i].name);
+        double v = mt[i].value;
+        /* Whole numbers as integers, as before; times as floats. */
+        if (v >= 0 && v == (double)(uint64_t)v && v < 1.8e19 && !strstr(mt[i].name, "seconds"))
+            msgpack_pack_uint64(pk, (uint64_t)v);
+        else
+            msgpack_pack_double(pk, v);
+    }
     sil_rpc_end(&s->scratch);
     return conn_send_scratch(c);
 }
@@ -261,6 +321,12 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
         sil_rpc_get_bool(m->params, "add_bos", &add_bos, SIL_RPC_OPTIONAL, &err) < 0 ||
         sil_rpc_get_bool(m->params, "special", &special, SIL_RPC_OPTIONAL, &err) < 0)
         return send_rpc_error(c, m->msgid, &err);
+    if (len >= TOKJOB_MIN_TEXT) {
+        /* Megabytes take a tenth of a second or more: off the loop, so streams keep flowing. */
+        if (tokpool_submit(s, c, m->msgid, text, len, add_bos, special, NULL) < 0)
+            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return 0;
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     struct sil_error e = { 0 };
@@ -276,7 +342,7 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
     free(ids);
     if (sil_rpc_end(&s->scratch) < 0)
         return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
-    return conn_send_scratch(c);
+    return send_result_scratch(c, m->msgid);
 }
 
 /* ids: an array of token ids, each checked against the vocab. *out malloc'd. */
@@ -331,7 +397,7 @@ static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
     free(text);
     if (sil_rpc_end(&s->scratch) < 0)
         return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
-    return conn_send_scratch(c);
+    return send_result_scratch(c, m->msgid);
 }
 
 /* Sampling, budgets, stop strings, session and priority: the fields generate and chat share. */
@@ -502,7 +568,11 @@ static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_re
     j->conn_id = c->id;
     j->msgid = m->msgid;
     j->uid = c->cred.uid;
-    sil_worker_submit(s->worker, j);
+    if (sil_worker_submit(s->worker, j) < 0) {
+        inflight_remove(c, m->msgid);
+        sil_job_req_free(j);
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    }
     return 0;
 }
 
@@ -522,28 +592,29 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
                               "the model is being reloaded; send the request again");
         return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE, "%s", s->model_problem);
     }
-    if (s->worker) {
-        struct sil_worker_stats st;
-        sil_worker_stats(s->worker, &st);
-        if (st.queued >= s->cfg->max_queue && st.running >= s->cfg->max_running) {
+    if (s->worker && strcmp(m->method, "debug.stream") != 0) {
+        /* Every request submitted and not finished counts, those still in the worker's inbox
+         * too: a burst cannot queue past the limit before the worker has seen it. */
+        int jobs = sil_worker_jobs(s->worker);
+        if (jobs >= s->cfg->max_running + s->cfg->max_queue) {
             s->requests_rejected++;
-            return send_error(c, m->msgid, SIL_RPC_E_BUSY, "queue full (%d waiting)", st.queued);
+            return send_error(c, m->msgid, SIL_RPC_E_BUSY, "queue full (%d requests running or waiting, max_queue %d)",
+                              jobs, s->cfg->max_queue);
         }
     }
     return 1;
 }
 
-/* The prompt ends inside an open think block: the model's first tokens are reasoning. */
-static bool ends_in_think(const struct server *s, const int32_t *ids, size_t n)
+bool prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n)
 {
-    int32_t open = sil_vocab_think_open(s->vocab);
+    int32_t open = sil_vocab_think_open(v);
     if (open < 0 || n == 0)
         return false;
     if (ids[n - 1] == open)
         return true;
     if (n >= 2 && ids[n - 2] == open) {
         const char *b;
-        int len = sil_token_bytes(s->vocab, ids[n - 1], &b);
+        int len = sil_token_bytes(v, ids[n - 1], &b);
         for (int i = 0; i < len; i++)
             if (b[i] != '\n' && b[i] != ' ')
                 return false;
@@ -581,6 +652,18 @@ static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
     if (toks) {
         if (read_ids(s, toks, "prompt_tokens", &j->prompt, &j->n_prompt, &err) < 0)
             goto bad;
+    } else if (len >= TOKJOB_MIN_TEXT) {
+        /* A long prompt is tokenized off the loop, so other streams do not wait for it. */
+        if (inflight_has(c, m->msgid)) {
+            sil_job_req_free(j);
+            return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
+        }
+        j->uid = c->cred.uid; /* sessions are the caller's uid's (submit() is not reached) */
+        if (tokpool_submit(s, c, m->msgid, text, len, add_bos, special, j) < 0) {
+            sil_job_req_free(j);
+            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        }
+        return 0;
     } else {
         struct sil_error e = { 0 };
         if (sil_tokenize(s->vocab, text, len, add_bos, special, &j->prompt, &j->n_prompt, &e) < 0) {
@@ -588,7 +671,7 @@ static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
             goto bad;
         }
     }
-    j->ctl.in_reasoning = ends_in_think(s, j->prompt, j->n_prompt);
+    j->ctl.in_reasoning = prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
     return submit(c, m, j);
 bad:
     sil_job_req_free(j);
@@ -672,7 +755,7 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
                        e.msg);
         goto bad;
     }
-    j->ctl.in_reasoning = think && ends_in_think(s, j->prompt, j->n_prompt);
+    j->ctl.in_reasoning = think && prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
     if (j->session[0]) {
         /* The messages go with the job: the session keeps them as its transcript. */
         j->chat = msgs;
@@ -713,8 +796,8 @@ static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
             d->cancelled = true;
             is_stream = true;
         }
-    if (!is_stream)
-        sil_worker_cancel(s->worker, c->id, (uint32_t)id);
+    if (!is_stream && sil_worker_cancel(s->worker, c->id, (uint32_t)id) < 0)
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 0);
     sil_rpc_end(&s->scratch);
@@ -728,7 +811,12 @@ static int m_sessions_list(struct conn *c, const struct sil_rpc_msg *m)
     int ok = need_model(c, m);
     if (ok <= 0)
         return ok;
-    sil_worker_sessions_list(c->srv->worker, c->id, m->msgid, c->cred.uid, c->owner);
+    /* In flight like a generation, so a half-closed connection waits for the answer. */
+    if (inflight_add(c, m->msgid) < 0 ||
+        sil_worker_sessions_list(c->srv->worker, c->id, m->msgid, c->cred.uid, c->owner) < 0) {
+        inflight_remove(c, m->msgid);
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    }
     return 0;
 }
 
@@ -748,7 +836,11 @@ static int m_sessions_drop(struct conn *c, const struct sil_rpc_msg *m)
     if (uid != c->cred.uid && !c->owner)
         return send_error(c, m->msgid, SIL_RPC_E_PERMISSION,
                           "sessions.drop: only the daemon's owner may drop another uid's session");
-    sil_worker_session_drop(c->srv->worker, c->id, m->msgid, (uint32_t)uid, name);
+    if (inflight_add(c, m->msgid) < 0 ||
+        sil_worker_session_drop(c->srv->worker, c->id, m->msgid, (uint32_t)uid, name) < 0) {
+        inflight_remove(c, m->msgid);
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    }
     return 0;
 }
 

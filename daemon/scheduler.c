@@ -52,6 +52,8 @@ void sil_job_req_free(struct sil_job_req *r)
 
 void job_free(struct sil_worker *w, struct job *j)
 {
+    atomic_fetch_sub(&w->n_jobs, 1);
+    free(j->oom);
     sil_sampler_free(j->smp);
     sil_genctl_free(j->gc);
     free(j->ctx.p);
@@ -131,12 +133,24 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
 
     /* Status read right after the final response must not count this request as running. */
     publish_stats(w);
+    /* From reaching the scheduler to starting, or to the end for a request that never started. */
+    double queue_ms = ms(j->t_submit, j->t_admit ? j->t_admit : j->t_end);
     if (!j->conn_gone) {
         if (tail.n_answer || tail.n_reasoning)
             pack_token(&w->pk, j->r.msgid, &tail, NULL, 0);
         if (reason == SIL_STOP_ERROR && j->gen.n == 0) {
-            sil_rpc_pack_error_response(&w->pk, j->r.msgid,
-                                        j->err_code ? j->err_code : SIL_RPC_E_INTERNAL, errmsg);
+            pack_error_clean(&w->pk, j->r.msgid, j->err_code ? j->err_code : SIL_RPC_E_INTERNAL,
+                             errmsg);
+        } else if (reason == SIL_STOP_CANCELLED && !j->t_admit) {
+            /* Cancelled while queued: error 8, as siliceo-rpc(7) gives it, with the real wait. */
+            char msg[128];
+            snprintf(msg, sizeof msg, "cancelled before it started, after %.1f ms in the queue", queue_ms);
+            msgpack_packer *pk = sil_rpc_begin_error_response(&w->pk, j->r.msgid);
+            msgpack_pack_map(pk, 3);
+            sil_rpc_kv_int(pk, "code", SIL_RPC_E_CANCELLED);
+            sil_rpc_kv_str(pk, "message", msg);
+            sil_rpc_kv_double(pk, "queue_ms", queue_ms);
+            sil_rpc_end_error_response(&w->pk);
         } else {
             size_t n_text = 0, n_reason = 0;
             const char *text = j->gc ? sil_genctl_answer(j->gc, &n_text) : "";
@@ -166,7 +180,7 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
                 sil_utf8_pack_kv(pk, "error", errmsg, strlen(errmsg));
             sil_rpc_pack_cstr(pk, "timings");
             msgpack_pack_map(pk, 6);
-            sil_rpc_kv_double(pk, "queue_ms", ms(j->t_submit, j->t_admit));
+            sil_rpc_kv_double(pk, "queue_ms", queue_ms);
             sil_rpc_kv_double(pk, "prefill_ms", prefill);
             sil_rpc_kv_double(pk, "decode_ms", decode);
             sil_rpc_kv_double(pk, "time_to_first_token_ms", ms(j->t_submit, j->t_first));
@@ -175,7 +189,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
                               decode > 0 && j->gen.n > 1 ? (j->gen.n - 1) / (decode * 1e-3) : 0);
             sil_rpc_end(&w->pk);
         }
-        post(w, j->r.conn_id, j->r.msgid, true);
+        if (!post(w, j->r.conn_id, j->r.msgid, true))
+            post_job_oom(w, j);
     } else {
         /* Nothing to send, but the loop still counts requests in flight per connection. */
         struct sil_outmsg *m = calloc(1, sizeof(*m));
@@ -184,6 +199,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             m->msgid = j->r.msgid;
             m->final = true;
             post_raw(w, m);
+        } else {
+            post_job_oom(w, j);
         }
     }
 
@@ -356,6 +373,12 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
     }
     w->local.tokens_generated++;
     if (sil_vocab_is_eog(w->v, id)) {
+        /* Its id is streamed like every other token's, so the pieces' ids add up to `tokens`. */
+        if (!j->conn_gone) {
+            struct sil_genctl_out none = { 0 };
+            pack_token(&w->pk, j->r.msgid, &none, &id, 1);
+            post(w, j->r.conn_id, j->r.msgid, false);
+        }
         running_finish(w, j, SIL_STOP_EOS, NULL);
         return;
     }

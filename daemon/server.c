@@ -121,6 +121,7 @@ static void maybe_reload(struct server *s)
     sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the model %s", s->cfg->model);
     struct sil_engine_params ep;
     engine_params(s, &ep);
+    tokpool_set_reloading(s->tok, true); /* before the worker hears of it: see tokjob.c */
     sil_worker_reload(s->worker, &ep);
 }
 
@@ -137,6 +138,7 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
     case SIL_WORKER_EV_RELOADED:
         s->engine = m->engine;
         s->vocab = sil_engine_vocab(s->engine);
+        tokpool_set_model(s->tok, s->vocab, sil_engine_n_ctx(s->engine)); /* off the old vocab */
         sil_modelwatch_free(s->watch);
         s->watch = NULL;
         sil_engine_close(m->old_engine);
@@ -146,6 +148,7 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
         sd_notifyf(0, "READY=1\nSTATUS=ready: %s on %s", sil_engine_info(s->engine)->name, s->path);
         break;
     case SIL_WORKER_EV_RELOAD_FAILED:
+        tokpool_set_reloading(s->tok, false);
         s->model_state = s->reload_damaged ? MODEL_DAMAGED : MODEL_OK;
         if (s->reload_damaged)
             snprintf(s->model_problem, sizeof s->model_problem,
@@ -168,29 +171,16 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
      * socket written once: one send per client per wake-up, not one per token. */
     while (m) {
         struct sil_outmsg *next = m->next;
-        if (m->stopped) {
+        if (m->stopped)
             s->state = DRAINING;
-        } else if (m->event) {
+        else if (m->event)
             on_model_event(s, m);
-        } else {
-            struct conn *c = conn_find(s, m->conn_id);
-            if (c) {
-                if (m->final)
-                    inflight_remove(c, m->msgid);
-                if (m->len && conn_append(c, m->data, m->len) == 0)
-                    c->dirty = true;
-            }
-        }
+        else
+            conn_deliver(s, m);
         free(m);
         m = next;
     }
-    for (struct conn *c = s->conns, *next; c; c = next) {
-        next = c->next;
-        if (c->dirty) {
-            c->dirty = false;
-            conn_flush(c);
-        }
-    }
+    conn_flush_dirty(s);
     maybe_exit(s);
     return 0;
 }
@@ -427,9 +417,11 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     signal(SIGPIPE, SIG_IGN);
     sil_rpc_buf_init(&s->scratch, 0);
 
+    /* The model is checked and loaded before the socket listens: a bad model never shows a
+     * "listening" line, and clients never wait on a daemon that is about to fail. */
     if (!cfg->no_model) {
-        /* Before the socket listens: a FIFO, device or directory would block or fail the load
-         * later, with clients already connecting. stat() does not open, so it cannot block. */
+        /* A FIFO, device or directory would block or fail the load: refused before opening it.
+         * stat() does not open, so it cannot block. */
         struct stat st;
         if (stat(cfg->model, &st) < 0) {
             sil_err("cannot load the model: %s: %s", cfg->model, strerror(errno));
@@ -444,14 +436,12 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             goto out;
         }
     }
-    if (setup_listen(s) < 0)
-        goto out;
-
     if (!cfg->no_model) {
         struct sil_engine_params ep;
         engine_params(s, &ep);
         ep.progress = load_progress;
         struct sil_error err = { 0 };
+        sil_info("loading the model %s", cfg->model);
         sd_notifyf(0, "STATUS=loading model %s", cfg->model);
         double t0 = now_s();
         int lrc = sil_engine_open(&s->engine, &ep, &err);
@@ -482,6 +472,8 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     } else {
         sil_notice("running without a model (--no-model): only hello, status, metrics and debug.stream work");
     }
+    if (setup_listen(s) < 0)
+        goto out;
 
     if (sd_event_default(&s->ev) < 0)
         goto out;
@@ -496,6 +488,15 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         goto out;
     }
     if (s->engine) start_watch(s);
+    if (s->worker && tokpool_start(s) < 0) {
+        sil_err("cannot start the tokenizer thread");
+        goto out;
+    }
+    if (sd_event_add_time_relative(s->ev, &s->tick_timer, CLOCK_MONOTONIC, 1000000, 100000, on_conn_tick, s) < 0 ||
+        sd_event_source_set_enabled(s->tick_timer, SD_EVENT_ON) < 0) {
+        sil_err("event loop set-up failed (connection timer)");
+        goto out;
+    }
     if (setup_watchdog(s) < 0) {
         sil_err("event loop set-up failed (watchdog timer)");
         goto out;
@@ -513,6 +514,9 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
 out:
     while (s->conns)
         conn_free(s->conns);
+    lingering_free_all(s);
+    tokpool_free(s->tok); /* before the worker: it may still submit to it */
+    s->tok = NULL;
     if (s->worker) {
         sil_worker_free(s->worker);
         s->worker = NULL;
@@ -524,6 +528,7 @@ out:
     sd_event_source_disable_unref(s->worker_src);
     sd_event_source_disable_unref(s->drain_timer);
     sd_event_source_disable_unref(s->watchdog_timer);
+    sd_event_source_disable_unref(s->tick_timer);
     if (s->listen_fd >= 0 && !s->activated) {
         unlink(s->path);
         close(s->listen_fd);

@@ -46,6 +46,21 @@ struct conn {
     struct dstream *streams;
     bool closing; /* close once the output is flushed */
     bool dirty;   /* output appended by on_worker, not yet written */
+    bool read_eof; /* the peer shut its write side: answer what is in flight, then close */
+    bool paused;   /* not read while the daemon's input buffers are over max_input */
+    double t_active;  /* last byte read or written */
+    double t_partial; /* since when an incomplete message waits for its rest; 0: none */
+    size_t pending_in; /* unparsed bytes buffered (counted in server.input_bytes) */
+    struct inmsg *close_msg; /* tells the worker the connection went, allocated up front */
+};
+
+/* A refused peer: its error is written, our side shut, and what it still sends is read and
+ * dropped for a moment, so it can read the error instead of a reset. */
+struct lingering {
+    struct lingering *next;
+    struct server *srv;
+    int fd;
+    sd_event_source *io, *timer;
 };
 
 enum state { RUNNING, STOPPING, DRAINING };
@@ -60,7 +75,7 @@ struct server {
     int argc;
     char *const *argv;
     sd_event *ev;
-    sd_event_source *listen_src, *worker_src, *drain_timer, *watchdog_timer;
+    sd_event_source *listen_src, *worker_src, *drain_timer, *watchdog_timer, *tick_timer;
     uint64_t watchdog_usec; /* WATCHDOG_USEC from systemd; 0: no watchdog */
     bool engine_stalled;
     int listen_fd;
@@ -73,15 +88,19 @@ struct server {
     enum model_state model_state;
     bool reload_damaged; /* the reload in progress replaces a damaged model */
     char model_problem[1400];
+    struct tokpool *tok; /* tokenizes large texts off the loop (tokjob.c) */
     struct conn *conns;
     int n_conns;
     uint64_t next_conn_id;
     enum state state;
     double t_start;
     struct sil_rpc_buf scratch;
+    uint64_t input_bytes; /* unparsed input buffered across connections */
+    struct lingering *lingering;
+    int n_lingering;
     /* Counters for metrics. */
-    uint64_t clients_total, clients_refused, clients_dropped, bytes_in, bytes_out, messages_in,
-        bad_messages, requests_rejected;
+    uint64_t clients_total, clients_refused, clients_dropped, clients_timed_out, bytes_in, bytes_out,
+        messages_in, bad_messages, requests_rejected, results_too_large;
 };
 
 static inline double now_s(void)
@@ -106,13 +125,45 @@ int conn_send_scratch(struct conn *c);
 int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err);
+/* An error about the connection itself, with a nil msgid (siliceo-rpc(7)). */
+int send_conn_error(struct conn *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Sends the response to msgid that the scratch buffer holds, or error 5 when it alone is larger
+ * than max_output (it could never be queued). */
+int send_result_scratch(struct conn *c, uint32_t msgid);
 bool inflight_has(const struct conn *c, uint32_t msgid);
 int inflight_add(struct conn *c, uint32_t msgid);
 void inflight_remove(struct conn *c, uint32_t msgid);
 /* The listening socket's handler: accepts, checks the peer, creates the connection. */
 int on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud);
+/* The once-a-second timer: idle and incomplete-message timeouts, resuming paused reads. */
+int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud);
+void lingering_free_all(struct server *s);
+
+/* Delivers one outbox message (worker or tokenizer thread) to its connection, if still there:
+ * the final one takes the request off the in-flight list; one larger than max_output becomes
+ * error 5. Connections written to are marked dirty. */
+void conn_deliver(struct server *s, const struct sil_outmsg *m);
+/* Writes every dirty connection once. */
+void conn_flush_dirty(struct server *s);
+
+/* tokjob.c: texts of at least TOKJOB_MIN_TEXT bytes are tokenized on a helper thread. */
+#define TOKJOB_MIN_TEXT 65536
+struct tokpool;
+int tokpool_start(struct server *s);
+void tokpool_free(struct tokpool *p);
+/* A reload starts (true) or failed (false): while set, generate requests are refused. */
+void tokpool_set_reloading(struct tokpool *p, bool reloading);
+/* The reload is done: waits for the job in progress (it reads the old vocab), then uses v and
+ * n_ctx and clears reloading. Call before the old engine is closed. */
+void tokpool_set_model(struct tokpool *p, const struct sil_vocab *v, int32_t n_ctx);
+/* Copies text; puts msgid in flight on c. gen NULL: a tokenize request answered {ids, n}; else a
+ * generate request the thread completes (prompt, checks) and submits. -ENOMEM: nothing done. */
+int tokpool_submit(struct server *s, struct conn *c, uint32_t msgid, const char *text, size_t len, bool add_bos,
+                   bool special, struct sil_job_req *gen);
 
 /* methods.c: the RPC methods. */
+/* The prompt ends inside an open think block: the model's first tokens are reasoning. */
+bool prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n);
 /* Runs one well-formed message; returns -1 when the connection is gone. */
 int dispatch(struct conn *c, const struct sil_rpc_msg *m);
 /* Sends what debug.stream requests may send now; -1 when the connection is gone. */

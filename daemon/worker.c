@@ -64,7 +64,7 @@ void post_raw(struct sil_worker *w, struct sil_outmsg *m)
 }
 
 /* Moves what the packing buffer holds into a new pending message. */
-void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
+bool post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
 {
     struct sil_rpc_buf *b = &w->pk;
     size_t n = sil_rpc_buf_size(b);
@@ -72,7 +72,7 @@ void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
     if (!m) {
         sil_err("out of memory queueing %zu bytes for a client", n);
         sil_rpc_buf_reset(b);
-        return;
+        return false;
     }
     m->next = NULL;
     m->conn_id = conn_id;
@@ -85,13 +85,33 @@ void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
     memcpy(m->data, sil_rpc_buf_head(b), n);
     sil_rpc_buf_reset(b);
     post_raw(w, m);
+    return true;
 }
 
-static void post_error(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, int code, const char *msg,
+void post_job_oom(struct sil_worker *w, struct job *j)
+{
+    if (!j->oom)
+        return;
+    if (j->conn_gone)
+        j->oom->len = 0; /* only the request count of the connection needs it */
+    post_raw(w, j->oom);
+    j->oom = NULL;
+}
+
+void pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const char *msg)
+{
+    char clean[3 * 1024];
+    size_t n = msg ? strnlen(msg, 1024) : 0;
+    n = msg ? sil_utf8_sanitize(msg, n, clean) : 0;
+    clean[n] = 0;
+    sil_rpc_pack_error_response(b, msgid, code, msg ? clean : NULL);
+}
+
+static bool post_error(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, int code, const char *msg,
                        bool final)
 {
-    sil_rpc_pack_error_response(&w->pk, msgid, code, msg);
-    post(w, conn_id, msgid, final);
+    pack_error_clean(&w->pk, msgid, code, msg);
+    return post(w, conn_id, msgid, final);
 }
 
 /* ---- the thread -------------------------------------------------------------------------------- */
@@ -102,20 +122,13 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
 {
     switch (m->type) {
     case IN_SUBMIT: {
-        struct job *j = calloc(1, sizeof(*j));
-        if (!j) {
-            post_error(w, m->job->conn_id, m->job->msgid, SIL_RPC_E_INTERNAL, "out of memory", true);
-            sil_job_req_free(m->job);
-            break;
-        }
-        j->r = *m->job;
-        /* The stop pointers moved with the struct copy; they point into stop_buf, which did not. */
-        j->r.ctl.stop = j->r.stop_ptrs;
-        free(m->job);
-        j->seq = -1;
+        struct job *j = m->job;
+        m->job = NULL;
         j->t_submit = now_s();
         if (j->r.session[0] && session_in_use(w, j->r.uid, j->r.session)) {
-            post_error(w, j->r.conn_id, j->r.msgid, SIL_RPC_E_BUSY, "session in use by another request", true);
+            if (!post_error(w, j->r.conn_id, j->r.msgid, SIL_RPC_E_BUSY,
+                            "session in use by another request", true))
+                post_job_oom(w, j);
             job_free(w, j);
             break;
         }
@@ -161,7 +174,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         sil_rpc_kv_uint(pk, "memory", total);
         sil_rpc_kv_uint(pk, "memory_limit", w->session_memory);
         sil_rpc_end(&w->pk);
-        post(w, m->conn_id, m->msgid, false);
+        post(w, m->conn_id, m->msgid, true);
         break;
     }
     case IN_DAMAGED:
@@ -183,7 +196,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
     case IN_SESS_DROP: {
         struct session *s = session_find(w, m->uid, m->name);
         if (!s) {
-            post_error(w, m->conn_id, m->msgid, SIL_RPC_E_NOT_FOUND, "no such session", false);
+            post_error(w, m->conn_id, m->msgid, SIL_RPC_E_NOT_FOUND, "no such session", true);
             break;
         }
         if (s->busy)
@@ -193,7 +206,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         msgpack_packer *pk = sil_rpc_begin_response(&w->pk, m->msgid);
         msgpack_pack_map(pk, 0);
         sil_rpc_end(&w->pk);
-        post(w, m->conn_id, m->msgid, false);
+        post(w, m->conn_id, m->msgid, true);
         break;
     }
     }
@@ -375,7 +388,9 @@ static void *worker_main(void *arg)
     for (;;) {
         beat(w);
         pthread_mutex_lock(&w->mu);
-        while (!w->in_head && !w->stop && !w->running && !(w->reload && !w->running)) {
+        /* Queued jobs count as work: when the last running job ends in a step, they start on
+         * the next round, with no inbox message to wake the thread; so does a pending reload. */
+        while (!w->in_head && !w->stop && !w->running && !w->queue && !w->reload) {
             atomic_store(&w->idle, true);
             pthread_cond_wait(&w->cv, &w->mu);
         }
@@ -460,46 +475,100 @@ static struct inmsg *new_in(enum in_type t, uint64_t conn_id, uint32_t msgid)
 {
     struct inmsg *m = calloc(1, sizeof(*m));
     if (!m)
-        abort(); /* a few bytes; nothing sensible to do without them */
+        return NULL;
     m->type = t;
     m->conn_id = conn_id;
     m->msgid = msgid;
     return m;
 }
 
-void sil_worker_submit(struct sil_worker *w, struct sil_job_req *job)
+/* The job's out-of-memory final response, packed now while memory is there. */
+static struct sil_outmsg *oom_msg(uint64_t conn_id, uint32_t msgid)
 {
-    struct inmsg *m = new_in(IN_SUBMIT, job->conn_id, job->msgid);
-    m->job = job;
+    struct sil_rpc_buf b;
+    sil_rpc_buf_init(&b, 0);
+    struct sil_outmsg *m = NULL;
+    if (sil_rpc_pack_error_response(&b, msgid, SIL_RPC_E_INTERNAL, "out of memory sending the result") == 0) {
+        size_t n = sil_rpc_buf_size(&b);
+        m = calloc(1, sizeof(*m) + n);
+        if (m) {
+            m->conn_id = conn_id;
+            m->msgid = msgid;
+            m->final = true;
+            m->len = n;
+            memcpy(m->data, sil_rpc_buf_head(&b), n);
+        }
+    }
+    sil_rpc_buf_free(&b);
+    return m;
+}
+
+int sil_worker_submit(struct sil_worker *w, struct sil_job_req *req)
+{
+    struct inmsg *m = new_in(IN_SUBMIT, req->conn_id, req->msgid);
+    struct job *j = calloc(1, sizeof(*j));
+    struct sil_outmsg *oom = oom_msg(req->conn_id, req->msgid);
+    if (!m || !j || !oom) {
+        free(m);
+        free(j);
+        free(oom);
+        return -ENOMEM; /* the job stays the caller's */
+    }
+    j->r = *req;
+    /* The stop pointers moved with the struct copy; they point into stop_buf, which did not. */
+    j->r.ctl.stop = j->r.stop_ptrs;
+    free(req);
+    j->seq = -1;
+    j->oom = oom;
+    m->job = j;
+    atomic_fetch_add(&w->n_jobs, 1);
+    send_in(w, m);
+    return 0;
+}
+
+int sil_worker_jobs(struct sil_worker *w) { return atomic_load(&w->n_jobs); }
+
+int sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid)
+{
+    struct inmsg *m = new_in(IN_CANCEL, conn_id, msgid);
+    if (!m)
+        return -ENOMEM;
+    send_in(w, m);
+    return 0;
+}
+
+struct inmsg *sil_worker_close_msg_new(void) { return new_in(IN_CONN_CLOSED, 0, 0); }
+
+void sil_worker_close_msg_free(struct inmsg *m) { free(m); }
+
+void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id, struct inmsg *m)
+{
+    m->conn_id = conn_id;
     send_in(w, m);
 }
 
-void sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid)
-{
-    send_in(w, new_in(IN_CANCEL, conn_id, msgid));
-}
-
-void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id)
-{
-    send_in(w, new_in(IN_CONN_CLOSED, conn_id, 0));
-}
-
-void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
-                              bool all)
+int sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                             bool all)
 {
     struct inmsg *m = new_in(IN_SESS_LIST, conn_id, msgid);
+    if (!m)
+        return -ENOMEM;
     m->uid = uid;
     m->all = all;
     send_in(w, m);
+    return 0;
 }
 
-void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
-                             const char *name)
+int sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                            const char *name)
 {
     struct inmsg *m = new_in(IN_SESS_DROP, conn_id, msgid);
+    if (!m)
+        return -ENOMEM;
     m->uid = uid;
     snprintf(m->name, sizeof m->name, "%s", name);
     send_in(w, m);
+    return 0;
 }
 
 void sil_worker_shutdown(struct sil_worker *w)
@@ -514,6 +583,11 @@ void sil_worker_model_damaged(struct sil_worker *w, struct sil_engine *e)
 {
     if (e) sil_engine_mark_damaged(e); /* stops an evaluation in progress at its next micro-batch */
     struct inmsg *m = new_in(IN_DAMAGED, 0, 0);
+    if (!m) {
+        /* The engine is marked: its evaluations fail, only the early refusal of requests is lost. */
+        sil_err("out of memory telling the engine thread the model is damaged");
+        return;
+    }
     m->engine = e;
     send_in(w, m);
 }
@@ -536,6 +610,11 @@ void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p)
     r->p.model_path = r->path;
     r->p.backend = r->backend;
     struct inmsg *m = new_in(IN_RELOAD, 0, 0);
+    if (!m) {
+        sil_err("reload: out of memory");
+        reload_free(r);
+        return;
+    }
     m->reload = r;
     send_in(w, m);
 }
@@ -636,7 +715,7 @@ void sil_worker_free(struct sil_worker *w)
         struct inmsg *m = w->in_head;
         w->in_head = m->next;
         if (m->job)
-            sil_job_req_free(m->job);
+            job_free(w, m->job);
         reload_free(m->reload);
         free(m);
     }

@@ -95,21 +95,30 @@ int sil_worker_eventfd(const struct sil_worker *w);
  * since it last did, 0 when idle. */
 bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s);
 
-void sil_worker_submit(struct sil_worker *w, struct sil_job_req *job);
+/* Takes the job, or returns -ENOMEM and leaves it to the caller. */
+int sil_worker_submit(struct sil_worker *w, struct sil_job_req *job);
 void sil_job_req_free(struct sil_job_req *job);
 /* Frees n messages whose strings are each malloc'd, and the array. */
 void sil_chat_msgs_free(struct sil_chat_msg *m, size_t n);
-/* Cancels request msgid of a connection (final response with stop_reason "cancelled"). */
-void sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
-/* The connection is gone: its requests stop and free their memory, nothing is sent. */
-void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id);
-/* Answered by the worker through the outbox (a response to msgid). Sessions belong to the uid
- * that made them: the list shows uid's own, or every session when all is set (the daemon's
- * owner); drop removes (uid, name) only. */
-void sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
-                              bool all);
-void sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
-                             const char *name);
+/* Generation requests submitted and not yet finished (any thread): what max_queue limits. */
+int sil_worker_jobs(struct sil_worker *w);
+/* Cancels request msgid of a connection: a running one ends with stop_reason "cancelled", a
+ * queued one with error 8. -ENOMEM when the message could not be made. */
+int sil_worker_cancel(struct sil_worker *w, uint64_t conn_id, uint32_t msgid);
+/* The connection is gone: its requests stop and free their memory, nothing is sent. The message
+ * is allocated when the connection opens (sil_worker_close_msg_new), so closing needs no memory;
+ * sil_worker_conn_closed takes it, else sil_worker_close_msg_free frees it. */
+struct inmsg;
+struct inmsg *sil_worker_close_msg_new(void);
+void sil_worker_close_msg_free(struct inmsg *m);
+void sil_worker_conn_closed(struct sil_worker *w, uint64_t conn_id, struct inmsg *m);
+/* Answered by the worker through the outbox (a final response to msgid); -ENOMEM when the
+ * message could not be made. Sessions belong to the uid that made them: the list shows uid's
+ * own, or every session when all is set (the daemon's owner); drop removes (uid, name) only. */
+int sil_worker_sessions_list(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                             bool all);
+int sil_worker_session_drop(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, uint32_t uid,
+                            const char *name);
 /* Every request gets a final response with stop_reason "shutdown", then the thread ends and posts
  * a message with stopped set. */
 void sil_worker_shutdown(struct sil_worker *w);

@@ -56,6 +56,9 @@ struct job {
     double t_submit, t_admit, t_first, t_end;
     int logit_row;
     int err_code; /* protocol error code of a failed final response; 0 = internal error */
+    /* Its final response when memory runs out: allocated with the job, so the loop always learns
+     * the request ended (the client gets error 10, not silence). NULL once used. */
+    struct sil_outmsg *oom;
 };
 
 enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP, IN_DAMAGED, IN_RELOAD };
@@ -71,7 +74,7 @@ struct inmsg {
     enum in_type type;
     uint64_t conn_id;
     uint32_t msgid;
-    struct sil_job_req *job;
+    struct job *job; /* IN_SUBMIT: prepared by the loop thread */
     struct reload *reload;
     struct sil_engine *engine; /* IN_DAMAGED: the engine whose file changed */
     char name[SIL_SESSION_NAME_MAX];
@@ -95,6 +98,7 @@ struct sil_worker {
      * heartbeat is no sign of a hang). */
     atomic_int_least64_t heartbeat_ns;
     atomic_bool idle;
+    atomic_int n_jobs; /* generation requests submitted and not yet freed (max_queue) */
     uint64_t session_memory_limit;
     int max_sessions_limit;
     /* Engine thread only. */
@@ -135,8 +139,15 @@ static inline double now_s(void)
 
 /* worker.c: the outbox (messages handed to the event loop when the step ends) and statistics. */
 void post_raw(struct sil_worker *w, struct sil_outmsg *m);
-/* Moves what the packing buffer holds into a new pending message. */
-void post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
+/* Moves what the packing buffer holds into a new pending message; false (buffer emptied, error
+ * logged) when there is no memory for it. */
+bool post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
+/* A job's final response failed to post: its preallocated error 10 (or, for a connection that is
+ * gone, an empty final message) goes instead. */
+void post_job_oom(struct sil_worker *w, struct job *j);
+/* An error response whose message passes the UTF-8 sanitizer (engine errors quote paths and
+ * metadata: any bytes). */
+void pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const char *msg);
 void publish_stats(struct sil_worker *w);
 /* The model file changed (why names it): every request fails with what to do, sessions go, the
  * loop is told (SIL_WORKER_EV_DAMAGED), and nothing reads the mapping any more. */

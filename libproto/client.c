@@ -112,11 +112,12 @@ int sil_rpc_client_cancel(struct sil_rpc_client *c, struct sil_rpc_error *err)
     return send_all(c, deadline, err);
 }
 
-/* A response to msgid 0 is about the connection, not a request: a refused peer (error 6, 7)
- * gets one before the server closes. */
+/* A response with a nil msgid (or msgid 0, which no request of ours uses) is about the
+ * connection, not a request: a refused peer (error 6, 7), lost framing, a timeout. It ends the
+ * call, and the connection after it. */
 static bool connection_error(const struct sil_rpc_msg *m)
 {
-    return m->type == SIL_RPC_RESPONSE && m->msgid == 0 && m->error;
+    return m->type == SIL_RPC_RESPONSE && (!m->has_msgid || m->msgid == 0) && m->error;
 }
 
 /* The server closed while we sent: what it wrote before closing is still readable and says

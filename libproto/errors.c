@@ -23,6 +23,7 @@ static const struct {
     [SIL_RPC_E_SHUTTING_DOWN] = {"shutting_down", "shutting down"},
     [SIL_RPC_E_VERSION] = {"version_mismatch", "no common protocol version"},
     [SIL_RPC_E_UNAVAILABLE] = {"model_unavailable", "the model is damaged or being reloaded"},
+    [SIL_RPC_E_TIMEOUT] = {"timeout", "timed out"},
 };
 
 const char *sil_rpc_code_name(int code)

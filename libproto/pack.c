@@ -100,6 +100,21 @@ msgpack_packer *sil_rpc_begin_response(struct sil_rpc_buf *b, uint32_t msgid)
     return pk;
 }
 
+msgpack_packer *sil_rpc_begin_error_response(struct sil_rpc_buf *b, uint32_t msgid)
+{
+    msgpack_packer *pk = begin(b);
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint32(pk, SIL_RPC_RESPONSE);
+    msgpack_pack_uint32(pk, msgid);
+    return pk;
+}
+
+int sil_rpc_end_error_response(struct sil_rpc_buf *b)
+{
+    msgpack_pack_nil(&b->pk);
+    return sil_rpc_end(b);
+}
+
 msgpack_packer *sil_rpc_begin_notification(struct sil_rpc_buf *b, const char *method)
 {
     msgpack_packer *pk = begin(b);
@@ -128,6 +143,19 @@ int sil_rpc_pack_error_response(struct sil_rpc_buf *b, uint32_t msgid, int code,
     msgpack_pack_array(pk, 4);
     msgpack_pack_uint32(pk, SIL_RPC_RESPONSE);
     msgpack_pack_uint32(pk, msgid);
+    msgpack_pack_map(pk, 2);
+    sil_rpc_kv_int(pk, "code", code);
+    sil_rpc_kv_str(pk, "message", message ? message : sil_rpc_code_message(code));
+    msgpack_pack_nil(pk);
+    return sil_rpc_end(b);
+}
+
+int sil_rpc_pack_conn_error(struct sil_rpc_buf *b, int code, const char *message)
+{
+    msgpack_packer *pk = begin(b);
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint32(pk, SIL_RPC_RESPONSE);
+    msgpack_pack_nil(pk);
     msgpack_pack_map(pk, 2);
     sil_rpc_kv_int(pk, "code", code);
     sil_rpc_kv_str(pk, "message", message ? message : sil_rpc_code_message(code));

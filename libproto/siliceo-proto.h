@@ -53,6 +53,7 @@ enum sil_rpc_code {
     SIL_RPC_E_SHUTTING_DOWN = 11,   /* daemon is stopping */
     SIL_RPC_E_VERSION = 12,         /* no common protocol version */
     SIL_RPC_E_UNAVAILABLE = 13,     /* model damaged or being reloaded (message: what to do) */
+    SIL_RPC_E_TIMEOUT = 14,         /* a connection idle, or a message incomplete, for too long */
     SIL_RPC_CODE_COUNT
 };
 
@@ -87,7 +88,8 @@ enum sil_rpc_type {
 struct sil_rpc_msg {
     int type;                        /* enum sil_rpc_type, -1 when not even that is known */
     uint32_t msgid;                  /* request, response */
-    bool has_msgid;                  /* msgid was read (also set on a rejected request) */
+    bool has_msgid;                  /* msgid was read (also set on a rejected request); false
+                                      * for a response with a nil msgid (a connection error) */
     char method[SIL_RPC_METHOD_MAX]; /* request, notification; NUL-terminated */
     const msgpack_object *params;    /* request, notification: the params map, NULL if none */
     const msgpack_object *error;     /* response: NULL when nil */
@@ -224,12 +226,19 @@ void sil_rpc_buf_reset(struct sil_rpc_buf *b);
 msgpack_packer *sil_rpc_begin_request(struct sil_rpc_buf *b, uint32_t msgid, const char *method);
 msgpack_packer *sil_rpc_begin_response(struct sil_rpc_buf *b, uint32_t msgid);
 msgpack_packer *sil_rpc_begin_notification(struct sil_rpc_buf *b, const char *method);
+/* [1, msgid, error, nil] with an error map of the caller's (code, message and more fields):
+ * begin, pack the map, then end_error_response instead of sil_rpc_end. */
+msgpack_packer *sil_rpc_begin_error_response(struct sil_rpc_buf *b, uint32_t msgid);
+int sil_rpc_end_error_response(struct sil_rpc_buf *b);
 /* 0, or -ENOBUFS (buffer limit or allocation failure) with the partial message removed. */
 int sil_rpc_end(struct sil_rpc_buf *b);
 
 /* Whole messages: [1, msgid, {code, message}, nil]; message NULL -> the code's default. */
 int sil_rpc_pack_error_response(struct sil_rpc_buf *b, uint32_t msgid, int code,
                                 const char *message);
+/* [1, nil, {code, message}, nil]: an error about the connection, not about one request (a
+ * refused peer, lost framing, a timeout); nil cannot collide with a client's msgid. */
+int sil_rpc_pack_conn_error(struct sil_rpc_buf *b, int code, const char *message);
 /* [2, "token", [{id, text, ids}]]: one streamed piece of the reply to request msgid. */
 int sil_rpc_pack_token(struct sil_rpc_buf *b, uint32_t msgid, const char *text, size_t len,
                        const int32_t *ids, size_t n_ids);
@@ -300,10 +309,10 @@ void sil_rpc_client_close(struct sil_rpc_client *c);
 msgpack_packer *sil_rpc_client_begin(struct sil_rpc_client *c, const char *method);
 /* Sends the request started by begin and waits for its response. On success returns 0 and
  * *result points to the result object (valid until the next call or close). When the server
- * answered with an error: -EREMOTEIO, err->code / msg are the server's; so too when it refused
- * the connection (an error response to msgid 0, read even after a broken pipe). Local failures:
- * -ETIMEDOUT, -ECONNRESET (server closed), -EPROTO / -EBADMSG / -EMSGSIZE (bad reply), other
- * errno from the socket, or what notify returned. */
+ * answered with an error: -EREMOTEIO, err->code / msg are the server's; so too when it sent an
+ * error about the connection (a nil msgid: refused peer, timeout; read even after a broken
+ * pipe). Local failures: -ETIMEDOUT, -ECONNRESET (server closed), -EPROTO / -EBADMSG /
+ * -EMSGSIZE (bad reply), other errno from the socket, or what notify returned. */
 int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void *ud,
                         const msgpack_object **result, struct sil_rpc_error *err);
 /* Shorthand: a call with an empty params map. */

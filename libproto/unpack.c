@@ -313,7 +313,9 @@ static int validate(struct sil_rpc_msg *msg, struct sil_rpc_error *err)
         return invalid(msg, err, SIL_RPC_E_INVALID_REQUEST,
                        "element 0 (type) is not 0, 1 or 2");
     msg->type = (int)a[0].via.u64;
-    if (msg->type != SIL_RPC_NOTIFICATION) {
+    /* A response with a nil msgid answers no request: siliceod's errors about the connection. */
+    bool conn_error = msg->type == SIL_RPC_RESPONSE && a[1].type == MSGPACK_OBJECT_NIL;
+    if (msg->type != SIL_RPC_NOTIFICATION && !conn_error) {
         if (a[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || a[1].via.u64 > UINT32_MAX)
             return invalid(msg, err, SIL_RPC_E_INVALID_REQUEST,
                            "element 1 (msgid) is not an unsigned 32-bit integer");

@@ -433,16 +433,21 @@ static void test_socket_candidates(void **state)
     rmdir(dir);
 }
 
-/* A refused peer: the server writes an error response to msgid 0 and closes, before (the
- * client's send then fails with EPIPE) or after the client's request arrived. */
+/* A refused peer: the server writes an error about the connection and closes, before (the
+ * client's send then fails with EPIPE) or after the client's request arrived. The error has a
+ * nil msgid (siliceod now) or msgid 0 (older daemons); both end the call. */
 static void send_buf(int fd, struct sil_rpc_buf *b);
+static int refuse_nil; /* the form refuse_on writes */
 
 static void refuse_on(int fd)
 {
     struct sil_rpc_buf b;
     sil_rpc_buf_init(&b, 0);
-    sil_rpc_pack_error_response(&b, 0, SIL_RPC_E_PERMISSION,
-                                "permission denied: uid 7 is not allowed");
+    if (refuse_nil)
+        sil_rpc_pack_conn_error(&b, SIL_RPC_E_PERMISSION, "permission denied: uid 7 is not allowed");
+    else
+        sil_rpc_pack_error_response(&b, 0, SIL_RPC_E_PERMISSION,
+                                    "permission denied: uid 7 is not allowed");
     send_buf(fd, &b);
     sil_rpc_buf_free(&b);
     close(fd);
@@ -460,7 +465,9 @@ static void *refuse_after_request(void *arg)
 
 static void test_refused(void **state)
 {
-    for (int order = 0; order < 2; order++) {
+    for (int run = 0; run < 4; run++) {
+        int order = run & 1;
+        refuse_nil = run >> 1;
         int sv[2];
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
         struct sil_rpc_client c;

@@ -82,6 +82,37 @@ static void test_codes(void **state)
     sil_rpc_error_prefix(&e, "generate");
     assert_string_equal(e.msg, "generate: x=3");
     assert_int_equal(sil_rpc_errorf(NULL, -EIO, 1, "ignored"), -EIO);
+    assert_int_equal(SIL_RPC_E_UNAVAILABLE, 13);
+    assert_string_equal(sil_rpc_code_name(SIL_RPC_E_UNAVAILABLE), "model_unavailable");
+    assert_int_equal(SIL_RPC_E_TIMEOUT, 14);
+    assert_string_equal(sil_rpc_code_name(SIL_RPC_E_TIMEOUT), "timeout");
+}
+
+/* A connection error is a response with a nil msgid: it decodes, and names no request. */
+static void test_conn_error(void **state)
+{
+    struct sil_rpc_buf b;
+    sil_rpc_buf_init(&b, 0);
+    assert_int_equal(sil_rpc_pack_conn_error(&b, SIL_RPC_E_PERMISSION, "uid 7 is not allowed"), 0);
+    const unsigned char *d = (const unsigned char *)sil_rpc_buf_head(&b);
+    assert_int_equal(d[0], 0x94);
+    assert_int_equal(d[1], 0x01);
+    assert_int_equal(d[2], 0xc0); /* nil, not 0: no client msgid can be mistaken for it */
+    struct sil_rpc_msg m;
+    struct sil_rpc_error err = {0};
+    assert_int_equal(sil_rpc_decode(d, sil_rpc_buf_size(&b), 0, 0, &m, &err), 1);
+    assert_int_equal(m.type, SIL_RPC_RESPONSE);
+    assert_false(m.has_msgid);
+    assert_non_null(m.error);
+    struct sil_rpc_error re = {0};
+    sil_rpc_read_error(m.error, &re);
+    assert_int_equal(re.code, SIL_RPC_E_PERMISSION);
+    assert_string_equal(re.msg, "uid 7 is not allowed");
+    sil_rpc_msg_release(&m);
+    /* A request still needs an integer msgid. */
+    static const unsigned char bad[] = {0x94, 0x00, 0xc0, 0xa1, 'x', 0x80};
+    assert_int_equal(sil_rpc_decode(bad, sizeof bad, 0, 0, &m, &err), -EPROTO);
+    sil_rpc_buf_free(&b);
 }
 
 /* ---- round trips ------------------------------------------------------------------------------ */
@@ -1051,6 +1082,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codes),
+        cmocka_unit_test(test_conn_error),
         cmocka_unit_test(test_round_trip_request),
         cmocka_unit_test(test_round_trip_response_and_error),
         cmocka_unit_test(test_token_notification),

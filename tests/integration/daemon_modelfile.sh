@@ -7,7 +7,8 @@
 #           caught on the engine and pool threads;
 # then the failed requests name the file, status says damaged, generate is refused with what to
 # do, and SIGHUP after a replace by rename serves again. A replace by rename while serving does
-# not damage the running model; SIGHUP then loads the new file.
+# not damage the running model; SIGHUP then loads the new file. Large tokenize requests in flight
+# on the helper thread across reloads are answered whole.
 . "$(dirname "$0")/lib.bash"
 MK=$SIL_BUILD/bin/sil-mkmodel
 [ -x "$MK" ] || MK=$ROOT/build/bin/sil-mkmodel # sanitizer builds have only the daemon
@@ -123,6 +124,29 @@ try:
     writer(["cp", other, served], "inotify: cp other over it")
     refused(c, "inotify/cp")
     reload_ok(c, p, base, "inotify/cp")
+    c.close()
+    stop(p)
+
+    # ---- large texts are tokenized on a helper thread: a reload swaps its vocab between jobs ----
+    p = start()
+    c = siltest.Client()
+    big = "hello world " * 80000  # ~1 MB: off the loop
+    n_ids = len(c.ok("tokenize", {"text": big})[0]["ids"])
+    for rnd in range(3):
+        mids = [c.send("tokenize", {"text": big}) for _ in range(3)]
+        tmpnew = os.path.join(tmp, "renamed.gguf")
+        shutil.copyfile(model, tmpnew)
+        os.rename(tmpnew, served)
+        p.send_signal(signal.SIGHUP)
+        for mid in mids:
+            err, res, _ = c.wait(mid)
+            check(err is None and len(res["ids"]) == n_ids, "reload %d: a large tokenize is answered whole" % rnd)
+        t_end = time.monotonic() + 20
+        while time.monotonic() < t_end and status(c)["model_state"] != "ok":
+            time.sleep(0.05)
+        check(p.poll() is None and status(c)["model_state"] == "ok", "reload %d: the new model serves" % rnd)
+    check(len(c.ok("tokenize", {"text": big})[0]["ids"]) == n_ids, "after the reloads: the same ids")
+    check(open(LOG).read().count("reloaded in") == 3, "three reloads logged")
     c.close()
     stop(p)
 

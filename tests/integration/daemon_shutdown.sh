@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lifecycle edges: a model path that is a FIFO, a device or a directory is refused at once,
 # before the socket listens (a FIFO used to block open() forever with SIGTERM blocked); SIGTERM
-# during the model load stops the load (a test hook slows the load down); SIGTERM with a client
-# still reading a large response exits as soon as that client is gone, not after the 10 s drain.
+# during the model load stops the load (a test hook slows the load down; the socket does not
+# listen yet); SIGTERM with a client still reading a large response exits as soon as that client
+# is gone, not after the 10 s drain.
 . "$(dirname "$0")/lib.bash"
 D=$SIL_BUILD/bin/siliceod
 
@@ -22,9 +23,10 @@ done
 SILICEOD_TEST_HOOKS=load_ms=20000 "$D" --config "$T/siliceod.conf" --model "$MODEL" --socket "$SILICEO_SOCKET" \
     >"$T/daemon.log" 2>&1 &
 DPID=$!
-for _ in $(seq 100); do [ -S "$SILICEO_SOCKET" ] && break; sleep 0.05; done
-[ -S "$SILICEO_SOCKET" ] || fail "no socket while loading"
+for _ in $(seq 100); do grep -q "loading the model" "$T/daemon.log" && break; sleep 0.05; done
+grep -q "loading the model" "$T/daemon.log" || fail "the load is not logged"
 sleep 0.3
+[ ! -e "$SILICEO_SOCKET" ] || fail "the socket listens before the model is loaded"
 t0=$(date +%s%N)
 kill -TERM "$DPID"
 rc=0; wait "$DPID" || rc=$?; DPID=

@@ -83,7 +83,8 @@ def controls():
     r, notes = c.ok("generate", dict(GREEDY, prompt=think_prompt, max_thinking_tokens=3, max_tokens=4))
     toks = r["tokens"]
     check(len(toks) >= 4 and toks[3] == think_close[0], "max_thinking_tokens forces </think> after 3 tokens")
-    check(r["n_reasoning"] == 4, "reasoning counts the 3 tokens and the close")
+    check(r["n_reasoning"] == 3, "reasoning counts the 3 tokens, not the close the budget forced")
+    check([i for n in notes for i in n["ids"]] == toks, "the streamed ids add up to tokens")
     streamed_reasoning = "".join(n.get("reasoning", "") for n in notes)
     check(streamed_reasoning == r["reasoning"] and "".join(n["text"] for n in notes) == r["text"],
           "reasoning and answer streamed in separate fields")
@@ -361,10 +362,12 @@ def bad_input():
     th = threading.Thread(target=reader)
     th.start()
 
-    def expect(data, what, closes=None):
+    def expect(data, what, closes=None, eof=False):
         c = Client(timeout=10)
         try:
             c.send_raw(data)
+            if eof:  # the bytes may begin a message longer than they are: end the input
+                c.s.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the daemon may hang up before it has read everything
         m = c.read()
@@ -389,7 +392,7 @@ def bad_input():
     big = pack([0, 1, "generate", {"prompt": "a" * (5 << 20)}])
     expect(big, "oversized message", closes=True)
     expect(b"\x91" * 40 + b"\xc0", "nesting too deep", closes=True)
-    expect(os.urandom(4096), "random garbage")
+    expect(os.urandom(4096), "random garbage", eof=True)
     # Many garbage clients at once.
     for _ in range(20):
         try:
