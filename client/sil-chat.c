@@ -249,15 +249,16 @@ static void emit(const struct stream *st, const char *s, size_t n)
 static int on_msg(void *ud, const struct sil_rpc_msg *m)
 {
     struct stream *st = ud;
-    if (!m) {
-        if ((interrupted || terminating) && !st->cancel_sent) {
-            st->cancel_sent = true;
-            struct sil_rpc_error e;
-            if (sil_rpc_client_cancel(st->c, &e) < 0)
-                return -EINTR;
-        }
-        return 0;
+    /* Asked on every message, not only when a wait is interrupted: a Ctrl-C that lands while
+     * tokens are being written interrupts no wait. */
+    if ((interrupted || terminating) && st && !st->cancel_sent) {
+        st->cancel_sent = true;
+        struct sil_rpc_error e;
+        if (sil_rpc_client_cancel(st->c, &e) < 0)
+            return -EINTR;
     }
+    if (!m)
+        return 0;
     if (m->type != SIL_RPC_NOTIFICATION || strcmp(m->method, "token") != 0 || !st)
         return 0;
     const char *s;

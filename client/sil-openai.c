@@ -790,7 +790,8 @@ int main(int argc, char **argv)
                                        {0, 0, 0, 0}};
     int c;
     long v;
-    while ((c = getopt_long(argc, argv, "s:l:p:u:hV", lo, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":s:l:p:u:hV", lo, NULL)) != -1) {
         switch (c) {
         case 's':
             g_opt.socket = optarg;
@@ -855,12 +856,12 @@ int main(int argc, char **argv)
             sil_client_version(PROG);
             return SIL_EXIT_OK;
         default:
-            usage(stderr);
+            sil_client_bad_option(PROG, c, argc, argv, lo);
             return SIL_EXIT_USAGE;
         }
     }
     if (optind < argc) {
-        usage(stderr);
+        sil_client_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
         return SIL_EXIT_USAGE;
     }
     if (token_file) {

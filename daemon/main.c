@@ -13,10 +13,11 @@ int main(int argc, char **argv)
     struct sil_cli cli;
     struct sil_error err = { 0 };
     if (sil_config_from_args(&cfg, &cli, argc, argv, &err) < 0) {
-        fprintf(stderr, "siliceod: %s\n", err.msg);
-        if (!cli.usage_error)
+        if (!cli.usage_error) {
+            fprintf(stderr, "siliceod: %s\n", err.msg);
             return 1; /* siliceod(8): a bad configuration is a failure to start */
-        fprintf(stderr, "try 'siliceod --help'\n");
+        }
+        fprintf(stderr, "siliceod: %s; try 'siliceod --help'\n", err.msg); /* one line */
         return 2;
     }
     switch (cli.action) {

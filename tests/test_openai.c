@@ -319,6 +319,10 @@ static void responses(void **state)
     assert_string_equal(f.param, "top_k");
     sil_oa_fail_from_rpc(&f, SIL_RPC_E_BUSY, "queue full");
     assert_int_equal(f.status, 429);
+    sil_oa_fail_from_rpc(&f, SIL_RPC_E_UNAVAILABLE, "model damaged");
+    assert_int_equal(f.status, 503);
+    sil_oa_fail_from_rpc(&f, SIL_RPC_E_TIMEOUT, "idle");
+    assert_int_equal(f.status, 504);
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb);
 }

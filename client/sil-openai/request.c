@@ -453,6 +453,12 @@ void sil_oa_fail_from_rpc(struct sil_oa_fail *f, int code, const char *message)
     case SIL_RPC_E_INTERNAL:
         status = 500;
         break;
+    case SIL_RPC_E_UNAVAILABLE: /* the model is damaged or reloading: try again later */
+        status = 503;
+        break;
+    case SIL_RPC_E_TIMEOUT:
+        status = 504;
+        break;
     }
     /* The daemon names the field as "field 'x': ...": that is the OpenAI param. */
     char param[64] = "";

@@ -19,7 +19,14 @@ for p in sil-chat:2 sil-probe:3 sil-bench:2; do
     "$BIN/$prog" --socket 2>"$T/err" || rc=$?
     grep -qx "$prog: option '--socket' needs an argument; try '$prog --help'" "$T/err" || fail "$prog: $(cat "$T/err")"
 done
-echo "ok: a bad option gets one line and 'try --help' from every client"
+for prog in siliceod sil-openai; do
+    rc=0
+    "$BIN/$prog" --bogus >"$T/out" 2>"$T/err" || rc=$?
+    [ "$rc" = 2 ] || fail "$prog --bogus exited $rc, want 2"
+    [ "$(wc -l <"$T/err")" = 1 ] || fail "$prog --bogus printed $(wc -l <"$T/err") lines: $(cat "$T/err")"
+    grep -q "try '$prog --help'" "$T/err" || fail "$prog: $(cat "$T/err")"
+done
+echo "ok: a bad option gets one line and 'try --help' from every client and siliceod"
 
 # ---- nothing to ask ----------------------------------------------------------------------------
 rc=0
