@@ -36,6 +36,7 @@ if [ -n "${SIL_PROBE_PROM_FILE:-}" ]; then
     # Write then rename, so the collector never reads a half-written file.
     tmp="$SIL_PROBE_PROM_FILE.$$"
     if $SIL_PROBE --prom --timeout 10 >"$tmp"; then :; fi
+    echo "# HELP siliceo_probe_status sil-probe's exit code (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)" >>"$tmp"
     echo "# TYPE siliceo_probe_status gauge" >>"$tmp"
     echo "siliceo_probe_status $code" >>"$tmp"
     mv -f "$tmp" "$SIL_PROBE_PROM_FILE"

@@ -134,6 +134,16 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 f = list(p(open('$T/down.om').read())); assert [x.name for x in f] == ['siliceo_up'] and f[0].samples[0].value == 0
 " || fail "failed scrape output: $(cat "$T/down.om")"
 echo "ok: a failed scrape is siliceo_up 0 (parsed) and the reason on stderr"
+# The sample probe script's textfile output parses too, its own family included.
+SIL_PROBE="$BIN/sil-probe" SIL_PROBE_PROM_FILE="$T/probe.prom" sh contrib/siliceo-probe.sh \
+    >/dev/null 2>&1 || true
+/usr/bin/python3 -c "
+from prometheus_client.parser import text_string_to_metric_families as p
+f = {x.name: x for x in p(open('$T/probe.prom').read())}
+assert all(x.documentation for x in f.values()), 'a family without help'
+assert f['siliceo_probe_status'].samples[0].value == 0, f['siliceo_probe_status']
+" || fail "probe script output: $(cat "$T/probe.prom")"
+echo "ok: contrib/siliceo-probe.sh writes a textfile that parses, every family with help"
 
 # ---- sil-bench ---------------------------------------------------------------------------------
 rc=0
