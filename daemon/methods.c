@@ -623,18 +623,29 @@ bool prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t 
     return false;
 }
 
-static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
+/* The start of generate and chat: a model that serves, room in the queue, a fresh request.
+ * Returns 1 with *out set, else what answering the client returned (0, or < 0 to close). */
+static int new_gen_request(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_req **out)
 {
-    struct server *s = c->srv;
     int ok = need_model(c, m);
     if (ok > 0)
         ok = admit_request(c, m);
     if (ok <= 0)
         return ok;
-    struct sil_rpc_error err = { 0 };
-    struct sil_job_req *j = calloc(1, sizeof(*j));
-    if (!j)
+    *out = calloc(1, sizeof(**out));
+    if (!*out)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    return 1;
+}
+
+static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    struct sil_job_req *j = NULL;
+    int ok = new_gen_request(c, m, &j);
+    if (ok <= 0 || !j)
+        return ok;
+    struct sil_rpc_error err = { 0 };
     const char *text = NULL;
     size_t len = 0;
     const msgpack_object *toks = NULL;
@@ -681,18 +692,14 @@ bad:
 static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
-    int ok = need_model(c, m);
-    if (ok > 0)
-        ok = admit_request(c, m);
-    if (ok <= 0)
+    struct sil_job_req *j = NULL;
+    int ok = new_gen_request(c, m, &j);
+    if (ok <= 0 || !j)
         return ok;
     struct sil_rpc_error err = { 0 };
-    struct sil_job_req *j = calloc(1, sizeof(*j));
     struct sil_chat_msg *msgs = NULL;
     char **strs = NULL;
     uint32_t n = 0;
-    if (!j)
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const msgpack_object *arr;
     bool think = sil_vocab_think_open(s->vocab) >= 0, append = false;
     if (read_gen_params(s, m->params, j, &err) < 0 ||
