@@ -29,7 +29,7 @@ import data  # noqa: E402
 import parity  # noqa: E402
 import train  # noqa: E402
 from gguf_read import load_into  # noqa: E402
-from export import export, load  # noqa: E402
+from export import BIN, export, load  # noqa: E402
 from model import Qwen35Moe  # noqa: E402
 
 TYPES = ["f32", "q8_0", "q4_k_m"]
@@ -84,6 +84,15 @@ def main():
     ap.add_argument("--engine-questions", type=int, default=200,
                     help="held-out questions the engine answers (spread over the families)")
     a, rest = ap.parse_known_args()
+    # Before minutes of training: the tools the export and the checks need, and new enough.
+    mk, ev = os.path.join(BIN, "sil-mkmodel"), os.path.join(BIN, "sil-eval")
+    for tool in (mk, ev):
+        if not os.access(tool, os.X_OK):
+            sys.exit(f"pipeline: {tool} is missing: build it first "
+                     f"(make build/bin/{os.path.basename(tool)})")
+    helptext = subprocess.run([mk, "--help"], capture_output=True, text=True).stdout
+    if "--weights-from" not in helptext:
+        sys.exit(f"pipeline: {mk} has no --weights-from: it is older than the exporter; rebuild it")
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
     subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--out", a.out] + rest,
