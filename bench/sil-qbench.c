@@ -3,8 +3,6 @@
  * with 1 and 2 threads. Prints one JSON object per line; bench/run-quant.sh assembles the file.
  * See sil-qbench(1). */
 #include <getopt.h>
-#include <immintrin.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,71 +13,8 @@
 
 #define PROG "sil-qbench"
 
-/* Streaming read: 256-bit loads into 4 independent accumulators, so the loop is bound by
- * loads, not adds. The target attribute keeps the rest of the file baseline x86-64. */
-__attribute__((target("avx2"))) static uint64_t read_sum_avx2(const uint64_t *p, size_t n)
-{
-    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-    const __m256i *v = (const __m256i *)p;
-    for (size_t i = 0; i + 16 <= n; i += 16, v += 4) {
-        s0 = _mm256_add_epi64(s0, _mm256_load_si256(v));
-        s1 = _mm256_add_epi64(s1, _mm256_load_si256(v + 1));
-        s2 = _mm256_add_epi64(s2, _mm256_load_si256(v + 2));
-        s3 = _mm256_add_epi64(s3, _mm256_load_si256(v + 3));
-    }
-    const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
-    return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
-}
-
-static uint64_t read_sum(const uint64_t *p, size_t n)
-{
-    if (__builtin_cpu_supports("avx2"))
-        return read_sum_avx2(p, n);
-    uint64_t s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += p[i];
-    return s;
-}
-
-struct reader {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sum;
-    pthread_barrier_t *start;
-};
-
-static void *reader_main(void *arg)
-{
-    struct reader *r = arg;
-    pthread_barrier_wait(r->start);
-    r->sum = read_sum(r->p, r->n);
-    return NULL;
-}
-
+/* Results the timed loops feed, so the compiler cannot drop them. */
 static volatile uint64_t sink;
-
-/* Read bandwidth in GB/s with nthreads threads, each reading its own part of buf. */
-static double read_bw(const uint8_t *buf, size_t bytes, int nthreads)
-{
-    pthread_t th[8];
-    struct reader r[8];
-    pthread_barrier_t start;
-    pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
-    const size_t words = bytes / 8 / (size_t)nthreads / 16 * 16; /* 128-byte multiples */
-    for (int t = 0; t < nthreads; t++) {
-        r[t] = (struct reader){(const uint64_t *)buf + (size_t)t * words, words, 0, &start};
-        pthread_create(&th[t], NULL, reader_main, &r[t]);
-    }
-    const double t0 = sil_bench_now();
-    pthread_barrier_wait(&start);
-    for (int t = 0; t < nthreads; t++) {
-        pthread_join(th[t], NULL);
-        sink += r[t].sum;
-    }
-    const double dt = sil_bench_now() - t0;
-    pthread_barrier_destroy(&start);
-    return (double)words * 8 * nthreads / dt / 1e9;
-}
 
 static uint64_t rng = 88172645463325252ull;
 
@@ -165,7 +100,7 @@ int main(int argc, char **argv)
     double v[100], bw1 = 0;
     for (int t = 1; t <= 2; t++) {
         for (int r = 0; r < runs; r++)
-            v[r] = read_bw(buf, bytes, t);
+            v[r] = sil_bench_read_bw(buf, bytes, t);
         const struct sil_bench_stat s = sil_bench_summarize(v, runs);
         char cfg[64];
         snprintf(cfg, sizeof(cfg), "threads=%d,buffer_mib=%lld", t, (long long)mib);

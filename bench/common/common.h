@@ -1,8 +1,10 @@
 /* Code shared by the bench tools (sil-mkmodel, sil-qbench, sil-tokbench): strict command-line
- * numbers, the version line, a monotonic clock and run statistics. Links nothing but libc. */
+ * numbers, the version line, a monotonic clock, run statistics and a read-bandwidth probe.
+ * Links nothing but libc. */
 #ifndef SIL_BENCH_COMMON_H
 #define SIL_BENCH_COMMON_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -29,5 +31,10 @@ struct sil_bench_stat {
     double median, min, max;
 };
 struct sil_bench_stat sil_bench_summarize(double *v, int n);
+
+/* Streaming read bandwidth in GB/s: nthreads threads (1..SIL_BENCH_BW_MAX_THREADS) each read
+ * their own part of buf (32-byte aligned) once, AVX2 loads where the CPU has them. */
+#define SIL_BENCH_BW_MAX_THREADS 64
+double sil_bench_read_bw(const void *buf, size_t bytes, int nthreads);
 
 #endif
