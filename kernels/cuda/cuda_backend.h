@@ -79,6 +79,32 @@ int sil_cuda_event_record(struct sil_cuda *cu, struct sil_cuda_event *e, struct 
 int sil_cuda_event_elapsed(struct sil_cuda *cu, struct sil_cuda_event *start,
                            struct sil_cuda_event *end, float *ms, struct sil_error *err);
 
+/* ---- graphs and profiles ------------------------------------------------------------------ */
+
+/* Stream capture: every op launched on s between begin and end is recorded (nothing runs) and
+ * instantiated as one graph, replayed by sil_cuda_graph_launch with the same pointers and
+ * parameters. Nothing in between may synchronize or copy from pageable host memory; an op that
+ * fails there leaves the capture broken, and end then fails (the graph is not made). */
+struct sil_cuda_graph;
+int sil_cuda_capture_begin(struct sil_cuda *cu, struct sil_cuda_stream *s, struct sil_error *err);
+int sil_cuda_capture_end(struct sil_cuda *cu, struct sil_cuda_stream *s,
+                         struct sil_cuda_graph **out, struct sil_error *err);
+int sil_cuda_graph_launch(struct sil_cuda *cu, struct sil_cuda_graph *g, struct sil_cuda_stream *s,
+                          struct sil_error *err);
+void sil_cuda_graph_destroy(struct sil_cuda *cu, struct sil_cuda_graph *g);
+
+/* Per-kernel profile: while on, every launch is timed between two events and waited for, and
+ * summed by kernel name with the weight bytes it reads (benchmarks only; no graphs meanwhile).
+ * Turning it on clears the table. */
+#define SIL_CUDA_PROF_MAX 64
+struct sil_cuda_prof {
+    char name[40];
+    uint64_t calls, bytes;
+    double ms;
+};
+int sil_cuda_profile(struct sil_cuda *cu, bool on, struct sil_error *err);
+int sil_cuda_profile_get(const struct sil_cuda *cu, const struct sil_cuda_prof **tab);
+
 /* ---- weights ------------------------------------------------------------------------------- */
 
 /* A weight matrix on the device: rows x cols of a GGUF type, rows contiguous, GGUF's block
