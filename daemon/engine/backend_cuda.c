@@ -52,10 +52,20 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
 
 extern const unsigned char sil_cuda_fwd_fatbin[];
 
-enum { F_GATHER, F_QK_PREP, F_ATTEND, F_CONV1D, F_DELTA_NET, F_GATE_ADD, F_MOE_COMBINE, F_COUNT };
+enum {
+    F_GATHER,
+    F_QK_PREP,
+    F_ATTEND,
+    F_CONV1D,
+    F_DELTA_NET,
+    F_GATE_ADD,
+    F_MOE_COMBINE,
+    F_ADD_RMSNORM_Q8,
+    F_COUNT
+};
 static const char *const f_names[F_COUNT] = {
     "sil_fwd_gather_rows", "sil_fwd_qk_prep",  "sil_fwd_attend",      "sil_fwd_conv1d",
-    "sil_fwd_delta_net",   "sil_fwd_gate_add", "sil_fwd_moe_combine",
+    "sil_fwd_delta_net",   "sil_fwd_gate_add", "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
 };
 
 #define MB SIL_CUDA_MAX_BATCH
@@ -92,6 +102,7 @@ struct cuda_backend {
     sil_cuda_ptr state;                       /* [seq][recr_floats] */
     sil_cuda_ptr state_tab;                   /* [seq] float * */
     sil_cuda_ptr q8;                          /* quantized matmul inputs */
+    sil_cuda_ptr q8h;                         /* quantized expert hidden rows */
     sil_cuda_ptr scores;                      /* [ub_max][n_head][n_ctx] */
     sil_cuda_ptr pos, seq, rows;              /* [ub_max] int32 */
     sil_cuda_ptr run_start, run_seq, keep;    /* in meta */
@@ -120,6 +131,12 @@ struct cuda_backend {
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
     uint64_t clock;
     uint64_t n_replays, n_captures;
+    /* q8 holds the quantized rows of q8_src ([q8_n][q8_k]) until an op may write them */
+    sil_cuda_ptr q8_src;
+    int64_t q8_n, q8_k;
+    /* an add deferred to fuse with the rmsnorm that reads its result */
+    bool pend;
+    struct sil_act pend_y, pend_x;
     /* SIL_CUDA_PROFILE=FILE: one decode pass (at position 16 or later) profiled per kernel */
     const char *prof_path;
     bool profiling, prof_done;
@@ -227,8 +244,12 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += step) {
         const int n = (int)(x.rows - r0 < step ? x.rows - r0 : step);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * x.ld) * sizeof(float);
-        if (any_q && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err)))
-            return;
+        if (any_q && !(b->q8_src == xp && b->q8_n == n && b->q8_k == x.width)) {
+            if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err))) return;
+            b->q8_src = xp;
+            b->q8_n = n;
+            b->q8_k = x.width;
+        }
         for (int j = 0; j < n_out; j++) {
             struct sil_cuda_weight cw;
             const struct sil_act y = out[j].y;
@@ -242,11 +263,32 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     }
 }
 
+/* Runs a deferred add. */
+static void flush_add(struct cuda_backend *b)
+{
+    if (!b->pend) return;
+    b->pend = false;
+    const struct sil_act y = b->pend_y, x = b->pend_x;
+    if (b->rc == 0)
+        ok(b, sil_cuda_add(b->cu, dp(y.data), dp(x.data), y.rows * y.width, NULL, &b->err));
+}
+
+/* Entry of an op that may write activations: deferred work first, and the quantized copy of
+ * any activation is stale after it. False when the op is to do nothing (replay, error). */
+static bool enter(struct cuda_backend *b)
+{
+    if (b->mode == PASS_REPLAY) return false;
+    flush_add(b);
+    b->q8_src = 0;
+    return b->rc == 0;
+}
+
 static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct sil_mm_out *out,
                         int n)
 {
     struct cuda_backend *b = cb(be);
     if (b->mode == PASS_REPLAY) return;
+    flush_add(b);
     if (b->rc) return;
     mm_chunks(b, x, out, n);
 }
@@ -314,6 +356,8 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     struct cuda_backend *b = cb(be);
     abort_capture(b); /* a pass that ended early (an error) */
     b->meta_ok = false;
+    b->pend = false;
+    b->q8_src = 0;
     b->mode = PASS_EAGER;
     b->cur = NULL;
     if (b->rc || ub->n <= 0 || ub->n > b->c.ub_max) return;
@@ -353,6 +397,7 @@ static void cuda_get_rows(struct sil_backend *be, const struct sil_weight *w, co
                           struct sil_act y)
 {
     struct cuda_backend *b = cb(be);
+    b->q8_src = 0;
     if (b->rc) return;
     if (w->loc != SIL_WEIGHT_MMAP && w->loc != SIL_WEIGHT_HOST) {
         fail(b, -EINVAL, "the embedding table is not in host memory");
@@ -379,6 +424,8 @@ static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_
                            const int32_t *rows)
 {
     struct cuda_backend *b = cb(be);
+    if (b->mode != PASS_REPLAY) flush_add(b);
+    b->q8_src = 0;
     if (b->rc || y.rows == 0) return;
     sil_cuda_ptr rp = b->keep;
     if (!b->meta_ok || memcmp(rows, b->h_keep, sizeof(int32_t) * (size_t)y.rows) != 0) {
@@ -405,22 +452,43 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
 {
     struct cuda_backend *b = cb(be);
     if (b->mode == PASS_REPLAY) return;
-    if (b->rc || x.rows == 0) return;
+    /* x += the deferred add, the norm and its q8 blocks in one kernel */
+    const bool fuse = x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
+                      x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
+    sil_cuda_ptr d = 0;
+    if (fuse && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
+        b->pend_y.width == x.width && b->pend_x.ld == b->pend_x.width) {
+        d = dp(b->pend_x.data);
+        b->pend = false;
+    }
+    if (!enter(b) || x.rows == 0) return;
     if (x.ld != x.width || y.ld != y.width) {
         fail(b, -EINVAL, "rmsnorm rows are not contiguous");
         return;
     }
-    ok(b, sil_cuda_rmsnorm(b->cu, dp(y.data), dp(x.data), dp(w->data), x.rows, x.width, eps, NULL,
-                           &b->err));
+    if (!fuse) {
+        ok(b, sil_cuda_rmsnorm(b->cu, dp(y.data), dp(x.data), dp(w->data), x.rows, x.width, eps,
+                               NULL, &b->err));
+        return;
+    }
+    sil_cuda_ptr xp = dp(x.data), yp = dp(y.data), wp = dp(w->data), q8 = b->q8;
+    int64_t n = x.width, nblocks = x.rows * x.width / 32;
+    void *p[] = {&xp, &d, &yp, &wp, &n, &eps, &q8, &nblocks};
+    if (!ok(b, launch(b, F_ADD_RMSNORM_Q8, (unsigned)x.rows, 1, p))) return;
+    b->q8_src = yp;
+    b->q8_n = x.rows;
+    b->q8_k = x.width;
 }
 
 static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
-    if (b->rc || y.rows == 0) return;
+    if (!enter(b) || y.rows == 0) return;
     if (y.ld == y.width && x.ld == x.width) {
-        ok(b, sil_cuda_add(b->cu, dp(y.data), dp(x.data), y.rows * y.width, NULL, &b->err));
+        /* deferred: the rmsnorm that usually follows reads y and does the add */
+        b->pend = true;
+        b->pend_y = y;
+        b->pend_x = x;
         return;
     }
     for (int64_t i = 0; i < y.rows && b->rc == 0; i++)
@@ -432,8 +500,7 @@ static void cuda_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act
                         struct sil_act up)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
-    if (b->rc || y.rows == 0) return;
+    if (!enter(b) || y.rows == 0) return;
     if (y.ld != y.width || gate.ld != gate.width || up.ld != up.width) {
         fail(b, -EINVAL, "swiglu rows are not contiguous");
         return;
@@ -465,7 +532,7 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                            const struct sil_attn_args *a)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
+    if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const int hd = a->head_dim;
     if (hd > 1024 || (int64_t)a->n_head_kv * hd != b->c.kv_dim || a->n_head % a->n_head_kv) {
@@ -494,7 +561,7 @@ static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
                         const struct sil_delta_net_args *a)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
+    if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const struct sil_delta_net_params *p = a->p;
     const int64_t st_floats = sil_delta_net_state_floats(p);
@@ -525,7 +592,7 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
                            const struct sil_delta_net_args *a)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
+    if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const struct sil_delta_net_params *p = a->p;
     if (p->head_k_dim > 1024 || p->head_v_dim > 1024) {
@@ -571,6 +638,7 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     const int X = (int)w->rows, K = n_used, n = (int)x.rows;
     plan->n_rows = n;
     plan->n_used = K;
+    if (b->mode != PASS_REPLAY) flush_add(b);
     if (b->rc == 0 && n > 0 && device_routable(b, plan)) {
         plan->device_routed = true;
         if (b->mode == PASS_REPLAY) return;
@@ -653,14 +721,18 @@ static void moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * E) * 4;
         const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4,
                            w = b->wts + (uint64_t)(r0 * K) * 4;
-        if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err)) ||
+        const bool have = b->q8_src == xp && b->q8_n == n && b->q8_k == E;
+        if ((!have && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err))) ||
             !ok(b, sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL,
                                         &b->err)) ||
             !ok(b,
-                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8, NULL, &b->err)) ||
-            !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8, n, ids, w, K,
+                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8h, NULL, &b->err)) ||
+            !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8h, n, ids, w, K,
                                      b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err)))
             return;
+        b->q8_src = xp;
+        b->q8_n = n;
+        b->q8_k = E;
     }
 }
 
@@ -715,6 +787,7 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
 {
     struct cuda_backend *b = cb(be);
     if (b->mode == PASS_REPLAY) return;
+    flush_add(b);
     if (b->rc || x.rows == 0 || (pl->n_active == 0 && !pl->device_routed)) return;
     if (x.ld != x.width || out.ld != out.width) {
         fail(b, -EINVAL, "moe rows are not contiguous");
@@ -792,6 +865,7 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
     struct cuda_backend *b = cb(be);
     const int64_t V = w->rows;
     const bool graph = b->mode != PASS_EAGER;
+    if (b->mode != PASS_REPLAY) flush_add(b);
     if (b->rc) {
         abort_capture(b);
         return;
@@ -862,6 +936,7 @@ static int cuda_status(struct sil_backend *be, struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
     abort_capture(b);
+    if (b->mode != PASS_REPLAY) flush_add(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
     if (b->rc && err) *err = b->err;
     return b->rc;
@@ -987,7 +1062,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                                          f4 +
                                      4 * (uint64_t)(U * K) * 4
                                : 0;
-    const uint64_t scratch = q8 + (uint64_t)(U * c->n_head * c->n_ctx) * f4 +
+    const uint64_t scratch = q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
+                             (uint64_t)(U * c->n_head * c->n_ctx) * f4 +
                              (uint64_t)(MB * c->n_vocab) * f4 + (uint64_t)(U * E) * f4 +
                              6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
@@ -1027,6 +1103,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->state, st},
         {&b->state_tab, (uint64_t)c->n_seq_max * 8},
         {&b->q8, q8},
+        {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0},
         {&b->scores, (uint64_t)(U * c->n_head * c->n_ctx) * f4},
         {&b->meta, meta_bytes},
         {&b->rows, (uint64_t)U * 4},

@@ -287,3 +287,47 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         acc += w[i * K + k] * d[(int64_t)pair_of[i * K + k] * width + c];
     out[(int64_t)i * ldo + c] = acc;
 }
+
+// Residual add, RMSNorm and the q8 blocks of the result, one block per row of n (n % 32 == 0):
+//   d != NULL: x += d (written back); y = x / sqrt(mean(x^2) + eps) * w (w may be NULL);
+//   q8: y rounded as sil_quantize_q8_1 does, blocks of row r at r * n / 32 of nblocks in all.
+// Each warp takes whole 32-element blocks (element i = threadIdx.x + 128 j), so a block's amax
+// and sum are warp reductions.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_add_rmsnorm_q8(float *x, const float *d, float *y, const float *w, int64_t n, float eps,
+                           uint8_t *q8, int64_t nblocks)
+{
+    __shared__ float sh[32];
+    float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += FWD_THREADS) {
+        float v = xr[i];
+        if (d) {
+            v += d[(int64_t)blockIdx.x * n + i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = fwd_block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    const int lane = threadIdx.x & 31;
+    float2 *dq = (float2 *)(q8 + nblocks * 32);
+    for (int64_t i = threadIdx.x; i < n; i += FWD_THREADS) {
+        const float v = w ? xr[i] * scale * w[i] : xr[i] * scale;
+        yr[i] = v;
+        float amax = fabsf(v);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float dd = amax / 127.0f;
+        const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, dd));
+        int sum = q;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const int64_t b = ((int64_t)blockIdx.x * n + i) / 32;
+        q8[b * 32 + lane] = (uint8_t)(int8_t)q;
+        if (lane == 0) dq[b] = make_float2(dd, dd * (float)sum);
+    }
+}
