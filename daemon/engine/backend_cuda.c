@@ -61,11 +61,14 @@ enum {
     F_GATE_ADD,
     F_MOE_COMBINE,
     F_ADD_RMSNORM_Q8,
+    F_DELTA_RULE,
+    F_GATED_NORM_Q8,
     F_COUNT
 };
 static const char *const f_names[F_COUNT] = {
-    "sil_fwd_gather_rows", "sil_fwd_qk_prep",  "sil_fwd_attend",      "sil_fwd_conv1d",
-    "sil_fwd_delta_net",   "sil_fwd_gate_add", "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
+    "sil_fwd_gather_rows", "sil_fwd_qk_prep",       "sil_fwd_attend",      "sil_fwd_conv1d",
+    "sil_fwd_delta_net",   "sil_fwd_gate_add",      "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
+    "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8",
 };
 
 #define MB SIL_CUDA_MAX_BATCH
@@ -110,6 +113,8 @@ struct cuda_backend {
     sil_cuda_ptr router;                      /* [ub_max][n_expert] */
     sil_cuda_ptr ids, wts, pair_of, pair_row; /* [ub_max * K] */
     sil_cuda_ptr h_gate, h_up, d_pair;        /* [ub_max * K][n_ff_exp], [..][n_embd] */
+    sil_cuda_ptr x_pair, q8p;                 /* prefill: rows gathered per pair, their q8 */
+    sil_cuda_ptr grp;                         /* [n_expert] expert ids, [n_expert + 1] starts */
     sil_cuda_ptr x_g;                         /* [MB][k_max] gathered rows */
     sil_cuda_ptr routed;                      /* [ub_max][n_embd] */
     sil_cuda_ptr sh_gate, sh_up, sh_logit;    /* [ub_max][n_ff_shexp], [ub_max] */
@@ -125,7 +130,7 @@ struct cuda_backend {
     size_t meta_bytes, ints_off;
     float *h_logits;
     /* graphs */
-    bool graphs, host_route;
+    bool graphs, host_route, no_grouped;
     enum pass_mode mode;
     struct graph_slot slots[N_GRAPHS];
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
@@ -474,7 +479,10 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
     sil_cuda_ptr xp = dp(x.data), yp = dp(y.data), wp = dp(w->data), q8 = b->q8;
     int64_t n = x.width, nblocks = x.rows * x.width / 32;
     void *p[] = {&xp, &d, &yp, &wp, &n, &eps, &q8, &nblocks};
-    if (!ok(b, launch(b, F_ADD_RMSNORM_Q8, (unsigned)x.rows, 1, p))) return;
+    const unsigned threads = n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
+    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ADD_RMSNORM_Q8], f_names[F_ADD_RMSNORM_Q8],
+                               (unsigned)x.rows, 1, 1, threads, NULL, p, &b->err)))
+        return;
     b->q8_src = yp;
     b->q8_n = x.rows;
     b->q8_k = x.width;
@@ -611,7 +619,27 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
                   &ldb,  &out,    &ldo, &sa,  &dt,           &nw,         &nk,
                   &nv,   &dk,     &dv,  &eps, &b->run_start, &b->run_seq, &b->state_tab,
                   &off,  &ssm_off};
-    ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
+    if (dk % 32 != 0 || dk > 256) {
+        ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
+        return;
+    }
+    /* state rows over blocks (8 a block), then the gated norm with its q8 blocks */
+    void *pr[] = {&conv,         &ldc,        &al,           &lda, &be_,    &ldb, &out,
+                  &ldo,          &sa,         &dt,           &nk,  &dk,     &dv,  &eps,
+                  &b->run_start, &b->run_seq, &b->state_tab, &off, &ssm_off};
+    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_DELTA_RULE], f_names[F_DELTA_RULE], (unsigned)nv,
+                               (unsigned)ub->n_runs, cdiv(dv, 8), 128, NULL, pr, &b->err)))
+        return;
+    const int64_t width = (int64_t)nv * dv, n = ub->n;
+    const bool q = ldo == width && dv % 32 == 0 && width <= b->c.k_max &&
+                   n <= (b->c.ub_max > MB ? b->c.ub_max : MB);
+    sil_cuda_ptr q8 = q ? b->q8 : 0;
+    int64_t nblocks = q ? n * width / 32 : 0;
+    void *pn[] = {&out, &ldo, &z, &ldz, &nw, &dv, &eps, &q8, &nblocks};
+    if (!ok(b, launch(b, F_GATED_NORM_Q8, (unsigned)nv, (unsigned)n, pn)) || !q) return;
+    b->q8_src = out;
+    b->q8_n = n;
+    b->q8_k = width;
 }
 
 /* ---- router and experts ------------------------------------------------------------------ */
@@ -639,7 +667,8 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     plan->n_rows = n;
     plan->n_used = K;
     if (b->mode != PASS_REPLAY) flush_add(b);
-    if (b->rc == 0 && n > 0 && device_routable(b, plan)) {
+    /* prefill brings the choices back for the grouped products */
+    if (b->rc == 0 && n > 0 && (n <= MB || b->no_grouped) && device_routable(b, plan)) {
         plan->device_routed = true;
         if (b->mode == PASS_REPLAY) return;
         const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
@@ -782,6 +811,55 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
     ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
 }
 
+/* Prefill (more rows than a decode batch), quantized experts: each active expert's matrices
+ * read once for all its rows, on tensor cores. Rows are gathered in pair order (grouped by
+ * expert), quantized once, multiplied by their expert's gate and up, silu-gated, quantized, by
+ * down, then summed per row with the router's weights. */
+static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                        int X)
+{
+    const int K = pl->n_used, A = pl->n_active;
+    const int64_t E = x.width, P = (int64_t)pl->n_rows * K, F = pl->gate_exps->rows;
+    int32_t max_rows = 0;
+    for (int a = 0; a < A; a++) {
+        const int32_t c = pl->pair_start[a + 1] - pl->pair_start[a];
+        if (c > max_rows) max_rows = c;
+    }
+    for (int64_t q = 0; q < P; q++)
+        b->tmp[q] = pl->pair_row[q];
+    if (!ok(b, sil_cuda_upload(b->cu, b->pair_row, b->tmp, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->pair_of, pl->pair_of, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->grp, pl->expert, sizeof(int32_t) * (size_t)A, NULL,
+                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->grp + (uint64_t)X * 4, pl->pair_start,
+                               sizeof(int32_t) * (size_t)(A + 1), NULL, &b->err)))
+        return;
+    struct sil_cuda_weight g, u, d;
+    if (!ok(b, view(pl->gate_exps, F, &g, &b->err)) || !ok(b, view(pl->up_exps, F, &u, &b->err)) ||
+        !ok(b, view(pl->down_exps, pl->down_exps->rows, &d, &b->err)))
+        return;
+    sil_cuda_ptr xp = dp(x.data), xg = b->x_pair, rows = b->pair_row;
+    int64_t ldx = E, ldg = E;
+    void *pg[] = {&xg, &ldg, &xp, &ldx, &rows, (void *)&E};
+    const sil_cuda_ptr gm = b->grp, gs = b->grp + (uint64_t)X * 4;
+    if (!ok(b, launch(b, F_GATHER, (unsigned)P, 1, pg)) ||
+        !ok(b, sil_cuda_quantize_q8(b->cu, xg, P, E, b->q8p, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &g, pl->gate_exps->mat_bytes, b->q8p, (int)P, gm, gs,
+                                       A, max_rows, b->h_gate, F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &u, pl->up_exps->mat_bytes, b->q8p, (int)P, gm, gs, A,
+                                       max_rows, b->h_up, F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_swiglu(b->cu, b->h_gate, b->h_gate, b->h_up, P * F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, P, F, b->q8p, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &d, pl->down_exps->mat_bytes, b->q8p, (int)P, gm, gs,
+                                       A, max_rows, b->d_pair, E, NULL, &b->err)))
+        return;
+    int64_t ldo = E;
+    void *p[] = {&b->routed, &ldo, &b->d_pair, &b->pair_of, &b->wts, (void *)&K, (void *)&E};
+    ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
+}
+
 static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *pl,
                      struct sil_act out)
 {
@@ -797,7 +875,10 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
     const bool stacked = pl->gate_exps && pl->gate_exps->loc == SIL_WEIGHT_DEVICE &&
                          pl->up_exps->loc == SIL_WEIGHT_DEVICE &&
                          pl->down_exps->loc == SIL_WEIGHT_DEVICE;
-    if (pl->device_routed || (stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps)))
+    const bool fused = stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
+    if (fused && !pl->device_routed && x.rows > MB && pl->gate_exps->n_mat == X && !b->no_grouped)
+        moe_grouped(b, x, pl, X);
+    else if (pl->device_routed || fused)
         moe_fused(b, x, pl, X);
     else
         moe_generic(b, x, pl);
@@ -1062,7 +1143,11 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                                          f4 +
                                      4 * (uint64_t)(U * K) * 4
                                : 0;
-    const uint64_t scratch = q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
+    const uint64_t grouped = X > 0 ? (uint64_t)(U * K * E) * f4 +
+                                         sil_cuda_q8_bytes(U * K, E > F ? E : F) + 256 +
+                                         (uint64_t)(2 * X + 1) * 4
+                                   : 0;
+    const uint64_t scratch = grouped + q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
                              (uint64_t)(U * c->n_head * c->n_ctx) * f4 +
                              (uint64_t)(MB * c->n_vocab) * f4 + (uint64_t)(U * E) * f4 +
                              6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
@@ -1116,6 +1201,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->h_gate, (uint64_t)(U * K * F) * f4},
         {&b->h_up, (uint64_t)(U * K * F) * f4},
         {&b->d_pair, (uint64_t)(U * K * E) * f4},
+        {&b->x_pair, X > 0 ? (uint64_t)(U * K * E) * f4 : 0},
+        {&b->q8p, X > 0 ? sil_cuda_q8_bytes(U * K, E > F ? E : F) + 256 : 0},
+        {&b->grp, (uint64_t)(2 * X + 1) * 4},
         {&b->x_g, (uint64_t)(MB * c->k_max) * f4},
         {&b->routed, (uint64_t)(U * E) * f4},
         {&b->sh_gate, (uint64_t)(U * S) * f4},
@@ -1146,6 +1234,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         const char *g = getenv("SIL_CUDA_GRAPHS"), *h = getenv("SIL_CUDA_HOST_ROUTE");
         b->graphs = !(g && strcmp(g, "0") == 0);
         b->host_route = h && strcmp(h, "1") == 0;
+        const char *ng = getenv("SIL_CUDA_NO_GROUPED");
+        b->no_grouped = ng && strcmp(ng, "1") == 0;
         const char *pf = getenv("SIL_CUDA_PROFILE");
         b->prof_path = pf && *pf ? pf : NULL;
         b->tmp = calloc((size_t)(U * K + U + 1), sizeof(int32_t));

@@ -138,6 +138,7 @@ struct sil_cuda {
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
+    CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
     int mma_best, mma_sm; /* the newest mma path this module runs on the device; the one used */
     struct sil_cuda_info info;
@@ -259,6 +260,10 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
                 snprintf(name, sizeof name, "sil_mmf_%s", mv_names[t]);
             CUfunction *f = t < MV_F32 ? &cu->mmq[t][v] : &cu->mmf[t - MV_F32];
             CUresult r = cu->api.cuModuleGetFunction(f, cu->mod, name);
+            if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+            if (t >= MV_F32) continue;
+            snprintf(name, sizeof name, "sil_mmq_grp_%s_%s", mv_names[t], v ? "sm80" : "sm75");
+            r = cu->api.cuModuleGetFunction(&cu->mmq_grp[t][v], cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
     for (int i = 0; i < K_COUNT; i++) {
@@ -852,6 +857,28 @@ int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
         return cu_launch(cu, cu->mmq[slot][cu->mma_sm >= 80], mm_what[slot], gx, gy, 1, 128, s, p,
                          err);
     }
+}
+
+int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w, size_t mat_bytes,
+                            sil_cuda_ptr q8, int a_rows, sil_cuda_ptr grp_mat,
+                            sil_cuda_ptr grp_start, int n_groups, int max_rows, sil_cuda_ptr y,
+                            int64_t ldy, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int slot = mv_slot(w->type);
+    if (slot < 0 || slot >= MV_F32 || !w->data || !q8)
+        return set_err(err, -EINVAL, "cuda: grouped matmul needs a quantized weight and q8 input");
+    if (n_groups < 1 || n_groups > 65535 || max_rows < 1 || max_rows > 65535 * 64 ||
+        max_rows > a_rows || ldy < w->rows || mat_bytes < w->bytes)
+        return set_err(err, -EINVAL, "cuda: grouped matmul of %d groups, %d of %d rows", n_groups,
+                       max_rows, a_rows);
+    const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((max_rows + 63) / 64);
+    uint64_t row_bytes = w->row_bytes, mb = mat_bytes;
+    int rows = (int)w->rows, units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
+    void *p[] = {(void *)&w->data, &mb, &row_bytes, &rows, &units, &q8, &a_rows, &grp_mat,
+                 &grp_start, &y, &ldy};
+    cu->prof_bytes = w->bytes * (uint64_t)n_groups;
+    return cu_launch(cu, cu->mmq_grp[slot][cu->mma_sm >= 80], mm_what[slot], gx, gy,
+                     (unsigned)n_groups, 128, s, p, err);
 }
 
 int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,

@@ -29,6 +29,18 @@ __device__ __forceinline__ float fwd_block_sum(float v, float *sh)
     return fwd_warp_sum(v);
 }
 
+// Sum over a block of any multiple of 32 threads up to 1024; every thread gets it. sh: 32 floats.
+__device__ __forceinline__ float fwd_block_sum_n(float v, float *sh)
+{
+    v = fwd_warp_sum(v);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
+    return fwd_warp_sum(v);
+}
+
 __device__ __forceinline__ float fwd_block_max(float v, float *sh)
 {
 #pragma unroll
@@ -288,20 +300,22 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     out[(int64_t)i * ldo + c] = acc;
 }
 
-// Residual add, RMSNorm and the q8 blocks of the result, one block per row of n (n % 32 == 0):
+// Residual add, RMSNorm and the q8 blocks of the result, one block per row of n (n % 32 == 0),
+// blockDim.x a multiple of 32 (up to 1024: wide blocks keep more loads in flight):
 //   d != NULL: x += d (written back); y = x / sqrt(mean(x^2) + eps) * w (w may be NULL);
 //   q8: y rounded as sil_quantize_q8_1 does, blocks of row r at r * n / 32 of nblocks in all.
-// Each warp takes whole 32-element blocks (element i = threadIdx.x + 128 j), so a block's amax
-// and sum are warp reductions.
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+// Each warp takes whole 32-element blocks (element i = threadIdx.x + blockDim.x j), so a block's
+// amax and sum are warp reductions.
+extern "C" __global__ void __launch_bounds__(1024)
     sil_fwd_add_rmsnorm_q8(float *x, const float *d, float *y, const float *w, int64_t n, float eps,
                            uint8_t *q8, int64_t nblocks)
 {
     __shared__ float sh[32];
     float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
+    const int nt = blockDim.x;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += FWD_THREADS) {
+    for (int64_t i = threadIdx.x; i < n; i += nt) {
         float v = xr[i];
         if (d) {
             v += d[(int64_t)blockIdx.x * n + i];
@@ -309,11 +323,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         }
         ss += v * v;
     }
-    ss = fwd_block_sum(ss, sh);
+    ss = fwd_block_sum_n(ss, sh);
     const float scale = 1.0f / sqrtf(ss / (float)n + eps);
     const int lane = threadIdx.x & 31;
     float2 *dq = (float2 *)(q8 + nblocks * 32);
-    for (int64_t i = threadIdx.x; i < n; i += FWD_THREADS) {
+    for (int64_t i = threadIdx.x; i < n; i += nt) {
         const float v = w ? xr[i] * scale * w[i] : xr[i] * scale;
         yr[i] = v;
         float amax = fabsf(v);
@@ -329,5 +343,126 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         const int64_t b = ((int64_t)blockIdx.x * n + i) / 32;
         q8[b * 32 + lane] = (uint8_t)(int8_t)q;
         if (lane == 0) dq[b] = make_float2(dd, dd * (float)sum);
+    }
+}
+
+#define DN_R 2    // rows of S a warp keeps
+#define DN_MAXC 8 // dk / 32 at most (dk <= 256)
+
+// The delta rule alone, its state rows spread over blocks: grid (value head h, run r, row group
+// z), each warp keeping DN_R rows of S_h [dv][dk] in registers (lanes over dk) through all of the
+// run's tokens, as sil_fwd_delta_net computes each row (the same sums in the same order). out
+// gets o_h before the gated norm (sil_fwd_gated_norm_q8). dk % 32 == 0, dk <= 256.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_delta_rule(const float *conv, int64_t ldc, const float *alpha, int64_t lda,
+                       const float *beta_raw, int64_t ldb, float *out, int64_t ldo,
+                       const float *ssm_a, const float *dt_bias, int nk, int dk, int dv, float eps,
+                       const int *run_start, const int *run_seq, float *const *seq_state,
+                       int64_t offset, int64_t ssm_offset)
+{
+    __shared__ float sh[32];
+    __shared__ float qs[32 * DN_MAXC], ks[32 * DN_MAXC];
+    const int h = blockIdx.x, r = blockIdx.y, kh = h % nk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = (blockIdx.z * (FWD_THREADS / 32) + warp) * DN_R;
+    const int r0 = run_start[r], nt = run_start[r + 1] - r0;
+    const int nc = dk / 32;
+    float *S = seq_state[run_seq[r]] + offset + ssm_offset + (int64_t)h * dv * dk;
+    float s[DN_R][DN_MAXC];
+#pragma unroll
+    for (int a = 0; a < DN_R; a++)
+#pragma unroll
+        for (int c = 0; c < DN_MAXC; c++)
+            s[a][c] = j0 + a < dv && c < nc ? S[(int64_t)(j0 + a) * dk + c * 32 + lane] : 0.0f;
+    for (int t = 0; t < nt; t++) {
+        const float *row = conv + (int64_t)(r0 + t) * ldc;
+        float sq = 0.0f, sk = 0.0f;
+        for (int j = threadIdx.x; j < dk; j += FWD_THREADS) {
+            const float a = row[(int64_t)kh * dk + j], b = row[(int64_t)nk * dk + kh * dk + j];
+            qs[j] = a;
+            ks[j] = b;
+            sq += a * a;
+            sk += b * b;
+        }
+        sq = fwd_block_sum(sq, sh);
+        sk = fwd_block_sum(sk, sh);
+        const float qscale = 1.0f / fmaxf(sqrtf(sq), eps) / sqrtf((float)dk);
+        const float kscale = 1.0f / fmaxf(sqrtf(sk), eps);
+        __syncthreads();
+        const float ar = alpha[(int64_t)(r0 + t) * lda + h] + dt_bias[h];
+        const float sp = ar > 20.0f ? ar : log1pf(expf(ar));
+        const float decay = expf(ssm_a[h] * sp);
+        const float b = 1.0f / (1.0f + expf(-beta_raw[(int64_t)(r0 + t) * ldb + h]));
+        const float *v = row + 2 * (int64_t)nk * dk + (int64_t)h * dv;
+        float kk[DN_MAXC], qq[DN_MAXC];
+#pragma unroll
+        for (int c = 0; c < DN_MAXC; c++) {
+            kk[c] = c < nc ? ks[c * 32 + lane] * kscale : 0.0f;
+            qq[c] = c < nc ? qs[c * 32 + lane] * qscale : 0.0f;
+        }
+#pragma unroll
+        for (int a = 0; a < DN_R; a++) {
+            const int j = j0 + a;
+            if (j >= dv) break;
+            float p = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DN_MAXC; c++)
+                if (c < nc) p += s[a][c] * kk[c];
+            p = fwd_warp_sum(p);
+            const float d = b * (v[j] - decay * p);
+            float o = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DN_MAXC; c++)
+                if (c < nc) {
+                    s[a][c] = decay * s[a][c] + d * kk[c];
+                    o += s[a][c] * qq[c];
+                }
+            o = fwd_warp_sum(o);
+            if (lane == 0) out[(int64_t)(r0 + t) * ldo + (int64_t)h * dv + j] = o;
+        }
+        __syncthreads(); // qs, ks are rewritten by the next token
+    }
+#pragma unroll
+    for (int a = 0; a < DN_R; a++)
+#pragma unroll
+        for (int c = 0; c < DN_MAXC; c++)
+            if (j0 + a < dv && c < nc) S[(int64_t)(j0 + a) * dk + c * 32 + lane] = s[a][c];
+}
+
+// The delta net's gated norm in place, per row i (blockIdx.y) and value head h (blockIdx.x):
+// o = o / sqrt(mean(o^2) + eps) * norm * silu(z); with q8 (dv % 32 == 0, rows of out
+// contiguous), also its q8 blocks (sil_quantize_q8_1's rounding) of nblocks in all.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_gated_norm_q8(float *out, int64_t ldo, const float *z, int64_t ldz, const float *norm,
+                          int dv, float eps, uint8_t *q8, int64_t nblocks)
+{
+    __shared__ float sh[32];
+    const int i = blockIdx.y, h = blockIdx.x, lane = threadIdx.x & 31;
+    float *o = out + (int64_t)i * ldo + (int64_t)h * dv;
+    const float *zr = z + (int64_t)i * ldz + (int64_t)h * dv;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dv; j += FWD_THREADS)
+        ss += o[j] * o[j];
+    ss = fwd_block_sum(ss, sh);
+    const float rs = 1.0f / sqrtf(ss / (float)dv + eps);
+    float2 *dq = q8 ? (float2 *)(q8 + nblocks * 32) : NULL;
+    for (int j = threadIdx.x; j < dv; j += FWD_THREADS) {
+        const float g = zr[j] / (1.0f + expf(-zr[j]));
+        const float v = o[j] * rs * norm[j] * g;
+        o[j] = v;
+        if (!q8) continue;
+        float amax = fabsf(v);
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        const float dd = amax / 127.0f;
+        const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, dd));
+        int sum = q;
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, m);
+        const int64_t bi = ((int64_t)i * ldo + (int64_t)h * dv + j) / 32;
+        q8[bi * 32 + lane] = (uint8_t)(int8_t)q;
+        if (lane == 0) dq[bi] = make_float2(dd, dd * (float)sum);
     }
 }
