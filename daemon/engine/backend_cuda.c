@@ -23,6 +23,10 @@
  * later ones replay it, the ops then only staging inputs on the host. SIL_CUDA_GRAPHS=0 turns
  * graphs off.
  *
+ * SIL_CUDA_PROFILE=FILE (benchmarks): the per-kernel table of one decode pass at position 16 or
+ * later (of the first pass of SIL_CUDA_PROFILE_ROWS rows instead, when set), and the device and
+ * host time of the graph replays, appended at close.
+ *
  * Errors: ops cannot return one; the first failure is kept (status) and later ops do nothing.
  * Ops run in order on the context's default stream; head() synchronizes (logits download).
  * Nothing on the per-token path allocates. */
@@ -31,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/engine/backend.h"
@@ -144,7 +149,14 @@ struct cuda_backend {
     struct sil_act pend_y, pend_x;
     /* SIL_CUDA_PROFILE=FILE: one decode pass (at position 16 or later) profiled per kernel */
     const char *prof_path;
+    int prof_rows; /* SIL_CUDA_PROFILE_ROWS: profile the first pass of this many rows instead */
     bool profiling, prof_done;
+    /* with SIL_CUDA_PROFILE: device time of each graph replay, host time of each replayed pass */
+    struct sil_cuda_event *gev[2];
+    double graph_ms, pass_ms;
+    uint64_t n_timed;
+    bool timed_pass;
+    struct timespec t_begin;
 };
 
 static struct cuda_backend *cb(struct sil_backend *be)
@@ -360,6 +372,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
 {
     struct cuda_backend *b = cb(be);
     abort_capture(b); /* a pass that ended early (an error) */
+    if (b->gev[0]) clock_gettime(CLOCK_MONOTONIC, &b->t_begin);
     b->meta_ok = false;
     b->pend = false;
     b->q8_src = 0;
@@ -369,7 +382,8 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     int32_t n_keep = 0;
     stage(b, ub, &n_keep);
     b->meta_ok = true; /* staged; copied up by get_rows */
-    if (b->prof_path && !b->prof_done && ub->n == 1 && ub->pos[0] >= 16) {
+    if (b->prof_path && !b->prof_done &&
+        (b->prof_rows > 1 ? ub->n == b->prof_rows : ub->n == 1 && ub->pos[0] >= 16)) {
         struct sil_error e = {0};
         b->profiling = sil_cuda_profile(b->cu, true, &e) == 0;
         b->prof_done = true;
@@ -925,6 +939,7 @@ static void write_profile(struct cuda_backend *b)
 /* Ends this pass's capture and replays it; false (and the error kept) when that fails. */
 static bool finish_graph(struct cuda_backend *b)
 {
+    const bool replay = b->mode == PASS_REPLAY;
     if (b->mode == PASS_CAPTURE) {
         struct sil_cuda_graph *g = NULL;
         b->mode = PASS_EAGER;
@@ -937,7 +952,12 @@ static bool finish_graph(struct cuda_backend *b)
     } else {
         b->n_replays++;
     }
-    return ok(b, sil_cuda_graph_launch(b->cu, b->cur->g, NULL, &b->err));
+    const bool timed = b->gev[0] && replay;
+    b->timed_pass = timed;
+    if (timed) ok(b, sil_cuda_event_record(b->cu, b->gev[0], NULL, &b->err));
+    ok(b, sil_cuda_graph_launch(b->cu, b->cur->g, NULL, &b->err));
+    if (timed) ok(b, sil_cuda_event_record(b->cu, b->gev[1], NULL, &b->err));
+    return b->rc == 0;
 }
 
 static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
@@ -969,6 +989,18 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
             return;
         }
         if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
+        if (graph && b->timed_pass && b->rc == 0) {
+            b->timed_pass = false;
+            float ms = 0.0f;
+            struct timespec t1;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (sil_cuda_event_elapsed(b->cu, b->gev[0], b->gev[1], &ms, NULL) == 0) {
+                b->graph_ms += ms;
+                b->pass_ms += (double)(t1.tv_sec - b->t_begin.tv_sec) * 1e3 +
+                              (double)(t1.tv_nsec - b->t_begin.tv_nsec) / 1e6;
+                b->n_timed++;
+            }
+        }
         for (int64_t i = 0; i < n && b->rc == 0; i++) {
             memcpy(logits + (int64_t)out_rows[r0 + i] * V, b->h_logits + i * V,
                    sizeof(float) * (size_t)V);
@@ -1074,6 +1106,17 @@ static void cuda_free(struct sil_backend *be)
     if (!b) return;
     if (b->cu) {
         abort_capture(b);
+        if (b->n_timed && b->prof_path) {
+            FILE *fp = fopen(b->prof_path, "a");
+            if (fp) {
+                fprintf(fp, "graph replays\t%llu\tdevice ms each %.4f\thost ms a pass %.4f\n",
+                        (unsigned long long)b->n_timed, b->graph_ms / (double)b->n_timed,
+                        b->pass_ms / (double)b->n_timed);
+                fclose(fp);
+            }
+        }
+        for (int i = 0; i < 2; i++)
+            sil_cuda_event_destroy(b->cu, b->gev[i]);
         sil_cuda_sync(b->cu, NULL, NULL);
         for (int i = 0; i < N_GRAPHS; i++)
             sil_cuda_graph_destroy(b->cu, b->slots[i].g);
@@ -1238,6 +1281,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_grouped = ng && strcmp(ng, "1") == 0;
         const char *pf = getenv("SIL_CUDA_PROFILE");
         b->prof_path = pf && *pf ? pf : NULL;
+        const char *pr = getenv("SIL_CUDA_PROFILE_ROWS");
+        b->prof_rows = pr ? atoi(pr) : 0;
+        for (int i = 0; b->prof_path && i < 2 && rc == 0; i++)
+            rc = sil_cuda_event_create(b->cu, &b->gev[i], err);
         b->tmp = calloc((size_t)(U * K + U + 1), sizeof(int32_t));
         uint64_t *tab = calloc((size_t)c->n_seq_max + 1, sizeof(uint64_t));
         if (!b->tmp || !tab) rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
