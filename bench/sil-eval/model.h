@@ -14,6 +14,7 @@ struct sil_eval_model_opts {
     const char *threads;       /* default: online CPUs */
     const char *backend;       /* cpu | cuda | auto; NULL = cpu */
     bool exact, json, parse_special, add_bos;
+    const char *ctx; /* context length (default: the model's, at most 4096) */
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

@@ -234,7 +234,7 @@ struct sil_cuda_config {
     uint64_t vram_budget; /* 0: all free device memory */
     int64_t k_max, ub_max, n_ctx, n_seq_max;
     int64_t n_embd, n_vocab, n_head, n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
-    int64_t n_layer_attn, kv_dim, recr_floats;
+    int64_t n_layer_attn, kv_dim, head_dim, recr_floats;
     uint64_t act_bytes, weight_bytes;
 };
 

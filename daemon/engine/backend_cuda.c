@@ -68,12 +68,14 @@ enum {
     F_ADD_RMSNORM_Q8,
     F_DELTA_RULE,
     F_GATED_NORM_Q8,
+    F_ATTEND_PART,
+    F_ATTEND_COMBINE,
     F_COUNT
 };
 static const char *const f_names[F_COUNT] = {
     "sil_fwd_gather_rows", "sil_fwd_qk_prep",       "sil_fwd_attend",      "sil_fwd_conv1d",
     "sil_fwd_delta_net",   "sil_fwd_gate_add",      "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
-    "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8",
+    "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8", "sil_fwd_attend_part", "sil_fwd_attend_combine",
 };
 
 #define MB SIL_CUDA_MAX_BATCH
@@ -106,12 +108,14 @@ struct cuda_backend {
     sil_cuda_ptr *allocs;
     int n_allocs, cap_allocs;
     /* device buffers */
-    sil_cuda_ptr kv_k, kv_v;                  /* [layer][seq][n_ctx][kv_dim] */
-    sil_cuda_ptr state;                       /* [seq][recr_floats] */
-    sil_cuda_ptr state_tab;                   /* [seq] float * */
-    sil_cuda_ptr q8;                          /* quantized matmul inputs */
-    sil_cuda_ptr q8h;                         /* quantized expert hidden rows */
-    sil_cuda_ptr scores;                      /* [ub_max][n_head][n_ctx] */
+    sil_cuda_ptr kv_k, kv_v; /* [layer][seq][n_ctx][kv_dim] */
+    sil_cuda_ptr state;      /* [seq][recr_floats] */
+    sil_cuda_ptr state_tab;  /* [seq] float * */
+    sil_cuda_ptr q8;         /* quantized matmul inputs */
+    sil_cuda_ptr q8h;        /* quantized expert hidden rows */
+    sil_cuda_ptr scores;     /* [ub_max][n_head][n_ctx] */
+    sil_cuda_ptr attn_part;  /* [MB][n_head][attn_split][head_dim + 2] */
+    int attn_split;
     sil_cuda_ptr pos, seq, rows;              /* [ub_max] int32 */
     sil_cuda_ptr run_start, run_seq, keep;    /* in meta */
     sil_cuda_ptr logits;                      /* [MB][n_vocab] */
@@ -576,7 +580,21 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     if (!ok(b, launch(b, F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n, p1))) return;
     void *p2[] = {&q,      &ldq,    &q_stride, &o,   &ldo,   &kc,    &vc,       &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &gated, &b->scores};
-    ok(b, launch(b, F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
+    if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
+        ok(b, launch(b, F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
+        return;
+    }
+    /* decode: the context split over attn_split blocks a head, then merged */
+    sil_cuda_ptr part = b->attn_part;
+    int nz = b->attn_split;
+    void *p3[] = {&q,      &ldq,    &q_stride, &kc,  &vc,    &b->pos,
+                  &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &part};
+    if (!ok(b,
+            sil_cuda_launch(b->cu, b->fn[F_ATTEND_PART], f_names[F_ATTEND_PART], (unsigned)n_head,
+                            (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
+        return;
+    void *p4[] = {&q, &ldq, &q_stride, &o, &ldo, &part, &nz, &n_head, &hdi, &gated};
+    ok(b, launch(b, F_ATTEND_COMBINE, (unsigned)n_head, (unsigned)ub->n, p4));
 }
 
 static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
@@ -1190,10 +1208,15 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                                          sil_cuda_q8_bytes(U * K, E > F ? E : F) + 256 +
                                          (uint64_t)(2 * X + 1) * 4
                                    : 0;
-    const uint64_t scratch = grouped + q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
-                             (uint64_t)(U * c->n_head * c->n_ctx) * f4 +
-                             (uint64_t)(MB * c->n_vocab) * f4 + (uint64_t)(U * E) * f4 +
-                             6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
+    const int attn_split = c->n_ctx / 1024 + 1 > 32 ? (int)(c->n_ctx / 1024 + 1) : 32;
+    const uint64_t part_bytes =
+        c->n_layer_attn > 0 && c->head_dim > 0
+            ? (uint64_t)(MB * c->n_head * attn_split) * (uint64_t)(c->head_dim + 2) * f4
+            : 0;
+    const uint64_t scratch =
+        part_bytes + grouped + q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
+        (uint64_t)(U * c->n_head * c->n_ctx) * f4 + (uint64_t)(MB * c->n_vocab) * f4 +
+        (uint64_t)(U * E) * f4 + 6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
     const uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
     size_t free_b = 0, total_b = 0;
@@ -1233,6 +1256,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->q8, q8},
         {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0},
         {&b->scores, (uint64_t)(U * c->n_head * c->n_ctx) * f4},
+        {&b->attn_part, part_bytes},
         {&b->meta, meta_bytes},
         {&b->rows, (uint64_t)U * 4},
         {&b->logits, (uint64_t)(MB * c->n_vocab) * f4},
@@ -1255,6 +1279,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
+    b->attn_split = attn_split;
     if (rc == 0) rc = sil_cuda_host_alloc(b->cu, meta_bytes, &b->h_meta, err);
     if (rc == 0)
         rc = sil_cuda_host_alloc(b->cu, (size_t)(MB * c->n_vocab) * sizeof(float),

@@ -466,3 +466,92 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         if (lane == 0) dq[bi] = make_float2(dd, dd * (float)sum);
     }
 }
+
+// Decode attention split over the context (for a few rows): block (h, i, z) takes the z-th of
+// gridDim.z equal chunks of positions 0..pos[i] and writes its partial softmax: m (max score),
+// l (sum of exp(score - m)) and o[hd] = sum exp(score - m) V, at part + ((i * n_head + h) *
+// gridDim.z + z) * (hd + 2). Chunks are at most 1024 positions (the host sizes the grid).
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_part(const float *q, int64_t ldq, int q_stride, const float *kc,
+                        const float *vc, const int *pos, const int *seq, int n_head, int n_head_kv,
+                        int hd, int n_ctx, float *part)
+{
+    __shared__ float sh[32];
+    __shared__ float qs[1024];
+    __shared__ float s[1024];
+    const int i = blockIdx.y, h = blockIdx.x, z = blockIdx.z, nz = gridDim.z;
+    const int kvh = h / (n_head / n_head_kv);
+    const int np = pos[i] + 1, chunk = (np + nz - 1) / nz;
+    const int c0 = z * chunk, c1 = min(np, c0 + chunk);
+    const int64_t kv_dim = (int64_t)n_head_kv * hd;
+    const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
+    const float *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const float *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    float *out = part + (((int64_t)i * n_head + h) * nz + z) * (hd + 2);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
+        qs[j] = qh[j];
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
+        const float *kp = k0 + (int64_t)p * kv_dim;
+        float d = 0.0f;
+        for (int j = lane; j < hd; j += 32)
+            d += qs[j] * kp[j];
+        d = fwd_warp_sum(d);
+        if (lane == 0) s[p - c0] = d * scale;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int p = c0 + threadIdx.x; p < c1; p += FWD_THREADS)
+        mx = fmaxf(mx, s[p - c0]);
+    mx = fwd_block_max(mx, sh);
+    float sum = 0.0f;
+    for (int p = c0 + threadIdx.x; p < c1; p += FWD_THREADS) {
+        const float e = expf(s[p - c0] - mx);
+        s[p - c0] = e;
+        sum += e;
+    }
+    sum = fwd_block_sum(sum, sh); // its barriers also publish s[]
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
+        float acc = 0.0f;
+        for (int p = c0; p < c1; p++)
+            acc += s[p - c0] * v0[(int64_t)p * kv_dim + j];
+        out[2 + j] = acc;
+    }
+    if (threadIdx.x == 0) {
+        out[0] = c1 > c0 ? mx : -INFINITY;
+        out[1] = sum;
+    }
+}
+
+// The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
+// / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows).
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_combine(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
+                           const float *part, int nz, int n_head, int hd, int gated)
+{
+    const int i = blockIdx.y, h = blockIdx.x;
+    const float *pt = part + ((int64_t)i * n_head + h) * nz * (hd + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < nz; z++)
+        M = fmaxf(M, pt[(int64_t)z * (hd + 2)]);
+    float L = 0.0f;
+    for (int z = 0; z < nz; z++) {
+        const float m = pt[(int64_t)z * (hd + 2)];
+        if (m != -INFINITY) L += expf(m - M) * pt[(int64_t)z * (hd + 2) + 1];
+    }
+    const float inv = 1.0f / L;
+    const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
+    float *oh = o + (int64_t)i * ldo + (int64_t)h * hd;
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
+        float acc = 0.0f;
+        for (int z = 0; z < nz; z++) {
+            const float m = pt[(int64_t)z * (hd + 2)];
+            if (m != -INFINITY) acc += expf(m - M) * pt[(int64_t)z * (hd + 2) + 2 + j];
+        }
+        acc *= inv;
+        if (gated) acc *= 1.0f / (1.0f + expf(-qh[hd + j]));
+        oh[j] = acc;
+    }
+}
