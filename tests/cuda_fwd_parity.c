@@ -21,7 +21,9 @@
  *   6. graphs: prompt 2 decoded token by token with CUDA graphs and device routing (the
  *      default: from the third step on each step replays a graph) against an engine without
  *      graphs that brings the router's choices to the host (SIL_CUDA_GRAPHS=0,
- *      SIL_CUDA_HOST_ROUTE=1): the same kernels, so the same logits at every step, bit for bit.
+ *      SIL_CUDA_HOST_ROUTE=1): the same kernels, so the same logits at every step, bit for bit;
+ *   7. grouped expert products in prefill (SIL_CUDA_GROUPED=1) against the default: prompt 2's
+ *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding).
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -327,6 +329,29 @@ int main(int argc, char **argv)
         if (sg >= 0) sil_seq_free(gpu, sg);
         if (se >= 0) sil_seq_free(eager, se);
         sil_engine_close(eager);
+    }
+
+    /* 7. grouped expert products in prefill */
+    {
+        struct sil_engine *grp = NULL;
+        setenv("SIL_CUDA_GROUPED", "1", 1);
+        int rc = open_engine(&grp, model, "cuda", &err);
+        unsetenv("SIL_CUDA_GROUPED");
+        int sq = -1;
+        if (rc == 0) rc = prefill(gpu, p2, n2, lg, &sg);
+        if (rc == 0) rc = prefill(grp, p2, n2, alone, &sq);
+        if (rc < 0) {
+            fprintf(stderr, "%s: grouped: %s\n", model, err.msg);
+            fails++;
+        } else {
+            const float d = max_diff(lg, alone, V);
+            printf("%s: cuda grouped expert prefill vs default: max |diff| = %.4g (tol %.0e) %s\n",
+                   model, d, GPU_DECODE_TOL, d <= GPU_DECODE_TOL ? "ok" : "FAIL");
+            fails += !(d <= GPU_DECODE_TOL);
+        }
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        if (sq >= 0) sil_seq_free(grp, sq);
+        sil_engine_close(grp);
     }
 
     sil_engine_close(cpu);

@@ -21,7 +21,9 @@
  * sequence runs, rows wanting logits) runs eagerly and notes whether it was capturable (no host
  * sync: device routing; no run starting a sequence), the second is captured into a CUDA graph,
  * later ones replay it, the ops then only staging inputs on the host. SIL_CUDA_GRAPHS=0 turns
- * graphs off.
+ * graphs off. Prefill's routed experts go through the batch-8 fused kernels; SIL_CUDA_GROUPED=1
+ * takes grouped tensor-core products instead (each active expert read once per ubatch), which
+ * measured slower at pp512 so far.
  *
  * SIL_CUDA_PROFILE=FILE (benchmarks): the per-kernel table of one decode pass at position 16 or
  * later (of the first pass of SIL_CUDA_PROFILE_ROWS rows instead, when set), and the device and
@@ -1302,8 +1304,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         const char *g = getenv("SIL_CUDA_GRAPHS"), *h = getenv("SIL_CUDA_HOST_ROUTE");
         b->graphs = !(g && strcmp(g, "0") == 0);
         b->host_route = h && strcmp(h, "1") == 0;
-        const char *ng = getenv("SIL_CUDA_NO_GROUPED");
-        b->no_grouped = ng && strcmp(ng, "1") == 0;
+        /* measured slower than the batch-8 fused kernels at pp512 (bench/results): opt in */
+        const char *gr = getenv("SIL_CUDA_GROUPED");
+        b->no_grouped = !(gr && strcmp(gr, "1") == 0);
         const char *pf = getenv("SIL_CUDA_PROFILE");
         b->prof_path = pf && *pf ? pf : NULL;
         const char *pr = getenv("SIL_CUDA_PROFILE_ROWS");
