@@ -165,9 +165,10 @@ def test_engine():
         ok = ok and good
         print(f"{'ok' if good else 'FAIL'}: {mode} mode, {n} held-out questions: answers equal "
               f"PyTorch's in {same}/{n} (need 99%), correct {right}/{n} (PyTorch {torch_ok}/{n})")
-        for c, e in zip(comp, held):
-            if data.answer_of(c) != data.answer_of(e["torch_completion"]):
-                print(f"    {mode}: {e['key']}: engine {c!r}, torch {e['torch_completion']!r}")
+        differ = [(c, e) for c, e in zip(comp, held)
+                  if data.answer_of(c) != data.answer_of(e["torch_completion"])]
+        for c, e in differ[:10]:
+            print(f"    {mode}: {e['key']}: engine {c!r}, torch {e['torch_completion']!r}")
     return ok
 
 
@@ -184,9 +185,9 @@ def test_chat(n):
 
     res = pmap(ask, qs)
     right = sum(a == e["answer"] for (q, a), e in zip(res, qs))
-    for (q, a), e in zip(res, qs):
-        if a != e["answer"]:
-            print(f"    wrong: {q} -> {a!r} (right: {e['answer']})")
+    wrong = [(q, a, e["answer"]) for (q, a), e in zip(res, qs) if a != e["answer"]]
+    for q, a, want in wrong[:10]:
+        print(f"    wrong: {q} -> {a!r} (right: {want})")
     good = right * 100 >= 95 * n
     print(f"{'ok' if good else 'FAIL'}: sil-chat, {n} held-out 2-digit x 2-digit "
           f"multiplications: {right}/{n} correct ({100 * right / n:.1f}%, need 95%)")
