@@ -120,8 +120,8 @@ class Engine:
         return text.split(IM_END)[0] + (IM_END if IM_END in text else "")
 
 
-def pmap(fn, xs):
-    with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+def pmap(fn, xs, workers=None):
+    with concurrent.futures.ThreadPoolExecutor(workers or max(2, os.cpu_count() or 2)) as ex:
         return list(ex.map(fn, xs))
 
 
@@ -183,7 +183,7 @@ def test_chat(n):
             return q, f"(sil-chat exit {r.returncode}: {r.stderr.strip()})"
         return q, json.loads(r.stdout)["text"].strip()
 
-    res = pmap(ask, qs)
+    res = pmap(ask, qs, 2)  # two requests at a time: the daemon runs on 2 threads
     right = sum(a == e["answer"] for (q, a), e in zip(res, qs))
     wrong = [(q, a, e["answer"]) for (q, a), e in zip(res, qs) if a != e["answer"]]
     for q, a, want in wrong[:10]:
