@@ -8,7 +8,10 @@
 #   make check-cuda every CUDA kernel against the CPU reference (needs a GPU), then again with the
 #                   compute_75 PTX forced through the driver's JIT
 #   make deps       install the Debian packages the project builds and tests with
-#   make demo       build, make the demo model, start siliceod, ask it a question, stop it
+#   make demo       build, start siliceod on the shipped trained model (models/), ask it questions
+#                   of each task family (answers next to the right ones), show the thinking budget
+#   make demo-random  the same daemon on a random-weight model of the benchmark demo shape (made
+#                   once into state/): the real engine, noise for text
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, man pages, completions,
 #                   Neovim plugin, probe script)
 #   make install-service  install, plus the systemd units, sysusers.d and tmpfiles.d entries and
@@ -126,7 +129,7 @@ TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
 FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 
 .PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan \
-	check-asan-integration check-cuda fuzz deps deps-train demo install install-service uninstall deb clean \
+	check-asan-integration check-cuda fuzz deps deps-train demo demo-random install install-service uninstall deb clean \
 	format tests
 .DEFAULT_GOAL := all
 
@@ -384,6 +387,9 @@ endif
 # ---- demo ----------------------------------------------------------------------------------------
 demo: all
 	@B=$(B) contrib/demo.sh
+
+demo-random: all
+	@B=$(B) contrib/demo.sh --random
 
 # ---- dependencies --------------------------------------------------------------------------------
 DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-dev libpcre2-dev \

@@ -1,0 +1,203 @@
+"""The shipped demo model (models/) held to PyTorch, and its accuracy through the daemon.
+
+  demo_model_tests.py engine    sil-eval on the held-out questions of heldout_torch_q8_0.jsonl
+                                (normal and exact mode) and the logits of reference.json
+  demo_model_tests.py chat N    N held-out 2-digit x 2-digit multiplications through sil-chat
+                                (a running siliceod on $SILICEO_SOCKET)
+
+The PyTorch side was computed once, on the same Q8_0 weights, by bench/train/pipeline.py; only
+the standard library is needed here. Environment: SIL_BUILD (its bin/), DEMO_MODEL.
+"""
+
+import concurrent.futures
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bench", "train"))
+import data  # noqa: E402  (standard library only)
+
+BIN = os.path.join(os.environ.get("SIL_BUILD") or os.path.join(ROOT, "build"), "bin")
+MODELS = os.path.join(ROOT, "models")
+MODEL = os.environ.get("DEMO_MODEL") or os.path.join(MODELS, "siliceo-demo-qwen35moe-Q8_0.gguf")
+IM_END = "<|im_end|>"
+
+
+def gguf_tokens(path):
+    """tokenizer.ggml.tokens of a GGUF (v3 header, metadata read up to that key)."""
+    with open(path, "rb") as f:
+        b = f.read(1 << 20)  # the metadata of this small vocab is far inside the first MiB
+    o = 0
+
+    def take(fmt):
+        nonlocal o
+        v = struct.unpack_from("<" + fmt, b, o)
+        o += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string():
+        nonlocal o
+        n = take("Q")
+        s = b[o:o + n].decode("utf-8")
+        o += n
+        return s
+
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def skip(t):
+        nonlocal o
+        if t == 8:
+            string()
+        elif t == 9:
+            et, n = take("I"), take("Q")
+            for _ in range(n):
+                skip(et)
+        else:
+            o += sizes[t]
+
+    if b[:4] != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    o = 8
+    take("Q")
+    n_kv = take("Q")
+    for _ in range(n_kv):
+        key, t = string(), take("I")
+        if key == "tokenizer.ggml.tokens" and t == 9:
+            et, n = take("I"), take("Q")
+            if et != 8:
+                raise ValueError(f"{path}: tokenizer.ggml.tokens is not an array of strings")
+            return [string() for _ in range(n)]
+        skip(t)
+    raise ValueError(f"{path}: no tokenizer.ggml.tokens")
+
+
+def _byte_decoder():
+    """GPT-2's byte-to-unicode map, inverted: token text -> bytes."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = list(bs), 0
+    for c in range(256):
+        if c not in bs:
+            bs.append(c)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): bytes([x]) for x, c in zip(bs, cs)}
+
+
+class Engine:
+    def __init__(self, model):
+        self.model = model
+        self.tokens = gguf_tokens(model)
+        self.bd = _byte_decoder()
+
+    def decode(self, ids):
+        return b"".join(self.bd[ch] for i in ids for ch in self.tokens[i]).decode("utf-8", "replace")
+
+    def tokenize(self, text):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write(text)
+            f.flush()
+            r = subprocess.run([os.path.join(BIN, "sil-eval"), "--model", self.model,
+                                "--tokenize-file", f.name, "--parse-special", "--json"],
+                               check=True, capture_output=True, text=True)
+        return json.loads(r.stdout)["ids"]
+
+    def eval(self, ids, n_predict, exact, logits="none"):
+        cmd = [os.path.join(BIN, "sil-eval"), "--model", self.model, "--tokens",
+               ",".join(map(str, ids)), "--n-predict", str(n_predict), "--logits", logits,
+               "--json", "--threads", "1"]
+        r = subprocess.run(cmd + (["--exact"] if exact else []), check=True, capture_output=True,
+                           text=True)
+        return json.loads(r.stdout)
+
+    def complete(self, ids, n_predict, exact):
+        """The greedy completion as text, cut after the first <|im_end|>."""
+        text = self.decode(self.eval(ids, n_predict, exact)["greedy"])
+        return text.split(IM_END)[0] + (IM_END if IM_END in text else "")
+
+
+def pmap(fn, xs, workers=None):
+    with concurrent.futures.ThreadPoolExecutor(workers or max(2, os.cpu_count() or 2)) as ex:
+        return list(ex.map(fn, xs))
+
+
+def test_engine():
+    eng = Engine(MODEL)
+    ok = True
+    # 1. logits of the reference prompts, exact mode, against PyTorch in float64
+    for r in json.load(open(os.path.join(MODELS, "reference.json"))):
+        if eng.tokenize(r["prompt"]) != r["ids"]:
+            print(f"FAIL: the engine tokenizes {r['prompt']!r} differently from the reference")
+            ok = False
+        out = eng.eval(r["ids"], 0, True, logits="all")
+        nv = out["n_vocab"]
+        worst = 0.0
+        for pos, ref in zip(r["positions"], r["logits"]):
+            row = out["logits"][pos]  # one row of n_vocab logits per prompt position
+            if len(row) != nv or len(ref) != nv:
+                print(f"FAIL: logits row of {len(row)}, reference of {len(ref)}, vocab {nv}")
+                return False
+            worst = max(worst, max(abs(a - b) for a, b in zip(row, ref)))
+        good = worst <= 1e-3
+        ok = ok and good
+        print(f"{'ok' if good else 'FAIL'}: reference logits, {len(r['ids'])} tokens, "
+              f"{len(r['positions'])} positions x {nv}: max |engine - torch| {worst:.3g} "
+              f"(limit 1e-3)")
+    # 2. greedy answers on the held-out questions, normal and exact mode
+    held = [json.loads(x) for x in open(os.path.join(MODELS, "heldout_torch_q8_0.jsonl"))]
+    ids = pmap(lambda e: eng.tokenize(e["prompt"]), held)
+    # PyTorch's completion length bounds the tokens needed; the slack covers a segmentation
+    # longer than the canonical one.
+    lens = pmap(lambda e: len(eng.tokenize(e["torch_completion"])) + 8, held)
+    n = len(held)
+    torch_ok = sum(data.answer_of(e["torch_completion"]) == e["answer"] for e in held)
+    for exact in (False, True):
+        comp = pmap(lambda a: eng.complete(a[0], a[1], exact), list(zip(ids, lens)))
+        same = sum(data.answer_of(c) == data.answer_of(e["torch_completion"])
+                   for c, e in zip(comp, held))
+        right = sum(data.answer_of(c) == e["answer"] for c, e in zip(comp, held))
+        mode = "exact" if exact else "normal"
+        good = same * 100 >= 99 * n and abs(right - torch_ok) <= 1
+        ok = ok and good
+        print(f"{'ok' if good else 'FAIL'}: {mode} mode, {n} held-out questions: answers equal "
+              f"PyTorch's in {same}/{n} (need 99%), correct {right}/{n} (PyTorch {torch_ok}/{n})")
+        differ = [(c, e) for c, e in zip(comp, held)
+                  if data.answer_of(c) != data.answer_of(e["torch_completion"])]
+        for c, e in differ[:10]:
+            print(f"    {mode}: {e['key']}: engine {c!r}, torch {e['torch_completion']!r}")
+    return ok
+
+
+def test_chat(n):
+    qs = data.mul2x2_heldout(n, 1)  # the seed of the shipped model's data
+
+    def ask(e):
+        q = e["prompt"].split("user\n", 1)[1].split(IM_END, 1)[0]
+        r = subprocess.run([os.path.join(BIN, "sil-chat"), "--json", "-t", "0", "-n", "96",
+                            "--timeout", "60", q], capture_output=True, text=True)
+        if r.returncode != 0:
+            return q, f"(sil-chat exit {r.returncode}: {r.stderr.strip()})"
+        return q, json.loads(r.stdout)["text"].strip()
+
+    res = pmap(ask, qs, 2)  # two requests at a time: the daemon runs on 2 threads
+    right = sum(a == e["answer"] for (q, a), e in zip(res, qs))
+    wrong = [(q, a, e["answer"]) for (q, a), e in zip(res, qs) if a != e["answer"]]
+    for q, a, want in wrong[:10]:
+        print(f"    wrong: {q} -> {a!r} (right: {want})")
+    good = right * 100 >= 95 * n
+    print(f"{'ok' if good else 'FAIL'}: sil-chat, {n} held-out 2-digit x 2-digit "
+          f"multiplications: {right}/{n} correct ({100 * right / n:.1f}%, need 95%)")
+    return good
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what == "engine":
+        sys.exit(0 if test_engine() else 1)
+    if what == "chat":
+        sys.exit(0 if test_chat(int(sys.argv[2]) if len(sys.argv) > 2 else 200) else 1)
+    sys.exit(__doc__)
