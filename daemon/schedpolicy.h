@@ -1,0 +1,53 @@
+/* Scheduler policy as pure functions over a small array of request descriptions, so ordering,
+ * aging, the prefill budget, its split and the choice of a preemption victim are unit-tested
+ * without an engine (tests/test_schedpolicy.c). scheduler.c fills the array each step.
+ *
+ * Effective priority ("score", lower runs first) is measured in seconds of waiting:
+ *   score = aging_s * (class + (level - SIL_PRIO_LEVEL_MIN) / SIL_PRIO_LEVEL_SPAN) - waited_s
+ * The whole level range spans less than one class, and a request that has waited aging_s
+ * seconds longer ranks one class higher: a stream of new interactive requests never starves a
+ * batch request. Nothing here allocates or keeps state. */
+#ifndef SIL_DAEMON_SCHEDPOLICY_H
+#define SIL_DAEMON_SCHEDPOLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SIL_PRIO_LEVEL_MIN (-100)
+#define SIL_PRIO_LEVEL_MAX 100
+#define SIL_PRIO_LEVEL_SPAN 256 /* > MAX - MIN + 1: a level never reaches the next class */
+
+struct sil_sched_params {
+    double aging_s; /* waiting that lifts a request by one class; > 0 */
+};
+
+struct sil_sched_item {
+    int cls;          /* enum sil_priority: 0 interactive, 1 normal, 2 batch */
+    int level;        /* within the class, SIL_PRIO_LEVEL_MIN..MAX, lower first */
+    double t_submit;  /* seconds, the clock of now */
+    uint64_t arrival; /* order of arrival: breaks ties */
+    int32_t want;     /* sil_sched_split: prompt tokens it could take this step */
+    bool preemptible; /* sil_sched_victim: its engine state may be dropped and recomputed */
+};
+
+double sil_sched_score(const struct sil_sched_params *p, const struct sil_sched_item *it,
+                       double now);
+/* Fills idx[0..n) with 0..n-1, most urgent first (lowest score, then earliest arrival). */
+void sil_sched_order(const struct sil_sched_params *p, const struct sil_sched_item *it, int n,
+                     double now, int *idx);
+/* Prompt rows of the next step: prefill_chunk when no sequence decodes, else prefill_budget
+ * (the decode rows come first and a step stays short), never more than room (rows left). */
+int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t prefill_chunk,
+                                 int32_t room);
+/* Gives the budget out in the order of idx: each item takes min(want, what is left) into
+ * take[item]. Returns the tokens given. */
+int32_t sil_sched_split(const struct sil_sched_item *it, const int *idx, int n, int32_t budget,
+                        int32_t *take);
+/* The running item to preempt for cand (NULL: the engine ran out of space and any running item
+ * may go): the least urgent preemptible one (highest score, then latest arrival); with cand, only
+ * one of a lower class whose score is also above cand's, so an aged request is never preempted
+ * by a newer one. -1 when none qualifies. */
+int sil_sched_victim(const struct sil_sched_params *p, const struct sil_sched_item *running, int n,
+                     const struct sil_sched_item *cand, double now);
+
+#endif
