@@ -9,8 +9,7 @@ double sil_sched_score(const struct sil_sched_params *p, const struct sil_sched_
     return p->aging_s * (it->cls + level) - waited;
 }
 
-/* a before b? */
-static bool before(const struct sil_sched_params *p, const struct sil_sched_item *a,
+bool sil_sched_before(const struct sil_sched_params *p, const struct sil_sched_item *a,
                    const struct sil_sched_item *b, double now)
 {
     double sa = sil_sched_score(p, a, now), sb = sil_sched_score(p, b, now);
@@ -24,7 +23,7 @@ void sil_sched_order(const struct sil_sched_params *p, const struct sil_sched_it
     /* Insertion sort: n is at most max_running or the queue, and mostly already in order. */
     for (int i = 0; i < n; i++) {
         int k = i;
-        while (k > 0 && before(p, &it[i], &it[idx[k - 1]], now)) {
+        while (k > 0 && sil_sched_before(p, &it[i], &it[idx[k - 1]], now)) {
             idx[k] = idx[k - 1];
             k--;
         }
@@ -66,7 +65,7 @@ int sil_sched_victim(const struct sil_sched_params *p, const struct sil_sched_it
         const struct sil_sched_item *r = &running[i];
         if (!r->preemptible) continue;
         if (cand && (r->cls <= cand->cls || sil_sched_score(p, r, now) <= cs)) continue;
-        if (best < 0 || before(p, &running[best], r, now))
+        if (best < 0 || sil_sched_before(p, &running[best], r, now))
             best = i; /* r ranks after the best so far: less urgent */
     }
     return best;

@@ -32,6 +32,9 @@ struct sil_sched_item {
 
 double sil_sched_score(const struct sil_sched_params *p, const struct sil_sched_item *it,
                        double now);
+/* a runs before b: lower score, then earlier arrival. */
+bool sil_sched_before(const struct sil_sched_params *p, const struct sil_sched_item *a,
+                      const struct sil_sched_item *b, double now);
 /* Fills idx[0..n) with 0..n-1, most urgent first (lowest score, then earliest arrival). */
 void sil_sched_order(const struct sil_sched_params *p, const struct sil_sched_item *it, int n,
                      double now, int *idx);

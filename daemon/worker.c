@@ -672,6 +672,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->n_ctx = sil_engine_n_ctx(e);
     w->max_running = cfg->max_running;
     w->prefill_chunk = cfg->prefill_chunk;
+    w->prefill_budget = cfg->prefill_budget;
+    w->sp.aging_s = cfg->priority_aging;
     w->n_batch_max = cfg->prefill_chunk + cfg->max_running;
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
@@ -686,10 +688,15 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->b_status = calloc(w->n_batch_max, sizeof(int));
     w->test_stall_ms = sil_test_hook("stall_ms");
     w->test_ubatch_ms = sil_test_hook("ubatch_ms");
+    w->test_kv_tokens = sil_test_hook("kv_tokens");
+    w->s_items = calloc(w->max_running, sizeof(*w->s_items));
+    w->s_jobs = calloc(w->max_running, sizeof(*w->s_jobs));
+    w->s_idx = calloc(w->max_running, sizeof(*w->s_idx));
+    w->s_take = calloc(w->max_running, sizeof(*w->s_take));
     sil_engine_set_eval_progress(e, eval_progress, w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
     if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
-        !w->logits) {
+        !w->logits || !w->s_items || !w->s_jobs || !w->s_idx || !w->s_take) {
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
     }
@@ -739,6 +746,10 @@ void sil_worker_free(struct sil_worker *w)
     free(w->b_want);
     free(w->b_status);
     free(w->logits);
+    free(w->s_items);
+    free(w->s_jobs);
+    free(w->s_idx);
+    free(w->s_take);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The scheduler: priority fields checked; 32 concurrent clients of mixed classes all complete,
+# interactive first on average (first-token latency per class); a request preempted by a more
+# urgent one (one sequence slot) or for lack of engine space (test hook kv_tokens) resumes by
+# recompute with the tokens it gives alone; a decoding stream goes on while another client's
+# long prompt prefills (inter-token gap median and p99 printed).
+. "$(dirname "$0")/lib.bash"
+S=$HERE/sched_tests.py
+
+# Four slots for 32 clients: most wait, so the order of admission and prefill shows. Each
+# micro-batch takes at least 2 ms (test hook), so every request is queued before the first ends.
+write_conf "threads = 2" "max_running = 4" "max_queue = 64" "max_client_requests = 4"
+SILICEOD_TEST_HOOKS=ubatch_ms=2 start_daemon --model "$MODEL"
+python3 "$S" priority-params
+python3 "$S" mixed 32
+stop_daemon
+
+# One slot: a batch request gives it up to an interactive one.
+write_conf "threads = 2" "max_running = 1" "max_queue = 8"
+SILICEOD_TEST_HOOKS=ubatch_ms=5 start_daemon --model "$MODEL"
+python3 "$S" preempt
+grep -q "preempted (a more urgent request)" "$T/daemon.log" || fail "no preemption logged"
+stop_daemon
+
+# Room for 150 positions in all: four requests of ~10 + 40 positions do not fit at once.
+write_conf "threads = 2" "max_running = 4" "max_queue = 8"
+SILICEOD_TEST_HOOKS=kv_tokens=150 start_daemon --model "$MODEL"
+python3 "$S" kv-space 4
+grep -q "preempted (out of engine space)" "$T/daemon.log" || fail "no preemption for space logged"
+stop_daemon
+
+# A long prompt (~2000 tokens) in steps of 64 prompt tokens next to a decoding stream.
+write_conf "threads = 2" "max_running = 4" "prefill_budget = 64" "context = 4096"
+start_daemon --model "$MODEL"
+python3 "$S" gap 700 64
+stop_daemon
