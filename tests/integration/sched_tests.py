@@ -95,10 +95,22 @@ def mixed(n_clients):
     check(st["queue"]["running"] == 0 and st["queue"]["queued"] == 0, "queue empty afterwards")
 
 
+NO_EOS = {}
+
+
+def no_eos():
+    """A logit_bias that keeps the end-of-generation tokens out, for streams of a set length."""
+    c = Client()
+    eos = c.ok("tokenize", {"text": "<|im_end|><|endoftext|>", "special": True})[0]["ids"]
+    c.close()
+    NO_EOS.update({i: -100 for i in eos})
+
+
 def preempt():
     """max_running 1: a batch request is preempted by an interactive one mid-answer and resumes
     by recompute; its tokens equal those of the same request run alone (greedy), and what it
     streamed is exactly its result: nothing lost, nothing repeated."""
+    no_eos()
     c = Client(timeout=300)
     params = dict(GREEDY, prompt="The scheduler test: once upon a time", max_tokens=48, priority="batch")
     alone, _ = c.ok("generate", params)
@@ -140,32 +152,46 @@ def preempt():
     check(st["requests"]["preempted"] > before and st["tokens"]["recomputed"] > 0,
           "status counts the preemption and the recomputed positions (%d)" % st["tokens"]["recomputed"])
 
-    # Cancelled while preempted (back in the queue): it ends at once with what it has.
-    got["go"] = threading.Event()
-    n_seen[0] = 0
-    t = threading.Thread(target=interactive)
-    t.start()
+    # Cancelled while preempted: once the interactive request streams, the batch one (one slot)
+    # waits in the queue; a cancel then ends it at once, before the interactive one is done.
     mid = c.send("generate", dict(params, max_tokens=400))
-    sent_cancel = [False]
+    ev = {}
 
-    def cancel_when_preempted(n):
-        n_seen[0] += 1
-        if n_seen[0] == 4:
-            got["go"].set()
+    def interactive_cancels():
+        ci = Client(timeout=300)
+        sent = []
+
+        def on_note(n):
+            if not sent:
+                ev["queued"] = status()["queue"]["queued"]
+                c.send("cancel", {"id": mid})
+                sent.append(time.monotonic())
+        err, res, notes = ci.wait(ci.send("generate", dict(GREEDY, prompt="Another question", max_tokens=40,
+                                                           priority="interactive", logit_bias=NO_EOS)),
+                                  on_note=on_note)
+        ev["i_end"] = time.monotonic()
+        ev["i_err"] = err
+        ci.close()
+
     cn = []
+    t = None
     while True:
         m = c.read()
         if m[0] == 2 and m[2][0].get("id") == mid:
             cn.append(m[2][0])
-            cancel_when_preempted(m[2][0])
+            if len(cn) == 4:
+                t = threading.Thread(target=interactive_cancels)
+                t.start()
         elif m[0] == 1 and m[1] == mid:
             break
-        if got["go"].is_set() and not sent_cancel[0] and status()["queue"]["queued"] == 1:
-            c.send("cancel", {"id": mid})
-            sent_cancel[0] = True
+    t_cancelled = time.monotonic()
     t.join()
-    check(m[2] is None and m[3]["stop_reason"] == "cancelled", "cancelled while preempted: stop_reason cancelled")
-    check(ids_of(cn) == m[3]["tokens"], "its streamed ids equal its result tokens")
+    check("queued" in ev, "the interactive request streamed (error: %s)" % ev.get("i_err"))
+    check(ev["queued"] == 1, "the batch request waited in the queue while the interactive one ran")
+    check(m[2] is None and m[3]["stop_reason"] == "cancelled" and m[3]["n_preempted"] >= 1,
+          "cancelled while preempted: stop_reason cancelled")
+    check(t_cancelled < ev["i_end"], "it ended at once, before the interactive request")
+    check(ids_of(cn) == m[3]["tokens"] and len(cn) >= 4, "its streamed ids equal its result tokens")
     st = status()
     check(st["queue"]["running"] == 0 and st["queue"]["queued"] == 0, "nothing left running or queued")
     c.close()
@@ -209,11 +235,7 @@ def kv_space(n):
 
 
 def gap(n_prompt_words, budget):
-    global NO_EOS
-    c = Client()
-    eos = c.ok("tokenize", {"text": "<|im_end|><|endoftext|>", "special": True})[0]["ids"]
-    c.close()
-    NO_EOS = {i: -100 for i in eos}
+    no_eos()
     """The inter-token gap of a decoding stream while another client's long prompt prefills:
     the stream keeps getting tokens during the prefill (median and p99 reported)."""
     c = Client(timeout=300)
