@@ -9,10 +9,13 @@
  * Order (schedpolicy.h): queued requests start, and prompts get the step's prefill budget, by
  * class, level and time waited (aging). Preemption by recompute: when a more urgent request
  * finds no room, or the engine reports a sequence it has no space for (row status -ENOSPC or
- * -ENOMEM; the test hook kv_tokens fakes that), the least urgent running request without a
- * session loses its sequence and goes back to the queue with its tokens, sampler and output so
+ * -ENOMEM; the test hook kv_tokens fakes that), the least urgent running request loses its
+ * sequence and goes back to the queue with its tokens, sampler and output so
  * far; when it starts again the sequence is filled anew with prompt + evaluated answer + its
  * pending token, and decoding goes on from the last logits: nothing is streamed twice or lost.
+ * A session's request keeps its session busy meanwhile (sequence -1); its refill takes the
+ * session's checkpoints again at the resume point, and if it ends while preempted the session
+ * goes (it holds no engine state).
  *
  * Ownership: a job owns its request (prompt, stop strings, chat messages), sampler, genctl state
  * and token vectors; job_free frees them all. Engine thread only. */
@@ -238,6 +241,11 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             sil_seq_free(w->e, j->seq);
         }
         j->seq = -1;
+    } else if (j->sess) {
+        /* Ended while preempted: the session has no engine state left to keep. */
+        j->sess->busy = NULL;
+        session_free(w, j->sess);
+        j->sess = NULL;
     }
     sil_debug("request %u done: %s, %zu prompt (%zu cached), %zu generated", j->r.msgid,
               sil_stop_reason_name(reason), j->r.n_prompt, j->n_cached, j->gen.n);
@@ -267,11 +275,13 @@ void list_append(struct job **head, struct job *j)
 static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
 {
     if (j->smp) {
-        /* Resumed after a preemption (never on a session): only a sequence is new. */
+        /* Resumed after a preemption: only a sequence is new (its session's, if it has one). */
         int seq = seq_get(w, err);
         if (seq < 0)
             return seq;
         j->seq = seq;
+        if (j->sess)
+            j->sess->seq = seq;
         return 0;
     }
     struct session *s = NULL;
@@ -345,12 +355,11 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
 
 static struct sil_sched_item job_item(const struct job *j)
 {
-    /* A session's sequence is its state between requests: it is not given up for recompute. */
     return (struct sil_sched_item){ .cls = j->r.priority,
                                     .level = j->r.priority_level,
                                     .t_submit = j->t_submit,
                                     .arrival = j->arrival,
-                                    .preemptible = !j->sess && !j->cancelled };
+                                    .preemptible = !j->cancelled };
 }
 
 /* The running jobs as policy items in w->s_items / s_jobs; returns how many. */
@@ -385,6 +394,8 @@ static void job_preempt(struct sil_worker *w, struct job *j, const char *why)
     }
     sil_seq_free(w->e, j->seq);
     j->seq = -1;
+    if (j->sess)
+        j->sess->seq = -1; /* still busy with j: nothing else uses or drops it meanwhile */
     j->ctx.n = 0;
     j->n_done = 0;
     j->decoding = false;
@@ -422,7 +433,7 @@ void admit(struct sil_worker *w)
         for (struct job *j = w->queue; j; j = j->next) {
             if (j->r.session[0]) {
                 struct session *s = session_find(w, j->r.uid, j->r.session);
-                if (s && s->busy)
+                if (s && s->busy && s->busy != j) /* a preempted job keeps its session busy */
                     continue;
             }
             struct sil_sched_item it = job_item(j);

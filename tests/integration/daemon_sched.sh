@@ -15,12 +15,16 @@ python3 "$S" priority-params
 python3 "$S" mixed 32
 stop_daemon
 
-# One slot: a batch request gives it up to an interactive one.
+# One slot: a batch request gives it up to an interactive one; on the hybrid model too, where a
+# session's recurrent state is rebuilt with its checkpoints.
 write_conf "threads = 2" "max_running = 1" "max_queue = 8"
-SILICEOD_TEST_HOOKS=ubatch_ms=5 start_daemon --model "$MODEL"
-python3 "$S" preempt
-grep -q "preempted (a more urgent request)" "$T/daemon.log" || fail "no preemption logged"
-stop_daemon
+for m in "$MODEL" "$MOE_MODEL"; do
+    echo "model $(basename "$m")"
+    SILICEOD_TEST_HOOKS=ubatch_ms=5 start_daemon --model "$m"
+    python3 "$S" preempt
+    grep -q "preempted (a more urgent request)" "$T/daemon.log" || fail "no preemption logged"
+    stop_daemon
+done
 
 # Room for 150 positions in all: four requests of ~10 + 40 positions do not fit at once.
 write_conf "threads = 2" "max_running = 4" "max_queue = 8"

@@ -112,7 +112,8 @@ def preempt():
     streamed is exactly its result: nothing lost, nothing repeated."""
     no_eos()
     c = Client(timeout=300)
-    params = dict(GREEDY, prompt="The scheduler test: once upon a time", max_tokens=48, priority="batch")
+    params = dict(GREEDY, prompt="The scheduler test: once upon a time", max_tokens=48, priority="batch",
+                  logit_bias=NO_EOS)
     alone, _ = c.ok("generate", params)
     check(alone["n_preempted"] == 0 and alone["n_generated"] >= 8, "alone: %d tokens, not preempted" %
           alone["n_generated"])
@@ -151,6 +152,34 @@ def preempt():
     st = status()
     check(st["requests"]["preempted"] > before and st["tokens"]["recomputed"] > 0,
           "status counts the preemption and the recomputed positions (%d)" % st["tokens"]["recomputed"])
+
+    # On a session: preempted and resumed, the session then holds what it holds without the
+    # preemption, and a follow-up request reuses it the same way.
+    ids = c.ok("tokenize", {"text": params["prompt"]})[0]["ids"]
+    more = c.ok("tokenize", {"text": " And then"})[0]["ids"]
+    runs = {}
+    for name in ("alone", "preempted"):
+        sp = dict(params, session="sched-" + name)
+        got["go"] = threading.Event()
+        n_seen[0] = 0
+        t = None
+        if name == "preempted":
+            t = threading.Thread(target=interactive)
+            t.start()
+            err, r1, notes = c.wait(c.send("generate", sp), on_note=on_note)
+            t.join()
+        else:
+            err, r1, notes = c.wait(c.send("generate", sp))
+        check(err is None and ids_of(notes) == r1["tokens"], "session %s: complete, stream equals result" % name)
+        r2, _ = c.ok("generate", dict(GREEDY, prompt_tokens=ids + r1["tokens"] + more, max_tokens=16,
+                                      session="sched-" + name))
+        runs[name] = (r1, r2)
+    (a1, a2), (p1, p2) = runs["alone"], runs["preempted"]
+    check(a1["n_preempted"] == 0 and p1["n_preempted"] >= 1, "the session request was preempted")
+    check(p1["tokens"] == a1["tokens"], "on a session, preempted: the same tokens as alone")
+    check(p2["n_cached"] == a2["n_cached"] and p2["n_cached"] >= len(ids) + len(a1["tokens"]) - 1,
+          "the follow-up reuses %d positions of the session, as without the preemption" % p2["n_cached"])
+    check(p2["tokens"] == a2["tokens"], "and continues with the same tokens")
 
     # Cancelled while preempted: once the interactive request streams, the batch one (one slot)
     # waits in the queue; a cancel then ends it at once, before the interactive one is done.
