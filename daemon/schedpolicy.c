@@ -70,3 +70,42 @@ int sil_sched_victim(const struct sil_sched_params *p, const struct sil_sched_it
     }
     return best;
 }
+
+static double ema(double old, double x) { return old > 0 ? 0.8 * old + 0.2 * x : x; }
+
+void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
+                           int stretch, int32_t cap)
+{
+    if (n_decode > 0 && n_prompt == 0) {
+        c->t_decode = ema(c->t_decode, seconds);
+        return;
+    }
+    if (n_decode == 0 || stretch <= 0 || c->t_decode <= 0 || cap < 1)
+        return;
+    int32_t b = c->budget > 0 && c->budget < cap ? c->budget : cap;
+    /* The prompt rows' share of the step, scaled linearly: exact for dense rows, cautious for
+     * MoE rows (each further one costs less). */
+    double target = stretch * c->t_decode, extra = seconds - c->t_decode;
+    if (seconds > target) {
+        int32_t shrunk = (int32_t)(n_prompt * (target - c->t_decode) / extra);
+        b = shrunk < b - 1 ? shrunk : b - 1;
+    } else if (n_prompt >= b && n_prompt > 0) {
+        int32_t grown = b + (b / 8 > 1 ? b / 8 : 1);
+        if (c->t_decode + (extra > 0 ? extra : 0) * grown / n_prompt <= target)
+            b = grown;
+    }
+    c->budget = b < 1 ? 1 : b > cap ? cap : b;
+}
+
+int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, int stretch, int32_t cap)
+{
+    if (cap < 1 || stretch <= 0 || c->t_decode <= 0 || c->budget <= 0)
+        return cap;
+    return c->budget < cap ? c->budget : cap;
+}
+
+int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, int stretch, int32_t cap,
+                              int decode_cls, int prompt_cls)
+{
+    return prompt_cls < decode_cls ? cap : sil_sched_prefill_timed(c, stretch, cap);
+}

@@ -42,6 +42,27 @@ void sil_sched_order(const struct sil_sched_params *p, const struct sil_sched_it
  * (the decode rows come first and a step stays short), never more than room (rows left). */
 int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t prefill_chunk,
                                  int32_t room);
+/* The prefill budget by time, learnt from the evaluations: a step with decode rows and prompt
+ * rows should take at most stretch times a step of decode rows only, so a long prompt never
+ * holds the streams up for longer than that. The time of a decode-only step is averaged; the
+ * budget is a feedback loop on the mixed steps: it shrinks when one took too long, and grows by
+ * an eighth when one that used all of it would still have been within with that many more rows
+ * at the same cost per row (cautious on an MoE, where the union of experts the rows touch grows
+ * slower than their number). */
+struct sil_sched_cost {
+    double t_decode; /* seconds, 0 = not measured yet */
+    int32_t budget;  /* prompt rows, 0 = not learnt yet (the cap) */
+};
+void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
+                           int stretch, int32_t cap);
+/* Prompt rows for the next step that has decode rows: at least 1 (every prompt goes on), at
+ * most cap; cap while nothing is learnt or stretch is 0 (no limit by time). */
+int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, int stretch, int32_t cap);
+/* The prompt rows of a step whose most urgent decoding stream has class decode_cls and whose
+ * most urgent prompt prompt_cls: the time budget protects streams from prompts of their class
+ * or a lower one; a more urgent prompt (an interactive one next to batch streams) gets cap. */
+int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, int stretch, int32_t cap,
+                              int decode_cls, int prompt_cls);
 /* Gives the budget out in the order of idx: each item takes min(want, what is left) into
  * take[item]. Returns the tokens given. */
 int32_t sil_sched_split(const struct sil_sched_item *it, const int *idx, int n, int32_t budget,

@@ -608,9 +608,12 @@ static bool out_of_space(const struct sil_worker *w, int n, int rc)
 void step(struct sil_worker *w)
 {
     int n = 0, n_logits = 0, n_dec = 0;
+    int dec_cls = SIL_PRIO_BATCH + 1, pre_cls = SIL_PRIO_BATCH + 1; /* most urgent of each */
     for (struct job *j = w->running; j; j = j->next) {
         j->logit_row = -1;
         if (j->decoding && n < w->n_batch_max) {
+            if (j->r.priority < dec_cls)
+                dec_cls = j->r.priority;
             w->b_tok[n] = j->pending;
             w->b_pos[n] = (int32_t)j->ctx.n;
             w->b_seq[n] = j->seq;
@@ -628,12 +631,15 @@ void step(struct sil_worker *w)
         /* A chunk ends at the resume point so its checkpoint can be taken there. */
         if (j->sess && j->r.resume > 0 && j->n_done < (size_t)j->r.resume)
             take = (size_t)j->r.resume - j->n_done;
+        if (j->r.priority < pre_cls)
+            pre_cls = j->r.priority;
         w->s_items[np] = job_item(j);
         w->s_items[np].want = take > INT32_MAX ? INT32_MAX : (int32_t)take;
         w->s_jobs[np++] = j;
     }
-    int32_t budget = sil_sched_prefill_budget(n_dec, w->prefill_budget, w->prefill_chunk,
-                                              w->n_batch_max - n);
+    int32_t timed =
+        sil_sched_prefill_cap(&w->cost, w->prefill_stretch, w->prefill_budget, dec_cls, pre_cls);
+    int32_t budget = sil_sched_prefill_budget(n_dec, timed, w->prefill_chunk, w->n_batch_max - n);
     sil_sched_order(&w->sp, w->s_items, np, now_s(), w->s_idx);
     sil_sched_split(w->s_items, w->s_idx, np, budget, w->s_take);
     for (int i = 0; i < np; i++) {
@@ -664,8 +670,12 @@ void step(struct sil_worker *w)
     int rc = test_kv_full(w, n, &err)
                  ? -ENOSPC
                  : sil_engine_eval_rows(w->e, &batch, w->logits, w->b_status, &err);
-    w->local.eval_seconds += now_s() - t0;
+    double dt = now_s() - t0;
+    w->local.eval_seconds += dt;
     w->local.steps++;
+    if (rc == 0)
+        sil_sched_cost_update(&w->cost, n_dec, n - n_dec, dt, w->prefill_stretch,
+                              w->prefill_budget);
     if (rc) {
         w->local.eval_errors++;
         if (rc == -EIO) {

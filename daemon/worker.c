@@ -338,6 +338,7 @@ static void do_reload(struct sil_worker *w)
     free(w->logits);
     w->logits = logits;
     w->damaged = false;
+    w->cost = (struct sil_sched_cost){ 0 }; /* another model, other step times */
     sil_engine_set_eval_progress(ne, eval_progress, w);
     sil_notice("model %s reloaded in %.2f s", sil_engine_info(ne)->path, now_s() - t0);
     publish_stats(w);
@@ -673,6 +674,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->max_running = cfg->max_running;
     w->prefill_chunk = cfg->prefill_chunk;
     w->prefill_budget = cfg->prefill_budget;
+    w->prefill_stretch = cfg->prefill_stretch;
     w->sp.aging_s = cfg->priority_aging;
     w->n_batch_max = cfg->prefill_chunk + cfg->max_running;
     w->session_memory = w->session_memory_limit = cfg->session_memory;

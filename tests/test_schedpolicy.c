@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 
 #include <cmocka.h>
@@ -97,6 +98,70 @@ static void prefill_budget(void **state)
     assert_int_equal(sil_sched_prefill_budget(0, 32, 256, 0), 0);
 }
 
+/* A simulated engine: a step of n_dec decode rows and n prompt rows takes dec + f(n) seconds.
+ * Runs 200 mixed steps with the budget the policy gives; returns the last budget and counts
+ * the steps (of the last 100) that went over stretch x dec. */
+static int32_t run_engine(double dec, double (*f)(int32_t), int stretch, int32_t cap, int *over)
+{
+    struct sil_sched_cost c = { 0 };
+    sil_sched_cost_update(&c, 4, 0, dec, stretch, cap);
+    int32_t b = 0;
+    *over = 0;
+    for (int i = 0; i < 200; i++) {
+        b = sil_sched_prefill_timed(&c, stretch, cap);
+        double t = dec + f(b);
+        if (i >= 100 && t > stretch * dec * 1.0001)
+            (*over)++;
+        sil_sched_cost_update(&c, 4, b, t, stretch, cap);
+    }
+    return b;
+}
+
+static double linear_cpu(int32_t n) { return 0.007 * n; }          /* dense: 7 ms a row */
+static double moe_cpu(int32_t n) { return 0.020 * sqrt((double)n); } /* expert union ~ sqrt */
+static double gpu(int32_t n) { return 0.00005 * n; }                 /* 0.05 ms a row */
+
+/* The budget by time keeps a mixed step within stretch x a decode step once it has learnt. */
+static void prefill_by_time(void **state)
+{
+    (void)state;
+    struct sil_sched_cost c = { 0 };
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, 64), 64); /* nothing known: the cap */
+    sil_sched_cost_update(&c, 0, 256, 1.0, 2, 64);            /* prefill only: says nothing */
+    sil_sched_cost_update(&c, 4, 10, 1.0, 2, 64); /* mixed before any decode-only step */
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, 64), 64);
+    sil_sched_cost_update(&c, 4, 0, 0.013, 2, 64); /* a decode step of 13 ms */
+    assert_true(c.t_decode > 0.0129 && c.t_decode < 0.0131);
+    /* 64 rows took 13 + 448 ms: the 13 ms the prompt may take fit 1.86 rows at that cost. */
+    sil_sched_cost_update(&c, 4, 64, 0.013 + 64 * 0.007, 2, 64);
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, 64), 1);
+    sil_sched_cost_update(&c, 4, 1, 0.013 + 0.001, 2, 64); /* 1 row, 1 ms: room for 2 */
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, 64), 2);
+    sil_sched_cost_update(&c, 4, 1, 0.013 + 0.001, 2, 64); /* fewer rows than the budget: */
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, 64), 2); /* says nothing of more */
+    assert_int_equal(sil_sched_prefill_timed(&c, 0, 64), 64); /* stretch 0: no limit by time */
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, 0), 0);   /* no room: none */
+
+    int over;
+    /* Dense CPU, 13 ms decode, 7 ms a row: stretch 2 leaves 13 ms, 1 row; stretch 4, 39 ms: 5. */
+    assert_int_equal(run_engine(0.013, linear_cpu, 2, 64, &over), 1);
+    assert_int_equal(over, 0);
+    assert_int_equal(run_engine(0.013, linear_cpu, 4, 64, &over), 5);
+    assert_int_equal(over, 0);
+    /* MoE CPU, 35 ms decode, 20 ms x sqrt(rows): stretch 2 leaves 35 ms, 3 rows. */
+    assert_int_equal(run_engine(0.035, moe_cpu, 2, 64, &over), 3);
+    assert_int_equal(over, 0);
+    /* The time budget protects streams from prompts of their class or lower, not from more
+     * urgent ones: an interactive prompt next to batch streams gets the whole cap. */
+    struct sil_sched_cost one = { .t_decode = 0.013, .budget = 1 };
+    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 2, 0), 64);
+    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 1, 1), 1);
+    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 0, 2), 1);
+    /* GPU: rows are cheap next to the decode step: the cap. */
+    assert_int_equal(run_engine(0.005, gpu, 2, 64, &over), 64);
+    assert_int_equal(over, 0);
+}
+
 static void split_by_priority(void **state)
 {
     (void)state;
@@ -160,7 +225,7 @@ int main(void)
         cmocka_unit_test(aging_lifts_a_waiting_request),
         cmocka_unit_test(no_starvation),
         cmocka_unit_test(prefill_budget),
-        cmocka_unit_test(split_by_priority),
+        cmocka_unit_test(prefill_by_time),           cmocka_unit_test(split_by_priority),
         cmocka_unit_test(victim_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
