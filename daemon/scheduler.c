@@ -10,9 +10,9 @@
  * class, level and time waited (aging). Preemption by recompute: when a more urgent request
  * finds no room, or the engine reports a sequence it has no space for (row status -ENOSPC or
  * -ENOMEM; the test hook kv_tokens fakes that), the least urgent running request loses its
- * sequence and goes back to the queue with its tokens, sampler and output so
- * far; when it starts again the sequence is filled anew with prompt + evaluated answer + its
- * pending token, and decoding goes on from the last logits: nothing is streamed twice or lost.
+ * sequence and goes back to the queue with its tokens, sampler and output so far; when it starts
+ * again the sequence is filled anew with prompt + evaluated answer + its pending token, and
+ * decoding goes on from the last logits: nothing is streamed twice or lost.
  * A session's request keeps its session busy meanwhile (sequence -1); its refill takes the
  * session's checkpoints again at the resume point, and if it ends while preempted the session
  * goes (it holds no engine state).
