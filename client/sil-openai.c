@@ -88,6 +88,7 @@ static int refresh_info(struct sil_rpc_error *err)
         const msgpack_object *m = sil_rpc_map_get(res, "model");
         sil_rpc_map_str(m, "name", g_model, sizeof(g_model), "none");
         g_caps.logit_bias = false;
+        g_caps.priority = false;
         const msgpack_object *caps = sil_rpc_map_get(res, "capabilities");
         if (caps && caps->type == MSGPACK_OBJECT_ARRAY)
             for (uint32_t i = 0; i < caps->via.array.size; i++) {
@@ -95,6 +96,9 @@ static int refresh_info(struct sil_rpc_error *err)
                 if (s->type == MSGPACK_OBJECT_STR && s->via.str.size == 10 &&
                     !memcmp(s->via.str.ptr, "logit_bias", 10))
                     g_caps.logit_bias = true;
+                if (s->type == MSGPACK_OBJECT_STR && s->via.str.size == 8 &&
+                    !memcmp(s->via.str.ptr, "priority", 8))
+                    g_caps.priority = true;
             }
         g_have_info = true;
         g_info_at = sil_client_now();

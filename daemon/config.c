@@ -22,6 +22,9 @@ void sil_config_defaults(struct sil_config *c)
     c->max_tokens_default = 1024;
     c->max_tokens_limit = 1 << 20;
     c->prefill_chunk = 256;
+    c->prefill_budget = 64;
+    c->prefill_stretch = 2;
+    c->priority_aging = 30;
     c->session_memory = 1ull << 30;
     c->max_sessions = 32;
     c->session_checkpoints = 4;
@@ -242,6 +245,9 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("max_tokens_default", max_tokens_default, 1, 1 << 24)
     INT_KEY("max_tokens_limit", max_tokens_limit, 1, 1 << 24)
     INT_KEY("prefill_chunk", prefill_chunk, 1, 1 << 16)
+    INT_KEY("prefill_budget", prefill_budget, 1, 1 << 16)
+    INT_KEY("prefill_stretch", prefill_stretch, 0, 100)
+    INT_KEY("priority_aging", priority_aging, 1, 86400)
     INT_KEY("max_sessions", max_sessions, 0, 4096)
     INT_KEY("session_checkpoints", session_checkpoints, 0, 256)
     INT_KEY("idle_timeout", idle_timeout, 0, 1 << 30)
@@ -445,6 +451,9 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(strcmp(dst->socket_group, src->socket_group), "socket_group")
     STATIC(dst->max_running != src->max_running, "max_running")
     STATIC(dst->prefill_chunk != src->prefill_chunk, "prefill_chunk")
+    STATIC(dst->prefill_budget != src->prefill_budget, "prefill_budget")
+    STATIC(dst->prefill_stretch != src->prefill_stretch, "prefill_stretch")
+    STATIC(dst->priority_aging != src->priority_aging, "priority_aging")
 #undef STATIC
     if (n >= size && size > 4)
         strcpy(changed_static + size - 4, "...");

@@ -15,6 +15,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/log.h"
+#include "daemon/schedpolicy.h"
 #include "daemon/server_impl.h"
 #include "daemon/utf8.h"
 #include "daemon/worker.h"
@@ -60,7 +61,8 @@ int pump_streams(struct conn *c)
 
 static const char *const capabilities[] = { "hello", "generate", "chat", "cancel", "tokenize", "detokenize",
                                             "status", "metrics", "sessions.list", "sessions.drop", "shutdown",
-                                            "debug.stream", "stream", "sessions", "logit_bias" };
+                                            "debug.stream", "stream", "sessions", "logit_bias",
+                                            "priority", "preemption" };
 
 static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
 {
@@ -184,15 +186,17 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_int(pk, "sessions", st.sessions);
     sil_rpc_kv_int(pk, "clients", s->n_conns);
     sil_rpc_pack_cstr(pk, "requests");
-    msgpack_pack_map(pk, 3);
+    msgpack_pack_map(pk, 4);
     sil_rpc_kv_uint(pk, "total", st.requests_total);
     sil_rpc_kv_uint(pk, "failed", st.requests_failed);
     sil_rpc_kv_uint(pk, "cancelled", st.requests_cancelled);
+    sil_rpc_kv_uint(pk, "preempted", st.preemptions);
     sil_rpc_pack_cstr(pk, "tokens");
-    msgpack_pack_map(pk, 3);
+    msgpack_pack_map(pk, 4);
     sil_rpc_kv_uint(pk, "prompt", st.tokens_prompt);
     sil_rpc_kv_uint(pk, "cached", st.tokens_cached);
     sil_rpc_kv_uint(pk, "generated", st.tokens_generated);
+    sil_rpc_kv_uint(pk, "recomputed", st.tokens_recomputed);
     sil_rpc_end(&s->scratch);
     return conn_send_scratch(c);
 }
@@ -267,6 +271,10 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         { "siliceo_tokens_prompt_total", "Prompt tokens evaluated.", true, st.tokens_prompt },
         { "siliceo_tokens_cached_total", "Prompt tokens reused from sessions.", true, st.tokens_cached },
         { "siliceo_tokens_generated_total", "Tokens generated.", true, st.tokens_generated },
+        { "siliceo_preemptions_total", "Running requests preempted (state dropped, recomputed).",
+          true, st.preemptions },
+        { "siliceo_tokens_recomputed_total", "Positions evaluated again after a preemption.", true,
+          st.tokens_recomputed },
         { "siliceo_eval_steps_total", "Scheduler steps (engine evaluations).", true, st.steps },
         { "siliceo_eval_errors_total", "Engine evaluations that failed.", true, st.eval_errors },
         { "siliceo_eval_seconds_total", "Seconds spent in engine evaluations.", true, st.eval_seconds },
@@ -504,6 +512,11 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
             return -EINVAL;
         j->priority = (int)v;
     }
+    int64_t level = 0;
+    if (sil_rpc_get_int(p, "priority_level", SIL_PRIO_LEVEL_MIN, SIL_PRIO_LEVEL_MAX, &level, O,
+                        err) < 0)
+        return -EINVAL;
+    j->priority_level = (int)level;
 
     /* stop: a string or an array of strings. */
     const msgpack_object *stop = sil_rpc_map_get(p, "stop");

@@ -6,6 +6,17 @@
  * chunk ends at the request's resume point (the conversation before the generation prompt), and
  * at the end of the prompt and of the answer; admission cuts back to the nearest one.
  *
+ * Order (schedpolicy.h): queued requests start, and prompts get the step's prefill budget, by
+ * class, level and time waited (aging). Preemption by recompute: when a more urgent request
+ * finds no room, or the engine reports a sequence it has no space for (row status -ENOSPC or
+ * -ENOMEM; the test hook kv_tokens fakes that), the least urgent running request loses its
+ * sequence and goes back to the queue with its tokens, sampler and output so far; when it starts
+ * again the sequence is filled anew with prompt + evaluated answer + its pending token, and
+ * decoding goes on from the last logits: nothing is streamed twice or lost.
+ * A session's request keeps its session busy meanwhile (sequence -1); its refill takes the
+ * session's checkpoints again at the resume point, and if it ends while preempted the session
+ * goes (it holds no engine state).
+ *
  * Ownership: a job owns its request (prompt, stop strings, chat messages), sampler, genctl state
  * and token vectors; job_free frees them all. Engine thread only. */
 #include <errno.h>
@@ -58,6 +69,7 @@ void job_free(struct sil_worker *w, struct job *j)
     sil_genctl_free(j->gc);
     free(j->ctx.p);
     free(j->gen.p);
+    free(j->replay.p);
     free(j->r.prompt);
     free(j->r.stop_buf);
     free(j->r.bias_buf);
@@ -158,7 +170,7 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             double prefill = ms(j->t_admit, j->t_first), decode = ms(j->t_first, j->t_end);
             size_t n_eval = j->r.n_prompt - j->n_cached;
             msgpack_packer *pk = sil_rpc_begin_response(&w->pk, j->r.msgid);
-            int n = 11 + (j->r.session[0] != 0) + (errmsg != NULL);
+            int n = 12 + (j->r.session[0] != 0) + (errmsg != NULL);
             msgpack_pack_map(pk, n);
             sil_utf8_pack_kv(pk, "text", text, n_text);
             sil_utf8_pack_kv(pk, "reasoning", reasoning, n_reason);
@@ -169,6 +181,7 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             sil_rpc_kv_uint(pk, "n_prompt", j->r.n_prompt);
             sil_rpc_kv_uint(pk, "n_cached", j->n_cached);
             sil_rpc_kv_uint(pk, "n_generated", j->gen.n);
+            sil_rpc_kv_uint(pk, "n_preempted", (uint64_t)j->n_preempted);
             sil_rpc_kv_uint(pk, "n_reasoning", j->gc ? (uint64_t)sil_genctl_n_reasoning_tokens(j->gc) : 0);
             sil_rpc_kv_str(pk, "stop_reason", sil_stop_reason_name(reason));
             sil_rpc_kv_uint(pk, "seed", j->smp ? sil_sampler_seed(j->smp) : j->r.sampling.seed);
@@ -205,6 +218,7 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
     }
 
     if (j->seq >= 0) {
+        w->space_cap = 0; /* engine space is given back: admission may try again */
         struct session *s = j->sess;
         bool keep = s && reason != SIL_STOP_ERROR && !s->drop_when_idle;
         if (keep) {
@@ -227,6 +241,11 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             sil_seq_free(w->e, j->seq);
         }
         j->seq = -1;
+    } else if (j->sess) {
+        /* Ended while preempted: the session has no engine state left to keep. */
+        j->sess->busy = NULL;
+        session_free(w, j->sess);
+        j->sess = NULL;
     }
     sil_debug("request %u done: %s, %zu prompt (%zu cached), %zu generated", j->r.msgid,
               sil_stop_reason_name(reason), j->r.n_prompt, j->n_cached, j->gen.n);
@@ -255,6 +274,16 @@ void list_append(struct job **head, struct job *j)
 /* Places the job's sequence: reuses its session's common prefix where it can. */
 static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
 {
+    if (j->smp) {
+        /* Resumed after a preemption: only a sequence is new (its session's, if it has one). */
+        int seq = seq_get(w, err);
+        if (seq < 0)
+            return seq;
+        j->seq = seq;
+        if (j->sess)
+            j->sess->seq = seq;
+        return 0;
+    }
     struct session *s = NULL;
     if (j->r.session[0]) {
         s = session_find(w, j->r.uid, j->r.session);
@@ -318,30 +347,116 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
     int rc = sil_genctl_new(&j->gc, &j->r.ctl);
     if (rc)
         return rc;
+    j->fill = j->r.prompt; /* session_chat_prompt may have rendered it anew */
+    j->n_fill = j->r.n_prompt;
     w->local.tokens_cached += j->n_cached;
     return 0;
 }
 
+static struct sil_sched_item job_item(const struct job *j)
+{
+    return (struct sil_sched_item){ .cls = j->r.priority,
+                                    .level = j->r.priority_level,
+                                    .t_submit = j->t_submit,
+                                    .arrival = j->arrival,
+                                    .preemptible = !j->cancelled };
+}
+
+/* The running jobs as policy items in w->s_items / s_jobs; returns how many. */
+static int running_items(struct sil_worker *w)
+{
+    int n = 0;
+    for (struct job *j = w->running; j && n < w->max_running; j = j->next) {
+        w->s_items[n] = job_item(j);
+        w->s_jobs[n++] = j;
+    }
+    return n;
+}
+
+/* Preemption by recompute: the sequence goes, the job back to the queue with what it has
+ * (tokens, sampler, generation controls, streamed text). When it decodes, the replay holds the
+ * tokens the sequence held plus the sampled token it had yet to evaluate. */
+static void job_preempt(struct sil_worker *w, struct job *j, const char *why)
+{
+    list_remove(&w->running, j);
+    w->n_running--;
+    if (j->ctx.n > j->n_evaluated)
+        j->n_evaluated = j->ctx.n;
+    if (j->decoding) {
+        j->replay.n = 0;
+        if (tokvec_push(&j->replay, j->ctx.p, j->ctx.n) ||
+            tokvec_push(&j->replay, &j->pending, 1)) {
+            job_finish(w, j, SIL_STOP_ERROR, "out of memory");
+            return;
+        }
+        j->fill = j->replay.p;
+        j->n_fill = j->replay.n;
+    }
+    sil_seq_free(w->e, j->seq);
+    j->seq = -1;
+    if (j->sess)
+        j->sess->seq = -1; /* still busy with j: nothing else uses or drops it meanwhile */
+    j->ctx.n = 0;
+    j->n_done = 0;
+    j->decoding = false;
+    j->n_preempted++;
+    w->local.preemptions++;
+    list_append(&w->queue, j);
+    w->n_queued++;
+    sil_info("request %u preempted (%s): %zu positions to recompute", j->r.msgid, why,
+             j->n_fill);
+}
+
+/* Makes room for cand (NULL: for a sequence the engine had no space for). */
+static bool preempt_for(struct sil_worker *w, const struct job *cand)
+{
+    int n = running_items(w);
+    struct sil_sched_item ci;
+    if (cand)
+        ci = job_item(cand);
+    else if (n < 2)
+        return false; /* alone, it does not fit at all */
+    int v = sil_sched_victim(&w->sp, w->s_items, n, cand ? &ci : NULL, now_s());
+    if (v < 0)
+        return false;
+    job_preempt(w, w->s_jobs[v], cand ? "a more urgent request" : "out of engine space");
+    return true;
+}
+
 void admit(struct sil_worker *w)
 {
-    while (w->n_running < w->max_running && w->queue) {
-        /* Highest priority first, then arrival order. */
+    while (w->queue) {
+        /* Most urgent first (schedpolicy.h): class, level, time waited, arrival. */
+        double now = now_s();
         struct job *best = NULL;
+        struct sil_sched_item bi = { 0 };
         for (struct job *j = w->queue; j; j = j->next) {
             if (j->r.session[0]) {
                 struct session *s = session_find(w, j->r.uid, j->r.session);
-                if (s && s->busy)
+                if (s && s->busy && s->busy != j) /* a preempted job keeps its session busy */
                     continue;
             }
-            if (!best || j->r.priority < best->r.priority)
+            struct sil_sched_item it = job_item(j);
+            if (!best || sil_sched_before(&w->sp, &it, &bi, now)) {
                 best = j;
+                bi = it;
+            }
         }
         if (!best)
             return;
+        bool room = w->n_running < w->max_running && (!w->space_cap || w->n_running < w->space_cap);
+        if (!room) {
+            if (!preempt_for(w, best))
+                return;
+            continue;
+        }
         struct sil_error err = { 0 };
         int rc = job_admit(w, best, &err);
-        if (rc == -ENOSPC && w->running)
+        if (rc == -ENOSPC && w->running) {
+            if (preempt_for(w, best))
+                continue;
             return; /* a running request will free a sequence */
+        }
         list_remove(&w->queue, best);
         w->n_queued--;
         if (rc) {
@@ -451,46 +566,99 @@ static void test_stall(struct sil_worker *w)
     }
 }
 
-/* One scheduler step: decode rows for every decoding request, then prompt chunks. */
+/* Test hook (SILICEOD_TEST_HOOKS kv_tokens=N): an engine with room for N positions over all
+ * sequences. Rows past it fail their sequence with -ENOSPC, as a paged cache out of blocks does,
+ * and the batch is not evaluated (every sequence stays as it was). */
+static bool test_kv_full(struct sil_worker *w, int n, struct sil_error *err)
+{
+    if (w->test_kv_tokens <= 0)
+        return false;
+    int64_t used = 0;
+    for (struct job *j = w->running; j; j = j->next)
+        used += (int64_t)j->ctx.n;
+    bool full = false;
+    for (int r = 0; r < n; r++)
+        w->b_status[r] = 0;
+    for (int r = 0; r < n; r++)
+        if (++used > w->test_kv_tokens) {
+            full = true;
+            for (int k = 0; k < n; k++)
+                if (w->b_seq[k] == w->b_seq[r])
+                    w->b_status[k] = -ENOSPC;
+        }
+    if (full)
+        sil_errorf(err, -ENOSPC, "no KV space for the batch (test hook kv_tokens=%d)",
+                   w->test_kv_tokens);
+    return full;
+}
+
+/* The engine had no space for some sequence (paged KV out of blocks, device memory). */
+static bool out_of_space(const struct sil_worker *w, int n, int rc)
+{
+    if (rc == -ENOSPC)
+        return true;
+    for (int r = 0; r < n; r++)
+        if (w->b_status[r] == -ENOSPC || w->b_status[r] == -ENOMEM)
+            return true;
+    return false;
+}
+
+/* One scheduler step: a decode row for every decoding request, then prompt chunks under the
+ * prefill budget, given out by priority (schedpolicy.h). */
 void step(struct sil_worker *w)
 {
-    int n = 0, n_logits = 0;
-    int32_t budget = w->prefill_chunk;
+    int n = 0, n_logits = 0, n_dec = 0;
+    int dec_cls = SIL_PRIO_BATCH + 1, pre_cls = SIL_PRIO_BATCH + 1; /* most urgent of each */
     for (struct job *j = w->running; j; j = j->next) {
         j->logit_row = -1;
         if (j->decoding && n < w->n_batch_max) {
+            if (j->r.priority < dec_cls)
+                dec_cls = j->r.priority;
             w->b_tok[n] = j->pending;
             w->b_pos[n] = (int32_t)j->ctx.n;
             w->b_seq[n] = j->seq;
             w->b_want[n] = true;
             j->logit_row = n_logits++;
             n++;
+            n_dec++;
         }
     }
-    for (struct job *j = w->running; j && budget > 0 && n < w->n_batch_max; j = j->next) {
+    int np = 0;
+    for (struct job *j = w->running; j && np < w->max_running; j = j->next) {
         if (j->decoding)
             continue;
-        size_t left = j->r.n_prompt - j->n_done;
-        size_t take = left;
+        size_t take = j->n_fill - j->n_done;
         /* A chunk ends at the resume point so its checkpoint can be taken there. */
         if (j->sess && j->r.resume > 0 && j->n_done < (size_t)j->r.resume)
             take = (size_t)j->r.resume - j->n_done;
-        if (take > (size_t)budget)
-            take = budget;
-        if (take > (size_t)(w->n_batch_max - n))
-            take = w->n_batch_max - n;
-        for (size_t i = 0; i < take; i++) {
-            w->b_tok[n] = j->r.prompt[j->n_done + i];
-            w->b_pos[n] = (int32_t)(j->ctx.n + i);
+        if (j->r.priority < pre_cls)
+            pre_cls = j->r.priority;
+        w->s_items[np] = job_item(j);
+        w->s_items[np].want = take > INT32_MAX ? INT32_MAX : (int32_t)take;
+        w->s_jobs[np++] = j;
+    }
+    int32_t timed =
+        sil_sched_prefill_cap(&w->cost, w->prefill_stretch, w->prefill_budget, dec_cls, pre_cls);
+    int32_t budget = sil_sched_prefill_budget(n_dec, timed, w->prefill_chunk, w->n_batch_max - n);
+    sil_sched_order(&w->sp, w->s_items, np, now_s(), w->s_idx);
+    sil_sched_split(w->s_items, w->s_idx, np, budget, w->s_take);
+    for (int i = 0; i < np; i++) {
+        int k = w->s_idx[i];
+        struct job *j = w->s_jobs[k];
+        size_t take = (size_t)w->s_take[k];
+        if (take == 0)
+            continue;
+        for (size_t t = 0; t < take; t++) {
+            w->b_tok[n] = j->fill[j->n_done + t];
+            w->b_pos[n] = (int32_t)(j->ctx.n + t);
             w->b_seq[n] = j->seq;
             w->b_want[n] = false;
             n++;
         }
-        if (take == left) {
+        if (j->n_done + take == j->n_fill) {
             w->b_want[n - 1] = true;
             j->logit_row = n_logits++;
         }
-        budget -= (int32_t)take;
     }
     if (n == 0)
         return;
@@ -499,16 +667,30 @@ void step(struct sil_worker *w)
     struct sil_error err = { 0 };
     test_stall(w);
     double t0 = now_s();
-    int rc = sil_engine_eval_rows(w->e, &batch, w->logits, w->b_status, &err);
-    w->local.eval_seconds += now_s() - t0;
+    int rc = test_kv_full(w, n, &err)
+                 ? -ENOSPC
+                 : sil_engine_eval_rows(w->e, &batch, w->logits, w->b_status, &err);
+    double dt = now_s() - t0;
+    w->local.eval_seconds += dt;
     w->local.steps++;
+    if (rc == 0)
+        sil_sched_cost_update(&w->cost, n_dec, n - n_dec, dt, w->prefill_stretch,
+                              w->prefill_budget);
     if (rc) {
         w->local.eval_errors++;
-        sil_err("evaluation failed (%d rows): %s", n, err.msg);
         if (rc == -EIO) {
+            sil_err("evaluation failed (%d rows): %s", n, err.msg);
             model_damaged(w, err.msg); /* fails every request, with what to do */
             return;
         }
+        /* Out of space: the least urgent request makes room and is recomputed later; the
+         * others were left as they were and go again next step. */
+        if (out_of_space(w, n, rc) && preempt_for(w, NULL)) {
+            w->space_cap = w->n_running;
+            sil_debug("evaluation out of space (%d rows): %s", n, err.msg);
+            return;
+        }
+        sil_err("evaluation failed (%d rows): %s", n, err.msg);
         eval_failed(w, n, err.msg);
         return;
     }
@@ -532,9 +714,16 @@ void step(struct sil_worker *w)
             continue;
         }
         if (!j->decoding) {
+            /* Positions the sequence held before a preemption are recomputed; a replay's pending
+             * token is an answer token, neither. */
+            size_t first = j->ctx.n - (size_t)cnt, redo = 0;
+            if (first < j->n_evaluated)
+                redo = j->n_evaluated - first < (size_t)cnt ? j->n_evaluated - first : (size_t)cnt;
+            w->local.tokens_recomputed += redo;
+            if (j->fill == j->r.prompt)
+                w->local.tokens_prompt += (size_t)cnt - redo;
             j->n_done += cnt;
-            w->local.tokens_prompt += cnt;
-            if (j->n_done == j->r.n_prompt || (j->r.resume > 0 && j->n_done == (size_t)j->r.resume))
+            if (j->n_done == j->n_fill || (j->r.resume > 0 && j->n_done == (size_t)j->r.resume))
                 job_checkpoint(w, j);
         }
     }

@@ -338,6 +338,7 @@ static void do_reload(struct sil_worker *w)
     free(w->logits);
     w->logits = logits;
     w->damaged = false;
+    w->cost = (struct sil_sched_cost){ 0 }; /* another model, other step times */
     sil_engine_set_eval_progress(ne, eval_progress, w);
     sil_notice("model %s reloaded in %.2f s", sil_engine_info(ne)->path, now_s() - t0);
     publish_stats(w);
@@ -672,6 +673,9 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->n_ctx = sil_engine_n_ctx(e);
     w->max_running = cfg->max_running;
     w->prefill_chunk = cfg->prefill_chunk;
+    w->prefill_budget = cfg->prefill_budget;
+    w->prefill_stretch = cfg->prefill_stretch;
+    w->sp.aging_s = cfg->priority_aging;
     w->n_batch_max = cfg->prefill_chunk + cfg->max_running;
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
@@ -686,10 +690,15 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->b_status = calloc(w->n_batch_max, sizeof(int));
     w->test_stall_ms = sil_test_hook("stall_ms");
     w->test_ubatch_ms = sil_test_hook("ubatch_ms");
+    w->test_kv_tokens = sil_test_hook("kv_tokens");
+    w->s_items = calloc(w->max_running, sizeof(*w->s_items));
+    w->s_jobs = calloc(w->max_running, sizeof(*w->s_jobs));
+    w->s_idx = calloc(w->max_running, sizeof(*w->s_idx));
+    w->s_take = calloc(w->max_running, sizeof(*w->s_take));
     sil_engine_set_eval_progress(e, eval_progress, w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
     if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
-        !w->logits) {
+        !w->logits || !w->s_items || !w->s_jobs || !w->s_idx || !w->s_take) {
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
     }
@@ -739,6 +748,10 @@ void sil_worker_free(struct sil_worker *w)
     free(w->b_want);
     free(w->b_status);
     free(w->logits);
+    free(w->s_items);
+    free(w->s_jobs);
+    free(w->s_idx);
+    free(w->s_take);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

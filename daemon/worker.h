@@ -47,7 +47,8 @@ struct sil_job_req {
     struct sil_chat_msg *chat;
     size_t n_chat;
     bool think, append;
-    int priority;
+    int priority;       /* enum sil_priority: the class */
+    int priority_level; /* within the class, SIL_PRIO_LEVEL_MIN..MAX (schedpolicy.h), lower first */
 };
 
 /* Figures the loop reports in status / metrics (a consistent snapshot). */
@@ -57,6 +58,7 @@ struct sil_worker_stats {
     uint64_t requests_total, requests_failed, requests_cancelled;
     uint64_t tokens_prompt, tokens_cached, tokens_generated;
     uint64_t steps, eval_errors;
+    uint64_t preemptions, tokens_recomputed; /* sequences preempted, rows evaluated again */
     double eval_seconds;
 };
 

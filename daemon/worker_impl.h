@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "daemon/schedpolicy.h"
 #include "daemon/worker.h"
 #include "siliceo-proto.h"
 
@@ -45,11 +46,19 @@ struct job {
     int seq;
     struct session *sess;
     bool cancelled, conn_gone, decoding;
-    size_t n_done;   /* prompt tokens in the sequence */
+    /* What the sequence is filled with before decoding: the prompt, or after a preemption while
+     * decoding the replay (the tokens the dropped sequence held plus the pending one, so the fill's
+     * last logits give the next token as a decode row would have). */
+    const int32_t *fill;
+    size_t n_fill;
+    size_t n_done;   /* fill tokens in the sequence */
     size_t n_cached; /* of which reused from the session */
     int32_t pending; /* sampled token to evaluate next */
     struct tokvec ctx; /* tokens in the sequence, in order */
     struct tokvec gen; /* generated tokens */
+    struct tokvec replay;
+    int n_preempted;
+    size_t n_evaluated; /* most positions its sequence ever held: rows below are recomputed */
     struct sil_sampler *smp;
     struct sil_genctl *gc;
     struct sil_detok dt;
@@ -105,7 +114,18 @@ struct sil_worker {
     struct sil_engine *e;
     const struct sil_vocab *v;
     int32_t n_vocab, n_ctx;
-    int max_running, prefill_chunk, n_batch_max;
+    int max_running, prefill_chunk, prefill_budget, n_batch_max;
+    struct sil_sched_params sp;
+    struct sil_sched_cost cost; /* learnt from the steps: the prefill budget by time */
+    int prefill_stretch;
+    /* After the engine ran out of space: no more sequences than this until one finishes (0 =
+     * no such limit), so a preempted request does not come straight back to fail again. */
+    int space_cap;
+    /* Per step, max_running entries each: the running jobs as policy items. */
+    struct sil_sched_item *s_items;
+    struct job **s_jobs;
+    int *s_idx;
+    int32_t *s_take;
     uint64_t session_memory;
     int max_sessions;
     int checkpoints; /* recurrent-state checkpoints per session */
@@ -123,6 +143,7 @@ struct sil_worker {
     bool damaged;
     struct reload *reload;
     int test_stall_ms, test_ubatch_ms; /* SILICEOD_TEST_HOOKS */
+    int test_kv_tokens; /* test hook: the engine holds this many positions in all, then -ENOSPC */
     struct sil_worker_stats local;
     /* Messages of this loop iteration, handed to the event loop together (one wake-up per step
      * instead of one per token), and the buffer they are packed in (no allocation per token). */

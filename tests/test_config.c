@@ -71,6 +71,9 @@ static void test_file(void **state)
                                          "allow_groups = 0\n"
                                          "session_memory = 256M\n"
                                          "session_checkpoints = 9\n"
+                                         "prefill_budget = 16\n"
+                                         "prefill_stretch = 0\n"
+                                         "priority_aging = 5\n"
                                          "log_level = debug\n"
                                          "\n");
     struct sil_config c;
@@ -86,6 +89,9 @@ static void test_file(void **state)
     assert_int_equal(c.n_allow_gids, 1);
     assert_true(c.session_memory == 256ull << 20);
     assert_int_equal(c.session_checkpoints, 9);
+    assert_int_equal(c.prefill_budget, 16);
+    assert_int_equal(c.prefill_stretch, 0);
+    assert_int_equal(c.priority_aging, 5);
     assert_int_equal(c.log_level, SIL_LOG_DEBUG);
     assert_string_equal(c.config_path, p);
 }
@@ -121,6 +127,17 @@ static void test_file_errors(void **state)
     p = write_file("h.conf", "session_checkpoints = 257\n");
     assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
     assert_non_null(strstr(err.msg, "session_checkpoints"));
+
+    /* The scheduler's keys: aging of 0 s would make every wait infinitely urgent. */
+    static const char *const bad_sched[] = { "priority_aging = 0\n", "prefill_stretch = 101\n",
+                                             "prefill_budget = 0\n", "prefill_stretch = -1\n" };
+    for (size_t i = 0; i < sizeof bad_sched / sizeof *bad_sched; i++) {
+        p = write_file("s.conf", bad_sched[i]);
+        assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+        char key[32];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(bad_sched[i], " "), bad_sched[i]);
+        assert_non_null(strstr(err.msg, key));
+    }
 
     char missing[128];
     snprintf(missing, sizeof missing, "%s/none.conf", dir);

@@ -223,6 +223,48 @@ static void completion_request(void **state)
     sil_rpc_buf_free(&out);
 }
 
+/* service_tier names the class, priority the level; a daemon without priorities gets neither. */
+static void priority_request(void **state)
+{
+    static const struct {
+        const char *extra, *cls;
+        int level;
+    } cases[] = {
+        {",\"service_tier\":\"priority\",\"priority\":-3", "interactive", -3},
+        {",\"service_tier\":\"flex\"", "batch", 0},
+        {",\"service_tier\":\"auto\",\"priority\":100", NULL, 100},
+        {",\"service_tier\":\"default\"", NULL, 0},
+        {"", NULL, 0},
+    };
+    for (int with = 0; with < 2; with++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            char body[256];
+            snprintf(body, sizeof body, "{\"prompt\":\"a\"%s}", cases[i].extra);
+            struct sil_rpc_buf out;
+            sil_rpc_buf_init(&out, 0);
+            struct sil_oa_req req;
+            struct sil_oa_fail f = {0};
+            struct sil_oa_caps caps = {.priority = with};
+            int r = sil_oa_request(SIL_OA_COMPLETION, body, strlen(body), &caps, 1, &out, &req, &f);
+            if (!with && cases[i].level) {
+                assert_int_equal(r, -EINVAL); /* a level it cannot honour */
+                assert_string_equal(f.param, "priority");
+                sil_rpc_buf_free(&out);
+                continue;
+            }
+            if (r) fail_msg("case %zu: %s", i, f.msg);
+            struct sil_rpc_msg m;
+            const msgpack_object *p = decode(&out, &m, "generate");
+            char buf[32];
+            const char *cls = sil_rpc_map_str(p, "priority", buf, sizeof buf, "");
+            assert_string_equal(cls, with && cases[i].cls ? cases[i].cls : "");
+            assert_int_equal(sil_rpc_map_int(p, "priority_level", 0), with ? cases[i].level : 0);
+            assert_true(cases[i].level != 0 || !sil_rpc_map_get(p, "priority_level"));
+            sil_rpc_msg_release(&m);
+            sil_rpc_buf_free(&out);
+        }
+}
+
 static void refusals(void **state)
 {
     static const struct {
@@ -251,6 +293,12 @@ static void refusals(void **state)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{\"1\":1}}",
          "logit_bias", 400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{}]}", "tools", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"service_tier\":\"x\"}",
+         "service_tier", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"service_tier\":1}",
+         "service_tier", 400},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"priority\":2}", "priority",
+         400}, /* no priority in the capabilities */
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"stream\":1}", "stream", 400},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"frequency_penalty\":0.5}",
          "frequency_penalty", 400},
@@ -335,6 +383,7 @@ int main(void)
         cmocka_unit_test(escaper),
         cmocka_unit_test(chat_request),
         cmocka_unit_test(completion_request),
+        cmocka_unit_test(priority_request),
         cmocka_unit_test(refusals),
         cmocka_unit_test(responses),
     };

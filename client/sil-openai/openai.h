@@ -36,6 +36,7 @@ struct sil_oa_req {
 /* Daemon features the translation depends on (from the hello capabilities). */
 struct sil_oa_caps {
     bool logit_bias;
+    bool priority; /* priority classes and priority_level */
 };
 
 /* Checks body and packs the request [0, msgid, "chat" | "generate", params] into out.

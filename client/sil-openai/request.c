@@ -246,11 +246,12 @@ static int check_unsupported(struct sil_oa_fail *f, jv *o)
 
 struct params {
     jv *messages, *prompt, *stop, *logit_bias;
-    int64_t max_tokens, max_thinking, seed, top_k;
+    const char *priority_class; /* from service_tier; NULL = the daemon's default */
+    int64_t max_tokens, max_thinking, seed, top_k, priority_level;
     double temperature, top_p, presence, min_p, repeat_penalty;
     bool think;
     int has_max, has_thinking, has_seed, has_top_k, has_temp, has_top_p, has_presence, has_min_p,
-        has_repeat, has_think;
+        has_repeat, has_think, has_level;
 };
 
 static int collect(struct sil_oa_fail *f, enum sil_oa_kind kind, jv *o,
@@ -323,6 +324,28 @@ static int collect(struct sil_oa_fail *f, enum sil_oa_kind kind, jv *o,
     p->logit_bias = opt(o, "logit_bias");
     if (check_logit_bias(f, p->logit_bias, caps) < 0) return -EINVAL;
     if (p->logit_bias && p->logit_bias->n == 0) p->logit_bias = NULL;
+    /* OpenAI's service_tier names the class ("priority" interactive, "flex" batch); an integer
+     * priority, lower first as in vLLM, is the level within it. Both are hints: a daemon
+     * without priorities ignores the tier, but a level it cannot honour is refused. */
+    jv *tier = opt(o, "service_tier");
+    if (tier) {
+        if (want(f, tier, SIL_OA_JSON_STRING, "service_tier") < 0) return -EINVAL;
+        if (!strcmp(tier->str, "priority"))
+            p->priority_class = "interactive";
+        else if (!strcmp(tier->str, "flex"))
+            p->priority_class = "batch";
+        else if (strcmp(tier->str, "auto") && strcmp(tier->str, "default"))
+            return sil_oa_failf(f, 400, "service_tier",
+                                "'service_tier' must be \"auto\", \"default\", \"flex\" or "
+                                "\"priority\"");
+        if (!caps->priority) p->priority_class = NULL;
+    }
+    if ((r = get_int(f, o, "priority", -100, 100, &p->priority_level)) < 0) return r;
+    p->has_level = r && p->priority_level != 0;
+    if (p->has_level && !caps->priority)
+        return sil_oa_failf(f, 400, "priority",
+                            "'priority' is not supported by this siliceod (no priority in its "
+                            "capabilities)");
     req->kind = kind;
     req->stream = false;
     req->include_usage = false;
@@ -339,7 +362,8 @@ static void pack_params(msgpack_packer *pk, enum sil_oa_kind kind, const struct 
 {
     uint32_t n = 1 + 2 * p->has_max + p->has_thinking + p->has_seed + p->has_top_k + p->has_temp +
                  p->has_top_p + p->has_presence + p->has_min_p + p->has_repeat + p->has_think +
-                 (p->stop != NULL) + (p->logit_bias != NULL);
+                 (p->stop != NULL) + (p->logit_bias != NULL) + (p->priority_class != NULL) +
+                 p->has_level;
     msgpack_pack_map(pk, n);
     if (kind == SIL_OA_CHAT) {
         sil_rpc_pack_cstr(pk, "messages");
@@ -379,6 +403,8 @@ static void pack_params(msgpack_packer *pk, enum sil_oa_kind kind, const struct 
     if (p->has_min_p) sil_rpc_kv_double(pk, "min_p", p->min_p);
     if (p->has_repeat) sil_rpc_kv_double(pk, "repeat_penalty", p->repeat_penalty);
     if (p->has_think) sil_rpc_kv_bool(pk, "think", p->think);
+    if (p->priority_class) sil_rpc_kv_str(pk, "priority", p->priority_class);
+    if (p->has_level) sil_rpc_kv_int(pk, "priority_level", p->priority_level);
     if (p->stop) {
         sil_rpc_pack_cstr(pk, "stop");
         if (p->stop->type == SIL_OA_JSON_STRING) {

@@ -1,0 +1,77 @@
+/* Scheduler policy as pure functions over a small array of request descriptions, so ordering,
+ * aging, the prefill budget, its split and the choice of a preemption victim are unit-tested
+ * without an engine (tests/test_schedpolicy.c). scheduler.c fills the array each step.
+ *
+ * Effective priority ("score", lower runs first) is measured in seconds of waiting:
+ *   score = aging_s * (class + (level - SIL_PRIO_LEVEL_MIN) / SIL_PRIO_LEVEL_SPAN) - waited_s
+ * The whole level range spans less than one class, and a request that has waited aging_s
+ * seconds longer ranks one class higher: a stream of new interactive requests never starves a
+ * batch request. Nothing here allocates or keeps state. */
+#ifndef SIL_DAEMON_SCHEDPOLICY_H
+#define SIL_DAEMON_SCHEDPOLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SIL_PRIO_LEVEL_MIN (-100)
+#define SIL_PRIO_LEVEL_MAX 100
+#define SIL_PRIO_LEVEL_SPAN 256 /* > MAX - MIN + 1: a level never reaches the next class */
+
+struct sil_sched_params {
+    double aging_s; /* waiting that lifts a request by one class; > 0 */
+};
+
+struct sil_sched_item {
+    int cls;          /* enum sil_priority: 0 interactive, 1 normal, 2 batch */
+    int level;        /* within the class, SIL_PRIO_LEVEL_MIN..MAX, lower first */
+    double t_submit;  /* seconds, the clock of now */
+    uint64_t arrival; /* order of arrival: breaks ties */
+    int32_t want;     /* sil_sched_split: prompt tokens it could take this step */
+    bool preemptible; /* sil_sched_victim: its engine state may be dropped and recomputed */
+};
+
+double sil_sched_score(const struct sil_sched_params *p, const struct sil_sched_item *it,
+                       double now);
+/* a runs before b: lower score, then earlier arrival. */
+bool sil_sched_before(const struct sil_sched_params *p, const struct sil_sched_item *a,
+                      const struct sil_sched_item *b, double now);
+/* Fills idx[0..n) with 0..n-1, most urgent first (lowest score, then earliest arrival). */
+void sil_sched_order(const struct sil_sched_params *p, const struct sil_sched_item *it, int n,
+                     double now, int *idx);
+/* Prompt rows of the next step: prefill_chunk when no sequence decodes, else prefill_budget
+ * (the decode rows come first and a step stays short), never more than room (rows left). */
+int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t prefill_chunk,
+                                 int32_t room);
+/* The prefill budget by time, learnt from the evaluations: a step with decode rows and prompt
+ * rows should take at most stretch times a step of decode rows only, so a long prompt never
+ * holds the streams up for longer than that. The time of a decode-only step is averaged; the
+ * budget is a feedback loop on the mixed steps: it shrinks when one took too long, and grows by
+ * an eighth when one that used all of it would still have been within with that many more rows
+ * at the same cost per row (cautious on an MoE, where the union of experts the rows touch grows
+ * slower than their number). */
+struct sil_sched_cost {
+    double t_decode; /* seconds, 0 = not measured yet */
+    int32_t budget;  /* prompt rows, 0 = not learnt yet (the cap) */
+};
+void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
+                           int stretch, int32_t cap);
+/* Prompt rows for the next step that has decode rows: at least 1 (every prompt goes on), at
+ * most cap; cap while nothing is learnt or stretch is 0 (no limit by time). */
+int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, int stretch, int32_t cap);
+/* The prompt rows of a step whose most urgent decoding stream has class decode_cls and whose
+ * most urgent prompt prompt_cls: the time budget protects streams from prompts of their class
+ * or a lower one; a more urgent prompt (an interactive one next to batch streams) gets cap. */
+int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, int stretch, int32_t cap,
+                              int decode_cls, int prompt_cls);
+/* Gives the budget out in the order of idx: each item takes min(want, what is left) into
+ * take[item]. Returns the tokens given. */
+int32_t sil_sched_split(const struct sil_sched_item *it, const int *idx, int n, int32_t budget,
+                        int32_t *take);
+/* The running item to preempt for cand (NULL: the engine ran out of space and any running item
+ * may go): the least urgent preemptible one (highest score, then latest arrival); with cand, only
+ * one of a lower class whose score is also above cand's, so an aged request is never preempted
+ * by a newer one. -1 when none qualifies. */
+int sil_sched_victim(const struct sil_sched_params *p, const struct sil_sched_item *running, int n,
+                     const struct sil_sched_item *cand, double now);
+
+#endif
