@@ -378,7 +378,16 @@ check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fw
 	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 $(B)/tests/test_cuda_mmq
 	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --tool memcheck --report-api-errors no \
 		--error-exitcode 9 $(B)/tests/test_cuda_ops,@echo "check-cuda: no compute-sanitizer; memcheck skipped")
+	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --tool racecheck --error-exitcode 9 \
+		$(B)/tests/test_cuda_ops,@echo "check-cuda: no compute-sanitizer; racecheck skipped")
 	SIL_CUDA_REQUIRE=1 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(REFDATA_MODELS)
+	@# the whole model once more through the PTX JIT and under memcheck (graphs, routing, attention)
+	rm -rf $(B)/cuda-one && mkdir -p $(B)/cuda-one && \
+		cp $(REFDATA_MODELS)/qwen35moe-tiny-Q4_K_M.* $(B)/cuda-one/
+	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(B)/cuda-one
+	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --target-processes all --tool memcheck \
+		--report-api-errors no --error-exitcode 9 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(B)/cuda-one,\
+		@echo "check-cuda: no compute-sanitizer; whole-model memcheck skipped")
 else
 check-cuda:
 	@echo "check-cuda: built with CUDA=0 (no nvcc); nothing to check" && false
