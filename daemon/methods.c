@@ -139,7 +139,9 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         sil_worker_stats(s->worker, &st);
     const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
-    msgpack_pack_map(pk, 15);
+    struct sil_engine_device dev;
+    const bool on_dev = s->engine && sil_engine_device(s->engine, &dev) == 0;
+    msgpack_pack_map(pk, 16);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
     sil_rpc_kv_str(pk, "model_state", model_state_name(s));
     sil_rpc_pack_cstr(pk, "model_problem");
@@ -152,6 +154,23 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_double(pk, "uptime_s", now_s() - s->t_start);
     sil_rpc_kv_str(pk, "backend", info ? info->backend : "none");
     sil_rpc_kv_int(pk, "threads", info ? info->n_threads : 0);
+    /* the GPU and the device memory taken by use; nil on the CPU */
+    sil_rpc_pack_cstr(pk, "device");
+    if (on_dev) {
+        char drv[32], cc[16];
+        snprintf(drv, sizeof drv, "%d.%d", dev.driver_version / 1000, dev.driver_version % 1000 / 10);
+        snprintf(cc, sizeof cc, "sm_%d%d", dev.cc_major, dev.cc_minor);
+        msgpack_pack_map(pk, 7);
+        sil_utf8_pack_kv(pk, "name", dev.name, strlen(dev.name));
+        sil_rpc_kv_str(pk, "driver", drv);
+        sil_rpc_kv_str(pk, "compute", cc);
+        sil_rpc_kv_uint(pk, "vram_weights", dev.weight_bytes);
+        sil_rpc_kv_uint(pk, "vram_kv", dev.kv_bytes);
+        sil_rpc_kv_uint(pk, "vram_scratch", dev.scratch_bytes);
+        sil_rpc_kv_uint(pk, "vram_budget", dev.budget_bytes);
+    } else {
+        msgpack_pack_nil(pk);
+    }
     sil_rpc_pack_cstr(pk, "model");
     if (info) {
         msgpack_pack_map(pk, 13);
@@ -245,6 +264,9 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     struct sil_worker_stats st = { 0 };
     if (s->worker)
         sil_worker_stats(s->worker, &st);
+    struct sil_engine_device dev;
+    if (!s->engine || sil_engine_device(s->engine, &dev) < 0)
+        memset(&dev, 0, sizeof dev);
     const struct metric mt[] = {
         { "siliceo_uptime_seconds", "Seconds since the daemon started.", false, now_s() - s->t_start },
         { "siliceo_rss_bytes", "Resident memory of the daemon.", false, (double)rss_bytes() },
@@ -281,6 +303,12 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         { "siliceo_sessions", "Sessions kept.", false, st.sessions },
         { "siliceo_session_bytes", "Engine state held by sessions.", false, st.session_bytes },
         { "siliceo_state_bytes", "Engine state of all sequences.", false, st.state_bytes },
+        { "siliceo_vram_weight_bytes", "Device memory holding weights (0 on the CPU).", false,
+          (double)dev.weight_bytes },
+        { "siliceo_vram_kv_bytes", "Device memory holding the KV cache (0 on the CPU).", false,
+          (double)dev.kv_bytes },
+        { "siliceo_vram_scratch_bytes", "Other device memory: recurrent state, activations, scratch.",
+          false, (double)dev.scratch_bytes },
     };
     int n = (int)(sizeof mt / sizeof *mt);
     if (!map) {

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "daemon/engine/delta_net.h"
+#include "daemon/engine/engine.h"
 #include "daemon/engine/error.h"
 #include "daemon/engine/kv_cache.h"
 
@@ -206,6 +207,8 @@ struct sil_backend_ops {
     int (*state_read)(struct sil_backend *be, int seq, float *dst, int64_t n, struct sil_error *err);
     int (*state_write)(struct sil_backend *be, int seq, const float *src, int64_t n,
                        struct sil_error *err);
+    /* Optional (NULL: the host). The device and the device memory taken, by use. */
+    void (*device)(struct sil_backend *be, struct sil_engine_device *d);
 };
 
 struct sil_backend {

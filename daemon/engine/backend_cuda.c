@@ -105,7 +105,7 @@ struct cuda_backend {
     int rc;
     struct sil_error err;
     uint64_t used, budget; /* device bytes taken, the cap */
-    uint64_t weight_bytes;
+    uint64_t weight_bytes, kv_bytes;
     /* device allocations, freed with the backend */
     sil_cuda_ptr *allocs;
     int n_allocs, cap_allocs;
@@ -1152,6 +1152,20 @@ static void cuda_free(struct sil_backend *be)
     free(b);
 }
 
+static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
+{
+    struct cuda_backend *b = cb(be);
+    const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
+    snprintf(d->name, sizeof d->name, "%s", in->name);
+    d->driver_version = in->driver_version;
+    d->cc_major = in->cc_major;
+    d->cc_minor = in->cc_minor;
+    d->weight_bytes = b->weight_bytes;
+    d->kv_bytes = b->kv_bytes;
+    d->scratch_bytes = b->used - b->weight_bytes - b->kv_bytes;
+    d->budget_bytes = b->budget;
+}
+
 static const struct sil_backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
@@ -1173,6 +1187,7 @@ static const struct sil_backend_ops cuda_ops = {
     .status = cuda_status,
     .state_read = cuda_state_read,
     .state_write = cuda_state_write,
+    .device = cuda_device,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)
@@ -1282,6 +1297,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
     b->attn_split = attn_split;
+    b->kv_bytes = kv;
     if (rc == 0) rc = sil_cuda_host_alloc(b->cu, meta_bytes, &b->h_meta, err);
     if (rc == 0)
         rc = sil_cuda_host_alloc(b->cu, (size_t)(MB * c->n_vocab) * sizeof(float),

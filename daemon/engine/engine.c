@@ -332,6 +332,14 @@ const struct sil_model_info *sil_engine_info(const struct sil_engine *e)
     return &e->info;
 }
 
+int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d)
+{
+    memset(d, 0, sizeof(*d));
+    if (!e->f.be || !e->f.be->ops->device) return -ENODEV;
+    e->f.be->ops->device(e->f.be, d);
+    return 0;
+}
+
 const struct sil_vocab *sil_engine_vocab(const struct sil_engine *e)
 {
     return e->vocab;

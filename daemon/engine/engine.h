@@ -61,6 +61,17 @@ struct sil_engine;
 int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, struct sil_error *err);
 void sil_engine_close(struct sil_engine *e);
 const struct sil_model_info *sil_engine_info(const struct sil_engine *e);
+
+/* The device a GPU backend runs on and the device memory it took (fixed after open). */
+struct sil_engine_device {
+    char name[128];
+    int driver_version; /* 13000 for 13.0 */
+    int cc_major, cc_minor;
+    uint64_t weight_bytes, kv_bytes, scratch_bytes; /* by use; their sum is all it took */
+    uint64_t budget_bytes;                          /* --vram-budget, 0: none */
+};
+/* 0 with *d filled on a device backend; -ENODEV on the CPU. */
+int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);
 const struct sil_vocab *sil_engine_vocab(const struct sil_engine *e);
 int32_t sil_engine_n_ctx(const struct sil_engine *e);
 

@@ -31,6 +31,8 @@ def methods():
     st, _ = c.ok("status")
     check(st["state"] == "ready" and st["model"]["n_vocab"] > 0, "status: ready, model figures")
     check(st["memory"]["rss"] > 0 and "running" in st["queue"], "status: memory and queue")
+    check("device" in st and (st["device"] is None) == (st["backend"] == "cpu"),
+          "status: device is nil exactly on the cpu backend")
 
     tok, _ = c.ok("tokenize", {"text": "Hello world"})
     check(len(tok["ids"]) > 0, "tokenize gives ids")
