@@ -16,8 +16,11 @@
 
 #include <cmocka.h>
 
+#include "daemon/engine/engine.h"
 #include "daemon/engine/expert_cache.h"
 #include "daemon/engine/expert_heat.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/route_trace.h"
 #include "tests/testutil.h"
 
 static struct sil_ecache *mk(int32_t L, int32_t X, int32_t slots, enum sil_ecache_policy pol,
@@ -620,6 +623,119 @@ static void test_heat_corrupt(void **state)
     free(path);
 }
 
+/* ---- the engine's observer ----------------------------------------------------------------------
+ */
+
+/* Evaluates 40 tokens in batches of 16 rows, then 3 decode steps, with or without a route
+ * trace and a simulated cache; returns every row's logits. */
+static float *run_engine(const char *model, const char *trace, int32_t slots,
+                         struct sil_engine_stats *st, int32_t *n_layer, int32_t *n_vocab)
+{
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.model_path = model;
+    p.n_threads = 2;
+    p.n_seq_max = 1;
+    p.n_batch_max = 16;
+    p.route_trace = trace;
+    p.ecache_sim_slots = slots;
+    struct sil_engine *e = NULL;
+    struct sil_error err = {0};
+    assert_int_equal(sil_engine_open(&e, &p, &err), 0);
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    *n_layer = sil_engine_info(e)->n_layer;
+    *n_vocab = V;
+    enum { N = 40, D = 3 };
+    float *logits = malloc(sizeof(float) * (size_t)V * (N + D));
+    int32_t tok[N], pos[N], seq[N];
+    bool want[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (i * 37 + 11) % V;
+        pos[i] = i;
+        seq[i] = 0;
+        want[i] = true;
+    }
+    assert_int_equal(sil_seq_create(e, &err), 0);
+    for (int at = 0; at < N; at += 16) { /* n_batch_max rows a call: 16, 16, 8 */
+        const int n = N - at < 16 ? N - at : 16;
+        struct sil_batch b = {n, tok + at, pos + at, seq + at, want + at};
+        assert_int_equal(sil_engine_eval(e, &b, logits + (size_t)V * at, &err), 0);
+    }
+    for (int d = 0; d < D; d++) {
+        int32_t t = (d * 5 + 3) % V, ps = N + d, sq = 0;
+        struct sil_batch one_b = {1, &t, &ps, &sq, NULL};
+        assert_int_equal(sil_engine_eval(e, &one_b, logits + (size_t)V * (N + d), &err), 0);
+    }
+    sil_engine_stats(e, st);
+    sil_engine_close(e);
+    return logits;
+}
+
+/* Watching the plans changes no logit; the trace holds every (ubatch, layer) plan; the
+ * simulated cache counts each active expert of each plan once. */
+static void test_engine_observer(void **state)
+{
+    if (!tu_refdata_exists("models/qwen35moe-tiny-Q8_0.gguf")) {
+        print_message("skipped: no qwen35moe-tiny-Q8_0.gguf in refdata\n");
+        return;
+    }
+    char *model = tu_refdata_path("models/qwen35moe-tiny-Q8_0.gguf");
+    char *trace = tu_path_join(tmpdir, "route.trace");
+    struct sil_engine_stats s0, s1;
+    int32_t L, V;
+    float *plain = run_engine(model, NULL, 0, &s0, &L, &V);
+    float *seen = run_engine(model, trace, 7, &s1, &L, &V);
+    assert_memory_equal(plain, seen, sizeof(float) * (size_t)V * 43);
+    assert_int_equal(s0.ecache_hits + s0.ecache_misses, 0);
+    assert_true(s1.ecache_hits > 0 && s1.ecache_misses > 0);
+
+    struct sil_route_trace t;
+    struct sil_error err = {0};
+    assert_int_equal(sil_route_trace_open(&t, trace, &err), 0);
+    assert_int_equal(t.n_layer, (uint32_t)L);
+    int32_t *sel = malloc(sizeof(int32_t) * SIL_ROUTE_TRACE_MAX_ROWS * t.n_used);
+    uint32_t layer, rows, n_rec = 0, tokens = 0;
+    uint64_t active = 0;
+    int rc;
+    while ((rc = sil_route_trace_read(&t, &layer, &rows, sel, &err)) == 1) {
+        assert_int_equal(layer, n_rec % (uint32_t)L);
+        if (layer == 0) tokens += rows;
+        uint8_t used[256] = {0};
+        for (uint32_t i = 0; i < rows * t.n_used; i++) {
+            assert_true(sel[i] >= 0 && (uint32_t)sel[i] < t.n_expert);
+            active += !used[sel[i]];
+            used[sel[i]] = 1;
+        }
+        n_rec++;
+    }
+    assert_int_equal(rc, 0);
+    fclose(t.f);
+    assert_int_equal(tokens, 43);
+    assert_int_equal(n_rec, (uint32_t)L * (3 + 3)); /* ubatches of 16, 16, 8, then 3 decodes */
+    assert_int_equal(s1.ecache_hits + s1.ecache_misses, active);
+    /* the expert bytes the plans named are what a cache with no slot would stream */
+    assert_int_equal(s1.ecache_bytes_streamed * (s1.ecache_hits + s1.ecache_misses),
+                     s1.expert_bytes * s1.ecache_misses);
+    free(sel);
+    free(plain);
+    free(seen);
+
+    /* heat-map identity: the same file twice is the same model, another quantization is not */
+    struct sil_model *a, *b, *c;
+    char *other = tu_refdata_path("models/qwen35moe-tiny-Q4_K_M.gguf");
+    assert_int_equal(sil_model_load(&a, model, &err), 0);
+    assert_int_equal(sil_model_load(&b, model, &err), 0);
+    assert_int_equal(sil_model_load(&c, other, &err), 0);
+    assert_true(sil_heat_model_id(a) == sil_heat_model_id(b));
+    assert_true(sil_heat_model_id(a) != sil_heat_model_id(c));
+    sil_model_free(a);
+    sil_model_free(b);
+    sil_model_free(c);
+    free(other);
+    free(trace);
+    free(model);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -635,6 +751,7 @@ int main(void)
         cmocka_unit_test(test_lru_vs_static),
         cmocka_unit_test(test_heat_roundtrip),
         cmocka_unit_test(test_heat_corrupt),
+        cmocka_unit_test(test_engine_observer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

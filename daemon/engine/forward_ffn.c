@@ -90,6 +90,8 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
     struct sil_moe_plan *plan = &f->plan;
     SIL_OP(f, route, cur, &w->ffn_gate_inp, f->model->hp.n_expert_used, plan);
     moe_plan(f, w, plan);
+    if (f->obs)
+        sil_expert_obs_plan(f->obs, il, plan);
     for (int a = 0; a < plan->n_active; a++)
         f->expert_bytes +=
             plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
