@@ -56,7 +56,7 @@ static const struct opt_def {
     {"--ecache-slots", OPT_STR, offsetof(struct opts, ecache_slots), "N",
      "simulate an expert cache of N slots on the plans and report its hit rate (cpu backend)"},
     {"--ecache-policy", OPT_STR, offsetof(struct opts, ecache_policy), "NAME",
-     "the simulated cache's policy: lru (default), lfu, heat or static"},
+     "the simulated cache's policy: lfu (default), lru, heat or static"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},

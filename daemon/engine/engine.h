@@ -36,8 +36,8 @@ struct sil_engine_params {
     bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
     /* CPU backend, benchmarks: write every MoE layer's routing to this trace file
      * (route_trace.h), and/or look each plan up in a simulated expert cache of this many slots
-     * (0: none) and policy (NULL: lru), whose counters
-     * sil_engine_stats reports. Neither changes a logit. */
+     * (0: none) and policy (NULL: the measured best, lfu), whose counters sil_engine_stats
+     * reports. Neither changes a logit. */
     const char *route_trace;
     int32_t ecache_sim_slots;
     const char *ecache_sim_policy;

@@ -23,7 +23,7 @@ int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs
     if (!o) return sil_errorf(err, -ENOMEM, "expert observer: out of memory");
     int rc = 0;
     if (c->sim_slots >= 0) {
-        const int pol = c->sim_policy ? sil_ecache_policy_parse(c->sim_policy) : SIL_ECACHE_LRU;
+        const int pol = c->sim_policy ? sil_ecache_policy_parse(c->sim_policy) : SIL_ECACHE_DEFAULT;
         if (pol < 0) {
             rc = sil_errorf(err, -EINVAL,
                             "expert cache policy '%s' unknown (lru, lfu, heat, static)",

@@ -17,7 +17,7 @@ struct sil_expert_obs_config {
     int32_t n_layer, n_expert, n_used;
     const char *trace_path; /* NULL: no trace */
     int32_t sim_slots;      /* < 0: no simulated cache */
-    const char *sim_policy; /* NULL: lru */
+    const char *sim_policy; /* NULL: SIL_ECACHE_DEFAULT */
     uint64_t expert_bytes;  /* gate + up + down of one expert */
 };
 
