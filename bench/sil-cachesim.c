@@ -1,6 +1,7 @@
 /* sil-cachesim: replays routing through every expert-cache policy at a list of slot counts and
- * prints the hit rates (cold: the first turn from an empty cache; warm: the turns after), the
- * misses per token and the host-side cost of a lookup.
+ * prints the hit rates (cold: the first turn from an empty cache; restart: the turn after it on a
+ * fresh cache preloaded from the cold turn's heat map, through the heat-map file; warm: the
+ * turns after the cold one, continued), the misses per token and the host cost of a lookup.
  *
  * Routing comes from a trace (--trace FILE, the format in daemon/engine/route_trace.h: recorded
  * by `sil-eval --route-trace FILE` or written by --write-trace) or is synthetic, drawn as
@@ -24,9 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench/common/common.h"
 #include "daemon/engine/expert_cache.h"
+#include "daemon/engine/expert_heat.h"
 #include "daemon/engine/route_trace.h"
 
 #define PROG "sil-cachesim"
@@ -230,6 +233,9 @@ struct result {
     double evict_per_token; /* warm */
     double ns_per_lookup;
     int64_t cold_tokens;
+    /* the turn after the cold one (as many tokens): on a fresh cache preloaded from the cold
+     * turn's heat map, on an empty one, and on the cache kept from the cold turn; -1 static */
+    double restart, empty, kept;
 };
 
 static double rate(const struct sil_ecache_stats *s)
@@ -273,6 +279,83 @@ static void preload_hottest(struct sil_ecache *c, const struct trace *t, int64_t
     free(order);
 }
 
+struct scratch {
+    int32_t *uses, *plan, *cnt;
+    struct sil_ecache_entry *ent;
+    double t_lookup;
+    int64_t lookups;
+};
+
+/* Replays records from r0 until max_tokens tokens have started (at layer 0) or the trace ends;
+ * returns the record it stopped at, *tokens the tokens replayed. */
+static int64_t replay(struct sil_ecache *c, const struct trace *t, int64_t r0, int64_t max_tokens,
+                      struct scratch *w, int64_t *tokens)
+{
+    const int32_t X = t->n_expert;
+    *tokens = 0;
+    int64_t r = r0;
+    for (; r < t->n_rec; r++) {
+        const struct rec *rc = &t->rec[r];
+        if (rc->layer == 0) {
+            if (*tokens >= max_tokens) break;
+            *tokens += rc->n_rows;
+        }
+        /* the plan: distinct experts in ascending id with their row counts */
+        const int32_t *ids = t->ids + rc->at;
+        const int64_t n = (int64_t)rc->n_rows * t->n_used;
+        for (int64_t i = 0; i < n; i++)
+            w->uses[ids[i]]++;
+        int32_t m = 0;
+        for (int32_t e = 0; e < X; e++)
+            if (w->uses[e]) {
+                w->plan[m] = e;
+                w->cnt[m++] = w->uses[e];
+                w->uses[e] = 0;
+            }
+        const double t0 = sil_bench_now();
+        sil_ecache_lookup(c, (int32_t)rc->layer, w->plan, w->cnt, m, w->ent);
+        w->t_lookup += sil_bench_now() - t0;
+        w->lookups++;
+    }
+    return r;
+}
+
+/* A restart after the cold turn: its heat map saved to a file and loaded back, a fresh cache
+ * preloaded with the hottest experts, then the next cold-turn's worth of tokens replayed. */
+static double restart(const struct sil_ecache_config *cfg, const struct trace *t, int64_t r_warm,
+                      int64_t n_tokens, const float *heat, bool preload, struct scratch *w)
+{
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/sil-cachesim-%ld.heat", dir, (long)getpid());
+    struct sil_heat_map m = {(uint32_t)t->n_layer, (uint32_t)t->n_expert, 1, 0, (float *)heat};
+    struct sil_heat_map got;
+    struct sil_error err = {0};
+    if (sil_heat_map_save(path, &m, &err) < 0 ||
+        sil_heat_map_load(path, 1, m.n_layer, m.n_expert, &got, &err) < 0) {
+        fprintf(stderr, PROG ": %s\n", err.msg);
+        unlink(path);
+        return -1;
+    }
+    unlink(path);
+    const int64_t n_key = (int64_t)t->n_layer * t->n_expert;
+    int32_t *keys = malloc((size_t)n_key * sizeof(int32_t));
+    struct sil_ecache *c;
+    if (!keys || sil_ecache_create(&c, cfg, &err) < 0) die_oom();
+    sil_ecache_heat_import(c, got.heat);
+    const int64_t n = preload ? sil_heat_map_hottest(&got, keys, n_key) : 0;
+    for (int64_t i = 0; i < n; i++)
+        sil_ecache_preload(c, keys[i] / t->n_expert, keys[i] % t->n_expert);
+    int64_t tokens;
+    replay(c, t, r_warm, n_tokens, w, &tokens);
+    struct sil_ecache_stats s;
+    sil_ecache_stats(c, -1, &s);
+    sil_ecache_free(c);
+    sil_heat_map_free(&got);
+    free(keys);
+    return rate(&s);
+}
+
 static int simulate(const struct opts *o, const struct trace *t, int policy, int pools,
                     int32_t slots, int64_t cold_tokens, struct result *res)
 {
@@ -292,60 +375,52 @@ static int simulate(const struct opts *o, const struct trace *t, int policy, int
     }
     if (policy == SIL_ECACHE_STATIC) preload_hottest(c, t, cold_tokens);
     const int32_t X = t->n_expert;
-    int32_t *uses = calloc((size_t)X, sizeof(int32_t)), *plan = malloc((size_t)X * sizeof(int32_t));
-    int32_t *cnt = malloc((size_t)X * sizeof(int32_t));
-    struct sil_ecache_entry *ent = malloc((size_t)X * sizeof(*ent));
-    if (!uses || !plan || !cnt || !ent) die_oom();
-    struct sil_ecache_stats cold = {0}, all;
-    bool cold_done = cold_tokens <= 0;
-    int64_t tokens = 0, lookups = 0;
-    double t_lookup = 0;
-    for (int64_t r = 0; r < t->n_rec; r++) {
-        const struct rec *rc = &t->rec[r];
-        if (rc->layer == 0) {
-            if (!cold_done && tokens >= cold_tokens) {
-                sil_ecache_stats(c, -1, &cold);
-                cold_done = true;
-            }
-            tokens += rc->n_rows;
-        }
-        /* the plan: distinct experts in ascending id with their row counts */
-        const int32_t *ids = t->ids + rc->at;
-        const int64_t n = (int64_t)rc->n_rows * t->n_used;
-        for (int64_t i = 0; i < n; i++)
-            uses[ids[i]]++;
-        int32_t m = 0;
-        for (int32_t e = 0; e < X; e++)
-            if (uses[e]) {
-                plan[m] = e;
-                cnt[m++] = uses[e];
-                uses[e] = 0;
-            }
-        const double t0 = sil_bench_now();
-        sil_ecache_lookup(c, (int32_t)rc->layer, plan, cnt, m, ent);
-        t_lookup += sil_bench_now() - t0;
-        lookups++;
-    }
-    if (!cold_done) sil_ecache_stats(c, -1, &cold);
+    const int64_t n_key = (int64_t)t->n_layer * X;
+    struct scratch w = {calloc((size_t)X, sizeof(int32_t)),
+                        malloc((size_t)X * sizeof(int32_t)),
+                        malloc((size_t)X * sizeof(int32_t)),
+                        malloc((size_t)X * sizeof(struct sil_ecache_entry)),
+                        0,
+                        0};
+    float *heat = malloc((size_t)n_key * sizeof(float));
+    if (!w.uses || !w.plan || !w.cnt || !w.ent || !heat) die_oom();
+    struct sil_ecache_stats cold, next, all;
+    int64_t ct, nt, rest;
+    const int64_t r_warm = replay(c, t, 0, cold_tokens, &w, &ct);
+    sil_ecache_stats(c, -1, &cold);
+    sil_ecache_heat_export(c, heat);
+    const int64_t r_next = replay(c, t, r_warm, ct, &w, &nt);
+    sil_ecache_stats(c, -1, &next);
+    replay(c, t, r_next, INT64_MAX, &w, &rest);
     sil_ecache_stats(c, -1, &all);
+    const int64_t wt = nt + rest;
+    next.hits -= cold.hits;
+    next.misses -= cold.misses;
     struct sil_ecache_stats warm = all;
     warm.hits -= cold.hits;
     warm.misses -= cold.misses;
     warm.evictions -= cold.evictions;
-    const int64_t ct = cold_tokens < tokens ? cold_tokens : tokens, wt = tokens - ct;
+    const double ns = w.lookups ? w.t_lookup * 1e9 / (double)w.lookups : 0;
+    const bool fresh = policy != SIL_ECACHE_STATIC && nt > 0;
+    const double rst = fresh ? restart(&cfg, t, r_warm, ct, heat, true, &w) : -1;
+    const double emp = fresh ? restart(&cfg, t, r_warm, ct, heat, false, &w) : -1;
     *res = (struct result){
         .cold = rate(&cold),
         .warm = rate(&warm),
         .all = rate(&all),
         .miss_per_token = wt ? (double)warm.misses / (double)wt : 0,
         .evict_per_token = wt ? (double)warm.evictions / (double)wt : 0,
-        .ns_per_lookup = lookups ? t_lookup * 1e9 / (double)lookups : 0,
+        .ns_per_lookup = ns,
         .cold_tokens = ct,
+        .restart = rst,
+        .empty = emp,
+        .kept = fresh ? rate(&next) : -1,
     };
-    free(uses);
-    free(plan);
-    free(cnt);
-    free(ent);
+    free(w.uses);
+    free(w.plan);
+    free(w.cnt);
+    free(w.ent);
+    free(heat);
     sil_ecache_free(c);
     return 0;
 }
@@ -689,8 +764,9 @@ int main(int argc, char **argv)
             o.skew, o.noise, o.spread, o.reuse, o.turns, o.prompt, o.ubatch, o.decode);
     printf("%s\n%d layers x %d experts, top-%d; %lld tokens, the first %lld cold\n", routing,
            t.n_layer, t.n_expert, t.n_used, (long long)t.n_tokens, (long long)cold);
-    printf("%-7s %-9s %7s %6s %7s %7s %7s %9s %9s %8s\n", "policy", "pools", "slots", "share",
-           "cold", "warm", "all", "miss/tok", "evict/tok", "ns/look");
+    printf("%-7s %-9s %7s %6s %7s %7s %7s %7s %7s %7s %9s %9s %8s\n", "policy", "pools", "slots",
+           "share", "cold", "empty", "restart", "kept", "warm", "all", "miss/tok", "evict/tok",
+           "ns/look");
 
     FILE *js = NULL;
     if (o.json) {
@@ -723,14 +799,23 @@ int main(int argc, char **argv)
                 if (simulate(&o, &t, pol, pools, slots[si], cold, &r) < 0)
                     return SIL_BENCH_EXIT_ERROR;
                 const double share = 100.0 * slots[si] / ((double)t.n_layer * t.n_expert);
-                printf("%-7s %-9s %7d %5.1f%% %7.4f %7.4f %7.4f %9.2f %9.2f %8.0f\n",
+                char nx[3][16];
+                const double nv[3] = {r.empty, r.restart, r.kept};
+                for (int k = 0; k < 3; k++)
+                    snprintf(nx[k], sizeof(nx[k]), nv[k] >= 0 ? "%.4f" : "-", nv[k]);
+                printf("%-7s %-9s %7d %5.1f%% %7.4f %7s %7s %7s %7.4f %7.4f %9.2f %9.2f %8.0f\n",
                        sil_ecache_policy_name(pol), pool_names[pools], slots[si], share, r.cold,
-                       r.warm, r.all, r.miss_per_token, r.evict_per_token, r.ns_per_lookup);
+                       nx[0], nx[1], nx[2], r.warm, r.all, r.miss_per_token, r.evict_per_token,
+                       r.ns_per_lookup);
                 if (!js) continue;
-                const char *metric[3] = {"cold_hit_rate", "warm_hit_rate", "misses_per_token"};
-                const double val[3] = {r.cold, r.warm, r.miss_per_token};
-                const char *unit[3] = {"fraction", "fraction", "experts"};
-                for (int m = 0; m < 3; m++) {
+                const char *metric[6] = {"cold_hit_rate",          "warm_hit_rate",
+                                         "misses_per_token",       "restart_hit_rate",
+                                         "restart_empty_hit_rate", "next_turn_kept_hit_rate"};
+                const double val[6] = {r.cold,    r.warm,  r.miss_per_token,
+                                       r.restart, r.empty, r.kept};
+                const char *unit[6] = {"fraction", "fraction", "experts",
+                                       "fraction", "fraction", "fraction"};
+                for (int m = 0; m < (r.restart >= 0 ? 6 : 3); m++) {
                     fprintf(js,
                             "%s\n    {\"metric\": \"%s\", \"config\": \"policy=%s,pools=%s,"
                             "slots=%d,share=%.1f%%\", \"value\": %.4f, \"unit\": \"%s\", "
@@ -752,8 +837,12 @@ int main(int argc, char **argv)
     if (js) {
         fprintf(js,
                 "\n  ],\n  \"notes\": \"cold: the first %lld tokens from an empty cache; warm: "
-                "every token after; static: the hottest experts of the cold turn preloaded, "
-                "never changed; lookups timed on the host\"\n}\n",
+                "every token after; on the next turn (as many tokens after the cold one): restart: "
+                "a fresh cache preloaded from the cold turn's heat map (saved to a file and "
+                "loaded back), restart_empty: a fresh empty cache, next_turn_kept: the cache "
+                "kept from the cold turn; "
+                "static: the hottest experts of the cold turn preloaded, never changed; lookups "
+                "timed on the host\"\n}\n",
                 (long long)cold);
         if (fclose(js) != 0) {
             fprintf(stderr, PROG ": %s: write failed\n", o.json);
