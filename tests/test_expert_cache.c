@@ -623,6 +623,72 @@ static void test_heat_corrupt(void **state)
     free(path);
 }
 
+/* Trace round trip; a truncated record, an expert or layer out of range, a bad header refused. */
+static void test_route_trace(void **state)
+{
+    char *path = tu_path_join(tmpdir, "t.trace");
+    struct sil_route_trace w, r;
+    struct sil_error err = {0};
+    assert_int_equal(sil_route_trace_create(&w, path, 2, 300, 3, &err), 0);
+    const int32_t a[6] = {1, 2, 299, 0, 7, 8}, b[3] = {5, 4, 3};
+    sil_route_trace_write(&w, 0, 2, a);
+    sil_route_trace_write(&w, 1, 1, b);
+    assert_int_equal(sil_route_trace_close(&w, &err), 0);
+    int32_t sel[6 * 4];
+    uint32_t layer, rows;
+    assert_int_equal(sil_route_trace_open(&r, path, &err), 0);
+    assert_int_equal(r.n_expert, 300);
+    assert_int_equal(sil_route_trace_read(&r, &layer, &rows, sel, &err), 1);
+    assert_int_equal(layer, 0);
+    assert_int_equal(rows, 2);
+    assert_memory_equal(sel, a, sizeof(a));
+    assert_int_equal(sil_route_trace_read(&r, &layer, &rows, sel, &err), 1);
+    assert_int_equal(layer, 1);
+    assert_memory_equal(sel, b, sizeof(b));
+    assert_int_equal(sil_route_trace_read(&r, &layer, &rows, sel, &err), 0);
+    fclose(r.f);
+
+    void *buf;
+    size_t len;
+    assert_int_equal(tu_read_file(path, &buf, &len), 0);
+    assert_int_equal(len, 32 + 8 + 12 + 8 + 6);
+    uint8_t *p = buf;
+    struct {
+        size_t len, at;
+        uint8_t v;
+        int reads; /* records read before the failure; -1: the header is refused */
+    } bad[] = {
+        {len - 1, 0, 'S', 1},       /* the last record truncated */
+        {len, 32 + 8 + 4, 0xff, 0}, /* an expert id 0x..ff >= 300 */
+        {len, 32 + 20, 5, 1},       /* the second record's layer 5 of 2 */
+        {len, 32 + 4, 0, 0},        /* the first record has 0 rows */
+        {len, 0, 'X', -1},          /* magic */
+        {len, 8, 2, -1},            /* version */
+        {len, 20, 0, -1},           /* 0 experts used */
+        {20, 0, 'S', -1},           /* a short header */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint8_t *q = malloc(len);
+        memcpy(q, p, len);
+        q[bad[i].at] = bad[i].v;
+        assert_int_equal(tu_write_file(path, q, bad[i].len), 0);
+        free(q);
+        if (bad[i].reads < 0) {
+            assert_int_equal(sil_route_trace_open(&r, path, &err), -EINVAL);
+            continue;
+        }
+        assert_int_equal(sil_route_trace_open(&r, path, &err), 0);
+        for (int k = 0; k < bad[i].reads; k++)
+            assert_int_equal(sil_route_trace_read(&r, &layer, &rows, sel, &err), 1);
+        assert_int_equal(sil_route_trace_read(&r, &layer, &rows, sel, &err), -EINVAL);
+        fclose(r.f);
+    }
+    /* a shape the format cannot hold */
+    assert_int_equal(sil_route_trace_create(&w, path, 2, 70000, 3, &err), -EINVAL);
+    free(buf);
+    free(path);
+}
+
 /* ---- the engine's observer ----------------------------------------------------------------------
  */
 
@@ -751,6 +817,7 @@ int main(void)
         cmocka_unit_test(test_lru_vs_static),
         cmocka_unit_test(test_heat_roundtrip),
         cmocka_unit_test(test_heat_corrupt),
+        cmocka_unit_test(test_route_trace),
         cmocka_unit_test(test_engine_observer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

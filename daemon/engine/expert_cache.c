@@ -27,7 +27,7 @@ struct sil_ecache {
     int32_t *key;      /* [n_slot] held key or -1 */
     int32_t *prev, *next;
     int32_t *hpos;               /* [n_slot] index in its pool's heap or -1 */
-    uint32_t *pin;               /* [n_slot] epoch of the last plan that used it */
+    uint64_t *pin;               /* [n_slot] epoch of the last plan that used it */
     uint8_t *prot;               /* [n_slot] HEAT: in the protected segment */
     int32_t *slot_of;            /* [n_layer * n_expert] */
     double *freq;                /* [n_layer * n_expert] inflated decayed frequency */
@@ -35,7 +35,7 @@ struct sil_ecache {
     int32_t *heap_buf;           /* [n_slot] backing of the pools' heaps */
     int32_t *miss, *used;        /* [n_expert] plan scratch: missed entries, slots used */
     struct sil_ecache_stats *st; /* [n_layer] */
-    uint32_t epoch;
+    uint64_t epoch; /* never wraps: a stale pin would look like this plan's */
     double g, infl; /* growth per lookup, and g^(lookups since the last rescale) */
 };
 
@@ -300,7 +300,7 @@ int sil_ecache_create(struct sil_ecache **out, const struct sil_ecache_config *c
     c->prev = malloc(ns * sizeof(int32_t));
     c->next = malloc(ns * sizeof(int32_t));
     c->hpos = malloc(ns * sizeof(int32_t));
-    c->pin = calloc(ns, sizeof(uint32_t));
+    c->pin = calloc(ns, sizeof(uint64_t));
     c->prot = calloc(ns, 1);
     c->free_stack = malloc(ns * sizeof(int32_t));
     c->heap_buf = malloc(ns * sizeof(int32_t));

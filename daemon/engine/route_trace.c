@@ -72,9 +72,19 @@ int sil_route_trace_close(struct sil_route_trace *t, struct sil_error *err)
 
 int sil_route_trace_open(struct sil_route_trace *t, const char *path, struct sil_error *err)
 {
+    FILE *f = fopen(path, "rbe");
+    if (!f) {
+        memset(t, 0, sizeof(*t));
+        return sil_errorf(err, -errno, "%s: %s", path, strerror(errno));
+    }
+    return sil_route_trace_fopen(t, f, path, err);
+}
+
+int sil_route_trace_fopen(struct sil_route_trace *t, FILE *f, const char *path,
+                          struct sil_error *err)
+{
     memset(t, 0, sizeof(*t));
-    t->f = fopen(path, "rbe");
-    if (!t->f) return sil_errorf(err, -errno, "%s: %s", path, strerror(errno));
+    t->f = f;
     uint8_t h[32];
     int rc = 0;
     if (fread(h, 1, 32, t->f) != 32 || memcmp(h, trace_magic, 8) != 0)

@@ -41,8 +41,12 @@ void sil_route_trace_write(struct sil_route_trace *t, uint32_t layer, uint32_t n
 /* Flushes and closes; the first error of any write or of the close, or 0. */
 int sil_route_trace_close(struct sil_route_trace *t, struct sil_error *err);
 
-/* Opens path for reading and checks the header. */
+/* Opens path for reading and checks the header; on failure nothing stays open. */
 int sil_route_trace_open(struct sil_route_trace *t, const char *path, struct sil_error *err);
+/* The same on an open stream (taken over: closed on failure, else with t->f); name labels
+ * messages. */
+int sil_route_trace_fopen(struct sil_route_trace *t, FILE *f, const char *name,
+                          struct sil_error *err);
 /* The next record: 1 with *layer, *n_rows and sel[0..n_rows * n_used) filled (sel holds
  * SIL_ROUTE_TRACE_MAX_ROWS * n_used), 0 at the end, -EINVAL for a malformed record (a layer
  * or expert out of range, too many rows, a truncated record). */
