@@ -68,7 +68,9 @@ if [ "$FIND" = 1 ]; then
         s=$(python3 -c "print(round(($lo + $hi) / 2, 4))")
         record f "$s" "${narrow[@]}"
         h=$("$B/bin/sil-cachesim" --trace "$tmp/f.trace" --split-rows --cold 500 --slots 27% \
-            --policies lru --pools per-layer | awk '$1 == "lru" { print $6 }')
+            --policies lru --pools per-layer |
+            awk '$1 == "policy" { for (i = 1; i <= NF; i++) if ($i == "warm") c = i }
+                 $1 == "lru" { print $c }')
         echo "skew $s: warm per-layer LRU at 27%: $h" >&2
         if python3 -c "import sys; sys.exit(0 if $h < $TARGET else 1)"; then lo=$s; else hi=$s; fi
     done
