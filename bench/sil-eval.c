@@ -24,6 +24,7 @@ struct opts {
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
     const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx;
+    const char *route_trace, *ecache_slots, *ecache_policy;
     bool exact;
 };
 
@@ -52,6 +53,12 @@ static const struct opt_def {
     {"--backend", OPT_STR, offsetof(struct opts, backend), "NAME", "cpu (default), cuda or auto"},
     {"--ctx", OPT_STR, offsetof(struct opts, ctx), "N",
      "context length (default: the model's, at most 4096)"},
+    {"--route-trace", OPT_STR, offsetof(struct opts, route_trace), "FILE",
+     "write every MoE layer's routing to FILE (sil-cachesim's trace format; cpu backend)"},
+    {"--ecache-slots", OPT_STR, offsetof(struct opts, ecache_slots), "N",
+     "simulate an expert cache of N slots on the plans and report its hit rate (cpu backend)"},
+    {"--ecache-policy", OPT_STR, offsetof(struct opts, ecache_policy), "NAME",
+     "the simulated cache's policy: lfu (default), lru, heat or static"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
@@ -231,7 +238,8 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
         struct sil_eval_model_opts mo = {o.model, o.tokens, o.prompt, o.tokenize_file, o.n_predict,
-                                         o.logits, o.threads, o.backend, o.exact, o.json,
+                                         o.logits, o.threads, o.backend, o.route_trace,
+                                         o.ecache_slots, o.ecache_policy, o.exact, o.json,
                                          o.parse_special, o.add_bos, o.ctx};
         return sil_eval_model(&mo);
     }

@@ -127,7 +127,10 @@ static void print_row(const float *x, int32_t n)
 
 int sil_eval_model(const struct sil_eval_model_opts *o)
 {
-    long n_predict = 0, n_threads = 0;
+    long n_predict = 0, n_threads = 0, ecache_slots = 0;
+    if (o->ecache_slots &&
+        parse_int("--ecache-slots", o->ecache_slots, 1, 1 << 30, &ecache_slots) < 0)
+        return 2;
     if (o->n_predict && parse_int("--n-predict", o->n_predict, 0, 1 << 20, &n_predict) < 0)
         return 2;
     if (o->threads && parse_int("--threads", o->threads, 1, 1024, &n_threads) < 0)
@@ -154,6 +157,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     long n_ctx = 0;
     if (o->ctx && parse_int("--ctx", o->ctx, 1, 1 << 20, &n_ctx) < 0) return 2;
     p.n_ctx = (int32_t)n_ctx;
+    p.route_trace = o->route_trace;
+    p.ecache_sim_slots = (int32_t)ecache_slots;
+    p.ecache_sim_policy = o->ecache_policy;
     struct sil_engine *e = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -263,6 +269,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     if (n_predict > 1 && n_decoded != n_predict - 1)
         goto out;
 
+    struct sil_engine_stats st;
+    sil_engine_stats(e, &st);
     if (o->json) {
         printf("{\"n_vocab\": %d, \"tokens\": [", V);
         for (size_t i = 0; i < n_ids; i++)
@@ -282,8 +290,16 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                t_decode > 0 ? (double)n_decoded / t_decode : 0.0);
         /* anonymous memory is everything beyond the mapped weights (scratch, KV, state);
          * nothing is freed before this point, so it is also its peak */
-        printf(", \"memory\": {\"rss_anon_mib\": %.1f, \"rss_file_mib\": %.1f, \"peak_rss_mib\": %.1f}}\n",
+        printf(", \"memory\": {\"rss_anon_mib\": %.1f, \"rss_file_mib\": %.1f, "
+               "\"peak_rss_mib\": %.1f}",
                status_mib("RssAnon"), status_mib("RssFile"), status_mib("VmHWM"));
+        if (ecache_slots > 0)
+            printf(", \"ecache\": {\"slots\": %ld, \"hits\": %llu, \"misses\": %llu, "
+                   "\"evictions\": %llu, \"bytes_streamed\": %llu}",
+                   ecache_slots, (unsigned long long)st.ecache_hits,
+                   (unsigned long long)st.ecache_misses, (unsigned long long)st.ecache_evictions,
+                   (unsigned long long)st.ecache_bytes_streamed);
+        printf("}\n");
     } else {
         printf("tokens: %zu, n_vocab %d\n", n_ids, V);
         if (strcmp(mode, "none") != 0)
@@ -298,6 +314,15 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         printf("\nprefill: %.2f tok/s (%zu tokens), decode: %.2f tok/s (%ld tokens), %d threads\n",
                t_prefill > 0 ? (double)n_ids / t_prefill : 0.0, n_ids,
                t_decode > 0 ? (double)n_decoded / t_decode : 0.0, n_decoded, sil_engine_info(e)->n_threads);
+        if (ecache_slots > 0)
+            printf("expert cache (simulated, %ld slots): hit rate %.4f, %llu hits, %llu misses, "
+                   "%llu evictions\n",
+                   ecache_slots,
+                   st.ecache_hits + st.ecache_misses
+                       ? (double)st.ecache_hits / (double)(st.ecache_hits + st.ecache_misses)
+                       : 0.0,
+                   (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
+                   (unsigned long long)st.ecache_evictions);
     }
     rc = fflush(stdout) == 0 ? 0 : 1;
 out:

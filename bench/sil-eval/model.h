@@ -13,6 +13,9 @@ struct sil_eval_model_opts {
     const char *logits;        /* last | all | none (default last) */
     const char *threads;       /* default: online CPUs */
     const char *backend;       /* cpu | cuda | auto; NULL = cpu */
+    const char *route_trace;   /* routing trace to write, or NULL */
+    const char *ecache_slots;  /* simulated expert cache slots, or NULL */
+    const char *ecache_policy; /* its policy, NULL = lru */
     bool exact, json, parse_special, add_bos;
     const char *ctx; /* context length (default: the model's, at most 4096) */
 };

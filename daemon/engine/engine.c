@@ -43,6 +43,33 @@ void sil_engine_params_default(struct sil_engine_params *p)
     memset(p, 0, sizeof(*p));
 }
 
+/* The expert plan observer, when a trace or a simulated cache is asked for (CPU only: a device
+ * backend may keep routing on the device). */
+static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
+                    struct sil_error *err)
+{
+    if (!p->route_trace && p->ecache_sim_slots <= 0)
+        return 0;
+    if (!e->model->traits->moe)
+        return sil_errorf(err, -EINVAL, "engine: %s has no experts to trace or cache",
+                          e->info.arch_name);
+    if (strcmp(e->f.be->ops->name, "cpu") != 0)
+        return sil_errorf(err, -ENOTSUP, "engine: route traces and the simulated expert cache "
+                                         "run on the CPU backend only");
+    const struct sil_layer_weights *w = &e->f.lw[0];
+    struct sil_expert_obs_config c = {
+        .n_layer = e->model->hp.n_layer,
+        .n_expert = e->model->hp.n_expert,
+        .n_used = e->model->hp.n_expert_used,
+        .trace_path = p->route_trace,
+        .sim_slots = p->ecache_sim_slots > 0 ? p->ecache_sim_slots : -1,
+        .sim_policy = p->ecache_sim_policy,
+        .expert_bytes = w->ffn_gate_exps.mat_bytes + w->ffn_up_exps.mat_bytes +
+                        w->ffn_down_exps.mat_bytes,
+    };
+    return sil_expert_obs_open(&e->f.obs, &c, err);
+}
+
 static void *xcalloc(size_t n, size_t sz, bool *fail)
 {
     void *p = calloc(n ? n : 1, sz);
@@ -294,6 +321,8 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = open_backend(e, p, nt, err)) < 0)
         goto fail;
     e->info.backend = f->be->ops->name;
+    if ((rc = open_obs(e, p, err)) < 0)
+        goto fail;
     if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
                             hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
         goto fail;
@@ -317,6 +346,10 @@ void sil_engine_close(struct sil_engine *e)
         return;
     sil_kv_free(e->f.kv);
     sil_ckpt_free(e->ckpt);
+    struct sil_error oerr = {0};
+    if (sil_expert_obs_close(e->f.obs, &oerr) < 0)
+        fprintf(stderr, "siliceo: %s\n", oerr.msg);
+    e->f.obs = NULL;
     sil_fwd_close(&e->f);
     if (e->f.be)
         e->f.be->ops->free(e->f.be);
@@ -628,4 +661,10 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
     out->n_ubatch = e->f.n_ubatch;
     out->n_rows = e->f.n_rows;
     out->expert_bytes = e->f.expert_bytes;
+    struct sil_ecache_stats s;
+    sil_expert_obs_stats(e->f.obs, &s);
+    out->ecache_hits = s.hits;
+    out->ecache_misses = s.misses;
+    out->ecache_evictions = s.evictions;
+    out->ecache_bytes_streamed = s.bytes_streamed;
 }

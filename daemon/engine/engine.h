@@ -34,6 +34,13 @@ struct sil_engine_params {
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
     int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
     bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
+    /* CPU backend, benchmarks: write every MoE layer's routing to this trace file
+     * (route_trace.h), and/or look each plan up in a simulated expert cache of this many slots
+     * (0: none) and policy (NULL: the measured best, lfu), whose counters sil_engine_stats
+     * reports. Neither changes a logit. */
+    const char *route_trace;
+    int32_t ecache_sim_slots;
+    const char *ecache_sim_policy;
     /* Load progress in [0,1], called from the loading thread between the stages of the load;
      * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
     bool (*progress)(float fraction, const char *what, void *user);
@@ -134,6 +141,8 @@ bool sil_engine_damaged(const struct sil_engine *e);
  * layer: the union of the rows' experts). */
 struct sil_engine_stats {
     uint64_t n_ubatch, n_rows, expert_bytes;
+    /* the simulated expert cache (sil_engine_params.ecache_sim_slots), zero without one */
+    uint64_t ecache_hits, ecache_misses, ecache_evictions, ecache_bytes_streamed;
 };
 void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out);
 

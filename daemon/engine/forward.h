@@ -11,6 +11,7 @@
 
 #include "daemon/engine/backend.h"
 #include "daemon/engine/delta_net.h"
+#include "daemon/engine/expert_obs.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 
@@ -61,6 +62,7 @@ struct sil_fwd {
     /* work counters since open (benchmarks' byte bounds): ubatches, rows, and the routed-expert
      * weight bytes the MoE layers' plans named (each active expert's matrices once a layer) */
     uint64_t n_ubatch, n_rows, expert_bytes;
+    struct sil_expert_obs *obs; /* NULL, or shown every MoE plan (expert_obs.h) */
 };
 
 /* A block's arena: all of the scratch area, nothing taken yet. */

@@ -97,6 +97,8 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
         plan->n_active = 0; /* the choices stay on the device: not counted in expert_bytes */
     } else {
         moe_plan(f, w, plan);
+        if (f->obs)
+            sil_expert_obs_plan(f->obs, il, plan);
         for (int a = 0; a < plan->n_active; a++)
             f->expert_bytes +=
                 plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;

@@ -1,0 +1,89 @@
+/* Expert plan observer (expert_obs.h has the contract). */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/expert_obs.h"
+#include "daemon/engine/route_trace.h"
+
+struct sil_expert_obs {
+    struct sil_ecache *cache;
+    bool tracing;
+    struct sil_route_trace trace;
+    int32_t *uses;                /* [n_expert] rows of each active expert */
+    struct sil_ecache_entry *res; /* [n_expert] */
+};
+
+int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs_config *c,
+                        struct sil_error *err)
+{
+    *out = NULL;
+    struct sil_expert_obs *o = calloc(1, sizeof(*o));
+    if (!o) return sil_errorf(err, -ENOMEM, "expert observer: out of memory");
+    int rc = 0;
+    if (c->sim_slots >= 0) {
+        const int pol = c->sim_policy ? sil_ecache_policy_parse(c->sim_policy) : SIL_ECACHE_DEFAULT;
+        if (pol < 0) {
+            rc = sil_errorf(err, -EINVAL,
+                            "expert cache policy '%s' unknown (lru, lfu, heat, static)",
+                            c->sim_policy);
+            goto fail;
+        }
+        const int64_t n_key = (int64_t)c->n_layer * c->n_expert;
+        struct sil_ecache_config k = {
+            .n_layer = c->n_layer,
+            .n_expert = c->n_expert,
+            .n_slot = (int32_t)(c->sim_slots < n_key ? c->sim_slots : n_key),
+            .policy = pol,
+            .expert_bytes = c->expert_bytes,
+        };
+        o->uses = malloc((size_t)c->n_expert * sizeof(int32_t));
+        o->res = malloc((size_t)c->n_expert * sizeof(*o->res));
+        if (!o->uses || !o->res) {
+            rc = sil_errorf(err, -ENOMEM, "expert observer: out of memory");
+            goto fail;
+        }
+        if ((rc = sil_ecache_create(&o->cache, &k, err)) < 0) goto fail;
+    }
+    if (c->trace_path) {
+        rc = sil_route_trace_create(&o->trace, c->trace_path, (uint32_t)c->n_layer,
+                                    (uint32_t)c->n_expert, (uint32_t)c->n_used, err);
+        if (rc < 0) goto fail;
+        o->tracing = true;
+    }
+    *out = o;
+    return 0;
+fail:
+    sil_expert_obs_close(o, NULL);
+    return rc;
+}
+
+void sil_expert_obs_plan(struct sil_expert_obs *o, int32_t layer, const struct sil_moe_plan *p)
+{
+    if (o->tracing)
+        sil_route_trace_write(&o->trace, (uint32_t)layer, (uint32_t)p->n_rows, p->sel_expert);
+    if (!o->cache) return;
+    for (int32_t a = 0; a < p->n_active; a++)
+        o->uses[a] = p->pair_start[a + 1] - p->pair_start[a];
+    sil_ecache_lookup(o->cache, layer, p->expert, o->uses, p->n_active, o->res);
+}
+
+void sil_expert_obs_stats(const struct sil_expert_obs *o, struct sil_ecache_stats *out)
+{
+    if (o && o->cache)
+        sil_ecache_stats(o->cache, -1, out);
+    else
+        memset(out, 0, sizeof(*out));
+}
+
+int sil_expert_obs_close(struct sil_expert_obs *o, struct sil_error *err)
+{
+    if (!o) return 0;
+    int rc = o->tracing ? sil_route_trace_close(&o->trace, err) : 0;
+    sil_ecache_free(o->cache);
+    free(o->uses);
+    free(o->res);
+    free(o);
+    return rc;
+}

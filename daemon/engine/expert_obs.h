@@ -1,0 +1,35 @@
+/* Watching the expert plans of the CPU engine (off unless asked for): each MoE layer's plan is
+ * written to a routing trace (route_trace.h) and/or looked up in a simulated expert cache of a
+ * given size and policy, whose hit rates sil_engine_stats reports. Nothing here changes a plan:
+ * the weight handles keep pointing where they did, so logits are the same with it on or off.
+ * Ownership: the observer owns its cache, its trace file and its scratch; one thread (the
+ * engine's) at a time. */
+#ifndef SIL_EXPERT_OBS_H
+#define SIL_EXPERT_OBS_H
+
+#include <stdint.h>
+
+#include "daemon/engine/backend.h"
+#include "daemon/engine/error.h"
+#include "daemon/engine/expert_cache.h"
+
+struct sil_expert_obs_config {
+    int32_t n_layer, n_expert, n_used;
+    const char *trace_path; /* NULL: no trace */
+    int32_t sim_slots;      /* < 0: no simulated cache */
+    const char *sim_policy; /* NULL: SIL_ECACHE_DEFAULT */
+    uint64_t expert_bytes;  /* gate + up + down of one expert */
+};
+
+struct sil_expert_obs;
+
+int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs_config *c,
+                        struct sil_error *err);
+/* One layer's plan, after it is built and before the experts run. Never allocates. */
+void sil_expert_obs_plan(struct sil_expert_obs *o, int32_t layer, const struct sil_moe_plan *p);
+/* The simulated cache's counters (all zero without one). */
+void sil_expert_obs_stats(const struct sil_expert_obs *o, struct sil_ecache_stats *out);
+/* Closes the trace (its first write error, or 0) and frees everything; o may be NULL. */
+int sil_expert_obs_close(struct sil_expert_obs *o, struct sil_error *err);
+
+#endif
