@@ -23,7 +23,10 @@
  *      graphs that brings the router's choices to the host (SIL_CUDA_GRAPHS=0,
  *      SIL_CUDA_HOST_ROUTE=1): the same kernels, so the same logits at every step, bit for bit;
  *   7. grouped expert products in prefill (SIL_CUDA_GROUPED=1) against the default: prompt 2's
- *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding).
+ *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding);
+ *   8. the shared expert inside the fused MoE kernels (the default where its shape and types
+ *      allow) against it run apart (SIL_CUDA_NO_SHARED_FUSE=1): prompt 2 decoded token by
+ *      token, every step's logits within 1e-2 (the same products summed in another order).
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -352,6 +355,37 @@ int main(int argc, char **argv)
         if (sg >= 0) sil_seq_free(gpu, sg);
         if (sq >= 0) sil_seq_free(grp, sq);
         sil_engine_close(grp);
+    }
+
+    /* 8. shared expert fused vs apart */
+    {
+        struct sil_engine *apart = NULL;
+        setenv("SIL_CUDA_NO_SHARED_FUSE", "1", 1);
+        int rc = open_engine(&apart, model, "cuda", &err);
+        unsetenv("SIL_CUDA_NO_SHARED_FUSE");
+        int sa2 = -1;
+        float worst = 0.0f;
+        sg = -1;
+        if (rc == 0) rc = prefill(gpu, p2, 1, lg, &sg);
+        if (rc == 0) rc = prefill(apart, p2, 1, alone, &sa2);
+        for (int i = 1; i < n2 && rc == 0; i++) {
+            rc = step(gpu, sg, p2[i], lg);
+            if (rc == 0) rc = step(apart, sa2, p2[i], alone);
+            const float d = max_diff(lg, alone, V);
+            if (rc == 0 && !(d <= worst)) worst = d;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "%s: shared fused: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: cuda shared expert fused vs apart, %d steps: max |diff| = %.4g (tol 1e-02) "
+                   "%s\n",
+                   model, n2 - 1, worst, worst <= 1e-2f ? "ok" : "FAIL");
+            fails += !(worst <= 1e-2f);
+        }
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        if (sa2 >= 0) sil_seq_free(apart, sa2);
+        sil_engine_close(apart);
     }
 
     sil_engine_close(cpu);

@@ -141,7 +141,7 @@ struct cuda_backend {
     size_t meta_bytes, ints_off;
     float *h_logits;
     /* graphs */
-    bool graphs, host_route, no_grouped;
+    bool graphs, host_route, no_grouped, no_shared_fuse;
     enum pass_mode mode;
     struct graph_slot slots[N_GRAPHS];
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
@@ -768,35 +768,66 @@ static void shared_and_sum(struct cuda_backend *b, struct sil_act x, const struc
 }
 
 /* Quantized experts: the fused kernels over the stacked tensors, 8 rows at a time. */
-static void moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
-                      int X)
+/* The shared expert can ride in the fused kernels as slot k: a routed expert's shape and types,
+ * resident, with an F32 gate over the embedding. */
+static bool shared_fusable(const struct cuda_backend *b, const struct sil_moe_plan *pl, int64_t E)
+{
+    const struct sil_weight *gi = pl->sh_gate_inp, *sg = pl->sh_gate, *su = pl->sh_up,
+                            *sd = pl->sh_down;
+    return gi && sg && su && sd && !b->no_shared_fuse && gi->loc == SIL_WEIGHT_DEVICE &&
+           sg->loc == SIL_WEIGHT_DEVICE && su->loc == SIL_WEIGHT_DEVICE &&
+           sd->loc == SIL_WEIGHT_DEVICE && gi->type == SIL_TYPE_F32 && gi->cols == E &&
+           gi->rows == 1 && sg->type == pl->gate_exps->type && su->type == pl->gate_exps->type &&
+           sd->type == pl->down_exps->type && sg->rows == pl->gate_exps->rows &&
+           su->rows == sg->rows && sg->cols == E && sd->rows == pl->down_exps->rows &&
+           sd->cols == pl->down_exps->cols;
+}
+
+/* Quantized experts: the fused kernels over the stacked tensors, 8 rows at a time, into
+ * b->routed; with the shared expert fused (true returned), the whole MoE output into out. */
+static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                      int X, struct sil_act out)
 {
     const int K = pl->n_used;
     const int64_t E = x.width;
-    struct sil_cuda_weight g, u, d;
+    const bool sh = shared_fusable(b, pl, E);
+    struct sil_cuda_weight g, u, d, sg, su, sd;
     if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
         !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
         !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
-        return;
-    const int64_t F = pl->gate_exps->rows;
+        return false;
+    if (sh && (!ok(b, view(pl->sh_gate, pl->sh_gate->rows, &sg, &b->err)) ||
+               !ok(b, view(pl->sh_up, pl->sh_up->rows, &su, &b->err)) ||
+               !ok(b, view(pl->sh_down, pl->sh_down->rows, &sd, &b->err))))
+        return false;
+    const int64_t F = pl->gate_exps->rows, K1 = sh ? K + 1 : K;
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
         const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * E) * 4;
         const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4,
                            w = b->wts + (uint64_t)(r0 * K) * 4;
+        const sil_cuda_ptr lg = b->sh_logit + (uint64_t)r0 * 4;
         const bool have = b->q8_src == xp && b->q8_n == n && b->q8_k == E;
-        if ((!have && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err))) ||
-            !ok(b, sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL,
-                                        &b->err)) ||
-            !ok(b,
-                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8h, NULL, &b->err)) ||
-            !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8h, n, ids, w, K,
-                                     b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err)))
-            return;
+        if (!have && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err))) return sh;
         b->q8_src = xp;
         b->q8_n = n;
         b->q8_k = E;
+        const int rc =
+            sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
+                                             dp(pl->sh_gate_inp->data), lg, b->h_gate, NULL,
+                                             &b->err)
+               : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL, &b->err);
+        if (!ok(b, rc) || !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F, b->q8h,
+                                                      NULL, &b->err)))
+            return sh;
+        if (sh)
+            ok(b, sil_cuda_moe_down_shared(b->cu, &d, &sd, X, b->q8h, n, ids, w, lg, K,
+                                           dp(out.data) + (uint64_t)(r0 * E) * 4, NULL, &b->err));
+        else
+            ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8h, n, ids, w, K,
+                                    b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err));
     }
+    return sh;
 }
 
 /* Any type: per active expert, its rows gathered, matvecs, then the weighted sum per row. */
@@ -912,9 +943,9 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
     const bool fused = stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
     if (fused && !pl->device_routed && x.rows > MB && pl->gate_exps->n_mat == X && !b->no_grouped)
         moe_grouped(b, x, pl, X);
-    else if (pl->device_routed || fused)
-        moe_fused(b, x, pl, X);
-    else
+    else if (pl->device_routed || fused) {
+        if (moe_fused(b, x, pl, X, out)) return; /* the shared expert is in */
+    } else
         moe_generic(b, x, pl);
     if (b->rc == 0) shared_and_sum(b, x, pl, out);
 }
@@ -1231,7 +1262,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
             ? (uint64_t)(MB * c->n_head * attn_split) * (uint64_t)(c->head_dim + 2) * f4
             : 0;
     const uint64_t scratch =
-        part_bytes + grouped + q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
+        part_bytes + grouped + q8 +
+        (X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 + (uint64_t)(MB * (K + 1) * F) * f4 : 0) +
         (uint64_t)(U * c->n_head * c->n_ctx) * f4 + (uint64_t)(MB * c->n_vocab) * f4 +
         (uint64_t)(U * E) * f4 + 6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
@@ -1271,7 +1303,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->state, st},
         {&b->state_tab, (uint64_t)c->n_seq_max * 8},
         {&b->q8, q8},
-        {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0},
+        {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 : 0},
         {&b->scores, (uint64_t)(U * c->n_head * c->n_ctx) * f4},
         {&b->attn_part, part_bytes},
         {&b->meta, meta_bytes},
@@ -1282,7 +1314,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->wts, (uint64_t)(U * K) * 4},
         {&b->pair_of, (uint64_t)(U * K) * 4},
         {&b->pair_row, (uint64_t)(U * K) * 4},
-        {&b->h_gate, (uint64_t)(U * K * F) * f4},
+        {&b->h_gate, (uint64_t)((U * K > MB * (K + 1) ? U * K : MB * (K + 1)) * F) * f4},
         {&b->h_up, (uint64_t)(U * K * F) * f4},
         {&b->d_pair, (uint64_t)(U * K * E) * f4},
         {&b->x_pair, X > 0 ? (uint64_t)(U * K * E) * f4 : 0},
@@ -1321,6 +1353,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->graphs = !(g && strcmp(g, "0") == 0);
         b->host_route = h && strcmp(h, "1") == 0;
         /* measured slower than the batch-8 fused kernels at pp512 (bench/results): opt in */
+        const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
+        b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = !(gr && strcmp(gr, "1") == 0);
         const char *pf = getenv("SIL_CUDA_PROFILE");

@@ -215,6 +215,24 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
                       sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights, int k,
                       sil_cuda_ptr y, struct sil_cuda_stream *s, struct sil_error *err);
 
+/* The two fused kernels with the shared expert as a (k + 1)-th slot of every token, for models
+ * whose shared expert has a routed expert's shape and types: gate_up writes h [n_tok * (k + 1)]
+ * [n_ff] (the shared row after the token's k) and sh_logit [n_tok] = gate_inp . x (F32 x
+ * [n_tok][n_embd], gate_inp F32 [n_embd]); down (q8 of that h) writes y = sum of the k routed
+ * outputs by their weights + sigmoid(sh_logit) * the shared one: the whole MoE output. */
+int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                                const struct sil_cuda_weight *up,
+                                const struct sil_cuda_weight *sh_gate,
+                                const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
+                                int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
+                                sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
+                                struct sil_cuda_stream *s, struct sil_error *err);
+int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                             const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
+                             int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
+                             sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
+                             struct sil_cuda_stream *s, struct sil_error *err);
+
 #endif
 
 /* ---- further modules ----------------------------------------------------------------------- */
