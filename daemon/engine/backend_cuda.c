@@ -273,7 +273,30 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
             b->q8_n = n;
             b->q8_k = x.width;
         }
+        uint32_t done = 0; /* outputs already computed by a matvec set */
+        for (int j = 0; j < n_out && j < 32 && n <= MB; j++) {
+            if (done >> j & 1 || !quantized(out[j].w->type)) continue;
+            struct sil_cuda_weight cws[SIL_CUDA_MV_SET_MAX];
+            const struct sil_cuda_weight *wp[SIL_CUDA_MV_SET_MAX];
+            sil_cuda_ptr ys[SIL_CUDA_MV_SET_MAX];
+            int64_t lds[SIL_CUDA_MV_SET_MAX];
+            int m = 0, idx[SIL_CUDA_MV_SET_MAX];
+            for (int i = j; i < n_out && i < 32 && m < SIL_CUDA_MV_SET_MAX; i++) {
+                if (done >> i & 1 || out[i].w->type != out[j].w->type) continue;
+                if (!ok(b, view(out[i].w, out[i].w->rows, &cws[m], &b->err))) return;
+                wp[m] = &cws[m];
+                ys[m] = dp(out[i].y.data) + (uint64_t)(r0 * out[i].y.ld) * sizeof(float);
+                lds[m] = out[i].y.ld;
+                idx[m++] = i;
+            }
+            if (m < 2) continue;
+            if (!ok(b, sil_cuda_matvec_multi(b->cu, wp, m, b->q8, n, ys, lds, NULL, &b->err)))
+                return;
+            for (int i = 0; i < m; i++)
+                done |= 1u << idx[i];
+        }
         for (int j = 0; j < n_out; j++) {
+            if (j < 32 && done >> j & 1) continue;
             struct sil_cuda_weight cw;
             const struct sil_act y = out[j].y;
             if (!ok(b, view(out[j].w, out[j].w->rows, &cw, &b->err))) return;

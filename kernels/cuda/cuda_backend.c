@@ -135,6 +135,7 @@ struct sil_cuda {
     CUmodule mod;
     CUstream stream; /* the default stream of this context's ops */
     CUfunction mv[MV_COUNT][SIL_CUDA_MAX_BATCH];
+    CUfunction mvm[MV_F32][SIL_CUDA_MAX_BATCH]; /* several weights of one type, one launch */
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
@@ -242,6 +243,10 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
             snprintf(name, sizeof name, "sil_%s_%s_%d", t >= MV_F32 ? "mmvf" : "mmvq", mv_names[t],
                      n);
             CUresult r = cu->api.cuModuleGetFunction(&cu->mv[t][n - 1], cu->mod, name);
+            if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+            if (t >= MV_F32) continue;
+            snprintf(name, sizeof name, "sil_mmvq_multi_%s_%d", mv_names[t], n);
+            r = cu->api.cuModuleGetFunction(&cu->mvm[t][n - 1], cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
     for (int t = 0; t < MV_F32; t++) {
@@ -814,6 +819,51 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
     void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &y, &ldy};
     cu->prof_bytes = w->bytes;
     return launch(cu, cu->mv[slot][n - 1], mv_what[slot], g, 1, 128, s, p, err);
+}
+
+/* The kernel's struct sil_mv_set (mmvq.cuh), field for field. */
+struct mv_set {
+    uint64_t w[SIL_CUDA_MV_SET_MAX];
+    uint64_t row_bytes[SIL_CUDA_MV_SET_MAX];
+    int32_t rows[SIL_CUDA_MV_SET_MAX];
+    uint64_t y[SIL_CUDA_MV_SET_MAX];
+    int64_t ldy[SIL_CUDA_MV_SET_MAX];
+    int32_t blk0[SIL_CUDA_MV_SET_MAX + 1];
+    int32_t n;
+};
+
+int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
+                          sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
+                          struct sil_cuda_stream *s, struct sil_error *err)
+{
+    if (nw < 1 || nw > SIL_CUDA_MV_SET_MAX || n < 1 || n > SIL_CUDA_MAX_BATCH || !q8)
+        return set_err(err, -EINVAL, "cuda: matvec of %d weights, batch %d", nw, n);
+    const int slot = mv_slot(w[0]->type);
+    if (slot < 0 || slot >= MV_F32)
+        return set_err(err, -EINVAL, "cuda: a matvec set needs quantized weights");
+    struct mv_set set;
+    memset(&set, 0, sizeof set);
+    const int per_block = n >= 2 ? 8 : 4;
+    int64_t blocks = 0;
+    for (int k = 0; k < nw; k++) {
+        if (mv_slot(w[k]->type) != slot || w[k]->cols != w[0]->cols || !w[k]->data ||
+            ldy[k] < w[k]->rows)
+            return set_err(err, -EINVAL, "cuda: a matvec set of mixed types or widths");
+        set.w[k] = w[k]->data;
+        set.row_bytes[k] = w[k]->row_bytes;
+        set.rows[k] = (int32_t)w[k]->rows;
+        set.y[k] = y[k];
+        set.ldy[k] = ldy[k];
+        set.blk0[k] = (int32_t)blocks;
+        blocks += (w[k]->rows + per_block - 1) / per_block;
+        cu->prof_bytes += w[k]->bytes;
+    }
+    set.blk0[nw] = (int32_t)blocks;
+    set.n = nw;
+    if (blocks > INT32_MAX) return set_err(err, -EINVAL, "cuda: matvec set too large");
+    int units = (int)(w[0]->cols / SIL_CUDA_Q8_BLOCK);
+    void *p[] = {&set, &units, &q8};
+    return launch(cu, cu->mvm[slot][n - 1], mv_what[slot], (unsigned)blocks, 1, 128, s, p, err);
 }
 
 int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err)

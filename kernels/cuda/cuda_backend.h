@@ -151,6 +151,13 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
                     sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
                     struct sil_error *err);
 
+/* Several quantized weights of one type and width sharing the input (its q8), in one launch:
+ * y[k] = W_k x as sil_cuda_matvec would give it, for k < nw <= SIL_CUDA_MV_SET_MAX. */
+#define SIL_CUDA_MV_SET_MAX 4
+int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
+                          sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
+                          struct sil_cuda_stream *s, struct sil_error *err);
+
 /* The same product for prefill, any n >= 1 (meant for n > SIL_CUDA_MAX_BATCH): quantized
  * weights on int8 tensor cores (weights unpacked to int8 per 32 columns, their scales applied in
  * float per 32 columns), reading q8 (sil_cuda_quantize_q8 of the n rows, the same layout);
