@@ -1021,9 +1021,11 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
     int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
+    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
     void *p[] = {(void *)&gate->data,
                  (void *)&up->data,
                  &row_bytes,
+                 &stride,
                  &n_ff,
                  &units,
                  &n_expert,
@@ -1053,8 +1055,10 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
     int64_t nblocks = (int64_t)n_tok * k * units;
     uint64_t row_bytes = down->row_bytes;
+    uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
     void *p[] = {(void *)&down->data,
                  &row_bytes,
+                 &stride,
                  &n_embd,
                  &units,
                  &n_expert,
@@ -1094,11 +1098,13 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
     int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
+    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
     void *p[] = {(void *)&gate->data,
                  (void *)&up->data,
                  (void *)&sh_gate->data,
                  (void *)&sh_up->data,
                  &row_bytes,
+                 &stride,
                  &n_ff,
                  &units,
                  &n_expert,
@@ -1134,9 +1140,11 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
     int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
     int64_t nblocks = (int64_t)n_tok * (k + 1) * units;
     uint64_t row_bytes = down->row_bytes;
+    uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
     void *p[] = {(void *)&down->data,
                  (void *)&sh_down->data,
                  &row_bytes,
+                 &stride,
                  &n_embd,
                  &units,
                  &n_expert,

@@ -116,6 +116,9 @@ struct sil_cuda_weight {
     size_t bytes;
     sil_cuda_ptr data;
     bool owned; /* data was allocated by sil_cuda_weight_upload */
+    /* a stack of matrices (routed experts, expert slots): bytes from one matrix to the next;
+     * 0: packed (rows / n_expert rows apart) */
+    size_t mat_stride;
 };
 
 /* Types sil_cuda_matvec and sil_cuda_matmul compute with. */

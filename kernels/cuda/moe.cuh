@@ -16,7 +16,7 @@ __device__ __forceinline__ sil_q8_view sil_q8_row(sil_q8_view a, int64_t row, in
 template <int T>
 __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
                                                 const uint8_t *__restrict__ wu,
-                                                uint64_t row_bytes, int n_ff, int units,
+                                                uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units,
                                                 int n_expert, const uint8_t *__restrict__ a8,
                                                 int64_t nblocks, const int32_t *__restrict__ ids,
                                                 int k, float *__restrict__ h)
@@ -32,7 +32,7 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
         return;
     }
     const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
-    const uint64_t off = ((uint64_t)e * n_ff + r) * row_bytes;
+    const uint64_t off = (uint64_t)e * mat_stride + (uint64_t)r * row_bytes;
     float g = 0.0f, u = 0.0f;
     for (int i = lane; i < units; i += 32) {
         sil_wunit wa, wb;
@@ -48,7 +48,7 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
 }
 
 template <int T>
-__device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uint64_t row_bytes,
+__device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uint64_t row_bytes, uint64_t mat_stride,
                                              int n_embd, int units, int n_expert,
                                              const uint8_t *__restrict__ h8, int64_t nblocks,
                                              const int32_t *__restrict__ ids,
@@ -71,7 +71,7 @@ __device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uin
             continue;
         }
         sil_wunit w;
-        sil_load_unit<T>(wd + ((uint64_t)e * n_embd + r) * row_bytes, u, w);
+        sil_load_unit<T>(wd + (uint64_t)e * mat_stride + (uint64_t)r * row_bytes, u, w);
         float d = 0.0f;
         sil_unit_dot<1>(w, sil_q8_row(a, p, units), units, u, &d);
         acc += wts[p] * d;
@@ -92,7 +92,7 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
                                                    const uint8_t *__restrict__ wu,
                                                    const uint8_t *__restrict__ sg,
                                                    const uint8_t *__restrict__ su,
-                                                   uint64_t row_bytes, int n_ff, int units,
+                                                   uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units,
                                                    int n_expert, const uint8_t *__restrict__ a8,
                                                    int64_t nblocks, const int32_t *__restrict__ ids,
                                                    int k, const float *__restrict__ x,
@@ -123,7 +123,7 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
         return;
     }
     const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
-    const uint64_t off = ((uint64_t)e * n_ff + r) * row_bytes;
+    const uint64_t off = (uint64_t)e * mat_stride + (uint64_t)r * row_bytes;
     const uint8_t *g8 = (shared ? sg : wg) + off, *u8 = (shared ? su : wu) + off;
     float g = 0.0f, u = 0.0f;
     for (int i = lane; i < units; i += 32) {
@@ -141,7 +141,7 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
 
 template <int T>
 __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
-                                                const uint8_t *__restrict__ sd, uint64_t row_bytes,
+                                                const uint8_t *__restrict__ sd, uint64_t row_bytes, uint64_t mat_stride,
                                                 int n_embd, int units, int n_expert,
                                                 const uint8_t *__restrict__ h8, int64_t nblocks,
                                                 const int32_t *__restrict__ ids,
@@ -167,7 +167,8 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
             continue;
         }
         sil_wunit w;
-        sil_load_unit<T>((shared ? sd : wd) + ((uint64_t)e * n_embd + r) * row_bytes, u, w);
+        sil_load_unit<T>((shared ? sd : wd) + (uint64_t)e * mat_stride + (uint64_t)r * row_bytes,
+                         u, w);
         float d = 0.0f;
         sil_unit_dot<1>(w, sil_q8_row(a, (int64_t)t * k1 + j, units), units, u, &d);
         acc += (shared ? sw : wts[t * k + j]) * d;
@@ -180,34 +181,34 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
 
 #define SIL_MOE_ENTRY(NAME, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
-        sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes,          \
+        sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, uint64_t mat_stride,          \
                                int n_ff, int units, int n_expert, const uint8_t *a8,              \
                                int64_t nblocks, const int32_t *ids, int k, float *h)              \
     {                                                                                             \
-        sil_moe_gate_up<T>(wg, wu, row_bytes, n_ff, units, n_expert, a8, nblocks, ids, k, h);     \
+        sil_moe_gate_up<T>(wg, wu, row_bytes, mat_stride, n_ff, units, n_expert, a8, nblocks, ids, k, h);     \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
-        sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, int n_embd, int units,         \
+        sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, uint64_t mat_stride, int n_embd, int units,         \
                             int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, \
                             const float *wts, int k, float *y)                                    \
     {                                                                                             \
-        sil_moe_down<T>(wd, row_bytes, n_embd, units, n_expert, h8, nblocks, ids, wts, k, y);     \
+        sil_moe_down<T>(wd, row_bytes, mat_stride, n_embd, units, n_expert, h8, nblocks, ids, wts, k, y);     \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_gate_up_sh_##NAME(   \
         const uint8_t *wg, const uint8_t *wu, const uint8_t *sg, const uint8_t *su,               \
-        uint64_t row_bytes, int n_ff, int units, int n_expert, const uint8_t *a8, int64_t nblocks, \
+        uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units, int n_expert, const uint8_t *a8, int64_t nblocks, \
         const int32_t *ids, int k, const float *x, const float *gate_inp, float *sh_logit,        \
         float *h)                                                                                 \
     {                                                                                             \
-        sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, n_ff, units, n_expert, a8, nblocks, ids, \
+        sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, mat_stride, n_ff, units, n_expert, a8, nblocks, ids, \
                               k, x, gate_inp, sh_logit, h);                                       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_down_sh_##NAME(      \
-        const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, int n_embd, int units,          \
+        const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride, int n_embd, int units,          \
         int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, const float *wts,   \
         const float *sh_logit, int k, float *y)                                                   \
     {                                                                                             \
-        sil_moe_down_sh<T>(wd, sd, row_bytes, n_embd, units, n_expert, h8, nblocks, ids, wts,     \
+        sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, n_embd, units, n_expert, h8, nblocks, ids, wts,     \
                            sh_logit, k, y);                                                       \
     }
 
