@@ -23,7 +23,7 @@ struct opts {
     bool help;
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
-    const char *tokens, *prompt, *n_predict, *logits, *threads, *backend;
+    const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *kv_type;
     bool exact;
 };
 
@@ -50,6 +50,8 @@ static const struct opt_def {
     {"--logits", OPT_STR, offsetof(struct opts, logits), "MODE", "last (default), all or none"},
     {"--threads", OPT_STR, offsetof(struct opts, threads), "N", "worker threads (default: CPUs)"},
     {"--backend", OPT_STR, offsetof(struct opts, backend), "NAME", "cpu (default), cuda or auto"},
+    {"--kv-type", OPT_STR, offsetof(struct opts, kv_type), "TYPE",
+     "KV cache elements: f32 (default), f16, q8_0 or q4_0"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
@@ -63,7 +65,7 @@ static void usage(FILE *f)
                "[--json]\n"
                "       sil-eval --model FILE (--tokens IDS | --prompt TEXT | --tokenize-file FILE)\n"
                "                [--n-predict N] [--logits last|all|none] [--threads N] [--exact] "
-               "[--json]\n\noptions:\n");
+               "[--kv-type TYPE] [--json]\n\noptions:\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         char left[64];
         snprintf(left, sizeof left, "%s%s%s", opt_defs[i].name, opt_defs[i].metavar ? " " : "",
@@ -229,7 +231,7 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
         struct sil_eval_model_opts mo = {o.model, o.tokens, o.prompt, o.tokenize_file, o.n_predict,
-                                         o.logits, o.threads, o.backend, o.exact, o.json,
+                                         o.logits, o.threads, o.backend, o.kv_type, o.exact, o.json,
                                          o.parse_special, o.add_bos};
         return sil_eval_model(&mo);
     }

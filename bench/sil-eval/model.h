@@ -13,6 +13,7 @@ struct sil_eval_model_opts {
     const char *logits;        /* last | all | none (default last) */
     const char *threads;       /* default: online CPUs */
     const char *backend;       /* cpu | cuda | auto; NULL = cpu */
+    const char *kv_type;       /* f16 | q8_0 | q4_0 | f32; NULL = the engine's default */
     bool exact, json, parse_special, add_bos;
 };
 
