@@ -479,7 +479,14 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
 {
     if (!seq_ok(e, seq))
         return 0;
-    return sil_kv_seq_bytes(e->f.kv, e->seq_len[seq]) +
+    const struct sil_hparams *hp = &e->model->hp;
+    /* a device backend's own KV layout: F32 rows of every attention layer */
+    const uint64_t kv = sil_kv_block_bytes(e->f.kv)
+                            ? sil_kv_seq_bytes(e->f.kv, e->seq_len[seq])
+                            : (uint64_t)e->seq_len[seq] * (uint64_t)hp->n_layer_attn *
+                                  (uint64_t)hp->n_head_kv *
+                                  (uint64_t)(hp->n_embd_head_k + hp->n_embd_head_v) * sizeof(float);
+    return kv +
            (uint64_t)e->model->hp.n_layer_recr * (uint64_t)e->f.dn_state_floats * sizeof(float) +
            sil_ckpt_bytes(e->ckpt, seq);
 }
