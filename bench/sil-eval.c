@@ -23,7 +23,7 @@ struct opts {
     bool help;
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
-    const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *kv_type;
+    const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
     bool exact;
 };
 
@@ -50,6 +50,8 @@ static const struct opt_def {
     {"--logits", OPT_STR, offsetof(struct opts, logits), "MODE", "last (default), all or none"},
     {"--threads", OPT_STR, offsetof(struct opts, threads), "N", "worker threads (default: CPUs)"},
     {"--backend", OPT_STR, offsetof(struct opts, backend), "NAME", "cpu (default), cuda or auto"},
+    {"--ctx", OPT_STR, offsetof(struct opts, ctx), "N",
+     "context length (default: the model's, at most 4096)"},
     {"--kv-type", OPT_STR, offsetof(struct opts, kv_type), "TYPE",
      "KV cache elements: f32 (default), f16, q8_0 or q4_0"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
@@ -232,7 +234,7 @@ int main(int argc, char **argv)
         }
         struct sil_eval_model_opts mo = {o.model, o.tokens, o.prompt, o.tokenize_file, o.n_predict,
                                          o.logits, o.threads, o.backend, o.kv_type, o.exact, o.json,
-                                         o.parse_special, o.add_bos};
+                                         o.parse_special, o.add_bos, o.ctx};
         return sil_eval_model(&mo);
     }
     if (!o.tokenize_file) {

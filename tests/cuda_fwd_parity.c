@@ -17,7 +17,11 @@
  *      alone, <= 1e-3;
  *   5. checkpoints on the GPU: prompt 2 token by token with a checkpoint half way, then cut back
  *      to it and continued: the same last logits as the first pass, <= 1e-3 (the recurrent state
- *      goes through the host and back).
+ *      goes through the host and back);
+ *   6. graphs: prompt 2 decoded token by token with CUDA graphs and device routing (the
+ *      default: from the third step on each step replays a graph) against an engine without
+ *      graphs that brings the router's choices to the host (SIL_CUDA_GRAPHS=0,
+ *      SIL_CUDA_HOST_ROUTE=1): the same kernels, so the same logits at every step, bit for bit.
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -291,6 +295,38 @@ int main(int argc, char **argv)
             fails += !(dc <= GPU_SELF_TOL);
         }
         sil_seq_free(gpu, sg);
+    }
+
+    /* 6. graphs and device routing vs eager with host routing */
+    {
+        struct sil_engine *eager = NULL;
+        setenv("SIL_CUDA_GRAPHS", "0", 1);
+        setenv("SIL_CUDA_HOST_ROUTE", "1", 1);
+        int rc = open_engine(&eager, model, "cuda", &err);
+        unsetenv("SIL_CUDA_GRAPHS");
+        unsetenv("SIL_CUDA_HOST_ROUTE");
+        int se = -1;
+        float worst = 0.0f;
+        if (rc == 0) rc = prefill(gpu, p2, 1, lg, &sg);
+        if (rc == 0) rc = prefill(eager, p2, 1, alone, &se);
+        for (int i = 1; i < n2 && rc == 0; i++) {
+            rc = step(gpu, sg, p2[i], lg);
+            if (rc == 0) rc = step(eager, se, p2[i], alone);
+            const float d = max_diff(lg, alone, V);
+            if (rc == 0 && !(d <= worst)) worst = d;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "%s: graphs: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: cuda graphs + device routing vs eager + host routing, %d steps: max |diff| "
+                   "= %.4g (want 0) %s\n",
+                   model, n2 - 1, worst, worst == 0.0f ? "ok" : "FAIL");
+            fails += worst != 0.0f;
+        }
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        if (se >= 0) sil_seq_free(eager, se);
+        sil_engine_close(eager);
     }
 
     sil_engine_close(cpu);

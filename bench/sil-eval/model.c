@@ -152,6 +152,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     p.exact = o->exact;
     p.kv_type = o->kv_type;
     p.n_seq_max = 1;
+    long n_ctx = 0;
+    if (o->ctx && parse_int("--ctx", o->ctx, 1, 1 << 20, &n_ctx) < 0) return 2;
+    p.n_ctx = (int32_t)n_ctx;
     struct sil_engine *e = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;

@@ -15,6 +15,7 @@ struct sil_eval_model_opts {
     const char *backend;       /* cpu | cuda | auto; NULL = cpu */
     const char *kv_type;       /* f16 | q8_0 | q4_0 | f32; NULL = the engine's default */
     bool exact, json, parse_special, add_bos;
+    const char *ctx; /* context length (default: the model's, at most 4096) */
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

@@ -136,6 +136,12 @@ struct sil_moe_plan {
     int32_t *pair_row;      /* [n_rows * n_used] input row of each pair */
     int32_t *pair_of;       /* [n_rows * n_used] pair index of (row, slot) */
     struct sil_weight *gate, *up, *down; /* [n_active] the expert's matrices */
+    /* the layer's stacked expert tensors, set before route */
+    const struct sil_weight *gate_exps, *up_exps, *down_exps;
+    /* Set by a route that kept the choices on the device (every expert resident): sel_*, the
+     * grouping and the per-expert handles are then not filled (n_active 0) and moe reads the
+     * choices where route left them. */
+    bool device_routed;
     /* shared expert, always run on every row; gate_inp NULL when the model has none */
     const struct sil_weight *sh_gate_inp, *sh_gate, *sh_up, *sh_down;
 };
@@ -148,6 +154,9 @@ struct sil_backend_ops {
     /* Activation memory for the lifetime of the backend; NULL on failure. */
     void *(*alloc_act)(struct sil_backend *be, size_t bytes);
 
+    /* Optional: a ubatch's forward pass starts (the first op of it comes next). A device
+     * backend stages the ubatch's positions and runs here, and may replay a recorded pass. */
+    void (*begin)(struct sil_backend *be, const struct sil_ubatch *ub);
     /* y[i] = dequantized row ids[i] of w (an embedding table). */
     void (*get_rows)(struct sil_backend *be, const struct sil_weight *w, const int32_t *ids,
                      struct sil_act y);
@@ -225,7 +234,7 @@ struct sil_cuda_config {
     uint64_t vram_budget; /* 0: all free device memory */
     int64_t k_max, ub_max, n_ctx, n_seq_max;
     int64_t n_embd, n_vocab, n_head, n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
-    int64_t n_layer_attn, kv_dim, recr_floats;
+    int64_t n_layer_attn, kv_dim, head_dim, recr_floats;
     uint64_t act_bytes, weight_bytes;
 };
 

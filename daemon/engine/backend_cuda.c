@@ -11,6 +11,22 @@
  * layout of the engine's host state (n_layer_recr * state floats), reset on the device when a
  * sequence run starts at position 0 (the engine zeroes its host copy at exactly those points).
  *
+ * Routing stays on the device when every routed expert is resident and of a fused type: the
+ * MoE kernels read the router's choices where it wrote them (SIL_CUDA_HOST_ROUTE=1 brings them
+ * back to the host and builds the plan there, as an expert cache will).
+ *
+ * Graphs: a ubatch's inputs (embedding rows, positions, runs, the rows kept for the head) are
+ * staged in pinned host memory at begin() and copied up inside the pass, and logits come back
+ * to pinned memory, so a whole decode pass is replayable: the first pass of a shape (rows,
+ * sequence runs, rows wanting logits) runs eagerly and notes whether it was capturable (no host
+ * sync: device routing; no run starting a sequence), the second is captured into a CUDA graph,
+ * later ones replay it, the ops then only staging inputs on the host. SIL_CUDA_GRAPHS=0 turns
+ * graphs off.
+ *
+ * SIL_CUDA_PROFILE=FILE (benchmarks): the per-kernel table of one decode pass at position 16 or
+ * later (of the first pass of SIL_CUDA_PROFILE_ROWS rows instead, when set), and the device and
+ * host time of the graph replays, appended at close.
+ *
  * Errors: ops cannot return one; the first failure is kept (status) and later ops do nothing.
  * Ops run in order on the context's default stream; head() synchronizes (logits download).
  * Nothing on the per-token path allocates. */
@@ -19,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/engine/backend.h"
@@ -40,13 +57,42 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
 
 extern const unsigned char sil_cuda_fwd_fatbin[];
 
-enum { F_GATHER, F_QK_PREP, F_ATTEND, F_CONV1D, F_DELTA_NET, F_GATE_ADD, F_MOE_COMBINE, F_COUNT };
+enum {
+    F_GATHER,
+    F_QK_PREP,
+    F_ATTEND,
+    F_CONV1D,
+    F_DELTA_NET,
+    F_GATE_ADD,
+    F_MOE_COMBINE,
+    F_ADD_RMSNORM_Q8,
+    F_DELTA_RULE,
+    F_GATED_NORM_Q8,
+    F_ATTEND_PART,
+    F_ATTEND_COMBINE,
+    F_COUNT
+};
 static const char *const f_names[F_COUNT] = {
-    "sil_fwd_gather_rows", "sil_fwd_qk_prep",  "sil_fwd_attend",      "sil_fwd_conv1d",
-    "sil_fwd_delta_net",   "sil_fwd_gate_add", "sil_fwd_moe_combine",
+    "sil_fwd_gather_rows", "sil_fwd_qk_prep",       "sil_fwd_attend",      "sil_fwd_conv1d",
+    "sil_fwd_delta_net",   "sil_fwd_gate_add",      "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
+    "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8", "sil_fwd_attend_part", "sil_fwd_attend_combine",
 };
 
 #define MB SIL_CUDA_MAX_BATCH
+#define N_GRAPHS 16
+
+/* One ubatch shape and its graph. */
+struct graph_slot {
+    int32_t n, n_runs, n_keep;
+    int32_t run_start[MB + 1];
+    int32_t keep[MB];
+    int seen;        /* eager passes of this shape */
+    bool capturable; /* the last eager pass synced nowhere */
+    uint64_t used;   /* LRU clock */
+    struct sil_cuda_graph *g;
+};
+
+enum pass_mode { PASS_EAGER, PASS_CAPTURE, PASS_REPLAY };
 
 struct cuda_backend {
     struct sil_backend base;
@@ -62,24 +108,59 @@ struct cuda_backend {
     sil_cuda_ptr *allocs;
     int n_allocs, cap_allocs;
     /* device buffers */
-    sil_cuda_ptr kv_k, kv_v;     /* [layer][seq][n_ctx][kv_dim] */
-    sil_cuda_ptr state;          /* [seq][recr_floats] */
-    sil_cuda_ptr state_tab;      /* [seq] float * */
-    sil_cuda_ptr q8;             /* quantized matmul inputs */
-    sil_cuda_ptr scores;         /* [ub_max][n_head][n_ctx] */
-    sil_cuda_ptr pos, seq, rows; /* [ub_max] int32 */
-    sil_cuda_ptr run_start, run_seq;
+    sil_cuda_ptr kv_k, kv_v; /* [layer][seq][n_ctx][kv_dim] */
+    sil_cuda_ptr state;      /* [seq][recr_floats] */
+    sil_cuda_ptr state_tab;  /* [seq] float * */
+    sil_cuda_ptr q8;         /* quantized matmul inputs */
+    sil_cuda_ptr q8h;        /* quantized expert hidden rows */
+    sil_cuda_ptr scores;     /* [ub_max][n_head][n_ctx] */
+    sil_cuda_ptr attn_part;  /* [MB][n_head][attn_split][head_dim + 2] */
+    int attn_split;
+    sil_cuda_ptr pos, seq, rows;              /* [ub_max] int32 */
+    sil_cuda_ptr run_start, run_seq, keep;    /* in meta */
     sil_cuda_ptr logits;                      /* [MB][n_vocab] */
     sil_cuda_ptr router;                      /* [ub_max][n_expert] */
     sil_cuda_ptr ids, wts, pair_of, pair_row; /* [ub_max * K] */
     sil_cuda_ptr h_gate, h_up, d_pair;        /* [ub_max * K][n_ff_exp], [..][n_embd] */
+    sil_cuda_ptr x_pair, q8p;                 /* prefill: rows gathered per pair, their q8 */
+    sil_cuda_ptr grp;                         /* [n_expert] expert ids, [n_expert + 1] starts */
     sil_cuda_ptr x_g;                         /* [MB][k_max] gathered rows */
     sil_cuda_ptr routed;                      /* [ub_max][n_embd] */
     sil_cuda_ptr sh_gate, sh_up, sh_logit;    /* [ub_max][n_ff_shexp], [ub_max] */
+    sil_cuda_ptr meta;                        /* the staged block below, on the device */
     /* host */
-    float *emb;   /* [ub_max][n_embd] */
     int32_t *tmp; /* [ub_max * K + ub_max + 1] */
     bool meta_ok; /* pos / seq / runs of the current ubatch are on the device */
+    /* pinned staging: [ub_max][n_embd] embedding rows, then int32 pos, seq, run_start,
+     * run_seq, keep [ub_max (+1)] each; logits [MB][n_vocab] */
+    void *h_meta;
+    float *emb;
+    int32_t *h_pos, *h_seq, *h_run_start, *h_run_seq, *h_keep;
+    size_t meta_bytes, ints_off;
+    float *h_logits;
+    /* graphs */
+    bool graphs, host_route, no_grouped;
+    enum pass_mode mode;
+    struct graph_slot slots[N_GRAPHS];
+    struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
+    uint64_t clock;
+    uint64_t n_replays, n_captures;
+    /* q8 holds the quantized rows of q8_src ([q8_n][q8_k]) until an op may write them */
+    sil_cuda_ptr q8_src;
+    int64_t q8_n, q8_k;
+    /* an add deferred to fuse with the rmsnorm that reads its result */
+    bool pend;
+    struct sil_act pend_y, pend_x;
+    /* SIL_CUDA_PROFILE=FILE: one decode pass (at position 16 or later) profiled per kernel */
+    const char *prof_path;
+    int prof_rows; /* SIL_CUDA_PROFILE_ROWS: profile the first pass of this many rows instead */
+    bool profiling, prof_done;
+    /* with SIL_CUDA_PROFILE: device time of each graph replay, host time of each replayed pass */
+    struct sil_cuda_event *gev[2];
+    double graph_ms, pass_ms;
+    uint64_t n_timed;
+    bool timed_pass;
+    struct timespec t_begin;
 };
 
 static struct cuda_backend *cb(struct sil_backend *be)
@@ -184,8 +265,12 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += step) {
         const int n = (int)(x.rows - r0 < step ? x.rows - r0 : step);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * x.ld) * sizeof(float);
-        if (any_q && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err)))
-            return;
+        if (any_q && !(b->q8_src == xp && b->q8_n == n && b->q8_k == x.width)) {
+            if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err))) return;
+            b->q8_src = xp;
+            b->q8_n = n;
+            b->q8_k = x.width;
+        }
         for (int j = 0; j < n_out; j++) {
             struct sil_cuda_weight cw;
             const struct sil_act y = out[j].y;
@@ -199,49 +284,189 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     }
 }
 
+/* Runs a deferred add. */
+static void flush_add(struct cuda_backend *b)
+{
+    if (!b->pend) return;
+    b->pend = false;
+    const struct sil_act y = b->pend_y, x = b->pend_x;
+    if (b->rc == 0)
+        ok(b, sil_cuda_add(b->cu, dp(y.data), dp(x.data), y.rows * y.width, NULL, &b->err));
+}
+
+/* Entry of an op that may write activations: deferred work first, and the quantized copy of
+ * any activation is stale after it. False when the op is to do nothing (replay, error). */
+static bool enter(struct cuda_backend *b)
+{
+    if (b->mode == PASS_REPLAY) return false;
+    flush_add(b);
+    b->q8_src = 0;
+    return b->rc == 0;
+}
+
 static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct sil_mm_out *out,
                         int n)
 {
     struct cuda_backend *b = cb(be);
+    if (b->mode == PASS_REPLAY) return;
+    flush_add(b);
     if (b->rc) return;
     mm_chunks(b, x, out, n);
 }
 
 /* ---- element-wise and per-row ops -------------------------------------------------------- */
 
+/* ---- passes and graphs ------------------------------------------------------------------- */
+
+/* The ubatch's int32 inputs into pinned memory: positions, sequences, runs and their sequences,
+ * and the rows that want logits (in order: what the forward pass keeps for the head). */
+static void stage(struct cuda_backend *b, const struct sil_ubatch *ub, int32_t *n_keep)
+{
+    memcpy(b->h_pos, ub->pos, sizeof(int32_t) * (size_t)ub->n);
+    memcpy(b->h_seq, ub->seq, sizeof(int32_t) * (size_t)ub->n);
+    memcpy(b->h_run_start, ub->run_start, sizeof(int32_t) * (size_t)(ub->n_runs + 1));
+    for (int32_t r = 0; r < ub->n_runs; r++)
+        b->h_run_seq[r] = ub->seq[ub->run_start[r]];
+    int32_t j = 0;
+    for (int32_t i = 0; i < ub->n; i++)
+        if (ub->out_row[i] >= 0) b->h_keep[j++] = i;
+    *n_keep = j;
+}
+
+static void abort_capture(struct cuda_backend *b)
+{
+    if (b->mode != PASS_CAPTURE) return;
+    struct sil_cuda_graph *g = NULL;
+    struct sil_error e = {0};
+    sil_cuda_capture_end(b->cu, NULL, &g, &e);
+    sil_cuda_graph_destroy(b->cu, g);
+    b->mode = PASS_EAGER;
+    if (b->cur) b->cur->capturable = false;
+    b->cur = NULL;
+}
+
+/* A decode-sized shape with no run starting a sequence (those reset state from the host) can
+ * have a graph; it is matched on its rows, runs and kept rows. */
+static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ubatch *ub,
+                                     int32_t n_keep)
+{
+    if (!b->graphs || ub->n > MB || ub->n_runs > MB || ub->n_runs < 1 || n_keep < 1) return NULL;
+    for (int32_t r = 0; r < ub->n_runs; r++)
+        if (ub->pos[ub->run_start[r]] == 0) return NULL;
+    struct graph_slot *lru = &b->slots[0];
+    for (int i = 0; i < N_GRAPHS; i++) {
+        struct graph_slot *g = &b->slots[i];
+        if (g->n == ub->n && g->n_runs == ub->n_runs && g->n_keep == n_keep &&
+            !memcmp(g->run_start, ub->run_start, sizeof(int32_t) * (size_t)(ub->n_runs + 1)) &&
+            !memcmp(g->keep, b->h_keep, sizeof(int32_t) * (size_t)n_keep))
+            return g;
+        if (g->used < lru->used) lru = g;
+    }
+    sil_cuda_graph_destroy(b->cu, lru->g);
+    memset(lru, 0, sizeof(*lru));
+    lru->n = ub->n;
+    lru->n_runs = ub->n_runs;
+    lru->n_keep = n_keep;
+    memcpy(lru->run_start, ub->run_start, sizeof(int32_t) * (size_t)(ub->n_runs + 1));
+    memcpy(lru->keep, b->h_keep, sizeof(int32_t) * (size_t)n_keep);
+    return lru;
+}
+
+static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
+{
+    struct cuda_backend *b = cb(be);
+    abort_capture(b); /* a pass that ended early (an error) */
+    if (b->gev[0]) clock_gettime(CLOCK_MONOTONIC, &b->t_begin);
+    b->meta_ok = false;
+    b->pend = false;
+    b->q8_src = 0;
+    b->mode = PASS_EAGER;
+    b->cur = NULL;
+    if (b->rc || ub->n <= 0 || ub->n > b->c.ub_max) return;
+    int32_t n_keep = 0;
+    stage(b, ub, &n_keep);
+    b->meta_ok = true; /* staged; copied up by get_rows */
+    if (b->prof_path && !b->prof_done &&
+        (b->prof_rows > 1 ? ub->n == b->prof_rows : ub->n == 1 && ub->pos[0] >= 16)) {
+        struct sil_error e = {0};
+        b->profiling = sil_cuda_profile(b->cu, true, &e) == 0;
+        b->prof_done = true;
+        return; /* eager, every launch timed */
+    }
+    struct graph_slot *g = shape_slot(b, ub, n_keep);
+    if (!g) return;
+    g->used = ++b->clock;
+    b->cur = g;
+    if (g->g) {
+        b->mode = PASS_REPLAY;
+    } else if (g->seen >= 1 && g->capturable) {
+        struct sil_error e = {0};
+        if (sil_cuda_capture_begin(b->cu, NULL, &e) == 0)
+            b->mode = PASS_CAPTURE;
+        else
+            g->capturable = false;
+    } else {
+        g->capturable = true; /* until an op of this pass syncs */
+    }
+}
+
+/* An op that needs the host in the middle of the pass: this shape cannot be a graph. */
+static void not_capturable(struct cuda_backend *b)
+{
+    if (b->cur) b->cur->capturable = false;
+}
+
 static void cuda_get_rows(struct sil_backend *be, const struct sil_weight *w, const int32_t *ids,
                           struct sil_act y)
 {
     struct cuda_backend *b = cb(be);
-    b->meta_ok = false; /* a new ubatch starts here */
+    b->q8_src = 0;
     if (b->rc) return;
     if (w->loc != SIL_WEIGHT_MMAP && w->loc != SIL_WEIGHT_HOST) {
         fail(b, -EINVAL, "the embedding table is not in host memory");
+        return;
+    }
+    if (y.ld != y.width || y.width != b->c.n_embd || y.rows > b->c.ub_max) {
+        fail(b, -EINVAL, "embedding rows are not contiguous");
         return;
     }
     const size_t rs = sil_row_size(w->type, w->cols);
     for (int64_t i = 0; i < y.rows; i++)
         sil_dequantize_row(w->type, (const char *)w->data + (size_t)ids[i] * rs,
                            b->emb + i * w->cols, w->cols);
-    if (y.ld != y.width) {
-        fail(b, -EINVAL, "embedding rows are not contiguous");
-        return;
-    }
+    if (b->mode == PASS_REPLAY) return;
+    /* y is the first rows of the activation the staged block's device copy sits beside */
     ok(b, sil_cuda_upload(b->cu, dp(y.data), b->emb, sizeof(float) * (size_t)(y.rows * y.width),
                           NULL, &b->err));
+    if (b->meta_ok)
+        ok(b, sil_cuda_upload(b->cu, b->meta + b->ints_off, (char *)b->h_meta + b->ints_off,
+                              b->meta_bytes - b->ints_off, NULL, &b->err));
 }
 
 static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_act x,
                            const int32_t *rows)
 {
     struct cuda_backend *b = cb(be);
+    if (b->mode != PASS_REPLAY) flush_add(b);
+    b->q8_src = 0;
     if (b->rc || y.rows == 0) return;
-    if (!ok(b,
-            sil_cuda_upload(b->cu, b->rows, rows, sizeof(int32_t) * (size_t)y.rows, NULL, &b->err)))
-        return;
+    sil_cuda_ptr rp = b->keep;
+    if (!b->meta_ok || memcmp(rows, b->h_keep, sizeof(int32_t) * (size_t)y.rows) != 0) {
+        /* not the staged rows: copied up from pageable memory, outside any graph */
+        if (b->mode != PASS_EAGER) {
+            fail(b, -EINVAL, "copy_rows of unstaged rows in a graph");
+            return;
+        }
+        not_capturable(b);
+        if (!ok(b, sil_cuda_upload(b->cu, b->rows, rows, sizeof(int32_t) * (size_t)y.rows, NULL,
+                                   &b->err)))
+            return;
+        rp = b->rows;
+    }
+    if (b->mode == PASS_REPLAY) return;
     sil_cuda_ptr yp = dp(y.data), xp = dp(x.data);
     int64_t width = y.width;
-    void *p[] = {&yp, &y.ld, &xp, &x.ld, &b->rows, &width};
+    void *p[] = {&yp, &y.ld, &xp, &x.ld, &rp, &width};
     ok(b, launch(b, F_GATHER, (unsigned)y.rows, 1, p));
 }
 
@@ -249,21 +474,47 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
                          const struct sil_weight *w, float eps)
 {
     struct cuda_backend *b = cb(be);
-    if (b->rc || x.rows == 0) return;
+    if (b->mode == PASS_REPLAY) return;
+    /* x += the deferred add, the norm and its q8 blocks in one kernel */
+    const bool fuse = x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
+                      x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
+    sil_cuda_ptr d = 0;
+    if (fuse && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
+        b->pend_y.width == x.width && b->pend_x.ld == b->pend_x.width) {
+        d = dp(b->pend_x.data);
+        b->pend = false;
+    }
+    if (!enter(b) || x.rows == 0) return;
     if (x.ld != x.width || y.ld != y.width) {
         fail(b, -EINVAL, "rmsnorm rows are not contiguous");
         return;
     }
-    ok(b, sil_cuda_rmsnorm(b->cu, dp(y.data), dp(x.data), dp(w->data), x.rows, x.width, eps, NULL,
-                           &b->err));
+    if (!fuse) {
+        ok(b, sil_cuda_rmsnorm(b->cu, dp(y.data), dp(x.data), dp(w->data), x.rows, x.width, eps,
+                               NULL, &b->err));
+        return;
+    }
+    sil_cuda_ptr xp = dp(x.data), yp = dp(y.data), wp = dp(w->data), q8 = b->q8;
+    int64_t n = x.width, nblocks = x.rows * x.width / 32;
+    void *p[] = {&xp, &d, &yp, &wp, &n, &eps, &q8, &nblocks};
+    const unsigned threads = n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
+    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ADD_RMSNORM_Q8], f_names[F_ADD_RMSNORM_Q8],
+                               (unsigned)x.rows, 1, 1, threads, NULL, p, &b->err)))
+        return;
+    b->q8_src = yp;
+    b->q8_n = x.rows;
+    b->q8_k = x.width;
 }
 
 static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
     struct cuda_backend *b = cb(be);
-    if (b->rc || y.rows == 0) return;
+    if (!enter(b) || y.rows == 0) return;
     if (y.ld == y.width && x.ld == x.width) {
-        ok(b, sil_cuda_add(b->cu, dp(y.data), dp(x.data), y.rows * y.width, NULL, &b->err));
+        /* deferred: the rmsnorm that usually follows reads y and does the add */
+        b->pend = true;
+        b->pend_y = y;
+        b->pend_x = x;
         return;
     }
     for (int64_t i = 0; i < y.rows && b->rc == 0; i++)
@@ -275,7 +526,7 @@ static void cuda_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act
                         struct sil_act up)
 {
     struct cuda_backend *b = cb(be);
-    if (b->rc || y.rows == 0) return;
+    if (!enter(b) || y.rows == 0) return;
     if (y.ld != y.width || gate.ld != gate.width || up.ld != up.width) {
         fail(b, -EINVAL, "swiglu rows are not contiguous");
         return;
@@ -286,20 +537,18 @@ static void cuda_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act
 
 /* ---- attention and the delta net --------------------------------------------------------- */
 
-/* Positions, sequences and sequence runs of the ubatch, once per forward pass. */
+/* Positions, sequences and sequence runs of the ubatch on the device: staged by begin() and
+ * copied up with the embedding rows; here when the ops run without begin(). */
 static bool upload_meta(struct cuda_backend *b, const struct sil_ubatch *ub)
 {
     if (b->meta_ok) return true;
-    const size_t n = sizeof(int32_t) * (size_t)ub->n;
-    if (!ok(b, sil_cuda_upload(b->cu, b->pos, ub->pos, n, NULL, &b->err)) ||
-        !ok(b, sil_cuda_upload(b->cu, b->seq, ub->seq, n, NULL, &b->err)) ||
-        !ok(b, sil_cuda_upload(b->cu, b->run_start, ub->run_start,
-                               sizeof(int32_t) * (size_t)(ub->n_runs + 1), NULL, &b->err)))
-        return false;
-    for (int32_t r = 0; r < ub->n_runs; r++)
-        b->tmp[r] = ub->seq[ub->run_start[r]];
-    if (!ok(b, sil_cuda_upload(b->cu, b->run_seq, b->tmp, sizeof(int32_t) * (size_t)ub->n_runs,
-                               NULL, &b->err)))
+    if (ub->n > b->c.ub_max)
+        return fail(b, -EINVAL, "ubatch larger than the backend was sized for");
+    int32_t n_keep;
+    stage(b, ub, &n_keep);
+    not_capturable(b);
+    if (!ok(b, sil_cuda_upload(b->cu, b->meta + b->ints_off, (char *)b->h_meta + b->ints_off,
+                               b->meta_bytes - b->ints_off, NULL, &b->err)))
         return false;
     b->meta_ok = true;
     return true;
@@ -309,6 +558,7 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                            const struct sil_attn_args *a)
 {
     struct cuda_backend *b = cb(be);
+    if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const int hd = a->head_dim;
     if (hd > 1024 || (int64_t)a->n_head_kv * hd != b->c.kv_dim || a->n_head % a->n_head_kv) {
@@ -330,13 +580,28 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     if (!ok(b, launch(b, F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n, p1))) return;
     void *p2[] = {&q,      &ldq,    &q_stride, &o,   &ldo,   &kc,    &vc,       &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &gated, &b->scores};
-    ok(b, launch(b, F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
+    if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
+        ok(b, launch(b, F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
+        return;
+    }
+    /* decode: the context split over attn_split blocks a head, then merged */
+    sil_cuda_ptr part = b->attn_part;
+    int nz = b->attn_split;
+    void *p3[] = {&q,      &ldq,    &q_stride, &kc,  &vc,    &b->pos,
+                  &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &part};
+    if (!ok(b,
+            sil_cuda_launch(b->cu, b->fn[F_ATTEND_PART], f_names[F_ATTEND_PART], (unsigned)n_head,
+                            (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
+        return;
+    void *p4[] = {&q, &ldq, &q_stride, &o, &ldo, &part, &nz, &n_head, &hdi, &gated};
+    ok(b, launch(b, F_ATTEND_COMBINE, (unsigned)n_head, (unsigned)ub->n, p4));
 }
 
 static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
                         const struct sil_delta_net_args *a)
 {
     struct cuda_backend *b = cb(be);
+    if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const struct sil_delta_net_params *p = a->p;
     const int64_t st_floats = sil_delta_net_state_floats(p);
@@ -367,6 +632,7 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
                            const struct sil_delta_net_args *a)
 {
     struct cuda_backend *b = cb(be);
+    if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const struct sil_delta_net_params *p = a->p;
     if (p->head_k_dim > 1024 || p->head_v_dim > 1024) {
@@ -385,10 +651,45 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
                   &ldb,  &out,    &ldo, &sa,  &dt,           &nw,         &nk,
                   &nv,   &dk,     &dv,  &eps, &b->run_start, &b->run_seq, &b->state_tab,
                   &off,  &ssm_off};
-    ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
+    if (dk % 32 != 0 || dk > 256) {
+        ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
+        return;
+    }
+    /* state rows over blocks (8 a block), then the gated norm with its q8 blocks */
+    void *pr[] = {&conv,         &ldc,        &al,           &lda, &be_,    &ldb, &out,
+                  &ldo,          &sa,         &dt,           &nk,  &dk,     &dv,  &eps,
+                  &b->run_start, &b->run_seq, &b->state_tab, &off, &ssm_off};
+    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_DELTA_RULE], f_names[F_DELTA_RULE], (unsigned)nv,
+                               (unsigned)ub->n_runs, cdiv(dv, 8), 128, NULL, pr, &b->err)))
+        return;
+    const int64_t width = (int64_t)nv * dv, n = ub->n;
+    const bool q = ldo == width && dv % 32 == 0 && width <= b->c.k_max &&
+                   n <= (b->c.ub_max > MB ? b->c.ub_max : MB);
+    sil_cuda_ptr q8 = q ? b->q8 : 0;
+    int64_t nblocks = q ? n * width / 32 : 0;
+    void *pn[] = {&out, &ldo, &z, &ldz, &nw, &dv, &eps, &q8, &nblocks};
+    if (!ok(b, launch(b, F_GATED_NORM_Q8, (unsigned)nv, (unsigned)n, pn)) || !q) return;
+    b->q8_src = out;
+    b->q8_n = n;
+    b->q8_k = width;
 }
 
 /* ---- router and experts ------------------------------------------------------------------ */
+
+/* The fused kernels take these experts straight from the router's output. */
+static bool fused_types(const struct sil_weight *g, const struct sil_weight *u,
+                        const struct sil_weight *d)
+{
+    return quantized(g->type) && u->type == g->type && quantized(d->type);
+}
+
+static bool device_routable(const struct cuda_backend *b, const struct sil_moe_plan *pl)
+{
+    const struct sil_weight *g = pl->gate_exps, *u = pl->up_exps, *d = pl->down_exps;
+    return !b->host_route && g && u && d && g->loc == SIL_WEIGHT_DEVICE &&
+           u->loc == SIL_WEIGHT_DEVICE && d->loc == SIL_WEIGHT_DEVICE && fused_types(g, u, d) &&
+           g->n_mat == b->c.n_expert;
+}
 
 static void cuda_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
                        int n_used, struct sil_moe_plan *plan)
@@ -397,7 +698,19 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     const int X = (int)w->rows, K = n_used, n = (int)x.rows;
     plan->n_rows = n;
     plan->n_used = K;
-    if (b->rc || n == 0) {
+    if (b->mode != PASS_REPLAY) flush_add(b);
+    /* prefill brings the choices back for the grouped products */
+    if (b->rc == 0 && n > 0 && (n <= MB || b->no_grouped) && device_routable(b, plan)) {
+        plan->device_routed = true;
+        if (b->mode == PASS_REPLAY) return;
+        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
+        mm_chunks(b, x, &lo, 1);
+        if (b->rc == 0)
+            ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
+        return;
+    }
+    if (b->rc || n == 0 || b->mode != PASS_EAGER) {
+        if (b->rc == 0 && n > 0) fail(b, -EINVAL, "host routing inside a graph");
         /* keep the plan well-formed for moe_plan() even after an error */
         for (int64_t q = 0; q < (int64_t)n * K; q++) {
             plan->sel_expert[q] = (int32_t)(q % K) % X;
@@ -405,11 +718,12 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
         }
         return;
     }
+    not_capturable(b);
     const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
     mm_chunks(b, x, &lo, 1);
     if (b->rc == 0)
         ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
-    /* the plan is built on the host for now: the choices come back (n * K * 8 bytes) */
+    /* the plan is built on the host: the choices come back (n * K * 8 bytes) */
     const size_t bytes = sizeof(int32_t) * (size_t)(n * K);
     if (b->rc == 0) ok(b, sil_cuda_download(b->cu, plan->sel_expert, b->ids, bytes, NULL, &b->err));
     if (b->rc == 0) ok(b, sil_cuda_download(b->cu, plan->sel_weight, b->wts, bytes, NULL, &b->err));
@@ -419,15 +733,6 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
             fail(b, -EIO, "router returned an expert id out of range");
             plan->sel_expert[q] = 0;
         }
-}
-
-/* The stacked tensor an expert handle of the plan points into: data of expert e minus e. */
-static int stack_of(const struct sil_weight *m, int32_t e, int X, struct sil_cuda_weight *cw,
-                    struct sil_error *err)
-{
-    struct sil_weight s = *m;
-    s.data = (const char *)m->data - (size_t)e * m->mat_bytes;
-    return view(&s, m->rows * X, cw, err);
 }
 
 /* Shared expert into out: sigmoid(gate_inp . x) * down(silu(gate x) * up x), then out +=
@@ -467,25 +772,28 @@ static void moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
     const int K = pl->n_used;
     const int64_t E = x.width;
     struct sil_cuda_weight g, u, d;
-    const int32_t e0 = pl->expert[0];
-    if (!ok(b, stack_of(&pl->gate[0], e0, X, &g, &b->err)) ||
-        !ok(b, stack_of(&pl->up[0], e0, X, &u, &b->err)) ||
-        !ok(b, stack_of(&pl->down[0], e0, X, &d, &b->err)))
+    if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
+        !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
+        !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
         return;
-    const int64_t F = pl->gate[0].rows;
+    const int64_t F = pl->gate_exps->rows;
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
         const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * E) * 4;
         const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4,
                            w = b->wts + (uint64_t)(r0 * K) * 4;
-        if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err)) ||
+        const bool have = b->q8_src == xp && b->q8_n == n && b->q8_k == E;
+        if ((!have && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err))) ||
             !ok(b, sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL,
                                         &b->err)) ||
             !ok(b,
-                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8, NULL, &b->err)) ||
-            !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8, n, ids, w, K,
+                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8h, NULL, &b->err)) ||
+            !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8h, n, ids, w, K,
                                      b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err)))
             return;
+        b->q8_src = xp;
+        b->q8_n = n;
+        b->q8_k = E;
     }
 }
 
@@ -535,18 +843,74 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
     ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
 }
 
+/* Prefill (more rows than a decode batch), quantized experts: each active expert's matrices
+ * read once for all its rows, on tensor cores. Rows are gathered in pair order (grouped by
+ * expert), quantized once, multiplied by their expert's gate and up, silu-gated, quantized, by
+ * down, then summed per row with the router's weights. */
+static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                        int X)
+{
+    const int K = pl->n_used, A = pl->n_active;
+    const int64_t E = x.width, P = (int64_t)pl->n_rows * K, F = pl->gate_exps->rows;
+    int32_t max_rows = 0;
+    for (int a = 0; a < A; a++) {
+        const int32_t c = pl->pair_start[a + 1] - pl->pair_start[a];
+        if (c > max_rows) max_rows = c;
+    }
+    for (int64_t q = 0; q < P; q++)
+        b->tmp[q] = pl->pair_row[q];
+    if (!ok(b, sil_cuda_upload(b->cu, b->pair_row, b->tmp, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->pair_of, pl->pair_of, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->grp, pl->expert, sizeof(int32_t) * (size_t)A, NULL,
+                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->grp + (uint64_t)X * 4, pl->pair_start,
+                               sizeof(int32_t) * (size_t)(A + 1), NULL, &b->err)))
+        return;
+    struct sil_cuda_weight g, u, d;
+    if (!ok(b, view(pl->gate_exps, F, &g, &b->err)) || !ok(b, view(pl->up_exps, F, &u, &b->err)) ||
+        !ok(b, view(pl->down_exps, pl->down_exps->rows, &d, &b->err)))
+        return;
+    sil_cuda_ptr xp = dp(x.data), xg = b->x_pair, rows = b->pair_row;
+    int64_t ldx = E, ldg = E;
+    void *pg[] = {&xg, &ldg, &xp, &ldx, &rows, (void *)&E};
+    const sil_cuda_ptr gm = b->grp, gs = b->grp + (uint64_t)X * 4;
+    if (!ok(b, launch(b, F_GATHER, (unsigned)P, 1, pg)) ||
+        !ok(b, sil_cuda_quantize_q8(b->cu, xg, P, E, b->q8p, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &g, pl->gate_exps->mat_bytes, b->q8p, (int)P, gm, gs,
+                                       A, max_rows, b->h_gate, F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &u, pl->up_exps->mat_bytes, b->q8p, (int)P, gm, gs, A,
+                                       max_rows, b->h_up, F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_swiglu(b->cu, b->h_gate, b->h_gate, b->h_up, P * F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, P, F, b->q8p, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &d, pl->down_exps->mat_bytes, b->q8p, (int)P, gm, gs,
+                                       A, max_rows, b->d_pair, E, NULL, &b->err)))
+        return;
+    int64_t ldo = E;
+    void *p[] = {&b->routed, &ldo, &b->d_pair, &b->pair_of, &b->wts, (void *)&K, (void *)&E};
+    ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
+}
+
 static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *pl,
                      struct sil_act out)
 {
     struct cuda_backend *b = cb(be);
-    if (b->rc || x.rows == 0 || pl->n_active == 0) return;
+    if (b->mode == PASS_REPLAY) return;
+    flush_add(b);
+    if (b->rc || x.rows == 0 || (pl->n_active == 0 && !pl->device_routed)) return;
     if (x.ld != x.width || out.ld != out.width) {
         fail(b, -EINVAL, "moe rows are not contiguous");
         return;
     }
     const int X = (int)b->c.n_expert;
-    const int t = pl->gate[0].type;
-    if (quantized(t) && pl->up[0].type == t && quantized(pl->down[0].type))
+    const bool stacked = pl->gate_exps && pl->gate_exps->loc == SIL_WEIGHT_DEVICE &&
+                         pl->up_exps->loc == SIL_WEIGHT_DEVICE &&
+                         pl->down_exps->loc == SIL_WEIGHT_DEVICE;
+    const bool fused = stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
+    if (fused && !pl->device_routed && x.rows > MB && pl->gate_exps->n_mat == X && !b->no_grouped)
+        moe_grouped(b, x, pl, X);
+    else if (pl->device_routed || fused)
         moe_fused(b, x, pl, X);
     else
         moe_generic(b, x, pl);
@@ -555,25 +919,116 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
 
 /* ---- output head ------------------------------------------------------------------------ */
 
+static int32_t host_argmax(const float *x, int64_t n)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i;
+    return (int32_t)best;
+}
+
+/* The per-kernel table of the profiled pass: name, launches, microseconds, weight bytes read,
+ * GB/s; the last line sums them. */
+static void write_profile(struct cuda_backend *b)
+{
+    const struct sil_cuda_prof *t = NULL;
+    const int n = sil_cuda_profile_get(b->cu, &t);
+    FILE *fp = fopen(b->prof_path, "w");
+    double ms = 0, bytes = 0;
+    uint64_t calls = 0;
+    for (int i = 0; fp && i < n; i++) {
+        fprintf(fp, "%s\t%llu\t%.2f\t%llu\t%.1f\n", t[i].name, (unsigned long long)t[i].calls,
+                t[i].ms * 1e3, (unsigned long long)t[i].bytes,
+                t[i].ms > 0 ? (double)t[i].bytes / (t[i].ms * 1e6) : 0.0);
+        ms += t[i].ms;
+        bytes += (double)t[i].bytes;
+        calls += t[i].calls;
+    }
+    if (fp) {
+        fprintf(fp, "total\t%llu\t%.2f\t%.0f\t%.1f\n", (unsigned long long)calls, ms * 1e3, bytes,
+                ms > 0 ? bytes / (ms * 1e6) : 0.0);
+        fclose(fp);
+    }
+    struct sil_error e = {0};
+    sil_cuda_profile(b->cu, false, &e);
+    b->profiling = false;
+}
+
+/* Ends this pass's capture and replays it; false (and the error kept) when that fails. */
+static bool finish_graph(struct cuda_backend *b)
+{
+    const bool replay = b->mode == PASS_REPLAY;
+    if (b->mode == PASS_CAPTURE) {
+        struct sil_cuda_graph *g = NULL;
+        b->mode = PASS_EAGER;
+        if (!ok(b, sil_cuda_capture_end(b->cu, NULL, &g, &b->err))) {
+            b->cur->capturable = false;
+            return false;
+        }
+        b->cur->g = g;
+        b->n_captures++;
+    } else {
+        b->n_replays++;
+    }
+    const bool timed = b->gev[0] && replay;
+    b->timed_pass = timed;
+    if (timed) ok(b, sil_cuda_event_record(b->cu, b->gev[0], NULL, &b->err));
+    ok(b, sil_cuda_graph_launch(b->cu, b->cur->g, NULL, &b->err));
+    if (timed) ok(b, sil_cuda_event_record(b->cu, b->gev[1], NULL, &b->err));
+    return b->rc == 0;
+}
+
 static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
                       const int32_t *out_rows, float *logits, int32_t *argmax)
 {
     struct cuda_backend *b = cb(be);
     const int64_t V = w->rows;
+    const bool graph = b->mode != PASS_EAGER;
+    if (b->mode != PASS_REPLAY) flush_add(b);
+    if (b->rc) {
+        abort_capture(b);
+        return;
+    }
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
         const int64_t n = x.rows - r0 < MB ? x.rows - r0 : MB;
-        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->logits, n, V, V}};
-        mm_chunks(b, sil_act_rows(x, r0, n), &lo, 1);
-        if (argmax && b->rc == 0 &&
-            ok(b, sil_cuda_argmax(b->cu, b->logits, (int)n, V, b->rows, NULL, &b->err)))
-            ok(b, sil_cuda_download(b->cu, argmax + r0, b->rows, sizeof(int32_t) * (size_t)n, NULL,
-                                    &b->err));
-        for (int64_t i = 0; i < n && b->rc == 0; i++)
-            ok(b, sil_cuda_download(b->cu, logits + (int64_t)out_rows[r0 + i] * V,
-                                    b->logits + (uint64_t)(i * V) * 4, sizeof(float) * (size_t)V,
-                                    NULL, &b->err));
+        if (b->mode != PASS_REPLAY) {
+            const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->logits, n, V, V}};
+            mm_chunks(b, sil_act_rows(x, r0, n), &lo, 1);
+            if (argmax && !graph && b->rc == 0 &&
+                ok(b, sil_cuda_argmax(b->cu, b->logits, (int)n, V, b->rows, NULL, &b->err)))
+                ok(b, sil_cuda_download(b->cu, argmax + r0, b->rows, sizeof(int32_t) * (size_t)n,
+                                        NULL, &b->err));
+            if (b->rc == 0)
+                ok(b, sil_cuda_download(b->cu, b->h_logits, b->logits,
+                                        sizeof(float) * (size_t)(n * V), NULL, &b->err));
+        }
+        if (graph && (b->rc || !finish_graph(b))) {
+            abort_capture(b);
+            return;
+        }
         if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
+        if (graph && b->timed_pass && b->rc == 0) {
+            b->timed_pass = false;
+            float ms = 0.0f;
+            struct timespec t1;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (sil_cuda_event_elapsed(b->cu, b->gev[0], b->gev[1], &ms, NULL) == 0) {
+                b->graph_ms += ms;
+                b->pass_ms += (double)(t1.tv_sec - b->t_begin.tv_sec) * 1e3 +
+                              (double)(t1.tv_nsec - b->t_begin.tv_nsec) / 1e6;
+                b->n_timed++;
+            }
+        }
+        for (int64_t i = 0; i < n && b->rc == 0; i++) {
+            memcpy(logits + (int64_t)out_rows[r0 + i] * V, b->h_logits + i * V,
+                   sizeof(float) * (size_t)V);
+            if (argmax && graph) argmax[r0 + i] = host_argmax(b->h_logits + i * V, V);
+        }
     }
+    if (b->mode == PASS_EAGER && b->cur && b->rc == 0) b->cur->seen++;
+    b->mode = PASS_EAGER;
+    b->cur = NULL;
+    if (b->profiling) write_profile(b);
 }
 
 /* ---- placement, status, lifetime ------------------------------------------------------------ */
@@ -611,6 +1066,8 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
 static int cuda_status(struct sil_backend *be, struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
+    abort_capture(b);
+    if (b->mode != PASS_REPLAY) flush_add(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
     if (b->rc && err) *err = b->err;
     return b->rc;
@@ -666,14 +1123,29 @@ static void cuda_free(struct sil_backend *be)
     struct cuda_backend *b = cb(be);
     if (!b) return;
     if (b->cu) {
+        abort_capture(b);
+        if (b->n_timed && b->prof_path) {
+            FILE *fp = fopen(b->prof_path, "a");
+            if (fp) {
+                fprintf(fp, "graph replays\t%llu\tdevice ms each %.4f\thost ms a pass %.4f\n",
+                        (unsigned long long)b->n_timed, b->graph_ms / (double)b->n_timed,
+                        b->pass_ms / (double)b->n_timed);
+                fclose(fp);
+            }
+        }
+        for (int i = 0; i < 2; i++)
+            sil_cuda_event_destroy(b->cu, b->gev[i]);
         sil_cuda_sync(b->cu, NULL, NULL);
+        for (int i = 0; i < N_GRAPHS; i++)
+            sil_cuda_graph_destroy(b->cu, b->slots[i].g);
+        sil_cuda_host_release(b->cu, b->h_meta);
+        sil_cuda_host_release(b->cu, b->h_logits);
         for (int i = 0; i < b->n_allocs; i++)
             sil_cuda_release(b->cu, b->allocs[i]);
         sil_cuda_module_unload(b->cu, b->mod);
         sil_cuda_free(b->cu);
     }
     free(b->allocs);
-    free(b->emb);
     free(b->tmp);
     free(b);
 }
@@ -682,6 +1154,7 @@ static const struct sil_backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
     .alloc_act = cuda_alloc_act,
+    .begin = cuda_begin,
     .get_rows = cuda_get_rows,
     .copy_rows = cuda_copy_rows,
     .matmul = cuda_matmul,
@@ -723,17 +1196,27 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const uint64_t f4 = sizeof(float);
     const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * c->n_seq_max * c->n_ctx * c->kv_dim) * f4;
     const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
-    const uint64_t q8 =
-        max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max), X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) +
-        256;
+    const uint64_t q8 = max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max),
+                              X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) +
+                        256;
     const uint64_t moe = X > 0 ? (uint64_t)(U * X + 2 * U * K * F + U * K * E + MB * c->k_max +
                                             U * E + 2 * U * S + U) *
                                          f4 +
                                      4 * (uint64_t)(U * K) * 4
                                : 0;
-    const uint64_t scratch = q8 + (uint64_t)(U * c->n_head * c->n_ctx) * f4 +
-                             (uint64_t)(MB * c->n_vocab) * f4 + 5 * (uint64_t)(U + 1) * 4 +
-                             (uint64_t)c->n_seq_max * 8 + moe;
+    const uint64_t grouped = X > 0 ? (uint64_t)(U * K * E) * f4 +
+                                         sil_cuda_q8_bytes(U * K, E > F ? E : F) + 256 +
+                                         (uint64_t)(2 * X + 1) * 4
+                                   : 0;
+    const int attn_split = c->n_ctx / 1024 + 1 > 32 ? (int)(c->n_ctx / 1024 + 1) : 32;
+    const uint64_t part_bytes =
+        c->n_layer_attn > 0 && c->head_dim > 0
+            ? (uint64_t)(MB * c->n_head * attn_split) * (uint64_t)(c->head_dim + 2) * f4
+            : 0;
+    const uint64_t scratch =
+        part_bytes + grouped + q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
+        (uint64_t)(U * c->n_head * c->n_ctx) * f4 + (uint64_t)(MB * c->n_vocab) * f4 +
+        (uint64_t)(U * E) * f4 + 6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
     const uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
     size_t free_b = 0, total_b = 0;
@@ -759,6 +1242,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     if (rc == 0) rc = sil_cuda_module_load(b->cu, sil_cuda_fwd_fatbin, &b->mod, err);
     for (int i = 0; rc == 0 && i < F_COUNT; i++)
         rc = sil_cuda_module_function(b->cu, b->mod, f_names[i], &b->fn[i], err);
+    /* the staged block: embedding rows, then 5 int32 arrays of U (+1) */
+    const size_t ints_off = (size_t)(U * E) * sizeof(float);
+    const size_t meta_bytes = ints_off + (size_t)(5 * U + 1) * sizeof(int32_t);
     struct {
         sil_cuda_ptr *p;
         uint64_t bytes;
@@ -768,12 +1254,11 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->state, st},
         {&b->state_tab, (uint64_t)c->n_seq_max * 8},
         {&b->q8, q8},
+        {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0},
         {&b->scores, (uint64_t)(U * c->n_head * c->n_ctx) * f4},
-        {&b->pos, (uint64_t)U * 4},
-        {&b->seq, (uint64_t)U * 4},
+        {&b->attn_part, part_bytes},
+        {&b->meta, meta_bytes},
         {&b->rows, (uint64_t)U * 4},
-        {&b->run_start, (uint64_t)(U + 1) * 4},
-        {&b->run_seq, (uint64_t)U * 4},
         {&b->logits, (uint64_t)(MB * c->n_vocab) * f4},
         {&b->router, (uint64_t)(U * X) * f4},
         {&b->ids, (uint64_t)(U * K) * 4},
@@ -783,6 +1268,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->h_gate, (uint64_t)(U * K * F) * f4},
         {&b->h_up, (uint64_t)(U * K * F) * f4},
         {&b->d_pair, (uint64_t)(U * K * E) * f4},
+        {&b->x_pair, X > 0 ? (uint64_t)(U * K * E) * f4 : 0},
+        {&b->q8p, X > 0 ? sil_cuda_q8_bytes(U * K, E > F ? E : F) + 256 : 0},
+        {&b->grp, (uint64_t)(2 * X + 1) * 4},
         {&b->x_g, (uint64_t)(MB * c->k_max) * f4},
         {&b->routed, (uint64_t)(U * E) * f4},
         {&b->sh_gate, (uint64_t)(U * S) * f4},
@@ -791,12 +1279,40 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
+    b->attn_split = attn_split;
+    if (rc == 0) rc = sil_cuda_host_alloc(b->cu, meta_bytes, &b->h_meta, err);
+    if (rc == 0)
+        rc = sil_cuda_host_alloc(b->cu, (size_t)(MB * c->n_vocab) * sizeof(float),
+                                 (void **)&b->h_logits, err);
     if (rc == 0) {
-        b->emb = calloc((size_t)(U * E), sizeof(float));
+        int32_t *hi = (int32_t *)((char *)b->h_meta + ints_off);
+        b->emb = b->h_meta;
+        b->h_pos = hi;
+        b->h_seq = hi + U;
+        b->h_run_start = hi + 2 * U;
+        b->h_run_seq = hi + 3 * U + 1;
+        b->h_keep = hi + 4 * U + 1;
+        b->pos = b->meta + ints_off;
+        b->seq = b->pos + (uint64_t)U * 4;
+        b->run_start = b->pos + (uint64_t)(2 * U) * 4;
+        b->run_seq = b->pos + (uint64_t)(3 * U + 1) * 4;
+        b->keep = b->pos + (uint64_t)(4 * U + 1) * 4;
+        b->meta_bytes = meta_bytes;
+        b->ints_off = ints_off;
+        const char *g = getenv("SIL_CUDA_GRAPHS"), *h = getenv("SIL_CUDA_HOST_ROUTE");
+        b->graphs = !(g && strcmp(g, "0") == 0);
+        b->host_route = h && strcmp(h, "1") == 0;
+        const char *ng = getenv("SIL_CUDA_NO_GROUPED");
+        b->no_grouped = ng && strcmp(ng, "1") == 0;
+        const char *pf = getenv("SIL_CUDA_PROFILE");
+        b->prof_path = pf && *pf ? pf : NULL;
+        const char *pr = getenv("SIL_CUDA_PROFILE_ROWS");
+        b->prof_rows = pr ? atoi(pr) : 0;
+        for (int i = 0; b->prof_path && i < 2 && rc == 0; i++)
+            rc = sil_cuda_event_create(b->cu, &b->gev[i], err);
         b->tmp = calloc((size_t)(U * K + U + 1), sizeof(int32_t));
         uint64_t *tab = calloc((size_t)c->n_seq_max + 1, sizeof(uint64_t));
-        if (!b->emb || !b->tmp || !tab)
-            rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        if (!b->tmp || !tab) rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
         for (int64_t s = 0; tab && s < c->n_seq_max; s++)
             tab[s] = b->state + (uint64_t)(s * c->recr_floats) * f4;
         if (rc == 0 && c->n_seq_max > 0)

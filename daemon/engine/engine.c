@@ -220,6 +220,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .n_ff_shexp = hp->n_ff_shexp,
         .n_layer_attn = hp->n_layer_attn,
         .kv_dim = (int64_t)hp->n_head_kv * hp->n_embd_head_k,
+        .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,

@@ -233,6 +233,7 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
     struct sil_ubatch last;
     f->n_ubatch++;
     f->n_rows += (uint64_t)ub->n;
+    if (f->be->ops->begin) SIL_OP(f, begin, ub);
     SIL_OP(f, get_rows, &f->tok_embd, ub->token, sil_act_rows(f->x, 0, ub->n));
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct sil_layer_weights *w = &f->lw[il];

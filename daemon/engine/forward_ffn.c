@@ -76,11 +76,6 @@ static void moe_plan(struct sil_fwd *f, const struct sil_layer_weights *w, struc
         p->pair_row[j] = (int32_t)(q / K);
         p->pair_of[q] = j;
     }
-    const bool shexp = f->model->traits->shared_expert;
-    p->sh_gate_inp = shexp ? &w->ffn_gate_inp_shexp : NULL;
-    p->sh_gate = shexp ? &w->ffn_gate_shexp : NULL;
-    p->sh_up = shexp ? &w->ffn_up_shexp : NULL;
-    p->sh_down = shexp ? &w->ffn_down_shexp : NULL;
 }
 
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
@@ -88,10 +83,23 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
 {
     const struct sil_layer_weights *w = &f->lw[il];
     struct sil_moe_plan *plan = &f->plan;
+    const bool shexp = f->model->traits->shared_expert;
+    plan->gate_exps = &w->ffn_gate_exps;
+    plan->up_exps = &w->ffn_up_exps;
+    plan->down_exps = &w->ffn_down_exps;
+    plan->sh_gate_inp = shexp ? &w->ffn_gate_inp_shexp : NULL;
+    plan->sh_gate = shexp ? &w->ffn_gate_shexp : NULL;
+    plan->sh_up = shexp ? &w->ffn_up_shexp : NULL;
+    plan->sh_down = shexp ? &w->ffn_down_shexp : NULL;
+    plan->device_routed = false;
     SIL_OP(f, route, cur, &w->ffn_gate_inp, f->model->hp.n_expert_used, plan);
-    moe_plan(f, w, plan);
-    for (int a = 0; a < plan->n_active; a++)
-        f->expert_bytes +=
-            plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
+    if (plan->device_routed) {
+        plan->n_active = 0; /* the choices stay on the device: not counted in expert_bytes */
+    } else {
+        moe_plan(f, w, plan);
+        for (int a = 0; a < plan->n_active; a++)
+            f->expert_bytes +=
+                plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
+    }
     SIL_OP(f, moe, cur, plan, out);
 }

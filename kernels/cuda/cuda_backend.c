@@ -25,6 +25,8 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUdeviceptr;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_NO_DEVICE = 100,
@@ -35,6 +37,7 @@ enum {
     CU_EVENT_DEFAULT = 0,
     CU_EVENT_DISABLE_TIMING = 2,
     CU_MEMHOSTALLOC_PORTABLE = 1,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
 };
 
 /* Symbol names are the ones cuda.h maps its API names to (the _v2 ABI where there is one). */
@@ -74,7 +77,13 @@ enum {
     X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))                                   \
     X(cuLaunchKernel, CUresult,                                                                    \
       (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, \
-       void **, void **))
+       void **, void **))                                                                          \
+    X(cuStreamBeginCapture_v2, CUresult, (CUstream, int))                                          \
+    X(cuStreamEndCapture, CUresult, (CUstream, CUgraph *))                                         \
+    X(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec *, CUgraph, unsigned long long))         \
+    X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                                            \
+    X(cuGraphExecDestroy, CUresult, (CUgraphExec))                                                 \
+    X(cuGraphDestroy, CUresult, (CUgraph))
 
 struct sil_cu_api {
     void *lib;
@@ -100,6 +109,19 @@ enum {
 };
 static const char *const mv_names[MV_COUNT] = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K",
                                                "q5_K", "q6_K", "f32",  "f16",  "bf16"};
+/* kernel names in profiles */
+static const char *const mv_what[MV_COUNT] = {
+    "matvec q4_0", "matvec q4_1", "matvec q5_0", "matvec q5_1", "matvec q8_0", "matvec q4_K",
+    "matvec q5_K", "matvec q6_K", "matvec f32",  "matvec f16",  "matvec bf16"};
+static const char *const mm_what[MV_COUNT] = {
+    "matmul q4_0", "matmul q4_1", "matmul q5_0", "matmul q5_1", "matmul q8_0", "matmul q4_K",
+    "matmul q5_K", "matmul q6_K", "matmul f32",  "matmul f16",  "matmul bf16"};
+static const char *const gu_what[MV_F32] = {
+    "moe_gate_up q4_0", "moe_gate_up q4_1", "moe_gate_up q5_0", "moe_gate_up q5_1",
+    "moe_gate_up q8_0", "moe_gate_up q4_K", "moe_gate_up q5_K", "moe_gate_up q6_K"};
+static const char *const dn_what[MV_F32] = {
+    "moe_down q4_0", "moe_down q4_1", "moe_down q5_0", "moe_down q5_1",
+    "moe_down q8_0", "moe_down q4_K", "moe_down q5_K", "moe_down q6_K"};
 enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_COUNT };
 static const char *const k_names[K_COUNT] = {
     "sil_quantize_q8_1", "sil_rmsnorm_f32",     "sil_add_f32",    "sil_swiglu_f32",
@@ -116,9 +138,16 @@ struct sil_cuda {
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
+    CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
     int mma_best, mma_sm; /* the newest mma path this module runs on the device; the one used */
     struct sil_cuda_info info;
+    /* per-kernel profile (sil_cuda_profile): every launch timed between two events */
+    bool prof;
+    CUevent prof_ev[2];
+    uint64_t prof_bytes; /* weight bytes the next launch reads, set by the op */
+    struct sil_cuda_prof prof_tab[SIL_CUDA_PROF_MAX];
+    int prof_n;
 };
 
 struct sil_cuda_stream {
@@ -232,6 +261,10 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
             CUfunction *f = t < MV_F32 ? &cu->mmq[t][v] : &cu->mmf[t - MV_F32];
             CUresult r = cu->api.cuModuleGetFunction(f, cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+            if (t >= MV_F32) continue;
+            snprintf(name, sizeof name, "sil_mmq_grp_%s_%s", mv_names[t], v ? "sm80" : "sm75");
+            r = cu->api.cuModuleGetFunction(&cu->mmq_grp[t][v], cu->mod, name);
+            if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
     for (int i = 0; i < K_COUNT; i++) {
         CUresult r = cu->api.cuModuleGetFunction(&cu->k[i], cu->mod, k_names[i]);
@@ -329,6 +362,8 @@ void sil_cuda_free(struct sil_cuda *cu)
 {
     if (!cu) return;
     if (bind_ctx(cu, NULL) == 0) {
+        for (int i = 0; i < 2; i++)
+            if (cu->prof_ev[i]) cu->api.cuEventDestroy_v2(cu->prof_ev[i]);
         if (cu->stream) cu->api.cuStreamDestroy_v2(cu->stream);
         cu->api.cuModuleUnload(cu->mod);
     }
@@ -588,15 +623,124 @@ void sil_cuda_weight_free(struct sil_cuda *cu, struct sil_cuda_weight *w)
 
 /* ---- ops ----------------------------------------------------------------------------------- */
 
-static int launch(struct sil_cuda *cu, CUfunction f, const char *what, unsigned gx, unsigned gy,
-                  unsigned block, struct sil_cuda_stream *s, void **params, struct sil_error *err)
+/* Every kernel launch of this file and of further modules. Profiling times each one between
+ * two events on its stream and waits for it: figures for a table, not for speed. */
+static int cu_launch(struct sil_cuda *cu, CUfunction f, const char *what, unsigned gx, unsigned gy,
+                     unsigned gz, unsigned block, struct sil_cuda_stream *s, void **params,
+                     struct sil_error *err)
 {
     int rc = bind_ctx(cu, err);
     if (rc < 0) return rc;
-    CUresult r =
-        cu->api.cuLaunchKernel(f, gx, gy, 1, block, 1, 1, 0, stream_of(cu, s), params, NULL);
+    const CUstream st = stream_of(cu, s);
+    const uint64_t bytes = cu->prof_bytes;
+    cu->prof_bytes = 0;
+    if (cu->prof) CU_CHECK(cu, err, cuEventRecord(cu->prof_ev[0], st));
+    CUresult r = cu->api.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, 0, st, params, NULL);
     if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, what);
+    if (!cu->prof) return 0;
+    float ms = 0.0f;
+    CU_CHECK(cu, err, cuEventRecord(cu->prof_ev[1], st));
+    CU_CHECK(cu, err, cuEventSynchronize(cu->prof_ev[1]));
+    CU_CHECK(cu, err, cuEventElapsedTime(&ms, cu->prof_ev[0], cu->prof_ev[1]));
+    int i = 0;
+    while (i < cu->prof_n && strcmp(cu->prof_tab[i].name, what) != 0)
+        i++;
+    if (i == cu->prof_n) {
+        if (i == SIL_CUDA_PROF_MAX) return 0;
+        cu->prof_n++;
+        memset(&cu->prof_tab[i], 0, sizeof cu->prof_tab[i]);
+        snprintf(cu->prof_tab[i].name, sizeof cu->prof_tab[i].name, "%s", what);
+    }
+    cu->prof_tab[i].calls++;
+    cu->prof_tab[i].ms += ms;
+    cu->prof_tab[i].bytes += bytes;
     return 0;
+}
+
+static int launch(struct sil_cuda *cu, CUfunction f, const char *what, unsigned gx, unsigned gy,
+                  unsigned block, struct sil_cuda_stream *s, void **params, struct sil_error *err)
+{
+    return cu_launch(cu, f, what, gx, gy, 1, block, s, params, err);
+}
+
+int sil_cuda_profile(struct sil_cuda *cu, bool on, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    if (on && !cu->prof_ev[0]) {
+        for (int i = 0; i < 2; i++)
+            CU_CHECK(cu, err, cuEventCreate(&cu->prof_ev[i], CU_EVENT_DEFAULT));
+    }
+    cu->prof = on;
+    cu->prof_n = 0;
+    return 0;
+}
+
+int sil_cuda_profile_get(const struct sil_cuda *cu, const struct sil_cuda_prof **tab)
+{
+    *tab = cu->prof_tab;
+    return cu->prof_n;
+}
+
+/* ---- graphs -------------------------------------------------------------------------------- */
+
+struct sil_cuda_graph {
+    CUgraphExec exec;
+};
+
+int sil_cuda_capture_begin(struct sil_cuda *cu, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    if (cu->prof) return set_err(err, -EBUSY, "cuda: no graph capture while profiling");
+    CU_CHECK(cu, err,
+             cuStreamBeginCapture_v2(stream_of(cu, s), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    return 0;
+}
+
+int sil_cuda_capture_end(struct sil_cuda *cu, struct sil_cuda_stream *s,
+                         struct sil_cuda_graph **out, struct sil_error *err)
+{
+    *out = NULL;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CUgraph g = NULL;
+    CUresult r = cu->api.cuStreamEndCapture(stream_of(cu, s), &g);
+    /* out == NULL: the caller abandons a capture that failed part way */
+    if (r != CUDA_SUCCESS || !g) {
+        if (g) cu->api.cuGraphDestroy(g);
+        return r != CUDA_SUCCESS ? cu_fail(&cu->api, err, r, "cuStreamEndCapture")
+                                 : set_err(err, -EIO, "cuda: the capture made no graph");
+    }
+    struct sil_cuda_graph *cg = calloc(1, sizeof *cg);
+    if (!cg) {
+        cu->api.cuGraphDestroy(g);
+        return set_err(err, -ENOMEM, "cuda: out of memory");
+    }
+    r = cu->api.cuGraphInstantiateWithFlags(&cg->exec, g, 0);
+    cu->api.cuGraphDestroy(g);
+    if (r != CUDA_SUCCESS) {
+        free(cg);
+        return cu_fail(&cu->api, err, r, "cuGraphInstantiateWithFlags");
+    }
+    *out = cg;
+    return 0;
+}
+
+int sil_cuda_graph_launch(struct sil_cuda *cu, struct sil_cuda_graph *g, struct sil_cuda_stream *s,
+                          struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err, cuGraphLaunch(g->exec, stream_of(cu, s)));
+    return 0;
+}
+
+void sil_cuda_graph_destroy(struct sil_cuda *cu, struct sil_cuda_graph *g)
+{
+    if (!g) return;
+    if (bind_ctx(cu, NULL) == 0) cu->api.cuGraphExecDestroy(g->exec);
+    free(g);
 }
 
 /* Grid dimension x is limited to 2^31 - 1 blocks. */
@@ -651,14 +795,16 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
         int64_t cols = w->cols;
         int vec = cols % 8 == 0 && row_bytes % 16 == 0 && w->data % 16 == 0 && x % 16 == 0;
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &vec, &x, &y, &ldy};
-        return launch(cu, cu->mv[slot][n - 1], "matvec", g, 1, 128, s, p, err);
+        cu->prof_bytes = w->bytes;
+        return launch(cu, cu->mv[slot][n - 1], mv_what[slot], g, 1, 128, s, p, err);
     }
     if (!q8)
         return set_err(err, -EINVAL, "cuda: matvec on %s needs the q8 input",
                        sil_type_name(w->type));
     int units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
     void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &y, &ldy};
-    return launch(cu, cu->mv[slot][n - 1], "matvec", g, 1, 128, s, p, err);
+    cu->prof_bytes = w->bytes;
+    return launch(cu, cu->mv[slot][n - 1], mv_what[slot], g, 1, 128, s, p, err);
 }
 
 int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err)
@@ -693,28 +839,46 @@ int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
     const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((n + 63) / 64);
     uint64_t row_bytes = w->row_bytes;
     int rows = (int)w->rows;
-    int rc = bind_ctx(cu, err);
-    if (rc < 0) return rc;
-    CUresult r;
     if (slot >= MV_F32) {
         if (!x)
             return set_err(err, -EINVAL, "cuda: matmul on %s needs the F32 input",
                            sil_type_name(w->type));
         int64_t cols = w->cols;
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &x, &n, &y, &ldy};
-        r = cu->api.cuLaunchKernel(cu->mmf[slot - MV_F32], gx, gy, 1, 256, 1, 1, 0,
-                                   stream_of(cu, s), p, NULL);
+        cu->prof_bytes = w->bytes;
+        return cu_launch(cu, cu->mmf[slot - MV_F32], mm_what[slot], gx, gy, 1, 256, s, p, err);
     } else {
         if (!q8)
             return set_err(err, -EINVAL, "cuda: matmul on %s needs the q8 input",
                            sil_type_name(w->type));
         int units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &n, &y, &ldy};
-        r = cu->api.cuLaunchKernel(cu->mmq[slot][cu->mma_sm >= 80], gx, gy, 1, 128, 1, 1, 0,
-                                   stream_of(cu, s), p, NULL);
+        cu->prof_bytes = w->bytes;
+        return cu_launch(cu, cu->mmq[slot][cu->mma_sm >= 80], mm_what[slot], gx, gy, 1, 128, s, p,
+                         err);
     }
-    if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, "matmul");
-    return 0;
+}
+
+int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w, size_t mat_bytes,
+                            sil_cuda_ptr q8, int a_rows, sil_cuda_ptr grp_mat,
+                            sil_cuda_ptr grp_start, int n_groups, int max_rows, sil_cuda_ptr y,
+                            int64_t ldy, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int slot = mv_slot(w->type);
+    if (slot < 0 || slot >= MV_F32 || !w->data || !q8)
+        return set_err(err, -EINVAL, "cuda: grouped matmul needs a quantized weight and q8 input");
+    if (n_groups < 1 || n_groups > 65535 || max_rows < 1 || max_rows > 65535 * 64 ||
+        max_rows > a_rows || ldy < w->rows || mat_bytes < w->bytes)
+        return set_err(err, -EINVAL, "cuda: grouped matmul of %d groups, %d of %d rows", n_groups,
+                       max_rows, a_rows);
+    const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((max_rows + 63) / 64);
+    uint64_t row_bytes = w->row_bytes, mb = mat_bytes;
+    int rows = (int)w->rows, units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
+    void *p[] = {(void *)&w->data, &mb, &row_bytes, &rows, &units, &q8, &a_rows, &grp_mat,
+                 &grp_start, &y, &ldy};
+    cu->prof_bytes = w->bytes * (uint64_t)n_groups;
+    return cu_launch(cu, cu->mmq_grp[slot][cu->mma_sm >= 80], mm_what[slot], gx, gy,
+                     (unsigned)n_groups, 128, s, p, err);
 }
 
 int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,
@@ -809,7 +973,9 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
                  &ids,
                  &k,
                  &h};
-    return launch(cu, cu->moe_gate_up[slot], "moe_gate_up", (unsigned)((n_ff + 3) / 4),
+    /* bytes: k experts a token at most (fewer when tokens share one) */
+    cu->prof_bytes = (uint64_t)n_tok * (uint64_t)k * 2 * (uint64_t)n_ff * row_bytes;
+    return launch(cu, cu->moe_gate_up[slot], gu_what[slot], (unsigned)((n_ff + 3) / 4),
                   (unsigned)(n_tok * k), 128, s, p, err);
 }
 
@@ -839,7 +1005,8 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
                  &weights,
                  &k,
                  &y};
-    return launch(cu, cu->moe_down[slot], "moe_down", (unsigned)((n_embd + 3) / 4), (unsigned)n_tok,
+    cu->prof_bytes = (uint64_t)n_tok * (uint64_t)k * (uint64_t)n_embd * row_bytes;
+    return launch(cu, cu->moe_down[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4), (unsigned)n_tok,
                   128, s, p, err);
 }
 
@@ -889,10 +1056,5 @@ int sil_cuda_launch(struct sil_cuda *cu, void *fn, const char *what, unsigned gx
                     unsigned gz, unsigned block, struct sil_cuda_stream *s, void **params,
                     struct sil_error *err)
 {
-    int rc = bind_ctx(cu, err);
-    if (rc < 0) return rc;
-    CUresult r = cu->api.cuLaunchKernel((CUfunction)fn, gx, gy, gz, block, 1, 1, 0,
-                                        stream_of(cu, s), params, NULL);
-    if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, what);
-    return 0;
+    return cu_launch(cu, (CUfunction)fn, what, gx, gy, gz, block, s, params, err);
 }

@@ -79,6 +79,32 @@ int sil_cuda_event_record(struct sil_cuda *cu, struct sil_cuda_event *e, struct 
 int sil_cuda_event_elapsed(struct sil_cuda *cu, struct sil_cuda_event *start,
                            struct sil_cuda_event *end, float *ms, struct sil_error *err);
 
+/* ---- graphs and profiles ------------------------------------------------------------------ */
+
+/* Stream capture: every op launched on s between begin and end is recorded (nothing runs) and
+ * instantiated as one graph, replayed by sil_cuda_graph_launch with the same pointers and
+ * parameters. Nothing in between may synchronize or copy from pageable host memory; an op that
+ * fails there leaves the capture broken, and end then fails (the graph is not made). */
+struct sil_cuda_graph;
+int sil_cuda_capture_begin(struct sil_cuda *cu, struct sil_cuda_stream *s, struct sil_error *err);
+int sil_cuda_capture_end(struct sil_cuda *cu, struct sil_cuda_stream *s,
+                         struct sil_cuda_graph **out, struct sil_error *err);
+int sil_cuda_graph_launch(struct sil_cuda *cu, struct sil_cuda_graph *g, struct sil_cuda_stream *s,
+                          struct sil_error *err);
+void sil_cuda_graph_destroy(struct sil_cuda *cu, struct sil_cuda_graph *g);
+
+/* Per-kernel profile: while on, every launch is timed between two events and waited for, and
+ * summed by kernel name with the weight bytes it reads (benchmarks only; no graphs meanwhile).
+ * Turning it on clears the table. */
+#define SIL_CUDA_PROF_MAX 64
+struct sil_cuda_prof {
+    char name[40];
+    uint64_t calls, bytes;
+    double ms;
+};
+int sil_cuda_profile(struct sil_cuda *cu, bool on, struct sil_error *err);
+int sil_cuda_profile_get(const struct sil_cuda *cu, const struct sil_cuda_prof **tab);
+
 /* ---- weights ------------------------------------------------------------------------------- */
 
 /* A weight matrix on the device: rows x cols of a GGUF type, rows contiguous, GGUF's block
@@ -133,6 +159,15 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
 int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
                     sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
                     struct sil_error *err);
+/* sil_cuda_matmul over groups of activation rows, each with its own matrix of a stack (routed
+ * experts in prefill): group g multiplies matrix grp_mat[g] (w describes one matrix, the stack's
+ * matrices mat_bytes apart from w->data) by rows grp_start[g] .. grp_start[g + 1] of the q8 of
+ * a_rows rows, into the same rows of y. grp_mat [n_groups] and grp_start [n_groups + 1] are int32
+ * on the device; max_rows bounds every group's rows. Quantized types only. */
+int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w, size_t mat_bytes,
+                            sil_cuda_ptr q8, int a_rows, sil_cuda_ptr grp_mat,
+                            sil_cuda_ptr grp_start, int n_groups, int max_rows, sil_cuda_ptr y,
+                            int64_t ldy, struct sil_cuda_stream *s, struct sil_error *err);
 /* The int8 mma path of sil_cuda_matmul: 75 (mma.m8n8k16, every GPU), 80 (mma.m16n8k32, sm_80+
  * devices running the fatbin's SASS), 0 the best the device runs (the default). -ENOTSUP for 80
  * where it is not there. For tests and benchmarks of both paths. */

@@ -29,6 +29,18 @@ __device__ __forceinline__ float fwd_block_sum(float v, float *sh)
     return fwd_warp_sum(v);
 }
 
+// Sum over a block of any multiple of 32 threads up to 1024; every thread gets it. sh: 32 floats.
+__device__ __forceinline__ float fwd_block_sum_n(float v, float *sh)
+{
+    v = fwd_warp_sum(v);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
+    return fwd_warp_sum(v);
+}
+
 __device__ __forceinline__ float fwd_block_max(float v, float *sh)
 {
 #pragma unroll
@@ -286,4 +298,260 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     for (int k = 0; k < K; k++)
         acc += w[i * K + k] * d[(int64_t)pair_of[i * K + k] * width + c];
     out[(int64_t)i * ldo + c] = acc;
+}
+
+// Residual add, RMSNorm and the q8 blocks of the result, one block per row of n (n % 32 == 0),
+// blockDim.x a multiple of 32 (up to 1024: wide blocks keep more loads in flight):
+//   d != NULL: x += d (written back); y = x / sqrt(mean(x^2) + eps) * w (w may be NULL);
+//   q8: y rounded as sil_quantize_q8_1 does, blocks of row r at r * n / 32 of nblocks in all.
+// Each warp takes whole 32-element blocks (element i = threadIdx.x + blockDim.x j), so a block's
+// amax and sum are warp reductions.
+extern "C" __global__ void __launch_bounds__(1024)
+    sil_fwd_add_rmsnorm_q8(float *x, const float *d, float *y, const float *w, int64_t n, float eps,
+                           uint8_t *q8, int64_t nblocks)
+{
+    __shared__ float sh[32];
+    float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    const int nt = blockDim.x;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += nt) {
+        float v = xr[i];
+        if (d) {
+            v += d[(int64_t)blockIdx.x * n + i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = fwd_block_sum_n(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    const int lane = threadIdx.x & 31;
+    float2 *dq = (float2 *)(q8 + nblocks * 32);
+    for (int64_t i = threadIdx.x; i < n; i += nt) {
+        const float v = w ? xr[i] * scale * w[i] : xr[i] * scale;
+        yr[i] = v;
+        float amax = fabsf(v);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float dd = amax / 127.0f;
+        const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, dd));
+        int sum = q;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const int64_t b = ((int64_t)blockIdx.x * n + i) / 32;
+        q8[b * 32 + lane] = (uint8_t)(int8_t)q;
+        if (lane == 0) dq[b] = make_float2(dd, dd * (float)sum);
+    }
+}
+
+#define DN_R 2    // rows of S a warp keeps
+#define DN_MAXC 8 // dk / 32 at most (dk <= 256)
+
+// The delta rule alone, its state rows spread over blocks: grid (value head h, run r, row group
+// z), each warp keeping DN_R rows of S_h [dv][dk] in registers (lanes over dk) through all of the
+// run's tokens, as sil_fwd_delta_net computes each row (the same sums in the same order). out
+// gets o_h before the gated norm (sil_fwd_gated_norm_q8). dk % 32 == 0, dk <= 256.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_delta_rule(const float *conv, int64_t ldc, const float *alpha, int64_t lda,
+                       const float *beta_raw, int64_t ldb, float *out, int64_t ldo,
+                       const float *ssm_a, const float *dt_bias, int nk, int dk, int dv, float eps,
+                       const int *run_start, const int *run_seq, float *const *seq_state,
+                       int64_t offset, int64_t ssm_offset)
+{
+    __shared__ float sh[32];
+    __shared__ float qs[32 * DN_MAXC], ks[32 * DN_MAXC];
+    const int h = blockIdx.x, r = blockIdx.y, kh = h % nk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = (blockIdx.z * (FWD_THREADS / 32) + warp) * DN_R;
+    const int r0 = run_start[r], nt = run_start[r + 1] - r0;
+    const int nc = dk / 32;
+    float *S = seq_state[run_seq[r]] + offset + ssm_offset + (int64_t)h * dv * dk;
+    float s[DN_R][DN_MAXC];
+#pragma unroll
+    for (int a = 0; a < DN_R; a++)
+#pragma unroll
+        for (int c = 0; c < DN_MAXC; c++)
+            s[a][c] = j0 + a < dv && c < nc ? S[(int64_t)(j0 + a) * dk + c * 32 + lane] : 0.0f;
+    for (int t = 0; t < nt; t++) {
+        const float *row = conv + (int64_t)(r0 + t) * ldc;
+        float sq = 0.0f, sk = 0.0f;
+        for (int j = threadIdx.x; j < dk; j += FWD_THREADS) {
+            const float a = row[(int64_t)kh * dk + j], b = row[(int64_t)nk * dk + kh * dk + j];
+            qs[j] = a;
+            ks[j] = b;
+            sq += a * a;
+            sk += b * b;
+        }
+        sq = fwd_block_sum(sq, sh);
+        sk = fwd_block_sum(sk, sh);
+        const float qscale = 1.0f / fmaxf(sqrtf(sq), eps) / sqrtf((float)dk);
+        const float kscale = 1.0f / fmaxf(sqrtf(sk), eps);
+        __syncthreads();
+        const float ar = alpha[(int64_t)(r0 + t) * lda + h] + dt_bias[h];
+        const float sp = ar > 20.0f ? ar : log1pf(expf(ar));
+        const float decay = expf(ssm_a[h] * sp);
+        const float b = 1.0f / (1.0f + expf(-beta_raw[(int64_t)(r0 + t) * ldb + h]));
+        const float *v = row + 2 * (int64_t)nk * dk + (int64_t)h * dv;
+        float kk[DN_MAXC], qq[DN_MAXC];
+#pragma unroll
+        for (int c = 0; c < DN_MAXC; c++) {
+            kk[c] = c < nc ? ks[c * 32 + lane] * kscale : 0.0f;
+            qq[c] = c < nc ? qs[c * 32 + lane] * qscale : 0.0f;
+        }
+#pragma unroll
+        for (int a = 0; a < DN_R; a++) {
+            const int j = j0 + a;
+            if (j >= dv) break;
+            float p = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DN_MAXC; c++)
+                if (c < nc) p += s[a][c] * kk[c];
+            p = fwd_warp_sum(p);
+            const float d = b * (v[j] - decay * p);
+            float o = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DN_MAXC; c++)
+                if (c < nc) {
+                    s[a][c] = decay * s[a][c] + d * kk[c];
+                    o += s[a][c] * qq[c];
+                }
+            o = fwd_warp_sum(o);
+            if (lane == 0) out[(int64_t)(r0 + t) * ldo + (int64_t)h * dv + j] = o;
+        }
+        __syncthreads(); // qs, ks are rewritten by the next token
+    }
+#pragma unroll
+    for (int a = 0; a < DN_R; a++)
+#pragma unroll
+        for (int c = 0; c < DN_MAXC; c++)
+            if (j0 + a < dv && c < nc) S[(int64_t)(j0 + a) * dk + c * 32 + lane] = s[a][c];
+}
+
+// The delta net's gated norm in place, per row i (blockIdx.y) and value head h (blockIdx.x):
+// o = o / sqrt(mean(o^2) + eps) * norm * silu(z); with q8 (dv % 32 == 0, rows of out
+// contiguous), also its q8 blocks (sil_quantize_q8_1's rounding) of nblocks in all.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_gated_norm_q8(float *out, int64_t ldo, const float *z, int64_t ldz, const float *norm,
+                          int dv, float eps, uint8_t *q8, int64_t nblocks)
+{
+    __shared__ float sh[32];
+    const int i = blockIdx.y, h = blockIdx.x, lane = threadIdx.x & 31;
+    float *o = out + (int64_t)i * ldo + (int64_t)h * dv;
+    const float *zr = z + (int64_t)i * ldz + (int64_t)h * dv;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dv; j += FWD_THREADS)
+        ss += o[j] * o[j];
+    ss = fwd_block_sum(ss, sh);
+    const float rs = 1.0f / sqrtf(ss / (float)dv + eps);
+    float2 *dq = q8 ? (float2 *)(q8 + nblocks * 32) : NULL;
+    for (int j = threadIdx.x; j < dv; j += FWD_THREADS) {
+        const float g = zr[j] / (1.0f + expf(-zr[j]));
+        const float v = o[j] * rs * norm[j] * g;
+        o[j] = v;
+        if (!q8) continue;
+        float amax = fabsf(v);
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        const float dd = amax / 127.0f;
+        const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, dd));
+        int sum = q;
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, m);
+        const int64_t bi = ((int64_t)i * ldo + (int64_t)h * dv + j) / 32;
+        q8[bi * 32 + lane] = (uint8_t)(int8_t)q;
+        if (lane == 0) dq[bi] = make_float2(dd, dd * (float)sum);
+    }
+}
+
+// Decode attention split over the context (for a few rows): block (h, i, z) takes the z-th of
+// gridDim.z equal chunks of positions 0..pos[i] and writes its partial softmax: m (max score),
+// l (sum of exp(score - m)) and o[hd] = sum exp(score - m) V, at part + ((i * n_head + h) *
+// gridDim.z + z) * (hd + 2). Chunks are at most 1024 positions (the host sizes the grid).
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_part(const float *q, int64_t ldq, int q_stride, const float *kc,
+                        const float *vc, const int *pos, const int *seq, int n_head, int n_head_kv,
+                        int hd, int n_ctx, float *part)
+{
+    __shared__ float sh[32];
+    __shared__ float qs[1024];
+    __shared__ float s[1024];
+    const int i = blockIdx.y, h = blockIdx.x, z = blockIdx.z, nz = gridDim.z;
+    const int kvh = h / (n_head / n_head_kv);
+    const int np = pos[i] + 1, chunk = (np + nz - 1) / nz;
+    const int c0 = z * chunk, c1 = min(np, c0 + chunk);
+    const int64_t kv_dim = (int64_t)n_head_kv * hd;
+    const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
+    const float *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const float *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    float *out = part + (((int64_t)i * n_head + h) * nz + z) * (hd + 2);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
+        qs[j] = qh[j];
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
+        const float *kp = k0 + (int64_t)p * kv_dim;
+        float d = 0.0f;
+        for (int j = lane; j < hd; j += 32)
+            d += qs[j] * kp[j];
+        d = fwd_warp_sum(d);
+        if (lane == 0) s[p - c0] = d * scale;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int p = c0 + threadIdx.x; p < c1; p += FWD_THREADS)
+        mx = fmaxf(mx, s[p - c0]);
+    mx = fwd_block_max(mx, sh);
+    float sum = 0.0f;
+    for (int p = c0 + threadIdx.x; p < c1; p += FWD_THREADS) {
+        const float e = expf(s[p - c0] - mx);
+        s[p - c0] = e;
+        sum += e;
+    }
+    sum = fwd_block_sum(sum, sh); // its barriers also publish s[]
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
+        float acc = 0.0f;
+        for (int p = c0; p < c1; p++)
+            acc += s[p - c0] * v0[(int64_t)p * kv_dim + j];
+        out[2 + j] = acc;
+    }
+    if (threadIdx.x == 0) {
+        out[0] = c1 > c0 ? mx : -INFINITY;
+        out[1] = sum;
+    }
+}
+
+// The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
+// / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows).
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_combine(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
+                           const float *part, int nz, int n_head, int hd, int gated)
+{
+    const int i = blockIdx.y, h = blockIdx.x;
+    const float *pt = part + ((int64_t)i * n_head + h) * nz * (hd + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < nz; z++)
+        M = fmaxf(M, pt[(int64_t)z * (hd + 2)]);
+    float L = 0.0f;
+    for (int z = 0; z < nz; z++) {
+        const float m = pt[(int64_t)z * (hd + 2)];
+        if (m != -INFINITY) L += expf(m - M) * pt[(int64_t)z * (hd + 2) + 1];
+    }
+    const float inv = 1.0f / L;
+    const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
+    float *oh = o + (int64_t)i * ldo + (int64_t)h * hd;
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
+        float acc = 0.0f;
+        for (int z = 0; z < nz; z++) {
+            const float m = pt[(int64_t)z * (hd + 2)];
+            if (m != -INFINITY) acc += expf(m - M) * pt[(int64_t)z * (hd + 2) + 2 + j];
+        }
+        acc *= inv;
+        if (gated) acc *= 1.0f / (1.0f + expf(-qh[hd + j]));
+        oh[j] = acc;
+    }
 }

@@ -74,12 +74,14 @@ __device__ __forceinline__ void sil_mma_k16x2(int *lo, int *hi, int a0, int a1, 
     sil_mma_m8n8k16(hi[2], hi[3], a3, b1);
 }
 
-// w: rows of row_bytes, units of 32 columns; a8: q8 of n rows (sil_q8_at of n * units blocks);
-// y[j * ldy + r]. Grid (rows / 64, n / 64) rounded up, SIL_MMQ_THREADS threads.
+// w: rows of row_bytes, units of 32 columns; a8: q8 of a_rows rows (sil_q8_at of a_rows * units
+// blocks), of which rows j0 .. j0 + n are the product's; y[(j0 + j) * ldy + r]. Grid (rows / 64,
+// n / 64) rounded up, SIL_MMQ_THREADS threads.
 template <int T, bool SM80>
 __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t row_bytes,
-                                        int rows, int units, const uint8_t *__restrict__ a8, int n,
-                                        float *__restrict__ y, int64_t ldy)
+                                        int rows, int units, const uint8_t *__restrict__ a8,
+                                        int a_rows, int j0, int n, float *__restrict__ y,
+                                        int64_t ldy)
 {
     constexpr bool HALVES = T == WT_Q6_K;
     __shared__ __align__(16) uint8_t sw[SIL_MMQ_BM * SIL_MMQ_LD];
@@ -90,7 +92,8 @@ __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t 
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int row0 = blockIdx.x * SIL_MMQ_BM, col0 = blockIdx.y * SIL_MMQ_BN;
-    const sil_q8_view a = sil_q8_at(a8, (int64_t)n * units);
+    const sil_q8_view a = sil_q8_at(a8, (int64_t)a_rows * units);
+    y += (int64_t)j0 * ldy;
 
     float acc[SIL_MMQ_BN / 8][4];
 #pragma unroll
@@ -120,13 +123,14 @@ __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t 
             const int j = i / (SIL_MMQ_UNITS * 2), uu = (i / 2) % SIL_MMQ_UNITS, h = i & 1;
             const int gj = col0 + j, gu = u0 + uu;
             *(int4 *)(sx + j * SIL_MMQ_LD + uu * 32 + h * 16) =
-                gj < n && gu < units ? a.q[2 * ((int64_t)gj * units + gu) + h]
+                gj < n && gu < units ? a.q[2 * ((int64_t)(j0 + gj) * units + gu) + h]
                                      : make_int4(0, 0, 0, 0);
         }
         for (int i = tid; i < SIL_MMQ_BN * SIL_MMQ_UNITS; i += SIL_MMQ_THREADS) {
             const int j = i / SIL_MMQ_UNITS, uu = i % SIL_MMQ_UNITS;
             const int gj = col0 + j, gu = u0 + uu;
-            sxs[j][uu] = gj < n && gu < units ? a.ds[(int64_t)gj * units + gu] : make_float2(0, 0);
+            sxs[j][uu] =
+                gj < n && gu < units ? a.ds[(int64_t)(j0 + gj) * units + gu] : make_float2(0, 0);
         }
         __syncthreads();
 
@@ -225,19 +229,27 @@ __device__ __forceinline__ void sil_mmf(const uint8_t *__restrict__ w, uint64_t 
         }
 }
 
-#define SIL_MMQ_ENTRY(NAME, T)                                                                    \
+// Grouped (routed experts in prefill): group g (blockIdx.z) multiplies matrix grp_mat[g] of the
+// stack at w (mat_bytes apart) by activation rows grp_start[g] .. grp_start[g + 1] of a8 (q8 of
+// a_rows rows), into the same rows of y; grid y covers the largest group.
+#define SIL_MMQ_ENTRY_SM(NAME, T, SM, SM80)                                                       \
     extern "C" __global__ void __launch_bounds__(SIL_MMQ_THREADS)                                 \
-        sil_mmq_##NAME##_sm75(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
+        sil_mmq_##NAME##_##SM(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
                               const uint8_t *a, int n, float *y, int64_t ldy)                     \
     {                                                                                             \
-        sil_mmq<T, false>(w, row_bytes, rows, units, a, n, y, ldy);                               \
+        sil_mmq<T, SM80>(w, row_bytes, rows, units, a, n, 0, n, y, ldy);                          \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(SIL_MMQ_THREADS)                                 \
-        sil_mmq_##NAME##_sm80(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
-                              const uint8_t *a, int n, float *y, int64_t ldy)                     \
+    extern "C" __global__ void __launch_bounds__(SIL_MMQ_THREADS) sil_mmq_grp_##NAME##_##SM(      \
+        const uint8_t *w, uint64_t mat_bytes, uint64_t row_bytes, int rows, int units,            \
+        const uint8_t *a, int a_rows, const int *grp_mat, const int *grp_start, float *y,         \
+        int64_t ldy)                                                                              \
     {                                                                                             \
-        sil_mmq<T, true>(w, row_bytes, rows, units, a, n, y, ldy);                                \
+        const int g = blockIdx.z, j0 = grp_start[g], n = grp_start[g + 1] - j0;                   \
+        if ((int)blockIdx.y * SIL_MMQ_BN >= n) return;                                            \
+        sil_mmq<T, SM80>(w + (uint64_t)grp_mat[g] * mat_bytes, row_bytes, rows, units, a, a_rows, \
+                         j0, n, y, ldy);                                                          \
     }
+#define SIL_MMQ_ENTRY(NAME, T) SIL_MMQ_ENTRY_SM(NAME, T, sm75, false) SIL_MMQ_ENTRY_SM(NAME, T, sm80, true)
 #define SIL_MMF_ENTRY(NAME, F)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                             \
         sil_mmf_##NAME(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,              \
