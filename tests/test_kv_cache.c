@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -261,6 +263,56 @@ static void test_hash_lru(void **state)
     sil_kv_free(kv);
 }
 
+/* Pages of [p, p + bytes) resident in memory (mincore). */
+static size_t resident_pages(const void *p, size_t bytes)
+{
+    const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(ps - 1);
+    uintptr_t b = ((uintptr_t)p + bytes + ps - 1) & ~(uintptr_t)(ps - 1);
+    size_t n = (b - a) / ps, r = 0;
+    unsigned char *vec = malloc(n);
+    assert_int_equal(mincore((void *)a, b - a, vec), 0);
+    for (size_t i = 0; i < n; i++)
+        r += vec[i] & 1;
+    free(vec);
+    return r;
+}
+
+/* Memory follows what sequences hold: untouched blocks cost nothing, written ones are backed,
+ * a freed block's pages go back (and read as zeros); a cached (hashed) free block keeps its. */
+static void test_pages(void **state)
+{
+    (void)state;
+    struct sil_kv_cache *kv = make(2, 512, SIL_KV_F32, 4); /* 32 KiB a block and layer */
+    struct sil_error err = {0};
+    const size_t lb = 64 * (sil_kv_row_bytes_k(kv) + sil_kv_row_bytes_v(kv));
+    assert_int_equal(lb, 32768);
+    assert_int_equal(sil_kv_seq_reserve(kv, 0, 128, &err), 0);
+    int32_t n;
+    const int32_t b0 = sil_kv_seq_table(kv, 0, &n)[0], b1 = sil_kv_seq_table(kv, 0, &n)[1];
+    assert_int_equal(resident_pages(sil_kv_block_k(kv, 1, b0), lb), 0);
+    for (int l = 0; l < 2; l++)
+        for (int32_t p = 0; p < 128; p++) {
+            memset(sil_kv_k(kv, l, 0, p), 0x3f, sil_kv_row_bytes_k(kv));
+            memset(sil_kv_v(kv, l, 0, p), 0x3f, sil_kv_row_bytes_v(kv));
+        }
+    const size_t full = lb / (size_t)sysconf(_SC_PAGESIZE);
+    assert_int_equal(resident_pages(sil_kv_block_k(kv, 1, b0), lb), full);
+    sil_kv_block_set_hash(kv, b0, 77);
+    sil_kv_seq_trim(kv, 0, 64); /* b1 freed: its pages go */
+    assert_int_equal(resident_pages(sil_kv_block_k(kv, 0, b1), lb), 0);
+    assert_int_equal(resident_pages(sil_kv_block_k(kv, 1, b1), lb), 0);
+    assert_int_equal(resident_pages(sil_kv_block_k(kv, 1, b0), lb), full);
+    sil_kv_seq_release(kv, 0); /* b0 is cached: its rows stay */
+    assert_int_equal(resident_pages(sil_kv_block_k(kv, 1, b0), lb), full);
+    assert_int_equal(((uint8_t *)sil_kv_block_v(kv, 1, b0))[5], 0x3f);
+    /* a block freed and taken again reads as zeros */
+    assert_int_equal(sil_kv_seq_reserve(kv, 1, 1, &err), 0);
+    assert_int_equal(sil_kv_seq_table(kv, 1, &n)[0], b1);
+    assert_int_equal(((uint8_t *)sil_kv_k(kv, 1, 1, 0))[0], 0);
+    sil_kv_free(kv);
+}
+
 /* ---- kernels -----------------------------------------------------------------------------------
  */
 
@@ -358,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_alloc_trim_exhaust),
         cmocka_unit_test(test_share_refcount_cow),
         cmocka_unit_test(test_hash_lru),
+        cmocka_unit_test(test_pages),
         cmocka_unit_test(test_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

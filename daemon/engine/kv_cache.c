@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/cpu/quants.h"
 
@@ -148,9 +149,24 @@ static int32_t block_alloc(struct sil_kv_cache *kv)
     return b;
 }
 
+/* Gives the whole pages of block b back to the system (they read as zeros when next touched):
+ * memory follows the positions held, as a sequence's release or cut promises. */
+static void block_release_pages(const struct sil_kv_cache *kv, int32_t b)
+{
+    const uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int l = 0; l < kv->c.n_layer; l++) {
+        const uintptr_t from = (uintptr_t)sil_kv_block_k(kv, l, b);
+        const uintptr_t a = (from + ps - 1) & ~(ps - 1), e = (from + kv->layer_block) & ~(ps - 1);
+        if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    }
+}
+
 static void block_unref(struct sil_kv_cache *kv, int32_t b)
 {
-    if (--kv->refs[b] == 0) free_push(kv, b, kv->hashed[b]);
+    if (--kv->refs[b] > 0) return;
+    free_push(kv, b, kv->hashed[b]);
+    if (!kv->hashed[b]) /* a cached block keeps its rows for a later hit */
+        block_release_pages(kv, b);
 }
 
 /* ---- create / free ----------------------------------------------------------------------------

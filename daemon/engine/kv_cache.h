@@ -9,7 +9,8 @@
  * copies it first (sil_kv_seq_reserve); a block goes back to the pool with its last reference.
  * A block may carry a hash (sil_kv_block_set_hash): when its last reference goes it stays
  * findable by sil_kv_block_lookup, and the pool reuses such cached blocks last, oldest first
- * (LRU), dropping the hash then.
+ * (LRU), dropping the hash then. The pool is reserved without commit charge: its pages are
+ * backed once written, and a block freed without a hash gives its pages back.
  *
  * Writing: sil_kv_seq_reserve makes positions < n_pos writable before an evaluation; running
  * out of blocks is -ENOBUFS and leaves the sequence as it was. Nothing allocates afterwards.
