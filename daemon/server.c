@@ -98,6 +98,8 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
     ep->backend = cfg->backend;
     ep->vram_budget = cfg->vram_budget;
     ep->n_ctx = cfg->ctx;
+    ep->kv_type = cfg->kv_type;
+    ep->kv_budget = cfg->kv_budget;
     ep->n_seq_max = cfg->max_running + cfg->max_sessions;
     ep->n_batch_max = cfg->prefill_chunk + cfg->max_running;
 }
@@ -463,6 +465,14 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             sil_info("backend auto: %s", info->backend);
         if (cfg->vram_budget && strcmp(info->backend, "cuda") != 0)
             sil_notice("vram_budget has no effect: the model runs on the %s backend",
+                       info->backend);
+        struct sil_kv_info kvi;
+        sil_engine_kv_info(s->engine, &kvi);
+        if (strcmp(info->backend, "cpu") == 0)
+            sil_info("KV cache: %s, %llu bytes a position, %d blocks of %d positions", kvi.type,
+                     (unsigned long long)kvi.bytes_per_pos, kvi.n_blocks, kvi.block_positions);
+        else if (strcmp(cfg->kv_type, "f32") || cfg->kv_budget)
+            sil_notice("kv_type and kv_budget have no effect: the %s backend keeps its own KV cache",
                        info->backend);
         s->vocab = sil_engine_vocab(s->engine);
         if (sil_worker_start(&s->worker, s->engine, cfg, &err) < 0) {

@@ -70,6 +70,34 @@ static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
     return sil_expert_obs_open(&e->f.obs, &c, err);
 }
 
+bool sil_engine_kv_type_valid(const char *name)
+{
+    return sil_kv_type_from_name(name) >= 0;
+}
+
+/* The KV pool. A device backend keeps its own KV layout: the host cache then only keeps the
+ * block tables (no layers, no memory). */
+static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    int type = p->kv_type ? sil_kv_type_from_name(p->kv_type) : SIL_KV_F32;
+    if (type < 0)
+        return sil_errorf(err, -EINVAL, "engine: unknown KV type '%s' (f16, q8_0, q4_0 or f32)",
+                          p->kv_type);
+    const bool host = strcmp(e->f.be->ops->name, "cpu") == 0;
+    struct sil_kv_config c = {
+        .n_layer = host ? hp->n_layer_attn : 0,
+        .n_seq_max = e->n_seq_max,
+        .n_ctx = e->n_ctx,
+        .n_embd_k = hp->n_head_kv * hp->n_embd_head_k,
+        .n_embd_v = hp->n_head_kv * hp->n_embd_head_v,
+        .head_dim = hp->n_embd_head_k,
+        .type = (enum sil_kv_type)type,
+        .budget = p->kv_budget,
+    };
+    return sil_kv_create(&e->f.kv, &c, err);
+}
+
 static void *xcalloc(size_t n, size_t sz, bool *fail)
 {
     void *p = calloc(n ? n : 1, sz);
@@ -323,8 +351,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     e->info.backend = f->be->ops->name;
     if ((rc = open_obs(e, p, err)) < 0)
         goto fail;
-    if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
-                            hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
+    if ((rc = open_kv(e, p, err)) < 0)
         goto fail;
     if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
                               (int64_t)hp->n_layer_recr * f->dn_state_floats, err)) < 0)
@@ -392,16 +419,12 @@ int sil_seq_create(struct sil_engine *e, struct sil_error *err)
         s++;
     if (s == e->n_seq_max)
         return sil_errorf(err, -ENOSPC, "engine: all %d sequences are in use", e->n_seq_max);
-    int rc = sil_kv_seq_alloc(e->f.kv, s, err);
-    if (rc < 0)
-        return rc;
+    sil_kv_seq_release(e->f.kv, s);
     const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
     if (nrs > 0 && !e->f.recr_state[s]) {
         e->f.recr_state[s] = calloc((size_t)nrs, sizeof(float));
-        if (!e->f.recr_state[s]) {
-            sil_kv_seq_release(e->f.kv, s);
+        if (!e->f.recr_state[s])
             return sil_errorf(err, -ENOMEM, "engine: out of memory for the recurrent state");
-        }
     } else if (nrs > 0) {
         memset(e->f.recr_state[s], 0, sizeof(float) * (size_t)nrs);
     }
@@ -458,7 +481,7 @@ int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_er
         if (rc < 0) return rc;
     }
     sil_ckpt_drop_after(e->ckpt, seq, n_pos);
-    sil_kv_seq_trim(e->f.kv, seq, n_pos); /* the pages past the cut go back to the system */
+    sil_kv_seq_trim(e->f.kv, seq, n_pos); /* the blocks past the cut go back to the pool */
     e->seq_len[seq] = n_pos;
     return 0;
 }
@@ -498,9 +521,26 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
 {
     if (!seq_ok(e, seq))
         return 0;
-    return sil_kv_seq_bytes(e->f.kv, e->seq_len[seq]) +
+    const struct sil_hparams *hp = &e->model->hp;
+    /* a device backend's own KV layout: F32 rows of every attention layer */
+    const uint64_t kv = sil_kv_block_bytes(e->f.kv)
+                            ? sil_kv_seq_bytes(e->f.kv, e->seq_len[seq])
+                            : (uint64_t)e->seq_len[seq] * (uint64_t)hp->n_layer_attn *
+                                  (uint64_t)hp->n_head_kv *
+                                  (uint64_t)(hp->n_embd_head_k + hp->n_embd_head_v) * sizeof(float);
+    return kv +
            (uint64_t)e->model->hp.n_layer_recr * (uint64_t)e->f.dn_state_floats * sizeof(float) +
            sil_ckpt_bytes(e->ckpt, seq);
+}
+
+void sil_engine_kv_info(const struct sil_engine *e, struct sil_kv_info *out)
+{
+    const struct sil_kv_cache *kv = e->f.kv;
+    out->type = sil_kv_type_name(sil_kv_type(kv));
+    out->bytes_per_pos = sil_kv_block_bytes(kv) / SIL_KV_BLOCK;
+    out->block_positions = SIL_KV_BLOCK;
+    out->n_blocks = sil_kv_n_blocks(kv);
+    out->n_free = sil_kv_n_free(kv);
 }
 
 /* ---- evaluation --------------------------------------------------------------------------- */
@@ -639,6 +679,18 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
                           "engine: %d rows want logits but no logits buffer was given", n_out);
     }
 
+    /* KV blocks for the new positions; running out fails that sequence and undoes the rest. */
+    for (int s = 0; s < e->n_seq_max; s++) {
+        if (e->next_pos[s] == e->seq_len[s]) continue;
+        int rc = sil_kv_seq_reserve(e->f.kv, s, e->next_pos[s], err);
+        if (rc < 0) {
+            for (int r = 0; r < s; r++)
+                sil_kv_seq_trim(e->f.kv, r, e->seq_len[r]);
+            fail_rows(b, st, s, rc);
+            return rc;
+        }
+    }
+
     /* A truncated model file faults on its next read (SIGBUS): caught here on this thread, and in
      * the pool's threads by the pool, so the evaluation fails instead of the process. */
     struct sil_mapguard_point pt;
@@ -648,6 +700,8 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
     sil_mapguard_pop(&pt);
     if (rc > 0) return damaged_error(e, b, st, err);
     if (rc < 0) {
+        for (int s = 0; s < e->n_seq_max; s++)
+            sil_kv_seq_trim(e->f.kv, s, e->seq_len[s]);
         fail_rows(b, st, -1, rc);
         return rc;
     }
