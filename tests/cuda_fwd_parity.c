@@ -26,7 +26,11 @@
  *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding);
  *   8. the shared expert inside the fused MoE kernels (the default where its shape and types
  *      allow) against it run apart (SIL_CUDA_NO_SHARED_FUSE=1): prompt 2 decoded token by
- *      token, every step's logits within 1e-2 (the same products summed in another order).
+ *      token, every step's logits within 1e-2 (the same products summed in another order);
+ *   9. expert slots (MoE models): the routed experts in a pool of n_expert slots (every layer
+ *      misses: each expert is copied in when its layer needs it) and of 3 n_expert slots
+ *      (SIL_CUDA_SLOTS), prompt 2 prefilled then decoded token by token: the same kernels on the
+ *      same bytes as everything resident, so the same logits at every step, bit for bit.
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -386,6 +390,45 @@ int main(int argc, char **argv)
         if (sg >= 0) sil_seq_free(gpu, sg);
         if (sa2 >= 0) sil_seq_free(apart, sa2);
         sil_engine_close(apart);
+    }
+
+    /* 9. expert slots vs everything resident */
+    for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2) {
+        struct sil_engine *sl = NULL;
+        char nbuf[32];
+        snprintf(nbuf, sizeof nbuf, "%d", mult * sil_engine_info(gpu)->n_expert);
+        setenv("SIL_CUDA_SLOTS", nbuf, 1);
+        int rc = open_engine(&sl, model, "cuda", &err);
+        unsetenv("SIL_CUDA_SLOTS");
+        int ss = -1;
+        float worst = 0.0f;
+        sg = -1;
+        const int half = n2 / 2;
+        if (rc == 0) rc = prefill(gpu, p2, half, lg, &sg);
+        if (rc == 0) rc = prefill(sl, p2, half, alone, &ss);
+        if (rc == 0) worst = max_diff(lg, alone, V);
+        for (int i = half; i < n2 && rc == 0; i++) {
+            rc = step(gpu, sg, p2[i], lg);
+            if (rc == 0) rc = step(sl, ss, p2[i], alone);
+            const float d = max_diff(lg, alone, V);
+            if (rc == 0 && !(d <= worst)) worst = d;
+        }
+        struct sil_engine_stats es = {0};
+        if (sl) sil_engine_stats(sl, &es);
+        if (rc < 0) {
+            fprintf(stderr, "%s: expert slots: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: cuda %s expert slots (hits %llu, misses %llu) vs resident, prefill %d + "
+                   "%d steps: max |diff| = %.4g (want 0) %s\n",
+                   model, nbuf, (unsigned long long)es.ecache_hits,
+                   (unsigned long long)es.ecache_misses, half, n2 - half, worst,
+                   worst == 0.0f && es.ecache_misses > 0 ? "ok" : "FAIL");
+            fails += !(worst == 0.0f && es.ecache_misses > 0);
+        }
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        if (ss >= 0) sil_seq_free(sl, ss);
+        sil_engine_close(sl);
     }
 
     sil_engine_close(cpu);

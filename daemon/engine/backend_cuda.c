@@ -147,6 +147,15 @@ struct cuda_backend {
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
     uint64_t clock;
     uint64_t n_replays, n_captures;
+    /* expert slots (the routed experts did not all fit): n_slots gate, up and down matrices,
+     * slot_g/u/d bytes apart; copies into them go through the pinned staging ring */
+    int32_t n_slots;
+    sil_cuda_ptr pool_g, pool_u, pool_d;
+    uint64_t slot_g, slot_u, slot_d;
+    uint8_t *stage;
+    size_t stage_bytes, stage_used;
+    uint64_t slot_fills, slot_bytes_in;
+    int32_t *slot_ids; /* host [ub_max * K] */
     /* q8 holds the quantized rows of q8_src ([q8_n][q8_k]) until an op may write them */
     sil_cuda_ptr q8_src;
     int64_t q8_n, q8_k;
@@ -815,9 +824,20 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
     const int64_t E = x.width;
     const bool sh = shared_fusable(b, pl, E);
     struct sil_cuda_weight g, u, d, sg, su, sd;
-    if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
-        !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
-        !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
+    if (b->n_slots > 0) {
+        /* the slot pools as stacks of n_slots matrices, b->ids holding slot numbers */
+        const int64_t F = pl->gate_exps->rows, R = pl->down_exps->rows;
+        if (!ok(b, sil_cuda_weight_view(pl->gate_exps->type, F * X, E, b->pool_g, &g, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->up_exps->type, F * X, E, b->pool_u, &u, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->down_exps->type, R * X, pl->down_exps->cols, b->pool_d,
+                                        &d, &b->err)))
+            return false;
+        g.mat_stride = b->slot_g;
+        u.mat_stride = b->slot_u;
+        d.mat_stride = b->slot_d;
+    } else if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
+               !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
+               !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
         return false;
     if (sh && (!ok(b, view(pl->sh_gate, pl->sh_gate->rows, &sg, &b->err)) ||
                !ok(b, view(pl->sh_up, pl->sh_up->rows, &su, &b->err)) ||
@@ -948,6 +968,33 @@ static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct s
     ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
 }
 
+/* Slot experts (the plan's handles name slots): their slot numbers per (row, k) replace the
+ * router's expert ids on the device, and the fused kernels run over the slot pools. */
+static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                      struct sil_act out)
+{
+    const int K = pl->n_used;
+    const int64_t P = (int64_t)pl->n_rows * K;
+    for (int a = 0; a < pl->n_active; a++) {
+        if (pl->gate[a].loc != SIL_WEIGHT_SLOT || pl->up[a].loc != SIL_WEIGHT_SLOT ||
+            pl->down[a].loc != SIL_WEIGHT_SLOT) {
+            fail(b, -ENOSPC,
+                 "a layer needs more experts at once than the expert slots hold "
+                 "(raise --vram-budget or evaluate fewer rows at a time)");
+            return;
+        }
+        const int32_t slot = (int32_t)(uintptr_t)pl->gate[a].data;
+        for (int32_t j = pl->pair_start[a]; j < pl->pair_start[a + 1]; j++)
+            b->tmp[j] = slot;
+    }
+    for (int64_t q = 0; q < P; q++)
+        b->slot_ids[q] = b->tmp[pl->pair_of[q]];
+    if (!ok(b, sil_cuda_upload(b->cu, b->ids, b->slot_ids, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)))
+        return;
+    if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
+}
+
 static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *pl,
                      struct sil_act out)
 {
@@ -957,6 +1004,10 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
     if (b->rc || x.rows == 0 || (pl->n_active == 0 && !pl->device_routed)) return;
     if (x.ld != x.width || out.ld != out.width) {
         fail(b, -EINVAL, "moe rows are not contiguous");
+        return;
+    }
+    if (pl->n_active > 0 && pl->gate[0].loc == SIL_WEIGHT_SLOT) {
+        moe_slots(b, x, pl, out);
         return;
     }
     const int X = (int)b->c.n_expert;
@@ -1103,6 +1154,8 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
 {
     struct cuda_backend *b = cb(be);
     if (!w->data || w->loc == SIL_WEIGHT_DEVICE) return 0;
+    /* with expert slots the routed stacks stay in the mmap, copied in per expert on a miss */
+    if (b->n_slots > 0 && w->n_mat > 1 && w->n_mat == b->c.n_expert) return 0;
     const size_t bytes = w->mat_bytes * (size_t)w->n_mat;
     if (w->rows > 1 && !sil_cuda_type_supported(w->type))
         return sil_errorf(err, -ENOTSUP, "cuda backend: weight type %s has no CUDA kernel",
@@ -1196,6 +1249,7 @@ static void cuda_free(struct sil_backend *be)
             sil_cuda_graph_destroy(b->cu, b->slots[i].g);
         sil_cuda_host_release(b->cu, b->h_meta);
         sil_cuda_host_release(b->cu, b->h_logits);
+        sil_cuda_host_release(b->cu, b->stage);
         for (int i = 0; i < b->n_allocs; i++)
             sil_cuda_release(b->cu, b->allocs[i]);
         sil_cuda_module_unload(b->cu, b->mod);
@@ -1203,6 +1257,7 @@ static void cuda_free(struct sil_backend *be)
     }
     free(b->allocs);
     free(b->tmp);
+    free(b->slot_ids);
     free(b);
 }
 
@@ -1218,6 +1273,55 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->kv_bytes = b->kv_bytes;
     d->scratch_bytes = b->used - b->weight_bytes - b->kv_bytes;
     d->budget_bytes = b->budget;
+}
+
+static int32_t cuda_expert_slots(struct sil_backend *be)
+{
+    return cb(be)->n_slots;
+}
+
+/* One matrix into its slot through the staging ring: the ring is reused from its start once
+ * the copies queued from it are done (a sync when it is full). */
+static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct sil_weight *w,
+                       uint64_t cap)
+{
+    const size_t bytes = w->mat_bytes;
+    if (bytes > cap || bytes > b->stage_bytes) {
+        fail(b, -EINVAL, "an expert matrix is larger than its slot");
+        return;
+    }
+    if (b->stage_used + bytes > b->stage_bytes) {
+        if (!ok(b, sil_cuda_sync(b->cu, NULL, &b->err))) return;
+        b->stage_used = 0;
+    }
+    memcpy(b->stage + b->stage_used, w->data, bytes);
+    ok(b, sil_cuda_upload(b->cu, dst, b->stage + b->stage_used, bytes, NULL, &b->err));
+    b->stage_used += (bytes + 255) & ~(size_t)255;
+    b->slot_bytes_in += bytes;
+}
+
+static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct sil_weight *gate,
+                           const struct sil_weight *up, const struct sil_weight *down)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->mode == PASS_REPLAY) return;
+    flush_add(b);
+    if (b->rc) return;
+    if (b->mode != PASS_EAGER) {
+        fail(b, -EINVAL, "an expert copy inside a graph");
+        return;
+    }
+    not_capturable(b);
+    if (slot < 0 || slot >= b->n_slots || gate->loc != SIL_WEIGHT_MMAP ||
+        up->loc != SIL_WEIGHT_MMAP || down->loc != SIL_WEIGHT_MMAP) {
+        fail(b, -EINVAL, "expert slot copy of a weight not in the mmap, or slot out of range");
+        return;
+    }
+    const uint64_t s = (uint64_t)slot;
+    stage_copy(b, b->pool_g + s * b->slot_g, gate, b->slot_g);
+    stage_copy(b, b->pool_u + s * b->slot_u, up, b->slot_u);
+    stage_copy(b, b->pool_d + s * b->slot_d, down, b->slot_d);
+    b->slot_fills++;
 }
 
 static const struct sil_backend_ops cuda_ops = {
@@ -1242,6 +1346,8 @@ static const struct sil_backend_ops cuda_ops = {
     .state_read = cuda_state_read,
     .state_write = cuda_state_write,
     .device = cuda_device,
+    .expert_slots = cuda_expert_slots,
+    .fill_slot = cuda_fill_slot,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)
@@ -1290,10 +1396,44 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         (uint64_t)(U * c->n_head * c->n_ctx) * f4 + (uint64_t)(MB * c->n_vocab) * f4 +
         (uint64_t)(U * E) * f4 + 6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
-    const uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
+    uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
     size_t free_b = 0, total_b = 0;
     rc = sil_cuda_mem_info(b->cu, &free_b, &total_b, err);
     const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
+    /* the routed experts do not all fit: the backbone resident, the rest of the budget slots */
+    const uint64_t limit = c->vram_budget ? c->vram_budget : (uint64_t)free_b;
+    const uint64_t slot_bytes = c->slot_gate + c->slot_up + c->slot_down;
+    int64_t n_slots = 0;
+    /* tests: SIL_CUDA_SLOTS=N puts the routed experts in N slots even when they would fit */
+    const char *fs = getenv("SIL_CUDA_SLOTS");
+    const int64_t forced = fs ? atoll(fs) : 0;
+    if (rc == 0 && forced > 0 && c->routed_bytes > 0 && slot_bytes > 0 && c->n_expert > 0) {
+        n_slots = forced < c->n_expert ? c->n_expert : forced;
+        need -= c->routed_bytes;
+        need += (uint64_t)n_slots * slot_bytes;
+    } else if (rc == 0 && need > limit && c->routed_bytes > 0 && slot_bytes > 0 &&
+               c->n_expert > 0 && need - c->routed_bytes < limit) {
+        const uint64_t rest = limit - (need - c->routed_bytes), reserve = 16u << 20;
+        n_slots = rest > reserve ? (int64_t)((rest - reserve) / slot_bytes) : 0;
+        if (n_slots < c->n_expert)
+            rc = sil_errorf(
+                err, -ENOMEM,
+                "cuda backend: the model needs %llu MiB of device memory with its "
+                "routed experts in slots (backbone, KV, scratch and one layer's "
+                "experts): the limit is %llu MiB, give at least %llu MiB",
+                (unsigned long long)((need - c->routed_bytes + (uint64_t)c->n_expert * slot_bytes +
+                                      reserve) >>
+                                     20),
+                (unsigned long long)(limit >> 20),
+                (unsigned long long)((need - c->routed_bytes + (uint64_t)c->n_expert * slot_bytes +
+                                      reserve + (1u << 20) - 1) >>
+                                     20));
+        if (n_slots * (int64_t)slot_bytes > (int64_t)c->routed_bytes)
+            n_slots = (int64_t)(c->routed_bytes / slot_bytes);
+        if (n_slots > INT32_MAX) n_slots = INT32_MAX;
+        need -= c->routed_bytes;
+        need += (uint64_t)n_slots * slot_bytes;
+    }
     if (rc == 0 && c->vram_budget && need > c->vram_budget)
         rc = sil_errorf(err, -ENOMEM,
                         "cuda backend: the model needs %llu MiB of device memory (weights %llu, "
@@ -1352,6 +1492,18 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
     b->attn_split = attn_split;
+    if (rc == 0 && n_slots > 0) {
+        b->n_slots = (int32_t)n_slots;
+        b->slot_g = (c->slot_gate + 255) & ~(uint64_t)255;
+        b->slot_u = (c->slot_up + 255) & ~(uint64_t)255;
+        b->slot_d = (c->slot_down + 255) & ~(uint64_t)255;
+        rc = dalloc(b, (size_t)(b->slot_g * (uint64_t)n_slots), &b->pool_g, err);
+        if (rc == 0) rc = dalloc(b, (size_t)(b->slot_u * (uint64_t)n_slots), &b->pool_u, err);
+        if (rc == 0) rc = dalloc(b, (size_t)(b->slot_d * (uint64_t)n_slots), &b->pool_d, err);
+        b->stage_bytes = 64u << 20;
+        if (b->stage_bytes < 2 * slot_bytes) b->stage_bytes = 2 * slot_bytes;
+        if (rc == 0) rc = sil_cuda_host_alloc(b->cu, b->stage_bytes, (void **)&b->stage, err);
+    }
     b->kv_bytes = kv;
     if (rc == 0) rc = sil_cuda_host_alloc(b->cu, meta_bytes, &b->h_meta, err);
     if (rc == 0)
@@ -1387,8 +1539,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         for (int i = 0; b->prof_path && i < 2 && rc == 0; i++)
             rc = sil_cuda_event_create(b->cu, &b->gev[i], err);
         b->tmp = calloc((size_t)(U * K + U + 1), sizeof(int32_t));
+        b->slot_ids = calloc((size_t)(U * K), sizeof(int32_t));
         uint64_t *tab = calloc((size_t)c->n_seq_max + 1, sizeof(uint64_t));
-        if (!b->tmp || !tab) rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        if (!b->tmp || !b->slot_ids || !tab)
+            rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
         for (int64_t s = 0; tab && s < c->n_seq_max; s++)
             tab[s] = b->state + (uint64_t)(s * c->recr_floats) * f4;
         if (rc == 0 && c->n_seq_max > 0)

@@ -252,6 +252,15 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
+    c.routed_bytes = e->info.routed_expert_bytes;
+    for (int il = 0; il < hp->n_layer && hp->n_expert > 0; il++) {
+        const struct sil_layer *l = &e->model->layers[il];
+        const struct sil_gguf_tensor *t[3] = {l->ffn_gate_exps, l->ffn_up_exps, l->ffn_down_exps};
+        uint64_t *slot[3] = {&c.slot_gate, &c.slot_up, &c.slot_down};
+        for (int i = 0; i < 3; i++)
+            if (t[i] && t[i]->nbytes / (uint64_t)hp->n_expert > *slot[i])
+                *slot[i] = t[i]->nbytes / (uint64_t)hp->n_expert;
+    }
     /* the embedding table stays in host memory (get_rows reads it there) unless it is the head */
     if (!e->model->tied_output && c.weight_bytes >= (uint64_t)e->model->tok_embd->nbytes)
         c.weight_bytes -= (uint64_t)e->model->tok_embd->nbytes;
@@ -262,7 +271,30 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         rc = sil_fwd_open(f, err);
     if (rc == 0)
         rc = sil_fwd_place_weights(f, err);
+    const int32_t slots = rc == 0 && f->be->ops->expert_slots ? f->be->ops->expert_slots(f->be) : 0;
+    if (slots > 0) {
+        /* one pool over all layers: a prefill plan may need every expert of a layer */
+        const struct sil_ecache_config ec = {
+            .n_layer = hp->n_layer,
+            .n_expert = (int32_t)hp->n_expert,
+            .n_slot = slots,
+            .policy = SIL_ECACHE_DEFAULT,
+            .pools = SIL_ECACHE_GLOBAL,
+            .expert_bytes = c.slot_gate + c.slot_up + c.slot_down,
+        };
+        rc = sil_ecache_create(&f->ecache, &ec, err);
+        f->ecache_res = calloc((size_t)hp->n_expert, sizeof(*f->ecache_res));
+        f->ecache_uses = calloc((size_t)hp->n_expert, sizeof(*f->ecache_uses));
+        if (rc == 0 && (!f->ecache_res || !f->ecache_uses))
+            rc = sil_errorf(err, -ENOMEM, "engine: out of memory");
+    }
     if (rc < 0) {
+        sil_ecache_free(f->ecache);
+        free(f->ecache_res);
+        free(f->ecache_uses);
+        f->ecache = NULL;
+        f->ecache_res = NULL;
+        f->ecache_uses = NULL;
         sil_fwd_close(f);
         if (f->be)
             f->be->ops->free(f->be);
@@ -377,6 +409,10 @@ void sil_engine_close(struct sil_engine *e)
     if (sil_expert_obs_close(e->f.obs, &oerr) < 0)
         fprintf(stderr, "siliceo: %s\n", oerr.msg);
     e->f.obs = NULL;
+    sil_ecache_free(e->f.ecache);
+    free(e->f.ecache_res);
+    free(e->f.ecache_uses);
+    e->f.ecache = NULL;
     sil_fwd_close(&e->f);
     if (e->f.be)
         e->f.be->ops->free(e->f.be);
@@ -717,6 +753,8 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
     out->expert_bytes = e->f.expert_bytes;
     struct sil_ecache_stats s;
     sil_expert_obs_stats(e->f.obs, &s);
+    if (e->f.ecache) /* the device's slots, not a simulation */
+        sil_ecache_stats(e->f.ecache, -1, &s);
     out->ecache_hits = s.hits;
     out->ecache_misses = s.misses;
     out->ecache_evictions = s.evictions;
