@@ -251,6 +251,7 @@ struct sil_cuda_config {
     /* of weight_bytes, the routed experts' (the slot pool takes their place when they do not
      * fit), and the largest gate, up and down matrix of one expert over the layers */
     uint64_t routed_bytes, slot_gate, slot_up, slot_down;
+    int64_t n_layer_moe; /* layers with routed experts */
 };
 
 /* -ENOTSUP when built without CUDA; -ENODEV / -ENOENT / -ENOMEM with the reason otherwise. */

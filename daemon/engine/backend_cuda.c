@@ -156,6 +156,9 @@ struct cuda_backend {
     size_t stage_bytes, stage_used;
     uint64_t slot_fills, slot_bytes_in;
     int32_t *slot_ids; /* host [ub_max * K] */
+    /* benchmarks only (SIL_BENCH_H2D_GBS): expert copies are issued no faster than this many
+     * bytes a second, to measure a slower link (PCIe 3) on a fast one */
+    double h2d_cap, h2d_next;
     /* q8 holds the quantized rows of q8_src ([q8_n][q8_k]) until an op may write them */
     sil_cuda_ptr q8_src;
     int64_t q8_n, q8_k;
@@ -1294,6 +1297,18 @@ static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct si
         if (!ok(b, sil_cuda_sync(b->cu, NULL, &b->err))) return;
         b->stage_used = 0;
     }
+    if (b->h2d_cap > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        const double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+        const double start = b->h2d_next > now ? b->h2d_next : now;
+        if (start > now) {
+            const double d = start - now;
+            struct timespec w8 = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+            nanosleep(&w8, NULL);
+        }
+        b->h2d_next = start + (double)bytes / b->h2d_cap;
+    }
     memcpy(b->stage + b->stage_used, w->data, bytes);
     ok(b, sil_cuda_upload(b->cu, dst, b->stage + b->stage_used, bytes, NULL, &b->err));
     b->stage_used += (bytes + 255) & ~(size_t)255;
@@ -1402,7 +1417,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
     /* the routed experts do not all fit: the backbone resident, the rest of the budget slots */
     const uint64_t limit = c->vram_budget ? c->vram_budget : (uint64_t)free_b;
-    const uint64_t slot_bytes = c->slot_gate + c->slot_up + c->slot_down;
+    /* each slot matrix rounded up to 256 bytes, as the pools lay them out */
+    const uint64_t slot_bytes = ((c->slot_gate + 255) & ~(uint64_t)255) +
+                                ((c->slot_up + 255) & ~(uint64_t)255) +
+                                ((c->slot_down + 255) & ~(uint64_t)255);
     int64_t n_slots = 0;
     /* tests: SIL_CUDA_SLOTS=N puts the routed experts in N slots even when they would fit */
     const char *fs = getenv("SIL_CUDA_SLOTS");
@@ -1428,8 +1446,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                 (unsigned long long)((need - c->routed_bytes + (uint64_t)c->n_expert * slot_bytes +
                                       reserve + (1u << 20) - 1) >>
                                      20));
-        if (n_slots * (int64_t)slot_bytes > (int64_t)c->routed_bytes)
-            n_slots = (int64_t)(c->routed_bytes / slot_bytes);
+        /* never more slots than experts */
+        const int64_t all = c->n_layer_moe > 0 ? c->n_layer_moe * c->n_expert : n_slots;
+        if (n_slots > all) n_slots = all;
         if (n_slots > INT32_MAX) n_slots = INT32_MAX;
         need -= c->routed_bytes;
         need += (uint64_t)n_slots * slot_bytes;
@@ -1528,6 +1547,13 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->graphs = !(g && strcmp(g, "0") == 0);
         b->host_route = h && strcmp(h, "1") == 0;
         /* measured slower than the batch-8 fused kernels at pp512 (bench/results): opt in */
+        const char *cap = getenv("SIL_BENCH_H2D_GBS");
+        b->h2d_cap = cap ? atof(cap) * 1e9 : 0.0;
+        if (b->h2d_cap > 0 && b->n_slots > 0)
+            fprintf(stderr,
+                    "siliceo: cuda backend: expert copies capped at %.2f GB/s "
+                    "(SIL_BENCH_H2D_GBS, a benchmark setting)\n",
+                    b->h2d_cap / 1e9);
         const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");

@@ -260,6 +260,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         for (int i = 0; i < 3; i++)
             if (t[i] && t[i]->nbytes / (uint64_t)hp->n_expert > *slot[i])
                 *slot[i] = t[i]->nbytes / (uint64_t)hp->n_expert;
+        c.n_layer_moe += l->ffn_gate_exps != NULL;
     }
     /* the embedding table stays in host memory (get_rows reads it there) unless it is the head */
     if (!e->model->tied_output && c.weight_bytes >= (uint64_t)e->model->tok_embd->nbytes)
