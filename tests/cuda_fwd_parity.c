@@ -30,7 +30,10 @@
  *   9. expert slots (MoE models): the routed experts in a pool of n_expert slots (every layer
  *      misses: each expert is copied in when its layer needs it) and of 3 n_expert slots
  *      (SIL_CUDA_SLOTS), prompt 2 prefilled then decoded token by token: the same kernels on the
- *      same bytes as everything resident, so the same logits at every step, bit for bit.
+ *      same bytes as everything resident, so the same logits at every step, bit for bit;
+ *  10. a device out-of-memory in the middle of a prefill (SIL_CUDA_INJECT_OOM fails one launch):
+ *      that evaluation fails with the error, and the same engine then gives prompt 2's logits
+ *      as a fresh one does, bit for bit.
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -429,6 +432,39 @@ int main(int argc, char **argv)
         if (sg >= 0) sil_seq_free(gpu, sg);
         if (ss >= 0) sil_seq_free(sl, ss);
         sil_engine_close(sl);
+    }
+
+    /* 10. an injected device out-of-memory fails one evaluation only */
+    {
+        struct sil_engine *fe = NULL;
+        setenv("SIL_CUDA_INJECT_OOM", "40", 1);
+        int rc = open_engine(&fe, model, "cuda", &err);
+        unsetenv("SIL_CUDA_INJECT_OOM");
+        int s1 = -1, s2 = -1;
+        sg = -1;
+        bool failed = false;
+        if (rc == 0) {
+            s1 = sil_seq_create(fe, &err);
+            int32_t pos[512], seqs[512];
+            for (int i = 0; i < n2; i++)
+                pos[i] = i, seqs[i] = s1;
+            const struct sil_batch bb = {.n = n2, .token = p2, .pos = pos, .seq = seqs};
+            struct sil_error fe_err = {0};
+            failed = s1 >= 0 && sil_engine_eval(fe, &bb, lg, &fe_err) < 0 &&
+                     strstr(fe_err.msg, "out of memory") != NULL;
+            printf("%s: injected device out-of-memory: %s\n", model,
+                   failed ? fe_err.msg : "the evaluation did not fail");
+            if (s1 >= 0) sil_seq_free(fe, s1);
+        }
+        if (rc == 0) rc = prefill(fe, p2, n2, alone, &s2);
+        if (rc == 0) rc = prefill(gpu, p2, n2, lg, &sg);
+        const float d = rc == 0 ? max_diff(lg, alone, V) : INFINITY;
+        printf("%s: after it the engine serves: max |diff| vs a fresh engine = %.4g (want 0) %s\n",
+               model, d, failed && d == 0.0f ? "ok" : "FAIL");
+        fails += !(failed && d == 0.0f);
+        if (s2 >= 0) sil_seq_free(fe, s2);
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        sil_engine_close(fe);
     }
 
     sil_engine_close(cpu);

@@ -29,7 +29,8 @@
  * later (of the first pass of SIL_CUDA_PROFILE_ROWS rows instead, when set), and the device and
  * host time of the graph replays, appended at close.
  *
- * Errors: ops cannot return one; the first failure is kept (status) and later ops do nothing.
+ * Errors: ops cannot return one; the first failure is kept and later ops do nothing until
+ * status reports it; our own checks and out-of-memory then clear (a device fault stays).
  * Ops run in order on the context's default stream; head() synchronizes (logits download).
  * Nothing on the per-token path allocates. */
 #include <errno.h>
@@ -1181,8 +1182,19 @@ static int cuda_status(struct sil_backend *be, struct sil_error *err)
     abort_capture(b);
     if (b->mode != PASS_REPLAY) flush_add(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
-    if (b->rc && err) *err = b->err;
-    return b->rc;
+    const int rc = b->rc;
+    if (rc && err) *err = b->err;
+    /* Reported once. A check of ours (-EINVAL, -ENOSPC) or an allocation that failed (-ENOMEM)
+     * leaves the device usable: once the stream drains cleanly the next evaluation may run.
+     * A device fault (-EIO) stays: the context is gone. */
+    if (rc == -EINVAL || rc == -ENOSPC || rc == -ENOMEM) {
+        b->rc = 0;
+        if (sil_cuda_sync(b->cu, NULL, NULL) == 0)
+            memset(&b->err, 0, sizeof b->err);
+        else
+            b->rc = rc;
+    }
+    return rc;
 }
 
 static int state_check(struct cuda_backend *b, int seq, int64_t n, struct sil_error *err)

@@ -150,6 +150,8 @@ struct sil_cuda {
     uint64_t prof_bytes; /* weight bytes the next launch reads, set by the op */
     struct sil_cuda_prof prof_tab[SIL_CUDA_PROF_MAX];
     int prof_n;
+    /* tests: SIL_CUDA_INJECT_OOM=N fails the N-th launch as out of memory, once */
+    uint64_t n_launch, fail_at;
 };
 
 struct sil_cuda_stream {
@@ -358,6 +360,8 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
     if (rc < 0) goto fail_ctx;
     /* m16n8k32 is in the sm_80+ SASS only; the compute_75 PTX carries m8n8k16 in both entries */
     cu->mma_best = cu->mma_sm = in->cc_major >= 8 && !in->ptx_jit ? 80 : 75;
+    const char *inj = getenv("SIL_CUDA_INJECT_OOM");
+    cu->fail_at = inj ? strtoull(inj, NULL, 10) : 0;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
 #undef STEP
     *out = cu;
@@ -648,6 +652,10 @@ static int cu_launch(struct sil_cuda *cu, CUfunction f, const char *what, unsign
     const CUstream st = stream_of(cu, s);
     const uint64_t bytes = cu->prof_bytes;
     cu->prof_bytes = 0;
+    if (cu->fail_at && ++cu->n_launch == cu->fail_at)
+        return set_err(err, -ENOMEM,
+                       "cuda: %s: out of memory (injected at launch %llu by SIL_CUDA_INJECT_OOM)",
+                       what, (unsigned long long)cu->fail_at);
     if (cu->prof) CU_CHECK(cu, err, cuEventRecord(cu->prof_ev[0], st));
     CUresult r = cu->api.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, 0, st, params, NULL);
     if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, what);
