@@ -138,14 +138,6 @@ static void run_chunk_tiled(const struct sil_mm_job *jb, sil_vec_dot_tile_fn til
         }
         for (long r = r0; r < r1; r += SIL_TILE_R) {
             const int nr = r1 - r < SIL_TILE_R ? (int)(r1 - r) : SIL_TILE_R;
-            if (j0 == 0 && r + SIL_TILE_R < r1) { /* first pass: the next rows come from memory */
-                const char *next = (const char *)jb->w + (size_t)(r + SIL_TILE_R) * wrs;
-                const size_t len =
-                    (size_t)(r1 - r - SIL_TILE_R < SIL_TILE_R ? r1 - r - SIL_TILE_R : SIL_TILE_R) *
-                    wrs;
-                for (size_t o = 0; o < len; o += 64)
-                    __builtin_prefetch(next + o, 0, 3);
-            }
             tile(k, (const char *)jb->w + (size_t)r * wrs, wrs, nr, a, nc, y);
             for (int c = 0; c < nc; c++)
                 y[c] += nr;

@@ -427,6 +427,7 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             w[r] = (const struct sil_block_q4_K *)((const char *)vw + (size_t)r * wrs) + i;
+            sil_prefetch_block(w[r], sizeof(*w[r]));
             const __m128i scm = k4_unpack_vec(w[r]->scales);
             sc32[r] = _mm512_cvtepu8_epi32(scm);
             mins = _mm512_mask_broadcast_i32x4(mins, (__mmask16)(0xF << 4 * r),
@@ -551,6 +552,7 @@ static inline __attribute__((always_inline)) void q6_K_tile(const int R, const i
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             w[r] = (const struct sil_block_q6_K *)((const char *)vw + (size_t)r * wrs) + i;
+            sil_prefetch_block(w[r], sizeof(*w[r]));
             const __m128i sc = _mm_loadu_si128((const __m128i *)w[r]->scales);
             sc16[r] = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
             scw[r] = _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(sc));
