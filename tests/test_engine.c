@@ -450,7 +450,8 @@ static void test_decode8_vs_alone(void **state)
     (void)state;
     enum { NS = 8, STEPS = 3 };
     const char *const which[] = {"qwen35moe-tiny-Q4_K_M", "qwen35moe-tiny-Q6_K",
-                                 "qwen3moe-tiny-Q4_K_M", "qwen35moe-tiny-F16", "qwen35moe-tiny-Q8_0"};
+                                 "qwen3moe-tiny-Q4_K_M", "qwen35moe-tiny-F16",
+                                 "qwen35moe-tiny-Q8_0"};
     for (size_t w = 0; w < 2 * sizeof(which) / sizeof(which[0]); w++) {
         const char *model = which[w / 2];
         const bool exact = w % 2;
