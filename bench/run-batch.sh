@@ -86,6 +86,7 @@ for tag, rows in sets:
                             f"read_bw {bw:.2f} GB/s with {r0['threads']} threads, measured before each run"),
             "runs": len(v), "min": round(min(v), 3), "max": round(max(v), 3),
             "cpu_ms_per_step": round(statistics.median([r["cpu_ms_step"] for r in rs]), 3),
+            "cpu_tok_s": round(n * 1e3 / statistics.median([r["cpu_ms_step"] for r in rs]), 3),
         })
 load0 = open(f"{tmp}/load-start").read().split()[:3]
 load1 = open(f"{tmp}/load-end").read().split()[:3]
@@ -111,7 +112,9 @@ doc = {
         "engine counted them) / the streaming read bandwidth of the same thread count, measured "
         "just before each measurement. The recurrent (delta-net) state each sequence reads and "
         "writes per token is not in the floor. cpu_ms_per_step = process CPU time per step "
-        "(with one thread, the work; with more, it includes the pool's spinning). No peer: "
+        "(with one thread, the work; with more, it includes the pool's spinning); cpu_tok_s = "
+        "N / cpu_ms_per_step: with one thread, the aggregate the work allows when the core is not "
+        "shared, steadier than value on a loaded machine. No peer: "
         "llama.cpp's llama-batched-bench is not built on this machine, so peer_value is left out. "
         f"Load average {' '.join(load0)} before, {' '.join(load1)} after."),
 }

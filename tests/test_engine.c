@@ -450,6 +450,72 @@ static void test_batched_vs_alone(void **state)
     }
 }
 
+/* Eight sequences decoding in one batch of eight rows give, row for row, bitwise the logits of
+ * each sequence decoded alone: the experts' multi-row kernels, the dense matmuls over 8 rows and
+ * the delta net over 8 sequences keep each row's arithmetic. */
+static void test_decode8_vs_alone(void **state)
+{
+    (void)state;
+    enum { NS = 8, STEPS = 3 };
+    const char *const which[] = {"qwen35moe-tiny-Q4_K_M", "qwen35moe-tiny-Q6_K",
+                                 "qwen3moe-tiny-Q4_K_M", "qwen35moe-tiny-F16",
+                                 "qwen35moe-tiny-Q8_0"};
+    for (size_t w = 0; w < 2 * sizeof(which) / sizeof(which[0]); w++) {
+        const char *model = which[w / 2];
+        const bool exact = w % 2;
+        size_t nc;
+        int32_t *c = prompt_ids(model, 'C', &nc);
+        assert_true(nc >= 3 * NS + 20);
+        struct sil_engine *e = open_model(model, exact, NS);
+        const int32_t V = sil_engine_info(e)->n_vocab;
+        struct sil_error err = {0};
+        float *pre = malloc(sizeof(float) * (size_t)(3 * NS + 20) * V);
+        float *alone = malloc(sizeof(float) * (size_t)NS * STEPS * V);
+        float *together = malloc(sizeof(float) * (size_t)NS * V);
+        int32_t tok[NS][STEPS + 1], len[NS];
+        for (int s = 0; s < NS; s++) { /* alone: its own prompt, then STEPS greedy decode rows */
+            len[s] = 6 + 2 * s;
+            int seq = prefill(e, c + 3 * s, len[s], pre);
+            tok[s][0] = argmax(pre + (size_t)(len[s] - 1) * V, V);
+            for (int k = 0; k < STEPS; k++) {
+                int32_t pos = len[s] + k;
+                float *row = alone + ((size_t)s * STEPS + k) * V;
+                struct sil_batch b = {1, &tok[s][k], &pos, &seq, NULL};
+                assert_int_equal(sil_engine_eval(e, &b, row, &err), 0);
+                tok[s][k + 1] = argmax(row, V);
+            }
+            sil_seq_free(e, seq);
+        }
+        int seqs[NS];
+        for (int s = 0; s < NS; s++)
+            seqs[s] = prefill(e, c + 3 * s, len[s], pre);
+        for (int k = 0; k < STEPS; k++) {
+            int32_t t8[NS], p8[NS];
+            for (int s = 0; s < NS; s++) {
+                t8[s] = tok[s][k];
+                p8[s] = len[s] + k;
+            }
+            struct sil_batch b = {NS, t8, p8, seqs, NULL};
+            assert_int_equal(sil_engine_eval(e, &b, together, &err), 0);
+            for (int s = 0; s < NS; s++) {
+                const float *a = alone + ((size_t)s * STEPS + k) * V, *t = together + (size_t)s * V;
+                if (memcmp(a, t, sizeof(float) * (size_t)V) != 0) {
+                    double d = 0;
+                    for (int32_t v = 0; v < V; v++)
+                        d = fmax(d, fabs((double)a[v] - t[v]));
+                    fail_msg("%s%s: decode step %d row %d of %d differs from alone (max %g)", model,
+                             exact ? " exact" : "", k, s, NS, d);
+                }
+            }
+        }
+        free(pre);
+        free(alone);
+        free(together);
+        free(c);
+        sil_engine_close(e);
+    }
+}
+
 /* The scheduler's step: one decode row of a running sequence and a prefill chunk of a new one
  * in the same batch, the decode row placed between prefill rows. Same logits as alone. */
 static void test_mixed_prefill_decode(void **state)
@@ -1114,6 +1180,7 @@ int main(void)
         cmocka_unit_test(test_parity_exact),
         cmocka_unit_test(test_decode_vs_prefill),
         cmocka_unit_test(test_batched_vs_alone),
+        cmocka_unit_test(test_decode8_vs_alone),
         cmocka_unit_test(test_long_batch),
         cmocka_unit_test(test_mixed_prefill_decode),
         cmocka_unit_test(test_api_errors),

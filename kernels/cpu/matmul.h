@@ -4,8 +4,8 @@
  * type's dot product wants (Q8_0 for legacy quants, Q8_K for k-quants, F32 for F32/F16/BF16),
  * then any number of weights sharing that input (Q, K, V; gate and up; every expert) reuse it.
  * A call to sil_matmul runs a list of jobs in one parallel region: work is cut into chunks of
- * weight rows and threads take chunks dynamically, so uneven MoE jobs still balance. A job of two
- * or more input rows whose weight type has a tiled kernel at the current SIMD level (q4_K, q6_K
+ * weight rows and threads take chunks dynamically, so uneven MoE jobs still balance. A job of any
+ * number of input rows whose weight type has a tiled kernel at the current SIMD level (q4_K, q6_K
  * with AVX-512 VNNI) reuses each unpacked weight block for several input rows; its results are
  * bitwise those of vec_dot, so a row's output does not depend on the batch it came in.
  *

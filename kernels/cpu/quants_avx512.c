@@ -404,7 +404,8 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
                                                             const void *const *va,
                                                             float *const *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m512i m4x = _mm512_set1_epi8(0x0F);
+    const __m512i nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     /* pair (r, c): lanes 8(c%2)..8(c%2)+7 of acc[r][c/2], the sums folded as in vec_dot */
     __m512 acc[Q4_R][(Q4_C + 1) / 2];
     /* the mins term of pair (r, c) in lanes 4r..4r+3 of accm[c]: one 512-bit step serves 4 rows */
@@ -427,6 +428,7 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             w[r] = (const struct sil_block_q4_K *)((const char *)vw + (size_t)r * wrs) + i;
+            sil_prefetch_block(w[r], sizeof(*w[r]));
             const __m128i scm = k4_unpack_vec(w[r]->scales);
             sc32[r] = _mm512_cvtepu8_epi32(scm);
             mins = _mm512_mask_broadcast_i32x4(mins, (__mmask16)(0xF << 4 * r),
@@ -447,9 +449,11 @@ static inline __attribute__((always_inline)) void q4_K_tile(const int R, const i
             __m512i qq[Q4_R], s[Q4_R];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(w[r]->qs + 32 * j));
-                qq[r] =
-                    join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                /* both nibble halves from one broadcast load and one variable shift: the bytes
+                 * of vec_dot's two masks, shift and insert, in 2 vector ops fewer */
+                const __m512i q = _mm512_broadcast_i64x4(
+                    _mm256_loadu_si256((const __m256i *)(w[r]->qs + 32 * j)));
+                qq[r] = _mm512_and_si512(_mm512_srlv_epi16(q, nib_shift), m4x);
                 s[r] = _mm512_permutexvar_epi32(_mm512_loadu_si512(pair_idx[j]), sc32[r]);
             }
 #pragma GCC unroll 4
@@ -551,6 +555,7 @@ static inline __attribute__((always_inline)) void q6_K_tile(const int R, const i
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             w[r] = (const struct sil_block_q6_K *)((const char *)vw + (size_t)r * wrs) + i;
+            sil_prefetch_block(w[r], sizeof(*w[r]));
             const __m128i sc = _mm_loadu_si128((const __m128i *)w[r]->scales);
             sc16[r] = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
             scw[r] = _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(sc));
