@@ -100,6 +100,10 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
     ep->n_ctx = cfg->ctx;
     ep->n_seq_max = cfg->max_running + cfg->max_sessions;
     ep->n_batch_max = cfg->prefill_chunk + cfg->max_running;
+    ep->heat_map = cfg->heat_map;
+    ep->ecache_sim_slots = cfg->ecache_slots;
+    ep->ecache_sim_policy = cfg->ecache_policy[0] ? cfg->ecache_policy : NULL;
+    ep->ecache_sim_soft = true;
 }
 
 /* SIGHUP: a damaged model is always reloaded; a sound one when the path names another file now
@@ -317,6 +321,12 @@ static bool load_progress(float fraction, const char *what, void *user)
     return true;
 }
 
+static void preload_progress(int64_t done, int64_t total, void *user)
+{
+    sd_notifyf(0, "STATUS=preloading the hottest experts: %lld of %lld", (long long)done,
+               (long long)total);
+}
+
 /* Creates the socket's directory (0750) when missing; the default ones are ours to fix up. */
 static int make_socket_dir(const char *path, gid_t gid)
 {
@@ -465,7 +475,14 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             sil_notice("vram_budget has no effect: the model runs on the %s backend",
                        info->backend);
         s->vocab = sil_engine_vocab(s->engine);
-        if (sil_worker_start(&s->worker, s->engine, cfg, &err) < 0) {
+        if (cfg->ecache_slots > 0 && sil_engine_ecache_slots(s->engine) == 0)
+            sil_notice("ecache_slots has no effect: the expert cache is simulated on the CPU "
+                       "backend only, the model runs on %s", info->backend);
+        /* The heat map is only kept (and saved) for models with routed experts. */
+        sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
+        s->heat_init = true;
+        sil_heatkeep_load(&s->heat, s->engine, preload_progress, NULL);
+        if (sil_worker_start(&s->worker, s->engine, cfg, &s->heat, &err) < 0) {
             sil_err("%s", err.msg);
             goto out;
         }
@@ -524,6 +541,7 @@ out:
     sil_modelwatch_free(s->watch);
     if (s->engine)
         sil_engine_close(s->engine);
+    if (s->heat_init) sil_heatkeep_destroy(&s->heat);
     sd_event_source_disable_unref(s->listen_src);
     sd_event_source_disable_unref(s->worker_src);
     sd_event_source_disable_unref(s->drain_timer);

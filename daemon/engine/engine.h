@@ -41,6 +41,12 @@ struct sil_engine_params {
     const char *route_trace;
     int32_t ecache_sim_slots;
     const char *ecache_sim_policy;
+    bool ecache_sim_soft; /* on another backend than the CPU: no simulated cache, no -ENOTSUP */
+    /* Keep a heat map (the decayed use of every routed expert) from the plans the engine sees,
+     * on any backend: what sil_engine_heat_export saves for a warm restart. Only host-routed
+     * plans are seen; where CUDA keeps the routing on the device the map is not updated (it
+     * stays as imported). No effect on models without experts; changes no logit. */
+    bool heat_map;
     /* Load progress in [0,1], called from the loading thread between the stages of the load;
      * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
     bool (*progress)(float fraction, const char *what, void *user);
@@ -145,6 +151,32 @@ struct sil_engine_stats {
     uint64_t ecache_hits, ecache_misses, ecache_evictions, ecache_bytes_streamed;
 };
 void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out);
+
+/* Expert heat map and the simulated expert cache (sil_engine_params.heat_map and
+ * ecache_sim_slots); engine thread only, like eval. */
+struct sil_heat_map;
+struct sil_ecache_stats;
+/* Identity of the model for its heat map (sil_heat_model_id). */
+uint64_t sil_engine_heat_model_id(const struct sil_engine *e);
+/* The heat map now, with its shape, identity and the tokens it has seen (those imported plus
+ * the rows evaluated since); out->heat is malloc'd (sil_heat_map_free). -ENODEV when the engine
+ * keeps none, -ENOMEM. */
+int sil_engine_heat_export(const struct sil_engine *e, struct sil_heat_map *out,
+                           struct sil_error *err);
+/* Replaces the heat map with m (a map loaded at start): -ENODEV when the engine keeps none,
+ * -EINVAL when m is of another model or shape (err says which). */
+int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
+                           struct sil_error *err);
+/* The simulated cache: its slots (0 without one) and policy name (NULL without one). */
+int32_t sil_engine_ecache_slots(const struct sil_engine *e);
+const char *sil_engine_ecache_policy(const struct sil_engine *e);
+/* Places the experts keys[0..n) (layer * n_expert + expert, hottest first) in the simulated
+ * cache until it is full, without evicting: how many it placed (already resident and full pools
+ * skipped), or -ENODEV without a simulated cache. */
+int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int64_t n);
+/* The simulated cache's counters of one layer (-1: all), zero without one. */
+void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
+                                   struct sil_ecache_stats *out);
 
 /* Validates a file as a loadable model without building an engine, and prints what
  * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,
