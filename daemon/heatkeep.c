@@ -70,6 +70,9 @@ void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
 {
     if (!h->v.on) return;
     h->next_save = h->interval > 0 ? mono_s() + h->interval : 0;
+    struct sil_engine_stats es;
+    sil_engine_stats(e, &es);
+    h->saved_rows = es.n_rows; /* what was loaded needs no save until the engine sees more */
     char load[16] = "none", msg[512] = "";
     int64_t hot = 0, placed = 0;
     uint64_t tokens = 0;
@@ -141,6 +144,9 @@ int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e)
     }
     pthread_mutex_lock(&h->mu);
     if (rc == 0) {
+        struct sil_engine_stats es;
+        sil_engine_stats(e, &es);
+        h->saved_rows = es.n_rows;
         h->v.saves++;
         h->v.last_save = mono_s();
     } else {
@@ -155,11 +161,24 @@ int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e)
     return rc;
 }
 
+static bool dirty(const struct sil_heatkeep *h, const struct sil_engine *e)
+{
+    struct sil_engine_stats es;
+    sil_engine_stats(e, &es);
+    return es.n_rows != h->saved_rows;
+}
+
 void sil_heatkeep_tick(struct sil_heatkeep *h, const struct sil_engine *e, double now)
 {
-    if (h->interval <= 0 || !h->v.path[0] || now < h->next_save) return;
+    if (h->interval <= 0 || !h->v.path[0] || now < h->next_save || !dirty(h, e)) return;
     h->next_save = now + h->interval;
     sil_heatkeep_save(h, e);
+}
+
+double sil_heatkeep_due(const struct sil_heatkeep *h, const struct sil_engine *e)
+{
+    if (h->interval <= 0 || !h->v.path[0] || !dirty(h, e)) return 0;
+    return h->next_save;
 }
 
 void sil_heatkeep_view(struct sil_heatkeep *h, struct sil_heat_view *out)

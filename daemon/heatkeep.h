@@ -39,6 +39,7 @@ struct sil_heatkeep {
     struct sil_heat_view v; /* under mu */
     int interval;           /* seconds between saves, 0: at shutdown only */
     double next_save;       /* engine thread */
+    uint64_t saved_rows;    /* engine thread: the engine's rows at the last save (unchanged: skip) */
 };
 
 /* Resolves and creates (0750) the state directory; a failure leaves the map unsaved with a
@@ -53,8 +54,12 @@ void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
                        void (*progress)(int64_t done, int64_t total, void *user), void *user);
 /* Saves e's map now: 0 or -errno (logged, counted). */
 int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e);
-/* The periodic save, called by the engine thread between steps. */
+/* The periodic save, called by the engine thread between steps and when idle: saves when the
+ * interval has passed and the engine evaluated rows since the last save. */
 void sil_heatkeep_tick(struct sil_heatkeep *h, const struct sil_engine *e, double now);
+/* When the engine thread should wake for the next periodic save (CLOCK_MONOTONIC seconds), or
+ * 0 when none is pending (off, or nothing new to save). */
+double sil_heatkeep_due(const struct sil_heatkeep *h, const struct sil_engine *e);
 
 void sil_heatkeep_view(struct sil_heatkeep *h, struct sil_heat_view *out);
 

@@ -435,7 +435,22 @@ static void *worker_main(void *arg)
          * the next round, with no inbox message to wake the thread; so does a pending reload. */
         while (!w->in_head && !w->stop && !w->running && !w->queue && !w->reload) {
             atomic_store(&w->idle, true);
-            pthread_cond_wait(&w->cv, &w->mu);
+            /* Idle with a periodic heat map save pending: wake for it (the map is the engine
+             * thread's to read). */
+            const double due = w->heat ? sil_heatkeep_due(w->heat, w->e) : 0;
+            if (due <= 0) {
+                pthread_cond_wait(&w->cv, &w->mu);
+                continue;
+            }
+            const double wait_s = due - now_s();
+            if (wait_s <= 0) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            const double at = (double)ts.tv_nsec * 1e-9 + wait_s + 0.001;
+            ts.tv_sec += (time_t)at;
+            ts.tv_nsec = (long)((at - (double)(time_t)at) * 1e9);
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+            if (now_s() >= due) break;
         }
         /* Beat before idle goes false, so the loop never sees busy with a stale heartbeat. */
         beat(w);

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Warm restart of the expert cache (simulated on the CPU): a cold start preloads nothing; the
+# heat map is saved periodically and at SIGTERM in the state directory and loaded at the next
+# start, where its hottest experts fill the slots and the first turn hits at least as often as
+# the cold first one (figures printed: cold first turn, warm turn, first turn after a restart);
+# a truncated file, one with flipped bytes and one from another model are ignored with a warning
+# and the daemon serves; no usable state directory only warns; off means nil in status.
+. "$(dirname "$0")/lib.bash"
+S=$HERE/heat_tests.py
+MK=$SIL_BUILD/bin/sil-mkmodel
+[ -x "$MK" ] || MK=$ROOT/build/bin/sil-mkmodel # sanitizer builds have only the daemon
+# 4 MoE layers of 64 experts, top-4, skewed routing; 64 slots hold a quarter of the experts.
+"$MK" --preset tiny --experts 64 --experts-used 4 --skew 1.0 --quiet --out "$T/moe.gguf" ||
+    fail "sil-mkmodel"
+"$MK" --preset tiny --experts 32 --experts-used 4 --quiet --out "$T/other.gguf" || fail "sil-mkmodel"
+# The same shape quantized otherwise: another identity.
+"$MK" --preset tiny --experts 64 --experts-used 4 --skew 1.0 --type q8_0 --quiet \
+    --out "$T/requant.gguf" || fail "sil-mkmodel"
+HEAT=$STATE_DIRECTORY/expert-heat
+FIGS=$T/figures.jsonl
+
+write_conf "threads = 2" "ecache_slots = 64" "heat_save_interval = 1"
+start_daemon --model "$T/moe.gguf"
+grep -q "no expert heat map at $HEAT" "$T/daemon.log" || fail "no cold-start line"
+python3 "$S" cold "$FIGS" 64 4
+sleep 1.5
+python3 "$S" saves "$FIGS"
+[ -s "$HEAT" ] || fail "no heat file after the periodic save"
+stop_daemon
+# 40 bytes of header, 4 x 64 floats, the checksum.
+[ "$(stat -c %s "$HEAT")" -eq $((40 + 4 * 64 * 4 + 8)) ] || fail "heat file of $(stat -c %s "$HEAT") bytes"
+[ -z "$(find "$STATE_DIRECTORY" -name '*.tmp*')" ] || fail "a temporary file was left behind"
+cp "$HEAT" "$T/good-heat"
+
+start_daemon --model "$T/moe.gguf"
+grep -q "expert heat map loaded from $HEAT" "$T/daemon.log" || fail "no load line"
+python3 "$S" restart "$FIGS" 64 "$T/good-heat"
+stop_daemon
+
+# Flipped bytes in the heat values: the checksum refuses it.
+cp "$T/good-heat" "$HEAT"
+printf '\xff\xff\xff\x7f' | dd of="$HEAT" bs=1 seek=100 conv=notrunc status=none
+start_daemon --model "$T/moe.gguf"
+grep -q "warning.*ignoring the expert heat map" "$T/daemon.log" || fail "no warning for a corrupt file"
+python3 "$S" ignored "$FIGS"
+stop_daemon
+
+# Truncated.
+cp "$T/good-heat" "$HEAT"
+truncate -s 30 "$HEAT"
+start_daemon --model "$T/moe.gguf"
+grep -q "warning.*ignoring the expert heat map" "$T/daemon.log" || fail "no warning for a short file"
+python3 "$S" ignored "$FIGS"
+stop_daemon
+
+# Another model's map: of another shape, and of the same shape quantized otherwise.
+for m in other requant; do
+    cp "$T/good-heat" "$HEAT"
+    start_daemon --model "$T/$m.gguf"
+    grep -q "warning.*ignoring the expert heat map" "$T/daemon.log" ||
+        fail "no warning for another model's map ($m)"
+    python3 "$S" ignored "$FIGS"
+    stop_daemon
+done
+
+# The state directory cannot be made (a file is in the way): a warning, the daemon serves.
+: >"$T/not-a-dir"
+write_conf "threads = 2" "ecache_slots = 64" "state_dir = $T/not-a-dir/state"
+start_daemon --model "$T/moe.gguf"
+grep -q "warning.*kept in memory only" "$T/daemon.log" || fail "no warning for the state directory"
+python3 "$S" unsaved "$FIGS"
+stop_daemon
+
+# Off: no simulated cache, no heat map.
+write_conf "threads = 2" "heat_map = no"
+start_daemon --model "$T/moe.gguf"
+python3 "$S" off "$FIGS"
+stop_daemon
+echo "figures:"
+cat "$FIGS"
