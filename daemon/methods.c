@@ -456,9 +456,11 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     memcpy(all + n0, mx, (size_t)nx * sizeof *mx);
     memcpy(all + n0 + nx, mh, (size_t)nh * sizeof *mh);
     const int n = n0 + nx + nh;
+    struct sil_ecache_stats *layers = ec_on ? calloc(512, sizeof(*layers)) : NULL;
+    if (ec_on && !layers)
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
     if (!map) {
-        struct sil_ecache_stats *layers = ec_on ? calloc(512, sizeof(*layers)) : NULL;
-        const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
         int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, om);
         free(layers);
         if (prc < 0)
@@ -468,7 +470,20 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 1);
     sil_rpc_pack_cstr(pk, "metrics");
-    msgpack_pack_map(pk, n);
+    msgpack_pack_map(pk, n + (nl > 0 ? 2 : 0));
+    /* per layer: a map from the label set to the number */
+    for (int f = 0; f < 2 && nl > 0; f++) {
+        sil_rpc_pack_cstr(pk, f ? "siliceo_expert_cache_sim_layer_hits_total"
+                                : "siliceo_expert_cache_sim_layer_lookups_total");
+        msgpack_pack_map(pk, nl);
+        for (int32_t l = 0; l < nl; l++) {
+            char lab[32];
+            snprintf(lab, sizeof lab, "layer=\"%d\"", (int)l);
+            sil_rpc_pack_cstr(pk, lab);
+            msgpack_pack_uint64(pk, f ? layers[l].hits : layers[l].hits + layers[l].misses);
+        }
+    }
+    free(layers);
     for (int i = 0; i < n; i++) {
         sil_rpc_pack_cstr(pk, all[i].name);
         double v = all[i].value;

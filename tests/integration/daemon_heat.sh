@@ -23,6 +23,27 @@ write_conf "threads = 2" "ecache_slots = 64" "heat_save_interval = 1"
 start_daemon --model "$T/moe.gguf"
 grep -q "no expert heat map at $HEAT" "$T/daemon.log" || fail "no cold-start line"
 python3 "$S" cold "$FIGS" 64 4
+# Metrics: the daemon's own text and sil-probe's from the map, both with per-layer series.
+python3 "$S" metrics "$FIGS" "$T/daemon.prom"
+"$SIL_BUILD/bin/sil-probe" --prom >"$T/probe.prom" || fail "sil-probe --prom"
+"$SIL_BUILD/bin/sil-probe" --openmetrics >"$T/probe.om" || fail "sil-probe --openmetrics"
+/usr/bin/python3 - "$T/daemon.prom" "$T/probe.prom" "$T/probe.om" <<'PY' || fail "metrics rejected"
+import sys
+from prometheus_client.parser import text_string_to_metric_families as prom
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om
+for path in sys.argv[1:]:
+    text = open(path).read()
+    fams = {f.name: f for f in (om if path.endswith(".om") else prom)(text)}
+    hits = [f for n, f in fams.items() if n.startswith("siliceo_expert_cache_sim_layer_hits")][0]
+    look = [f for n, f in fams.items() if n.startswith("siliceo_expert_cache_sim_layer_lookups")][0]
+    assert hits.type == "counter" and len(hits.samples) == 4, (path, hits)
+    assert sorted(s.labels["layer"] for s in hits.samples) == ["0", "1", "2", "3"], path
+    h = sum(s.value for s in hits.samples)
+    tot = [f for n, f in fams.items() if n.startswith("siliceo_expert_cache_sim_hits")][0]
+    assert h == tot.samples[0].value > 0, (path, h, tot)
+    assert sum(s.value for s in look.samples) >= h
+    print("ok: %s parses; per-layer hits add up to %d" % (path, h))
+PY
 sleep 1.5
 python3 "$S" saves "$FIGS"
 [ -s "$HEAT" ] || fail "no heat file after the periodic save"

@@ -89,6 +89,19 @@ def main():
         check(hm["preloaded"] == 0 and ec["preloaded"] == 0, "nothing preloaded from it")
         r, _ = c.ok("generate", dict(GREEDY, prompt=PROMPT, max_tokens=8))
         check(r["n_generated"] > 0, "the daemon serves after ignoring it")
+    elif what == "metrics":
+        r, _ = c.ok("metrics", {"format": "prometheus"})
+        m, _ = c.ok("metrics")
+        m = m["metrics"]
+        check(m["siliceo_expert_cache_sim_slots"] == ec["slots"] and
+              m["siliceo_expert_cache_sim_hits_total"] == ec["hits"] and
+              m["siliceo_expert_cache_sim_lookups_total"] == ec["lookups"],
+              "metrics agree with status")
+        check(sum(m["siliceo_expert_cache_sim_layer_hits_total"].values()) == ec["hits"],
+              "per-layer hits as label maps")
+        with open(sys.argv[3], "w") as f:
+            f.write(r["text"])
+        return
     elif what == "saves":
         check(hm["saves"] >= 1 and hm["save_errors"] == 0 and hm["last_save_age_s"] is not None,
               "the periodic save ran (%d saves)" % hm["saves"])
