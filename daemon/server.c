@@ -476,8 +476,10 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
                        info->backend);
         s->vocab = sil_engine_vocab(s->engine);
         if (cfg->ecache_slots > 0 && sil_engine_ecache_slots(s->engine) == 0)
-            sil_notice("ecache_slots has no effect: the expert cache is simulated on the CPU "
-                       "backend only, the model runs on %s", info->backend);
+            sil_notice("ecache_slots has no effect: %s",
+                       info->n_expert <= 0 ? "the model has no routed experts"
+                                           : "the expert cache is simulated on the CPU backend "
+                                             "only");
         /* The heat map is only kept (and saved) for models with routed experts. */
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
         s->heat_init = true;

@@ -51,8 +51,8 @@ void sil_engine_params_default(struct sil_engine_params *p)
 static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
                     struct sil_error *err)
 {
-    if (!p->route_trace && p->ecache_sim_slots <= 0) {
-        if (!p->heat_map || !e->model->traits->moe) return 0;
+    if (!p->route_trace && (p->ecache_sim_slots <= 0 || p->ecache_sim_soft)) {
+        if (!e->model->traits->moe || (!p->heat_map && p->ecache_sim_slots <= 0)) return 0;
     } else if (!e->model->traits->moe)
         return sil_errorf(err, -EINVAL, "engine: %s has no experts to trace or cache",
                           e->info.arch_name);

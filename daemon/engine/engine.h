@@ -41,7 +41,9 @@ struct sil_engine_params {
     const char *route_trace;
     int32_t ecache_sim_slots;
     const char *ecache_sim_policy;
-    bool ecache_sim_soft; /* on another backend than the CPU: no simulated cache, no -ENOTSUP */
+    /* No simulated cache where it cannot run (another backend than the CPU, a model without
+     * experts) instead of -ENOTSUP / -EINVAL. */
+    bool ecache_sim_soft;
     /* Keep a heat map (the decayed use of every routed expert) from the plans the engine sees,
      * on any backend: what sil_engine_heat_export saves for a warm restart. Only host-routed
      * plans are seen; where CUDA keeps the routing on the device the map is not updated (it

@@ -4,7 +4,8 @@
 # start, where its hottest experts fill the slots and the first turn hits at least as often as
 # the cold first one (figures printed: cold first turn, warm turn, first turn after a restart);
 # a truncated file, one with flipped bytes and one from another model are ignored with a warning
-# and the daemon serves; no usable state directory only warns; off means nil in status.
+# and the daemon serves; no usable state directory only warns; a dense model and off mean nil in
+# status.
 . "$(dirname "$0")/lib.bash"
 S=$HERE/heat_tests.py
 MK=$SIL_BUILD/bin/sil-mkmodel
@@ -91,6 +92,16 @@ start_daemon --model "$T/moe.gguf"
 grep -q "warning.*kept in memory only" "$T/daemon.log" || fail "no warning for the state directory"
 python3 "$S" unsaved "$FIGS"
 stop_daemon
+
+# A dense model: nothing to cache or heat, a notice, and the daemon serves.
+write_conf "threads = 2" "ecache_slots = 64"
+cp "$HEAT" "$T/before-dense"
+start_daemon --model "$MODEL"
+grep -q "ecache_slots has no effect: the model has no routed experts" "$T/daemon.log" ||
+    fail "no notice for a dense model"
+python3 "$S" off "$FIGS"
+stop_daemon
+cmp -s "$HEAT" "$T/before-dense" || fail "a dense model wrote over the heat map"
 
 # Off: no simulated cache, no heat map.
 write_conf "threads = 2" "heat_map = no"
