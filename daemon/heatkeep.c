@@ -47,8 +47,7 @@ void sil_heatkeep_init(struct sil_heatkeep *h, const struct sil_config *c, bool 
     char dir[PATH_MAX];
     int rc = sil_config_state_dir(c, dir, sizeof dir);
     if (rc == 0) rc = make_dirs(dir);
-    if (rc == 0 && strlen(dir) + 1 + strlen(SIL_HEAT_FILE) >= sizeof h->v.path)
-        rc = -ENAMETOOLONG;
+    if (rc == 0 && strlen(dir) + 1 + strlen(SIL_HEAT_FILE) >= sizeof h->v.path) rc = -ENAMETOOLONG;
     if (rc < 0) {
         sil_warn("state directory %s: %s; the expert heat map is kept in memory only",
                  rc == -ENOENT && !c->state_dir[0] ? "(none: no HOME)" : dir, strerror(-rc));

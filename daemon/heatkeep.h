@@ -22,16 +22,16 @@
 
 /* What status shows (a snapshot). */
 struct sil_heat_view {
-    bool on;                 /* the engine keeps a heat map */
-    char path[PATH_MAX];     /* "" when it is not saved (no usable state directory) */
-    char load[16];           /* "loaded", "none" (no file: cold), "ignored" (warned), "off" */
+    bool on;                /* the engine keeps a heat map */
+    char path[PATH_MAX];    /* "" when it is not saved (no usable state directory) */
+    char load[16];          /* "loaded", "none" (no file: cold), "ignored" (warned), "off" */
     char load_msg[512];     /* why it was ignored, or "" */
-    int64_t hot;             /* experts with heat in the map loaded */
-    int64_t preloaded;       /* of which placed in the expert cache */
-    uint64_t tokens_loaded;  /* tokens the loaded map had seen */
+    int64_t hot;            /* experts with heat in the map loaded */
+    int64_t preloaded;      /* of which placed in the expert cache */
+    uint64_t tokens_loaded; /* tokens the loaded map had seen */
     uint64_t saves, save_errors;
-    double last_save;        /* CLOCK_MONOTONIC seconds of the last good save, 0: none */
-    char save_error[512];   /* the last failed save, "" */
+    double last_save;     /* CLOCK_MONOTONIC seconds of the last good save, 0: none */
+    char save_error[512]; /* the last failed save, "" */
 };
 
 struct sil_heatkeep {
@@ -39,7 +39,7 @@ struct sil_heatkeep {
     struct sil_heat_view v; /* under mu */
     int interval;           /* seconds between saves, 0: at shutdown only */
     double next_save;       /* engine thread */
-    uint64_t saved_rows;    /* engine thread: the engine's rows at the last save (unchanged: skip) */
+    uint64_t saved_rows; /* engine thread: the engine's rows at the last save (unchanged: skip) */
 };
 
 /* Resolves and creates (0750) the state directory; a failure leaves the map unsaved with a

@@ -142,7 +142,8 @@ static void pack_rate(msgpack_packer *pk, const char *key, uint64_t hits, uint64
 
 /* The expert cache: only simulated on the CPU for now (no slots hold weights), so its figures
  * say what a cache of that size would have done with the routing served; nil when off. */
-static void pack_expert_cache(struct server *s, msgpack_packer *pk, const struct sil_worker_stats *st)
+static void pack_expert_cache(struct server *s, msgpack_packer *pk,
+                              const struct sil_worker_stats *st)
 {
     sil_rpc_pack_cstr(pk, "expert_cache");
     if (!s->worker || st->ecache_slots <= 0) {
@@ -321,7 +322,8 @@ struct metric {
 
 /* Prometheus text (version 0.0.4) or OpenMetrics text: # HELP and # TYPE for every family. */
 static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct metric *mt, int n,
-                             const struct sil_ecache_stats *layers, int32_t n_layers, bool openmetrics)
+                             const struct sil_ecache_stats *layers, int32_t n_layers,
+                             bool openmetrics)
 {
     size_t cap = (size_t)n * 256 + (size_t)n_layers * 160 + 1024, len = 0;
     char *text = malloc(cap);
@@ -338,14 +340,15 @@ static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct
         const char *name = f ? "siliceo_expert_cache_sim_layer_hits_total"
                              : "siliceo_expert_cache_sim_layer_lookups_total";
         const size_t fam = strlen(name) - (openmetrics ? 6 : 0);
-        len += snprintf(text + len, cap - len, "# HELP %.*s %s\n# TYPE %.*s counter\n", (int)fam, name,
-                        f ? "Simulated on the CPU: expert lookups of one layer that hit."
-                          : "Simulated on the CPU: expert lookups of one layer.",
-                        (int)fam, name);
+        len +=
+            snprintf(text + len, cap - len, "# HELP %.*s %s\n# TYPE %.*s counter\n", (int)fam, name,
+                     f ? "Simulated on the CPU: expert lookups of one layer that hit."
+                       : "Simulated on the CPU: expert lookups of one layer.",
+                     (int)fam, name);
         for (int32_t l = 0; l < n_layers; l++)
-            len += snprintf(text + len, cap - len, "%s{layer=\"%d\"} %llu\n", name, (int)l,
-                            (unsigned long long)(f ? layers[l].hits
-                                                   : layers[l].hits + layers[l].misses));
+            len += snprintf(
+                text + len, cap - len, "%s{layer=\"%d\"} %llu\n", name, (int)l,
+                (unsigned long long)(f ? layers[l].hits : layers[l].hits + layers[l].misses));
     }
     if (openmetrics)
         len += snprintf(text + len, cap - len, "# EOF\n");
@@ -419,52 +422,60 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     int n0 = (int)(sizeof mt / sizeof *mt);
     /* The expert cache's figures are simulated on the CPU (no slots hold weights yet): present
      * only while ecache_slots is set; the heat map's while one is kept. */
-    struct sil_heat_view hv = { 0 };
+    struct sil_heat_view hv = {0};
     if (s->heat_init) sil_heatkeep_view(&s->heat, &hv);
     const struct sil_ecache_stats *ec = &st.ecache;
     const bool ec_on = s->worker && st.ecache_slots > 0;
     const struct metric mx[] = {
-        { "siliceo_expert_cache_sim_slots", "Simulated on the CPU: expert cache slots.", false,
-          st.ecache_slots },
-        { "siliceo_expert_cache_sim_preloaded", "Simulated on the CPU: experts preloaded at start "
-          "from the heat map.", false, (double)hv.preloaded },
-        { "siliceo_expert_cache_sim_lookups_total", "Simulated on the CPU: expert lookups (one per "
-          "expert a layer's ubatch routed to).", true, (double)(ec->hits + ec->misses) },
-        { "siliceo_expert_cache_sim_hits_total", "Simulated on the CPU: expert lookups that hit.",
-          true, (double)ec->hits },
-        { "siliceo_expert_cache_sim_misses_total", "Simulated on the CPU: expert lookups that "
-          "missed.", true, (double)ec->misses },
-        { "siliceo_expert_cache_sim_evictions_total", "Simulated on the CPU: experts evicted.", true,
-          (double)ec->evictions },
-        { "siliceo_expert_cache_sim_streamed_bytes_total", "Simulated on the CPU: expert bytes "
-          "that would have crossed the bus (every miss).", true, (double)ec->bytes_streamed },
-        { "siliceo_expert_cache_sim_hit_ratio", "Simulated on the CPU: hits per lookup since start "
-          "(0 before any).", false,
-          ec->hits + ec->misses ? (double)ec->hits / (double)(ec->hits + ec->misses) : 0 },
+        {"siliceo_expert_cache_sim_slots", "Simulated on the CPU: expert cache slots.", false,
+         st.ecache_slots},
+        {"siliceo_expert_cache_sim_preloaded",
+         "Simulated on the CPU: experts preloaded at start "
+         "from the heat map.",
+         false, (double)hv.preloaded},
+        {"siliceo_expert_cache_sim_lookups_total",
+         "Simulated on the CPU: expert lookups (one per "
+         "expert a layer's ubatch routed to).",
+         true, (double)(ec->hits + ec->misses)},
+        {"siliceo_expert_cache_sim_hits_total", "Simulated on the CPU: expert lookups that hit.",
+         true, (double)ec->hits},
+        {"siliceo_expert_cache_sim_misses_total",
+         "Simulated on the CPU: expert lookups that "
+         "missed.",
+         true, (double)ec->misses},
+        {"siliceo_expert_cache_sim_evictions_total", "Simulated on the CPU: experts evicted.", true,
+         (double)ec->evictions},
+        {"siliceo_expert_cache_sim_streamed_bytes_total",
+         "Simulated on the CPU: expert bytes "
+         "that would have crossed the bus (every miss).",
+         true, (double)ec->bytes_streamed},
+        {"siliceo_expert_cache_sim_hit_ratio",
+         "Simulated on the CPU: hits per lookup since start "
+         "(0 before any).",
+         false, ec->hits + ec->misses ? (double)ec->hits / (double)(ec->hits + ec->misses) : 0},
     };
     const struct metric mh[] = {
-        { "siliceo_heat_map_hot_experts", "Experts with heat in the heat map loaded at start.",
-          false, (double)hv.hot },
-        { "siliceo_heat_map_saves_total", "Heat map saves to the state directory.", true,
-          (double)hv.saves },
-        { "siliceo_heat_map_save_errors_total", "Heat map saves that failed.", true,
-          (double)hv.save_errors },
+        {"siliceo_heat_map_hot_experts", "Experts with heat in the heat map loaded at start.",
+         false, (double)hv.hot},
+        {"siliceo_heat_map_saves_total", "Heat map saves to the state directory.", true,
+         (double)hv.saves},
+        {"siliceo_heat_map_save_errors_total", "Heat map saves that failed.", true,
+         (double)hv.save_errors},
     };
-    const int nx = ec_on ? (int)(sizeof mx / sizeof *mx) : 0, nh = hv.on ? (int)(sizeof mh / sizeof *mh) : 0;
+    const int nx = ec_on ? (int)(sizeof mx / sizeof *mx) : 0,
+              nh = hv.on ? (int)(sizeof mh / sizeof *mh) : 0;
     struct metric all[sizeof mt / sizeof *mt + sizeof mx / sizeof *mx + sizeof mh / sizeof *mh];
     memcpy(all, mt, sizeof mt);
     memcpy(all + n0, mx, (size_t)nx * sizeof *mx);
     memcpy(all + n0 + nx, mh, (size_t)nh * sizeof *mh);
     const int n = n0 + nx + nh;
     struct sil_ecache_stats *layers = ec_on ? calloc(512, sizeof(*layers)) : NULL;
-    if (ec_on && !layers)
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    if (ec_on && !layers) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
     if (!map) {
         int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, om);
         free(layers);
-        if (prc < 0)
-            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        if (prc < 0) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
         return send_result_scratch(c, m->msgid);
     }
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);

@@ -257,8 +257,8 @@ static void test_state_keys(void **state)
     unsetenv("XDG_STATE_HOME");
     /* A flag sets it too, and it needs a restart. */
     struct sil_cli cli;
-    char *argv[] = { "siliceod", "--config", (char *)write_file("e.conf", "model = /m.gguf\n"), "--state-dir", "/q",
-                     NULL };
+    char *conf = (char *)write_file("e.conf", "model = /m.gguf\n");
+    char *argv[] = { "siliceod", "--config", conf, "--state-dir", "/q", NULL };
     assert_int_equal(sil_config_from_args(&c, &cli, 5, argv, &err), 0);
     assert_string_equal(c.state_dir, "/q");
     struct sil_config live = c;

@@ -73,8 +73,8 @@ static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
         .trace_path = p->route_trace,
         .sim_slots = sim_slots > 0 ? sim_slots : -1,
         .sim_policy = p->ecache_sim_policy,
-        .expert_bytes = w->ffn_gate_exps.mat_bytes + w->ffn_up_exps.mat_bytes +
-                        w->ffn_down_exps.mat_bytes,
+        .expert_bytes =
+            w->ffn_gate_exps.mat_bytes + w->ffn_up_exps.mat_bytes + w->ffn_down_exps.mat_bytes,
         .heat = p->heat_map,
     };
     return sil_expert_obs_open(&e->f.obs, &c, err);
@@ -689,8 +689,7 @@ int sil_engine_heat_export(const struct sil_engine *e, struct sil_heat_map *out,
 {
     memset(out, 0, sizeof(*out));
     const struct sil_hparams *hp = &e->model->hp;
-    if (!e->f.obs || hp->n_expert <= 0)
-        return sil_errorf(err, -ENODEV, "engine: no heat map kept");
+    if (!e->f.obs || hp->n_expert <= 0) return sil_errorf(err, -ENODEV, "engine: no heat map kept");
     float *heat = malloc((size_t)hp->n_layer * (size_t)hp->n_expert * sizeof(float));
     if (!heat) return sil_errorf(err, -ENOMEM, "engine: out of memory for the heat map");
     if (!sil_expert_obs_heat_export(e->f.obs, heat)) {
@@ -709,8 +708,7 @@ int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
                            struct sil_error *err)
 {
     const struct sil_hparams *hp = &e->model->hp;
-    if (!e->f.obs || hp->n_expert <= 0)
-        return sil_errorf(err, -ENODEV, "engine: no heat map kept");
+    if (!e->f.obs || hp->n_expert <= 0) return sil_errorf(err, -ENODEV, "engine: no heat map kept");
     if (m->model_id != sil_heat_model_id(e->model))
         return sil_errorf(err, -EINVAL, "heat map: of another model (identity %016llx)",
                           (unsigned long long)m->model_id);

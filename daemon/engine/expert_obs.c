@@ -13,7 +13,7 @@ struct sil_expert_obs {
     int pol;
     bool tracing;
     struct sil_route_trace trace;
-    int32_t n_slot; /* of the simulated cache */
+    int32_t n_slot;               /* of the simulated cache */
     int32_t *uses;                /* [n_expert] rows of each active expert */
     struct sil_ecache_entry *res; /* [n_expert] */
 };
