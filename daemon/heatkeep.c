@@ -104,15 +104,21 @@ void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
         hot = 0;
     }
     if (slots > 0 && hot > 0) {
-        /* Per-layer pools fill unevenly, so the whole list may be walked; the total shown is
-         * what could be placed at most. */
-        const int64_t total = hot < slots ? hot : slots;
+        /* What the per-layer pools can take: each layer's hot experts up to its pool. */
+        int64_t total = 0;
+        for (uint32_t l = 0; l < m.n_layer; l++) {
+            int64_t nz = 0;
+            for (uint32_t x = 0; x < m.n_expert; x++)
+                nz += m.heat[(size_t)l * m.n_expert + x] > 0;
+            const int32_t pool = sil_engine_ecache_pool_slots(e, (int32_t)l);
+            total += nz < pool ? nz : pool;
+        }
         const int64_t step = (hot + PRELOAD_STEPS - 1) / PRELOAD_STEPS;
-        for (int64_t i = 0; i < hot && placed < slots; i += step) {
+        for (int64_t i = 0; i < hot && placed < total; i += step) {
             const int64_t n = hot - i < step ? hot - i : step;
             const int64_t p = sil_engine_ecache_preload(e, keys + i, n);
             if (p > 0) placed += p;
-            if (progress) progress(placed < total ? placed : total, total, user);
+            if (progress) progress(placed, total, user);
         }
     }
     free(keys);

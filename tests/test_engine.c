@@ -863,6 +863,11 @@ static void test_heat_map(void **state)
     const int32_t slots = (int32_t)(K / 2);
     struct sil_engine *cold = open_heat(model, true, slots), *warm = open_heat(model, true, slots);
     assert_int_equal(sil_engine_ecache_slots(warm), slots);
+    int32_t pools = 0;
+    for (int32_t l = 0; l < in->n_layer; l++)
+        pools += sil_engine_ecache_pool_slots(warm, l);
+    assert_int_equal(pools, slots);
+    assert_int_equal(sil_engine_ecache_pool_slots(on, 0), 0);
     assert_string_equal(sil_engine_ecache_policy(warm), sil_ecache_policy_name(SIL_ECACHE_DEFAULT));
     assert_int_equal(sil_engine_heat_import(warm, &m, &err), 0);
     int32_t *keys = malloc(sizeof(int32_t) * K);

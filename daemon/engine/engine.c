@@ -726,6 +726,11 @@ int32_t sil_engine_ecache_slots(const struct sil_engine *e)
     return sil_expert_obs_slots(e->f.obs);
 }
 
+int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer)
+{
+    return sil_expert_obs_pool_slots(e->f.obs, layer);
+}
+
 const char *sil_engine_ecache_policy(const struct sil_engine *e)
 {
     return sil_expert_obs_policy(e->f.obs);

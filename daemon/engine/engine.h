@@ -171,6 +171,8 @@ int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
                            struct sil_error *err);
 /* The simulated cache: its slots (0 without one) and policy name (NULL without one). */
 int32_t sil_engine_ecache_slots(const struct sil_engine *e);
+/* Slots of one layer's pool (the cache splits its slots over the layers); 0 without one. */
+int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer);
 const char *sil_engine_ecache_policy(const struct sil_engine *e);
 /* Places the experts keys[0..n) (layer * n_expert + expert, hottest first) in the simulated
  * cache until it is full, without evicting: how many it placed (already resident and full pools

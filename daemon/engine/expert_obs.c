@@ -105,6 +105,11 @@ int32_t sil_expert_obs_slots(const struct sil_expert_obs *o)
     return o && o->cache ? o->n_slot : 0;
 }
 
+int32_t sil_expert_obs_pool_slots(const struct sil_expert_obs *o, int32_t layer)
+{
+    return o && o->cache ? sil_ecache_pool_slots(o->cache, layer) : 0;
+}
+
 const char *sil_expert_obs_policy(const struct sil_expert_obs *o)
 {
     return o && o->cache ? sil_ecache_policy_name(o->pol) : NULL;

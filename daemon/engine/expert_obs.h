@@ -37,6 +37,8 @@ void sil_expert_obs_stats(const struct sil_expert_obs *o, struct sil_ecache_stat
 void sil_expert_obs_layer_stats(const struct sil_expert_obs *o, int32_t layer,
                                 struct sil_ecache_stats *out);
 int32_t sil_expert_obs_slots(const struct sil_expert_obs *o);
+/* Slots of layer's pool in the simulated cache (0 without one). */
+int32_t sil_expert_obs_pool_slots(const struct sil_expert_obs *o, int32_t layer);
 /* The simulated cache's policy name, NULL without one. */
 const char *sil_expert_obs_policy(const struct sil_expert_obs *o);
 /* The heat map, heat[layer * n_expert + expert]: false when neither a heat map nor a simulated

@@ -54,7 +54,30 @@ stop_daemon
 [ -z "$(find "$STATE_DIRECTORY" -name '*.tmp*')" ] || fail "a temporary file was left behind"
 cp "$HEAT" "$T/good-heat"
 
-start_daemon --model "$T/moe.gguf"
+# The notify socket is ours: the preload's progress shows in STATUS= before READY=1.
+python3 - "$T/notify.sock" "$T/notify.log" <<'PY' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+s.settimeout(30)
+with open(sys.argv[2], "w") as f:
+    while True:
+        m = s.recv(4096).decode()
+        f.write(m.replace("\n", " | ") + "\n")
+        f.flush()
+        if "READY=1" in m:
+            break
+PY
+NPID=$!
+for _ in $(seq 100); do [ -S "$T/notify.sock" ] && break; sleep 0.05; done
+NOTIFY_SOCKET=$T/notify.sock start_daemon --model "$T/moe.gguf"
+wait "$NPID" || fail "no READY=1 on the notify socket"
+grep -n "STATUS=preloading the hottest experts: [0-9]* of [0-9]*" "$T/notify.log" | tail -1 |
+    grep -q ":STATUS=preloading the hottest experts: \([0-9]*\) of \1\$" ||
+    fail "no preload progress to its end: $(cat "$T/notify.log")"
+[ "$(grep -n "STATUS=preloading" "$T/notify.log" | tail -1 | cut -d: -f1)" -lt \
+    "$(grep -n "READY=1" "$T/notify.log" | cut -d: -f1)" ] || fail "preload progress after READY=1"
+echo "ok: sd_notify: $(grep -c "STATUS=preloading" "$T/notify.log") preload progress lines before READY=1"
 grep -q "expert heat map loaded from $HEAT" "$T/daemon.log" || fail "no load line"
 python3 "$S" restart "$FIGS" 64 "$T/good-heat"
 stop_daemon
