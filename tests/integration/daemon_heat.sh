@@ -53,6 +53,7 @@ stop_daemon
 [ "$(stat -c %s "$HEAT")" -eq $((40 + 4 * 64 * 4 + 8)) ] || fail "heat file of $(stat -c %s "$HEAT") bytes"
 [ -z "$(find "$STATE_DIRECTORY" -name '*.tmp*')" ] || fail "a temporary file was left behind"
 cp "$HEAT" "$T/good-heat"
+write_conf "threads = 2" "ecache_slots = 64" "heat_save_interval = 0" # saves: shutdown, reload
 
 # The notify socket is ours: the preload's progress shows in STATUS= before READY=1.
 python3 - "$T/notify.sock" "$T/notify.log" <<'PY' &
@@ -80,6 +81,15 @@ grep -n "STATUS=preloading the hottest experts: [0-9]* of [0-9]*" "$T/notify.log
 echo "ok: sd_notify: $(grep -c "STATUS=preloading" "$T/notify.log") preload progress lines before READY=1"
 grep -q "expert heat map loaded from $HEAT" "$T/daemon.log" || fail "no load line"
 python3 "$S" restart "$FIGS" 64 "$T/good-heat"
+# A reload (the file replaced by rename, SIGHUP) saves the map first and loads it into the new
+# engine: the same model, so it is taken again.
+cp "$T/moe.gguf" "$T/moe.new" && mv "$T/moe.new" "$T/moe.gguf"
+kill -HUP "$DPID"
+for _ in $(seq 200); do grep -q "reloaded in" "$T/daemon.log" && break; sleep 0.05; done
+grep -q "reloaded in" "$T/daemon.log" || fail "no reload"
+[ "$(grep -c "expert heat map loaded from $HEAT" "$T/daemon.log")" -eq 2 ] ||
+    fail "the reloaded engine did not load the heat map"
+python3 "$S" reloaded "$FIGS"
 stop_daemon
 
 # Flipped bytes in the heat values: the checksum refuses it.

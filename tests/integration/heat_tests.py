@@ -83,6 +83,13 @@ def main():
         cold = [r["hit_rate"] for r in rows if r["turn"] == "cold first"][0]
         check(rate >= cold, "the first turn after a restart hits at least as often as the cold "
               "first turn (%.4f >= %.4f)" % (rate, cold))
+    elif what == "reloaded":
+        check(hm["loaded"] == "loaded" and hm["saves"] == 1, "the reload saved the map and "
+              "loaded it again (%d saves)" % hm["saves"])
+        check(ec["preloaded"] > 0 and ec["lookups"] == 0, "the new engine's cache is preloaded "
+              "and fresh (%d preloaded)" % ec["preloaded"])
+        r, _ = c.ok("generate", dict(GREEDY, prompt=PROMPT, max_tokens=8))
+        check(r["n_generated"] > 0, "the reloaded model serves")
     elif what == "ignored":
         check(hm["loaded"] == "ignored" and hm["load_error"], "the bad heat map was ignored: %s"
               % hm["load_error"])
