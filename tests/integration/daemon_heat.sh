@@ -85,10 +85,10 @@ python3 "$S" restart "$FIGS" 64 "$T/good-heat"
 # engine: the same model, so it is taken again.
 cp "$T/moe.gguf" "$T/moe.new" && mv "$T/moe.new" "$T/moe.gguf"
 kill -HUP "$DPID"
-for _ in $(seq 200); do grep -q "reloaded in" "$T/daemon.log" && break; sleep 0.05; done
-grep -q "reloaded in" "$T/daemon.log" || fail "no reload"
+for _ in $(seq 200); do grep -q "^siliceod: notice: model .* reloaded in" "$T/daemon.log" && break; sleep 0.05; done
+grep -q "^siliceod: notice: model .* reloaded in" "$T/daemon.log" || fail "no reload"
 [ "$(grep -c "expert heat map loaded from $HEAT" "$T/daemon.log")" -eq 2 ] ||
-    fail "the reloaded engine did not load the heat map"
+    fail "the reloaded engine did not load the heat map ($(grep -c "expert heat map loaded from $HEAT" "$T/daemon.log") load lines)"
 python3 "$S" reloaded "$FIGS"
 stop_daemon
 
