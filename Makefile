@@ -371,7 +371,8 @@ REFDATA_MODELS ?= $(SHARED)/refdata/models
 $(B)/tests/cuda_fwd_parity: $(call obj,tests/cuda_fwd_parity.c) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS_ENGINE)
-check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fwd_parity
+check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fwd_parity \
+	$(B)/bin/sil-mkmodel $(B)/bin/sil-eval
 	SIL_CUDA_REQUIRE=1 $(B)/tests/test_cuda_ops
 	SIL_CUDA_REQUIRE=1 CUDA_FORCE_PTX_JIT=1 $(B)/tests/test_cuda_ops
 	SIL_CUDA_REQUIRE=1 $(B)/tests/test_cuda_mmq
@@ -381,6 +382,7 @@ check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fw
 	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --tool racecheck --error-exitcode 9 \
 		$(B)/tests/test_cuda_ops,@echo "check-cuda: no compute-sanitizer; racecheck skipped")
 	SIL_CUDA_REQUIRE=1 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(REFDATA_MODELS)
+	SIL_CUDA_REQUIRE=1 tests/cuda-fwd-shared.sh $(B)
 	@# the whole model once more through the PTX JIT and under memcheck (graphs, routing, attention)
 	rm -rf $(B)/cuda-one && mkdir -p $(B)/cuda-one && \
 		cp $(REFDATA_MODELS)/qwen35moe-tiny-Q4_K_M.* $(B)/cuda-one/

@@ -340,7 +340,7 @@ static double restart(const struct sil_ecache_config *cfg, const struct trace *t
     unlink(path);
     const int64_t n_key = (int64_t)t->n_layer * t->n_expert;
     int32_t *keys = malloc((size_t)n_key * sizeof(int32_t));
-    struct sil_ecache *c;
+    struct sil_ecache *c = NULL;
     if (!keys || sil_ecache_create(&c, cfg, &err) < 0) die_oom();
     sil_ecache_heat_import(c, got.heat);
     const int64_t n = preload ? sil_heat_map_hottest(&got, keys, n_key) : 0;
@@ -367,7 +367,7 @@ static int simulate(const struct opts *o, const struct trace *t, int policy, int
                                     .half_life = o->half_life,
                                     .protect = o->protect,
                                     .expert_bytes = (uint64_t)o->expert_bytes};
-    struct sil_ecache *c;
+    struct sil_ecache *c = NULL;
     struct sil_error err = {0};
     if (sil_ecache_create(&c, &cfg, &err) < 0) {
         fprintf(stderr, PROG ": %s\n", err.msg);

@@ -23,7 +23,7 @@ struct opts {
     bool help;
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
-    const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx;
+    const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
     const char *route_trace, *ecache_slots, *ecache_policy;
     bool exact;
 };
@@ -59,6 +59,8 @@ static const struct opt_def {
      "simulate an expert cache of N slots on the plans and report its hit rate (cpu backend)"},
     {"--ecache-policy", OPT_STR, offsetof(struct opts, ecache_policy), "NAME",
      "the simulated cache's policy: lfu (default), lru, heat or static"},
+    {"--kv-type", OPT_STR, offsetof(struct opts, kv_type), "TYPE",
+     "KV cache elements: f32 (default), f16, q8_0 or q4_0"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
@@ -72,7 +74,7 @@ static void usage(FILE *f)
                "[--json]\n"
                "       sil-eval --model FILE (--tokens IDS | --prompt TEXT | --tokenize-file FILE)\n"
                "                [--n-predict N] [--logits last|all|none] [--threads N] [--exact] "
-               "[--json]\n\noptions:\n");
+               "[--kv-type TYPE] [--json]\n\noptions:\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         char left[64];
         snprintf(left, sizeof left, "%s%s%s", opt_defs[i].name, opt_defs[i].metavar ? " " : "",
@@ -237,10 +239,25 @@ int main(int argc, char **argv)
             fprintf(stderr, "sil-eval: model evaluation needs --model FILE\n");
             return EXIT_USAGE;
         }
-        struct sil_eval_model_opts mo = {o.model, o.tokens, o.prompt, o.tokenize_file, o.n_predict,
-                                         o.logits, o.threads, o.backend, o.route_trace,
-                                         o.ecache_slots, o.ecache_policy, o.exact, o.json,
-                                         o.parse_special, o.add_bos, o.ctx};
+        struct sil_eval_model_opts mo = {
+            .model = o.model,
+            .tokens = o.tokens,
+            .prompt = o.prompt,
+            .tokenize_file = o.tokenize_file,
+            .n_predict = o.n_predict,
+            .logits = o.logits,
+            .threads = o.threads,
+            .backend = o.backend,
+            .route_trace = o.route_trace,
+            .ecache_slots = o.ecache_slots,
+            .ecache_policy = o.ecache_policy,
+            .kv_type = o.kv_type,
+            .exact = o.exact,
+            .json = o.json,
+            .parse_special = o.parse_special,
+            .add_bos = o.add_bos,
+            .ctx = o.ctx,
+        };
         return sil_eval_model(&mo);
     }
     if (!o.tokenize_file) {

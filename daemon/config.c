@@ -10,10 +10,13 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "daemon/engine/engine.h"
+
 void sil_config_defaults(struct sil_config *c)
 {
     memset(c, 0, sizeof(*c));
     strcpy(c->backend, "auto");
+    strcpy(c->kv_type, "f32");
     c->max_message = 4u << 20;
     c->max_output = 8u << 20;
     c->max_clients = 256;
@@ -234,6 +237,14 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
         strcpy(c->backend, val);
         return 0;
     }
+    if (strcmp(key, "kv_type") == 0) {
+        if (!sil_engine_kv_type_valid(val) || strlen(val) >= sizeof c->kv_type) {
+            snprintf(why, why_size, "expected f32, f16, q8_0 or q4_0");
+            return -EINVAL;
+        }
+        strcpy(c->kv_type, val);
+        return 0;
+    }
     if (strcmp(key, "log_level") == 0) {
         int l = sil_parse_log_level(val);
         if (l < 0) {
@@ -301,6 +312,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("message_timeout", message_timeout, 0, 1 << 30)
     SIZE_KEY("max_input", max_input, 65536)
     SIZE_KEY("vram_budget", vram_budget, 0)
+    SIZE_KEY("kv_budget", kv_budget, 0)
     SIZE_KEY("max_message", max_message, 1024)
     SIZE_KEY("max_output", max_output, 4096)
     SIZE_KEY("session_memory", session_memory, 0)
@@ -371,6 +383,8 @@ enum {
     OPT_IDLE_TIMEOUT,
     OPT_MESSAGE_TIMEOUT,
     OPT_STATE_DIR,
+    OPT_KV_TYPE,
+    OPT_KV_BUDGET,
 };
 
 static const struct option long_opts[] = {
@@ -385,6 +399,8 @@ static const struct option long_opts[] = {
     { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
     { "vram-budget", required_argument, NULL, OPT_VRAM },
     { "context", required_argument, NULL, OPT_CTX },
+    { "kv-type", required_argument, NULL, OPT_KV_TYPE },
+    { "kv-budget", required_argument, NULL, OPT_KV_BUDGET },
     { "no-model", no_argument, NULL, OPT_NO_MODEL },
     { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
     { "message-timeout", required_argument, NULL, OPT_MESSAGE_TIMEOUT },
@@ -405,6 +421,8 @@ static int flag_key(int opt, const char **key)
     case OPT_LOG_LEVEL: *key = "log_level"; return 1;
     case OPT_VRAM: *key = "vram_budget"; return 1;
     case OPT_CTX: *key = "context"; return 1;
+    case OPT_KV_TYPE: *key = "kv_type"; return 1;
+    case OPT_KV_BUDGET: *key = "kv_budget"; return 1;
     case OPT_IDLE_TIMEOUT: *key = "idle_timeout"; return 1;
     case OPT_MESSAGE_TIMEOUT: *key = "message_timeout"; return 1;
     case OPT_STATE_DIR: *key = "state_dir"; return 1;
@@ -498,6 +516,8 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(strcmp(dst->backend, src->backend), "backend")
     STATIC(dst->vram_budget != src->vram_budget, "vram_budget")
     STATIC(dst->ctx != src->ctx, "context")
+    STATIC(strcmp(dst->kv_type, src->kv_type), "kv_type")
+    STATIC(dst->kv_budget != src->kv_budget, "kv_budget")
     STATIC(strcmp(dst->socket_group, src->socket_group), "socket_group")
     STATIC(dst->max_running != src->max_running, "max_running")
     STATIC(dst->prefill_chunk != src->prefill_chunk, "prefill_chunk")
@@ -535,6 +555,7 @@ void sil_usage(FILE *f)
 {
     fputs("usage: siliceod --model FILE [--socket PATH] [--threads N] [--backend cpu|cuda|auto]\n"
           "                [--config PATH] [--vram-budget SIZE] [--context N]\n"
+          "                [--kv-type f32|f16|q8_0|q4_0] [--kv-budget SIZE]\n"
           "                [--log-level err|warning|notice|info|debug] [--foreground]\n"
           "                [--idle-timeout SECONDS] [--message-timeout SECONDS]\n"
           "                [--state-dir DIR]\n"
@@ -553,6 +574,9 @@ void sil_usage(FILE *f)
           "  -c, --config PATH       configuration file\n"
           "      --vram-budget SIZE  device memory cap (CUDA backend)\n"
           "      --context N         positions per sequence\n"
+          "      --kv-type TYPE      KV cache elements: f32 (default), f16, q8_0, q4_0\n"
+          "      --kv-budget SIZE    KV cache memory (CPU backend; default: every sequence\n"
+          "                          at the full context, backed as it is used)\n"
           "      --log-level LEVEL   err, warning, notice, info or debug\n"
           "      --idle-timeout S    close connections idle this long (default 0: never)\n"
           "      --message-timeout S drop a client whose message stays incomplete this long (30)\n"

@@ -3,7 +3,7 @@
  * every key. The file is "key = value" lines; '#' starts a comment; sizes take K/M/G suffixes.
  *
  * SIGHUP re-reads the file and re-applies the flags; what can change live is copied by
- * sil_config_apply_live(), the rest (model, socket, threads, backend, context) needs a restart. */
+ * sil_config_apply_live(), the rest (model, socket, threads, backend, context, KV) needs a restart. */
 #ifndef SIL_DAEMON_CONFIG_H
 #define SIL_DAEMON_CONFIG_H
 
@@ -28,6 +28,8 @@ struct sil_config {
     char backend[8];            /* cpu | cuda | auto */
     uint64_t vram_budget;       /* bytes, 0 = no limit */
     int32_t ctx;                /* positions per sequence, 0 = engine default */
+    char kv_type[8];            /* KV elements: f32 | f16 | q8_0 | q4_0 */
+    uint64_t kv_budget;         /* KV pool bytes (CPU), 0 = every sequence at the context */
     /* Who may connect besides the daemon's own uid (and root). */
     uid_t allow_uids[SIL_CONFIG_MAX_IDS];
     int n_allow_uids;

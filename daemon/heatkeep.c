@@ -124,9 +124,9 @@ void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
     free(keys);
     sil_heat_map_free(&m);
     sil_notice("expert heat map loaded from %s: %lld experts hot after %llu tokens, %lld "
-               "preloaded into the %s expert cache",
+               "preloaded into the expert cache (%s)",
                h->v.path, (long long)hot, (unsigned long long)tokens, (long long)placed,
-               slots > 0 ? "simulated" : "(no)");
+               sil_engine_ecache_mode(e) ? sil_engine_ecache_mode(e) : "(no)");
 out:
     pthread_mutex_lock(&h->mu);
     snprintf(h->v.load, sizeof h->v.load, "%s", load);

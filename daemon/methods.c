@@ -140,8 +140,9 @@ static void pack_rate(msgpack_packer *pk, const char *key, uint64_t hits, uint64
         msgpack_pack_nil(pk);
 }
 
-/* The expert cache: only simulated on the CPU for now (no slots hold weights), so its figures
- * say what a cache of that size would have done with the routing served; nil when off. */
+/* The expert cache: the device's slots, or one simulated on the CPU (no slots hold weights: its
+ * figures say what a cache of that size would have done with the routing served); nil when
+ * there is none. */
 static void pack_expert_cache(struct server *s, msgpack_packer *pk,
                               const struct sil_worker_stats *st)
 {
@@ -155,7 +156,7 @@ static void pack_expert_cache(struct server *s, msgpack_packer *pk,
     const struct sil_ecache_stats *e = &st->ecache;
     const struct sil_model_info *info = sil_engine_info(s->engine);
     msgpack_pack_map(pk, 13);
-    sil_rpc_kv_str(pk, "mode", "simulated");
+    sil_rpc_kv_str(pk, "mode", st->ecache_mode ? st->ecache_mode : "?");
     sil_rpc_kv_str(pk, "policy", st->ecache_policy ? st->ecache_policy : "?");
     sil_rpc_kv_int(pk, "slots", st->ecache_slots);
     sil_rpc_kv_uint(pk, "experts", (uint64_t)info->n_layer * (uint64_t)info->n_expert);
@@ -320,9 +321,26 @@ struct metric {
     double value;
 };
 
+/* The expert cache's metrics are named siliceo_expert_cache_sim_* while it is simulated on the
+ * CPU and siliceo_expert_cache_* for the device's slots, so the two never share a series. */
+static const char *ec_name(const char *sim_name, bool device, char *buf, size_t size)
+{
+    if (!device) return sim_name;
+    const char *tail = sim_name + strlen("siliceo_expert_cache_sim_");
+    snprintf(buf, size, "siliceo_expert_cache_%s", tail);
+    return buf;
+}
+
+static const char *ec_help(const char *sim_help, bool device, char *buf, size_t size)
+{
+    if (!device) return sim_help;
+    snprintf(buf, size, "Device slots: %s", sim_help + strlen("Simulated on the CPU: "));
+    return buf;
+}
+
 /* Prometheus text (version 0.0.4) or OpenMetrics text: # HELP and # TYPE for every family. */
 static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct metric *mt, int n,
-                             const struct sil_ecache_stats *layers, int32_t n_layers,
+                             const struct sil_ecache_stats *layers, int32_t n_layers, bool device,
                              bool openmetrics)
 {
     size_t cap = (size_t)n * 256 + (size_t)n_layers * 160 + 1024, len = 0;
@@ -337,14 +355,16 @@ static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct
     }
     /* The simulated expert cache per MoE layer: one labelled series per layer. */
     for (int f = 0; f < 2 && n_layers > 0; f++) {
-        const char *name = f ? "siliceo_expert_cache_sim_layer_hits_total"
-                             : "siliceo_expert_cache_sim_layer_lookups_total";
+        char nb[96], hb[160];
+        const char *name = ec_name(f ? "siliceo_expert_cache_sim_layer_hits_total"
+                                     : "siliceo_expert_cache_sim_layer_lookups_total",
+                                   device, nb, sizeof nb);
         const size_t fam = strlen(name) - (openmetrics ? 6 : 0);
-        len +=
-            snprintf(text + len, cap - len, "# HELP %.*s %s\n# TYPE %.*s counter\n", (int)fam, name,
-                     f ? "Simulated on the CPU: expert lookups of one layer that hit."
-                       : "Simulated on the CPU: expert lookups of one layer.",
-                     (int)fam, name);
+        const char *help = ec_help(f ? "Simulated on the CPU: expert lookups of one layer that hit."
+                                     : "Simulated on the CPU: expert lookups of one layer.",
+                                   device, hb, sizeof hb);
+        len += snprintf(text + len, cap - len, "# HELP %.*s %s\n# TYPE %.*s counter\n", (int)fam,
+                        name, help, (int)fam, name);
         for (int32_t l = 0; l < n_layers; l++)
             len += snprintf(
                 text + len, cap - len, "%s{layer=\"%d\"} %llu\n", name, (int)l,
@@ -464,16 +484,22 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     };
     const int nx = ec_on ? (int)(sizeof mx / sizeof *mx) : 0,
               nh = hv.on ? (int)(sizeof mh / sizeof *mh) : 0;
+    const bool device = ec_on && st.ecache_mode && strcmp(st.ecache_mode, "device") == 0;
+    char names[sizeof mx / sizeof *mx][96], helps[sizeof mx / sizeof *mx][192];
     struct metric all[sizeof mt / sizeof *mt + sizeof mx / sizeof *mx + sizeof mh / sizeof *mh];
     memcpy(all, mt, sizeof mt);
     memcpy(all + n0, mx, (size_t)nx * sizeof *mx);
+    for (int i = 0; i < nx; i++) {
+        all[n0 + i].name = ec_name(mx[i].name, device, names[i], sizeof names[i]);
+        all[n0 + i].help = ec_help(mx[i].help, device, helps[i], sizeof helps[i]);
+    }
     memcpy(all + n0 + nx, mh, (size_t)nh * sizeof *mh);
     const int n = n0 + nx + nh;
     struct sil_ecache_stats *layers = ec_on ? calloc(512, sizeof(*layers)) : NULL;
     if (ec_on && !layers) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
     if (!map) {
-        int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, om);
+        int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, device, om);
         free(layers);
         if (prc < 0) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
         return send_result_scratch(c, m->msgid);
@@ -484,8 +510,10 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_pack_map(pk, n + (nl > 0 ? 2 : 0));
     /* per layer: a map from the label set to the number */
     for (int f = 0; f < 2 && nl > 0; f++) {
-        sil_rpc_pack_cstr(pk, f ? "siliceo_expert_cache_sim_layer_hits_total"
-                                : "siliceo_expert_cache_sim_layer_lookups_total");
+        char nb[96];
+        sil_rpc_pack_cstr(pk, ec_name(f ? "siliceo_expert_cache_sim_layer_hits_total"
+                                        : "siliceo_expert_cache_sim_layer_lookups_total",
+                                      device, nb, sizeof nb));
         msgpack_pack_map(pk, nl);
         for (int32_t l = 0; l < nl; l++) {
             char lab[32];

@@ -8,8 +8,9 @@
  *
  * Order (schedpolicy.h): queued requests start, and prompts get the step's prefill budget, by
  * class, level and time waited (aging). Preemption by recompute: when a more urgent request
- * finds no room, or the engine reports a sequence it has no space for (row status -ENOSPC or
- * -ENOMEM; the test hook kv_tokens fakes that), the least urgent running request loses its
+ * finds no room, or the engine reports a sequence it has no space for (row status -ENOBUFS, the
+ * KV pool out of blocks, or -ENOMEM; the test hook kv_tokens fakes that), the least urgent
+ * running request loses its
  * sequence and goes back to the queue with its tokens, sampler and output so far; when it starts
  * again the sequence is filled anew with prompt + evaluated answer + its pending token, and
  * decoding goes on from the last logits: nothing is streamed twice or lost.
@@ -567,7 +568,7 @@ static void test_stall(struct sil_worker *w)
 }
 
 /* Test hook (SILICEOD_TEST_HOOKS kv_tokens=N): an engine with room for N positions over all
- * sequences. Rows past it fail their sequence with -ENOSPC, as a paged cache out of blocks does,
+ * sequences. Rows past it fail their sequence with -ENOBUFS, as the paged cache out of blocks does,
  * and the batch is not evaluated (every sequence stays as it was). */
 static bool test_kv_full(struct sil_worker *w, int n, struct sil_error *err)
 {
@@ -584,10 +585,10 @@ static bool test_kv_full(struct sil_worker *w, int n, struct sil_error *err)
             full = true;
             for (int k = 0; k < n; k++)
                 if (w->b_seq[k] == w->b_seq[r])
-                    w->b_status[k] = -ENOSPC;
+                    w->b_status[k] = -ENOBUFS;
         }
     if (full)
-        sil_errorf(err, -ENOSPC, "no KV space for the batch (test hook kv_tokens=%d)",
+        sil_errorf(err, -ENOBUFS, "no KV space for the batch (test hook kv_tokens=%d)",
                    w->test_kv_tokens);
     return full;
 }
@@ -595,10 +596,12 @@ static bool test_kv_full(struct sil_worker *w, int n, struct sil_error *err)
 /* The engine had no space for some sequence (paged KV out of blocks, device memory). */
 static bool out_of_space(const struct sil_worker *w, int n, int rc)
 {
-    if (rc == -ENOSPC)
+    /* -ENOBUFS: the KV pool ran out (kv_cache.h); -ENOSPC there is a context overflow, which no
+     * preemption cures */
+    if (rc == -ENOBUFS)
         return true;
     for (int r = 0; r < n; r++)
-        if (w->b_status[r] == -ENOSPC || w->b_status[r] == -ENOMEM)
+        if (w->b_status[r] == -ENOBUFS || w->b_status[r] == -ENOMEM)
             return true;
     return false;
 }
@@ -668,7 +671,7 @@ void step(struct sil_worker *w)
     test_stall(w);
     double t0 = now_s();
     int rc = test_kv_full(w, n, &err)
-                 ? -ENOSPC
+                 ? -ENOBUFS
                  : sil_engine_eval_rows(w->e, &batch, w->logits, w->b_status, &err);
     double dt = now_s() - t0;
     w->local.eval_seconds += dt;

@@ -98,6 +98,8 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
     ep->backend = cfg->backend;
     ep->vram_budget = cfg->vram_budget;
     ep->n_ctx = cfg->ctx;
+    ep->kv_type = cfg->kv_type;
+    ep->kv_budget = cfg->kv_budget;
     ep->n_seq_max = cfg->max_running + cfg->max_sessions;
     ep->n_batch_max = cfg->prefill_chunk + cfg->max_running;
     ep->heat_map = cfg->heat_map;
@@ -474,12 +476,25 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         if (cfg->vram_budget && strcmp(info->backend, "cuda") != 0)
             sil_notice("vram_budget has no effect: the model runs on the %s backend",
                        info->backend);
+        struct sil_kv_info kvi;
+        sil_engine_kv_info(s->engine, &kvi);
+        if (strcmp(info->backend, "cpu") == 0)
+            sil_info("KV cache: %s, %llu bytes a position, %d blocks of %d positions", kvi.type,
+                     (unsigned long long)kvi.bytes_per_pos, kvi.n_blocks, kvi.block_positions);
+        else if (strcmp(cfg->kv_type, "f32") || cfg->kv_budget)
+            sil_notice("kv_type and kv_budget have no effect: the %s backend keeps its own KV cache",
+                       info->backend);
         s->vocab = sil_engine_vocab(s->engine);
-        if (cfg->ecache_slots > 0 && sil_engine_ecache_slots(s->engine) == 0)
+        const char *ec_mode = sil_engine_ecache_mode(s->engine);
+        if (cfg->ecache_slots > 0 && (!ec_mode || strcmp(ec_mode, "simulated") != 0))
             sil_notice("ecache_slots has no effect: %s",
                        info->n_expert <= 0 ? "the model has no routed experts"
+                       : ec_mode           ? "the backend's own expert slots are in use"
                                            : "the expert cache is simulated on the CPU backend "
                                              "only");
+        if (ec_mode && strcmp(ec_mode, "device") == 0)
+            sil_info("expert cache: %d slots on the device (%s)",
+                     (int)sil_engine_ecache_slots(s->engine), sil_engine_ecache_policy(s->engine));
         /* The heat map is only kept (and saved) for models with routed experts. */
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
         s->heat_init = true;

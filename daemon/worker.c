@@ -413,6 +413,7 @@ void publish_stats(struct sil_worker *w)
     w->local.state_bytes = sb + st;
     w->local.ecache_slots = sil_engine_ecache_slots(w->e);
     w->local.ecache_policy = sil_engine_ecache_policy(w->e);
+    w->local.ecache_mode = sil_engine_ecache_mode(w->e);
     sil_engine_ecache_layer_stats(w->e, -1, &w->local.ecache);
     const int32_t nl = w->local.ecache_slots > 0 ? sil_engine_info(w->e)->n_layer : 0;
     const int32_t n_ec = nl <= w->ec_cap ? nl : 0; /* ec_cap is the largest model's layers */

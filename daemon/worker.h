@@ -61,10 +61,10 @@ struct sil_worker_stats {
     uint64_t steps, eval_errors;
     uint64_t preemptions, tokens_recomputed; /* sequences preempted, rows evaluated again */
     double eval_seconds;
-    /* The expert cache simulated on the CPU: its slots (0: off), policy and counters since
-     * start (sil_engine_ecache_layer_stats). */
+    /* The expert cache (sil_engine_ecache_mode: the device's slots or one simulated on the
+     * CPU): its slots (0: none), policy and counters since start. */
     int32_t ecache_slots;
-    const char *ecache_policy;
+    const char *ecache_mode, *ecache_policy;
     struct sil_ecache_stats ecache;
 };
 
@@ -147,8 +147,8 @@ void sil_worker_set_limits(struct sil_worker *w, uint64_t session_memory, int ma
 /* Takes every pending output message (a list, oldest first) and clears the eventfd. */
 struct sil_outmsg *sil_worker_take_output(struct sil_worker *w);
 void sil_worker_stats(struct sil_worker *w, struct sil_worker_stats *st);
-/* The simulated expert cache's counters per layer, out[0..n) for n = min(max, layers): n, 0 when
- * it is off. */
+/* The expert cache's counters per layer, out[0..n) for n = min(max, layers): n, 0 when there is
+ * none. */
 int32_t sil_worker_ecache_layers(struct sil_worker *w, struct sil_ecache_stats *out, int32_t max);
 
 #endif

@@ -23,7 +23,17 @@
  *      graphs that brings the router's choices to the host (SIL_CUDA_GRAPHS=0,
  *      SIL_CUDA_HOST_ROUTE=1): the same kernels, so the same logits at every step, bit for bit;
  *   7. grouped expert products in prefill (SIL_CUDA_GROUPED=1) against the default: prompt 2's
- *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding).
+ *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding);
+ *   8. the shared expert inside the fused MoE kernels (the default where its shape and types
+ *      allow) against it run apart (SIL_CUDA_NO_SHARED_FUSE=1): prompt 2 decoded token by
+ *      token, every step's logits within 1e-2 (the same products summed in another order);
+ *   9. expert slots (MoE models): the routed experts in a pool of n_expert slots (every layer
+ *      misses: each expert is copied in when its layer needs it) and of 3 n_expert slots
+ *      (SIL_CUDA_SLOTS), prompt 2 prefilled then decoded token by token: the same kernels on the
+ *      same bytes as everything resident, so the same logits at every step, bit for bit;
+ *  10. a device out-of-memory in the middle of a prefill (SIL_CUDA_INJECT_OOM fails one launch):
+ *      that evaluation fails with the error, and the same engine then gives prompt 2's logits
+ *      as a fresh one does, bit for bit.
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -352,6 +362,109 @@ int main(int argc, char **argv)
         if (sg >= 0) sil_seq_free(gpu, sg);
         if (sq >= 0) sil_seq_free(grp, sq);
         sil_engine_close(grp);
+    }
+
+    /* 8. shared expert fused vs apart */
+    {
+        struct sil_engine *apart = NULL;
+        setenv("SIL_CUDA_NO_SHARED_FUSE", "1", 1);
+        int rc = open_engine(&apart, model, "cuda", &err);
+        unsetenv("SIL_CUDA_NO_SHARED_FUSE");
+        int sa2 = -1;
+        float worst = 0.0f;
+        sg = -1;
+        if (rc == 0) rc = prefill(gpu, p2, 1, lg, &sg);
+        if (rc == 0) rc = prefill(apart, p2, 1, alone, &sa2);
+        for (int i = 1; i < n2 && rc == 0; i++) {
+            rc = step(gpu, sg, p2[i], lg);
+            if (rc == 0) rc = step(apart, sa2, p2[i], alone);
+            const float d = max_diff(lg, alone, V);
+            if (rc == 0 && !(d <= worst)) worst = d;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "%s: shared fused: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: cuda shared expert fused vs apart, %d steps: max |diff| = %.4g (tol 1e-02) "
+                   "%s\n",
+                   model, n2 - 1, worst, worst <= 1e-2f ? "ok" : "FAIL");
+            fails += !(worst <= 1e-2f);
+        }
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        if (sa2 >= 0) sil_seq_free(apart, sa2);
+        sil_engine_close(apart);
+    }
+
+    /* 9. expert slots vs everything resident */
+    for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2) {
+        struct sil_engine *sl = NULL;
+        char nbuf[32];
+        snprintf(nbuf, sizeof nbuf, "%d", mult * sil_engine_info(gpu)->n_expert);
+        setenv("SIL_CUDA_SLOTS", nbuf, 1);
+        int rc = open_engine(&sl, model, "cuda", &err);
+        unsetenv("SIL_CUDA_SLOTS");
+        int ss = -1;
+        float worst = 0.0f;
+        sg = -1;
+        const int half = n2 / 2;
+        if (rc == 0) rc = prefill(gpu, p2, half, lg, &sg);
+        if (rc == 0) rc = prefill(sl, p2, half, alone, &ss);
+        if (rc == 0) worst = max_diff(lg, alone, V);
+        for (int i = half; i < n2 && rc == 0; i++) {
+            rc = step(gpu, sg, p2[i], lg);
+            if (rc == 0) rc = step(sl, ss, p2[i], alone);
+            const float d = max_diff(lg, alone, V);
+            if (rc == 0 && !(d <= worst)) worst = d;
+        }
+        struct sil_engine_stats es = {0};
+        if (sl) sil_engine_stats(sl, &es);
+        if (rc < 0) {
+            fprintf(stderr, "%s: expert slots: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: cuda %s expert slots (hits %llu, misses %llu) vs resident, prefill %d + "
+                   "%d steps: max |diff| = %.4g (want 0) %s\n",
+                   model, nbuf, (unsigned long long)es.ecache_hits,
+                   (unsigned long long)es.ecache_misses, half, n2 - half, worst,
+                   worst == 0.0f && es.ecache_misses > 0 ? "ok" : "FAIL");
+            fails += !(worst == 0.0f && es.ecache_misses > 0);
+        }
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        if (ss >= 0) sil_seq_free(sl, ss);
+        sil_engine_close(sl);
+    }
+
+    /* 10. an injected device out-of-memory fails one evaluation only */
+    {
+        struct sil_engine *fe = NULL;
+        setenv("SIL_CUDA_INJECT_OOM", "40", 1);
+        int rc = open_engine(&fe, model, "cuda", &err);
+        unsetenv("SIL_CUDA_INJECT_OOM");
+        int s1 = -1, s2 = -1;
+        sg = -1;
+        bool failed = false;
+        if (rc == 0) {
+            s1 = sil_seq_create(fe, &err);
+            int32_t pos[512], seqs[512];
+            for (int i = 0; i < n2; i++)
+                pos[i] = i, seqs[i] = s1;
+            const struct sil_batch bb = {.n = n2, .token = p2, .pos = pos, .seq = seqs};
+            struct sil_error fe_err = {0};
+            failed = s1 >= 0 && sil_engine_eval(fe, &bb, lg, &fe_err) < 0 &&
+                     strstr(fe_err.msg, "out of memory") != NULL;
+            printf("%s: injected device out-of-memory: %s\n", model,
+                   failed ? fe_err.msg : "the evaluation did not fail");
+            if (s1 >= 0) sil_seq_free(fe, s1);
+        }
+        if (rc == 0) rc = prefill(fe, p2, n2, alone, &s2);
+        if (rc == 0) rc = prefill(gpu, p2, n2, lg, &sg);
+        const float d = rc == 0 ? max_diff(lg, alone, V) : INFINITY;
+        printf("%s: after it the engine serves: max |diff| vs a fresh engine = %.4g (want 0) %s\n",
+               model, d, failed && d == 0.0f ? "ok" : "FAIL");
+        fails += !(failed && d == 0.0f);
+        if (s2 >= 0) sil_seq_free(fe, s2);
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        sil_engine_close(fe);
     }
 
     sil_engine_close(cpu);

@@ -67,6 +67,8 @@ static void test_file(void **state)
                                          "  threads=6   # trailing comment\n"
                                          "socket = \"/tmp/x.sock\"\n"
                                          "vram_budget = 7G\n"
+                                         "kv_type = q8_0\n"
+                                         "kv_budget = 512M\n"
                                          "allow_users = 0, 1234\n"
                                          "allow_groups = 0\n"
                                          "session_memory = 256M\n"
@@ -84,6 +86,8 @@ static void test_file(void **state)
     assert_int_equal(c.threads, 6);
     assert_string_equal(c.socket, "/tmp/x.sock");
     assert_true(c.vram_budget == 7ull << 30);
+    assert_string_equal(c.kv_type, "q8_0");
+    assert_true(c.kv_budget == 512ull << 20);
     assert_int_equal(c.n_allow_uids, 2);
     assert_int_equal(c.allow_uids[1], 1234);
     assert_int_equal(c.n_allow_gids, 1);
@@ -112,6 +116,10 @@ static void test_file_errors(void **state)
     p = write_file("d.conf", "backend = tpu\n");
     assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
     assert_non_null(strstr(err.msg, "backend"));
+
+    p = write_file("d2.conf", "kv_type = q4_K\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "kv_type: expected f32, f16, q8_0 or q4_0"));
 
     p = write_file("e.conf", "just words\n");
     assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);

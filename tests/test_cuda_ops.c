@@ -551,6 +551,68 @@ static void test_bad_args(struct sil_cuda *cu)
     check(rc == -ENOMEM && p == 0, "args: a 1 PiB allocation fails cleanly: %s", e.msg);
 }
 
+/* A matvec set (several weights of one type sharing the input, one launch) gives exactly what
+ * each weight's own matvec gives, for odd row counts and every batch. */
+static void test_matvec_set(struct sil_cuda *cu)
+{
+    const int types[] = {SIL_TYPE_Q4_K, SIL_TYPE_Q6_K, SIL_TYPE_Q8_0};
+    const int rows[] = {37, 256, 5, 129};
+    const int64_t cols = 512;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n += 3) {
+            struct sil_cuda_weight w[4];
+            const struct sil_cuda_weight *wp[4];
+            sil_cuda_ptr ys[4], yr[4];
+            int64_t ld[4];
+            float *deq = xmalloc(sizeof(float) * 256 * cols);
+            for (int k = 0; k < 4; k++) {
+                uint8_t *q = rand_weight(types[t], rows[k], cols, deq);
+                CK(sil_cuda_weight_upload(cu, types[t], rows[k], cols, q,
+                                          sil_row_size(types[t], cols) * rows[k], &w[k], &err));
+                free(q);
+                wp[k] = &w[k];
+                ld[k] = rows[k] + 3;
+                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &ys[k], &err));
+                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &yr[k], &err));
+                CK(sil_cuda_memset(cu, ys[k], 0, sizeof(float) * (size_t)(n * ld[k]), NULL, &err));
+                CK(sil_cuda_memset(cu, yr[k], 0, sizeof(float) * (size_t)(n * ld[k]), NULL, &err));
+            }
+            float *x = xmalloc(sizeof(float) * (size_t)(n * cols));
+            fill(x, n * cols, 1.0f);
+            sil_cuda_ptr xd = dev_copy(cu, x, sizeof(float) * (size_t)(n * cols)), q8;
+            CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n, cols), &q8, &err));
+            CK(sil_cuda_quantize_q8(cu, xd, n, cols, q8, NULL, &err));
+            CK(sil_cuda_matvec_multi(cu, wp, 4, q8, n, ys, ld, NULL, &err));
+            for (int k = 0; k < 4; k++)
+                CK(sil_cuda_matvec(cu, &w[k], xd, q8, n, yr[k], ld[k], NULL, &err));
+            bool same = true;
+            for (int k = 0; k < 4; k++) {
+                const size_t bytes = sizeof(float) * (size_t)(n * ld[k]);
+                float *a = xmalloc(bytes), *b = xmalloc(bytes);
+                get(cu, a, ys[k], bytes);
+                get(cu, b, yr[k], bytes);
+                same = same && memcmp(a, b, bytes) == 0;
+                free(a);
+                free(b);
+                sil_cuda_release(cu, ys[k]);
+                sil_cuda_release(cu, yr[k]);
+                sil_cuda_weight_free(cu, &w[k]);
+            }
+            check(same, "matvec set of 4 %s weights (37, 256, 5, 129 rows), batch %d: bit-identical "
+                        "to 4 matvecs",
+                  sil_type_name(types[t]), n);
+            sil_cuda_release(cu, xd);
+            sil_cuda_release(cu, q8);
+            free(x);
+            free(deq);
+        }
+    const struct sil_cuda_weight *none[1] = {NULL};
+    sil_cuda_ptr y0 = 0;
+    int64_t l0 = 0;
+    check(sil_cuda_matvec_multi(cu, none, 0, 0, 1, &y0, &l0, NULL, &err) == -EINVAL,
+          "matvec set of 0 weights refused: %s", err.msg);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -578,6 +640,7 @@ int main(void)
            in->ptx_jit ? "PTX through the JIT" : "SASS");
     test_bad_args(cu);
     test_matvec(cu);
+    test_matvec_set(cu);
     test_rmsnorm(cu);
     test_add_swiglu(cu);
     test_rope(cu);

@@ -153,6 +153,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     p.n_threads = (int)n_threads;
     p.backend = o->backend ? o->backend : "cpu"; /* the reference unless asked */
     p.exact = o->exact;
+    p.kv_type = o->kv_type;
     p.n_seq_max = 1;
     long n_ctx = 0;
     if (o->ctx && parse_int("--ctx", o->ctx, 1, 1 << 20, &n_ctx) < 0) return 2;
@@ -290,9 +291,12 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                t_decode > 0 ? (double)n_decoded / t_decode : 0.0);
         /* anonymous memory is everything beyond the mapped weights (scratch, KV, state);
          * nothing is freed before this point, so it is also its peak */
+        struct sil_kv_info kv;
+        sil_engine_kv_info(e, &kv);
         printf(", \"memory\": {\"rss_anon_mib\": %.1f, \"rss_file_mib\": %.1f, "
-               "\"peak_rss_mib\": %.1f}",
-               status_mib("RssAnon"), status_mib("RssFile"), status_mib("VmHWM"));
+               "\"peak_rss_mib\": %.1f, \"kv_type\": \"%s\", \"kv_bytes_per_token\": %llu}",
+               status_mib("RssAnon"), status_mib("RssFile"), status_mib("VmHWM"), kv.type,
+               (unsigned long long)kv.bytes_per_pos);
         if (ecache_slots > 0)
             printf(", \"ecache\": {\"slots\": %ld, \"hits\": %llu, \"misses\": %llu, "
                    "\"evictions\": %llu, \"bytes_streamed\": %llu}",

@@ -16,6 +16,7 @@ struct sil_eval_model_opts {
     const char *route_trace;   /* routing trace to write, or NULL */
     const char *ecache_slots;  /* simulated expert cache slots, or NULL */
     const char *ecache_policy; /* its policy, NULL = lru */
+    const char *kv_type;       /* f16 | q8_0 | q4_0 | f32; NULL = the engine's default */
     bool exact, json, parse_special, add_bos;
     const char *ctx; /* context length (default: the model's, at most 4096) */
 };

@@ -209,6 +209,15 @@ struct sil_backend_ops {
                        struct sil_error *err);
     /* Optional (NULL: the host). The device and the device memory taken, by use. */
     void (*device)(struct sil_backend *be, struct sil_engine_device *d);
+    /* Optional (NULL or 0: every weight placed is resident). The number of expert slots the
+     * backend made because the routed experts did not all fit: routed expert stacks then stay
+     * in the mmap, and the expert cache (expert_cache.h) assigns slots in each MoE plan. */
+    int32_t (*expert_slots)(struct sil_backend *be);
+    /* Copies one expert's matrices (handles into the mmap) into slot; ordered before any later
+     * op that reads the slot. Plan handles of slot experts are SIL_WEIGHT_SLOT with data the
+     * slot index. */
+    void (*fill_slot)(struct sil_backend *be, int32_t slot, const struct sil_weight *gate,
+                      const struct sil_weight *up, const struct sil_weight *down);
 };
 
 struct sil_backend {
@@ -239,6 +248,10 @@ struct sil_cuda_config {
     int64_t n_embd, n_vocab, n_head, n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     int64_t n_layer_attn, kv_dim, head_dim, recr_floats;
     uint64_t act_bytes, weight_bytes;
+    /* of weight_bytes, the routed experts' (the slot pool takes their place when they do not
+     * fit), and the largest gate, up and down matrix of one expert over the layers */
+    uint64_t routed_bytes, slot_gate, slot_up, slot_down;
+    int64_t n_layer_moe; /* layers with routed experts */
 };
 
 /* -ENOTSUP when built without CUDA; -ENODEV / -ENOENT / -ENOMEM with the reason otherwise. */

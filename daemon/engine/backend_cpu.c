@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "daemon/engine/backend.h"
+#include "kernels/cpu/kv_attn.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quants.h"
@@ -180,9 +181,11 @@ struct attn_task {
     const struct sil_ubatch *ub;
     const struct sil_attn_args *a;
     int64_t q_stride; /* floats from one q head to the next inside a row of q */
+    sil_from_float_fn to_kv; /* F32 row -> the cache's element type */
+    const struct sil_kv_kernels *kk;
 };
 
-/* Per row: q/k norm, rope, K and V into the cache. */
+/* Per row: q/k norm, rope, K and V into the cache (converted to its element type). */
 static void qk_prep(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
@@ -202,36 +205,52 @@ static void qk_prep(void *arg, long lo, long hi, int ith)
         for (int h = 0; h < nkv; h++)
             sil_rmsnorm(k + h * hd, k + h * hd, kn, hd, a->eps);
         sil_rope_neox(k, nkv, hd, a->n_rot, pos, a->rope_freq_base);
-        memcpy(sil_kv_k(a->kv, a->layer, seq, pos), k, sizeof(float) * (size_t)nkv * hd);
-        memcpy(sil_kv_v(a->kv, a->layer, seq, pos), rowp(a->v, i),
-               sizeof(float) * (size_t)nkv * hd);
+        t->to_kv(k, sil_kv_k(a->kv, a->layer, seq, pos), (int64_t)nkv * hd);
+        t->to_kv(rowp(a->v, i), sil_kv_v(a->kv, a->layer, seq, pos), (int64_t)nkv * hd);
     }
 }
 
-/* Per (row, head): softmax attention over the sequence's positions 0..pos. */
+/* Per (row, head): softmax attention over the sequence's positions 0..pos, read block by block
+ * through its block table: scores of every block, softmax, then the weighted sum of V. */
 static void attend(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
     const struct sil_attn_args *a = t->a;
+    const struct sil_kv_cache *kv = a->kv;
     const int hd = a->head_dim, nh = a->n_head;
     const int group = a->n_head / a->n_head_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = t->b->attn_scratch + (int64_t)ith * t->b->c.n_ctx;
-    const int64_t ks = sil_kv_row_stride_k(a->kv), vs = sil_kv_row_stride_v(a->kv);
+    const size_t rk = sil_kv_row_bytes_k(kv), rv = sil_kv_row_bytes_v(kv);
+    const size_t hb = sil_kv_head_bytes(kv);
+    const sil_kv_scores_fn scores_fn = t->kk->scores;
+    const sil_kv_accum_fn accum_fn = t->kk->accum;
+    _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34]; /* q as q8_0 for the quantized types */
     for (long w = lo; w < hi; w++) {
         const long i = w / nh;
         const int h = (int)(w % nh), kvh = h / group;
         const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
+        const int32_t n = pos + 1;
+        int32_t nb;
+        const int32_t *table = sil_kv_seq_table(kv, seq, &nb);
         const float *q = rowp(a->q, i) + h * t->q_stride;
-        const float *k0 = sil_kv_k(a->kv, a->layer, seq, 0) + kvh * hd;
-        const float *v0 = sil_kv_v(a->kv, a->layer, seq, 0) + kvh * hd;
-        for (int32_t p = 0; p <= pos; p++)
-            scores[p] = sil_dot_f32(q, k0 + p * ks, hd) * scale;
-        sil_softmax(scores, pos + 1);
+        if (t->kk->q8_query)
+            sil_type_traits(SIL_TYPE_Q8_0)->from_float(q, qq, hd);
+        for (int32_t b = 0; b * SIL_KV_BLOCK < n; b++) {
+            const int32_t p0 = b * SIL_KV_BLOCK;
+            const int cnt = n - p0 < SIL_KV_BLOCK ? n - p0 : SIL_KV_BLOCK;
+            const char *kb = (const char *)sil_kv_block_k(kv, a->layer, table[b]) + kvh * hb;
+            scores_fn(q, qq, kb, rk, cnt, hd, scale, scores + p0);
+        }
+        sil_softmax(scores, n);
         float *o = rowp(a->o, i) + h * hd;
         memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int32_t p = 0; p <= pos; p++)
-            sil_axpy(o, scores[p], v0 + p * vs, hd);
+        for (int32_t b = 0; b * SIL_KV_BLOCK < n; b++) {
+            const int32_t p0 = b * SIL_KV_BLOCK;
+            const int cnt = n - p0 < SIL_KV_BLOCK ? n - p0 : SIL_KV_BLOCK;
+            const char *vb = (const char *)sil_kv_block_v(kv, a->layer, table[b]) + kvh * hb;
+            accum_fn(o, scores + p0, vb, rv, cnt, hd);
+        }
         if (a->gated) {
             const float *g = q + hd;
             for (int j = 0; j < hd; j++)
@@ -243,7 +262,9 @@ static void attend(void *arg, long lo, long hi, int ith)
 static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                           const struct sil_attn_args *a)
 {
-    struct attn_task t = {cpu(be), ub, a, a->gated ? 2 * a->head_dim : a->head_dim};
+    const int gt = sil_kv_ggml_type(sil_kv_type(a->kv));
+    struct attn_task t = {cpu(be), ub, a, a->gated ? 2 * a->head_dim : a->head_dim,
+                          sil_type_traits(gt)->from_float, sil_kv_kernels(gt)};
     sil_threadpool_for(t.b->tp, ub->n, 0, qk_prep, &t);
     sil_threadpool_for(t.b->tp, (long)ub->n * a->n_head, 0, attend, &t);
 }

@@ -29,7 +29,8 @@
  * later (of the first pass of SIL_CUDA_PROFILE_ROWS rows instead, when set), and the device and
  * host time of the graph replays, appended at close.
  *
- * Errors: ops cannot return one; the first failure is kept (status) and later ops do nothing.
+ * Errors: ops cannot return one; the first failure is kept and later ops do nothing until
+ * status reports it; our own checks and out-of-memory then clear (a device fault stays).
  * Ops run in order on the context's default stream; head() synchronizes (logits download).
  * Nothing on the per-token path allocates. */
 #include <errno.h>
@@ -141,12 +142,24 @@ struct cuda_backend {
     size_t meta_bytes, ints_off;
     float *h_logits;
     /* graphs */
-    bool graphs, host_route, no_grouped;
+    bool graphs, host_route, no_grouped, no_shared_fuse;
     enum pass_mode mode;
     struct graph_slot slots[N_GRAPHS];
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
     uint64_t clock;
     uint64_t n_replays, n_captures;
+    /* expert slots (the routed experts did not all fit): n_slots gate, up and down matrices,
+     * slot_g/u/d bytes apart; copies into them go through the pinned staging ring */
+    int32_t n_slots;
+    sil_cuda_ptr pool_g, pool_u, pool_d;
+    uint64_t slot_g, slot_u, slot_d;
+    uint8_t *stage;
+    size_t stage_bytes, stage_used;
+    uint64_t slot_fills, slot_bytes_in;
+    int32_t *slot_ids; /* host [ub_max * K] */
+    /* benchmarks only (SIL_BENCH_H2D_GBS): expert copies are issued no faster than this many
+     * bytes a second, to measure a slower link (PCIe 3) on a fast one */
+    double h2d_cap, h2d_next;
     /* q8 holds the quantized rows of q8_src ([q8_n][q8_k]) until an op may write them */
     sil_cuda_ptr q8_src;
     int64_t q8_n, q8_k;
@@ -273,7 +286,30 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
             b->q8_n = n;
             b->q8_k = x.width;
         }
+        uint32_t done = 0; /* outputs already computed by a matvec set */
+        for (int j = 0; j < n_out && j < 32 && n <= MB; j++) {
+            if (done >> j & 1 || !quantized(out[j].w->type)) continue;
+            struct sil_cuda_weight cws[SIL_CUDA_MV_SET_MAX];
+            const struct sil_cuda_weight *wp[SIL_CUDA_MV_SET_MAX];
+            sil_cuda_ptr ys[SIL_CUDA_MV_SET_MAX];
+            int64_t lds[SIL_CUDA_MV_SET_MAX];
+            int m = 0, idx[SIL_CUDA_MV_SET_MAX];
+            for (int i = j; i < n_out && i < 32 && m < SIL_CUDA_MV_SET_MAX; i++) {
+                if (done >> i & 1 || out[i].w->type != out[j].w->type) continue;
+                if (!ok(b, view(out[i].w, out[i].w->rows, &cws[m], &b->err))) return;
+                wp[m] = &cws[m];
+                ys[m] = dp(out[i].y.data) + (uint64_t)(r0 * out[i].y.ld) * sizeof(float);
+                lds[m] = out[i].y.ld;
+                idx[m++] = i;
+            }
+            if (m < 2) continue;
+            if (!ok(b, sil_cuda_matvec_multi(b->cu, wp, m, b->q8, n, ys, lds, NULL, &b->err)))
+                return;
+            for (int i = 0; i < m; i++)
+                done |= 1u << idx[i];
+        }
         for (int j = 0; j < n_out; j++) {
+            if (j < 32 && done >> j & 1) continue;
             struct sil_cuda_weight cw;
             const struct sil_act y = out[j].y;
             if (!ok(b, view(out[j].w, out[j].w->rows, &cw, &b->err))) return;
@@ -768,35 +804,77 @@ static void shared_and_sum(struct cuda_backend *b, struct sil_act x, const struc
 }
 
 /* Quantized experts: the fused kernels over the stacked tensors, 8 rows at a time. */
-static void moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
-                      int X)
+/* The shared expert can ride in the fused kernels as slot k: a routed expert's shape and types,
+ * resident, with an F32 gate over the embedding. */
+static bool shared_fusable(const struct cuda_backend *b, const struct sil_moe_plan *pl, int64_t E)
+{
+    const struct sil_weight *gi = pl->sh_gate_inp, *sg = pl->sh_gate, *su = pl->sh_up,
+                            *sd = pl->sh_down;
+    return gi && sg && su && sd && !b->no_shared_fuse && gi->loc == SIL_WEIGHT_DEVICE &&
+           sg->loc == SIL_WEIGHT_DEVICE && su->loc == SIL_WEIGHT_DEVICE &&
+           sd->loc == SIL_WEIGHT_DEVICE && gi->type == SIL_TYPE_F32 && gi->cols == E &&
+           gi->rows == 1 && sg->type == pl->gate_exps->type && su->type == pl->gate_exps->type &&
+           sd->type == pl->down_exps->type && sg->rows == pl->gate_exps->rows &&
+           su->rows == sg->rows && sg->cols == E && sd->rows == pl->down_exps->rows &&
+           sd->cols == pl->down_exps->cols;
+}
+
+/* Quantized experts: the fused kernels over the stacked tensors, 8 rows at a time, into
+ * b->routed; with the shared expert fused (true returned), the whole MoE output into out. */
+static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                      int X, struct sil_act out)
 {
     const int K = pl->n_used;
     const int64_t E = x.width;
-    struct sil_cuda_weight g, u, d;
-    if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
-        !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
-        !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
-        return;
-    const int64_t F = pl->gate_exps->rows;
+    const bool sh = shared_fusable(b, pl, E);
+    struct sil_cuda_weight g, u, d, sg, su, sd;
+    if (b->n_slots > 0) {
+        /* the slot pools as stacks of n_slots matrices, b->ids holding slot numbers */
+        const int64_t F = pl->gate_exps->rows, R = pl->down_exps->rows;
+        if (!ok(b, sil_cuda_weight_view(pl->gate_exps->type, F * X, E, b->pool_g, &g, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->up_exps->type, F * X, E, b->pool_u, &u, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->down_exps->type, R * X, pl->down_exps->cols, b->pool_d,
+                                        &d, &b->err)))
+            return false;
+        g.mat_stride = b->slot_g;
+        u.mat_stride = b->slot_u;
+        d.mat_stride = b->slot_d;
+    } else if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
+               !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
+               !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
+        return false;
+    if (sh && (!ok(b, view(pl->sh_gate, pl->sh_gate->rows, &sg, &b->err)) ||
+               !ok(b, view(pl->sh_up, pl->sh_up->rows, &su, &b->err)) ||
+               !ok(b, view(pl->sh_down, pl->sh_down->rows, &sd, &b->err))))
+        return false;
+    const int64_t F = pl->gate_exps->rows, K1 = sh ? K + 1 : K;
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
         const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * E) * 4;
         const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4,
                            w = b->wts + (uint64_t)(r0 * K) * 4;
+        const sil_cuda_ptr lg = b->sh_logit + (uint64_t)r0 * 4;
         const bool have = b->q8_src == xp && b->q8_n == n && b->q8_k == E;
-        if ((!have && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err))) ||
-            !ok(b, sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL,
-                                        &b->err)) ||
-            !ok(b,
-                sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K, F, b->q8h, NULL, &b->err)) ||
-            !ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8h, n, ids, w, K,
-                                     b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err)))
-            return;
+        if (!have && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err))) return sh;
         b->q8_src = xp;
         b->q8_n = n;
         b->q8_k = E;
+        const int rc =
+            sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
+                                             dp(pl->sh_gate_inp->data), lg, b->h_gate, NULL,
+                                             &b->err)
+               : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL, &b->err);
+        if (!ok(b, rc) || !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F, b->q8h,
+                                                      NULL, &b->err)))
+            return sh;
+        if (sh)
+            ok(b, sil_cuda_moe_down_shared(b->cu, &d, &sd, X, b->q8h, n, ids, w, lg, K,
+                                           dp(out.data) + (uint64_t)(r0 * E) * 4, NULL, &b->err));
+        else
+            ok(b, sil_cuda_moe_down(b->cu, &d, X, b->q8h, n, ids, w, K,
+                                    b->routed + (uint64_t)(r0 * E) * 4, NULL, &b->err));
     }
+    return sh;
 }
 
 /* Any type: per active expert, its rows gathered, matvecs, then the weighted sum per row. */
@@ -894,6 +972,33 @@ static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct s
     ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
 }
 
+/* Slot experts (the plan's handles name slots): their slot numbers per (row, k) replace the
+ * router's expert ids on the device, and the fused kernels run over the slot pools. */
+static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
+                      struct sil_act out)
+{
+    const int K = pl->n_used;
+    const int64_t P = (int64_t)pl->n_rows * K;
+    for (int a = 0; a < pl->n_active; a++) {
+        if (pl->gate[a].loc != SIL_WEIGHT_SLOT || pl->up[a].loc != SIL_WEIGHT_SLOT ||
+            pl->down[a].loc != SIL_WEIGHT_SLOT) {
+            fail(b, -ENOSPC,
+                 "a layer needs more experts at once than the expert slots hold "
+                 "(raise --vram-budget or evaluate fewer rows at a time)");
+            return;
+        }
+        const int32_t slot = (int32_t)(uintptr_t)pl->gate[a].data;
+        for (int32_t j = pl->pair_start[a]; j < pl->pair_start[a + 1]; j++)
+            b->tmp[j] = slot;
+    }
+    for (int64_t q = 0; q < P; q++)
+        b->slot_ids[q] = b->tmp[pl->pair_of[q]];
+    if (!ok(b, sil_cuda_upload(b->cu, b->ids, b->slot_ids, sizeof(int32_t) * (size_t)P, NULL,
+                               &b->err)))
+        return;
+    if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
+}
+
 static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *pl,
                      struct sil_act out)
 {
@@ -905,6 +1010,10 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
         fail(b, -EINVAL, "moe rows are not contiguous");
         return;
     }
+    if (pl->n_active > 0 && pl->gate[0].loc == SIL_WEIGHT_SLOT) {
+        moe_slots(b, x, pl, out);
+        return;
+    }
     const int X = (int)b->c.n_expert;
     const bool stacked = pl->gate_exps && pl->gate_exps->loc == SIL_WEIGHT_DEVICE &&
                          pl->up_exps->loc == SIL_WEIGHT_DEVICE &&
@@ -912,9 +1021,9 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
     const bool fused = stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
     if (fused && !pl->device_routed && x.rows > MB && pl->gate_exps->n_mat == X && !b->no_grouped)
         moe_grouped(b, x, pl, X);
-    else if (pl->device_routed || fused)
-        moe_fused(b, x, pl, X);
-    else
+    else if (pl->device_routed || fused) {
+        if (moe_fused(b, x, pl, X, out)) return; /* the shared expert is in */
+    } else
         moe_generic(b, x, pl);
     if (b->rc == 0) shared_and_sum(b, x, pl, out);
 }
@@ -1049,6 +1158,8 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
 {
     struct cuda_backend *b = cb(be);
     if (!w->data || w->loc == SIL_WEIGHT_DEVICE) return 0;
+    /* with expert slots the routed stacks stay in the mmap, copied in per expert on a miss */
+    if (b->n_slots > 0 && w->n_mat > 1 && w->n_mat == b->c.n_expert) return 0;
     const size_t bytes = w->mat_bytes * (size_t)w->n_mat;
     if (w->rows > 1 && !sil_cuda_type_supported(w->type))
         return sil_errorf(err, -ENOTSUP, "cuda backend: weight type %s has no CUDA kernel",
@@ -1071,8 +1182,19 @@ static int cuda_status(struct sil_backend *be, struct sil_error *err)
     abort_capture(b);
     if (b->mode != PASS_REPLAY) flush_add(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
-    if (b->rc && err) *err = b->err;
-    return b->rc;
+    const int rc = b->rc;
+    if (rc && err) *err = b->err;
+    /* Reported once. A check of ours (-EINVAL, -ENOSPC) or an allocation that failed (-ENOMEM)
+     * leaves the device usable: once the stream drains cleanly the next evaluation may run.
+     * A device fault (-EIO) stays: the context is gone. */
+    if (rc == -EINVAL || rc == -ENOSPC || rc == -ENOMEM) {
+        b->rc = 0;
+        if (sil_cuda_sync(b->cu, NULL, NULL) == 0)
+            memset(&b->err, 0, sizeof b->err);
+        else
+            b->rc = rc;
+    }
+    return rc;
 }
 
 static int state_check(struct cuda_backend *b, int seq, int64_t n, struct sil_error *err)
@@ -1142,6 +1264,7 @@ static void cuda_free(struct sil_backend *be)
             sil_cuda_graph_destroy(b->cu, b->slots[i].g);
         sil_cuda_host_release(b->cu, b->h_meta);
         sil_cuda_host_release(b->cu, b->h_logits);
+        sil_cuda_host_release(b->cu, b->stage);
         for (int i = 0; i < b->n_allocs; i++)
             sil_cuda_release(b->cu, b->allocs[i]);
         sil_cuda_module_unload(b->cu, b->mod);
@@ -1149,6 +1272,7 @@ static void cuda_free(struct sil_backend *be)
     }
     free(b->allocs);
     free(b->tmp);
+    free(b->slot_ids);
     free(b);
 }
 
@@ -1164,6 +1288,67 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->kv_bytes = b->kv_bytes;
     d->scratch_bytes = b->used - b->weight_bytes - b->kv_bytes;
     d->budget_bytes = b->budget;
+}
+
+static int32_t cuda_expert_slots(struct sil_backend *be)
+{
+    return cb(be)->n_slots;
+}
+
+/* One matrix into its slot through the staging ring: the ring is reused from its start once
+ * the copies queued from it are done (a sync when it is full). */
+static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct sil_weight *w,
+                       uint64_t cap)
+{
+    const size_t bytes = w->mat_bytes;
+    if (bytes > cap || bytes > b->stage_bytes) {
+        fail(b, -EINVAL, "an expert matrix is larger than its slot");
+        return;
+    }
+    if (b->stage_used + bytes > b->stage_bytes) {
+        if (!ok(b, sil_cuda_sync(b->cu, NULL, &b->err))) return;
+        b->stage_used = 0;
+    }
+    if (b->h2d_cap > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        const double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+        const double start = b->h2d_next > now ? b->h2d_next : now;
+        if (start > now) {
+            const double d = start - now;
+            struct timespec w8 = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+            nanosleep(&w8, NULL);
+        }
+        b->h2d_next = start + (double)bytes / b->h2d_cap;
+    }
+    memcpy(b->stage + b->stage_used, w->data, bytes);
+    ok(b, sil_cuda_upload(b->cu, dst, b->stage + b->stage_used, bytes, NULL, &b->err));
+    b->stage_used += (bytes + 255) & ~(size_t)255;
+    b->slot_bytes_in += bytes;
+}
+
+static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct sil_weight *gate,
+                           const struct sil_weight *up, const struct sil_weight *down)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->mode == PASS_REPLAY) return;
+    flush_add(b);
+    if (b->rc) return;
+    if (b->mode != PASS_EAGER) {
+        fail(b, -EINVAL, "an expert copy inside a graph");
+        return;
+    }
+    not_capturable(b);
+    if (slot < 0 || slot >= b->n_slots || gate->loc != SIL_WEIGHT_MMAP ||
+        up->loc != SIL_WEIGHT_MMAP || down->loc != SIL_WEIGHT_MMAP) {
+        fail(b, -EINVAL, "expert slot copy of a weight not in the mmap, or slot out of range");
+        return;
+    }
+    const uint64_t s = (uint64_t)slot;
+    stage_copy(b, b->pool_g + s * b->slot_g, gate, b->slot_g);
+    stage_copy(b, b->pool_u + s * b->slot_u, up, b->slot_u);
+    stage_copy(b, b->pool_d + s * b->slot_d, down, b->slot_d);
+    b->slot_fills++;
 }
 
 static const struct sil_backend_ops cuda_ops = {
@@ -1188,6 +1373,8 @@ static const struct sil_backend_ops cuda_ops = {
     .state_read = cuda_state_read,
     .state_write = cuda_state_write,
     .device = cuda_device,
+    .expert_slots = cuda_expert_slots,
+    .fill_slot = cuda_fill_slot,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)
@@ -1231,14 +1418,53 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
             ? (uint64_t)(MB * c->n_head * attn_split) * (uint64_t)(c->head_dim + 2) * f4
             : 0;
     const uint64_t scratch =
-        part_bytes + grouped + q8 + (X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0) +
+        part_bytes + grouped + q8 +
+        (X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 + (uint64_t)(MB * (K + 1) * F) * f4 : 0) +
         (uint64_t)(U * c->n_head * c->n_ctx) * f4 + (uint64_t)(MB * c->n_vocab) * f4 +
         (uint64_t)(U * E) * f4 + 6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
-    const uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
+    uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
     size_t free_b = 0, total_b = 0;
     rc = sil_cuda_mem_info(b->cu, &free_b, &total_b, err);
     const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
+    /* the routed experts do not all fit: the backbone resident, the rest of the budget slots */
+    const uint64_t limit = c->vram_budget ? c->vram_budget : (uint64_t)free_b;
+    /* each slot matrix rounded up to 256 bytes, as the pools lay them out */
+    const uint64_t slot_bytes = ((c->slot_gate + 255) & ~(uint64_t)255) +
+                                ((c->slot_up + 255) & ~(uint64_t)255) +
+                                ((c->slot_down + 255) & ~(uint64_t)255);
+    int64_t n_slots = 0;
+    /* tests: SIL_CUDA_SLOTS=N puts the routed experts in N slots even when they would fit */
+    const char *fs = getenv("SIL_CUDA_SLOTS");
+    const int64_t forced = fs ? atoll(fs) : 0;
+    if (rc == 0 && forced > 0 && c->routed_bytes > 0 && slot_bytes > 0 && c->n_expert > 0) {
+        n_slots = forced < c->n_expert ? c->n_expert : forced;
+        need -= c->routed_bytes;
+        need += (uint64_t)n_slots * slot_bytes;
+    } else if (rc == 0 && need > limit && c->routed_bytes > 0 && slot_bytes > 0 &&
+               c->n_expert > 0 && need - c->routed_bytes < limit) {
+        const uint64_t rest = limit - (need - c->routed_bytes), reserve = 16u << 20;
+        n_slots = rest > reserve ? (int64_t)((rest - reserve) / slot_bytes) : 0;
+        if (n_slots < c->n_expert)
+            rc = sil_errorf(
+                err, -ENOMEM,
+                "cuda backend: the model needs %llu MiB of device memory with its "
+                "routed experts in slots (backbone, KV, scratch and one layer's "
+                "experts): the limit is %llu MiB, give at least %llu MiB",
+                (unsigned long long)((need - c->routed_bytes + (uint64_t)c->n_expert * slot_bytes +
+                                      reserve) >>
+                                     20),
+                (unsigned long long)(limit >> 20),
+                (unsigned long long)((need - c->routed_bytes + (uint64_t)c->n_expert * slot_bytes +
+                                      reserve + (1u << 20) - 1) >>
+                                     20));
+        /* never more slots than experts */
+        const int64_t all = c->n_layer_moe > 0 ? c->n_layer_moe * c->n_expert : n_slots;
+        if (n_slots > all) n_slots = all;
+        if (n_slots > INT32_MAX) n_slots = INT32_MAX;
+        need -= c->routed_bytes;
+        need += (uint64_t)n_slots * slot_bytes;
+    }
     if (rc == 0 && c->vram_budget && need > c->vram_budget)
         rc = sil_errorf(err, -ENOMEM,
                         "cuda backend: the model needs %llu MiB of device memory (weights %llu, "
@@ -1271,7 +1497,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->state, st},
         {&b->state_tab, (uint64_t)c->n_seq_max * 8},
         {&b->q8, q8},
-        {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * K, F) + 256 : 0},
+        {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 : 0},
         {&b->scores, (uint64_t)(U * c->n_head * c->n_ctx) * f4},
         {&b->attn_part, part_bytes},
         {&b->meta, meta_bytes},
@@ -1282,7 +1508,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->wts, (uint64_t)(U * K) * 4},
         {&b->pair_of, (uint64_t)(U * K) * 4},
         {&b->pair_row, (uint64_t)(U * K) * 4},
-        {&b->h_gate, (uint64_t)(U * K * F) * f4},
+        {&b->h_gate, (uint64_t)((U * K > MB * (K + 1) ? U * K : MB * (K + 1)) * F) * f4},
         {&b->h_up, (uint64_t)(U * K * F) * f4},
         {&b->d_pair, (uint64_t)(U * K * E) * f4},
         {&b->x_pair, X > 0 ? (uint64_t)(U * K * E) * f4 : 0},
@@ -1297,6 +1523,18 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
     b->attn_split = attn_split;
+    if (rc == 0 && n_slots > 0) {
+        b->n_slots = (int32_t)n_slots;
+        b->slot_g = (c->slot_gate + 255) & ~(uint64_t)255;
+        b->slot_u = (c->slot_up + 255) & ~(uint64_t)255;
+        b->slot_d = (c->slot_down + 255) & ~(uint64_t)255;
+        rc = dalloc(b, (size_t)(b->slot_g * (uint64_t)n_slots), &b->pool_g, err);
+        if (rc == 0) rc = dalloc(b, (size_t)(b->slot_u * (uint64_t)n_slots), &b->pool_u, err);
+        if (rc == 0) rc = dalloc(b, (size_t)(b->slot_d * (uint64_t)n_slots), &b->pool_d, err);
+        b->stage_bytes = 64u << 20;
+        if (b->stage_bytes < 2 * slot_bytes) b->stage_bytes = 2 * slot_bytes;
+        if (rc == 0) rc = sil_cuda_host_alloc(b->cu, b->stage_bytes, (void **)&b->stage, err);
+    }
     b->kv_bytes = kv;
     if (rc == 0) rc = sil_cuda_host_alloc(b->cu, meta_bytes, &b->h_meta, err);
     if (rc == 0)
@@ -1321,6 +1559,15 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->graphs = !(g && strcmp(g, "0") == 0);
         b->host_route = h && strcmp(h, "1") == 0;
         /* measured slower than the batch-8 fused kernels at pp512 (bench/results): opt in */
+        const char *cap = getenv("SIL_BENCH_H2D_GBS");
+        b->h2d_cap = cap ? atof(cap) * 1e9 : 0.0;
+        if (b->h2d_cap > 0 && b->n_slots > 0)
+            fprintf(stderr,
+                    "siliceo: cuda backend: expert copies capped at %.2f GB/s "
+                    "(SIL_BENCH_H2D_GBS, a benchmark setting)\n",
+                    b->h2d_cap / 1e9);
+        const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
+        b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = !(gr && strcmp(gr, "1") == 0);
         const char *pf = getenv("SIL_CUDA_PROFILE");
@@ -1330,8 +1577,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         for (int i = 0; b->prof_path && i < 2 && rc == 0; i++)
             rc = sil_cuda_event_create(b->cu, &b->gev[i], err);
         b->tmp = calloc((size_t)(U * K + U + 1), sizeof(int32_t));
+        b->slot_ids = calloc((size_t)(U * K), sizeof(int32_t));
         uint64_t *tab = calloc((size_t)c->n_seq_max + 1, sizeof(uint64_t));
-        if (!b->tmp || !tab) rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        if (!b->tmp || !b->slot_ids || !tab)
+            rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
         for (int64_t s = 0; tab && s < c->n_seq_max; s++)
             tab[s] = b->state + (uint64_t)(s * c->recr_floats) * f4;
         if (rc == 0 && c->n_seq_max > 0)

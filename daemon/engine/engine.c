@@ -80,6 +80,34 @@ static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
     return sil_expert_obs_open(&e->f.obs, &c, err);
 }
 
+bool sil_engine_kv_type_valid(const char *name)
+{
+    return sil_kv_type_from_name(name) >= 0;
+}
+
+/* The KV pool. A device backend keeps its own KV layout: the host cache then only keeps the
+ * block tables (no layers, no memory). */
+static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    int type = p->kv_type ? sil_kv_type_from_name(p->kv_type) : SIL_KV_F32;
+    if (type < 0)
+        return sil_errorf(err, -EINVAL, "engine: unknown KV type '%s' (f16, q8_0, q4_0 or f32)",
+                          p->kv_type);
+    const bool host = strcmp(e->f.be->ops->name, "cpu") == 0;
+    struct sil_kv_config c = {
+        .n_layer = host ? hp->n_layer_attn : 0,
+        .n_seq_max = e->n_seq_max,
+        .n_ctx = e->n_ctx,
+        .n_embd_k = hp->n_head_kv * hp->n_embd_head_k,
+        .n_embd_v = hp->n_head_kv * hp->n_embd_head_v,
+        .head_dim = hp->n_embd_head_k,
+        .type = (enum sil_kv_type)type,
+        .budget = p->kv_budget,
+    };
+    return sil_kv_create(&e->f.kv, &c, err);
+}
+
 static void *xcalloc(size_t n, size_t sz, bool *fail)
 {
     void *p = calloc(n ? n : 1, sz);
@@ -234,6 +262,16 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
+    c.routed_bytes = e->info.routed_expert_bytes;
+    for (int il = 0; il < hp->n_layer && hp->n_expert > 0; il++) {
+        const struct sil_layer *l = &e->model->layers[il];
+        const struct sil_gguf_tensor *t[3] = {l->ffn_gate_exps, l->ffn_up_exps, l->ffn_down_exps};
+        uint64_t *slot[3] = {&c.slot_gate, &c.slot_up, &c.slot_down};
+        for (int i = 0; i < 3; i++)
+            if (t[i] && t[i]->nbytes / (uint64_t)hp->n_expert > *slot[i])
+                *slot[i] = t[i]->nbytes / (uint64_t)hp->n_expert;
+        c.n_layer_moe += l->ffn_gate_exps != NULL;
+    }
     /* the embedding table stays in host memory (get_rows reads it there) unless it is the head */
     if (!e->model->tied_output && c.weight_bytes >= (uint64_t)e->model->tok_embd->nbytes)
         c.weight_bytes -= (uint64_t)e->model->tok_embd->nbytes;
@@ -244,7 +282,30 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         rc = sil_fwd_open(f, err);
     if (rc == 0)
         rc = sil_fwd_place_weights(f, err);
+    const int32_t slots = rc == 0 && f->be->ops->expert_slots ? f->be->ops->expert_slots(f->be) : 0;
+    if (slots > 0) {
+        /* one pool over all layers: a prefill plan may need every expert of a layer */
+        const struct sil_ecache_config ec = {
+            .n_layer = hp->n_layer,
+            .n_expert = (int32_t)hp->n_expert,
+            .n_slot = slots,
+            .policy = SIL_ECACHE_DEFAULT,
+            .pools = SIL_ECACHE_GLOBAL,
+            .expert_bytes = c.slot_gate + c.slot_up + c.slot_down,
+        };
+        rc = sil_ecache_create(&f->ecache, &ec, err);
+        f->ecache_res = calloc((size_t)hp->n_expert, sizeof(*f->ecache_res));
+        f->ecache_uses = calloc((size_t)hp->n_expert, sizeof(*f->ecache_uses));
+        if (rc == 0 && (!f->ecache_res || !f->ecache_uses))
+            rc = sil_errorf(err, -ENOMEM, "engine: out of memory");
+    }
     if (rc < 0) {
+        sil_ecache_free(f->ecache);
+        free(f->ecache_res);
+        free(f->ecache_uses);
+        f->ecache = NULL;
+        f->ecache_res = NULL;
+        f->ecache_uses = NULL;
         sil_fwd_close(f);
         if (f->be)
             f->be->ops->free(f->be);
@@ -333,8 +394,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     e->info.backend = f->be->ops->name;
     if ((rc = open_obs(e, p, err)) < 0)
         goto fail;
-    if ((rc = sil_kv_create(&f->kv, hp->n_layer_attn, e->n_seq_max, e->n_ctx,
-                            hp->n_head_kv * hp->n_embd_head_k, hp->n_head_kv * hp->n_embd_head_v, err)) < 0)
+    if ((rc = open_kv(e, p, err)) < 0)
         goto fail;
     if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
                               (int64_t)hp->n_layer_recr * f->dn_state_floats, err)) < 0)
@@ -360,6 +420,10 @@ void sil_engine_close(struct sil_engine *e)
     if (sil_expert_obs_close(e->f.obs, &oerr) < 0)
         fprintf(stderr, "siliceo: %s\n", oerr.msg);
     e->f.obs = NULL;
+    sil_ecache_free(e->f.ecache);
+    free(e->f.ecache_res);
+    free(e->f.ecache_uses);
+    e->f.ecache = NULL;
     sil_fwd_close(&e->f);
     if (e->f.be)
         e->f.be->ops->free(e->f.be);
@@ -402,16 +466,12 @@ int sil_seq_create(struct sil_engine *e, struct sil_error *err)
         s++;
     if (s == e->n_seq_max)
         return sil_errorf(err, -ENOSPC, "engine: all %d sequences are in use", e->n_seq_max);
-    int rc = sil_kv_seq_alloc(e->f.kv, s, err);
-    if (rc < 0)
-        return rc;
+    sil_kv_seq_release(e->f.kv, s);
     const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
     if (nrs > 0 && !e->f.recr_state[s]) {
         e->f.recr_state[s] = calloc((size_t)nrs, sizeof(float));
-        if (!e->f.recr_state[s]) {
-            sil_kv_seq_release(e->f.kv, s);
+        if (!e->f.recr_state[s])
             return sil_errorf(err, -ENOMEM, "engine: out of memory for the recurrent state");
-        }
     } else if (nrs > 0) {
         memset(e->f.recr_state[s], 0, sizeof(float) * (size_t)nrs);
     }
@@ -468,7 +528,7 @@ int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_er
         if (rc < 0) return rc;
     }
     sil_ckpt_drop_after(e->ckpt, seq, n_pos);
-    sil_kv_seq_trim(e->f.kv, seq, n_pos); /* the pages past the cut go back to the system */
+    sil_kv_seq_trim(e->f.kv, seq, n_pos); /* the blocks past the cut go back to the pool */
     e->seq_len[seq] = n_pos;
     return 0;
 }
@@ -508,9 +568,26 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
 {
     if (!seq_ok(e, seq))
         return 0;
-    return sil_kv_seq_bytes(e->f.kv, e->seq_len[seq]) +
+    const struct sil_hparams *hp = &e->model->hp;
+    /* a device backend's own KV layout: F32 rows of every attention layer */
+    const uint64_t kv = sil_kv_block_bytes(e->f.kv)
+                            ? sil_kv_seq_bytes(e->f.kv, e->seq_len[seq])
+                            : (uint64_t)e->seq_len[seq] * (uint64_t)hp->n_layer_attn *
+                                  (uint64_t)hp->n_head_kv *
+                                  (uint64_t)(hp->n_embd_head_k + hp->n_embd_head_v) * sizeof(float);
+    return kv +
            (uint64_t)e->model->hp.n_layer_recr * (uint64_t)e->f.dn_state_floats * sizeof(float) +
            sil_ckpt_bytes(e->ckpt, seq);
+}
+
+void sil_engine_kv_info(const struct sil_engine *e, struct sil_kv_info *out)
+{
+    const struct sil_kv_cache *kv = e->f.kv;
+    out->type = sil_kv_type_name(sil_kv_type(kv));
+    out->bytes_per_pos = sil_kv_block_bytes(kv) / SIL_KV_BLOCK;
+    out->block_positions = SIL_KV_BLOCK;
+    out->n_blocks = sil_kv_n_blocks(kv);
+    out->n_free = sil_kv_n_free(kv);
 }
 
 /* ---- evaluation --------------------------------------------------------------------------- */
@@ -649,6 +726,18 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
                           "engine: %d rows want logits but no logits buffer was given", n_out);
     }
 
+    /* KV blocks for the new positions; running out fails that sequence and undoes the rest. */
+    for (int s = 0; s < e->n_seq_max; s++) {
+        if (e->next_pos[s] == e->seq_len[s]) continue;
+        int rc = sil_kv_seq_reserve(e->f.kv, s, e->next_pos[s], err);
+        if (rc < 0) {
+            for (int r = 0; r < s; r++)
+                sil_kv_seq_trim(e->f.kv, r, e->seq_len[r]);
+            fail_rows(b, st, s, rc);
+            return rc;
+        }
+    }
+
     /* A truncated model file faults on its next read (SIGBUS): caught here on this thread, and in
      * the pool's threads by the pool, so the evaluation fails instead of the process. */
     struct sil_mapguard_point pt;
@@ -658,6 +747,8 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
     sil_mapguard_pop(&pt);
     if (rc > 0) return damaged_error(e, b, st, err);
     if (rc < 0) {
+        for (int s = 0; s < e->n_seq_max; s++)
+            sil_kv_seq_trim(e->f.kv, s, e->seq_len[s]);
         fail_rows(b, st, -1, rc);
         return rc;
     }
@@ -673,6 +764,8 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
     out->expert_bytes = e->f.expert_bytes;
     struct sil_ecache_stats s;
     sil_expert_obs_stats(e->f.obs, &s);
+    if (e->f.ecache) /* the device's slots, not a simulation */
+        sil_ecache_stats(e->f.ecache, -1, &s);
     out->ecache_hits = s.hits;
     out->ecache_misses = s.misses;
     out->ecache_evictions = s.evictions;
@@ -717,39 +810,66 @@ int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
                           m->n_layer, m->n_expert, hp->n_layer, hp->n_expert);
     if (!sil_expert_obs_heat_import(e->f.obs, m->heat))
         return sil_errorf(err, -ENODEV, "engine: no heat map kept");
+    /* The device cache's frequencies too, so LFU keeps what is preloaded by its heat. */
+    if (e->f.ecache) sil_ecache_heat_import(e->f.ecache, m->heat);
     e->heat_tokens = m->tokens - e->f.n_rows;
     return 0;
 }
 
+/* The device's slots when the backend has them (f->ecache), else the simulated cache. */
+const char *sil_engine_ecache_mode(const struct sil_engine *e)
+{
+    return e->f.ecache ? "device" : sil_expert_obs_slots(e->f.obs) > 0 ? "simulated" : NULL;
+}
+
 int32_t sil_engine_ecache_slots(const struct sil_engine *e)
 {
-    return sil_expert_obs_slots(e->f.obs);
+    return e->f.ecache ? sil_ecache_pool_slots(e->f.ecache, 0) : sil_expert_obs_slots(e->f.obs);
 }
 
 int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer)
 {
-    return sil_expert_obs_pool_slots(e->f.obs, layer);
+    return e->f.ecache ? sil_ecache_pool_slots(e->f.ecache, layer)
+                       : sil_expert_obs_pool_slots(e->f.obs, layer);
 }
 
 const char *sil_engine_ecache_policy(const struct sil_engine *e)
 {
-    return sil_expert_obs_policy(e->f.obs);
+    return e->f.ecache ? sil_ecache_policy_name(SIL_ECACHE_DEFAULT) /* as made at open */
+                       : sil_expert_obs_policy(e->f.obs);
 }
 
 int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int64_t n)
 {
-    const int32_t slots = sil_expert_obs_slots(e->f.obs);
+    const int32_t slots = sil_engine_ecache_slots(e);
     if (slots <= 0) return -ENODEV;
     const int32_t ne = e->model->hp.n_expert;
     int64_t placed = 0;
-    for (int64_t i = 0; i < n && placed < slots; i++)
-        if (keys[i] >= 0 && sil_expert_obs_preload(e->f.obs, keys[i] / ne, keys[i] % ne) >= 0)
-            placed++;
+    for (int64_t i = 0; i < n && placed < slots; i++) {
+        if (keys[i] < 0 || keys[i] / ne >= e->model->hp.n_layer) continue;
+        const int32_t l = keys[i] / ne, x = keys[i] % ne;
+        if (!e->f.ecache) {
+            if (sil_expert_obs_preload(e->f.obs, l, x) >= 0) placed++;
+            continue;
+        }
+        /* The device's slots: the expert's matrices are copied in, as a miss would be. */
+        const int32_t s = sil_ecache_preload(e->f.ecache, l, x);
+        if (s < 0) continue;
+        const struct sil_layer_weights *w = &e->f.lw[l];
+        const struct sil_weight g = sil_weight_mat(&w->ffn_gate_exps, x),
+                                u = sil_weight_mat(&w->ffn_up_exps, x),
+                                d = sil_weight_mat(&w->ffn_down_exps, x);
+        SIL_OP(&e->f, fill_slot, s, &g, &u, &d);
+        placed++;
+    }
     return placed;
 }
 
 void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
                                    struct sil_ecache_stats *out)
 {
-    sil_expert_obs_layer_stats(e->f.obs, layer, out);
+    if (e->f.ecache)
+        sil_ecache_stats(e->f.ecache, layer, out);
+    else
+        sil_expert_obs_layer_stats(e->f.obs, layer, out);
 }

@@ -6,8 +6,8 @@
  * it runs its own worker pool inside sil_engine_eval. The vocab it exposes is immutable and may
  * be read from any thread.
  *
- * Room for what comes next: the KV storage sits behind kv_cache.h so a paged cache can replace
- * it; a batch row carries its sequence so decode of N sequences is one call; token trees for
+ * Room for what comes next: the KV cache (kv_cache.h) is paged with reference-counted blocks a
+ * prefix cache can share; a batch row carries its sequence so decode of N sequences is one call; token trees for
  * speculative decoding will add an ancestor mask to struct sil_batch; a backend other than the
  * CPU (CUDA) is chosen with sil_engine_params.backend. */
 #ifndef SIL_ENGINE_H
@@ -49,12 +49,18 @@ struct sil_engine_params {
      * plans are seen; where CUDA keeps the routing on the device the map is not updated (it
      * stays as imported). No effect on models without experts; changes no logit. */
     bool heat_map;
+    /* KV element type of the full-attention layers on the CPU backend: "f32", "f16", "q8_0"
+     * (KV8) or "q4_0" (KV4); NULL = f32, the type the reference logits were made with. */
+    const char *kv_type;
+    uint64_t kv_budget; /* KV pool bytes (CPU); 0 = every sequence at n_ctx, backed lazily */
     /* Load progress in [0,1], called from the loading thread between the stages of the load;
      * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
     bool (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
 };
 void sil_engine_params_default(struct sil_engine_params *p);
+/* Whether name is a kv_type sil_engine_open accepts. */
+bool sil_engine_kv_type_valid(const char *name);
 
 struct sil_model_info {
     enum sil_arch arch;
@@ -96,7 +102,7 @@ void sil_seq_free(struct sil_engine *e, int seq);
 int32_t sil_seq_len(const struct sil_engine *e, int seq); /* positions evaluated so far */
 /* Drops positions >= n_pos. Attention KV can always be cut; recurrent (delta-net) state only
  * where a checkpoint exists at n_pos (n_pos == 0 always works): else -ENOTSUP. The cut restores
- * that checkpoint, drops those past it and gives the KV pages past n_pos back to the system. */
+ * that checkpoint, drops those past it and gives the KV blocks past n_pos back to the pool. */
 int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err);
 /* Recurrent-state checkpoint at the sequence's current length (conv + SSM state of every
  * delta-net layer), so a later sil_seq_truncate can cut back to here. At most max_keep per
@@ -111,6 +117,15 @@ int sil_seq_n_checkpoints(const struct sil_engine *e, int seq);
 /* Bytes of state (KV + recurrent + checkpoints) the sequence holds now. */
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
 
+/* The KV pool: element type name, bytes of one position (every attention layer, K and V, as
+ * stored: whole blocks are SIL_KV_BLOCK of them), blocks in the pool and free now. */
+struct sil_kv_info {
+    const char *type;
+    uint64_t bytes_per_pos;
+    int32_t block_positions, n_blocks, n_free;
+};
+void sil_engine_kv_info(const struct sil_engine *e, struct sil_kv_info *out);
+
 /* One row per token. Rows of one sequence must be in position order and continue it
  * (pos == sil_seq_len at the first row of that sequence). */
 struct sil_batch {
@@ -124,6 +139,8 @@ struct sil_batch {
 /* Evaluates the batch. Logits of the rows that want them are written to logits in row order,
  * n_vocab floats each (the caller sizes it: rows wanting logits x n_vocab). On error the
  * sequences in the batch are left as they were before the call, except after -EIO.
+ * -ENOBUFS: the KV pool has no free block left for a sequence of the batch (a scheduler frees
+ * or preempts a sequence and retries); -ENOSPC: a position beyond the context.
  * -EIO: the model file changed under the mapping (a read faulted: the file was truncated) or
  * sil_engine_mark_damaged was called; err names the file. The engine is then damaged for good:
  * every later evaluation fails the same way, and it is only fit for sil_engine_close. */
@@ -165,20 +182,24 @@ uint64_t sil_engine_heat_model_id(const struct sil_engine *e);
  * keeps none, -ENOMEM. */
 int sil_engine_heat_export(const struct sil_engine *e, struct sil_heat_map *out,
                            struct sil_error *err);
-/* Replaces the heat map with m (a map loaded at start): -ENODEV when the engine keeps none,
+/* Replaces the heat map with m (a map loaded at start; the device cache's frequencies too):
+ * -ENODEV when the engine keeps none,
  * -EINVAL when m is of another model or shape (err says which). */
 int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
                            struct sil_error *err);
-/* The simulated cache: its slots (0 without one) and policy name (NULL without one). */
+/* The expert cache: the device's slots where the backend made them (the routed experts did not
+ * fit), else the one simulated on the CPU. Its mode ("device", "simulated", NULL: none), slots
+ * (0 without one) and policy name (NULL without one). */
+const char *sil_engine_ecache_mode(const struct sil_engine *e);
 int32_t sil_engine_ecache_slots(const struct sil_engine *e);
 /* Slots of one layer's pool (the cache splits its slots over the layers); 0 without one. */
 int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer);
 const char *sil_engine_ecache_policy(const struct sil_engine *e);
-/* Places the experts keys[0..n) (layer * n_expert + expert, hottest first) in the simulated
- * cache until it is full, without evicting: how many it placed (already resident and full pools
- * skipped), or -ENODEV without a simulated cache. */
+/* Places the experts keys[0..n) (layer * n_expert + expert, hottest first) in the expert cache
+ * until it is full, without evicting (on the device each is copied into its slot): how many it
+ * placed (already resident and full pools skipped), or -ENODEV without a cache. */
 int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int64_t n);
-/* The simulated cache's counters of one layer (-1: all), zero without one. */
+/* The expert cache's counters of one layer (-1: all), zero without one. */
 void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
                                    struct sil_ecache_stats *out);
 

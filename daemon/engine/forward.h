@@ -11,6 +11,7 @@
 
 #include "daemon/engine/backend.h"
 #include "daemon/engine/delta_net.h"
+#include "daemon/engine/expert_cache.h"
 #include "daemon/engine/expert_obs.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
@@ -63,6 +64,11 @@ struct sil_fwd {
      * weight bytes the MoE layers' plans named (each active expert's matrices once a layer) */
     uint64_t n_ubatch, n_rows, expert_bytes;
     struct sil_expert_obs *obs; /* NULL, or shown every MoE plan (expert_obs.h) */
+    /* NULL, or the slots of a backend whose experts do not all fit (expert_cache.h): each MoE
+     * plan's experts get slots, misses copied in (fill_slot); [n_expert] scratch for a lookup */
+    struct sil_ecache *ecache;
+    struct sil_ecache_entry *ecache_res;
+    int32_t *ecache_uses;
 };
 
 /* A block's arena: all of the scratch area, nothing taken yet. */

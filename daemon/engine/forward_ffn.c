@@ -78,6 +78,28 @@ static void moe_plan(struct sil_fwd *f, const struct sil_layer_weights *w, struc
     }
 }
 
+/* Slots for the plan's experts (a backend with an expert cache): hits point at their slot,
+ * misses are copied into the slot the policy chose; a plan wider than the pool keeps its last
+ * experts in the mmap, which the device backend refuses (its error fails the evaluation). */
+static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
+{
+    for (int a = 0; a < p->n_active; a++)
+        f->ecache_uses[a] = p->pair_start[a + 1] - p->pair_start[a];
+    if (sil_ecache_lookup(f->ecache, il, p->expert, f->ecache_uses, p->n_active, f->ecache_res) <
+        0)
+        return;
+    for (int a = 0; a < p->n_active; a++) {
+        const struct sil_ecache_entry *r = &f->ecache_res[a];
+        if (r->kind == SIL_ECACHE_HOST) continue;
+        if (r->kind == SIL_ECACHE_FILL) SIL_OP(f, fill_slot, r->slot, &p->gate[a], &p->up[a], &p->down[a]);
+        struct sil_weight *m[3] = {&p->gate[a], &p->up[a], &p->down[a]};
+        for (int i = 0; i < 3; i++) {
+            m[i]->loc = SIL_WEIGHT_SLOT;
+            m[i]->data = (const void *)(uintptr_t)r->slot;
+        }
+    }
+}
+
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                  struct sil_act out)
 {
@@ -99,6 +121,8 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
         moe_plan(f, w, plan);
         if (f->obs)
             sil_expert_obs_plan(f->obs, il, plan);
+        if (f->ecache)
+            assign_slots(f, il, plan);
         for (int a = 0; a < plan->n_active; a++)
             f->expert_bytes +=
                 plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;

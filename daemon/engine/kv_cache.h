@@ -1,39 +1,92 @@
-/* KV storage for the full-attention layers, behind a small interface so a paged cache (blocks,
- * block tables, prefix sharing) can replace it without touching the forward pass: the forward
- * pass only asks for the K or V row of (layer, sequence, position).
+/* Paged KV storage for the full-attention layers. Positions live in blocks of SIL_KV_BLOCK
+ * tokens taken from one pool sized at create (a byte budget); each sequence has a block table
+ * (its i-th block holds positions [64 i, 64 i + 64)). A block id names the same slot in every
+ * layer: block b of layer l holds K rows [64][row_bytes_k] then V rows [64][row_bytes_v] in the
+ * cache's element type (f32, f16, q8_0 or q4_0, GGUF block layouts).
  *
- * This version gives each live sequence one F32 region of n_ctx positions per layer, reserved
- * at sil_kv_seq_alloc with mmap (MAP_NORESERVE: no commit charge for the reserve) so pages are
- * only backed once written: memory grows with the positions actually used, a cut gives the pages
- * past it back (MADV_DONTNEED), and nothing is allocated while evaluating.
- * Ownership: the cache owns all storage; row pointers stay valid until the sequence is released. */
+ * Blocks are reference counted so a prefix cache can share them: a sequence may point at blocks
+ * other sequences also hold (sil_kv_seq_share, sil_kv_seq_attach); a write into a shared block
+ * copies it first (sil_kv_seq_reserve); a block goes back to the pool with its last reference.
+ * A block may carry a hash (sil_kv_block_set_hash): when its last reference goes it stays
+ * findable by sil_kv_block_lookup, and the pool reuses such cached blocks last, oldest first
+ * (LRU), dropping the hash then. The pool is reserved without commit charge: its pages are
+ * backed once written, and a block freed without a hash gives its pages back.
+ *
+ * Writing: sil_kv_seq_reserve makes positions < n_pos writable before an evaluation; running
+ * out of blocks is -ENOBUFS and leaves the sequence as it was. Nothing allocates afterwards.
+ * Ownership: the cache owns all storage; block pointers stay valid until sil_kv_free. */
 #ifndef SIL_KV_CACHE_H
 #define SIL_KV_CACHE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "daemon/engine/error.h"
 
+#define SIL_KV_BLOCK 64      /* positions per block */
+#define SIL_KV_HEAD_MAX 1024 /* largest head dim */
+
+/* Element types; q8_0 and q4_0 need head dims that are multiples of 32. */
+enum sil_kv_type { SIL_KV_F32, SIL_KV_F16, SIL_KV_Q8_0, SIL_KV_Q4_0 };
+
+struct sil_kv_config {
+    int32_t n_layer;            /* full-attention layers (0: the cache holds nothing) */
+    int32_t n_seq_max, n_ctx;   /* sequences, positions per sequence */
+    int32_t n_embd_k, n_embd_v; /* elements per K / V row (kv heads x head dim) */
+    int32_t head_dim;           /* elements of one head inside a row */
+    enum sil_kv_type type;
+    uint64_t budget; /* pool bytes; 0: enough for every sequence at n_ctx (backed lazily) */
+};
+
 struct sil_kv_cache;
 
-/* n_layer: full-attention layers; n_embd_k / n_embd_v: floats per K / V row (kv heads x dim). */
-int sil_kv_create(struct sil_kv_cache **out, int32_t n_layer, int32_t n_seq_max, int32_t n_ctx,
-                  int32_t n_embd_k, int32_t n_embd_v, struct sil_error *err);
+int sil_kv_create(struct sil_kv_cache **out, const struct sil_kv_config *c, struct sil_error *err);
 void sil_kv_free(struct sil_kv_cache *kv);
 
-int sil_kv_seq_alloc(struct sil_kv_cache *kv, int seq, struct sil_error *err);
+/* "f32", "f16", "q8_0", "q4_0" -> type; -1 when unknown. */
+int sil_kv_type_from_name(const char *name);
+const char *sil_kv_type_name(enum sil_kv_type t);
+/* The ggml type number of the element type (for the kernels). */
+int sil_kv_ggml_type(enum sil_kv_type t);
+
+enum sil_kv_type sil_kv_type(const struct sil_kv_cache *kv);
+int32_t sil_kv_n_blocks(const struct sil_kv_cache *kv); /* pool size */
+int32_t sil_kv_n_free(const struct sil_kv_cache *kv);   /* blocks no sequence holds */
+size_t sil_kv_row_bytes_k(const struct sil_kv_cache *kv);
+size_t sil_kv_row_bytes_v(const struct sil_kv_cache *kv);
+size_t sil_kv_head_bytes(const struct sil_kv_cache *kv);    /* one head inside a row */
+uint64_t sil_kv_block_bytes(const struct sil_kv_cache *kv); /* one block id, all layers */
+
+/* Sequences: seq in [0, n_seq_max). Release drops every block reference the sequence holds. */
 void sil_kv_seq_release(struct sil_kv_cache *kv, int seq);
-/* The sequence now holds positions < n_pos: the whole pages past them are released (they read
- * as zeros if touched again). */
+int32_t sil_kv_seq_len(const struct sil_kv_cache *kv, int seq); /* positions reserved */
+/* Positions < n_pos become writable: blocks are added and a shared block about to be written is
+ * copied. -ENOBUFS (nothing changed) when the pool runs out, -ENOSPC beyond n_ctx. */
+int sil_kv_seq_reserve(struct sil_kv_cache *kv, int seq, int32_t n_pos, struct sil_error *err);
+/* The sequence now holds positions < n_pos (n_pos <= its length): blocks past them are dropped. */
 void sil_kv_seq_trim(struct sil_kv_cache *kv, int seq, int32_t n_pos);
+/* dst (empty) takes references on the blocks of src's positions < n_pos. */
+int sil_kv_seq_share(struct sil_kv_cache *kv, int dst, int src, int32_t n_pos,
+                     struct sil_error *err);
+/* Appends a reference to block at the end of seq (whose length must be a whole number of
+ * blocks): the sequence grows by SIL_KV_BLOCK positions. The block may be free but cached. */
+int sil_kv_seq_attach(struct sil_kv_cache *kv, int seq, int32_t block, struct sil_error *err);
+/* The sequence's block table: its blocks for positions [0, len), in order. */
+const int32_t *sil_kv_seq_table(const struct sil_kv_cache *kv, int seq, int32_t *n_blocks);
 
-/* Row of (layer, seq, pos); rows of consecutive positions are sil_kv_row_stride floats apart. */
-float *sil_kv_k(const struct sil_kv_cache *kv, int layer, int seq, int32_t pos);
-float *sil_kv_v(const struct sil_kv_cache *kv, int layer, int seq, int32_t pos);
-int64_t sil_kv_row_stride_k(const struct sil_kv_cache *kv);
-int64_t sil_kv_row_stride_v(const struct sil_kv_cache *kv);
+/* Block references and the prefix-cache hook. */
+int32_t sil_kv_block_refs(const struct sil_kv_cache *kv, int32_t block);
+void sil_kv_block_set_hash(struct sil_kv_cache *kv, int32_t block, uint64_t hash);
+int32_t sil_kv_block_lookup(const struct sil_kv_cache *kv, uint64_t hash); /* -1: none */
 
-/* Bytes held by n_pos positions of one sequence: the pages they touch. */
+/* K / V rows [SIL_KV_BLOCK] of block in layer, row_bytes apart. */
+void *sil_kv_block_k(const struct sil_kv_cache *kv, int layer, int32_t block);
+void *sil_kv_block_v(const struct sil_kv_cache *kv, int layer, int32_t block);
+/* The row of (layer, seq, pos); pos < the sequence's length. */
+void *sil_kv_k(const struct sil_kv_cache *kv, int layer, int seq, int32_t pos);
+void *sil_kv_v(const struct sil_kv_cache *kv, int layer, int seq, int32_t pos);
+
+/* Bytes a sequence of n_pos positions holds: whole blocks. */
 uint64_t sil_kv_seq_bytes(const struct sil_kv_cache *kv, int32_t n_pos);
 
 #endif

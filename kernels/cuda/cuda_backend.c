@@ -119,9 +119,9 @@ static const char *const mm_what[MV_COUNT] = {
 static const char *const gu_what[MV_F32] = {
     "moe_gate_up q4_0", "moe_gate_up q4_1", "moe_gate_up q5_0", "moe_gate_up q5_1",
     "moe_gate_up q8_0", "moe_gate_up q4_K", "moe_gate_up q5_K", "moe_gate_up q6_K"};
-static const char *const dn_what[MV_F32] = {
-    "moe_down q4_0", "moe_down q4_1", "moe_down q5_0", "moe_down q5_1",
-    "moe_down q8_0", "moe_down q4_K", "moe_down q5_K", "moe_down q6_K"};
+static const char *const dn_what[MV_F32] = {"moe_down q4_0", "moe_down q4_1", "moe_down q5_0",
+                                            "moe_down q5_1", "moe_down q8_0", "moe_down q4_K",
+                                            "moe_down q5_K", "moe_down q6_K"};
 enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_COUNT };
 static const char *const k_names[K_COUNT] = {
     "sil_quantize_q8_1", "sil_rmsnorm_f32",     "sil_add_f32",    "sil_swiglu_f32",
@@ -135,8 +135,10 @@ struct sil_cuda {
     CUmodule mod;
     CUstream stream; /* the default stream of this context's ops */
     CUfunction mv[MV_COUNT][SIL_CUDA_MAX_BATCH];
+    CUfunction mvm[MV_F32][SIL_CUDA_MAX_BATCH]; /* several weights of one type, one launch */
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
+    CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
     CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
@@ -148,6 +150,8 @@ struct sil_cuda {
     uint64_t prof_bytes; /* weight bytes the next launch reads, set by the op */
     struct sil_cuda_prof prof_tab[SIL_CUDA_PROF_MAX];
     int prof_n;
+    /* tests: SIL_CUDA_INJECT_OOM=N fails the N-th launch as out of memory, once */
+    uint64_t n_launch, fail_at;
 };
 
 struct sil_cuda_stream {
@@ -242,6 +246,10 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
                      n);
             CUresult r = cu->api.cuModuleGetFunction(&cu->mv[t][n - 1], cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+            if (t >= MV_F32) continue;
+            snprintf(name, sizeof name, "sil_mmvq_multi_%s_%d", mv_names[t], n);
+            r = cu->api.cuModuleGetFunction(&cu->mvm[t][n - 1], cu->mod, name);
+            if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
     for (int t = 0; t < MV_F32; t++) {
         snprintf(name, sizeof name, "sil_moe_gate_up_%s", mv_names[t]);
@@ -249,6 +257,14 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         if (r == CUDA_SUCCESS) {
             snprintf(name, sizeof name, "sil_moe_down_%s", mv_names[t]);
             r = cu->api.cuModuleGetFunction(&cu->moe_down[t], cu->mod, name);
+        }
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_gate_up_sh_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_gate_up_sh[t], cu->mod, name);
+        }
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_down_sh_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_down_sh[t], cu->mod, name);
         }
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
@@ -344,6 +360,8 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
     if (rc < 0) goto fail_ctx;
     /* m16n8k32 is in the sm_80+ SASS only; the compute_75 PTX carries m8n8k16 in both entries */
     cu->mma_best = cu->mma_sm = in->cc_major >= 8 && !in->ptx_jit ? 80 : 75;
+    const char *inj = getenv("SIL_CUDA_INJECT_OOM");
+    cu->fail_at = inj ? strtoull(inj, NULL, 10) : 0;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
 #undef STEP
     *out = cu;
@@ -634,6 +652,10 @@ static int cu_launch(struct sil_cuda *cu, CUfunction f, const char *what, unsign
     const CUstream st = stream_of(cu, s);
     const uint64_t bytes = cu->prof_bytes;
     cu->prof_bytes = 0;
+    if (cu->fail_at && ++cu->n_launch == cu->fail_at)
+        return set_err(err, -ENOMEM,
+                       "cuda: %s: out of memory (injected at launch %llu by SIL_CUDA_INJECT_OOM)",
+                       what, (unsigned long long)cu->fail_at);
     if (cu->prof) CU_CHECK(cu, err, cuEventRecord(cu->prof_ev[0], st));
     CUresult r = cu->api.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, 0, st, params, NULL);
     if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, what);
@@ -807,6 +829,51 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
     return launch(cu, cu->mv[slot][n - 1], mv_what[slot], g, 1, 128, s, p, err);
 }
 
+/* The kernel's struct sil_mv_set (mmvq.cuh), field for field. */
+struct mv_set {
+    uint64_t w[SIL_CUDA_MV_SET_MAX];
+    uint64_t row_bytes[SIL_CUDA_MV_SET_MAX];
+    int32_t rows[SIL_CUDA_MV_SET_MAX];
+    uint64_t y[SIL_CUDA_MV_SET_MAX];
+    int64_t ldy[SIL_CUDA_MV_SET_MAX];
+    int32_t blk0[SIL_CUDA_MV_SET_MAX + 1];
+    int32_t n;
+};
+
+int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
+                          sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
+                          struct sil_cuda_stream *s, struct sil_error *err)
+{
+    if (nw < 1 || nw > SIL_CUDA_MV_SET_MAX || n < 1 || n > SIL_CUDA_MAX_BATCH || !q8)
+        return set_err(err, -EINVAL, "cuda: matvec of %d weights, batch %d", nw, n);
+    const int slot = mv_slot(w[0]->type);
+    if (slot < 0 || slot >= MV_F32)
+        return set_err(err, -EINVAL, "cuda: a matvec set needs quantized weights");
+    struct mv_set set;
+    memset(&set, 0, sizeof set);
+    const int per_block = n >= 2 ? 8 : 4;
+    int64_t blocks = 0;
+    for (int k = 0; k < nw; k++) {
+        if (mv_slot(w[k]->type) != slot || w[k]->cols != w[0]->cols || !w[k]->data ||
+            ldy[k] < w[k]->rows)
+            return set_err(err, -EINVAL, "cuda: a matvec set of mixed types or widths");
+        set.w[k] = w[k]->data;
+        set.row_bytes[k] = w[k]->row_bytes;
+        set.rows[k] = (int32_t)w[k]->rows;
+        set.y[k] = y[k];
+        set.ldy[k] = ldy[k];
+        set.blk0[k] = (int32_t)blocks;
+        blocks += (w[k]->rows + per_block - 1) / per_block;
+        cu->prof_bytes += w[k]->bytes;
+    }
+    set.blk0[nw] = (int32_t)blocks;
+    set.n = nw;
+    if (blocks > INT32_MAX) return set_err(err, -EINVAL, "cuda: matvec set too large");
+    int units = (int)(w[0]->cols / SIL_CUDA_Q8_BLOCK);
+    void *p[] = {&set, &units, &q8};
+    return launch(cu, cu->mvm[slot][n - 1], mv_what[slot], (unsigned)blocks, 1, 128, s, p, err);
+}
+
 int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err)
 {
     if (sm == 0) sm = cu->mma_best;
@@ -874,8 +941,8 @@ int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w
     const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((max_rows + 63) / 64);
     uint64_t row_bytes = w->row_bytes, mb = mat_bytes;
     int rows = (int)w->rows, units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
-    void *p[] = {(void *)&w->data, &mb, &row_bytes, &rows, &units, &q8, &a_rows, &grp_mat,
-                 &grp_start, &y, &ldy};
+    void *p[] = {(void *)&w->data, &mb,      &row_bytes, &rows, &units, &q8,
+                 &a_rows,          &grp_mat, &grp_start, &y,    &ldy};
     cu->prof_bytes = w->bytes * (uint64_t)n_groups;
     return cu_launch(cu, cu->mmq_grp[slot][cu->mma_sm >= 80], mm_what[slot], gx, gy,
                      (unsigned)n_groups, 128, s, p, err);
@@ -962,9 +1029,11 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
     int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
+    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
     void *p[] = {(void *)&gate->data,
                  (void *)&up->data,
                  &row_bytes,
+                 &stride,
                  &n_ff,
                  &units,
                  &n_expert,
@@ -994,8 +1063,10 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
     int64_t nblocks = (int64_t)n_tok * k * units;
     uint64_t row_bytes = down->row_bytes;
+    uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
     void *p[] = {(void *)&down->data,
                  &row_bytes,
+                 &stride,
                  &n_embd,
                  &units,
                  &n_expert,
@@ -1006,8 +1077,95 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
                  &k,
                  &y};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)k * (uint64_t)n_embd * row_bytes;
-    return launch(cu, cu->moe_down[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4), (unsigned)n_tok,
-                  128, s, p, err);
+    return launch(cu, cu->moe_down[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+                  (unsigned)n_tok, 128, s, p, err);
+}
+
+int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                                const struct sil_cuda_weight *up,
+                                const struct sil_cuda_weight *sh_gate,
+                                const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
+                                int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
+                                sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
+                                struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int slot = mv_slot(gate->type);
+    if (slot < 0 || slot >= MV_F32 || up->type != gate->type || sh_gate->type != gate->type ||
+        sh_up->type != gate->type || !gate->data || !up->data || !sh_gate->data || !sh_up->data ||
+        !x || !gate_inp || !sh_logit)
+        return set_err(err, -ENOTSUP,
+                       "cuda: moe gate/up with the shared expert: one quantized "
+                       "type for all four");
+    if (n_expert <= 0 || gate->rows % n_expert || up->rows != gate->rows ||
+        up->cols != gate->cols || sh_gate->rows != gate->rows / n_expert ||
+        sh_up->rows != sh_gate->rows || sh_gate->cols != gate->cols || n_tok <= 0 || k <= 0 ||
+        (int64_t)n_tok * (k + 1) > 65535)
+        return set_err(err, -EINVAL,
+                       "cuda: moe gate/up + shared of %lld rows over %d experts, %d x %d",
+                       (long long)gate->rows, n_expert, n_tok, k);
+    int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
+    int64_t nblocks = (int64_t)n_tok * units;
+    uint64_t row_bytes = gate->row_bytes;
+    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
+    void *p[] = {(void *)&gate->data,
+                 (void *)&up->data,
+                 (void *)&sh_gate->data,
+                 (void *)&sh_up->data,
+                 &row_bytes,
+                 &stride,
+                 &n_ff,
+                 &units,
+                 &n_expert,
+                 &q8,
+                 &nblocks,
+                 &ids,
+                 &k,
+                 &x,
+                 &gate_inp,
+                 &sh_logit,
+                 &h};
+    cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * 2 * (uint64_t)n_ff * row_bytes;
+    return launch(cu, cu->moe_gate_up_sh[slot], gu_what[slot], (unsigned)((n_ff + 3) / 4),
+                  (unsigned)(n_tok * (k + 1)), 128, s, p, err);
+}
+
+int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                             const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
+                             int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
+                             sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
+                             struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int slot = mv_slot(down->type);
+    if (slot < 0 || slot >= MV_F32 || sh_down->type != down->type || !down->data ||
+        !sh_down->data || !sh_logit)
+        return set_err(err, -ENOTSUP, "cuda: moe down with the shared expert: one quantized type");
+    if (n_expert <= 0 || down->rows % n_expert || sh_down->rows != down->rows / n_expert ||
+        sh_down->cols != down->cols || n_tok <= 0 || n_tok > 65535 || k <= 0 ||
+        (int64_t)n_tok * (k + 1) > 65535)
+        return set_err(err, -EINVAL,
+                       "cuda: moe down + shared of %lld rows over %d experts, %d x %d",
+                       (long long)down->rows, n_expert, n_tok, k);
+    int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
+    int64_t nblocks = (int64_t)n_tok * (k + 1) * units;
+    uint64_t row_bytes = down->row_bytes;
+    uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
+    void *p[] = {(void *)&down->data,
+                 (void *)&sh_down->data,
+                 &row_bytes,
+                 &stride,
+                 &n_embd,
+                 &units,
+                 &n_expert,
+                 &q8h,
+                 &nblocks,
+                 &ids,
+                 &weights,
+                 &sh_logit,
+                 &k,
+                 &y};
+    cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * (uint64_t)n_embd * row_bytes;
+    return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+                  (unsigned)n_tok, 128, s, p, err);
 }
 
 /* ---- further modules ----------------------------------------------------------------------- */

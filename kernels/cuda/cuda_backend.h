@@ -116,6 +116,9 @@ struct sil_cuda_weight {
     size_t bytes;
     sil_cuda_ptr data;
     bool owned; /* data was allocated by sil_cuda_weight_upload */
+    /* a stack of matrices (routed experts, expert slots): bytes from one matrix to the next;
+     * 0: packed (rows / n_expert rows apart) */
+    size_t mat_stride;
 };
 
 /* Types sil_cuda_matvec and sil_cuda_matmul compute with. */
@@ -150,6 +153,13 @@ int sil_cuda_quantize_q8(struct sil_cuda *cu, sil_cuda_ptr x, int64_t n, int64_t
 int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
                     sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
                     struct sil_error *err);
+
+/* Several quantized weights of one type and width sharing the input (its q8), in one launch:
+ * y[k] = W_k x as sil_cuda_matvec would give it, for k < nw <= SIL_CUDA_MV_SET_MAX. */
+#define SIL_CUDA_MV_SET_MAX 4
+int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
+                          sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
+                          struct sil_cuda_stream *s, struct sil_error *err);
 
 /* The same product for prefill, any n >= 1 (meant for n > SIL_CUDA_MAX_BATCH): quantized
  * weights on int8 tensor cores (weights unpacked to int8 per 32 columns, their scales applied in
@@ -214,6 +224,24 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
 int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, int n_expert,
                       sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights, int k,
                       sil_cuda_ptr y, struct sil_cuda_stream *s, struct sil_error *err);
+
+/* The two fused kernels with the shared expert as a (k + 1)-th slot of every token, for models
+ * whose shared expert has a routed expert's shape and types: gate_up writes h [n_tok * (k + 1)]
+ * [n_ff] (the shared row after the token's k) and sh_logit [n_tok] = gate_inp . x (F32 x
+ * [n_tok][n_embd], gate_inp F32 [n_embd]); down (q8 of that h) writes y = sum of the k routed
+ * outputs by their weights + sigmoid(sh_logit) * the shared one: the whole MoE output. */
+int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                                const struct sil_cuda_weight *up,
+                                const struct sil_cuda_weight *sh_gate,
+                                const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
+                                int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
+                                sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
+                                struct sil_cuda_stream *s, struct sil_error *err);
+int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                             const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
+                             int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
+                             sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
+                             struct sil_cuda_stream *s, struct sil_error *err);
 
 #endif
 

@@ -292,12 +292,12 @@ __device__ __forceinline__ void sil_unit_dot2(const sil_wunit &w0, const sil_wun
 template <int T, int N>
 __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                          int rows, int units, const uint8_t *__restrict__ a8,
-                                         float *__restrict__ y, int64_t ldy)
+                                         float *__restrict__ y, int64_t ldy, int bx)
 {
     const int lane = threadIdx.x & 31;
     const sil_q8_view a = sil_q8_at(a8, (int64_t)N * units);
     if (SIL_MMVQ_ROWS(N) == 2) {
-        const int r0 = 2 * (blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5));
+        const int r0 = 2 * (bx * SIL_MMV_WARPS + (threadIdx.x >> 5));
         if (r0 >= rows)
             return;
         const bool has1 = r0 + 1 < rows;
@@ -324,7 +324,7 @@ __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t
         }
         return;
     }
-    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    const int r = bx * SIL_MMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows)
         return;
     const uint8_t *row = w + (uint64_t)r * row_bytes;
@@ -431,8 +431,30 @@ __device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t
         sil_mmvq_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
                               const uint8_t *a, float *y, int64_t ldy)                            \
     {                                                                                             \
-        sil_mmvq<T, N>(w, row_bytes, rows, units, a, y, ldy);                                     \
+        sil_mmvq<T, N>(w, row_bytes, rows, units, a, y, ldy, blockIdx.x);                         \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_mmvq_multi_##NAME##_##N(sil_mv_set set, int units, const uint8_t *a)                  \
+    {                                                                                             \
+        int k = 0;                                                                                \
+        while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])                               \
+            k++;                                                                                  \
+        sil_mmvq<T, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k], set.ldy[k],   \
+                       (int)blockIdx.x - set.blk0[k]);                                            \
     }
+// Up to SIL_MV_SET_MAX weights of one type sharing one input, in one launch: weight k takes
+// blocks blk0[k] .. blk0[k + 1] (the host lays them out), as its own matvec would.
+#define SIL_MV_SET_MAX 4
+struct sil_mv_set {
+    const uint8_t *w[SIL_MV_SET_MAX];
+    uint64_t row_bytes[SIL_MV_SET_MAX];
+    int rows[SIL_MV_SET_MAX];
+    float *y[SIL_MV_SET_MAX];
+    int64_t ldy[SIL_MV_SET_MAX];
+    int blk0[SIL_MV_SET_MAX + 1];
+    int n;
+};
+
 #define SIL_MMVF_ENTRY(NAME, F, N)                                                                \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvf_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,       \

@@ -16,7 +16,7 @@ __device__ __forceinline__ sil_q8_view sil_q8_row(sil_q8_view a, int64_t row, in
 template <int T>
 __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
                                                 const uint8_t *__restrict__ wu,
-                                                uint64_t row_bytes, int n_ff, int units,
+                                                uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units,
                                                 int n_expert, const uint8_t *__restrict__ a8,
                                                 int64_t nblocks, const int32_t *__restrict__ ids,
                                                 int k, float *__restrict__ h)
@@ -32,7 +32,7 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
         return;
     }
     const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
-    const uint64_t off = ((uint64_t)e * n_ff + r) * row_bytes;
+    const uint64_t off = (uint64_t)e * mat_stride + (uint64_t)r * row_bytes;
     float g = 0.0f, u = 0.0f;
     for (int i = lane; i < units; i += 32) {
         sil_wunit wa, wb;
@@ -48,7 +48,7 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
 }
 
 template <int T>
-__device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uint64_t row_bytes,
+__device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uint64_t row_bytes, uint64_t mat_stride,
                                              int n_embd, int units, int n_expert,
                                              const uint8_t *__restrict__ h8, int64_t nblocks,
                                              const int32_t *__restrict__ ids,
@@ -71,7 +71,7 @@ __device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uin
             continue;
         }
         sil_wunit w;
-        sil_load_unit<T>(wd + ((uint64_t)e * n_embd + r) * row_bytes, u, w);
+        sil_load_unit<T>(wd + (uint64_t)e * mat_stride + (uint64_t)r * row_bytes, u, w);
         float d = 0.0f;
         sil_unit_dot<1>(w, sil_q8_row(a, p, units), units, u, &d);
         acc += wts[p] * d;
@@ -82,20 +82,134 @@ __device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uin
         y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
 }
 
+// The same two kernels with the shared expert as slot k of every token (its matrices have the
+// routed experts' shape and types): gate_up's grid y is n_tok * (k + 1), h [n_tok * (k + 1)][n_ff]
+// with the shared expert's row after the token's k routed ones, and warp 0 of the token's shared
+// block (x = 0) also writes sh_logit[t] = gate_inp . x_t (F32, n_embd); down sums the k + 1
+// slots, the shared one weighted by sigmoid(sh_logit[t]), so y is the whole MoE output.
+template <int T>
+__device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ wg,
+                                                   const uint8_t *__restrict__ wu,
+                                                   const uint8_t *__restrict__ sg,
+                                                   const uint8_t *__restrict__ su,
+                                                   uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units,
+                                                   int n_expert, const uint8_t *__restrict__ a8,
+                                                   int64_t nblocks, const int32_t *__restrict__ ids,
+                                                   int k, const float *__restrict__ x,
+                                                   const float *__restrict__ gate_inp,
+                                                   float *__restrict__ sh_logit,
+                                                   float *__restrict__ h)
+{
+    const int lane = threadIdx.x & 31;
+    const int p = blockIdx.y, t = p / (k + 1), j = p - t * (k + 1);
+    const bool shared = j == k;
+    if (shared && blockIdx.x == 0 && threadIdx.x < 32) {
+        const int n_embd = units * 32;
+        const float *xt = x + (int64_t)t * n_embd;
+        float d = 0.0f;
+        for (int i = lane; i < n_embd; i += 32)
+            d += xt[i] * gate_inp[i];
+        d = sil_warp_sum(d);
+        if (lane == 0)
+            sh_logit[t] = d;
+    }
+    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    if (r >= n_ff)
+        return;
+    const int e = shared ? 0 : ids[t * k + j];
+    if (e < 0 || e >= n_expert) {
+        if (lane == 0)
+            h[(int64_t)p * n_ff + r] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
+    const uint64_t off = (uint64_t)e * mat_stride + (uint64_t)r * row_bytes;
+    const uint8_t *g8 = (shared ? sg : wg) + off, *u8 = (shared ? su : wu) + off;
+    float g = 0.0f, u = 0.0f;
+    for (int i = lane; i < units; i += 32) {
+        sil_wunit wa, wb;
+        sil_load_unit<T>(g8, i, wa);
+        sil_load_unit<T>(u8, i, wb);
+        sil_unit_dot<1>(wa, a, units, i, &g);
+        sil_unit_dot<1>(wb, a, units, i, &u);
+    }
+    g = sil_warp_sum(g);
+    u = sil_warp_sum(u);
+    if (lane == 0)
+        h[(int64_t)p * n_ff + r] = g / (1.0f + expf(-g)) * u;
+}
+
+template <int T>
+__device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
+                                                const uint8_t *__restrict__ sd, uint64_t row_bytes, uint64_t mat_stride,
+                                                int n_embd, int units, int n_expert,
+                                                const uint8_t *__restrict__ h8, int64_t nblocks,
+                                                const int32_t *__restrict__ ids,
+                                                const float *__restrict__ wts,
+                                                const float *__restrict__ sh_logit, int k,
+                                                float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    if (r >= n_embd)
+        return;
+    const int t = blockIdx.y, k1 = k + 1;
+    const sil_q8_view a = sil_q8_at(h8, nblocks);
+    const float sw = 1.0f / (1.0f + expf(-sh_logit[t]));
+    float acc = 0.0f;
+    bool bad = false;
+    for (int idx = lane; idx < k1 * units; idx += 32) {
+        const int j = idx / units, u = idx - j * units;
+        const bool shared = j == k;
+        const int e = shared ? 0 : ids[t * k + j];
+        if (e < 0 || e >= n_expert) {
+            bad = true;
+            continue;
+        }
+        sil_wunit w;
+        sil_load_unit<T>((shared ? sd : wd) + (uint64_t)e * mat_stride + (uint64_t)r * row_bytes,
+                         u, w);
+        float d = 0.0f;
+        sil_unit_dot<1>(w, sil_q8_row(a, (int64_t)t * k1 + j, units), units, u, &d);
+        acc += (shared ? sw : wts[t * k + j]) * d;
+    }
+    acc = sil_warp_sum(acc);
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0)
+        y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
+}
+
 #define SIL_MOE_ENTRY(NAME, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
-        sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes,          \
+        sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, uint64_t mat_stride,          \
                                int n_ff, int units, int n_expert, const uint8_t *a8,              \
                                int64_t nblocks, const int32_t *ids, int k, float *h)              \
     {                                                                                             \
-        sil_moe_gate_up<T>(wg, wu, row_bytes, n_ff, units, n_expert, a8, nblocks, ids, k, h);     \
+        sil_moe_gate_up<T>(wg, wu, row_bytes, mat_stride, n_ff, units, n_expert, a8, nblocks, ids, k, h);     \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
-        sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, int n_embd, int units,         \
+        sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, uint64_t mat_stride, int n_embd, int units,         \
                             int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, \
                             const float *wts, int k, float *y)                                    \
     {                                                                                             \
-        sil_moe_down<T>(wd, row_bytes, n_embd, units, n_expert, h8, nblocks, ids, wts, k, y);     \
+        sil_moe_down<T>(wd, row_bytes, mat_stride, n_embd, units, n_expert, h8, nblocks, ids, wts, k, y);     \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_gate_up_sh_##NAME(   \
+        const uint8_t *wg, const uint8_t *wu, const uint8_t *sg, const uint8_t *su,               \
+        uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units, int n_expert, const uint8_t *a8, int64_t nblocks, \
+        const int32_t *ids, int k, const float *x, const float *gate_inp, float *sh_logit,        \
+        float *h)                                                                                 \
+    {                                                                                             \
+        sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, mat_stride, n_ff, units, n_expert, a8, nblocks, ids, \
+                              k, x, gate_inp, sh_logit, h);                                       \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_down_sh_##NAME(      \
+        const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride, int n_embd, int units,          \
+        int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, const float *wts,   \
+        const float *sh_logit, int k, float *y)                                                   \
+    {                                                                                             \
+        sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, n_embd, units, n_expert, h8, nblocks, ids, wts,     \
+                           sh_logit, k, y);                                                       \
     }
 
 SIL_MOE_ENTRY(q4_0, WT_Q4_0)
