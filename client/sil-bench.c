@@ -602,17 +602,43 @@ int main(int argc, char **argv)
 
     int rc = o.overhead ? bench_overhead(&o) : bench_generation(&o);
 
-    if (rc == 0 && !o.overhead && stp && sil_rpc_map_get(stp, "expert_cache")) {
-        /* The figures after the runs, read fresh. */
+    const msgpack_object *ec0 = stp ? sil_rpc_map_get(stp, "expert_cache") : NULL;
+    if (rc == 0 && !o.overhead && ec0 && ec0->type == MSGPACK_OBJECT_MAP) {
+        /* The expert cache is simulated on the CPU (its figures say what a cache of that size
+         * would have done): the runs' own figures are the counters after them less before. */
         if (sil_client_connect(&c, o.socket, (int)(o.timeout_s * 1000), &e) == 0) {
             const msgpack_object *st2 = NULL;
             if (sil_rpc_client_call0(&c, "status", NULL, NULL, &st2, &e) == 0) {
                 const msgpack_object *ec = sil_rpc_map_get(st2, "expert_cache");
-                double hr = sil_rpc_map_double(ec, "hit_rate", NAN);
-                if (!isnan(hr)) {
-                    record("hit_rate", "ratio", "expert_cache,after_runs", hr);
-                    printf("expert cache hit rate %.3f, %" PRId64 " bytes streamed\n", hr,
-                           sil_rpc_map_int(ec, "bytes_streamed", 0));
+                char mode[32], pol[32], cfg[128];
+                sil_rpc_map_str(ec, "mode", mode, sizeof(mode), "?");
+                sil_rpc_map_str(ec, "policy", pol, sizeof(pol), "?");
+                const int64_t slots = sil_rpc_map_int(ec, "slots", 0);
+                snprintf(cfg, sizeof(cfg), "expert_cache,%s,%s,%" PRId64 " slots", mode, pol,
+                         slots);
+#define DELTA(k) ((double)(sil_rpc_map_int(ec, k, 0) - sil_rpc_map_int(ec0, k, 0)))
+                const double hits = DELTA("hits"), look = DELTA("lookups");
+                if (look > 0) {
+                    record("hit_rate", "ratio", cfg, hits / look);
+                    record("bytes_streamed", "bytes", cfg, DELTA("bytes_streamed"));
+                    record("evictions", "count", cfg, DELTA("evictions"));
+                    printf("expert cache (%s, %s, %" PRId64 " slots): hit rate %.3f over the runs, "
+                           "%.0f bytes streamed, %.0f evictions\n",
+                           mode, pol, slots, hits / look, DELTA("bytes_streamed"),
+                           DELTA("evictions"));
+                }
+#undef DELTA
+                /* per layer: since the daemon started (status keeps no per-layer counters) */
+                const msgpack_object *ly = sil_rpc_map_get(ec, "layers");
+                if (ly && ly->type == MSGPACK_OBJECT_ARRAY) {
+                    for (uint32_t l = 0; l < ly->via.array.size; l++) {
+                        const msgpack_object *v = &ly->via.array.ptr[l];
+                        if (v->type != MSGPACK_OBJECT_FLOAT64 && v->type != MSGPACK_OBJECT_FLOAT32)
+                            continue;
+                        char lc[160];
+                        snprintf(lc, sizeof(lc), "%s,layer %u since start", cfg, l);
+                        record("hit_rate", "ratio", lc, v->via.f64);
+                    }
                 }
             }
             sil_rpc_client_close(&c);

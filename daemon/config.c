@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "daemon/engine/engine.h"
 
@@ -35,6 +36,28 @@ void sil_config_defaults(struct sil_config *c)
     c->message_timeout = 30;
     c->max_input = 64u << 20;
     c->log_level = SIL_LOG_INFO;
+    c->heat_map = true;
+    c->heat_save_interval = 300;
+}
+
+int sil_config_state_dir(const struct sil_config *c, char *out, size_t size)
+{
+    int n;
+    const char *sd = getenv("STATE_DIRECTORY"), *xdg = getenv("XDG_STATE_HOME");
+    const char *home = getenv("HOME");
+    if (c->state_dir[0])
+        n = snprintf(out, size, "%s", c->state_dir);
+    else if (sd && *sd) /* systemd's StateDirectory=: a colon-separated list, the first is ours */
+        n = snprintf(out, size, "%.*s", (int)strcspn(sd, ":"), sd);
+    else if (geteuid() == 0)
+        n = snprintf(out, size, "/var/lib/siliceo");
+    else if (xdg && xdg[0] == '/')
+        n = snprintf(out, size, "%s/siliceo", xdg);
+    else if (home && home[0] == '/')
+        n = snprintf(out, size, "%s/.local/state/siliceo", home);
+    else
+        return -ENOENT;
+    return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
 
 int sil_parse_size(const char *s, uint64_t *out)
@@ -247,6 +270,30 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
         }
         return set_str(c->socket_group, sizeof c->socket_group, val, why, why_size);
     }
+    if (strcmp(key, "state_dir") == 0)
+        return set_str(c->state_dir, sizeof c->state_dir, val, why, why_size);
+    if (strcmp(key, "heat_map") == 0) {
+        if (!strcasecmp(val, "yes") || !strcasecmp(val, "true") || !strcmp(val, "1")) {
+            c->heat_map = true;
+        } else if (!strcasecmp(val, "no") || !strcasecmp(val, "false") || !strcmp(val, "0")) {
+            c->heat_map = false;
+        } else {
+            snprintf(why, why_size, "expected yes or no");
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (strcmp(key, "ecache_policy") == 0) {
+        if (*val && strcmp(val, "lru") && strcmp(val, "lfu") && strcmp(val, "heat") &&
+            strcmp(val, "static")) {
+            snprintf(why, why_size, "expected lru, lfu, heat or static");
+            return -EINVAL;
+        }
+        strcpy(c->ecache_policy, val);
+        return 0;
+    }
+    INT_KEY("heat_save_interval", heat_save_interval, 0, 1 << 30)
+    INT_KEY("ecache_slots", ecache_slots, 0, 1 << 24)
     INT_KEY("threads", threads, 0, 1024)
     INT_KEY("context", ctx, 0, 1 << 24)
     INT_KEY("max_clients", max_clients, 1, 65536)
@@ -335,6 +382,7 @@ enum {
     OPT_CTX,
     OPT_IDLE_TIMEOUT,
     OPT_MESSAGE_TIMEOUT,
+    OPT_STATE_DIR,
     OPT_KV_TYPE,
     OPT_KV_BUDGET,
 };
@@ -356,6 +404,7 @@ static const struct option long_opts[] = {
     { "no-model", no_argument, NULL, OPT_NO_MODEL },
     { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
     { "message-timeout", required_argument, NULL, OPT_MESSAGE_TIMEOUT },
+    { "state-dir", required_argument, NULL, OPT_STATE_DIR },
     { "version", no_argument, NULL, 'V' },
     { 0, 0, 0, 0 },
 };
@@ -376,6 +425,7 @@ static int flag_key(int opt, const char **key)
     case OPT_KV_BUDGET: *key = "kv_budget"; return 1;
     case OPT_IDLE_TIMEOUT: *key = "idle_timeout"; return 1;
     case OPT_MESSAGE_TIMEOUT: *key = "message_timeout"; return 1;
+    case OPT_STATE_DIR: *key = "state_dir"; return 1;
     }
     return 0;
 }
@@ -474,6 +524,11 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(dst->prefill_budget != src->prefill_budget, "prefill_budget")
     STATIC(dst->prefill_stretch != src->prefill_stretch, "prefill_stretch")
     STATIC(dst->priority_aging != src->priority_aging, "priority_aging")
+    STATIC(strcmp(dst->state_dir, src->state_dir), "state_dir")
+    STATIC(dst->heat_map != src->heat_map, "heat_map")
+    STATIC(dst->heat_save_interval != src->heat_save_interval, "heat_save_interval")
+    STATIC(dst->ecache_slots != src->ecache_slots, "ecache_slots")
+    STATIC(strcmp(dst->ecache_policy, src->ecache_policy), "ecache_policy")
 #undef STATIC
     if (n >= size && size > 4)
         strcpy(changed_static + size - 4, "...");
@@ -503,6 +558,7 @@ void sil_usage(FILE *f)
           "                [--kv-type f32|f16|q8_0|q4_0] [--kv-budget SIZE]\n"
           "                [--log-level err|warning|notice|info|debug] [--foreground]\n"
           "                [--idle-timeout SECONDS] [--message-timeout SECONDS]\n"
+          "                [--state-dir DIR]\n"
           "       siliceod --no-model [--socket PATH]   (protocol diagnostics only)\n"
           "       siliceod --inspect FILE\n"
           "       siliceod --help | --version\n"
@@ -524,6 +580,9 @@ void sil_usage(FILE *f)
           "      --log-level LEVEL   err, warning, notice, info or debug\n"
           "      --idle-timeout S    close connections idle this long (default 0: never)\n"
           "      --message-timeout S drop a client whose message stays incomplete this long (30)\n"
+          "      --state-dir DIR     where the expert heat map is kept (default:\n"
+          "                          $STATE_DIRECTORY, /var/lib/siliceo for root, else\n"
+          "                          $XDG_STATE_HOME/siliceo)\n"
           "  -f, --foreground        log to stderr (the daemon never forks)\n"
           "      --no-model          protocol diagnostics without a model\n"
           "      --inspect FILE      validate and describe a model file, then exit\n"

@@ -55,6 +55,15 @@ struct sil_config {
     int idle_timeout;           /* seconds a connection may sit with nothing in flight, 0 = never */
     int message_timeout;        /* seconds an incomplete message may wait for its rest, 0 = never */
     uint64_t max_input;         /* unparsed input buffered across all connections */
+    /* Warm restart: the expert heat map is kept in state_dir ("" = the default: $STATE_DIRECTORY,
+     * else /var/lib/siliceo for root, else $XDG_STATE_HOME/siliceo or ~/.local/state/siliceo),
+     * saved every heat_save_interval seconds (0 = at shutdown only) and at shutdown. */
+    char state_dir[PATH_MAX];
+    bool heat_map;
+    int heat_save_interval;
+    /* The expert cache simulated on the CPU (0 slots = off) and its policy ("" = the default). */
+    int32_t ecache_slots;
+    char ecache_policy[16];
     int log_level;
     bool foreground;
     bool no_model;              /* --no-model: protocol-only diagnostics (debug.stream) */
@@ -83,6 +92,10 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
  * differ but cannot (for a log line) in changed_static, "" if none. */
 void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src, char *changed_static,
                            size_t size);
+
+/* The state directory cfg->state_dir names, or the default above, into out: -ENAMETOOLONG, or
+ * -ENOENT when no default applies (no HOME). */
+int sil_config_state_dir(const struct sil_config *c, char *out, size_t size);
 
 /* "4G" -> 4 << 30; -EINVAL / -ERANGE. */
 int sil_parse_size(const char *s, uint64_t *out);

@@ -131,6 +131,97 @@ static uint64_t rss_bytes(void)
     return rss * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
+static void pack_rate(msgpack_packer *pk, const char *key, uint64_t hits, uint64_t lookups)
+{
+    sil_rpc_pack_cstr(pk, key);
+    if (lookups)
+        msgpack_pack_double(pk, (double)hits / (double)lookups);
+    else
+        msgpack_pack_nil(pk);
+}
+
+/* The expert cache: the device's slots, or one simulated on the CPU (no slots hold weights: its
+ * figures say what a cache of that size would have done with the routing served); nil when
+ * there is none. */
+static void pack_expert_cache(struct server *s, msgpack_packer *pk,
+                              const struct sil_worker_stats *st)
+{
+    sil_rpc_pack_cstr(pk, "expert_cache");
+    if (!s->worker || st->ecache_slots <= 0) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    struct sil_heat_view hv;
+    sil_heatkeep_view(&s->heat, &hv);
+    const struct sil_ecache_stats *e = &st->ecache;
+    const struct sil_model_info *info = sil_engine_info(s->engine);
+    msgpack_pack_map(pk, 13);
+    sil_rpc_kv_str(pk, "mode", st->ecache_mode ? st->ecache_mode : "?");
+    sil_rpc_kv_str(pk, "policy", st->ecache_policy ? st->ecache_policy : "?");
+    sil_rpc_kv_int(pk, "slots", st->ecache_slots);
+    sil_rpc_kv_uint(pk, "experts", (uint64_t)info->n_layer * (uint64_t)info->n_expert);
+    sil_rpc_kv_int(pk, "preloaded", hv.preloaded);
+    /* an expert lookup per expert a layer's ubatch routed to (the cache's own "lookups" count
+     * plans) */
+    sil_rpc_kv_uint(pk, "lookups", e->hits + e->misses);
+    sil_rpc_kv_uint(pk, "hits", e->hits);
+    sil_rpc_kv_uint(pk, "misses", e->misses);
+    pack_rate(pk, "hit_rate", e->hits, e->hits + e->misses);
+    sil_rpc_kv_uint(pk, "evictions", e->evictions);
+    sil_rpc_kv_uint(pk, "bytes_streamed", e->bytes_streamed);
+    sil_rpc_kv_uint(pk, "host", e->host);
+    /* per MoE layer, nil where the layer saw no lookup */
+    struct sil_ecache_stats layers[512];
+    const int32_t n = sil_worker_ecache_layers(s->worker, layers, 512);
+    sil_rpc_pack_cstr(pk, "layers");
+    msgpack_pack_array(pk, n);
+    for (int32_t l = 0; l < n; l++) {
+        const uint64_t n_look = layers[l].hits + layers[l].misses;
+        if (n_look)
+            msgpack_pack_double(pk, (double)layers[l].hits / (double)n_look);
+        else
+            msgpack_pack_nil(pk);
+    }
+}
+
+/* The heat map kept for a warm restart; nil when none is kept. */
+static void pack_heat_map(struct server *s, msgpack_packer *pk)
+{
+    sil_rpc_pack_cstr(pk, "heat_map");
+    struct sil_heat_view hv;
+    if (!s->heat_init) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    sil_heatkeep_view(&s->heat, &hv);
+    if (!hv.on) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    msgpack_pack_map(pk, 9);
+    sil_rpc_pack_cstr(pk, "file");
+    if (hv.path[0])
+        sil_utf8_pack_str(pk, hv.path, strlen(hv.path)); /* a path is bytes */
+    else
+        msgpack_pack_nil(pk);
+    sil_rpc_kv_str(pk, "loaded", hv.load);
+    sil_rpc_pack_cstr(pk, "load_error");
+    if (hv.load_msg[0])
+        sil_utf8_pack_str(pk, hv.load_msg, strlen(hv.load_msg));
+    else
+        msgpack_pack_nil(pk);
+    sil_rpc_kv_int(pk, "hot_experts", hv.hot);
+    sil_rpc_kv_int(pk, "preloaded", hv.preloaded);
+    sil_rpc_kv_uint(pk, "tokens_loaded", hv.tokens_loaded);
+    sil_rpc_kv_uint(pk, "saves", hv.saves);
+    sil_rpc_kv_uint(pk, "save_errors", hv.save_errors);
+    sil_rpc_pack_cstr(pk, "last_save_age_s");
+    if (hv.last_save > 0)
+        msgpack_pack_double(pk, now_s() - hv.last_save);
+    else
+        msgpack_pack_nil(pk);
+}
+
 static int m_status(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
@@ -141,7 +232,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     struct sil_engine_device dev;
     const bool on_dev = s->engine && sil_engine_device(s->engine, &dev) == 0;
-    msgpack_pack_map(pk, 16);
+    msgpack_pack_map(pk, 18);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
     sil_rpc_kv_str(pk, "model_state", model_state_name(s));
     sil_rpc_pack_cstr(pk, "model_problem");
@@ -216,6 +307,8 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_uint(pk, "cached", st.tokens_cached);
     sil_rpc_kv_uint(pk, "generated", st.tokens_generated);
     sil_rpc_kv_uint(pk, "recomputed", st.tokens_recomputed);
+    pack_expert_cache(s, pk, &st);
+    pack_heat_map(s, pk);
     sil_rpc_end(&s->scratch);
     return conn_send_scratch(c);
 }
@@ -228,10 +321,29 @@ struct metric {
     double value;
 };
 
-/* Prometheus text (version 0.0.4) or OpenMetrics text: # HELP and # TYPE for every family. */
-static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct metric *mt, int n, bool openmetrics)
+/* The expert cache's metrics are named siliceo_expert_cache_sim_* while it is simulated on the
+ * CPU and siliceo_expert_cache_* for the device's slots, so the two never share a series. */
+static const char *ec_name(const char *sim_name, bool device, char *buf, size_t size)
 {
-    size_t cap = (size_t)n * 256 + 16, len = 0;
+    if (!device) return sim_name;
+    const char *tail = sim_name + strlen("siliceo_expert_cache_sim_");
+    snprintf(buf, size, "siliceo_expert_cache_%s", tail);
+    return buf;
+}
+
+static const char *ec_help(const char *sim_help, bool device, char *buf, size_t size)
+{
+    if (!device) return sim_help;
+    snprintf(buf, size, "Device slots: %s", sim_help + strlen("Simulated on the CPU: "));
+    return buf;
+}
+
+/* Prometheus text (version 0.0.4) or OpenMetrics text: # HELP and # TYPE for every family. */
+static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct metric *mt, int n,
+                             const struct sil_ecache_stats *layers, int32_t n_layers, bool device,
+                             bool openmetrics)
+{
+    size_t cap = (size_t)n * 256 + (size_t)n_layers * 160 + 1024, len = 0;
     char *text = malloc(cap);
     if (!text)
         return -ENOMEM;
@@ -240,6 +352,23 @@ static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct
         len += snprintf(text + len, cap - len, "# HELP %.*s %s\n# TYPE %.*s %s\n%s %.17g\n", (int)fam, mt[i].name,
                         mt[i].help, (int)fam, mt[i].name, mt[i].counter ? "counter" : "gauge", mt[i].name,
                         mt[i].value);
+    }
+    /* The simulated expert cache per MoE layer: one labelled series per layer. */
+    for (int f = 0; f < 2 && n_layers > 0; f++) {
+        char nb[96], hb[160];
+        const char *name = ec_name(f ? "siliceo_expert_cache_sim_layer_hits_total"
+                                     : "siliceo_expert_cache_sim_layer_lookups_total",
+                                   device, nb, sizeof nb);
+        const size_t fam = strlen(name) - (openmetrics ? 6 : 0);
+        const char *help = ec_help(f ? "Simulated on the CPU: expert lookups of one layer that hit."
+                                     : "Simulated on the CPU: expert lookups of one layer.",
+                                   device, hb, sizeof hb);
+        len += snprintf(text + len, cap - len, "# HELP %.*s %s\n# TYPE %.*s counter\n", (int)fam,
+                        name, help, (int)fam, name);
+        for (int32_t l = 0; l < n_layers; l++)
+            len += snprintf(
+                text + len, cap - len, "%s{layer=\"%d\"} %llu\n", name, (int)l,
+                (unsigned long long)(f ? layers[l].hits : layers[l].hits + layers[l].misses));
     }
     if (openmetrics)
         len += snprintf(text + len, cap - len, "# EOF\n");
@@ -310,21 +439,96 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         { "siliceo_vram_scratch_bytes", "Other device memory: recurrent state, activations, scratch.",
           false, (double)dev.scratch_bytes },
     };
-    int n = (int)(sizeof mt / sizeof *mt);
+    int n0 = (int)(sizeof mt / sizeof *mt);
+    /* The expert cache's figures are simulated on the CPU (no slots hold weights yet): present
+     * only while ecache_slots is set; the heat map's while one is kept. */
+    struct sil_heat_view hv = {0};
+    if (s->heat_init) sil_heatkeep_view(&s->heat, &hv);
+    const struct sil_ecache_stats *ec = &st.ecache;
+    const bool ec_on = s->worker && st.ecache_slots > 0;
+    const struct metric mx[] = {
+        {"siliceo_expert_cache_sim_slots", "Simulated on the CPU: expert cache slots.", false,
+         st.ecache_slots},
+        {"siliceo_expert_cache_sim_preloaded",
+         "Simulated on the CPU: experts preloaded at start "
+         "from the heat map.",
+         false, (double)hv.preloaded},
+        {"siliceo_expert_cache_sim_lookups_total",
+         "Simulated on the CPU: expert lookups (one per "
+         "expert a layer's ubatch routed to).",
+         true, (double)(ec->hits + ec->misses)},
+        {"siliceo_expert_cache_sim_hits_total", "Simulated on the CPU: expert lookups that hit.",
+         true, (double)ec->hits},
+        {"siliceo_expert_cache_sim_misses_total",
+         "Simulated on the CPU: expert lookups that "
+         "missed.",
+         true, (double)ec->misses},
+        {"siliceo_expert_cache_sim_evictions_total", "Simulated on the CPU: experts evicted.", true,
+         (double)ec->evictions},
+        {"siliceo_expert_cache_sim_streamed_bytes_total",
+         "Simulated on the CPU: expert bytes "
+         "that would have crossed the bus (every miss).",
+         true, (double)ec->bytes_streamed},
+        {"siliceo_expert_cache_sim_hit_ratio",
+         "Simulated on the CPU: hits per lookup since start "
+         "(0 before any).",
+         false, ec->hits + ec->misses ? (double)ec->hits / (double)(ec->hits + ec->misses) : 0},
+    };
+    const struct metric mh[] = {
+        {"siliceo_heat_map_hot_experts", "Experts with heat in the heat map loaded at start.",
+         false, (double)hv.hot},
+        {"siliceo_heat_map_saves_total", "Heat map saves to the state directory.", true,
+         (double)hv.saves},
+        {"siliceo_heat_map_save_errors_total", "Heat map saves that failed.", true,
+         (double)hv.save_errors},
+    };
+    const int nx = ec_on ? (int)(sizeof mx / sizeof *mx) : 0,
+              nh = hv.on ? (int)(sizeof mh / sizeof *mh) : 0;
+    const bool device = ec_on && st.ecache_mode && strcmp(st.ecache_mode, "device") == 0;
+    char names[sizeof mx / sizeof *mx][96], helps[sizeof mx / sizeof *mx][192];
+    struct metric all[sizeof mt / sizeof *mt + sizeof mx / sizeof *mx + sizeof mh / sizeof *mh];
+    memcpy(all, mt, sizeof mt);
+    memcpy(all + n0, mx, (size_t)nx * sizeof *mx);
+    for (int i = 0; i < nx; i++) {
+        all[n0 + i].name = ec_name(mx[i].name, device, names[i], sizeof names[i]);
+        all[n0 + i].help = ec_help(mx[i].help, device, helps[i], sizeof helps[i]);
+    }
+    memcpy(all + n0 + nx, mh, (size_t)nh * sizeof *mh);
+    const int n = n0 + nx + nh;
+    struct sil_ecache_stats *layers = ec_on ? calloc(512, sizeof(*layers)) : NULL;
+    if (ec_on && !layers) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
     if (!map) {
-        if (pack_metrics_text(&s->scratch, m->msgid, mt, n, om) < 0)
-            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, device, om);
+        free(layers);
+        if (prc < 0) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
         return send_result_scratch(c, m->msgid);
     }
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 1);
     sil_rpc_pack_cstr(pk, "metrics");
-    msgpack_pack_map(pk, n);
+    msgpack_pack_map(pk, n + (nl > 0 ? 2 : 0));
+    /* per layer: a map from the label set to the number */
+    for (int f = 0; f < 2 && nl > 0; f++) {
+        char nb[96];
+        sil_rpc_pack_cstr(pk, ec_name(f ? "siliceo_expert_cache_sim_layer_hits_total"
+                                        : "siliceo_expert_cache_sim_layer_lookups_total",
+                                      device, nb, sizeof nb));
+        msgpack_pack_map(pk, nl);
+        for (int32_t l = 0; l < nl; l++) {
+            char lab[32];
+            snprintf(lab, sizeof lab, "layer=\"%d\"", (int)l);
+            sil_rpc_pack_cstr(pk, lab);
+            msgpack_pack_uint64(pk, f ? layers[l].hits : layers[l].hits + layers[l].misses);
+        }
+    }
+    free(layers);
     for (int i = 0; i < n; i++) {
-        sil_rpc_pack_cstr(pk, mt[i].name);
-        double v = mt[i].value;
-        /* Whole numbers as integers, as before; times as floats. */
-        if (v >= 0 && v == (double)(uint64_t)v && v < 1.8e19 && !strstr(mt[i].name, "seconds"))
+        sil_rpc_pack_cstr(pk, all[i].name);
+        double v = all[i].value;
+        /* Whole numbers as integers, as before; times and ratios as floats. */
+        if (v >= 0 && v == (double)(uint64_t)v && v < 1.8e19 && !strstr(all[i].name, "seconds") &&
+            !strstr(all[i].name, "ratio"))
             msgpack_pack_uint64(pk, (uint64_t)v);
         else
             msgpack_pack_double(pk, v);

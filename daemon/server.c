@@ -102,6 +102,10 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
     ep->kv_budget = cfg->kv_budget;
     ep->n_seq_max = cfg->max_running + cfg->max_sessions;
     ep->n_batch_max = cfg->prefill_chunk + cfg->max_running;
+    ep->heat_map = cfg->heat_map;
+    ep->ecache_sim_slots = cfg->ecache_slots;
+    ep->ecache_sim_policy = cfg->ecache_policy[0] ? cfg->ecache_policy : NULL;
+    ep->ecache_sim_soft = true;
 }
 
 /* SIGHUP: a damaged model is always reloaded; a sound one when the path names another file now
@@ -319,6 +323,12 @@ static bool load_progress(float fraction, const char *what, void *user)
     return true;
 }
 
+static void preload_progress(int64_t done, int64_t total, void *user)
+{
+    sd_notifyf(0, "STATUS=preloading the hottest experts: %lld of %lld", (long long)done,
+               (long long)total);
+}
+
 /* Creates the socket's directory (0750) when missing; the default ones are ours to fix up. */
 static int make_socket_dir(const char *path, gid_t gid)
 {
@@ -475,7 +485,21 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             sil_notice("kv_type and kv_budget have no effect: the %s backend keeps its own KV cache",
                        info->backend);
         s->vocab = sil_engine_vocab(s->engine);
-        if (sil_worker_start(&s->worker, s->engine, cfg, &err) < 0) {
+        const char *ec_mode = sil_engine_ecache_mode(s->engine);
+        if (cfg->ecache_slots > 0 && (!ec_mode || strcmp(ec_mode, "simulated") != 0))
+            sil_notice("ecache_slots has no effect: %s",
+                       info->n_expert <= 0 ? "the model has no routed experts"
+                       : ec_mode           ? "the backend's own expert slots are in use"
+                                           : "the expert cache is simulated on the CPU backend "
+                                             "only");
+        if (ec_mode && strcmp(ec_mode, "device") == 0)
+            sil_info("expert cache: %d slots on the device (%s)",
+                     (int)sil_engine_ecache_slots(s->engine), sil_engine_ecache_policy(s->engine));
+        /* The heat map is only kept (and saved) for models with routed experts. */
+        sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
+        s->heat_init = true;
+        sil_heatkeep_load(&s->heat, s->engine, preload_progress, NULL);
+        if (sil_worker_start(&s->worker, s->engine, cfg, &s->heat, &err) < 0) {
             sil_err("%s", err.msg);
             goto out;
         }
@@ -534,6 +558,7 @@ out:
     sil_modelwatch_free(s->watch);
     if (s->engine)
         sil_engine_close(s->engine);
+    if (s->heat_init) sil_heatkeep_destroy(&s->heat);
     sd_event_source_disable_unref(s->listen_src);
     sd_event_source_disable_unref(s->worker_src);
     sd_event_source_disable_unref(s->drain_timer);

@@ -18,6 +18,7 @@
 
 #include "daemon/config.h"
 #include "daemon/engine/engine.h"
+#include "daemon/heatkeep.h"
 #include "daemon/worker.h"
 #include "siliceo-proto.h"
 
@@ -89,6 +90,8 @@ struct server {
     bool reload_damaged; /* the reload in progress replaces a damaged model */
     char model_problem[1400];
     struct tokpool *tok; /* tokenizes large texts off the loop (tokjob.c) */
+    struct sil_heatkeep heat; /* the expert heat map's file and figures */
+    bool heat_init;
     struct conn *conns;
     int n_conns;
     uint64_t next_conn_id;

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/heatkeep.h"
 #include "daemon/log.h"
 #include "daemon/testhooks.h"
 #include "daemon/utf8.h"
@@ -220,6 +221,28 @@ static void reload_free(struct reload *r)
     free(r);
 }
 
+/* The per-layer figures of the simulated cache, sized for the largest model loaded. */
+static bool grow_ec(struct sil_worker *w, int32_t n_layer)
+{
+    if (n_layer <= w->ec_cap) return true;
+    struct sil_ecache_stats *a = calloc((size_t)n_layer, sizeof(*a));
+    struct sil_ecache_stats *b = calloc((size_t)n_layer, sizeof(*b));
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return false;
+    }
+    free(w->ec_local);
+    w->ec_local = a;
+    pthread_mutex_lock(&w->mu);
+    free(w->ec_layers);
+    w->ec_layers = b;
+    w->ec_n = 0;
+    pthread_mutex_unlock(&w->mu);
+    w->ec_cap = n_layer;
+    return true;
+}
+
 static void post_event(struct sil_worker *w, enum sil_worker_event ev, const char *text,
                        struct sil_engine *e, struct sil_engine *old)
 {
@@ -319,6 +342,11 @@ static void do_reload(struct sil_worker *w)
         sil_engine_close(ne);
         rc = sil_errorf(&err, -ENOMEM, "reload: out of memory for the logits");
     }
+    if (rc == 0 && !grow_ec(w, sil_engine_info(ne)->n_layer)) {
+        sil_engine_close(ne);
+        free(logits);
+        rc = sil_errorf(&err, -ENOMEM, "reload: out of memory for the expert cache figures");
+    }
     if (rc < 0) {
         char msg[700];
         snprintf(msg, sizeof msg, "reload failed: %s", err.msg);
@@ -331,6 +359,11 @@ static void do_reload(struct sil_worker *w)
     while (w->sessions)
         session_free(w, w->sessions); /* their sequences belong to the old engine */
     struct sil_engine *old = w->e;
+    if (w->heat) {
+        /* The old model's map is saved first; the new model takes it only if it is the same. */
+        sil_heatkeep_save(w->heat, old);
+        sil_heatkeep_load(w->heat, ne, NULL, NULL);
+    }
     w->e = ne;
     w->v = sil_engine_vocab(ne);
     w->n_vocab = nv;
@@ -378,8 +411,18 @@ void publish_stats(struct sil_worker *w)
     w->local.sessions = w->n_sessions;
     w->local.session_bytes = sb;
     w->local.state_bytes = sb + st;
+    w->local.ecache_slots = sil_engine_ecache_slots(w->e);
+    w->local.ecache_policy = sil_engine_ecache_policy(w->e);
+    w->local.ecache_mode = sil_engine_ecache_mode(w->e);
+    sil_engine_ecache_layer_stats(w->e, -1, &w->local.ecache);
+    const int32_t nl = w->local.ecache_slots > 0 ? sil_engine_info(w->e)->n_layer : 0;
+    const int32_t n_ec = nl <= w->ec_cap ? nl : 0; /* ec_cap is the largest model's layers */
+    for (int32_t l = 0; l < n_ec; l++)
+        sil_engine_ecache_layer_stats(w->e, l, &w->ec_local[l]);
     pthread_mutex_lock(&w->mu);
     w->stats = w->local;
+    if (n_ec) memcpy(w->ec_layers, w->ec_local, (size_t)n_ec * sizeof(*w->ec_layers));
+    w->ec_n = n_ec;
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -393,7 +436,22 @@ static void *worker_main(void *arg)
          * the next round, with no inbox message to wake the thread; so does a pending reload. */
         while (!w->in_head && !w->stop && !w->running && !w->queue && !w->reload) {
             atomic_store(&w->idle, true);
-            pthread_cond_wait(&w->cv, &w->mu);
+            /* Idle with a periodic heat map save pending: wake for it (the map is the engine
+             * thread's to read). */
+            const double due = w->heat ? sil_heatkeep_due(w->heat, w->e) : 0;
+            if (due <= 0) {
+                pthread_cond_wait(&w->cv, &w->mu);
+                continue;
+            }
+            const double wait_s = due - now_s();
+            if (wait_s <= 0) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            const double at = (double)ts.tv_nsec * 1e-9 + wait_s + 0.001;
+            ts.tv_sec += (time_t)at;
+            ts.tv_nsec = (long)((at - (double)(time_t)at) * 1e9);
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+            if (now_s() >= due) break;
         }
         /* Beat before idle goes false, so the loop never sees busy with a stale heartbeat. */
         beat(w);
@@ -427,6 +485,7 @@ static void *worker_main(void *arg)
             }
             while (w->sessions)
                 session_free(w, w->sessions);
+            if (w->heat) sil_heatkeep_save(w->heat, w->e);
             publish_stats(w);
             struct sil_outmsg *m = calloc(1, sizeof(*m));
             if (m) {
@@ -455,6 +514,7 @@ static void *worker_main(void *arg)
         sessions_enforce(w);
         publish_stats(w); /* before the final responses reach the loop */
         flush_out(w);
+        if (w->heat) sil_heatkeep_tick(w->heat, w->e, now_s());
     }
 }
 
@@ -648,6 +708,15 @@ void sil_worker_stats(struct sil_worker *w, struct sil_worker_stats *st)
     pthread_mutex_unlock(&w->mu);
 }
 
+int32_t sil_worker_ecache_layers(struct sil_worker *w, struct sil_ecache_stats *out, int32_t max)
+{
+    pthread_mutex_lock(&w->mu);
+    const int32_t n = w->ec_n < max ? w->ec_n : max;
+    if (n > 0) memcpy(out, w->ec_layers, (size_t)n * sizeof(*out));
+    pthread_mutex_unlock(&w->mu);
+    return n > 0 ? n : 0;
+}
+
 int sil_worker_eventfd(const struct sil_worker *w) { return w->efd; }
 
 bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s)
@@ -660,7 +729,7 @@ bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s
 }
 
 int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct sil_config *cfg,
-                     struct sil_error *err)
+                     struct sil_heatkeep *heat, struct sil_error *err)
 {
     struct sil_worker *w = calloc(1, sizeof(*w));
     if (!w)
@@ -668,6 +737,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->e = e;
+    w->heat = heat;
     w->v = sil_engine_vocab(e);
     w->n_vocab = sil_vocab_n_tokens(w->v);
     w->n_ctx = sil_engine_n_ctx(e);
@@ -698,10 +768,12 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     sil_engine_set_eval_progress(e, eval_progress, w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
     if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
-        !w->logits || !w->s_items || !w->s_jobs || !w->s_idx || !w->s_take) {
+        !w->logits || !w->s_items || !w->s_jobs || !w->s_idx || !w->s_take ||
+        !grow_ec(w, sil_engine_info(e)->n_layer)) {
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
     }
+    publish_stats(w); /* status has the engine's figures before the first request */
     int rc = pthread_create(&w->thread, NULL, worker_main, w);
     if (rc) {
         sil_worker_free(w);
@@ -752,6 +824,8 @@ void sil_worker_free(struct sil_worker *w)
     free(w->s_jobs);
     free(w->s_idx);
     free(w->s_take);
+    free(w->ec_local);
+    free(w->ec_layers);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

@@ -18,6 +18,7 @@
 
 #include "daemon/config.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/expert_cache.h"
 #include "daemon/genctl.h"
 
 #define SIL_SESSION_NAME_MAX 128
@@ -60,6 +61,11 @@ struct sil_worker_stats {
     uint64_t steps, eval_errors;
     uint64_t preemptions, tokens_recomputed; /* sequences preempted, rows evaluated again */
     double eval_seconds;
+    /* The expert cache (sil_engine_ecache_mode: the device's slots or one simulated on the
+     * CPU): its slots (0: none), policy and counters since start. */
+    int32_t ecache_slots;
+    const char *ecache_mode, *ecache_policy;
+    struct sil_ecache_stats ecache;
 };
 
 /* Outbox messages that are news about the model rather than bytes for a client. */
@@ -85,9 +91,12 @@ struct sil_outmsg {
 struct sil_worker;
 
 /* Starts the thread. The engine is used by the worker thread only from now on; the loop may
- * still read the vocab and info (immutable). */
+ * still read the vocab and info (immutable). The thread saves the expert heat map through heat
+ * (may be NULL) periodically, at shutdown and around a reload, and loads it into a reloaded
+ * engine. */
+struct sil_heatkeep;
 int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct sil_config *cfg,
-                     struct sil_error *err);
+                     struct sil_heatkeep *heat, struct sil_error *err);
 /* Joins the thread (after sil_worker_shutdown and the stopped message) and frees everything. */
 void sil_worker_free(struct sil_worker *w);
 int sil_worker_eventfd(const struct sil_worker *w);
@@ -138,5 +147,8 @@ void sil_worker_set_limits(struct sil_worker *w, uint64_t session_memory, int ma
 /* Takes every pending output message (a list, oldest first) and clears the eventfd. */
 struct sil_outmsg *sil_worker_take_output(struct sil_worker *w);
 void sil_worker_stats(struct sil_worker *w, struct sil_worker_stats *st);
+/* The expert cache's counters per layer, out[0..n) for n = min(max, layers): n, 0 when there is
+ * none. */
+int32_t sil_worker_ecache_layers(struct sil_worker *w, struct sil_ecache_stats *out, int32_t max);
 
 #endif

@@ -102,6 +102,8 @@ struct sil_worker {
     struct sil_outmsg *out_head, *out_tail;
     bool stop;
     struct sil_worker_stats stats;
+    struct sil_ecache_stats *ec_layers; /* [ec_n], the simulated cache per layer */
+    int32_t ec_n;
     /* Liveness for the watchdog, read by the loop without the lock: the time the engine thread
      * last went round its loop, and whether it is blocked waiting for work (then an old
      * heartbeat is no sign of a hang). */
@@ -145,6 +147,9 @@ struct sil_worker {
     int test_stall_ms, test_ubatch_ms; /* SILICEOD_TEST_HOOKS */
     int test_kv_tokens; /* test hook: the engine holds this many positions in all, then -ENOSPC */
     struct sil_worker_stats local;
+    struct sil_heatkeep *heat; /* NULL: no heat map saved */
+    struct sil_ecache_stats *ec_local; /* [ec_cap] */
+    int32_t ec_cap;
     /* Messages of this loop iteration, handed to the event loop together (one wake-up per step
      * instead of one per token), and the buffer they are packed in (no allocation per token). */
     struct sil_outmsg *pend_head, *pend_tail;

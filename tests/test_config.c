@@ -223,6 +223,59 @@ static void test_live_reload(void **state)
     assert_string_equal(changed, "");
 }
 
+/* The warm-restart and simulated-cache keys, and where the state directory is by default. */
+static void test_state_keys(void **state)
+{
+    struct sil_config c;
+    struct sil_error err = { 0 };
+    sil_config_defaults(&c);
+    assert_true(c.heat_map && c.heat_save_interval == 300 && c.ecache_slots == 0);
+    assert_string_equal(c.ecache_policy, "");
+    const char *p = write_file("s.conf", "state_dir = /srv/sil\nheat_map = no\n"
+                                         "heat_save_interval = 0\necache_slots = 2560\n"
+                                         "ecache_policy = lru\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_string_equal(c.state_dir, "/srv/sil");
+    assert_false(c.heat_map);
+    assert_int_equal(c.heat_save_interval, 0);
+    assert_int_equal(c.ecache_slots, 2560);
+    assert_string_equal(c.ecache_policy, "lru");
+    const char *bad[] = { "heat_map = maybe\n", "ecache_policy = fifo\n", "ecache_slots = -1\n",
+                          "heat_save_interval = -5\n" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sil_config_defaults(&c);
+        p = write_file("bad.conf", bad[i]);
+        assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+        assert_non_null(strstr(err.msg, "bad.conf:1:"));
+    }
+    char d[4096];
+    sil_config_defaults(&c);
+    setenv("STATE_DIRECTORY", "/var/lib/a:/var/lib/b", 1);
+    assert_int_equal(sil_config_state_dir(&c, d, sizeof d), 0);
+    assert_string_equal(d, "/var/lib/a"); /* the first of systemd's list */
+    strcpy(c.state_dir, "/srv/x");
+    assert_int_equal(sil_config_state_dir(&c, d, sizeof d), 0);
+    assert_string_equal(d, "/srv/x"); /* the key wins */
+    assert_int_equal(sil_config_state_dir(&c, d, 4), -ENAMETOOLONG);
+    c.state_dir[0] = 0;
+    unsetenv("STATE_DIRECTORY");
+    setenv("XDG_STATE_HOME", "/home/u/.st", 1);
+    assert_int_equal(sil_config_state_dir(&c, d, sizeof d), 0);
+    assert_string_equal(d, geteuid() == 0 ? "/var/lib/siliceo" : "/home/u/.st/siliceo");
+    unsetenv("XDG_STATE_HOME");
+    /* A flag sets it too, and it needs a restart. */
+    struct sil_cli cli;
+    char *conf = (char *)write_file("e.conf", "model = /m.gguf\n");
+    char *argv[] = { "siliceod", "--config", conf, "--state-dir", "/q", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 5, argv, &err), 0);
+    assert_string_equal(c.state_dir, "/q");
+    struct sil_config live = c;
+    char changed[256];
+    live.ecache_slots = 7;
+    sil_config_apply_live(&c, &live, changed, sizeof changed);
+    assert_string_equal(changed, "ecache_slots");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_flags_override_file),
         cmocka_unit_test(test_live_reload),
+        cmocka_unit_test(test_state_keys),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,8 @@
 #include <cmocka.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/expert_cache.h"
+#include "daemon/engine/expert_heat.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/state_ckpt.h"
 #include "tests/testutil.h"
@@ -983,6 +985,129 @@ static void test_stats_expert_bytes(void **state)
     sil_engine_close(e);
 }
 
+static struct sil_engine *open_heat(const char *model, bool heat, int32_t slots)
+{
+    char rel[256];
+    snprintf(rel, sizeof(rel), "models/%s.gguf", model);
+    char *path = tu_refdata_path(rel);
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.model_path = path;
+    p.n_threads = 2;
+    p.n_seq_max = 2;
+    p.n_ctx = 256;
+    p.heat_map = heat;
+    p.ecache_sim_slots = slots;
+    struct sil_error err = {0};
+    struct sil_engine *e = NULL;
+    int rc = sil_engine_open(&e, &p, &err);
+    free(path);
+    if (rc < 0) fail_msg("open %s: %s", model, err.msg);
+    return e;
+}
+
+/* The heat map for a warm restart: kept from the plans (logits unchanged with it on), exported
+ * with the model's identity and the tokens seen, imported only for the same model and shape;
+ * the hottest experts preload the simulated cache up to its slots, and a preloaded cache hits
+ * on the same prompt at once. A dense model or heat_map off keeps none. */
+static void test_heat_map(void **state)
+{
+    (void)state;
+    const char *model = "qwen35moe-tiny-Q4_K_M";
+    size_t n = 0;
+    int32_t *ids = prompt_ids(model, 'C', &n);
+    struct sil_engine *off = open_heat(model, false, 0), *on = open_heat(model, true, 0);
+    const struct sil_model_info *in = sil_engine_info(on);
+    const size_t V = (size_t)in->n_vocab, K = (size_t)in->n_layer * (size_t)in->n_expert;
+    struct sil_heat_map m = {0}, m2 = {0};
+    struct sil_error err = {0};
+    assert_int_equal(sil_engine_heat_export(off, &m, &err), -ENODEV);
+    assert_int_equal(sil_engine_heat_export(on, &m, &err), 0);
+    for (size_t k = 0; k < K; k++)
+        assert_true(m.heat[k] == 0);
+    sil_heat_map_free(&m);
+    float *la = malloc(sizeof(float) * V * n), *lb = malloc(sizeof(float) * V * n);
+    prefill(off, ids, (int32_t)n, la);
+    prefill(on, ids, (int32_t)n, lb);
+    assert_memory_equal(la, lb, sizeof(float) * V * n);
+    assert_int_equal(sil_engine_heat_export(on, &m, &err), 0);
+    assert_true(m.model_id == sil_engine_heat_model_id(on) && m.tokens == n);
+    assert_true(m.n_layer == (uint32_t)in->n_layer && m.n_expert == (uint32_t)in->n_expert);
+    size_t hot = 0;
+    double sum = 0;
+    for (size_t k = 0; k < K; k++) {
+        hot += m.heat[k] > 0;
+        sum += m.heat[k];
+    }
+    /* every row routes to n_expert_used experts of every MoE layer (decay shrinks the sum) */
+    assert_true(hot >= (size_t)in->n_expert_used && sum > 0);
+    assert_true(sum <= (double)n * in->n_expert_used * in->n_layer + 1e-3);
+
+    /* Another identity or shape is refused; the same one replaces the map. */
+    m2 = m;
+    m2.model_id ^= 1;
+    assert_int_equal(sil_engine_heat_import(off, &m, &err), -ENODEV);
+    assert_int_equal(sil_engine_heat_import(on, &m2, &err), -EINVAL);
+    m2.model_id = m.model_id;
+    m2.n_expert--;
+    assert_int_equal(sil_engine_heat_import(on, &m2, &err), -EINVAL);
+    assert_int_equal(sil_engine_ecache_preload(on, NULL, 0), -ENODEV);
+
+    /* A cold simulated cache against one preloaded from the map: same prompt, same plans. */
+    const int32_t slots = (int32_t)(K / 2);
+    struct sil_engine *cold = open_heat(model, true, slots), *warm = open_heat(model, true, slots);
+    assert_int_equal(sil_engine_ecache_slots(warm), slots);
+    int32_t pools = 0;
+    for (int32_t l = 0; l < in->n_layer; l++)
+        pools += sil_engine_ecache_pool_slots(warm, l);
+    assert_int_equal(pools, slots);
+    assert_int_equal(sil_engine_ecache_pool_slots(on, 0), 0);
+    assert_string_equal(sil_engine_ecache_policy(warm), sil_ecache_policy_name(SIL_ECACHE_DEFAULT));
+    assert_int_equal(sil_engine_heat_import(warm, &m, &err), 0);
+    int32_t *keys = malloc(sizeof(int32_t) * K);
+    const int64_t nh = sil_heat_map_hottest(&m, keys, (int64_t)K);
+    assert_true(nh == (int64_t)hot);
+    const int64_t placed = sil_engine_ecache_preload(warm, keys, nh);
+    assert_true(placed > 0 && placed <= slots && placed <= nh);
+    assert_int_equal(sil_engine_ecache_preload(warm, keys, nh), 0); /* all resident already */
+    struct sil_heat_map m3 = {0};
+    assert_int_equal(sil_engine_heat_export(warm, &m3, &err), 0);
+    assert_true(m3.tokens == m.tokens);
+    assert_memory_equal(m3.heat, m.heat, sizeof(float) * K);
+    sil_heat_map_free(&m3);
+    prefill(cold, ids, (int32_t)n, la);
+    prefill(warm, ids, (int32_t)n, lb);
+    assert_memory_equal(la, lb, sizeof(float) * V * n);
+    struct sil_ecache_stats sc, sw, sl;
+    sil_engine_ecache_layer_stats(cold, -1, &sc);
+    sil_engine_ecache_layer_stats(warm, -1, &sw);
+    assert_true(sc.hits + sc.misses == sw.hits + sw.misses && sc.hits + sc.misses > 0);
+    assert_true(sw.hits > sc.hits);
+    uint64_t per = 0;
+    for (int32_t l = 0; l < in->n_layer; l++) {
+        sil_engine_ecache_layer_stats(warm, l, &sl);
+        per += sl.hits;
+    }
+    assert_true(per == sw.hits);
+    printf("heat map: %zu of %zu experts hot after %zu tokens; %lld preloaded into %d slots; "
+           "hits %llu cold, %llu preloaded, of %llu\n",
+           hot, K, n, (long long)placed, slots, (unsigned long long)sc.hits,
+           (unsigned long long)sw.hits, (unsigned long long)(sw.hits + sw.misses));
+    free(keys);
+    sil_heat_map_free(&m);
+    free(la);
+    free(lb);
+    free(ids);
+    sil_engine_close(off);
+    sil_engine_close(on);
+    sil_engine_close(cold);
+    sil_engine_close(warm);
+
+    struct sil_engine *dense = open_heat("qwen3-tiny-Q8_0", true, 0);
+    assert_int_equal(sil_engine_heat_export(dense, &m, &err), -ENODEV);
+    sil_engine_close(dense);
+}
+
 /* Bad batches fail without changing any sequence; truncate to 0 restarts a sequence. */
 static void test_api_errors(void **state)
 {
@@ -1192,6 +1317,7 @@ int main(void)
         cmocka_unit_test(test_long_8k),
         cmocka_unit_test(test_kv_exhaustion),
         cmocka_unit_test(test_stats_expert_bytes),
+        cmocka_unit_test(test_heat_map),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

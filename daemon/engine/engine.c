@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/expert_heat.h"
 #include "daemon/engine/forward.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
@@ -36,6 +37,7 @@ struct sil_engine {
     atomic_bool damaged;                      /* the file changed under the mapping */
     void (*eval_progress)(void *user);
     void *eval_progress_user;
+    uint64_t heat_tokens; /* tokens of the imported heat map, less the rows evaluated before */
 };
 
 void sil_engine_params_default(struct sil_engine_params *p)
@@ -43,17 +45,24 @@ void sil_engine_params_default(struct sil_engine_params *p)
     memset(p, 0, sizeof(*p));
 }
 
-/* The expert plan observer, when a trace or a simulated cache is asked for (CPU only: a device
- * backend may keep routing on the device). */
+/* The expert plan observer, when a trace, a simulated cache or a heat map is asked for. Traces
+ * and the simulated cache run on the CPU only (a device backend may keep routing on the
+ * device); a heat map is kept on any backend from the plans that reach the host. */
 static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
                     struct sil_error *err)
 {
-    if (!p->route_trace && p->ecache_sim_slots <= 0)
-        return 0;
-    if (!e->model->traits->moe)
+    if (!p->route_trace && (p->ecache_sim_slots <= 0 || p->ecache_sim_soft)) {
+        if (!e->model->traits->moe || (!p->heat_map && p->ecache_sim_slots <= 0)) return 0;
+    } else if (!e->model->traits->moe)
         return sil_errorf(err, -EINVAL, "engine: %s has no experts to trace or cache",
                           e->info.arch_name);
-    if (strcmp(e->f.be->ops->name, "cpu") != 0)
+    const bool cpu = strcmp(e->f.be->ops->name, "cpu") == 0;
+    int32_t sim_slots = p->ecache_sim_slots;
+    if (!cpu && sim_slots > 0 && p->ecache_sim_soft && !p->route_trace) {
+        sim_slots = 0;
+        if (!p->heat_map) return 0;
+    }
+    if (!cpu && (p->route_trace || sim_slots > 0))
         return sil_errorf(err, -ENOTSUP, "engine: route traces and the simulated expert cache "
                                          "run on the CPU backend only");
     const struct sil_layer_weights *w = &e->f.lw[0];
@@ -62,10 +71,11 @@ static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
         .n_expert = e->model->hp.n_expert,
         .n_used = e->model->hp.n_expert_used,
         .trace_path = p->route_trace,
-        .sim_slots = p->ecache_sim_slots > 0 ? p->ecache_sim_slots : -1,
+        .sim_slots = sim_slots > 0 ? sim_slots : -1,
         .sim_policy = p->ecache_sim_policy,
-        .expert_bytes = w->ffn_gate_exps.mat_bytes + w->ffn_up_exps.mat_bytes +
-                        w->ffn_down_exps.mat_bytes,
+        .expert_bytes =
+            w->ffn_gate_exps.mat_bytes + w->ffn_up_exps.mat_bytes + w->ffn_down_exps.mat_bytes,
+        .heat = p->heat_map,
     };
     return sil_expert_obs_open(&e->f.obs, &c, err);
 }
@@ -760,4 +770,106 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
     out->ecache_misses = s.misses;
     out->ecache_evictions = s.evictions;
     out->ecache_bytes_streamed = s.bytes_streamed;
+}
+
+uint64_t sil_engine_heat_model_id(const struct sil_engine *e)
+{
+    return sil_heat_model_id(e->model);
+}
+
+int sil_engine_heat_export(const struct sil_engine *e, struct sil_heat_map *out,
+                           struct sil_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    const struct sil_hparams *hp = &e->model->hp;
+    if (!e->f.obs || hp->n_expert <= 0) return sil_errorf(err, -ENODEV, "engine: no heat map kept");
+    float *heat = malloc((size_t)hp->n_layer * (size_t)hp->n_expert * sizeof(float));
+    if (!heat) return sil_errorf(err, -ENOMEM, "engine: out of memory for the heat map");
+    if (!sil_expert_obs_heat_export(e->f.obs, heat)) {
+        free(heat);
+        return sil_errorf(err, -ENODEV, "engine: no heat map kept");
+    }
+    out->n_layer = (uint32_t)hp->n_layer;
+    out->n_expert = (uint32_t)hp->n_expert;
+    out->model_id = sil_heat_model_id(e->model);
+    out->tokens = e->heat_tokens + e->f.n_rows;
+    out->heat = heat;
+    return 0;
+}
+
+int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
+                           struct sil_error *err)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    if (!e->f.obs || hp->n_expert <= 0) return sil_errorf(err, -ENODEV, "engine: no heat map kept");
+    if (m->model_id != sil_heat_model_id(e->model))
+        return sil_errorf(err, -EINVAL, "heat map: of another model (identity %016llx)",
+                          (unsigned long long)m->model_id);
+    if (m->n_layer != (uint32_t)hp->n_layer || m->n_expert != (uint32_t)hp->n_expert)
+        return sil_errorf(err, -EINVAL, "heat map: %u layers x %u experts, the model has %d x %d",
+                          m->n_layer, m->n_expert, hp->n_layer, hp->n_expert);
+    if (!sil_expert_obs_heat_import(e->f.obs, m->heat))
+        return sil_errorf(err, -ENODEV, "engine: no heat map kept");
+    /* The device cache's frequencies too, so LFU keeps what is preloaded by its heat. */
+    if (e->f.ecache) sil_ecache_heat_import(e->f.ecache, m->heat);
+    e->heat_tokens = m->tokens - e->f.n_rows;
+    return 0;
+}
+
+/* The device's slots when the backend has them (f->ecache), else the simulated cache. */
+const char *sil_engine_ecache_mode(const struct sil_engine *e)
+{
+    return e->f.ecache ? "device" : sil_expert_obs_slots(e->f.obs) > 0 ? "simulated" : NULL;
+}
+
+int32_t sil_engine_ecache_slots(const struct sil_engine *e)
+{
+    return e->f.ecache ? sil_ecache_pool_slots(e->f.ecache, 0) : sil_expert_obs_slots(e->f.obs);
+}
+
+int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer)
+{
+    return e->f.ecache ? sil_ecache_pool_slots(e->f.ecache, layer)
+                       : sil_expert_obs_pool_slots(e->f.obs, layer);
+}
+
+const char *sil_engine_ecache_policy(const struct sil_engine *e)
+{
+    return e->f.ecache ? sil_ecache_policy_name(SIL_ECACHE_DEFAULT) /* as made at open */
+                       : sil_expert_obs_policy(e->f.obs);
+}
+
+int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int64_t n)
+{
+    const int32_t slots = sil_engine_ecache_slots(e);
+    if (slots <= 0) return -ENODEV;
+    const int32_t ne = e->model->hp.n_expert;
+    int64_t placed = 0;
+    for (int64_t i = 0; i < n && placed < slots; i++) {
+        if (keys[i] < 0 || keys[i] / ne >= e->model->hp.n_layer) continue;
+        const int32_t l = keys[i] / ne, x = keys[i] % ne;
+        if (!e->f.ecache) {
+            if (sil_expert_obs_preload(e->f.obs, l, x) >= 0) placed++;
+            continue;
+        }
+        /* The device's slots: the expert's matrices are copied in, as a miss would be. */
+        const int32_t s = sil_ecache_preload(e->f.ecache, l, x);
+        if (s < 0) continue;
+        const struct sil_layer_weights *w = &e->f.lw[l];
+        const struct sil_weight g = sil_weight_mat(&w->ffn_gate_exps, x),
+                                u = sil_weight_mat(&w->ffn_up_exps, x),
+                                d = sil_weight_mat(&w->ffn_down_exps, x);
+        SIL_OP(&e->f, fill_slot, s, &g, &u, &d);
+        placed++;
+    }
+    return placed;
+}
+
+void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
+                                   struct sil_ecache_stats *out)
+{
+    if (e->f.ecache)
+        sil_ecache_stats(e->f.ecache, layer, out);
+    else
+        sil_expert_obs_layer_stats(e->f.obs, layer, out);
 }

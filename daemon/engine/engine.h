@@ -41,6 +41,14 @@ struct sil_engine_params {
     const char *route_trace;
     int32_t ecache_sim_slots;
     const char *ecache_sim_policy;
+    /* No simulated cache where it cannot run (another backend than the CPU, a model without
+     * experts) instead of -ENOTSUP / -EINVAL. */
+    bool ecache_sim_soft;
+    /* Keep a heat map (the decayed use of every routed expert) from the plans the engine sees,
+     * on any backend: what sil_engine_heat_export saves for a warm restart. Only host-routed
+     * plans are seen; where CUDA keeps the routing on the device the map is not updated (it
+     * stays as imported). No effect on models without experts; changes no logit. */
+    bool heat_map;
     /* KV element type of the full-attention layers on the CPU backend: "f32", "f16", "q8_0"
      * (KV8) or "q4_0" (KV4); NULL = f32, the type the reference logits were made with. */
     const char *kv_type;
@@ -162,6 +170,38 @@ struct sil_engine_stats {
     uint64_t ecache_hits, ecache_misses, ecache_evictions, ecache_bytes_streamed;
 };
 void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out);
+
+/* Expert heat map and the simulated expert cache (sil_engine_params.heat_map and
+ * ecache_sim_slots); engine thread only, like eval. */
+struct sil_heat_map;
+struct sil_ecache_stats;
+/* Identity of the model for its heat map (sil_heat_model_id). */
+uint64_t sil_engine_heat_model_id(const struct sil_engine *e);
+/* The heat map now, with its shape, identity and the tokens it has seen (those imported plus
+ * the rows evaluated since); out->heat is malloc'd (sil_heat_map_free). -ENODEV when the engine
+ * keeps none, -ENOMEM. */
+int sil_engine_heat_export(const struct sil_engine *e, struct sil_heat_map *out,
+                           struct sil_error *err);
+/* Replaces the heat map with m (a map loaded at start; the device cache's frequencies too):
+ * -ENODEV when the engine keeps none,
+ * -EINVAL when m is of another model or shape (err says which). */
+int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
+                           struct sil_error *err);
+/* The expert cache: the device's slots where the backend made them (the routed experts did not
+ * fit), else the one simulated on the CPU. Its mode ("device", "simulated", NULL: none), slots
+ * (0 without one) and policy name (NULL without one). */
+const char *sil_engine_ecache_mode(const struct sil_engine *e);
+int32_t sil_engine_ecache_slots(const struct sil_engine *e);
+/* Slots of one layer's pool (the cache splits its slots over the layers); 0 without one. */
+int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer);
+const char *sil_engine_ecache_policy(const struct sil_engine *e);
+/* Places the experts keys[0..n) (layer * n_expert + expert, hottest first) in the expert cache
+ * until it is full, without evicting (on the device each is copied into its slot): how many it
+ * placed (already resident and full pools skipped), or -ENODEV without a cache. */
+int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int64_t n);
+/* The expert cache's counters of one layer (-1: all), zero without one. */
+void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
+                                   struct sil_ecache_stats *out);
 
 /* Validates a file as a loadable model without building an engine, and prints what
  * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,

@@ -8,9 +8,12 @@
 #include "daemon/engine/route_trace.h"
 
 struct sil_expert_obs {
-    struct sil_ecache *cache;
+    struct sil_ecache *cache; /* the simulated cache, or NULL */
+    struct sil_ecache *heat;  /* no slots, for its heat map only: when asked and no cache */
+    int pol;
     bool tracing;
     struct sil_route_trace trace;
+    int32_t n_slot;               /* of the simulated cache */
     int32_t *uses;                /* [n_expert] rows of each active expert */
     struct sil_ecache_entry *res; /* [n_expert] */
 };
@@ -45,6 +48,24 @@ int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs
             goto fail;
         }
         if ((rc = sil_ecache_create(&o->cache, &k, err)) < 0) goto fail;
+        o->pol = pol;
+        o->n_slot = k.n_slot;
+    } else if (c->heat) {
+        /* LRU: with no slots a lookup is O(n) and only updates the decayed frequencies. */
+        struct sil_ecache_config k = {
+            .n_layer = c->n_layer,
+            .n_expert = c->n_expert,
+            .n_slot = 0,
+            .policy = SIL_ECACHE_LRU,
+            .expert_bytes = c->expert_bytes,
+        };
+        o->uses = malloc((size_t)c->n_expert * sizeof(int32_t));
+        o->res = malloc((size_t)c->n_expert * sizeof(*o->res));
+        if (!o->uses || !o->res) {
+            rc = sil_errorf(err, -ENOMEM, "expert observer: out of memory");
+            goto fail;
+        }
+        if ((rc = sil_ecache_create(&o->heat, &k, err)) < 0) goto fail;
     }
     if (c->trace_path) {
         rc = sil_route_trace_create(&o->trace, c->trace_path, (uint32_t)c->n_layer,
@@ -63,10 +84,57 @@ void sil_expert_obs_plan(struct sil_expert_obs *o, int32_t layer, const struct s
 {
     if (o->tracing)
         sil_route_trace_write(&o->trace, (uint32_t)layer, (uint32_t)p->n_rows, p->sel_expert);
-    if (!o->cache) return;
+    struct sil_ecache *c = o->cache ? o->cache : o->heat;
+    if (!c) return;
     for (int32_t a = 0; a < p->n_active; a++)
         o->uses[a] = p->pair_start[a + 1] - p->pair_start[a];
-    sil_ecache_lookup(o->cache, layer, p->expert, o->uses, p->n_active, o->res);
+    sil_ecache_lookup(c, layer, p->expert, o->uses, p->n_active, o->res);
+}
+
+void sil_expert_obs_layer_stats(const struct sil_expert_obs *o, int32_t layer,
+                                struct sil_ecache_stats *out)
+{
+    if (o && o->cache)
+        sil_ecache_stats(o->cache, layer, out);
+    else
+        memset(out, 0, sizeof(*out));
+}
+
+int32_t sil_expert_obs_slots(const struct sil_expert_obs *o)
+{
+    return o && o->cache ? o->n_slot : 0;
+}
+
+int32_t sil_expert_obs_pool_slots(const struct sil_expert_obs *o, int32_t layer)
+{
+    return o && o->cache ? sil_ecache_pool_slots(o->cache, layer) : 0;
+}
+
+const char *sil_expert_obs_policy(const struct sil_expert_obs *o)
+{
+    return o && o->cache ? sil_ecache_policy_name(o->pol) : NULL;
+}
+
+bool sil_expert_obs_heat_export(const struct sil_expert_obs *o, float *heat)
+{
+    const struct sil_ecache *c = !o ? NULL : o->cache ? o->cache : o->heat;
+    if (!c) return false;
+    sil_ecache_heat_export(c, heat);
+    return true;
+}
+
+bool sil_expert_obs_heat_import(struct sil_expert_obs *o, const float *heat)
+{
+    struct sil_ecache *c = !o ? NULL : o->cache ? o->cache : o->heat;
+    if (!c) return false;
+    sil_ecache_heat_import(c, heat);
+    return true;
+}
+
+int sil_expert_obs_preload(struct sil_expert_obs *o, int32_t layer, int32_t expert)
+{
+    if (!o || !o->cache) return -ENODEV;
+    return sil_ecache_preload(o->cache, layer, expert);
 }
 
 void sil_expert_obs_stats(const struct sil_expert_obs *o, struct sil_ecache_stats *out)
@@ -82,6 +150,7 @@ int sil_expert_obs_close(struct sil_expert_obs *o, struct sil_error *err)
     if (!o) return 0;
     int rc = o->tracing ? sil_route_trace_close(&o->trace, err) : 0;
     sil_ecache_free(o->cache);
+    sil_ecache_free(o->heat);
     free(o->uses);
     free(o->res);
     free(o);

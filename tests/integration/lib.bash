@@ -9,6 +9,8 @@ MODEL=${MODEL:-$SHARED/refdata/models/qwen3-tiny-Q8_0.gguf}
 MOE_MODEL=$SHARED/refdata/models/qwen35moe-tiny-Q4_K_M.gguf
 T=$(mktemp -d /tmp/sil-it.XXXXXX)
 export SILICEO_SOCKET=$T/run/siliceod.sock
+# The expert heat map goes to the test's own state directory, never a system one.
+export STATE_DIRECTORY=$T/state
 export PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH}
 DPID=
 
