@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "bench/sil-eval/model.h"
+#include "daemon/engine/engine.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/tokenizer.h"
 
@@ -231,7 +232,7 @@ int main(int argc, char **argv)
         return EXIT_SUCCESS;
     }
     if (o.version) {
-        printf("sil-eval %s\n", SIL_VERSION);
+        printf("sil-eval %s\nbackends: %s\n", SIL_VERSION, sil_engine_backends());
         return EXIT_SUCCESS;
     }
     if (o.tokens || o.prompt || (o.tokenize_file && (o.n_predict || o.logits))) {

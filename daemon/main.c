@@ -25,7 +25,7 @@ int main(int argc, char **argv)
         sil_usage(stdout);
         return 0;
     case SIL_CLI_VERSION:
-        printf("siliceod %s (protocol 1)\n", SIL_VERSION);
+        printf("siliceod %s (protocol 1)\nbackends: %s\n", SIL_VERSION, sil_engine_backends());
         return 0;
     case SIL_CLI_INSPECT:
         if (sil_model_inspect(cli.inspect_path, stdout, &err) < 0) {

@@ -45,6 +45,11 @@
 
 #ifndef SIL_HAVE_CUDA
 
+const char *sil_engine_backends(void)
+{
+    return "cpu (built without CUDA)";
+}
+
 int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_config *c,
                             struct sil_error *err)
 {
@@ -59,6 +64,13 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
 #include "kernels/cuda/cuda_backend.h"
 
 extern const unsigned char sil_cuda_fwd_fatbin[];
+
+const char *sil_engine_backends(void)
+{
+    static char text[160];
+    if (!text[0]) snprintf(text, sizeof text, "cpu, cuda (%s)", sil_cuda_fatbin_archs());
+    return text;
+}
 
 enum {
     F_GATHER,

@@ -83,6 +83,10 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
 void sil_engine_close(struct sil_engine *e);
 const struct sil_model_info *sil_engine_info(const struct sil_engine *e);
 
+/* The backends this build has, for --version: "cpu, cuda (sm_75 ... compute_75)" or
+ * "cpu (built without CUDA)". */
+const char *sil_engine_backends(void);
+
 /* The device a GPU backend runs on and the device memory it took (fixed after open). */
 struct sil_engine_device {
     char name[128];

@@ -30,6 +30,7 @@ echo "ok: output formats, special tokens only with --parse-special, empty input"
 
 "$E" --help | grep -q -- --tokenize-file || fail "--help lists --tokenize-file"
 "$E" --version | grep -q '^sil-eval ' || fail "--version"
+"$E" --version | grep -qE '^backends: cpu(, cuda \(sm_[0-9]+| \(built without CUDA\))' || fail "--version lists the backends"
 "$E" --no-such-option >/dev/null 2>"$T/err"; [ $? = 2 ] || fail "unknown option exit status"
 grep -q "unknown option '--no-such-option'" "$T/err" || fail "unknown option message: $(cat "$T/err")"
 "$E" --model "$V" >/dev/null 2>"$T/err"; [ $? = 2 ] || fail "no mode exit status"
