@@ -35,6 +35,11 @@ from model import Qwen35Moe  # noqa: E402
 TYPES = ["f32", "q8_0", "q4_k_m"]
 
 
+def engine_selection(held, n):
+    """The n held-out questions the engine answers: every (len // n)-th, the first n of them."""
+    return held[::max(1, len(held) // n)][:n]
+
+
 def engine_answers(gguf, tok, examples, exact, n_predict=96):
     """The engine's greedy completions, one sil-eval per question, a few at a time."""
     def one(e):
@@ -109,8 +114,7 @@ def main():
         print(f"export: {files[t]} {os.path.getsize(files[t]) / 1e6:.2f} MB", flush=True)
 
     held = [json.loads(line) for line in open(os.path.join(a.out, "heldout_torch.jsonl"))]
-    step = max(1, len(held) // a.engine_questions)
-    sel = held[::step][:a.engine_questions]
+    sel = engine_selection(held, a.engine_questions)
     prompts = [e["prompt"] for e in sel[:3]]
     ok_tok = parity.check_tokenizer(tok, files["f32"], [e["prompt"] for e in sel[:50]])
     ok_logits = parity.compare(model, tok, files["f32"], prompts, 8, 1e-3)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The shipped demo model (models/siliceo-demo-qwen35moe-Q8_0.gguf, trained weights) end to end:
-#  1. sil-eval, normal and exact mode, on the held-out questions of heldout_torch_q8_0.jsonl:
-#     the greedy answers equal PyTorch's (same Q8_0 weights) for >= 99%, and the accuracy is
-#     PyTorch's within one question; reference.json's logits within 1e-3 in exact mode.
+#  1. sil-eval, normal and exact mode, on the 200 held-out questions of
+#     heldout_torch_q8_0.jsonl: the greedy answers equal PyTorch's (same Q8_0 weights) for
+#     >= 99%, and the accuracy is PyTorch's within one question; reference.json's logits
+#     within 1e-3 in exact mode.
 #  2. siliceod on the model: >= 95% of 200 held-out 2-digit x 2-digit multiplications answered
 #     right through sil-chat (greedy, thinking on), then a clean SIGTERM stop.
-# Only python3's standard library is needed. About 40 s on 2 loaded cores.
+# Only python3's standard library is needed. About 30 s on 2 loaded cores.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/tests/integration

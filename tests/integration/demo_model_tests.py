@@ -5,8 +5,9 @@
   demo_model_tests.py chat N    N held-out 2-digit x 2-digit multiplications through sil-chat
                                 (a running siliceod on $SILICEO_SOCKET)
 
-The PyTorch side was computed once, on the same Q8_0 weights, by bench/train/pipeline.py; only
-the standard library is needed here. Environment: SIL_BUILD (its bin/), DEMO_MODEL.
+The PyTorch side was computed once, on the same Q8_0 weights, by bench/train/ (reference.json by
+pipeline.py, heldout_torch_q8_0.jsonl by torch_answers.py); only the standard library is needed
+here. Environment: SIL_BUILD (its bin/), DEMO_MODEL.
 """
 
 import concurrent.futures
@@ -26,6 +27,7 @@ BIN = os.path.join(os.environ.get("SIL_BUILD") or os.path.join(ROOT, "build"), "
 MODELS = os.path.join(ROOT, "models")
 MODEL = os.environ.get("DEMO_MODEL") or os.path.join(MODELS, "siliceo-demo-qwen35moe-Q8_0.gguf")
 IM_END = "<|im_end|>"
+N_HELDOUT = 200  # the held-out questions the engine is held to PyTorch on, at least
 
 
 def gguf_tokens(path):
@@ -149,6 +151,11 @@ def test_engine():
               f"(limit 1e-3)")
     # 2. greedy answers on the held-out questions, normal and exact mode
     held = [json.loads(x) for x in open(os.path.join(MODELS, "heldout_torch_q8_0.jsonl"))]
+    fams = {e["family"] for e in held}
+    if len(held) < N_HELDOUT or fams != set(data.FAMILIES):
+        print(f"FAIL: heldout_torch_q8_0.jsonl has {len(held)} questions of {sorted(fams)}: "
+              f"{N_HELDOUT} of all of {data.FAMILIES} wanted")
+        return False
     ids = pmap(lambda e: eng.tokenize(e["prompt"]), held)
     # PyTorch's completion length bounds the tokens needed; the slack covers a segmentation
     # longer than the canonical one.
@@ -165,6 +172,12 @@ def test_engine():
         ok = ok and good
         print(f"{'ok' if good else 'FAIL'}: {mode} mode, {n} held-out questions: answers equal "
               f"PyTorch's in {same}/{n} (need 99%), correct {right}/{n} (PyTorch {torch_ok}/{n})")
+        per = {f: [0, 0] for f in data.FAMILIES}  # engine correct, questions
+        for c, e in zip(comp, held):
+            per[e["family"]][0] += data.answer_of(c) == e["answer"]
+            per[e["family"]][1] += 1
+        print(f"    {mode}: correct per family: "
+              + ", ".join(f"{f} {r}/{t}" for f, (r, t) in per.items()))
         differ = [(c, e) for c, e in zip(comp, held)
                   if data.answer_of(c) != data.answer_of(e["torch_completion"])]
         for c, e in differ[:10]:
