@@ -38,6 +38,9 @@ struct sil_engine_params {
      * (KV8) or "q4_0" (KV4); NULL = f32, the type the reference logits were made with. */
     const char *kv_type;
     uint64_t kv_budget; /* KV pool bytes (CPU); 0 = every sequence at n_ctx, backed lazily */
+    /* Bytes of recurrent-state snapshots the prefix cache keeps (models with delta-net layers;
+     * 0: none, so the prefix cache never hits on them). */
+    uint64_t prefix_ckpt_budget;
     /* Load progress in [0,1], called from the loading thread between the stages of the load;
      * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
     bool (*progress)(float fraction, const char *what, void *user);
@@ -90,6 +93,35 @@ int32_t sil_seq_resume_pos(const struct sil_engine *e, int seq, int32_t n_pos);
 int sil_seq_n_checkpoints(const struct sil_engine *e, int seq);
 /* Bytes of state (KV + recurrent + checkpoints) the sequence holds now. */
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
+
+/* The automatic prefix cache (prefix_cache.h): full KV blocks published by one sequence are
+ * attached by another whose tokens start the same way, across requests and sessions.
+ * Attention-only models reuse any cached chain; models with recurrent layers only up to a
+ * block boundary where a recurrent-state snapshot was kept, so the recurrence resumes exactly
+ * where a cold run would be. Only the CPU backend's KV pool can be shared (elsewhere reuse
+ * finds nothing). */
+/* Before evaluating a fresh sequence (length 0) whose prompt is tokens[0, n): attaches the
+ * longest usable cached prefix (whole blocks, always leaving the last token to evaluate) and
+ * restores the snapshot there; *n_reused = the sequence's length now (0 on a miss). Counts a
+ * hit or a miss. On error the sequence is empty again. */
+int sil_seq_prefix_reuse(struct sil_engine *e, int seq, const int32_t *tokens, int32_t n,
+                         int32_t *n_reused, struct sil_error *err);
+/* After an evaluation: the sequence holds tokens[0, n) (n <= its length); its full blocks
+ * become findable. snapshot: also keep the recurrent state at the sequence's end when that is a
+ * block boundary and equals n (take it at the boundaries where later prompts may diverge: every
+ * few blocks of a long prompt and the prompt's last full block). -ENOMEM (the blocks stay
+ * published). */
+int sil_seq_prefix_publish(struct sil_engine *e, int seq, const int32_t *tokens, int32_t n,
+                           bool snapshot, struct sil_error *err);
+/* Whether the model has recurrent layers (prefix hits need snapshots, sil_seq_prefix_publish). */
+bool sil_engine_recurrent(const struct sil_engine *e);
+struct sil_prefix_stats {
+    uint64_t hits, misses, tokens_reused;
+    int32_t n_blocks; /* blocks findable by hash now */
+    int32_t n_snapshots;
+    uint64_t snapshot_bytes;
+};
+void sil_engine_prefix_stats(struct sil_engine *e, struct sil_prefix_stats *out);
 
 /* The KV pool: element type name, bytes of one position (every attention layer, K and V, as
  * stored: whole blocks are SIL_KV_BLOCK of them), blocks in the pool and free now. */

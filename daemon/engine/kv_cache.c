@@ -25,6 +25,7 @@ struct sil_kv_cache {
     bool *hashed;
     int32_t *hnext, *bucket;
     uint32_t n_bucket;
+    int32_t n_hashed;
     int32_t *table; /* [n_seq_max][max_seq_blocks] */
     int32_t *len;   /* [n_seq_max] positions */
 };
@@ -109,6 +110,7 @@ static void hash_drop(struct sil_kv_cache *kv, int32_t b)
         at = &kv->hnext[*at];
     *at = kv->hnext[b];
     kv->hashed[b] = false;
+    kv->n_hashed--;
 }
 
 void sil_kv_block_set_hash(struct sil_kv_cache *kv, int32_t block, uint64_t hash)
@@ -117,6 +119,7 @@ void sil_kv_block_set_hash(struct sil_kv_cache *kv, int32_t block, uint64_t hash
     hash_drop(kv, block);
     kv->hash[block] = hash;
     kv->hashed[block] = true;
+    kv->n_hashed++;
     int32_t *head = &kv->bucket[hash & (kv->n_bucket - 1)];
     kv->hnext[block] = *head;
     *head = block;
@@ -131,6 +134,18 @@ int32_t sil_kv_block_lookup(const struct sil_kv_cache *kv, uint64_t hash)
     for (int32_t b = kv->bucket[hash & (kv->n_bucket - 1)]; b >= 0; b = kv->hnext[b])
         if (kv->hash[b] == hash) return b;
     return -1;
+}
+
+bool sil_kv_block_hash(const struct sil_kv_cache *kv, int32_t block, uint64_t *hash)
+{
+    if (block < 0 || block >= kv->n_blocks || !kv->hashed[block]) return false;
+    *hash = kv->hash[block];
+    return true;
+}
+
+int32_t sil_kv_n_hashed(const struct sil_kv_cache *kv)
+{
+    return kv->n_hashed;
 }
 
 int32_t sil_kv_block_refs(const struct sil_kv_cache *kv, int32_t block)
@@ -349,7 +364,8 @@ void sil_kv_seq_trim(struct sil_kv_cache *kv, int seq, int32_t n_pos)
 {
     if (!seq_in_range(kv, seq) || n_pos < 0 || n_pos >= kv->len[seq]) return;
     int32_t *t = table_of(kv, seq);
-    for (int32_t i = blocks_of(n_pos); i < blocks_of(kv->len[seq]); i++)
+    /* Last block first: a cached chain is then evicted from its end, its start kept longest. */
+    for (int32_t i = blocks_of(kv->len[seq]) - 1; i >= blocks_of(n_pos); i--)
         block_unref(kv, t[i]);
     kv->len[seq] = n_pos;
 }
