@@ -376,6 +376,12 @@ void publish_stats(struct sil_worker *w)
     w->local.queued = w->n_queued;
     w->local.sessions = w->n_sessions;
     w->local.session_bytes = sb;
+    struct sil_prefix_stats ps;
+    sil_engine_prefix_stats(w->e, &ps);
+    w->local.prefix_enabled = w->prefix_cache;
+    w->local.prefix_blocks = ps.n_blocks;
+    w->local.prefix_checkpoints = ps.n_snapshots;
+    w->local.prefix_checkpoint_bytes = ps.snapshot_bytes;
     w->local.state_bytes = sb + st;
     pthread_mutex_lock(&w->mu);
     w->stats = w->local;
@@ -676,6 +682,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
     w->checkpoints = cfg->session_checkpoints;
+    w->prefix_cache = cfg->prefix_cache;
+    w->prefix_every = cfg->prefix_checkpoint_blocks * 64;
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     beat(w);
     sil_rpc_buf_init(&w->pk, 0);

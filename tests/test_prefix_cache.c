@@ -40,7 +40,7 @@ static void fill(int32_t *t, size_t n, int32_t vocab)
 /* hashes[i] = chain hash of block i of t */
 static void chain(const int32_t *t, int nb, uint64_t *hashes)
 {
-    uint64_t h = SIL_PREFIX_ROOT;
+    uint64_t h = sil_prefix_root(0);
     for (int i = 0; i < nb; i++)
         hashes[i] = h = sil_prefix_hash(h, t + (size_t)i * BL);
 }
@@ -73,7 +73,7 @@ static void test_hash_chain(void **state)
     int32_t t = b[3];
     b[3] = b[4];
     b[4] = t;
-    if (b[3] != b[4]) assert_true(sil_prefix_hash(SIL_PREFIX_ROOT, b) != ha[0]);
+    if (b[3] != b[4]) assert_true(sil_prefix_hash(sil_prefix_root(0), b) != ha[0]);
     assert_true(sil_prefix_hash(ha[0], a) != ha[0]);
     /* 20000 random blocks: all distinct, bits balanced. */
     enum { N = 20000 };
@@ -81,7 +81,7 @@ static void test_hash_chain(void **state)
     int ones = 0;
     for (int i = 0; i < N; i++) {
         fill(b, BL, 150000);
-        h[i] = sil_prefix_hash(SIL_PREFIX_ROOT, b);
+        h[i] = sil_prefix_hash(sil_prefix_root(0), b);
         ones += __builtin_popcountll(h[i]);
         for (int k = 0; k < i; k += 97)
             assert_true(h[k] != h[i]);
@@ -120,30 +120,30 @@ static void test_publish_match_evict(void **state)
     int32_t t[8 * BL], blocks[8];
     fill(t, 8 * BL, 1000);
     struct sil_prefix_match m;
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 0);
     /* Three and a half blocks evaluated: three published. */
     assert_int_equal(sil_kv_seq_reserve(kv, 0, 3 * BL + 32, &err), 0);
-    assert_int_equal(sil_prefix_publish(pc, 0, t, 3 * BL + 32), 3);
+    assert_int_equal(sil_prefix_publish(pc, 0, 0, t, 3 * BL + 32), 3);
     int32_t nb;
     const int32_t *tab = sil_kv_seq_table(kv, 0, &nb);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 3);
     assert_int_equal(m.n_usable, 3);
     assert_null(m.state);
     assert_memory_equal(blocks, tab, 3 * sizeof(int32_t));
-    sil_prefix_match(pc, t, 2, blocks, &m); /* bounded by max_blocks */
+    sil_prefix_match(pc, 0, t, 2, blocks, &m); /* bounded by max_blocks */
     assert_int_equal(m.n_blocks, 2);
     /* Publishing again changes nothing; a later token changed only shortens the match. */
-    assert_int_equal(sil_prefix_publish(pc, 0, t, 3 * BL), 3);
+    assert_int_equal(sil_prefix_publish(pc, 0, 0, t, 3 * BL), 3);
     assert_int_equal(sil_kv_n_hashed(kv), 3);
     int32_t u[8 * BL];
     memcpy(u, t, sizeof t);
     u[BL + 5]++;
-    sil_prefix_match(pc, u, 4, blocks, &m);
+    sil_prefix_match(pc, 0, u, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 1);
     /* Another sequence attaches the chain: references, no copy. */
-    sil_prefix_match(pc, t, 3, blocks, &m);
+    sil_prefix_match(pc, 0, t, 3, blocks, &m);
     for (int i = 0; i < 3; i++)
         assert_int_equal(sil_kv_seq_attach(kv, 1, blocks[i], &err), 0);
     assert_int_equal(sil_kv_block_refs(kv, blocks[0]), 2);
@@ -151,26 +151,26 @@ static void test_publish_match_evict(void **state)
     sil_kv_seq_release(kv, 0);
     sil_kv_seq_release(kv, 1);
     assert_int_equal(sil_kv_n_free(kv), 8);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 3);
     /* Pressure: 5 plain blocks are used first, then the chain goes from its end. */
     assert_int_equal(sil_kv_seq_reserve(kv, 2, 5 * BL, &err), 0);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 3);
     assert_int_equal(sil_kv_seq_reserve(kv, 2, 6 * BL, &err), 0);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 2);
     assert_int_equal(sil_kv_seq_reserve(kv, 2, 7 * BL, &err), 0);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 1);
     assert_int_equal(sil_kv_n_hashed(kv), 1);
     /* A reused block that is published anew describes its new tokens only. */
     int32_t w[7 * BL], wb[7];
     fill(w, 7 * BL, 1000);
-    assert_int_equal(sil_prefix_publish(pc, 2, w, 7 * BL), 7);
-    sil_prefix_match(pc, w, 7, wb, &m);
+    assert_int_equal(sil_prefix_publish(pc, 2, 0, w, 7 * BL), 7);
+    sil_prefix_match(pc, 0, w, 7, wb, &m);
     assert_int_equal(m.n_blocks, 7);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 1);
     assert_int_equal(sil_kv_n_hashed(kv), 8);
     sil_prefix_free(pc);
@@ -190,21 +190,21 @@ static void test_collision_refused(void **state)
     fill(x, 2 * BL, 1000);
     fill(y, 2 * BL, 1000);
     assert_int_equal(sil_kv_seq_reserve(kv, 0, 2 * BL, &err), 0);
-    assert_int_equal(sil_prefix_publish(pc, 0, x, 2 * BL), 2);
+    assert_int_equal(sil_prefix_publish(pc, 0, 0, x, 2 * BL), 2);
     assert_int_equal(sil_kv_seq_reserve(kv, 1, BL, &err), 0);
-    assert_int_equal(sil_prefix_publish(pc, 1, y, BL), 1);
+    assert_int_equal(sil_prefix_publish(pc, 1, 0, y, BL), 1);
     int32_t nb, blocks[2];
     const int32_t *ta = sil_kv_seq_table(kv, 0, &nb);
     const int32_t *tb = sil_kv_seq_table(kv, 1, &nb);
     struct sil_prefix_match m;
     /* Block x0 findable under y0's hash: its tokens differ, refused (y0 itself is shadowed). */
-    const uint64_t hy0 = sil_prefix_hash(SIL_PREFIX_ROOT, y);
+    const uint64_t hy0 = sil_prefix_hash(sil_prefix_root(0), y);
     sil_kv_block_set_hash(kv, ta[0], hy0);
-    sil_prefix_match(pc, y, 1, blocks, &m);
+    sil_prefix_match(pc, 0, y, 1, blocks, &m);
     assert_int_equal(m.n_blocks, 0);
     sil_kv_block_set_hash(kv, tb[0], hy0); /* y0 back at the head of its bucket */
-    sil_kv_block_set_hash(kv, ta[0], sil_prefix_hash(SIL_PREFIX_ROOT, x));
-    sil_prefix_match(pc, y, 1, blocks, &m);
+    sil_kv_block_set_hash(kv, ta[0], sil_prefix_hash(sil_prefix_root(0), x));
+    sil_prefix_match(pc, 0, y, 1, blocks, &m);
     assert_int_equal(m.n_blocks, 1);
     /* Block x1 (tokens x[64..128)) findable as the child of y0 with the same tokens, as if the
      * parents' hashes collided: its parent is x0, not y0, so y0 + x1's tokens match one block. */
@@ -212,9 +212,26 @@ static void test_collision_refused(void **state)
     memcpy(yx, y, BL * sizeof(int32_t));
     memcpy(yx + BL, x + BL, BL * sizeof(int32_t));
     sil_kv_block_set_hash(kv, ta[1], sil_prefix_hash(hy0, x + BL));
-    sil_prefix_match(pc, yx, 2, blocks, &m);
+    sil_prefix_match(pc, 0, yx, 2, blocks, &m);
     assert_int_equal(m.n_blocks, 1);
     assert_int_equal(blocks[0], tb[0]);
+    /* Scopes: x's chain is not found from scope 7, not even under scope 7's hash of x0. */
+    sil_prefix_match(pc, 7, x, 2, blocks, &m);
+    assert_int_equal(m.n_blocks, 0);
+    sil_kv_block_set_hash(kv, ta[0], sil_prefix_hash(sil_prefix_root(7), x));
+    sil_prefix_match(pc, 7, x, 2, blocks, &m);
+    assert_int_equal(m.n_blocks, 0);
+    /* Published in scope 7 too (the same rows of another user): found there, and the first
+     * scope's chain is intact beside it. */
+    assert_int_equal(sil_kv_seq_reserve(kv, 2, 2 * BL, &err), 0);
+    assert_int_equal(sil_prefix_publish(pc, 2, 7, x, 2 * BL), 2);
+    sil_prefix_match(pc, 7, x, 2, blocks, &m);
+    assert_int_equal(m.n_blocks, 2);
+    assert_int_equal(blocks[0], sil_kv_seq_table(kv, 2, &nb)[0]);
+    assert_int_equal(sil_prefix_publish(pc, 0, 0, x, 2 * BL), 2); /* x0 gets its hash back */
+    sil_prefix_match(pc, 0, x, 2, blocks, &m);
+    assert_int_equal(m.n_blocks, 2);
+    assert_int_equal(blocks[0], ta[0]);
     sil_prefix_free(pc);
     sil_kv_free(kv);
 }
@@ -232,38 +249,38 @@ static void test_snapshots(void **state)
     int32_t t[4 * BL], blocks[4];
     fill(t, 4 * BL, 1000);
     float s2[5] = {2, 2, 2, 2, 2}, s4[5] = {4, 4, 4, 4, 4}, s1[5] = {1, 1, 1, 1, 1};
-    assert_int_equal(sil_prefix_snapshot(pc, t, 2, s2, &err), -ENOENT); /* not published */
+    assert_int_equal(sil_prefix_snapshot(pc, 0, t, 2, s2, &err), -ENOENT); /* not published */
     assert_int_equal(sil_kv_seq_reserve(kv, 0, 4 * BL, &err), 0);
-    assert_int_equal(sil_prefix_publish(pc, 0, t, 4 * BL), 4);
+    assert_int_equal(sil_prefix_publish(pc, 0, 0, t, 4 * BL), 4);
     struct sil_prefix_match m;
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 4);
     assert_int_equal(m.n_usable, 0); /* no snapshot: nothing to resume from */
     assert_null(m.state);
-    assert_int_equal(sil_prefix_snapshot(pc, t, 2, s2, &err), 0);
-    assert_int_equal(sil_prefix_snapshot(pc, t, 4, s4, &err), 0);
+    assert_int_equal(sil_prefix_snapshot(pc, 0, t, 2, s2, &err), 0);
+    assert_int_equal(sil_prefix_snapshot(pc, 0, t, 4, s4, &err), 0);
     struct sil_prefix_info pi;
     sil_prefix_info(pc, &pi);
     assert_int_equal(pi.n_snapshots, 2);
     assert_int_equal(pi.snapshot_bytes, 2 * F * sizeof(float));
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_usable, 4);
     assert_true(m.state && m.state[0] == 4);
-    sil_prefix_match(pc, t, 3, blocks, &m); /* clamped to the snapshot at 2 */
+    sil_prefix_match(pc, 0, t, 3, blocks, &m); /* clamped to the snapshot at 2 */
     assert_int_equal(m.n_blocks, 3);
     assert_int_equal(m.n_usable, 2);
     assert_true(m.state && m.state[0] == 2);
     /* Full: the least recently used (after 4 blocks) goes for a new one after 1. */
-    assert_int_equal(sil_prefix_snapshot(pc, t, 1, s1, &err), 0);
+    assert_int_equal(sil_prefix_snapshot(pc, 0, t, 1, s1, &err), 0);
     sil_prefix_info(pc, &pi);
     assert_int_equal(pi.n_snapshots, 2);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_usable, 2);
     /* The sequence cut to 1.5 blocks and rewritten: block 1 loses its hash; the chain and the
      * snapshot after it can no longer be reached, and the sweep drops the snapshot. */
     sil_kv_seq_trim(kv, 0, BL + 10);
     assert_int_equal(sil_kv_seq_reserve(kv, 0, 2 * BL, &err), 0);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 1);
     assert_int_equal(m.n_usable, 1);
     assert_true(m.state && m.state[0] == 1);
@@ -272,10 +289,10 @@ static void test_snapshots(void **state)
     /* A new chain over the same block ids drops what followed their old publication. */
     int32_t u[2 * BL];
     fill(u, 2 * BL, 1000);
-    assert_int_equal(sil_prefix_publish(pc, 0, u, 2 * BL), 2);
+    assert_int_equal(sil_prefix_publish(pc, 0, 0, u, 2 * BL), 2);
     sil_prefix_info(pc, &pi);
     assert_int_equal(pi.n_snapshots, 0);
-    sil_prefix_match(pc, t, 4, blocks, &m);
+    sil_prefix_match(pc, 0, t, 4, blocks, &m);
     assert_int_equal(m.n_blocks, 0);
     sil_prefix_free(pc);
     sil_kv_free(kv);
@@ -342,7 +359,7 @@ static void publish_run(struct sil_engine *e, const int32_t *ids, const int32_t 
     for (int c = 0; c < n_cuts; c++) {
         eval_cuts(e, seq, ids, from, cuts + c, 1, NULL);
         from = cuts[c];
-        assert_int_equal(sil_seq_prefix_publish(e, seq, ids, from, true, &err), 0);
+        assert_int_equal(sil_seq_prefix_publish(e, seq, 0, ids, from, true, &err), 0);
     }
     sil_seq_free(e, seq); /* its blocks stay cached */
 }
@@ -370,7 +387,7 @@ static void warm_vs_cold(struct sil_engine *e, const char *what, const int32_t *
     int seq = sil_seq_create(e, &err);
     assert_true(seq >= 0);
     int32_t reused = -1;
-    assert_int_equal(sil_seq_prefix_reuse(e, seq, ids, n, &reused, &err), 0);
+    assert_int_equal(sil_seq_prefix_reuse(e, seq, 0, ids, n, &reused, &err), 0);
     if (reused != want_reused)
         fail_msg("%s: reused %d positions, want %d", what, reused, want_reused);
     assert_int_equal(sil_seq_len(e, seq), reused);
@@ -446,14 +463,19 @@ static void prefix_hit_exact(const char *model, bool exact)
     struct sil_error err = {0};
     int seq = sil_seq_create(e, &err);
     int32_t reused = -1;
-    assert_int_equal(sil_seq_prefix_reuse(e, seq, other, 200, &reused, &err), 0);
+    assert_int_equal(sil_seq_prefix_reuse(e, seq, 0, other, 200, &reused, &err), 0);
     assert_int_equal(reused, 0);
-    assert_int_equal(sil_seq_prefix_reuse(e, seq, ab, 256, &reused, &err), 0);
+    assert_int_equal(sil_seq_prefix_reuse(e, seq, 0, ab, 256, &reused, &err), 0);
     assert_int_equal(reused, recr ? 128 : 192);
-    assert_int_equal(sil_seq_prefix_reuse(e, seq, ab, 256, &reused, &err), -EINVAL); /* not fresh */
+    assert_int_equal(sil_seq_prefix_reuse(e, seq, 0, ab, 256, &reused, &err),
+                     -EINVAL); /* not fresh */
+    sil_seq_free(e, seq);
+    seq = sil_seq_create(e, &err); /* another scope: nothing */
+    assert_int_equal(sil_seq_prefix_reuse(e, seq, 1000, ab, 356, &reused, &err), 0);
+    assert_int_equal(reused, 0);
     sil_seq_free(e, seq);
     sil_engine_prefix_stats(e, &ps);
-    assert_int_equal(ps.misses, 1);
+    assert_int_equal(ps.misses, 2);
     sil_engine_close(e);
 }
 
@@ -480,7 +502,7 @@ static void test_hybrid_needs_snapshot(void **state)
     struct sil_error err = {0};
     int seq = sil_seq_create(e, &err);
     int32_t reused = -1;
-    assert_int_equal(sil_seq_prefix_reuse(e, seq, ids, 200, &reused, &err), 0);
+    assert_int_equal(sil_seq_prefix_reuse(e, seq, 0, ids, 200, &reused, &err), 0);
     assert_int_equal(reused, 0);
     struct sil_prefix_stats ps;
     sil_engine_prefix_stats(e, &ps);

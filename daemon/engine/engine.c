@@ -512,8 +512,8 @@ bool sil_engine_recurrent(const struct sil_engine *e)
     return e->model->hp.n_layer_recr > 0;
 }
 
-int sil_seq_prefix_reuse(struct sil_engine *e, int seq, const int32_t *tokens, int32_t n,
-                         int32_t *n_reused, struct sil_error *err)
+int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                         int32_t n, int32_t *n_reused, struct sil_error *err)
 {
     *n_reused = 0;
     if (!seq_ok(e, seq) || e->seq_len[seq] != 0)
@@ -523,7 +523,7 @@ int sil_seq_prefix_reuse(struct sil_engine *e, int seq, const int32_t *tokens, i
     int32_t max_blocks = (n - 1) / SIL_KV_BLOCK; /* the last token is evaluated for its logits */
     if (max_blocks > e->n_ctx / SIL_KV_BLOCK) max_blocks = e->n_ctx / SIL_KV_BLOCK;
     struct sil_prefix_match m;
-    sil_prefix_match(e->prefix, tokens, max_blocks, e->prefix_blocks, &m);
+    sil_prefix_match(e->prefix, scope, tokens, max_blocks, e->prefix_blocks, &m);
     if (m.n_usable == 0) {
         e->prefix_misses++;
         return 0;
@@ -553,13 +553,13 @@ int sil_seq_prefix_reuse(struct sil_engine *e, int seq, const int32_t *tokens, i
     return 0;
 }
 
-int sil_seq_prefix_publish(struct sil_engine *e, int seq, const int32_t *tokens, int32_t n,
-                           bool snapshot, struct sil_error *err)
+int sil_seq_prefix_publish(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                           int32_t n, bool snapshot, struct sil_error *err)
 {
     if (!seq_ok(e, seq) || n < 0 || n > e->seq_len[seq])
         return sil_errorf(err, -EINVAL, "engine: cannot publish %d tokens of sequence %d", n, seq);
     if (!e->prefix || sil_kv_block_bytes(e->f.kv) == 0) return 0;
-    const int32_t full = sil_prefix_publish(e->prefix, seq, tokens, n);
+    const int32_t full = sil_prefix_publish(e->prefix, seq, scope, tokens, n);
     if (!snapshot || !sil_engine_recurrent(e) || full == 0 || n != e->seq_len[seq] ||
         n % SIL_KV_BLOCK)
         return 0;
@@ -568,7 +568,7 @@ int sil_seq_prefix_publish(struct sil_engine *e, int seq, const int32_t *tokens,
         int rc = e->f.be->ops->state_read(e->f.be, seq, e->f.recr_state[seq], nrs, err);
         if (rc < 0) return rc;
     }
-    return sil_prefix_snapshot(e->prefix, tokens, full, e->f.recr_state[seq], err);
+    return sil_prefix_snapshot(e->prefix, scope, tokens, full, e->f.recr_state[seq], err);
 }
 
 void sil_engine_prefix_stats(struct sil_engine *e, struct sil_prefix_stats *out)

@@ -99,20 +99,21 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
  * Attention-only models reuse any cached chain; models with recurrent layers only up to a
  * block boundary where a recurrent-state snapshot was kept, so the recurrence resumes exactly
  * where a cold run would be. Only the CPU backend's KV pool can be shared (elsewhere reuse
- * finds nothing). */
+ * finds nothing). scope: chains published in one scope are found only in it (the daemon uses
+ * the client's uid, so no user learns from a hit what another one's prompts held). */
 /* Before evaluating a fresh sequence (length 0) whose prompt is tokens[0, n): attaches the
  * longest usable cached prefix (whole blocks, always leaving the last token to evaluate) and
  * restores the snapshot there; *n_reused = the sequence's length now (0 on a miss). Counts a
  * hit or a miss. On error the sequence is empty again. */
-int sil_seq_prefix_reuse(struct sil_engine *e, int seq, const int32_t *tokens, int32_t n,
-                         int32_t *n_reused, struct sil_error *err);
+int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                         int32_t n, int32_t *n_reused, struct sil_error *err);
 /* After an evaluation: the sequence holds tokens[0, n) (n <= its length); its full blocks
  * become findable. snapshot: also keep the recurrent state at the sequence's end when that is a
  * block boundary and equals n (take it at the boundaries where later prompts may diverge: every
  * few blocks of a long prompt and the prompt's last full block). -ENOMEM (the blocks stay
  * published). */
-int sil_seq_prefix_publish(struct sil_engine *e, int seq, const int32_t *tokens, int32_t n,
-                           bool snapshot, struct sil_error *err);
+int sil_seq_prefix_publish(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                           int32_t n, bool snapshot, struct sil_error *err);
 /* Whether the model has recurrent layers (prefix hits need snapshots, sil_seq_prefix_publish). */
 bool sil_engine_recurrent(const struct sil_engine *e);
 struct sil_prefix_stats {

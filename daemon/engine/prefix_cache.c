@@ -26,6 +26,7 @@ struct sil_prefix_cache {
     int32_t *tokens; /* [n_pool][SIL_KV_BLOCK] */
     int32_t *parent; /* parent block, -1 for a first block */
     uint32_t *parent_gen, *gen;
+    uint64_t *scope;  /* the chain's scope (checked on first blocks; children follow parents) */
     int32_t *snap_of; /* entry of the snapshot after this block, -1: none */
     struct snap *snap;
     int32_t n_snap_max, n_snaps;
@@ -45,6 +46,11 @@ static inline uint64_t fmix64(uint64_t k)
     k *= 0xc4ceb9fe1a85ec53ull;
     k ^= k >> 33;
     return k;
+}
+
+uint64_t sil_prefix_root(uint64_t scope)
+{
+    return fmix64(scope ^ 0x9e3779b97f4a7c15ull) ^ 0x243f6a8885a308d3ull;
 }
 
 /* MurmurHash3's 64-bit body over pairs of tokens, seeded with the parent hash. */
@@ -82,9 +88,11 @@ int sil_prefix_create(struct sil_prefix_cache **out, struct sil_kv_cache *kv, in
     pc->parent = malloc(n * sizeof(int32_t));
     pc->parent_gen = calloc(n, sizeof(uint32_t));
     pc->gen = calloc(n, sizeof(uint32_t));
+    pc->scope = calloc(n, sizeof(uint64_t));
     pc->snap_of = malloc(n * sizeof(int32_t));
     pc->snap = calloc(pc->n_snap_max ? (size_t)pc->n_snap_max : 1, sizeof(*pc->snap));
-    if (!pc->tokens || !pc->parent || !pc->parent_gen || !pc->gen || !pc->snap_of || !pc->snap) {
+    if (!pc->tokens || !pc->parent || !pc->parent_gen || !pc->gen || !pc->scope || !pc->snap_of ||
+        !pc->snap) {
         sil_prefix_free(pc);
         return sil_errorf(err, -ENOMEM, "prefix cache: out of memory for %d blocks", pc->n_pool);
     }
@@ -106,6 +114,7 @@ void sil_prefix_free(struct sil_prefix_cache *pc)
     free(pc->parent);
     free(pc->parent_gen);
     free(pc->gen);
+    free(pc->scope);
     free(pc->snap_of);
     free(pc);
 }
@@ -134,28 +143,29 @@ static void snap_sweep(struct sil_prefix_cache *pc)
     }
 }
 
-/* Block b holds the rows of `tokens` after parent (a block of this chain, or -1). */
-static bool block_is(const struct sil_prefix_cache *pc, int32_t b, uint64_t hash, int32_t parent,
-                     const int32_t *tokens)
+/* Block b holds the rows of `tokens` after parent (a block of this chain, or -1: the first
+ * block of scope). */
+static bool block_is(const struct sil_prefix_cache *pc, int32_t b, uint64_t hash, uint64_t scope,
+                     int32_t parent, const int32_t *tokens)
 {
     uint64_t h;
     if (!sil_kv_block_hash(pc->kv, b, &h) || h != hash || pc->parent[b] != parent) return false;
-    if (parent >= 0 && pc->parent_gen[b] != pc->gen[parent]) return false;
+    if (parent >= 0 ? pc->parent_gen[b] != pc->gen[parent] : pc->scope[b] != scope) return false;
     return memcmp(pc->tokens + (size_t)b * SIL_KV_BLOCK, tokens, SIL_KV_BLOCK * sizeof(int32_t)) ==
            0;
 }
 
 /* Follows the chain of tokens' blocks while cached; blocks (may be NULL) gets their ids. */
-static int32_t chain_walk(const struct sil_prefix_cache *pc, const int32_t *tokens,
+static int32_t chain_walk(const struct sil_prefix_cache *pc, uint64_t scope, const int32_t *tokens,
                           int32_t max_blocks, int32_t *blocks, int32_t *last)
 {
-    uint64_t h = SIL_PREFIX_ROOT;
+    uint64_t h = sil_prefix_root(scope);
     int32_t prev = -1, i = 0;
     for (; i < max_blocks; i++) {
         const int32_t *t = tokens + (size_t)i * SIL_KV_BLOCK;
         h = sil_prefix_hash(h, t);
         const int32_t b = sil_kv_block_lookup(pc->kv, h);
-        if (b < 0 || !block_is(pc, b, h, prev, t)) break;
+        if (b < 0 || !block_is(pc, b, h, scope, prev, t)) break;
         if (blocks) blocks[i] = b;
         prev = b;
     }
@@ -163,11 +173,11 @@ static int32_t chain_walk(const struct sil_prefix_cache *pc, const int32_t *toke
     return i;
 }
 
-void sil_prefix_match(struct sil_prefix_cache *pc, const int32_t *tokens, int32_t max_blocks,
-                      int32_t *blocks, struct sil_prefix_match *m)
+void sil_prefix_match(struct sil_prefix_cache *pc, uint64_t scope, const int32_t *tokens,
+                      int32_t max_blocks, int32_t *blocks, struct sil_prefix_match *m)
 {
     int32_t last;
-    m->n_blocks = chain_walk(pc, tokens, max_blocks, blocks, &last);
+    m->n_blocks = chain_walk(pc, scope, tokens, max_blocks, blocks, &last);
     m->n_usable = m->n_blocks;
     m->state = NULL;
     if (pc->floats <= 0) return;
@@ -182,24 +192,25 @@ void sil_prefix_match(struct sil_prefix_cache *pc, const int32_t *tokens, int32_
     }
 }
 
-int32_t sil_prefix_publish(struct sil_prefix_cache *pc, int seq, const int32_t *tokens, int32_t n)
+int32_t sil_prefix_publish(struct sil_prefix_cache *pc, int seq, uint64_t scope,
+                           const int32_t *tokens, int32_t n)
 {
     int32_t nb = 0;
     const int32_t *table = sil_kv_seq_table(pc->kv, seq, &nb);
     const int32_t full = n / SIL_KV_BLOCK;
     if (!table || full > nb) return 0;
-    uint64_t h = SIL_PREFIX_ROOT;
+    uint64_t h = sil_prefix_root(scope);
     int32_t prev = -1;
     for (int32_t i = 0; i < full; i++) {
         const int32_t *t = tokens + (size_t)i * SIL_KV_BLOCK;
         h = sil_prefix_hash(h, t);
         const int32_t b = table[i];
-        if (block_is(pc, b, h, prev, t)) { /* published before (this sequence, or shared) */
+        if (block_is(pc, b, h, scope, prev, t)) { /* published before (this sequence, or shared) */
             prev = b;
             continue;
         }
         const int32_t c = sil_kv_block_lookup(pc->kv, h);
-        if (c >= 0 && block_is(pc, c, h, prev, t)) {
+        if (c >= 0 && block_is(pc, c, h, scope, prev, t)) {
             /* The same rows are cached already: the chain goes on from them. */
             prev = c;
             continue;
@@ -209,6 +220,7 @@ int32_t sil_prefix_publish(struct sil_prefix_cache *pc, int seq, const int32_t *
         pc->gen[b]++;
         pc->parent[b] = prev;
         pc->parent_gen[b] = prev >= 0 ? pc->gen[prev] : 0;
+        pc->scope[b] = scope;
         memcpy(pc->tokens + (size_t)b * SIL_KV_BLOCK, t, SIL_KV_BLOCK * sizeof(int32_t));
         sil_kv_block_set_hash(pc->kv, b, h);
         prev = b;
@@ -216,12 +228,12 @@ int32_t sil_prefix_publish(struct sil_prefix_cache *pc, int seq, const int32_t *
     return full;
 }
 
-int sil_prefix_snapshot(struct sil_prefix_cache *pc, const int32_t *tokens, int32_t n_blocks,
-                        const float *state, struct sil_error *err)
+int sil_prefix_snapshot(struct sil_prefix_cache *pc, uint64_t scope, const int32_t *tokens,
+                        int32_t n_blocks, const float *state, struct sil_error *err)
 {
     if (pc->floats <= 0 || pc->n_snap_max == 0 || n_blocks <= 0) return 0;
     int32_t last;
-    if (chain_walk(pc, tokens, n_blocks, NULL, &last) != n_blocks)
+    if (chain_walk(pc, scope, tokens, n_blocks, NULL, &last) != n_blocks)
         return sil_errorf(err, -ENOENT, "prefix cache: no cached chain of %d blocks to snapshot",
                           n_blocks);
     const size_t bytes = sizeof(float) * (size_t)pc->floats;

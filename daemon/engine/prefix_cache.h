@@ -6,7 +6,8 @@
  * tokens of block i). The kv cache maps hashes to blocks and evicts unreferenced ones LRU; this
  * module keeps beside each published block its tokens and its parent (block id and publication
  * number), and a match accepts a block only when both agree: a hash collision can cost a hit,
- * never give KV of other tokens.
+ * never give KV of other tokens. Chains live in scopes (e.g. one per user): a chain of one scope
+ * never matches in another, so nobody learns from a hit what someone else's prompts held.
  *
  * Models with recurrent layers (gated delta net) cannot resume a sequence from KV alone: the
  * recurrent state after the reused prefix is needed too. Snapshots of it are kept keyed by the
@@ -24,8 +25,8 @@
 #include "daemon/engine/error.h"
 #include "daemon/engine/kv_cache.h"
 
-#define SIL_PREFIX_ROOT 0x9e3779b97f4a7c15ull /* parent hash of a sequence's first block */
-
+/* The parent hash of a sequence's first block in a scope. */
+uint64_t sil_prefix_root(uint64_t scope);
 /* The chain hash of one full block (SIL_KV_BLOCK tokens) after a parent hash. */
 uint64_t sil_prefix_hash(uint64_t parent, const int32_t *tokens);
 
@@ -46,19 +47,20 @@ struct sil_prefix_match {
     int32_t n_blocks, n_usable;
     const float *state;
 };
-void sil_prefix_match(struct sil_prefix_cache *pc, const int32_t *tokens, int32_t max_blocks,
-                      int32_t *blocks, struct sil_prefix_match *m);
+void sil_prefix_match(struct sil_prefix_cache *pc, uint64_t scope, const int32_t *tokens,
+                      int32_t max_blocks, int32_t *blocks, struct sil_prefix_match *m);
 
 /* Publishes the full blocks of seq that hold tokens[0, n) (n <= the sequence's length): each
  * becomes findable by its chain. A block that is already cached with the same chain is left as
  * it is (the chain goes on from it). Returns the number of full blocks now chained. */
-int32_t sil_prefix_publish(struct sil_prefix_cache *pc, int seq, const int32_t *tokens, int32_t n);
+int32_t sil_prefix_publish(struct sil_prefix_cache *pc, int seq, uint64_t scope,
+                           const int32_t *tokens, int32_t n);
 
 /* Keeps a snapshot of the recurrent state after the first n_blocks blocks of tokens (their chain
  * must be published: call sil_prefix_publish first). -ENOENT when the chain is not cached,
  * -ENOMEM; a no-op without recurrent layers or budget. */
-int sil_prefix_snapshot(struct sil_prefix_cache *pc, const int32_t *tokens, int32_t n_blocks,
-                        const float *state, struct sil_error *err);
+int sil_prefix_snapshot(struct sil_prefix_cache *pc, uint64_t scope, const int32_t *tokens,
+                        int32_t n_blocks, const float *state, struct sil_error *err);
 
 struct sil_prefix_info {
     int32_t n_blocks; /* blocks findable by hash (in use or cached) */
