@@ -8,7 +8,7 @@
 # cold run itself, recorded as one).
 #
 # usage: bench/run-prefix.sh [MODEL.gguf]   (default: the sil-mkmodel bench model, made if absent)
-# Environment: B (build dir, default build), THREADS (2), PROMPT (4096), SHARED_PCT (90),
+# Environment: B (build dir, default build; NO_BUILD=1 uses its siliceod as it is), THREADS (2), PROMPT (4096), SHARED_PCT (90),
 #              RUNS (3), CKPT_BLOCKS (prefix_checkpoint_blocks, 4), MACHINE (vm),
 #              OUT (default bench/results/prefix-<machine>-<yyyymmdd>.json).
 set -euo pipefail
@@ -23,7 +23,7 @@ RUNS=${RUNS:-3}
 CKPT_BLOCKS=${CKPT_BLOCKS:-4}
 MACHINE=${MACHINE:-vm}
 OUT=${OUT:-bench/results/prefix-$MACHINE-$(date -u +%Y%m%d).json}
-make -s B="$B" "$B/bin/siliceod" >&2
+[ -n "${NO_BUILD:-}" ] || make -s B="$B" "$B/bin/siliceod" >&2
 
 tmp=$(mktemp -d)
 dpid=
