@@ -8,8 +8,9 @@
 # cold run itself, recorded as one).
 #
 # usage: bench/run-prefix.sh [MODEL.gguf]   (default: the sil-mkmodel bench model, made if absent)
-# Environment: B (build dir, default build; NO_BUILD=1 uses its siliceod as it is), THREADS (2), PROMPT (4096), SHARED_PCT (90),
-#              RUNS (3), CKPT_BLOCKS (prefix_checkpoint_blocks, 4), MACHINE (vm),
+# Environment: B (build dir, default build; NO_BUILD=1 uses its siliceod as it is), THREADS (2),
+#              PROMPT (4096), SHARED_PCT (90), RUNS (3), CKPT_BLOCKS (prefix_checkpoint_blocks, 4),
+#              MACHINE (vm),
 #              OUT (default bench/results/prefix-<machine>-<yyyymmdd>.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -170,12 +170,13 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         msgpack_pack_nil(pk);
     }
     sil_rpc_pack_cstr(pk, "memory");
-    msgpack_pack_map(pk, 5);
+    msgpack_pack_map(pk, 6);
     sil_rpc_kv_uint(pk, "rss", rss_bytes());
     sil_rpc_kv_uint(pk, "model", info ? info->file_bytes : 0);
     sil_rpc_kv_uint(pk, "kv", st.state_bytes);
     sil_rpc_kv_uint(pk, "sessions", st.session_bytes);
     sil_rpc_kv_uint(pk, "prefix_checkpoints", st.prefix_checkpoint_bytes);
+    sil_rpc_kv_uint(pk, "prefix_blocks", st.prefix_cached_bytes);
     sil_rpc_pack_cstr(pk, "queue");
     msgpack_pack_map(pk, 4);
     sil_rpc_kv_int(pk, "running", st.running);
@@ -285,6 +286,8 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         { "siliceo_prefix_checkpoints", "Recurrent-state snapshots the prefix cache keeps.", false,
           st.prefix_checkpoints },
         { "siliceo_prefix_checkpoint_bytes", "Bytes of those snapshots.", false, st.prefix_checkpoint_bytes },
+        { "siliceo_prefix_cached_bytes", "KV blocks no sequence holds, kept for later hits.", false,
+          st.prefix_cached_bytes },
         { "siliceo_tokens_generated_total", "Tokens generated.", true, st.tokens_generated },
         { "siliceo_eval_steps_total", "Scheduler steps (engine evaluations).", true, st.steps },
         { "siliceo_eval_errors_total", "Engine evaluations that failed.", true, st.eval_errors },

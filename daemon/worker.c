@@ -382,6 +382,7 @@ void publish_stats(struct sil_worker *w)
     w->local.prefix_blocks = ps.n_blocks;
     w->local.prefix_checkpoints = ps.n_snapshots;
     w->local.prefix_checkpoint_bytes = ps.snapshot_bytes;
+    w->local.prefix_cached_bytes = ps.cached_bytes;
     w->local.state_bytes = sb + st;
     pthread_mutex_lock(&w->mu);
     w->stats = w->local;

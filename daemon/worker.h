@@ -61,7 +61,7 @@ struct sil_worker_stats {
     bool prefix_enabled;
     uint64_t prefix_hits, prefix_misses, prefix_tokens;
     int32_t prefix_blocks, prefix_checkpoints;
-    uint64_t prefix_checkpoint_bytes;
+    uint64_t prefix_checkpoint_bytes, prefix_cached_bytes;
     uint64_t steps, eval_errors;
     double eval_seconds;
 };

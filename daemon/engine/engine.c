@@ -579,6 +579,7 @@ void sil_engine_prefix_stats(struct sil_engine *e, struct sil_prefix_stats *out)
     out->misses = e->prefix_misses;
     out->tokens_reused = e->prefix_tokens;
     out->n_blocks = pi.n_blocks;
+    out->cached_bytes = (uint64_t)pi.n_cached * sil_kv_block_bytes(e->f.kv);
     out->n_snapshots = pi.n_snapshots;
     out->snapshot_bytes = pi.snapshot_bytes;
 }

@@ -148,6 +148,14 @@ int32_t sil_kv_n_hashed(const struct sil_kv_cache *kv)
     return kv->n_hashed;
 }
 
+int32_t sil_kv_n_cached(const struct sil_kv_cache *kv)
+{
+    int32_t n = 0;
+    for (int32_t b = 0; b < kv->n_blocks; b++)
+        n += kv->hashed[b] && kv->refs[b] == 0;
+    return n;
+}
+
 int32_t sil_kv_block_refs(const struct sil_kv_cache *kv, int32_t block)
 {
     return block >= 0 && block < kv->n_blocks ? kv->refs[block] : 0;

@@ -267,6 +267,7 @@ void sil_prefix_info(struct sil_prefix_cache *pc, struct sil_prefix_info *out)
 {
     snap_sweep(pc);
     out->n_blocks = sil_kv_n_hashed(pc->kv);
+    out->n_cached = sil_kv_n_cached(pc->kv);
     out->n_snapshots = pc->n_snaps;
     out->snapshot_bytes = (uint64_t)pc->n_snaps * (uint64_t)pc->floats * sizeof(float);
 }

@@ -64,6 +64,7 @@ int sil_prefix_snapshot(struct sil_prefix_cache *pc, uint64_t scope, const int32
 
 struct sil_prefix_info {
     int32_t n_blocks; /* blocks findable by hash (in use or cached) */
+    int32_t n_cached; /* of which no sequence holds: kept only for later hits */
     int32_t n_snapshots;
     uint64_t snapshot_bytes;
 };

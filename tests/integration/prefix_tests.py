@@ -61,6 +61,8 @@ def warm(path):
     else:
         check(pc["checkpoints"] == 0 and pc["checkpoint_bytes"] == 0, "no snapshots on an attention-only model")
     check(st["memory"]["prefix_checkpoints"] == pc["checkpoint_bytes"], "status memory counts the snapshots")
+    check(st["memory"]["prefix_blocks"] > 0, "status memory counts the cached blocks no request holds (%d)"
+          % st["memory"]["prefix_blocks"])
     m = c.ok("metrics")[0]["metrics"]
     check(m["siliceo_prefix_hits_total"] == 2 and m["siliceo_prefix_tokens_total"] == 1152,
           "metrics: prefix hits and tokens")
