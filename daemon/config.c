@@ -31,6 +31,7 @@ void sil_config_defaults(struct sil_config *c)
     c->prefix_cache = true;
     c->prefix_checkpoint_blocks = 4;
     c->prefix_checkpoint_memory = 1ull << 30;
+    c->prefix_cache_memory = 1ull << 30;
     c->idle_timeout = 0;
     c->message_timeout = 30;
     c->max_input = 64u << 20;
@@ -279,6 +280,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     SIZE_KEY("max_output", max_output, 4096)
     SIZE_KEY("session_memory", session_memory, 0)
     SIZE_KEY("prefix_checkpoint_memory", prefix_checkpoint_memory, 0)
+    SIZE_KEY("prefix_cache_memory", prefix_cache_memory, 0)
     snprintf(why, why_size, "unknown key");
     return -EINVAL;
 }
@@ -486,6 +488,7 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
            "prefix_checkpoint_blocks")
     STATIC(dst->prefix_checkpoint_memory != src->prefix_checkpoint_memory,
            "prefix_checkpoint_memory")
+    STATIC(dst->prefix_cache_memory != src->prefix_cache_memory, "prefix_cache_memory")
 #undef STATIC
     if (n >= size && size > 4)
         strcpy(changed_static + size - 4, "...");

@@ -76,6 +76,7 @@ static void test_file(void **state)
                                          "prefix_cache = off\n"
                                          "prefix_checkpoint_blocks = 8\n"
                                          "prefix_checkpoint_memory = 64M\n"
+                                         "prefix_cache_memory = 2G\n"
                                          "log_level = debug\n"
                                          "\n");
     struct sil_config c;
@@ -96,6 +97,7 @@ static void test_file(void **state)
     assert_false(c.prefix_cache);
     assert_int_equal(c.prefix_checkpoint_blocks, 8);
     assert_true(c.prefix_checkpoint_memory == 64ull << 20);
+    assert_true(c.prefix_cache_memory == 2ull << 30);
     assert_int_equal(c.log_level, SIL_LOG_DEBUG);
     assert_string_equal(c.config_path, p);
 }

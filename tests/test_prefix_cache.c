@@ -181,6 +181,47 @@ static void test_publish_match_evict(void **state)
     sil_kv_free(kv);
 }
 
+/* A cap on cached blocks no sequence holds: the least recently freed go first, their pages back;
+ * held blocks never count. */
+static void test_cached_cap(void **state)
+{
+    (void)state;
+    struct sil_kv_cache *kv = make_kv(4, 16 * BL, 16);
+    struct sil_prefix_cache *pc;
+    struct sil_error err = {0};
+    assert_int_equal(sil_prefix_create(&pc, kv, 0, 0, &err), 0);
+    sil_kv_set_cached_max(kv, 3);
+    int32_t t[6 * BL], blocks[6];
+    fill(t, 6 * BL, 1000);
+    assert_int_equal(sil_kv_seq_reserve(kv, 0, 6 * BL, &err), 0);
+    assert_int_equal(sil_prefix_publish(pc, 0, 0, t, 6 * BL), 6);
+    assert_int_equal(sil_kv_n_cached(kv), 0); /* all held */
+    struct sil_prefix_match m;
+    sil_prefix_match(pc, 0, t, 6, blocks, &m);
+    assert_int_equal(m.n_blocks, 6);
+    sil_kv_seq_release(kv, 0); /* freed from the end: blocks 5..0; the first 3 freed go */
+    assert_int_equal(sil_kv_n_cached(kv), 3);
+    assert_int_equal(sil_kv_n_hashed(kv), 3);
+    sil_prefix_match(pc, 0, t, 6, blocks, &m);
+    assert_int_equal(m.n_blocks, 3);
+    assert_int_equal(sil_kv_n_free(kv), 16);
+    /* Attached again: held, not counted; a lower cap trims at once. */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(sil_kv_seq_attach(kv, 1, blocks[i], &err), 0);
+    assert_int_equal(sil_kv_n_cached(kv), 1);
+    sil_kv_set_cached_max(kv, 0);
+    assert_int_equal(sil_kv_n_cached(kv), 0);
+    sil_prefix_match(pc, 0, t, 6, blocks, &m);
+    assert_int_equal(m.n_blocks, 2);
+    /* The pool still hands every block out. */
+    sil_kv_seq_release(kv, 1);
+    assert_int_equal(sil_kv_n_cached(kv), 0);
+    assert_int_equal(sil_kv_seq_reserve(kv, 2, 16 * BL, &err), 0);
+    assert_int_equal(sil_kv_n_free(kv), 0);
+    sil_prefix_free(pc);
+    sil_kv_free(kv);
+}
+
 /* Blocks planted under another chain's hash (what a 64-bit collision would look like): the
  * stored tokens and the parent link refuse them. */
 static void test_collision_refused(void **state)
@@ -521,9 +562,8 @@ static void test_hybrid_needs_snapshot(void **state)
 int main(void)
 {
     const struct CMUnitTest unit[] = {
-        cmocka_unit_test(test_hash_chain),
-        cmocka_unit_test(test_publish_match_evict),
-        cmocka_unit_test(test_collision_refused),
+        cmocka_unit_test(test_hash_chain), cmocka_unit_test(test_publish_match_evict),
+        cmocka_unit_test(test_cached_cap), cmocka_unit_test(test_collision_refused),
         cmocka_unit_test(test_snapshots),
     };
     int rc = cmocka_run_group_tests(unit, NULL, NULL);

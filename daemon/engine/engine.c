@@ -331,6 +331,10 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
                               (int64_t)hp->n_layer_recr * f->dn_state_floats, err)) < 0)
         goto fail;
+    if (p->prefix_cache_budget && sil_kv_block_bytes(f->kv)) {
+        const uint64_t nb = p->prefix_cache_budget / sil_kv_block_bytes(f->kv);
+        sil_kv_set_cached_max(f->kv, nb > INT32_MAX ? INT32_MAX : (int32_t)nb);
+    }
     if ((rc = sil_prefix_create(&e->prefix, f->kv, (int64_t)hp->n_layer_recr * f->dn_state_floats,
                                 p->prefix_ckpt_budget, err)) < 0)
         goto fail;

@@ -41,6 +41,9 @@ struct sil_engine_params {
     /* Bytes of recurrent-state snapshots the prefix cache keeps (models with delta-net layers;
      * 0: none, so the prefix cache never hits on them). */
     uint64_t prefix_ckpt_budget;
+    /* Bytes of KV blocks no sequence holds that the prefix cache keeps for later hits (the
+     * oldest go beyond it); 0: as many as the pool has free. */
+    uint64_t prefix_cache_budget;
     /* Load progress in [0,1], called from the loading thread between the stages of the load;
      * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
     bool (*progress)(float fraction, const char *what, void *user);

@@ -82,7 +82,10 @@ int32_t sil_kv_block_lookup(const struct sil_kv_cache *kv, uint64_t hash); /* -1
 /* Whether block carries a hash now (its rows are still the ones it was set for), and which. */
 bool sil_kv_block_hash(const struct sil_kv_cache *kv, int32_t block, uint64_t *hash);
 int32_t sil_kv_n_hashed(const struct sil_kv_cache *kv); /* blocks carrying a hash */
-int32_t sil_kv_n_cached(const struct sil_kv_cache *kv); /* of which no sequence holds (a scan) */
+int32_t sil_kv_n_cached(const struct sil_kv_cache *kv); /* of which no sequence holds */
+/* At most max_blocks cached blocks no sequence holds (-1, the default: as many as the pool
+ * has free); beyond it the oldest lose their hash and give their pages back. */
+void sil_kv_set_cached_max(struct sil_kv_cache *kv, int32_t max_blocks);
 
 /* K / V rows [SIL_KV_BLOCK] of block in layer, row_bytes apart. */
 void *sil_kv_block_k(const struct sil_kv_cache *kv, int layer, int32_t block);
