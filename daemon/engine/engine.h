@@ -7,9 +7,10 @@
  * be read from any thread.
  *
  * Room for what comes next: the KV cache (kv_cache.h) is paged with reference-counted blocks the
- * prefix cache (prefix_cache.h, sil_seq_prefix_*) shares across sequences; a batch row carries its sequence so decode of N sequences is one call; token trees for
- * speculative decoding will add an ancestor mask to struct sil_batch; a backend other than the
- * CPU (CUDA) is chosen with sil_engine_params.backend. */
+ * prefix cache (prefix_cache.h, sil_seq_prefix_*) shares across sequences; a batch row carries its
+ * sequence so decode of N sequences is one call; token trees for speculative decoding will add an
+ * ancestor mask to struct sil_batch; a backend other than the CPU (CUDA) is chosen with
+ * sil_engine_params.backend. */
 #ifndef SIL_ENGINE_H
 #define SIL_ENGINE_H
 
@@ -121,7 +122,7 @@ int sil_seq_prefix_publish(struct sil_engine *e, int seq, uint64_t scope, const 
 bool sil_engine_recurrent(const struct sil_engine *e);
 struct sil_prefix_stats {
     uint64_t hits, misses, tokens_reused;
-    int32_t n_blocks; /* blocks findable by hash now */
+    int32_t n_blocks;      /* blocks findable by hash now */
     uint64_t cached_bytes; /* of those, the ones no sequence holds: memory kept for later hits */
     int32_t n_snapshots;
     uint64_t snapshot_bytes;
