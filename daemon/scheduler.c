@@ -116,7 +116,8 @@ static int job_prefix_reuse(struct sil_worker *w, struct job *j)
  * every prefix_every positions and the prompt's last full block; 0 when none is left. */
 static size_t snapshot_boundary(const struct sil_worker *w, const struct job *j)
 {
-    if (!w->prefix_cache || !sil_engine_recurrent(w->e) || w->prefix_every <= 0)
+    if (!w->prefix_cache || !sil_engine_recurrent(w->e) || !sil_engine_prefix_shares(w->e) ||
+        w->prefix_every <= 0)
         return 0;
     const size_t every = (size_t)w->prefix_every, last = j->r.n_prompt / 64 * 64;
     size_t next = (j->n_done / every + 1) * every;

@@ -516,6 +516,11 @@ bool sil_engine_recurrent(const struct sil_engine *e)
     return e->model->hp.n_layer_recr > 0;
 }
 
+bool sil_engine_prefix_shares(const struct sil_engine *e)
+{
+    return e->prefix && sil_kv_block_bytes(e->f.kv) > 0;
+}
+
 int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
                          int32_t n, int32_t *n_reused, struct sil_error *err)
 {

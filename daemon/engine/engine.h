@@ -120,6 +120,8 @@ int sil_seq_prefix_publish(struct sil_engine *e, int seq, uint64_t scope, const 
                            int32_t n, bool snapshot, struct sil_error *err);
 /* Whether the model has recurrent layers (prefix hits need snapshots, sil_seq_prefix_publish). */
 bool sil_engine_recurrent(const struct sil_engine *e);
+/* Whether the backend's KV can be shared at all (the CPU's pool); else reuse finds nothing. */
+bool sil_engine_prefix_shares(const struct sil_engine *e);
 struct sil_prefix_stats {
     uint64_t hits, misses, tokens_reused;
     int32_t n_blocks;      /* blocks findable by hash now */
