@@ -536,6 +536,59 @@ static void test_hit_equals_cold(void **state)
     prefix_hit_exact("qwen3-tiny-Q8_0", false);
 }
 
+/* Blocks shared with a sequence that is still live: it is cut back into a shared block and
+ * writes there (a copy, the reader's rows untouched), and the reader continues bit for bit as a
+ * cold run; the chain stays findable. Attention-only model (a cut needs no checkpoint). */
+static void test_shared_with_live_writer(void **state)
+{
+    (void)state;
+    struct sil_engine *e = open_model("qwen3-tiny-Q8_0", false, 0);
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    int32_t a[300], ab[356], c[150];
+    fill(a, 300, V);
+    memcpy(ab, a, 256 * sizeof(int32_t));
+    fill(ab + 256, 100, V);
+    memcpy(c, a, 100 * sizeof(int32_t));
+    fill(c + 100, 50, V);
+    struct sil_error err = {0};
+    int w = sil_seq_create(e, &err);
+    const int32_t all[] = {300};
+    eval_cuts(e, w, a, 0, all, 1, NULL);
+    assert_int_equal(sil_seq_prefix_publish(e, w, 0, a, 300, true, &err), 0);
+    int r = sil_seq_create(e, &err);
+    int32_t reused = -1;
+    assert_int_equal(sil_seq_prefix_reuse(e, r, 0, ab, 356, &reused, &err), 0);
+    assert_int_equal(reused, 256);
+    /* The writer goes back to 100 and writes 50 other tokens into the shared block 1. */
+    assert_int_equal(sil_seq_truncate(e, w, 100, &err), 0);
+    const int32_t to150[] = {150};
+    float *lw = calloc((size_t)V * 150, sizeof(float));
+    eval_cuts(e, w, c, 100, to150, 1, lw);
+    const int32_t cut_c[] = {100, 150};
+    float *cold_c = cold_logits(e, c, cut_c, 2);
+    double worst = 0;
+    for (size_t i = (size_t)100 * V; i < (size_t)150 * V; i++)
+        worst = fmax(worst, fabs((double)lw[i] - cold_c[i]));
+    assert_true(worst < 1e-4);
+    /* The reader's rows were not touched: bit for bit as cold. */
+    const int32_t cut_ab[] = {256, 356};
+    float *cold = cold_logits(e, ab, cut_ab, 2);
+    float *lr = calloc((size_t)V * 356, sizeof(float));
+    eval_cuts(e, r, ab, 256, cut_ab + 1, 1, lr);
+    assert_memory_equal(lr + (size_t)256 * V, cold + (size_t)256 * V, sizeof(float) * 100 * V);
+    /* The chain of a is still findable (the reader holds its original blocks). */
+    int s = sil_seq_create(e, &err);
+    assert_int_equal(sil_seq_prefix_reuse(e, s, 0, ab, 300, &reused, &err), 0);
+    assert_int_equal(reused, 256);
+    printf("a writer cut into a shared block (max diff vs cold %.3g); the reader bit-identical\n",
+           worst);
+    free(lw);
+    free(cold_c);
+    free(cold);
+    free(lr);
+    sil_engine_close(e);
+}
+
 /* A hybrid model without a snapshot budget never reuses KV: the recurrence could not resume. */
 static void test_hybrid_needs_snapshot(void **state)
 {
@@ -575,6 +628,7 @@ int main(void)
     const struct CMUnitTest models[] = {
         cmocka_unit_test(test_hit_equals_cold),
         cmocka_unit_test(test_hybrid_needs_snapshot),
+        cmocka_unit_test(test_shared_with_live_writer),
     };
     return rc | cmocka_run_group_tests(models, NULL, NULL);
 }
