@@ -334,6 +334,13 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
                 s = NULL;
             }
         }
+        /* The prefix cache may resume nearer than the session's own checkpoints (a hybrid
+         * model, a prompt that diverges long after the last one kept): start over from it. */
+        if (s && w->prefix_cache &&
+            sil_seq_prefix_peek(w->e, j->r.uid, j->r.prompt, (int32_t)j->r.n_prompt) >
+                (int32_t)common &&
+            sil_seq_truncate(w->e, s->seq, 0, err) == 0)
+            common = 0;
         if (s) {
             j->seq = s->seq;
             j->n_cached = j->n_done = common;

@@ -521,6 +521,23 @@ bool sil_engine_prefix_shares(const struct sil_engine *e)
     return e->prefix && sil_kv_block_bytes(e->f.kv) > 0;
 }
 
+/* The longest prefix of tokens[0, n) that can be reused: whole blocks, the last token left. */
+static void prefix_match(struct sil_engine *e, uint64_t scope, const int32_t *tokens, int32_t n,
+                         struct sil_prefix_match *m)
+{
+    int32_t max_blocks = (n - 1) / SIL_KV_BLOCK; /* the last token is evaluated for its logits */
+    if (max_blocks > e->n_ctx / SIL_KV_BLOCK) max_blocks = e->n_ctx / SIL_KV_BLOCK;
+    sil_prefix_match(e->prefix, scope, tokens, max_blocks, e->prefix_blocks, m);
+}
+
+int32_t sil_seq_prefix_peek(struct sil_engine *e, uint64_t scope, const int32_t *tokens, int32_t n)
+{
+    if (!sil_engine_prefix_shares(e) || n < 2) return 0;
+    struct sil_prefix_match m;
+    prefix_match(e, scope, tokens, n, &m);
+    return m.n_usable * SIL_KV_BLOCK;
+}
+
 int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
                          int32_t n, int32_t *n_reused, struct sil_error *err)
 {
@@ -529,10 +546,8 @@ int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const in
         return sil_errorf(err, -EINVAL, "engine: prefix reuse needs a fresh sequence (%d)", seq);
     /* A device backend keeps its own KV: the host pool has no rows to share. */
     if (!e->prefix || sil_kv_block_bytes(e->f.kv) == 0 || n < 2) return 0;
-    int32_t max_blocks = (n - 1) / SIL_KV_BLOCK; /* the last token is evaluated for its logits */
-    if (max_blocks > e->n_ctx / SIL_KV_BLOCK) max_blocks = e->n_ctx / SIL_KV_BLOCK;
     struct sil_prefix_match m;
-    sil_prefix_match(e->prefix, scope, tokens, max_blocks, e->prefix_blocks, &m);
+    prefix_match(e, scope, tokens, n, &m);
     if (m.n_usable == 0) {
         e->prefix_misses++;
         return 0;

@@ -111,6 +111,10 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
  * hit or a miss. On error the sequence is empty again. */
 int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
                          int32_t n, int32_t *n_reused, struct sil_error *err);
+/* What sil_seq_prefix_reuse would reuse now for tokens[0, n) in scope (positions), without
+ * attaching anything or counting. */
+int32_t sil_seq_prefix_peek(struct sil_engine *e, uint64_t scope, const int32_t *tokens,
+                            int32_t n);
 /* After an evaluation: the sequence holds tokens[0, n) (n <= its length); its full blocks
  * become findable. snapshot: also keep the recurrent state at the sequence's end when that is a
  * block boundary and equals n (take it at the boundaries where later prompts may diverge: every

@@ -72,6 +72,16 @@ def warm(path):
         check("# TYPE %s %s\n" % (name, kind) in text and "# HELP %s " % name in text,
               "prometheus text has HELP and TYPE for %s" % name)
     check("\nsiliceo_prefix_hits_total 2\n" in text, "prometheus: siliceo_prefix_hits_total 2")
+    # A session holding only the first 100 tokens: the prefix cache resumes further (576).
+    c.ok("generate", dict(GREEDY, prompt_tokens=PREFIX[:100], add_bos=False, session="ps"))
+    r = c.ok("generate", dict(GREEDY, prompt_tokens=P1, add_bos=False, session="ps"))[0]
+    check(r["n_cached"] == 576 and r["tokens"] == want["p1"],
+          "a session that shares less than the cache resumes from the cache (%d), same answer" % r["n_cached"])
+    # Its next turn shares all of P1 with it: the session's own tokens (612 on an attention-only
+    # model; on a hybrid one its checkpoint at the end of that prompt).
+    r = c.ok("generate", dict(GREEDY, prompt_tokens=P1 + [5, 6, 7], add_bos=False, session="ps"))[0]
+    check(r["n_cached"] >= 612, "the session's own prefix when it is longer (%d)" % r["n_cached"])
+    c.ok("sessions.drop", {"name": "ps"})
     c.close()
 
 
