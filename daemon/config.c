@@ -32,6 +32,10 @@ void sil_config_defaults(struct sil_config *c)
     c->session_memory = 1ull << 30;
     c->max_sessions = 32;
     c->session_checkpoints = 4;
+    c->prefix_cache = true;
+    c->prefix_checkpoint_blocks = 4;
+    c->prefix_checkpoint_memory = 1ull << 30;
+    c->prefix_cache_memory = 1ull << 30;
     c->idle_timeout = 0;
     c->message_timeout = 30;
     c->max_input = 64u << 20;
@@ -308,6 +312,18 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("priority_aging", priority_aging, 1, 86400)
     INT_KEY("max_sessions", max_sessions, 0, 4096)
     INT_KEY("session_checkpoints", session_checkpoints, 0, 256)
+    INT_KEY("prefix_checkpoint_blocks", prefix_checkpoint_blocks, 1, 1 << 16)
+    if (strcmp(key, "prefix_cache") == 0) {
+        static const char *const on[] = {"on", "yes", "true", "1"};
+        static const char *const off[] = {"off", "no", "false", "0"};
+        for (int i = 0; i < 4; i++)
+            if (strcasecmp(val, on[i]) == 0 || strcasecmp(val, off[i]) == 0) {
+                c->prefix_cache = strcasecmp(val, on[i]) == 0;
+                return 0;
+            }
+        snprintf(why, why_size, "expected on or off");
+        return -EINVAL;
+    }
     INT_KEY("idle_timeout", idle_timeout, 0, 1 << 30)
     INT_KEY("message_timeout", message_timeout, 0, 1 << 30)
     SIZE_KEY("max_input", max_input, 65536)
@@ -316,6 +332,8 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     SIZE_KEY("max_message", max_message, 1024)
     SIZE_KEY("max_output", max_output, 4096)
     SIZE_KEY("session_memory", session_memory, 0)
+    SIZE_KEY("prefix_checkpoint_memory", prefix_checkpoint_memory, 0)
+    SIZE_KEY("prefix_cache_memory", prefix_cache_memory, 0)
     snprintf(why, why_size, "unknown key");
     return -EINVAL;
 }
@@ -529,6 +547,12 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(dst->heat_save_interval != src->heat_save_interval, "heat_save_interval")
     STATIC(dst->ecache_slots != src->ecache_slots, "ecache_slots")
     STATIC(strcmp(dst->ecache_policy, src->ecache_policy), "ecache_policy")
+    STATIC(dst->prefix_cache != src->prefix_cache, "prefix_cache")
+    STATIC(dst->prefix_checkpoint_blocks != src->prefix_checkpoint_blocks,
+           "prefix_checkpoint_blocks")
+    STATIC(dst->prefix_checkpoint_memory != src->prefix_checkpoint_memory,
+           "prefix_checkpoint_memory")
+    STATIC(dst->prefix_cache_memory != src->prefix_cache_memory, "prefix_cache_memory")
 #undef STATIC
     if (n >= size && size > 4)
         strcpy(changed_static + size - 4, "...");

@@ -52,6 +52,10 @@ struct sil_config {
     uint64_t session_memory;    /* engine state kept by idle sessions, bytes; LRU beyond it */
     int max_sessions;
     int session_checkpoints; /* recurrent-state checkpoints a session keeps (hybrid models) */
+    bool prefix_cache;       /* reuse KV blocks of earlier prompts across requests */
+    int prefix_checkpoint_blocks;      /* hybrid models: a snapshot every this many blocks */
+    uint64_t prefix_checkpoint_memory; /* bytes of those snapshots kept at most */
+    uint64_t prefix_cache_memory;      /* KV blocks no request holds kept for reuse, bytes */
     int idle_timeout;           /* seconds a connection may sit with nothing in flight, 0 = never */
     int message_timeout;        /* seconds an incomplete message may wait for its rest, 0 = never */
     uint64_t max_input;         /* unparsed input buffered across all connections */

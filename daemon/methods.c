@@ -232,7 +232,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     struct sil_engine_device dev;
     const bool on_dev = s->engine && sil_engine_device(s->engine, &dev) == 0;
-    msgpack_pack_map(pk, 18);
+    msgpack_pack_map(pk, 19);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
     sil_rpc_kv_str(pk, "model_state", model_state_name(s));
     sil_rpc_pack_cstr(pk, "model_problem");
@@ -282,11 +282,13 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         msgpack_pack_nil(pk);
     }
     sil_rpc_pack_cstr(pk, "memory");
-    msgpack_pack_map(pk, 4);
+    msgpack_pack_map(pk, 6);
     sil_rpc_kv_uint(pk, "rss", rss_bytes());
     sil_rpc_kv_uint(pk, "model", info ? info->file_bytes : 0);
     sil_rpc_kv_uint(pk, "kv", st.state_bytes);
     sil_rpc_kv_uint(pk, "sessions", st.session_bytes);
+    sil_rpc_kv_uint(pk, "prefix_checkpoints", st.prefix_checkpoint_bytes);
+    sil_rpc_kv_uint(pk, "prefix_blocks", st.prefix_cached_bytes);
     sil_rpc_pack_cstr(pk, "queue");
     msgpack_pack_map(pk, 4);
     sil_rpc_kv_int(pk, "running", st.running);
@@ -309,6 +311,15 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_uint(pk, "recomputed", st.tokens_recomputed);
     pack_expert_cache(s, pk, &st);
     pack_heat_map(s, pk);
+    sil_rpc_pack_cstr(pk, "prefix_cache");
+    msgpack_pack_map(pk, 7);
+    sil_rpc_kv_bool(pk, "enabled", s->cfg->prefix_cache);
+    sil_rpc_kv_uint(pk, "hits", st.prefix_hits);
+    sil_rpc_kv_uint(pk, "misses", st.prefix_misses);
+    sil_rpc_kv_uint(pk, "tokens", st.prefix_tokens);
+    sil_rpc_kv_int(pk, "blocks", st.prefix_blocks);
+    sil_rpc_kv_int(pk, "checkpoints", st.prefix_checkpoints);
+    sil_rpc_kv_uint(pk, "checkpoint_bytes", st.prefix_checkpoint_bytes);
     sil_rpc_end(&s->scratch);
     return conn_send_scratch(c);
 }
@@ -420,7 +431,18 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         { "siliceo_queue_running", "Generation requests running.", false, st.running },
         { "siliceo_queue_queued", "Generation requests waiting for a slot.", false, st.queued },
         { "siliceo_tokens_prompt_total", "Prompt tokens evaluated.", true, st.tokens_prompt },
-        { "siliceo_tokens_cached_total", "Prompt tokens reused from sessions.", true, st.tokens_cached },
+        { "siliceo_tokens_cached_total", "Prompt tokens reused (sessions and the prefix cache).", true,
+          st.tokens_cached },
+        { "siliceo_prefix_hits_total", "Fresh sequences that reused a cached prompt prefix.", true, st.prefix_hits },
+        { "siliceo_prefix_misses_total", "Fresh sequences that found no cached prompt prefix.", true,
+          st.prefix_misses },
+        { "siliceo_prefix_tokens_total", "Prompt tokens reused from the prefix cache.", true, st.prefix_tokens },
+        { "siliceo_prefix_blocks", "KV blocks the prefix cache can find now.", false, st.prefix_blocks },
+        { "siliceo_prefix_checkpoints", "Recurrent-state snapshots the prefix cache keeps.", false,
+          st.prefix_checkpoints },
+        { "siliceo_prefix_checkpoint_bytes", "Bytes of those snapshots.", false, st.prefix_checkpoint_bytes },
+        { "siliceo_prefix_cached_bytes", "KV blocks no sequence holds, kept for later hits.", false,
+          st.prefix_cached_bytes },
         { "siliceo_tokens_generated_total", "Tokens generated.", true, st.tokens_generated },
         { "siliceo_preemptions_total", "Running requests preempted (state dropped, recomputed).",
           true, st.preemptions },

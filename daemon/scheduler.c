@@ -5,6 +5,10 @@
  * On a session, recurrent-state checkpoints are taken where a later request may resume: a prompt
  * chunk ends at the request's resume point (the conversation before the generation prompt), and
  * at the end of the prompt and of the answer; admission cuts back to the nearest one.
+ * The prefix cache (engine.h): a fresh sequence first attaches the longest cached prefix of its
+ * prompt; evaluated blocks are published after each prompt chunk and when the request ends. On
+ * hybrid models chunks also end every prefix_checkpoint_blocks blocks and at the prompt's last
+ * full block, where a recurrent-state snapshot is kept for later hits.
  *
  * Order (schedpolicy.h): queued requests start, and prompts get the step's prefill budget, by
  * class, level and time waited (aging). Preemption by recompute: when a more urgent request
@@ -85,6 +89,54 @@ static void job_checkpoint(struct sil_worker *w, struct job *j)
     struct sil_error err = { 0 };
     if (j->sess && j->seq >= 0 && sil_seq_checkpoint(w->e, j->seq, w->checkpoints, &err) < 0)
         sil_debug("session '%s': no checkpoint: %s", j->sess->name, err.msg);
+}
+
+/* Publishes the blocks the job's sequence holds (snapshot: and the recurrent state, at a block
+ * boundary). Failing only costs later reuse. */
+static void job_publish(struct sil_worker *w, struct job *j, bool snapshot)
+{
+    struct sil_error err = { 0 };
+    if (w->prefix_cache && j->seq >= 0 &&
+        sil_seq_prefix_publish(w->e, j->seq, j->r.uid, j->ctx.p, (int32_t)j->ctx.n, snapshot,
+                               &err) < 0)
+        sil_debug("request %u: prefix not published: %s", j->r.msgid, err.msg);
+}
+
+/* A fresh (empty) sequence: attaches the longest cached prefix of the prompt. */
+static int job_prefix_reuse(struct sil_worker *w, struct job *j)
+{
+    if (!w->prefix_cache || sil_seq_len(w->e, j->seq) != 0)
+        return 0;
+    int32_t got = 0;
+    struct sil_error err = { 0 };
+    if (sil_seq_prefix_reuse(w->e, j->seq, j->r.uid, j->r.prompt, (int32_t)j->r.n_prompt, &got,
+                             &err) < 0) {
+        sil_debug("request %u: no prefix reuse: %s", j->r.msgid, err.msg);
+        return 0;
+    }
+    if (got > 0) {
+        w->local.prefix_hits++;
+        w->local.prefix_tokens += (uint64_t)got;
+    } else {
+        w->local.prefix_misses++;
+    }
+    j->n_cached = j->n_done = (size_t)got;
+    j->ctx.n = 0;
+    return tokvec_push(&j->ctx, j->r.prompt, (size_t)got);
+}
+
+/* The next prompt position after n_done where a hybrid model keeps a prefix-cache snapshot:
+ * every prefix_every positions and the prompt's last full block; 0 when none is left. */
+static size_t snapshot_boundary(const struct sil_worker *w, const struct job *j)
+{
+    if (!w->prefix_cache || !sil_engine_recurrent(w->e) || !sil_engine_prefix_shares(w->e) ||
+        w->prefix_every <= 0)
+        return 0;
+    const size_t every = (size_t)w->prefix_every, last = j->r.n_prompt / 64 * 64;
+    size_t next = (j->n_done / every + 1) * every;
+    if (last > j->n_done && last < next)
+        next = last;
+    return next <= last ? next : 0;
 }
 
 static void pack_token(struct sil_rpc_buf *b, uint32_t msgid, const struct sil_genctl_out *o,
@@ -218,6 +270,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
         }
     }
 
+    if (j->seq >= 0 && reason != SIL_STOP_ERROR)
+        job_publish(w, j, false); /* the prompt and the answer, for later requests */
     if (j->seq >= 0) {
         w->space_cap = 0; /* engine space is given back: admission may try again */
         struct session *s = j->sess;
@@ -310,11 +364,20 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
                 s = NULL;
             }
         }
+        /* The prefix cache may resume nearer than the session's own checkpoints (a hybrid
+         * model, a prompt that diverges long after the last one kept): start over from it. */
+        if (s && w->prefix_cache &&
+            sil_seq_prefix_peek(w->e, j->r.uid, j->r.prompt, (int32_t)j->r.n_prompt) >
+                (int32_t)common &&
+            sil_seq_truncate(w->e, s->seq, 0, err) == 0)
+            common = 0;
         if (s) {
             j->seq = s->seq;
             j->n_cached = j->n_done = common;
             s->busy = j;
             if (tokvec_push(&j->ctx, j->r.prompt, common))
+                return -ENOMEM;
+            if (common == 0 && job_prefix_reuse(w, j)) /* nothing of its own: try the cache */
                 return -ENOMEM;
         }
     }
@@ -338,6 +401,8 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
             w->sessions = s;
             w->n_sessions++;
         }
+        if (job_prefix_reuse(w, j))
+            return -ENOMEM;
     }
     j->sess = s;
     struct sil_sampler *smp = sil_sampler_new(&j->r.sampling, w->n_vocab);
@@ -634,6 +699,10 @@ void step(struct sil_worker *w)
         /* A chunk ends at the resume point so its checkpoint can be taken there. */
         if (j->sess && j->r.resume > 0 && j->n_done < (size_t)j->r.resume)
             take = (size_t)j->r.resume - j->n_done;
+        /* ... and at the next prefix-cache snapshot. */
+        const size_t snap = snapshot_boundary(w, j);
+        if (snap > j->n_done && snap - j->n_done < take)
+            take = snap - j->n_done;
         if (j->r.priority < pre_cls)
             pre_cls = j->r.priority;
         w->s_items[np] = job_item(j);
@@ -717,6 +786,7 @@ void step(struct sil_worker *w)
             continue;
         }
         if (!j->decoding) {
+            const size_t snap = snapshot_boundary(w, j);
             /* Positions the sequence held before a preemption are recomputed; a replay's pending
              * token is an answer token, neither. */
             size_t first = j->ctx.n - (size_t)cnt, redo = 0;
@@ -728,6 +798,8 @@ void step(struct sil_worker *w)
             j->n_done += cnt;
             if (j->n_done == j->n_fill || (j->r.resume > 0 && j->n_done == (size_t)j->r.resume))
                 job_checkpoint(w, j);
+            if (w->prefix_cache && (j->n_done / 64 > (j->n_done - cnt) / 64 || j->n_done == snap))
+                job_publish(w, j, j->n_done == snap);
         }
     }
 

@@ -410,6 +410,13 @@ void publish_stats(struct sil_worker *w)
     w->local.queued = w->n_queued;
     w->local.sessions = w->n_sessions;
     w->local.session_bytes = sb;
+    struct sil_prefix_stats ps;
+    sil_engine_prefix_stats(w->e, &ps);
+    w->local.prefix_enabled = w->prefix_cache;
+    w->local.prefix_blocks = ps.n_blocks;
+    w->local.prefix_checkpoints = ps.n_snapshots;
+    w->local.prefix_checkpoint_bytes = ps.snapshot_bytes;
+    w->local.prefix_cached_bytes = ps.cached_bytes;
     w->local.state_bytes = sb + st;
     w->local.ecache_slots = sil_engine_ecache_slots(w->e);
     w->local.ecache_policy = sil_engine_ecache_policy(w->e);
@@ -750,6 +757,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
     w->checkpoints = cfg->session_checkpoints;
+    w->prefix_cache = cfg->prefix_cache;
+    w->prefix_every = cfg->prefix_checkpoint_blocks * 64;
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     beat(w);
     sil_rpc_buf_init(&w->pk, 0);

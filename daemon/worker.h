@@ -58,6 +58,12 @@ struct sil_worker_stats {
     uint64_t session_bytes, state_bytes;
     uint64_t requests_total, requests_failed, requests_cancelled;
     uint64_t tokens_prompt, tokens_cached, tokens_generated;
+    /* The prefix cache: fresh sequences that reused a cached prefix or found none, the tokens
+     * reused; blocks findable now, recurrent-state snapshots and their bytes. */
+    bool prefix_enabled;
+    uint64_t prefix_hits, prefix_misses, prefix_tokens;
+    int32_t prefix_blocks, prefix_checkpoints;
+    uint64_t prefix_checkpoint_bytes, prefix_cached_bytes;
     uint64_t steps, eval_errors;
     uint64_t preemptions, tokens_recomputed; /* sequences preempted, rows evaluated again */
     double eval_seconds;

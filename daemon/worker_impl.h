@@ -52,7 +52,7 @@ struct job {
     const int32_t *fill;
     size_t n_fill;
     size_t n_done;   /* fill tokens in the sequence */
-    size_t n_cached; /* of which reused from the session */
+    size_t n_cached; /* of which reused (from the session or the prefix cache) */
     int32_t pending; /* sampled token to evaluate next */
     struct tokvec ctx; /* tokens in the sequence, in order */
     struct tokvec gen; /* generated tokens */
@@ -131,6 +131,8 @@ struct sil_worker {
     uint64_t session_memory;
     int max_sessions;
     int checkpoints; /* recurrent-state checkpoints per session */
+    bool prefix_cache;
+    int32_t prefix_every; /* positions between prefix-cache snapshots (hybrid models) */
     struct job *queue, *running;
     int n_running, n_queued;
     struct session *sessions;

@@ -76,6 +76,10 @@ static void test_file(void **state)
                                          "prefill_budget = 16\n"
                                          "prefill_stretch = 0\n"
                                          "priority_aging = 5\n"
+                                         "prefix_cache = off\n"
+                                         "prefix_checkpoint_blocks = 8\n"
+                                         "prefix_checkpoint_memory = 64M\n"
+                                         "prefix_cache_memory = 2G\n"
                                          "log_level = debug\n"
                                          "\n");
     struct sil_config c;
@@ -96,6 +100,10 @@ static void test_file(void **state)
     assert_int_equal(c.prefill_budget, 16);
     assert_int_equal(c.prefill_stretch, 0);
     assert_int_equal(c.priority_aging, 5);
+    assert_false(c.prefix_cache);
+    assert_int_equal(c.prefix_checkpoint_blocks, 8);
+    assert_true(c.prefix_checkpoint_memory == 64ull << 20);
+    assert_true(c.prefix_cache_memory == 2ull << 30);
     assert_int_equal(c.log_level, SIL_LOG_DEBUG);
     assert_string_equal(c.config_path, p);
 }
@@ -131,6 +139,16 @@ static void test_file_errors(void **state)
 
     p = write_file("g.conf", "max_message = 10\n");
     assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+
+    sil_config_defaults(&c);
+    assert_true(c.prefix_cache);
+    p = write_file("h2.conf", "prefix_cache = maybe\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "prefix_cache: expected on or off"));
+    p = write_file("h3.conf", "prefix_cache = Yes\nprefix_checkpoint_blocks = 0\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+    assert_true(c.prefix_cache);
+    assert_non_null(strstr(err.msg, "prefix_checkpoint_blocks"));
 
     p = write_file("h.conf", "session_checkpoints = 257\n");
     assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);

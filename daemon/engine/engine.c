@@ -12,6 +12,7 @@
 #include "daemon/engine/forward.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/prefix_cache.h"
 #include "daemon/engine/state_ckpt.h"
 #include "daemon/engine/tokenizer.h"
 #include "kernels/cpu/mapguard.h"
@@ -28,6 +29,9 @@ struct sil_engine {
     bool *seq_live;
     int32_t *seq_len;
     struct sil_state_ckpt *ckpt; /* recurrent-state checkpoints per sequence */
+    struct sil_prefix_cache *prefix;
+    int32_t *prefix_blocks; /* [n_ctx / SIL_KV_BLOCK] a match's blocks */
+    uint64_t prefix_hits, prefix_misses, prefix_tokens;
     /* eval scratch */
     int32_t *next_pos;                        /* [n_seq_max] */
     int32_t *seq_count, *seq_off;             /* [n_seq_max + 1] */
@@ -399,6 +403,17 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
                               (int64_t)hp->n_layer_recr * f->dn_state_floats, err)) < 0)
         goto fail;
+    if (p->prefix_cache_budget && sil_kv_block_bytes(f->kv)) {
+        const uint64_t nb = p->prefix_cache_budget / sil_kv_block_bytes(f->kv);
+        sil_kv_set_cached_max(f->kv, nb > INT32_MAX ? INT32_MAX : (int32_t)nb);
+    }
+    if ((rc = sil_prefix_create(&e->prefix, f->kv, (int64_t)hp->n_layer_recr * f->dn_state_floats,
+                                p->prefix_ckpt_budget, err)) < 0)
+        goto fail;
+    if (!(e->prefix_blocks = calloc((size_t)e->n_ctx / SIL_KV_BLOCK + 1, sizeof(int32_t)))) {
+        rc = sil_errorf(err, -ENOMEM, "engine: out of memory");
+        goto fail;
+    }
     if (p->progress && !p->progress(1.0f, "ready", p->progress_user)) {
         rc = sil_errorf(err, -ECANCELED, "%s: load stopped", p->model_path);
         goto fail;
@@ -414,6 +429,8 @@ void sil_engine_close(struct sil_engine *e)
 {
     if (!e)
         return;
+    sil_prefix_free(e->prefix);
+    free(e->prefix_blocks);
     sil_kv_free(e->f.kv);
     sil_ckpt_free(e->ckpt);
     struct sil_error oerr = {0};
@@ -578,6 +595,105 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
     return kv +
            (uint64_t)e->model->hp.n_layer_recr * (uint64_t)e->f.dn_state_floats * sizeof(float) +
            sil_ckpt_bytes(e->ckpt, seq);
+}
+
+/* ---- prefix cache ------------------------------------------------------------------------- */
+
+bool sil_engine_recurrent(const struct sil_engine *e)
+{
+    return e->model->hp.n_layer_recr > 0;
+}
+
+bool sil_engine_prefix_shares(const struct sil_engine *e)
+{
+    return e->prefix && sil_kv_block_bytes(e->f.kv) > 0;
+}
+
+/* The longest prefix of tokens[0, n) that can be reused: whole blocks, the last token left. */
+static void prefix_match(struct sil_engine *e, uint64_t scope, const int32_t *tokens, int32_t n,
+                         struct sil_prefix_match *m)
+{
+    int32_t max_blocks = (n - 1) / SIL_KV_BLOCK; /* the last token is evaluated for its logits */
+    if (max_blocks > e->n_ctx / SIL_KV_BLOCK) max_blocks = e->n_ctx / SIL_KV_BLOCK;
+    sil_prefix_match(e->prefix, scope, tokens, max_blocks, e->prefix_blocks, m);
+}
+
+int32_t sil_seq_prefix_peek(struct sil_engine *e, uint64_t scope, const int32_t *tokens, int32_t n)
+{
+    if (!sil_engine_prefix_shares(e) || n < 2) return 0;
+    struct sil_prefix_match m;
+    prefix_match(e, scope, tokens, n, &m);
+    return m.n_usable * SIL_KV_BLOCK;
+}
+
+int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                         int32_t n, int32_t *n_reused, struct sil_error *err)
+{
+    *n_reused = 0;
+    if (!seq_ok(e, seq) || e->seq_len[seq] != 0)
+        return sil_errorf(err, -EINVAL, "engine: prefix reuse needs a fresh sequence (%d)", seq);
+    /* A device backend keeps its own KV: the host pool has no rows to share. */
+    if (!e->prefix || sil_kv_block_bytes(e->f.kv) == 0 || n < 2) return 0;
+    struct sil_prefix_match m;
+    prefix_match(e, scope, tokens, n, &m);
+    if (m.n_usable == 0) {
+        e->prefix_misses++;
+        return 0;
+    }
+    for (int32_t i = 0; i < m.n_usable; i++) {
+        int rc = sil_kv_seq_attach(e->f.kv, seq, e->prefix_blocks[i], err);
+        if (rc < 0) {
+            sil_kv_seq_release(e->f.kv, seq);
+            return rc;
+        }
+    }
+    if (m.state) {
+        const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
+        memcpy(e->f.recr_state[seq], m.state, sizeof(float) * (size_t)nrs);
+        const struct sil_backend *be = e->f.be;
+        int rc = be->ops->state_write ? be->ops->state_write(e->f.be, seq, m.state, nrs, err) : 0;
+        if (rc < 0) {
+            memset(e->f.recr_state[seq], 0, sizeof(float) * (size_t)nrs);
+            sil_kv_seq_release(e->f.kv, seq);
+            return rc;
+        }
+    }
+    e->seq_len[seq] = m.n_usable * SIL_KV_BLOCK;
+    e->prefix_hits++;
+    e->prefix_tokens += (uint64_t)e->seq_len[seq];
+    *n_reused = e->seq_len[seq];
+    return 0;
+}
+
+int sil_seq_prefix_publish(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                           int32_t n, bool snapshot, struct sil_error *err)
+{
+    if (!seq_ok(e, seq) || n < 0 || n > e->seq_len[seq])
+        return sil_errorf(err, -EINVAL, "engine: cannot publish %d tokens of sequence %d", n, seq);
+    if (!e->prefix || sil_kv_block_bytes(e->f.kv) == 0) return 0;
+    const int32_t full = sil_prefix_publish(e->prefix, seq, scope, tokens, n);
+    if (!snapshot || !sil_engine_recurrent(e) || full == 0 || n != e->seq_len[seq] ||
+        n % SIL_KV_BLOCK)
+        return 0;
+    if (e->f.be->ops->state_read) {
+        const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
+        int rc = e->f.be->ops->state_read(e->f.be, seq, e->f.recr_state[seq], nrs, err);
+        if (rc < 0) return rc;
+    }
+    return sil_prefix_snapshot(e->prefix, scope, tokens, full, e->f.recr_state[seq], err);
+}
+
+void sil_engine_prefix_stats(struct sil_engine *e, struct sil_prefix_stats *out)
+{
+    struct sil_prefix_info pi = {0};
+    if (e->prefix) sil_prefix_info(e->prefix, &pi);
+    out->hits = e->prefix_hits;
+    out->misses = e->prefix_misses;
+    out->tokens_reused = e->prefix_tokens;
+    out->n_blocks = pi.n_blocks;
+    out->cached_bytes = (uint64_t)pi.n_cached * sil_kv_block_bytes(e->f.kv);
+    out->n_snapshots = pi.n_snapshots;
+    out->snapshot_bytes = pi.snapshot_bytes;
 }
 
 void sil_engine_kv_info(const struct sil_engine *e, struct sil_kv_info *out)

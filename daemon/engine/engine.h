@@ -6,10 +6,11 @@
  * it runs its own worker pool inside sil_engine_eval. The vocab it exposes is immutable and may
  * be read from any thread.
  *
- * Room for what comes next: the KV cache (kv_cache.h) is paged with reference-counted blocks a
- * prefix cache can share; a batch row carries its sequence so decode of N sequences is one call; token trees for
- * speculative decoding will add an ancestor mask to struct sil_batch; a backend other than the
- * CPU (CUDA) is chosen with sil_engine_params.backend. */
+ * Room for what comes next: the KV cache (kv_cache.h) is paged with reference-counted blocks the
+ * prefix cache (prefix_cache.h, sil_seq_prefix_*) shares across sequences; a batch row carries its
+ * sequence so decode of N sequences is one call; token trees for speculative decoding will add an
+ * ancestor mask to struct sil_batch; a backend other than the CPU (CUDA) is chosen with
+ * sil_engine_params.backend. */
 #ifndef SIL_ENGINE_H
 #define SIL_ENGINE_H
 
@@ -53,6 +54,12 @@ struct sil_engine_params {
      * (KV8) or "q4_0" (KV4); NULL = f32, the type the reference logits were made with. */
     const char *kv_type;
     uint64_t kv_budget; /* KV pool bytes (CPU); 0 = every sequence at n_ctx, backed lazily */
+    /* Bytes of recurrent-state snapshots the prefix cache keeps (models with delta-net layers;
+     * 0: none, so the prefix cache never hits on them). */
+    uint64_t prefix_ckpt_budget;
+    /* Bytes of KV blocks no sequence holds that the prefix cache keeps for later hits (the
+     * oldest go beyond it); 0: as many as the pool has free. */
+    uint64_t prefix_cache_budget;
     /* Load progress in [0,1], called from the loading thread between the stages of the load;
      * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
     bool (*progress)(float fraction, const char *what, void *user);
@@ -120,6 +127,43 @@ int32_t sil_seq_resume_pos(const struct sil_engine *e, int seq, int32_t n_pos);
 int sil_seq_n_checkpoints(const struct sil_engine *e, int seq);
 /* Bytes of state (KV + recurrent + checkpoints) the sequence holds now. */
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
+
+/* The automatic prefix cache (prefix_cache.h): full KV blocks published by one sequence are
+ * attached by another whose tokens start the same way, across requests and sessions.
+ * Attention-only models reuse any cached chain; models with recurrent layers only up to a
+ * block boundary where a recurrent-state snapshot was kept, so the recurrence resumes exactly
+ * where a cold run would be. Only the CPU backend's KV pool can be shared (elsewhere reuse
+ * finds nothing). scope: chains published in one scope are found only in it (the daemon uses
+ * the client's uid, so no user learns from a hit what another one's prompts held). */
+/* Before evaluating a fresh sequence (length 0) whose prompt is tokens[0, n): attaches the
+ * longest usable cached prefix (whole blocks, always leaving the last token to evaluate) and
+ * restores the snapshot there; *n_reused = the sequence's length now (0 on a miss). Counts a
+ * hit or a miss. On error the sequence is empty again. */
+int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                         int32_t n, int32_t *n_reused, struct sil_error *err);
+/* What sil_seq_prefix_reuse would reuse now for tokens[0, n) in scope (positions), without
+ * attaching anything or counting. */
+int32_t sil_seq_prefix_peek(struct sil_engine *e, uint64_t scope, const int32_t *tokens,
+                            int32_t n);
+/* After an evaluation: the sequence holds tokens[0, n) (n <= its length); its full blocks
+ * become findable. snapshot: also keep the recurrent state at the sequence's end when that is a
+ * block boundary and equals n (take it at the boundaries where later prompts may diverge: every
+ * few blocks of a long prompt and the prompt's last full block). -ENOMEM (the blocks stay
+ * published). */
+int sil_seq_prefix_publish(struct sil_engine *e, int seq, uint64_t scope, const int32_t *tokens,
+                           int32_t n, bool snapshot, struct sil_error *err);
+/* Whether the model has recurrent layers (prefix hits need snapshots, sil_seq_prefix_publish). */
+bool sil_engine_recurrent(const struct sil_engine *e);
+/* Whether the backend's KV can be shared at all (the CPU's pool); else reuse finds nothing. */
+bool sil_engine_prefix_shares(const struct sil_engine *e);
+struct sil_prefix_stats {
+    uint64_t hits, misses, tokens_reused;
+    int32_t n_blocks;      /* blocks findable by hash now */
+    uint64_t cached_bytes; /* of those, the ones no sequence holds: memory kept for later hits */
+    int32_t n_snapshots;
+    uint64_t snapshot_bytes;
+};
+void sil_engine_prefix_stats(struct sil_engine *e, struct sil_prefix_stats *out);
 
 /* The KV pool: element type name, bytes of one position (every attention layer, K and V, as
  * stored: whole blocks are SIL_KV_BLOCK of them), blocks in the pool and free now. */

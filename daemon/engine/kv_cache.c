@@ -20,11 +20,15 @@ struct sil_kv_cache {
     /* Free list (blocks with no reference), doubly linked: plain blocks at the head, blocks
      * with a hash at the tail in the order they were freed, so allocation reuses those last. */
     int32_t *prev, *next, free_head, free_tail;
+    /* The oldest free block with a hash (the cached part of the free list starts there), how
+     * many there are, and how many may be (-1: as many as the pool holds). */
+    int32_t cached_first, n_cached_free, cached_max;
     /* Hash -> block: chains through hnext from bucket[hash & (n_bucket - 1)]. */
     uint64_t *hash;
     bool *hashed;
     int32_t *hnext, *bucket;
     uint32_t n_bucket;
+    int32_t n_hashed;
     int32_t *table; /* [n_seq_max][max_seq_blocks] */
     int32_t *len;   /* [n_seq_max] positions */
 };
@@ -67,6 +71,8 @@ static int32_t blocks_of(int32_t n_pos)
 static void free_unlink(struct sil_kv_cache *kv, int32_t b)
 {
     const int32_t p = kv->prev[b], n = kv->next[b];
+    if (b == kv->cached_first) kv->cached_first = n;
+    if (kv->hashed[b]) kv->n_cached_free--;
     if (p >= 0)
         kv->next[p] = n;
     else
@@ -81,6 +87,10 @@ static void free_unlink(struct sil_kv_cache *kv, int32_t b)
 
 static void free_push(struct sil_kv_cache *kv, int32_t b, bool at_tail)
 {
+    if (kv->hashed[b]) { /* only ever at the tail: the list is plain blocks, then cached ones */
+        kv->n_cached_free++;
+        if (kv->cached_first < 0) kv->cached_first = b;
+    }
     if (at_tail) {
         kv->prev[b] = kv->free_tail;
         kv->next[b] = -1;
@@ -109,20 +119,44 @@ static void hash_drop(struct sil_kv_cache *kv, int32_t b)
         at = &kv->hnext[*at];
     *at = kv->hnext[b];
     kv->hashed[b] = false;
+    kv->n_hashed--;
+}
+
+static void block_release_pages(const struct sil_kv_cache *kv, int32_t b);
+
+/* Beyond cached_max, the oldest cached blocks become plain free blocks (pages given back). */
+static void cache_trim(struct sil_kv_cache *kv)
+{
+    while (kv->cached_max >= 0 && kv->n_cached_free > kv->cached_max) {
+        const int32_t b = kv->cached_first;
+        free_unlink(kv, b);
+        hash_drop(kv, b);
+        block_release_pages(kv, b);
+        free_push(kv, b, false);
+    }
+}
+
+void sil_kv_set_cached_max(struct sil_kv_cache *kv, int32_t max_blocks)
+{
+    kv->cached_max = max_blocks < 0 ? -1 : max_blocks;
+    cache_trim(kv);
 }
 
 void sil_kv_block_set_hash(struct sil_kv_cache *kv, int32_t block, uint64_t hash)
 {
     if (block < 0 || block >= kv->n_blocks) return;
+    const bool is_free = kv->refs[block] == 0;
+    if (is_free) free_unlink(kv, block); /* relinked below as a cached one: reused last */
     hash_drop(kv, block);
     kv->hash[block] = hash;
     kv->hashed[block] = true;
+    kv->n_hashed++;
     int32_t *head = &kv->bucket[hash & (kv->n_bucket - 1)];
     kv->hnext[block] = *head;
     *head = block;
-    if (kv->refs[block] == 0) { /* a free block becomes a cached one: reused last */
-        free_unlink(kv, block);
+    if (is_free) {
         free_push(kv, block, true);
+        cache_trim(kv);
     }
 }
 
@@ -131,6 +165,23 @@ int32_t sil_kv_block_lookup(const struct sil_kv_cache *kv, uint64_t hash)
     for (int32_t b = kv->bucket[hash & (kv->n_bucket - 1)]; b >= 0; b = kv->hnext[b])
         if (kv->hash[b] == hash) return b;
     return -1;
+}
+
+bool sil_kv_block_hash(const struct sil_kv_cache *kv, int32_t block, uint64_t *hash)
+{
+    if (block < 0 || block >= kv->n_blocks || !kv->hashed[block]) return false;
+    *hash = kv->hash[block];
+    return true;
+}
+
+int32_t sil_kv_n_hashed(const struct sil_kv_cache *kv)
+{
+    return kv->n_hashed;
+}
+
+int32_t sil_kv_n_cached(const struct sil_kv_cache *kv)
+{
+    return kv->n_cached_free;
 }
 
 int32_t sil_kv_block_refs(const struct sil_kv_cache *kv, int32_t block)
@@ -167,6 +218,8 @@ static void block_unref(struct sil_kv_cache *kv, int32_t b)
     free_push(kv, b, kv->hashed[b]);
     if (!kv->hashed[b]) /* a cached block keeps its rows for a later hit */
         block_release_pages(kv, b);
+    else
+        cache_trim(kv);
 }
 
 /* ---- create / free ----------------------------------------------------------------------------
@@ -254,7 +307,8 @@ int sil_kv_create(struct sil_kv_cache **out, const struct sil_kv_config *c, stru
         kv->pool = p;
     }
     memset(kv->bucket, 0xff, kv->n_bucket * sizeof(int32_t));
-    kv->free_head = kv->free_tail = -1;
+    kv->free_head = kv->free_tail = kv->cached_first = -1;
+    kv->cached_max = -1;
     for (int32_t b = kv->n_blocks - 1; b >= 0; b--) /* block 0 first: low addresses get reused */
         free_push(kv, b, false);
     *out = kv;
@@ -349,7 +403,8 @@ void sil_kv_seq_trim(struct sil_kv_cache *kv, int seq, int32_t n_pos)
 {
     if (!seq_in_range(kv, seq) || n_pos < 0 || n_pos >= kv->len[seq]) return;
     int32_t *t = table_of(kv, seq);
-    for (int32_t i = blocks_of(n_pos); i < blocks_of(kv->len[seq]); i++)
+    /* Last block first: a cached chain is then evicted from its end, its start kept longest. */
+    for (int32_t i = blocks_of(kv->len[seq]) - 1; i >= blocks_of(n_pos); i--)
         block_unref(kv, t[i]);
     kv->len[seq] = n_pos;
 }

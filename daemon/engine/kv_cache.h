@@ -18,6 +18,7 @@
 #ifndef SIL_KV_CACHE_H
 #define SIL_KV_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +79,13 @@ const int32_t *sil_kv_seq_table(const struct sil_kv_cache *kv, int seq, int32_t 
 int32_t sil_kv_block_refs(const struct sil_kv_cache *kv, int32_t block);
 void sil_kv_block_set_hash(struct sil_kv_cache *kv, int32_t block, uint64_t hash);
 int32_t sil_kv_block_lookup(const struct sil_kv_cache *kv, uint64_t hash); /* -1: none */
+/* Whether block carries a hash now (its rows are still the ones it was set for), and which. */
+bool sil_kv_block_hash(const struct sil_kv_cache *kv, int32_t block, uint64_t *hash);
+int32_t sil_kv_n_hashed(const struct sil_kv_cache *kv); /* blocks carrying a hash */
+int32_t sil_kv_n_cached(const struct sil_kv_cache *kv); /* of which no sequence holds */
+/* At most max_blocks cached blocks no sequence holds (-1, the default: as many as the pool
+ * has free); beyond it the oldest lose their hash and give their pages back. */
+void sil_kv_set_cached_max(struct sil_kv_cache *kv, int32_t max_blocks);
 
 /* K / V rows [SIL_KV_BLOCK] of block in layer, row_bytes apart. */
 void *sil_kv_block_k(const struct sil_kv_cache *kv, int layer, int32_t block);
