@@ -186,6 +186,17 @@ static void test_bad_files(void **state)
     assert_non_null(strstr(err.msg, "blk.3.ffn_up.weight"));
     assert_non_null(strstr(err.msg, "missing"));
 
+    /* a weight in an activation format: q8_1 is a known type, but no kernel multiplies a
+     * weight stored in it (a fuzzer's find: the forward pass called a missing vec_dot) */
+    {
+        struct sil_model *mq = NULL;
+        assert_int_equal(sil_model_load(&mq, "tests/fuzz/corpus/model/q8_1-weight.gguf", &err),
+                         -EINVAL);
+        assert_null(mq);
+        assert_non_null(strstr(err.msg, "q8_1"));
+        assert_non_null(strstr(err.msg, "not supported"));
+    }
+
     /* the untouched copy loads */
     assert_int_equal(load_patched(orig, len, &err), 0);
 

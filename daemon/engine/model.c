@@ -192,7 +192,9 @@ static int bind(struct loader *L, const struct sil_gguf_tensor **out, const char
                           L->path, name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], ne0, ne1 ? ne1 : 1,
                           ne2 ? ne2 : 1, off);
     const struct sil_type_traits *tt = sil_type_traits(t->type);
-    if (!tt || !tt->supported || (f32 && t->type != SIL_TYPE_F32))
+    /* q8_1 / q8_K are activation formats: known, but no weight is multiplied from them */
+    if (!tt || !tt->supported || !tt->vec_dot || !tt->to_float ||
+        (f32 && t->type != SIL_TYPE_F32))
         return sil_errorf(L->err, -EINVAL, "%s: tensor '%s' has type %s, %s (data at offset 0x%" PRIx64 ")",
                           L->path, name, sil_type_name(t->type),
                           f32 ? "expected f32" : "which is not supported", off);
