@@ -300,6 +300,24 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     out[(int64_t)i * ldo + c] = acc;
 }
 
+// One warp's 32 consecutive values v (one per lane) rounded as sil_quantize_q8_1 does into q8
+// block bi: int8 q at q8 + 32 bi, (d, d * sum q) at dq[bi]. All 32 lanes call it.
+__device__ __forceinline__ void fwd_q8_store(float v, int64_t bi, int lane, uint8_t *q8, float2 *dq)
+{
+    float amax = fabsf(v);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float dd = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, dd));
+    int sum = q;
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    q8[bi * 32 + lane] = (uint8_t)(int8_t)q;
+    if (lane == 0) dq[bi] = make_float2(dd, dd * (float)sum);
+}
+
 // Residual add, RMSNorm and the q8 blocks of the result, one block per row of n (n % 32 == 0),
 // blockDim.x a multiple of 32 (up to 1024: wide blocks keep more loads in flight):
 //   d != NULL: x += d (written back); y = x / sqrt(mean(x^2) + eps) * w (w may be NULL);
@@ -330,19 +348,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     for (int64_t i = threadIdx.x; i < n; i += nt) {
         const float v = w ? xr[i] * scale * w[i] : xr[i] * scale;
         yr[i] = v;
-        float amax = fabsf(v);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float dd = amax / 127.0f;
-        const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, dd));
-        int sum = q;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const int64_t b = ((int64_t)blockIdx.x * n + i) / 32;
-        q8[b * 32 + lane] = (uint8_t)(int8_t)q;
-        if (lane == 0) dq[b] = make_float2(dd, dd * (float)sum);
+        fwd_q8_store(v, ((int64_t)blockIdx.x * n + i) / 32, lane, q8, dq);
     }
 }
 
@@ -451,19 +457,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         const float v = o[j] * rs * norm[j] * g;
         o[j] = v;
         if (!q8) continue;
-        float amax = fabsf(v);
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-        const float dd = amax / 127.0f;
-        const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, dd));
-        int sum = q;
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, m);
-        const int64_t bi = ((int64_t)i * ldo + (int64_t)h * dv + j) / 32;
-        q8[bi * 32 + lane] = (uint8_t)(int8_t)q;
-        if (lane == 0) dq[bi] = make_float2(dd, dd * (float)sum);
+        fwd_q8_store(v, ((int64_t)i * ldo + (int64_t)h * dv + j) / 32, lane, q8, dq);
     }
 }
 
