@@ -30,4 +30,4 @@ for k, n in (("B", 9), ("C", 100)):
     prompts[k] = {"ids": ids, "logits_file": fn, "tolerance_per_position": [0.5] * n}
 json.dump({"prompts": prompts}, open(d + "/shx-Q4_K_M.json", "w"))
 PY
-sh tests/cuda-fwd.sh "$b/tests/cuda_fwd_parity" "$d"
+SIL_TEST_SHARED_FUSE=1 sh tests/cuda-fwd.sh "$b/tests/cuda_fwd_parity" "$d"

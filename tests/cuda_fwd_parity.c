@@ -26,7 +26,8 @@
  *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding);
  *   8. the shared expert inside the fused MoE kernels (the default where its shape and types
  *      allow) against it run apart (SIL_CUDA_NO_SHARED_FUSE=1): prompt 2 decoded token by
- *      token, every step's logits within 1e-2 (the same products summed in another order);
+ *      token, every step's logits within 1e-2 and not all equal (another summation order);
+ *      run only with SIL_TEST_SHARED_FUSE set, for a model the fusion applies to;
  *   9. expert slots (MoE models): the routed experts in a pool of n_expert slots (every layer
  *      misses: each expert is copied in when its layer needs it) and of 3 n_expert slots
  *      (SIL_CUDA_SLOTS), prompt 2 prefilled then decoded token by token: the same kernels on the
@@ -364,8 +365,12 @@ int main(int argc, char **argv)
         sil_engine_close(grp);
     }
 
-    /* 8. shared expert fused vs apart */
-    {
+    /* 8. shared expert fused vs apart: only where the fusion applies (the refdata models' shared
+     * experts are wider than their routed ones; tests/cuda-fwd-shared.sh sets the variable for
+     * its generated model), else both engines run the same kernels and the check proves nothing */
+    if (!getenv("SIL_TEST_SHARED_FUSE")) {
+        printf("%s: cuda shared expert fused vs apart: not this model's shape, skipped\n", model);
+    } else {
         struct sil_engine *apart = NULL;
         setenv("SIL_CUDA_NO_SHARED_FUSE", "1", 1);
         int rc = open_engine(&apart, model, "cuda", &err);
@@ -387,8 +392,9 @@ int main(int argc, char **argv)
         } else {
             printf("%s: cuda shared expert fused vs apart, %d steps: max |diff| = %.4g (tol 1e-02) "
                    "%s\n",
-                   model, n2 - 1, worst, worst <= 1e-2f ? "ok" : "FAIL");
-            fails += !(worst <= 1e-2f);
+                   model, n2 - 1, worst, worst <= 1e-2f && worst > 0.0f ? "ok" : "FAIL");
+            /* exactly 0 would mean the fused path never ran */
+            fails += !(worst <= 1e-2f && worst > 0.0f);
         }
         if (sg >= 0) sil_seq_free(gpu, sg);
         if (sa2 >= 0) sil_seq_free(apart, sa2);
