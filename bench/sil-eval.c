@@ -25,7 +25,7 @@ struct opts {
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
     const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
-    const char *route_trace, *ecache_slots, *ecache_policy;
+    const char *route_trace, *ecache_slots, *ecache_policy, *vram_budget, *passes;
     bool exact;
 };
 
@@ -60,6 +60,12 @@ static const struct opt_def {
      "simulate an expert cache of N slots on the plans and report its hit rate (cpu backend)"},
     {"--ecache-policy", OPT_STR, offsetof(struct opts, ecache_policy), "NAME",
      "the simulated cache's policy: lfu (default), lru, heat or static"},
+    {"--vram-budget", OPT_STR, offsetof(struct opts, vram_budget), "SIZE",
+     "cap the device memory the cuda backend takes (e.g. 8G); experts that do not fit are "
+     "cached in slots"},
+    {"--passes", OPT_STR, offsetof(struct opts, passes), "N",
+     "evaluate the prompt and its continuation N times in fresh sequences of one engine "
+     "(pass 1 cold, then warm; default 1)"},
     {"--kv-type", OPT_STR, offsetof(struct opts, kv_type), "TYPE",
      "KV cache elements: f32 (default), f16, q8_0 or q4_0"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
@@ -253,6 +259,8 @@ int main(int argc, char **argv)
             .ecache_slots = o.ecache_slots,
             .ecache_policy = o.ecache_policy,
             .kv_type = o.kv_type,
+            .vram_budget = o.vram_budget,
+            .passes = o.passes,
             .exact = o.exact,
             .json = o.json,
             .parse_special = o.parse_special,

@@ -409,6 +409,7 @@ int main(int argc, char **argv)
         setenv("SIL_CUDA_SLOTS", nbuf, 1);
         int rc = open_engine(&sl, model, "cuda", &err);
         unsetenv("SIL_CUDA_SLOTS");
+        const bool opened = rc == 0;
         int ss = -1;
         float worst = 0.0f;
         sg = -1;
@@ -425,7 +426,8 @@ int main(int argc, char **argv)
         struct sil_engine_stats es = {0};
         if (sl) sil_engine_stats(sl, &es);
         if (rc < 0) {
-            fprintf(stderr, "%s: expert slots: %s\n", model, err.msg);
+            fprintf(stderr, "%s: expert slots: %s\n", model,
+                    opened ? "an evaluation failed (above)" : err.msg);
             fails++;
         } else {
             printf("%s: cuda %s expert slots (hits %llu, misses %llu) vs resident, prefill %d + "

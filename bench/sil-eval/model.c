@@ -29,6 +29,33 @@ static int parse_int(const char *what, const char *s, long lo, long hi, long *ou
     return 0;
 }
 
+/* "8G", "512M", "1048576": bytes; K, M, G, T are powers of 1024. */
+static int parse_size(const char *what, const char *s, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    const double v = strtod(s, &end);
+    double mul = 1;
+    if (end && *end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1048576.0; break;
+        case 'g': case 'G': mul = 1073741824.0; break;
+        case 't': case 'T': mul = 1099511627776.0; break;
+        default: end = NULL;
+        }
+        if (end && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) &&
+            !(end[1] == 'B' && !end[2]))
+            end = NULL;
+    }
+    if (errno || !end || end == s || !(v > 0) || v * mul > 1e18) {
+        fprintf(stderr, "sil-eval: %s must be a size such as 8G or 512M\n", what);
+        return -1;
+    }
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
 static int parse_tokens(const char *s, int32_t **ids, size_t *n)
 {
     size_t cap = 16, k = 0;
@@ -158,6 +185,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     long n_ctx = 0;
     if (o->ctx && parse_int("--ctx", o->ctx, 1, 1 << 20, &n_ctx) < 0) return 2;
     p.n_ctx = (int32_t)n_ctx;
+    long n_passes = 1;
+    if (o->passes && parse_int("--passes", o->passes, 1, 1000, &n_passes) < 0) return 2;
+    if (o->vram_budget && parse_size("--vram-budget", o->vram_budget, &p.vram_budget) < 0)
+        return 2;
     p.route_trace = o->route_trace;
     p.ecache_sim_slots = (int32_t)ecache_slots;
     p.ecache_sim_policy = o->ecache_policy;
@@ -209,69 +240,79 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                 n_predict, sil_engine_n_ctx(e));
         goto out;
     }
-    int seq = sil_seq_create(e, &err);
     size_t n_rows_out = all ? n_ids : 1;
     logits = malloc(sizeof(float) * (size_t)V * n_rows_out);
     greedy = malloc(sizeof(int32_t) * (size_t)(n_predict + 1));
     int32_t *pos = malloc(sizeof(int32_t) * 512), *seqs = malloc(sizeof(int32_t) * 512);
     bool *want = malloc(sizeof(bool) * 512);
-    if (seq < 0 || !logits || !greedy || !pos || !seqs || !want) {
-        fprintf(stderr, "sil-eval: %s\n", seq < 0 ? err.msg : "out of memory");
-        free(pos);
-        free(seqs);
-        free(want);
-        goto out;
-    }
-
-    /* prefill in batches of up to 512 rows */
-    double t0 = now_s();
-    for (size_t b0 = 0; b0 < n_ids; b0 += 512) {
-        int32_t n = (int32_t)(n_ids - b0 < 512 ? n_ids - b0 : 512);
-        for (int32_t i = 0; i < n; i++) {
-            pos[i] = (int32_t)(b0 + (size_t)i);
-            seqs[i] = seq;
-            want[i] = all || b0 + (size_t)i == n_ids - 1;
-        }
-        struct sil_batch b = {n, ids + b0, pos, seqs, want};
-        if (sil_engine_eval(e, &b, all ? logits + b0 * (size_t)V : logits, &err) < 0) {
-            fprintf(stderr, "sil-eval: %s\n", err.msg);
-            free(pos);
-            free(seqs);
-            free(want);
-            goto out;
-        }
-    }
-    double t_prefill = now_s() - t0;
-    const float *last = logits + (n_rows_out - 1) * (size_t)V;
-
-    /* greedy decode: token s comes from the logits after token s-1 */
     float *step = malloc(sizeof(float) * (size_t)V);
-    double t_decode = 0;
-    long n_decoded = 0;
-    if (n_predict > 0 && step) {
-        greedy[0] = argmax(last, V);
-        t0 = now_s();
-        for (long s = 1; s < n_predict; s++) {
-            int32_t tok = greedy[s - 1], ps = (int32_t)(n_ids + (size_t)s - 1);
-            struct sil_batch b = {1, &tok, &ps, &seq, NULL};
-            if (sil_engine_eval(e, &b, step, &err) < 0) {
-                fprintf(stderr, "sil-eval: %s\n", err.msg);
-                break;
-            }
-            greedy[s] = argmax(step, V);
-            n_decoded++;
-        }
-        t_decode = now_s() - t0;
+    struct pass {
+        double prefill_tok_s, decode_tok_s;
+        struct sil_engine_stats pre, dec; /* counters after the prefill, after the decode */
+    } *ps = calloc((size_t)n_passes, sizeof(*ps));
+    if (!logits || !greedy || !pos || !seqs || !want || !step || !ps) {
+        fprintf(stderr, "sil-eval: out of memory\n");
+        goto out_pass;
     }
-    free(step);
-    free(pos);
-    free(seqs);
-    free(want);
-    if (n_predict > 1 && n_decoded != n_predict - 1)
-        goto out;
+    struct sil_engine_stats st0;
+    sil_engine_stats(e, &st0);
+    long n_decoded = 0;
+    for (long pi = 0; pi < n_passes; pi++) {
+        int seq = sil_seq_create(e, &err);
+        if (seq < 0) {
+            fprintf(stderr, "sil-eval: %s\n", err.msg);
+            goto out_pass;
+        }
+        /* prefill in batches of up to 512 rows */
+        double t0 = now_s();
+        for (size_t b0 = 0; b0 < n_ids; b0 += 512) {
+            int32_t n = (int32_t)(n_ids - b0 < 512 ? n_ids - b0 : 512);
+            for (int32_t i = 0; i < n; i++) {
+                pos[i] = (int32_t)(b0 + (size_t)i);
+                seqs[i] = seq;
+                want[i] = all || b0 + (size_t)i == n_ids - 1;
+            }
+            struct sil_batch b = {n, ids + b0, pos, seqs, want};
+            if (sil_engine_eval(e, &b, all ? logits + b0 * (size_t)V : logits, &err) < 0) {
+                fprintf(stderr, "sil-eval: %s\n", err.msg);
+                goto out_pass;
+            }
+        }
+        const double t_prefill = now_s() - t0;
+        sil_engine_stats(e, &ps[pi].pre);
+        const float *last = logits + (n_rows_out - 1) * (size_t)V;
+
+        /* greedy decode: token s comes from the logits after token s-1 */
+        double t_decode = 0;
+        n_decoded = 0;
+        if (n_predict > 0) {
+            greedy[0] = argmax(last, V);
+            t0 = now_s();
+            for (long s = 1; s < n_predict; s++) {
+                int32_t tok = greedy[s - 1], p1 = (int32_t)(n_ids + (size_t)s - 1);
+                struct sil_batch b = {1, &tok, &p1, &seq, NULL};
+                if (sil_engine_eval(e, &b, step, &err) < 0) {
+                    fprintf(stderr, "sil-eval: %s\n", err.msg);
+                    goto out_pass;
+                }
+                greedy[s] = argmax(step, V);
+                n_decoded++;
+            }
+            t_decode = now_s() - t0;
+        }
+        sil_engine_stats(e, &ps[pi].dec);
+        ps[pi].prefill_tok_s = t_prefill > 0 ? (double)n_ids / t_prefill : 0.0;
+        ps[pi].decode_tok_s = t_decode > 0 ? (double)n_decoded / t_decode : 0.0;
+        /* the last pass keeps its sequence: its logits are the ones printed */
+        if (pi + 1 < n_passes) sil_seq_free(e, seq);
+    }
 
     struct sil_engine_stats st;
     sil_engine_stats(e, &st);
+    struct sil_engine_device dev;
+    const bool on_dev = sil_engine_device(e, &dev) == 0;
+    const char *ecm = sil_engine_ecache_mode(e);
+    const bool dev_cache = ecm && strcmp(ecm, "device") == 0;
     if (o->json) {
         printf("{\"n_vocab\": %d, \"tokens\": [", V);
         for (size_t i = 0; i < n_ids; i++)
@@ -286,9 +327,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         printf("], \"greedy\": [");
         for (long s = 0; s < n_predict; s++)
             printf(s ? ", %d" : "%d", greedy[s]);
+        /* the first pass's figures (cold), as with one pass */
         printf("], \"timings\": {\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f}",
-               t_prefill > 0 ? (double)n_ids / t_prefill : 0.0,
-               t_decode > 0 ? (double)n_decoded / t_decode : 0.0);
+               ps[0].prefill_tok_s, ps[0].decode_tok_s);
         /* anonymous memory is everything beyond the mapped weights (scratch, KV, state);
          * nothing is freed before this point, so it is also its peak */
         struct sil_kv_info kv;
@@ -297,13 +338,45 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                "\"peak_rss_mib\": %.1f, \"kv_type\": \"%s\", \"kv_bytes_per_token\": %llu}",
                status_mib("RssAnon"), status_mib("RssFile"), status_mib("VmHWM"), kv.type,
                (unsigned long long)kv.bytes_per_pos);
-        if (ecache_slots > 0)
-            printf(", \"ecache\": {\"slots\": %ld, \"hits\": %llu, \"misses\": %llu, "
-                   "\"evictions\": %llu, \"bytes_streamed\": %llu}",
-                   ecache_slots, (unsigned long long)st.ecache_hits,
-                   (unsigned long long)st.ecache_misses, (unsigned long long)st.ecache_evictions,
+        if (on_dev)
+            printf(", \"device\": {\"name\": \"%s\", \"weight_bytes\": %llu, \"kv_bytes\": %llu, "
+                   "\"scratch_bytes\": %llu, \"budget_bytes\": %llu, \"pinned_bytes\": %llu, "
+                   "\"h2d_gbs\": %.3f, \"slot_bytes_in\": %llu, \"slot_fills\": %llu}",
+                   dev.name, (unsigned long long)dev.weight_bytes,
+                   (unsigned long long)dev.kv_bytes, (unsigned long long)dev.scratch_bytes,
+                   (unsigned long long)dev.budget_bytes, (unsigned long long)dev.pinned_bytes,
+                   dev.h2d_gbs, (unsigned long long)dev.slot_bytes_in,
+                   (unsigned long long)dev.slot_fills);
+        if (ecache_slots > 0 || dev_cache)
+            printf(", \"ecache\": {\"mode\": \"%s\", \"slots\": %ld, \"hits\": %llu, "
+                   "\"misses\": %llu, \"evictions\": %llu, \"bytes_streamed\": %llu}",
+                   ecm ? ecm : "none", dev_cache ? (long)sil_engine_ecache_slots(e) : ecache_slots,
+                   (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
+                   (unsigned long long)st.ecache_evictions,
                    (unsigned long long)st.ecache_bytes_streamed);
-        printf("}\n");
+        /* per pass, per phase: the counters' growth over that phase */
+        printf(", \"passes\": [");
+        for (long pi = 0; pi < n_passes; pi++) {
+            const struct sil_engine_stats *b4 = pi ? &ps[pi - 1].dec : &st0;
+            const struct sil_engine_stats *ph[2][2] = {{b4, &ps[pi].pre},
+                                                       {&ps[pi].pre, &ps[pi].dec}};
+            printf("%s{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f", pi ? ", " : "",
+                   ps[pi].prefill_tok_s, ps[pi].decode_tok_s);
+            for (int k = 0; k < 2; k++) {
+                const struct sil_engine_stats *x = ph[k][0], *y = ph[k][1];
+                const uint64_t h = y->ecache_hits - x->ecache_hits,
+                               m = y->ecache_misses - x->ecache_misses;
+                printf(", \"%s\": {\"hits\": %llu, \"misses\": %llu, \"hit_rate\": %.4f, "
+                       "\"evictions\": %llu, \"bytes_streamed\": %llu, \"expert_bytes\": %llu}",
+                       k ? "decode" : "prefill", (unsigned long long)h, (unsigned long long)m,
+                       h + m ? (double)h / (double)(h + m) : 0.0,
+                       (unsigned long long)(y->ecache_evictions - x->ecache_evictions),
+                       (unsigned long long)(y->ecache_bytes_streamed - x->ecache_bytes_streamed),
+                       (unsigned long long)(y->expert_bytes - x->expert_bytes));
+            }
+            printf("}");
+        }
+        printf("]}\n");
     } else {
         printf("tokens: %zu, n_vocab %d\n", n_ids, V);
         if (strcmp(mode, "none") != 0)
@@ -315,13 +388,16 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         printf("greedy:");
         for (long s = 0; s < n_predict; s++)
             printf(" %d", greedy[s]);
-        printf("\nprefill: %.2f tok/s (%zu tokens), decode: %.2f tok/s (%ld tokens), %d threads\n",
-               t_prefill > 0 ? (double)n_ids / t_prefill : 0.0, n_ids,
-               t_decode > 0 ? (double)n_decoded / t_decode : 0.0, n_decoded, sil_engine_info(e)->n_threads);
-        if (ecache_slots > 0)
-            printf("expert cache (simulated, %ld slots): hit rate %.4f, %llu hits, %llu misses, "
+        printf("\n");
+        for (long pi = 0; pi < n_passes; pi++)
+            printf("%sprefill: %.2f tok/s (%zu tokens), decode: %.2f tok/s (%ld tokens), %d "
+                   "threads\n",
+                   n_passes > 1 ? (pi ? "warm " : "cold ") : "", ps[pi].prefill_tok_s, n_ids,
+                   ps[pi].decode_tok_s, n_decoded, sil_engine_info(e)->n_threads);
+        if (ecache_slots > 0 || dev_cache)
+            printf("expert cache (%s, %ld slots): hit rate %.4f, %llu hits, %llu misses, "
                    "%llu evictions\n",
-                   ecache_slots,
+                   ecm ? ecm : "none", dev_cache ? (long)sil_engine_ecache_slots(e) : ecache_slots,
                    st.ecache_hits + st.ecache_misses
                        ? (double)st.ecache_hits / (double)(st.ecache_hits + st.ecache_misses)
                        : 0.0,
@@ -329,6 +405,12 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)st.ecache_evictions);
     }
     rc = fflush(stdout) == 0 ? 0 : 1;
+out_pass:
+    free(pos);
+    free(seqs);
+    free(want);
+    free(step);
+    free(ps);
 out:
     free(ids);
     free(logits);

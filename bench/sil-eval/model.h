@@ -19,6 +19,8 @@ struct sil_eval_model_opts {
     const char *kv_type;       /* f16 | q8_0 | q4_0 | f32; NULL = the engine's default */
     bool exact, json, parse_special, add_bos;
     const char *ctx; /* context length (default: the model's, at most 4096) */
+    const char *vram_budget; /* device memory cap ("8G"), NULL = none */
+    const char *passes;      /* prompt + continuation this many times (default 1) */
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

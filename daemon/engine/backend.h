@@ -197,6 +197,9 @@ struct sil_backend_ops {
      * and rewrites the handle; release_host: the bytes in the mmap are not needed any more. */
     int (*place)(struct sil_backend *be, struct sil_weight *w, bool release_host,
                  struct sil_error *err);
+    /* Optional (NULL: nothing to do). Every weight has been placed; a backend with expert
+     * slots pins the host memory its misses are copied from here. An error fails the open. */
+    int (*placed)(struct sil_backend *be, struct sil_error *err);
     /* Optional (NULL: ops cannot fail). The first error any op met since create (a fault on the
      * model mapping in a CPU worker: -EIO; a device error); ops after an error do nothing. Ops
      * return nothing, so the engine asks here after each micro-batch. */

@@ -117,7 +117,8 @@ struct cuda_backend {
     void *fn[F_COUNT];
     int rc;
     struct sil_error err;
-    uint64_t used, budget; /* device bytes taken, the cap */
+    uint64_t used, budget; /* device bytes taken, the cap (the budget less ctx_bytes) */
+    uint64_t ctx_bytes;    /* device memory in use at open, counted in --vram-budget */
     uint64_t weight_bytes, kv_bytes;
     /* device allocations, freed with the backend */
     sil_cuda_ptr *allocs;
@@ -168,6 +169,15 @@ struct cuda_backend {
     uint8_t *stage;
     size_t stage_bytes, stage_used;
     uint64_t slot_fills, slot_bytes_in;
+    /* the routed stacks' bytes in the mmap (noted at place), pinned at placed() when they can
+     * be: misses are then copied straight from the mapping, else staged through the ring */
+    struct host_range {
+        uintptr_t lo, hi;
+    } *rng;
+    int n_rng, cap_rng;
+    bool pinned;
+    uint64_t pinned_bytes;
+    double h2d_gbs;
     int32_t *slot_ids; /* host [ub_max * K] */
     /* benchmarks only (SIL_BENCH_H2D_GBS): expert copies are issued no faster than this many
      * bytes a second, to measure a slower link (PCIe 3) on a fast one */
@@ -1003,6 +1013,19 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         for (int32_t j = pl->pair_start[a]; j < pl->pair_start[a + 1]; j++)
             b->tmp[j] = slot;
     }
+    if (!fused_types(pl->gate_exps, pl->up_exps, pl->down_exps)) {
+        /* no fused kernel for float experts: the per-expert path on views of their slots */
+        for (int a = 0; a < pl->n_active; a++) {
+            const uint64_t slot = (uint64_t)(uintptr_t)pl->gate[a].data;
+            pl->gate[a].loc = pl->up[a].loc = pl->down[a].loc = SIL_WEIGHT_DEVICE;
+            pl->gate[a].data = (const void *)(uintptr_t)(b->pool_g + slot * b->slot_g);
+            pl->up[a].data = (const void *)(uintptr_t)(b->pool_u + slot * b->slot_u);
+            pl->down[a].data = (const void *)(uintptr_t)(b->pool_d + slot * b->slot_d);
+        }
+        moe_generic(b, x, pl);
+        if (b->rc == 0) shared_and_sum(b, x, pl, out);
+        return;
+    }
     for (int64_t q = 0; q < P; q++)
         b->slot_ids[q] = b->tmp[pl->pair_of[q]];
     if (!ok(b, sil_cuda_upload(b->cu, b->ids, b->slot_ids, sizeof(int32_t) * (size_t)P, NULL,
@@ -1171,7 +1194,20 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
     struct cuda_backend *b = cb(be);
     if (!w->data || w->loc == SIL_WEIGHT_DEVICE) return 0;
     /* with expert slots the routed stacks stay in the mmap, copied in per expert on a miss */
-    if (b->n_slots > 0 && w->n_mat > 1 && w->n_mat == b->c.n_expert) return 0;
+    if (b->n_slots > 0 && w->n_mat > 1 && w->n_mat == b->c.n_expert) {
+        if (b->n_rng == b->cap_rng) {
+            const int cap = b->cap_rng ? 2 * b->cap_rng : 64;
+            struct host_range *r = realloc(b->rng, sizeof(*r) * (size_t)cap);
+            if (!r) return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+            b->rng = r;
+            b->cap_rng = cap;
+        }
+        const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), p = (uintptr_t)w->data;
+        b->rng[b->n_rng++] = (struct host_range){p & ~(pg - 1),
+                                                 (p + w->mat_bytes * (size_t)w->n_mat + pg - 1) &
+                                                     ~(pg - 1)};
+        return 0;
+    }
     const size_t bytes = w->mat_bytes * (size_t)w->n_mat;
     if (w->rows > 1 && !sil_cuda_type_supported(w->type))
         return sil_errorf(err, -ENOTSUP, "cuda backend: weight type %s has no CUDA kernel",
@@ -1185,6 +1221,85 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
     b->weight_bytes += bytes;
     w->loc = SIL_WEIGHT_DEVICE;
     w->data = (const void *)(uintptr_t)d;
+    return 0;
+}
+
+static int rng_cmp(const void *a, const void *b)
+{
+    const struct host_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Pins the routed stacks' pages (merged where they share or touch a page) so a miss is one DMA
+ * from the mapping. Not an error when the system refuses (memory locked limits, a driver
+ * without read-only registration): misses are then staged, with one line saying so. Then the
+ * host-to-device bandwidth from that memory is measured once, into the first slots. */
+static int cuda_placed(struct sil_backend *be, struct sil_error *err)
+{
+    struct cuda_backend *b = cb(be);
+    (void)err;
+    if (b->n_slots <= 0 || b->n_rng == 0) return 0;
+    qsort(b->rng, (size_t)b->n_rng, sizeof(*b->rng), rng_cmp);
+    int n = 0;
+    for (int i = 0; i < b->n_rng; i++) {
+        if (n > 0 && b->rng[i].lo <= b->rng[n - 1].hi) {
+            if (b->rng[i].hi > b->rng[n - 1].hi) b->rng[n - 1].hi = b->rng[i].hi;
+        } else {
+            b->rng[n++] = b->rng[i];
+        }
+    }
+    b->n_rng = n;
+    const char *pin = getenv("SIL_CUDA_PIN");
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += b->rng[i].hi - b->rng[i].lo;
+    if (!(pin && strcmp(pin, "0") == 0)) {
+        const double t0 = now_s();
+        struct sil_error e = {0};
+        int i = 0;
+        for (; i < n; i++)
+            if (sil_cuda_host_register(b->cu, (void *)b->rng[i].lo,
+                                       b->rng[i].hi - b->rng[i].lo, &e) < 0)
+                break;
+        if (i == n) {
+            b->pinned = true;
+            b->pinned_bytes = total;
+            fprintf(stderr, "siliceo: cuda backend: %.2f GiB of routed experts pinned in %.1f s\n",
+                    (double)total / (double)(1u << 30), now_s() - t0);
+        } else {
+            while (i-- > 0)
+                sil_cuda_host_unregister(b->cu, (void *)b->rng[i].lo);
+            fprintf(stderr,
+                    "siliceo: cuda backend: the routed experts could not be pinned (%s); "
+                    "misses are staged through a pinned buffer\n",
+                    e.msg);
+        }
+    }
+    /* bandwidth: up to 256 MiB from the start of the experts' memory (pinned or staged) */
+    struct sil_cuda_event *ev[2] = {NULL, NULL};
+    uint64_t bytes = b->slot_g * (uint64_t)b->n_slots;
+    if (bytes > (256u << 20)) bytes = 256u << 20;
+    if (bytes > b->rng[0].hi - b->rng[0].lo) bytes = b->rng[0].hi - b->rng[0].lo;
+    const void *src = b->pinned ? (const void *)b->rng[0].lo : (const void *)b->stage;
+    if (!b->pinned && bytes > b->stage_bytes) bytes = b->stage_bytes;
+    float ms = 0;
+    if (sil_cuda_event_create(b->cu, &ev[0], NULL) == 0 &&
+        sil_cuda_event_create(b->cu, &ev[1], NULL) == 0 &&
+        sil_cuda_upload(b->cu, b->pool_g, src, (size_t)bytes, NULL, NULL) == 0 && /* warm */
+        sil_cuda_event_record(b->cu, ev[0], NULL, NULL) == 0 &&
+        sil_cuda_upload(b->cu, b->pool_g, src, (size_t)bytes, NULL, NULL) == 0 &&
+        sil_cuda_event_record(b->cu, ev[1], NULL, NULL) == 0 &&
+        sil_cuda_event_elapsed(b->cu, ev[0], ev[1], &ms, NULL) == 0 && ms > 0)
+        b->h2d_gbs = (double)bytes / ((double)ms * 1e6);
+    for (int i = 0; i < 2; i++)
+        sil_cuda_event_destroy(b->cu, ev[i]);
     return 0;
 }
 
@@ -1277,6 +1392,8 @@ static void cuda_free(struct sil_backend *be)
         sil_cuda_host_release(b->cu, b->h_meta);
         sil_cuda_host_release(b->cu, b->h_logits);
         sil_cuda_host_release(b->cu, b->stage);
+        for (int i = 0; b->pinned && i < b->n_rng; i++)
+            sil_cuda_host_unregister(b->cu, (void *)b->rng[i].lo);
         for (int i = 0; i < b->n_allocs; i++)
             sil_cuda_release(b->cu, b->allocs[i]);
         sil_cuda_module_unload(b->cu, b->mod);
@@ -1285,6 +1402,7 @@ static void cuda_free(struct sil_backend *be)
     free(b->allocs);
     free(b->tmp);
     free(b->slot_ids);
+    free(b->rng);
     free(b);
 }
 
@@ -1299,7 +1417,12 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->weight_bytes = b->weight_bytes;
     d->kv_bytes = b->kv_bytes;
     d->scratch_bytes = b->used - b->weight_bytes - b->kv_bytes;
-    d->budget_bytes = b->budget;
+    d->budget_bytes = b->budget ? b->budget + b->ctx_bytes : 0;
+    d->context_bytes = b->ctx_bytes;
+    d->pinned_bytes = b->pinned_bytes;
+    d->h2d_gbs = b->h2d_gbs;
+    d->slot_bytes_in = b->slot_bytes_in;
+    d->slot_fills = b->slot_fills;
 }
 
 static int32_t cuda_expert_slots(struct sil_backend *be)
@@ -1313,18 +1436,16 @@ static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct si
                        uint64_t cap)
 {
     const size_t bytes = w->mat_bytes;
-    if (bytes > cap || bytes > b->stage_bytes) {
+    if (bytes > cap || (!b->pinned && bytes > b->stage_bytes)) {
         fail(b, -EINVAL, "an expert matrix is larger than its slot");
         return;
     }
-    if (b->stage_used + bytes > b->stage_bytes) {
+    if (!b->pinned && b->stage_used + bytes > b->stage_bytes) {
         if (!ok(b, sil_cuda_sync(b->cu, NULL, &b->err))) return;
         b->stage_used = 0;
     }
     if (b->h2d_cap > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        const double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+        const double now = now_s();
         const double start = b->h2d_next > now ? b->h2d_next : now;
         if (start > now) {
             const double d = start - now;
@@ -1333,9 +1454,14 @@ static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct si
         }
         b->h2d_next = start + (double)bytes / b->h2d_cap;
     }
-    memcpy(b->stage + b->stage_used, w->data, bytes);
-    ok(b, sil_cuda_upload(b->cu, dst, b->stage + b->stage_used, bytes, NULL, &b->err));
-    b->stage_used += (bytes + 255) & ~(size_t)255;
+    if (b->pinned) {
+        /* straight from the pinned mapping: one DMA, the host goes on */
+        ok(b, sil_cuda_upload(b->cu, dst, w->data, bytes, NULL, &b->err));
+    } else {
+        memcpy(b->stage + b->stage_used, w->data, bytes);
+        ok(b, sil_cuda_upload(b->cu, dst, b->stage + b->stage_used, bytes, NULL, &b->err));
+        b->stage_used += (bytes + 255) & ~(size_t)255;
+    }
     b->slot_bytes_in += bytes;
 }
 
@@ -1381,6 +1507,7 @@ static const struct sil_backend_ops cuda_ops = {
     .moe = cuda_moe,
     .head = cuda_head,
     .place = cuda_place,
+    .placed = cuda_placed,
     .status = cuda_status,
     .state_read = cuda_state_read,
     .state_write = cuda_state_write,
@@ -1439,8 +1566,20 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     size_t free_b = 0, total_b = 0;
     rc = sil_cuda_mem_info(b->cu, &free_b, &total_b, err);
     const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
+    /* The budget counts the device memory in use as the backend opens (the CUDA context, up to
+     * 1 GiB of it), so that a budget of a card's size leaves what such a card would have. */
+    uint64_t ctx_bytes = rc == 0 && total_b > free_b ? (uint64_t)(total_b - free_b) : 0;
+    if (ctx_bytes > (1u << 30)) ctx_bytes = 1u << 30;
+    b->ctx_bytes = c->vram_budget ? ctx_bytes : 0;
+    if (rc == 0 && c->vram_budget && c->vram_budget <= ctx_bytes + (64u << 20))
+        rc = sil_errorf(err, -ENOMEM,
+                        "cuda backend: --vram-budget of %llu MiB leaves nothing beside the "
+                        "%llu MiB the device context takes",
+                        (unsigned long long)(c->vram_budget >> 20),
+                        (unsigned long long)(ctx_bytes >> 20));
+    const uint64_t budget = rc == 0 && c->vram_budget ? c->vram_budget - ctx_bytes : 0;
     /* the routed experts do not all fit: the backbone resident, the rest of the budget slots */
-    const uint64_t limit = c->vram_budget ? c->vram_budget : (uint64_t)free_b;
+    const uint64_t limit = budget ? budget : (uint64_t)free_b;
     /* each slot matrix rounded up to 256 bytes, as the pools lay them out */
     const uint64_t slot_bytes = ((c->slot_gate + 255) & ~(uint64_t)255) +
                                 ((c->slot_up + 255) & ~(uint64_t)255) +
@@ -1468,7 +1607,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                                      20),
                 (unsigned long long)(limit >> 20),
                 (unsigned long long)((need - c->routed_bytes + (uint64_t)c->n_expert * slot_bytes +
-                                      reserve + (1u << 20) - 1) >>
+                                      reserve + b->ctx_bytes + (1u << 20) - 1) >>
                                      20));
         /* never more slots than experts */
         const int64_t all = c->n_layer_moe > 0 ? c->n_layer_moe * c->n_expert : n_slots;
@@ -1477,23 +1616,24 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         need -= c->routed_bytes;
         need += (uint64_t)n_slots * slot_bytes;
     }
-    if (rc == 0 && c->vram_budget && need > c->vram_budget)
+    if (rc == 0 && budget && need > budget)
         rc = sil_errorf(err, -ENOMEM,
                         "cuda backend: the model needs %llu MiB of device memory (weights %llu, "
-                        "KV %llu, state and scratch %llu MiB): --vram-budget is %llu MiB, give "
-                        "at least %llu MiB",
-                        (unsigned long long)(need >> 20),
+                        "KV %llu, state and scratch %llu MiB, the context %llu MiB): "
+                        "--vram-budget is %llu MiB, give at least %llu MiB",
+                        (unsigned long long)((need + ctx_bytes) >> 20),
                         (unsigned long long)(c->weight_bytes >> 20), (unsigned long long)(kv >> 20),
                         (unsigned long long)((st + scratch + c->act_bytes) >> 20),
+                        (unsigned long long)(ctx_bytes >> 20),
                         (unsigned long long)(c->vram_budget >> 20),
-                        (unsigned long long)((need + (1u << 20) - 1) >> 20));
+                        (unsigned long long)((need + ctx_bytes + (1u << 20) - 1) >> 20));
     else if (rc == 0 && need > free_b)
         rc = sil_errorf(err, -ENOMEM,
                         "cuda backend: the model needs %llu MiB of device memory, %s has %llu MiB "
                         "free",
                         (unsigned long long)(need >> 20), in->name,
                         (unsigned long long)(free_b >> 20));
-    b->budget = c->vram_budget;
+    b->budget = budget;
     if (rc == 0) rc = sil_cuda_module_load(b->cu, sil_cuda_fwd_fatbin, &b->mod, err);
     for (int i = 0; rc == 0 && i < F_COUNT; i++)
         rc = sil_cuda_module_function(b->cu, b->mod, f_names[i], &b->fn[i], err);

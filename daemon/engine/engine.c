@@ -18,7 +18,10 @@
 #include "kernels/cpu/mapguard.h"
 
 /* Rows per forward pass: bounds the scratch (RSS) while keeping matmuls matrix-matrix. */
+/* rows per micro-batch: the CPU's tiles are tuned at 128; a GPU reads every expert a ubatch
+ * touches once per ubatch (from the bus when it misses the cache), so it takes 512 */
 #define UBATCH_MAX 128
+#define UBATCH_MAX_DEV 512
 
 struct sil_engine {
     struct sil_model *model;
@@ -140,7 +143,7 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     e->p_pos = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
     e->p_seq = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
     e->p_out = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
-    e->run_start = xcalloc(UBATCH_MAX + 1, sizeof(int32_t), &fail);
+    e->run_start = xcalloc(UBATCH_MAX_DEV + 1, sizeof(int32_t), &fail);
     if (fail)
         return sil_errorf(err, -ENOMEM, "%s: out of memory for scratch buffers", e->info.path);
     return 0;
@@ -209,6 +212,7 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
 {
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
+    f->ub_max = e->n_batch_max < UBATCH_MAX ? e->n_batch_max : UBATCH_MAX; /* after auto's try */
     struct sil_cpu_config c = {
         .n_threads = n_threads,
         .exact = exact,
@@ -238,6 +242,12 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     if (p->exact)
         return sil_errorf(err, -ENOTSUP,
                           "cuda backend: exact (F32) mode runs on the CPU backend only");
+    /* SIL_CUDA_UBATCH=N (tests, benchmarks) caps the rows per micro-batch lower */
+    const char *ubs = getenv("SIL_CUDA_UBATCH");
+    int32_t ub = ubs ? (int32_t)atoi(ubs) : UBATCH_MAX_DEV;
+    if (ub < 1 || ub > UBATCH_MAX_DEV)
+        ub = UBATCH_MAX_DEV;
+    f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub;
     size_t scratch = 0;
     if (hp->n_layer_attn > 0)
         scratch = sil_fwd_attention_scratch(f);

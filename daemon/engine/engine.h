@@ -101,6 +101,13 @@ struct sil_engine_device {
     int cc_major, cc_minor;
     uint64_t weight_bytes, kv_bytes, scratch_bytes; /* by use; their sum is all it took */
     uint64_t budget_bytes;                          /* --vram-budget, 0: none */
+    /* expert slots: host memory pinned for the copies (0: staged through a pinned ring), the
+     * host-to-device bandwidth measured from it at open (GB/s, 0 when not measured), bytes
+     * copied into slots and copies made since open */
+    uint64_t context_bytes; /* in use at open (the context), counted in budget_bytes */
+    uint64_t pinned_bytes;
+    double h2d_gbs;
+    uint64_t slot_bytes_in, slot_fills;
 };
 /* 0 with *d filled on a device backend; -ENODEV on the CPU. */
 int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);

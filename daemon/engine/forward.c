@@ -141,6 +141,7 @@ int sil_fwd_place_weights(struct sil_fwd *f, struct sil_error *err)
     int rc = f->be->ops->place(f->be, &f->output_norm, true, err);
     /* the embedding is read on the host (get_rows); a tied head keeps those pages */
     if (rc == 0) rc = f->be->ops->place(f->be, &f->output, f->output.data != f->tok_embd.data, err);
+    if (rc == 0 && f->be->ops->placed) rc = f->be->ops->placed(f->be, err);
     return rc;
 }
 

@@ -37,6 +37,8 @@ enum {
     CU_EVENT_DEFAULT = 0,
     CU_EVENT_DISABLE_TIMING = 2,
     CU_MEMHOSTALLOC_PORTABLE = 1,
+    CU_MEMHOSTREGISTER_PORTABLE = 1,
+    CU_MEMHOSTREGISTER_READ_ONLY = 8,
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
 };
 
@@ -63,6 +65,8 @@ enum {
     X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                       \
     X(cuMemHostAlloc, CUresult, (void **, size_t, unsigned))                                       \
     X(cuMemFreeHost, CUresult, (void *))                                                           \
+    X(cuMemHostRegister_v2, CUresult, (void *, size_t, unsigned))                                  \
+    X(cuMemHostUnregister, CUresult, (void *))                                                     \
     X(cuMemcpyHtoDAsync_v2, CUresult, (CUdeviceptr, const void *, size_t, CUstream))               \
     X(cuMemcpyDtoHAsync_v2, CUresult, (void *, CUdeviceptr, size_t, CUstream))                     \
     X(cuMemcpyDtoDAsync_v2, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                \
@@ -473,6 +477,21 @@ int sil_cuda_host_alloc(struct sil_cuda *cu, size_t bytes, void **out, struct si
 void sil_cuda_host_release(struct sil_cuda *cu, void *p)
 {
     if (p && bind_ctx(cu, NULL) == 0) cu->api.cuMemFreeHost(p);
+}
+
+int sil_cuda_host_register(struct sil_cuda *cu, void *p, size_t bytes, struct sil_error *err)
+{
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CU_CHECK(cu, err,
+             cuMemHostRegister_v2(p, bytes,
+                                  CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY));
+    return 0;
+}
+
+void sil_cuda_host_unregister(struct sil_cuda *cu, void *p)
+{
+    if (p && bind_ctx(cu, NULL) == 0) cu->api.cuMemHostUnregister(p);
 }
 
 int sil_cuda_stream_create(struct sil_cuda *cu, struct sil_cuda_stream **out, struct sil_error *err)

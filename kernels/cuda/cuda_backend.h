@@ -64,6 +64,10 @@ int sil_cuda_copy_d2d(struct sil_cuda *cu, sil_cuda_ptr dst, sil_cuda_ptr src, s
 /* Pinned host memory (staging buffers for async copies). */
 int sil_cuda_host_alloc(struct sil_cuda *cu, size_t bytes, void **out, struct sil_error *err);
 void sil_cuda_host_release(struct sil_cuda *cu, void *p);
+/* Pins existing host memory read-only for the device (a file mapping: the model's experts), so
+ * copies from it are DMA without a staging copy; p and bytes page-aligned. */
+int sil_cuda_host_register(struct sil_cuda *cu, void *p, size_t bytes, struct sil_error *err);
+void sil_cuda_host_unregister(struct sil_cuda *cu, void *p);
 
 int sil_cuda_stream_create(struct sil_cuda *cu, struct sil_cuda_stream **out,
                            struct sil_error *err);
