@@ -105,6 +105,11 @@ struct graph_slot {
     bool capturable; /* the last eager pass synced nowhere */
     uint64_t used;   /* LRU clock */
     struct sil_cuda_graph *g;
+    /* with expert slots, the pass as segments cut where the host routes a MoE layer: seg[i]
+     * runs from layer i-1's experts to layer i's router (seg[0] from the start, the last one
+     * to the head); n_seg 0 until captured */
+    struct sil_cuda_graph **seg;
+    int n_seg, cap_seg;
 };
 
 enum pass_mode { PASS_EAGER, PASS_CAPTURE, PASS_REPLAY };
@@ -159,6 +164,11 @@ struct cuda_backend {
     enum pass_mode mode;
     struct graph_slot slots[N_GRAPHS];
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
+    /* segmented passes (expert slots, a graphable shape): the segment index, and whether the
+     * pass is between segments (the host routes and fills slots there, outside any graph) */
+    bool segmented, seg_gap;
+    int seg_i;
+    int32_t *h_ids; /* pinned [ub_max * K] router choices, then [ub_max * K] their weights */
     uint64_t clock;
     uint64_t n_replays, n_captures;
     /* expert slots (the routed experts did not all fit): n_slots gate, up and down matrices,
@@ -393,16 +403,91 @@ static void stage(struct cuda_backend *b, const struct sil_ubatch *ub, int32_t *
     *n_keep = j;
 }
 
+static void drop_segs(struct cuda_backend *b, struct graph_slot *g)
+{
+    for (int i = 0; i < g->n_seg; i++)
+        sil_cuda_graph_destroy(b->cu, g->seg[i]);
+    g->n_seg = 0;
+}
+
 static void abort_capture(struct cuda_backend *b)
 {
     if (b->mode != PASS_CAPTURE) return;
-    struct sil_cuda_graph *g = NULL;
-    struct sil_error e = {0};
-    sil_cuda_capture_end(b->cu, NULL, &g, &e);
-    sil_cuda_graph_destroy(b->cu, g);
+    if (!b->seg_gap) {
+        struct sil_cuda_graph *g = NULL;
+        struct sil_error e = {0};
+        sil_cuda_capture_end(b->cu, NULL, &g, &e);
+        sil_cuda_graph_destroy(b->cu, g);
+    }
     b->mode = PASS_EAGER;
-    if (b->cur) b->cur->capturable = false;
+    b->seg_gap = false;
+    if (b->cur) {
+        b->cur->capturable = false;
+        drop_segs(b, b->cur);
+    }
     b->cur = NULL;
+}
+
+/* Segmented passes. At a host-routed layer, the segment up to its router's choices (copied to
+ * pinned memory) ends: captured and launched, replayed, or (eager) just run; the host then
+ * waits for the choices, plans, fills slots, uploads slot ids, and the next segment begins at
+ * the layer's experts. */
+static void seg_end(struct cuda_backend *b)
+{
+    if (!b->segmented || b->seg_gap || b->rc) return;
+    struct graph_slot *c = b->cur;
+    if (b->mode == PASS_CAPTURE) {
+        struct sil_cuda_graph *g = NULL;
+        if (c->n_seg == c->cap_seg) {
+            const int cap = c->cap_seg ? 2 * c->cap_seg : 64;
+            struct sil_cuda_graph **ns = realloc(c->seg, sizeof(*ns) * (size_t)cap);
+            if (!ns) {
+                abort_capture(b);
+                fail(b, -ENOMEM, "out of memory for graph segments");
+                return;
+            }
+            c->seg = ns;
+            c->cap_seg = cap;
+        }
+        b->seg_gap = true;
+        if (!ok(b, sil_cuda_capture_end(b->cu, NULL, &g, &b->err))) {
+            b->mode = PASS_EAGER;
+            c->capturable = false;
+            drop_segs(b, c);
+            b->cur = NULL;
+            b->segmented = false;
+            b->seg_gap = false;
+            return;
+        }
+        c->seg[c->n_seg++] = g;
+        ok(b, sil_cuda_graph_launch(b->cu, g, NULL, &b->err));
+    } else if (b->mode == PASS_REPLAY) {
+        b->seg_gap = true;
+        if (b->seg_i >= c->n_seg) {
+            fail(b, -EINVAL, "a replayed pass has more segments than were captured");
+            return;
+        }
+        ok(b, sil_cuda_graph_launch(b->cu, c->seg[b->seg_i], NULL, &b->err));
+    } else {
+        b->seg_gap = true;
+    }
+    b->seg_i++;
+}
+
+static void seg_begin(struct cuda_backend *b)
+{
+    if (!b->seg_gap) return;
+    b->seg_gap = false;
+    if (b->mode != PASS_CAPTURE || b->rc) return;
+    struct sil_error e = {0};
+    if (sil_cuda_capture_begin(b->cu, NULL, &e) < 0) {
+        /* run the rest of this pass eagerly; the shape stays eager */
+        b->mode = PASS_EAGER;
+        b->cur->capturable = false;
+        drop_segs(b, b->cur);
+        b->cur = NULL;
+        b->segmented = false;
+    }
 }
 
 /* A decode-sized shape with no run starting a sequence (those reset state from the host) can
@@ -423,7 +508,12 @@ static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ub
         if (g->used < lru->used) lru = g;
     }
     sil_cuda_graph_destroy(b->cu, lru->g);
+    drop_segs(b, lru);
+    struct sil_cuda_graph **keep_seg = lru->seg;
+    const int keep_cap = lru->cap_seg;
     memset(lru, 0, sizeof(*lru));
+    lru->seg = keep_seg;
+    lru->cap_seg = keep_cap;
     lru->n = ub->n;
     lru->n_runs = ub->n_runs;
     lru->n_keep = n_keep;
@@ -442,6 +532,9 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     b->q8_src = 0;
     b->mode = PASS_EAGER;
     b->cur = NULL;
+    b->segmented = false;
+    b->seg_gap = false;
+    b->seg_i = 0;
     if (b->rc || ub->n <= 0 || ub->n > b->c.ub_max) return;
     int32_t n_keep = 0;
     stage(b, ub, &n_keep);
@@ -457,7 +550,8 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     if (!g) return;
     g->used = ++b->clock;
     b->cur = g;
-    if (g->g) {
+    b->segmented = b->n_slots > 0;
+    if (g->g || g->n_seg > 0) {
         b->mode = PASS_REPLAY;
     } else if (g->seen >= 1 && g->capturable) {
         struct sil_error e = {0};
@@ -769,7 +863,7 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
             ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
         return;
     }
-    if (b->rc || n == 0 || b->mode != PASS_EAGER) {
+    if (b->rc || n == 0 || (b->mode != PASS_EAGER && !b->segmented)) {
         if (b->rc == 0 && n > 0) fail(b, -EINVAL, "host routing inside a graph");
         /* keep the plan well-formed for moe_plan() even after an error */
         for (int64_t q = 0; q < (int64_t)n * K; q++) {
@@ -778,16 +872,25 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
         }
         return;
     }
-    not_capturable(b);
-    const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
-    mm_chunks(b, x, &lo, 1);
-    if (b->rc == 0)
-        ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
-    /* the plan is built on the host: the choices come back (n * K * 8 bytes) */
+    if (!b->segmented) not_capturable(b);
+    /* the plan is built on the host: the choices come back (n * K * 8 bytes, pinned) */
     const size_t bytes = sizeof(int32_t) * (size_t)(n * K);
-    if (b->rc == 0) ok(b, sil_cuda_download(b->cu, plan->sel_expert, b->ids, bytes, NULL, &b->err));
-    if (b->rc == 0) ok(b, sil_cuda_download(b->cu, plan->sel_weight, b->wts, bytes, NULL, &b->err));
+    int32_t *h_ids = b->h_ids;
+    float *h_wts = (float *)(b->h_ids + b->c.ub_max * K);
+    if (b->mode != PASS_REPLAY) {
+        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
+        mm_chunks(b, x, &lo, 1);
+        if (b->rc == 0)
+            ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
+        if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_ids, b->ids, bytes, NULL, &b->err));
+        if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_wts, b->wts, bytes, NULL, &b->err));
+    }
+    seg_end(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
+    if (b->rc == 0) {
+        memcpy(plan->sel_expert, h_ids, bytes);
+        memcpy(plan->sel_weight, h_wts, bytes);
+    }
     for (int64_t q = 0; q < (int64_t)n * K; q++)
         if (b->rc || plan->sel_expert[q] < 0 || plan->sel_expert[q] >= X) {
             fail(b, -EIO, "router returned an expert id out of range");
@@ -1014,7 +1117,15 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
             b->tmp[j] = slot;
     }
     if (!fused_types(pl->gate_exps, pl->up_exps, pl->down_exps)) {
-        /* no fused kernel for float experts: the per-expert path on views of their slots */
+        /* no fused kernel for float experts: the per-expert path on views of their slots
+         * (it uploads its pairs from the host: never part of a graph) */
+        if (b->mode != PASS_EAGER) {
+            fail(b, -EINVAL, "float experts in slots inside a graph");
+            return;
+        }
+        not_capturable(b);
+        b->segmented = false;
+        b->seg_gap = false;
         for (int a = 0; a < pl->n_active; a++) {
             const uint64_t slot = (uint64_t)(uintptr_t)pl->gate[a].data;
             pl->gate[a].loc = pl->up[a].loc = pl->down[a].loc = SIL_WEIGHT_DEVICE;
@@ -1031,6 +1142,10 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     if (!ok(b, sil_cuda_upload(b->cu, b->ids, b->slot_ids, sizeof(int32_t) * (size_t)P, NULL,
                                &b->err)))
         return;
+    seg_begin(b);
+    if (b->mode == PASS_REPLAY) return;
+    flush_add(b);
+    if (b->rc) return;
     if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
 }
 
@@ -1038,6 +1153,14 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
                      struct sil_act out)
 {
     struct cuda_backend *b = cb(be);
+    if (b->seg_gap) {
+        /* a segmented pass: slot ids up, then the next segment starts with these experts */
+        if (b->rc == 0 && x.rows > 0 && pl->n_active > 0 && pl->gate[0].loc == SIL_WEIGHT_SLOT)
+            moe_slots(b, x, pl, out);
+        else
+            seg_begin(b);
+        return;
+    }
     if (b->mode == PASS_REPLAY) return;
     flush_add(b);
     if (b->rc || x.rows == 0 || (pl->n_active == 0 && !pl->device_routed)) return;
@@ -1103,6 +1226,14 @@ static void write_profile(struct cuda_backend *b)
 /* Ends this pass's capture and replays it; false (and the error kept) when that fails. */
 static bool finish_graph(struct cuda_backend *b)
 {
+    if (b->segmented) {
+        seg_end(b); /* the last segment, up to the logits */
+        b->seg_gap = false;
+        if (b->mode == PASS_CAPTURE) b->n_captures++;
+        else b->n_replays++;
+        b->mode = PASS_EAGER;
+        return b->rc == 0;
+    }
     const bool replay = b->mode == PASS_REPLAY;
     if (b->mode == PASS_CAPTURE) {
         struct sil_cuda_graph *g = NULL;
@@ -1174,6 +1305,7 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
     if (b->mode == PASS_EAGER && b->cur && b->rc == 0) b->cur->seen++;
     b->mode = PASS_EAGER;
     b->cur = NULL;
+    b->segmented = false;
     if (b->profiling) write_profile(b);
 }
 
@@ -1387,8 +1519,12 @@ static void cuda_free(struct sil_backend *be)
         for (int i = 0; i < 2; i++)
             sil_cuda_event_destroy(b->cu, b->gev[i]);
         sil_cuda_sync(b->cu, NULL, NULL);
-        for (int i = 0; i < N_GRAPHS; i++)
+        for (int i = 0; i < N_GRAPHS; i++) {
             sil_cuda_graph_destroy(b->cu, b->slots[i].g);
+            drop_segs(b, &b->slots[i]);
+            free(b->slots[i].seg);
+        }
+        sil_cuda_host_release(b->cu, b->h_ids);
         sil_cuda_host_release(b->cu, b->h_meta);
         sil_cuda_host_release(b->cu, b->h_logits);
         sil_cuda_host_release(b->cu, b->stage);
@@ -1469,14 +1605,15 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
                            const struct sil_weight *up, const struct sil_weight *down)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
-    flush_add(b);
+    /* between the segments of a segmented pass no graph is open: the copy runs in any mode */
+    if (b->mode == PASS_REPLAY && !b->seg_gap) return;
+    if (!b->seg_gap) flush_add(b);
     if (b->rc) return;
-    if (b->mode != PASS_EAGER) {
+    if (b->mode != PASS_EAGER && !b->seg_gap) {
         fail(b, -EINVAL, "an expert copy inside a graph");
         return;
     }
-    not_capturable(b);
+    if (!b->segmented) not_capturable(b);
     if (slot < 0 || slot >= b->n_slots || gate->loc != SIL_WEIGHT_MMAP ||
         up->loc != SIL_WEIGHT_MMAP || down->loc != SIL_WEIGHT_MMAP) {
         fail(b, -EINVAL, "expert slot copy of a weight not in the mmap, or slot out of range");
@@ -1689,6 +1826,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     }
     b->kv_bytes = kv;
     if (rc == 0) rc = sil_cuda_host_alloc(b->cu, meta_bytes, &b->h_meta, err);
+    if (rc == 0)
+        rc = sil_cuda_host_alloc(b->cu, sizeof(int32_t) * 2 * (size_t)(U * K), (void **)&b->h_ids,
+                                 err);
     if (rc == 0)
         rc = sil_cuda_host_alloc(b->cu, (size_t)(MB * c->n_vocab) * sizeof(float),
                                  (void **)&b->h_logits, err);

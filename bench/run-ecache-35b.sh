@@ -1,0 +1,48 @@
+#!/bin/bash
+# The VRAM expert cache at a budget: sil-mkmodel's Qwen3.5-35B-A3B shape at Q4_K_M (routing
+# uniform, or skewed with SKEW), evaluated by sil-eval on the CUDA backend with --vram-budget
+# (default 8G), two passes of a 512-token prompt and 128 greedy tokens in fresh sequences of one
+# engine (pass 1 cold, pass 2 warm): prefill and decode speed, hit rates, bytes streamed, pinned
+# host memory and the host-to-device bandwidth measured at open; the same with the copies capped
+# at CAP GB/s (SIL_BENCH_H2D_GBS, a benchmark setting: a PCIe 3 link on a faster one), with
+# graphs off (eager), and llama.cpp's llama-bench with -ncmoe NCMOE on the same file.
+# Raw outputs go to OUTDIR; the results file is assembled from them by hand (see its notes).
+# usage: bench/run-ecache-35b.sh LLAMA_BENCH [OUTDIR]
+# Environment: B (build dir, default build), SKEW (default 0), BUDGET (default 8G), CAP (default
+#              12.6), NCMOE (default 29), MODEL (default /tmp/qwen35moe-35b-a3b-q4_k_m-s$SKEW.gguf)
+set -u
+B=${B:-build}
+PEER=${1:?usage: bench/run-ecache-35b.sh LLAMA_BENCH [OUTDIR]}
+OUT=${2:-bench/out}
+SKEW=${SKEW:-0}
+BUDGET=${BUDGET:-8G}
+CAP=${CAP:-12.6}
+NCMOE=${NCMOE:-29}
+M=${MODEL:-/tmp/qwen35moe-35b-a3b-q4_k_m-s$SKEW.gguf}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+[ -f "$M" ] || "$B/bin/sil-mkmodel" --preset qwen35-35b-a3b --type q4_k_m --seed 1 --skew "$SKEW" \
+    --out "$M" > /dev/null
+T=$(seq -s, 1 512)
+vpoll() {
+    (while sleep 0.25; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done \
+        > "$OUT/vram-$1.txt") &
+    poll=$!
+}
+run() { # name, then VAR=value settings
+    local n=$1
+    shift
+    vpoll "$n"
+    env "$@" /usr/bin/time -v "$B/bin/sil-eval" --model "$M" --tokens "$T" --n-predict 128 \
+        --logits none --backend cuda --vram-budget "$BUDGET" --passes 2 --json \
+        > "$OUT/$n.json" 2> "$OUT/$n.err"
+    echo "$n rc=$? peak VRAM $(sort -n "$OUT/vram-$n.txt" | tail -1) MiB"
+    kill $poll
+}
+run ours SIL_BENCH_NONE=1
+run ours-eager SIL_CUDA_GRAPHS=0
+run ours-cap SIL_BENCH_H2D_GBS="$CAP"
+vpoll peer
+"$PEER" -m "$M" -ngl 99 -ncmoe "$NCMOE" -fa 1 -p 512 -n 128 -r 2 -o json > "$OUT/peer.json"
+echo "peer rc=$? peak VRAM $(sort -n "$OUT/vram-peer.txt" | tail -1) MiB"
+kill $poll
