@@ -1701,20 +1701,31 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
     uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
     size_t free_b = 0, total_b = 0;
-    rc = sil_cuda_mem_info(b->cu, &free_b, &total_b, err);
+    /* the kernels first: their code and local memory count with the context below */
+    rc = sil_cuda_module_load(b->cu, sil_cuda_fwd_fatbin, &b->mod, err);
+    for (int i = 0; rc == 0 && i < F_COUNT; i++)
+        rc = sil_cuda_module_function(b->cu, b->mod, f_names[i], &b->fn[i], err);
+    if (rc == 0) rc = sil_cuda_mem_info(b->cu, &free_b, &total_b, err);
     const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
-    /* The budget counts the device memory in use as the backend opens (the CUDA context, up to
-     * 1 GiB of it), so that a budget of a card's size leaves what such a card would have. */
+    /* The budget counts the device memory in use as the backend opens (the CUDA context and the
+     * loaded kernels, up to 1 GiB), so that a budget of a card's size leaves what such a card
+     * would have. */
     uint64_t ctx_bytes = rc == 0 && total_b > free_b ? (uint64_t)(total_b - free_b) : 0;
     if (ctx_bytes > (1u << 30)) ctx_bytes = 1u << 30;
     b->ctx_bytes = c->vram_budget ? ctx_bytes : 0;
-    if (rc == 0 && c->vram_budget && c->vram_budget <= ctx_bytes + (64u << 20))
+    if (rc == 0 && c->vram_budget && c->vram_budget <= ctx_bytes + (256u << 20))
         rc = sil_errorf(err, -ENOMEM,
                         "cuda backend: --vram-budget of %llu MiB leaves nothing beside the "
                         "%llu MiB the device context takes",
                         (unsigned long long)(c->vram_budget >> 20),
                         (unsigned long long)(ctx_bytes >> 20));
-    const uint64_t budget = rc == 0 && c->vram_budget ? c->vram_budget - ctx_bytes : 0;
+    /* and what the driver takes later, as kernels first run (local memory) and graphs are made:
+     * 177 MiB past the budget on an H200 before this was kept back (nvidia-smi) */
+    const uint64_t drv_later = 192u << 20;
+    if (c->vram_budget) b->ctx_bytes += drv_later; /* the budget exceeds both (checked above) */
+    const uint64_t budget =
+        rc == 0 && c->vram_budget && c->vram_budget > b->ctx_bytes ? c->vram_budget - b->ctx_bytes
+                                                                   : 0;
     /* the routed experts do not all fit: the backbone resident, the rest of the budget slots */
     const uint64_t limit = budget ? budget : (uint64_t)free_b;
     /* each slot matrix rounded up to 256 bytes, as the pools lay them out */
@@ -1771,9 +1782,6 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                         (unsigned long long)(need >> 20), in->name,
                         (unsigned long long)(free_b >> 20));
     b->budget = budget;
-    if (rc == 0) rc = sil_cuda_module_load(b->cu, sil_cuda_fwd_fatbin, &b->mod, err);
-    for (int i = 0; rc == 0 && i < F_COUNT; i++)
-        rc = sil_cuda_module_function(b->cu, b->mod, f_names[i], &b->fn[i], err);
     /* the staged block: embedding rows, then 5 int32 arrays of U (+1) */
     const size_t ints_off = (size_t)(U * E) * sizeof(float);
     const size_t meta_bytes = ints_off + (size_t)(5 * U + 1) * sizeof(int32_t);
