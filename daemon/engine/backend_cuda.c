@@ -476,9 +476,9 @@ static void seg_end(struct cuda_backend *b)
 
 static void seg_begin(struct cuda_backend *b)
 {
-    if (!b->seg_gap) return;
+    if (!b->seg_gap || b->rc) return; /* after an error no capture is open: abort_capture knows */
     b->seg_gap = false;
-    if (b->mode != PASS_CAPTURE || b->rc) return;
+    if (b->mode != PASS_CAPTURE) return;
     struct sil_error e = {0};
     if (sil_cuda_capture_begin(b->cu, NULL, &e) < 0) {
         /* run the rest of this pass eagerly; the shape stays eager */
@@ -1362,6 +1362,19 @@ static int rng_cmp(const void *a, const void *b)
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
+/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    fclose(f);
+    return (uint64_t)kib * 1024;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -1392,7 +1405,15 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
     uint64_t total = 0;
     for (int i = 0; i < n; i++)
         total += b->rng[i].hi - b->rng[i].lo;
-    if (!(pin && strcmp(pin, "0") == 0)) {
+    /* pinned pages cannot be reclaimed: never more than 3/4 of what the host has available */
+    const uint64_t avail = mem_available();
+    const bool fits = avail == 0 || total <= avail / 4 * 3;
+    if (!fits && !(pin && strcmp(pin, "0") == 0))
+        fprintf(stderr,
+                "siliceo: cuda backend: the routed experts (%.2f GiB) are not pinned: the host "
+                "has %.2f GiB available; misses are staged through a pinned buffer\n",
+                (double)total / (double)(1u << 30), (double)avail / (double)(1u << 30));
+    if (fits && !(pin && strcmp(pin, "0") == 0)) {
         const double t0 = now_s();
         struct sil_error e = {0};
         int i = 0;

@@ -297,13 +297,22 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     if (rc == 0)
         rc = sil_fwd_place_weights(f, err);
     const int32_t slots = rc == 0 && f->be->ops->expert_slots ? f->be->ops->expert_slots(f->be) : 0;
-    if (slots > 0) {
+    /* the simulated cache's policy names the device cache's too (benchmarks compare them) */
+    int ec_policy = SIL_ECACHE_DEFAULT;
+    if (rc == 0 && slots > 0 && p->ecache_sim_policy) {
+        ec_policy = sil_ecache_policy_parse(p->ecache_sim_policy);
+        if (ec_policy < 0)
+            rc = sil_errorf(err, -EINVAL, "unknown expert cache policy '%s' (lfu, lru, heat, static)",
+                            p->ecache_sim_policy);
+    }
+    f->ecache_policy = ec_policy;
+    if (rc == 0 && slots > 0) {
         /* one pool over all layers: a prefill plan may need every expert of a layer */
         const struct sil_ecache_config ec = {
             .n_layer = hp->n_layer,
             .n_expert = (int32_t)hp->n_expert,
             .n_slot = slots,
-            .policy = SIL_ECACHE_DEFAULT,
+            .policy = ec_policy,
             .pools = SIL_ECACHE_GLOBAL,
             .expert_bytes = c.slot_gate + c.slot_up + c.slot_down,
         };
@@ -961,7 +970,7 @@ int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer)
 
 const char *sil_engine_ecache_policy(const struct sil_engine *e)
 {
-    return e->f.ecache ? sil_ecache_policy_name(SIL_ECACHE_DEFAULT) /* as made at open */
+    return e->f.ecache ? sil_ecache_policy_name((enum sil_ecache_policy)e->f.ecache_policy)
                        : sil_expert_obs_policy(e->f.obs);
 }
 

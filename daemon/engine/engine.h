@@ -38,7 +38,8 @@ struct sil_engine_params {
     /* CPU backend, benchmarks: write every MoE layer's routing to this trace file
      * (route_trace.h), and/or look each plan up in a simulated expert cache of this many slots
      * (0: none) and policy (NULL: the measured best, lfu), whose counters sil_engine_stats
-     * reports. Neither changes a logit. */
+     * reports. Neither changes a logit. The policy is also the device cache's where the CUDA
+     * backend keeps experts in slots (an unknown name is then an error). */
     const char *route_trace;
     int32_t ecache_sim_slots;
     const char *ecache_sim_policy;

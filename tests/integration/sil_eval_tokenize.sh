@@ -40,3 +40,34 @@ printf 'GGUF\003\000\000\000garbage' >"$T/bad.gguf"
 grep -q "bad.gguf" "$T/err" || fail "bad model message names the file: $(cat "$T/err")"
 "$E" --model "$V" --tokenize-file "$T/nope.txt" >/dev/null 2>"$T/err"; [ $? = 1 ] || fail "missing text exit status"
 echo "ok: --help, --version, usage errors (2), bad files (1) with the file named"
+
+# --passes: fresh sequences of one engine give the same tokens each pass; --vram-budget parsing
+M=$SHARED/refdata/models/qwen35moe-tiny-Q4_K_M.gguf
+if [ -f "$M" ]; then
+    "$E" --model "$M" --tokens 1,2,3,4,5 --n-predict 6 --passes 3 --logits none --json \
+        --ecache-slots 16 >"$T/passes.json" || fail "--passes run"
+    "$E" --model "$M" --tokens 1,2,3,4,5 --n-predict 6 --logits none --json >"$T/one.json" ||
+        fail "one pass run"
+    /usr/bin/python3 - "$T/passes.json" "$T/one.json" <<'PY' || fail "--passes output"
+import json, sys
+d = json.load(open(sys.argv[1])); one = json.load(open(sys.argv[2]))
+p = d["passes"]
+assert len(p) == 3, p
+assert d["greedy"] == one["greedy"], (d["greedy"], one["greedy"])
+assert d["timings"]["prefill_tok_s"] == p[0]["prefill_tok_s"]
+# the simulated cache starts empty: the first prefill only misses, a later pass hits
+assert p[0]["prefill"]["hits"] == 0 and p[0]["prefill"]["misses"] > 0, p[0]
+assert p[2]["prefill"]["hits"] > 0, p[2]
+tot = sum(x[k]["hits"] + x[k]["misses"] for x in p for k in ("prefill", "decode"))
+assert tot == d["ecache"]["hits"] + d["ecache"]["misses"], (tot, d["ecache"])
+PY
+    for bad in 8Q 0 -1G 8GG ''; do
+        "$E" --model "$M" --tokens 1 --vram-budget "$bad" >/dev/null 2>"$T/err"
+        [ $? = 2 ] || fail "--vram-budget '$bad' exit status"
+        grep -q "vram-budget must be a size" "$T/err" || fail "--vram-budget '$bad': $(cat "$T/err")"
+    done
+    "$E" --model "$M" --tokens 1 --passes 0 >/dev/null 2>&1; [ $? = 2 ] || fail "--passes 0"
+    # on the CPU backend a budget changes nothing
+    "$E" --model "$M" --tokens 1,2,3 --vram-budget 512MiB --json >"$T/b.json" || fail "--vram-budget 512MiB"
+    echo "ok: --passes (same tokens each pass, per-pass cache counters), --vram-budget parsing"
+fi
