@@ -35,6 +35,9 @@
  *  10. a device out-of-memory in the middle of a prefill (SIL_CUDA_INJECT_OOM fails one launch):
  *      that evaluation fails with the error, and the same engine then gives prompt 2's logits
  *      as a fresh one does, bit for bit.
+ *  11. miss path (c) (SIL_CUDA_CPU_MISSES=2, n_expert slots): decode steps with the coldest two
+ *      misses of each layer computed on the host, against everything resident: within 1e-1
+ *      and not all equal (the host rounds activations its own way).
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -436,6 +439,45 @@ int main(int argc, char **argv)
                    (unsigned long long)es.ecache_misses, half, n2 - half, worst,
                    worst == 0.0f && es.ecache_misses > 0 ? "ok" : "FAIL");
             fails += !(worst == 0.0f && es.ecache_misses > 0);
+        }
+        if (sg >= 0) sil_seq_free(gpu, sg);
+        if (ss >= 0) sil_seq_free(sl, ss);
+        sil_engine_close(sl);
+    }
+
+    /* 11. miss path (c): the coldest 2 misses of each decode layer computed on the host (another
+     * activation rounding: within the decode-vs-prefill tolerance, and not all equal) */
+    if (sil_engine_info(gpu)->n_expert > 0) {
+        struct sil_engine *sl = NULL;
+        char nbuf[32];
+        snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
+        setenv("SIL_CUDA_SLOTS", nbuf, 1);
+        setenv("SIL_CUDA_CPU_MISSES", "2", 1);
+        int rc = open_engine(&sl, model, "cuda", &err);
+        unsetenv("SIL_CUDA_SLOTS");
+        unsetenv("SIL_CUDA_CPU_MISSES");
+        const bool opened = rc == 0;
+        int ss = -1;
+        float worst = 0.0f;
+        sg = -1;
+        const int half = n2 / 2;
+        if (rc == 0) rc = prefill(gpu, p2, half, lg, &sg);
+        if (rc == 0) rc = prefill(sl, p2, half, alone, &ss);
+        for (int i = half; i < n2 && rc == 0; i++) {
+            rc = step(gpu, sg, p2[i], lg);
+            if (rc == 0) rc = step(sl, ss, p2[i], alone);
+            const float d = max_diff(lg, alone, V);
+            if (rc == 0 && !(d <= worst)) worst = d;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "%s: host misses: %s\n", model,
+                    opened ? "an evaluation failed (above)" : err.msg);
+            fails++;
+        } else {
+            printf("%s: cuda %s slots, 2 misses a decode layer on the host, vs resident, %d steps: "
+                   "max |diff| = %.4g (tol 1e-01, not 0) %s\n",
+                   model, nbuf, n2 - half, worst, worst <= 1e-1f && worst > 0.0f ? "ok" : "FAIL");
+            fails += !(worst <= 1e-1f && worst > 0.0f);
         }
         if (sg >= 0) sil_seq_free(gpu, sg);
         if (ss >= 0) sil_seq_free(sl, ss);

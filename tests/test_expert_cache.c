@@ -624,6 +624,53 @@ static void test_heat_corrupt(void **state)
 }
 
 /* Trace round trip; a truncated record, an expert or layer out of range, a bad header refused. */
+/* Host misses: with a quota of 2, the two coldest misses of a plan stay HOST (no slot taken,
+ * counted as misses and streamed bytes), the rest are filled; a quota of 0 fills again. */
+static void test_host_misses(void **state)
+{
+    (void)state;
+    struct sil_ecache *c = mk(1, 8, 8, SIL_ECACHE_LFU, SIL_ECACHE_GLOBAL, 0, 0);
+    struct sil_ecache_entry r[4];
+    /* heat: expert 3 used 4 times, 2 three times, 1 twice (lookups of one expert, quota 1:
+     * each single miss is the coldest and stays HOST, so nothing is resident yet) */
+    sil_ecache_set_host_misses(c, 1);
+    const int32_t e3[] = {3}, e2[] = {2}, e1[] = {1};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(sil_ecache_lookup(c, 0, e3, NULL, 1, r), 1);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sil_ecache_lookup(c, 0, e2, NULL, 1, r), 1);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(sil_ecache_lookup(c, 0, e1, NULL, 1, r), 1);
+    assert_int_equal(r[0].kind, SIL_ECACHE_HOST);
+    assert_int_equal(sil_ecache_slot_of(c, 0, 3), -1);
+    /* plan {0, 1, 2, 3}, all misses, quota 2: 0 (never used) and 1 (twice) stay HOST */
+    sil_ecache_set_host_misses(c, 2);
+    const int32_t plan[] = {0, 1, 2, 3};
+    assert_int_equal(sil_ecache_lookup(c, 0, plan, NULL, 4, r), 2);
+    assert_int_equal(r[0].kind, SIL_ECACHE_HOST);
+    assert_int_equal(r[1].kind, SIL_ECACHE_HOST);
+    assert_int_equal(r[2].kind, SIL_ECACHE_FILL);
+    assert_int_equal(r[3].kind, SIL_ECACHE_FILL);
+    assert_int_equal(r[0].slot, -1);
+    assert_int_equal(sil_ecache_slot_of(c, 0, 0), -1);
+    assert_true(sil_ecache_slot_of(c, 0, 2) >= 0 && sil_ecache_slot_of(c, 0, 3) >= 0);
+    struct sil_ecache_stats st;
+    sil_ecache_stats(c, -1, &st);
+    assert_int_equal(st.misses, 4 + 3 + 2 + 4);
+    assert_int_equal(st.fills, 2);
+    assert_int_equal(st.bytes_streamed, (4 + 3 + 2 + 4) * 1000);
+    /* the same plan again: 2 and 3 hit, 0 and 1 still HOST */
+    assert_int_equal(sil_ecache_lookup(c, 0, plan, NULL, 4, r), 2);
+    assert_int_equal(r[2].kind, SIL_ECACHE_HIT);
+    assert_int_equal(r[3].kind, SIL_ECACHE_HIT);
+    /* quota 0: the misses are filled */
+    sil_ecache_set_host_misses(c, 0);
+    assert_int_equal(sil_ecache_lookup(c, 0, plan, NULL, 4, r), 0);
+    assert_int_equal(r[0].kind, SIL_ECACHE_FILL);
+    assert_int_equal(r[1].kind, SIL_ECACHE_FILL);
+    sil_ecache_free(c);
+}
+
 static void test_route_trace(void **state)
 {
     char *path = tu_path_join(tmpdir, "t.trace");
@@ -817,6 +864,7 @@ int main(void)
         cmocka_unit_test(test_lru_vs_static),
         cmocka_unit_test(test_heat_roundtrip),
         cmocka_unit_test(test_heat_corrupt),
+        cmocka_unit_test(test_host_misses),
         cmocka_unit_test(test_route_trace),
         cmocka_unit_test(test_engine_observer),
     };

@@ -216,6 +216,9 @@ struct sil_backend_ops {
      * backend made because the routed experts did not all fit: routed expert stacks then stay
      * in the mmap, and the expert cache (expert_cache.h) assigns slots in each MoE plan. */
     int32_t (*expert_slots)(struct sil_backend *be);
+    /* Optional (NULL or 0: none). How many of each decode plan's misses the backend computes
+     * from host memory instead of copying them into slots (plan handles left in the mmap). */
+    int32_t (*cpu_misses)(struct sil_backend *be);
     /* Copies one expert's matrices (handles into the mmap) into slot; ordered before any later
      * op that reads the slot. Plan handles of slot experts are SIL_WEIGHT_SLOT with data the
      * slot index. */

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/backend.h"
+#include "daemon/engine/host_experts.h"
 
 #ifndef SIL_HAVE_CUDA
 
@@ -188,6 +189,15 @@ struct cuda_backend {
     bool pinned;
     uint64_t pinned_bytes;
     double h2d_gbs;
+    /* miss path (c), SIL_CUDA_CPU_MISSES=N: up to N misses of each decode layer computed on the
+     * host from the mapping while the rest stream; the MoE input comes down with the router's
+     * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
+    struct sil_host_experts *hx;
+    int32_t cpu_misses;
+    float *h_x, *h_y;
+    sil_cuda_ptr cpu_y;
+    struct sil_host_expert_job *jobs;
+    float *h_wts;
     int32_t *slot_ids; /* host [ub_max * K] */
     /* benchmarks only (SIL_BENCH_H2D_GBS): expert copies are issued no faster than this many
      * bytes a second, to measure a slower link (PCIe 3) on a fast one */
@@ -884,6 +894,14 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
             ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
         if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_ids, b->ids, bytes, NULL, &b->err));
         if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_wts, b->wts, bytes, NULL, &b->err));
+        /* path (c): the MoE input too, for the experts the host computes */
+        if (b->rc == 0 && b->hx && n <= MB) {
+            if (x.ld != x.width)
+                fail(b, -EINVAL, "router rows are not contiguous");
+            else
+                ok(b, sil_cuda_download(b->cu, b->h_x, dp(x.data),
+                                        sizeof(float) * (size_t)(n * x.width), NULL, &b->err));
+        }
     }
     seg_end(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
@@ -1104,15 +1122,23 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
 {
     const int K = pl->n_used;
     const int64_t P = (int64_t)pl->n_rows * K;
+    /* path (c): experts left in the mapping are the host's (tmp -1) in a decode step */
+    const bool cpu = b->hx && pl->n_rows <= MB;
+    int32_t any_slot = -1, n_host = 0;
     for (int a = 0; a < pl->n_active; a++) {
-        if (pl->gate[a].loc != SIL_WEIGHT_SLOT || pl->up[a].loc != SIL_WEIGHT_SLOT ||
-            pl->down[a].loc != SIL_WEIGHT_SLOT) {
+        const bool slot_e = pl->gate[a].loc == SIL_WEIGHT_SLOT &&
+                            pl->up[a].loc == SIL_WEIGHT_SLOT && pl->down[a].loc == SIL_WEIGHT_SLOT;
+        const bool host_e = cpu && pl->gate[a].loc == SIL_WEIGHT_MMAP &&
+                            pl->up[a].loc == SIL_WEIGHT_MMAP && pl->down[a].loc == SIL_WEIGHT_MMAP;
+        if (!slot_e && !host_e) {
             fail(b, -ENOSPC,
                  "a layer needs more experts at once than the expert slots hold "
                  "(raise --vram-budget or evaluate fewer rows at a time)");
             return;
         }
-        const int32_t slot = (int32_t)(uintptr_t)pl->gate[a].data;
+        const int32_t slot = slot_e ? (int32_t)(uintptr_t)pl->gate[a].data : -1;
+        if (slot_e) any_slot = slot;
+        n_host += !slot_e;
         for (int32_t j = pl->pair_start[a]; j < pl->pair_start[a + 1]; j++)
             b->tmp[j] = slot;
     }
@@ -1137,16 +1163,55 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;
     }
-    for (int64_t q = 0; q < P; q++)
-        b->slot_ids[q] = b->tmp[pl->pair_of[q]];
+    /* the host's pairs keep a valid slot (the pools start zeroed) with weight 0 on the device */
+    int n_jobs = 0;
+    for (int64_t q = 0; q < P; q++) {
+        const int32_t pair = pl->pair_of[q], slot = b->tmp[pair];
+        b->slot_ids[q] = slot >= 0 ? slot : any_slot >= 0 ? any_slot : 0;
+        if (!n_host) continue;
+        b->h_wts[q] = slot >= 0 ? pl->sel_weight[q] : 0.0f;
+        if (slot >= 0) continue;
+        int a = 0;
+        while (a + 1 < pl->n_active && pl->pair_start[a + 1] <= pair)
+            a++;
+        b->jobs[n_jobs++] = (struct sil_host_expert_job){
+            (int32_t)(q / K), pl->sel_weight[q], &pl->gate[a], &pl->up[a], &pl->down[a]};
+    }
     if (!ok(b, sil_cuda_upload(b->cu, b->ids, b->slot_ids, sizeof(int32_t) * (size_t)P, NULL,
                                &b->err)))
         return;
+    if (n_host && !ok(b, sil_cuda_upload(b->cu, b->wts, b->h_wts, sizeof(float) * (size_t)P,
+                                         NULL, &b->err)))
+        return;
     seg_begin(b);
-    if (b->mode == PASS_REPLAY) return;
-    flush_add(b);
-    if (b->rc) return;
-    if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
+    if (b->mode != PASS_REPLAY) {
+        flush_add(b);
+        if (b->rc) return;
+        if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
+    }
+    if (!b->hx || pl->n_rows > MB || b->rc) return;
+    /* path (c): the device part runs (the segment is cut here in every decode pass, so the
+     * segments stay the same whatever the host gets) while the host computes its experts */
+    seg_end(b);
+    if (n_jobs > 0) {
+        const int64_t E = out.width;
+        struct sil_error e = {0};
+        if (sil_host_experts_run(b->hx, b->h_x, pl->n_rows, b->jobs, n_jobs, b->h_y, &e) < 0) {
+            b->rc = e.code ? e.code : -EIO;
+            b->err = e;
+            return;
+        }
+        if (out.ld != E) {
+            fail(b, -EINVAL, "moe rows are not contiguous");
+            return;
+        }
+        ok(b, sil_cuda_upload(b->cu, b->cpu_y, b->h_y, sizeof(float) * (size_t)(pl->n_rows * E),
+                              NULL, &b->err));
+        if (b->rc == 0)
+            ok(b, sil_cuda_add(b->cu, dp(out.data), b->cpu_y, pl->n_rows * E, NULL, &b->err));
+        b->q8_src = 0;
+    }
+    seg_begin(b);
 }
 
 static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *pl,
@@ -1155,7 +1220,7 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
     struct cuda_backend *b = cb(be);
     if (b->seg_gap) {
         /* a segmented pass: slot ids up, then the next segment starts with these experts */
-        if (b->rc == 0 && x.rows > 0 && pl->n_active > 0 && pl->gate[0].loc == SIL_WEIGHT_SLOT)
+        if (b->rc == 0 && x.rows > 0 && pl->n_active > 0 && b->n_slots > 0)
             moe_slots(b, x, pl, out);
         else
             seg_begin(b);
@@ -1168,7 +1233,7 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
         fail(b, -EINVAL, "moe rows are not contiguous");
         return;
     }
-    if (pl->n_active > 0 && pl->gate[0].loc == SIL_WEIGHT_SLOT) {
+    if (pl->n_active > 0 && b->n_slots > 0) {
         moe_slots(b, x, pl, out);
         return;
     }
@@ -1546,6 +1611,8 @@ static void cuda_free(struct sil_backend *be)
             free(b->slots[i].seg);
         }
         sil_cuda_host_release(b->cu, b->h_ids);
+        sil_cuda_host_release(b->cu, b->h_x);
+        sil_cuda_host_release(b->cu, b->h_y);
         sil_cuda_host_release(b->cu, b->h_meta);
         sil_cuda_host_release(b->cu, b->h_logits);
         sil_cuda_host_release(b->cu, b->stage);
@@ -1560,6 +1627,9 @@ static void cuda_free(struct sil_backend *be)
     free(b->tmp);
     free(b->slot_ids);
     free(b->rng);
+    sil_host_experts_free(b->hx);
+    free(b->jobs);
+    free(b->h_wts);
     free(b);
 }
 
@@ -1585,6 +1655,11 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
 static int32_t cuda_expert_slots(struct sil_backend *be)
 {
     return cb(be)->n_slots;
+}
+
+static int32_t cuda_cpu_misses(struct sil_backend *be)
+{
+    return cb(be)->hx ? cb(be)->cpu_misses : 0;
 }
 
 /* One matrix into its slot through the staging ring: the ring is reused from its start once
@@ -1671,6 +1746,7 @@ static const struct sil_backend_ops cuda_ops = {
     .state_write = cuda_state_write,
     .device = cuda_device,
     .expert_slots = cuda_expert_slots,
+    .cpu_misses = cuda_cpu_misses,
     .fill_slot = cuda_fill_slot,
 };
 
@@ -1852,6 +1928,30 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->stage_bytes = 64u << 20;
         if (b->stage_bytes < 2 * slot_bytes) b->stage_bytes = 2 * slot_bytes;
         if (rc == 0) rc = sil_cuda_host_alloc(b->cu, b->stage_bytes, (void **)&b->stage, err);
+        /* zeroed, so a slot id given to a pair of weight 0 reads finite numbers */
+        if (rc == 0) rc = sil_cuda_memset(b->cu, b->pool_g, 0, b->slot_g * (uint64_t)n_slots, NULL, err);
+        if (rc == 0) rc = sil_cuda_memset(b->cu, b->pool_u, 0, b->slot_u * (uint64_t)n_slots, NULL, err);
+        if (rc == 0) rc = sil_cuda_memset(b->cu, b->pool_d, 0, b->slot_d * (uint64_t)n_slots, NULL, err);
+        const char *cm = getenv("SIL_CUDA_CPU_MISSES");
+        const long ncm = cm ? atol(cm) : 0;
+        if (rc == 0 && ncm > 0 && c->n_ff_exp > 0) {
+            b->cpu_misses = (int32_t)(ncm < K ? ncm : K);
+            long nt = sysconf(_SC_NPROCESSORS_ONLN);
+            rc = sil_host_experts_create(&b->hx, nt > 0 ? (int)(nt < 256 ? nt : 256) : 1, E,
+                                         c->n_ff_exp, MB * (int)K, err);
+            b->jobs = calloc((size_t)(MB * K), sizeof(*b->jobs));
+            b->h_wts = calloc((size_t)(MB * K), sizeof(float));
+            if (rc == 0 && (!b->jobs || !b->h_wts))
+                rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+            if (rc == 0) rc = sil_cuda_host_alloc(b->cu, sizeof(float) * (size_t)(MB * E), (void **)&b->h_x, err);
+            if (rc == 0) rc = sil_cuda_host_alloc(b->cu, sizeof(float) * (size_t)(MB * E), (void **)&b->h_y, err);
+            if (rc == 0) rc = dalloc(b, sizeof(float) * (size_t)(MB * E), &b->cpu_y, err);
+            if (rc == 0)
+                fprintf(stderr,
+                        "siliceo: cuda backend: up to %d misses of each decode layer computed on "
+                        "the CPU (SIL_CUDA_CPU_MISSES, experimental)\n",
+                        (int)b->cpu_misses);
+        }
     }
     b->kv_bytes = kv;
     if (rc == 0) rc = sil_cuda_host_alloc(b->cu, meta_bytes, &b->h_meta, err);

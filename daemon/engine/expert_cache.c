@@ -35,7 +35,8 @@ struct sil_ecache {
     int32_t *heap_buf;           /* [n_slot] backing of the pools' heaps */
     int32_t *miss, *used;        /* [n_expert] plan scratch: missed entries, slots used */
     struct sil_ecache_stats *st; /* [n_layer] */
-    uint64_t epoch; /* never wraps: a stale pin would look like this plan's */
+    int32_t host_quota; /* misses of each plan left on the host, the coldest first */
+    uint64_t epoch;     /* never wraps: a stale pin would look like this plan's */
     double g, infl; /* growth per lookup, and g^(lookups since the last rescale) */
 };
 
@@ -391,6 +392,18 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
         on_hit(c, p, s);
         c->used[n_used++] = s;
     }
+    /* the host's share: the coldest misses (lowest decayed frequency) are not filled */
+    int32_t n_left = c->host_quota < n_miss ? c->host_quota : n_miss;
+    for (int32_t q = 0; q < n_left; q++) {
+        int32_t best = q;
+        for (int32_t j = q + 1; j < n_miss; j++)
+            if (c->freq[layer * X + expert[c->miss[j]]] <
+                c->freq[layer * X + expert[c->miss[best]]])
+                best = j;
+        const int32_t t = c->miss[q];
+        c->miss[q] = c->miss[best];
+        c->miss[best] = t;
+    }
     for (int32_t j = 0; j < n_miss; j++) {
         const int32_t i = c->miss[j], key = layer * X + expert[i];
         if (c->slot_of[key] >= 0) { /* filled by an earlier duplicate of this plan */
@@ -400,7 +413,7 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
         }
         st->misses++;
         st->bytes_streamed += c->cfg.expert_bytes;
-        const int32_t s = take_slot(c, p);
+        const int32_t s = j < n_left ? -1 : take_slot(c, p);
         if (s < 0) {
             res[i] = (struct sil_ecache_entry){SIL_ECACHE_HOST, -1, -1, -1};
             st->host++;
@@ -424,6 +437,11 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
     }
     end_plan(c, p, c->used, n_used);
     return n_host;
+}
+
+void sil_ecache_set_host_misses(struct sil_ecache *c, int32_t n)
+{
+    c->host_quota = n > 0 ? n : 0;
 }
 
 int sil_ecache_preload(struct sil_ecache *c, int32_t layer, int32_t expert)

@@ -92,6 +92,10 @@ void sil_ecache_free(struct sil_ecache *c);
 int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert,
                       const int32_t *uses, int32_t n, struct sil_ecache_entry *res);
 
+/* Later lookups leave up to n of each plan's misses, the coldest (lowest decayed frequency),
+ * unfilled as HOST: computed from host memory while the rest stream (0: fill every miss). */
+void sil_ecache_set_host_misses(struct sil_ecache *c, int32_t n);
+
 /* Places (layer, expert) in a free slot of its pool without evicting: the slot, -EEXIST when it
  * is already resident, -ENOSPC when its pool is full, -EINVAL out of range. Preload the hottest
  * first: in LRU order the first preloaded is the most recently used. */

@@ -85,6 +85,10 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
 {
     for (int a = 0; a < p->n_active; a++)
         f->ecache_uses[a] = p->pair_start[a + 1] - p->pair_start[a];
+    /* a decode step (at most 8 rows, the CUDA decode batch) may leave its coldest misses to
+     * the backend's host path */
+    if (f->cpu_misses > 0)
+        sil_ecache_set_host_misses(f->ecache, p->n_rows <= 8 ? f->cpu_misses : 0);
     if (sil_ecache_lookup(f->ecache, il, p->expert, f->ecache_uses, p->n_active, f->ecache_res) <
         0)
         return;
