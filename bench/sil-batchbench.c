@@ -151,6 +151,11 @@ static void usage(FILE *f)
             "  --gen N         decode steps measured (1-4096, default 64)\n"
             "  --runs N        repetitions; stream counts alternate within a run (default 3)\n"
             "  --mib N         bandwidth buffer in MiB, larger than the caches (default 1024)\n"
+            "  --backend NAME  cpu (default) or cuda\n"
+            "  --vram-budget GIB  device memory cap for the cuda backend, in GiB (e.g. 8)\n"
+            "  --bw-gbs F      the bandwidth the byte bound divides by, in GB/s, instead of the\n"
+            "                  host read bandwidth measured before each figure (a device's, measured\n"
+            "                  elsewhere in the same run); needed with --backend cuda\n"
             "  --help, --version\n");
 }
 
@@ -158,12 +163,16 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *streams = "1,2,4,8,16";
     int64_t threads = 2, n_prompt = 32, n_gen = 64, runs = 3, mib = 1024;
+    const char *backend = "cpu";
+    double budget_gib = 0, bw_given = 0;
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},   {"threads", required_argument, 0, 't'},
         {"streams", required_argument, 0, 's'}, {"prompt", required_argument, 0, 'p'},
         {"gen", required_argument, 0, 'g'},     {"runs", required_argument, 0, 'r'},
         {"mib", required_argument, 0, 'b'},     {"help", no_argument, 0, 'h'},
-        {"version", no_argument, 0, 'V'},       {0, 0, 0, 0},
+        {"version", no_argument, 0, 'V'},       {"backend", required_argument, 0, 'k'},
+        {"vram-budget", required_argument, 0, 'v'}, {"bw-gbs", required_argument, 0, 'w'},
+        {0, 0, 0, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -189,6 +198,19 @@ int main(int argc, char **argv)
             break;
         case 'b':
             r = sil_bench_parse_i64(PROG, "--mib", optarg, 16, 65536, &mib);
+            break;
+        case 'k':
+            backend = optarg;
+            if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
+                fprintf(stderr, PROG ": --backend must be cpu or cuda\n");
+                r = 1;
+            }
+            break;
+        case 'v':
+            r = sil_bench_parse_double(PROG, "--vram-budget", optarg, 0.25, 4096, &budget_gib);
+            break;
+        case 'w':
+            r = sil_bench_parse_double(PROG, "--bw-gbs", optarg, 0.001, 1e6, &bw_given);
             break;
         case 'h':
             usage(stdout);
@@ -220,6 +242,10 @@ int main(int argc, char **argv)
         usage(stderr);
         return SIL_BENCH_EXIT_USAGE;
     }
+    if (strcmp(backend, "cpu") != 0 && bw_given <= 0) {
+        fprintf(stderr, PROG ": --backend %s needs --bw-gbs (the device's bandwidth)\n", backend);
+        return SIL_BENCH_EXIT_USAGE;
+    }
 
     uint64_t fixed, embd_row;
     if (step_bytes(model, &fixed, &embd_row) < 0) return SIL_BENCH_EXIT_ERROR;
@@ -230,6 +256,8 @@ int main(int argc, char **argv)
     p.n_seq_max = ns_max;
     p.n_ctx = (int32_t)(n_prompt + (n_gen > WARMUP_STEPS ? n_gen : WARMUP_STEPS) + 1);
     p.n_batch_max = (int32_t)(n_prompt > ns_max ? n_prompt : ns_max);
+    p.backend = backend;
+    p.vram_budget = (uint64_t)(budget_gib * 1073741824.0);
     struct sil_error err = {0};
     struct sil_engine *e;
     if (sil_engine_open(&e, &p, &err) < 0) {
@@ -256,14 +284,22 @@ int main(int argc, char **argv)
     if (run_one(e, &b, 1, (int)n_prompt, WARMUP_STEPS, &tok_s, &eb, &cpu_ms) < 0) goto out;
     for (int r = 0; r < runs; r++)
         for (int i = 0; i < n_ns; i++) {
-            const double bw = sil_bench_read_bw(bw_buf, bw_bytes, (int)threads);
+            const double bw =
+                bw_given > 0 ? bw_given : sil_bench_read_bw(bw_buf, bw_bytes, (int)threads);
             if (run_one(e, &b, ns[i], (int)n_prompt, (int)n_gen, &tok_s, &eb, &cpu_ms) < 0)
                 goto out;
             const double step = (double)fixed + (double)embd_row * ns[i] + eb;
-            printf("{\"run\": %d, \"streams\": %d, \"threads\": %d, \"prompt\": %d, \"gen\": %d, "
-                   "\"decode_tok_s\": %.3f, \"read_bw_gb_s\": %.3f, \"backbone_bytes_step\": %.0f, "
+            if (eb == 0 && sil_engine_info(e)->n_expert > 0 && r == 0)
+                fprintf(stderr,
+                        PROG ": %d streams: no expert bytes counted (routing kept on the device); "
+                        "SIL_CUDA_HOST_ROUTE=1 gives them for the same tokens\n",
+                        ns[i]);
+            printf("{\"run\": %d, \"backend\": \"%s\", \"streams\": %d, \"threads\": %d, "
+                   "\"prompt\": %d, \"gen\": %d, "
+                   "\"decode_tok_s\": %.3f, \"read_bw_gb_s\": %.3f, \"bw_source\": \"%s\", "
+                   "\"backbone_bytes_step\": %.0f, "
                    "\"expert_bytes_step\": %.0f, \"floor_tok_s\": %.3f, \"cpu_ms_step\": %.3f}\n",
-                   r + 1, ns[i], (int)threads, (int)n_prompt, (int)n_gen, tok_s, bw,
+                   r + 1, sil_engine_info(e)->backend, ns[i], (int)threads, (int)n_prompt, (int)n_gen, tok_s, bw, bw_given > 0 ? "given" : "measured",
                    (double)fixed + (double)embd_row * ns[i], eb, ns[i] * bw * 1e9 / step, cpu_ms);
             fflush(stdout);
         }
