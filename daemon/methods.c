@@ -251,7 +251,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         char drv[32], cc[16];
         snprintf(drv, sizeof drv, "%d.%d", dev.driver_version / 1000, dev.driver_version % 1000 / 10);
         snprintf(cc, sizeof cc, "sm_%d%d", dev.cc_major, dev.cc_minor);
-        msgpack_pack_map(pk, 7);
+        msgpack_pack_map(pk, 11);
         sil_utf8_pack_kv(pk, "name", dev.name, strlen(dev.name));
         sil_rpc_kv_str(pk, "driver", drv);
         sil_rpc_kv_str(pk, "compute", cc);
@@ -259,6 +259,12 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         sil_rpc_kv_uint(pk, "vram_kv", dev.kv_bytes);
         sil_rpc_kv_uint(pk, "vram_scratch", dev.scratch_bytes);
         sil_rpc_kv_uint(pk, "vram_budget", dev.budget_bytes);
+        /* expert slots: the pinned host memory misses are copied from, the bandwidth measured
+         * from it at open (GB/s), bytes and experts copied since */
+        sil_rpc_kv_uint(pk, "pinned_bytes", dev.pinned_bytes);
+        sil_rpc_kv_double(pk, "h2d_gbs", dev.h2d_gbs);
+        sil_rpc_kv_uint(pk, "expert_copy_bytes", dev.slot_bytes_in);
+        sil_rpc_kv_uint(pk, "expert_copies", dev.slot_fills);
     } else {
         msgpack_pack_nil(pk);
     }
@@ -460,6 +466,12 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
           (double)dev.kv_bytes },
         { "siliceo_vram_scratch_bytes", "Other device memory: recurrent state, activations, scratch.",
           false, (double)dev.scratch_bytes },
+        { "siliceo_expert_copy_bytes_total", "Bytes copied into expert slots on the device (0 on the CPU).",
+          true, (double)dev.slot_bytes_in },
+        { "siliceo_expert_copies_total", "Experts copied into slots on the device.", true,
+          (double)dev.slot_fills },
+        { "siliceo_expert_pinned_bytes", "Host memory pinned for expert copies.", false,
+          (double)dev.pinned_bytes },
     };
     int n0 = (int)(sizeof mt / sizeof *mt);
     /* The expert cache's figures are simulated on the CPU (no slots hold weights yet): present

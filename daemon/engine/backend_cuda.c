@@ -34,6 +34,7 @@
  * Ops run in order on the context's default stream; head() synchronizes (logits download).
  * Nothing on the per-token path allocates. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,7 +180,8 @@ struct cuda_backend {
     uint64_t slot_g, slot_u, slot_d;
     uint8_t *stage;
     size_t stage_bytes, stage_used;
-    uint64_t slot_fills, slot_bytes_in;
+    /* read by status from other threads (cuda_device) while the engine thread adds */
+    _Atomic uint64_t slot_fills, slot_bytes_in;
     /* the routed stacks' bytes in the mmap (noted at place), pinned at placed() when they can
      * be: misses are then copied straight from the mapping, else staged through the ring */
     struct host_range {
@@ -1648,8 +1650,8 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->context_bytes = b->ctx_bytes;
     d->pinned_bytes = b->pinned_bytes;
     d->h2d_gbs = b->h2d_gbs;
-    d->slot_bytes_in = b->slot_bytes_in;
-    d->slot_fills = b->slot_fills;
+    d->slot_bytes_in = atomic_load_explicit(&b->slot_bytes_in, memory_order_relaxed);
+    d->slot_fills = atomic_load_explicit(&b->slot_fills, memory_order_relaxed);
 }
 
 static int32_t cuda_expert_slots(struct sil_backend *be)
@@ -1694,7 +1696,7 @@ static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct si
         ok(b, sil_cuda_upload(b->cu, dst, b->stage + b->stage_used, bytes, NULL, &b->err));
         b->stage_used += (bytes + 255) & ~(size_t)255;
     }
-    b->slot_bytes_in += bytes;
+    atomic_fetch_add_explicit(&b->slot_bytes_in, bytes, memory_order_relaxed);
 }
 
 static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct sil_weight *gate,
@@ -1719,7 +1721,7 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
     stage_copy(b, b->pool_g + s * b->slot_g, gate, b->slot_g);
     stage_copy(b, b->pool_u + s * b->slot_u, up, b->slot_u);
     stage_copy(b, b->pool_d + s * b->slot_d, down, b->slot_d);
-    b->slot_fills++;
+    atomic_fetch_add_explicit(&b->slot_fills, 1, memory_order_relaxed);
 }
 
 static const struct sil_backend_ops cuda_ops = {

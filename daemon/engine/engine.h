@@ -95,7 +95,8 @@ const struct sil_model_info *sil_engine_info(const struct sil_engine *e);
  * "cpu (built without CUDA)". */
 const char *sil_engine_backends(void);
 
-/* The device a GPU backend runs on and the device memory it took (fixed after open). */
+/* The device a GPU backend runs on and the device memory it took (fixed after open), and the
+ * expert-slot copy counters (any thread may read them while the engine runs). */
 struct sil_engine_device {
     char name[128];
     int driver_version; /* 13000 for 13.0 */

@@ -116,6 +116,9 @@ for name, fams in (("text", list(text_parse(prom))), ("openmetrics", list(om_par
     assert by["siliceo_up"].samples[0].value == 1
     assert by["siliceo_connected_clients"].type == "gauge"
     assert by["siliceo_vram_weight_bytes"].samples[0].value == 0  # the CPU backend takes no VRAM
+    assert by["siliceo_expert_copies"].type == "counter"
+    assert by["siliceo_expert_copies"].samples[0].value == 0  # no expert slots on the CPU
+    assert by["siliceo_expert_pinned_bytes"].samples[0].value == 0
     assert by["siliceo_clients"].type == "counter"
     assert by["siliceo_clients"].samples[0].name == "siliceo_clients_total"
     assert by["siliceo_requests"].samples[0].value >= 1, by["siliceo_requests"]
