@@ -124,6 +124,29 @@ static float max_diff(const float *a, const float *b, int n)
     return m;
 }
 
+/* Prompt p (n tokens) prefilled half way on a and b, then decoded token by token on both: the
+ * largest difference of their logits over the steps (and over the prefill's last row too
+ * when with_prefill). The sequences are freed. 0, or -1 after a failed evaluation. */
+static int half_then_steps(struct sil_engine *a, struct sil_engine *b, const int32_t *p, int n,
+                           int V, float *la, float *lb, bool with_prefill, float *worst)
+{
+    int sa = -1, sb = -1, rc = 0;
+    const int half = n / 2;
+    *worst = 0.0f;
+    rc = prefill(a, p, half, la, &sa);
+    if (rc == 0) rc = prefill(b, p, half, lb, &sb);
+    if (rc == 0 && with_prefill) *worst = max_diff(la, lb, V);
+    for (int i = half; i < n && rc == 0; i++) {
+        rc = step(a, sa, p[i], la);
+        if (rc == 0) rc = step(b, sb, p[i], lb);
+        const float d = max_diff(la, lb, V);
+        if (rc == 0 && !(d <= *worst)) *worst = d;
+    }
+    if (sa >= 0) sil_seq_free(a, sa);
+    if (sb >= 0) sil_seq_free(b, sb);
+    return rc;
+}
+
 static int argmax(const float *x, int n, float *margin)
 {
     int best = 0, second = -1;
@@ -413,19 +436,9 @@ int main(int argc, char **argv)
         int rc = open_engine(&sl, model, "cuda", &err);
         unsetenv("SIL_CUDA_SLOTS");
         const bool opened = rc == 0;
-        int ss = -1;
         float worst = 0.0f;
-        sg = -1;
         const int half = n2 / 2;
-        if (rc == 0) rc = prefill(gpu, p2, half, lg, &sg);
-        if (rc == 0) rc = prefill(sl, p2, half, alone, &ss);
-        if (rc == 0) worst = max_diff(lg, alone, V);
-        for (int i = half; i < n2 && rc == 0; i++) {
-            rc = step(gpu, sg, p2[i], lg);
-            if (rc == 0) rc = step(sl, ss, p2[i], alone);
-            const float d = max_diff(lg, alone, V);
-            if (rc == 0 && !(d <= worst)) worst = d;
-        }
+        if (rc == 0) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, true, &worst);
         struct sil_engine_stats es = {0};
         if (sl) sil_engine_stats(sl, &es);
         if (rc < 0) {
@@ -440,8 +453,6 @@ int main(int argc, char **argv)
                    worst == 0.0f && es.ecache_misses > 0 ? "ok" : "FAIL");
             fails += !(worst == 0.0f && es.ecache_misses > 0);
         }
-        if (sg >= 0) sil_seq_free(gpu, sg);
-        if (ss >= 0) sil_seq_free(sl, ss);
         sil_engine_close(sl);
     }
 
@@ -457,18 +468,9 @@ int main(int argc, char **argv)
         unsetenv("SIL_CUDA_SLOTS");
         unsetenv("SIL_CUDA_CPU_MISSES");
         const bool opened = rc == 0;
-        int ss = -1;
         float worst = 0.0f;
-        sg = -1;
         const int half = n2 / 2;
-        if (rc == 0) rc = prefill(gpu, p2, half, lg, &sg);
-        if (rc == 0) rc = prefill(sl, p2, half, alone, &ss);
-        for (int i = half; i < n2 && rc == 0; i++) {
-            rc = step(gpu, sg, p2[i], lg);
-            if (rc == 0) rc = step(sl, ss, p2[i], alone);
-            const float d = max_diff(lg, alone, V);
-            if (rc == 0 && !(d <= worst)) worst = d;
-        }
+        if (rc == 0) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
         if (rc < 0) {
             fprintf(stderr, "%s: host misses: %s\n", model,
                     opened ? "an evaluation failed (above)" : err.msg);
@@ -479,8 +481,6 @@ int main(int argc, char **argv)
                    model, nbuf, n2 - half, worst, worst <= 1e-1f && worst > 0.0f ? "ok" : "FAIL");
             fails += !(worst <= 1e-1f && worst > 0.0f);
         }
-        if (sg >= 0) sil_seq_free(gpu, sg);
-        if (ss >= 0) sil_seq_free(sl, ss);
         sil_engine_close(sl);
     }
 
