@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench/common/common.h"
 #include "bench/sil-mkmodel/mkmodel.h"
@@ -61,7 +62,7 @@ static void usage(FILE *f)
             "\n"
             "output:\n"
             "  --out FILE            the model file (written as FILE.tmp, then renamed)\n"
-            "  --threads N           1 or 2 (default 2)\n"
+            "  --threads N           1 to 64 (default: the CPUs, at most 64)\n"
             "  --name TEXT           general.name\n"
             "  --dry-run             print the tensor table and the size, write nothing\n"
             "  --quiet               no progress line\n"
@@ -123,7 +124,9 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
     const char *preset = NULL, *arch = NULL, *vocab_from = NULL, *pre = NULL, *out = NULL, *name = NULL;
     const char *weights_from = NULL;
     const char *type = "q4_k_m";
-    int64_t vocab = -1, threads = 2, seed = 1;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t vocab = -1, threads = ncpu < 1 ? 1 : ncpu > SIL_MK_MAX_THREADS ? SIL_MK_MAX_THREADS : ncpu,
+            seed = 1;
     float skew = 0;
     bool dry = false, quiet = false, exact = false;
     int n_overrides = 0, n_set = 0;
@@ -152,8 +155,9 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
             break;
         case O_OUT: out = optarg; break;
         case O_THREADS:
-            if (parse_int("--threads", optarg, &threads) || threads < 1 || threads > 2) {
-                fprintf(stderr, "sil-mkmodel: --threads must be 1 or 2\n");
+            if (parse_int("--threads", optarg, &threads) || threads < 1 ||
+                threads > SIL_MK_MAX_THREADS) {
+                fprintf(stderr, "sil-mkmodel: --threads must be 1 to %d\n", SIL_MK_MAX_THREADS);
                 return 2;
             }
             break;

@@ -160,6 +160,38 @@ static void test_roundtrip_f32(void **state)
     sil_mk_model_free(&m);
 }
 
+/* The bytes written do not depend on the number of worker threads (1, 2, 3, 8, and more threads
+ * than chunks). */
+static void test_threads_same_bytes(void **state)
+{
+    (void)state;
+    struct sil_mk_model m;
+    make_model(&m, "tiny", 0, SIL_MK_Q4_K_M, 5);
+    void *first = NULL;
+    size_t first_len = 0;
+    static const int counts[] = {1, 2, 3, 8, SIL_MK_MAX_THREADS};
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        struct sil_error err = {0};
+        char *path = tu_path_join(tmpdir, "thr.gguf");
+        if (sil_mk_write(&m, path, counts[k], false, &err))
+            fail_msg("write with %d threads: %s", counts[k], err.msg);
+        void *buf = NULL;
+        size_t len = 0;
+        assert_int_equal(tu_read_file(path, &buf, &len), 0);
+        free(path);
+        if (!first) {
+            first = buf;
+            first_len = len;
+            continue;
+        }
+        assert_int_equal(len, first_len);
+        if (memcmp(buf, first, len) != 0) fail_msg("%d threads wrote other bytes", counts[k]);
+        free(buf);
+    }
+    free(first);
+    sil_mk_model_free(&m);
+}
+
 static void test_roundtrip_quantized(void **state)
 {
     (void)state;
@@ -783,6 +815,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_f32),
         cmocka_unit_test(test_roundtrip_quantized),
+        cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_exact_quant_roundtrip),
         cmocka_unit_test(test_refdata_qwen35moe),
         cmocka_unit_test(test_refdata_other_archs),

@@ -1,8 +1,8 @@
 /* Streaming GGUF v3 writer. All sizes are known up front, so the header (metadata and tensor
  * table with final offsets) is written first; then the tensors are generated and quantized chunk
- * by chunk (a fixed number of rows) by at most two threads, each into its own fixed buffer, and
- * written strictly in file order. Memory stays bounded by the vocab plus two chunks, whatever the
- * model size. The file is written as PATH.tmp and renamed when complete. */
+ * by chunk (a fixed number of rows) by up to SIL_MK_MAX_THREADS threads, each into its own
+ * fixed buffer, and written strictly in file order. Memory stays bounded by the vocab plus one
+ * chunk a thread, whatever the model size. The file is written as PATH.tmp and renamed when complete. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -194,6 +194,7 @@ struct writer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int64_t next_write; /* chunk index whose turn it is to be written */
+    int n_threads;      /* workers: worker i makes chunks i, i + n_threads, ...; 0 until known */
     int err;            /* first error, -errno */
     char errmsg[256];
     uint64_t written, total;
@@ -270,13 +271,21 @@ static void convert_row(const struct sil_mk_model *m, int type, const float *x, 
 
 struct worker_arg {
     struct writer *w;
-    int id, n_threads;
+    int id;
 };
 
 static void *worker(void *p)
 {
     struct worker_arg *a = p;
     struct writer *w = a->w;
+    /* the number of workers is known once all have been started */
+    pthread_mutex_lock(&w->mu);
+    while (w->n_threads == 0)
+        pthread_cond_wait(&w->cv, &w->mu);
+    const int n_threads = w->n_threads;
+    pthread_mutex_unlock(&w->mu);
+    if (a->id >= n_threads)
+        return NULL;
     const struct sil_mk_model *m = w->m;
     size_t max_row_bytes = 0;
     int64_t max_ne0 = 0;
@@ -298,7 +307,7 @@ static void *worker(void *p)
         writer_fail(w, -ENOMEM, "out of memory for chunk buffers");
         goto done;
     }
-    for (int64_t c = a->id; c < w->n_chunks; c += a->n_threads) {
+    for (int64_t c = a->id; c < w->n_chunks; c += n_threads) {
         const struct chunk *ch = &w->chunks[c];
         const struct sil_mk_tensor *t = &m->tensors[ch->tensor];
         size_t rs = sil_row_size(t->type, t->ne[0]), len = 0;
@@ -430,20 +439,25 @@ int sil_mk_write(struct sil_mk_model *m, const char *path, int threads, bool pro
     pthread_cond_init(&w.cv, NULL);
     if (threads < 1)
         threads = 1;
-    if (threads > 2)
-        threads = 2;
-    struct worker_arg args[2] = {{&w, 0, threads}, {&w, 1, threads}};
-    pthread_t th;
-    bool started = false;
-    if (threads == 2) {
-        if (pthread_create(&th, NULL, worker, &args[1]) == 0)
-            started = true;
-        else
-            args[0].n_threads = 1;
-    }
+    if (threads > SIL_MK_MAX_THREADS)
+        threads = SIL_MK_MAX_THREADS;
+    /* never more threads than chunks; a thread that cannot start makes the others fewer */
+    if ((int64_t)threads > w.n_chunks)
+        threads = w.n_chunks > 0 ? (int)w.n_chunks : 1;
+    struct worker_arg args[SIL_MK_MAX_THREADS];
+    pthread_t th[SIL_MK_MAX_THREADS];
+    int started = 1;
+    for (int i = 0; i < threads; i++)
+        args[i] = (struct worker_arg){&w, i};
+    while (started < threads && pthread_create(&th[started], NULL, worker, &args[started]) == 0)
+        started++;
+    pthread_mutex_lock(&w.mu);
+    w.n_threads = started; /* the main thread is worker 0 */
+    pthread_cond_broadcast(&w.cv);
+    pthread_mutex_unlock(&w.mu);
     worker(&args[0]);
-    if (started)
-        pthread_join(th, NULL);
+    for (int i = 1; i < started; i++)
+        pthread_join(th[i], NULL);
     pthread_mutex_destroy(&w.mu);
     pthread_cond_destroy(&w.cv);
     if (w.err) {

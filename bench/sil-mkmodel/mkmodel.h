@@ -139,7 +139,9 @@ int sil_mk_vocab_from_hf(struct sil_mk_vocab *v, const char *path, int64_t pad_t
                          struct sil_error *err);
 void sil_mk_vocab_free(struct sil_mk_vocab *v);
 
-/* Writes the whole file. threads: 1 or 2. progress: print a progress line on stderr. */
+/* Writes the whole file; the bytes do not depend on threads (1 to SIL_MK_MAX_THREADS, more are
+ * taken as the most). progress: print a progress line on stderr. */
+#define SIL_MK_MAX_THREADS 64
 int sil_mk_write(struct sil_mk_model *m, const char *path, int threads, bool progress,
                  struct sil_error *err);
 
