@@ -9,7 +9,9 @@
 # Raw outputs go to OUTDIR; the results file is assembled from them by hand (see its notes).
 # usage: bench/run-ecache-35b.sh LLAMA_BENCH [OUTDIR]
 # Environment: B (build dir, default build), SKEW (default 0), BUDGET (default 8G), CAP (default
-#              12.6), NCMOE (default 29), MODEL (default /tmp/qwen35moe-35b-a3b-q4_k_m-s$SKEW.gguf)
+#              12.6), NCMOE (default 29), MODEL (default /tmp/qwen35moe-35b-a3b-q4_k_m-s$SKEW.gguf),
+#              CPU_MISSES (default empty: not run; else a list such as "1 2 4": miss path (c) with
+#              that many misses of each decode layer on the CPU, with and without the cap)
 set -u
 B=${B:-build}
 PEER=${1:?usage: bench/run-ecache-35b.sh LLAMA_BENCH [OUTDIR]}
@@ -42,6 +44,10 @@ run() { # name, then VAR=value settings
 run ours SIL_BENCH_NONE=1
 run ours-eager SIL_CUDA_GRAPHS=0
 run ours-cap SIL_BENCH_H2D_GBS="$CAP"
+for n in ${CPU_MISSES:-}; do
+    run "ours-cpu$n" SIL_CUDA_CPU_MISSES="$n"
+    run "ours-cpu$n-cap" SIL_CUDA_CPU_MISSES="$n" SIL_BENCH_H2D_GBS="$CAP"
+done
 vpoll peer
 "$PEER" -m "$M" -ngl 99 -ncmoe "$NCMOE" -fa 1 -p 512 -n 128 -r 2 -o json > "$OUT/peer.json"
 echo "peer rc=$? peak VRAM $(sort -n "$OUT/vram-peer.txt" | tail -1) MiB"
