@@ -470,11 +470,15 @@ int main(int argc, char **argv)
         const bool opened = rc == 0;
         float worst = 0.0f;
         const int half = n2 / 2;
-        if (rc == 0) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
+        const bool applies = rc == 0 && sil_engine_ecache_host_misses(sl) > 0;
+        if (rc == 0 && applies)
+            rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
         if (rc < 0) {
             fprintf(stderr, "%s: host misses: %s\n", model,
                     opened ? "an evaluation failed (above)" : err.msg);
             fails++;
+        } else if (!applies) {
+            printf("%s: host misses: not for this model's expert types, skipped\n", model);
         } else {
             printf("%s: cuda %s slots, 2 misses a decode layer on the host, vs resident, %d steps: "
                    "max |diff| = %.4g (tol 1e-01, not 0) %s\n",

@@ -196,6 +196,7 @@ struct cuda_backend {
      * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
     struct sil_host_experts *hx;
     int32_t cpu_misses;
+    bool float_experts; /* a routed stack is F32/F16/BF16: the fused kernels cannot run it */
     float *h_x, *h_y;
     sil_cuda_ptr cpu_y;
     struct sil_host_expert_job *jobs;
@@ -1125,7 +1126,8 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     const int K = pl->n_used;
     const int64_t P = (int64_t)pl->n_rows * K;
     /* path (c): experts left in the mapping are the host's (tmp -1) in a decode step */
-    const bool cpu = b->hx && pl->n_rows <= MB;
+    const bool cpu =
+        b->hx && pl->n_rows <= MB && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
     int32_t any_slot = -1, n_host = 0;
     for (int a = 0; a < pl->n_active; a++) {
         const bool slot_e = pl->gate[a].loc == SIL_WEIGHT_SLOT &&
@@ -1134,8 +1136,10 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
                             pl->up[a].loc == SIL_WEIGHT_MMAP && pl->down[a].loc == SIL_WEIGHT_MMAP;
         if (!slot_e && !host_e) {
             fail(b, -ENOSPC,
-                 "a layer needs more experts at once than the expert slots hold "
-                 "(raise --vram-budget or evaluate fewer rows at a time)");
+                 b->hx && pl->n_rows <= MB
+                     ? "SIL_CUDA_CPU_MISSES needs quantized experts whose gate and up share a type"
+                     : "a layer needs more experts at once than the expert slots hold "
+                       "(raise --vram-budget or evaluate fewer rows at a time)");
             return;
         }
         const int32_t slot = slot_e ? (int32_t)(uintptr_t)pl->gate[a].data : -1;
@@ -1191,7 +1195,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         if (b->rc) return;
         if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
     }
-    if (!b->hx || pl->n_rows > MB || b->rc) return;
+    if (!cpu || b->rc) return;
     /* path (c): the device part runs (the segment is cut here in every decode pass, so the
      * segments stay the same whatever the host gets) while the host computes its experts */
     seg_end(b);
@@ -1394,6 +1398,7 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
     if (!w->data || w->loc == SIL_WEIGHT_DEVICE) return 0;
     /* with expert slots the routed stacks stay in the mmap, copied in per expert on a miss */
     if (b->n_slots > 0 && w->n_mat > 1 && w->n_mat == b->c.n_expert) {
+        if (!quantized(w->type)) b->float_experts = true; /* no host path (c) for them */
         if (b->n_rng == b->cap_rng) {
             const int cap = b->cap_rng ? 2 * b->cap_rng : 64;
             struct host_range *r = realloc(b->rng, sizeof(*r) * (size_t)cap);
@@ -1661,7 +1666,7 @@ static int32_t cuda_expert_slots(struct sil_backend *be)
 
 static int32_t cuda_cpu_misses(struct sil_backend *be)
 {
-    return cb(be)->hx ? cb(be)->cpu_misses : 0;
+    return cb(be)->hx && !cb(be)->float_experts ? cb(be)->cpu_misses : 0;
 }
 
 /* One matrix into its slot through the staging ring: the ring is reused from its start once

@@ -969,6 +969,11 @@ int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer)
                        : sil_expert_obs_pool_slots(e->f.obs, layer);
 }
 
+int32_t sil_engine_ecache_host_misses(const struct sil_engine *e)
+{
+    return e->f.ecache ? e->f.cpu_misses : 0;
+}
+
 const char *sil_engine_ecache_policy(const struct sil_engine *e)
 {
     return e->f.ecache ? sil_ecache_policy_name((enum sil_ecache_policy)e->f.ecache_policy)

@@ -252,6 +252,9 @@ int32_t sil_engine_ecache_slots(const struct sil_engine *e);
 /* Slots of one layer's pool (the cache splits its slots over the layers); 0 without one. */
 int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer);
 const char *sil_engine_ecache_policy(const struct sil_engine *e);
+/* How many misses of each decode plan the backend computes on the host (miss path (c),
+ * SIL_CUDA_CPU_MISSES), 0 where it does not. */
+int32_t sil_engine_ecache_host_misses(const struct sil_engine *e);
 /* Places the experts keys[0..n) (layer * n_expert + expert, hottest first) in the expert cache
  * until it is full, without evicting (on the device each is copied into its slot): how many it
  * placed (already resident and full pools skipped), or -ENODEV without a cache. */
