@@ -137,26 +137,27 @@ out:
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: " PROG " --model FILE [--threads N] [--streams LIST] [--prompt N] [--gen N]\n"
-            "                      [--runs N] [--mib N]\n"
-            "\n"
-            "Aggregate decode tok/s of N sequences decoding in one eval per step, for each N,\n"
-            "next to the byte bound of the same steps. One JSON object per line on stdout.\n"
-            "\n"
-            "  --model FILE    GGUF model\n"
-            "  --threads N     engine and bandwidth threads (1-64, default 2)\n"
-            "  --streams LIST  comma-separated stream counts (1-64 each, default 1,2,4,8,16)\n"
-            "  --prompt N      prompt tokens per sequence (1-4096, default 32)\n"
-            "  --gen N         decode steps measured (1-4096, default 64)\n"
-            "  --runs N        repetitions; stream counts alternate within a run (default 3)\n"
-            "  --mib N         bandwidth buffer in MiB, larger than the caches (default 1024)\n"
-            "  --backend NAME  cpu (default) or cuda\n"
-            "  --vram-budget GIB  device memory cap for the cuda backend, in GiB (e.g. 8)\n"
-            "  --bw-gbs F      the bandwidth the byte bound divides by, in GB/s, instead of the\n"
-            "                  host read bandwidth measured before each figure (a device's, measured\n"
-            "                  elsewhere in the same run); needed with --backend cuda\n"
-            "  --help, --version\n");
+    fprintf(
+        f,
+        "usage: " PROG " --model FILE [--threads N] [--streams LIST] [--prompt N] [--gen N]\n"
+        "                      [--runs N] [--mib N]\n"
+        "\n"
+        "Aggregate decode tok/s of N sequences decoding in one eval per step, for each N,\n"
+        "next to the byte bound of the same steps. One JSON object per line on stdout.\n"
+        "\n"
+        "  --model FILE    GGUF model\n"
+        "  --threads N     engine and bandwidth threads (1-64, default 2)\n"
+        "  --streams LIST  comma-separated stream counts (1-64 each, default 1,2,4,8,16)\n"
+        "  --prompt N      prompt tokens per sequence (1-4096, default 32)\n"
+        "  --gen N         decode steps measured (1-4096, default 64)\n"
+        "  --runs N        repetitions; stream counts alternate within a run (default 3)\n"
+        "  --mib N         bandwidth buffer in MiB, larger than the caches (default 1024)\n"
+        "  --backend NAME  cpu (default) or cuda\n"
+        "  --vram-budget GIB  device memory cap for the cuda backend, in GiB (e.g. 8)\n"
+        "  --bw-gbs F      the bandwidth the byte bound divides by, in GB/s, instead of the\n"
+        "                  host read bandwidth measured before each figure (a device's, measured\n"
+        "                  elsewhere in the same run); needed with --backend cuda\n"
+        "  --help, --version\n");
 }
 
 int main(int argc, char **argv)
@@ -166,12 +167,18 @@ int main(int argc, char **argv)
     const char *backend = "cpu";
     double budget_gib = 0, bw_given = 0;
     static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'},   {"threads", required_argument, 0, 't'},
-        {"streams", required_argument, 0, 's'}, {"prompt", required_argument, 0, 'p'},
-        {"gen", required_argument, 0, 'g'},     {"runs", required_argument, 0, 'r'},
-        {"mib", required_argument, 0, 'b'},     {"help", no_argument, 0, 'h'},
-        {"version", no_argument, 0, 'V'},       {"backend", required_argument, 0, 'k'},
-        {"vram-budget", required_argument, 0, 'v'}, {"bw-gbs", required_argument, 0, 'w'},
+        {"model", required_argument, 0, 'm'},
+        {"threads", required_argument, 0, 't'},
+        {"streams", required_argument, 0, 's'},
+        {"prompt", required_argument, 0, 'p'},
+        {"gen", required_argument, 0, 'g'},
+        {"runs", required_argument, 0, 'r'},
+        {"mib", required_argument, 0, 'b'},
+        {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
+        {"backend", required_argument, 0, 'k'},
+        {"vram-budget", required_argument, 0, 'v'},
+        {"bw-gbs", required_argument, 0, 'w'},
         {0, 0, 0, 0},
     };
     int c;
@@ -292,14 +299,15 @@ int main(int argc, char **argv)
             if (eb == 0 && sil_engine_info(e)->n_expert > 0 && r == 0)
                 fprintf(stderr,
                         PROG ": %d streams: no expert bytes counted (routing kept on the device); "
-                        "SIL_CUDA_HOST_ROUTE=1 gives them for the same tokens\n",
+                             "SIL_CUDA_HOST_ROUTE=1 gives them for the same tokens\n",
                         ns[i]);
             printf("{\"run\": %d, \"backend\": \"%s\", \"streams\": %d, \"threads\": %d, "
                    "\"prompt\": %d, \"gen\": %d, "
                    "\"decode_tok_s\": %.3f, \"read_bw_gb_s\": %.3f, \"bw_source\": \"%s\", "
                    "\"backbone_bytes_step\": %.0f, "
                    "\"expert_bytes_step\": %.0f, \"floor_tok_s\": %.3f, \"cpu_ms_step\": %.3f}\n",
-                   r + 1, sil_engine_info(e)->backend, ns[i], (int)threads, (int)n_prompt, (int)n_gen, tok_s, bw, bw_given > 0 ? "given" : "measured",
+                   r + 1, sil_engine_info(e)->backend, ns[i], (int)threads, (int)n_prompt,
+                   (int)n_gen, tok_s, bw, bw_given > 0 ? "given" : "measured",
                    (double)fixed + (double)embd_row * ns[i], eb, ns[i] * bw * 1e9 / step, cpu_ms);
             fflush(stdout);
         }

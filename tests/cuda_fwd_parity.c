@@ -471,8 +471,7 @@ int main(int argc, char **argv)
         float worst = 0.0f;
         const int half = n2 / 2;
         const bool applies = rc == 0 && sil_engine_ecache_host_misses(sl) > 0;
-        if (rc == 0 && applies)
-            rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
+        if (rc == 0 && applies) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
         if (rc < 0) {
             fprintf(stderr, "%s: host misses: %s\n", model,
                     opened ? "an evaluation failed (above)" : err.msg);

@@ -54,8 +54,13 @@ static void mk_mat(int type, int64_t rows, int64_t cols, void **q, float **f, st
         sil_dequantize_row(type, (uint8_t *)*q + (size_t)r * rs, *f + r * cols, cols);
     }
     free(src);
-    *w = (struct sil_weight){.type = type, .rows = rows, .cols = cols, .n_mat = 1,
-                             .mat_bytes = rs * (size_t)rows, .loc = SIL_WEIGHT_MMAP, .data = *q};
+    *w = (struct sil_weight){.type = type,
+                             .rows = rows,
+                             .cols = cols,
+                             .n_mat = 1,
+                             .mat_bytes = rs * (size_t)rows,
+                             .loc = SIL_WEIGHT_MMAP,
+                             .data = *q};
 }
 
 static void mk_expert(struct expert *x, int tg, int td)
@@ -113,7 +118,9 @@ static void run_types(int tg, int td)
         {1, 0.25f, &ex[0].wg, &ex[0].wu, &ex[0].wd},
     };
     for (int j = 0; j < 4; j++)
-        reference(&ex[jobs[j].gate == &ex[0].wg ? 0 : jobs[j].gate == &ex[1].wg ? 1 : 2],
+        reference(&ex[jobs[j].gate == &ex[0].wg   ? 0
+                      : jobs[j].gate == &ex[1].wg ? 1
+                                                  : 2],
                   x + jobs[j].row * E, jobs[j].weight, ref + jobs[j].row * E);
     struct sil_host_experts *h1 = NULL, *h4 = NULL;
     struct sil_error err = {0};

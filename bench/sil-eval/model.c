@@ -38,11 +38,24 @@ static int parse_size(const char *what, const char *s, uint64_t *out)
     double mul = 1;
     if (end && *end) {
         switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1048576.0; break;
-        case 'g': case 'G': mul = 1073741824.0; break;
-        case 't': case 'T': mul = 1099511627776.0; break;
-        default: end = NULL;
+        case 'k':
+        case 'K':
+            mul = 1024.0;
+            break;
+        case 'm':
+        case 'M':
+            mul = 1048576.0;
+            break;
+        case 'g':
+        case 'G':
+            mul = 1073741824.0;
+            break;
+        case 't':
+        case 'T':
+            mul = 1099511627776.0;
+            break;
+        default:
+            end = NULL;
         }
         if (end && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) &&
             !(end[1] == 'B' && !end[2]))
@@ -187,8 +200,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     p.n_ctx = (int32_t)n_ctx;
     long n_passes = 1;
     if (o->passes && parse_int("--passes", o->passes, 1, 1000, &n_passes) < 0) return 2;
-    if (o->vram_budget && parse_size("--vram-budget", o->vram_budget, &p.vram_budget) < 0)
-        return 2;
+    if (o->vram_budget && parse_size("--vram-budget", o->vram_budget, &p.vram_budget) < 0) return 2;
     p.route_trace = o->route_trace;
     p.ecache_sim_slots = (int32_t)ecache_slots;
     p.ecache_sim_policy = o->ecache_policy;
@@ -342,11 +354,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             printf(", \"device\": {\"name\": \"%s\", \"weight_bytes\": %llu, \"kv_bytes\": %llu, "
                    "\"scratch_bytes\": %llu, \"budget_bytes\": %llu, \"pinned_bytes\": %llu, "
                    "\"h2d_gbs\": %.3f, \"slot_bytes_in\": %llu, \"slot_fills\": %llu}",
-                   dev.name, (unsigned long long)dev.weight_bytes,
-                   (unsigned long long)dev.kv_bytes, (unsigned long long)dev.scratch_bytes,
-                   (unsigned long long)dev.budget_bytes, (unsigned long long)dev.pinned_bytes,
-                   dev.h2d_gbs, (unsigned long long)dev.slot_bytes_in,
-                   (unsigned long long)dev.slot_fills);
+                   dev.name, (unsigned long long)dev.weight_bytes, (unsigned long long)dev.kv_bytes,
+                   (unsigned long long)dev.scratch_bytes, (unsigned long long)dev.budget_bytes,
+                   (unsigned long long)dev.pinned_bytes, dev.h2d_gbs,
+                   (unsigned long long)dev.slot_bytes_in, (unsigned long long)dev.slot_fills);
         if (ecache_slots > 0 || dev_cache)
             printf(", \"ecache\": {\"mode\": \"%s\", \"slots\": %ld, \"hits\": %llu, "
                    "\"misses\": %llu, \"evictions\": %llu, \"bytes_streamed\": %llu}",

@@ -2,7 +2,8 @@
  * table with final offsets) is written first; then the tensors are generated and quantized chunk
  * by chunk (a fixed number of rows) by up to SIL_MK_MAX_THREADS threads, each into its own
  * fixed buffer, and written strictly in file order. Memory stays bounded by the vocab plus one
- * chunk a thread, whatever the model size. The file is written as PATH.tmp and renamed when complete. */
+ * chunk a thread, whatever the model size. The file is written as PATH.tmp and renamed when
+ * complete. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -284,8 +285,7 @@ static void *worker(void *p)
         pthread_cond_wait(&w->cv, &w->mu);
     const int n_threads = w->n_threads;
     pthread_mutex_unlock(&w->mu);
-    if (a->id >= n_threads)
-        return NULL;
+    if (a->id >= n_threads) return NULL;
     const struct sil_mk_model *m = w->m;
     size_t max_row_bytes = 0;
     int64_t max_ne0 = 0;
@@ -439,11 +439,9 @@ int sil_mk_write(struct sil_mk_model *m, const char *path, int threads, bool pro
     pthread_cond_init(&w.cv, NULL);
     if (threads < 1)
         threads = 1;
-    if (threads > SIL_MK_MAX_THREADS)
-        threads = SIL_MK_MAX_THREADS;
+    if (threads > SIL_MK_MAX_THREADS) threads = SIL_MK_MAX_THREADS;
     /* never more threads than chunks; a thread that cannot start makes the others fewer */
-    if ((int64_t)threads > w.n_chunks)
-        threads = w.n_chunks > 0 ? (int)w.n_chunks : 1;
+    if ((int64_t)threads > w.n_chunks) threads = w.n_chunks > 0 ? (int)w.n_chunks : 1;
     struct worker_arg args[SIL_MK_MAX_THREADS];
     pthread_t th[SIL_MK_MAX_THREADS];
     int started = 1;

@@ -186,7 +186,7 @@ struct cuda_backend {
      * be: misses are then copied straight from the mapping, else staged through the ring */
     struct host_range {
         uintptr_t lo, hi;
-    } *rng;
+    } * rng;
     int n_rng, cap_rng;
     bool pinned;
     uint64_t pinned_bytes;
@@ -1180,14 +1180,14 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         int a = 0;
         while (a + 1 < pl->n_active && pl->pair_start[a + 1] <= pair)
             a++;
-        b->jobs[n_jobs++] = (struct sil_host_expert_job){
-            (int32_t)(q / K), pl->sel_weight[q], &pl->gate[a], &pl->up[a], &pl->down[a]};
+        b->jobs[n_jobs++] = (struct sil_host_expert_job){(int32_t)(q / K), pl->sel_weight[q],
+                                                         &pl->gate[a], &pl->up[a], &pl->down[a]};
     }
     if (!ok(b, sil_cuda_upload(b->cu, b->ids, b->slot_ids, sizeof(int32_t) * (size_t)P, NULL,
                                &b->err)))
         return;
-    if (n_host && !ok(b, sil_cuda_upload(b->cu, b->wts, b->h_wts, sizeof(float) * (size_t)P,
-                                         NULL, &b->err)))
+    if (n_host &&
+        !ok(b, sil_cuda_upload(b->cu, b->wts, b->h_wts, sizeof(float) * (size_t)P, NULL, &b->err)))
         return;
     seg_begin(b);
     if (b->mode != PASS_REPLAY) {
@@ -1300,8 +1300,10 @@ static bool finish_graph(struct cuda_backend *b)
     if (b->segmented) {
         seg_end(b); /* the last segment, up to the logits */
         b->seg_gap = false;
-        if (b->mode == PASS_CAPTURE) b->n_captures++;
-        else b->n_replays++;
+        if (b->mode == PASS_CAPTURE)
+            b->n_captures++;
+        else
+            b->n_replays++;
         b->mode = PASS_EAGER;
         return b->rc == 0;
     }
@@ -1407,9 +1409,8 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
             b->cap_rng = cap;
         }
         const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), p = (uintptr_t)w->data;
-        b->rng[b->n_rng++] = (struct host_range){p & ~(pg - 1),
-                                                 (p + w->mat_bytes * (size_t)w->n_mat + pg - 1) &
-                                                     ~(pg - 1)};
+        b->rng[b->n_rng++] = (struct host_range){
+            p & ~(pg - 1), (p + w->mat_bytes * (size_t)w->n_mat + pg - 1) & ~(pg - 1)};
         return 0;
     }
     const size_t bytes = w->mat_bytes * (size_t)w->n_mat;
@@ -1490,8 +1491,8 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
         struct sil_error e = {0};
         int i = 0;
         for (; i < n; i++)
-            if (sil_cuda_host_register(b->cu, (void *)b->rng[i].lo,
-                                       b->rng[i].hi - b->rng[i].lo, &e) < 0)
+            if (sil_cuda_host_register(b->cu, (void *)b->rng[i].lo, b->rng[i].hi - b->rng[i].lo,
+                                       &e) < 0)
                 break;
         if (i == n) {
             b->pinned = true;
@@ -1827,9 +1828,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
      * 177 MiB past the budget on an H200 before this was kept back (nvidia-smi) */
     const uint64_t drv_later = 192u << 20;
     if (c->vram_budget) b->ctx_bytes += drv_later; /* the budget exceeds both (checked above) */
-    const uint64_t budget =
-        rc == 0 && c->vram_budget && c->vram_budget > b->ctx_bytes ? c->vram_budget - b->ctx_bytes
-                                                                   : 0;
+    const uint64_t budget = rc == 0 && c->vram_budget && c->vram_budget > b->ctx_bytes
+                                ? c->vram_budget - b->ctx_bytes
+                                : 0;
     /* the routed experts do not all fit: the backbone resident, the rest of the budget slots */
     const uint64_t limit = budget ? budget : (uint64_t)free_b;
     /* each slot matrix rounded up to 256 bytes, as the pools lay them out */
@@ -1936,9 +1937,12 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         if (b->stage_bytes < 2 * slot_bytes) b->stage_bytes = 2 * slot_bytes;
         if (rc == 0) rc = sil_cuda_host_alloc(b->cu, b->stage_bytes, (void **)&b->stage, err);
         /* zeroed, so a slot id given to a pair of weight 0 reads finite numbers */
-        if (rc == 0) rc = sil_cuda_memset(b->cu, b->pool_g, 0, b->slot_g * (uint64_t)n_slots, NULL, err);
-        if (rc == 0) rc = sil_cuda_memset(b->cu, b->pool_u, 0, b->slot_u * (uint64_t)n_slots, NULL, err);
-        if (rc == 0) rc = sil_cuda_memset(b->cu, b->pool_d, 0, b->slot_d * (uint64_t)n_slots, NULL, err);
+        if (rc == 0)
+            rc = sil_cuda_memset(b->cu, b->pool_g, 0, b->slot_g * (uint64_t)n_slots, NULL, err);
+        if (rc == 0)
+            rc = sil_cuda_memset(b->cu, b->pool_u, 0, b->slot_u * (uint64_t)n_slots, NULL, err);
+        if (rc == 0)
+            rc = sil_cuda_memset(b->cu, b->pool_d, 0, b->slot_d * (uint64_t)n_slots, NULL, err);
         const char *cm = getenv("SIL_CUDA_CPU_MISSES");
         const long ncm = cm ? atol(cm) : 0;
         if (rc == 0 && ncm > 0 && c->n_ff_exp > 0) {
@@ -1950,8 +1954,12 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
             b->h_wts = calloc((size_t)(MB * K), sizeof(float));
             if (rc == 0 && (!b->jobs || !b->h_wts))
                 rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
-            if (rc == 0) rc = sil_cuda_host_alloc(b->cu, sizeof(float) * (size_t)(MB * E), (void **)&b->h_x, err);
-            if (rc == 0) rc = sil_cuda_host_alloc(b->cu, sizeof(float) * (size_t)(MB * E), (void **)&b->h_y, err);
+            if (rc == 0)
+                rc = sil_cuda_host_alloc(b->cu, sizeof(float) * (size_t)(MB * E), (void **)&b->h_x,
+                                         err);
+            if (rc == 0)
+                rc = sil_cuda_host_alloc(b->cu, sizeof(float) * (size_t)(MB * E), (void **)&b->h_y,
+                                         err);
             if (rc == 0) rc = dalloc(b, sizeof(float) * (size_t)(MB * E), &b->cpu_y, err);
             if (rc == 0)
                 fprintf(stderr,

@@ -245,8 +245,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     /* SIL_CUDA_UBATCH=N (tests, benchmarks) caps the rows per micro-batch lower */
     const char *ubs = getenv("SIL_CUDA_UBATCH");
     int32_t ub = ubs ? (int32_t)atoi(ubs) : UBATCH_MAX_DEV;
-    if (ub < 1 || ub > UBATCH_MAX_DEV)
-        ub = UBATCH_MAX_DEV;
+    if (ub < 1 || ub > UBATCH_MAX_DEV) ub = UBATCH_MAX_DEV;
     f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub;
     size_t scratch = 0;
     if (hp->n_layer_attn > 0)
@@ -302,11 +301,13 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     if (rc == 0 && slots > 0 && p->ecache_sim_policy) {
         ec_policy = sil_ecache_policy_parse(p->ecache_sim_policy);
         if (ec_policy < 0)
-            rc = sil_errorf(err, -EINVAL, "unknown expert cache policy '%s' (lfu, lru, heat, static)",
+            rc = sil_errorf(err, -EINVAL,
+                            "unknown expert cache policy '%s' (lfu, lru, heat, static)",
                             p->ecache_sim_policy);
     }
     f->ecache_policy = ec_policy;
-    f->cpu_misses = rc == 0 && slots > 0 && f->be->ops->cpu_misses ? f->be->ops->cpu_misses(f->be) : 0;
+    f->cpu_misses =
+        rc == 0 && slots > 0 && f->be->ops->cpu_misses ? f->be->ops->cpu_misses(f->be) : 0;
     if (rc == 0 && slots > 0) {
         /* one pool over all layers: a prefill plan may need every expert of a layer */
         const struct sil_ecache_config ec = {

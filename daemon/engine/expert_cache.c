@@ -35,8 +35,8 @@ struct sil_ecache {
     int32_t *heap_buf;           /* [n_slot] backing of the pools' heaps */
     int32_t *miss, *used;        /* [n_expert] plan scratch: missed entries, slots used */
     struct sil_ecache_stats *st; /* [n_layer] */
-    int32_t host_quota; /* misses of each plan left on the host, the coldest first */
-    uint64_t epoch;     /* never wraps: a stale pin would look like this plan's */
+    int32_t host_quota;          /* misses of each plan left on the host, the coldest first */
+    uint64_t epoch;              /* never wraps: a stale pin would look like this plan's */
     double g, infl; /* growth per lookup, and g^(lookups since the last rescale) */
 };
 

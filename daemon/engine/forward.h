@@ -67,7 +67,7 @@ struct sil_fwd {
     /* NULL, or the slots of a backend whose experts do not all fit (expert_cache.h): each MoE
      * plan's experts get slots, misses copied in (fill_slot); [n_expert] scratch for a lookup */
     struct sil_ecache *ecache;
-    int ecache_policy; /* enum sil_ecache_policy of ecache */
+    int ecache_policy;  /* enum sil_ecache_policy of ecache */
     int32_t cpu_misses; /* misses of a decode plan the backend computes on the host */
     struct sil_ecache_entry *ecache_res;
     int32_t *ecache_uses;

@@ -13,8 +13,8 @@
 #include "daemon/engine/error.h"
 
 struct sil_host_expert_job {
-    int32_t row;  /* row of x and y */
-    float weight; /* the router's weight of this expert for that row */
+    int32_t row;                               /* row of x and y */
+    float weight;                              /* the router's weight of this expert for that row */
     const struct sil_weight *gate, *up, *down; /* one expert: [n_ff][n_embd] x2, [n_embd][n_ff] */
 };
 

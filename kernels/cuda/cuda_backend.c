@@ -483,9 +483,9 @@ int sil_cuda_host_register(struct sil_cuda *cu, void *p, size_t bytes, struct si
 {
     int rc = bind_ctx(cu, err);
     if (rc < 0) return rc;
-    CU_CHECK(cu, err,
-             cuMemHostRegister_v2(p, bytes,
-                                  CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY));
+    CU_CHECK(
+        cu, err,
+        cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY));
     return 0;
 }
 
