@@ -7,14 +7,14 @@
 # same tokens), and llama.cpp's llama-batched-bench on the same file as the peer.
 # Raw outputs go to OUTDIR.
 # usage: bench/run-batch-cuda.sh LLAMA_BATCHED_BENCH [OUTDIR]
-# Environment: B (build dir, default build), BUDGET (GiB, default 8), STREAMS (default
+# Environment: B (build dir, default build), BUDGET (default 8G), STREAMS (default
 #              1,2,4,8,16), GEN (default 128), PROMPT (default 128), MODEL (default
 #              /tmp/qwen35moe-35b-a3b-q4_k_m.gguf, made if missing)
 set -u
 B=${B:-build}
 PEER=${1:?usage: bench/run-batch-cuda.sh LLAMA_BATCHED_BENCH [OUTDIR]}
 OUT=${2:-bench/out}
-BUDGET=${BUDGET:-8}
+BUDGET=${BUDGET:-8G}
 STREAMS=${STREAMS:-1,2,4,8,16}
 GEN=${GEN:-128}
 PROMPT=${PROMPT:-128}

@@ -16,6 +16,7 @@
 #include "bench/common/common.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gguf.h"
+#include "daemon/engine/size.h"
 
 #define PROG "sil-batchbench"
 #define MAX_STREAMS 64
@@ -153,7 +154,7 @@ static void usage(FILE *f)
         "  --runs N        repetitions; stream counts alternate within a run (default 3)\n"
         "  --mib N         bandwidth buffer in MiB, larger than the caches (default 1024)\n"
         "  --backend NAME  cpu (default) or cuda\n"
-        "  --vram-budget GIB  device memory cap for the cuda backend, in GiB (e.g. 8)\n"
+        "  --vram-budget SIZE device memory cap for the cuda backend (e.g. 8G)\n"
         "  --bw-gbs F      the bandwidth the byte bound divides by, in GB/s, instead of the\n"
         "                  host read bandwidth measured before each figure (a device's, measured\n"
         "                  elsewhere in the same run); needed with --backend cuda\n"
@@ -165,7 +166,8 @@ int main(int argc, char **argv)
     const char *model = NULL, *streams = "1,2,4,8,16";
     int64_t threads = 2, n_prompt = 32, n_gen = 64, runs = 3, mib = 1024;
     const char *backend = "cpu";
-    double budget_gib = 0, bw_given = 0;
+    double bw_given = 0;
+    uint64_t budget = 0;
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -214,7 +216,10 @@ int main(int argc, char **argv)
             }
             break;
         case 'v':
-            r = sil_bench_parse_double(PROG, "--vram-budget", optarg, 0.25, 4096, &budget_gib);
+            if (sil_parse_size(optarg, &budget) < 0 || budget == 0) {
+                fprintf(stderr, PROG ": --vram-budget must be a size such as 8G\n");
+                r = 1;
+            }
             break;
         case 'w':
             r = sil_bench_parse_double(PROG, "--bw-gbs", optarg, 0.001, 1e6, &bw_given);
@@ -264,7 +269,7 @@ int main(int argc, char **argv)
     p.n_ctx = (int32_t)(n_prompt + (n_gen > WARMUP_STEPS ? n_gen : WARMUP_STEPS) + 1);
     p.n_batch_max = (int32_t)(n_prompt > ns_max ? n_prompt : ns_max);
     p.backend = backend;
-    p.vram_budget = (uint64_t)(budget_gib * 1073741824.0);
+    p.vram_budget = budget;
     struct sil_error err = {0};
     struct sil_engine *e;
     if (sil_engine_open(&e, &p, &err) < 0) {

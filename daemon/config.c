@@ -64,39 +64,6 @@ int sil_config_state_dir(const struct sil_config *c, char *out, size_t size)
     return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
 
-int sil_parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (!isdigit((unsigned char)*s))
-        return -EINVAL;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno)
-        return -ERANGE;
-    unsigned shift = 0;
-    switch (toupper((unsigned char)*end)) {
-    case 0: break;
-    case 'K': shift = 10; break;
-    case 'M': shift = 20; break;
-    case 'G': shift = 30; break;
-    case 'T': shift = 40; break;
-    default: return -EINVAL;
-    }
-    if (*end) {
-        end++;
-        if (toupper((unsigned char)*end) == 'I')
-            end++;
-        if (toupper((unsigned char)*end) == 'B')
-            end++;
-        if (*end)
-            return -EINVAL;
-    }
-    if (shift && v > (UINT64_MAX >> shift))
-        return -ERANGE;
-    *out = (uint64_t)v << shift;
-    return 0;
-}
-
 static const char *const level_names[] = { [SIL_LOG_ERR] = "err", [SIL_LOG_WARNING] = "warning",
                                            [SIL_LOG_NOTICE] = "notice", [SIL_LOG_INFO] = "info",
                                            [SIL_LOG_DEBUG] = "debug" };

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "daemon/engine/error.h"
+#include "daemon/engine/size.h" /* sil_parse_size */
 
 #define SIL_DEFAULT_CONFIG "/etc/siliceo/siliceod.conf"
 #define SIL_CONFIG_MAX_IDS 32
@@ -101,8 +102,6 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
  * -ENOENT when no default applies (no HOME). */
 int sil_config_state_dir(const struct sil_config *c, char *out, size_t size);
 
-/* "4G" -> 4 << 30; -EINVAL / -ERANGE. */
-int sil_parse_size(const char *s, uint64_t *out);
 int sil_parse_log_level(const char *s); /* -EINVAL for an unknown name */
 const char *sil_log_level_name(int level);
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/size.h"
 
 static double now_s(void)
 {
@@ -29,43 +30,13 @@ static int parse_int(const char *what, const char *s, long lo, long hi, long *ou
     return 0;
 }
 
-/* "8G", "512M", "1048576": bytes; K, M, G, T are powers of 1024. */
+/* --vram-budget: a size as siliceod takes it ("8G", "512MiB"), more than 0. */
 static int parse_size(const char *what, const char *s, uint64_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    const double v = strtod(s, &end);
-    double mul = 1;
-    if (end && *end) {
-        switch (*end) {
-        case 'k':
-        case 'K':
-            mul = 1024.0;
-            break;
-        case 'm':
-        case 'M':
-            mul = 1048576.0;
-            break;
-        case 'g':
-        case 'G':
-            mul = 1073741824.0;
-            break;
-        case 't':
-        case 'T':
-            mul = 1099511627776.0;
-            break;
-        default:
-            end = NULL;
-        }
-        if (end && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) &&
-            !(end[1] == 'B' && !end[2]))
-            end = NULL;
-    }
-    if (errno || !end || end == s || !(v > 0) || v * mul > 1e18) {
+    if (sil_parse_size(s, out) < 0 || *out == 0) {
         fprintf(stderr, "sil-eval: %s must be a size such as 8G or 512M\n", what);
         return -1;
     }
-    *out = (uint64_t)(v * mul);
     return 0;
 }
 
