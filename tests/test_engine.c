@@ -125,12 +125,8 @@ static float *ref_logits(const char *name, size_t n_floats)
 static struct sil_engine *open_model_kv(const char *model, bool exact, int n_seq, int32_t n_ctx,
                                         const char *kv_type, uint64_t budget)
 {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "models/%s.gguf", model);
-    char *path = tu_refdata_path(rel);
     struct sil_engine_params p;
     sil_engine_params_default(&p);
-    p.model_path = path;
     p.n_threads = 2;
     p.exact = exact;
     p.n_seq_max = n_seq;
@@ -139,9 +135,7 @@ static struct sil_engine *open_model_kv(const char *model, bool exact, int n_seq
     p.kv_budget = budget;
     struct sil_error err = {0};
     struct sil_engine *e = NULL;
-    int rc = sil_engine_open(&e, &p, &err);
-    free(path);
-    if (rc < 0)
+    if (tu_open_refdata_engine(&e, model, &p, &err) < 0)
         fail_msg("open %s: %s", model, err.msg);
     return e;
 }
@@ -987,12 +981,8 @@ static void test_stats_expert_bytes(void **state)
 
 static struct sil_engine *open_heat(const char *model, bool heat, int32_t slots)
 {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "models/%s.gguf", model);
-    char *path = tu_refdata_path(rel);
     struct sil_engine_params p;
     sil_engine_params_default(&p);
-    p.model_path = path;
     p.n_threads = 2;
     p.n_seq_max = 2;
     p.n_ctx = 256;
@@ -1000,9 +990,7 @@ static struct sil_engine *open_heat(const char *model, bool heat, int32_t slots)
     p.ecache_sim_slots = slots;
     struct sil_error err = {0};
     struct sil_engine *e = NULL;
-    int rc = sil_engine_open(&e, &p, &err);
-    free(path);
-    if (rc < 0) fail_msg("open %s: %s", model, err.msg);
+    if (tu_open_refdata_engine(&e, model, &p, &err) < 0) fail_msg("open %s: %s", model, err.msg);
     return e;
 }
 

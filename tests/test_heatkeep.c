@@ -26,12 +26,8 @@ static const char *model = "qwen35moe-tiny-Q4_K_M";
 
 static struct sil_engine *open_moe(int32_t slots)
 {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "models/%s.gguf", model);
-    char *path = tu_refdata_path(rel);
     struct sil_engine_params p;
     sil_engine_params_default(&p);
-    p.model_path = path;
     p.n_threads = 2;
     p.n_seq_max = 2;
     p.n_ctx = 128;
@@ -39,9 +35,7 @@ static struct sil_engine *open_moe(int32_t slots)
     p.ecache_sim_slots = slots;
     struct sil_error err = {0};
     struct sil_engine *e = NULL;
-    int rc = sil_engine_open(&e, &p, &err);
-    free(path);
-    if (rc < 0) fail_msg("open %s: %s", model, err.msg);
+    if (tu_open_refdata_engine(&e, model, &p, &err) < 0) fail_msg("open %s: %s", model, err.msg);
     return e;
 }
 

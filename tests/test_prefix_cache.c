@@ -347,12 +347,8 @@ static void test_snapshots(void **state)
 
 static struct sil_engine *open_model(const char *model, bool exact, uint64_t ckpt_budget)
 {
-    char rel[256];
-    snprintf(rel, sizeof rel, "models/%s.gguf", model);
-    char *path = tu_refdata_path(rel);
     struct sil_engine_params p;
     sil_engine_params_default(&p);
-    p.model_path = path;
     p.n_threads = 2;
     p.exact = exact;
     p.n_seq_max = 4;
@@ -360,8 +356,7 @@ static struct sil_engine *open_model(const char *model, bool exact, uint64_t ckp
     p.prefix_ckpt_budget = ckpt_budget;
     struct sil_error err = {0};
     struct sil_engine *e = NULL;
-    if (sil_engine_open(&e, &p, &err) < 0) fail_msg("open %s: %s", model, err.msg);
-    free(path);
+    if (tu_open_refdata_engine(&e, model, &p, &err) < 0) fail_msg("open %s: %s", model, err.msg);
     return e;
 }
 

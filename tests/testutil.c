@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/engine/engine.h"
+
 static void *xrealloc(void *p, size_t n)
 {
     void *q = realloc(p, n ? n : 1);
@@ -40,6 +42,19 @@ char *tu_refdata_path(const char *rel)
     char *p = xstrfmt2(dir, "/", rel);
     free(dir);
     return p;
+}
+
+int tu_open_refdata_engine(struct sil_engine **e, const char *name, struct sil_engine_params *p,
+                           struct sil_error *err)
+{
+    char rel[256];
+    snprintf(rel, sizeof(rel), "models/%s.gguf", name);
+    char *path = tu_refdata_path(rel);
+    p->model_path = path;
+    const int rc = sil_engine_open(e, p, err);
+    p->model_path = NULL;
+    free(path);
+    return rc;
 }
 
 bool tu_refdata_exists(const char *rel)

@@ -14,6 +14,13 @@
 const char *tu_shared_dir(void);
 /* "$SHARED/refdata/<rel>" (malloc'd). */
 char *tu_refdata_path(const char *rel);
+/* Opens the reference model models/<name>.gguf with p's settings (p->model_path is set to it
+ * for the call and cleared after): sil_engine_open's result, err saying why. */
+struct sil_engine;
+struct sil_engine_params;
+struct sil_error;
+int tu_open_refdata_engine(struct sil_engine **e, const char *name, struct sil_engine_params *p,
+                           struct sil_error *err);
 /* True if the reference file exists (tests call tu_skip_no_refdata() when it is missing). */
 bool tu_refdata_exists(const char *rel);
 /* True when the environment has CI=true (or CI=1): a CI run must have the reference data. */
