@@ -1497,6 +1497,10 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
         if (i == n) {
             b->pinned = true;
             b->pinned_bytes = total;
+            /* misses no longer go through the staging ring: its pinned memory back */
+            sil_cuda_host_release(b->cu, b->stage);
+            b->stage = NULL;
+            b->stage_bytes = 0;
             fprintf(stderr, "siliceo: cuda backend: %.2f GiB of routed experts pinned in %.1f s\n",
                     (double)total / (double)(1u << 30), now_s() - t0);
         } else {
