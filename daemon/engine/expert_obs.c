@@ -25,8 +25,13 @@ int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs
     struct sil_expert_obs *o = calloc(1, sizeof(*o));
     if (!o) return sil_errorf(err, -ENOMEM, "expert observer: out of memory");
     int rc = 0;
-    if (c->sim_slots >= 0) {
-        const int pol = c->sim_policy ? sil_ecache_policy_parse(c->sim_policy) : SIL_ECACHE_DEFAULT;
+    if (c->sim_slots >= 0 || c->heat) {
+        /* a simulated cache; or for the heat map alone an LRU with no slots, whose lookups are
+         * O(n) and only update the decayed frequencies */
+        const bool sim = c->sim_slots >= 0;
+        const int pol = !sim            ? SIL_ECACHE_LRU
+                        : c->sim_policy ? sil_ecache_policy_parse(c->sim_policy)
+                                        : SIL_ECACHE_DEFAULT;
         if (pol < 0) {
             rc = sil_errorf(err, -EINVAL,
                             "expert cache policy '%s' unknown (lru, lfu, heat, static)",
@@ -37,7 +42,7 @@ int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs
         struct sil_ecache_config k = {
             .n_layer = c->n_layer,
             .n_expert = c->n_expert,
-            .n_slot = (int32_t)(c->sim_slots < n_key ? c->sim_slots : n_key),
+            .n_slot = sim ? (int32_t)(c->sim_slots < n_key ? c->sim_slots : n_key) : 0,
             .policy = pol,
             .expert_bytes = c->expert_bytes,
         };
@@ -47,25 +52,11 @@ int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs
             rc = sil_errorf(err, -ENOMEM, "expert observer: out of memory");
             goto fail;
         }
-        if ((rc = sil_ecache_create(&o->cache, &k, err)) < 0) goto fail;
-        o->pol = pol;
-        o->n_slot = k.n_slot;
-    } else if (c->heat) {
-        /* LRU: with no slots a lookup is O(n) and only updates the decayed frequencies. */
-        struct sil_ecache_config k = {
-            .n_layer = c->n_layer,
-            .n_expert = c->n_expert,
-            .n_slot = 0,
-            .policy = SIL_ECACHE_LRU,
-            .expert_bytes = c->expert_bytes,
-        };
-        o->uses = malloc((size_t)c->n_expert * sizeof(int32_t));
-        o->res = malloc((size_t)c->n_expert * sizeof(*o->res));
-        if (!o->uses || !o->res) {
-            rc = sil_errorf(err, -ENOMEM, "expert observer: out of memory");
-            goto fail;
+        if ((rc = sil_ecache_create(sim ? &o->cache : &o->heat, &k, err)) < 0) goto fail;
+        if (sim) {
+            o->pol = pol;
+            o->n_slot = k.n_slot;
         }
-        if ((rc = sil_ecache_create(&o->heat, &k, err)) < 0) goto fail;
     }
     if (c->trace_path) {
         rc = sil_route_trace_create(&o->trace, c->trace_path, (uint32_t)c->n_layer,
