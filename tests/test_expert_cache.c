@@ -671,6 +671,56 @@ static void test_host_misses(void **state)
     sil_ecache_free(c);
 }
 
+/* Admission: free slots fill; once the pool is full a miss fills only when it is hotter than
+ * the expert it would evict (LFU's coldest, LRU's least recent), else it is HOST and nothing
+ * resident moves; off again, every miss fills. */
+static void test_admission(void **state)
+{
+    (void)state;
+    for (int pol = 0; pol < 2; pol++) {
+        const enum sil_ecache_policy policy = pol ? SIL_ECACHE_LRU : SIL_ECACHE_LFU;
+        struct sil_ecache *c = mk(1, 8, 2, policy, SIL_ECACHE_GLOBAL, 1e6, 0);
+        struct sil_ecache_entry r[2];
+        sil_ecache_set_admission(c, 1);
+        const int32_t e0[] = {0}, e1[] = {1}, e2[] = {2};
+        /* 1 used three times, then 0 four times: both fill free slots, then hit; 1 is both
+         * the least used and the least recent */
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(sil_ecache_lookup(c, 0, e1, NULL, 1, r), 0);
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(sil_ecache_lookup(c, 0, e0, NULL, 1, r), 0);
+        assert_int_equal(r[0].kind, SIL_ECACHE_HIT);
+        const int32_t s0 = sil_ecache_slot_of(c, 0, 0), s1 = sil_ecache_slot_of(c, 0, 1);
+        assert_true(s0 >= 0 && s1 >= 0 && s0 != s1);
+        /* 2 is colder than 1 at its first and second use: HOST, and the pool keeps 0 and 1 */
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(sil_ecache_lookup(c, 0, e2, NULL, 1, r), 1);
+            assert_int_equal(r[0].kind, SIL_ECACHE_HOST);
+            assert_int_equal(r[0].slot, -1);
+        }
+        assert_int_equal(sil_ecache_slot_of(c, 0, 0), s0);
+        assert_int_equal(sil_ecache_slot_of(c, 0, 1), s1);
+        struct sil_ecache_stats st;
+        sil_ecache_stats(c, -1, &st);
+        assert_int_equal(st.fills, 2);
+        assert_int_equal(st.host, 2);
+        assert_int_equal(st.evictions, 0);
+        /* its third use (later than 1's three) makes 2 the hotter: it takes 1's slot */
+        assert_int_equal(sil_ecache_lookup(c, 0, e2, NULL, 1, r), 0);
+        assert_int_equal(r[0].kind, SIL_ECACHE_FILL);
+        assert_int_equal(r[0].slot, s1);
+        assert_int_equal(r[0].evict_expert, 1);
+        assert_int_equal(sil_ecache_slot_of(c, 0, 2), s1);
+        assert_int_equal(sil_ecache_slot_of(c, 0, 0), s0);
+        /* off: a cold miss evicts */
+        sil_ecache_set_admission(c, 0);
+        const int32_t e5[] = {5};
+        assert_int_equal(sil_ecache_lookup(c, 0, e5, NULL, 1, r), 0);
+        assert_int_equal(r[0].kind, SIL_ECACHE_FILL);
+        sil_ecache_free(c);
+    }
+}
+
 static void test_route_trace(void **state)
 {
     char *path = tu_path_join(tmpdir, "t.trace");
@@ -865,6 +915,7 @@ int main(void)
         cmocka_unit_test(test_heat_roundtrip),
         cmocka_unit_test(test_heat_corrupt),
         cmocka_unit_test(test_host_misses),
+        cmocka_unit_test(test_admission),
         cmocka_unit_test(test_route_trace),
         cmocka_unit_test(test_engine_observer),
     };

@@ -36,6 +36,7 @@ struct sil_ecache {
     int32_t *miss, *used;        /* [n_expert] plan scratch: missed entries, slots used */
     struct sil_ecache_stats *st; /* [n_layer] */
     int32_t host_quota;          /* misses of each plan left on the host, the coldest first */
+    int admit;                   /* a miss fills only a free slot or one colder than itself */
     uint64_t epoch;              /* never wraps: a stale pin would look like this plan's */
     double g, infl; /* growth per lookup, and g^(lookups since the last rescale) */
 };
@@ -219,6 +220,32 @@ static int32_t take_slot(struct sil_ecache *c, struct pool *p)
         break;
     }
     return s;
+}
+
+/* The slot take_slot would give, without taking it; -1 when none. */
+static int32_t peek_victim(const struct sil_ecache *c, const struct pool *p)
+{
+    if (c->cfg.policy == SIL_ECACHE_STATIC) return -1;
+    if (p->n_free > 0) return p->free[p->n_free - 1];
+    switch (c->cfg.policy) {
+    case SIL_ECACHE_LRU:
+        return p->tail >= 0 && !pinned(c, p->tail) ? p->tail : -1;
+    case SIL_ECACHE_LFU:
+        return p->n_heap > 0 ? p->heap[0] : -1;
+    case SIL_ECACHE_HEAT:
+        if (p->tail >= 0 && !pinned(c, p->tail)) return p->tail;
+        return p->n_heap > 0 ? p->heap[0] : -1;
+    default:
+        return -1;
+    }
+}
+
+/* Admission: a free slot always; else only when the miss is hotter than what it would evict. */
+static int admitted(const struct sil_ecache *c, const struct pool *p, int32_t key)
+{
+    if (!c->admit || p->n_free > 0) return 1;
+    const int32_t v = peek_victim(c, p);
+    return v >= 0 && c->key[v] >= 0 && c->freq[key] > c->freq[c->key[v]];
 }
 
 static void on_fill(struct sil_ecache *c, struct pool *p, int32_t s)
@@ -413,7 +440,7 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
         }
         st->misses++;
         st->bytes_streamed += c->cfg.expert_bytes;
-        const int32_t s = j < n_left ? -1 : take_slot(c, p);
+        const int32_t s = j < n_left || !admitted(c, p, key) ? -1 : take_slot(c, p);
         if (s < 0) {
             res[i] = (struct sil_ecache_entry){SIL_ECACHE_HOST, -1, -1, -1};
             st->host++;
@@ -442,6 +469,11 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
 void sil_ecache_set_host_misses(struct sil_ecache *c, int32_t n)
 {
     c->host_quota = n > 0 ? n : 0;
+}
+
+void sil_ecache_set_admission(struct sil_ecache *c, int on)
+{
+    c->admit = on != 0;
 }
 
 int sil_ecache_preload(struct sil_ecache *c, int32_t layer, int32_t expert)

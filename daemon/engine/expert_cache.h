@@ -96,6 +96,12 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
  * unfilled as HOST: computed from host memory while the rest stream (0: fill every miss). */
 void sil_ecache_set_host_misses(struct sil_ecache *c, int32_t n);
 
+/* Admission (on != 0) for later lookups: a miss is filled only into a free slot or when its
+ * decayed frequency, this use counted, exceeds that of the expert it would evict; else it is
+ * HOST. For a mechanism that can run misses from host memory at no extra cost (zero-copy
+ * reads), so a cold expert does not push out a hotter one. Off at create. */
+void sil_ecache_set_admission(struct sil_ecache *c, int on);
+
 /* Places (layer, expert) in a free slot of its pool without evicting: the slot, -EEXIST when it
  * is already resident, -ENOSPC when its pool is full, -EINVAL out of range. Preload the hottest
  * first: in LRU order the first preloaded is the most recently used. */
