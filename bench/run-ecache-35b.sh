@@ -11,7 +11,10 @@
 # Environment: B (build dir, default build), SKEW (default 0), BUDGET (default 8G), CAP (default
 #              12.6), NCMOE (default 29), MODEL (default /tmp/qwen35moe-35b-a3b-q4_k_m-s$SKEW.gguf),
 #              CPU_MISSES (default empty: not run; else a list such as "1 2 4": miss path (c) with
-#              that many misses of each decode layer on the CPU, with and without the cap)
+#              that many misses of each decode layer on the CPU, with and without the cap),
+#              RUNS (default "ours ours-eager ours-cap"; also ours-zc: miss path (b), decode
+#              misses read in place, SIL_CUDA_ZEROCOPY=1), PEER_RUN (default 1; 0 skips llama-bench)
+# LLAMA_BENCH may be - when PEER_RUN=0.
 set -u
 B=${B:-build}
 PEER=${1:?usage: bench/run-ecache-35b.sh LLAMA_BENCH [OUTDIR]}
@@ -41,13 +44,20 @@ run() { # name, then VAR=value settings
     echo "$n rc=$? peak VRAM $(sort -n "$OUT/vram-$n.txt" | tail -1) MiB"
     kill $poll
 }
-run ours SIL_BENCH_NONE=1
-run ours-eager SIL_CUDA_GRAPHS=0
-run ours-cap SIL_BENCH_H2D_GBS="$CAP"
+for r in ${RUNS:-ours ours-eager ours-cap}; do
+    case $r in
+    ours) run ours SIL_BENCH_NONE=1 ;;
+    ours-eager) run ours-eager SIL_CUDA_GRAPHS=0 ;;
+    ours-cap) run ours-cap SIL_BENCH_H2D_GBS="$CAP" ;;
+    ours-zc) run ours-zc SIL_CUDA_ZEROCOPY=1 ;;
+    *) echo "unknown run $r" >&2 ;;
+    esac
+done
 for n in ${CPU_MISSES:-}; do
     run "ours-cpu$n" SIL_CUDA_CPU_MISSES="$n"
     run "ours-cpu$n-cap" SIL_CUDA_CPU_MISSES="$n" SIL_BENCH_H2D_GBS="$CAP"
 done
+[ "${PEER_RUN:-1}" = 0 ] && exit 0
 vpoll peer
 "$PEER" -m "$M" -ngl 99 -ncmoe "$NCMOE" -fa 1 -p 512 -n 128 -r 2 -o json > "$OUT/peer.json"
 echo "peer rc=$? peak VRAM $(sort -n "$OUT/vram-peer.txt" | tail -1) MiB"

@@ -251,7 +251,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         char drv[32], cc[16];
         snprintf(drv, sizeof drv, "%d.%d", dev.driver_version / 1000, dev.driver_version % 1000 / 10);
         snprintf(cc, sizeof cc, "sm_%d%d", dev.cc_major, dev.cc_minor);
-        msgpack_pack_map(pk, 11);
+        msgpack_pack_map(pk, 13);
         sil_utf8_pack_kv(pk, "name", dev.name, strlen(dev.name));
         sil_rpc_kv_str(pk, "driver", drv);
         sil_rpc_kv_str(pk, "compute", cc);
@@ -265,6 +265,9 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         sil_rpc_kv_double(pk, "h2d_gbs", dev.h2d_gbs);
         sil_rpc_kv_uint(pk, "expert_copy_bytes", dev.slot_bytes_in);
         sil_rpc_kv_uint(pk, "expert_copies", dev.slot_fills);
+        /* miss path (b): decode reads misses in place from that memory; passes run so */
+        sil_rpc_kv_bool(pk, "zero_copy", dev.zero_copy);
+        sil_rpc_kv_uint(pk, "zero_copy_passes", dev.zero_copy_passes);
     } else {
         msgpack_pack_nil(pk);
     }

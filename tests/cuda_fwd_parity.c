@@ -38,6 +38,10 @@
  *  11. miss path (c) (SIL_CUDA_CPU_MISSES=2, n_expert slots): decode steps with the coldest two
  *      misses of each layer computed on the host, against everything resident: within 1e-1
  *      and not all equal (the host rounds activations its own way).
+ *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
+ *      then decode steps routed on the device with misses read in place from pinned host
+ *      memory (graphs from the third step): the same kernels on the same bytes as everything
+ *      resident, so the same logits at every step, bit for bit, and the cache saw misses.
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -483,6 +487,46 @@ int main(int argc, char **argv)
                    "max |diff| = %.4g (tol 1e-01, not 0) %s\n",
                    model, nbuf, n2 - half, worst, worst <= 1e-1f && worst > 0.0f ? "ok" : "FAIL");
             fails += !(worst <= 1e-1f && worst > 0.0f);
+        }
+        sil_engine_close(sl);
+    }
+
+    /* 12. miss path (b): decode misses read in place over the bus */
+    for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2) {
+        struct sil_engine *sl = NULL;
+        char nbuf[32];
+        snprintf(nbuf, sizeof nbuf, "%d", mult * sil_engine_info(gpu)->n_expert);
+        setenv("SIL_CUDA_SLOTS", nbuf, 1);
+        setenv("SIL_CUDA_ZEROCOPY", "1", 1);
+        int rc = open_engine(&sl, model, "cuda", &err);
+        unsetenv("SIL_CUDA_SLOTS");
+        unsetenv("SIL_CUDA_ZEROCOPY");
+        const bool opened = rc == 0;
+        struct sil_engine_device dv = {0};
+        const bool zc = rc == 0 && sil_engine_device(sl, &dv) == 0 && dv.zero_copy;
+        float worst = 0.0f;
+        const int half = n2 / 2;
+        struct sil_engine_stats es = {0};
+        if (zc) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, true, &worst);
+        if (sl) sil_engine_stats(sl, &es);
+        if (zc) sil_engine_device(sl, &dv);
+        if (rc < 0) {
+            fprintf(stderr, "%s: zero-copy misses: %s\n", model,
+                    opened ? "an evaluation failed (above)" : err.msg);
+            fails++;
+        } else if (!zc) {
+            printf("%s: zero-copy misses: not enabled for this model (see the line above), "
+                   "skipped\n",
+                   model);
+        } else {
+            const bool ran = dv.zero_copy_passes >= (uint64_t)(n2 - half);
+            printf("%s: cuda %s slots, decode misses read in place (%llu passes, hits %llu, "
+                   "misses %llu) vs resident, prefill %d + %d steps: max |diff| = %.4g (want 0) "
+                   "%s\n",
+                   model, nbuf, (unsigned long long)dv.zero_copy_passes,
+                   (unsigned long long)es.ecache_hits, (unsigned long long)es.ecache_misses, half,
+                   n2 - half, worst, worst == 0.0f && es.ecache_misses > 0 && ran ? "ok" : "FAIL");
+            fails += !(worst == 0.0f && es.ecache_misses > 0 && ran);
         }
         sil_engine_close(sl);
     }

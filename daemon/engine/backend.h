@@ -143,6 +143,7 @@ struct sil_moe_plan {
      * grouping and the per-expert handles are then not filled (n_active 0) and moe reads the
      * choices where route left them. */
     bool device_routed;
+    int32_t layer; /* the model layer (set before route) */
     /* shared expert, always run on every row; gate_inp NULL when the model has none */
     const struct sil_weight *sh_gate_inp, *sh_gate, *sh_up, *sh_down;
 };
@@ -221,9 +222,16 @@ struct sil_backend_ops {
     int32_t (*cpu_misses)(struct sil_backend *be);
     /* Copies one expert's matrices (handles into the mmap) into slot; ordered before any later
      * op that reads the slot. Plan handles of slot experts are SIL_WEIGHT_SLOT with data the
-     * slot index. */
+     * slot index. layer and expert name what the slot now holds (what it held is gone). */
     void (*fill_slot)(struct sil_backend *be, int32_t slot, const struct sil_weight *gate,
-                      const struct sil_weight *up, const struct sil_weight *down);
+                      const struct sil_weight *up, const struct sil_weight *down, int32_t layer,
+                      int32_t expert);
+    /* Optional (NULL: never). A pass whose routing stayed on the device although experts are
+     * in slots (misses read in place from host memory): after its head, the choices of MoE
+     * layer `layer`, [n_rows][n_used] expert ids; returns n_rows, 0 when that layer's choices
+     * are not there (a host-routed pass). The cache then sees them as plans (hits, misses, and
+     * the fills its admission allows) before the next pass. Valid until the next begin. */
+    int32_t (*routes)(struct sil_backend *be, int32_t layer, const int32_t **ids);
 };
 
 struct sil_backend {
@@ -258,6 +266,7 @@ struct sil_cuda_config {
      * fit), and the largest gate, up and down matrix of one expert over the layers */
     uint64_t routed_bytes, slot_gate, slot_up, slot_down;
     int64_t n_layer_moe; /* layers with routed experts */
+    int64_t n_layer;
 };
 
 /* -ENOTSUP when built without CUDA; -ENODEV / -ENOENT / -ENOMEM with the reason otherwise. */

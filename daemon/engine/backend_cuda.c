@@ -202,6 +202,20 @@ struct cuda_backend {
     struct sil_host_expert_job *jobs;
     float *h_wts;
     int32_t *slot_ids; /* host [ub_max * K] */
+    /* miss path (b), SIL_CUDA_ZEROCOPY=1: a decode pass routes on the device and stays one
+     * graph. Expert e of layer l is slot zc_tab[l][e] when resident, else its matrices are read
+     * in place from the pinned mapping over the bus (rng_dev: each pinned range's device
+     * address). Every layer's choices come down with the logits (zc_ids -> zc_hids), and the
+     * engine's cache sees them after the pass (routes), filling what its admission lets in
+     * before the next pass; the table goes up at the next pass's begin when it changed. */
+    bool zc, zc_pass, zc_dirty;
+    _Atomic uint64_t zc_passes;
+    sil_cuda_ptr zc_tab, zc_ids;
+    int32_t *zc_htab;  /* host [n_layer][n_expert] copy of the table */
+    int32_t *zc_hids;  /* pinned [n_layer][MB * K] */
+    int32_t *zc_rows;  /* [n_layer] rows whose choices zc_hids holds, 0: none */
+    int32_t *slot_key; /* [n_slots] layer * n_expert + expert a slot holds, or -1 */
+    sil_cuda_ptr *rng_dev;
     /* benchmarks only (SIL_BENCH_H2D_GBS): expert copies are issued no faster than this many
      * bytes a second, to measure a slower link (PCIe 3) on a fast one */
     double h2d_cap, h2d_next;
@@ -548,10 +562,23 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     b->segmented = false;
     b->seg_gap = false;
     b->seg_i = 0;
+    b->zc_pass = false;
+    if (b->zc) memset(b->zc_rows, 0, sizeof(int32_t) * (size_t)b->c.n_layer);
     if (b->rc || ub->n <= 0 || ub->n > b->c.ub_max) return;
     int32_t n_keep = 0;
     stage(b, ub, &n_keep);
     b->meta_ok = true; /* staged; copied up by get_rows */
+    /* path (b) for decode passes that end in logits (the choices come down with them) */
+    b->zc_pass = b->zc && ub->n <= MB && n_keep >= 1;
+    if (b->zc_pass && b->zc_dirty) {
+        /* from pageable memory: the copy is taken before this returns, then ordered before
+         * the pass on the stream */
+        if (!ok(b, sil_cuda_upload(b->cu, b->zc_tab, b->zc_htab,
+                                   sizeof(int32_t) * (size_t)(b->c.n_layer * b->c.n_expert), NULL,
+                                   &b->err)))
+            return;
+        b->zc_dirty = false;
+    }
     if (b->prof_path && !b->prof_done &&
         (b->prof_rows > 1 ? ub->n == b->prof_rows : ub->n == 1 && ub->pos[0] >= 16)) {
         struct sil_error e = {0};
@@ -563,7 +590,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     if (!g) return;
     g->used = ++b->clock;
     b->cur = g;
-    b->segmented = b->n_slots > 0;
+    b->segmented = b->n_slots > 0 && !b->zc_pass;
     if (g->g || g->n_seg > 0) {
         b->mode = PASS_REPLAY;
     } else if (g->seen >= 1 && g->capturable) {
@@ -858,6 +885,31 @@ static bool device_routable(const struct cuda_backend *b, const struct sil_moe_p
            g->n_mat == b->c.n_expert;
 }
 
+/* A decode pass of path (b), and a layer whose experts the fused kernels run from slots or
+ * from the pinned mapping. */
+static bool zc_routable(const struct cuda_backend *b, const struct sil_moe_plan *pl, int n)
+{
+    const struct sil_weight *g = pl->gate_exps, *u = pl->up_exps, *d = pl->down_exps;
+    return b->zc_pass && n <= MB && pl->layer >= 0 && pl->layer < b->c.n_layer && g && u && d &&
+           g->loc == SIL_WEIGHT_MMAP && u->loc == SIL_WEIGHT_MMAP && d->loc == SIL_WEIGHT_MMAP &&
+           fused_types(g, u, d) && g->n_mat == b->c.n_expert && u->n_mat == g->n_mat &&
+           d->n_mat == g->n_mat;
+}
+
+static sil_cuda_ptr zc_ids_of(const struct cuda_backend *b, int32_t layer)
+{
+    return b->zc_ids + (uint64_t)layer * (uint64_t)(MB * b->c.n_expert_used) * 4;
+}
+
+/* The device address of p in the pinned mapping, 0 when it is not there. */
+static sil_cuda_ptr host_dev(const struct cuda_backend *b, const void *p)
+{
+    const uintptr_t a = (uintptr_t)p;
+    for (int i = 0; b->rng_dev && i < b->n_rng; i++)
+        if (a >= b->rng[i].lo && a < b->rng[i].hi) return b->rng_dev[i] + (a - b->rng[i].lo);
+    return 0;
+}
+
 static void cuda_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
                        int n_used, struct sil_moe_plan *plan)
 {
@@ -866,6 +918,18 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     plan->n_rows = n;
     plan->n_used = K;
     if (b->mode != PASS_REPLAY) flush_add(b);
+    /* path (b): routed on the device over the slot table; the choices stay in zc_ids */
+    if (b->rc == 0 && n > 0 && zc_routable(b, plan, n)) {
+        plan->device_routed = true;
+        b->zc_rows[plan->layer] = n;
+        if (b->mode == PASS_REPLAY) return;
+        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
+        mm_chunks(b, x, &lo, 1);
+        if (b->rc == 0)
+            ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, zc_ids_of(b, plan->layer),
+                                       b->wts, NULL, &b->err));
+        return;
+    }
     /* prefill brings the choices back for the grouped products */
     if (b->rc == 0 && n > 0 && (n <= MB || b->no_grouped) && device_routable(b, plan)) {
         plan->device_routed = true;
@@ -973,7 +1037,10 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
     const int K = pl->n_used;
     const int64_t E = x.width;
     const bool sh = shared_fusable(b, pl, E);
-    struct sil_cuda_weight g, u, d, sg, su, sd;
+    /* path (b): the router's expert ids stay as they are, the kernels look them up */
+    const bool zc = b->n_slots > 0 && pl->device_routed && b->zc_pass;
+    const sil_cuda_ptr ids0 = zc ? zc_ids_of(b, pl->layer) : b->ids;
+    struct sil_cuda_weight g = {0}, u = {0}, d = {0}, sg, su, sd;
     if (b->n_slots > 0) {
         /* the slot pools as stacks of n_slots matrices, b->ids holding slot numbers */
         const int64_t F = pl->gate_exps->rows, R = pl->down_exps->rows;
@@ -985,6 +1052,22 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         g.mat_stride = b->slot_g;
         u.mat_stride = b->slot_u;
         d.mat_stride = b->slot_d;
+        if (zc) {
+            /* path (b): slots where the table says, the mapping in place elsewhere */
+            const sil_cuda_ptr tab = b->zc_tab + (uint64_t)pl->layer * (uint64_t)X * 4;
+            g.host = host_dev(b, pl->gate_exps->data);
+            u.host = host_dev(b, pl->up_exps->data);
+            d.host = host_dev(b, pl->down_exps->data);
+            g.host_stride = pl->gate_exps->mat_bytes;
+            u.host_stride = pl->up_exps->mat_bytes;
+            d.host_stride = pl->down_exps->mat_bytes;
+            g.tab = u.tab = d.tab = tab;
+            g.n_slot = u.n_slot = d.n_slot = b->n_slots;
+            if (!g.host || !u.host || !d.host) {
+                fail(b, -EINVAL, "routed experts outside the pinned mapping");
+                return false;
+            }
+        }
     } else if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
                !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
                !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
@@ -997,7 +1080,7 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += MB) {
         const int n = (int)(x.rows - r0 < MB ? x.rows - r0 : MB);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * E) * 4;
-        const sil_cuda_ptr ids = b->ids + (uint64_t)(r0 * K) * 4,
+        const sil_cuda_ptr ids = ids0 + (uint64_t)(r0 * K) * 4,
                            w = b->wts + (uint64_t)(r0 * K) * 4;
         const sil_cuda_ptr lg = b->sh_logit + (uint64_t)r0 * 4;
         const bool have = b->q8_src == xp && b->q8_n == n && b->q8_k == E;
@@ -1351,6 +1434,12 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
             if (b->rc == 0)
                 ok(b, sil_cuda_download(b->cu, b->h_logits, b->logits,
                                         sizeof(float) * (size_t)(n * V), NULL, &b->err));
+            /* path (b): every layer's choices, for the cache after the pass */
+            if (b->rc == 0 && b->zc_pass && r0 == 0)
+                ok(b, sil_cuda_download(b->cu, b->zc_hids, b->zc_ids,
+                                        sizeof(int32_t) * (size_t)(b->c.n_layer * MB *
+                                                                   b->c.n_expert_used),
+                                        NULL, &b->err));
         }
         if (graph && (b->rc || !finish_graph(b))) {
             abort_capture(b);
@@ -1375,6 +1464,7 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
             if (argmax && graph) argmax[r0 + i] = host_argmax(b->h_logits + i * V, V);
         }
     }
+    if (b->zc_pass && b->rc == 0) atomic_fetch_add_explicit(&b->zc_passes, 1, memory_order_relaxed);
     if (b->mode == PASS_EAGER && b->cur && b->rc == 0) b->cur->seen++;
     b->mode = PASS_EAGER;
     b->cur = NULL;
@@ -1459,6 +1549,36 @@ static double now_s(void)
  * from the mapping. Not an error when the system refuses (memory locked limits, a driver
  * without read-only registration): misses are then staged, with one line saying so. Then the
  * host-to-device bandwidth from that memory is measured once, into the first slots. */
+/* Path (b) once the experts are pinned, when asked for (SIL_CUDA_ZEROCOPY=1) and possible:
+ * the fused kernels must run every layer's experts, and the benchmark cap on copies cannot
+ * govern reads the kernels make. */
+static void zc_enable(struct cuda_backend *b)
+{
+    const char *z = getenv("SIL_CUDA_ZEROCOPY");
+    if (!(z && strcmp(z, "1") == 0) || !b->zc_htab) return;
+    const char *why = b->float_experts ? "float experts have no fused kernel"
+                      : b->h2d_cap > 0  ? "SIL_BENCH_H2D_GBS caps copies, not reads in place"
+                      : b->hx           ? "SIL_CUDA_CPU_MISSES routes decode on the host"
+                                        : NULL;
+    b->rng_dev = why ? NULL : calloc((size_t)b->n_rng, sizeof(*b->rng_dev));
+    if (!why && !b->rng_dev) why = "out of memory";
+    for (int i = 0; !why && i < b->n_rng; i++) {
+        struct sil_error e = {0};
+        if (sil_cuda_host_device_ptr(b->cu, (void *)b->rng[i].lo, &b->rng_dev[i], &e) < 0)
+            why = "the pinned mapping has no device address";
+    }
+    if (why) {
+        free(b->rng_dev);
+        b->rng_dev = NULL;
+        fprintf(stderr, "siliceo: cuda backend: SIL_CUDA_ZEROCOPY ignored: %s\n", why);
+        return;
+    }
+    b->zc = true;
+    b->zc_dirty = true;
+    fprintf(stderr, "siliceo: cuda backend: decode reads expert misses in place from host "
+                    "memory (SIL_CUDA_ZEROCOPY)\n");
+}
+
 static int cuda_placed(struct sil_backend *be, struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
@@ -1503,6 +1623,7 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
             b->stage_bytes = 0;
             fprintf(stderr, "siliceo: cuda backend: %.2f GiB of routed experts pinned in %.1f s\n",
                     (double)total / (double)(1u << 30), now_s() - t0);
+            zc_enable(b);
         } else {
             while (i-- > 0)
                 sil_cuda_host_unregister(b->cu, (void *)b->rng[i].lo);
@@ -1623,6 +1744,7 @@ static void cuda_free(struct sil_backend *be)
             free(b->slots[i].seg);
         }
         sil_cuda_host_release(b->cu, b->h_ids);
+        sil_cuda_host_release(b->cu, b->zc_hids);
         sil_cuda_host_release(b->cu, b->h_x);
         sil_cuda_host_release(b->cu, b->h_y);
         sil_cuda_host_release(b->cu, b->h_meta);
@@ -1639,6 +1761,10 @@ static void cuda_free(struct sil_backend *be)
     free(b->tmp);
     free(b->slot_ids);
     free(b->rng);
+    free(b->rng_dev);
+    free(b->zc_htab);
+    free(b->zc_rows);
+    free(b->slot_key);
     sil_host_experts_free(b->hx);
     free(b->jobs);
     free(b->h_wts);
@@ -1662,6 +1788,8 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->h2d_gbs = b->h2d_gbs;
     d->slot_bytes_in = atomic_load_explicit(&b->slot_bytes_in, memory_order_relaxed);
     d->slot_fills = atomic_load_explicit(&b->slot_fills, memory_order_relaxed);
+    d->zero_copy = b->zc;
+    d->zero_copy_passes = atomic_load_explicit(&b->zc_passes, memory_order_relaxed);
 }
 
 static int32_t cuda_expert_slots(struct sil_backend *be)
@@ -1710,7 +1838,8 @@ static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct si
 }
 
 static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct sil_weight *gate,
-                           const struct sil_weight *up, const struct sil_weight *down)
+                           const struct sil_weight *up, const struct sil_weight *down,
+                           int32_t layer, int32_t expert)
 {
     struct cuda_backend *b = cb(be);
     /* between the segments of a segmented pass no graph is open: the copy runs in any mode */
@@ -1732,6 +1861,30 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
     stage_copy(b, b->pool_u + s * b->slot_u, up, b->slot_u);
     stage_copy(b, b->pool_d + s * b->slot_d, down, b->slot_d);
     atomic_fetch_add_explicit(&b->slot_fills, 1, memory_order_relaxed);
+    if (b->zc && b->rc == 0) {
+        /* the table: what the slot held is read in place again, the new expert from the slot
+         * (uploaded before the next pass of path (b), after this copy on the stream) */
+        const int64_t X = b->c.n_expert;
+        const int32_t old = b->slot_key[slot];
+        if (old >= 0) b->zc_htab[old] = -1;
+        b->slot_key[slot] = -1;
+        if (layer >= 0 && layer < b->c.n_layer && expert >= 0 && expert < X) {
+            const int32_t key = (int32_t)(layer * X + expert);
+            if (b->zc_htab[key] >= 0) b->slot_key[b->zc_htab[key]] = -1;
+            b->zc_htab[key] = slot;
+            b->slot_key[slot] = key;
+        }
+        b->zc_dirty = true;
+    }
+}
+
+static int32_t cuda_routes(struct sil_backend *be, int32_t layer, const int32_t **ids)
+{
+    struct cuda_backend *b = cb(be);
+    *ids = NULL;
+    if (!b->zc || b->rc || layer < 0 || layer >= b->c.n_layer || b->zc_rows[layer] <= 0) return 0;
+    *ids = b->zc_hids + (int64_t)layer * MB * b->c.n_expert_used;
+    return b->zc_rows[layer];
 }
 
 static const struct sil_backend_ops cuda_ops = {
@@ -1760,6 +1913,7 @@ static const struct sil_backend_ops cuda_ops = {
     .expert_slots = cuda_expert_slots,
     .cpu_misses = cuda_cpu_misses,
     .fill_slot = cuda_fill_slot,
+    .routes = cuda_routes,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)
@@ -1940,6 +2094,23 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->stage_bytes = 64u << 20;
         if (b->stage_bytes < 2 * slot_bytes) b->stage_bytes = 2 * slot_bytes;
         if (rc == 0) rc = sil_cuda_host_alloc(b->cu, b->stage_bytes, (void **)&b->stage, err);
+        /* path (b)'s table (every expert in place until filled) and choices */
+        const size_t nkeys = (size_t)(c->n_layer * X);
+        b->zc_htab = malloc(sizeof(int32_t) * (nkeys ? nkeys : 1));
+        b->zc_rows = calloc((size_t)c->n_layer + 1, sizeof(int32_t));
+        b->slot_key = malloc(sizeof(int32_t) * (size_t)n_slots);
+        if (rc == 0 && (!b->zc_htab || !b->zc_rows || !b->slot_key))
+            rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        for (size_t i = 0; rc == 0 && i < nkeys; i++)
+            b->zc_htab[i] = -1;
+        for (int64_t i = 0; rc == 0 && i < n_slots; i++)
+            b->slot_key[i] = -1;
+        if (rc == 0) rc = dalloc(b, sizeof(int32_t) * (nkeys ? nkeys : 1), &b->zc_tab, err);
+        if (rc == 0)
+            rc = dalloc(b, sizeof(int32_t) * (size_t)(c->n_layer * MB * K) + 4, &b->zc_ids, err);
+        if (rc == 0)
+            rc = sil_cuda_host_alloc(b->cu, sizeof(int32_t) * (size_t)(c->n_layer * MB * K) + 4,
+                                     (void **)&b->zc_hids, err);
         /* zeroed, so a slot id given to a pair of weight 0 reads finite numbers */
         if (rc == 0)
             rc = sil_cuda_memset(b->cu, b->pool_g, 0, b->slot_g * (uint64_t)n_slots, NULL, err);

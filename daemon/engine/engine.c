@@ -264,6 +264,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .n_embd = hp->n_embd,
         .n_vocab = hp->n_vocab,
         .n_head = hp->n_head,
+        .n_layer = hp->n_layer,
         .n_expert = hp->n_expert,
         .n_expert_used = hp->n_expert_used,
         .n_ff_exp = hp->n_ff_exp,
@@ -1001,7 +1002,7 @@ int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int
         const struct sil_weight g = sil_weight_mat(&w->ffn_gate_exps, x),
                                 u = sil_weight_mat(&w->ffn_up_exps, x),
                                 d = sil_weight_mat(&w->ffn_down_exps, x);
-        SIL_OP(&e->f, fill_slot, s, &g, &u, &d);
+        SIL_OP(&e->f, fill_slot, s, &g, &u, &d, l, x);
         placed++;
     }
     return placed;

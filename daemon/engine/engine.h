@@ -110,6 +110,10 @@ struct sil_engine_device {
     uint64_t pinned_bytes;
     double h2d_gbs;
     uint64_t slot_bytes_in, slot_fills;
+    /* decode misses are read in place from pinned host memory (miss path (b)), not copied;
+     * the passes that ran so */
+    bool zero_copy;
+    uint64_t zero_copy_passes;
 };
 /* 0 with *d filled on a device backend; -ENODEV on the CPU. */
 int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);

@@ -266,4 +266,5 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
     struct sil_act cur = sil_act_rows(f->cur, 0, ub->n);
     SIL_OP(f, rmsnorm, cur, sil_act_rows(f->x, 0, ub->n), &f->output_norm, eps);
     SIL_OP(f, head, cur, &f->output, ub->out_row, logits, NULL);
+    sil_fwd_moe_deferred(f);
 }

@@ -110,5 +110,8 @@ void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
 size_t sil_fwd_ffn_scratch(const struct sil_fwd *f);
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                  struct sil_act out);
+/* After a pass's head: the routing a device-routed pass over expert slots kept (backend op
+ * routes) goes through the expert cache. */
+void sil_fwd_moe_deferred(struct sil_fwd *f);
 
 #endif

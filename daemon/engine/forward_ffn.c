@@ -95,7 +95,8 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
     for (int a = 0; a < p->n_active; a++) {
         const struct sil_ecache_entry *r = &f->ecache_res[a];
         if (r->kind == SIL_ECACHE_HOST) continue;
-        if (r->kind == SIL_ECACHE_FILL) SIL_OP(f, fill_slot, r->slot, &p->gate[a], &p->up[a], &p->down[a]);
+        if (r->kind == SIL_ECACHE_FILL)
+            SIL_OP(f, fill_slot, r->slot, &p->gate[a], &p->up[a], &p->down[a], il, p->expert[a]);
         struct sil_weight *m[3] = {&p->gate[a], &p->up[a], &p->down[a]};
         for (int i = 0; i < 3; i++) {
             m[i]->loc = SIL_WEIGHT_SLOT;
@@ -118,6 +119,7 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
     plan->sh_up = shexp ? &w->ffn_up_shexp : NULL;
     plan->sh_down = shexp ? &w->ffn_down_shexp : NULL;
     plan->device_routed = false;
+    plan->layer = il;
     SIL_OP(f, route, cur, &w->ffn_gate_inp, f->model->hp.n_expert_used, plan);
     if (plan->device_routed) {
         plan->n_active = 0; /* the choices stay on the device: not counted in expert_bytes */
@@ -132,4 +134,43 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
                 plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
     }
     SIL_OP(f, moe, cur, plan, out);
+}
+
+/* A pass whose routing stayed on the device while experts live in slots (the backend read its
+ * misses in place): each MoE layer's choices become a plan for the cache after the fact, so
+ * hits, misses, the heat map and the fills admission allows (ordered before the next pass) are
+ * as a host-routed pass would have them. */
+void sil_fwd_moe_deferred(struct sil_fwd *f)
+{
+    const struct sil_backend *be = f->be;
+    if (!f->ecache || !be->ops->routes || !f->model->traits->moe) return;
+    struct sil_moe_plan *plan = &f->plan;
+    const int K = f->model->hp.n_expert_used, X = f->model->hp.n_expert;
+    for (int il = 0; il < f->model->hp.n_layer; il++) {
+        const struct sil_layer_weights *w = &f->lw[il];
+        const int32_t *ids = NULL;
+        const int32_t n = be->ops->routes(f->be, il, &ids);
+        if (n <= 0 || !ids || n > f->ub_max) continue;
+        bool good = true;
+        for (int64_t q = 0; q < (int64_t)n * K; q++)
+            good = good && ids[q] >= 0 && ids[q] < X;
+        if (!good) continue; /* the kernels wrote NaN for these: the pass already failed */
+        plan->n_rows = n;
+        plan->n_used = K;
+        plan->layer = il;
+        plan->gate_exps = &w->ffn_gate_exps;
+        plan->up_exps = &w->ffn_up_exps;
+        plan->down_exps = &w->ffn_down_exps;
+        memcpy(plan->sel_expert, ids, sizeof(int32_t) * (size_t)n * (size_t)K);
+        for (int64_t q = 0; q < (int64_t)n * K; q++)
+            plan->sel_weight[q] = 1.0f / (float)K; /* not read: the pass is done */
+        moe_plan(f, w, plan);
+        if (f->obs) sil_expert_obs_plan(f->obs, il, plan);
+        sil_ecache_set_admission(f->ecache, 1);
+        assign_slots(f, il, plan);
+        sil_ecache_set_admission(f->ecache, 0);
+        for (int a = 0; a < plan->n_active; a++)
+            f->expert_bytes +=
+                plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
+    }
 }

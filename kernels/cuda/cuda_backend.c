@@ -38,6 +38,7 @@ enum {
     CU_EVENT_DISABLE_TIMING = 2,
     CU_MEMHOSTALLOC_PORTABLE = 1,
     CU_MEMHOSTREGISTER_PORTABLE = 1,
+    CU_MEMHOSTREGISTER_DEVICEMAP = 2,
     CU_MEMHOSTREGISTER_READ_ONLY = 8,
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
 };
@@ -67,6 +68,7 @@ enum {
     X(cuMemFreeHost, CUresult, (void *))                                                           \
     X(cuMemHostRegister_v2, CUresult, (void *, size_t, unsigned))                                  \
     X(cuMemHostUnregister, CUresult, (void *))                                                     \
+    X(cuMemHostGetDevicePointer_v2, CUresult, (CUdeviceptr *, void *, unsigned))                   \
     X(cuMemcpyHtoDAsync_v2, CUresult, (CUdeviceptr, const void *, size_t, CUstream))               \
     X(cuMemcpyDtoHAsync_v2, CUresult, (void *, CUdeviceptr, size_t, CUstream))                     \
     X(cuMemcpyDtoDAsync_v2, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                \
@@ -485,7 +487,20 @@ int sil_cuda_host_register(struct sil_cuda *cu, void *p, size_t bytes, struct si
     if (rc < 0) return rc;
     CU_CHECK(
         cu, err,
-        cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY));
+        cuMemHostRegister_v2(p, bytes,
+                             CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                 CU_MEMHOSTREGISTER_READ_ONLY));
+    return 0;
+}
+
+int sil_cuda_host_device_ptr(struct sil_cuda *cu, void *p, sil_cuda_ptr *out, struct sil_error *err)
+{
+    *out = 0;
+    int rc = bind_ctx(cu, err);
+    if (rc < 0) return rc;
+    CUdeviceptr d = 0;
+    CU_CHECK(cu, err, cuMemHostGetDevicePointer_v2(&d, p, 0));
+    *out = (sil_cuda_ptr)d;
     return 0;
 }
 
@@ -1019,8 +1034,9 @@ int sil_cuda_router_topk(struct sil_cuda *cu, sil_cuda_ptr logits, int n_tok, in
     if (n_tok <= 0 || n_expert <= 0 || n_expert > 1024 || k <= 0 || k > 32 || k > n_expert)
         return set_err(err, -EINVAL, "cuda: router of %d tokens, %d experts, top %d", n_tok,
                        n_expert, k);
-    void *p[] = {&logits, &n_expert, &k, &ids, &weights};
-    return launch(cu, cu->k[K_ROUTER], "router_topk", (unsigned)n_tok, 1, 256, s, p, err);
+    void *p[] = {&logits, &n_tok, &n_expert, &k, &ids, &weights};
+    return launch(cu, cu->k[K_ROUTER], "router_topk", (unsigned)((n_tok + 3) / 4), 1, 128, s, p,
+                  err);
 }
 
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
@@ -1049,10 +1065,19 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
+    if (gate->tab && (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
+        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+    uint64_t hstride = gate->host_stride;
+    int nslot = gate->n_slot;
     void *p[] = {(void *)&gate->data,
                  (void *)&up->data,
                  &row_bytes,
                  &stride,
+                 (void *)&gate->host,
+                 (void *)&up->host,
+                 &hstride,
+                 (void *)&gate->tab,
+                 &nslot,
                  &n_ff,
                  &units,
                  &n_expert,
@@ -1083,9 +1108,17 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     int64_t nblocks = (int64_t)n_tok * k * units;
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
+    if (down->tab && (!down->host  || down->n_slot <= 0 || !down->host_stride))
+        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+    uint64_t hstride = down->host_stride;
+    int nslot = down->n_slot;
     void *p[] = {(void *)&down->data,
                  &row_bytes,
                  &stride,
+                 (void *)&down->host,
+                 &hstride,
+                 (void *)&down->tab,
+                 &nslot,
                  &n_embd,
                  &units,
                  &n_expert,
@@ -1126,12 +1159,21 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
+    if (gate->tab && (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
+        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+    uint64_t hstride = gate->host_stride;
+    int nslot = gate->n_slot;
     void *p[] = {(void *)&gate->data,
                  (void *)&up->data,
                  (void *)&sh_gate->data,
                  (void *)&sh_up->data,
                  &row_bytes,
                  &stride,
+                 (void *)&gate->host,
+                 (void *)&up->host,
+                 &hstride,
+                 (void *)&gate->tab,
+                 &nslot,
                  &n_ff,
                  &units,
                  &n_expert,
@@ -1168,10 +1210,18 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
     int64_t nblocks = (int64_t)n_tok * (k + 1) * units;
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
+    if (down->tab && (!down->host  || down->n_slot <= 0 || !down->host_stride))
+        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+    uint64_t hstride = down->host_stride;
+    int nslot = down->n_slot;
     void *p[] = {(void *)&down->data,
                  (void *)&sh_down->data,
                  &row_bytes,
                  &stride,
+                 (void *)&down->host,
+                 &hstride,
+                 (void *)&down->tab,
+                 &nslot,
                  &n_embd,
                  &units,
                  &n_expert,

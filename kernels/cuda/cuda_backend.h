@@ -68,6 +68,8 @@ void sil_cuda_host_release(struct sil_cuda *cu, void *p);
  * copies from it are DMA without a staging copy; p and bytes page-aligned. */
 int sil_cuda_host_register(struct sil_cuda *cu, void *p, size_t bytes, struct sil_error *err);
 void sil_cuda_host_unregister(struct sil_cuda *cu, void *p);
+/* The device's address of registered host memory p (kernels read it in place over the bus). */
+int sil_cuda_host_device_ptr(struct sil_cuda *cu, void *p, sil_cuda_ptr *out, struct sil_error *err);
 
 int sil_cuda_stream_create(struct sil_cuda *cu, struct sil_cuda_stream **out,
                            struct sil_error *err);
@@ -123,6 +125,13 @@ struct sil_cuda_weight {
     /* a stack of matrices (routed experts, expert slots): bytes from one matrix to the next;
      * 0: packed (rows / n_expert rows apart) */
     size_t mat_stride;
+    /* the MoE kernels only: a slot pool (data, mat_stride apart, n_slot of them) backed by the
+     * whole stack in host memory (host, a device address of registered memory, host_stride
+     * apart): expert e is slot tab[e] when tab[e] >= 0 (tab int32 [n_expert] on the device),
+     * else read in place from host + e * host_stride. tab 0: ids name matrices of data. */
+    sil_cuda_ptr host, tab;
+    size_t host_stride;
+    int n_slot;
 };
 
 /* Types sil_cuda_matvec and sil_cuda_matmul compute with. */

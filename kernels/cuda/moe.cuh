@@ -13,10 +13,31 @@ __device__ __forceinline__ sil_q8_view sil_q8_row(sil_q8_view a, int64_t row, in
     return {a.q + 2 * row * units, a.ds + row * units};
 }
 
+// The matrix of expert e: with a slot table (zero-copy misses), slot tab[e] of w (stride apart,
+// n_slot of them) when resident, else in place in host memory hw (h_stride apart); without
+// one, matrix e of w. NULL when e (or its slot) is out of range.
+__device__ __forceinline__ const uint8_t *sil_moe_mat(const uint8_t *w, uint64_t stride,
+                                                      const uint8_t *hw, uint64_t h_stride,
+                                                      const int32_t *__restrict__ tab, int n_slot,
+                                                      int n_expert, int e)
+{
+    if (e < 0 || e >= n_expert)
+        return nullptr;
+    if (!tab)
+        return w + (uint64_t)e * stride;
+    const int s = tab[e];
+    if (s >= 0)
+        return s < n_slot ? w + (uint64_t)s * stride : nullptr;
+    return hw + (uint64_t)e * h_stride;
+}
+
 template <int T>
 __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
                                                 const uint8_t *__restrict__ wu,
-                                                uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units,
+                                                uint64_t row_bytes, uint64_t mat_stride,
+                                                const uint8_t *hg, const uint8_t *hu,
+                                                uint64_t h_stride, const int32_t *__restrict__ tab,
+                                                int n_slot, int n_ff, int units,
                                                 int n_expert, const uint8_t *__restrict__ a8,
                                                 int64_t nblocks, const int32_t *__restrict__ ids,
                                                 int k, float *__restrict__ h)
@@ -26,18 +47,20 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
     if (r >= n_ff)
         return;
     const int p = blockIdx.y, t = p / k, e = ids[p];
-    if (e < 0 || e >= n_expert) {
+    const uint8_t *mg = sil_moe_mat(wg, mat_stride, hg, h_stride, tab, n_slot, n_expert, e);
+    const uint8_t *mu = sil_moe_mat(wu, mat_stride, hu, h_stride, tab, n_slot, n_expert, e);
+    if (!mg || !mu) {
         if (lane == 0)
             h[(int64_t)p * n_ff + r] = __int_as_float(0x7fc00000);
         return;
     }
     const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
-    const uint64_t off = (uint64_t)e * mat_stride + (uint64_t)r * row_bytes;
+    const uint64_t off = (uint64_t)r * row_bytes;
     float g = 0.0f, u = 0.0f;
     for (int i = lane; i < units; i += 32) {
         sil_wunit wa, wb;
-        sil_load_unit<T>(wg + off, i, wa);
-        sil_load_unit<T>(wu + off, i, wb);
+        sil_load_unit<T>(mg + off, i, wa);
+        sil_load_unit<T>(mu + off, i, wb);
         sil_unit_dot<1>(wa, a, units, i, &g);
         sil_unit_dot<1>(wb, a, units, i, &u);
     }
@@ -49,6 +72,8 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
 
 template <int T>
 __device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uint64_t row_bytes, uint64_t mat_stride,
+                                             const uint8_t *hd, uint64_t h_stride,
+                                             const int32_t *__restrict__ tab, int n_slot,
                                              int n_embd, int units, int n_expert,
                                              const uint8_t *__restrict__ h8, int64_t nblocks,
                                              const int32_t *__restrict__ ids,
@@ -66,12 +91,13 @@ __device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uin
     for (int idx = lane; idx < k * units; idx += 32) {
         const int j = idx / units, u = idx - j * units;
         const int p = t * k + j, e = ids[p];
-        if (e < 0 || e >= n_expert) {
+        const uint8_t *md = sil_moe_mat(wd, mat_stride, hd, h_stride, tab, n_slot, n_expert, e);
+        if (!md) {
             bad = true;
             continue;
         }
         sil_wunit w;
-        sil_load_unit<T>(wd + (uint64_t)e * mat_stride + (uint64_t)r * row_bytes, u, w);
+        sil_load_unit<T>(md + (uint64_t)r * row_bytes, u, w);
         float d = 0.0f;
         sil_unit_dot<1>(w, sil_q8_row(a, p, units), units, u, &d);
         acc += wts[p] * d;
@@ -92,7 +118,11 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
                                                    const uint8_t *__restrict__ wu,
                                                    const uint8_t *__restrict__ sg,
                                                    const uint8_t *__restrict__ su,
-                                                   uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units,
+                                                   uint64_t row_bytes, uint64_t mat_stride,
+                                                   const uint8_t *hg, const uint8_t *hu,
+                                                   uint64_t h_stride,
+                                                   const int32_t *__restrict__ tab, int n_slot,
+                                                   int n_ff, int units,
                                                    int n_expert, const uint8_t *__restrict__ a8,
                                                    int64_t nblocks, const int32_t *__restrict__ ids,
                                                    int k, const float *__restrict__ x,
@@ -117,14 +147,16 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
     if (r >= n_ff)
         return;
     const int e = shared ? 0 : ids[t * k + j];
-    if (e < 0 || e >= n_expert) {
+    const uint8_t *mg = shared ? sg : sil_moe_mat(wg, mat_stride, hg, h_stride, tab, n_slot, n_expert, e);
+    const uint8_t *mu = shared ? su : sil_moe_mat(wu, mat_stride, hu, h_stride, tab, n_slot, n_expert, e);
+    if (!mg || !mu) {
         if (lane == 0)
             h[(int64_t)p * n_ff + r] = __int_as_float(0x7fc00000);
         return;
     }
     const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
-    const uint64_t off = (uint64_t)e * mat_stride + (uint64_t)r * row_bytes;
-    const uint8_t *g8 = (shared ? sg : wg) + off, *u8 = (shared ? su : wu) + off;
+    const uint64_t off = (uint64_t)r * row_bytes;
+    const uint8_t *g8 = mg + off, *u8 = mu + off;
     float g = 0.0f, u = 0.0f;
     for (int i = lane; i < units; i += 32) {
         sil_wunit wa, wb;
@@ -142,6 +174,8 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
 template <int T>
 __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
                                                 const uint8_t *__restrict__ sd, uint64_t row_bytes, uint64_t mat_stride,
+                                                const uint8_t *hd, uint64_t h_stride,
+                                                const int32_t *__restrict__ tab, int n_slot,
                                                 int n_embd, int units, int n_expert,
                                                 const uint8_t *__restrict__ h8, int64_t nblocks,
                                                 const int32_t *__restrict__ ids,
@@ -162,13 +196,14 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
         const int j = idx / units, u = idx - j * units;
         const bool shared = j == k;
         const int e = shared ? 0 : ids[t * k + j];
-        if (e < 0 || e >= n_expert) {
+        const uint8_t *md =
+            shared ? sd : sil_moe_mat(wd, mat_stride, hd, h_stride, tab, n_slot, n_expert, e);
+        if (!md) {
             bad = true;
             continue;
         }
         sil_wunit w;
-        sil_load_unit<T>((shared ? sd : wd) + (uint64_t)e * mat_stride + (uint64_t)r * row_bytes,
-                         u, w);
+        sil_load_unit<T>(md + (uint64_t)r * row_bytes, u, w);
         float d = 0.0f;
         sil_unit_dot<1>(w, sil_q8_row(a, (int64_t)t * k1 + j, units), units, u, &d);
         acc += (shared ? sw : wts[t * k + j]) * d;
@@ -182,34 +217,44 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
 #define SIL_MOE_ENTRY(NAME, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, uint64_t mat_stride,          \
+                               const uint8_t *hg, const uint8_t *hu, uint64_t h_stride,           \
+                               const int32_t *tab, int n_slot,                                    \
                                int n_ff, int units, int n_expert, const uint8_t *a8,              \
                                int64_t nblocks, const int32_t *ids, int k, float *h)              \
     {                                                                                             \
-        sil_moe_gate_up<T>(wg, wu, row_bytes, mat_stride, n_ff, units, n_expert, a8, nblocks, ids, k, h);     \
+        sil_moe_gate_up<T>(wg, wu, row_bytes, mat_stride, hg, hu, h_stride, tab, n_slot, n_ff,    \
+                           units, n_expert, a8, nblocks, ids, k, h);                              \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
-        sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, uint64_t mat_stride, int n_embd, int units,         \
+        sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, uint64_t mat_stride,           \
+                            const uint8_t *hd, uint64_t h_stride, const int32_t *tab, int n_slot, \
+                            int n_embd, int units,                                                \
                             int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, \
                             const float *wts, int k, float *y)                                    \
     {                                                                                             \
-        sil_moe_down<T>(wd, row_bytes, mat_stride, n_embd, units, n_expert, h8, nblocks, ids, wts, k, y);     \
+        sil_moe_down<T>(wd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd, units,      \
+                        n_expert, h8, nblocks, ids, wts, k, y);                                   \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_gate_up_sh_##NAME(   \
         const uint8_t *wg, const uint8_t *wu, const uint8_t *sg, const uint8_t *su,               \
-        uint64_t row_bytes, uint64_t mat_stride, int n_ff, int units, int n_expert, const uint8_t *a8, int64_t nblocks, \
+        uint64_t row_bytes, uint64_t mat_stride, const uint8_t *hg, const uint8_t *hu,            \
+        uint64_t h_stride, const int32_t *tab, int n_slot,                                        \
+        int n_ff, int units, int n_expert, const uint8_t *a8, int64_t nblocks,                    \
         const int32_t *ids, int k, const float *x, const float *gate_inp, float *sh_logit,        \
         float *h)                                                                                 \
     {                                                                                             \
-        sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, mat_stride, n_ff, units, n_expert, a8, nblocks, ids, \
-                              k, x, gate_inp, sh_logit, h);                                       \
+        sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, mat_stride, hg, hu, h_stride, tab,       \
+                              n_slot, n_ff, units, n_expert, a8, nblocks, ids, k, x, gate_inp,    \
+                              sh_logit, h);                                                       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_down_sh_##NAME(      \
-        const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride, int n_embd, int units,          \
-        int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, const float *wts,   \
-        const float *sh_logit, int k, float *y)                                                   \
+        const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride,            \
+        const uint8_t *hd, uint64_t h_stride, const int32_t *tab, int n_slot, int n_embd,         \
+        int units, int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids,          \
+        const float *wts, const float *sh_logit, int k, float *y)                                 \
     {                                                                                             \
-        sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, n_embd, units, n_expert, h8, nblocks, ids, wts,     \
-                           sh_logit, k, y);                                                       \
+        sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd,      \
+                           units, n_expert, h8, nblocks, ids, wts, sh_logit, k, y);               \
     }
 
 SIL_MOE_ENTRY(q4_0, WT_Q4_0)

@@ -143,51 +143,76 @@ extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
 
 #define SIL_ROUTER_MAX 1024
 
-// One block per token: softmax over n_expert, then k rounds of block argmax over the experts not
-// yet taken; weights p_e / sum(p_top) with the sum clamped below at 2^-14.
-extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
-    sil_router_topk_f32(const float *logits, int n_expert, int k, int32_t *ids, float *weights)
+#define SIL_ROUTER_WARPS 4
+
+// One warp per token (SIL_ROUTER_WARPS tokens a block; lane i holds experts i, i + 32, ...):
+// softmax over n_expert, then k rounds of warp argmax over the experts not yet taken (ties to
+// the lower id); weights p_e / sum(p_top), the sum in selection order clamped below at 2^-14.
+// No block barrier anywhere: a decode token's routing is a few microseconds.
+extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
+    sil_router_topk_f32(const float *logits, int n_tok, int n_expert, int k, int32_t *ids,
+                        float *weights)
 {
-    __shared__ float p[SIL_ROUTER_MAX];
-    __shared__ float shv[32];
-    __shared__ int shi[32];
-    __shared__ int sel[32];
-    const float *l = logits + (int64_t)blockIdx.x * n_expert;
+    __shared__ float pw[SIL_ROUTER_WARPS][SIL_ROUTER_MAX];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int t = blockIdx.x * SIL_ROUTER_WARPS + w;
+    if (t >= n_tok)
+        return;
+    float *p = pw[w];
+    const float *l = logits + (int64_t)t * n_expert;
     float mx = -INFINITY;
-    for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS)
+    for (int e = lane; e < n_expert; e += 32)
         mx = fmaxf(mx, l[e]);
-    mx = sil_block_max(mx, shv);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.0f;
-    for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS) {
-        p[e] = expf(l[e] - mx);
-        sum += p[e];
+    for (int e = lane; e < n_expert; e += 32) {
+        const float v = expf(l[e] - mx);
+        p[e] = v;
+        sum += v;
     }
-    sum = sil_block_sum(sum, shv);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float inv = 1.0f / sum;
-    for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS)
+    for (int e = lane; e < n_expert; e += 32)
         p[e] *= inv;
-    __syncthreads();
-    float top = 0.0f;
+    __syncwarp();
+    const float taken = -2.0f; // below any probability
+    float top = 0.0f, my_p = 0.0f;
+    int my_id = 0;
     for (int j = 0; j < k; j++) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int e = threadIdx.x; e < n_expert; e += SIL_ROW_THREADS) {
-            bool taken = false;
-            for (int i = 0; i < j; i++)
-                taken = taken || sel[i] == e;
-            if (!taken && (bi == 0x7fffffff || p[e] > bv))
-                bv = p[e], bi = e;
+        for (int e = lane; e < n_expert; e += 32) {
+            const float v = p[e];
+            if (v != taken && (bi == 0x7fffffff || v > bv))
+                bv = v, bi = e;
         }
-        bi = sil_block_argmax(bv, bi, shv, shi);
-        if (threadIdx.x == 0)
-            sel[j] = bi;
-        __syncthreads();
-        top += p[sel[j]];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi)))
+                bv = ov, bi = oi;
+        }
+        bi = __shfl_sync(0xffffffffu, bi, 0);
+        bv = __shfl_sync(0xffffffffu, bv, 0);
+        if (bi == 0x7fffffff)
+            bi = 0, bv = p[0];
+        if (lane == j)
+            my_id = bi, my_p = bv;
+        __syncwarp();
+        if (lane == (bi & 31))
+            p[bi] = taken;
+        __syncwarp();
+        top += bv;
     }
     if (top < 6.103515625e-5f)
         top = 6.103515625e-5f;
-    for (int j = threadIdx.x; j < k; j += SIL_ROW_THREADS) {
-        ids[(int64_t)blockIdx.x * k + j] = sel[j];
-        weights[(int64_t)blockIdx.x * k + j] = p[sel[j]] / top;
+    if (lane < k) {
+        ids[(int64_t)t * k + lane] = my_id;
+        weights[(int64_t)t * k + lane] = my_p / top;
     }
 }
