@@ -19,9 +19,11 @@
  *      to it and continued: the same last logits as the first pass, <= 1e-3 (the recurrent state
  *      goes through the host and back);
  *   6. graphs: prompt 2 decoded token by token with CUDA graphs and device routing (the
- *      default: from the third step on each step replays a graph) against an engine without
- *      graphs that brings the router's choices to the host (SIL_CUDA_GRAPHS=0,
- *      SIL_CUDA_HOST_ROUTE=1): the same kernels, so the same logits at every step, bit for bit;
+ *      default: from the third step on each step replays a graph; on sm_90 kernels launch with
+ *      programmatic dependent launch) against an engine without graphs that brings the
+ *      router's choices to the host and launches plainly (SIL_CUDA_GRAPHS=0,
+ *      SIL_CUDA_HOST_ROUTE=1, SIL_CUDA_PDL=0): the same kernels, so the same logits at every
+ *      step, bit for bit (a kernel racing the one before it would show here);
  *   7. grouped expert products in prefill (SIL_CUDA_GROUPED=1) against the default: prompt 2's
  *      last logits within the decode-vs-prefill tolerance (other kernels, other rounding);
  *   8. the shared expert inside the fused MoE kernels (the default where its shape and types
@@ -345,9 +347,11 @@ int main(int argc, char **argv)
         struct sil_engine *eager = NULL;
         setenv("SIL_CUDA_GRAPHS", "0", 1);
         setenv("SIL_CUDA_HOST_ROUTE", "1", 1);
+        setenv("SIL_CUDA_PDL", "0", 1);
         int rc = open_engine(&eager, model, "cuda", &err);
         unsetenv("SIL_CUDA_GRAPHS");
         unsetenv("SIL_CUDA_HOST_ROUTE");
+        unsetenv("SIL_CUDA_PDL");
         int se = -1;
         float worst = 0.0f;
         if (rc == 0) rc = prefill(gpu, p2, 1, lg, &sg);

@@ -43,6 +43,26 @@ enum {
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
 };
 
+/* cuLaunchKernelEx's configuration (cuda.h, CUDA 12.0 and newer), for programmatic dependent
+ * launch: the attribute id 6 (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) with the
+ * int programmaticStreamSerializationAllowed first in the 64-byte value union. */
+typedef struct {
+    int id;
+    char pad[4];
+    union {
+        char pad[64];
+        int allowed;
+    } value;
+} CUlaunchAttribute;
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+typedef CUresult (*cu_launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+
 /* Symbol names are the ones cuda.h maps its API names to (the _v2 ABI where there is one). */
 #define SIL_CU_FUNCS(X)                                                                            \
     X(cuGetErrorString, CUresult, (CUresult, const char **))                                       \
@@ -93,6 +113,7 @@ enum {
 
 struct sil_cu_api {
     void *lib;
+    cu_launch_ex_fn cuLaunchKernelEx; /* optional: NULL on drivers before CUDA 12 */
 #define X(name, ret, args) ret(*name) args;
     SIL_CU_FUNCS(X)
 #undef X
@@ -240,6 +261,7 @@ static int load_api(struct sil_cu_api *api, struct sil_error *err)
     }
     SIL_CU_FUNCS(X)
 #undef X
+    *(void **)&api->cuLaunchKernelEx = dlsym(api->lib, "cuLaunchKernelEx");
     return 0;
 }
 
@@ -366,6 +388,10 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
     if (rc < 0) goto fail_ctx;
     /* m16n8k32 is in the sm_80+ SASS only; the compute_75 PTX carries m8n8k16 in both entries */
     cu->mma_best = cu->mma_sm = in->cc_major >= 8 && !in->ptx_jit ? 80 : 75;
+    /* programmatic dependent launch: the sm_90 SASS has the waits (pdl.cuh), the PTX not */
+    const char *pdl = getenv("SIL_CUDA_PDL");
+    in->pdl = in->cc_major >= 9 && !in->ptx_jit && cu->api.cuLaunchKernelEx &&
+              !(pdl && strcmp(pdl, "0") == 0);
     const char *inj = getenv("SIL_CUDA_INJECT_OOM");
     cu->fail_at = inj ? strtoull(inj, NULL, 10) : 0;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
@@ -691,7 +717,18 @@ static int cu_launch(struct sil_cuda *cu, CUfunction f, const char *what, unsign
                        "cuda: %s: out of memory (injected at launch %llu by SIL_CUDA_INJECT_OOM)",
                        what, (unsigned long long)cu->fail_at);
     if (cu->prof) CU_CHECK(cu, err, cuEventRecord(cu->prof_ev[0], st));
-    CUresult r = cu->api.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, 0, st, params, NULL);
+    CUresult r;
+    if (cu->info.pdl && !cu->prof) {
+        /* the next kernel may start while this one runs; each waits at SIL_PDL_ENTRY */
+        CUlaunchAttribute at;
+        memset(&at, 0, sizeof at);
+        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.allowed = 1;
+        const CUlaunchConfig c = {gx, gy, gz, block, 1, 1, 0, st, &at, 1};
+        r = cu->api.cuLaunchKernelEx(&c, f, params, NULL);
+    } else {
+        r = cu->api.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, 0, st, params, NULL);
+    }
     if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, what);
     if (!cu->prof) return 0;
     float ms = 0.0f;

@@ -36,6 +36,8 @@ struct sil_cuda_info {
     int driver_version; /* 13000 for 13.0 */
     size_t total_mem;
     bool ptx_jit; /* the module was built from PTX (CUDA_FORCE_PTX_JIT or no SASS match) */
+    /* kernels launch with programmatic dependent launch (sm_90+ SASS; SIL_CUDA_PDL=0: off) */
+    bool pdl;
 };
 
 /* The architectures the embedded fatbin carries, e.g. "sm_75 sm_86 sm_89 sm_90 compute_75". */

@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/cuda/pdl.cuh"
+
 #define FWD_THREADS 128
 
 __device__ __forceinline__ float fwd_warp_sum(float v)
@@ -62,6 +64,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_gather_rows(float *y, int64_t ldy, const float *x, int64_t ldx, const int *rows,
                         int64_t width)
 {
+    SIL_PDL_ENTRY();
     const float *src = x + (int64_t)rows[blockIdx.x] * ldx;
     float *dst = y + (int64_t)blockIdx.x * ldy;
     for (int64_t c = threadIdx.x; c < width; c += FWD_THREADS)
@@ -77,6 +80,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                     const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
                     float eps, float *kc, float *vc, int n_ctx)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float buf[1024];
     const int i = blockIdx.y, h = blockIdx.x;
@@ -122,6 +126,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                    const float *kc, const float *vc, const int *pos, const int *seq, int n_head,
                    int n_head_kv, int hd, int n_ctx, int gated, float *scores)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[1024];
     const int i = blockIdx.y, h = blockIdx.x;
@@ -175,6 +180,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                    int64_t cd, const int *run_start, const int *run_seq, float *const *seq_state,
                    int64_t offset)
 {
+    SIL_PDL_ENTRY();
     const int64_t c = (int64_t)blockIdx.x * FWD_THREADS + threadIdx.x;
     if (c >= cd) return;
     const int r = blockIdx.y;
@@ -211,6 +217,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                       const int *run_start, const int *run_seq, float *const *seq_state,
                       int64_t offset, int64_t ssm_offset)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[1024], ks[1024], os[1024];
     const int h = blockIdx.x, r = blockIdx.y, kh = h % nk;
@@ -278,6 +285,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_gate_add(float *y, int64_t ldy, const float *g, const float *x, int64_t ldx,
                      int64_t width)
 {
+    SIL_PDL_ENTRY();
     const int i = blockIdx.y;
     const int64_t c = (int64_t)blockIdx.x * FWD_THREADS + threadIdx.x;
     if (c >= width) return;
@@ -291,6 +299,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_moe_combine(float *out, int64_t ldo, const float *d, const int *pair_of,
                         const float *w, int K, int64_t width)
 {
+    SIL_PDL_ENTRY();
     const int i = blockIdx.y;
     const int64_t c = (int64_t)blockIdx.x * FWD_THREADS + threadIdx.x;
     if (c >= width) return;
@@ -328,6 +337,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     sil_fwd_add_rmsnorm_q8(float *x, const float *d, float *y, const float *w, int64_t n, float eps,
                            uint8_t *q8, int64_t nblocks)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
@@ -366,6 +376,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                        const int *run_start, const int *run_seq, float *const *seq_state,
                        int64_t offset, int64_t ssm_offset)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[32 * DN_MAXC], ks[32 * DN_MAXC];
     const int h = blockIdx.x, r = blockIdx.y, kh = h % nk;
@@ -442,6 +453,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_gated_norm_q8(float *out, int64_t ldo, const float *z, int64_t ldz, const float *norm,
                           int dv, float eps, uint8_t *q8, int64_t nblocks)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     const int i = blockIdx.y, h = blockIdx.x, lane = threadIdx.x & 31;
     float *o = out + (int64_t)i * ldo + (int64_t)h * dv;
@@ -470,6 +482,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                         const float *vc, const int *pos, const int *seq, int n_head, int n_head_kv,
                         int hd, int n_ctx, float *part)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[1024];
     __shared__ float s[1024];
@@ -525,6 +538,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_combine(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
                            const float *part, int nz, int n_head, int hd, int gated)
 {
+    SIL_PDL_ENTRY();
     const int i = blockIdx.y, h = blockIdx.x;
     const float *pt = part + ((int64_t)i * n_head + h) * nz * (hd + 2);
     float M = -INFINITY;

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/mmvq.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/moe.cuh"

@@ -237,6 +237,7 @@ __device__ __forceinline__ void sil_mmf(const uint8_t *__restrict__ w, uint64_t 
         sil_mmq_##NAME##_##SM(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
                               const uint8_t *a, int n, float *y, int64_t ldy)                     \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_mmq<T, SM80>(w, row_bytes, rows, units, a, n, 0, n, y, ldy);                          \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMQ_THREADS) sil_mmq_grp_##NAME##_##SM(      \
@@ -244,6 +245,7 @@ __device__ __forceinline__ void sil_mmf(const uint8_t *__restrict__ w, uint64_t 
         const uint8_t *a, int a_rows, const int *grp_mat, const int *grp_start, float *y,         \
         int64_t ldy)                                                                              \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         const int g = blockIdx.z, j0 = grp_start[g], n = grp_start[g + 1] - j0;                   \
         if ((int)blockIdx.y * SIL_MMQ_BN >= n) return;                                            \
         sil_mmq<T, SM80>(w + (uint64_t)grp_mat[g] * mat_bytes, row_bytes, rows, units, a, a_rows, \
@@ -255,6 +257,7 @@ __device__ __forceinline__ void sil_mmf(const uint8_t *__restrict__ w, uint64_t 
         sil_mmf_##NAME(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,              \
                        const float *x, int n, float *y, int64_t ldy)                              \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_mmf<F>(w, row_bytes, rows, cols, x, n, y, ldy);                                       \
     }
 

@@ -431,11 +431,13 @@ __device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t
         sil_mmvq_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
                               const uint8_t *a, float *y, int64_t ldy)                            \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_mmvq<T, N>(w, row_bytes, rows, units, a, y, ldy, blockIdx.x);                         \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvq_multi_##NAME##_##N(sil_mv_set set, int units, const uint8_t *a)                  \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         int k = 0;                                                                                \
         while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])                               \
             k++;                                                                                  \
@@ -460,6 +462,7 @@ struct sil_mv_set {
         sil_mmvf_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,       \
                               int vec, const float *x, float *y, int64_t ldy)                     \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_mmvf<F, N>(w, row_bytes, rows, cols, vec, x, y, ldy);                                 \
     }
 #define SIL_BATCHES(E, NAME, T)                                                                   \
@@ -482,6 +485,7 @@ SIL_BATCHES(SIL_MMVF_ENTRY, bf16, 2)
 extern "C" __global__ void __launch_bounds__(256)
     sil_quantize_q8_1(const float *__restrict__ x, int64_t nblocks, uint8_t *__restrict__ out)
 {
+    SIL_PDL_ENTRY();
     const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (b >= nblocks)

@@ -222,6 +222,7 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
                                int n_ff, int units, int n_expert, const uint8_t *a8,              \
                                int64_t nblocks, const int32_t *ids, int k, float *h)              \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_moe_gate_up<T>(wg, wu, row_bytes, mat_stride, hg, hu, h_stride, tab, n_slot, n_ff,    \
                            units, n_expert, a8, nblocks, ids, k, h);                              \
     }                                                                                             \
@@ -232,6 +233,7 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
                             int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, \
                             const float *wts, int k, float *y)                                    \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_moe_down<T>(wd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd, units,      \
                         n_expert, h8, nblocks, ids, wts, k, y);                                   \
     }                                                                                             \
@@ -243,6 +245,7 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
         const int32_t *ids, int k, const float *x, const float *gate_inp, float *sh_logit,        \
         float *h)                                                                                 \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, mat_stride, hg, hu, h_stride, tab,       \
                               n_slot, n_ff, units, n_expert, a8, nblocks, ids, k, x, gate_inp,    \
                               sh_logit, h);                                                       \
@@ -253,6 +256,7 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
         int units, int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids,          \
         const float *wts, const float *sh_logit, int k, float *y)                                 \
     {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
         sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd,      \
                            units, n_expert, h8, nblocks, ids, wts, sh_logit, k, y);               \
     }

@@ -47,6 +47,7 @@ __device__ __forceinline__ float sil_block_max(float v, float *sh)
 extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
     sil_rmsnorm_f32(float *y, const float *x, const float *w, int64_t n, float eps)
 {
+    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     const float *xr = x + blockIdx.x * n;
     float *yr = y + blockIdx.x * n;
@@ -61,6 +62,7 @@ extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
 
 extern "C" __global__ void sil_add_f32(float *y, const float *x, int64_t n)
 {
+    SIL_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] += x[i];
@@ -69,6 +71,7 @@ extern "C" __global__ void sil_add_f32(float *y, const float *x, int64_t n)
 extern "C" __global__ void sil_swiglu_f32(float *out, const float *gate, const float *up,
                                           int64_t n)
 {
+    SIL_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const float g = gate[i];
@@ -81,6 +84,7 @@ extern "C" __global__ void sil_swiglu_f32(float *out, const float *gate, const f
 extern "C" __global__ void sil_rope_neox_f32(float *x, int n_head, int head_dim, int n_rot,
                                              const int32_t *pos, float theta_scale)
 {
+    SIL_PDL_ENTRY();
     const int half = n_rot / 2;
     float *v = x + ((int64_t)blockIdx.y * n_head + blockIdx.x) * head_dim;
     const float p = (float)pos[blockIdx.y];
@@ -128,6 +132,7 @@ __device__ __forceinline__ int sil_block_argmax(float v, int idx, float *shv, in
 extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
     sil_argmax_f32(const float *x, int64_t n, int32_t *out)
 {
+    SIL_PDL_ENTRY();
     __shared__ float shv[32];
     __shared__ int shi[32];
     const float *xr = x + blockIdx.x * n;
@@ -153,6 +158,7 @@ extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
     sil_router_topk_f32(const float *logits, int n_tok, int n_expert, int k, int32_t *ids,
                         float *weights)
 {
+    SIL_PDL_ENTRY();
     __shared__ float pw[SIL_ROUTER_WARPS][SIL_ROUTER_MAX];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int t = blockIdx.x * SIL_ROUTER_WARPS + w;
