@@ -406,7 +406,18 @@ static void newline(FILE *f, int indent, int level)
         fputc(' ', f);
 }
 
+/* in_key: o is (inside) a map key being rendered as the text of a JSON key. Such text is
+ * quoted once more, which doubles its escapes: keys of keys would grow exponentially with their
+ * nesting (a hostile peer's 30 nested one-entry maps are gigabytes), so inside a key, a map or
+ * array key is rendered as the placeholder "(key)". */
+static void json_obj_in(FILE *f, const msgpack_object *o, int indent, int level, bool in_key);
+
 static void json_obj(FILE *f, const msgpack_object *o, int indent, int level)
+{
+    json_obj_in(f, o, indent, level, false);
+}
+
+static void json_obj_in(FILE *f, const msgpack_object *o, int indent, int level, bool in_key)
 {
     switch (o->type) {
     case MSGPACK_OBJECT_NIL:
@@ -441,7 +452,7 @@ static void json_obj(FILE *f, const msgpack_object *o, int indent, int level)
             if (i)
                 fputc(',', f);
             newline(f, indent, level + 1);
-            json_obj(f, &o->via.array.ptr[i], indent, level + 1);
+            json_obj_in(f, &o->via.array.ptr[i], indent, level + 1, in_key);
         }
         if (o->via.array.size)
             newline(f, indent, level);
@@ -458,20 +469,23 @@ static void json_obj(FILE *f, const msgpack_object *o, int indent, int level)
                 json_str(f, k->via.str.ptr, k->via.str.size);
             } else if (k->type == MSGPACK_OBJECT_BIN) {
                 json_str(f, k->via.bin.ptr, k->via.bin.size);
+            } else if (in_key &&
+                       (k->type == MSGPACK_OBJECT_MAP || k->type == MSGPACK_OBJECT_ARRAY)) {
+                fputs("\"(key)\"", f);
             } else {
                 /* JSON keys are strings: print the key as JSON, then quote that text. */
                 char *text = NULL;
                 size_t len = 0;
                 FILE *m = open_memstream(&text, &len);
                 if (m) {
-                    json_obj(m, k, -1, 0);
+                    json_obj_in(m, k, -1, 0, true);
                     fclose(m);
                 }
                 json_str(f, text ? text : "", text ? len : 0);
                 free(text);
             }
             fputs(indent < 0 ? ":" : ": ", f);
-            json_obj(f, &o->via.map.ptr[i].val, indent, level + 1);
+            json_obj_in(f, &o->via.map.ptr[i].val, indent, level + 1, in_key);
         }
         if (o->via.map.size)
             newline(f, indent, level);

@@ -780,6 +780,39 @@ static void test_json(void **state)
     free(s);
     msgpack_unpacked_destroy(&up);
     raw_free(&r);
+    /* non-string keys: printed as JSON, quoted; inside such a key, a non-string key is a
+     * placeholder, so 30 nested one-entry maps as keys print in a few bytes (each level used
+     * to double the escapes: gigabytes) */
+    raw_init(&r);
+    msgpack_pack_map(&r.pk, 1);
+    msgpack_pack_map(&r.pk, 1);
+    msgpack_pack_int(&r.pk, 1);
+    msgpack_pack_int(&r.pk, 2);
+    msgpack_pack_int(&r.pk, 3);
+    msgpack_unpacked_init(&up);
+    off = 0;
+    assert_int_equal(msgpack_unpack_next(&up, r.sb.data, r.sb.size, &off), MSGPACK_UNPACK_SUCCESS);
+    s = mem_json(&up.data, -1);
+    assert_string_equal(s, "{\"{\\\"1\\\":2}\":3}");
+    free(s);
+    msgpack_unpacked_destroy(&up);
+    raw_free(&r);
+    raw_init(&r);
+    for (int i = 0; i < 30; i++)
+        msgpack_pack_map(&r.pk, 1);
+    msgpack_pack_nil(&r.pk);
+    for (int i = 0; i < 30; i++)
+        msgpack_pack_nil(&r.pk);
+    msgpack_unpacked_init(&up);
+    off = 0;
+    if (msgpack_unpack_next(&up, r.sb.data, r.sb.size, &off) == MSGPACK_UNPACK_SUCCESS) {
+        s = mem_json(&up.data, -1);
+        assert_true(strlen(s) < 100);
+        assert_string_equal(s, "{\"{\\\"(key)\\\":null}\":null}");
+        free(s);
+    }
+    msgpack_unpacked_destroy(&up);
+    raw_free(&r);
     /* a C string alone: the same escapes; NULL is the empty string */
     size_t n = 0;
     FILE *f = open_memstream(&s, &n);
