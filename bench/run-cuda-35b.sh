@@ -1,25 +1,48 @@
 #!/bin/bash
 # The Qwen3.5-35B-A3B shape at Q4_K_M, all resident on one GPU: llama.cpp's llama-bench and
-# siliceo's CUDA backend (sil-eval --backend cuda) on the same file, pp512 and tg128.
-# usage: bench/run-cuda-35b.sh [LLAMA_BENCH] [OUTDIR]   (binaries from build/bin; model in /tmp)
+# siliceo's CUDA backend (sil-eval --backend cuda) on the same file: pp512 and tg128, then tg128
+# after longer prompts (CTX, default "4096 16384": llama-bench -d N against sil-eval decoding
+# after an N-token prompt). sil-eval runs two passes in one engine, fresh sequences each, and the
+# second is the figure (llama-bench also warms up first): pass 1 includes the first eager pass
+# and the graph capture. Variants (VARIANTS, default "ours"): ours-nopdl (SIL_CUDA_PDL=0) and
+# ours-nogqa (SIL_CUDA_NO_GQA=1), the same file in the same call, for A/B figures.
+# usage: bench/run-cuda-35b.sh [LLAMA_BENCH|-] [OUTDIR]   (binaries from $B/bin; model in /tmp)
 set -u
 B=${B:-build}
-PEER=${1:-}
+PEER=${1:--}
 OUT=${2:-bench/out}
 M=${MODEL:-/tmp/qwen35moe-35b-a3b-q4_k_m.gguf}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 [ -f "$M" ] || "$B/bin/sil-mkmodel" --preset qwen35-35b-a3b --type q4_k_m --seed 1 --out "$M"
-if [ -n "$PEER" ]; then
+if [ "$PEER" != - ]; then
     "$PEER" -m "$M" -ngl 99 -fa 1 -p 512 -n 128 -r 2 -o json > "$OUT/peer.json"
+    for c in ${CTX:-4096 16384}; do
+        "$PEER" -m "$M" -ngl 99 -fa 1 -p 0 -n 128 -d "$c" -r 1 -o json > "$OUT/peer-d$c.json"
+    done
 fi
-T=$(seq -s, 1 512)
 (while sleep 0.5; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done \
     > "$OUT/vram.txt") &
 poll=$!
-for r in 1 2; do
-    "$B/bin/sil-eval" --model "$M" --tokens "$T" --n-predict 128 --logits none --backend cuda \
-        --json > "$OUT/eval$r.json"
+eval_run() { # name, tokens, then VAR=value settings
+    local n=$1 t=$2
+    shift 2
+    env "$@" "$B/bin/sil-eval" --model "$M" --tokens "$(seq -s, 1 "$t")" --n-predict 128 \
+        --logits none --backend cuda --ctx $((t + 256)) --passes 2 --json > "$OUT/$n.json" \
+        2> "$OUT/$n.err"
+    echo "$n rc=$?"
+}
+for v in ${VARIANTS:-ours}; do
+    case $v in
+    ours) set -- SIL_BENCH_NONE=1 ;;
+    ours-nopdl) set -- SIL_CUDA_PDL=0 ;;
+    ours-nogqa) set -- SIL_CUDA_NO_GQA=1 ;;
+    *) echo "unknown variant $v" >&2; continue ;;
+    esac
+    eval_run "$v-p512" 512 "$@"
+    for c in ${CTX:-4096 16384}; do
+        eval_run "$v-p$c" "$c" "$@"
+    done
 done
 kill $poll
 echo "peak VRAM used: $(sort -n "$OUT/vram.txt" | tail -1) MiB"

@@ -40,6 +40,9 @@
  *  11. miss path (c) (SIL_CUDA_CPU_MISSES=2, n_expert slots): decode steps with the coldest two
  *      misses of each layer computed on the host, against everything resident: within 1e-1
  *      and not all equal (the host rounds activations its own way).
+ *  13. decode attention with the query heads of a KV head together (the default where 2 to 8
+ *      share one) against one block a query head (SIL_CUDA_NO_GQA=1): decode steps within
+ *      1e-3 (each head's softmax sum is added in another order).
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
@@ -533,6 +536,26 @@ int main(int argc, char **argv)
             fails += !(worst == 0.0f && es.ecache_misses > 0 && ran);
         }
         sil_engine_close(sl);
+    }
+
+    /* 13. grouped-query decode attention against one block a query head */
+    {
+        struct sil_engine *ph = NULL;
+        setenv("SIL_CUDA_NO_GQA", "1", 1);
+        int rc = open_engine(&ph, model, "cuda", &err);
+        unsetenv("SIL_CUDA_NO_GQA");
+        float worst = 0.0f;
+        if (rc == 0) rc = half_then_steps(gpu, ph, p2, n2, V, lg, alone, false, &worst);
+        if (rc < 0) {
+            fprintf(stderr, "%s: grouped attention: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: cuda decode attention, KV heads read once for their query heads vs once a "
+                   "head, %d steps: max |diff| = %.4g (tol %.0e) %s\n",
+                   model, n2 - n2 / 2, worst, GPU_SELF_TOL, worst <= GPU_SELF_TOL ? "ok" : "FAIL");
+            fails += !(worst <= GPU_SELF_TOL);
+        }
+        sil_engine_close(ph);
     }
 
     /* 10. an injected device out-of-memory fails one evaluation only */

@@ -87,12 +87,14 @@ enum {
     F_GATED_NORM_Q8,
     F_ATTEND_PART,
     F_ATTEND_COMBINE,
+    F_ATTEND_PART_GQA,
     F_COUNT
 };
 static const char *const f_names[F_COUNT] = {
     "sil_fwd_gather_rows", "sil_fwd_qk_prep",       "sil_fwd_attend",      "sil_fwd_conv1d",
     "sil_fwd_delta_net",   "sil_fwd_gate_add",      "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
     "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8", "sil_fwd_attend_part", "sil_fwd_attend_combine",
+    "sil_fwd_attend_part_gqa",
 };
 
 #define MB SIL_CUDA_MAX_BATCH
@@ -162,7 +164,7 @@ struct cuda_backend {
     size_t meta_bytes, ints_off;
     float *h_logits;
     /* graphs */
-    bool graphs, host_route, no_grouped, no_shared_fuse;
+    bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa;
     enum pass_mode mode;
     struct graph_slot slots[N_GRAPHS];
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
@@ -783,9 +785,12 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     int nz = b->attn_split;
     void *p3[] = {&q,      &ldq,    &q_stride, &kc,  &vc,    &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &part};
-    if (!ok(b,
-            sil_cuda_launch(b->cu, b->fn[F_ATTEND_PART], f_names[F_ATTEND_PART], (unsigned)n_head,
-                            (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
+    /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
+    const int G = n_head / n_kv;
+    const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
+    const int f = gqa ? F_ATTEND_PART_GQA : F_ATTEND_PART;
+    if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
+                               (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
         return;
     void *p4[] = {&q, &ldq, &q_stride, &o, &ldo, &part, &nz, &n_head, &hdi, &gated};
     ok(b, launch(b, F_ATTEND_COMBINE, (unsigned)n_head, (unsigned)ub->n, p4));
@@ -1951,7 +1956,14 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                                          sil_cuda_q8_bytes(U * K, E > F ? E : F) + 256 +
                                          (uint64_t)(2 * X + 1) * 4
                                    : 0;
-    const int attn_split = c->n_ctx / 1024 + 1 > 32 ? (int)(c->n_ctx / 1024 + 1) : 32;
+    /* decode attention splits the context in attn_split chunks a head (fixed, so a graph keeps
+     * its grid): at least 64; about 128 positions a chunk up to 256 chunks; never more than
+     * 512 positions a chunk (the grouped kernel's scores in shared memory) */
+    int64_t split = c->n_ctx / 128 + 1;
+    if (split > 256) split = 256;
+    if (split < c->n_ctx / 512 + 1) split = c->n_ctx / 512 + 1;
+    if (split < 64) split = 64;
+    const int attn_split = (int)split;
     const uint64_t part_bytes =
         c->n_layer_attn > 0 && c->head_dim > 0
             ? (uint64_t)(MB * c->n_head * attn_split) * (uint64_t)(c->head_dim + 2) * f4
@@ -2179,6 +2191,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                     b->h2d_cap / 1e9);
         const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
+        const char *ng = getenv("SIL_CUDA_NO_GQA");
+        b->no_gqa = ng && strcmp(ng, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = !(gr && strcmp(gr, "1") == 0);
         const char *pf = getenv("SIL_CUDA_PROFILE");

@@ -532,6 +532,100 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     }
 }
 
+#define GQA_MAX 8      // query heads per KV head the grouped kernel takes
+#define GQA_HD 256     // head size it takes at most
+#define GQA_CHUNK 512  // positions a block takes at most (the host's split keeps to it)
+
+// sil_fwd_attend_part for the G = n_head / n_head_kv query heads sharing one KV head at once
+// (2 <= G <= GQA_MAX, hd <= GQA_HD): block (KV head, row, z) reads each K and V row of its chunk
+// once for all G heads instead of G times. The scores and the V sums are those of
+// sil_fwd_attend_part (the same products in the same order); each head's softmax sum l is a
+// warp's sum, so it may differ from that kernel's in the last bits. Partials as it writes them.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_part_gqa(const float *q, int64_t ldq, int q_stride, const float *kc,
+                            const float *vc, const int *pos, const int *seq, int n_head,
+                            int n_head_kv, int hd, int n_ctx, float *part)
+{
+    SIL_PDL_ENTRY();
+    __shared__ float qs[GQA_MAX * GQA_HD];
+    __shared__ float s[GQA_MAX * GQA_CHUNK];
+    __shared__ float mxs[GQA_MAX], sums[GQA_MAX];
+    const int i = blockIdx.y, kvh = blockIdx.x, z = blockIdx.z, nz = gridDim.z;
+    const int G = n_head / n_head_kv;
+    const int np = pos[i] + 1, chunk = (np + nz - 1) / nz;
+    const int c0 = min(np, z * chunk), c1 = min(np, c0 + chunk);
+    const int64_t kv_dim = (int64_t)n_head_kv * hd;
+    const float *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const float *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int idx = threadIdx.x; idx < G * hd; idx += FWD_THREADS) {
+        const int g = idx / hd, j = idx - g * hd;
+        qs[g * GQA_HD + j] = q[(int64_t)i * ldq + (int64_t)(kvh * G + g) * q_stride + j];
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
+        const float *kp = k0 + (int64_t)p * kv_dim;
+        float d[GQA_MAX];
+#pragma unroll
+        for (int g = 0; g < GQA_MAX; g++)
+            d[g] = 0.0f;
+        for (int j = lane; j < hd; j += 32) {
+            const float kv = kp[j];
+#pragma unroll
+            for (int g = 0; g < GQA_MAX; g++)
+                if (g < G) d[g] += qs[g * GQA_HD + j] * kv;
+        }
+#pragma unroll
+        for (int g = 0; g < GQA_MAX; g++)
+            if (g < G) {
+                const float t = fwd_warp_sum(d[g]);
+                if (lane == 0) s[g * GQA_CHUNK + p - c0] = t * scale;
+            }
+    }
+    __syncthreads();
+    // per head: max and exp sums, warp w taking heads w, w + 4, ...
+    for (int g = warp; g < G; g += FWD_THREADS / 32) {
+        float *sg = s + g * GQA_CHUNK;
+        float mx = -INFINITY;
+        for (int p = c0 + lane; p < c1; p += 32)
+            mx = fmaxf(mx, sg[p - c0]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.0f;
+        for (int p = c0 + lane; p < c1; p += 32) {
+            const float e = expf(sg[p - c0] - mx);
+            sg[p - c0] = e;
+            sum += e;
+        }
+        sum = fwd_warp_sum(sum);
+        if (lane == 0) mxs[g] = mx, sums[g] = sum;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
+        float acc[GQA_MAX];
+#pragma unroll
+        for (int g = 0; g < GQA_MAX; g++)
+            acc[g] = 0.0f;
+        for (int p = c0; p < c1; p++) {
+            const float vv = v0[(int64_t)p * kv_dim + j];
+#pragma unroll
+            for (int g = 0; g < GQA_MAX; g++)
+                if (g < G) acc[g] += s[g * GQA_CHUNK + p - c0] * vv;
+        }
+#pragma unroll
+        for (int g = 0; g < GQA_MAX; g++)
+            if (g < G) part[(((int64_t)i * n_head + kvh * G + g) * nz + z) * (hd + 2) + 2 + j] = acc[g];
+    }
+    if (threadIdx.x < G) {
+        const int g = threadIdx.x;
+        float *out = part + (((int64_t)i * n_head + kvh * G + g) * nz + z) * (hd + 2);
+        out[0] = c1 > c0 ? mxs[g] : -INFINITY;
+        out[1] = c1 > c0 ? sums[g] : 0.0f;
+    }
+}
+
 // The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
 // / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows).
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
