@@ -442,6 +442,19 @@ static double dot_q8(const float *w, const float *x, int64_t n, double *mag)
     return s;
 }
 
+/* gate/up, the hidden rows' q8, down of n_tok tokens (q8 of x in dq8), both outputs to h, y. */
+static void moe_run(struct sil_cuda *cu, const struct sil_cuda_weight *g,
+                    const struct sil_cuda_weight *u, const struct sil_cuda_weight *d, int X,
+                    sil_cuda_ptr dq8, int n_tok, sil_cuda_ptr di, sil_cuda_ptr dw, int K, int F,
+                    int E, sil_cuda_ptr dh, sil_cuda_ptr dh8, sil_cuda_ptr dy, float *h, float *y)
+{
+    CK(sil_cuda_moe_gate_up(cu, g, u, X, dq8, n_tok, di, K, dh, NULL, &err));
+    CK(sil_cuda_quantize_q8(cu, dh, n_tok * K, F, dh8, NULL, &err));
+    CK(sil_cuda_moe_down(cu, d, X, dh8, n_tok, di, dw, K, dy, NULL, &err));
+    get(cu, h, dh, sizeof(float) * n_tok * K * F);
+    get(cu, y, dy, sizeof(float) * n_tok * E);
+}
+
 /* Page-aligned host copy of bytes, registered for the device (as the model mapping is). */
 static void *pinned_copy(struct sil_cuda *cu, const void *src, size_t bytes, sil_cuda_ptr *dev)
 {
@@ -505,12 +518,8 @@ static void moe_zero_copy(struct sil_cuda *cu, const struct sil_cuda_weight *g,
     CK(sil_cuda_alloc(cu, sizeof(float) * n_tok * K * F, &dh, &err));
     CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n_tok * K, F), &dh8, &err));
     CK(sil_cuda_alloc(cu, sizeof(float) * n_tok * E, &dy, &err));
-    CK(sil_cuda_moe_gate_up(cu, &zg, &zu, X, dq8, n_tok, di, K, dh, NULL, &err));
-    CK(sil_cuda_quantize_q8(cu, dh, n_tok * K, F, dh8, NULL, &err));
-    CK(sil_cuda_moe_down(cu, &zd, X, dh8, n_tok, di, dw, K, dy, NULL, &err));
     float *h = xmalloc(sizeof(float) * n_tok * K * F), *y = xmalloc(sizeof(float) * n_tok * E);
-    get(cu, h, dh, sizeof(float) * n_tok * K * F);
-    get(cu, y, dy, sizeof(float) * n_tok * E);
+    moe_run(cu, &zg, &zu, &zd, X, dq8, n_tok, di, dw, K, F, E, dh, dh8, dy, h, y);
     const bool same = !memcmp(h, want_h, sizeof(float) * n_tok * K * F) &&
                       !memcmp(y, want_y, sizeof(float) * n_tok * E);
     /* a slot out of range in the table: NaN, not a read past the pool */
@@ -573,12 +582,8 @@ static void moe_case(struct sil_cuda *cu, int type, int dtype, int n_tok)
     CK(sil_cuda_memset(cu, dh, 0xff, sizeof(float) * n_tok * K * F, NULL, &err));
     CK(sil_cuda_memset(cu, dy, 0xff, sizeof(float) * n_tok * E, NULL, &err));
     CK(sil_cuda_quantize_q8(cu, dx, n_tok, E, dq8, NULL, &err));
-    CK(sil_cuda_moe_gate_up(cu, &g, &u, X, dq8, n_tok, di, K, dh, NULL, &err));
-    CK(sil_cuda_quantize_q8(cu, dh, n_tok * K, F, dh8, NULL, &err));
-    CK(sil_cuda_moe_down(cu, &d, X, dh8, n_tok, di, dw, K, dy, NULL, &err));
     float *h = xmalloc(sizeof(float) * n_tok * K * F), *y = xmalloc(sizeof(float) * n_tok * E);
-    get(cu, h, dh, sizeof(float) * n_tok * K * F);
-    get(cu, y, dy, sizeof(float) * n_tok * E);
+    moe_run(cu, &g, &u, &d, X, dq8, n_tok, di, dw, K, F, E, dh, dh8, dy, h, y);
 
     /* h against silu(g) * u from the same-rounding dots; the error scale is the product rule's */
     double eh = 0, ey_num = 0, ey_den = 0;
