@@ -98,6 +98,7 @@ static const char *const f_names[F_COUNT] = {
 };
 
 #define MB SIL_CUDA_MAX_BATCH
+#define DN_DONE_HEADS 1024 /* value heads the fused delta-rule + gated norm takes */
 #define N_GRAPHS 16
 
 /* One ubatch shape and its graph. */
@@ -164,7 +165,8 @@ struct cuda_backend {
     size_t meta_bytes, ints_off;
     float *h_logits;
     /* graphs */
-    bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa;
+    bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse;
+    sil_cuda_ptr dn_done; /* [MB][DN_DONE_HEADS] int32 row groups of a head done (zero between) */
     enum pass_mode mode;
     struct graph_slot slots[N_GRAPHS];
     struct graph_slot *cur; /* the shape of the pass running, or NULL (not graphable) */
@@ -854,20 +856,25 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
         ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
         return;
     }
-    /* state rows over blocks (8 a block), then the gated norm with its q8 blocks */
-    void *pr[] = {&conv,         &ldc,        &al,           &lda, &be_,    &ldb, &out,
-                  &ldo,          &sa,         &dt,           &nk,  &dk,     &dv,  &eps,
-                  &b->run_start, &b->run_seq, &b->state_tab, &off, &ssm_off};
-    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_DELTA_RULE], f_names[F_DELTA_RULE], (unsigned)nv,
-                               (unsigned)ub->n_runs, cdiv(dv, 8), 128, NULL, pr, &b->err)))
-        return;
+    /* state rows over blocks (8 a block), then the gated norm with its q8 blocks: in decode
+     * the last block of each head runs it (dn_done counts them), in prefill its own launch */
     const int64_t width = (int64_t)nv * dv, n = ub->n;
     const bool q = ldo == width && dv % 32 == 0 && width <= b->c.k_max &&
                    n <= (b->c.ub_max > MB ? b->c.ub_max : MB);
     sil_cuda_ptr q8 = q ? b->q8 : 0;
     int64_t nblocks = q ? n * width / 32 : 0;
+    const bool fuse = !b->no_dn_fuse && b->dn_done && n <= MB && nv <= DN_DONE_HEADS;
+    sil_cuda_ptr done = fuse ? b->dn_done : 0;
+    void *pr[] = {&conv,    &ldc,          &al,         &lda,          &be_, &ldb,     &out,
+                  &ldo,     &sa,           &dt,         &nk,           &dk,  &dv,      &eps,
+                  &b->run_start, &b->run_seq, &b->state_tab, &off,     &ssm_off,     &done,
+                  &z,       &ldz,          &nw,         &q8,           &nblocks};
+    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_DELTA_RULE], f_names[F_DELTA_RULE], (unsigned)nv,
+                               (unsigned)ub->n_runs, cdiv(dv, 8), 128, NULL, pr, &b->err)))
+        return;
     void *pn[] = {&out, &ldo, &z, &ldz, &nw, &dv, &eps, &q8, &nblocks};
-    if (!ok(b, launch(b, F_GATED_NORM_Q8, (unsigned)nv, (unsigned)n, pn)) || !q) return;
+    if (!fuse && !ok(b, launch(b, F_GATED_NORM_Q8, (unsigned)nv, (unsigned)n, pn))) return;
+    if (!q) return;
     b->q8_src = out;
     b->q8_n = n;
     b->q8_k = width;
@@ -2091,6 +2098,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->sh_gate, (uint64_t)(U * S) * f4},
         {&b->sh_up, (uint64_t)(U * S) * f4},
         {&b->sh_logit, (uint64_t)U * f4},
+        {&b->dn_done, c->recr_floats > 0 ? (uint64_t)(MB * DN_DONE_HEADS) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
@@ -2193,6 +2201,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
         const char *ng = getenv("SIL_CUDA_NO_GQA");
         b->no_gqa = ng && strcmp(ng, "1") == 0;
+        const char *nf = getenv("SIL_CUDA_NO_DN_FUSE");
+        b->no_dn_fuse = nf && strcmp(nf, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = !(gr && strcmp(gr, "1") == 0);
         const char *pf = getenv("SIL_CUDA_PROFILE");

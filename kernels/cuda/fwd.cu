@@ -362,6 +362,37 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
+// The delta net's gated norm of row i, value head h, by a block of FWD_THREADS threads:
+// o = o / sqrt(mean(o^2) + eps) * norm * silu(z) in place; with q8 (dv % 32 == 0, rows of out
+// contiguous), also its q8 blocks (sil_quantize_q8_1's rounding) of nblocks in all. CG: o was
+// written by other blocks of this grid (read past L1).
+template <bool CG>
+__device__ __forceinline__ void fwd_gated_norm_row(float *out, int64_t ldo, const float *z,
+                                                   int64_t ldz, const float *norm, int dv,
+                                                   float eps, uint8_t *q8, int64_t nblocks,
+                                                   int i, int h, float *sh)
+{
+    const int lane = threadIdx.x & 31;
+    float *o = out + (int64_t)i * ldo + (int64_t)h * dv;
+    const float *zr = z + (int64_t)i * ldz + (int64_t)h * dv;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dv; j += FWD_THREADS) {
+        const float oj = CG ? __ldcg(o + j) : o[j];
+        ss += oj * oj;
+    }
+    ss = fwd_block_sum(ss, sh);
+    const float rs = 1.0f / sqrtf(ss / (float)dv + eps);
+    float2 *dq = q8 ? (float2 *)(q8 + nblocks * 32) : NULL;
+    for (int j = threadIdx.x; j < dv; j += FWD_THREADS) {
+        const float oj = CG ? __ldcg(o + j) : o[j];
+        const float g = zr[j] / (1.0f + expf(-zr[j]));
+        const float v = oj * rs * norm[j] * g;
+        o[j] = v;
+        if (!q8) continue;
+        fwd_q8_store(v, ((int64_t)i * ldo + (int64_t)h * dv + j) / 32, lane, q8, dq);
+    }
+}
+
 #define DN_R 2    // rows of S a warp keeps
 #define DN_MAXC 8 // dk / 32 at most (dk <= 256)
 
@@ -374,11 +405,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                        const float *beta_raw, int64_t ldb, float *out, int64_t ldo,
                        const float *ssm_a, const float *dt_bias, int nk, int dk, int dv, float eps,
                        const int *run_start, const int *run_seq, float *const *seq_state,
-                       int64_t offset, int64_t ssm_offset)
+                       int64_t offset, int64_t ssm_offset, int *done, const float *z, int64_t ldz,
+                       const float *norm, uint8_t *q8, int64_t nblocks)
 {
     SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[32 * DN_MAXC], ks[32 * DN_MAXC];
+    __shared__ int last;
     const int h = blockIdx.x, r = blockIdx.y, kh = h % nk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j0 = (blockIdx.z * (FWD_THREADS / 32) + warp) * DN_R;
@@ -444,6 +477,19 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 #pragma unroll
         for (int c = 0; c < DN_MAXC; c++)
             if (j0 + a < dv && c < nc) S[(int64_t)(j0 + a) * dk + c * 32 + lane] = s[a][c];
+    if (!done) return;
+    // done (one counter per run and head, zero between launches): the last of the head's row
+    // groups to finish runs the gated norm of the run's rows, as sil_fwd_gated_norm_q8 would
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(done + (int64_t)r * gridDim.x + h, 1) == (int)gridDim.z - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = 0; t < nt; t++)
+        fwd_gated_norm_row<true>(out, ldo, z, ldz, norm, dv, eps, q8, nblocks, r0 + t, h, sh);
+    if (threadIdx.x == 0) done[(int64_t)r * gridDim.x + h] = 0;
 }
 
 // The delta net's gated norm in place, per row i (blockIdx.y) and value head h (blockIdx.x):
@@ -455,22 +501,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 {
     SIL_PDL_ENTRY();
     __shared__ float sh[32];
-    const int i = blockIdx.y, h = blockIdx.x, lane = threadIdx.x & 31;
-    float *o = out + (int64_t)i * ldo + (int64_t)h * dv;
-    const float *zr = z + (int64_t)i * ldz + (int64_t)h * dv;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < dv; j += FWD_THREADS)
-        ss += o[j] * o[j];
-    ss = fwd_block_sum(ss, sh);
-    const float rs = 1.0f / sqrtf(ss / (float)dv + eps);
-    float2 *dq = q8 ? (float2 *)(q8 + nblocks * 32) : NULL;
-    for (int j = threadIdx.x; j < dv; j += FWD_THREADS) {
-        const float g = zr[j] / (1.0f + expf(-zr[j]));
-        const float v = o[j] * rs * norm[j] * g;
-        o[j] = v;
-        if (!q8) continue;
-        fwd_q8_store(v, ((int64_t)i * ldo + (int64_t)h * dv + j) / 32, lane, q8, dq);
-    }
+    fwd_gated_norm_row<false>(out, ldo, z, ldz, norm, dv, eps, q8, nblocks, blockIdx.y, blockIdx.x,
+                              sh);
 }
 
 // Decode attention split over the context (for a few rows): block (h, i, z) takes the z-th of
