@@ -43,9 +43,10 @@
  *  13. decode attention with the query heads of a KV head together (the default where 2 to 8
  *      share one) against one block a query head (SIL_CUDA_NO_GQA=1): decode steps within
  *      1e-3 (each head's softmax sum is added in another order).
- *  14. decode with the delta net's gated norm run by the last block of the delta rule (the
- *      default) against it in its own launch (SIL_CUDA_NO_DN_FUSE=1): the same arithmetic, so
- *      the same logits at every step, bit for bit (a model without a delta net passes as is).
+ *  14. decode with its launch fusions (the default): the delta net's gated norm run by the
+ *      last block of the delta rule, the router's F32 matvec and top-k in one launch; against
+ *      separate launches (SIL_CUDA_NO_DN_FUSE=1, SIL_CUDA_NO_ROUTER_FUSE=1): the same
+ *      arithmetic, so the same logits at every step, bit for bit.
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
@@ -561,20 +562,24 @@ int main(int argc, char **argv)
         sil_engine_close(ph);
     }
 
-    /* 14. the delta net's gated norm in the delta rule's last block against its own launch */
+    /* 14. decode launch fusions (gated norm in the delta rule's last block, router matvec and
+     * top-k in one launch) against the separate launches */
     {
         struct sil_engine *un = NULL;
         setenv("SIL_CUDA_NO_DN_FUSE", "1", 1);
+        setenv("SIL_CUDA_NO_ROUTER_FUSE", "1", 1);
         int rc = open_engine(&un, model, "cuda", &err);
         unsetenv("SIL_CUDA_NO_DN_FUSE");
+        unsetenv("SIL_CUDA_NO_ROUTER_FUSE");
         float worst = 0.0f;
         if (rc == 0) rc = half_then_steps(gpu, un, p2, n2, V, lg, alone, true, &worst);
         if (rc < 0) {
             fprintf(stderr, "%s: fused gated norm: %s\n", model, err.msg);
             fails++;
         } else {
-            printf("%s: cuda decode gated norm inside the delta rule vs its own launch, prefill %d "
-                   "+ %d steps: max |diff| = %.4g (want 0) %s\n",
+            printf("%s: cuda decode with fused launches (gated norm in the delta rule, router "
+                   "matvec + top-k) vs separate, prefill %d + %d steps: max |diff| = %.4g (want 0) "
+                   "%s\n",
                    model, n2 / 2, n2 - n2 / 2, worst, worst == 0.0f ? "ok" : "FAIL");
             fails += worst != 0.0f;
         }

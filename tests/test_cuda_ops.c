@@ -374,6 +374,61 @@ static void test_router(struct sil_cuda *cu)
     }
 }
 
+/* The fused router (F32 matvec + top-k, one launch) against sil_cuda_matvec then
+ * sil_cuda_router_topk: logits, ids and weights bit for bit, for 1 to 8 tokens; launched three
+ * times in a row (its counter must come back to zero) with the same answer. */
+static void test_router_fused(struct sil_cuda *cu)
+{
+    static const int shapes[][3] = {{256, 2048, 8}, {100, 64, 5}, {1024, 96, 32}};
+    for (int t = 0; t < 3; t++) {
+        const int X = shapes[t][0], E = shapes[t][1], K = shapes[t][2];
+        float *wf = xmalloc(sizeof(float) * X * E), *x = xmalloc(sizeof(float) * 8 * E);
+        fill(wf, X * E, 0.2f);
+        fill(x, 8 * E, 1.0f);
+        struct sil_cuda_weight w;
+        CK(sil_cuda_weight_upload(cu, SIL_TYPE_F32, X, E, wf, sizeof(float) * X * E, &w, &err));
+        sil_cuda_ptr dx = dev_copy(cu, x, sizeof(float) * 8 * E), dl, dl2, di, di2, dw, dw2, done;
+        CK(sil_cuda_alloc(cu, sizeof(float) * 8 * X, &dl, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * 8 * X, &dl2, &err));
+        CK(sil_cuda_alloc(cu, sizeof(int32_t) * 8 * K, &di, &err));
+        CK(sil_cuda_alloc(cu, sizeof(int32_t) * 8 * K, &di2, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * 8 * K, &dw, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * 8 * K, &dw2, &err));
+        CK(sil_cuda_alloc(cu, sizeof(int32_t), &done, &err));
+        CK(sil_cuda_memset(cu, done, 0, sizeof(int32_t), NULL, &err));
+        bool same = true;
+        for (int n = 1; n <= 8; n++) {
+            CK(sil_cuda_matvec(cu, &w, dx, 0, n, dl, X, NULL, &err));
+            CK(sil_cuda_router_topk(cu, dl, n, X, K, di, dw, NULL, &err));
+            float l1[8 * 1024], l2[8 * 1024], w1[8 * 32], w2[8 * 32];
+            int32_t i1[8 * 32], i2[8 * 32];
+            get(cu, l1, dl, sizeof(float) * n * X);
+            get(cu, i1, di, sizeof(int32_t) * n * K);
+            get(cu, w1, dw, sizeof(float) * n * K);
+            for (int rep = 0; rep < 3; rep++) {
+                CK(sil_cuda_memset(cu, di2, 0xff, sizeof(int32_t) * 8 * K, NULL, &err));
+                CK(sil_cuda_router_fused(cu, &w, dx, n, dl2, K, di2, dw2, done, NULL, &err));
+                get(cu, l2, dl2, sizeof(float) * n * X);
+                get(cu, i2, di2, sizeof(int32_t) * n * K);
+                get(cu, w2, dw2, sizeof(float) * n * K);
+                same = same && !memcmp(l1, l2, sizeof(float) * n * X) &&
+                       !memcmp(i1, i2, sizeof(int32_t) * n * K) &&
+                       !memcmp(w1, w2, sizeof(float) * n * K);
+            }
+        }
+        int32_t left = -1;
+        get(cu, &left, done, sizeof left);
+        check(same && left == 0,
+              "fused router %d experts x %d, top %d, 1..8 tokens, 3 launches each: %s, counter %d",
+              X, E, K, same ? "bit for bit" : "DIFFERENT", left);
+        sil_cuda_release(cu, dx), sil_cuda_release(cu, dl), sil_cuda_release(cu, dl2);
+        sil_cuda_release(cu, di), sil_cuda_release(cu, di2), sil_cuda_release(cu, dw);
+        sil_cuda_release(cu, dw2), sil_cuda_release(cu, done);
+        sil_cuda_weight_free(cu, &w);
+        free(wf), free(x);
+    }
+}
+
 static int32_t cpu_argmax(const float *x, int64_t n)
 {
     int32_t best = 0;
@@ -750,6 +805,7 @@ int main(void)
     test_add_swiglu(cu);
     test_rope(cu);
     test_router(cu);
+    test_router_fused(cu);
     test_argmax(cu);
     test_moe(cu);
     CK(sil_cuda_sync(cu, NULL, &err));

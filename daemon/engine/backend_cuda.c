@@ -165,7 +165,8 @@ struct cuda_backend {
     size_t meta_bytes, ints_off;
     float *h_logits;
     /* graphs */
-    bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse;
+    bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
+    sil_cuda_ptr router_done; /* int32 counter of the fused router (zero between launches) */
     sil_cuda_ptr dn_done; /* [MB][DN_DONE_HEADS] int32 row groups of a head done (zero between) */
     enum pass_mode mode;
     struct graph_slot slots[N_GRAPHS];
@@ -922,6 +923,25 @@ static sil_cuda_ptr host_dev(const struct cuda_backend *b, const void *p)
     return 0;
 }
 
+/* The router's choices for x's n rows on the device: ids, and b->wts. A decode batch with an F32
+ * router of at most 1024 experts takes one launch (matvec and top-k), else two. */
+static void router(struct cuda_backend *b, struct sil_act x, const struct sil_weight *w, int n,
+                   int X, int K, sil_cuda_ptr ids)
+{
+    if (!b->no_router_fuse && b->router_done && n <= MB && w->type == SIL_TYPE_F32 &&
+        w->loc == SIL_WEIGHT_DEVICE && X <= 1024 && K <= 32 && x.ld == x.width) {
+        struct sil_cuda_weight cw;
+        if (ok(b, view(w, w->rows, &cw, &b->err)))
+            ok(b, sil_cuda_router_fused(b->cu, &cw, dp(x.data), n, b->router, K, ids, b->wts,
+                                        b->router_done, NULL, &b->err));
+        return;
+    }
+    const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
+    mm_chunks(b, x, &lo, 1);
+    if (b->rc == 0)
+        ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, ids, b->wts, NULL, &b->err));
+}
+
 static void cuda_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
                        int n_used, struct sil_moe_plan *plan)
 {
@@ -935,21 +955,14 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
         plan->device_routed = true;
         b->zc_rows[plan->layer] = n;
         if (b->mode == PASS_REPLAY) return;
-        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
-        mm_chunks(b, x, &lo, 1);
-        if (b->rc == 0)
-            ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, zc_ids_of(b, plan->layer),
-                                       b->wts, NULL, &b->err));
+        router(b, x, w, n, X, K, zc_ids_of(b, plan->layer));
         return;
     }
     /* prefill brings the choices back for the grouped products */
     if (b->rc == 0 && n > 0 && (n <= MB || b->no_grouped) && device_routable(b, plan)) {
         plan->device_routed = true;
         if (b->mode == PASS_REPLAY) return;
-        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
-        mm_chunks(b, x, &lo, 1);
-        if (b->rc == 0)
-            ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
+        router(b, x, w, n, X, K, b->ids);
         return;
     }
     if (b->rc || n == 0 || (b->mode != PASS_EAGER && !b->segmented)) {
@@ -967,10 +980,7 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     int32_t *h_ids = b->h_ids;
     float *h_wts = (float *)(b->h_ids + b->c.ub_max * K);
     if (b->mode != PASS_REPLAY) {
-        const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->router, x.rows, X, X}};
-        mm_chunks(b, x, &lo, 1);
-        if (b->rc == 0)
-            ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, b->ids, b->wts, NULL, &b->err));
+        router(b, x, w, n, X, K, b->ids);
         if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_ids, b->ids, bytes, NULL, &b->err));
         if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_wts, b->wts, bytes, NULL, &b->err));
         /* path (c): the MoE input too, for the experts the host computes */
@@ -2099,6 +2109,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->sh_up, (uint64_t)(U * S) * f4},
         {&b->sh_logit, (uint64_t)U * f4},
         {&b->dn_done, c->recr_floats > 0 ? (uint64_t)(MB * DN_DONE_HEADS) * 4 : 0},
+        {&b->router_done, X > 0 ? 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
@@ -2203,6 +2214,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_gqa = ng && strcmp(ng, "1") == 0;
         const char *nf = getenv("SIL_CUDA_NO_DN_FUSE");
         b->no_dn_fuse = nf && strcmp(nf, "1") == 0;
+        const char *nr = getenv("SIL_CUDA_NO_ROUTER_FUSE");
+        b->no_router_fuse = nr && strcmp(nr, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = !(gr && strcmp(gr, "1") == 0);
         const char *pf = getenv("SIL_CUDA_PROFILE");

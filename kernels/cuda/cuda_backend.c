@@ -166,6 +166,7 @@ struct sil_cuda {
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
+    CUfunction router_fused[SIL_CUDA_MAX_BATCH]; /* F32 router matvec + top-k, [batch - 1] */
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
     CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
@@ -279,6 +280,11 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
             r = cu->api.cuModuleGetFunction(&cu->mvm[t][n - 1], cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
+    for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
+        snprintf(name, sizeof name, "sil_router_f32_topk_%d", n);
+        CUresult r = cu->api.cuModuleGetFunction(&cu->router_fused[n - 1], cu->mod, name);
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+    }
     for (int t = 0; t < MV_F32; t++) {
         snprintf(name, sizeof name, "sil_moe_gate_up_%s", mv_names[t]);
         CUresult r = cu->api.cuModuleGetFunction(&cu->moe_gate_up[t], cu->mod, name);
@@ -1074,6 +1080,28 @@ int sil_cuda_router_topk(struct sil_cuda *cu, sil_cuda_ptr logits, int n_tok, in
     void *p[] = {&logits, &n_tok, &n_expert, &k, &ids, &weights};
     return launch(cu, cu->k[K_ROUTER], "router_topk", (unsigned)((n_tok + 3) / 4), 1, 128, s, p,
                   err);
+}
+
+int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
+                          int n_tok, sil_cuda_ptr logits, int k, sil_cuda_ptr ids,
+                          sil_cuda_ptr weights, sil_cuda_ptr done, struct sil_cuda_stream *s,
+                          struct sil_error *err)
+{
+    if (w->type != SIL_TYPE_F32 || !w->data || !x || !done || w->rows <= 0 || w->rows > 1024 ||
+        n_tok < 1 || n_tok > SIL_CUDA_MAX_BATCH || k <= 0 || k > 32 || k > w->rows)
+        return set_err(err, -EINVAL, "cuda: fused router of %d tokens, %lld %s experts, top %d",
+                       n_tok, (long long)w->rows, sil_type_name(w->type), k);
+    unsigned g = 0;
+    int rc = grid_of(w->rows, 4, &g, err);
+    if (rc < 0) return rc;
+    uint64_t row_bytes = w->row_bytes;
+    int rows = (int)w->rows;
+    int64_t cols = w->cols;
+    int vec = cols % 8 == 0 && row_bytes % 16 == 0 && w->data % 16 == 0 && x % 16 == 0;
+    void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &vec, &x,
+                 &logits,          &k,         &ids,  &weights, &done};
+    cu->prof_bytes = w->bytes;
+    return launch(cu, cu->router_fused[n_tok - 1], "router f32 + top-k", g, 1, 128, s, p, err);
 }
 
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,

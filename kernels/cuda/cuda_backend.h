@@ -220,6 +220,14 @@ int sil_cuda_rope_neox(struct sil_cuda *cu, sil_cuda_ptr x, int n_tok, int n_hea
 int sil_cuda_router_topk(struct sil_cuda *cu, sil_cuda_ptr logits, int n_tok, int n_expert, int k,
                          sil_cuda_ptr ids, sil_cuda_ptr weights, struct sil_cuda_stream *s,
                          struct sil_error *err);
+/* The router of a decode batch in one launch: logits [n_tok][w->rows] = x w^T (F32 weight of at
+ * most 1024 rows, F32 x [n_tok][w->cols], n_tok <= SIL_CUDA_MAX_BATCH) as sil_cuda_matvec gives
+ * them, then sil_cuda_router_topk's ids and weights, the same numbers. done: one int32 on the
+ * device, zero, left zero. */
+int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
+                          int n_tok, sil_cuda_ptr logits, int k, sil_cuda_ptr ids,
+                          sil_cuda_ptr weights, sil_cuda_ptr done, struct sil_cuda_stream *s,
+                          struct sil_error *err);
 /* out[r] = index of the largest of x[r][0..n) (first on ties, NaN never wins), int32. */
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
                     struct sil_cuda_stream *s, struct sil_error *err);

@@ -150,31 +150,25 @@ extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
 
 #define SIL_ROUTER_WARPS 4
 
-// One warp per token (SIL_ROUTER_WARPS tokens a block; lane i holds experts i, i + 32, ...):
-// softmax over n_expert, then k rounds of warp argmax over the experts not yet taken (ties to
-// the lower id); weights p_e / sum(p_top), the sum in selection order clamped below at 2^-14.
-// No block barrier anywhere: a decode token's routing is a few microseconds.
-extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
-    sil_router_topk_f32(const float *logits, int n_tok, int n_expert, int k, int32_t *ids,
-                        float *weights)
+// One warp's top-k of one token's router logits l [n_expert] (lane i holds experts i, i + 32,
+// ...; p: n_expert floats of shared memory for the warp): softmax over n_expert, then k rounds
+// of warp argmax over the experts not yet taken (ties to the lower id); ids and weights [k] get
+// the choices and p_e / sum(p_top), the sum in selection order clamped below at 2^-14. CG: l was
+// written by other blocks of this grid (read past L1). No block barrier anywhere.
+template <bool CG>
+__device__ __forceinline__ void sil_topk_warp(const float *l, int n_expert, int k, int32_t *ids,
+                                              float *weights, float *p)
 {
-    SIL_PDL_ENTRY();
-    __shared__ float pw[SIL_ROUTER_WARPS][SIL_ROUTER_MAX];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int t = blockIdx.x * SIL_ROUTER_WARPS + w;
-    if (t >= n_tok)
-        return;
-    float *p = pw[w];
-    const float *l = logits + (int64_t)t * n_expert;
+    const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
     for (int e = lane; e < n_expert; e += 32)
-        mx = fmaxf(mx, l[e]);
+        mx = fmaxf(mx, CG ? __ldcg(l + e) : l[e]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.0f;
     for (int e = lane; e < n_expert; e += 32) {
-        const float v = expf(l[e] - mx);
+        const float v = expf((CG ? __ldcg(l + e) : l[e]) - mx);
         p[e] = v;
         sum += v;
     }
@@ -218,7 +212,58 @@ extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
     if (top < 6.103515625e-5f)
         top = 6.103515625e-5f;
     if (lane < k) {
-        ids[(int64_t)t * k + lane] = my_id;
-        weights[(int64_t)t * k + lane] = my_p / top;
+        ids[lane] = my_id;
+        weights[lane] = my_p / top;
     }
 }
+
+// One warp per token (SIL_ROUTER_WARPS tokens a block): sil_topk_warp of each row of logits.
+extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
+    sil_router_topk_f32(const float *logits, int n_tok, int n_expert, int k, int32_t *ids,
+                        float *weights)
+{
+    SIL_PDL_ENTRY();
+    __shared__ float pw[SIL_ROUTER_WARPS][SIL_ROUTER_MAX];
+    const int w = threadIdx.x >> 5;
+    const int t = blockIdx.x * SIL_ROUTER_WARPS + w;
+    if (t >= n_tok)
+        return;
+    sil_topk_warp<false>(logits + (int64_t)t * n_expert, n_expert, k, ids + (int64_t)t * k,
+                         weights + (int64_t)t * k, pw[w]);
+}
+
+// The router in one launch for N <= 8 tokens: an F32 matvec (sil_mmvf, as sil_mmvf_f32_N) into
+// logits [N][rows], then the last block to finish (done: one counter, zero between launches)
+// runs sil_router_topk_f32's top-k of every token: the same numbers as the two launches.
+#define SIL_ROUTER_FUSED_ENTRY(N)                                                                 \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_router_f32_topk_##N(    \
+        const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols, int vec, const float *x,   \
+        float *logits, int k, int32_t *ids, float *weights, int *done)                           \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        __shared__ float pw[SIL_MMV_WARPS][SIL_ROUTER_MAX];                                       \
+        __shared__ int last;                                                                      \
+        sil_mmvf<0, N>(w, row_bytes, rows, cols, vec, x, logits, rows);                           \
+        __threadfence();                                                                          \
+        __syncthreads();                                                                          \
+        if (threadIdx.x == 0)                                                                     \
+            last = atomicAdd(done, 1) == (int)gridDim.x - 1;                                      \
+        __syncthreads();                                                                          \
+        if (!last)                                                                                \
+            return;                                                                               \
+        __threadfence();                                                                          \
+        const int wp = threadIdx.x >> 5;                                                          \
+        for (int t = wp; t < N; t += SIL_MMV_WARPS)                                               \
+            sil_topk_warp<true>(logits + (int64_t)t * rows, rows, k, ids + (int64_t)t * k,       \
+                                weights + (int64_t)t * k, pw[wp]);                                \
+        if (threadIdx.x == 0)                                                                     \
+            *done = 0;                                                                            \
+    }
+SIL_ROUTER_FUSED_ENTRY(1)
+SIL_ROUTER_FUSED_ENTRY(2)
+SIL_ROUTER_FUSED_ENTRY(3)
+SIL_ROUTER_FUSED_ENTRY(4)
+SIL_ROUTER_FUSED_ENTRY(5)
+SIL_ROUTER_FUSED_ENTRY(6)
+SIL_ROUTER_FUSED_ENTRY(7)
+SIL_ROUTER_FUSED_ENTRY(8)
