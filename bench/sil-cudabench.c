@@ -227,8 +227,8 @@ static int moe_gate_up_launch(void *p, int i)
 {
     struct moe_ctx *c = p;
     return sil_cuda_moe_gate_up(cu, &c->g->w[0], &c->u->w[0], c->n_expert, c->q8, 1,
-                                c->ids + sizeof(int32_t) * c->k * (i % MOE_PLANS), c->k, c->h, NULL,
-                                &err);
+                                c->ids + sizeof(int32_t) * c->k * (i % MOE_PLANS), c->k, c->h, 0,
+                                0, NULL, &err);
 }
 static int moe_down_launch(void *p, int i)
 {

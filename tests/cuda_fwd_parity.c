@@ -44,8 +44,9 @@
  *      share one) against one block a query head (SIL_CUDA_NO_GQA=1): decode steps within
  *      1e-3 (each head's softmax sum is added in another order).
  *  14. decode with its launch fusions (the default): the delta net's gated norm run by the
- *      last block of the delta rule, the router's F32 matvec and top-k in one launch; against
- *      separate launches (SIL_CUDA_NO_DN_FUSE=1, SIL_CUDA_NO_ROUTER_FUSE=1): the same
+ *      last block of the delta rule, the router's F32 matvec and top-k in one launch, the
+ *      experts' hidden rows rounded to q8 by gate/up's last blocks; against separate launches
+ *      (SIL_CUDA_NO_DN_FUSE=1, SIL_CUDA_NO_ROUTER_FUSE=1, SIL_CUDA_NO_H8_FUSE=1): the same
  *      arithmetic, so the same logits at every step, bit for bit.
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
@@ -568,9 +569,11 @@ int main(int argc, char **argv)
         struct sil_engine *un = NULL;
         setenv("SIL_CUDA_NO_DN_FUSE", "1", 1);
         setenv("SIL_CUDA_NO_ROUTER_FUSE", "1", 1);
+        setenv("SIL_CUDA_NO_H8_FUSE", "1", 1);
         int rc = open_engine(&un, model, "cuda", &err);
         unsetenv("SIL_CUDA_NO_DN_FUSE");
         unsetenv("SIL_CUDA_NO_ROUTER_FUSE");
+        unsetenv("SIL_CUDA_NO_H8_FUSE");
         float worst = 0.0f;
         if (rc == 0) rc = half_then_steps(gpu, un, p2, n2, V, lg, alone, true, &worst);
         if (rc < 0) {
@@ -578,8 +581,8 @@ int main(int argc, char **argv)
             fails++;
         } else {
             printf("%s: cuda decode with fused launches (gated norm in the delta rule, router "
-                   "matvec + top-k) vs separate, prefill %d + %d steps: max |diff| = %.4g (want 0) "
-                   "%s\n",
+                   "matvec + top-k, q8 of the experts' hidden rows) vs separate, prefill %d + %d "
+                   "steps: max |diff| = %.4g (want 0) %s\n",
                    model, n2 / 2, n2 - n2 / 2, worst, worst == 0.0f ? "ok" : "FAIL");
             fails += worst != 0.0f;
         }

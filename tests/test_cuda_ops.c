@@ -503,7 +503,7 @@ static void moe_run(struct sil_cuda *cu, const struct sil_cuda_weight *g,
                     sil_cuda_ptr dq8, int n_tok, sil_cuda_ptr di, sil_cuda_ptr dw, int K, int F,
                     int E, sil_cuda_ptr dh, sil_cuda_ptr dh8, sil_cuda_ptr dy, float *h, float *y)
 {
-    CK(sil_cuda_moe_gate_up(cu, g, u, X, dq8, n_tok, di, K, dh, NULL, &err));
+    CK(sil_cuda_moe_gate_up(cu, g, u, X, dq8, n_tok, di, K, dh, 0, 0, NULL, &err));
     CK(sil_cuda_quantize_q8(cu, dh, n_tok * K, F, dh8, NULL, &err));
     CK(sil_cuda_moe_down(cu, d, X, dh8, n_tok, di, dw, K, dy, NULL, &err));
     get(cu, h, dh, sizeof(float) * n_tok * K * F);
@@ -580,7 +580,7 @@ static void moe_zero_copy(struct sil_cuda *cu, const struct sil_cuda_weight *g,
     /* a slot out of range in the table: NaN, not a read past the pool */
     tab[1] = NS;
     CK(sil_cuda_upload(cu, dt, tab, sizeof(int32_t) * (size_t)X, NULL, &err));
-    CK(sil_cuda_moe_gate_up(cu, &zg, &zu, X, dq8, n_tok, di, K, dh, NULL, &err));
+    CK(sil_cuda_moe_gate_up(cu, &zg, &zu, X, dq8, n_tok, di, K, dh, 0, 0, NULL, &err));
     get(cu, h, dh, sizeof(float) * n_tok * K * F);
     int32_t ids[64];
     get(cu, ids, di, sizeof(int32_t) * n_tok * K);
@@ -639,6 +639,33 @@ static void moe_case(struct sil_cuda *cu, int type, int dtype, int n_tok)
     CK(sil_cuda_quantize_q8(cu, dx, n_tok, E, dq8, NULL, &err));
     float *h = xmalloc(sizeof(float) * n_tok * K * F), *y = xmalloc(sizeof(float) * n_tok * E);
     moe_run(cu, &g, &u, &d, X, dq8, n_tok, di, dw, K, F, E, dh, dh8, dy, h, y);
+    /* gate/up rounding h to q8 in its last blocks (twice: the counters come back to zero) */
+    {
+        sil_cuda_ptr done, dh8b;
+        CK(sil_cuda_alloc(cu, sizeof(int32_t) * n_tok * K, &done, &err));
+        CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n_tok * K, F), &dh8b, &err));
+        CK(sil_cuda_memset(cu, done, 0, sizeof(int32_t) * n_tok * K, NULL, &err));
+        const size_t qb = sil_cuda_q8_bytes(n_tok * K, F);
+        uint8_t *q1 = xmalloc(qb), *q2 = xmalloc(qb);
+        get(cu, q1, dh8, sil_cuda_q8_bytes(n_tok * K, F));
+        bool same = true;
+        for (int rep = 0; rep < 2; rep++) {
+            CK(sil_cuda_memset(cu, dh8b, 0xff, sil_cuda_q8_bytes(n_tok * K, F), NULL, &err));
+            CK(sil_cuda_moe_gate_up(cu, &g, &u, X, dq8, n_tok, di, K, dh, dh8b, done, NULL, &err));
+            get(cu, q2, dh8b, sil_cuda_q8_bytes(n_tok * K, F));
+            same = same && !memcmp(q1, q2, sil_cuda_q8_bytes(n_tok * K, F));
+        }
+        int32_t cnt[64];
+        get(cu, cnt, done, sizeof(int32_t) * n_tok * K);
+        bool zero = true;
+        for (int i = 0; i < n_tok * K; i++)
+            zero = zero && cnt[i] == 0;
+        check(same && zero, "moe %s gate/up, %d tok: q8 of h in its last blocks %s, counters %s",
+              sil_type_name(type), n_tok, same ? "bit for bit" : "DIFFERENT",
+              zero ? "back to 0" : "LEFT");
+        sil_cuda_release(cu, done), sil_cuda_release(cu, dh8b);
+        free(q1), free(q2);
+    }
 
     /* h against silu(g) * u from the same-rounding dots; the error scale is the product rule's */
     double eh = 0, ey_num = 0, ey_den = 0;

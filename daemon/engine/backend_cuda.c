@@ -166,6 +166,8 @@ struct cuda_backend {
     float *h_logits;
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
+    bool no_h8_fuse;
+    sil_cuda_ptr moe_done; /* [MB * (K + 1)] int32: gate/up blocks done per pair (zero between) */
     sil_cuda_ptr router_done; /* int32 counter of the fused router (zero between launches) */
     sil_cuda_ptr dn_done; /* [MB][DN_DONE_HEADS] int32 row groups of a head done (zero between) */
     enum pass_mode mode;
@@ -1110,13 +1112,17 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         b->q8_src = xp;
         b->q8_n = n;
         b->q8_k = E;
+        /* the hidden rows' q8 by gate/up's last block of each row, or a launch of its own */
+        const bool hq = !b->no_h8_fuse && b->moe_done && F % 32 == 0;
+        const sil_cuda_ptr h8 = hq ? b->q8h : 0, done = hq ? b->moe_done : 0;
         const int rc =
             sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
-                                             dp(pl->sh_gate_inp->data), lg, b->h_gate, NULL,
-                                             &b->err)
-               : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, NULL, &b->err);
-        if (!ok(b, rc) || !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F, b->q8h,
-                                                      NULL, &b->err)))
+                                             dp(pl->sh_gate_inp->data), lg, b->h_gate, h8, done,
+                                             NULL, &b->err)
+               : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, h8, done,
+                                      NULL, &b->err);
+        if (!ok(b, rc) || (!hq && !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F,
+                                                              b->q8h, NULL, &b->err))))
             return sh;
         if (sh)
             ok(b, sil_cuda_moe_down_shared(b->cu, &d, &sd, X, b->q8h, n, ids, w, lg, K,
@@ -2110,6 +2116,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->sh_logit, (uint64_t)U * f4},
         {&b->dn_done, c->recr_floats > 0 ? (uint64_t)(MB * DN_DONE_HEADS) * 4 : 0},
         {&b->router_done, X > 0 ? 4 : 0},
+        {&b->moe_done, X > 0 ? (uint64_t)(MB * (K + 1)) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
@@ -2216,6 +2223,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_dn_fuse = nf && strcmp(nf, "1") == 0;
         const char *nr = getenv("SIL_CUDA_NO_ROUTER_FUSE");
         b->no_router_fuse = nr && strcmp(nr, "1") == 0;
+        const char *nh = getenv("SIL_CUDA_NO_H8_FUSE");
+        b->no_h8_fuse = nh && strcmp(nh, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = !(gr && strcmp(gr, "1") == 0);
         const char *pf = getenv("SIL_CUDA_PROFILE");

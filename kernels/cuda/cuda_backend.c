@@ -1115,8 +1115,8 @@ int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, si
 
 int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
                          const struct sil_cuda_weight *up, int n_expert, sil_cuda_ptr q8, int n_tok,
-                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, struct sil_cuda_stream *s,
-                         struct sil_error *err)
+                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, sil_cuda_ptr h8,
+                         sil_cuda_ptr done, struct sil_cuda_stream *s, struct sil_error *err)
 {
     const int slot = mv_slot(gate->type);
     if (slot < 0 || slot >= MV_F32 || up->type != gate->type || !gate->data || !up->data)
@@ -1134,6 +1134,9 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
+    if (done && (n_ff % 32 != 0 || !h8))
+        return set_err(err, -EINVAL, "cuda: moe gate/up q8 of h needs n_ff %% 32 == 0 (%d)", n_ff);
+    int64_t h8_blocks = done ? (int64_t)n_tok * k * n_ff / 32 : 0;
     void *p[] = {(void *)&gate->data,
                  (void *)&up->data,
                  &row_bytes,
@@ -1150,7 +1153,10 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
                  &nblocks,
                  &ids,
                  &k,
-                 &h};
+                 &h,
+                 &h8,
+                 &h8_blocks,
+                 &done};
     /* bytes: k experts a token at most (fewer when tokens share one) */
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)k * 2 * (uint64_t)n_ff * row_bytes;
     return launch(cu, cu->moe_gate_up[slot], gu_what[slot], (unsigned)((n_ff + 3) / 4),
@@ -1204,7 +1210,8 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
                                 const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
                                 int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
                                 sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
-                                struct sil_cuda_stream *s, struct sil_error *err)
+                                sil_cuda_ptr h8, sil_cuda_ptr done, struct sil_cuda_stream *s,
+                                struct sil_error *err)
 {
     const int slot = mv_slot(gate->type);
     if (slot < 0 || slot >= MV_F32 || up->type != gate->type || sh_gate->type != gate->type ||
@@ -1228,6 +1235,9 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
+    if (done && (n_ff % 32 != 0 || !h8))
+        return set_err(err, -EINVAL, "cuda: moe gate/up q8 of h needs n_ff %% 32 == 0 (%d)", n_ff);
+    int64_t h8_blocks = done ? (int64_t)n_tok * (k + 1) * n_ff / 32 : 0;
     void *p[] = {(void *)&gate->data,
                  (void *)&up->data,
                  (void *)&sh_gate->data,
@@ -1249,7 +1259,10 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
                  &x,
                  &gate_inp,
                  &sh_logit,
-                 &h};
+                 &h,
+                 &h8,
+                 &h8_blocks,
+                 &done};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * 2 * (uint64_t)n_ff * row_bytes;
     return launch(cu, cu->moe_gate_up_sh[slot], gu_what[slot], (unsigned)((n_ff + 3) / 4),
                   (unsigned)(n_tok * (k + 1)), 128, s, p, err);

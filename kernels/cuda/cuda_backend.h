@@ -237,11 +237,14 @@ int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, si
  * (rows = n_expert * n_ff for gate/up, n_expert * n_embd for down); ids [n_tok][k] int32 and
  * weights [n_tok][k] F32 on the device (sil_cuda_router_topk's output). Quantized types only;
  * gate and up of one type.
- * gate_up: h [n_tok * k][n_ff] = silu(gate_e . x_t) * (up_e . x_t), q8 of x [n_tok][n_embd]. */
+ * gate_up: h [n_tok * k][n_ff] = silu(gate_e . x_t) * (up_e . x_t), q8 of x [n_tok][n_embd];
+ * with done (int32 [n_tok * k] on the device, zero, left zero; n_ff % 32 == 0) also h8, the q8
+ * of h rows as sil_cuda_quantize_q8 of h gives it, by the last block of each row: no launch of
+ * its own. h8 and done 0: h only. */
 int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
                          const struct sil_cuda_weight *up, int n_expert, sil_cuda_ptr q8, int n_tok,
-                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, struct sil_cuda_stream *s,
-                         struct sil_error *err);
+                         sil_cuda_ptr ids, int k, sil_cuda_ptr h, sil_cuda_ptr h8,
+                         sil_cuda_ptr done, struct sil_cuda_stream *s, struct sil_error *err);
 /* down: y [n_tok][n_embd] = sum_j weights[t][j] * down_{ids[t][j]} . h[t * k + j], q8 of h
  * [n_tok * k][n_ff]. y is written, not added to. */
 int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, int n_expert,
@@ -259,7 +262,8 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
                                 const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
                                 int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
                                 sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
-                                struct sil_cuda_stream *s, struct sil_error *err);
+                                sil_cuda_ptr h8, sil_cuda_ptr done, struct sil_cuda_stream *s,
+                                struct sil_error *err);
 int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *down,
                              const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,

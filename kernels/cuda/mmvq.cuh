@@ -482,15 +482,12 @@ SIL_BATCHES(SIL_MMVF_ENTRY, f16, 1)
 SIL_BATCHES(SIL_MMVF_ENTRY, bf16, 2)
 
 // x [n][k] F32 -> q8 blocks (sil_q8_at layout); one warp per block of 32, nblocks = n * k / 32.
-extern "C" __global__ void __launch_bounds__(256)
-    sil_quantize_q8_1(const float *__restrict__ x, int64_t nblocks, uint8_t *__restrict__ out)
+// One warp rounds 32 consecutive floats (v: one a lane) into block b of a q8 buffer of nblocks
+// blocks (layout: SIL_CUDA_Q8_BLOCK in cuda_backend.h). All 32 lanes call it.
+__device__ __forceinline__ void sil_q8_store_block(float v, int64_t b, int64_t nblocks,
+                                                   uint8_t *__restrict__ out)
 {
-    SIL_PDL_ENTRY();
-    const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (b >= nblocks)
-        return;
-    const float v = x[b * 32 + lane];
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -504,4 +501,15 @@ extern "C" __global__ void __launch_bounds__(256)
     out[b * 32 + lane] = (uint8_t)(int8_t)q;
     if (lane == 0)
         ((float2 *)(out + nblocks * 32))[b] = make_float2(d, d * (float)sum);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    sil_quantize_q8_1(const float *__restrict__ x, int64_t nblocks, uint8_t *__restrict__ out)
+{
+    SIL_PDL_ENTRY();
+    const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (b >= nblocks)
+        return;
+    sil_q8_store_block(x[b * 32 + lane], b, nblocks, out);
 }

@@ -214,17 +214,45 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
         y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
 }
 
+// After a gate/up block: the last of pair p's blocks (done[p] counts them, zero between
+// launches) rounds the pair's h row [n_ff] (n_ff % 32 == 0) into its q8 blocks as
+// sil_quantize_q8_1 of all h rows would (h8 of h8_blocks blocks), so down needs no quantize
+// launch. All threads of the block call it.
+__device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_t *h8,
+                                                int64_t h8_blocks, int *done, int p)
+{
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(done + p, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    const int lane = threadIdx.x & 31, nb = n_ff / 32;
+    for (int bi = threadIdx.x >> 5; bi < nb; bi += SIL_MMV_WARPS) {
+        const int64_t b = (int64_t)p * nb + bi;
+        sil_q8_store_block(__ldcg(h + b * 32 + lane), b, h8_blocks, h8);
+    }
+    if (threadIdx.x == 0)
+        done[p] = 0;
+}
+
 #define SIL_MOE_ENTRY(NAME, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, uint64_t mat_stride,          \
                                const uint8_t *hg, const uint8_t *hu, uint64_t h_stride,           \
                                const int32_t *tab, int n_slot,                                    \
                                int n_ff, int units, int n_expert, const uint8_t *a8,              \
-                               int64_t nblocks, const int32_t *ids, int k, float *h)              \
+                               int64_t nblocks, const int32_t *ids, int k, float *h, uint8_t *h8, \
+                               int64_t h8_blocks, int *done)                                      \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
         sil_moe_gate_up<T>(wg, wu, row_bytes, mat_stride, hg, hu, h_stride, tab, n_slot, n_ff,    \
                            units, n_expert, a8, nblocks, ids, k, h);                              \
+        if (done)                                                                                 \
+            sil_moe_h8_tail(h, n_ff, h8, h8_blocks, done, blockIdx.y);                            \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_moe_down_##NAME(const uint8_t *wd, uint64_t row_bytes, uint64_t mat_stride,           \
@@ -243,12 +271,14 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
         uint64_t h_stride, const int32_t *tab, int n_slot,                                        \
         int n_ff, int units, int n_expert, const uint8_t *a8, int64_t nblocks,                    \
         const int32_t *ids, int k, const float *x, const float *gate_inp, float *sh_logit,        \
-        float *h)                                                                                 \
+        float *h, uint8_t *h8, int64_t h8_blocks, int *done)                                      \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
         sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, mat_stride, hg, hu, h_stride, tab,       \
                               n_slot, n_ff, units, n_expert, a8, nblocks, ids, k, x, gate_inp,    \
                               sh_logit, h);                                                       \
+        if (done)                                                                                 \
+            sil_moe_h8_tail(h, n_ff, h8, h8_blocks, done, blockIdx.y);                            \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_down_sh_##NAME(      \
         const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride,            \
