@@ -37,6 +37,7 @@ for v in ${VARIANTS:-ours}; do
     ours) set -- SIL_BENCH_NONE=1 ;;
     ours-nopdl) set -- SIL_CUDA_PDL=0 ;;
     ours-nogqa) set -- SIL_CUDA_NO_GQA=1 ;;
+    ours-nofuse) set -- SIL_CUDA_NO_DN_FUSE=1 SIL_CUDA_NO_ROUTER_FUSE=1 SIL_CUDA_NO_H8_FUSE=1 ;;
     *) echo "unknown variant $v" >&2; continue ;;
     esac
     eval_run "$v-p512" 512 "$@"
