@@ -48,6 +48,10 @@
  *      experts' hidden rows rounded to q8 by gate/up's last blocks; against separate launches
  *      (SIL_CUDA_NO_DN_FUSE=1, SIL_CUDA_NO_ROUTER_FUSE=1, SIL_CUDA_NO_H8_FUSE=1): the same
  *      arithmetic, so the same logits at every step, bit for bit.
+ *  15. reads in place with a host share (SIL_CUDA_ZEROCOPY=1 and SIL_CUDA_CPU_MISSES=2, n_expert
+ *      slots): decode routed on the host, two misses a layer computed on the CPU, the other
+ *      misses read in place by the device: within 1e-1 of everything resident and not all
+ *      equal, as check 11.
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
@@ -587,6 +591,41 @@ int main(int argc, char **argv)
             fails += worst != 0.0f;
         }
         sil_engine_close(un);
+    }
+
+    /* 15. reads in place with the host's share (SIL_CUDA_ZEROCOPY=1, SIL_CUDA_CPU_MISSES=2,
+     * n_expert slots): host-routed decode, 2 misses a layer on the CPU, the other misses read in
+     * place by the device */
+    if (sil_engine_info(gpu)->n_expert > 0) {
+        struct sil_engine *sl = NULL;
+        char nbuf[32];
+        snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
+        setenv("SIL_CUDA_SLOTS", nbuf, 1);
+        setenv("SIL_CUDA_CPU_MISSES", "2", 1);
+        setenv("SIL_CUDA_ZEROCOPY", "1", 1);
+        int rc = open_engine(&sl, model, "cuda", &err);
+        unsetenv("SIL_CUDA_SLOTS");
+        unsetenv("SIL_CUDA_CPU_MISSES");
+        unsetenv("SIL_CUDA_ZEROCOPY");
+        const bool opened = rc == 0;
+        struct sil_engine_device dv = {0};
+        const bool on = rc == 0 && sil_engine_ecache_host_misses(sl) > 0 &&
+                        sil_engine_device(sl, &dv) == 0 && dv.zero_copy;
+        float worst = 0.0f;
+        if (on) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
+        if (rc < 0) {
+            fprintf(stderr, "%s: in place + host share: %s\n", model,
+                    opened ? "an evaluation failed (above)" : err.msg);
+            fails++;
+        } else if (!on) {
+            printf("%s: in place + host share: not for this model, skipped\n", model);
+        } else {
+            printf("%s: cuda %s slots, decode misses 2 a layer on the host and the rest read in "
+                   "place, vs resident, %d steps: max |diff| = %.4g (tol 1e-01, not 0) %s\n",
+                   model, nbuf, n2 - n2 / 2, worst, worst <= 1e-1f && worst > 0.0f ? "ok" : "FAIL");
+            fails += !(worst <= 1e-1f && worst > 0.0f);
+        }
+        sil_engine_close(sl);
     }
 
     /* 10. an injected device out-of-memory fails one evaluation only */

@@ -575,8 +575,30 @@ static void moe_zero_copy(struct sil_cuda *cu, const struct sil_cuda_weight *g,
     CK(sil_cuda_alloc(cu, sizeof(float) * n_tok * E, &dy, &err));
     float *h = xmalloc(sizeof(float) * n_tok * K * F), *y = xmalloc(sizeof(float) * n_tok * E);
     moe_run(cu, &zg, &zu, &zd, X, dq8, n_tok, di, dw, K, F, E, dh, dh8, dy, h, y);
-    const bool same = !memcmp(h, want_h, sizeof(float) * n_tok * K * F) &&
-                      !memcmp(y, want_y, sizeof(float) * n_tok * E);
+    bool same = !memcmp(h, want_h, sizeof(float) * n_tok * K * F) &&
+                !memcmp(y, want_y, sizeof(float) * n_tok * E);
+    /* the same without the table, ids planned on the host: a slot, or -1 - e read in place */
+    {
+        int32_t sids[64];
+        get(cu, sids, di, sizeof(int32_t) * n_tok * K);
+        for (int p = 0; p < n_tok * K; p++)
+            sids[p] = tab[sids[p]] >= 0 ? tab[sids[p]] : -1 - sids[p];
+        sil_cuda_ptr dsi = dev_copy(cu, sids, sizeof(int32_t) * n_tok * K);
+        struct sil_cuda_weight sg2, su2, sd2; /* the pools as stacks of NS matrices */
+        CK(sil_cuda_weight_view(g->type, (int64_t)NS * F, g->cols, pg, &sg2, &err));
+        CK(sil_cuda_weight_view(u->type, (int64_t)NS * F, u->cols, pu, &su2, &err));
+        CK(sil_cuda_weight_view(d->type, (int64_t)NS * E, d->cols, pd, &sd2, &err));
+        sg2.mat_stride = su2.mat_stride = sg;
+        sd2.mat_stride = sd;
+        sg2.host = hg, su2.host = hu, sd2.host = hd;
+        sg2.host_stride = su2.host_stride = mg;
+        sd2.host_stride = md;
+        sg2.n_slot = su2.n_slot = sd2.n_slot = X;
+        moe_run(cu, &sg2, &su2, &sd2, NS, dq8, n_tok, dsi, dw, K, F, E, dh, dh8, dy, h, y);
+        same = same && !memcmp(h, want_h, sizeof(float) * n_tok * K * F) &&
+               !memcmp(y, want_y, sizeof(float) * n_tok * E);
+        sil_cuda_release(cu, dsi);
+    }
     /* a slot out of range in the table: NaN, not a read past the pool */
     tab[1] = NS;
     CK(sil_cuda_upload(cu, dt, tab, sizeof(int32_t) * (size_t)X, NULL, &err));
@@ -591,8 +613,8 @@ static void moe_zero_copy(struct sil_cuda *cu, const struct sil_cuda_weight *g,
         nan_ok = nan_ok && (bad ? isnan(h[p * F]) : !memcmp(h + p * F, want_h + p * F, 4 * F));
     }
     check(same && nan_ok,
-          "moe %s/%s %d tok, experts in slots and read in place from host memory: %s, "
-          "a bad slot %s",
+          "moe %s/%s %d tok, experts in slots and read in place from host memory (a slot table, "
+          "and ids planned on the host): %s, a bad slot %s",
           sil_type_name(g->type), sil_type_name(d->type), n_tok,
           same ? "bit for bit" : "DIFFERENT", !any1 ? "not routed" : nan_ok ? "gives NaN" : "MISSED");
     sil_cuda_release(cu, dh), sil_cuda_release(cu, dh8), sil_cuda_release(cu, dy);

@@ -576,7 +576,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     stage(b, ub, &n_keep);
     b->meta_ok = true; /* staged; copied up by get_rows */
     /* path (b) for decode passes that end in logits (the choices come down with them) */
-    b->zc_pass = b->zc && ub->n <= MB && n_keep >= 1;
+    b->zc_pass = b->zc && !b->hx && ub->n <= MB && n_keep >= 1;
     if (b->zc_pass && b->zc_dirty) {
         /* from pageable memory: the copy is taken before this returns, then ordered before
          * the pass on the stream */
@@ -1076,6 +1076,20 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         g.mat_stride = b->slot_g;
         u.mat_stride = b->slot_u;
         d.mat_stride = b->slot_d;
+        if (!zc && b->zc && b->hx && pl->n_rows <= MB) {
+            /* host-routed decode with reads in place: ids -1 - e name experts in the mapping */
+            g.host = host_dev(b, pl->gate_exps->data);
+            u.host = host_dev(b, pl->up_exps->data);
+            d.host = host_dev(b, pl->down_exps->data);
+            g.host_stride = pl->gate_exps->mat_bytes;
+            u.host_stride = pl->up_exps->mat_bytes;
+            d.host_stride = pl->down_exps->mat_bytes;
+            g.n_slot = u.n_slot = d.n_slot = (int)b->c.n_expert;
+            if (!g.host || !u.host || !d.host) {
+                fail(b, -EINVAL, "routed experts outside the pinned mapping");
+                return false;
+            }
+        }
         if (zc) {
             /* path (b): slots where the table says, the mapping in place elsewhere */
             const sil_cuda_ptr tab = b->zc_tab + (uint64_t)pl->layer * (uint64_t)X * 4;
@@ -1239,6 +1253,10 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     /* path (c): experts left in the mapping are the host's (tmp -1) in a decode step */
     const bool cpu =
         b->hx && pl->n_rows <= MB && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
+    /* with reads in place (SIL_CUDA_ZEROCOPY too), the host takes up to cpu_misses of the
+     * experts left in the mapping and the device reads the rest there. Per pair, tmp holds the
+     * slot (>= 0), -1 (the host's), or -2 - e (expert e read in place) */
+    const bool inplace = cpu && b->zc;
     int32_t any_slot = -1, n_host = 0;
     for (int a = 0; a < pl->n_active; a++) {
         const bool slot_e = pl->gate[a].loc == SIL_WEIGHT_SLOT &&
@@ -1253,11 +1271,14 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
                        "(raise --vram-budget or evaluate fewer rows at a time)");
             return;
         }
-        const int32_t slot = slot_e ? (int32_t)(uintptr_t)pl->gate[a].data : -1;
-        if (slot_e) any_slot = slot;
-        n_host += !slot_e;
+        int32_t code = -1;
+        if (slot_e)
+            code = (int32_t)(uintptr_t)pl->gate[a].data, any_slot = code;
+        else if (inplace && n_host >= b->cpu_misses)
+            code = -2 - pl->expert[a];
+        n_host += code == -1;
         for (int32_t j = pl->pair_start[a]; j < pl->pair_start[a + 1]; j++)
-            b->tmp[j] = slot;
+            b->tmp[j] = code;
     }
     if (!fused_types(pl->gate_exps, pl->up_exps, pl->down_exps)) {
         /* no fused kernel for float experts: the per-expert path on views of their slots
@@ -1280,14 +1301,15 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;
     }
-    /* the host's pairs keep a valid slot (the pools start zeroed) with weight 0 on the device */
+    /* the host's pairs keep a valid slot (the pools start zeroed) with weight 0 on the device;
+     * one read in place has the id -1 - e (moe.cuh) */
     int n_jobs = 0;
     for (int64_t q = 0; q < P; q++) {
-        const int32_t pair = pl->pair_of[q], slot = b->tmp[pair];
-        b->slot_ids[q] = slot >= 0 ? slot : any_slot >= 0 ? any_slot : 0;
+        const int32_t pair = pl->pair_of[q], code = b->tmp[pair];
+        b->slot_ids[q] = code >= 0 ? code : code == -1 ? (any_slot >= 0 ? any_slot : 0) : code + 1;
         if (!n_host) continue;
-        b->h_wts[q] = slot >= 0 ? pl->sel_weight[q] : 0.0f;
-        if (slot >= 0) continue;
+        b->h_wts[q] = code != -1 ? pl->sel_weight[q] : 0.0f;
+        if (code != -1) continue;
         int a = 0;
         while (a + 1 < pl->n_active && pl->pair_start[a + 1] <= pair)
             a++;
@@ -1586,7 +1608,6 @@ static void zc_enable(struct cuda_backend *b)
     if (!(z && strcmp(z, "1") == 0) || !b->zc_htab) return;
     const char *why = b->float_experts ? "float experts have no fused kernel"
                       : b->h2d_cap > 0  ? "SIL_BENCH_H2D_GBS caps copies, not reads in place"
-                      : b->hx           ? "SIL_CUDA_CPU_MISSES routes decode on the host"
                                         : NULL;
     b->rng_dev = why ? NULL : calloc((size_t)b->n_rng, sizeof(*b->rng_dev));
     if (!why && !b->rng_dev) why = "out of memory";
@@ -1603,8 +1624,15 @@ static void zc_enable(struct cuda_backend *b)
     }
     b->zc = true;
     b->zc_dirty = true;
-    fprintf(stderr, "siliceo: cuda backend: decode reads expert misses in place from host "
-                    "memory (SIL_CUDA_ZEROCOPY)\n");
+    if (b->hx)
+        fprintf(stderr,
+                "siliceo: cuda backend: decode reads expert misses in place from host memory, "
+                "up to %d of each layer's computed on the CPU (SIL_CUDA_ZEROCOPY, "
+                "SIL_CUDA_CPU_MISSES)\n",
+                (int)b->cpu_misses);
+    else
+        fprintf(stderr, "siliceo: cuda backend: decode reads expert misses in place from host "
+                        "memory (SIL_CUDA_ZEROCOPY)\n");
 }
 
 static int cuda_placed(struct sil_backend *be, struct sil_error *err)
@@ -1906,6 +1934,11 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
     }
 }
 
+static bool cuda_reads_in_place(struct sil_backend *be)
+{
+    return cb(be)->zc && cb(be)->hx;
+}
+
 static int32_t cuda_routes(struct sil_backend *be, int32_t layer, const int32_t **ids)
 {
     struct cuda_backend *b = cb(be);
@@ -1942,6 +1975,7 @@ static const struct sil_backend_ops cuda_ops = {
     .cpu_misses = cuda_cpu_misses,
     .fill_slot = cuda_fill_slot,
     .routes = cuda_routes,
+    .reads_in_place = cuda_reads_in_place,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)

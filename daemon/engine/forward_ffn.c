@@ -89,6 +89,9 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
      * the backend's host path */
     if (f->cpu_misses > 0)
         sil_ecache_set_host_misses(f->ecache, p->n_rows <= 8 ? f->cpu_misses : 0);
+    /* misses the backend reads in place need no slot: fill only the hotter ones */
+    const bool in_place = f->be->ops->reads_in_place && f->be->ops->reads_in_place(f->be);
+    if (in_place) sil_ecache_set_admission(f->ecache, p->n_rows <= 8);
     if (sil_ecache_lookup(f->ecache, il, p->expert, f->ecache_uses, p->n_active, f->ecache_res) <
         0)
         return;

@@ -1130,7 +1130,8 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
-    if (gate->tab && (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
+    if ((gate->tab || gate->host) &&
+        (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
@@ -1179,7 +1180,7 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     int64_t nblocks = (int64_t)n_tok * k * units;
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
-    if (down->tab && (!down->host  || down->n_slot <= 0 || !down->host_stride))
+    if ((down->tab || down->host) && (!down->host || down->n_slot <= 0 || !down->host_stride))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
@@ -1231,7 +1232,8 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
-    if (gate->tab && (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
+    if ((gate->tab || gate->host) &&
+        (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
@@ -1288,7 +1290,7 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
     int64_t nblocks = (int64_t)n_tok * (k + 1) * units;
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
-    if (down->tab && (!down->host  || down->n_slot <= 0 || !down->host_stride))
+    if ((down->tab || down->host) && (!down->host || down->n_slot <= 0 || !down->host_stride))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
