@@ -52,6 +52,9 @@
  *      slots): decode routed on the host, two misses a layer computed on the CPU, the other
  *      misses read in place by the device: within 1e-1 of everything resident and not all
  *      equal, as check 11.
+ *  16. F16 KV (--kv-type f16) on the device against F16 KV on the CPU backend: prompt 2
+ *      prefilled then decoded, within prompt C's largest reference tolerance at every step,
+ *      and the device's KV memory half of the F32 engine's.
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
@@ -84,8 +87,8 @@ static int parse_ids(const char *s, int32_t *ids, int max)
     return n;
 }
 
-static int open_engine(struct sil_engine **e, const char *model, const char *backend,
-                       struct sil_error *err)
+static int open_engine_kv(struct sil_engine **e, const char *model, const char *backend,
+                          const char *kv_type, struct sil_error *err)
 {
     struct sil_engine_params p;
     sil_engine_params_default(&p);
@@ -94,7 +97,14 @@ static int open_engine(struct sil_engine **e, const char *model, const char *bac
     p.n_ctx = 256;
     p.n_seq_max = 4;
     p.n_batch_max = 256;
+    p.kv_type = kv_type;
     return sil_engine_open(e, &p, err);
+}
+
+static int open_engine(struct sil_engine **e, const char *model, const char *backend,
+                       struct sil_error *err)
+{
+    return open_engine_kv(e, model, backend, NULL, err);
 }
 
 /* Prefill ids into a fresh sequence; logits of the last position into out. */
@@ -626,6 +636,31 @@ int main(int argc, char **argv)
             fails += !(worst <= 1e-1f && worst > 0.0f);
         }
         sil_engine_close(sl);
+    }
+
+    /* 16. F16 KV on the device against F16 KV on the CPU (the same rounding of K and V) */
+    {
+        struct sil_engine *c16 = NULL, *g16 = NULL;
+        int rc = open_engine_kv(&c16, model, "cpu", "f16", &err);
+        if (rc == 0) rc = open_engine_kv(&g16, model, "cuda", "f16", &err);
+        struct sil_engine_device d32 = {0}, d16 = {0};
+        const bool halved = rc == 0 && sil_engine_device(gpu, &d32) == 0 &&
+                            sil_engine_device(g16, &d16) == 0 && d32.kv_bytes > 0 &&
+                            d16.kv_bytes * 2 == d32.kv_bytes;
+        float worst = 0.0f;
+        if (rc == 0) rc = half_then_steps(c16, g16, p2, n2, V, lg, alone, true, &worst);
+        if (rc < 0) {
+            fprintf(stderr, "%s: f16 KV: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: f16 KV, cuda vs cpu, prefill %d + %d steps: max |diff| = %.4g (tol %.4g), "
+                   "device KV %llu bytes (f32: %llu) %s\n",
+                   model, n2 / 2, n2 - n2 / 2, worst, tmax2, (unsigned long long)d16.kv_bytes,
+                   (unsigned long long)d32.kv_bytes, worst <= tmax2 && halved ? "ok" : "FAIL");
+            fails += !(worst <= tmax2 && halved);
+        }
+        sil_engine_close(g16);
+        sil_engine_close(c16);
     }
 
     /* 10. an injected device out-of-memory fails one evaluation only */

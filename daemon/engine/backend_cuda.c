@@ -88,13 +88,18 @@ enum {
     F_ATTEND_PART,
     F_ATTEND_COMBINE,
     F_ATTEND_PART_GQA,
+    F_QK_PREP_H, /* the four above that touch the KV cache, F16 KV */
+    F_ATTEND_H,
+    F_ATTEND_PART_H,
+    F_ATTEND_PART_GQA_H,
     F_COUNT
 };
 static const char *const f_names[F_COUNT] = {
     "sil_fwd_gather_rows", "sil_fwd_qk_prep",       "sil_fwd_attend",      "sil_fwd_conv1d",
     "sil_fwd_delta_net",   "sil_fwd_gate_add",      "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
     "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8", "sil_fwd_attend_part", "sil_fwd_attend_combine",
-    "sil_fwd_attend_part_gqa",
+    "sil_fwd_attend_part_gqa", "sil_fwd_qk_prep_h", "sil_fwd_attend_h", "sil_fwd_attend_part_h",
+    "sil_fwd_attend_part_gqa_h",
 };
 
 #define MB SIL_CUDA_MAX_BATCH
@@ -767,7 +772,8 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
         return;
     }
     const uint64_t layer = (uint64_t)a->layer * (uint64_t)(b->c.n_seq_max * b->c.n_ctx) *
-                           (uint64_t)b->c.kv_dim * sizeof(float);
+                           (uint64_t)b->c.kv_dim * (b->c.kv_f16 ? 2 : sizeof(float));
+    const bool h16 = b->c.kv_f16;
     sil_cuda_ptr kc = b->kv_k + layer, vc = b->kv_v + layer;
     sil_cuda_ptr q = dp(a->q.data), k = dp(a->k.data), v = dp(a->v.data), o = dp(a->o.data);
     sil_cuda_ptr qn = dp(a->q_norm->data), kn = dp(a->k_norm->data);
@@ -778,11 +784,13 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     int hdi = hd;
     void *p1[] = {&q,      &ldq,    &q_stride, &k,   &ldk,   &v,  &ldv, &qn, &kn, &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx};
-    if (!ok(b, launch(b, F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n, p1))) return;
+    if (!ok(b, launch(b, h16 ? F_QK_PREP_H : F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n,
+                      p1)))
+        return;
     void *p2[] = {&q,      &ldq,    &q_stride, &o,   &ldo,   &kc,    &vc,       &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &gated, &b->scores};
     if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
-        ok(b, launch(b, F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
+        ok(b, launch(b, h16 ? F_ATTEND_H : F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
         return;
     }
     /* decode: the context split over attn_split blocks a head, then merged */
@@ -793,7 +801,8 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
-    const int f = gqa ? F_ATTEND_PART_GQA : F_ATTEND_PART;
+    const int f = gqa ? (h16 ? F_ATTEND_PART_GQA_H : F_ATTEND_PART_GQA)
+                      : (h16 ? F_ATTEND_PART_H : F_ATTEND_PART);
     if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
                                (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
         return;
@@ -1999,7 +2008,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const int64_t U = c->ub_max, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
     const int64_t X = c->n_expert, E = c->n_embd, S = c->n_ff_shexp, F = c->n_ff_exp;
     const uint64_t f4 = sizeof(float);
-    const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * c->n_seq_max * c->n_ctx * c->kv_dim) * f4;
+    const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * c->n_seq_max * c->n_ctx * c->kv_dim) *
+                        (c->kv_f16 ? 2 : f4);
     const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
     const uint64_t q8 = max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max),
                               X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) +

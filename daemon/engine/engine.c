@@ -242,6 +242,11 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     if (p->exact)
         return sil_errorf(err, -ENOTSUP,
                           "cuda backend: exact (F32) mode runs on the CPU backend only");
+    if (p->kv_type && strcmp(p->kv_type, "f32") != 0 && strcmp(p->kv_type, "f16") != 0)
+        return sil_errorf(err, -ENOTSUP,
+                          "cuda backend: KV type %s runs on the CPU backend only (f32 or f16 "
+                          "on the GPU)",
+                          p->kv_type);
     /* SIL_CUDA_UBATCH=N (tests, benchmarks) caps the rows per micro-batch lower */
     const char *ubs = getenv("SIL_CUDA_UBATCH");
     int32_t ub = ubs ? (int32_t)atoi(ubs) : UBATCH_MAX_DEV;
@@ -274,6 +279,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
+        .kv_f16 = p->kv_type && strcmp(p->kv_type, "f16") == 0,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
     c.routed_bytes = e->info.routed_expert_bytes;

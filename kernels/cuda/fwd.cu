@@ -4,10 +4,29 @@
 // Simple first versions: one block per (row, head) for attention, one block per (sequence run,
 // value head) walking the run's tokens in order for the delta net. Arithmetic follows the CPU
 // backend (kernels/cpu/ops.c, daemon/engine/delta_net.c) to float rounding.
+#include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "kernels/cuda/pdl.cuh"
+
+// KV cache elements: F32, or F16 (--kv-type f16) rounded to nearest even as the CPU stores it.
+__device__ __forceinline__ float kvl(const float *p, int64_t i)
+{
+    return p[i];
+}
+__device__ __forceinline__ float kvl(const __half *p, int64_t i)
+{
+    return __half2float(p[i]);
+}
+__device__ __forceinline__ void kvs(float *p, int64_t i, float v)
+{
+    p[i] = v;
+}
+__device__ __forceinline__ void kvs(__half *p, int64_t i, float v)
+{
+    p[i] = __float2half_rn(v);
+}
 
 #define FWD_THREADS 128
 
@@ -74,13 +93,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 // Per row i (blockIdx.y) and head h (blockIdx.x over n_head + n_head_kv): rmsnorm with the
 // head norm, NeoX rope on the first n_rot dims at pos[i]; k heads and the row's v go to the
 // cache rows of (seq[i], pos[i]). kv: [seq][n_ctx][kv_dim] of this layer.
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_qk_prep(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
-                    int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
-                    const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
-                    float eps, float *kc, float *vc, int n_ctx)
+template <typename KV>
+__device__ __forceinline__ void
+sil_fwd_qk_prep_body(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
+                     int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
+                     const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
+                     float eps, KV *kc, KV *vc, int n_ctx)
 {
-    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float buf[1024];
     const int i = blockIdx.y, h = blockIdx.x;
@@ -113,20 +132,40 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         if (!is_q) {
             const int64_t at = ((int64_t)seq[i] * n_ctx + pos[i]) * (int64_t)n_head_kv * hd +
                                (int64_t)(h - n_head) * hd + j;
-            kc[at] = r;
-            vc[at] = v[(int64_t)i * ldv + (int64_t)(h - n_head) * hd + j];
+            kvs(kc, at, r);
+            kvs(vc, at, v[(int64_t)i * ldv + (int64_t)(h - n_head) * hd + j]);
         }
     }
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_qk_prep(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
+                    int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
+                    const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
+                    float eps, float *kc, float *vc, int n_ctx)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_qk_prep_body<float>(q, ldq, q_stride, k, ldk, v, ldv, q_norm, k_norm, pos, seq, n_head,
+                                n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx);
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_qk_prep_h(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
+                      int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
+                      const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
+                      float eps, __half *kc, __half *vc, int n_ctx)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_qk_prep_body<__half>(q, ldq, q_stride, k, ldk, v, ldv, q_norm, k_norm, pos, seq, n_head,
+                                 n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx);
 }
 
 // o_h = softmax(q_h K^T / sqrt(hd)) V over positions 0..pos[i] of seq[i]; gated: o *= sigmoid
 // of the gate that follows q_h. Block per (head, row); scores: [rows * n_head][n_ctx] scratch.
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
-                   const float *kc, const float *vc, const int *pos, const int *seq, int n_head,
-                   int n_head_kv, int hd, int n_ctx, int gated, float *scores)
+template <typename KV>
+__device__ __forceinline__ void
+sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo, const KV *kc,
+                    const KV *vc, const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
+                    int n_ctx, int gated, float *scores)
 {
-    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[1024];
     const int i = blockIdx.y, h = blockIdx.x;
@@ -134,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     const int np = pos[i] + 1;
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
-    const float *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
-    const float *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const KV *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const KV *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
     float *s = scores + ((int64_t)i * n_head + h) * n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
@@ -143,10 +182,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = warp; p < np; p += FWD_THREADS / 32) {
-        const float *kp = k0 + (int64_t)p * kv_dim;
+        const KV *kp = k0 + (int64_t)p * kv_dim;
         float d = 0.0f;
         for (int j = lane; j < hd; j += 32)
-            d += qs[j] * kp[j];
+            d += qs[j] * kvl(kp, j);
         d = fwd_warp_sum(d);
         if (lane == 0) s[p] = d * scale;
     }
@@ -167,10 +206,28 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
         float acc = 0.0f;
         for (int p = 0; p < np; p++)
-            acc += s[p] * inv * v0[(int64_t)p * kv_dim + j];
+            acc += s[p] * inv * kvl(v0, (int64_t)p * kv_dim + j);
         if (gated) acc *= 1.0f / (1.0f + expf(-qh[hd + j]));
         oh[j] = acc;
     }
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
+                   const float *kc, const float *vc, const int *pos, const int *seq, int n_head,
+                   int n_head_kv, int hd, int n_ctx, int gated, float *scores)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_attend_body<float>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv, hd,
+                               n_ctx, gated, scores);
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_h(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
+                     const __half *kc, const __half *vc, const int *pos, const int *seq, int n_head,
+                     int n_head_kv, int hd, int n_ctx, int gated, float *scores)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_attend_body<__half>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv, hd,
+                                n_ctx, gated, scores);
 }
 
 // Causal depthwise conv1d + silu for every sequence run, advancing its conv state.
@@ -509,12 +566,12 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 // gridDim.z equal chunks of positions 0..pos[i] and writes its partial softmax: m (max score),
 // l (sum of exp(score - m)) and o[hd] = sum exp(score - m) V, at part + ((i * n_head + h) *
 // gridDim.z + z) * (hd + 2). Chunks are at most 1024 positions (the host sizes the grid).
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend_part(const float *q, int64_t ldq, int q_stride, const float *kc,
-                        const float *vc, const int *pos, const int *seq, int n_head, int n_head_kv,
-                        int hd, int n_ctx, float *part)
+template <typename KV>
+__device__ __forceinline__ void sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride,
+                                                         const KV *kc, const KV *vc, const int *pos,
+                                                         const int *seq, int n_head, int n_head_kv,
+                                                         int hd, int n_ctx, float *part)
 {
-    SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[1024];
     __shared__ float s[1024];
@@ -524,8 +581,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     const int c0 = z * chunk, c1 = min(np, c0 + chunk);
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
-    const float *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
-    const float *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const KV *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const KV *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
     float *out = part + (((int64_t)i * n_head + h) * nz + z) * (hd + 2);
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
@@ -533,10 +590,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
-        const float *kp = k0 + (int64_t)p * kv_dim;
+        const KV *kp = k0 + (int64_t)p * kv_dim;
         float d = 0.0f;
         for (int j = lane; j < hd; j += 32)
-            d += qs[j] * kp[j];
+            d += qs[j] * kvl(kp, j);
         d = fwd_warp_sum(d);
         if (lane == 0) s[p - c0] = d * scale;
     }
@@ -555,13 +612,31 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
         float acc = 0.0f;
         for (int p = c0; p < c1; p++)
-            acc += s[p - c0] * v0[(int64_t)p * kv_dim + j];
+            acc += s[p - c0] * kvl(v0, (int64_t)p * kv_dim + j);
         out[2 + j] = acc;
     }
     if (threadIdx.x == 0) {
         out[0] = c1 > c0 ? mx : -INFINITY;
         out[1] = sum;
     }
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_part(const float *q, int64_t ldq, int q_stride, const float *kc, const float *vc,
+                        const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
+                        int n_ctx, float *part)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_attend_part_body<float>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
+                                    n_ctx, part);
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_part_h(const float *q, int64_t ldq, int q_stride, const __half *kc,
+                          const __half *vc, const int *pos, const int *seq, int n_head,
+                          int n_head_kv, int hd, int n_ctx, float *part)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_attend_part_body<__half>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
+                                     n_ctx, part);
 }
 
 #define GQA_MAX 8      // query heads per KV head the grouped kernel takes
@@ -573,12 +648,12 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 // once for all G heads instead of G times. The scores and the V sums are those of
 // sil_fwd_attend_part (the same products in the same order); each head's softmax sum l is a
 // warp's sum, so it may differ from that kernel's in the last bits. Partials as it writes them.
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend_part_gqa(const float *q, int64_t ldq, int q_stride, const float *kc,
-                            const float *vc, const int *pos, const int *seq, int n_head,
-                            int n_head_kv, int hd, int n_ctx, float *part)
+template <typename KV>
+__device__ __forceinline__ void
+sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV *kc, const KV *vc,
+                             const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
+                             int n_ctx, float *part)
 {
-    SIL_PDL_ENTRY();
     __shared__ float qs[GQA_MAX * GQA_HD];
     __shared__ float s[GQA_MAX * GQA_CHUNK];
     __shared__ float mxs[GQA_MAX], sums[GQA_MAX];
@@ -587,8 +662,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     const int np = pos[i] + 1, chunk = (np + nz - 1) / nz;
     const int c0 = min(np, z * chunk), c1 = min(np, c0 + chunk);
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
-    const float *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
-    const float *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const KV *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const KV *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int idx = threadIdx.x; idx < G * hd; idx += FWD_THREADS) {
         const int g = idx / hd, j = idx - g * hd;
@@ -597,13 +672,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
-        const float *kp = k0 + (int64_t)p * kv_dim;
+        const KV *kp = k0 + (int64_t)p * kv_dim;
         float d[GQA_MAX];
 #pragma unroll
         for (int g = 0; g < GQA_MAX; g++)
             d[g] = 0.0f;
         for (int j = lane; j < hd; j += 32) {
-            const float kv = kp[j];
+            const float kv = kvl(kp, j);
 #pragma unroll
             for (int g = 0; g < GQA_MAX; g++)
                 if (g < G) d[g] += qs[g * GQA_HD + j] * kv;
@@ -641,7 +716,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         for (int g = 0; g < GQA_MAX; g++)
             acc[g] = 0.0f;
         for (int p = c0; p < c1; p++) {
-            const float vv = v0[(int64_t)p * kv_dim + j];
+            const float vv = kvl(v0, (int64_t)p * kv_dim + j);
 #pragma unroll
             for (int g = 0; g < GQA_MAX; g++)
                 if (g < G) acc[g] += s[g * GQA_CHUNK + p - c0] * vv;
@@ -656,6 +731,24 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         out[0] = c1 > c0 ? mxs[g] : -INFINITY;
         out[1] = c1 > c0 ? sums[g] : 0.0f;
     }
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_part_gqa(const float *q, int64_t ldq, int q_stride, const float *kc,
+                            const float *vc, const int *pos, const int *seq, int n_head,
+                            int n_head_kv, int hd, int n_ctx, float *part)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_attend_part_gqa_body<float>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
+                                        n_ctx, part);
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_attend_part_gqa_h(const float *q, int64_t ldq, int q_stride, const __half *kc,
+                              const __half *vc, const int *pos, const int *seq, int n_head,
+                              int n_head_kv, int hd, int n_ctx, float *part)
+{
+    SIL_PDL_ENTRY();
+    sil_fwd_attend_part_gqa_body<__half>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
+                                         n_ctx, part);
 }
 
 // The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
