@@ -28,16 +28,18 @@ eval_run() { # name, tokens, then VAR=value settings
     local n=$1 t=$2
     shift 2
     env "$@" "$B/bin/sil-eval" --model "$M" --tokens "$(seq -s, 1 "$t")" --n-predict 128 \
-        --logits none --backend cuda --ctx $((t + 256)) --passes 2 --json > "$OUT/$n.json" \
-        2> "$OUT/$n.err"
+        --logits none --backend cuda --ctx $((t + 256)) --passes 2 --json $EXTRA \
+        > "$OUT/$n.json" 2> "$OUT/$n.err"
     echo "$n rc=$?"
 }
 for v in ${VARIANTS:-ours}; do
+    EXTRA=
     case $v in
     ours) set -- SIL_BENCH_NONE=1 ;;
     ours-nopdl) set -- SIL_CUDA_PDL=0 ;;
     ours-nogqa) set -- SIL_CUDA_NO_GQA=1 ;;
     ours-nofuse) set -- SIL_CUDA_NO_DN_FUSE=1 SIL_CUDA_NO_ROUTER_FUSE=1 SIL_CUDA_NO_H8_FUSE=1 ;;
+    ours-kv16) set -- SIL_BENCH_NONE=1 && EXTRA="--kv-type f16" ;;
     *) echo "unknown variant $v" >&2; continue ;;
     esac
     eval_run "$v-p512" 512 "$@"
