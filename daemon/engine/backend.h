@@ -73,12 +73,16 @@ struct sil_mm_out {
 
 /* A ubatch: rows (token, position, sequence) grouped by sequence, each sequence's rows in
  * position order; runs of one sequence are rows [run_start[i], run_start[i+1]). */
+struct sil_kv_cache;
 struct sil_ubatch {
     int32_t n;
     const int32_t *token, *pos, *seq;
     const int32_t *out_row; /* logits row for this row, or -1 */
     int32_t n_runs;
     const int32_t *run_start;
+    /* the KV block tables of the sequences (kv_cache.h; positions reserved before the pass), or
+     * NULL: a device backend then lays a sequence's blocks out one after another */
+    const struct sil_kv_cache *kv;
 };
 
 /* Full attention of one layer over the KV layout (kv_cache.h). Per row i and head h:

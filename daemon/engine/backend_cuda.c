@@ -44,6 +44,7 @@
 
 #include "daemon/engine/backend.h"
 #include "daemon/engine/host_experts.h"
+#include "daemon/engine/kv_cache.h"
 
 #ifndef SIL_HAVE_CUDA
 
@@ -103,6 +104,7 @@ static const char *const f_names[F_COUNT] = {
 };
 
 #define MB SIL_CUDA_MAX_BATCH
+_Static_assert(SIL_KV_BLOCK == 64, "fwd.cu's FWD_KV_BLOCK is 64 positions");
 #define DN_DONE_HEADS 1024 /* value heads the fused delta-rule + gated norm takes */
 #define N_GRAPHS 16
 
@@ -167,6 +169,11 @@ struct cuda_backend {
     void *h_meta;
     float *emb;
     int32_t *h_pos, *h_seq, *h_run_start, *h_run_seq, *h_keep;
+    /* KV in blocks of SIL_KV_BLOCK positions: the pool holds n_seq_max * kv_bps blocks a layer;
+     * a sequence's table [kv_bps] block ids (the engine's, kv_cache.h) in the staged block */
+    int32_t kv_bps;
+    int32_t *h_btab;
+    sil_cuda_ptr btab;
     size_t meta_bytes, ints_off;
     float *h_logits;
     /* graphs */
@@ -440,6 +447,17 @@ static void stage(struct cuda_backend *b, const struct sil_ubatch *ub, int32_t *
     for (int32_t i = 0; i < ub->n; i++)
         if (ub->out_row[i] >= 0) b->h_keep[j++] = i;
     *n_keep = j;
+    /* the block tables of the ubatch's sequences; without the engine's, blocks in order */
+    const int32_t bps = b->kv_bps, nb = (int32_t)b->c.n_seq_max * bps;
+    for (int32_t r = 0; r < ub->n_runs && bps > 0; r++) {
+        const int32_t s = b->h_run_seq[r];
+        if (s < 0 || s >= b->c.n_seq_max) continue;
+        int32_t *t = b->h_btab + (int64_t)s * bps;
+        int32_t n = 0;
+        const int32_t *tab = ub->kv ? sil_kv_seq_table(ub->kv, s, &n) : NULL;
+        for (int32_t k = 0; k < bps; k++)
+            t[k] = !ub->kv ? s * bps + k : k < n && tab[k] >= 0 && tab[k] < nb ? tab[k] : 0;
+    }
 }
 
 static void drop_segs(struct cuda_backend *b, struct graph_slot *g)
@@ -771,7 +789,12 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
         fail(b, -EINVAL, "attention shape outside what the kernels take");
         return;
     }
-    const uint64_t layer = (uint64_t)a->layer * (uint64_t)(b->c.n_seq_max * b->c.n_ctx) *
+    if (b->kv_bps <= 0) {
+        fail(b, -EINVAL, "attention without KV blocks");
+        return;
+    }
+    const uint64_t layer = (uint64_t)a->layer *
+                           (uint64_t)(b->c.n_seq_max * b->kv_bps * SIL_KV_BLOCK) *
                            (uint64_t)b->c.kv_dim * (b->c.kv_f16 ? 2 : sizeof(float));
     const bool h16 = b->c.kv_f16;
     sil_cuda_ptr kc = b->kv_k + layer, vc = b->kv_v + layer;
@@ -782,13 +805,16 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     float fb = a->rope_freq_base, eps = a->eps;
     int64_t ldq = a->q.ld, ldk = a->k.ld, ldv = a->v.ld, ldo = a->o.ld;
     int hdi = hd;
+    int bps = b->kv_bps;
     void *p1[] = {&q,      &ldq,    &q_stride, &k,   &ldk,   &v,  &ldv, &qn, &kn, &b->pos,
-                  &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx};
+                  &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx,
+                  &b->btab, &bps};
     if (!ok(b, launch(b, h16 ? F_QK_PREP_H : F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n,
                       p1)))
         return;
-    void *p2[] = {&q,      &ldq,    &q_stride, &o,   &ldo,   &kc,    &vc,       &b->pos,
-                  &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &gated, &b->scores};
+    void *p2[] = {&q,      &ldq,    &q_stride, &o,        &ldo, &kc,    &vc,       &b->pos,
+                  &b->seq, &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
+                  &b->scores};
     if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
         ok(b, launch(b, h16 ? F_ATTEND_H : F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
         return;
@@ -796,8 +822,8 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     /* decode: the context split over attn_split blocks a head, then merged */
     sil_cuda_ptr part = b->attn_part;
     int nz = b->attn_split;
-    void *p3[] = {&q,      &ldq,    &q_stride, &kc,  &vc,    &b->pos,
-                  &b->seq, &n_head, &n_kv,     &hdi, &n_ctx, &part};
+    void *p3[] = {&q,      &ldq,    &q_stride, &kc,  &vc,    &b->pos,  &b->seq,
+                  &n_head, &n_kv,   &hdi,      &n_ctx, &b->btab, &bps, &part};
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
@@ -2008,7 +2034,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const int64_t U = c->ub_max, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
     const int64_t X = c->n_expert, E = c->n_embd, S = c->n_ff_shexp, F = c->n_ff_exp;
     const uint64_t f4 = sizeof(float);
-    const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * c->n_seq_max * c->n_ctx * c->kv_dim) *
+    const int64_t kv_pos = c->n_seq_max * ((c->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK) *
+                           SIL_KV_BLOCK; /* the block pool's positions a layer */
+    const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * kv_pos * c->kv_dim) *
                         (c->kv_f16 ? 2 : f4);
     const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
     const uint64_t q8 = max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max),
@@ -2126,7 +2154,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     b->budget = budget;
     /* the staged block: embedding rows, then 5 int32 arrays of U (+1) */
     const size_t ints_off = (size_t)(U * E) * sizeof(float);
-    const size_t meta_bytes = ints_off + (size_t)(5 * U + 1) * sizeof(int32_t);
+    const int64_t bps = (c->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK;
+    const size_t meta_bytes =
+        ints_off + (size_t)(5 * U + 1 + (c->n_layer_attn > 0 ? c->n_seq_max * bps : 0)) *
+                       sizeof(int32_t);
     struct {
         sil_cuda_ptr *p;
         uint64_t bytes;
@@ -2241,11 +2272,14 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->h_run_start = hi + 2 * U;
         b->h_run_seq = hi + 3 * U + 1;
         b->h_keep = hi + 4 * U + 1;
+        b->h_btab = hi + 5 * U + 1;
+        b->kv_bps = c->n_layer_attn > 0 ? (int32_t)bps : 0;
         b->pos = b->meta + ints_off;
         b->seq = b->pos + (uint64_t)U * 4;
         b->run_start = b->pos + (uint64_t)(2 * U) * 4;
         b->run_seq = b->pos + (uint64_t)(3 * U + 1) * 4;
         b->keep = b->pos + (uint64_t)(4 * U + 1) * 4;
+        b->btab = b->pos + (uint64_t)(5 * U + 1) * 4;
         b->meta_bytes = meta_bytes;
         b->ints_off = ints_off;
         const char *g = getenv("SIL_CUDA_GRAPHS"), *h = getenv("SIL_CUDA_HOST_ROUTE");

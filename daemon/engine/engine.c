@@ -794,6 +794,7 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, struct s
             if (i == 0 || ub.seq[i] != ub.seq[i - 1]) e->run_start[ub.n_runs++] = i;
         e->run_start[ub.n_runs] = ub.n;
         ub.run_start = e->run_start;
+        ub.kv = e->f.kv;
         sil_forward(&e->f, &ub, logits);
         /* A backend error: the model is damaged when the mapping faulted, else the ops failed
          * (a device error) and the error is the backend's. */

@@ -10,6 +10,14 @@
 
 #include "kernels/cuda/pdl.cuh"
 
+// KV rows live in blocks of FWD_KV_BLOCK positions (SIL_KV_BLOCK): row of position p of a
+// sequence whose block table is bt.
+#define FWD_KV_BLOCK 64
+__device__ __forceinline__ int64_t fwd_kv_row(const int *bt, int p)
+{
+    return (int64_t)bt[p / FWD_KV_BLOCK] * FWD_KV_BLOCK + p % FWD_KV_BLOCK;
+}
+
 // KV cache elements: F32, or F16 (--kv-type f16) rounded to nearest even as the CPU stores it.
 __device__ __forceinline__ float kvl(const float *p, int64_t i)
 {
@@ -92,13 +100,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 
 // Per row i (blockIdx.y) and head h (blockIdx.x over n_head + n_head_kv): rmsnorm with the
 // head norm, NeoX rope on the first n_rot dims at pos[i]; k heads and the row's v go to the
-// cache rows of (seq[i], pos[i]). kv: [seq][n_ctx][kv_dim] of this layer.
+// cache rows of (seq[i], pos[i]). kv: [block][FWD_KV_BLOCK][kv_dim] of this layer, seq's blocks
+// btab[seq * bps ..].
 template <typename KV>
 __device__ __forceinline__ void
 sil_fwd_qk_prep_body(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
                      int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
                      const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
-                     float eps, KV *kc, KV *vc, int n_ctx)
+                     float eps, KV *kc, KV *vc, int n_ctx, const int *btab, int bps)
 {
     __shared__ float sh[32];
     __shared__ float buf[1024];
@@ -130,8 +139,10 @@ sil_fwd_qk_prep_body(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk,
         }
         x[j] = r;
         if (!is_q) {
-            const int64_t at = ((int64_t)seq[i] * n_ctx + pos[i]) * (int64_t)n_head_kv * hd +
-                               (int64_t)(h - n_head) * hd + j;
+            const int64_t row =
+                (int64_t)btab[(int64_t)seq[i] * bps + pos[i] / FWD_KV_BLOCK] * FWD_KV_BLOCK +
+                pos[i] % FWD_KV_BLOCK;
+            const int64_t at = row * (int64_t)n_head_kv * hd + (int64_t)(h - n_head) * hd + j;
             kvs(kc, at, r);
             kvs(vc, at, v[(int64_t)i * ldv + (int64_t)(h - n_head) * hd + j]);
         }
@@ -141,21 +152,21 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_qk_prep(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
                     int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
                     const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
-                    float eps, float *kc, float *vc, int n_ctx)
+                    float eps, float *kc, float *vc, int n_ctx, const int *btab, int bps)
 {
     SIL_PDL_ENTRY();
     sil_fwd_qk_prep_body<float>(q, ldq, q_stride, k, ldk, v, ldv, q_norm, k_norm, pos, seq, n_head,
-                                n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx);
+                                n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx, btab, bps);
 }
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_qk_prep_h(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
                       int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
                       const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
-                      float eps, __half *kc, __half *vc, int n_ctx)
+                      float eps, __half *kc, __half *vc, int n_ctx, const int *btab, int bps)
 {
     SIL_PDL_ENTRY();
     sil_fwd_qk_prep_body<__half>(q, ldq, q_stride, k, ldk, v, ldv, q_norm, k_norm, pos, seq, n_head,
-                                 n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx);
+                                 n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx, btab, bps);
 }
 
 // o_h = softmax(q_h K^T / sqrt(hd)) V over positions 0..pos[i] of seq[i]; gated: o *= sigmoid
@@ -164,7 +175,7 @@ template <typename KV>
 __device__ __forceinline__ void
 sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo, const KV *kc,
                     const KV *vc, const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
-                    int n_ctx, int gated, float *scores)
+                    int n_ctx, const int *btab, int bps, int gated, float *scores)
 {
     __shared__ float sh[32];
     __shared__ float qs[1024];
@@ -173,8 +184,8 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
     const int np = pos[i] + 1;
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
-    const KV *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
-    const KV *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
+    const KV *k0 = kc + (int64_t)kvh * hd, *v0 = vc + (int64_t)kvh * hd;
     float *s = scores + ((int64_t)i * n_head + h) * n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
@@ -182,7 +193,7 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = warp; p < np; p += FWD_THREADS / 32) {
-        const KV *kp = k0 + (int64_t)p * kv_dim;
+        const KV *kp = k0 + fwd_kv_row(bt, p) * kv_dim;
         float d = 0.0f;
         for (int j = lane; j < hd; j += 32)
             d += qs[j] * kvl(kp, j);
@@ -206,7 +217,7 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
         float acc = 0.0f;
         for (int p = 0; p < np; p++)
-            acc += s[p] * inv * kvl(v0, (int64_t)p * kv_dim + j);
+            acc += s[p] * inv * kvl(v0, fwd_kv_row(bt, p) * kv_dim + j);
         if (gated) acc *= 1.0f / (1.0f + expf(-qh[hd + j]));
         oh[j] = acc;
     }
@@ -214,20 +225,22 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
                    const float *kc, const float *vc, const int *pos, const int *seq, int n_head,
-                   int n_head_kv, int hd, int n_ctx, int gated, float *scores)
+                   int n_head_kv, int hd, int n_ctx, const int *btab, int bps, int gated,
+                   float *scores)
 {
     SIL_PDL_ENTRY();
     sil_fwd_attend_body<float>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                               n_ctx, gated, scores);
+                               n_ctx, btab, bps, gated, scores);
 }
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_h(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
                      const __half *kc, const __half *vc, const int *pos, const int *seq, int n_head,
-                     int n_head_kv, int hd, int n_ctx, int gated, float *scores)
+                     int n_head_kv, int hd, int n_ctx, const int *btab, int bps, int gated,
+                     float *scores)
 {
     SIL_PDL_ENTRY();
     sil_fwd_attend_body<__half>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                n_ctx, gated, scores);
+                                n_ctx, btab, bps, gated, scores);
 }
 
 // Causal depthwise conv1d + silu for every sequence run, advancing its conv state.
@@ -567,10 +580,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 // l (sum of exp(score - m)) and o[hd] = sum exp(score - m) V, at part + ((i * n_head + h) *
 // gridDim.z + z) * (hd + 2). Chunks are at most 1024 positions (the host sizes the grid).
 template <typename KV>
-__device__ __forceinline__ void sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride,
-                                                         const KV *kc, const KV *vc, const int *pos,
-                                                         const int *seq, int n_head, int n_head_kv,
-                                                         int hd, int n_ctx, float *part)
+__device__ __forceinline__ void
+sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, const KV *kc, const KV *vc,
+                         const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
+                         int n_ctx, const int *btab, int bps, float *part)
 {
     __shared__ float sh[32];
     __shared__ float qs[1024];
@@ -581,8 +594,8 @@ __device__ __forceinline__ void sil_fwd_attend_part_body(const float *q, int64_t
     const int c0 = z * chunk, c1 = min(np, c0 + chunk);
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
-    const KV *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
-    const KV *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
+    const KV *k0 = kc + (int64_t)kvh * hd, *v0 = vc + (int64_t)kvh * hd;
     float *out = part + (((int64_t)i * n_head + h) * nz + z) * (hd + 2);
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
@@ -590,7 +603,7 @@ __device__ __forceinline__ void sil_fwd_attend_part_body(const float *q, int64_t
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
-        const KV *kp = k0 + (int64_t)p * kv_dim;
+        const KV *kp = k0 + fwd_kv_row(bt, p) * kv_dim;
         float d = 0.0f;
         for (int j = lane; j < hd; j += 32)
             d += qs[j] * kvl(kp, j);
@@ -612,7 +625,7 @@ __device__ __forceinline__ void sil_fwd_attend_part_body(const float *q, int64_t
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
         float acc = 0.0f;
         for (int p = c0; p < c1; p++)
-            acc += s[p - c0] * kvl(v0, (int64_t)p * kv_dim + j);
+            acc += s[p - c0] * kvl(v0, fwd_kv_row(bt, p) * kv_dim + j);
         out[2 + j] = acc;
     }
     if (threadIdx.x == 0) {
@@ -623,20 +636,20 @@ __device__ __forceinline__ void sil_fwd_attend_part_body(const float *q, int64_t
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_part(const float *q, int64_t ldq, int q_stride, const float *kc, const float *vc,
                         const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
-                        int n_ctx, float *part)
+                        int n_ctx, const int *btab, int bps, float *part)
 {
     SIL_PDL_ENTRY();
     sil_fwd_attend_part_body<float>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                    n_ctx, part);
+                                    n_ctx, btab, bps, part);
 }
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_part_h(const float *q, int64_t ldq, int q_stride, const __half *kc,
                           const __half *vc, const int *pos, const int *seq, int n_head,
-                          int n_head_kv, int hd, int n_ctx, float *part)
+                          int n_head_kv, int hd, int n_ctx, const int *btab, int bps, float *part)
 {
     SIL_PDL_ENTRY();
     sil_fwd_attend_part_body<__half>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                     n_ctx, part);
+                                     n_ctx, btab, bps, part);
 }
 
 #define GQA_MAX 8      // query heads per KV head the grouped kernel takes
@@ -652,7 +665,7 @@ template <typename KV>
 __device__ __forceinline__ void
 sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV *kc, const KV *vc,
                              const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
-                             int n_ctx, float *part)
+                             int n_ctx, const int *btab, int bps, float *part)
 {
     __shared__ float qs[GQA_MAX * GQA_HD];
     __shared__ float s[GQA_MAX * GQA_CHUNK];
@@ -662,8 +675,8 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
     const int np = pos[i] + 1, chunk = (np + nz - 1) / nz;
     const int c0 = min(np, z * chunk), c1 = min(np, c0 + chunk);
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
-    const KV *k0 = kc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
-    const KV *v0 = vc + (int64_t)seq[i] * n_ctx * kv_dim + (int64_t)kvh * hd;
+    const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
+    const KV *k0 = kc + (int64_t)kvh * hd, *v0 = vc + (int64_t)kvh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int idx = threadIdx.x; idx < G * hd; idx += FWD_THREADS) {
         const int g = idx / hd, j = idx - g * hd;
@@ -672,7 +685,7 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
-        const KV *kp = k0 + (int64_t)p * kv_dim;
+        const KV *kp = k0 + fwd_kv_row(bt, p) * kv_dim;
         float d[GQA_MAX];
 #pragma unroll
         for (int g = 0; g < GQA_MAX; g++)
@@ -716,7 +729,7 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
         for (int g = 0; g < GQA_MAX; g++)
             acc[g] = 0.0f;
         for (int p = c0; p < c1; p++) {
-            const float vv = kvl(v0, (int64_t)p * kv_dim + j);
+            const float vv = kvl(v0, fwd_kv_row(bt, p) * kv_dim + j);
 #pragma unroll
             for (int g = 0; g < GQA_MAX; g++)
                 if (g < G) acc[g] += s[g * GQA_CHUNK + p - c0] * vv;
@@ -735,20 +748,21 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_part_gqa(const float *q, int64_t ldq, int q_stride, const float *kc,
                             const float *vc, const int *pos, const int *seq, int n_head,
-                            int n_head_kv, int hd, int n_ctx, float *part)
+                            int n_head_kv, int hd, int n_ctx, const int *btab, int bps, float *part)
 {
     SIL_PDL_ENTRY();
     sil_fwd_attend_part_gqa_body<float>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                        n_ctx, part);
+                                        n_ctx, btab, bps, part);
 }
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_part_gqa_h(const float *q, int64_t ldq, int q_stride, const __half *kc,
                               const __half *vc, const int *pos, const int *seq, int n_head,
-                              int n_head_kv, int hd, int n_ctx, float *part)
+                              int n_head_kv, int hd, int n_ctx, const int *btab, int bps,
+                              float *part)
 {
     SIL_PDL_ENTRY();
     sil_fwd_attend_part_gqa_body<__half>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                         n_ctx, part);
+                                         n_ctx, btab, bps, part);
 }
 
 // The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
