@@ -79,6 +79,29 @@ static void test_sizes(void **state)
     c.budget = 0;
     c.type = (enum sil_kv_type)9;
     assert_int_equal(sil_kv_create(&kv, &c, &err), -EINVAL);
+    /* tables only (a device holds the rows): the pool is the device's n_blocks, ids below it,
+     * and running out is -ENOBUFS; a host cache ignores n_blocks */
+    c.type = SIL_KV_F16;
+    c.n_layer = 0;
+    c.n_seq_max = 4;
+    c.n_ctx = 256;
+    c.n_blocks = 5;
+    assert_int_equal(sil_kv_create(&kv, &c, &err), 0);
+    assert_int_equal(sil_kv_n_blocks(kv), 5);
+    assert_int_equal(sil_kv_block_bytes(kv), 0);
+    assert_int_equal(sil_kv_seq_reserve(kv, 0, 256, &err), 0); /* 4 blocks */
+    assert_int_equal(sil_kv_seq_reserve(kv, 1, 64, &err), 0);
+    assert_int_equal(sil_kv_seq_reserve(kv, 2, 1, &err), -ENOBUFS);
+    int32_t n = 0;
+    const int32_t *t = sil_kv_seq_table(kv, 0, &n);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++)
+        assert_true(t[i] >= 0 && t[i] < 5);
+    sil_kv_free(kv);
+    c.n_layer = 1;
+    assert_int_equal(sil_kv_create(&kv, &c, &err), 0);
+    assert_int_equal(sil_kv_n_blocks(kv), 16); /* 4 sequences x 256 / 64 */
+    sil_kv_free(kv);
 }
 
 /* Reserve takes whole blocks, distinct ones, each in its own memory; trim and release give

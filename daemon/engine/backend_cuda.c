@@ -171,7 +171,7 @@ struct cuda_backend {
     int32_t *h_pos, *h_seq, *h_run_start, *h_run_seq, *h_keep;
     /* KV in blocks of SIL_KV_BLOCK positions: the pool holds n_seq_max * kv_bps blocks a layer;
      * a sequence's table [kv_bps] block ids (the engine's, kv_cache.h) in the staged block */
-    int32_t kv_bps;
+    int32_t kv_bps, kv_nb; /* table width, pool blocks */
     int32_t *h_btab;
     sil_cuda_ptr btab;
     size_t meta_bytes, ints_off;
@@ -448,7 +448,7 @@ static void stage(struct cuda_backend *b, const struct sil_ubatch *ub, int32_t *
         if (ub->out_row[i] >= 0) b->h_keep[j++] = i;
     *n_keep = j;
     /* the block tables of the ubatch's sequences; without the engine's, blocks in order */
-    const int32_t bps = b->kv_bps, nb = (int32_t)b->c.n_seq_max * bps;
+    const int32_t bps = b->kv_bps, nb = b->kv_nb;
     for (int32_t r = 0; r < ub->n_runs && bps > 0; r++) {
         const int32_t s = b->h_run_seq[r];
         if (s < 0 || s >= b->c.n_seq_max) continue;
@@ -793,8 +793,7 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
         fail(b, -EINVAL, "attention without KV blocks");
         return;
     }
-    const uint64_t layer = (uint64_t)a->layer *
-                           (uint64_t)(b->c.n_seq_max * b->kv_bps * SIL_KV_BLOCK) *
+    const uint64_t layer = (uint64_t)a->layer * (uint64_t)(b->kv_nb * SIL_KV_BLOCK) *
                            (uint64_t)b->c.kv_dim * (b->c.kv_f16 ? 2 : sizeof(float));
     const bool h16 = b->c.kv_f16;
     sil_cuda_ptr kc = b->kv_k + layer, vc = b->kv_v + layer;
@@ -2034,8 +2033,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const int64_t U = c->ub_max, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
     const int64_t X = c->n_expert, E = c->n_embd, S = c->n_ff_shexp, F = c->n_ff_exp;
     const uint64_t f4 = sizeof(float);
-    const int64_t kv_pos = c->n_seq_max * ((c->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK) *
-                           SIL_KV_BLOCK; /* the block pool's positions a layer */
+    const int64_t kv_nb = c->kv_blocks > 0
+                              ? c->kv_blocks
+                              : c->n_seq_max * ((c->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK);
+    const int64_t kv_pos = kv_nb * SIL_KV_BLOCK; /* the block pool's positions a layer */
     const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * kv_pos * c->kv_dim) *
                         (c->kv_f16 ? 2 : f4);
     const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
@@ -2274,6 +2275,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->h_keep = hi + 4 * U + 1;
         b->h_btab = hi + 5 * U + 1;
         b->kv_bps = c->n_layer_attn > 0 ? (int32_t)bps : 0;
+        b->kv_nb = (int32_t)kv_nb;
         b->pos = b->meta + ints_off;
         b->seq = b->pos + (uint64_t)U * 4;
         b->run_start = b->pos + (uint64_t)(2 * U) * 4;

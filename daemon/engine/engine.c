@@ -28,6 +28,7 @@ struct sil_engine {
     struct sil_vocab *vocab;
     struct sil_model_info info;
     int32_t n_ctx, n_seq_max, n_batch_max;
+    int64_t dev_kv_blocks; /* the device backend's KV pool (blocks), 0 on the CPU */
     struct sil_fwd f;
     bool *seq_live;
     int32_t *seq_len;
@@ -111,6 +112,7 @@ static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, stru
         .head_dim = hp->n_embd_head_k,
         .type = (enum sil_kv_type)type,
         .budget = p->kv_budget,
+        .n_blocks = host ? 0 : (int32_t)e->dev_kv_blocks,
     };
     return sil_kv_create(&e->f.kv, &c, err);
 }
@@ -247,6 +249,23 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
                           "cuda backend: KV type %s runs on the CPU backend only (f32 or f16 "
                           "on the GPU)",
                           p->kv_type);
+    /* the device's KV pool: kv_budget bytes of blocks (K and V of every attention layer), or
+     * every sequence at the full context; the host cache keeps its block tables */
+    const int64_t bps = ((int64_t)e->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK;
+    const uint64_t dev_block = 2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
+                               (uint64_t)(hp->n_head_kv * hp->n_embd_head_k) *
+                               (p->kv_type && strcmp(p->kv_type, "f16") == 0 ? 2 : 4);
+    e->dev_kv_blocks = (int64_t)e->n_seq_max * bps;
+    if (p->kv_budget && dev_block) {
+        e->dev_kv_blocks = (int64_t)(p->kv_budget / dev_block);
+        if (e->dev_kv_blocks < 1)
+            return sil_errorf(err, -EINVAL,
+                              "cuda backend: a KV budget of %llu bytes holds no block (one is "
+                              "%llu)",
+                              (unsigned long long)p->kv_budget, (unsigned long long)dev_block);
+        if (e->dev_kv_blocks > (int64_t)e->n_seq_max * bps)
+            e->dev_kv_blocks = (int64_t)e->n_seq_max * bps;
+    }
     /* SIL_CUDA_UBATCH=N (tests, benchmarks) caps the rows per micro-batch lower */
     const char *ubs = getenv("SIL_CUDA_UBATCH");
     int32_t ub = ubs ? (int32_t)atoi(ubs) : UBATCH_MAX_DEV;
@@ -280,6 +299,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
         .kv_f16 = p->kv_type && strcmp(p->kv_type, "f16") == 0,
+        .kv_blocks = e->dev_kv_blocks,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
     c.routed_bytes = e->info.routed_expert_bytes;

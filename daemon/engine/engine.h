@@ -54,7 +54,8 @@ struct sil_engine_params {
     /* KV element type of the full-attention layers on the CPU backend: "f32", "f16", "q8_0"
      * (KV8) or "q4_0" (KV4); NULL = f32, the type the reference logits were made with. */
     const char *kv_type;
-    uint64_t kv_budget; /* KV pool bytes (CPU); 0 = every sequence at n_ctx, backed lazily */
+    uint64_t kv_budget; /* KV pool bytes (host memory on the CPU, device memory on CUDA); 0 = every
+                         * sequence at n_ctx (backed lazily on the CPU) */
     /* Bytes of recurrent-state snapshots the prefix cache keeps (models with delta-net layers;
      * 0: none, so the prefix cache never hits on them). */
     uint64_t prefix_ckpt_budget;

@@ -273,6 +273,7 @@ int sil_kv_create(struct sil_kv_cache **out, const struct sil_kv_config *c, stru
                               (unsigned long long)c->budget, (unsigned long long)block_bytes);
         }
     }
+    if (c->n_layer == 0 && c->n_blocks > 0) nb = c->n_blocks;
     if (nb > INT32_MAX / 2) nb = INT32_MAX / 2;
     kv->n_blocks = (int32_t)nb;
     kv->n_bucket = 1;

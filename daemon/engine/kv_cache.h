@@ -37,6 +37,9 @@ struct sil_kv_config {
     int32_t head_dim;           /* elements of one head inside a row */
     enum sil_kv_type type;
     uint64_t budget; /* pool bytes; 0: enough for every sequence at n_ctx (backed lazily) */
+    /* n_layer 0 (a device holds the rows): blocks in the pool, the device's; 0: every sequence
+     * at n_ctx */
+    int32_t n_blocks;
 };
 
 struct sil_kv_cache;
