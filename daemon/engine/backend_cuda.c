@@ -1087,6 +1087,26 @@ static bool shared_fusable(const struct cuda_backend *b, const struct sil_moe_pl
            sd->cols == pl->down_exps->cols;
 }
 
+/* The routed stacks in the pinned mapping behind slot views g, u, d (reads in place): with a
+ * slot table tab [n_expert] (device routing; n_slot the slots), or without one (ids -1 - e;
+ * n_slot the experts). False (the backend failed) when the stacks are not in the mapping. */
+static bool host_views(struct cuda_backend *b, const struct sil_moe_plan *pl, sil_cuda_ptr tab,
+                       int n_slot, struct sil_cuda_weight *g, struct sil_cuda_weight *u,
+                       struct sil_cuda_weight *d)
+{
+    g->host = host_dev(b, pl->gate_exps->data);
+    u->host = host_dev(b, pl->up_exps->data);
+    d->host = host_dev(b, pl->down_exps->data);
+    g->host_stride = pl->gate_exps->mat_bytes;
+    u->host_stride = pl->up_exps->mat_bytes;
+    d->host_stride = pl->down_exps->mat_bytes;
+    g->tab = u->tab = d->tab = tab;
+    g->n_slot = u->n_slot = d->n_slot = n_slot;
+    if (g->host && u->host && d->host) return true;
+    fail(b, -EINVAL, "routed experts outside the pinned mapping");
+    return false;
+}
+
 /* Quantized experts: the fused kernels over the stacked tensors, 8 rows at a time, into
  * b->routed; with the shared expert fused (true returned), the whole MoE output into out. */
 static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
@@ -1110,36 +1130,13 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         g.mat_stride = b->slot_g;
         u.mat_stride = b->slot_u;
         d.mat_stride = b->slot_d;
-        if (!zc && b->zc && b->hx && pl->n_rows <= MB) {
-            /* host-routed decode with reads in place: ids -1 - e name experts in the mapping */
-            g.host = host_dev(b, pl->gate_exps->data);
-            u.host = host_dev(b, pl->up_exps->data);
-            d.host = host_dev(b, pl->down_exps->data);
-            g.host_stride = pl->gate_exps->mat_bytes;
-            u.host_stride = pl->up_exps->mat_bytes;
-            d.host_stride = pl->down_exps->mat_bytes;
-            g.n_slot = u.n_slot = d.n_slot = (int)b->c.n_expert;
-            if (!g.host || !u.host || !d.host) {
-                fail(b, -EINVAL, "routed experts outside the pinned mapping");
-                return false;
-            }
-        }
-        if (zc) {
-            /* path (b): slots where the table says, the mapping in place elsewhere */
-            const sil_cuda_ptr tab = b->zc_tab + (uint64_t)pl->layer * (uint64_t)X * 4;
-            g.host = host_dev(b, pl->gate_exps->data);
-            u.host = host_dev(b, pl->up_exps->data);
-            d.host = host_dev(b, pl->down_exps->data);
-            g.host_stride = pl->gate_exps->mat_bytes;
-            u.host_stride = pl->up_exps->mat_bytes;
-            d.host_stride = pl->down_exps->mat_bytes;
-            g.tab = u.tab = d.tab = tab;
-            g.n_slot = u.n_slot = d.n_slot = b->n_slots;
-            if (!g.host || !u.host || !d.host) {
-                fail(b, -EINVAL, "routed experts outside the pinned mapping");
-                return false;
-            }
-        }
+        /* path (b): slots where the table says, the mapping in place elsewhere; host-routed
+         * decode with reads in place: ids -1 - e name experts in the mapping */
+        if ((zc && !host_views(b, pl, b->zc_tab + (uint64_t)pl->layer * (uint64_t)X * 4,
+                               b->n_slots, &g, &u, &d)) ||
+            (!zc && b->zc && b->hx && pl->n_rows <= MB &&
+             !host_views(b, pl, 0, (int)b->c.n_expert, &g, &u, &d)))
+            return false;
     } else if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
                !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
                !ok(b, view(pl->down_exps, pl->down_exps->rows * X, &d, &b->err)))
