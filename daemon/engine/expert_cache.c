@@ -7,6 +7,7 @@
  * used keep their order without being touched; everything is rescaled when g^t grows large. */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -188,64 +189,43 @@ static void on_hit(struct sil_ecache *c, struct pool *p, int32_t s)
     }
 }
 
-/* A slot for a miss: a free one, else the policy's victim that this plan does not use; -1. */
-static int32_t take_slot(struct sil_ecache *c, struct pool *p)
+/* The policy's victim that this plan does not use, still in place; -1 when none. LRU: hits and
+ * fills of this plan went to the head, so a pinned tail means all are pinned; LFU: the heap
+ * holds only slots this plan has not used; HEAT: probation's tail first, then protected. */
+static int32_t victim(const struct sil_ecache *c, const struct pool *p)
 {
-    if (c->cfg.policy == SIL_ECACHE_STATIC) return -1;
-    if (p->n_free > 0) return p->free[--p->n_free];
-    int32_t s = -1;
+    const bool tail = p->tail >= 0 && !pinned(c, p->tail);
     switch (c->cfg.policy) {
     case SIL_ECACHE_LRU:
-        /* hits and fills of this plan went to the head: a pinned tail means all are pinned */
-        if (p->tail >= 0 && !pinned(c, p->tail)) {
-            s = p->tail;
-            list_remove(c, p, s);
-        }
-        break;
-    case SIL_ECACHE_LFU:
-        /* the heap holds only slots this plan has not used */
-        if (p->n_heap > 0) s = heap_pop(c, p);
-        break;
-    case SIL_ECACHE_HEAT:
-        if (p->tail >= 0 && !pinned(c, p->tail)) {
-            s = p->tail;
-            list_remove(c, p, s);
-        } else if (p->n_heap > 0) {
-            s = heap_pop(c, p);
-            c->prot[s] = 0;
-            p->n_prot--;
-        }
-        break;
-    default:
-        break;
-    }
-    return s;
-}
-
-/* The slot take_slot would give, without taking it; -1 when none. */
-static int32_t peek_victim(const struct sil_ecache *c, const struct pool *p)
-{
-    if (c->cfg.policy == SIL_ECACHE_STATIC) return -1;
-    if (p->n_free > 0) return p->free[p->n_free - 1];
-    switch (c->cfg.policy) {
-    case SIL_ECACHE_LRU:
-        return p->tail >= 0 && !pinned(c, p->tail) ? p->tail : -1;
+        return tail ? p->tail : -1;
     case SIL_ECACHE_LFU:
         return p->n_heap > 0 ? p->heap[0] : -1;
     case SIL_ECACHE_HEAT:
-        if (p->tail >= 0 && !pinned(c, p->tail)) return p->tail;
-        return p->n_heap > 0 ? p->heap[0] : -1;
+        return tail ? p->tail : p->n_heap > 0 ? p->heap[0] : -1;
     default:
         return -1;
     }
 }
 
-/* Admission: a free slot always; else only when the miss is hotter than what it would evict. */
-static int admitted(const struct sil_ecache *c, const struct pool *p, int32_t key)
+/* A slot for the miss `key`: a free one, else the policy's victim (taken out of the list or
+ * heap it was in) when admission lets the miss in (set_admission: only when it is hotter than
+ * the victim); -1 when none. */
+static int32_t take_slot(struct sil_ecache *c, struct pool *p, int32_t key)
 {
-    if (!c->admit || p->n_free > 0) return 1;
-    const int32_t v = peek_victim(c, p);
-    return v >= 0 && c->key[v] >= 0 && c->freq[key] > c->freq[c->key[v]];
+    if (c->cfg.policy == SIL_ECACHE_STATIC) return -1;
+    if (p->n_free > 0) return p->free[--p->n_free];
+    const int32_t s = victim(c, p);
+    if (s < 0 || (c->admit && !(c->key[s] >= 0 && c->freq[key] > c->freq[c->key[s]]))) return -1;
+    if (s == p->tail && c->cfg.policy != SIL_ECACHE_LFU) {
+        list_remove(c, p, s);
+    } else {
+        heap_pop(c, p); /* s is heap[0] */
+        if (c->cfg.policy == SIL_ECACHE_HEAT) {
+            c->prot[s] = 0;
+            p->n_prot--;
+        }
+    }
+    return s;
 }
 
 static void on_fill(struct sil_ecache *c, struct pool *p, int32_t s)
@@ -440,7 +420,7 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
         }
         st->misses++;
         st->bytes_streamed += c->cfg.expert_bytes;
-        const int32_t s = j < n_left || !admitted(c, p, key) ? -1 : take_slot(c, p);
+        const int32_t s = j < n_left ? -1 : take_slot(c, p, key);
         if (s < 0) {
             res[i] = (struct sil_ecache_entry){SIL_ECACHE_HOST, -1, -1, -1};
             st->host++;
