@@ -871,6 +871,12 @@ int sil_cuda_quantize_q8(struct sil_cuda *cu, sil_cuda_ptr x, int64_t n, int64_t
     return launch(cu, cu->k[K_QUANTIZE], "quantize_q8_1", g, 1, 256, s, p, err);
 }
 
+/* The float matvec reads 8 columns at a time when rows and input are 16-byte aligned. */
+static int mmvf_vec(const struct sil_cuda_weight *w, sil_cuda_ptr x)
+{
+    return w->cols % 8 == 0 && w->row_bytes % 16 == 0 && w->data % 16 == 0 && x % 16 == 0;
+}
+
 int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr x,
                     sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
                     struct sil_error *err)
@@ -892,7 +898,7 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
             return set_err(err, -EINVAL, "cuda: matvec on %s needs the F32 input",
                            sil_type_name(w->type));
         int64_t cols = w->cols;
-        int vec = cols % 8 == 0 && row_bytes % 16 == 0 && w->data % 16 == 0 && x % 16 == 0;
+        int vec = mmvf_vec(w, x);
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &vec, &x, &y, &ldy};
         cu->prof_bytes = w->bytes;
         return launch(cu, cu->mv[slot][n - 1], mv_what[slot], g, 1, 128, s, p, err);
@@ -1097,7 +1103,7 @@ int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, 
     uint64_t row_bytes = w->row_bytes;
     int rows = (int)w->rows;
     int64_t cols = w->cols;
-    int vec = cols % 8 == 0 && row_bytes % 16 == 0 && w->data % 16 == 0 && x % 16 == 0;
+    int vec = mmvf_vec(w, x);
     void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &vec, &x,
                  &logits,          &k,         &ids,  &weights, &done};
     cu->prof_bytes = w->bytes;
@@ -1111,6 +1117,14 @@ int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, si
         return set_err(err, -EINVAL, "cuda: argmax of %d x %lld", rows, (long long)n);
     void *p[] = {&x, &n, &out};
     return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)rows, 1, 256, s, p, err);
+}
+
+/* The in-place fields of a MoE weight (and its partner, gate with up) are whole: host memory,
+ * its stride and the slot count, when a table or host memory is given. */
+static bool moe_host_ok(const struct sil_cuda_weight *w, const struct sil_cuda_weight *w2)
+{
+    return !(w->tab || w->host) ||
+           (w->host && (!w2 || w2->host) && w->n_slot > 0 && w->host_stride > 0);
 }
 
 int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
@@ -1130,8 +1144,7 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
-    if ((gate->tab || gate->host) &&
-        (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
+    if (!moe_host_ok(gate, up))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
@@ -1180,7 +1193,7 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     int64_t nblocks = (int64_t)n_tok * k * units;
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
-    if ((down->tab || down->host) && (!down->host || down->n_slot <= 0 || !down->host_stride))
+    if (!moe_host_ok(down, NULL))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
@@ -1232,8 +1245,7 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
     int64_t nblocks = (int64_t)n_tok * units;
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
-    if ((gate->tab || gate->host) &&
-        (!gate->host || !up->host || gate->n_slot <= 0 || !gate->host_stride))
+    if (!moe_host_ok(gate, up))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
@@ -1290,7 +1302,7 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
     int64_t nblocks = (int64_t)n_tok * (k + 1) * units;
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
-    if ((down->tab || down->host) && (!down->host || down->n_slot <= 0 || !down->host_stride))
+    if (!moe_host_ok(down, NULL))
         return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
