@@ -175,6 +175,49 @@ static int half_then_steps(struct sil_engine *a, struct sil_engine *b, const int
     return rc;
 }
 
+/* Checks 11 and 15: n_expert slots (every layer misses), the coldest 2 misses of each decode
+ * layer computed on the host (SIL_CUDA_CPU_MISSES=2), the others copied into slots or, in_place
+ * (SIL_CUDA_ZEROCOPY=1 too), read in place by the device; against everything resident within
+ * 1e-1 and not all equal (the host rounds activations its own way). 1 when it fails. */
+static int host_share(struct sil_engine *gpu, const char *model, const int32_t *p2, int n2, int V,
+                      float *lg, float *alone, bool in_place)
+{
+    struct sil_engine *sl = NULL;
+    struct sil_error err = {0};
+    char nbuf[32];
+    snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
+    setenv("SIL_CUDA_SLOTS", nbuf, 1);
+    setenv("SIL_CUDA_CPU_MISSES", "2", 1);
+    if (in_place) setenv("SIL_CUDA_ZEROCOPY", "1", 1);
+    int rc = open_engine(&sl, model, "cuda", &err);
+    unsetenv("SIL_CUDA_SLOTS");
+    unsetenv("SIL_CUDA_CPU_MISSES");
+    unsetenv("SIL_CUDA_ZEROCOPY");
+    const bool opened = rc == 0;
+    struct sil_engine_device dv = {0};
+    const bool applies = rc == 0 && sil_engine_ecache_host_misses(sl) > 0 &&
+                         (!in_place || (sil_engine_device(sl, &dv) == 0 && dv.zero_copy));
+    const char *what = in_place ? "2 misses a decode layer on the host, the rest read in place"
+                                : "2 misses a decode layer on the host";
+    float worst = 0.0f;
+    if (applies) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
+    int failed = 0;
+    if (rc < 0) {
+        fprintf(stderr, "%s: %s: %s\n", model, what,
+                opened ? "an evaluation failed (above)" : err.msg);
+        failed = 1;
+    } else if (!applies) {
+        printf("%s: %s: not for this model, skipped\n", model, what);
+    } else {
+        failed = !(worst <= 1e-1f && worst > 0.0f);
+        printf("%s: cuda %s slots, %s, vs resident, %d steps: max |diff| = %.4g (tol 1e-01, not "
+               "0) %s\n",
+               model, nbuf, what, n2 - n2 / 2, worst, failed ? "FAIL" : "ok");
+    }
+    sil_engine_close(sl);
+    return failed;
+}
+
 static int argmax(const float *x, int n, float *margin)
 {
     int best = 0, second = -1;
@@ -486,36 +529,9 @@ int main(int argc, char **argv)
         sil_engine_close(sl);
     }
 
-    /* 11. miss path (c): the coldest 2 misses of each decode layer computed on the host (another
-     * activation rounding: within the decode-vs-prefill tolerance, and not all equal) */
-    if (sil_engine_info(gpu)->n_expert > 0) {
-        struct sil_engine *sl = NULL;
-        char nbuf[32];
-        snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
-        setenv("SIL_CUDA_SLOTS", nbuf, 1);
-        setenv("SIL_CUDA_CPU_MISSES", "2", 1);
-        int rc = open_engine(&sl, model, "cuda", &err);
-        unsetenv("SIL_CUDA_SLOTS");
-        unsetenv("SIL_CUDA_CPU_MISSES");
-        const bool opened = rc == 0;
-        float worst = 0.0f;
-        const int half = n2 / 2;
-        const bool applies = rc == 0 && sil_engine_ecache_host_misses(sl) > 0;
-        if (rc == 0 && applies) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
-        if (rc < 0) {
-            fprintf(stderr, "%s: host misses: %s\n", model,
-                    opened ? "an evaluation failed (above)" : err.msg);
-            fails++;
-        } else if (!applies) {
-            printf("%s: host misses: not for this model's expert types, skipped\n", model);
-        } else {
-            printf("%s: cuda %s slots, 2 misses a decode layer on the host, vs resident, %d steps: "
-                   "max |diff| = %.4g (tol 1e-01, not 0) %s\n",
-                   model, nbuf, n2 - half, worst, worst <= 1e-1f && worst > 0.0f ? "ok" : "FAIL");
-            fails += !(worst <= 1e-1f && worst > 0.0f);
-        }
-        sil_engine_close(sl);
-    }
+    /* 11. miss path (c): the coldest 2 misses of each decode layer computed on the host */
+    if (sil_engine_info(gpu)->n_expert > 0)
+        fails += host_share(gpu, model, p2, n2, V, lg, alone, false);
 
     /* 12. miss path (b): decode misses read in place over the bus */
     for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2) {
@@ -603,65 +619,10 @@ int main(int argc, char **argv)
         sil_engine_close(un);
     }
 
-    /* 15. reads in place with the host's share (SIL_CUDA_ZEROCOPY=1, SIL_CUDA_CPU_MISSES=2,
-     * n_expert slots): host-routed decode, 2 misses a layer on the CPU, the other misses read in
+    /* 15. reads in place with the host's share: 2 misses a layer on the CPU, the rest read in
      * place by the device */
-    if (sil_engine_info(gpu)->n_expert > 0) {
-        struct sil_engine *sl = NULL;
-        char nbuf[32];
-        snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
-        setenv("SIL_CUDA_SLOTS", nbuf, 1);
-        setenv("SIL_CUDA_CPU_MISSES", "2", 1);
-        setenv("SIL_CUDA_ZEROCOPY", "1", 1);
-        int rc = open_engine(&sl, model, "cuda", &err);
-        unsetenv("SIL_CUDA_SLOTS");
-        unsetenv("SIL_CUDA_CPU_MISSES");
-        unsetenv("SIL_CUDA_ZEROCOPY");
-        const bool opened = rc == 0;
-        struct sil_engine_device dv = {0};
-        const bool on = rc == 0 && sil_engine_ecache_host_misses(sl) > 0 &&
-                        sil_engine_device(sl, &dv) == 0 && dv.zero_copy;
-        float worst = 0.0f;
-        if (on) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, false, &worst);
-        if (rc < 0) {
-            fprintf(stderr, "%s: in place + host share: %s\n", model,
-                    opened ? "an evaluation failed (above)" : err.msg);
-            fails++;
-        } else if (!on) {
-            printf("%s: in place + host share: not for this model, skipped\n", model);
-        } else {
-            printf("%s: cuda %s slots, decode misses 2 a layer on the host and the rest read in "
-                   "place, vs resident, %d steps: max |diff| = %.4g (tol 1e-01, not 0) %s\n",
-                   model, nbuf, n2 - n2 / 2, worst, worst <= 1e-1f && worst > 0.0f ? "ok" : "FAIL");
-            fails += !(worst <= 1e-1f && worst > 0.0f);
-        }
-        sil_engine_close(sl);
-    }
-
-    /* 16. F16 KV on the device against F16 KV on the CPU (the same rounding of K and V) */
-    {
-        struct sil_engine *c16 = NULL, *g16 = NULL;
-        int rc = open_engine_kv(&c16, model, "cpu", "f16", &err);
-        if (rc == 0) rc = open_engine_kv(&g16, model, "cuda", "f16", &err);
-        struct sil_engine_device d32 = {0}, d16 = {0};
-        const bool halved = rc == 0 && sil_engine_device(gpu, &d32) == 0 &&
-                            sil_engine_device(g16, &d16) == 0 && d32.kv_bytes > 0 &&
-                            d16.kv_bytes * 2 == d32.kv_bytes;
-        float worst = 0.0f;
-        if (rc == 0) rc = half_then_steps(c16, g16, p2, n2, V, lg, alone, true, &worst);
-        if (rc < 0) {
-            fprintf(stderr, "%s: f16 KV: %s\n", model, err.msg);
-            fails++;
-        } else {
-            printf("%s: f16 KV, cuda vs cpu, prefill %d + %d steps: max |diff| = %.4g (tol %.4g), "
-                   "device KV %llu bytes (f32: %llu) %s\n",
-                   model, n2 / 2, n2 - n2 / 2, worst, tmax2, (unsigned long long)d16.kv_bytes,
-                   (unsigned long long)d32.kv_bytes, worst <= tmax2 && halved ? "ok" : "FAIL");
-            fails += !(worst <= tmax2 && halved);
-        }
-        sil_engine_close(g16);
-        sil_engine_close(c16);
-    }
+    if (sil_engine_info(gpu)->n_expert > 0)
+        fails += host_share(gpu, model, p2, n2, V, lg, alone, true);
 
     /* 10. an injected device out-of-memory fails one evaluation only */
     {

@@ -584,15 +584,11 @@ static void moe_zero_copy(struct sil_cuda *cu, const struct sil_cuda_weight *g,
         for (int p = 0; p < n_tok * K; p++)
             sids[p] = tab[sids[p]] >= 0 ? tab[sids[p]] : -1 - sids[p];
         sil_cuda_ptr dsi = dev_copy(cu, sids, sizeof(int32_t) * n_tok * K);
-        struct sil_cuda_weight sg2, su2, sd2; /* the pools as stacks of NS matrices */
-        CK(sil_cuda_weight_view(g->type, (int64_t)NS * F, g->cols, pg, &sg2, &err));
-        CK(sil_cuda_weight_view(u->type, (int64_t)NS * F, u->cols, pu, &su2, &err));
-        CK(sil_cuda_weight_view(d->type, (int64_t)NS * E, d->cols, pd, &sd2, &err));
-        sg2.mat_stride = su2.mat_stride = sg;
-        sd2.mat_stride = sd;
-        sg2.host = hg, su2.host = hu, sd2.host = hd;
-        sg2.host_stride = su2.host_stride = mg;
-        sd2.host_stride = md;
+        /* the same views as stacks of NS matrices (slot ids), X experts in place */
+        struct sil_cuda_weight sg2 = zg, su2 = zu, sd2 = zd;
+        sg2.rows = su2.rows = (int64_t)NS * F;
+        sd2.rows = (int64_t)NS * E;
+        sg2.tab = su2.tab = sd2.tab = 0;
         sg2.n_slot = su2.n_slot = sd2.n_slot = X;
         moe_run(cu, &sg2, &su2, &sd2, NS, dq8, n_tok, dsi, dw, K, F, E, dh, dh8, dy, h, y);
         same = same && !memcmp(h, want_h, sizeof(float) * n_tok * K * F) &&
