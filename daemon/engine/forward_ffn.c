@@ -165,8 +165,6 @@ void sil_fwd_moe_deferred(struct sil_fwd *f)
         plan->up_exps = &w->ffn_up_exps;
         plan->down_exps = &w->ffn_down_exps;
         memcpy(plan->sel_expert, ids, sizeof(int32_t) * (size_t)n * (size_t)K);
-        for (int64_t q = 0; q < (int64_t)n * K; q++)
-            plan->sel_weight[q] = 1.0f / (float)K; /* not read: the pass is done */
         moe_plan(f, w, plan);
         if (f->obs) sil_expert_obs_plan(f->obs, il, plan);
         sil_ecache_set_admission(f->ecache, 1);
