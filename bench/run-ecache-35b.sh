@@ -11,8 +11,7 @@
 # Environment: B (build dir, default build), SKEW (default 0), BUDGET (default 8G), CAP (default
 #              12.6), NCMOE (default 29), MODEL (default /tmp/qwen35moe-35b-a3b-q4_k_m-s$SKEW.gguf),
 #              CPU_MISSES (default empty: not run; else a list such as "1 2 4": miss path (c) with
-#              that many misses of each decode layer on the CPU, with and without the cap, and
-#              with the other misses read in place (SIL_CUDA_ZEROCOPY=1)),
+#              that many misses of each decode layer on the CPU, with and without the cap),
 #              RUNS (default "ours ours-eager ours-cap"; also ours-zc: miss path (b), decode
 #              misses read in place, SIL_CUDA_ZEROCOPY=1), PEER_RUN (default 1; 0 skips llama-bench)
 # LLAMA_BENCH may be - when PEER_RUN=0.
@@ -57,7 +56,6 @@ done
 for n in ${CPU_MISSES:-}; do
     run "ours-cpu$n" SIL_CUDA_CPU_MISSES="$n"
     run "ours-cpu$n-cap" SIL_CUDA_CPU_MISSES="$n" SIL_BENCH_H2D_GBS="$CAP"
-    run "ours-zc-cpu$n" SIL_CUDA_CPU_MISSES="$n" SIL_CUDA_ZEROCOPY=1
 done
 [ "${PEER_RUN:-1}" = 0 ] && exit 0
 vpoll peer

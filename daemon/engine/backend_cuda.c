@@ -34,6 +34,7 @@
  * Ops run in order on the context's default stream; head() synchronizes (logits download).
  * Nothing on the per-token path allocates. */
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -832,7 +833,9 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                                (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
         return;
     void *p4[] = {&q, &ldq, &q_stride, &o, &ldo, &part, &nz, &n_head, &hdi, &gated};
-    ok(b, launch(b, F_ATTEND_COMBINE, (unsigned)n_head, (unsigned)ub->n, p4));
+    ok(b, sil_cuda_launch(b->cu, b->fn[F_ATTEND_COMBINE], f_names[F_ATTEND_COMBINE],
+                          (unsigned)n_head, (unsigned)ub->n, (unsigned)cdiv(hd, 32), 128, NULL, p4,
+                          &b->err));
 }
 
 static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
@@ -1157,8 +1160,9 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         b->q8_src = xp;
         b->q8_n = n;
         b->q8_k = E;
-        /* the hidden rows' q8 by gate/up's last block of each row, or a launch of its own */
-        const bool hq = !b->no_h8_fuse && b->moe_done && F % 32 == 0;
+        /* the hidden rows' q8 by gate/up's last block of each row, or a launch of its own;
+         * decode only: a prefill's chunks ran 8% slower fused (resident 35B shape, pp512) */
+        const bool hq = !b->no_h8_fuse && b->moe_done && F % 32 == 0 && x.rows <= MB;
         const sil_cuda_ptr h8 = hq ? b->q8h : 0, done = hq ? b->moe_done : 0;
         const int rc =
             sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
@@ -1637,9 +1641,12 @@ static void zc_enable(struct cuda_backend *b)
 {
     const char *z = getenv("SIL_CUDA_ZEROCOPY");
     if (!(z && strcmp(z, "1") == 0) || !b->zc_htab) return;
+    /* with a host share (SIL_CUDA_CPU_MISSES) it gave non-finite MoE outputs on the GPU
+     * (cuda_fwd_parity check 15): refused until that is understood */
     const char *why = b->float_experts ? "float experts have no fused kernel"
                       : b->h2d_cap > 0  ? "SIL_BENCH_H2D_GBS caps copies, not reads in place"
-                                        : NULL;
+                      : b->hx ? "not combined with SIL_CUDA_CPU_MISSES (misses are copied)"
+                              : NULL;
     b->rng_dev = why ? NULL : calloc((size_t)b->n_rng, sizeof(*b->rng_dev));
     if (!why && !b->rng_dev) why = "out of memory";
     for (int i = 0; !why && i < b->n_rng; i++) {
@@ -2050,12 +2057,19 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                                          (uint64_t)(2 * X + 1) * 4
                                    : 0;
     /* decode attention splits the context in attn_split chunks a head (fixed, so a graph keeps
-     * its grid): at least 64; about 128 positions a chunk up to 256 chunks; never more than
-     * 512 positions a chunk (the grouped kernel's scores in shared memory) */
-    int64_t split = c->n_ctx / 128 + 1;
-    if (split > 256) split = 256;
+     * its grid): at least 64; about 64 positions a chunk up to 512 chunks (many blocks, so each
+     * has few positions and the loads' latency is hidden across blocks); never more than 512
+     * positions a chunk (the grouped kernel's scores in shared memory) nor more than 1024
+     * chunks (COMBINE_MAX in fwd.cu) */
+    int64_t split = c->n_ctx / 64 + 1;
+    if (split > 512) split = 512;
     if (split < c->n_ctx / 512 + 1) split = c->n_ctx / 512 + 1;
     if (split < 64) split = 64;
+    if (split > 1024)
+        return sil_errorf(err, -EINVAL,
+                          "cuda backend: a context of %lld positions is more than decode "
+                          "attention takes (524288)",
+                          (long long)c->n_ctx);
     const int attn_split = (int)split;
     const uint64_t part_bytes =
         c->n_layer_attn > 0 && c->head_dim > 0

@@ -121,13 +121,24 @@ int sil_host_experts_run(struct sil_host_experts *h, const float *x, int32_t n_r
     const int64_t E = h->n_embd, F = h->n_ff;
     if (n_jobs < 0 || n_jobs > h->max_jobs || n_rows < 0)
         return sil_errorf(err, -EINVAL, "host experts: %d jobs (at most %d)", n_jobs, h->max_jobs);
-    for (int j = 0; j < n_jobs; j++)
-        if (jobs[j].row < 0 || jobs[j].row >= n_rows || !usable(jobs[j].gate, F, E) ||
-            !usable(jobs[j].up, F, E) || !usable(jobs[j].down, E, F) || !isfinite(jobs[j].weight))
+    for (int j = 0; j < n_jobs; j++) {
+        const char *why = jobs[j].row < 0 || jobs[j].row >= n_rows ? "its row is out of range"
+                          : !isfinite(jobs[j].weight)              ? "its weight is not finite"
+                          : !usable(jobs[j].gate, F, E)            ? "its gate matrix"
+                          : !usable(jobs[j].up, F, E)              ? "its up matrix"
+                          : !usable(jobs[j].down, E, F)            ? "its down matrix"
+                                                                   : NULL;
+        if (why) {
+            const struct sil_weight *w = jobs[j].gate;
             return sil_errorf(err, -EINVAL,
-                              "host experts: job %d: a row out of range, a weight of another "
-                              "shape or a type without a CPU kernel",
-                              j);
+                              "host experts: job %d of %d (row %d of %d, weight %g): %s (a "
+                              "matrix must be %lld x %lld of a type with a CPU kernel; gate is "
+                              "%lld x %lld of type %d at %p)",
+                              j, n_jobs, (int)jobs[j].row, (int)n_rows, (double)jobs[j].weight,
+                              why, (long long)F, (long long)E, (long long)w->rows,
+                              (long long)w->cols, (int)w->type, w->data);
+        }
+    }
     memset(y, 0, sizeof(float) * (size_t)n_rows * (size_t)E);
     if (n_jobs == 0) return 0;
     h->jobs = jobs;

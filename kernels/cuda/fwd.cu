@@ -655,6 +655,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 #define GQA_MAX 8      // query heads per KV head the grouped kernel takes
 #define GQA_HD 256     // head size it takes at most
 #define GQA_CHUNK 512  // positions a block takes at most (the host's split keeps to it)
+#define GQA_UNROLL 4   // K rows a warp loads before it sums
 
 // sil_fwd_attend_part for the G = n_head / n_head_kv query heads sharing one KV head at once
 // (2 <= G <= GQA_MAX, hd <= GQA_HD): block (KV head, row, z) reads each K and V row of its chunk
@@ -684,24 +685,37 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
-        const KV *kp = k0 + fwd_kv_row(bt, p) * kv_dim;
-        float d[GQA_MAX];
+    // scores: warp w takes GQA_UNROLL positions at a time (w's groups interleaved with the other
+    // warps'), their K rows loaded before any sum so the loads overlap; lane the columns
+    // lane + 32 t (each lane's products added in t order, then across the warp)
+    float qr[GQA_MAX][GQA_HD / 32];
 #pragma unroll
-        for (int g = 0; g < GQA_MAX; g++)
-            d[g] = 0.0f;
-        for (int j = lane; j < hd; j += 32) {
-            const float kv = kvl(kp, j);
+    for (int g = 0; g < GQA_MAX; g++)
 #pragma unroll
-            for (int g = 0; g < GQA_MAX; g++)
-                if (g < G) d[g] += qs[g * GQA_HD + j] * kv;
+        for (int t = 0; t < GQA_HD / 32; t++)
+            qr[g][t] = g < G && lane + 32 * t < hd ? qs[g * GQA_HD + lane + 32 * t] : 0.0f;
+    for (int p0 = c0 + warp * GQA_UNROLL; p0 < c1; p0 += FWD_THREADS / 32 * GQA_UNROLL) {
+        float kr[GQA_UNROLL][GQA_HD / 32];
+#pragma unroll
+        for (int u = 0; u < GQA_UNROLL; u++) {
+            const bool in = p0 + u < c1;
+            const KV *kp = k0 + (in ? fwd_kv_row(bt, p0 + u) : 0) * kv_dim;
+#pragma unroll
+            for (int t = 0; t < GQA_HD / 32; t++)
+                kr[u][t] = in && lane + 32 * t < hd ? kvl(kp, lane + 32 * t) : 0.0f;
         }
 #pragma unroll
-        for (int g = 0; g < GQA_MAX; g++)
-            if (g < G) {
-                const float t = fwd_warp_sum(d[g]);
-                if (lane == 0) s[g * GQA_CHUNK + p - c0] = t * scale;
-            }
+        for (int u = 0; u < GQA_UNROLL; u++)
+#pragma unroll
+            for (int g = 0; g < GQA_MAX; g++)
+                if (g < G) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int t = 0; t < GQA_HD / 32; t++)
+                        d += qr[g][t] * kr[u][t];
+                    d = fwd_warp_sum(d);
+                    if (lane == 0 && p0 + u < c1) s[g * GQA_CHUNK + p0 + u - c0] = d * scale;
+                }
     }
     __syncthreads();
     // per head: max and exp sums, warp w taking heads w, w + 4, ...
@@ -723,20 +737,53 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
         if (lane == 0) mxs[g] = mx, sums[g] = sum;
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
-        float acc[GQA_MAX];
+    // V: warp w takes GQA_UNROLL positions at a time as for the scores, and lane the columns
+    // lane + 32 t, so each warp's loads are independent of its sums (latency hidden across
+    // positions); the warps' sums are then added in warp order through qs (no longer needed)
+    float acc[GQA_MAX][GQA_HD / 32];
 #pragma unroll
-        for (int g = 0; g < GQA_MAX; g++)
-            acc[g] = 0.0f;
-        for (int p = c0; p < c1; p++) {
-            const float vv = kvl(v0, fwd_kv_row(bt, p) * kv_dim + j);
+    for (int g = 0; g < GQA_MAX; g++)
 #pragma unroll
-            for (int g = 0; g < GQA_MAX; g++)
-                if (g < G) acc[g] += s[g * GQA_CHUNK + p - c0] * vv;
+        for (int t = 0; t < GQA_HD / 32; t++)
+            acc[g][t] = 0.0f;
+    for (int p0 = c0 + warp * GQA_UNROLL; p0 < c1; p0 += FWD_THREADS / 32 * GQA_UNROLL) {
+        float vr[GQA_UNROLL][GQA_HD / 32];
+#pragma unroll
+        for (int u = 0; u < GQA_UNROLL; u++) {
+            const bool in = p0 + u < c1;
+            const KV *vp = v0 + (in ? fwd_kv_row(bt, p0 + u) : 0) * kv_dim;
+#pragma unroll
+            for (int t = 0; t < GQA_HD / 32; t++)
+                vr[u][t] = in && lane + 32 * t < hd ? kvl(vp, lane + 32 * t) : 0.0f;
         }
 #pragma unroll
-        for (int g = 0; g < GQA_MAX; g++)
-            if (g < G) part[(((int64_t)i * n_head + kvh * G + g) * nz + z) * (hd + 2) + 2 + j] = acc[g];
+        for (int u = 0; u < GQA_UNROLL; u++) {
+            if (p0 + u >= c1) break;
+#pragma unroll
+            for (int g = 0; g < GQA_MAX; g++) {
+                const float w = g < G ? s[g * GQA_CHUNK + p0 + u - c0] : 0.0f;
+#pragma unroll
+                for (int t = 0; t < GQA_HD / 32; t++)
+                    acc[g][t] += w * vr[u][t];
+            }
+        }
+    }
+    for (int ww = 0; ww < FWD_THREADS / 32; ww++) {
+        if (warp == ww)
+#pragma unroll
+            for (int g = 0; g < GQA_MAX; g++)
+#pragma unroll
+                for (int t = 0; t < GQA_HD / 32; t++) {
+                    const int j = lane + 32 * t;
+                    if (g < G && j < hd)
+                        qs[g * GQA_HD + j] = ww == 0 ? acc[g][t] : qs[g * GQA_HD + j] + acc[g][t];
+                }
+        __syncthreads();
+    }
+    for (int idx = threadIdx.x; idx < G * hd; idx += FWD_THREADS) {
+        const int g = idx / hd, j = idx - g * hd;
+        part[(((int64_t)i * n_head + kvh * G + g) * nz + z) * (hd + 2) + 2 + j] =
+            qs[g * GQA_HD + j];
     }
     if (threadIdx.x < G) {
         const int g = threadIdx.x;
@@ -766,33 +813,75 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 }
 
 // The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
-// / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows).
+// / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows,
+// ceil(hd / 32)).
+#define COMBINE_MAX 1024 // partials a head the merge takes (the host's split keeps to it)
+
+__device__ __forceinline__ float fwd_block_reduce(float v, bool is_max, float *red)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, t) : v + t;
+    }
+    __syncthreads(); // red is free again
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < FWD_THREADS / 32; w++)
+        v = is_max ? fmaxf(v, red[w]) : v + red[w];
+    return v;
+}
+
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_combine(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
                            const float *part, int nz, int n_head, int hd, int gated)
 {
     SIL_PDL_ENTRY();
+    __shared__ float wz[COMBINE_MAX];
+    __shared__ float red[FWD_THREADS / 32];
+    __shared__ float sum[FWD_THREADS / 32][32];
     const int i = blockIdx.y, h = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float *pt = part + ((int64_t)i * n_head + h) * nz * (hd + 2);
+    if (nz > COMBINE_MAX) nz = COMBINE_MAX; /* never: the host keeps to it */
     float M = -INFINITY;
-    for (int z = 0; z < nz; z++)
+    for (int z = threadIdx.x; z < nz; z += FWD_THREADS)
         M = fmaxf(M, pt[(int64_t)z * (hd + 2)]);
+    M = fwd_block_reduce(M, true, red);
     float L = 0.0f;
-    for (int z = 0; z < nz; z++) {
+    for (int z = threadIdx.x; z < nz; z += FWD_THREADS) {
         const float m = pt[(int64_t)z * (hd + 2)];
-        if (m != -INFINITY) L += expf(m - M) * pt[(int64_t)z * (hd + 2) + 1];
+        const float w = m != -INFINITY ? expf(m - M) : 0.0f;
+        wz[z] = w;
+        L += w * pt[(int64_t)z * (hd + 2) + 1];
     }
+    L = fwd_block_reduce(L, false, red); /* its barriers also publish wz */
     const float inv = 1.0f / L;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
     float *oh = o + (int64_t)i * ldo + (int64_t)h * hd;
-    for (int j = threadIdx.x; j < hd; j += FWD_THREADS) {
-        float acc = 0.0f;
-        for (int z = 0; z < nz; z++) {
-            const float m = pt[(int64_t)z * (hd + 2)];
-            if (m != -INFINITY) acc += expf(m - M) * pt[(int64_t)z * (hd + 2) + 2 + j];
-        }
-        acc *= inv;
-        if (gated) acc *= 1.0f / (1.0f + expf(-qh[hd + j]));
-        oh[j] = acc;
+    // block z takes the columns 32 z + lane; warp w sums the partials w, w + 4, ..., four at a
+    // time (their loads first); the warps' sums are then added in warp order
+    const int j = blockIdx.z * 32 + lane;
+    float acc = 0.0f;
+    for (int z0 = warp * 4; z0 < nz; z0 += FWD_THREADS / 32 * 4) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            v[u] = z0 + u < nz && j < hd ? pt[(int64_t)(z0 + u) * (hd + 2) + 2 + j] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (z0 + u < nz && wz[z0 + u] != 0.0f) acc += wz[z0 + u] * v[u];
+    }
+    sum[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && j < hd) {
+        float a = sum[0][lane];
+        for (int w = 1; w < FWD_THREADS / 32; w++)
+            a += sum[w][lane];
+        a *= inv;
+        if (gated) a *= 1.0f / (1.0f + expf(-qh[hd + j]));
+        oh[j] = a;
     }
 }
