@@ -53,6 +53,9 @@
  *      n_expert slots): the combination gave non-finite MoE outputs on the GPU, so the backend
  *      refuses the reads in place (status zero_copy false) and runs check 11's path, held to
  *      check 11's tolerance.
+ *  17. the host's share chosen by the backend (SIL_CUDA_CPU_MISSES unset: the default): the
+ *      share host / (host + link) of each decode layer's misses on the CPU, both speeds
+ *      measured at open, or none when it comes under 5%; check 11's tolerance where it runs.
  *  16. F16 KV (--kv-type f16) on the device against F16 KV on the CPU backend: prompt 2
  *      prefilled then decoded, within prompt C's largest reference tolerance at every step,
  *      and the device's KV memory half of the F32 engine's.
@@ -183,14 +186,14 @@ static int half_then_steps(struct sil_engine *a, struct sil_engine *b, const int
  * and the difference carries through the recurrence); in_place: the reads in place must be
  * refused (check 15). 1 when it fails. */
 static int host_share(struct sil_engine *gpu, const char *model, const int32_t *p2, int n2, int V,
-                      float *lg, float *alone, bool in_place, float tol)
+                      float *lg, float *alone, const char *cpu_misses, bool in_place, float tol)
 {
     struct sil_engine *sl = NULL;
     struct sil_error err = {0};
     char nbuf[32];
     snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
     setenv("SIL_CUDA_SLOTS", nbuf, 1);
-    setenv("SIL_CUDA_CPU_MISSES", "2", 1);
+    if (cpu_misses) setenv("SIL_CUDA_CPU_MISSES", cpu_misses, 1);
     if (in_place) setenv("SIL_CUDA_ZEROCOPY", "1", 1);
     int rc = open_engine(&sl, model, "cuda", &err);
     unsetenv("SIL_CUDA_SLOTS");
@@ -199,8 +202,9 @@ static int host_share(struct sil_engine *gpu, const char *model, const int32_t *
     const bool opened = rc == 0;
     struct sil_engine_device dv = {0};
     const bool applies = rc == 0 && sil_engine_ecache_host_misses(sl) > 0;
-    const char *what = in_place ? "2 misses a decode layer on the host, reads in place refused"
-                                : "2 misses a decode layer on the host";
+    const char *what = in_place     ? "2 misses a decode layer on the host, reads in place refused"
+                       : cpu_misses ? "2 misses a decode layer on the host"
+                                    : "the host's share of decode misses chosen by speed";
     float worst = 0.0f;
     int failed = 0;
     if (applies && in_place && (sil_engine_device(sl, &dv) < 0 || dv.zero_copy)) {
@@ -213,7 +217,8 @@ static int host_share(struct sil_engine *gpu, const char *model, const int32_t *
                 opened ? "an evaluation failed (above)" : err.msg);
         failed = 1;
     } else if (!applies) {
-        printf("%s: %s: not for this model, skipped\n", model, what);
+        printf("%s: %s: %s, skipped\n", model, what,
+               cpu_misses ? "not for this model" : "none (the link is the faster)");
     } else {
         const bool bad = !(worst <= tol && worst > 0.0f);
         failed |= bad;
@@ -513,8 +518,10 @@ int main(int argc, char **argv)
         char nbuf[32];
         snprintf(nbuf, sizeof nbuf, "%d", mult * sil_engine_info(gpu)->n_expert);
         setenv("SIL_CUDA_SLOTS", nbuf, 1);
+        setenv("SIL_CUDA_CPU_MISSES", "0", 1); /* path (a) alone: no host share */
         int rc = open_engine(&sl, model, "cuda", &err);
         unsetenv("SIL_CUDA_SLOTS");
+        unsetenv("SIL_CUDA_CPU_MISSES");
         const bool opened = rc == 0;
         float worst = 0.0f;
         const int half = n2 / 2;
@@ -538,7 +545,7 @@ int main(int argc, char **argv)
 
     /* 11. miss path (c): the coldest 2 misses of each decode layer computed on the host */
     if (sil_engine_info(gpu)->n_expert > 0)
-        fails += host_share(gpu, model, p2, n2, V, lg, alone, false, 2 * tmax2);
+        fails += host_share(gpu, model, p2, n2, V, lg, alone, "2", false, 2 * tmax2);
 
     /* 12. miss path (b): decode misses read in place over the bus */
     for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2) {
@@ -628,8 +635,11 @@ int main(int argc, char **argv)
 
     /* 15. reads in place with the host's share: 2 misses a layer on the CPU, the rest read in
      * place by the device */
-    if (sil_engine_info(gpu)->n_expert > 0)
-        fails += host_share(gpu, model, p2, n2, V, lg, alone, true, 2 * tmax2);
+    if (sil_engine_info(gpu)->n_expert > 0) {
+        fails += host_share(gpu, model, p2, n2, V, lg, alone, "2", true, 2 * tmax2);
+        /* 17. the automatic share (SIL_CUDA_CPU_MISSES unset) */
+        fails += host_share(gpu, model, p2, n2, V, lg, alone, NULL, false, 2 * tmax2);
+    }
 
     /* 10. an injected device out-of-memory fails one evaluation only */
     {

@@ -671,6 +671,38 @@ static void test_host_misses(void **state)
     sil_ecache_free(c);
 }
 
+/* Host share: of m misses round(m * share) stay HOST, never more than the quota; a share of 0
+ * (or not a number) leaves the quota alone. */
+static void test_host_share(void **state)
+{
+    (void)state;
+    const int32_t plan[] = {0, 1, 2, 3, 4, 5, 6, 7}, two[] = {8, 9}, one[] = {10};
+    struct sil_ecache_entry r[8];
+    const struct {
+        double share;
+        int32_t quota, n, want;
+    } cases[] = {
+        {0.3, 8, 8, 2}, /* 2.4 -> 2 */
+        {0.3, 8, 2, 1}, /* 0.6 -> 1 */
+        {0.3, 8, 1, 0}, /* 0.3 -> 0: the one miss is copied */
+        {0.6, 3, 8, 3}, /* 4.8 -> 5, but the quota is 3 */
+        {1.0, 8, 8, 8}, {2.0, 8, 8, 8},   /* clamped to 1 */
+        {0.0, 2, 8, 2}, {NAN, 2, 8, 2},   /* no share: the quota */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct sil_ecache *c = mk(1, 16, 16, SIL_ECACHE_LFU, SIL_ECACHE_GLOBAL, 0, 0);
+        sil_ecache_set_host_misses(c, cases[k].quota);
+        sil_ecache_set_host_share(c, cases[k].share);
+        const int32_t *e = cases[k].n == 8 ? plan : cases[k].n == 2 ? two : one;
+        assert_int_equal(sil_ecache_lookup(c, 0, e, NULL, cases[k].n, r), cases[k].want);
+        int host = 0;
+        for (int i = 0; i < cases[k].n; i++)
+            host += r[i].kind == SIL_ECACHE_HOST;
+        assert_int_equal(host, cases[k].want);
+        sil_ecache_free(c);
+    }
+}
+
 /* Admission: free slots fill; once the pool is full a miss fills only when it is hotter than
  * the expert it would evict (LFU's coldest, LRU's least recent), else it is HOST and nothing
  * resident moves; off again, every miss fills. */
@@ -915,6 +947,7 @@ int main(void)
         cmocka_unit_test(test_heat_roundtrip),
         cmocka_unit_test(test_heat_corrupt),
         cmocka_unit_test(test_host_misses),
+        cmocka_unit_test(test_host_share),
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_route_trace),
         cmocka_unit_test(test_engine_observer),

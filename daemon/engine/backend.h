@@ -224,6 +224,10 @@ struct sil_backend_ops {
     /* Optional (NULL or 0: none). How many of each decode plan's misses the backend computes
      * from host memory instead of copying them into slots (plan handles left in the mmap). */
     int32_t (*cpu_misses)(struct sil_backend *be);
+    /* Optional (NULL or 0: up to cpu_misses of them, whatever their number). The fraction of
+     * each decode plan's misses, rounded and at most cpu_misses, the backend computes on the
+     * host: host speed / (host speed + link speed), measured by the backend. */
+    double (*host_share)(struct sil_backend *be);
     /* Copies one expert's matrices (handles into the mmap) into slot; ordered before any later
      * op that reads the slot. Plan handles of slot experts are SIL_WEIGHT_SLOT with data the
      * slot index. layer and expert name what the slot now holds (what it held is gone). */

@@ -216,6 +216,10 @@ struct cuda_backend {
      * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
     struct sil_host_experts *hx;
     int32_t cpu_misses;
+    bool cpu_auto;     /* the host's share chosen at placed() (SIL_CUDA_CPU_MISSES unset) */
+    double host_share; /* of each decode plan's misses, rounded (0: up to cpu_misses) */
+    struct sil_weight probe[3]; /* one layer's routed stacks (two F x E, one E x F) */
+    int n_probe_fe, n_probe_ef;
     bool float_experts; /* a routed stack is F32/F16/BF16: the fused kernels cannot run it */
     float *h_x, *h_y;
     sil_cuda_ptr cpu_y;
@@ -1576,6 +1580,10 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
     /* with expert slots the routed stacks stay in the mmap, copied in per expert on a miss */
     if (b->n_slots > 0 && w->n_mat > 1 && w->n_mat == b->c.n_expert) {
         if (!quantized(w->type)) b->float_experts = true; /* no host path (c) for them */
+        if (w->rows == b->c.n_ff_exp && w->cols == b->c.n_embd && b->n_probe_fe < 2)
+            b->probe[b->n_probe_fe++] = *w;
+        else if (w->rows == b->c.n_embd && w->cols == b->c.n_ff_exp && b->n_probe_ef < 1)
+            b->probe[2 + b->n_probe_ef++] = *w;
         if (b->n_rng == b->cap_rng) {
             const int cap = b->cap_rng ? 2 * b->cap_rng : 64;
             struct host_range *r = realloc(b->rng, sizeof(*r) * (size_t)cap);
@@ -1673,6 +1681,61 @@ static void zc_enable(struct cuda_backend *b)
                         "memory (SIL_CUDA_ZEROCOPY)\n");
 }
 
+/* Path (c) by itself: the host computes its experts while the device copies the others in, so
+ * a layer's misses split in proportion to the two speeds, host / (host + link), are done at
+ * about the same time. The host's speed is measured here on K experts of one layer (as many
+ * threads as a decode step uses), the link's is the copy bandwidth measured at open (or the
+ * benchmark cap). A share under 5% is not worth the segment cut: the host path is dropped. */
+static void choose_host_share(struct cuda_backend *b)
+{
+    const int K = (int)b->c.n_expert_used, X = (int)b->c.n_expert;
+    double host_gbs = 0.0;
+    if (!b->float_experts && b->n_probe_fe == 2 && b->n_probe_ef == 1 && K > 0 && K <= X && b->h2d_gbs > 0 &&
+        fused_types(&b->probe[0], &b->probe[1], &b->probe[2])) {
+        struct sil_weight m[3][64];
+        const int n = K < 64 ? K : 64;
+        uint64_t bytes = 0;
+        for (int j = 0; j < n; j++) {
+            for (int i = 0; i < 3; i++) {
+                m[i][j] = sil_weight_mat(&b->probe[i], j);
+                bytes += m[i][j].mat_bytes;
+            }
+            b->jobs[j] = (struct sil_host_expert_job){0, 1.0f, &m[0][j], &m[1][j], &m[2][j]};
+        }
+        memset(b->h_x, 0, sizeof(float) * (size_t)b->c.n_embd);
+        struct sil_error e = {0};
+        double best = 0.0;
+        for (int r = 0; r < 4; r++) { /* the first run warms the caches; the fastest counts */
+            const double t0 = now_s();
+            if (sil_host_experts_run(b->hx, b->h_x, 1, b->jobs, n, b->h_y, &e) < 0) {
+                best = 0.0;
+                break;
+            }
+            const double dt = now_s() - t0;
+            if (r > 0 && dt > 0 && (best == 0.0 || dt < best)) best = dt;
+        }
+        if (best > 0) host_gbs = (double)bytes / best / 1e9;
+    }
+    const double link = b->h2d_cap > 0 && b->h2d_cap / 1e9 < b->h2d_gbs ? b->h2d_cap / 1e9
+                                                                          : b->h2d_gbs;
+    const double share = host_gbs > 0 && link > 0 ? host_gbs / (host_gbs + link) : 0.0;
+    if (share < 0.05) {
+        fprintf(stderr,
+                "siliceo: cuda backend: decode misses all copied (host experts %.1f GB/s, link "
+                "%.1f GB/s)\n",
+                host_gbs, link);
+        sil_host_experts_free(b->hx);
+        b->hx = NULL;
+        b->cpu_misses = 0;
+        return;
+    }
+    b->host_share = share;
+    fprintf(stderr,
+            "siliceo: cuda backend: host experts %.1f GB/s, link %.1f GB/s: %.0f%% of each decode "
+            "layer's misses computed on the CPU (SIL_CUDA_CPU_MISSES=0 turns it off)\n",
+            host_gbs, link, 100.0 * share);
+}
+
 static int cuda_placed(struct sil_backend *be, struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
@@ -1745,6 +1808,7 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
         b->h2d_gbs = (double)bytes / ((double)ms * 1e6);
     for (int i = 0; i < 2; i++)
         sil_cuda_event_destroy(b->cu, ev[i]);
+    if (b->cpu_auto && b->hx) choose_host_share(b);
     return 0;
 }
 
@@ -1896,6 +1960,11 @@ static int32_t cuda_cpu_misses(struct sil_backend *be)
     return cb(be)->hx && !cb(be)->float_experts ? cb(be)->cpu_misses : 0;
 }
 
+static double cuda_host_share(struct sil_backend *be)
+{
+    return cb(be)->hx ? cb(be)->host_share : 0.0;
+}
+
 /* One matrix into its slot through the staging ring: the ring is reused from its start once
  * the copies queued from it are done (a sync when it is full). */
 static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct sil_weight *w,
@@ -2011,6 +2080,7 @@ static const struct sil_backend_ops cuda_ops = {
     .device = cuda_device,
     .expert_slots = cuda_expert_slots,
     .cpu_misses = cuda_cpu_misses,
+    .host_share = cuda_host_share,
     .fill_slot = cuda_fill_slot,
     .routes = cuda_routes,
     .reads_in_place = cuda_reads_in_place,
@@ -2243,8 +2313,14 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
             rc = sil_cuda_memset(b->cu, b->pool_u, 0, b->slot_u * (uint64_t)n_slots, NULL, err);
         if (rc == 0)
             rc = sil_cuda_memset(b->cu, b->pool_d, 0, b->slot_d * (uint64_t)n_slots, NULL, err);
-        const char *cm = getenv("SIL_CUDA_CPU_MISSES");
-        const long ncm = cm ? atol(cm) : 0;
+        /* path (c): SIL_CUDA_CPU_MISSES=N takes up to N misses of each decode layer to the
+         * CPU; unset (or "auto") the share is chosen at placed() from the host's and the
+         * link's measured speeds; 0 turns it off. Asking for reads in place (path (b)) turns
+         * the automatic share off. */
+        const char *cm = getenv("SIL_CUDA_CPU_MISSES"), *zcr = getenv("SIL_CUDA_ZEROCOPY");
+        const bool want_zc = zcr && strcmp(zcr, "1") == 0;
+        b->cpu_auto = (!cm || !*cm || strcmp(cm, "auto") == 0) && !want_zc;
+        const long ncm = b->cpu_auto ? (long)K : cm ? atol(cm) : 0;
         if (rc == 0 && ncm > 0 && c->n_ff_exp > 0) {
             b->cpu_misses = (int32_t)(ncm < K ? ncm : K);
             long nt = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2261,10 +2337,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                 rc = sil_cuda_host_alloc(b->cu, sizeof(float) * (size_t)(MB * E), (void **)&b->h_y,
                                          err);
             if (rc == 0) rc = dalloc(b, sizeof(float) * (size_t)(MB * E), &b->cpu_y, err);
-            if (rc == 0)
+            if (rc == 0 && !b->cpu_auto)
                 fprintf(stderr,
                         "siliceo: cuda backend: up to %d misses of each decode layer computed on "
-                        "the CPU (SIL_CUDA_CPU_MISSES, experimental)\n",
+                        "the CPU (SIL_CUDA_CPU_MISSES)\n",
                         (int)b->cpu_misses);
         }
     }

@@ -335,6 +335,8 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     f->ecache_policy = ec_policy;
     f->cpu_misses =
         rc == 0 && slots > 0 && f->be->ops->cpu_misses ? f->be->ops->cpu_misses(f->be) : 0;
+    f->host_share = f->cpu_misses > 0 && f->be->ops->host_share ? f->be->ops->host_share(f->be)
+                                                                : 0.0;
     if (rc == 0 && slots > 0) {
         /* one pool over all layers: a prefill plan may need every expert of a layer */
         const struct sil_ecache_config ec = {

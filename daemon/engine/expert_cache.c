@@ -37,6 +37,7 @@ struct sil_ecache {
     int32_t *miss, *used;        /* [n_expert] plan scratch: missed entries, slots used */
     struct sil_ecache_stats *st; /* [n_layer] */
     int32_t host_quota;          /* misses of each plan left on the host, the coldest first */
+    double host_share;           /* of a plan's misses (0: the quota whatever their number) */
     int admit;                   /* a miss fills only a free slot or one colder than itself */
     uint64_t epoch;              /* never wraps: a stale pin would look like this plan's */
     double g, infl; /* growth per lookup, and g^(lookups since the last rescale) */
@@ -401,6 +402,10 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
     }
     /* the host's share: the coldest misses (lowest decayed frequency) are not filled */
     int32_t n_left = c->host_quota < n_miss ? c->host_quota : n_miss;
+    if (c->host_share > 0) {
+        const int32_t by_share = (int32_t)((double)n_miss * c->host_share + 0.5);
+        if (by_share < n_left) n_left = by_share;
+    }
     for (int32_t q = 0; q < n_left; q++) {
         int32_t best = q;
         for (int32_t j = q + 1; j < n_miss; j++)
@@ -449,6 +454,11 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
 void sil_ecache_set_host_misses(struct sil_ecache *c, int32_t n)
 {
     c->host_quota = n > 0 ? n : 0;
+}
+
+void sil_ecache_set_host_share(struct sil_ecache *c, double share)
+{
+    c->host_share = share > 0 && share <= 1 ? share : share > 1 ? 1.0 : 0.0;
 }
 
 void sil_ecache_set_admission(struct sil_ecache *c, int on)

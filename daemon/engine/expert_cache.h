@@ -95,6 +95,9 @@ int sil_ecache_lookup(struct sil_ecache *c, int32_t layer, const int32_t *expert
 /* Later lookups leave up to n of each plan's misses, the coldest (lowest decayed frequency),
  * unfilled as HOST: computed from host memory while the rest stream (0: fill every miss). */
 void sil_ecache_set_host_misses(struct sil_ecache *c, int32_t n);
+/* With share in (0, 1]: of a plan's m misses, round(m * share) (at most the quota above) stay
+ * on the host; 0 (the default): the quota whatever m is. */
+void sil_ecache_set_host_share(struct sil_ecache *c, double share);
 
 /* Admission (on != 0) for later lookups: a miss is filled only into a free slot or when its
  * decayed frequency, this use counted, exceeds that of the expert it would evict; else it is
