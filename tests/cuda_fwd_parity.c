@@ -56,6 +56,9 @@
  *  17. the host's share chosen by the backend (SIL_CUDA_CPU_MISSES unset: the default): the
  *      share host / (host + link) of each decode layer's misses on the CPU, both speeds
  *      measured at open, or none when it comes under 5%; check 11's tolerance where it runs.
+ *  18. grouped prefill products (SIL_CUDA_GROUPED=1) with the experts in n_expert slots against
+ *      everything resident with grouped products too: bit for bit (the same kernels on the
+ *      same bytes), the misses counted.
  *  16. F16 KV (--kv-type f16) on the device against F16 KV on the CPU backend: prompt 2
  *      prefilled then decoded, within prompt C's largest reference tolerance at every step,
  *      and the device's KV memory half of the F32 engine's.
@@ -541,6 +544,40 @@ int main(int argc, char **argv)
             fails += !(worst == 0.0f && es.ecache_misses > 0);
         }
         sil_engine_close(sl);
+    }
+
+    /* 18. grouped prefill products (SIL_CUDA_GROUPED=1) over the slot pools against everything
+     * resident with them too: the same kernels on the same bytes, so bit for bit */
+    if (sil_engine_info(gpu)->n_expert > 0) {
+        struct sil_engine *res = NULL, *sl = NULL;
+        char nbuf[32];
+        snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
+        setenv("SIL_CUDA_GROUPED", "1", 1);
+        setenv("SIL_CUDA_CPU_MISSES", "0", 1);
+        int rc = open_engine(&res, model, "cuda", &err);
+        setenv("SIL_CUDA_SLOTS", nbuf, 1);
+        if (rc == 0) rc = open_engine(&sl, model, "cuda", &err);
+        unsetenv("SIL_CUDA_SLOTS");
+        unsetenv("SIL_CUDA_CPU_MISSES");
+        unsetenv("SIL_CUDA_GROUPED");
+        const bool opened = rc == 0;
+        float worst = 0.0f;
+        if (rc == 0) rc = half_then_steps(res, sl, p2, n2, V, lg, alone, true, &worst);
+        struct sil_engine_stats es = {0};
+        if (sl) sil_engine_stats(sl, &es);
+        if (rc < 0) {
+            fprintf(stderr, "%s: grouped prefill over slots: %s\n", model,
+                    opened ? "an evaluation failed (above)" : err.msg);
+            fails++;
+        } else {
+            const bool good = worst == 0.0f && es.ecache_misses > 0;
+            printf("%s: cuda grouped prefill, %s expert slots vs resident (both grouped): max "
+                   "|diff| = %.4g (want 0) %s\n",
+                   model, nbuf, worst, good ? "ok" : "FAIL");
+            fails += !good;
+        }
+        sil_engine_close(sl);
+        sil_engine_close(res);
     }
 
     /* 11. miss path (c): the coldest 2 misses of each decode layer computed on the host */

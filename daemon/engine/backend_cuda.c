@@ -164,7 +164,7 @@ struct cuda_backend {
     sil_cuda_ptr sh_gate, sh_up, sh_logit;    /* [ub_max][n_ff_shexp], [ub_max] */
     sil_cuda_ptr meta;                        /* the staged block below, on the device */
     /* host */
-    int32_t *tmp; /* [ub_max * K + ub_max + 1] */
+    int32_t *tmp; /* [ub_max * K + max(ub_max, n_expert) + 1] */
     bool meta_ok; /* pos / seq / runs of the current ubatch are on the device */
     /* pinned staging: [ub_max][n_embd] embedding rows, then int32 pos, seq, run_start,
      * run_seq, keep [ub_max (+1)] each; logits [MB][n_vocab] */
@@ -1239,7 +1239,7 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
  * expert), quantized once, multiplied by their expert's gate and up, silu-gated, quantized, by
  * down, then summed per row with the router's weights. */
 static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
-                        int X)
+                        int X, bool slots)
 {
     const int K = pl->n_used, A = pl->n_active;
     const int64_t E = x.width, P = (int64_t)pl->n_rows * K, F = pl->gate_exps->rows;
@@ -1250,18 +1250,34 @@ static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct s
     }
     for (int64_t q = 0; q < P; q++)
         b->tmp[q] = pl->pair_row[q];
+    /* slot experts: each active expert's matrices are its slot in the pools */
+    for (int a = 0; slots && a < A; a++)
+        b->tmp[P + a] = (int32_t)(uintptr_t)pl->gate[a].data;
     if (!ok(b, sil_cuda_upload(b->cu, b->pair_row, b->tmp, sizeof(int32_t) * (size_t)P, NULL,
                                &b->err)) ||
         !ok(b, sil_cuda_upload(b->cu, b->pair_of, pl->pair_of, sizeof(int32_t) * (size_t)P, NULL,
                                &b->err)) ||
-        !ok(b, sil_cuda_upload(b->cu, b->grp, pl->expert, sizeof(int32_t) * (size_t)A, NULL,
-                               &b->err)) ||
+        !ok(b, sil_cuda_upload(b->cu, b->grp, slots ? b->tmp + P : pl->expert,
+                               sizeof(int32_t) * (size_t)A, NULL, &b->err)) ||
         !ok(b, sil_cuda_upload(b->cu, b->grp + (uint64_t)X * 4, pl->pair_start,
                                sizeof(int32_t) * (size_t)(A + 1), NULL, &b->err)))
         return;
     struct sil_cuda_weight g, u, d;
-    if (!ok(b, view(pl->gate_exps, F, &g, &b->err)) || !ok(b, view(pl->up_exps, F, &u, &b->err)) ||
-        !ok(b, view(pl->down_exps, pl->down_exps->rows, &d, &b->err)))
+    size_t sg = pl->gate_exps->mat_bytes, su = pl->up_exps->mat_bytes,
+           sd = pl->down_exps->mat_bytes;
+    if (slots) {
+        const int64_t R = pl->down_exps->rows;
+        if (!ok(b, sil_cuda_weight_view(pl->gate_exps->type, F, E, b->pool_g, &g, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->up_exps->type, F, E, b->pool_u, &u, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->down_exps->type, R, pl->down_exps->cols, b->pool_d, &d,
+                                        &b->err)))
+            return;
+        sg = b->slot_g;
+        su = b->slot_u;
+        sd = b->slot_d;
+    } else if (!ok(b, view(pl->gate_exps, F, &g, &b->err)) ||
+               !ok(b, view(pl->up_exps, F, &u, &b->err)) ||
+               !ok(b, view(pl->down_exps, pl->down_exps->rows, &d, &b->err)))
         return;
     sil_cuda_ptr xp = dp(x.data), xg = b->x_pair, rows = b->pair_row;
     int64_t ldx = E, ldg = E;
@@ -1269,14 +1285,14 @@ static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct s
     const sil_cuda_ptr gm = b->grp, gs = b->grp + (uint64_t)X * 4;
     if (!ok(b, launch(b, F_GATHER, (unsigned)P, 1, pg)) ||
         !ok(b, sil_cuda_quantize_q8(b->cu, xg, P, E, b->q8p, NULL, &b->err)) ||
-        !ok(b, sil_cuda_matmul_grouped(b->cu, &g, pl->gate_exps->mat_bytes, b->q8p, (int)P, gm, gs,
-                                       A, max_rows, b->h_gate, F, NULL, &b->err)) ||
-        !ok(b, sil_cuda_matmul_grouped(b->cu, &u, pl->up_exps->mat_bytes, b->q8p, (int)P, gm, gs, A,
-                                       max_rows, b->h_up, F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &g, sg, b->q8p, (int)P, gm, gs, A, max_rows,
+                                       b->h_gate, F, NULL, &b->err)) ||
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &u, su, b->q8p, (int)P, gm, gs, A, max_rows, b->h_up,
+                                       F, NULL, &b->err)) ||
         !ok(b, sil_cuda_swiglu(b->cu, b->h_gate, b->h_gate, b->h_up, P * F, NULL, &b->err)) ||
         !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, P, F, b->q8p, NULL, &b->err)) ||
-        !ok(b, sil_cuda_matmul_grouped(b->cu, &d, pl->down_exps->mat_bytes, b->q8p, (int)P, gm, gs,
-                                       A, max_rows, b->d_pair, E, NULL, &b->err)))
+        !ok(b, sil_cuda_matmul_grouped(b->cu, &d, sd, b->q8p, (int)P, gm, gs, A, max_rows,
+                                       b->d_pair, E, NULL, &b->err)))
         return;
     int64_t ldo = E;
     void *p[] = {&b->routed, &ldo, &b->d_pair, &b->pair_of, &b->wts, (void *)&K, (void *)&E};
@@ -1338,6 +1354,15 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
             pl->down[a].data = (const void *)(uintptr_t)(b->pool_d + slot * b->slot_d);
         }
         moe_generic(b, x, pl);
+        if (b->rc == 0) shared_and_sum(b, x, pl, out);
+        return;
+    }
+    /* prefill with SIL_CUDA_GROUPED=1: grouped products over the slot pools, each expert read
+     * once, as everything resident does (the same kernels on the same bytes) */
+    if (!cpu && !b->no_grouped && pl->n_rows > MB && n_host == 0) {
+        if (b->mode == PASS_REPLAY) return;
+        flush_add(b);
+        if (b->rc == 0) moe_grouped(b, x, pl, (int)b->c.n_expert, true);
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;
     }
@@ -1422,7 +1447,7 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
                          pl->down_exps->loc == SIL_WEIGHT_DEVICE;
     const bool fused = stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
     if (fused && !pl->device_routed && x.rows > MB && pl->gate_exps->n_mat == X && !b->no_grouped)
-        moe_grouped(b, x, pl, X);
+        moe_grouped(b, x, pl, X, false);
     else if (pl->device_routed || fused) {
         if (moe_fused(b, x, pl, X, out)) return; /* the shared expert is in */
     } else
@@ -2401,7 +2426,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->prof_rows = pr ? atoi(pr) : 0;
         for (int i = 0; b->prof_path && i < 2 && rc == 0; i++)
             rc = sil_cuda_event_create(b->cu, &b->gev[i], err);
-        b->tmp = calloc((size_t)(U * K + U + 1), sizeof(int32_t));
+        b->tmp = calloc((size_t)(U * K + (U > X ? U : X) + 1), sizeof(int32_t));
         b->slot_ids = calloc((size_t)(U * K), sizeof(int32_t));
         uint64_t *tab = calloc((size_t)c->n_seq_max + 1, sizeof(uint64_t));
         if (!b->tmp || !b->slot_ids || !tab)
