@@ -26,24 +26,13 @@ MACHINE=${MACHINE:-vm}
 OUT=${OUT:-bench/results/prefix-$MACHINE-$(date -u +%Y%m%d).json}
 [ -n "${NO_BUILD:-}" ] || make -s B="$B" "$B/bin/siliceod" >&2
 
+. bench/daemon.sh
 tmp=$(mktemp -d)
-dpid=
-cleanup() {
-    if [ -n "$dpid" ] && kill -0 "$dpid" 2>/dev/null; then kill -KILL "$dpid" 2>/dev/null || true; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 sock=$tmp/siliceod.sock
 printf '%s\n' "threads = $THREADS" "log_level = warning" "context = $((PROMPT + 256))" \
     "prefill_chunk = 256" "prefix_checkpoint_blocks = $CKPT_BLOCKS" > "$tmp/siliceod.conf"
-"$B/bin/siliceod" --config "$tmp/siliceod.conf" --socket "$sock" --model "$model" 2> "$tmp/daemon.log" &
-dpid=$!
-for _ in $(seq 600); do
-    [ -S "$sock" ] && break
-    kill -0 "$dpid" 2>/dev/null || { cat "$tmp/daemon.log" >&2; exit 1; }
-    sleep 0.1
-done
-[ -S "$sock" ] || { echo "run-prefix.sh: siliceod did not come up" >&2; exit 1; }
+bench_daemon "$tmp/siliceod.conf" "$sock" "$tmp/daemon.log" "$model"
 
 SILICEO_SOCKET=$sock PYTHONPATH=tests/integration python3 - "$model" "$THREADS" "$PROMPT" \
     "$SHARED_PCT" "$RUNS" "$CKPT_BLOCKS" "$OUT" <<'PY'
@@ -87,6 +76,4 @@ print("cold %.0f ms, warm %.0f ms (%d of %d cached): warm/cold %.3f" %
       (res["cold_ttft_ms_median"], res["warm_ttft_ms_median"], warm[0]["n_cached"], n,
        res["warm_over_cold"]))
 PY
-kill -TERM "$dpid"
-wait "$dpid" || { echo "run-prefix.sh: siliceod did not exit cleanly" >&2; exit 1; }
-dpid=
+bench_daemon_stop

@@ -182,6 +182,50 @@ static int half_then_steps(struct sil_engine *a, struct sil_engine *b, const int
     return rc;
 }
 
+/* Checks 9 and 18: the routed experts in n_slots slots (at n_expert every layer misses: each
+ * expert is copied in when its layer needs it) against everything resident, prompt 2 prefilled
+ * then decoded token by token: the same kernels on the same bytes, so bit for bit, with misses
+ * counted. grouped: both engines take grouped prefill products (SIL_CUDA_GROUPED=1; the resident
+ * one is opened here, else gpu is it). 1 when it fails. */
+static int slots_vs_resident(struct sil_engine *gpu, const char *model, int n_slots, bool grouped,
+                             const int32_t *p2, int n2, int V, float *lg, float *alone)
+{
+    struct sil_engine *own = NULL, *sl = NULL;
+    struct sil_error err = {0};
+    char nbuf[32];
+    snprintf(nbuf, sizeof nbuf, "%d", n_slots);
+    setenv("SIL_CUDA_CPU_MISSES", "0", 1); /* path (a) alone: no host share */
+    if (grouped) setenv("SIL_CUDA_GROUPED", "1", 1);
+    int rc = grouped ? open_engine(&own, model, "cuda", &err) : 0;
+    setenv("SIL_CUDA_SLOTS", nbuf, 1);
+    if (rc == 0) rc = open_engine(&sl, model, "cuda", &err);
+    unsetenv("SIL_CUDA_SLOTS");
+    unsetenv("SIL_CUDA_CPU_MISSES");
+    unsetenv("SIL_CUDA_GROUPED");
+    const bool opened = rc == 0;
+    const char *what = grouped ? "grouped prefill, " : "";
+    float worst = 0.0f;
+    const int half = n2 / 2;
+    if (rc == 0) rc = half_then_steps(own ? own : gpu, sl, p2, n2, V, lg, alone, true, &worst);
+    struct sil_engine_stats es = {0};
+    if (sl) sil_engine_stats(sl, &es);
+    int failed = 1;
+    if (rc < 0) {
+        fprintf(stderr, "%s: %sexpert slots: %s\n", model, what,
+                opened ? "an evaluation failed (above)" : err.msg);
+    } else {
+        failed = !(worst == 0.0f && es.ecache_misses > 0);
+        printf("%s: cuda %s%s expert slots (hits %llu, misses %llu) vs resident%s, prefill %d + "
+               "%d steps: max |diff| = %.4g (want 0) %s\n",
+               model, what, nbuf, (unsigned long long)es.ecache_hits,
+               (unsigned long long)es.ecache_misses, grouped ? " (grouped too)" : "", half,
+               n2 - half, worst, failed ? "FAIL" : "ok");
+    }
+    sil_engine_close(sl);
+    sil_engine_close(own);
+    return failed;
+}
+
 /* Checks 11 and 15: n_expert slots (every layer misses), the coldest 2 misses of each decode
  * layer computed on the host (SIL_CUDA_CPU_MISSES=2), the others copied into slots or, in_place
  * (SIL_CUDA_ZEROCOPY=1 too), read in place by the device; against everything resident within
@@ -516,69 +560,14 @@ int main(int argc, char **argv)
     }
 
     /* 9. expert slots vs everything resident */
-    for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2) {
-        struct sil_engine *sl = NULL;
-        char nbuf[32];
-        snprintf(nbuf, sizeof nbuf, "%d", mult * sil_engine_info(gpu)->n_expert);
-        setenv("SIL_CUDA_SLOTS", nbuf, 1);
-        setenv("SIL_CUDA_CPU_MISSES", "0", 1); /* path (a) alone: no host share */
-        int rc = open_engine(&sl, model, "cuda", &err);
-        unsetenv("SIL_CUDA_SLOTS");
-        unsetenv("SIL_CUDA_CPU_MISSES");
-        const bool opened = rc == 0;
-        float worst = 0.0f;
-        const int half = n2 / 2;
-        if (rc == 0) rc = half_then_steps(gpu, sl, p2, n2, V, lg, alone, true, &worst);
-        struct sil_engine_stats es = {0};
-        if (sl) sil_engine_stats(sl, &es);
-        if (rc < 0) {
-            fprintf(stderr, "%s: expert slots: %s\n", model,
-                    opened ? "an evaluation failed (above)" : err.msg);
-            fails++;
-        } else {
-            printf("%s: cuda %s expert slots (hits %llu, misses %llu) vs resident, prefill %d + "
-                   "%d steps: max |diff| = %.4g (want 0) %s\n",
-                   model, nbuf, (unsigned long long)es.ecache_hits,
-                   (unsigned long long)es.ecache_misses, half, n2 - half, worst,
-                   worst == 0.0f && es.ecache_misses > 0 ? "ok" : "FAIL");
-            fails += !(worst == 0.0f && es.ecache_misses > 0);
-        }
-        sil_engine_close(sl);
-    }
+    for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2)
+        fails += slots_vs_resident(gpu, model, mult * sil_engine_info(gpu)->n_expert, false, p2,
+                                   n2, V, lg, alone);
 
-    /* 18. grouped prefill products (SIL_CUDA_GROUPED=1) over the slot pools against everything
-     * resident with them too: the same kernels on the same bytes, so bit for bit */
-    if (sil_engine_info(gpu)->n_expert > 0) {
-        struct sil_engine *res = NULL, *sl = NULL;
-        char nbuf[32];
-        snprintf(nbuf, sizeof nbuf, "%d", sil_engine_info(gpu)->n_expert);
-        setenv("SIL_CUDA_GROUPED", "1", 1);
-        setenv("SIL_CUDA_CPU_MISSES", "0", 1);
-        int rc = open_engine(&res, model, "cuda", &err);
-        setenv("SIL_CUDA_SLOTS", nbuf, 1);
-        if (rc == 0) rc = open_engine(&sl, model, "cuda", &err);
-        unsetenv("SIL_CUDA_SLOTS");
-        unsetenv("SIL_CUDA_CPU_MISSES");
-        unsetenv("SIL_CUDA_GROUPED");
-        const bool opened = rc == 0;
-        float worst = 0.0f;
-        if (rc == 0) rc = half_then_steps(res, sl, p2, n2, V, lg, alone, true, &worst);
-        struct sil_engine_stats es = {0};
-        if (sl) sil_engine_stats(sl, &es);
-        if (rc < 0) {
-            fprintf(stderr, "%s: grouped prefill over slots: %s\n", model,
-                    opened ? "an evaluation failed (above)" : err.msg);
-            fails++;
-        } else {
-            const bool good = worst == 0.0f && es.ecache_misses > 0;
-            printf("%s: cuda grouped prefill, %s expert slots vs resident (both grouped): max "
-                   "|diff| = %.4g (want 0) %s\n",
-                   model, nbuf, worst, good ? "ok" : "FAIL");
-            fails += !good;
-        }
-        sil_engine_close(sl);
-        sil_engine_close(res);
-    }
+    /* 18. grouped prefill products over the slot pools, and everything resident with them too */
+    if (sil_engine_info(gpu)->n_expert > 0)
+        fails += slots_vs_resident(gpu, model, sil_engine_info(gpu)->n_expert, true, p2, n2, V,
+                                   lg, alone);
 
     /* 11. miss path (c): the coldest 2 misses of each decode layer computed on the host */
     if (sil_engine_info(gpu)->n_expert > 0)

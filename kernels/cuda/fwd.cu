@@ -657,6 +657,23 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 #define GQA_CHUNK 512  // positions a block takes at most (the host's split keeps to it)
 #define GQA_UNROLL 4   // K rows a warp loads before it sums
 
+// The rows p0 .. p0 + GQA_UNROLL - 1 (those before c1; zeros past it) of one KV head's cache,
+// lane's columns lane + 32 t, loaded together so their latencies overlap.
+template <typename KV>
+__device__ __forceinline__ void gqa_rows(float r[GQA_UNROLL][GQA_HD / 32], const KV *head,
+                                         const int *bt, int p0, int c1, int64_t kv_dim, int hd,
+                                         int lane)
+{
+#pragma unroll
+    for (int u = 0; u < GQA_UNROLL; u++) {
+        const bool in = p0 + u < c1;
+        const KV *rp = head + (in ? fwd_kv_row(bt, p0 + u) : 0) * kv_dim;
+#pragma unroll
+        for (int t = 0; t < GQA_HD / 32; t++)
+            r[u][t] = in && lane + 32 * t < hd ? kvl(rp, lane + 32 * t) : 0.0f;
+    }
+}
+
 // sil_fwd_attend_part for the G = n_head / n_head_kv query heads sharing one KV head at once
 // (2 <= G <= GQA_MAX, hd <= GQA_HD): block (KV head, row, z) reads each K and V row of its chunk
 // once for all G heads instead of G times. The scores and the V sums are those of
@@ -696,14 +713,7 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
             qr[g][t] = g < G && lane + 32 * t < hd ? qs[g * GQA_HD + lane + 32 * t] : 0.0f;
     for (int p0 = c0 + warp * GQA_UNROLL; p0 < c1; p0 += FWD_THREADS / 32 * GQA_UNROLL) {
         float kr[GQA_UNROLL][GQA_HD / 32];
-#pragma unroll
-        for (int u = 0; u < GQA_UNROLL; u++) {
-            const bool in = p0 + u < c1;
-            const KV *kp = k0 + (in ? fwd_kv_row(bt, p0 + u) : 0) * kv_dim;
-#pragma unroll
-            for (int t = 0; t < GQA_HD / 32; t++)
-                kr[u][t] = in && lane + 32 * t < hd ? kvl(kp, lane + 32 * t) : 0.0f;
-        }
+        gqa_rows(kr, k0, bt, p0, c1, kv_dim, hd, lane);
 #pragma unroll
         for (int u = 0; u < GQA_UNROLL; u++)
 #pragma unroll
@@ -748,14 +758,7 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
             acc[g][t] = 0.0f;
     for (int p0 = c0 + warp * GQA_UNROLL; p0 < c1; p0 += FWD_THREADS / 32 * GQA_UNROLL) {
         float vr[GQA_UNROLL][GQA_HD / 32];
-#pragma unroll
-        for (int u = 0; u < GQA_UNROLL; u++) {
-            const bool in = p0 + u < c1;
-            const KV *vp = v0 + (in ? fwd_kv_row(bt, p0 + u) : 0) * kv_dim;
-#pragma unroll
-            for (int t = 0; t < GQA_HD / 32; t++)
-                vr[u][t] = in && lane + 32 * t < hd ? kvl(vp, lane + 32 * t) : 0.0f;
-        }
+        gqa_rows(vr, v0, bt, p0, c1, kv_dim, hd, lane);
 #pragma unroll
         for (int u = 0; u < GQA_UNROLL; u++) {
             if (p0 + u >= c1) break;
