@@ -251,7 +251,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         char drv[32], cc[16];
         snprintf(drv, sizeof drv, "%d.%d", dev.driver_version / 1000, dev.driver_version % 1000 / 10);
         snprintf(cc, sizeof cc, "sm_%d%d", dev.cc_major, dev.cc_minor);
-        msgpack_pack_map(pk, 13);
+        msgpack_pack_map(pk, 16);
         sil_utf8_pack_kv(pk, "name", dev.name, strlen(dev.name));
         sil_rpc_kv_str(pk, "driver", drv);
         sil_rpc_kv_str(pk, "compute", cc);
@@ -268,6 +268,10 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         /* miss path (b): decode reads misses in place from that memory; passes run so */
         sil_rpc_kv_bool(pk, "zero_copy", dev.zero_copy);
         sil_rpc_kv_uint(pk, "zero_copy_passes", dev.zero_copy_passes);
+        /* miss path (c): the CPU's part of each decode layer's misses, and its measured speed */
+        sil_rpc_kv_uint(pk, "cpu_misses", (uint64_t)(dev.cpu_misses > 0 ? dev.cpu_misses : 0));
+        sil_rpc_kv_double(pk, "cpu_share", dev.cpu_share);
+        sil_rpc_kv_double(pk, "host_expert_gbs", dev.host_gbs);
     } else {
         msgpack_pack_nil(pk);
     }

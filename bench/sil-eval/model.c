@@ -325,12 +325,14 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             printf(", \"device\": {\"name\": \"%s\", \"weight_bytes\": %llu, \"kv_bytes\": %llu, "
                    "\"scratch_bytes\": %llu, \"budget_bytes\": %llu, \"pinned_bytes\": %llu, "
                    "\"h2d_gbs\": %.3f, \"slot_bytes_in\": %llu, \"slot_fills\": %llu, "
-                   "\"zero_copy\": %s, \"zero_copy_passes\": %llu}",
+                   "\"zero_copy\": %s, \"zero_copy_passes\": %llu, \"cpu_misses\": %d, "
+                   "\"cpu_share\": %.3f, \"host_expert_gbs\": %.1f}",
                    dev.name, (unsigned long long)dev.weight_bytes, (unsigned long long)dev.kv_bytes,
                    (unsigned long long)dev.scratch_bytes, (unsigned long long)dev.budget_bytes,
                    (unsigned long long)dev.pinned_bytes, dev.h2d_gbs,
                    (unsigned long long)dev.slot_bytes_in, (unsigned long long)dev.slot_fills,
-                   dev.zero_copy ? "true" : "false", (unsigned long long)dev.zero_copy_passes);
+                   dev.zero_copy ? "true" : "false", (unsigned long long)dev.zero_copy_passes,
+                   (int)dev.cpu_misses, dev.cpu_share, dev.host_gbs);
         if (ecache_slots > 0 || dev_cache)
             printf(", \"ecache\": {\"mode\": \"%s\", \"slots\": %ld, \"hits\": %llu, "
                    "\"misses\": %llu, \"evictions\": %llu, \"bytes_streamed\": %llu}",

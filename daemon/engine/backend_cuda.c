@@ -219,6 +219,7 @@ struct cuda_backend {
     int32_t cpu_misses;
     bool cpu_auto;     /* the host's share chosen at placed() (SIL_CUDA_CPU_MISSES unset) */
     double host_share; /* of each decode plan's misses, rounded (0: up to cpu_misses) */
+    double host_gbs;   /* the host's expert speed measured at placed() (0: not measured) */
     struct sil_weight probe[3]; /* one layer's routed stacks (two F x E, one E x F) */
     int n_probe_fe, n_probe_ef;
     bool float_experts; /* a routed stack is F32/F16/BF16: the fused kernels cannot run it */
@@ -1742,6 +1743,7 @@ static void choose_host_share(struct cuda_backend *b)
         }
         if (best > 0) host_gbs = (double)bytes / best / 1e9;
     }
+    b->host_gbs = host_gbs;
     const double link = b->h2d_cap > 0 && b->h2d_cap / 1e9 < b->h2d_gbs ? b->h2d_cap / 1e9
                                                                           : b->h2d_gbs;
     const double share = host_gbs > 0 && link > 0 ? host_gbs / (host_gbs + link) : 0.0;
@@ -1974,6 +1976,9 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->slot_fills = atomic_load_explicit(&b->slot_fills, memory_order_relaxed);
     d->zero_copy = b->zc;
     d->zero_copy_passes = atomic_load_explicit(&b->zc_passes, memory_order_relaxed);
+    d->cpu_misses = b->hx && !b->float_experts ? b->cpu_misses : 0;
+    d->cpu_share = b->hx ? b->host_share : 0.0;
+    d->host_gbs = b->host_gbs;
 }
 
 static int32_t cuda_expert_slots(struct sil_backend *be)
