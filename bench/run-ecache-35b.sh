@@ -12,8 +12,11 @@
 #              12.6), NCMOE (default 29), MODEL (default /tmp/qwen35moe-35b-a3b-q4_k_m-s$SKEW.gguf),
 #              CPU_MISSES (default empty: not run; else a list such as "1 2 4": miss path (c) with
 #              that many misses of each decode layer on the CPU, with and without the cap),
-#              RUNS (default "ours ours-eager ours-cap"; also ours-zc: miss path (b), decode
-#              misses read in place, SIL_CUDA_ZEROCOPY=1), PEER_RUN (default 1; 0 skips llama-bench)
+#              RUNS (default "ours ours-eager ours-cap"; ours is the default, the CPU's share of
+#              decode misses chosen by speed; also ours-a and ours-a-cap: path (a) alone,
+#              SIL_CUDA_CPU_MISSES=0; ours-zc: miss path (b), decode misses read in place,
+#              SIL_CUDA_ZEROCOPY=1), SHARES (default empty; else a list such as "0.4 0.7": the
+#              CPU's share forced, SIL_CUDA_CPU_SHARE), PEER_RUN (default 1; 0 skips llama-bench)
 # LLAMA_BENCH may be - when PEER_RUN=0.
 set -u
 B=${B:-build}
@@ -50,12 +53,17 @@ for r in ${RUNS:-ours ours-eager ours-cap}; do
     ours-eager) run ours-eager SIL_CUDA_GRAPHS=0 ;;
     ours-cap) run ours-cap SIL_BENCH_H2D_GBS="$CAP" ;;
     ours-zc) run ours-zc SIL_CUDA_ZEROCOPY=1 ;;
+    ours-a) run ours-a SIL_CUDA_CPU_MISSES=0 ;;
+    ours-a-cap) run ours-a-cap SIL_CUDA_CPU_MISSES=0 SIL_BENCH_H2D_GBS="$CAP" ;;
     *) echo "unknown run $r" >&2 ;;
     esac
 done
 for n in ${CPU_MISSES:-}; do
     run "ours-cpu$n" SIL_CUDA_CPU_MISSES="$n"
     run "ours-cpu$n-cap" SIL_CUDA_CPU_MISSES="$n" SIL_BENCH_H2D_GBS="$CAP"
+done
+for f in ${SHARES:-}; do
+    run "ours-share$f" SIL_CUDA_CPU_SHARE="$f"
 done
 [ "${PEER_RUN:-1}" = 0 ] && exit 0
 vpoll peer

@@ -1746,7 +1746,15 @@ static void choose_host_share(struct cuda_backend *b)
     b->host_gbs = host_gbs;
     const double link = b->h2d_cap > 0 && b->h2d_cap / 1e9 < b->h2d_gbs ? b->h2d_cap / 1e9
                                                                           : b->h2d_gbs;
-    const double share = host_gbs > 0 && link > 0 ? host_gbs / (host_gbs + link) : 0.0;
+    double share = host_gbs > 0 && link > 0 ? host_gbs / (host_gbs + link) : 0.0;
+    /* for benchmarks: SIL_CUDA_CPU_SHARE=F (0 < F <= 1) in place of the measured ratio */
+    const char *fs = getenv("SIL_CUDA_CPU_SHARE");
+    char *end = NULL;
+    const double forced = fs ? strtod(fs, &end) : 0.0;
+    const bool force = fs && end != fs && *end == '\0' && forced > 0 && forced <= 1;
+    if (fs && !force)
+        fprintf(stderr, "siliceo: cuda backend: SIL_CUDA_CPU_SHARE ignored: not a number in (0, 1]\n");
+    if (force) share = forced;
     if (share < 0.05) {
         fprintf(stderr,
                 "siliceo: cuda backend: decode misses all copied (host experts %.1f GB/s, link "
@@ -1760,8 +1768,8 @@ static void choose_host_share(struct cuda_backend *b)
     b->host_share = share;
     fprintf(stderr,
             "siliceo: cuda backend: host experts %.1f GB/s, link %.1f GB/s: %.0f%% of each decode "
-            "layer's misses computed on the CPU (SIL_CUDA_CPU_MISSES=0 turns it off)\n",
-            host_gbs, link, 100.0 * share);
+            "layer's misses computed on the CPU%s (SIL_CUDA_CPU_MISSES=0 turns it off)\n",
+            host_gbs, link, 100.0 * share, force ? ", set by SIL_CUDA_CPU_SHARE" : "");
 }
 
 static int cuda_placed(struct sil_backend *be, struct sil_error *err)
