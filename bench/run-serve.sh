@@ -28,24 +28,13 @@ OUT=${OUT:-bench/results/serve-$MACHINE-$(date -u +%Y%m%d).json}
 
 make -s B="$B" "$B/bin/siliceod" "$B/bin/sil-bench" "$B/bin/sil-eval" >&2
 
+. bench/daemon.sh
 tmp=$(mktemp -d)
-dpid=
-cleanup() {
-    if [ -n "$dpid" ] && kill -0 "$dpid" 2>/dev/null; then kill -KILL "$dpid" 2>/dev/null || true; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 sock=$tmp/siliceod.sock
 # A config of our own so a system-wide /etc/siliceo/siliceod.conf never changes the figures.
 printf 'threads = %s\nlog_level = warning\n' "$THREADS" > "$tmp/siliceod.conf"
-"$B/bin/siliceod" --config "$tmp/siliceod.conf" --socket "$sock" --model "$model" 2> "$tmp/daemon.log" &
-dpid=$!
-for _ in $(seq 300); do
-    [ -S "$sock" ] && break
-    kill -0 "$dpid" 2>/dev/null || { cat "$tmp/daemon.log" >&2; exit 1; }
-    sleep 0.1
-done
-[ -S "$sock" ] || { echo "run-serve.sh: siliceod did not come up" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+bench_daemon "$tmp/siliceod.conf" "$sock" "$tmp/daemon.log" "$model"
 
 cat /proc/loadavg > "$tmp/load-start"
 # Runs alternate between the daemon and the in-process engine, so a change in the machine's
@@ -64,9 +53,7 @@ for r in $(seq "$RUNS"); do
     done
 done
 cat /proc/loadavg > "$tmp/load-end"
-kill -TERM "$dpid"
-wait "$dpid" || { echo "run-serve.sh: siliceod did not exit cleanly" >&2; exit 1; }
-dpid=
+bench_daemon_stop
 
 python3 - "$tmp" "$RUNS" "$model" "$THREADS" "$GEN" "$OUT" "$B" "$PROMPTS" <<'PY'
 import datetime, json, os, statistics, subprocess, sys
