@@ -240,10 +240,6 @@ struct sil_backend_ops {
      * are not there (a host-routed pass). The cache then sees them as plans (hits, misses, and
      * the fills its admission allows) before the next pass. Valid until the next begin. */
     int32_t (*routes)(struct sil_backend *be, int32_t layer, const int32_t **ids);
-    /* Optional (NULL: false). A host-routed decode plan's misses may stay in the mmap: the
-     * backend reads them in place (or computes cpu_misses of them on the host), so the cache
-     * fills only what its admission lets in. */
-    bool (*reads_in_place)(struct sil_backend *be);
 };
 
 struct sil_backend {

@@ -606,7 +606,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     stage(b, ub, &n_keep);
     b->meta_ok = true; /* staged; copied up by get_rows */
     /* path (b) for decode passes that end in logits (the choices come down with them) */
-    b->zc_pass = b->zc && !b->hx && ub->n <= MB && n_keep >= 1;
+    b->zc_pass = b->zc && ub->n <= MB && n_keep >= 1;
     if (b->zc_pass && b->zc_dirty) {
         /* from pageable memory: the copy is taken before this returns, then ordered before
          * the pass on the stream */
@@ -1096,13 +1096,14 @@ static bool shared_fusable(const struct cuda_backend *b, const struct sil_moe_pl
            sd->cols == pl->down_exps->cols;
 }
 
-/* The routed stacks in the pinned mapping behind slot views g, u, d (reads in place): with a
- * slot table tab [n_expert] (device routing; n_slot the slots), or without one (ids -1 - e;
- * n_slot the experts). False (the backend failed) when the stacks are not in the mapping. */
+/* The routed stacks in the pinned mapping behind slot views g, u, d (reads in place) with the
+ * layer's slot table tab [n_expert]. False (the backend failed) when the stacks are not in the
+ * mapping. */
 static bool host_views(struct cuda_backend *b, const struct sil_moe_plan *pl, sil_cuda_ptr tab,
-                       int n_slot, struct sil_cuda_weight *g, struct sil_cuda_weight *u,
+                       struct sil_cuda_weight *g, struct sil_cuda_weight *u,
                        struct sil_cuda_weight *d)
 {
+    const int n_slot = (int)b->n_slots;
     g->host = host_dev(b, pl->gate_exps->data);
     u->host = host_dev(b, pl->up_exps->data);
     d->host = host_dev(b, pl->down_exps->data);
@@ -1139,12 +1140,9 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         g.mat_stride = b->slot_g;
         u.mat_stride = b->slot_u;
         d.mat_stride = b->slot_d;
-        /* path (b): slots where the table says, the mapping in place elsewhere; host-routed
-         * decode with reads in place: ids -1 - e name experts in the mapping */
-        if ((zc && !host_views(b, pl, b->zc_tab + (uint64_t)pl->layer * (uint64_t)X * 4,
-                               b->n_slots, &g, &u, &d)) ||
-            (!zc && b->zc && b->hx && pl->n_rows <= MB &&
-             !host_views(b, pl, 0, (int)b->c.n_expert, &g, &u, &d)))
+        /* path (b): slots where the table says, the mapping in place elsewhere */
+        if (zc && !host_views(b, pl, b->zc_tab + (uint64_t)pl->layer * (uint64_t)X * 4, &g, &u,
+                              &d))
             return false;
     } else if (!ok(b, view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
                !ok(b, view(pl->up_exps, pl->up_exps->rows * X, &u, &b->err)) ||
@@ -1238,11 +1236,12 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
 /* Prefill (more rows than a decode batch), quantized experts: each active expert's matrices
  * read once for all its rows, on tensor cores. Rows are gathered in pair order (grouped by
  * expert), quantized once, multiplied by their expert's gate and up, silu-gated, quantized, by
- * down, then summed per row with the router's weights. */
+ * down, then summed per row with the router's weights. slots: the plan's experts are in slots
+ * (their handles name them) and the pools stand for the stacks. */
 static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct sil_moe_plan *pl,
-                        int X, bool slots)
+                        bool slots)
 {
-    const int K = pl->n_used, A = pl->n_active;
+    const int K = pl->n_used, A = pl->n_active, X = (int)b->c.n_expert; /* grp's layout */
     const int64_t E = x.width, P = (int64_t)pl->n_rows * K, F = pl->gate_exps->rows;
     int32_t max_rows = 0;
     for (int a = 0; a < A; a++) {
@@ -1310,10 +1309,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     /* path (c): experts left in the mapping are the host's (tmp -1) in a decode step */
     const bool cpu =
         b->hx && pl->n_rows <= MB && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
-    /* with reads in place (SIL_CUDA_ZEROCOPY too), the host takes up to cpu_misses of the
-     * experts left in the mapping and the device reads the rest there. Per pair, tmp holds the
-     * slot (>= 0), -1 (the host's), or -2 - e (expert e read in place) */
-    const bool inplace = cpu && b->zc;
+    /* per pair, tmp holds the slot (>= 0) or -1 (the host's) */
     int32_t any_slot = -1, n_host = 0;
     for (int a = 0; a < pl->n_active; a++) {
         const bool slot_e = pl->gate[a].loc == SIL_WEIGHT_SLOT &&
@@ -1328,14 +1324,11 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
                        "(raise --vram-budget or evaluate fewer rows at a time)");
             return;
         }
-        int32_t code = -1;
-        if (slot_e)
-            code = (int32_t)(uintptr_t)pl->gate[a].data, any_slot = code;
-        else if (inplace && n_host >= b->cpu_misses)
-            code = -2 - pl->expert[a];
-        n_host += code == -1;
+        const int32_t slot = slot_e ? (int32_t)(uintptr_t)pl->gate[a].data : -1;
+        if (slot_e) any_slot = slot;
+        n_host += !slot_e;
         for (int32_t j = pl->pair_start[a]; j < pl->pair_start[a + 1]; j++)
-            b->tmp[j] = code;
+            b->tmp[j] = slot;
     }
     if (!fused_types(pl->gate_exps, pl->up_exps, pl->down_exps)) {
         /* no fused kernel for float experts: the per-expert path on views of their slots
@@ -1363,19 +1356,18 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     if (!cpu && !b->no_grouped && pl->n_rows > MB && n_host == 0) {
         if (b->mode == PASS_REPLAY) return;
         flush_add(b);
-        if (b->rc == 0) moe_grouped(b, x, pl, (int)b->c.n_expert, true);
+        if (b->rc == 0) moe_grouped(b, x, pl, true);
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;
     }
-    /* the host's pairs keep a valid slot (the pools start zeroed) with weight 0 on the device;
-     * one read in place has the id -1 - e (moe.cuh) */
+    /* the host's pairs keep a valid slot (the pools start zeroed) with weight 0 on the device */
     int n_jobs = 0;
     for (int64_t q = 0; q < P; q++) {
-        const int32_t pair = pl->pair_of[q], code = b->tmp[pair];
-        b->slot_ids[q] = code >= 0 ? code : code == -1 ? (any_slot >= 0 ? any_slot : 0) : code + 1;
+        const int32_t pair = pl->pair_of[q], slot = b->tmp[pair];
+        b->slot_ids[q] = slot >= 0 ? slot : any_slot >= 0 ? any_slot : 0;
         if (!n_host) continue;
-        b->h_wts[q] = code != -1 ? pl->sel_weight[q] : 0.0f;
-        if (code != -1) continue;
+        b->h_wts[q] = slot >= 0 ? pl->sel_weight[q] : 0.0f;
+        if (slot >= 0) continue;
         int a = 0;
         while (a + 1 < pl->n_active && pl->pair_start[a + 1] <= pair)
             a++;
@@ -1448,7 +1440,7 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
                          pl->down_exps->loc == SIL_WEIGHT_DEVICE;
     const bool fused = stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
     if (fused && !pl->device_routed && x.rows > MB && pl->gate_exps->n_mat == X && !b->no_grouped)
-        moe_grouped(b, x, pl, X, false);
+        moe_grouped(b, x, pl, false);
     else if (pl->device_routed || fused) {
         if (moe_fused(b, x, pl, X, out)) return; /* the shared expert is in */
     } else
@@ -1697,15 +1689,8 @@ static void zc_enable(struct cuda_backend *b)
     }
     b->zc = true;
     b->zc_dirty = true;
-    if (b->hx)
-        fprintf(stderr,
-                "siliceo: cuda backend: decode reads expert misses in place from host memory, "
-                "up to %d of each layer's computed on the CPU (SIL_CUDA_ZEROCOPY, "
-                "SIL_CUDA_CPU_MISSES)\n",
-                (int)b->cpu_misses);
-    else
-        fprintf(stderr, "siliceo: cuda backend: decode reads expert misses in place from host "
-                        "memory (SIL_CUDA_ZEROCOPY)\n");
+    fprintf(stderr, "siliceo: cuda backend: decode reads expert misses in place from host "
+                    "memory (SIL_CUDA_ZEROCOPY)\n");
 }
 
 /* Path (c) by itself: the host computes its experts while the device copies the others in, so
@@ -1717,7 +1702,8 @@ static void choose_host_share(struct cuda_backend *b)
 {
     const int K = (int)b->c.n_expert_used, X = (int)b->c.n_expert;
     double host_gbs = 0.0;
-    if (!b->float_experts && b->n_probe_fe == 2 && b->n_probe_ef == 1 && K > 0 && K <= X && b->h2d_gbs > 0 &&
+    if (!b->float_experts && b->n_probe_fe == 2 && b->n_probe_ef == 1 && K > 0 && K <= X &&
+        b->h2d_gbs > 0 &&
         fused_types(&b->probe[0], &b->probe[1], &b->probe[2])) {
         struct sil_weight m[3][64];
         const int n = K < 64 ? K : 64;
@@ -1753,7 +1739,8 @@ static void choose_host_share(struct cuda_backend *b)
     const double forced = fs ? strtod(fs, &end) : 0.0;
     const bool force = fs && end != fs && *end == '\0' && forced > 0 && forced <= 1;
     if (fs && !force)
-        fprintf(stderr, "siliceo: cuda backend: SIL_CUDA_CPU_SHARE ignored: not a number in (0, 1]\n");
+        fprintf(stderr,
+                "siliceo: cuda backend: SIL_CUDA_CPU_SHARE ignored: not a number in (0, 1]\n");
     if (force) share = forced;
     if (share < 0.05) {
         fprintf(stderr,
@@ -1965,6 +1952,16 @@ static void cuda_free(struct sil_backend *be)
     free(b);
 }
 
+static int32_t cuda_cpu_misses(struct sil_backend *be)
+{
+    return cb(be)->hx && !cb(be)->float_experts ? cb(be)->cpu_misses : 0;
+}
+
+static double cuda_host_share(struct sil_backend *be)
+{
+    return cb(be)->hx ? cb(be)->host_share : 0.0;
+}
+
 static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
 {
     struct cuda_backend *b = cb(be);
@@ -1984,24 +1981,14 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->slot_fills = atomic_load_explicit(&b->slot_fills, memory_order_relaxed);
     d->zero_copy = b->zc;
     d->zero_copy_passes = atomic_load_explicit(&b->zc_passes, memory_order_relaxed);
-    d->cpu_misses = b->hx && !b->float_experts ? b->cpu_misses : 0;
-    d->cpu_share = b->hx ? b->host_share : 0.0;
+    d->cpu_misses = cuda_cpu_misses(be);
+    d->cpu_share = cuda_host_share(be);
     d->host_gbs = b->host_gbs;
 }
 
 static int32_t cuda_expert_slots(struct sil_backend *be)
 {
     return cb(be)->n_slots;
-}
-
-static int32_t cuda_cpu_misses(struct sil_backend *be)
-{
-    return cb(be)->hx && !cb(be)->float_experts ? cb(be)->cpu_misses : 0;
-}
-
-static double cuda_host_share(struct sil_backend *be)
-{
-    return cb(be)->hx ? cb(be)->host_share : 0.0;
 }
 
 /* One matrix into its slot through the staging ring: the ring is reused from its start once
@@ -2080,11 +2067,6 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
     }
 }
 
-static bool cuda_reads_in_place(struct sil_backend *be)
-{
-    return cb(be)->zc && cb(be)->hx;
-}
-
 static int32_t cuda_routes(struct sil_backend *be, int32_t layer, const int32_t **ids)
 {
     struct cuda_backend *b = cb(be);
@@ -2122,7 +2104,6 @@ static const struct sil_backend_ops cuda_ops = {
     .host_share = cuda_host_share,
     .fill_slot = cuda_fill_slot,
     .routes = cuda_routes,
-    .reads_in_place = cuda_reads_in_place,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)

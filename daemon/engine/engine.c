@@ -335,8 +335,6 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     f->ecache_policy = ec_policy;
     f->cpu_misses =
         rc == 0 && slots > 0 && f->be->ops->cpu_misses ? f->be->ops->cpu_misses(f->be) : 0;
-    f->host_share = f->cpu_misses > 0 && f->be->ops->host_share ? f->be->ops->host_share(f->be)
-                                                                : 0.0;
     if (rc == 0 && slots > 0) {
         /* one pool over all layers: a prefill plan may need every expert of a layer */
         const struct sil_ecache_config ec = {
@@ -348,6 +346,9 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
             .expert_bytes = c.slot_gate + c.slot_up + c.slot_down,
         };
         rc = sil_ecache_create(&f->ecache, &ec, err);
+        /* the backend's share of a decode plan's misses on the host (with cpu_misses its cap) */
+        if (rc == 0 && f->cpu_misses > 0 && f->be->ops->host_share)
+            sil_ecache_set_host_share(f->ecache, f->be->ops->host_share(f->be));
         f->ecache_res = calloc((size_t)hp->n_expert, sizeof(*f->ecache_res));
         f->ecache_uses = calloc((size_t)hp->n_expert, sizeof(*f->ecache_uses));
         if (rc == 0 && (!f->ecache_res || !f->ecache_uses))

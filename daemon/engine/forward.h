@@ -69,7 +69,6 @@ struct sil_fwd {
     struct sil_ecache *ecache;
     int ecache_policy;  /* enum sil_ecache_policy of ecache */
     int32_t cpu_misses; /* misses of a decode plan the backend computes on the host */
-    double host_share;  /* of a decode plan's misses (0: up to cpu_misses whatever their number) */
     struct sil_ecache_entry *ecache_res;
     int32_t *ecache_uses;
 };

@@ -87,13 +87,8 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
         f->ecache_uses[a] = p->pair_start[a + 1] - p->pair_start[a];
     /* a decode step (at most 8 rows, the CUDA decode batch) may leave its coldest misses to
      * the backend's host path */
-    if (f->cpu_misses > 0) {
+    if (f->cpu_misses > 0)
         sil_ecache_set_host_misses(f->ecache, p->n_rows <= 8 ? f->cpu_misses : 0);
-        sil_ecache_set_host_share(f->ecache, f->host_share);
-    }
-    /* misses the backend reads in place need no slot: fill only the hotter ones */
-    const bool in_place = f->be->ops->reads_in_place && f->be->ops->reads_in_place(f->be);
-    if (in_place) sil_ecache_set_admission(f->ecache, p->n_rows <= 8);
     if (sil_ecache_lookup(f->ecache, il, p->expert, f->ecache_uses, p->n_active, f->ecache_res) <
         0)
         return;

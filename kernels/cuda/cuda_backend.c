@@ -1119,12 +1119,13 @@ int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, si
     return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)rows, 1, 256, s, p, err);
 }
 
-/* The in-place fields of a MoE weight (and its partner, gate with up) are whole: host memory,
- * its stride and the slot count, when a table or host memory is given. */
+/* The in-place fields of a MoE weight (and its partner, gate with up) are whole: the table, host
+ * memory, its stride and the slot count, when a table or host memory is given. */
 static bool moe_host_ok(const struct sil_cuda_weight *w, const struct sil_cuda_weight *w2)
 {
     return !(w->tab || w->host) ||
-           (w->host && (!w2 || w2->host) && w->n_slot > 0 && w->host_stride > 0);
+           (w->host && w->tab && (!w2 || (w2->host && w2->tab)) && w->n_slot > 0 &&
+            w->host_stride > 0);
 }
 
 int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
@@ -1145,7 +1146,7 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
     if (!moe_host_ok(gate, up))
-        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
     if (done && (n_ff % 32 != 0 || !h8))
@@ -1194,7 +1195,7 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
     if (!moe_host_ok(down, NULL))
-        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
     void *p[] = {(void *)&down->data,
@@ -1246,7 +1247,7 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
     if (!moe_host_ok(gate, up))
-        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
     if (done && (n_ff % 32 != 0 || !h8))
@@ -1303,7 +1304,7 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
     if (!moe_host_ok(down, NULL))
-        return set_err(err, -EINVAL, "cuda: moe slots with a host stack but no host memory");
+        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
     void *p[] = {(void *)&down->data,

@@ -130,8 +130,8 @@ struct sil_cuda_weight {
     /* the MoE kernels only: a slot pool (data, mat_stride apart, n_slot of them) backed by the
      * whole stack in host memory (host, a device address of registered memory, host_stride
      * apart): expert e is slot tab[e] when tab[e] >= 0 (tab int32 [n_expert] on the device),
-     * else read in place from host + e * host_stride. tab 0: ids name matrices of data; with
-     * host, an id -1 - e names expert e < n_slot read in place (the ids the host planned). */
+     * else read in place from host + e * host_stride. tab 0 (and host 0): ids name matrices of
+     * data. */
     sil_cuda_ptr host, tab;
     size_t host_stride;
     int n_slot;

@@ -17,8 +17,7 @@ __device__ __forceinline__ sil_q8_view sil_q8_row(sil_q8_view a, int64_t row, in
 //   tab (zero-copy misses, device routing): e is an expert id < n_expert, resident in slot
 //     tab[e] of w (stride apart, n_slot of them) when tab[e] >= 0, else read in place from host
 //     memory hw (h_stride apart);
-//   no tab: e >= 0 is matrix e < n_expert of w (a stack, or slots); with hw, e < 0 names
-//     expert -1 - e < n_slot read in place from hw (host routing, the host's plan).
+//   no tab: e is matrix e < n_expert of w (a stack, or slots).
 // NULL when the id (or its slot) is out of range.
 __device__ __forceinline__ const uint8_t *sil_moe_mat(const uint8_t *w, uint64_t stride,
                                                       const uint8_t *hw, uint64_t h_stride,
@@ -33,9 +32,7 @@ __device__ __forceinline__ const uint8_t *sil_moe_mat(const uint8_t *w, uint64_t
             return s < n_slot ? w + (uint64_t)s * stride : nullptr;
         return hw + (uint64_t)e * h_stride;
     }
-    if (e >= 0)
-        return e < n_expert ? w + (uint64_t)e * stride : nullptr;
-    return hw && -1 - e < n_slot ? hw + (uint64_t)(-1 - e) * h_stride : nullptr;
+    return e >= 0 && e < n_expert ? w + (uint64_t)e * stride : nullptr;
 }
 
 template <int T>
