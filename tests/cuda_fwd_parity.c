@@ -200,6 +200,34 @@ static int half_then_steps(struct sil_engine *a, struct sil_engine *b, const int
     return rc;
 }
 
+/* Checks 13 and 14: an engine opened with the settings env against the default one (gpu),
+ * prompt 2 half prefilled then decoded token by token (with_prefill: the prefill's logits are
+ * compared too), within tol (0: bit for bit). 1 when it fails. */
+static int variant_vs_default(struct sil_engine *gpu, const char *model, const char *const *env,
+                              bool with_prefill, float tol, const char *what, const int32_t *p2,
+                              int n2, int V, float *lg, float *alone)
+{
+    struct sil_engine *var = NULL;
+    struct sil_error err = {0};
+    float worst = 0.0f;
+    int rc = open_cuda_env(&var, model, env, &err);
+    if (rc == 0) rc = half_then_steps(gpu, var, p2, n2, V, lg, alone, with_prefill, &worst);
+    const bool good = rc == 0 && worst <= tol;
+    if (rc < 0) {
+        fprintf(stderr, "%s: %s: %s\n", model, what, err.msg[0] ? err.msg : "failed (above)");
+    } else {
+        char t[32];
+        if (tol == 0.0f)
+            snprintf(t, sizeof t, "want 0");
+        else
+            snprintf(t, sizeof t, "tol %.0e", (double)tol);
+        printf("%s: cuda %s, %s%d steps: max |diff| = %.4g (%s) %s\n", model, what,
+               with_prefill ? "prefill and " : "", n2 - n2 / 2, worst, t, good ? "ok" : "FAIL");
+    }
+    sil_engine_close(var);
+    return !good;
+}
+
 /* Checks 9 and 18: the routed experts in n_slots slots (at n_expert every layer misses: each
  * expert is copied in when its layer needs it) against everything resident, prompt 2 prefilled
  * then decoded token by token: the same kernels on the same bytes, so bit for bit, with misses
@@ -647,43 +675,23 @@ int main(int argc, char **argv)
 
     /* 13. grouped-query decode attention against one block a query head */
     {
-        struct sil_engine *ph = NULL;
         const char *env[] = {"SIL_CUDA_NO_GQA=1", NULL};
-        int rc = open_cuda_env(&ph, model, env, &err);
-        float worst = 0.0f;
-        if (rc == 0) rc = half_then_steps(gpu, ph, p2, n2, V, lg, alone, false, &worst);
-        if (rc < 0) {
-            fprintf(stderr, "%s: grouped attention: %s\n", model, err.msg);
-            fails++;
-        } else {
-            printf("%s: cuda decode attention, KV heads read once for their query heads vs once a "
-                   "head, %d steps: max |diff| = %.4g (tol %.0e) %s\n",
-                   model, n2 - n2 / 2, worst, GPU_SELF_TOL, worst <= GPU_SELF_TOL ? "ok" : "FAIL");
-            fails += !(worst <= GPU_SELF_TOL);
-        }
-        sil_engine_close(ph);
+        fails += variant_vs_default(gpu, model, env, false, GPU_SELF_TOL,
+                                    "decode attention, KV heads read once for their query heads "
+                                    "vs once a head",
+                                    p2, n2, V, lg, alone);
     }
 
     /* 14. decode launch fusions (gated norm in the delta rule's last block, router matvec and
-     * top-k in one launch) against the separate launches */
+     * top-k in one launch, q8 of the experts' hidden rows) against the separate launches */
     {
-        struct sil_engine *un = NULL;
         const char *env[] = {"SIL_CUDA_NO_DN_FUSE=1", "SIL_CUDA_NO_ROUTER_FUSE=1",
                              "SIL_CUDA_NO_H8_FUSE=1", NULL};
-        int rc = open_cuda_env(&un, model, env, &err);
-        float worst = 0.0f;
-        if (rc == 0) rc = half_then_steps(gpu, un, p2, n2, V, lg, alone, true, &worst);
-        if (rc < 0) {
-            fprintf(stderr, "%s: fused gated norm: %s\n", model, err.msg);
-            fails++;
-        } else {
-            printf("%s: cuda decode with fused launches (gated norm in the delta rule, router "
-                   "matvec + top-k, q8 of the experts' hidden rows) vs separate, prefill %d + %d "
-                   "steps: max |diff| = %.4g (want 0) %s\n",
-                   model, n2 / 2, n2 - n2 / 2, worst, worst == 0.0f ? "ok" : "FAIL");
-            fails += worst != 0.0f;
-        }
-        sil_engine_close(un);
+        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+                                    "decode with fused launches (gated norm in the delta rule, "
+                                    "router matvec + top-k, q8 of the experts' hidden rows) vs "
+                                    "separate",
+                                    p2, n2, V, lg, alone);
     }
 
     /* 15. reads in place with the host's share: 2 misses a layer on the CPU, the rest read in

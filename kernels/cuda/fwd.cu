@@ -148,26 +148,21 @@ sil_fwd_qk_prep_body(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk,
         }
     }
 }
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_qk_prep(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
-                    int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
-                    const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
-                    float eps, float *kc, float *vc, int n_ctx, const int *btab, int bps)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_qk_prep_body<float>(q, ldq, q_stride, k, ldk, v, ldv, q_norm, k_norm, pos, seq, n_head,
-                                n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx, btab, bps);
-}
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_qk_prep_h(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,
-                      int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,
-                      const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,
-                      float eps, __half *kc, __half *vc, int n_ctx, const int *btab, int bps)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_qk_prep_body<__half>(q, ldq, q_stride, k, ldk, v, ldv, q_norm, k_norm, pos, seq, n_head,
-                                 n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx, btab, bps);
-}
+// The entry points the host loads, one for each KV element type (F32, F16 as _h).
+#define QK_PREP_ENTRY(NAME, KV)                                                                    \
+    extern "C" __global__ void __launch_bounds__(FWD_THREADS)                                     \
+        NAME(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,          \
+             int64_t ldv, const float *q_norm, const float *k_norm, const int *pos,               \
+             const int *seq, int n_head, int n_head_kv, int hd, int n_rot, float freq_base,       \
+             float eps, KV *kc, KV *vc, int n_ctx, const int *btab, int bps)                      \
+    {                                                                                            \
+        SIL_PDL_ENTRY();                                                                         \
+        sil_fwd_qk_prep_body<KV>(q, ldq, q_stride, k, ldk, v, ldv, q_norm, k_norm, pos, seq,     \
+                                 n_head, n_head_kv, hd, n_rot, freq_base, eps, kc, vc, n_ctx,    \
+                                 btab, bps);                                                     \
+    }
+QK_PREP_ENTRY(sil_fwd_qk_prep, float)
+QK_PREP_ENTRY(sil_fwd_qk_prep_h, __half)
 
 // o_h = softmax(q_h K^T / sqrt(hd)) V over positions 0..pos[i] of seq[i]; gated: o *= sigmoid
 // of the gate that follows q_h. Block per (head, row); scores: [rows * n_head][n_ctx] scratch.
@@ -222,26 +217,18 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
         oh[j] = acc;
     }
 }
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
-                   const float *kc, const float *vc, const int *pos, const int *seq, int n_head,
-                   int n_head_kv, int hd, int n_ctx, const int *btab, int bps, int gated,
-                   float *scores)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_attend_body<float>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                               n_ctx, btab, bps, gated, scores);
-}
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend_h(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
-                     const __half *kc, const __half *vc, const int *pos, const int *seq, int n_head,
-                     int n_head_kv, int hd, int n_ctx, const int *btab, int bps, int gated,
-                     float *scores)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_attend_body<__half>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                n_ctx, btab, bps, gated, scores);
-}
+#define ATTEND_ENTRY(NAME, KV)                                                                     \
+    extern "C" __global__ void __launch_bounds__(FWD_THREADS)                                     \
+        NAME(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo, const KV *kc,      \
+             const KV *vc, const int *pos, const int *seq, int n_head, int n_head_kv, int hd,     \
+             int n_ctx, const int *btab, int bps, int gated, float *scores)                       \
+    {                                                                                            \
+        SIL_PDL_ENTRY();                                                                         \
+        sil_fwd_attend_body<KV>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv,   \
+                                hd, n_ctx, btab, bps, gated, scores);                            \
+    }
+ATTEND_ENTRY(sil_fwd_attend, float)
+ATTEND_ENTRY(sil_fwd_attend_h, __half)
 
 // Causal depthwise conv1d + silu for every sequence run, advancing its conv state.
 // Grid (channel blocks, runs); state of run r at state[seq of run] + offset: [K-1][cd].
@@ -633,24 +620,19 @@ sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, const KV *kc
         out[1] = sum;
     }
 }
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend_part(const float *q, int64_t ldq, int q_stride, const float *kc, const float *vc,
-                        const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
-                        int n_ctx, const int *btab, int bps, float *part)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_attend_part_body<float>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                    n_ctx, btab, bps, part);
-}
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend_part_h(const float *q, int64_t ldq, int q_stride, const __half *kc,
-                          const __half *vc, const int *pos, const int *seq, int n_head,
-                          int n_head_kv, int hd, int n_ctx, const int *btab, int bps, float *part)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_attend_part_body<__half>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                     n_ctx, btab, bps, part);
-}
+// sil_fwd_attend_part and sil_fwd_attend_part_gqa take the same arguments.
+#define PART_ENTRY(NAME, BODY, KV)                                                                 \
+    extern "C" __global__ void __launch_bounds__(FWD_THREADS)                                     \
+        NAME(const float *q, int64_t ldq, int q_stride, const KV *kc, const KV *vc,               \
+             const int *pos, const int *seq, int n_head, int n_head_kv, int hd, int n_ctx,        \
+             const int *btab, int bps, float *part)                                               \
+    {                                                                                            \
+        SIL_PDL_ENTRY();                                                                         \
+        BODY<KV>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd, n_ctx, btab, bps,    \
+                 part);                                                                          \
+    }
+PART_ENTRY(sil_fwd_attend_part, sil_fwd_attend_part_body, float)
+PART_ENTRY(sil_fwd_attend_part_h, sil_fwd_attend_part_body, __half)
 
 #define GQA_MAX 8      // query heads per KV head the grouped kernel takes
 #define GQA_HD 256     // head size it takes at most
@@ -795,25 +777,8 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
         out[1] = c1 > c0 ? sums[g] : 0.0f;
     }
 }
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend_part_gqa(const float *q, int64_t ldq, int q_stride, const float *kc,
-                            const float *vc, const int *pos, const int *seq, int n_head,
-                            int n_head_kv, int hd, int n_ctx, const int *btab, int bps, float *part)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_attend_part_gqa_body<float>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                        n_ctx, btab, bps, part);
-}
-extern "C" __global__ void __launch_bounds__(FWD_THREADS)
-    sil_fwd_attend_part_gqa_h(const float *q, int64_t ldq, int q_stride, const __half *kc,
-                              const __half *vc, const int *pos, const int *seq, int n_head,
-                              int n_head_kv, int hd, int n_ctx, const int *btab, int bps,
-                              float *part)
-{
-    SIL_PDL_ENTRY();
-    sil_fwd_attend_part_gqa_body<__half>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd,
-                                         n_ctx, btab, bps, part);
-}
+PART_ENTRY(sil_fwd_attend_part_gqa, sil_fwd_attend_part_gqa_body, float)
+PART_ENTRY(sil_fwd_attend_part_gqa_h, sil_fwd_attend_part_gqa_body, __half)
 
 // The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
 // / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows,
