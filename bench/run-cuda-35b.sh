@@ -4,9 +4,10 @@
 # after longer prompts (CTX, default "4096 16384": llama-bench -d N against sil-eval decoding
 # after an N-token prompt). sil-eval runs two passes in one engine, fresh sequences each, and the
 # second is the figure (llama-bench also warms up first): pass 1 includes the first eager pass
-# and the graph capture. Variants (VARIANTS, default "ours"): ours-nopdl (SIL_CUDA_PDL=0) and
-# ours-nogqa (SIL_CUDA_NO_GQA=1), ours-grouped (SIL_CUDA_GROUPED=1: prefill's expert products
-# grouped on tensor cores), the same file in the same call, for A/B figures.
+# and the graph capture. Variants (VARIANTS, default "ours"): ours-nopdl (SIL_CUDA_PDL=0),
+# ours-nogqa (SIL_CUDA_NO_GQA=1), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert products
+# through the fused decode kernels instead of grouped ones), the same file in the same call, for
+# A/B figures.
 # usage: bench/run-cuda-35b.sh [LLAMA_BENCH|-] [OUTDIR]   (binaries from $B/bin; model in /tmp)
 set -u
 B=${B:-build}
@@ -41,7 +42,7 @@ for v in ${VARIANTS:-ours}; do
     ours-nogqa) set -- SIL_CUDA_NO_GQA=1 ;;
     ours-nofuse) set -- SIL_CUDA_NO_DN_FUSE=1 SIL_CUDA_NO_ROUTER_FUSE=1 SIL_CUDA_NO_H8_FUSE=1 ;;
     ours-kv16) set -- SIL_BENCH_NONE=1 && EXTRA="--kv-type f16" ;;
-    ours-grouped) set -- SIL_CUDA_GROUPED=1 ;;
+    ours-fused) set -- SIL_CUDA_GROUPED=0 ;;
     *) echo "unknown variant $v" >&2; continue ;;
     esac
     eval_run "$v-p512" 512 "$@"

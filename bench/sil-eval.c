@@ -25,7 +25,7 @@ struct opts {
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
     const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
-    const char *route_trace, *ecache_slots, *ecache_policy, *vram_budget, *passes;
+    const char *route_trace, *ecache_slots, *ecache_policy, *vram_budget, *passes, *heat_map;
     bool exact;
 };
 
@@ -67,6 +67,10 @@ static const struct opt_def {
     {"--passes", OPT_STR, offsetof(struct opts, passes), "N",
      "evaluate the prompt and its continuation N times in fresh sequences of one engine "
      "(pass 1 cold, then warm; default 1)"},
+    {"--heat-map", OPT_STR, offsetof(struct opts, heat_map), "FILE",
+     "keep an expert heat map in FILE, as siliceod does in its state directory: when FILE is "
+     "there its hottest experts are preloaded into the expert cache at start (a warm restart); "
+     "the map is saved to FILE at the end"},
     {"--kv-type", OPT_STR, offsetof(struct opts, kv_type), "TYPE",
      "KV cache elements: f32 (default), f16, q8_0 or q4_0"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
@@ -262,6 +266,7 @@ int main(int argc, char **argv)
             .kv_type = o.kv_type,
             .vram_budget = o.vram_budget,
             .passes = o.passes,
+            .heat_map = o.heat_map,
             .exact = o.exact,
             .json = o.json,
             .parse_special = o.parse_special,

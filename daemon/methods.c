@@ -251,7 +251,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         char drv[32], cc[16];
         snprintf(drv, sizeof drv, "%d.%d", dev.driver_version / 1000, dev.driver_version % 1000 / 10);
         snprintf(cc, sizeof cc, "sm_%d%d", dev.cc_major, dev.cc_minor);
-        msgpack_pack_map(pk, 16);
+        msgpack_pack_map(pk, 17);
         sil_utf8_pack_kv(pk, "name", dev.name, strlen(dev.name));
         sil_rpc_kv_str(pk, "driver", drv);
         sil_rpc_kv_str(pk, "compute", cc);
@@ -272,6 +272,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         sil_rpc_kv_uint(pk, "cpu_misses", (uint64_t)(dev.cpu_misses > 0 ? dev.cpu_misses : 0));
         sil_rpc_kv_double(pk, "cpu_share", dev.cpu_share);
         sil_rpc_kv_double(pk, "host_expert_gbs", dev.host_gbs);
+        sil_rpc_kv_uint(pk, "cpu_experts", dev.cpu_experts);
     } else {
         msgpack_pack_nil(pk);
     }

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/expert_heat.h"
 #include "daemon/engine/size.h"
 
 static double now_s(void)
@@ -136,6 +137,64 @@ static void print_row(const float *x, int32_t n)
     putchar(']');
 }
 
+/* --heat-map: what loading it did at start, and whether the end saved it */
+struct heat_run {
+    const char *loaded; /* none (no file), loaded or ignored (corrupt or another model's) */
+    int64_t hot, preloaded;
+    uint64_t tokens;
+    double preload_s;
+    bool saved;
+};
+
+/* The warm restart siliceod makes at start: the map at path, when there is one of this model,
+ * replaces the engine's, and its hottest experts go into the expert cache until it is full. A
+ * file that cannot be used is ignored with a warning (the run starts cold). */
+static void heat_start(struct sil_engine *e, const char *path, struct heat_run *hr)
+{
+    const struct sil_model_info *info = sil_engine_info(e);
+    struct sil_heat_map m = {0};
+    struct sil_error err = {0};
+    int rc = sil_heat_map_load(path, sil_engine_heat_model_id(e), (uint32_t)info->n_layer,
+                               (uint32_t)info->n_expert, &m, &err);
+    if (rc == -ENOENT) return;
+    if (rc == 0) rc = sil_engine_heat_import(e, &m, &err);
+    if (rc < 0) {
+        fprintf(stderr, "sil-eval: ignoring the expert heat map: %s\n", err.msg);
+        hr->loaded = "ignored";
+        sil_heat_map_free(&m);
+        return;
+    }
+    hr->loaded = "loaded";
+    hr->tokens = m.tokens;
+    const int64_t n_key = (int64_t)m.n_layer * m.n_expert;
+    int32_t *keys = malloc((size_t)(n_key > 0 ? n_key : 1) * sizeof(int32_t));
+    hr->hot = keys ? sil_heat_map_hottest(&m, keys, n_key) : 0;
+    const double t0 = now_s();
+    if (hr->hot > 0 && sil_engine_ecache_slots(e) > 0) {
+        const int64_t placed = sil_engine_ecache_preload(e, keys, hr->hot);
+        hr->preloaded = placed > 0 ? placed : 0;
+    }
+    hr->preload_s = now_s() - t0;
+    fprintf(stderr, "sil-eval: expert heat map %s: %lld experts hot after %llu tokens, %lld "
+                    "preloaded in %.2f s\n",
+            path, (long long)hr->hot, (unsigned long long)hr->tokens, (long long)hr->preloaded,
+            hr->preload_s);
+    free(keys);
+    sil_heat_map_free(&m);
+}
+
+/* Saves the engine's heat map to path (atomically: the old file stays on failure). */
+static bool heat_save(struct sil_engine *e, const char *path)
+{
+    struct sil_heat_map m = {0};
+    struct sil_error err = {0};
+    int rc = sil_engine_heat_export(e, &m, &err);
+    if (rc == 0) rc = sil_heat_map_save(path, &m, &err);
+    sil_heat_map_free(&m);
+    if (rc < 0) fprintf(stderr, "sil-eval: expert heat map not saved: %s\n", err.msg);
+    return rc == 0;
+}
+
 int sil_eval_model(const struct sil_eval_model_opts *o)
 {
     long n_predict = 0, n_threads = 0, ecache_slots = 0;
@@ -175,6 +234,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     p.route_trace = o->route_trace;
     p.ecache_sim_slots = (int32_t)ecache_slots;
     p.ecache_sim_policy = o->ecache_policy;
+    p.heat_map = o->heat_map != NULL;
     struct sil_engine *e = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -185,6 +245,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         fprintf(stderr, "sil-eval: %s\n", err.msg);
         return 1;
     }
+    struct heat_run hr = {.loaded = "none"};
+    if (o->heat_map) heat_start(e, o->heat_map, &hr);
     const int32_t V = sil_engine_info(e)->n_vocab;
     if (o->backend && strcmp(o->backend, sil_engine_info(e)->backend) != 0 && strcmp(o->backend, "auto") != 0)
         fprintf(stderr, "sil-eval: backend %s is not available, running on %s\n", o->backend,
@@ -290,6 +352,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (pi + 1 < n_passes) sil_seq_free(e, seq);
     }
 
+    if (o->heat_map) hr.saved = heat_save(e, o->heat_map);
     struct sil_engine_stats st;
     sil_engine_stats(e, &st);
     struct sil_engine_device dev;
@@ -326,13 +389,14 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    "\"scratch_bytes\": %llu, \"budget_bytes\": %llu, \"pinned_bytes\": %llu, "
                    "\"h2d_gbs\": %.3f, \"slot_bytes_in\": %llu, \"slot_fills\": %llu, "
                    "\"zero_copy\": %s, \"zero_copy_passes\": %llu, \"cpu_misses\": %d, "
-                   "\"cpu_share\": %.3f, \"host_expert_gbs\": %.1f}",
+                   "\"cpu_share\": %.3f, \"host_expert_gbs\": %.1f, \"cpu_experts\": %llu}",
                    dev.name, (unsigned long long)dev.weight_bytes, (unsigned long long)dev.kv_bytes,
                    (unsigned long long)dev.scratch_bytes, (unsigned long long)dev.budget_bytes,
                    (unsigned long long)dev.pinned_bytes, dev.h2d_gbs,
                    (unsigned long long)dev.slot_bytes_in, (unsigned long long)dev.slot_fills,
                    dev.zero_copy ? "true" : "false", (unsigned long long)dev.zero_copy_passes,
-                   (int)dev.cpu_misses, dev.cpu_share, dev.host_gbs);
+                   (int)dev.cpu_misses, dev.cpu_share, dev.host_gbs,
+                   (unsigned long long)dev.cpu_experts);
         if (ecache_slots > 0 || dev_cache)
             printf(", \"ecache\": {\"mode\": \"%s\", \"slots\": %ld, \"hits\": %llu, "
                    "\"misses\": %llu, \"evictions\": %llu, \"bytes_streamed\": %llu}",
@@ -340,6 +404,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
                    (unsigned long long)st.ecache_evictions,
                    (unsigned long long)st.ecache_bytes_streamed);
+        if (o->heat_map)
+            printf(", \"heat_map\": {\"loaded\": \"%s\", \"hot\": %lld, \"tokens\": %llu, "
+                   "\"preloaded\": %lld, \"preload_s\": %.3f, \"saved\": %s}",
+                   hr.loaded, (long long)hr.hot, (unsigned long long)hr.tokens,
+                   (long long)hr.preloaded, hr.preload_s, hr.saved ? "true" : "false");
         /* per pass, per phase: the counters' growth over that phase */
         printf(", \"passes\": [");
         for (long pi = 0; pi < n_passes; pi++) {
@@ -389,8 +458,12 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                        : 0.0,
                    (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
                    (unsigned long long)st.ecache_evictions);
+        if (o->heat_map)
+            printf("expert heat map: %s at start (%lld preloaded), %s at the end\n", hr.loaded,
+                   (long long)hr.preloaded, hr.saved ? "saved" : "not saved");
     }
-    rc = fflush(stdout) == 0 ? 0 : 1;
+    if (o->heat_map && !hr.saved) rc = 1;
+    else rc = fflush(stdout) == 0 ? 0 : 1;
 out_pass:
     free(pos);
     free(seqs);

@@ -21,6 +21,7 @@ struct sil_eval_model_opts {
     const char *ctx; /* context length (default: the model's, at most 4096) */
     const char *vram_budget; /* device memory cap ("8G"), NULL = none */
     const char *passes;      /* prompt + continuation this many times (default 1) */
+    const char *heat_map;    /* expert heat map: loaded and preloaded at start, saved at the end */
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

@@ -21,10 +21,10 @@
  * sequence runs, rows wanting logits) runs eagerly and notes whether it was capturable (no host
  * sync: device routing; no run starting a sequence), the second is captured into a CUDA graph,
  * later ones replay it, the ops then only staging inputs on the host. SIL_CUDA_GRAPHS=0 turns
- * graphs off. Prefill's routed experts go through the batch-8 fused kernels; SIL_CUDA_GROUPED=1
- * takes grouped tensor-core products instead (each active expert read once per ubatch): 35B shape
- * pp512 2978 against 2093 tok/s, but slot experts prefill with the fused kernels, and a budget
- * that puts experts in slots must give the logits of everything resident, so not the default.
+ * graphs off. Prefill's routed experts go through grouped tensor-core products (each active
+ * expert read once per ubatch, from the weights or from the slot pools alike, so a budget that
+ * puts experts in slots gives the logits of everything resident); SIL_CUDA_GROUPED=0 takes the
+ * batch-8 fused decode kernels instead (35B shape pp512 2093 against 2978 tok/s grouped).
  *
  * SIL_CUDA_PROFILE=FILE (benchmarks): the per-kernel table of one decode pass at position 16 or
  * later (of the first pass of SIL_CUDA_PROFILE_ROWS rows instead, when set), and the device and
@@ -236,6 +236,7 @@ struct cuda_backend {
      * before the next pass; the table goes up at the next pass's begin when it changed. */
     bool zc, zc_pass, zc_dirty;
     _Atomic uint64_t zc_passes;
+    _Atomic uint64_t host_experts; /* miss path (c): experts the host computed since open */
     sil_cuda_ptr zc_tab, zc_ids;
     int32_t *zc_htab;  /* host [n_layer][n_expert] copy of the table */
     int32_t *zc_hids;  /* pinned [n_layer][MB * K] */
@@ -1351,8 +1352,8 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;
     }
-    /* prefill with SIL_CUDA_GROUPED=1: grouped products over the slot pools, each expert read
-     * once, as everything resident does (the same kernels on the same bytes) */
+    /* prefill (unless SIL_CUDA_GROUPED=0): grouped products over the slot pools, each expert
+     * read once, as everything resident does (the same kernels on the same bytes) */
     if (!cpu && !b->no_grouped && pl->n_rows > MB && n_host == 0) {
         if (b->mode == PASS_REPLAY) return;
         flush_add(b);
@@ -1398,6 +1399,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
             b->err = e;
             return;
         }
+        atomic_fetch_add_explicit(&b->host_experts, (uint64_t)n_host, memory_order_relaxed);
         if (out.ld != E) {
             fail(b, -EINVAL, "moe rows are not contiguous");
             return;
@@ -1984,6 +1986,7 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->cpu_misses = cuda_cpu_misses(be);
     d->cpu_share = cuda_host_share(be);
     d->host_gbs = b->host_gbs;
+    d->cpu_experts = atomic_load_explicit(&b->host_experts, memory_order_relaxed);
 }
 
 static int32_t cuda_expert_slots(struct sil_backend *be)
@@ -2413,7 +2416,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         const char *nh = getenv("SIL_CUDA_NO_H8_FUSE");
         b->no_h8_fuse = nh && strcmp(nh, "1") == 0;
         const char *gr = getenv("SIL_CUDA_GROUPED");
-        b->no_grouped = !(gr && strcmp(gr, "1") == 0);
+        b->no_grouped = gr && strcmp(gr, "0") == 0;
         const char *pf = getenv("SIL_CUDA_PROFILE");
         b->prof_path = pf && *pf ? pf : NULL;
         const char *pr = getenv("SIL_CUDA_PROFILE_ROWS");

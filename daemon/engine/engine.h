@@ -117,9 +117,12 @@ struct sil_engine_device {
     uint64_t zero_copy_passes;
     /* miss path (c): at most cpu_misses of each decode layer's misses are computed on the CPU,
      * cpu_share of them (rounded; 0: the quota whatever their number), chosen from the host's
-     * expert speed measured at open (host_gbs, 0 when not measured) against h2d_gbs */
+     * expert speed measured at open (host_gbs, 0 when not measured) against h2d_gbs; the
+     * experts the CPU has computed so since open (a share that rounds to none of a layer's
+     * misses computes none) */
     int32_t cpu_misses;
     double cpu_share, host_gbs;
+    uint64_t cpu_experts;
 };
 /* 0 with *d filled on a device backend; -ENODEV on the CPU. */
 int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);

@@ -70,4 +70,37 @@ PY
     # on the CPU backend a budget changes nothing
     "$E" --model "$M" --tokens 1,2,3 --vram-budget 512MiB --json >"$T/b.json" || fail "--vram-budget 512MiB"
     echo "ok: --passes (same tokens each pass, per-pass cache counters), --vram-budget parsing"
+
+    # --heat-map: the first run starts cold and saves the map; the next (a warm restart) loads
+    # it and preloads its hottest experts, so its prefill hits where a cold one only misses; a
+    # corrupt file is ignored with a warning and replaced; a map that cannot be saved fails
+    H=$T/heat.bin
+    hm() { "$E" --model "$M" --tokens 1,2,3,4,5,6,7,8 --n-predict 4 --logits none --json \
+        --ecache-slots 16 --heat-map "$H" "$@"; }
+    hm >"$T/h1.json" 2>"$T/h1.err" || fail "--heat-map first run: $(cat "$T/h1.err")"
+    [ -s "$H" ] || fail "--heat-map: no map saved"
+    hm >"$T/h2.json" 2>"$T/h2.err" || fail "--heat-map restart: $(cat "$T/h2.err")"
+    grep -q "preloaded" "$T/h2.err" || fail "--heat-map restart: no log line: $(cat "$T/h2.err")"
+    printf 'not a heat map at all, but long enough to pass for a header of one, nearly' >"$H"
+    hm >"$T/h3.json" 2>"$T/h3.err" || fail "--heat-map over a corrupt file"
+    grep -q "ignoring the expert heat map" "$T/h3.err" || fail "corrupt map: $(cat "$T/h3.err")"
+    /usr/bin/python3 - "$T/h1.json" "$T/h2.json" "$T/h3.json" <<'PY' || fail "--heat-map output"
+import json, sys
+a, b, c = (json.load(open(f)) for f in sys.argv[1:4])
+ha, hb, hc = a["heat_map"], b["heat_map"], c["heat_map"]
+assert ha["loaded"] == "none" and ha["preloaded"] == 0 and ha["saved"], ha
+assert hb["loaded"] == "loaded" and hb["hot"] > 0 and hb["saved"], hb
+assert 0 < hb["preloaded"] <= 16 and hb["tokens"] >= 11, hb
+assert a["passes"][0]["prefill"]["hits"] == 0, a["passes"][0]
+assert b["passes"][0]["prefill"]["hits"] > 0, b["passes"][0]
+assert b["greedy"] == a["greedy"], (a["greedy"], b["greedy"])
+assert hc["loaded"] == "ignored" and hc["preloaded"] == 0 and hc["saved"], hc
+assert c["passes"][0]["prefill"]["hits"] == 0, c["passes"][0]
+PY
+    hm >/dev/null 2>&1 || fail "--heat-map after the corrupt file was replaced"
+    "$E" --model "$M" --tokens 1,2 --logits none --ecache-slots 16 --heat-map "$T/no/such/dir/h" \
+        >/dev/null 2>"$T/h4.err"
+    [ $? = 1 ] || fail "--heat-map unsavable: exit status"
+    grep -q "not saved" "$T/h4.err" || fail "--heat-map unsavable: $(cat "$T/h4.err")"
+    echo "ok: --heat-map (cold, then preloaded at a restart; corrupt ignored; unsavable fails)"
 fi
