@@ -38,7 +38,8 @@
  *      (SIL_CUDA_SLOTS), prompt 2 prefilled then decoded token by token: the same kernels on the
  *      same bytes as everything resident, so the same logits at every step, bit for bit
  *      (prefill through the fused kernels on both sides, SIL_CUDA_GROUPED=0; check 18 takes
- *      the default grouped ones);
+ *      the default grouped ones); the default policy at both sizes, lru, heat and static at
+ *      3 n_expert slots;
  *  10. a device out-of-memory in the middle of a prefill (SIL_CUDA_INJECT_OOM fails one launch):
  *      that evaluation fails with the error, and the same engine then gives prompt 2's logits
  *      as a fresh one does, bit for bit.
@@ -103,8 +104,9 @@ static int parse_ids(const char *s, int32_t *ids, int max)
     return n;
 }
 
+/* policy: the expert cache's (NULL: the default), where the experts go into slots */
 static int open_engine_kv(struct sil_engine **e, const char *model, const char *backend,
-                          const char *kv_type, struct sil_error *err)
+                          const char *kv_type, const char *policy, struct sil_error *err)
 {
     struct sil_engine_params p;
     sil_engine_params_default(&p);
@@ -114,19 +116,21 @@ static int open_engine_kv(struct sil_engine **e, const char *model, const char *
     p.n_seq_max = 4;
     p.n_batch_max = 256;
     p.kv_type = kv_type;
+    p.ecache_sim_policy = policy;
     return sil_engine_open(e, &p, err);
 }
 
 static int open_engine(struct sil_engine **e, const char *model, const char *backend,
                        struct sil_error *err)
 {
-    return open_engine_kv(e, model, backend, NULL, err);
+    return open_engine_kv(e, model, backend, NULL, NULL, err);
 }
 
 /* A CUDA engine opened with the settings env ("NAME=value" each, NULL-terminated) in the
  * environment, which the backend reads at open; they are unset again after. */
-static int open_cuda_env(struct sil_engine **e, const char *model, const char *const *env,
-                         struct sil_error *err)
+static int open_cuda_env_policy(struct sil_engine **e, const char *model,
+                                const char *const *env, const char *policy,
+                                struct sil_error *err)
 {
     /* each variable's value before, put back after (a setting the whole run was started with
      * must reach the engines opened later, the resident one among them) */
@@ -139,7 +143,7 @@ static int open_cuda_env(struct sil_engine **e, const char *model, const char *c
         before[n] = was ? strdup(was) : NULL;
         setenv(name, eq + 1, 1);
     }
-    const int rc = open_engine(e, model, "cuda", err);
+    const int rc = open_engine_kv(e, model, "cuda", NULL, policy, err);
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "%.*s", (int)(strchr(env[i], '=') - env[i]), env[i]);
         if (before[i]) setenv(name, before[i], 1);
@@ -147,6 +151,12 @@ static int open_cuda_env(struct sil_engine **e, const char *model, const char *c
         free(before[i]);
     }
     return rc;
+}
+
+static int open_cuda_env(struct sil_engine **e, const char *model, const char *const *env,
+                         struct sil_error *err)
+{
+    return open_cuda_env_policy(e, model, env, NULL, err);
 }
 
 /* Prefill ids into a fresh sequence; logits of the last position into out. */
@@ -249,10 +259,11 @@ static int variant_vs_default(struct sil_engine *gpu, const char *model, const c
  * expert is copied in when its layer needs it) against everything resident, prompt 2 prefilled
  * then decoded token by token: the same kernels on the same bytes, so bit for bit, with misses
  * counted. grouped: both engines take the default grouped prefill products (gpu is the resident
- * one), else both the fused ones (SIL_CUDA_GROUPED=0; the resident one is opened here). 1 when
- * it fails. */
+ * one), else both the fused ones (SIL_CUDA_GROUPED=0; the resident one is opened here). policy:
+ * the slots' (NULL: the default). 1 when it fails. */
 static int slots_vs_resident(struct sil_engine *gpu, const char *model, int n_slots, bool grouped,
-                             const int32_t *p2, int n2, int V, float *lg, float *alone)
+                             const char *policy, const int32_t *p2, int n2, int V, float *lg,
+                             float *alone)
 {
     struct sil_engine *own = NULL, *sl = NULL;
     struct sil_error err = {0};
@@ -264,9 +275,11 @@ static int slots_vs_resident(struct sil_engine *gpu, const char *model, int n_sl
                *sl_env[] = {slots, "SIL_CUDA_CPU_MISSES=0", grouped ? NULL : "SIL_CUDA_GROUPED=0",
                             NULL};
     int rc = grouped ? 0 : open_cuda_env(&own, model, res_env, &err);
-    if (rc == 0) rc = open_cuda_env(&sl, model, sl_env, &err);
+    if (rc == 0) rc = open_cuda_env_policy(&sl, model, sl_env, policy, &err);
     const bool opened = rc == 0;
     const char *what = grouped ? "grouped prefill, " : "fused prefill, ";
+    char pol[32] = "";
+    if (policy) snprintf(pol, sizeof pol, " (policy %s)", policy);
     float worst = 0.0f;
     const int half = n2 / 2;
     if (rc == 0) rc = half_then_steps(own ? own : gpu, sl, p2, n2, V, lg, alone, true, &worst);
@@ -278,9 +291,9 @@ static int slots_vs_resident(struct sil_engine *gpu, const char *model, int n_sl
                 opened ? "an evaluation failed (above)" : err.msg);
     } else {
         failed = !(worst == 0.0f && es.ecache_misses > 0);
-        printf("%s: cuda %s%s expert slots (hits %llu, misses %llu) vs resident%s, prefill %d + "
-               "%d steps: max |diff| = %.4g (want 0) %s\n",
-               model, what, nbuf, (unsigned long long)es.ecache_hits,
+        printf("%s: cuda %s%s expert slots%s (hits %llu, misses %llu) vs resident%s, prefill %d "
+               "+ %d steps: max |diff| = %.4g (want 0) %s\n",
+               model, what, nbuf, pol, (unsigned long long)es.ecache_hits,
                (unsigned long long)es.ecache_misses, grouped ? " (grouped too)" : " (fused too)", half,
                n2 - half, worst, failed ? "FAIL" : "ok");
     }
@@ -643,15 +656,20 @@ int main(int argc, char **argv)
         sil_engine_close(apart);
     }
 
-    /* 9. expert slots vs everything resident */
+    /* 9. expert slots vs everything resident: the default policy at n_expert and 3 n_expert
+     * slots, every other policy at 3 n_expert */
     for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2)
-        fails += slots_vs_resident(gpu, model, mult * sil_engine_info(gpu)->n_expert, false, p2,
-                                   n2, V, lg, alone);
+        fails += slots_vs_resident(gpu, model, mult * sil_engine_info(gpu)->n_expert, false, NULL,
+                                   p2, n2, V, lg, alone);
+    static const char *const other_policies[] = {"lru", "heat", "static"};
+    for (int i = 0; i < 3 && sil_engine_info(gpu)->n_expert > 0; i++)
+        fails += slots_vs_resident(gpu, model, 3 * sil_engine_info(gpu)->n_expert, false,
+                                   other_policies[i], p2, n2, V, lg, alone);
 
     /* 18. the default grouped prefill products over the slot pools against everything resident */
     if (sil_engine_info(gpu)->n_expert > 0)
-        fails += slots_vs_resident(gpu, model, sil_engine_info(gpu)->n_expert, true, p2, n2, V,
-                                   lg, alone);
+        fails += slots_vs_resident(gpu, model, sil_engine_info(gpu)->n_expert, true, NULL, p2, n2,
+                                   V, lg, alone);
 
     /* 11. miss path (c): the coldest 2 misses of each decode layer computed on the host; printed
      * beside it, how far the CPU backend is from CUDA over the same steps (a scale, not a bound) */
