@@ -65,6 +65,9 @@
  *  18. the default grouped prefill products with the experts in n_expert slots against
  *      everything resident: bit for bit (the same kernels on the same bytes), the misses
  *      counted (check 9 covers the fused prefill kernels over slots, SIL_CUDA_GROUPED=0).
+ *  19. 16 sequences decoded in one batch of 16 rows (more than the decode path's 8: the engine
+ *      splits such a batch of one row a sequence into micro-batches of 8) against each decoded
+ *      alone: within 1e-3, in two micro-batches.
  *  16. F16 KV (--kv-type f16) on the device against F16 KV on the CPU backend: prompt 2
  *      prefilled then decoded, within prompt C's largest reference tolerance at every step,
  *      and the device's KV memory half of the F32 engine's.
@@ -253,6 +256,71 @@ static int variant_vs_default(struct sil_engine *gpu, const char *model, const c
     }
     sil_engine_close(var);
     return !good;
+}
+
+/* Check 19: N_SPLIT sequences (each prefilled with a different prefix of prompt 2) decoded in
+ * one batch of N_SPLIT rows, which the engine splits into micro-batches of the backend's decode
+ * path (8 rows), against each decoded alone: within GPU_SELF_TOL, in ceil(N_SPLIT / 8)
+ * micro-batches. 1 when it fails. */
+#define N_SPLIT 16
+static int decode_split(const char *model, const int32_t *p2, int n2, int V)
+{
+    struct sil_engine *e = NULL;
+    struct sil_error err = {0};
+    struct sil_engine_params pa;
+    sil_engine_params_default(&pa);
+    pa.model_path = model;
+    pa.backend = "cuda";
+    pa.n_ctx = 64;
+    pa.n_seq_max = N_SPLIT;
+    pa.n_batch_max = 64;
+    if (n2 < N_SPLIT + 3) return 0;
+    float *lg = malloc(sizeof(float) * (size_t)V * N_SPLIT), *one = malloc(sizeof(float) * V);
+    int32_t tok[N_SPLIT], pos[N_SPLIT], seq[N_SPLIT];
+    int rc = lg && one ? sil_engine_open(&e, &pa, &err) : -ENOMEM;
+    int n_seq = 0;
+    for (int k = 0; k < N_SPLIT && rc == 0; k++) {
+        rc = prefill(e, p2, k + 2, one, &seq[k]);
+        if (rc == 0) n_seq++;
+        tok[k] = p2[k + 2];
+        pos[k] = k + 2;
+    }
+    struct sil_engine_stats s0 = {0}, s1 = {0};
+    if (rc == 0) {
+        sil_engine_stats(e, &s0);
+        const struct sil_batch b = {.n = N_SPLIT, .token = tok, .pos = pos, .seq = seq};
+        rc = sil_engine_eval(e, &b, lg, &err);
+        sil_engine_stats(e, &s1);
+    }
+    for (int k = 0; k < n_seq; k++)
+        sil_seq_free(e, seq[k]);
+    float worst = 0.0f;
+    for (int k = 0; k < N_SPLIT && rc == 0; k++) {
+        int sq = -1;
+        rc = prefill(e, p2, k + 2, one, &sq);
+        if (rc == 0) rc = step(e, sq, tok[k], one);
+        if (rc == 0) {
+            const float d = max_diff(one, lg + (size_t)k * V, V);
+            if (!(d <= worst)) worst = d;
+        }
+        if (sq >= 0) sil_seq_free(e, sq);
+    }
+    int failed = 1;
+    if (rc < 0) {
+        fprintf(stderr, "%s: decode of %d sequences: %s\n", model, N_SPLIT,
+                err.msg[0] ? err.msg : "an evaluation failed (above)");
+    } else {
+        const uint64_t nu = s1.n_ubatch - s0.n_ubatch;
+        failed = !(worst <= GPU_SELF_TOL && nu == (N_SPLIT + 7) / 8);
+        printf("%s: cuda decode of %d sequences in one batch (%llu micro-batches, want %d) vs each "
+               "alone: max |diff| = %.4g (tol %.0e) %s\n",
+               model, N_SPLIT, (unsigned long long)nu, (N_SPLIT + 7) / 8, worst, GPU_SELF_TOL,
+               failed ? "FAIL" : "ok");
+    }
+    sil_engine_close(e);
+    free(lg);
+    free(one);
+    return failed;
 }
 
 /* Checks 9 and 18: the routed experts in n_slots slots (at n_expert every layer misses: each
@@ -718,6 +786,9 @@ int main(int argc, char **argv)
         }
         sil_engine_close(sl);
     }
+
+    /* 19. a decode batch of more rows than the decode path takes, split by the engine */
+    fails += decode_split(model, p2, n2, V);
 
     /* 13. grouped-query decode attention against one block a query head */
     {

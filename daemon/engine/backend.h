@@ -217,6 +217,11 @@ struct sil_backend_ops {
                        struct sil_error *err);
     /* Optional (NULL: the host). The device and the device memory taken, by use. */
     void (*device)(struct sil_backend *be, struct sil_engine_device *d);
+    /* Optional (NULL or 0: no limit). The most rows of a micro-batch the backend's decode path
+     * takes (its decode kernels and graphs): the engine splits a batch of one row a sequence
+     * (all decoding) into micro-batches of at most this many rows, which are cheaper than one
+     * through the prefill path. */
+    int32_t (*decode_rows_max)(struct sil_backend *be);
     /* Optional (NULL or 0: every weight placed is resident). The number of expert slots the
      * backend made because the routed experts did not all fit: routed expert stacks then stay
      * in the mmap, and the expert cache (expert_cache.h) assigns slots in each MoE plan. */

@@ -1989,6 +1989,12 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->cpu_experts = atomic_load_explicit(&b->host_experts, memory_order_relaxed);
 }
 
+static int32_t cuda_decode_rows_max(struct sil_backend *be)
+{
+    (void)be;
+    return MB; /* the batch-8 decode kernels, graphs and device routing */
+}
+
 static int32_t cuda_expert_slots(struct sil_backend *be)
 {
     return cb(be)->n_slots;
@@ -2102,6 +2108,7 @@ static const struct sil_backend_ops cuda_ops = {
     .state_read = cuda_state_read,
     .state_write = cuda_state_write,
     .device = cuda_device,
+    .decode_rows_max = cuda_decode_rows_max,
     .expert_slots = cuda_expert_slots,
     .cpu_misses = cuda_cpu_misses,
     .host_share = cuda_host_share,

@@ -804,10 +804,17 @@ bool sil_engine_damaged(const struct sil_engine *e)
  * the pool (threadpool.h) and seen here after the micro-batch. */
 static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, struct sil_error *err)
 {
-    for (int32_t r0 = 0; r0 < n; r0 += e->f.ub_max) {
+    /* a batch of one row a sequence (rows grouped by sequence: no two neighbours share one)
+     * goes in micro-batches the backend's decode path takes, when it has a limit */
+    const int32_t dmax = e->f.be->ops->decode_rows_max ? e->f.be->ops->decode_rows_max(e->f.be) : 0;
+    bool decode_only = dmax > 0 && n > dmax;
+    for (int32_t i = 1; decode_only && i < n; i++)
+        decode_only = e->p_seq[i] != e->p_seq[i - 1];
+    const int32_t step = decode_only && dmax < e->f.ub_max ? dmax : e->f.ub_max;
+    for (int32_t r0 = 0; r0 < n; r0 += step) {
         if (atomic_load(&e->damaged)) return 1;
         struct sil_ubatch ub;
-        ub.n = n - r0 < e->f.ub_max ? n - r0 : e->f.ub_max;
+        ub.n = n - r0 < step ? n - r0 : step;
         ub.token = e->p_token + r0;
         ub.pos = e->p_pos + r0;
         ub.seq = e->p_seq + r0;
