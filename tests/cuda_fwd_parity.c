@@ -68,9 +68,10 @@
  *  19. 16 sequences decoded in one batch of 16 rows (more than the decode path's 8: the engine
  *      splits such a batch of one row a sequence into micro-batches of 8) against each decoded
  *      alone: within 1e-3, in two micro-batches.
- *  16. F16 KV (--kv-type f16) on the device against F16 KV on the CPU backend: prompt 2
- *      prefilled then decoded, within prompt C's largest reference tolerance at every step,
- *      and the device's KV memory half of the F32 engine's.
+ *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
+ *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
+ *      tolerance at every step, and the device's KV memory that type's share of the F32
+ *      engine's (1/2, 34/128, 18/128).
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
@@ -817,6 +818,42 @@ int main(int argc, char **argv)
         fails += zero_copy_refused(model, sil_engine_info(gpu)->n_expert);
         /* 17. the automatic share (SIL_CUDA_CPU_MISSES unset) */
         fails += host_share(gpu, model, p2, n2, V, lg, alone, NULL, 2 * tmax2, cpu_scale);
+    }
+
+    /* 16. each other KV type on the device against the same type on the CPU (the same
+     * rounding of K and V; the CPU's q8_0 and q4_0 scores take q in q8_0 too, the device's
+     * q in F32), with the device's KV memory that type's share of F32's */
+    {
+        static const struct {
+            const char *name;
+            uint64_t num, den; /* bytes per element against F32's 4 */
+        } kvt[] = {{"f16", 1, 2}, {"q8_0", 34, 128}, {"q4_0", 18, 128}};
+        for (int t = 0; t < 3; t++) {
+            struct sil_engine *ck = NULL, *gk = NULL;
+            int rc = open_engine_kv(&ck, model, "cpu", kvt[t].name, NULL, &err);
+            if (rc == 0) rc = open_engine_kv(&gk, model, "cuda", kvt[t].name, NULL, &err);
+            struct sil_engine_device d32 = {0}, dk = {0};
+            const bool sized = rc == 0 && sil_engine_device(gpu, &d32) == 0 &&
+                               sil_engine_device(gk, &dk) == 0 && d32.kv_bytes > 0 &&
+                               dk.kv_bytes * kvt[t].den == d32.kv_bytes * kvt[t].num;
+            float worst = 0.0f;
+            if (rc == 0) rc = half_then_steps(ck, gk, p2, n2, V, lg, alone, true, &worst);
+            if (rc == -ENOTSUP && t > 0 && ck && !gk) {
+                printf("%s: %s KV on the device: %s, skipped\n", model, kvt[t].name, err.msg);
+            } else if (rc < 0) {
+                fprintf(stderr, "%s: %s KV: %s\n", model, kvt[t].name, err.msg);
+                fails++;
+            } else {
+                printf("%s: %s KV, cuda vs cpu, prefill %d + %d steps: max |diff| = %.4g (tol "
+                       "%.4g), device KV %llu bytes (f32: %llu) %s\n",
+                       model, kvt[t].name, n2 / 2, n2 - n2 / 2, worst, tmax2,
+                       (unsigned long long)dk.kv_bytes, (unsigned long long)d32.kv_bytes,
+                       worst <= tmax2 && sized ? "ok" : "FAIL");
+                fails += !(worst <= tmax2 && sized);
+            }
+            sil_engine_close(gk);
+            sil_engine_close(ck);
+        }
     }
 
     /* 10. an injected device out-of-memory fails one evaluation only */

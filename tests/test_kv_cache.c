@@ -50,6 +50,7 @@ static void test_sizes(void **state)
     for (size_t i = 0; i < 4; i++) {
         struct sil_kv_cache *kv = make(2, 1000, want[i].t, 0);
         assert_int_equal(sil_kv_row_bytes_k(kv), want[i].row);
+        assert_int_equal(sil_kv_type_bytes(want[i].t, 64), want[i].row); /* the device's size */
         assert_int_equal(sil_kv_head_bytes(kv), want[i].row / 2);
         /* 2 layers x 64 positions x (K + V) */
         assert_int_equal(sil_kv_block_bytes(kv), 2 * 64 * 2 * want[i].row);

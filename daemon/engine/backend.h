@@ -280,7 +280,7 @@ struct sil_cuda_config {
     uint64_t routed_bytes, slot_gate, slot_up, slot_down;
     int64_t n_layer_moe; /* layers with routed experts */
     int64_t n_layer;
-    bool kv_f16;       /* KV elements F16 (--kv-type f16), else F32 */
+    enum sil_kv_type kv_type; /* KV elements (--kv-type): F32, F16, q8_0 or q4_0 */
     int64_t kv_blocks; /* KV pool blocks of SIL_KV_BLOCK positions; 0: every sequence at n_ctx */
 };
 

@@ -95,6 +95,14 @@ enum {
     F_ATTEND_H,
     F_ATTEND_PART_H,
     F_ATTEND_PART_GQA_H,
+    F_QK_PREP_Q8, /* q8_0 KV (KV8) */
+    F_ATTEND_Q8,
+    F_ATTEND_PART_Q8,
+    F_ATTEND_PART_GQA_Q8,
+    F_QK_PREP_Q4, /* q4_0 KV (KV4) */
+    F_ATTEND_Q4,
+    F_ATTEND_PART_Q4,
+    F_ATTEND_PART_GQA_Q4,
     F_COUNT
 };
 static const char *const f_names[F_COUNT] = {
@@ -102,8 +110,20 @@ static const char *const f_names[F_COUNT] = {
     "sil_fwd_delta_net",   "sil_fwd_gate_add",      "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
     "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8", "sil_fwd_attend_part", "sil_fwd_attend_combine",
     "sil_fwd_attend_part_gqa", "sil_fwd_qk_prep_h", "sil_fwd_attend_h", "sil_fwd_attend_part_h",
-    "sil_fwd_attend_part_gqa_h",
+    "sil_fwd_attend_part_gqa_h", "sil_fwd_qk_prep_q8", "sil_fwd_attend_q8",
+    "sil_fwd_attend_part_q8", "sil_fwd_attend_part_gqa_q8", "sil_fwd_qk_prep_q4",
+    "sil_fwd_attend_q4", "sil_fwd_attend_part_q4", "sil_fwd_attend_part_gqa_q4",
 };
+/* The kernel of one of the four that touch the KV cache (f the F32 one) for KV type t: the
+ * other types' come in groups of four in the same order. */
+static int kv_fn(int f, enum sil_kv_type t)
+{
+    static const int base[] = {[SIL_KV_F32] = F_QK_PREP, [SIL_KV_F16] = F_QK_PREP_H,
+                               [SIL_KV_Q8_0] = F_QK_PREP_Q8, [SIL_KV_Q4_0] = F_QK_PREP_Q4};
+    static const int off[F_COUNT] = {[F_QK_PREP] = 0, [F_ATTEND] = 1, [F_ATTEND_PART] = 2,
+                                     [F_ATTEND_PART_GQA] = 3};
+    return t == SIL_KV_F32 ? f : base[t] + off[f];
+}
 
 #define MB SIL_CUDA_MAX_BATCH
 _Static_assert(SIL_KV_BLOCK == 64, "fwd.cu's FWD_KV_BLOCK is 64 positions");
@@ -793,7 +813,9 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const int hd = a->head_dim;
-    if (hd > 1024 || (int64_t)a->n_head_kv * hd != b->c.kv_dim || a->n_head % a->n_head_kv) {
+    const bool kv_blocks = b->c.kv_type == SIL_KV_Q8_0 || b->c.kv_type == SIL_KV_Q4_0;
+    if (hd > 1024 || (int64_t)a->n_head_kv * hd != b->c.kv_dim || a->n_head % a->n_head_kv ||
+        (kv_blocks && hd % 32)) {
         fail(b, -EINVAL, "attention shape outside what the kernels take");
         return;
     }
@@ -802,8 +824,8 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
         return;
     }
     const uint64_t layer = (uint64_t)a->layer * (uint64_t)(b->kv_nb * SIL_KV_BLOCK) *
-                           (uint64_t)b->c.kv_dim * (b->c.kv_f16 ? 2 : sizeof(float));
-    const bool h16 = b->c.kv_f16;
+                           sil_kv_type_bytes(b->c.kv_type, b->c.kv_dim);
+    const enum sil_kv_type kt = b->c.kv_type;
     sil_cuda_ptr kc = b->kv_k + layer, vc = b->kv_v + layer;
     sil_cuda_ptr q = dp(a->q.data), k = dp(a->k.data), v = dp(a->v.data), o = dp(a->o.data);
     sil_cuda_ptr qn = dp(a->q_norm->data), kn = dp(a->k_norm->data);
@@ -816,14 +838,13 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     void *p1[] = {&q,      &ldq,    &q_stride, &k,   &ldk,   &v,  &ldv, &qn, &kn, &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx,
                   &b->btab, &bps};
-    if (!ok(b, launch(b, h16 ? F_QK_PREP_H : F_QK_PREP, (unsigned)(n_head + n_kv), (unsigned)ub->n,
-                      p1)))
+    if (!ok(b, launch(b, kv_fn(F_QK_PREP, kt), (unsigned)(n_head + n_kv), (unsigned)ub->n, p1)))
         return;
     void *p2[] = {&q,      &ldq,    &q_stride, &o,        &ldo, &kc,    &vc,       &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
                   &b->scores};
     if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
-        ok(b, launch(b, h16 ? F_ATTEND_H : F_ATTEND, (unsigned)n_head, (unsigned)ub->n, p2));
+        ok(b, launch(b, kv_fn(F_ATTEND, kt), (unsigned)n_head, (unsigned)ub->n, p2));
         return;
     }
     /* decode: the context split over attn_split blocks a head, then merged */
@@ -834,8 +855,7 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
-    const int f = gqa ? (h16 ? F_ATTEND_PART_GQA_H : F_ATTEND_PART_GQA)
-                      : (h16 ? F_ATTEND_PART_H : F_ATTEND_PART);
+    const int f = kv_fn(gqa ? F_ATTEND_PART_GQA : F_ATTEND_PART, kt);
     if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
                                (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
         return;
@@ -2141,8 +2161,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                               ? c->kv_blocks
                               : c->n_seq_max * ((c->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK);
     const int64_t kv_pos = kv_nb * SIL_KV_BLOCK; /* the block pool's positions a layer */
-    const uint64_t kv = 2 * (uint64_t)(c->n_layer_attn * kv_pos * c->kv_dim) *
-                        (c->kv_f16 ? 2 : f4);
+    const uint64_t kv =
+        2 * (uint64_t)(c->n_layer_attn * kv_pos) * sil_kv_type_bytes(c->kv_type, c->kv_dim);
     const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
     const uint64_t q8 = max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max),
                               X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) +

@@ -244,17 +244,22 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     if (p->exact)
         return sil_errorf(err, -ENOTSUP,
                           "cuda backend: exact (F32) mode runs on the CPU backend only");
-    if (p->kv_type && strcmp(p->kv_type, "f32") != 0 && strcmp(p->kv_type, "f16") != 0)
-        return sil_errorf(err, -ENOTSUP,
-                          "cuda backend: KV type %s runs on the CPU backend only (f32 or f16 "
-                          "on the GPU)",
+    const int kv_type = p->kv_type ? sil_kv_type_from_name(p->kv_type) : SIL_KV_F32;
+    if (kv_type < 0)
+        return sil_errorf(err, -EINVAL, "engine: unknown KV type '%s' (f16, q8_0, q4_0 or f32)",
                           p->kv_type);
+    if ((kv_type == SIL_KV_Q8_0 || kv_type == SIL_KV_Q4_0) && hp->n_layer_attn > 0 &&
+        hp->n_embd_head_k % 32 != 0)
+        return sil_errorf(err, -ENOTSUP,
+                          "cuda backend: KV type %s needs a head size that is a multiple of 32 "
+                          "(this model's is %d)",
+                          p->kv_type, (int)hp->n_embd_head_k);
     /* the device's KV pool: kv_budget bytes of blocks (K and V of every attention layer), or
      * every sequence at the full context; the host cache keeps its block tables */
     const int64_t bps = ((int64_t)e->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK;
-    const uint64_t dev_block = 2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
-                               (uint64_t)(hp->n_head_kv * hp->n_embd_head_k) *
-                               (p->kv_type && strcmp(p->kv_type, "f16") == 0 ? 2 : 4);
+    const uint64_t dev_block =
+        2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
+        sil_kv_type_bytes((enum sil_kv_type)kv_type, (int64_t)hp->n_head_kv * hp->n_embd_head_k);
     e->dev_kv_blocks = (int64_t)e->n_seq_max * bps;
     if (p->kv_budget && dev_block) {
         e->dev_kv_blocks = (int64_t)(p->kv_budget / dev_block);
@@ -298,7 +303,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
-        .kv_f16 = p->kv_type && strcmp(p->kv_type, "f16") == 0,
+        .kv_type = (enum sil_kv_type)kv_type,
         .kv_blocks = e->dev_kv_blocks,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };

@@ -331,6 +331,11 @@ int32_t sil_kv_n_free(const struct sil_kv_cache *kv)
 {
     return kv->n_free;
 }
+uint64_t sil_kv_type_bytes(enum sil_kv_type t, int64_t n)
+{
+    return (uint64_t)sil_row_size(sil_kv_ggml_type(t), n);
+}
+
 size_t sil_kv_row_bytes_k(const struct sil_kv_cache *kv)
 {
     return kv->row_k;

@@ -54,6 +54,8 @@ const char *sil_kv_type_name(enum sil_kv_type t);
 int sil_kv_ggml_type(enum sil_kv_type t);
 
 enum sil_kv_type sil_kv_type(const struct sil_kv_cache *kv);
+/* Bytes of n elements of type t (n a multiple of 32 for q8_0 and q4_0). */
+uint64_t sil_kv_type_bytes(enum sil_kv_type t, int64_t n);
 int32_t sil_kv_n_blocks(const struct sil_kv_cache *kv); /* pool size */
 int32_t sil_kv_n_free(const struct sil_kv_cache *kv);   /* blocks no sequence holds */
 size_t sil_kv_row_bytes_k(const struct sil_kv_cache *kv);

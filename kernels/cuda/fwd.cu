@@ -18,7 +18,50 @@ __device__ __forceinline__ int64_t fwd_kv_row(const int *bt, int p)
     return (int64_t)bt[p / FWD_KV_BLOCK] * FWD_KV_BLOCK + p % FWD_KV_BLOCK;
 }
 
-// KV cache elements: F32, or F16 (--kv-type f16) rounded to nearest even as the CPU stores it.
+// KV cache elements: F32, F16 (--kv-type f16) rounded to nearest even as the CPU stores it,
+// or blocks of 32 elements as the CPU's q8_0 (KV8: F16 scale, 32 int8) and q4_0 (KV4: F16
+// scale, 16 bytes, element j in the low nibble of byte j and j + 16 in its high nibble). A
+// kernel reads the cache through a view: a pointer for F32 and F16, for the block types the
+// cache's base and an element offset (a head's row starts on a block: the host checks that
+// the head size is a multiple of 32). Views add element offsets as pointers do.
+struct kv_q8_0;  // the kernels' parameter types for the block caches (never dereferenced)
+struct kv_q4_0;
+struct kvq8v {
+    const uint8_t *b;
+    int64_t e;
+};
+struct kvq4v {
+    const uint8_t *b;
+    int64_t e;
+};
+__device__ __forceinline__ kvq8v operator+(kvq8v v, int64_t d)
+{
+    v.e += d;
+    return v;
+}
+__device__ __forceinline__ kvq4v operator+(kvq4v v, int64_t d)
+{
+    v.e += d;
+    return v;
+}
+__device__ __forceinline__ const float *kv_view(const float *p)
+{
+    return p;
+}
+__device__ __forceinline__ const __half *kv_view(const __half *p)
+{
+    return p;
+}
+__device__ __forceinline__ kvq8v kv_view(const kv_q8_0 *p)
+{
+    return kvq8v{(const uint8_t *)p, 0};
+}
+__device__ __forceinline__ kvq4v kv_view(const kv_q4_0 *p)
+{
+    return kvq4v{(const uint8_t *)p, 0};
+}
+#define KV_Q8_BYTES 34 // one q8_0 block of 32 elements
+#define KV_Q4_BYTES 18 // one q4_0 block
 __device__ __forceinline__ float kvl(const float *p, int64_t i)
 {
     return p[i];
@@ -26,6 +69,20 @@ __device__ __forceinline__ float kvl(const float *p, int64_t i)
 __device__ __forceinline__ float kvl(const __half *p, int64_t i)
 {
     return __half2float(p[i]);
+}
+__device__ __forceinline__ float kvl(kvq8v v, int64_t i)
+{
+    const int64_t e = v.e + i;
+    const uint8_t *blk = v.b + (e >> 5) * KV_Q8_BYTES;
+    return __half2float(*(const __half *)blk) * (float)(int8_t)blk[2 + (e & 31)];
+}
+__device__ __forceinline__ float kvl(kvq4v v, int64_t i)
+{
+    const int64_t e = v.e + i;
+    const uint8_t *blk = v.b + (e >> 5) * KV_Q4_BYTES;
+    const int j = (int)(e & 31);
+    const int q = j < 16 ? blk[2 + j] & 15 : blk[2 + j - 16] >> 4;
+    return __half2float(*(const __half *)blk) * (float)(q - 8);
 }
 __device__ __forceinline__ void kvs(float *p, int64_t i, float v)
 {
@@ -35,6 +92,53 @@ __device__ __forceinline__ void kvs(__half *p, int64_t i, float v)
 {
     p[i] = __float2half_rn(v);
 }
+
+// The block of 32 elements x (lane's element x, a warp's lanes in order) written at block
+// index blk of the cache c, as the CPU quantizes it (kernels/cpu/quants.c): q8_0 with d =
+// amax / 127 (0 under 1e-30), q4_0 with d = (the element of largest magnitude, the first of
+// equals) / -8; elements rounded to nearest even.
+__device__ __forceinline__ void kv_store_block(kv_q8_0 *c, int64_t blk, float x, int lane)
+{
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax < 1e-30f ? 0.0f : amax / 127;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t *b = (uint8_t *)c + blk * KV_Q8_BYTES;
+    if (lane == 0) *(__half *)b = __float2half_rn(d);
+    b[2 + lane] = (uint8_t)(int8_t)__float2int_rn(x * id);
+}
+__device__ __forceinline__ void kv_store_block(kv_q4_0 *c, int64_t blk, float x, int lane)
+{
+    // the signed element of largest magnitude, the lowest lane of equals
+    float am = fabsf(x), mx = x;
+    int at = lane;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float am2 = __shfl_xor_sync(0xffffffffu, am, o);
+        const float mx2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
+        if (am2 > am || (am2 == am && at2 < at)) am = am2, mx = mx2, at = at2;
+    }
+    // the CPU keeps max 0 while every element is 0 (its test is amax > the largest so far)
+    const float d = am > 0.0f ? mx / -8 : 0.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = min(max(__float2int_rn(x * id) + 8, 0), 15);
+    const int hi = __shfl_down_sync(0xffffffffu, q, 16); // lane l < 16 gets element l + 16
+    uint8_t *b = (uint8_t *)c + blk * KV_Q4_BYTES;
+    if (lane == 0) *(__half *)b = __float2half_rn(d);
+    if (lane < 16) b[2 + lane] = (uint8_t)(q | hi << 4);
+}
+template <typename KV> struct kv_is_block {
+    static constexpr bool value = false;
+};
+template <> struct kv_is_block<kv_q8_0> {
+    static constexpr bool value = true;
+};
+template <> struct kv_is_block<kv_q4_0> {
+    static constexpr bool value = true;
+};
 
 #define FWD_THREADS 128
 
@@ -138,17 +242,36 @@ sil_fwd_qk_prep_body(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk,
             r = j < half ? buf[j] * c - buf[j + half] * s : buf[j - half] * s + buf[j] * c;
         }
         x[j] = r;
-        if (!is_q) {
-            const int64_t row =
-                (int64_t)btab[(int64_t)seq[i] * bps + pos[i] / FWD_KV_BLOCK] * FWD_KV_BLOCK +
-                pos[i] % FWD_KV_BLOCK;
-            const int64_t at = row * (int64_t)n_head_kv * hd + (int64_t)(h - n_head) * hd + j;
-            kvs(kc, at, r);
-            kvs(vc, at, v[(int64_t)i * ldv + (int64_t)(h - n_head) * hd + j]);
+        if constexpr (!kv_is_block<KV>::value) {
+            if (!is_q) {
+                const int64_t row =
+                    (int64_t)btab[(int64_t)seq[i] * bps + pos[i] / FWD_KV_BLOCK] * FWD_KV_BLOCK +
+                    pos[i] % FWD_KV_BLOCK;
+                const int64_t at = row * (int64_t)n_head_kv * hd + (int64_t)(h - n_head) * hd + j;
+                kvs(kc, at, r);
+                kvs(vc, at, v[(int64_t)i * ldv + (int64_t)(h - n_head) * hd + j]);
+            }
+        }
+    }
+    if constexpr (kv_is_block<KV>::value) {
+        // blocks of 32: warp w takes the head's blocks w, w + 4, ... (the rotated row in x is
+        // the block's own writes, visible after the barrier)
+        __syncthreads();
+        if (is_q) return;
+        const int64_t row =
+            (int64_t)btab[(int64_t)seq[i] * bps + pos[i] / FWD_KV_BLOCK] * FWD_KV_BLOCK +
+            pos[i] % FWD_KV_BLOCK;
+        const int64_t e0 = row * (int64_t)n_head_kv * hd + (int64_t)(h - n_head) * hd;
+        const float *vr = v + (int64_t)i * ldv + (int64_t)(h - n_head) * hd;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        for (int blk = warp; blk < hd / 32; blk += FWD_THREADS / 32) {
+            kv_store_block(kc, (e0 >> 5) + blk, x[blk * 32 + lane], lane);
+            kv_store_block(vc, (e0 >> 5) + blk, vr[blk * 32 + lane], lane);
         }
     }
 }
-// The entry points the host loads, one for each KV element type (F32, F16 as _h).
+// The entry points the host loads, one for each KV element type (F32; F16 as _h; q8_0 and q4_0
+// as _q8 and _q4).
 #define QK_PREP_ENTRY(NAME, KV)                                                                    \
     extern "C" __global__ void __launch_bounds__(FWD_THREADS)                                     \
         NAME(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk, const float *v,          \
@@ -163,13 +286,15 @@ sil_fwd_qk_prep_body(float *q, int64_t ldq, int q_stride, float *k, int64_t ldk,
     }
 QK_PREP_ENTRY(sil_fwd_qk_prep, float)
 QK_PREP_ENTRY(sil_fwd_qk_prep_h, __half)
+QK_PREP_ENTRY(sil_fwd_qk_prep_q8, kv_q8_0)
+QK_PREP_ENTRY(sil_fwd_qk_prep_q4, kv_q4_0)
 
 // o_h = softmax(q_h K^T / sqrt(hd)) V over positions 0..pos[i] of seq[i]; gated: o *= sigmoid
 // of the gate that follows q_h. Block per (head, row); scores: [rows * n_head][n_ctx] scratch.
-template <typename KV>
+template <typename KP>
 __device__ __forceinline__ void
-sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo, const KV *kc,
-                    const KV *vc, const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
+sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo, KP kc,
+                    KP vc, const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
                     int n_ctx, const int *btab, int bps, int gated, float *scores)
 {
     __shared__ float sh[32];
@@ -180,7 +305,7 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
     const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
-    const KV *k0 = kc + (int64_t)kvh * hd, *v0 = vc + (int64_t)kvh * hd;
+    const KP k0 = kc + (int64_t)kvh * hd, v0 = vc + (int64_t)kvh * hd;
     float *s = scores + ((int64_t)i * n_head + h) * n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
@@ -188,7 +313,7 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = warp; p < np; p += FWD_THREADS / 32) {
-        const KV *kp = k0 + fwd_kv_row(bt, p) * kv_dim;
+        const KP kp = k0 + fwd_kv_row(bt, p) * kv_dim;
         float d = 0.0f;
         for (int j = lane; j < hd; j += 32)
             d += qs[j] * kvl(kp, j);
@@ -224,11 +349,13 @@ sil_fwd_attend_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t
              int n_ctx, const int *btab, int bps, int gated, float *scores)                       \
     {                                                                                            \
         SIL_PDL_ENTRY();                                                                         \
-        sil_fwd_attend_body<KV>(q, ldq, q_stride, o, ldo, kc, vc, pos, seq, n_head, n_head_kv,   \
-                                hd, n_ctx, btab, bps, gated, scores);                            \
+        sil_fwd_attend_body(q, ldq, q_stride, o, ldo, kv_view(kc), kv_view(vc), pos, seq,        \
+                            n_head, n_head_kv, hd, n_ctx, btab, bps, gated, scores);             \
     }
 ATTEND_ENTRY(sil_fwd_attend, float)
 ATTEND_ENTRY(sil_fwd_attend_h, __half)
+ATTEND_ENTRY(sil_fwd_attend_q8, kv_q8_0)
+ATTEND_ENTRY(sil_fwd_attend_q4, kv_q4_0)
 
 // Causal depthwise conv1d + silu for every sequence run, advancing its conv state.
 // Grid (channel blocks, runs); state of run r at state[seq of run] + offset: [K-1][cd].
@@ -566,9 +693,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
 // gridDim.z equal chunks of positions 0..pos[i] and writes its partial softmax: m (max score),
 // l (sum of exp(score - m)) and o[hd] = sum exp(score - m) V, at part + ((i * n_head + h) *
 // gridDim.z + z) * (hd + 2). Chunks are at most 1024 positions (the host sizes the grid).
-template <typename KV>
+template <typename KP>
 __device__ __forceinline__ void
-sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, const KV *kc, const KV *vc,
+sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, KP kc, KP vc,
                          const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
                          int n_ctx, const int *btab, int bps, float *part)
 {
@@ -582,7 +709,7 @@ sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, const KV *kc
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
     const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
-    const KV *k0 = kc + (int64_t)kvh * hd, *v0 = vc + (int64_t)kvh * hd;
+    const KP k0 = kc + (int64_t)kvh * hd, v0 = vc + (int64_t)kvh * hd;
     float *out = part + (((int64_t)i * n_head + h) * nz + z) * (hd + 2);
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
@@ -590,7 +717,7 @@ sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, const KV *kc
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int p = c0 + warp; p < c1; p += FWD_THREADS / 32) {
-        const KV *kp = k0 + fwd_kv_row(bt, p) * kv_dim;
+        const KP kp = k0 + fwd_kv_row(bt, p) * kv_dim;
         float d = 0.0f;
         for (int j = lane; j < hd; j += 32)
             d += qs[j] * kvl(kp, j);
@@ -628,11 +755,13 @@ sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, const KV *kc
              const int *btab, int bps, float *part)                                               \
     {                                                                                            \
         SIL_PDL_ENTRY();                                                                         \
-        BODY<KV>(q, ldq, q_stride, kc, vc, pos, seq, n_head, n_head_kv, hd, n_ctx, btab, bps,    \
-                 part);                                                                          \
+        BODY(q, ldq, q_stride, kv_view(kc), kv_view(vc), pos, seq, n_head, n_head_kv, hd, n_ctx, \
+             btab, bps, part);                                                                   \
     }
 PART_ENTRY(sil_fwd_attend_part, sil_fwd_attend_part_body, float)
 PART_ENTRY(sil_fwd_attend_part_h, sil_fwd_attend_part_body, __half)
+PART_ENTRY(sil_fwd_attend_part_q8, sil_fwd_attend_part_body, kv_q8_0)
+PART_ENTRY(sil_fwd_attend_part_q4, sil_fwd_attend_part_body, kv_q4_0)
 
 #define GQA_MAX 8      // query heads per KV head the grouped kernel takes
 #define GQA_HD 256     // head size it takes at most
@@ -641,15 +770,15 @@ PART_ENTRY(sil_fwd_attend_part_h, sil_fwd_attend_part_body, __half)
 
 // The rows p0 .. p0 + GQA_UNROLL - 1 (those before c1; zeros past it) of one KV head's cache,
 // lane's columns lane + 32 t, loaded together so their latencies overlap.
-template <typename KV>
-__device__ __forceinline__ void gqa_rows(float r[GQA_UNROLL][GQA_HD / 32], const KV *head,
+template <typename KP>
+__device__ __forceinline__ void gqa_rows(float r[GQA_UNROLL][GQA_HD / 32], KP head,
                                          const int *bt, int p0, int c1, int64_t kv_dim, int hd,
                                          int lane)
 {
 #pragma unroll
     for (int u = 0; u < GQA_UNROLL; u++) {
         const bool in = p0 + u < c1;
-        const KV *rp = head + (in ? fwd_kv_row(bt, p0 + u) : 0) * kv_dim;
+        const KP rp = head + (in ? fwd_kv_row(bt, p0 + u) : 0) * kv_dim;
 #pragma unroll
         for (int t = 0; t < GQA_HD / 32; t++)
             r[u][t] = in && lane + 32 * t < hd ? kvl(rp, lane + 32 * t) : 0.0f;
@@ -661,9 +790,9 @@ __device__ __forceinline__ void gqa_rows(float r[GQA_UNROLL][GQA_HD / 32], const
 // once for all G heads instead of G times. The scores and the V sums are those of
 // sil_fwd_attend_part (the same products in the same order); each head's softmax sum l is a
 // warp's sum, so it may differ from that kernel's in the last bits. Partials as it writes them.
-template <typename KV>
+template <typename KP>
 __device__ __forceinline__ void
-sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV *kc, const KV *vc,
+sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, KP kc, KP vc,
                              const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
                              int n_ctx, const int *btab, int bps, float *part)
 {
@@ -676,7 +805,7 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
     const int c0 = min(np, z * chunk), c1 = min(np, c0 + chunk);
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
-    const KV *k0 = kc + (int64_t)kvh * hd, *v0 = vc + (int64_t)kvh * hd;
+    const KP k0 = kc + (int64_t)kvh * hd, v0 = vc + (int64_t)kvh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int idx = threadIdx.x; idx < G * hd; idx += FWD_THREADS) {
         const int g = idx / hd, j = idx - g * hd;
@@ -779,6 +908,8 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, const KV
 }
 PART_ENTRY(sil_fwd_attend_part_gqa, sil_fwd_attend_part_gqa_body, float)
 PART_ENTRY(sil_fwd_attend_part_gqa_h, sil_fwd_attend_part_gqa_body, __half)
+PART_ENTRY(sil_fwd_attend_part_gqa_q8, sil_fwd_attend_part_gqa_body, kv_q8_0)
+PART_ENTRY(sil_fwd_attend_part_gqa_q4, sil_fwd_attend_part_gqa_body, kv_q4_0)
 
 // The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
 // / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows,
