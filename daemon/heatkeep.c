@@ -8,8 +8,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "daemon/engine/expert_cache.h"
-#include "daemon/engine/expert_heat.h"
 #include "daemon/log.h"
 
 static double mono_s(void)
@@ -61,9 +59,6 @@ void sil_heatkeep_destroy(struct sil_heatkeep *h)
     pthread_mutex_destroy(&h->mu);
 }
 
-/* Preloading goes in steps so progress can be shown; each step is one engine call. */
-#define PRELOAD_STEPS 16
-
 void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
                        void (*progress)(int64_t done, int64_t total, void *user), void *user)
 {
@@ -73,80 +68,40 @@ void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
     sil_engine_stats(e, &es);
     h->saved_rows = es.n_rows; /* what was loaded needs no save until the engine sees more */
     char load[16] = "none", msg[512] = "";
-    int64_t hot = 0, placed = 0;
-    uint64_t tokens = 0;
+    struct sil_heat_restore r = {0};
     if (!h->v.path[0]) goto out;
-    const struct sil_model_info *info = sil_engine_info(e);
-    struct sil_heat_map m = {0};
     struct sil_error err = {0};
-    int rc = sil_heat_map_load(h->v.path, sil_engine_heat_model_id(e), (uint32_t)info->n_layer,
-                               (uint32_t)info->n_expert, &m, &err);
+    const int rc = sil_engine_heat_restore(e, h->v.path, progress, user, &r, &err);
     if (rc == -ENOENT) {
         sil_info("no expert heat map at %s: the expert cache starts cold", h->v.path);
         goto out;
     }
-    if (rc == 0) rc = sil_engine_heat_import(e, &m, &err);
     if (rc < 0) {
         snprintf(load, sizeof load, "ignored");
         snprintf(msg, sizeof msg, "%s", err.msg);
         sil_warn("ignoring the expert heat map (%s); starting cold", err.msg);
-        sil_heat_map_free(&m);
         goto out;
     }
     snprintf(load, sizeof load, "loaded");
-    tokens = m.tokens;
-    const int32_t slots = sil_engine_ecache_slots(e);
-    const int64_t n_key = (int64_t)m.n_layer * m.n_expert;
-    int32_t *keys = malloc((size_t)(n_key > 0 ? n_key : 1) * sizeof(int32_t));
-    hot = keys ? sil_heat_map_hottest(&m, keys, n_key) : -ENOMEM;
-    if (hot < 0) {
-        sil_warn("expert heat map: out of memory for its order; nothing preloaded");
-        hot = 0;
-    }
-    if (slots > 0 && hot > 0) {
-        /* What the per-layer pools can take: each layer's hot experts up to its pool. */
-        int64_t total = 0;
-        for (uint32_t l = 0; l < m.n_layer; l++) {
-            int64_t nz = 0;
-            for (uint32_t x = 0; x < m.n_expert; x++)
-                nz += m.heat[(size_t)l * m.n_expert + x] > 0;
-            const int32_t pool = sil_engine_ecache_pool_slots(e, (int32_t)l);
-            total += nz < pool ? nz : pool;
-        }
-        const int64_t step = (hot + PRELOAD_STEPS - 1) / PRELOAD_STEPS;
-        for (int64_t i = 0; i < hot && placed < total; i += step) {
-            const int64_t n = hot - i < step ? hot - i : step;
-            const int64_t p = sil_engine_ecache_preload(e, keys + i, n);
-            if (p > 0) placed += p;
-            if (progress) progress(placed, total, user);
-        }
-    }
-    free(keys);
-    sil_heat_map_free(&m);
     sil_notice("expert heat map loaded from %s: %lld experts hot after %llu tokens, %lld "
                "preloaded into the expert cache (%s)",
-               h->v.path, (long long)hot, (unsigned long long)tokens, (long long)placed,
+               h->v.path, (long long)r.hot, (unsigned long long)r.tokens, (long long)r.placed,
                sil_engine_ecache_mode(e) ? sil_engine_ecache_mode(e) : "(no)");
 out:
     pthread_mutex_lock(&h->mu);
     snprintf(h->v.load, sizeof h->v.load, "%s", load);
     snprintf(h->v.load_msg, sizeof h->v.load_msg, "%s", msg);
-    h->v.hot = hot;
-    h->v.preloaded = placed;
-    h->v.tokens_loaded = tokens;
+    h->v.hot = r.hot;
+    h->v.preloaded = r.placed;
+    h->v.tokens_loaded = r.tokens;
     pthread_mutex_unlock(&h->mu);
 }
 
 int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e)
 {
     if (!h->v.on || !h->v.path[0]) return 0;
-    struct sil_heat_map m;
     struct sil_error err = {0};
-    int rc = sil_engine_heat_export(e, &m, &err);
-    if (rc == 0) {
-        rc = sil_heat_map_save(h->v.path, &m, &err);
-        sil_heat_map_free(&m);
-    }
+    const int rc = sil_engine_heat_save(e, h->v.path, &err);
     pthread_mutex_lock(&h->mu);
     if (rc == 0) {
         struct sil_engine_stats es;

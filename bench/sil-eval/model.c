@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
-#include "daemon/engine/expert_heat.h"
 #include "daemon/engine/size.h"
 
 static double now_s(void)
@@ -140,59 +139,30 @@ static void print_row(const float *x, int32_t n)
 /* --heat-map: what loading it did at start, and whether the end saved it */
 struct heat_run {
     const char *loaded; /* none (no file), loaded or ignored (corrupt or another model's) */
-    int64_t hot, preloaded;
-    uint64_t tokens;
+    struct sil_heat_restore r;
     double preload_s;
     bool saved;
 };
 
-/* The warm restart siliceod makes at start: the map at path, when there is one of this model,
- * replaces the engine's, and its hottest experts go into the expert cache until it is full. A
- * file that cannot be used is ignored with a warning (the run starts cold). */
+/* The warm restart siliceod makes at start (sil_engine_heat_restore); a file that cannot be
+ * used is ignored with a warning (the run starts cold). */
 static void heat_start(struct sil_engine *e, const char *path, struct heat_run *hr)
 {
-    const struct sil_model_info *info = sil_engine_info(e);
-    struct sil_heat_map m = {0};
     struct sil_error err = {0};
-    int rc = sil_heat_map_load(path, sil_engine_heat_model_id(e), (uint32_t)info->n_layer,
-                               (uint32_t)info->n_expert, &m, &err);
+    const double t0 = now_s();
+    const int rc = sil_engine_heat_restore(e, path, NULL, NULL, &hr->r, &err);
+    hr->preload_s = now_s() - t0;
     if (rc == -ENOENT) return;
-    if (rc == 0) rc = sil_engine_heat_import(e, &m, &err);
     if (rc < 0) {
         fprintf(stderr, "sil-eval: ignoring the expert heat map: %s\n", err.msg);
         hr->loaded = "ignored";
-        sil_heat_map_free(&m);
         return;
     }
     hr->loaded = "loaded";
-    hr->tokens = m.tokens;
-    const int64_t n_key = (int64_t)m.n_layer * m.n_expert;
-    int32_t *keys = malloc((size_t)(n_key > 0 ? n_key : 1) * sizeof(int32_t));
-    hr->hot = keys ? sil_heat_map_hottest(&m, keys, n_key) : 0;
-    const double t0 = now_s();
-    if (hr->hot > 0 && sil_engine_ecache_slots(e) > 0) {
-        const int64_t placed = sil_engine_ecache_preload(e, keys, hr->hot);
-        hr->preloaded = placed > 0 ? placed : 0;
-    }
-    hr->preload_s = now_s() - t0;
     fprintf(stderr, "sil-eval: expert heat map %s: %lld experts hot after %llu tokens, %lld "
                     "preloaded in %.2f s\n",
-            path, (long long)hr->hot, (unsigned long long)hr->tokens, (long long)hr->preloaded,
-            hr->preload_s);
-    free(keys);
-    sil_heat_map_free(&m);
-}
-
-/* Saves the engine's heat map to path (atomically: the old file stays on failure). */
-static bool heat_save(struct sil_engine *e, const char *path)
-{
-    struct sil_heat_map m = {0};
-    struct sil_error err = {0};
-    int rc = sil_engine_heat_export(e, &m, &err);
-    if (rc == 0) rc = sil_heat_map_save(path, &m, &err);
-    sil_heat_map_free(&m);
-    if (rc < 0) fprintf(stderr, "sil-eval: expert heat map not saved: %s\n", err.msg);
-    return rc == 0;
+            path, (long long)hr->r.hot, (unsigned long long)hr->r.tokens,
+            (long long)hr->r.placed, hr->preload_s);
 }
 
 int sil_eval_model(const struct sil_eval_model_opts *o)
@@ -352,7 +322,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (pi + 1 < n_passes) sil_seq_free(e, seq);
     }
 
-    if (o->heat_map) hr.saved = heat_save(e, o->heat_map);
+    if (o->heat_map) {
+        struct sil_error herr = {0};
+        hr.saved = sil_engine_heat_save(e, o->heat_map, &herr) == 0;
+        if (!hr.saved) fprintf(stderr, "sil-eval: expert heat map not saved: %s\n", herr.msg);
+    }
     struct sil_engine_stats st;
     sil_engine_stats(e, &st);
     struct sil_engine_device dev;
@@ -407,8 +381,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (o->heat_map)
             printf(", \"heat_map\": {\"loaded\": \"%s\", \"hot\": %lld, \"tokens\": %llu, "
                    "\"preloaded\": %lld, \"preload_s\": %.3f, \"saved\": %s}",
-                   hr.loaded, (long long)hr.hot, (unsigned long long)hr.tokens,
-                   (long long)hr.preloaded, hr.preload_s, hr.saved ? "true" : "false");
+                   hr.loaded, (long long)hr.r.hot, (unsigned long long)hr.r.tokens,
+                   (long long)hr.r.placed, hr.preload_s, hr.saved ? "true" : "false");
         /* per pass, per phase: the counters' growth over that phase */
         printf(", \"passes\": [");
         for (long pi = 0; pi < n_passes; pi++) {
@@ -460,7 +434,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)st.ecache_evictions);
         if (o->heat_map)
             printf("expert heat map: %s at start (%lld preloaded), %s at the end\n", hr.loaded,
-                   (long long)hr.preloaded, hr.saved ? "saved" : "not saved");
+                   (long long)hr.r.placed, hr.saved ? "saved" : "not saved");
     }
     if (o->heat_map && !hr.saved) rc = 1;
     else rc = fflush(stdout) == 0 ? 0 : 1;

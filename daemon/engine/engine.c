@@ -996,6 +996,61 @@ int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
     return 0;
 }
 
+/* Preloading goes in steps so progress can be shown; each step is one preload call. */
+#define HEAT_PRELOAD_STEPS 16
+
+int sil_engine_heat_restore(struct sil_engine *e, const char *path,
+                            void (*progress)(int64_t done, int64_t total, void *user), void *user,
+                            struct sil_heat_restore *out, struct sil_error *err)
+{
+    *out = (struct sil_heat_restore){0};
+    const struct sil_hparams *hp = &e->model->hp;
+    struct sil_heat_map m = {0};
+    int rc = sil_heat_map_load(path, sil_heat_model_id(e->model), (uint32_t)hp->n_layer,
+                               (uint32_t)hp->n_expert, &m, err);
+    const int64_t n_key = (int64_t)m.n_layer * m.n_expert;
+    int32_t *keys = rc == 0 ? malloc((size_t)(n_key > 0 ? n_key : 1) * sizeof(int32_t)) : NULL;
+    if (rc == 0 && !keys) rc = sil_errorf(err, -ENOMEM, "heat map: out of memory for its order");
+    if (rc == 0) rc = sil_engine_heat_import(e, &m, err);
+    if (rc < 0) {
+        free(keys);
+        sil_heat_map_free(&m);
+        return rc;
+    }
+    out->tokens = m.tokens;
+    out->hot = sil_heat_map_hottest(&m, keys, n_key);
+    if (sil_engine_ecache_slots(e) > 0 && out->hot > 0) {
+        /* what the pools can take: each layer's hot experts up to its pool */
+        int64_t total = 0;
+        for (uint32_t l = 0; l < m.n_layer; l++) {
+            int64_t nz = 0;
+            for (uint32_t x = 0; x < m.n_expert; x++)
+                nz += m.heat[(size_t)l * m.n_expert + x] > 0;
+            const int32_t pool = sil_engine_ecache_pool_slots(e, (int32_t)l);
+            total += nz < pool ? nz : pool;
+        }
+        const int64_t step = (out->hot + HEAT_PRELOAD_STEPS - 1) / HEAT_PRELOAD_STEPS;
+        for (int64_t i = 0; i < out->hot && out->placed < total; i += step) {
+            const int64_t n = out->hot - i < step ? out->hot - i : step;
+            const int64_t placed = sil_engine_ecache_preload(e, keys + i, n);
+            if (placed > 0) out->placed += placed;
+            if (progress) progress(out->placed, total, user);
+        }
+    }
+    free(keys);
+    sil_heat_map_free(&m);
+    return 0;
+}
+
+int sil_engine_heat_save(const struct sil_engine *e, const char *path, struct sil_error *err)
+{
+    struct sil_heat_map m = {0};
+    int rc = sil_engine_heat_export(e, &m, err);
+    if (rc == 0) rc = sil_heat_map_save(path, &m, err);
+    sil_heat_map_free(&m);
+    return rc;
+}
+
 /* The device's slots when the backend has them (f->ecache), else the simulated cache. */
 const char *sil_engine_ecache_mode(const struct sil_engine *e)
 {

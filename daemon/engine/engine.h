@@ -257,6 +257,21 @@ int sil_engine_heat_export(const struct sil_engine *e, struct sil_heat_map *out,
  * -EINVAL when m is of another model or shape (err says which). */
 int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
                            struct sil_error *err);
+/* A warm restart from the map at path (sil_heat_map_load): when it is of this model it replaces
+ * the engine's (sil_engine_heat_import) and its hottest experts are placed in the expert cache,
+ * each layer's pool until full, in steps that call progress(placed, of total) when it is not
+ * NULL. 0 when loaded; -ENOENT when there is none (a cold start); another -errno when it cannot
+ * be used (corrupt, another model's, out of memory: err says why; nothing changed). */
+struct sil_heat_restore {
+    int64_t hot;     /* experts with heat in the map */
+    int64_t placed;  /* of which placed in the expert cache */
+    uint64_t tokens; /* tokens the map had seen */
+};
+int sil_engine_heat_restore(struct sil_engine *e, const char *path,
+                            void (*progress)(int64_t done, int64_t total, void *user), void *user,
+                            struct sil_heat_restore *out, struct sil_error *err);
+/* Saves the engine's heat map to path, atomically (sil_heat_map_save): 0 or -errno. */
+int sil_engine_heat_save(const struct sil_engine *e, const char *path, struct sil_error *err);
 /* The expert cache: the device's slots where the backend made them (the routed experts did not
  * fit), else the one simulated on the CPU. Its mode ("device", "simulated", NULL: none), slots
  * (0 without one) and policy name (NULL without one). */
