@@ -114,16 +114,14 @@ static const char *const f_names[F_COUNT] = {
     "sil_fwd_attend_part_q8", "sil_fwd_attend_part_gqa_q8", "sil_fwd_qk_prep_q4",
     "sil_fwd_attend_q4", "sil_fwd_attend_part_q4", "sil_fwd_attend_part_gqa_q4",
 };
-/* The kernel of one of the four that touch the KV cache (f the F32 one) for KV type t: the
- * other types' come in groups of four in the same order. */
-static int kv_fn(int f, enum sil_kv_type t)
-{
-    static const int base[] = {[SIL_KV_F32] = F_QK_PREP, [SIL_KV_F16] = F_QK_PREP_H,
-                               [SIL_KV_Q8_0] = F_QK_PREP_Q8, [SIL_KV_Q4_0] = F_QK_PREP_Q4};
-    static const int off[F_COUNT] = {[F_QK_PREP] = 0, [F_ATTEND] = 1, [F_ATTEND_PART] = 2,
-                                     [F_ATTEND_PART_GQA] = 3};
-    return t == SIL_KV_F32 ? f : base[t] + off[f];
-}
+/* The four kernels that touch the KV cache, for each KV type. */
+enum { KV_QK_PREP, KV_ATTEND, KV_PART, KV_PART_GQA };
+static const int kv_fns[][4] = {
+    [SIL_KV_F32] = {F_QK_PREP, F_ATTEND, F_ATTEND_PART, F_ATTEND_PART_GQA},
+    [SIL_KV_F16] = {F_QK_PREP_H, F_ATTEND_H, F_ATTEND_PART_H, F_ATTEND_PART_GQA_H},
+    [SIL_KV_Q8_0] = {F_QK_PREP_Q8, F_ATTEND_Q8, F_ATTEND_PART_Q8, F_ATTEND_PART_GQA_Q8},
+    [SIL_KV_Q4_0] = {F_QK_PREP_Q4, F_ATTEND_Q4, F_ATTEND_PART_Q4, F_ATTEND_PART_GQA_Q4},
+};
 
 #define MB SIL_CUDA_MAX_BATCH
 _Static_assert(SIL_KV_BLOCK == 64, "fwd.cu's FWD_KV_BLOCK is 64 positions");
@@ -825,7 +823,7 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     }
     const uint64_t layer = (uint64_t)a->layer * (uint64_t)(b->kv_nb * SIL_KV_BLOCK) *
                            sil_kv_type_bytes(b->c.kv_type, b->c.kv_dim);
-    const enum sil_kv_type kt = b->c.kv_type;
+    const int *kf = kv_fns[b->c.kv_type];
     sil_cuda_ptr kc = b->kv_k + layer, vc = b->kv_v + layer;
     sil_cuda_ptr q = dp(a->q.data), k = dp(a->k.data), v = dp(a->v.data), o = dp(a->o.data);
     sil_cuda_ptr qn = dp(a->q_norm->data), kn = dp(a->k_norm->data);
@@ -838,13 +836,13 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     void *p1[] = {&q,      &ldq,    &q_stride, &k,   &ldk,   &v,  &ldv, &qn, &kn, &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx,
                   &b->btab, &bps};
-    if (!ok(b, launch(b, kv_fn(F_QK_PREP, kt), (unsigned)(n_head + n_kv), (unsigned)ub->n, p1)))
+    if (!ok(b, launch(b, kf[KV_QK_PREP], (unsigned)(n_head + n_kv), (unsigned)ub->n, p1)))
         return;
     void *p2[] = {&q,      &ldq,    &q_stride, &o,        &ldo, &kc,    &vc,       &b->pos,
                   &b->seq, &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
                   &b->scores};
     if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
-        ok(b, launch(b, kv_fn(F_ATTEND, kt), (unsigned)n_head, (unsigned)ub->n, p2));
+        ok(b, launch(b, kf[KV_ATTEND], (unsigned)n_head, (unsigned)ub->n, p2));
         return;
     }
     /* decode: the context split over attn_split blocks a head, then merged */
@@ -855,7 +853,7 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
-    const int f = kv_fn(gqa ? F_ATTEND_PART_GQA : F_ATTEND_PART, kt);
+    const int f = kf[gqa ? KV_PART_GQA : KV_PART];
     if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
                                (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
         return;
@@ -1375,8 +1373,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     /* prefill (unless SIL_CUDA_GROUPED=0): grouped products over the slot pools, each expert
      * read once, as everything resident does (the same kernels on the same bytes) */
     if (!cpu && !b->no_grouped && pl->n_rows > MB && n_host == 0) {
-        if (b->mode == PASS_REPLAY) return;
-        flush_add(b);
+        flush_add(b); /* never a replayed pass: graphs take at most MB rows */
         if (b->rc == 0) moe_grouped(b, x, pl, true);
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;

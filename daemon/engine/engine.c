@@ -29,6 +29,7 @@ struct sil_engine {
     struct sil_model_info info;
     int32_t n_ctx, n_seq_max, n_batch_max;
     int64_t dev_kv_blocks; /* the device backend's KV pool (blocks), 0 on the CPU */
+    enum sil_kv_type kv_type; /* sil_engine_params.kv_type, checked at open */
     struct sil_fwd f;
     bool *seq_live;
     int32_t *seq_len;
@@ -98,10 +99,6 @@ bool sil_engine_kv_type_valid(const char *name)
 static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
 {
     const struct sil_hparams *hp = &e->model->hp;
-    int type = p->kv_type ? sil_kv_type_from_name(p->kv_type) : SIL_KV_F32;
-    if (type < 0)
-        return sil_errorf(err, -EINVAL, "engine: unknown KV type '%s' (f16, q8_0, q4_0 or f32)",
-                          p->kv_type);
     const bool host = strcmp(e->f.be->ops->name, "cpu") == 0;
     struct sil_kv_config c = {
         .n_layer = host ? hp->n_layer_attn : 0,
@@ -110,7 +107,7 @@ static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, stru
         .n_embd_k = hp->n_head_kv * hp->n_embd_head_k,
         .n_embd_v = hp->n_head_kv * hp->n_embd_head_v,
         .head_dim = hp->n_embd_head_k,
-        .type = (enum sil_kv_type)type,
+        .type = e->kv_type,
         .budget = p->kv_budget,
         .n_blocks = host ? 0 : (int32_t)e->dev_kv_blocks,
     };
@@ -244,10 +241,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     if (p->exact)
         return sil_errorf(err, -ENOTSUP,
                           "cuda backend: exact (F32) mode runs on the CPU backend only");
-    const int kv_type = p->kv_type ? sil_kv_type_from_name(p->kv_type) : SIL_KV_F32;
-    if (kv_type < 0)
-        return sil_errorf(err, -EINVAL, "engine: unknown KV type '%s' (f16, q8_0, q4_0 or f32)",
-                          p->kv_type);
+    const enum sil_kv_type kv_type = e->kv_type;
     if ((kv_type == SIL_KV_Q8_0 || kv_type == SIL_KV_Q4_0) && hp->n_layer_attn > 0 &&
         hp->n_embd_head_k % 32 != 0)
         return sil_errorf(err, -ENOTSUP,
@@ -259,7 +253,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     const int64_t bps = ((int64_t)e->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK;
     const uint64_t dev_block =
         2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
-        sil_kv_type_bytes((enum sil_kv_type)kv_type, (int64_t)hp->n_head_kv * hp->n_embd_head_k);
+        sil_kv_type_bytes(kv_type, (int64_t)hp->n_head_kv * hp->n_embd_head_k);
     e->dev_kv_blocks = (int64_t)e->n_seq_max * bps;
     if (p->kv_budget && dev_block) {
         e->dev_kv_blocks = (int64_t)(p->kv_budget / dev_block);
@@ -303,7 +297,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
-        .kv_type = (enum sil_kv_type)kv_type,
+        .kv_type = kv_type,
         .kv_blocks = e->dev_kv_blocks,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
@@ -399,10 +393,15 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if (p->backend && strcmp(p->backend, "cpu") != 0 && strcmp(p->backend, "auto") != 0 &&
         strcmp(p->backend, "cuda") != 0)
         return sil_errorf(err, -EINVAL, "engine: unknown backend '%s' (cpu, cuda, auto)", p->backend);
+    const int kv_type = p->kv_type ? sil_kv_type_from_name(p->kv_type) : SIL_KV_F32;
+    if (kv_type < 0)
+        return sil_errorf(err, -EINVAL, "engine: unknown KV type '%s' (f16, q8_0, q4_0 or f32)",
+                          p->kv_type);
     struct sil_engine *e = calloc(1, sizeof(*e));
     if (!e)
         return sil_errorf(err, -ENOMEM, "engine: out of memory");
     e->guard_slot = -1;
+    e->kv_type = (enum sil_kv_type)kv_type;
     int rc = sil_model_load(&e->model, p->model_path, err);
     if (rc < 0) {
         free(e);
