@@ -140,7 +140,10 @@ static int open_cuda_env_policy(struct sil_engine **e, const char *model,
      * must reach the engines opened later, the resident one among them) */
     char name[64], *before[16] = {0};
     int n = 0;
-    for (; env[n] && n < 16; n++) {
+    while (env[n])
+        n++;
+    if (n > 16) return sil_errorf(err, -E2BIG, "test: more than 16 settings for one engine");
+    for (n = 0; env[n]; n++) {
         const char *eq = strchr(env[n], '=');
         snprintf(name, sizeof name, "%.*s", (int)(eq - env[n]), env[n]);
         const char *was = getenv(name);
