@@ -1,5 +1,6 @@
 /* sil-batchbench: aggregate decode throughput of N sequences decoding together, one
- * sil_engine_eval of N rows per step (greedy, argmax on the host), for each N of --streams, next
+ * evaluation of N rows per step (greedy: the engine's argmax, found where the logits are; with
+ * --pick host the logits come to the host and are picked there), for each N of --streams, next
  * to the byte bound of the same steps: the weight bytes a step must read (the backbone without
  * the embedding table, N embedding rows, and the routed experts the step's routing touched, as
  * the engine counted them) over the streaming read bandwidth measured just before, in the same
@@ -16,6 +17,7 @@
 #include "bench/common/common.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gguf.h"
+#include "daemon/engine/sampler.h"
 #include "daemon/engine/size.h"
 
 #define PROG "sil-batchbench"
@@ -64,16 +66,16 @@ static double cpu_now(void)
 
 static int32_t argmax(const float *x, int32_t n)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+    return sil_argmax(x, n);
 }
 
 struct bufs {
     int32_t *tok, *pos, *seq;
     int32_t seqs[MAX_STREAMS];
+    int32_t am[MAX_STREAMS];
     float *logits;
+    bool host_pick; /* --pick host: every row's logits to the host, argmax there */
+    double eval_s;  /* seconds inside the engine during decode_steps */
 };
 
 /* The timed part: n_gen steps of ns rows, each row's next token its argmax. Not inlined, so a
@@ -82,11 +84,16 @@ __attribute__((noinline)) static int decode_steps(struct sil_engine *e, struct b
                                                   int n_gen, struct sil_error *err)
 {
     const int32_t V = sil_engine_info(e)->n_vocab;
+    b->eval_s = 0;
     for (int step = 0; step < n_gen; step++) {
         const struct sil_batch bt = {ns, b->tok, b->pos, b->seq, NULL};
-        if (sil_engine_eval(e, &bt, b->logits, err) < 0) return -1;
+        const double t0 = sil_bench_now();
+        if (sil_engine_eval_out(e, &bt, b->host_pick ? b->logits : NULL,
+                                b->host_pick ? NULL : b->am, NULL, err) < 0)
+            return -1;
+        b->eval_s += sil_bench_now() - t0;
         for (int s = 0; s < ns; s++) {
-            b->tok[s] = argmax(b->logits + (size_t)s * V, V);
+            b->tok[s] = b->host_pick ? argmax(b->logits + (size_t)s * V, V) : b->am[s];
             b->pos[s]++;
         }
     }
@@ -155,6 +162,8 @@ static void usage(FILE *f)
         "  --mib N         bandwidth buffer in MiB, larger than the caches (default 1024)\n"
         "  --backend NAME  cpu (default) or cuda\n"
         "  --vram-budget SIZE device memory cap for the cuda backend (e.g. 8G)\n"
+        "  --pick WHERE    device (default: the engine's argmax, only token ids come back) or\n"
+        "                  host (every row's logits to the host, argmax there)\n"
         "  --bw-gbs F      the bandwidth the byte bound divides by, in GB/s, instead of the\n"
         "                  host read bandwidth measured before each figure (a device's, measured\n"
         "                  elsewhere in the same run); needed with --backend cuda\n"
@@ -168,6 +177,7 @@ int main(int argc, char **argv)
     const char *backend = "cpu";
     double bw_given = 0;
     uint64_t budget = 0;
+    bool host_pick = false;
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -181,6 +191,7 @@ int main(int argc, char **argv)
         {"backend", required_argument, 0, 'k'},
         {"vram-budget", required_argument, 0, 'v'},
         {"bw-gbs", required_argument, 0, 'w'},
+        {"pick", required_argument, 0, 'P'},
         {0, 0, 0, 0},
     };
     int c;
@@ -220,6 +231,13 @@ int main(int argc, char **argv)
                 fprintf(stderr, PROG ": --vram-budget must be a size such as 8G\n");
                 r = 1;
             }
+            break;
+        case 'P':
+            if (strcmp(optarg, "device") && strcmp(optarg, "host")) {
+                fprintf(stderr, PROG ": --pick must be device or host\n");
+                r = 1;
+            }
+            host_pick = strcmp(optarg, "host") == 0;
             break;
         case 'w':
             r = sil_bench_parse_double(PROG, "--bw-gbs", optarg, 0.001, 1e6, &bw_given);
@@ -279,6 +297,7 @@ int main(int argc, char **argv)
     const size_t bw_bytes = (size_t)mib << 20;
     const int32_t V = sil_engine_info(e)->n_vocab;
     struct bufs b = {0};
+    b.host_pick = host_pick;
     const size_t rows = (size_t)p.n_batch_max;
     b.tok = calloc(rows, sizeof(int32_t));
     b.pos = calloc(rows, sizeof(int32_t));
@@ -310,10 +329,13 @@ int main(int argc, char **argv)
                    "\"prompt\": %d, \"gen\": %d, "
                    "\"decode_tok_s\": %.3f, \"read_bw_gb_s\": %.3f, \"bw_source\": \"%s\", "
                    "\"backbone_bytes_step\": %.0f, "
-                   "\"expert_bytes_step\": %.0f, \"floor_tok_s\": %.3f, \"cpu_ms_step\": %.3f}\n",
+                   "\"expert_bytes_step\": %.0f, \"floor_tok_s\": %.3f, \"cpu_ms_step\": %.3f, "
+                   "\"pick\": \"%s\", \"eval_ms_step\": %.3f, \"step_ms\": %.3f}\n",
                    r + 1, sil_engine_info(e)->backend, ns[i], (int)threads, (int)n_prompt,
                    (int)n_gen, tok_s, bw, bw_given > 0 ? "given" : "measured",
-                   (double)fixed + (double)embd_row * ns[i], eb, ns[i] * bw * 1e9 / step, cpu_ms);
+                   (double)fixed + (double)embd_row * ns[i], eb, ns[i] * bw * 1e9 / step, cpu_ms,
+                   host_pick ? "host" : "device", b.eval_s * 1e3 / (double)n_gen,
+                   1e3 * ns[i] / tok_s);
             fflush(stdout);
         }
     rc = 0;

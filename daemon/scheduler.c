@@ -737,11 +737,17 @@ void step(struct sil_worker *w)
 
     struct sil_batch batch = { .n = n, .token = w->b_tok, .pos = w->b_pos, .seq = w->b_seq, .want_logits = w->b_want };
     struct sil_error err = { 0 };
+    /* every pick of this step greedy: the engine's argmax, and no logits cross to the host */
+    bool greedy = n_logits > 0;
+    for (struct job *g = w->running; g && greedy; g = g->next)
+        if (g->logit_row >= 0)
+            greedy = sil_genctl_forced(g->gc) >= 0 || sil_sampler_plain_greedy(g->smp);
     test_stall(w);
     double t0 = now_s();
     int rc = test_kv_full(w, n, &err)
                  ? -ENOBUFS
-                 : sil_engine_eval_rows(w->e, &batch, w->logits, w->b_status, &err);
+                 : sil_engine_eval_out(w->e, &batch, greedy ? NULL : w->logits,
+                                       greedy ? w->b_pick : NULL, w->b_status, &err);
     double dt = now_s() - t0;
     w->local.eval_seconds += dt;
     w->local.steps++;
@@ -809,7 +815,9 @@ void step(struct sil_worker *w)
         if (j->logit_row >= 0 && !j->cancelled) {
             const float *lg = w->logits + (size_t)j->logit_row * w->n_vocab;
             int32_t forced = sil_genctl_forced(j->gc);
-            int32_t id = forced >= 0 ? forced : sil_sampler_sample(j->smp, lg, j->ctx.p, j->ctx.n);
+            int32_t id = forced >= 0 ? forced
+                         : greedy    ? w->b_pick[j->logit_row]
+                                     : sil_sampler_sample(j->smp, lg, j->ctx.p, j->ctx.n);
             job_token(w, j, id);
         }
         j = next;

@@ -767,6 +767,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->b_seq = calloc(w->n_batch_max, sizeof(int32_t));
     w->b_want = calloc(w->n_batch_max, sizeof(bool));
     w->b_status = calloc(w->n_batch_max, sizeof(int));
+    w->b_pick = calloc(w->n_batch_max, sizeof(int32_t));
     w->test_stall_ms = sil_test_hook("stall_ms");
     w->test_ubatch_ms = sil_test_hook("ubatch_ms");
     w->test_kv_tokens = sil_test_hook("kv_tokens");
@@ -777,6 +778,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     sil_engine_set_eval_progress(e, eval_progress, w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
     if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
+        !w->b_pick ||
         !w->logits || !w->s_items || !w->s_jobs || !w->s_idx || !w->s_take ||
         !grow_ec(w, sil_engine_info(e)->n_layer)) {
         sil_worker_free(w);
@@ -828,6 +830,7 @@ void sil_worker_free(struct sil_worker *w)
     free(w->b_seq);
     free(w->b_want);
     free(w->b_status);
+    free(w->b_pick);
     free(w->logits);
     free(w->s_items);
     free(w->s_jobs);

@@ -141,6 +141,7 @@ struct sil_worker {
     int32_t *b_tok, *b_pos, *b_seq;
     bool *b_want;
     int *b_status; /* per row, from sil_engine_eval */
+    int32_t *b_pick; /* per logits row: the engine's argmax, in a step where every pick is greedy */
     float *logits;
     /* The model: damaged once its file changed (no evaluation reads the mapping after that), and
      * a reload waiting for the running requests to end. */

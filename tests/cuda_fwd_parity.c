@@ -68,6 +68,12 @@
  *  19. 16 sequences decoded in one batch of 16 rows (more than the decode path's 8: the engine
  *      splits such a batch of one row a sequence into micro-batches of 8) against each decoded
  *      alone: within 1e-3, in two micro-batches.
+ *  20. the greedy pick on the device (sil_engine_eval_out): two groups of 8 sequences decode 6
+ *      steps in graphs, one with logits and argmax, one with argmax alone; every pick equals
+ *      the host's argmax of the logits, and the argmax-only group's picks the other's.
+ *  21. prefill attention in launches of 3 rows (SIL_CUDA_SCORES_ROWS=3: the scores buffer is
+ *      capped at 256 MiB, so a long context takes a ubatch's rows a few at a time) against one
+ *      launch: bit for bit.
  *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
@@ -320,6 +326,73 @@ static int decode_split(const char *model, const int32_t *p2, int n2, int V)
                "alone: max |diff| = %.4g (tol %.0e) %s\n",
                model, N_SPLIT, (unsigned long long)nu, (N_SPLIT + 7) / 8, worst, GPU_SELF_TOL,
                failed ? "FAIL" : "ok");
+    }
+    sil_engine_close(e);
+    free(lg);
+    free(one);
+    return failed;
+}
+
+/* Check 20: the greedy pick on the device. Two groups of 8 sequences with the same prompts
+ * decode N_PICK steps in batches of 8 rows (graphs from the third step on): group A with logits
+ * and argmax, group B with argmax alone (no logits cross to the host). Every step A's argmax is
+ * the host's argmax of A's logits, and B's equals A's. 1 when it fails. */
+#define N_PICK 6
+static int decode_pick(const char *model, const int32_t *p2, int n2, int V)
+{
+    enum { G = 8 };
+    if (n2 < G + 3) return 0;
+    struct sil_engine *e = NULL;
+    struct sil_error err = {0};
+    struct sil_engine_params pa;
+    sil_engine_params_default(&pa);
+    pa.model_path = model;
+    pa.backend = "cuda";
+    pa.n_ctx = 64;
+    pa.n_seq_max = 2 * G;
+    pa.n_batch_max = 64;
+    float *lg = malloc(sizeof(float) * (size_t)V * G), *one = malloc(sizeof(float) * V);
+    int32_t tok[G], pos[G], sa[G], sb[G], am_a[G], am_b[G];
+    int rc = lg && one ? sil_engine_open(&e, &pa, &err) : -ENOMEM;
+    int n_a = 0, n_b = 0, bad_host = 0, bad_b = 0;
+    for (int k = 0; k < G && rc == 0; k++) {
+        rc = prefill(e, p2, k + 2, one, &sa[k]);
+        if (rc == 0) n_a++;
+        if (rc == 0) rc = prefill(e, p2, k + 2, one, &sb[k]);
+        if (rc == 0) n_b++;
+        tok[k] = p2[k + 2];
+        pos[k] = k + 2;
+    }
+    for (int st = 0; st < N_PICK && rc == 0; st++) {
+        const struct sil_batch ba = {.n = G, .token = tok, .pos = pos, .seq = sa};
+        const struct sil_batch bb = {.n = G, .token = tok, .pos = pos, .seq = sb};
+        memset(am_a, 0xff, sizeof am_a);
+        memset(am_b, 0xff, sizeof am_b);
+        rc = sil_engine_eval_out(e, &ba, lg, am_a, NULL, &err);
+        if (rc == 0) rc = sil_engine_eval_out(e, &bb, NULL, am_b, NULL, &err);
+        for (int k = 0; k < G && rc == 0; k++) {
+            int32_t h = 0; /* the host's argmax, ties to the lower id */
+            for (int32_t v = 1; v < V; v++)
+                if (lg[(size_t)k * V + v] > lg[(size_t)k * V + h]) h = v;
+            bad_host += am_a[k] != h;
+            bad_b += am_b[k] != am_a[k];
+            tok[k] = am_a[k] >= 0 && am_a[k] < V ? am_a[k] : 0;
+            pos[k]++;
+        }
+    }
+    for (int k = 0; k < n_a; k++)
+        sil_seq_free(e, sa[k]);
+    for (int k = 0; k < n_b; k++)
+        sil_seq_free(e, sb[k]);
+    int failed = 1;
+    if (rc < 0) {
+        fprintf(stderr, "%s: greedy pick on the device: %s\n", model,
+                err.msg[0] ? err.msg : "an evaluation failed (above)");
+    } else {
+        failed = bad_host != 0 || bad_b != 0;
+        printf("%s: cuda argmax on the device, %d steps of %d rows: %d picks differ from the "
+               "host's argmax of the logits, %d without logits differ (want 0, 0) %s\n",
+               model, N_PICK, G, bad_host, bad_b, failed ? "FAIL" : "ok");
     }
     sil_engine_close(e);
     free(lg);
@@ -793,6 +866,18 @@ int main(int argc, char **argv)
 
     /* 19. a decode batch of more rows than the decode path takes, split by the engine */
     fails += decode_split(model, p2, n2, V);
+
+    /* 20. the greedy pick on the device, with and without logits */
+    fails += decode_pick(model, p2, n2, V);
+
+    /* 21. prefill attention in launches of 3 rows (a long context's scores buffer holds few
+     * rows) against one launch for the ubatch: every row computes the same, bit for bit */
+    {
+        const char *env[] = {"SIL_CUDA_SCORES_ROWS=3", NULL};
+        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+                                    "prefill attention in launches of 3 rows vs one launch", p2,
+                                    n2, V, lg, alone);
+    }
 
     /* 13. grouped-query decode attention against one block a query head */
     {

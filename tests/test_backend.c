@@ -48,7 +48,8 @@ static struct sil_backend *open_cpu(int n_threads)
                                .n_expert = X,
                                .n_expert_used = K,
                                .n_ff_exp = F,
-                               .n_ff_shexp = S};
+                               .n_ff_shexp = S,
+                               .n_vocab = V};
     struct sil_backend *be = NULL;
     struct sil_error err;
     assert_int_equal(sil_backend_cpu_create(&be, &c, &err), 0);
@@ -313,8 +314,19 @@ static void test_head_argmax(void **state)
         assert_true(logits[V + v] == col0[v]); /* row 0 went to logits row 1 */
         assert_true(logits[v] == -col0[v]);
     }
-    assert_int_equal(am[0], 1);
-    assert_int_equal(am[1], 4);
+    assert_int_equal(am[1], 1); /* argmax goes by out_rows too */
+    assert_int_equal(am[0], 4);
+    /* argmax alone (no logits buffer), more rows than the backend's scratch holds at once */
+    struct sil_act x6 = act(be, 6, E);
+    float *x6s = x6.data;
+    memset(x6s, 0, sizeof(float) * 6 * E);
+    for (int r = 0; r < 6; r++)
+        x6s[r * E] = r % 2 ? -1.0f : 1.0f;
+    const int32_t out6[6] = {5, 4, 3, 2, 1, 0};
+    int32_t am6[6] = {-1, -1, -1, -1, -1, -1};
+    be->ops->head(be, x6, &H, out6, NULL, am6);
+    for (int r = 0; r < 6; r++)
+        assert_int_equal(am6[out6[r]], r % 2 ? 4 : 1);
     be->ops->free(be);
 }
 

@@ -492,8 +492,17 @@ static void test_decode8_vs_alone(void **state)
                 p8[s] = len[s] + k;
             }
             struct sil_batch b = {NS, t8, p8, seqs, NULL};
-            assert_int_equal(sil_engine_eval(e, &b, together, &err), 0);
+            int32_t am[NS];
+            memset(am, 0xff, sizeof am);
+            if (k == STEPS - 1) { /* argmax alone, no logits: each row's greedy pick as alone */
+                assert_int_equal(sil_engine_eval_out(e, &b, NULL, am, NULL, &err), 0);
+                for (int s = 0; s < NS; s++)
+                    assert_int_equal(am[s], tok[s][k + 1]);
+                continue;
+            }
+            assert_int_equal(sil_engine_eval_out(e, &b, together, am, NULL, &err), 0);
             for (int s = 0; s < NS; s++) {
+                assert_int_equal(am[s], argmax(together + (size_t)s * V, V));
                 const float *a = alone + ((size_t)s * STEPS + k) * V, *t = together + (size_t)s * V;
                 if (memcmp(a, t, sizeof(float) * (size_t)V) != 0) {
                     double d = 0;

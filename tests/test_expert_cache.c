@@ -23,10 +23,12 @@
 #include "daemon/engine/route_trace.h"
 #include "tests/testutil.h"
 
-static struct sil_ecache *mk(int32_t L, int32_t X, int32_t slots, enum sil_ecache_policy pol,
-                             enum sil_ecache_pools pools, double half_life, double protect)
+static struct sil_ecache *mk_stage(int32_t L, int32_t X, int32_t slots,
+                                   enum sil_ecache_policy pol, enum sil_ecache_pools pools,
+                                   double half_life, double protect, int32_t n_stage)
 {
     struct sil_ecache_config c = {.n_layer = L,
+                                  .n_stage = n_stage,
                                   .n_expert = X,
                                   .n_slot = slots,
                                   .policy = pol,
@@ -38,6 +40,12 @@ static struct sil_ecache *mk(int32_t L, int32_t X, int32_t slots, enum sil_ecach
     struct sil_error err = {0};
     assert_int_equal(sil_ecache_create(&e, &c, &err), 0);
     return e;
+}
+
+static struct sil_ecache *mk(int32_t L, int32_t X, int32_t slots, enum sil_ecache_policy pol,
+                             enum sil_ecache_pools pools, double half_life, double protect)
+{
+    return mk_stage(L, X, slots, pol, pools, half_life, protect, 0);
 }
 
 /* One single-expert plan at layer l; returns the entry. */
@@ -247,6 +255,52 @@ static void test_static(void **state)
     assert_int_equal(s.fills, 0);
     sil_ecache_free(c);
 
+    /* with a staging area (6 slots, 2 staging: 4 pinned; slots are handed out from 0 up) the
+     * preloads and then the first misses are pinned, later misses go through staging (LRU) */
+    c = mk_stage(1, 16, 6, SIL_ECACHE_STATIC, SIL_ECACHE_PER_LAYER, 0, 0, 2);
+    assert_int_equal(sil_ecache_preload(c, 0, 1), 0);
+    assert_int_equal(sil_ecache_preload(c, 0, 2), 1);
+    expect(one(c, 0, 3), SIL_ECACHE_FILL, 2, -1); /* pinned from here on */
+    expect(one(c, 0, 4), SIL_ECACHE_FILL, 3, -1); /* the pinned part is full */
+    expect(one(c, 0, 5), SIL_ECACHE_FILL, 4, -1); /* staging */
+    expect(one(c, 0, 6), SIL_ECACHE_FILL, 5, -1);
+    expect(one(c, 0, 7), SIL_ECACHE_FILL, 4, 5); /* staging's least recent */
+    expect(one(c, 0, 6), SIL_ECACHE_HIT, 5, -1);
+    expect(one(c, 0, 8), SIL_ECACHE_FILL, 4, 7); /* 6 was used after 7 */
+    for (int32_t e = 1; e <= 4; e++) /* the pinned ones were never evicted */
+        expect(one(c, 0, e), SIL_ECACHE_HIT, e - 1, -1);
+    {
+        const int32_t wide[3] = {9, 10, 11}; /* 3 misses, 2 staging slots */
+        struct sil_ecache_entry r[3];
+        assert_int_equal(sil_ecache_lookup(c, 0, wide, NULL, 3, r), 1);
+        expect(r[0], SIL_ECACHE_FILL, 5, 6);
+        expect(r[1], SIL_ECACHE_FILL, 4, 8);
+        expect(r[2], SIL_ECACHE_HOST, -1, -1);
+    }
+    assert_int_equal(sil_ecache_preload(c, 0, 12), -ENOSPC);
+    sil_ecache_stats(c, 0, &s);
+    assert_int_equal(s.fills, 8);
+    assert_int_equal(s.evictions, 4);
+    assert_int_equal(s.host, 1);
+    sil_ecache_free(c);
+    /* preloads past the pinned part go to staging and leave it as misses arrive */
+    c = mk_stage(1, 16, 4, SIL_ECACHE_STATIC, SIL_ECACHE_PER_LAYER, 0, 0, 1);
+    for (int32_t e = 0; e < 4; e++)
+        assert_int_equal(sil_ecache_preload(c, 0, e), e);
+    expect(one(c, 0, 9), SIL_ECACHE_FILL, 3, 3);
+    for (int32_t e = 0; e < 3; e++)
+        expect(one(c, 0, e), SIL_ECACHE_HIT, e, -1);
+    sil_ecache_free(c);
+    {
+        struct sil_ecache_config bad = {.n_layer = 1, .n_expert = 4, .n_slot = 2,
+                                        .policy = SIL_ECACHE_STATIC, .n_stage = 3};
+        struct sil_error err = {0};
+        c = NULL;
+        assert_int_equal(sil_ecache_create(&c, &bad, &err), -EINVAL);
+        assert_non_null(strstr(err.msg, "n_stage"));
+        assert_null(c);
+    }
+
     /* LRU preload order: the first preloaded is the most recent, so the last goes first */
     c = mk(1, 8, 3, SIL_ECACHE_LRU, SIL_ECACHE_PER_LAYER, 0, 0);
     for (int e = 0; e < 3; e++)
@@ -340,10 +394,13 @@ static void test_random_invariants(void **state)
 {
     const int32_t L = 3, X = 20;
     uint64_t rng = 7;
-    for (int pol = 0; pol < SIL_ECACHE_POLICY_COUNT; pol++) {
+    for (int pv = 0; pv <= SIL_ECACHE_POLICY_COUNT; pv++) {
+        /* the last round: static with a staging area of 3 slots per pool */
+        const int pol = pv < SIL_ECACHE_POLICY_COUNT ? pv : SIL_ECACHE_STATIC;
         for (int g = 0; g < 2; g++) {
             for (int32_t slots = 0; slots <= 31; slots += 5) {
-                struct sil_ecache *c = mk(L, X, slots, pol, g, 4, 0.3);
+                struct sil_ecache *c =
+                    mk_stage(L, X, slots, pol, g, 4, 0.3, pv == pol ? 0 : slots < 3 ? slots : 3);
                 if (pol == SIL_ECACHE_STATIC)
                     for (int32_t k = 0; k < L * X; k += 3)
                         sil_ecache_preload(c, k / X, k % X);

@@ -108,6 +108,81 @@ static void test_argmax(void **unused)
     const float c[] = { NAN, NAN };
     assert_int_equal(sil_argmax(c, 2), 0);
     assert_int_equal(sil_argmax(a, 0), -1);
+    /* against the one-pass scan on every length around the vector width, the largest value
+     * anywhere (head, body, tail), with NaN, ties and infinities */
+    float x[67];
+    for (int n = 1; n <= 67; n++)
+        for (int at = 0; at < n; at++) {
+            for (int i = 0; i < n; i++)
+                x[i] = (float)((i * 7) % 5) - 10.0f;
+            x[at] = 4.0f;
+            if (n > 3) x[(at + 3) % n] = NAN;
+            if (n > 5 && (at + 5) % n > at) x[(at + 5) % n] = 4.0f; /* a later tie */
+            int32_t want = -1;
+            float bv = -INFINITY;
+            for (int i = 0; i < n; i++)
+                if (x[i] > bv) {
+                    bv = x[i];
+                    want = i;
+                }
+            assert_int_equal(sil_argmax(x, n), want < 0 ? 0 : want);
+        }
+    float inf[20];
+    for (int i = 0; i < 20; i++)
+        inf[i] = -INFINITY;
+    assert_int_equal(sil_argmax(inf, 20), 0);
+    inf[13] = INFINITY;
+    inf[17] = INFINITY;
+    assert_int_equal(sil_argmax(inf, 20), 13);
+}
+
+static void test_plain_greedy(void **unused)
+{
+    (void)unused;
+    struct sil_sampler_params p;
+    sil_sampler_params_default(&p);
+    struct sil_sampler *s = sil_sampler_new(&p, 8);
+    assert_false(sil_sampler_plain_greedy(s)); /* temperature 0.8 */
+    sil_sampler_free(s);
+    p.temperature = 0.0f;
+    s = sil_sampler_new(&p, 8);
+    assert_true(sil_sampler_plain_greedy(s));
+    sil_sampler_free(s);
+    p.repeat_penalty = 1.3f;
+    s = sil_sampler_new(&p, 8);
+    assert_false(sil_sampler_plain_greedy(s));
+    sil_sampler_free(s);
+    p.repeat_last_n = 0; /* a penalty over no history changes nothing */
+    s = sil_sampler_new(&p, 8);
+    assert_true(sil_sampler_plain_greedy(s));
+    sil_sampler_free(s);
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.presence_penalty = 0.5f;
+    s = sil_sampler_new(&p, 8);
+    assert_false(sil_sampler_plain_greedy(s));
+    sil_sampler_free(s);
+    p.presence_penalty = 0.0f;
+    const struct sil_logit_bias out_of_range[] = {{8, 5.0f}, {-1, 2.0f}, {3, 0.0f}};
+    p.logit_bias = out_of_range;
+    p.n_logit_bias = 3;
+    s = sil_sampler_new(&p, 8);
+    assert_true(sil_sampler_plain_greedy(s)); /* ignored ids and a zero bias */
+    sil_sampler_free(s);
+    const struct sil_logit_bias real[] = {{2, -1.0f}};
+    p.logit_bias = real;
+    p.n_logit_bias = 1;
+    s = sil_sampler_new(&p, 8);
+    assert_false(sil_sampler_plain_greedy(s));
+    /* where it says 1, sampling is the argmax of the logits as they come */
+    p.logit_bias = NULL;
+    p.n_logit_bias = 0;
+    sil_sampler_free(s);
+    s = sil_sampler_new(&p, 8);
+    const float lg[8] = {0.5f, NAN, 2.0f, 7.0f, 7.0f, -1.0f, 0.0f, 3.0f};
+    const int32_t hist[3] = {3, 3, 4};
+    assert_int_equal(sil_sampler_sample(s, lg, hist, 3), sil_argmax(lg, 8));
+    sil_sampler_free(s);
 }
 
 static void test_greedy_and_penalties(void **unused)
@@ -516,6 +591,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_plain_greedy),
         cmocka_unit_test(test_greedy_and_penalties),
         cmocka_unit_test(test_temperature),
         cmocka_unit_test(test_top_k),

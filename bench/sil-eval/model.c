@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/sampler.h"
 #include "daemon/engine/size.h"
 
 static double now_s(void)
@@ -121,11 +122,7 @@ static double status_mib(const char *field)
 
 static int32_t argmax(const float *x, int32_t n)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
+    return sil_argmax(x, n); /* the engine's rule: ties to the lower id, NaN never */
 }
 
 static void print_row(const float *x, int32_t n)
@@ -260,12 +257,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     greedy = malloc(sizeof(int32_t) * (size_t)(n_predict + 1));
     int32_t *pos = malloc(sizeof(int32_t) * 512), *seqs = malloc(sizeof(int32_t) * 512);
     bool *want = malloc(sizeof(bool) * 512);
-    float *step = malloc(sizeof(float) * (size_t)V);
     struct pass {
         double prefill_tok_s, decode_tok_s;
         struct sil_engine_stats pre, dec; /* counters after the prefill, after the decode */
     } *ps = calloc((size_t)n_passes, sizeof(*ps));
-    if (!logits || !greedy || !pos || !seqs || !want || !step || !ps) {
+    if (!logits || !greedy || !pos || !seqs || !want || !ps) {
         fprintf(stderr, "sil-eval: out of memory\n");
         goto out_pass;
     }
@@ -306,11 +302,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             for (long s = 1; s < n_predict; s++) {
                 int32_t tok = greedy[s - 1], p1 = (int32_t)(n_ids + (size_t)s - 1);
                 struct sil_batch b = {1, &tok, &p1, &seq, NULL};
-                if (sil_engine_eval(e, &b, step, &err) < 0) {
+                /* the engine's argmax: on a device only the token id comes back */
+                if (sil_engine_eval_out(e, &b, NULL, &greedy[s], NULL, &err) < 0) {
                     fprintf(stderr, "sil-eval: %s\n", err.msg);
                     goto out_pass;
                 }
-                greedy[s] = argmax(step, V);
                 n_decoded++;
             }
             t_decode = now_s() - t0;
@@ -442,7 +438,6 @@ out_pass:
     free(pos);
     free(seqs);
     free(want);
-    free(step);
     free(ps);
 out:
     free(ids);

@@ -83,7 +83,13 @@ struct sil_ubatch {
     /* the KV block tables of the sequences (kv_cache.h; positions reserved before the pass), or
      * NULL: a device backend then lays a sequence's blocks out one after another */
     const struct sil_kv_cache *kv;
+    /* what the head gives back for the rows that want logits: SIL_HEAD_LOGITS and/or
+     * SIL_HEAD_ARGMAX (0 counts as logits); a device backend keys its graphs on it */
+    uint8_t head_out;
 };
+
+#define SIL_HEAD_LOGITS 1u
+#define SIL_HEAD_ARGMAX 2u
 
 /* Full attention of one layer over the KV layout (kv_cache.h). Per row i and head h:
  * q_h, k_h = rmsnorm(.) * q_norm / k_norm, NeoX rope on the first n_rot dims at pos[i];
@@ -193,8 +199,9 @@ struct sil_backend_ops {
      * sigmoid(sh_gate_inp . x) * shared expert(x) when there is one. */
     void (*moe)(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *plan,
                 struct sil_act out);
-    /* logits[out_rows[i]] (n_vocab = w->rows floats each, host memory) = x[i] W^T; argmax[i]
-     * (when not NULL) its largest entry, ties to the lower id. */
+    /* logits[out_rows[i]] (n_vocab = w->rows floats each, host memory; when logits is not NULL)
+     * = x[i] W^T; argmax[out_rows[i]] (when not NULL) its largest entry, ties to the lower id,
+     * NaN never the largest. At least one of the two is given. */
     void (*head)(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
                  const int32_t *out_rows, float *logits, int32_t *argmax);
 
@@ -259,6 +266,8 @@ struct sil_cpu_config {
     bool exact; /* weights dequantized to F32, F32 activations */
     int64_t k_max, ub_max, n_ctx;
     int64_t n_embd, n_expert, n_expert_used, n_ff_exp, n_ff_shexp, dn_head_scratch;
+    int64_t n_vocab; /* the head's rows: argmax without a logits buffer goes through scratch of
+                      * a few rows of them (0: the head always needs logits) */
 };
 
 int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config *c,

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "daemon/engine/backend.h"
+#include "daemon/engine/sampler.h"
 #include "kernels/cpu/kv_attn.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -38,7 +39,10 @@ struct cpu_backend {
     float *sh_logit;          /* [ub_max] */
     float *acc;               /* [n_threads][n_embd] */
     int32_t *iota;            /* [ub_max * n_expert_used] */
+    float *head_scratch;      /* [HEAD_ROWS][n_vocab]: the head's logits when none are wanted */
 };
+
+#define HEAD_ROWS 4
 
 static struct cpu_backend *cpu(struct sil_backend *be)
 {
@@ -497,16 +501,26 @@ static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_
     struct cpu_backend *b = cpu(be);
     const int64_t V = w->rows;
     struct sil_mm_input in;
-    mm_input(b, &in, 0, x);
-    struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){logits, x.rows, V, V});
-    j.out_rows = out_rows;
-    run_jobs(b, &j, 1);
-    for (int64_t i = 0; argmax && i < x.rows; i++) {
-        const float *l = logits + (int64_t)out_rows[i] * V;
-        int32_t best = 0;
-        for (int64_t v = 1; v < V; v++)
-            if (l[v] > l[best]) best = (int32_t)v;
-        argmax[i] = best;
+    if (logits) {
+        mm_input(b, &in, 0, x);
+        struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){logits, x.rows, V, V});
+        j.out_rows = out_rows;
+        run_jobs(b, &j, 1);
+        for (int64_t i = 0; argmax && i < x.rows; i++)
+            argmax[out_rows[i]] = sil_argmax(logits + (int64_t)out_rows[i] * V, (int32_t)V);
+        return;
+    }
+    /* argmax alone: a few rows at a time through scratch (no op allocates) */
+    static const int32_t local[HEAD_ROWS] = {0, 1, 2, 3};
+    if (!argmax || !b->head_scratch || V > b->c.n_vocab) return;
+    for (int64_t r0 = 0; r0 < x.rows; r0 += HEAD_ROWS) {
+        const int64_t n = x.rows - r0 < HEAD_ROWS ? x.rows - r0 : HEAD_ROWS;
+        mm_input(b, &in, 0, sil_act_rows(x, r0, n));
+        struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){b->head_scratch, n, V, V});
+        j.out_rows = local;
+        run_jobs(b, &j, 1);
+        for (int64_t i = 0; i < n; i++)
+            argmax[out_rows[r0 + i]] = sil_argmax(b->head_scratch + i * V, (int32_t)V);
     }
 }
 
@@ -529,7 +543,8 @@ static void cpu_free(struct sil_backend *be)
     if (!b) return;
     void *ptrs[] = {b->in_buf[0],  b->in_buf[1], b->mm_scratch, b->jobs,   b->attn_scratch,
                     b->dn_scratch, b->router,    b->moe_gate,   b->moe_up, b->moe_down,
-                    b->sh_gate,    b->sh_up,     b->sh_logit,   b->acc,    b->iota};
+                    b->sh_gate,    b->sh_up,     b->sh_logit,   b->acc,    b->iota,
+                    b->head_scratch};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
         free(ptrs[i]);
     for (int i = 0; i < b->n_acts; i++)
@@ -592,6 +607,8 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
         xcalloc((size_t)(nth * sil_matmul_scratch_floats(c->k_max)), sizeof(float), &fail);
     b->jobs = xcalloc((size_t)(2 * X + 8), sizeof(struct sil_mm_job), &fail);
     b->attn_scratch = xcalloc((size_t)(nth * c->n_ctx), sizeof(float), &fail);
+    if (c->n_vocab > 0)
+        b->head_scratch = xcalloc((size_t)(HEAD_ROWS * c->n_vocab), sizeof(float), &fail);
     if (c->dn_head_scratch > 0)
         b->dn_scratch = xcalloc((size_t)(nth * c->dn_head_scratch), sizeof(float), &fail);
     if (X > 0) {

@@ -124,6 +124,7 @@ static const int kv_fns[][4] = {
 };
 
 #define MB SIL_CUDA_MAX_BATCH
+#define SCORES_MAX ((uint64_t)256 << 20) /* prefill attention's scores buffer */
 _Static_assert(SIL_KV_BLOCK == 64, "fwd.cu's FWD_KV_BLOCK is 64 positions");
 #define DN_DONE_HEADS 1024 /* value heads the fused delta-rule + gated norm takes */
 #define N_GRAPHS 16
@@ -131,6 +132,7 @@ _Static_assert(SIL_KV_BLOCK == 64, "fwd.cu's FWD_KV_BLOCK is 64 positions");
 /* One ubatch shape and its graph. */
 struct graph_slot {
     int32_t n, n_runs, n_keep;
+    uint8_t head_out; /* what its head gives back (sil_ubatch.head_out) */
     int32_t run_start[MB + 1];
     int32_t keep[MB];
     int seen;        /* eager passes of this shape */
@@ -166,12 +168,14 @@ struct cuda_backend {
     sil_cuda_ptr state_tab;  /* [seq] float * */
     sil_cuda_ptr q8;         /* quantized matmul inputs */
     sil_cuda_ptr q8h;        /* quantized expert hidden rows */
-    sil_cuda_ptr scores;     /* [ub_max][n_head][n_ctx] */
+    sil_cuda_ptr scores;     /* [scores_rows][n_head][n_ctx] */
+    int32_t scores_rows;     /* prefill attention's rows a launch (SCORES_MAX caps the buffer) */
     sil_cuda_ptr attn_part;  /* [MB][n_head][attn_split][head_dim + 2] */
     int attn_split;
     sil_cuda_ptr pos, seq, rows;              /* [ub_max] int32 */
     sil_cuda_ptr run_start, run_seq, keep;    /* in meta */
     sil_cuda_ptr logits;                      /* [MB][n_vocab] */
+    sil_cuda_ptr am;                          /* [MB] int32 argmax of the logits rows */
     sil_cuda_ptr router;                      /* [ub_max][n_expert] */
     sil_cuda_ptr ids, wts, pair_of, pair_row; /* [ub_max * K] */
     sil_cuda_ptr h_gate, h_up, d_pair;        /* [ub_max * K][n_ff_exp], [..][n_embd] */
@@ -196,6 +200,7 @@ struct cuda_backend {
     sil_cuda_ptr btab;
     size_t meta_bytes, ints_off;
     float *h_logits;
+    int32_t *h_am; /* [MB] pinned: the argmax rows come down here */
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
     bool no_h8_fuse;
@@ -585,6 +590,7 @@ static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ub
     for (int i = 0; i < N_GRAPHS; i++) {
         struct graph_slot *g = &b->slots[i];
         if (g->n == ub->n && g->n_runs == ub->n_runs && g->n_keep == n_keep &&
+            g->head_out == ub->head_out &&
             !memcmp(g->run_start, ub->run_start, sizeof(int32_t) * (size_t)(ub->n_runs + 1)) &&
             !memcmp(g->keep, b->h_keep, sizeof(int32_t) * (size_t)n_keep))
             return g;
@@ -600,6 +606,7 @@ static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ub
     lru->n = ub->n;
     lru->n_runs = ub->n_runs;
     lru->n_keep = n_keep;
+    lru->head_out = ub->head_out;
     memcpy(lru->run_start, ub->run_start, sizeof(int32_t) * (size_t)(ub->n_runs + 1));
     memcpy(lru->keep, b->h_keep, sizeof(int32_t) * (size_t)n_keep);
     return lru;
@@ -838,11 +845,17 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                   &b->btab, &bps};
     if (!ok(b, launch(b, kf[KV_QK_PREP], (unsigned)(n_head + n_kv), (unsigned)ub->n, p1)))
         return;
-    void *p2[] = {&q,      &ldq,    &q_stride, &o,        &ldo, &kc,    &vc,       &b->pos,
-                  &b->seq, &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
-                  &b->scores};
     if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
-        ok(b, launch(b, kf[KV_ATTEND], (unsigned)n_head, (unsigned)ub->n, p2));
+        /* rows in launches of scores_rows (the scores buffer's), each from its own rows */
+        for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += b->scores_rows) {
+            const int64_t n = ub->n - r0 < b->scores_rows ? ub->n - r0 : b->scores_rows;
+            sil_cuda_ptr qr = q + (uint64_t)(r0 * ldq) * 4, orr = o + (uint64_t)(r0 * ldo) * 4;
+            sil_cuda_ptr pr = b->pos + (uint64_t)r0 * 4, sr = b->seq + (uint64_t)r0 * 4;
+            void *pc[] = {&qr,     &ldq,    &q_stride, &orr,      &ldo, &kc,    &vc,       &pr,
+                          &sr,     &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
+                          &b->scores};
+            ok(b, launch(b, kf[KV_ATTEND], (unsigned)n_head, (unsigned)n, pc));
+        }
         return;
     }
     /* decode: the context split over attn_split blocks a head, then merged */
@@ -1469,14 +1482,6 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
 
 /* ---- output head ------------------------------------------------------------------------ */
 
-static int32_t host_argmax(const float *x, int64_t n)
-{
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i;
-    return (int32_t)best;
-}
-
 /* The per-kernel table of the profiled pass: name, launches, microseconds, weight bytes read,
  * GB/s; the last line sums them. */
 static void write_profile(struct cuda_backend *b)
@@ -1544,7 +1549,12 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
     struct cuda_backend *b = cb(be);
     const int64_t V = w->rows;
     const bool graph = b->mode != PASS_EAGER;
+    const uint8_t hm = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
     if (b->mode != PASS_REPLAY) flush_add(b);
+    if (b->rc == 0 && (hm == 0 || (graph && b->cur && (b->cur->head_out ? b->cur->head_out
+                                                                          : SIL_HEAD_LOGITS) != hm)))
+        fail(b, -EINVAL, hm ? "the head is asked for other outputs than the ubatch said"
+                            : "the head has neither logits nor argmax to give back");
     if (b->rc) {
         abort_capture(b);
         return;
@@ -1554,11 +1564,12 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
         if (b->mode != PASS_REPLAY) {
             const struct sil_mm_out lo = {w, {(void *)(uintptr_t)b->logits, n, V, V}};
             mm_chunks(b, sil_act_rows(x, r0, n), &lo, 1);
-            if (argmax && !graph && b->rc == 0 &&
-                ok(b, sil_cuda_argmax(b->cu, b->logits, (int)n, V, b->rows, NULL, &b->err)))
-                ok(b, sil_cuda_download(b->cu, argmax + r0, b->rows, sizeof(int32_t) * (size_t)n,
-                                        NULL, &b->err));
-            if (b->rc == 0)
+            /* argmax on the device: only the ids come down */
+            if (argmax && b->rc == 0 &&
+                ok(b, sil_cuda_argmax(b->cu, b->logits, (int)n, V, b->am, NULL, &b->err)))
+                ok(b, sil_cuda_download(b->cu, b->h_am, b->am, sizeof(int32_t) * (size_t)n, NULL,
+                                        &b->err));
+            if (logits && b->rc == 0)
                 ok(b, sil_cuda_download(b->cu, b->h_logits, b->logits,
                                         sizeof(float) * (size_t)(n * V), NULL, &b->err));
             /* path (b): every layer's choices, for the cache after the pass */
@@ -1586,9 +1597,10 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
             }
         }
         for (int64_t i = 0; i < n && b->rc == 0; i++) {
-            memcpy(logits + (int64_t)out_rows[r0 + i] * V, b->h_logits + i * V,
-                   sizeof(float) * (size_t)V);
-            if (argmax && graph) argmax[r0 + i] = host_argmax(b->h_logits + i * V, V);
+            if (logits)
+                memcpy(logits + (int64_t)out_rows[r0 + i] * V, b->h_logits + i * V,
+                       sizeof(float) * (size_t)V);
+            if (argmax) argmax[out_rows[r0 + i]] = b->h_am[i];
         }
     }
     if (b->zc_pass && b->rc == 0) atomic_fetch_add_explicit(&b->zc_passes, 1, memory_order_relaxed);
@@ -1949,6 +1961,7 @@ static void cuda_free(struct sil_backend *be)
         sil_cuda_host_release(b->cu, b->h_y);
         sil_cuda_host_release(b->cu, b->h_meta);
         sil_cuda_host_release(b->cu, b->h_logits);
+        sil_cuda_host_release(b->cu, b->h_am);
         sil_cuda_host_release(b->cu, b->stage);
         for (int i = 0; b->pinned && i < b->n_rng; i++)
             sil_cuda_host_unregister(b->cu, (void *)b->rng[i].lo);
@@ -2188,6 +2201,16 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                           "attention takes (524288)",
                           (long long)c->n_ctx);
     const int attn_split = (int)split;
+    /* prefill attention's scores, one row of the context a (row, head): at most SCORES_MAX
+     * bytes, the ubatch's rows in launches of as many rows as fit, at least one
+     * (SIL_CUDA_SCORES_ROWS=N caps the rows a launch lower, for tests) */
+    const uint64_t score_row = (uint64_t)(c->n_head * c->n_ctx) * f4;
+    int64_t scores_rows = score_row > 0 ? (int64_t)(SCORES_MAX / score_row) : U;
+    const char *srows = getenv("SIL_CUDA_SCORES_ROWS");
+    if (srows && atoi(srows) > 0 && atoi(srows) < scores_rows) scores_rows = atoi(srows);
+    if (scores_rows > U) scores_rows = U;
+    if (scores_rows < 1) scores_rows = 1;
+    b->scores_rows = (int32_t)scores_rows;
     const uint64_t part_bytes =
         c->n_layer_attn > 0 && c->head_dim > 0
             ? (uint64_t)(MB * c->n_head * attn_split) * (uint64_t)(c->head_dim + 2) * f4
@@ -2195,7 +2218,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const uint64_t scratch =
         part_bytes + grouped + q8 +
         (X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 + (uint64_t)(MB * (K + 1) * F) * f4 : 0) +
-        (uint64_t)(U * c->n_head * c->n_ctx) * f4 + (uint64_t)(MB * c->n_vocab) * f4 +
+        (uint64_t)scores_rows * score_row + (uint64_t)(MB * c->n_vocab) * f4 +
         (uint64_t)(U * E) * f4 + 6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
     uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
@@ -2297,11 +2320,12 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->state_tab, (uint64_t)c->n_seq_max * 8},
         {&b->q8, q8},
         {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 : 0},
-        {&b->scores, (uint64_t)(U * c->n_head * c->n_ctx) * f4},
+        {&b->scores, (uint64_t)scores_rows * score_row},
         {&b->attn_part, part_bytes},
         {&b->meta, meta_bytes},
         {&b->rows, (uint64_t)U * 4},
         {&b->logits, (uint64_t)(MB * c->n_vocab) * f4},
+        {&b->am, (uint64_t)MB * 4},
         {&b->router, (uint64_t)(U * X) * f4},
         {&b->ids, (uint64_t)(U * K) * 4},
         {&b->wts, (uint64_t)(U * K) * 4},
@@ -2399,6 +2423,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     if (rc == 0)
         rc = sil_cuda_host_alloc(b->cu, (size_t)(MB * c->n_vocab) * sizeof(float),
                                  (void **)&b->h_logits, err);
+    if (rc == 0) rc = sil_cuda_host_alloc(b->cu, (size_t)MB * sizeof(int32_t), (void **)&b->h_am, err);
     if (rc == 0) {
         int32_t *hi = (int32_t *)((char *)b->h_meta + ints_off);
         b->emb = b->h_meta;

@@ -219,6 +219,7 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
         .ub_max = f->ub_max,
         .n_ctx = f->n_ctx,
         .n_embd = hp->n_embd,
+        .n_vocab = hp->n_vocab,
         .n_expert = hp->n_expert,
         .n_expert_used = hp->n_expert_used,
         .n_ff_exp = hp->n_ff_exp,
@@ -343,6 +344,9 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
             .policy = ec_policy,
             .pools = SIL_ECACHE_GLOBAL,
             .expert_bytes = c.slot_gate + c.slot_up + c.slot_down,
+            /* static keeps room to stream one layer's misses (the device cannot run an expert
+             * from the mapping in a prefill) */
+            .n_stage = (int32_t)hp->n_expert < slots ? (int32_t)hp->n_expert : slots,
         };
         rc = sil_ecache_create(&f->ecache, &ec, err);
         /* the backend's share of a decode plan's misses on the host (with cpu_misses its cap) */
@@ -806,7 +810,8 @@ bool sil_engine_damaged(const struct sil_engine *e)
 /* The forward passes, one micro-batch at a time. Runs under the engine thread's guard point:
  * a fault in serial code jumps back to sil_engine_eval, one in the pool's tasks is recorded by
  * the pool (threadpool.h) and seen here after the micro-batch. */
-static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, struct sil_error *err)
+static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t *argmax,
+                        struct sil_error *err)
 {
     /* a batch of one row a sequence (rows grouped by sequence: no two neighbours share one)
      * goes in micro-batches the backend's decode path takes, when it has a limit */
@@ -829,7 +834,8 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, struct s
         e->run_start[ub.n_runs] = ub.n;
         ub.run_start = e->run_start;
         ub.kv = e->f.kv;
-        sil_forward(&e->f, &ub, logits);
+        ub.head_out = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
+        sil_forward(&e->f, &ub, logits, argmax);
         /* A backend error: the model is damaged when the mapping faulted, else the ops failed
          * (a device error) and the error is the backend's. */
         int rc = e->f.be->ops->status ? e->f.be->ops->status(e->f.be, err) : 0;
@@ -846,6 +852,12 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
 
 int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits, int *st,
                          struct sil_error *err)
+{
+    return sil_engine_eval_out(e, b, logits, NULL, st, err);
+}
+
+int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                        int32_t *argmax, int *st, struct sil_error *err)
 {
     if (!b || b->n < 0 || b->n > e->n_batch_max) {
         if (b && b->n > 0 && b->token && b->seq) fail_rows(b, st, -1, -EINVAL);
@@ -899,10 +911,11 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
         e->p_seq[at] = s;
         e->p_out[at] = want ? n_out++ : -1;
     }
-    if (n_out > 0 && !logits) {
+    if (n_out > 0 && !logits && !argmax) {
         fail_rows(b, st, -1, -EINVAL);
         return sil_errorf(err, -EINVAL,
-                          "engine: %d rows want logits but no logits buffer was given", n_out);
+                          "engine: %d rows want logits but no logits or argmax buffer was given",
+                          n_out);
     }
 
     /* KV blocks for the new positions; running out fails that sequence and undoes the rest. */
@@ -922,7 +935,7 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
     struct sil_mapguard_point pt;
     sil_mapguard_push(&pt);
     if (sigsetjmp(pt.jb, 0)) return damaged_error(e, b, st, err);
-    const int rc = run_ubatches(e, n, logits, err);
+    const int rc = run_ubatches(e, n, logits, argmax, err);
     sil_mapguard_pop(&pt);
     if (rc > 0) return damaged_error(e, b, st, err);
     if (rc < 0) {

@@ -221,6 +221,12 @@ int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logi
  * all 0 may be evaluated again unchanged (e.g. after another sequence ran out of device memory). */
 int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float *logits,
                          int *row_status, struct sil_error *err);
+/* The same, where argmax (not NULL) gets for the k-th row wanting logits the token of its
+ * largest logit (ties to the lower id, NaN never), found where the logits are: a device backend
+ * then copies only the ids. logits may then be NULL (not written): a greedy pick without the
+ * logits crossing to the host. */
+int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                        int32_t *argmax, int *row_status, struct sil_error *err);
 
 /* fn (may be NULL) is called on the evaluating thread after each micro-batch of sil_engine_eval,
  * so a watchdog sees progress inside a long evaluation. */

@@ -18,7 +18,7 @@ struct pool {
     int32_t n_free, *free;  /* stack of free slots */
     int32_t head, tail;     /* recency list, most recent at head; -1 when empty */
     int32_t n_heap, *heap;  /* min-heap of slots by frequency */
-    int32_t n_prot, n_capp; /* HEAT: protected slots, and how many may be */
+    int32_t n_prot, n_capp; /* HEAT: protected slots, and how many may be; STATIC: pinned */
 };
 
 struct sil_ecache {
@@ -29,7 +29,7 @@ struct sil_ecache {
     int32_t *prev, *next;
     int32_t *hpos;               /* [n_slot] index in its pool's heap or -1 */
     uint64_t *pin;               /* [n_slot] epoch of the last plan that used it */
-    uint8_t *prot;               /* [n_slot] HEAT: in the protected segment */
+    uint8_t *prot;               /* [n_slot] HEAT: in the protected segment; STATIC: pinned */
     int32_t *slot_of;            /* [n_layer * n_expert] */
     double *freq;                /* [n_layer * n_expert] inflated decayed frequency */
     int32_t *free_stack;         /* [n_slot] backing of the pools' free stacks */
@@ -185,6 +185,12 @@ static void on_hit(struct sil_ecache *c, struct pool *p, int32_t s)
             list_push_head(c, p, s);
         }
         break;
+    case SIL_ECACHE_STATIC:
+        if (!c->prot[s]) { /* staging */
+            list_remove(c, p, s);
+            list_push_head(c, p, s);
+        }
+        break;
     default:
         break;
     }
@@ -203,6 +209,8 @@ static int32_t victim(const struct sil_ecache *c, const struct pool *p)
         return p->n_heap > 0 ? p->heap[0] : -1;
     case SIL_ECACHE_HEAT:
         return tail ? p->tail : p->n_heap > 0 ? p->heap[0] : -1;
+    case SIL_ECACHE_STATIC: /* only staging is in the list */
+        return tail ? p->tail : -1;
     default:
         return -1;
     }
@@ -213,8 +221,15 @@ static int32_t victim(const struct sil_ecache *c, const struct pool *p)
  * the victim); -1 when none. */
 static int32_t take_slot(struct sil_ecache *c, struct pool *p, int32_t key)
 {
-    if (c->cfg.policy == SIL_ECACHE_STATIC) return -1;
-    if (p->n_free > 0) return p->free[--p->n_free];
+    if (c->cfg.policy == SIL_ECACHE_STATIC && c->cfg.n_stage == 0) return -1;
+    if (p->n_free > 0) {
+        const int32_t f = p->free[--p->n_free];
+        if (c->cfg.policy == SIL_ECACHE_STATIC && p->n_prot < p->n_capp) {
+            c->prot[f] = 1; /* the pinned part fills first */
+            p->n_prot++;
+        }
+        return f;
+    }
     const int32_t s = victim(c, p);
     if (s < 0 || (c->admit && !(c->key[s] >= 0 && c->freq[key] > c->freq[c->key[s]]))) return -1;
     if (s == p->tail && c->cfg.policy != SIL_ECACHE_LFU) {
@@ -231,7 +246,8 @@ static int32_t take_slot(struct sil_ecache *c, struct pool *p, int32_t key)
 
 static void on_fill(struct sil_ecache *c, struct pool *p, int32_t s)
 {
-    if (c->cfg.policy == SIL_ECACHE_LRU || c->cfg.policy == SIL_ECACHE_HEAT)
+    if (c->cfg.policy == SIL_ECACHE_LRU || c->cfg.policy == SIL_ECACHE_HEAT ||
+        (c->cfg.policy == SIL_ECACHE_STATIC && !c->prot[s]))
         list_push_head(c, p, s);
 }
 
@@ -295,6 +311,8 @@ int sil_ecache_create(struct sil_ecache **out, const struct sil_ecache_config *c
     if (k.half_life == 0) k.half_life = 64;
     if (!(k.half_life > 0 && k.half_life < 1e9))
         return sil_errorf(err, -EINVAL, "expert cache: half_life %g not > 0", k.half_life);
+    if (k.n_stage < 0 || (int64_t)k.n_stage > (int64_t)k.n_slot)
+        return sil_errorf(err, -EINVAL, "expert cache: n_stage %d not in [0, n_slot]", k.n_stage);
     if (k.protect == 0) k.protect = 0.5;
     if (!(k.protect > 0 && k.protect < 1))
         return sil_errorf(err, -EINVAL, "expert cache: protect %g not in (0, 1)", k.protect);
@@ -340,7 +358,12 @@ int sil_ecache_create(struct sil_ecache **out, const struct sil_ecache_config *c
         for (int32_t j = 0; j < p->n; j++) /* the pool's first slot is handed out first */
             p->free[j] = p->first + p->n - 1 - j;
         p->head = p->tail = -1;
-        p->n_capp = (int32_t)(k.protect * p->n);
+        if (k.policy == SIL_ECACHE_STATIC) {
+            const int32_t st = k.n_stage < p->n / 2 ? k.n_stage : p->n / 2;
+            p->n_capp = k.n_stage > 0 ? p->n - st : p->n;
+        } else {
+            p->n_capp = (int32_t)(k.protect * p->n);
+        }
     }
     c->g = exp2(1.0 / (k.half_life * k.n_layer));
     c->infl = 1.0;
@@ -489,6 +512,14 @@ int sil_ecache_preload(struct sil_ecache *c, int32_t layer, int32_t expert)
             c->prot[s] = 1;
             p->n_prot++;
             heap_insert(c, p, s);
+        } else {
+            list_push_tail(c, p, s);
+        }
+        break;
+    case SIL_ECACHE_STATIC:
+        if (p->n_prot < p->n_capp) {
+            c->prot[s] = 1;
+            p->n_prot++;
         } else {
             list_push_tail(c, p, s);
         }

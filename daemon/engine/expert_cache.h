@@ -16,8 +16,12 @@
  *   HEAT   LRU over a probation segment; the `protect` fraction of the pool holding the
  *          hottest experts by decayed frequency is never evicted while probation has an
  *          unpinned slot (a probation hit hotter than the coldest protected expert swaps in).
- *   STATIC never fills: only sil_ecache_preload places experts (the "pin the hottest set"
- *          baseline); every miss is HOST.
+ *   STATIC the "pin the hottest set" baseline: an expert in the pinned part of a pool is never
+ *          evicted. With n_stage 0 only sil_ecache_preload places experts and every miss is
+ *          HOST. With n_stage > 0 the last n_stage slots of each pool are a staging area that
+ *          misses are copied through (evicting the least recently used there), for a mechanism
+ *          that cannot run an expert from host memory; the pinned part holds what was preloaded
+ *          (the heat map's hottest, preloaded first) and then the first misses seen.
  * Decayed frequency (every policy keeps it: it is the heat map): each use adds the rows routed
  * to the expert, and the sum halves every half_life lookups of a layer (tokens, in decode).
  *
@@ -58,6 +62,8 @@ struct sil_ecache_config {
     double half_life;      /* lookups of one layer; 0: 64 */
     double protect;        /* HEAT: fraction of a pool protected, [0, 1); 0: 0.5 */
     uint64_t expert_bytes; /* gate + up + down of one expert, for the streamed-bytes counter */
+    int32_t n_stage;       /* STATIC: slots of each pool misses stream through (at most half of
+                            * the pool; 0: none, every miss is HOST); other policies ignore it */
 };
 
 enum sil_ecache_kind {
@@ -107,7 +113,8 @@ void sil_ecache_set_admission(struct sil_ecache *c, int on);
 
 /* Places (layer, expert) in a free slot of its pool without evicting: the slot, -EEXIST when it
  * is already resident, -ENOSPC when its pool is full, -EINVAL out of range. Preload the hottest
- * first: in LRU order the first preloaded is the most recently used. */
+ * first: in LRU order the first preloaded is the most recently used; STATIC pins the first
+ * preloaded until its pinned part is full (the rest go to staging). */
 int sil_ecache_preload(struct sil_ecache *c, int32_t layer, int32_t expert);
 
 /* The slot holding (layer, expert), or -1. */

@@ -227,7 +227,7 @@ static struct sil_ubatch keep_output_rows(struct sil_fwd *f, const struct sil_ub
     return r;
 }
 
-void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
+void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, int32_t *argmax)
 {
     const struct sil_model *m = f->model;
     const float eps = m->hp.rms_eps;
@@ -265,6 +265,6 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits)
     /* keep_output_rows left only the rows that want logits */
     struct sil_act cur = sil_act_rows(f->cur, 0, ub->n);
     SIL_OP(f, rmsnorm, cur, sil_act_rows(f->x, 0, ub->n), &f->output_norm, eps);
-    SIL_OP(f, head, cur, &f->output, ub->out_row, logits, NULL);
+    SIL_OP(f, head, cur, &f->output, ub->out_row, logits, argmax);
     sil_fwd_moe_deferred(f);
 }

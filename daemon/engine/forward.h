@@ -95,7 +95,7 @@ void sil_fwd_close(struct sil_fwd *f);
  * point where the backend keeps them. 0 or the backend's error. */
 int sil_fwd_place_weights(struct sil_fwd *f, struct sil_error *err);
 
-void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits);
+void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, int32_t *argmax);
 
 /* Blocks: cur [n, n_embd] -> out [n, n_embd]. *_scratch: bytes of block-local activations for
  * ub_max rows. */

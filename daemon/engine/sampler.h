@@ -38,6 +38,11 @@ uint64_t sil_sampler_seed(const struct sil_sampler *s); /* the seed in use */
 /* Picks a token from logits[n_vocab] (not modified) given the tokens generated/seen so far. */
 int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int32_t *history,
                            size_t n_history);
+/* 1 when every pick is the argmax of the logits as they come (greedy, no bias or penalty that
+ * could change it): the caller may then take the engine's argmax instead of the logits. */
+int sil_sampler_plain_greedy(const struct sil_sampler *s);
+/* Index of the largest entry, the lowest on ties; NaN never; 0 when all are NaN or -inf; -1
+ * when n <= 0. */
 int32_t sil_argmax(const float *x, int32_t n);
 
 #endif
