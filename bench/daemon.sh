@@ -1,9 +1,11 @@
 # Sourced by the bench scripts that drive a siliceod of their own: bench_daemon CONF SOCK LOG
-# MODEL starts it in the background (dpid) and waits up to 60 s for its socket; bench_daemon_stop
+# MODEL starts it in the background (dpid) and waits up to 60 s for its socket (SILICEOD_ARGS: more
+# options, e.g. --backend cuda --vram-budget 8G); bench_daemon_stop
 # ends it and fails unless it exits cleanly. The caller's EXIT trap should run bench_cleanup.
 dpid=
 bench_daemon() {
-    "$B/bin/siliceod" --config "$1" --socket "$2" --model "$4" 2> "$3" &
+    # shellcheck disable=SC2086 # SILICEOD_ARGS is a list of options
+    "$B/bin/siliceod" --config "$1" --socket "$2" --model "$4" ${SILICEOD_ARGS:-} 2> "$3" &
     dpid=$!
     for _ in $(seq 600); do
         [ -S "$2" ] && return 0

@@ -9,6 +9,7 @@
 #
 # usage: bench/run-prefix.sh [MODEL.gguf]   (default: the sil-mkmodel bench model, made if absent)
 # Environment: B (build dir, default build; NO_BUILD=1 uses its siliceod as it is), THREADS (2),
+#              CKPT_MEMORY (prefix_checkpoint_memory, e.g. 8G: a big model's snapshots are large),
 #              PROMPT (4096), SHARED_PCT (90), RUNS (3), CKPT_BLOCKS (prefix_checkpoint_blocks, 4),
 #              MACHINE (vm),
 #              OUT (default bench/results/prefix-<machine>-<yyyymmdd>.json).
@@ -31,7 +32,8 @@ tmp=$(mktemp -d)
 trap bench_cleanup EXIT
 sock=$tmp/siliceod.sock
 printf '%s\n' "threads = $THREADS" "log_level = warning" "context = $((PROMPT + 256))" \
-    "prefill_chunk = 256" "prefix_checkpoint_blocks = $CKPT_BLOCKS" > "$tmp/siliceod.conf"
+    "prefill_chunk = 256" "prefix_checkpoint_blocks = $CKPT_BLOCKS" \
+    ${CKPT_MEMORY:+"prefix_checkpoint_memory = $CKPT_MEMORY"} > "$tmp/siliceod.conf"
 bench_daemon "$tmp/siliceod.conf" "$sock" "$tmp/daemon.log" "$model"
 
 SILICEO_SOCKET=$sock PYTHONPATH=tests/integration python3 - "$model" "$THREADS" "$PROMPT" \

@@ -74,6 +74,11 @@
  *  21. prefill attention in launches of 3 rows (SIL_CUDA_SCORES_ROWS=3: the scores buffer is
  *      capped at 256 MiB, so a long context takes a ubatch's rows a few at a time) against one
  *      launch: bit for bit.
+ *  22. the prefix cache over the device's KV blocks: a sequence reusing another's published
+ *      128 positions (2 blocks, with the recurrent-state snapshot on hybrid models) gives its
+ *      logits bit for bit; without recurrent layers, a cut into a shared block makes the
+ *      device copy it on write, and the logits after it equal those of a sequence that never
+ *      shared, bit for bit.
  *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
@@ -397,6 +402,99 @@ static int decode_pick(const char *model, const int32_t *p2, int n2, int V)
     sil_engine_close(e);
     free(lg);
     free(one);
+    return failed;
+}
+
+/* Evaluates ids[from, to) of sequence s (positions from..to-1) in one batch; the last row's
+ * logits into out. */
+static int eval_span(struct sil_engine *e, int s, const int32_t *ids, int from, int to,
+                     float *out, struct sil_error *err)
+{
+    int32_t pos[256], seq[256];
+    for (int i = from; i < to; i++) {
+        pos[i - from] = i;
+        seq[i - from] = s;
+    }
+    const struct sil_batch b = {.n = to - from, .token = ids + from, .pos = pos, .seq = seq};
+    return sil_engine_eval(e, &b, out, err);
+}
+
+/* Check 22: the prefix cache over the device's KV blocks. Sequence A evaluates 128 tokens,
+ * publishes them (with a recurrent-state snapshot on hybrid models), then 32 more; B reuses
+ * the 128 (2 blocks) and evaluates the same 32: B's logits equal A's bit for bit. Models
+ * without recurrent layers also check the copy on write: A cut back to 100 positions writes
+ * into a block B shares, so the device copies it first; A's logits over positions 100..159
+ * then equal those of a sequence R that never shared, run the same way. 1 when it fails. */
+static int prefix_device(const char *model, int V)
+{
+    enum { N0 = 128, N1 = 160, CUT = 100 };
+    struct sil_engine *e = NULL;
+    struct sil_error err = {0};
+    struct sil_engine_params pa;
+    sil_engine_params_default(&pa);
+    pa.model_path = model;
+    pa.backend = "cuda";
+    pa.n_ctx = 256;
+    pa.n_seq_max = 4;
+    pa.n_batch_max = 256;
+    pa.prefix_ckpt_budget = 64u << 20;
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V),
+          *lr = malloc(sizeof(float) * V);
+    int32_t ids[N1];
+    for (int i = 0; i < N1; i++)
+        ids[i] = 5 + (i * 37 + 11) % (V > 20 ? V - 10 : 1);
+    int rc = la && lb && lr ? sil_engine_open(&e, &pa, &err) : -ENOMEM;
+    int sa = -1, sb = -1, sr = -1, failed = 1;
+    int32_t got = 0;
+    float d_hit = -1.0f, d_cow = -1.0f;
+    const char *why = NULL;
+    if (rc == 0 && !sil_engine_prefix_shares(e)) why = "the engine does not share device KV blocks";
+    if (rc == 0 && !why) {
+        sa = sil_seq_create(e, &err);
+        rc = sa < 0 ? sa : eval_span(e, sa, ids, 0, N0, la, &err);
+        if (rc == 0) rc = sil_seq_prefix_publish(e, sa, 7, ids, N0, true, &err);
+        if (rc == 0) rc = eval_span(e, sa, ids, N0, N1, la, &err);
+        if (rc == 0) rc = sb = sil_seq_create(e, &err);
+        if (rc >= 0) rc = sil_seq_prefix_reuse(e, sb, 7, ids, N1, &got, &err);
+        if (rc == 0 && got != N0) why = "the prefix was not reused in full";
+        if (rc == 0 && !why) rc = eval_span(e, sb, ids, N0, N1, lb, &err);
+        if (rc == 0 && !why) d_hit = max_diff(la, lb, V);
+    }
+    if (rc == 0 && !why && !sil_engine_recurrent(e)) {
+        rc = sil_seq_truncate(e, sa, CUT, &err);
+        if (rc == 0) rc = eval_span(e, sa, ids, CUT, N1, la, &err);
+        if (rc == 0) rc = sr = sil_seq_create(e, &err);
+        if (rc >= 0) rc = eval_span(e, sr, ids, 0, N0, lr, &err);
+        if (rc == 0) rc = eval_span(e, sr, ids, N0, N1, lr, &err);
+        if (rc == 0) rc = sil_seq_truncate(e, sr, CUT, &err);
+        if (rc == 0) rc = eval_span(e, sr, ids, CUT, N1, lr, &err);
+        if (rc == 0) d_cow = max_diff(la, lr, V);
+    }
+    if (rc < 0) {
+        fprintf(stderr, "%s: prefix cache on the device: %s\n", model,
+                err.msg[0] ? err.msg : "an evaluation failed (above)");
+    } else if (why) {
+        printf("%s: cuda prefix cache: %s FAIL\n", model, why);
+    } else {
+        failed = !(d_hit == 0.0f) || !(d_cow <= 0.0f);
+        printf("%s: cuda prefix cache, %d of %d positions reused: max |diff| vs the publisher = "
+               "%g (want 0); after a copy on write: ",
+               model, got, N1, d_hit);
+        if (d_cow < 0.0f)
+            printf("not checked (recurrent layers: no cut at 100)");
+        else
+            printf("%g (want 0)", d_cow);
+        printf(" %s\n", failed ? "FAIL" : "ok");
+    }
+    if (e) {
+        if (sa >= 0) sil_seq_free(e, sa);
+        if (sb >= 0) sil_seq_free(e, sb);
+        if (sr >= 0) sil_seq_free(e, sr);
+        sil_engine_close(e);
+    }
+    free(la);
+    free(lb);
+    free(lr);
     return failed;
 }
 
@@ -869,6 +967,9 @@ int main(int argc, char **argv)
 
     /* 20. the greedy pick on the device, with and without logits */
     fails += decode_pick(model, p2, n2, V);
+
+    /* 22. the prefix cache over the device's KV blocks, and a copy on write */
+    fails += prefix_device(model, V);
 
     /* 21. prefill attention in launches of 3 rows (a long context's scores buffer holds few
      * rows) against one launch for the ubatch: every row computes the same, bit for bit */

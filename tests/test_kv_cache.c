@@ -98,6 +98,33 @@ static void test_sizes(void **state)
     assert_int_equal(n, 4);
     for (int i = 0; i < n; i++)
         assert_true(t[i] >= 0 && t[i] < 5);
+    /* a copy on write of a shared block is left for the device, in order, taken once */
+    int32_t src[4], dst[4];
+    assert_int_equal(sil_kv_take_copies(kv, src, dst, 4), 0);
+    sil_kv_seq_trim(kv, 0, 100); /* seq 0: blocks 0, 1 (positions 64..99) */
+    sil_kv_seq_release(kv, 1);
+    t = sil_kv_seq_table(kv, 0, &n);
+    const int32_t b1 = t[1];
+    assert_int_equal(sil_kv_seq_share(kv, 2, 0, 100, &err), 0);
+    assert_int_equal(sil_kv_seq_reserve(kv, 2, 101, &err), 0); /* seq 2 writes at 100 */
+    int32_t n2 = 0;
+    const int32_t *t2 = sil_kv_seq_table(kv, 2, &n2);
+    assert_int_not_equal(t2[1], b1);
+    assert_int_equal(sil_kv_take_copies(kv, src, dst, 4), 1);
+    assert_int_equal(src[0], b1);
+    assert_int_equal(dst[0], t2[1]);
+    assert_int_equal(sil_kv_take_copies(kv, src, dst, 4), 0);
+    /* two pending, taken one at a time */
+    sil_kv_seq_release(kv, 2);
+    assert_int_equal(sil_kv_seq_share(kv, 2, 0, 100, &err), 0);
+    assert_int_equal(sil_kv_seq_share(kv, 3, 0, 100, &err), 0);
+    assert_int_equal(sil_kv_seq_reserve(kv, 2, 101, &err), 0);
+    assert_int_equal(sil_kv_seq_reserve(kv, 3, 101, &err), 0);
+    const int32_t d2 = sil_kv_seq_table(kv, 2, &n2)[1], d3 = sil_kv_seq_table(kv, 3, &n2)[1];
+    assert_int_equal(sil_kv_take_copies(kv, src, dst, 1), 1);
+    assert_true(src[0] == b1 && dst[0] == d2);
+    assert_int_equal(sil_kv_take_copies(kv, src, dst, 4), 1);
+    assert_true(src[0] == b1 && dst[0] == d3);
     sil_kv_free(kv);
     c.n_layer = 1;
     assert_int_equal(sil_kv_create(&kv, &c, &err), 0);

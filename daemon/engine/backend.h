@@ -222,6 +222,10 @@ struct sil_backend_ops {
     int (*state_read)(struct sil_backend *be, int seq, float *dst, int64_t n, struct sil_error *err);
     int (*state_write)(struct sil_backend *be, int seq, const float *src, int64_t n,
                        struct sil_error *err);
+    /* Optional (NULL: KV rows live in the host cache, or blocks are never shared). Block src's
+     * KV rows into block dst in every full-attention layer (a copy on write of a shared block,
+     * kv_cache.h), ordered before the next pass. */
+    int (*kv_copy)(struct sil_backend *be, int32_t dst, int32_t src, struct sil_error *err);
     /* Optional (NULL: the host). The device and the device memory taken, by use. */
     void (*device)(struct sil_backend *be, struct sil_engine_device *d);
     /* Optional (NULL or 0: no limit). The most rows of a micro-batch the backend's decode path

@@ -1917,6 +1917,27 @@ static int cuda_state_write(struct sil_backend *be, int seq, const float *src, i
     return rc < 0 ? rc : sil_cuda_sync(b->cu, NULL, err);
 }
 
+static int cuda_kv_copy(struct sil_backend *be, int32_t dst, int32_t src, struct sil_error *err)
+{
+    struct cuda_backend *b = cb(be);
+    int rc = cuda_status(&b->base, err);
+    if (rc < 0) return rc;
+    if (dst < 0 || src < 0 || dst >= b->kv_nb || src >= b->kv_nb || dst == src)
+        return sil_errorf(err, -EINVAL, "cuda backend: KV block copy %d -> %d outside the pool",
+                          (int)src, (int)dst);
+    const uint64_t row = sil_kv_type_bytes(b->c.kv_type, b->c.kv_dim),
+                   blk = (uint64_t)SIL_KV_BLOCK * row, layer = (uint64_t)b->kv_nb * blk;
+    for (int64_t l = 0; l < b->c.n_layer_attn && rc == 0; l++) {
+        const uint64_t o = (uint64_t)l * layer;
+        rc = sil_cuda_copy_d2d(b->cu, b->kv_k + o + (uint64_t)dst * blk,
+                               b->kv_k + o + (uint64_t)src * blk, (size_t)blk, NULL, err);
+        if (rc == 0)
+            rc = sil_cuda_copy_d2d(b->cu, b->kv_v + o + (uint64_t)dst * blk,
+                                   b->kv_v + o + (uint64_t)src * blk, (size_t)blk, NULL, err);
+    }
+    return rc;
+}
+
 static void *cuda_alloc_act(struct sil_backend *be, size_t bytes)
 {
     struct cuda_backend *b = cb(be);
@@ -2137,6 +2158,7 @@ static const struct sil_backend_ops cuda_ops = {
     .status = cuda_status,
     .state_read = cuda_state_read,
     .state_write = cuda_state_write,
+    .kv_copy = cuda_kv_copy,
     .device = cuda_device,
     .decode_rows_max = cuda_decode_rows_max,
     .expert_slots = cuda_expert_slots,

@@ -663,9 +663,18 @@ bool sil_engine_recurrent(const struct sil_engine *e)
     return e->model->hp.n_layer_recr > 0;
 }
 
+/* KV blocks can be shared between sequences: the host holds their rows, or a device that
+ * reads them through the engine's block tables copies a block on write (kv_copy). */
+static bool kv_shareable(const struct sil_engine *e)
+{
+    return sil_kv_block_bytes(e->f.kv) > 0 ||
+           (e->f.be->ops->kv_copy && e->model->hp.n_layer_attn > 0 &&
+            sil_kv_n_blocks(e->f.kv) == (int32_t)e->dev_kv_blocks);
+}
+
 bool sil_engine_prefix_shares(const struct sil_engine *e)
 {
-    return e->prefix && sil_kv_block_bytes(e->f.kv) > 0;
+    return e->prefix && kv_shareable(e);
 }
 
 /* The longest prefix of tokens[0, n) that can be reused: whole blocks, the last token left. */
@@ -691,8 +700,7 @@ int sil_seq_prefix_reuse(struct sil_engine *e, int seq, uint64_t scope, const in
     *n_reused = 0;
     if (!seq_ok(e, seq) || e->seq_len[seq] != 0)
         return sil_errorf(err, -EINVAL, "engine: prefix reuse needs a fresh sequence (%d)", seq);
-    /* A device backend keeps its own KV: the host pool has no rows to share. */
-    if (!e->prefix || sil_kv_block_bytes(e->f.kv) == 0 || n < 2) return 0;
+    if (!sil_engine_prefix_shares(e) || n < 2) return 0;
     struct sil_prefix_match m;
     prefix_match(e, scope, tokens, n, &m);
     if (m.n_usable == 0) {
@@ -729,7 +737,7 @@ int sil_seq_prefix_publish(struct sil_engine *e, int seq, uint64_t scope, const 
 {
     if (!seq_ok(e, seq) || n < 0 || n > e->seq_len[seq])
         return sil_errorf(err, -EINVAL, "engine: cannot publish %d tokens of sequence %d", n, seq);
-    if (!e->prefix || sil_kv_block_bytes(e->f.kv) == 0) return 0;
+    if (!sil_engine_prefix_shares(e)) return 0;
     const int32_t full = sil_prefix_publish(e->prefix, seq, scope, tokens, n);
     if (!snapshot || !sil_engine_recurrent(e) || full == 0 || n != e->seq_len[seq] ||
         n % SIL_KV_BLOCK)
@@ -845,6 +853,21 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t 
     return atomic_load(&e->damaged) ? 1 : 0;
 }
 
+/* The copies on write the KV cache decided, made by a device that holds the rows. */
+static int kv_device_copies(struct sil_engine *e, struct sil_error *err)
+{
+    int32_t src[16], dst[16], n;
+    while ((n = sil_kv_take_copies(e->f.kv, src, dst, 16)) > 0)
+        for (int32_t i = 0; i < n; i++) {
+            if (!e->f.be->ops->kv_copy)
+                return sil_errorf(err, -ENOTSUP, "engine: a shared KV block written on a device "
+                                                 "that cannot copy blocks");
+            int rc = e->f.be->ops->kv_copy(e->f.be, dst[i], src[i], err);
+            if (rc < 0) return rc;
+        }
+    return 0;
+}
+
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err)
 {
     return sil_engine_eval_rows(e, b, logits, NULL, err);
@@ -922,6 +945,7 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
     for (int s = 0; s < e->n_seq_max; s++) {
         if (e->next_pos[s] == e->seq_len[s]) continue;
         int rc = sil_kv_seq_reserve(e->f.kv, s, e->next_pos[s], err);
+        if (rc == 0) rc = kv_device_copies(e, err);
         if (rc < 0) {
             for (int r = 0; r < s; r++)
                 sil_kv_seq_trim(e->f.kv, r, e->seq_len[r]);

@@ -31,6 +31,9 @@ struct sil_kv_cache {
     int32_t n_hashed;
     int32_t *table; /* [n_seq_max][max_seq_blocks] */
     int32_t *len;   /* [n_seq_max] positions */
+    /* n_layer 0 (a device holds the rows): copies on write the device has yet to make, in the
+     * order they were decided; at most one a block allocated, so n_blocks entries */
+    int32_t *copy_src, *copy_dst, n_copy;
 };
 
 static const struct {
@@ -238,6 +241,8 @@ void sil_kv_free(struct sil_kv_cache *kv)
     free(kv->bucket);
     free(kv->table);
     free(kv->len);
+    free(kv->copy_src);
+    free(kv->copy_dst);
     free(kv);
 }
 
@@ -289,8 +294,13 @@ int sil_kv_create(struct sil_kv_cache **out, const struct sil_kv_config *c, stru
     kv->bucket = malloc(kv->n_bucket * sizeof(int32_t));
     kv->table = malloc((size_t)c->n_seq_max * (size_t)kv->max_seq_blocks * sizeof(int32_t));
     kv->len = calloc((size_t)c->n_seq_max, sizeof(int32_t));
+    if (c->n_layer == 0) {
+        kv->copy_src = malloc(n * sizeof(int32_t));
+        kv->copy_dst = malloc(n * sizeof(int32_t));
+    }
     if (!kv->refs || !kv->prev || !kv->next || !kv->hash || !kv->hashed || !kv->hnext ||
-        !kv->bucket || !kv->table || !kv->len) {
+        !kv->bucket || !kv->table || !kv->len ||
+        (c->n_layer == 0 && (!kv->copy_src || !kv->copy_dst))) {
         sil_kv_free(kv);
         return sil_errorf(err, -ENOMEM, "kv cache: out of memory for %d blocks", (int)nb);
     }
@@ -444,6 +454,10 @@ int sil_kv_seq_reserve(struct sil_kv_cache *kv, int seq, int32_t n_pos, struct s
         const int32_t b = block_alloc(kv);
         for (int l = 0; l < kv->c.n_layer; l++)
             memcpy(sil_kv_block_k(kv, l, b), sil_kv_block_k(kv, l, part), kv->layer_block);
+        if (kv->copy_src && kv->n_copy < kv->n_blocks) { /* the device copies it */
+            kv->copy_src[kv->n_copy] = part;
+            kv->copy_dst[kv->n_copy++] = b;
+        }
         block_unref(kv, part);
         t[len / SIL_KV_BLOCK] = b;
     } else if (part >= 0) {
@@ -491,4 +505,19 @@ int sil_kv_seq_attach(struct sil_kv_cache *kv, int seq, int32_t block, struct si
     table_of(kv, seq)[len / SIL_KV_BLOCK] = block;
     kv->len[seq] = len + SIL_KV_BLOCK;
     return 0;
+}
+
+int32_t sil_kv_take_copies(struct sil_kv_cache *kv, int32_t *src, int32_t *dst, int32_t max)
+{
+    const int32_t n = kv->n_copy < max ? kv->n_copy : max;
+    for (int32_t i = 0; i < n; i++) {
+        src[i] = kv->copy_src[i];
+        dst[i] = kv->copy_dst[i];
+    }
+    if (n > 0) {
+        memmove(kv->copy_src, kv->copy_src + n, sizeof(int32_t) * (size_t)(kv->n_copy - n));
+        memmove(kv->copy_dst, kv->copy_dst + n, sizeof(int32_t) * (size_t)(kv->n_copy - n));
+        kv->n_copy -= n;
+    }
+    return n;
 }

@@ -77,6 +77,11 @@ int sil_kv_seq_share(struct sil_kv_cache *kv, int dst, int src, int32_t n_pos,
 /* Appends a reference to block at the end of seq (whose length must be a whole number of
  * blocks): the sequence grows by SIL_KV_BLOCK positions. The block may be free but cached. */
 int sil_kv_seq_attach(struct sil_kv_cache *kv, int seq, int32_t block, struct sil_error *err);
+/* A cache without layers (n_layer 0: a device holds the rows): the copies on write that
+ * sil_kv_seq_reserve decided (block src's rows into the new block dst, every layer, K and V),
+ * oldest first, up to max; they are removed. The device must make them before it writes or
+ * reads the new blocks. Returns how many were taken; 0 for a cache with layers. */
+int32_t sil_kv_take_copies(struct sil_kv_cache *kv, int32_t *src, int32_t *dst, int32_t max);
 /* The sequence's block table: its blocks for positions [0, len), in order. */
 const int32_t *sil_kv_seq_table(const struct sil_kv_cache *kv, int seq, int32_t *n_blocks);
 
