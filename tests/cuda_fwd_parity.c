@@ -76,9 +76,9 @@
  *      launch: bit for bit.
  *  22. the prefix cache over the device's KV blocks: a sequence reusing another's published
  *      128 positions (2 blocks, with the recurrent-state snapshot on hybrid models) gives its
- *      logits bit for bit; without recurrent layers, a cut into a shared block makes the
- *      device copy it on write, and the logits after it equal those of a sequence that never
- *      shared, bit for bit.
+ *      logits bit for bit; a cut into a shared block (to a checkpoint on hybrid models) makes
+ *      the device copy it on write, and the logits after it equal those of a sequence that
+ *      never shared, bit for bit.
  *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
@@ -419,10 +419,10 @@ static int eval_span(struct sil_engine *e, int s, const int32_t *ids, int from, 
     return sil_engine_eval(e, &b, out, err);
 }
 
-/* Check 22: the prefix cache over the device's KV blocks. Sequence A evaluates 128 tokens,
- * publishes them (with a recurrent-state snapshot on hybrid models), then 32 more; B reuses
- * the 128 (2 blocks) and evaluates the same 32: B's logits equal A's bit for bit. Models
- * without recurrent layers also check the copy on write: A cut back to 100 positions writes
+/* Check 22: the prefix cache over the device's KV blocks. Sequence A evaluates 100 tokens, a
+ * checkpoint (hybrid models), 28 more, publishes the 128 (with a recurrent-state snapshot on
+ * hybrid models), then 32 more; B reuses the 128 (2 blocks) and evaluates the same 32: B's
+ * logits equal A's bit for bit. Then the copy on write: A cut back to 100 positions writes
  * into a block B shares, so the device copies it first; A's logits over positions 100..159
  * then equal those of a sequence R that never shared, run the same way. 1 when it fails. */
 static int prefix_device(const char *model, int V)
@@ -451,7 +451,9 @@ static int prefix_device(const char *model, int V)
     if (rc == 0 && !sil_engine_prefix_shares(e)) why = "the engine does not share device KV blocks";
     if (rc == 0 && !why) {
         sa = sil_seq_create(e, &err);
-        rc = sa < 0 ? sa : eval_span(e, sa, ids, 0, N0, la, &err);
+        rc = sa < 0 ? sa : eval_span(e, sa, ids, 0, CUT, la, &err);
+        if (rc == 0) rc = sil_seq_checkpoint(e, sa, 4, &err); /* hybrid: the cut below */
+        if (rc == 0) rc = eval_span(e, sa, ids, CUT, N0, la, &err);
         if (rc == 0) rc = sil_seq_prefix_publish(e, sa, 7, ids, N0, true, &err);
         if (rc == 0) rc = eval_span(e, sa, ids, N0, N1, la, &err);
         if (rc == 0) rc = sb = sil_seq_create(e, &err);
@@ -460,11 +462,13 @@ static int prefix_device(const char *model, int V)
         if (rc == 0 && !why) rc = eval_span(e, sb, ids, N0, N1, lb, &err);
         if (rc == 0 && !why) d_hit = max_diff(la, lb, V);
     }
-    if (rc == 0 && !why && !sil_engine_recurrent(e)) {
+    if (rc == 0 && !why) {
         rc = sil_seq_truncate(e, sa, CUT, &err);
         if (rc == 0) rc = eval_span(e, sa, ids, CUT, N1, la, &err);
         if (rc == 0) rc = sr = sil_seq_create(e, &err);
-        if (rc >= 0) rc = eval_span(e, sr, ids, 0, N0, lr, &err);
+        if (rc >= 0) rc = eval_span(e, sr, ids, 0, CUT, lr, &err);
+        if (rc == 0) rc = sil_seq_checkpoint(e, sr, 4, &err);
+        if (rc == 0) rc = eval_span(e, sr, ids, CUT, N0, lr, &err);
         if (rc == 0) rc = eval_span(e, sr, ids, N0, N1, lr, &err);
         if (rc == 0) rc = sil_seq_truncate(e, sr, CUT, &err);
         if (rc == 0) rc = eval_span(e, sr, ids, CUT, N1, lr, &err);
@@ -476,14 +480,11 @@ static int prefix_device(const char *model, int V)
     } else if (why) {
         printf("%s: cuda prefix cache: %s FAIL\n", model, why);
     } else {
-        failed = !(d_hit == 0.0f) || !(d_cow <= 0.0f);
+        failed = !(d_hit == 0.0f) || !(d_cow == 0.0f);
         printf("%s: cuda prefix cache, %d of %d positions reused: max |diff| vs the publisher = "
                "%g (want 0); after a copy on write: ",
                model, got, N1, d_hit);
-        if (d_cow < 0.0f)
-            printf("not checked (recurrent layers: no cut at 100)");
-        else
-            printf("%g (want 0)", d_cow);
+        printf("%g (want 0)", d_cow);
         printf(" %s\n", failed ? "FAIL" : "ok");
     }
     if (e) {

@@ -1291,6 +1291,102 @@ static void test_model_file_changed(void **state)
     free(dir);
 }
 
+
+/* The prefix cache and a copy on write through the engine: sequence A evaluates 100 tokens,
+ * checkpoints, 28 more, publishes 128 (a snapshot on hybrid models), then 32 more; B reuses
+ * the 128 and evaluates the same 32: B's logits are A's, bit for bit. A cut back to 100 (the
+ * checkpoint) writes into a block B shares, which the KV cache copies first; A's logits over
+ * 100..159 then equal those of a sequence R that never shared, run the same way. (The CUDA
+ * backend's copy of the same flow is check 22 of cuda_fwd_parity.) */
+static int span_eval(struct sil_engine *e, int s, const int32_t *ids, int from, int to, float *out)
+{
+    int32_t pos[256], seq[256];
+    for (int i = from; i < to; i++) {
+        pos[i - from] = i;
+        seq[i - from] = s;
+    }
+    struct sil_error err = {0};
+    const struct sil_batch b = {.n = to - from, .token = ids + from, .pos = pos, .seq = seq};
+    const int rc = sil_engine_eval(e, &b, out, &err);
+    if (rc < 0) print_message("eval: %s\n", err.msg);
+    return rc;
+}
+
+static void test_prefix_cow(void **state)
+{
+    (void)state;
+    enum { N0 = 128, N1 = 160, CUT = 100 };
+    const char *const which[] = {"qwen3-tiny-Q8_0", "qwen35moe-tiny-Q4_K_M"};
+    for (size_t w = 0; w < sizeof(which) / sizeof(which[0]); w++) {
+        struct sil_engine_params p;
+        sil_engine_params_default(&p);
+        p.n_threads = 2;
+        p.n_seq_max = 4;
+        p.n_ctx = 256;
+        p.n_batch_max = 256;
+        p.prefix_ckpt_budget = 64u << 20;
+        struct sil_error err = {0};
+        struct sil_engine *e = NULL;
+        if (tu_open_refdata_engine(&e, which[w], &p, &err) < 0) fail_msg("open: %s", err.msg);
+        assert_true(sil_engine_prefix_shares(e));
+        const int32_t V = sil_engine_info(e)->n_vocab;
+        float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V),
+              *lr = malloc(sizeof(float) * V);
+        assert_non_null(la);
+        assert_non_null(lb);
+        assert_non_null(lr);
+        int32_t ids[N1];
+        for (int i = 0; i < N1; i++)
+            ids[i] = 5 + (i * 37 + 11) % (V - 10);
+        const int sa = sil_seq_create(e, &err), sb = sil_seq_create(e, &err),
+                  sr = sil_seq_create(e, &err);
+        assert_true(sa >= 0 && sb >= 0 && sr >= 0);
+        assert_int_equal(span_eval(e, sa, ids, 0, CUT, la), 0);
+        assert_int_equal(sil_seq_checkpoint(e, sa, 4, &err), 0);
+        assert_int_equal(span_eval(e, sa, ids, CUT, N0, la), 0);
+        assert_int_equal(sil_seq_prefix_publish(e, sa, 7, ids, N0, true, &err), 0);
+        assert_int_equal(span_eval(e, sa, ids, N0, N1, la), 0);
+        int32_t got = -1;
+        assert_int_equal(sil_seq_prefix_reuse(e, sb, 7, ids, N1, &got, &err), 0);
+        assert_int_equal(got, N0);
+        assert_int_equal(span_eval(e, sb, ids, N0, N1, lb), 0);
+        assert_memory_equal(la, lb, sizeof(float) * (size_t)V);
+        /* the copy on write */
+        assert_int_equal(sil_seq_truncate(e, sa, CUT, &err), 0);
+        assert_int_equal(span_eval(e, sa, ids, CUT, N1, la), 0);
+        assert_int_equal(span_eval(e, sr, ids, 0, CUT, lr), 0);
+        assert_int_equal(sil_seq_checkpoint(e, sr, 4, &err), 0);
+        assert_int_equal(span_eval(e, sr, ids, CUT, N0, lr), 0);
+        assert_int_equal(span_eval(e, sr, ids, N0, N1, lr), 0);
+        assert_int_equal(sil_seq_truncate(e, sr, CUT, &err), 0);
+        assert_int_equal(span_eval(e, sr, ids, CUT, N1, lr), 0);
+        assert_memory_equal(la, lr, sizeof(float) * (size_t)V);
+        /* B still reads the block A's cut copied: the same next step as before the cut */
+        float *l2 = malloc(sizeof(float) * V);
+        assert_non_null(l2);
+        int32_t t = ids[N1 - 1], pos = N1;
+        struct sil_batch bb = {1, &t, &pos, &sb, NULL};
+        assert_int_equal(sil_engine_eval(e, &bb, l2, &err), 0);
+        const int sc = sil_seq_create(e, &err); /* C: B's history again, no sharing */
+        assert_true(sc >= 0);
+        assert_int_equal(span_eval(e, sc, ids, 0, CUT, lr), 0);
+        assert_int_equal(span_eval(e, sc, ids, CUT, N0, lr), 0);
+        assert_int_equal(span_eval(e, sc, ids, N0, N1, lr), 0);
+        struct sil_batch bc = {1, &t, &pos, &sc, NULL};
+        assert_int_equal(sil_engine_eval(e, &bc, lr, &err), 0);
+        assert_memory_equal(l2, lr, sizeof(float) * (size_t)V);
+        free(l2);
+        sil_seq_free(e, sc);
+        sil_seq_free(e, sa);
+        sil_seq_free(e, sb);
+        sil_seq_free(e, sr);
+        sil_engine_close(e);
+        free(la);
+        free(lb);
+        free(lr);
+    }
+}
+
 int main(void)
 {
     if (!tu_refdata_exists("models/qwen3-tiny-Q8_0.gguf")) {
@@ -1307,6 +1403,7 @@ int main(void)
         cmocka_unit_test(test_mixed_prefill_decode),
         cmocka_unit_test(test_api_errors),
         cmocka_unit_test(test_row_status),
+        cmocka_unit_test(test_prefix_cow),
         cmocka_unit_test(test_model_file_changed),
         cmocka_unit_test(test_checkpoint_continue),
         cmocka_unit_test(test_ckpt_store),

@@ -758,7 +758,14 @@ void sil_engine_prefix_stats(struct sil_engine *e, struct sil_prefix_stats *out)
     out->misses = e->prefix_misses;
     out->tokens_reused = e->prefix_tokens;
     out->n_blocks = pi.n_blocks;
-    out->cached_bytes = (uint64_t)pi.n_cached * sil_kv_block_bytes(e->f.kv);
+    /* a device's blocks are its own: K and V rows of every full-attention layer */
+    const struct sil_hparams *hp = &e->model->hp;
+    const uint64_t bb = sil_kv_block_bytes(e->f.kv) > 0
+                            ? sil_kv_block_bytes(e->f.kv)
+                            : 2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
+                                  sil_kv_type_bytes(e->kv_type,
+                                                    (int64_t)hp->n_head_kv * hp->n_embd_head_k);
+    out->cached_bytes = (uint64_t)pi.n_cached * bb;
     out->n_snapshots = pi.n_snapshots;
     out->snapshot_bytes = pi.snapshot_bytes;
 }
