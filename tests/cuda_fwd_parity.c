@@ -79,6 +79,9 @@
  *      logits bit for bit; a cut into a shared block (to a checkpoint on hybrid models) makes
  *      the device copy it on write, and the logits after it equal those of a sequence that
  *      never shared, bit for bit.
+ *  23. prefill attention through the decode kernels' context split (SIL_CUDA_PREFILL_SPLIT=1,
+ *      8 rows a launch) against one block a (row, head): within 1e-3 (the softmax is merged
+ *      over chunks in another order).
  *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
@@ -979,6 +982,16 @@ int main(int argc, char **argv)
         fails += variant_vs_default(gpu, model, env, true, 0.0f,
                                     "prefill attention in launches of 3 rows vs one launch", p2,
                                     n2, V, lg, alone);
+    }
+
+    /* 23. prefill attention through the decode path's context split (SIL_CUDA_PREFILL_SPLIT=1:
+     * every prefill row, 8 a launch) against the per-row kernel */
+    {
+        const char *env[] = {"SIL_CUDA_PREFILL_SPLIT=1", NULL};
+        fails += variant_vs_default(gpu, model, env, true, GPU_SELF_TOL,
+                                    "prefill attention split over the context (the decode "
+                                    "kernels) vs one block a row and head",
+                                    p2, n2, V, lg, alone);
     }
 
     /* 13. grouped-query decode attention against one block a query head */

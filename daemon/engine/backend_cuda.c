@@ -203,6 +203,9 @@ struct cuda_backend {
     int32_t *h_am; /* [MB] pinned: the argmax rows come down here */
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
+    int32_t split_from; /* SIL_CUDA_PREFILL_SPLIT=P: prefill attention of rows at positions
+                         * >= P through the decode kernels (context split), MB rows a launch;
+                         * 0: never (the default until measured) */
     bool no_h8_fuse;
     sil_cuda_ptr moe_done; /* [MB * (K + 1)] int32: gate/up blocks done per pair (zero between) */
     sil_cuda_ptr router_done; /* int32 counter of the fused router (zero between launches) */
@@ -845,7 +848,14 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                   &b->btab, &bps};
     if (!ok(b, launch(b, kf[KV_QK_PREP], (unsigned)(n_head + n_kv), (unsigned)ub->n, p1)))
         return;
-    if (ub->n > MB || !b->attn_part || hd != b->c.head_dim) {
+    /* decode: the context split over attn_split blocks a head, then merged; prefill rows too,
+     * MB a launch, where SIL_CUDA_PREFILL_SPLIT asks for it and the ubatch reaches that far */
+    const bool part_ok = b->attn_part && hd == b->c.head_dim;
+    bool split = part_ok && ub->n <= MB;
+    if (part_ok && !split && b->split_from > 0)
+        for (int32_t i = 0; i < ub->n && !split; i++)
+            split = ub->pos[i] >= b->split_from;
+    if (!split) {
         /* rows in launches of scores_rows (the scores buffer's), each from its own rows */
         for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += b->scores_rows) {
             const int64_t n = ub->n - r0 < b->scores_rows ? ub->n - r0 : b->scores_rows;
@@ -858,22 +868,26 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
         }
         return;
     }
-    /* decode: the context split over attn_split blocks a head, then merged */
     sil_cuda_ptr part = b->attn_part;
     int nz = b->attn_split;
-    void *p3[] = {&q,      &ldq,    &q_stride, &kc,  &vc,    &b->pos,  &b->seq,
-                  &n_head, &n_kv,   &hdi,      &n_ctx, &b->btab, &bps, &part};
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
     const int f = kf[gqa ? KV_PART_GQA : KV_PART];
-    if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
-                               (unsigned)ub->n, (unsigned)nz, 128, NULL, p3, &b->err)))
-        return;
-    void *p4[] = {&q, &ldq, &q_stride, &o, &ldo, &part, &nz, &n_head, &hdi, &gated};
-    ok(b, sil_cuda_launch(b->cu, b->fn[F_ATTEND_COMBINE], f_names[F_ATTEND_COMBINE],
-                          (unsigned)n_head, (unsigned)ub->n, (unsigned)cdiv(hd, 32), 128, NULL, p4,
-                          &b->err));
+    for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += MB) {
+        const int64_t n = ub->n - r0 < MB ? ub->n - r0 : MB;
+        sil_cuda_ptr qr = q + (uint64_t)(r0 * ldq) * 4, orr = o + (uint64_t)(r0 * ldo) * 4;
+        sil_cuda_ptr pr = b->pos + (uint64_t)r0 * 4, sr = b->seq + (uint64_t)r0 * 4;
+        void *p3[] = {&qr,     &ldq,  &q_stride, &kc,    &vc,      &pr,  &sr,
+                      &n_head, &n_kv, &hdi,      &n_ctx, &b->btab, &bps, &part};
+        if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
+                                   (unsigned)n, (unsigned)nz, 128, NULL, p3, &b->err)))
+            return;
+        void *p4[] = {&qr, &ldq, &q_stride, &orr, &ldo, &part, &nz, &n_head, &hdi, &gated};
+        ok(b, sil_cuda_launch(b->cu, b->fn[F_ATTEND_COMBINE], f_names[F_ATTEND_COMBINE],
+                              (unsigned)n_head, (unsigned)n, (unsigned)cdiv(hd, 32), 128, NULL, p4,
+                              &b->err));
+    }
 }
 
 static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
@@ -2480,6 +2494,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
         const char *ng = getenv("SIL_CUDA_NO_GQA");
         b->no_gqa = ng && strcmp(ng, "1") == 0;
+        const char *ps = getenv("SIL_CUDA_PREFILL_SPLIT");
+        b->split_from = ps && atoi(ps) > 0 ? atoi(ps) : 0;
         const char *nf = getenv("SIL_CUDA_NO_DN_FUSE");
         b->no_dn_fuse = nf && strcmp(nf, "1") == 0;
         const char *nr = getenv("SIL_CUDA_NO_ROUTER_FUSE");
