@@ -276,6 +276,22 @@ static int variant_vs_default(struct sil_engine *gpu, const char *model, const c
     return !good;
 }
 
+/* A CUDA engine for the checks that size their own: n_ctx positions, n_seq sequences, batches
+ * of n_batch rows, ckpt bytes of prefix-cache snapshots. */
+static int open_cuda_sized(struct sil_engine **e, const char *model, int32_t n_ctx, int n_seq,
+                           int32_t n_batch, uint64_t ckpt, struct sil_error *err)
+{
+    struct sil_engine_params pa;
+    sil_engine_params_default(&pa);
+    pa.model_path = model;
+    pa.backend = "cuda";
+    pa.n_ctx = n_ctx;
+    pa.n_seq_max = n_seq;
+    pa.n_batch_max = n_batch;
+    pa.prefix_ckpt_budget = ckpt;
+    return sil_engine_open(e, &pa, err);
+}
+
 /* Check 19: N_SPLIT sequences (each prefilled with a different prefix of prompt 2) decoded in
  * one batch of N_SPLIT rows, which the engine splits into micro-batches of the backend's decode
  * path (8 rows), against each decoded alone: within GPU_SELF_TOL, in ceil(N_SPLIT / 8)
@@ -285,17 +301,10 @@ static int decode_split(const char *model, const int32_t *p2, int n2, int V)
 {
     struct sil_engine *e = NULL;
     struct sil_error err = {0};
-    struct sil_engine_params pa;
-    sil_engine_params_default(&pa);
-    pa.model_path = model;
-    pa.backend = "cuda";
-    pa.n_ctx = 64;
-    pa.n_seq_max = N_SPLIT;
-    pa.n_batch_max = 64;
     if (n2 < N_SPLIT + 3) return 0;
     float *lg = malloc(sizeof(float) * (size_t)V * N_SPLIT), *one = malloc(sizeof(float) * V);
     int32_t tok[N_SPLIT], pos[N_SPLIT], seq[N_SPLIT];
-    int rc = lg && one ? sil_engine_open(&e, &pa, &err) : -ENOMEM;
+    int rc = lg && one ? open_cuda_sized(&e, model, 64, N_SPLIT, 64, 0, &err) : -ENOMEM;
     int n_seq = 0;
     for (int k = 0; k < N_SPLIT && rc == 0; k++) {
         rc = prefill(e, p2, k + 2, one, &seq[k]);
@@ -352,16 +361,9 @@ static int decode_pick(const char *model, const int32_t *p2, int n2, int V)
     if (n2 < G + 3) return 0;
     struct sil_engine *e = NULL;
     struct sil_error err = {0};
-    struct sil_engine_params pa;
-    sil_engine_params_default(&pa);
-    pa.model_path = model;
-    pa.backend = "cuda";
-    pa.n_ctx = 64;
-    pa.n_seq_max = 2 * G;
-    pa.n_batch_max = 64;
     float *lg = malloc(sizeof(float) * (size_t)V * G), *one = malloc(sizeof(float) * V);
     int32_t tok[G], pos[G], sa[G], sb[G], am_a[G], am_b[G];
-    int rc = lg && one ? sil_engine_open(&e, &pa, &err) : -ENOMEM;
+    int rc = lg && one ? open_cuda_sized(&e, model, 64, 2 * G, 64, 0, &err) : -ENOMEM;
     int n_a = 0, n_b = 0, bad_host = 0, bad_b = 0;
     for (int k = 0; k < G && rc == 0; k++) {
         rc = prefill(e, p2, k + 2, one, &sa[k]);
@@ -433,20 +435,12 @@ static int prefix_device(const char *model, int V)
     enum { N0 = 128, N1 = 160, CUT = 100 };
     struct sil_engine *e = NULL;
     struct sil_error err = {0};
-    struct sil_engine_params pa;
-    sil_engine_params_default(&pa);
-    pa.model_path = model;
-    pa.backend = "cuda";
-    pa.n_ctx = 256;
-    pa.n_seq_max = 4;
-    pa.n_batch_max = 256;
-    pa.prefix_ckpt_budget = 64u << 20;
     float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V),
           *lr = malloc(sizeof(float) * V);
     int32_t ids[N1];
     for (int i = 0; i < N1; i++)
         ids[i] = 5 + (i * 37 + 11) % (V > 20 ? V - 10 : 1);
-    int rc = la && lb && lr ? sil_engine_open(&e, &pa, &err) : -ENOMEM;
+    int rc = la && lb && lr ? open_cuda_sized(&e, model, 256, 4, 256, 64u << 20, &err) : -ENOMEM;
     int sa = -1, sb = -1, sr = -1, failed = 1;
     int32_t got = 0;
     float d_hit = -1.0f, d_cow = -1.0f;
