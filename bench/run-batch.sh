@@ -12,7 +12,10 @@
 #              sequence, default 32), MACHINE (name in the results file, default vm),
 #              OUT (default bench/results/batch-<machine>-<yyyymmdd>.json),
 #              BASE_BIN (a sil-batchbench built from an older commit, BASE its name: runs alternate
-#              between the two and the file holds both, the older one's configs marked build=BASE).
+#              between the two and the file holds both, the older one's configs marked build=BASE),
+#              PEER (llama.cpp's llama-batched-bench built for this CPU, outside the repo: it runs
+#              in every run after ours with the same threads, prompt, generated tokens and stream
+#              counts, and its S_TG t/s median is each figure's peer_value).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-bench/models/bench-qwen35moe-q4_k_m.gguf}
@@ -36,6 +39,7 @@ cat /proc/loadavg > "$tmp/load-start"
 args=(--model "$model" --threads "$THREADS" --streams "$STREAMS" --gen "$GEN" --prompt "$PROMPT")
 : > "$tmp/runs.jsonl"
 : > "$tmp/base.jsonl"
+: > "$tmp/peer.txt"
 for r in $(seq "$RUNS"); do
     if [ -n "${BASE_BIN:-}" ]; then
         echo "run $r/$RUNS: ${BASE:-base}" >&2
@@ -43,12 +47,24 @@ for r in $(seq "$RUNS"); do
     fi
     echo "run $r/$RUNS" >&2
     "$B/bin/sil-batchbench" "${args[@]}" --runs 1 >> "$tmp/runs.jsonl"
+    if [ -n "${PEER:-}" ]; then
+        echo "run $r/$RUNS: peer" >&2
+        n_max=$(tr ',' '\n' <<< "$STREAMS" | sort -n | tail -1)
+        "$PEER" -m "$model" -t "$THREADS" -c $(((PROMPT + GEN) * n_max + 64)) -npp "$PROMPT" \
+            -ntg "$GEN" -npl "$STREAMS" 2> /dev/null | grep -E '^\|' >> "$tmp/peer.txt"
+    fi
 done
 cat /proc/loadavg > "$tmp/load-end"
 
-python3 - "$tmp" "$model" "$OUT" "$B" "${BASE:-base}" <<'PY'
+python3 - "$tmp" "$model" "$OUT" "$B" "${BASE:-base}" "${PEER:-}" <<'PY'
 import datetime, json, os, statistics, subprocess, sys
-tmp, model, out, build, base = sys.argv[1:6]
+tmp, model, out, build, base, peer = sys.argv[1:7]
+# llama-batched-bench's table: | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | ...
+peer_tg = {}
+for l in open(f"{tmp}/peer.txt"):
+    c = [x.strip() for x in l.strip().strip("|").split("|")]
+    if len(c) >= 8 and c[2].isdigit():
+        peer_tg.setdefault(int(c[2]), []).append(float(c[7]))
 sets = [("", [json.loads(l) for l in open(f"{tmp}/runs.jsonl")]),
         (f",build={base}", [json.loads(l) for l in open(f"{tmp}/base.jsonl")])]
 
@@ -88,6 +104,13 @@ for tag, rows in sets:
             "cpu_ms_per_step": round(statistics.median([r["cpu_ms_step"] for r in rs]), 3),
             "cpu_tok_s": round(n * 1e3 / statistics.median([r["cpu_ms_step"] for r in rs]), 3),
         })
+        if not tag and n in peer_tg:
+            results[-1].update({
+                "peer": (f"llama.cpp llama-batched-bench -t {r0['threads']} -npp {r0['prompt']} "
+                         f"-ntg {r0['gen']} (S_TG t/s), in every run after ours, same file"),
+                "peer_value": round(statistics.median(peer_tg[n]), 3),
+                "peer_runs": len(peer_tg[n]),
+                "peer_ratio": round(statistics.median(v) / statistics.median(peer_tg[n]), 3)})
 load0 = open(f"{tmp}/load-start").read().split()[:3]
 load1 = open(f"{tmp}/load-end").read().split()[:3]
 env = " ".join(f"{k}={os.environ[k]}" for k in ("RUNS", "THREADS", "STREAMS", "GEN", "PROMPT", "MACHINE", "BASE")
@@ -104,7 +127,7 @@ doc = {
     "results": results,
     "notes": (
         "sil-batchbench: N sequences, each prefilled with its own prompt, then GEN decode steps of "
-        "one sil_engine_eval with N rows (greedy, argmax per row on the host, included in the "
+        "one engine evaluation with N rows (greedy: the engine's argmax of each row, included in the "
         "time); runs alternate with the BASE build where one is given; value = aggregate tok/s of the decode steps, median of runs; stream counts "
         "alternate within each run. floor = byte bound: N tokens per step over (every "
         "non-expert tensor less the embedding table, N embedding rows, and the routed-expert "
@@ -114,9 +137,11 @@ doc = {
         "writes per token is not in the floor. cpu_ms_per_step = process CPU time per step "
         "(with one thread, the work; with more, it includes the pool's spinning); cpu_tok_s = "
         "N / cpu_ms_per_step: with one thread, the aggregate the work allows when the core is not "
-        "shared, steadier than value on a loaded machine. No peer: "
-        "llama.cpp's llama-batched-bench is not built on this machine, so peer_value is left out. "
-        f"Load average {' '.join(load0)} before, {' '.join(load1)} after."),
+        "shared, steadier than value on a loaded machine. "
+        + ("peer_value: llama.cpp's llama-batched-bench built for this CPU outside the repo, run "
+           "after ours in every run (S_TG: its decode rate over the same parallel sequences). "
+           if peer_tg else "No peer: llama-batched-bench was not given (PEER), so peer_value is left out. ")
+        + f"Load average {' '.join(load0)} before, {' '.join(load1)} after."),
 }
 os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 with open(out, "w") as f:
