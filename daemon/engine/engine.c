@@ -953,8 +953,8 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
         if (e->next_pos[s] == e->seq_len[s]) continue;
         int rc = sil_kv_seq_reserve(e->f.kv, s, e->next_pos[s], err);
         if (rc == 0) rc = kv_device_copies(e, err);
-        if (rc < 0) {
-            for (int r = 0; r < s; r++)
+        if (rc < 0) { /* s too: its reserve may have succeeded before its copy failed */
+            for (int r = 0; r <= s; r++)
                 sil_kv_seq_trim(e->f.kv, r, e->seq_len[r]);
             fail_rows(b, st, s, rc);
             return rc;
