@@ -64,11 +64,6 @@ static double cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int32_t argmax(const float *x, int32_t n)
-{
-    return sil_argmax(x, n);
-}
-
 struct bufs {
     int32_t *tok, *pos, *seq;
     int32_t seqs[MAX_STREAMS];
@@ -93,7 +88,7 @@ __attribute__((noinline)) static int decode_steps(struct sil_engine *e, struct b
             return -1;
         b->eval_s += sil_bench_now() - t0;
         for (int s = 0; s < ns; s++) {
-            b->tok[s] = b->host_pick ? argmax(b->logits + (size_t)s * V, V) : b->am[s];
+            b->tok[s] = b->host_pick ? sil_argmax(b->logits + (size_t)s * V, V) : b->am[s];
             b->pos[s]++;
         }
     }
@@ -122,7 +117,7 @@ static int run_one(struct sil_engine *e, struct bufs *b, int ns, int n_prompt, i
         if (sil_engine_eval(e, &bt, b->logits + (size_t)s * V, &err) < 0) goto out;
     }
     for (int s = 0; s < ns; s++) {
-        b->tok[s] = argmax(b->logits + (size_t)s * V, V);
+        b->tok[s] = sil_argmax(b->logits + (size_t)s * V, V);
         b->pos[s] = n_prompt;
         b->seq[s] = b->seqs[s];
     }

@@ -120,11 +120,6 @@ static double status_mib(const char *field)
     return v;
 }
 
-static int32_t argmax(const float *x, int32_t n)
-{
-    return sil_argmax(x, n); /* the engine's rule: ties to the lower id, NaN never */
-}
-
 static void print_row(const float *x, int32_t n)
 {
     putchar('[');
@@ -297,7 +292,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         double t_decode = 0;
         n_decoded = 0;
         if (n_predict > 0) {
-            greedy[0] = argmax(last, V);
+            greedy[0] = sil_argmax(last, V);
             t0 = now_s();
             for (long s = 1; s < n_predict; s++) {
                 int32_t tok = greedy[s - 1], p1 = (int32_t)(n_ids + (size_t)s - 1);
@@ -406,7 +401,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         printf("tokens: %zu, n_vocab %d\n", n_ids, V);
         if (strcmp(mode, "none") != 0)
             for (size_t r = 0; r < n_rows_out; r++) {
-                printf("logits[%zu] argmax %d: ", all ? r : n_ids - 1, argmax(logits + r * (size_t)V, V));
+                printf("logits[%zu] argmax %d: ", all ? r : n_ids - 1, sil_argmax(logits + r * (size_t)V, V));
                 print_row(logits + r * (size_t)V, V < 8 ? V : 8);
                 printf(" ...\n");
             }

@@ -84,7 +84,7 @@ struct sil_ubatch {
      * NULL: a device backend then lays a sequence's blocks out one after another */
     const struct sil_kv_cache *kv;
     /* what the head gives back for the rows that want logits: SIL_HEAD_LOGITS and/or
-     * SIL_HEAD_ARGMAX (0 counts as logits); a device backend keys its graphs on it */
+     * SIL_HEAD_ARGMAX, as the head will be asked; a device backend keys its graphs on it */
     uint8_t head_out;
 };
 

@@ -855,29 +855,25 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     if (part_ok && !split && b->split_from > 0)
         for (int32_t i = 0; i < ub->n && !split; i++)
             split = ub->pos[i] >= b->split_from;
-    if (!split) {
-        /* rows in launches of scores_rows (the scores buffer's), each from its own rows */
-        for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += b->scores_rows) {
-            const int64_t n = ub->n - r0 < b->scores_rows ? ub->n - r0 : b->scores_rows;
-            sil_cuda_ptr qr = q + (uint64_t)(r0 * ldq) * 4, orr = o + (uint64_t)(r0 * ldo) * 4;
-            sil_cuda_ptr pr = b->pos + (uint64_t)r0 * 4, sr = b->seq + (uint64_t)r0 * 4;
-            void *pc[] = {&qr,     &ldq,    &q_stride, &orr,      &ldo, &kc,    &vc,       &pr,
-                          &sr,     &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
-                          &b->scores};
-            ok(b, launch(b, kf[KV_ATTEND], (unsigned)n_head, (unsigned)n, pc));
-        }
-        return;
-    }
     sil_cuda_ptr part = b->attn_part;
     int nz = b->attn_split;
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
     const int f = kf[gqa ? KV_PART_GQA : KV_PART];
-    for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += MB) {
-        const int64_t n = ub->n - r0 < MB ? ub->n - r0 : MB;
+    /* the rows in launches: MB for the split, else as many as the scores buffer holds */
+    const int64_t step = split ? MB : b->scores_rows;
+    for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += step) {
+        const int64_t n = ub->n - r0 < step ? ub->n - r0 : step;
         sil_cuda_ptr qr = q + (uint64_t)(r0 * ldq) * 4, orr = o + (uint64_t)(r0 * ldo) * 4;
         sil_cuda_ptr pr = b->pos + (uint64_t)r0 * 4, sr = b->seq + (uint64_t)r0 * 4;
+        if (!split) {
+            void *pc[] = {&qr,     &ldq,    &q_stride, &orr,      &ldo, &kc,    &vc,       &pr,
+                          &sr,     &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
+                          &b->scores};
+            ok(b, launch(b, kf[KV_ATTEND], (unsigned)n_head, (unsigned)n, pc));
+            continue;
+        }
         void *p3[] = {&qr,     &ldq,  &q_stride, &kc,    &vc,      &pr,  &sr,
                       &n_head, &n_kv, &hdi,      &n_ctx, &b->btab, &bps, &part};
         if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
@@ -1565,8 +1561,7 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
     const bool graph = b->mode != PASS_EAGER;
     const uint8_t hm = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
     if (b->mode != PASS_REPLAY) flush_add(b);
-    if (b->rc == 0 && (hm == 0 || (graph && b->cur && (b->cur->head_out ? b->cur->head_out
-                                                                          : SIL_HEAD_LOGITS) != hm)))
+    if (b->rc == 0 && (hm == 0 || (graph && b->cur && b->cur->head_out != hm)))
         fail(b, -EINVAL, hm ? "the head is asked for other outputs than the ubatch said"
                             : "the head has neither logits nor argmax to give back");
     if (b->rc) {

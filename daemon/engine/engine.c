@@ -94,6 +94,14 @@ bool sil_engine_kv_type_valid(const char *name)
     return sil_kv_type_from_name(name) >= 0;
 }
 
+/* Bytes of one KV block on a device: K and V rows of every full-attention layer. */
+static uint64_t dev_kv_block_bytes(const struct sil_engine *e)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    return 2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
+           sil_kv_type_bytes(e->kv_type, (int64_t)hp->n_head_kv * hp->n_embd_head_k);
+}
+
 /* The KV pool. A device backend keeps its own KV layout: the host cache then only keeps the
  * block tables (no layers, no memory). */
 static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
@@ -252,9 +260,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     /* the device's KV pool: kv_budget bytes of blocks (K and V of every attention layer), or
      * every sequence at the full context; the host cache keeps its block tables */
     const int64_t bps = ((int64_t)e->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK;
-    const uint64_t dev_block =
-        2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
-        sil_kv_type_bytes(kv_type, (int64_t)hp->n_head_kv * hp->n_embd_head_k);
+    const uint64_t dev_block = dev_kv_block_bytes(e);
     e->dev_kv_blocks = (int64_t)e->n_seq_max * bps;
     if (p->kv_budget && dev_block) {
         e->dev_kv_blocks = (int64_t)(p->kv_budget / dev_block);
@@ -663,18 +669,12 @@ bool sil_engine_recurrent(const struct sil_engine *e)
     return e->model->hp.n_layer_recr > 0;
 }
 
-/* KV blocks can be shared between sequences: the host holds their rows, or a device that
- * reads them through the engine's block tables copies a block on write (kv_copy). */
-static bool kv_shareable(const struct sil_engine *e)
-{
-    return sil_kv_block_bytes(e->f.kv) > 0 ||
-           (e->f.be->ops->kv_copy && e->model->hp.n_layer_attn > 0 &&
-            sil_kv_n_blocks(e->f.kv) == (int32_t)e->dev_kv_blocks);
-}
-
+/* KV blocks can be shared between sequences where the host holds their rows, or where a
+ * device (which reads them through the engine's block tables) copies a block on write. */
 bool sil_engine_prefix_shares(const struct sil_engine *e)
 {
-    return e->prefix && kv_shareable(e);
+    return e->prefix && (sil_kv_block_bytes(e->f.kv) > 0 ||
+                         (e->f.be->ops->kv_copy && e->model->hp.n_layer_attn > 0));
 }
 
 /* The longest prefix of tokens[0, n) that can be reused: whole blocks, the last token left. */
@@ -758,14 +758,8 @@ void sil_engine_prefix_stats(struct sil_engine *e, struct sil_prefix_stats *out)
     out->misses = e->prefix_misses;
     out->tokens_reused = e->prefix_tokens;
     out->n_blocks = pi.n_blocks;
-    /* a device's blocks are its own: K and V rows of every full-attention layer */
-    const struct sil_hparams *hp = &e->model->hp;
-    const uint64_t bb = sil_kv_block_bytes(e->f.kv) > 0
-                            ? sil_kv_block_bytes(e->f.kv)
-                            : 2 * (uint64_t)hp->n_layer_attn * SIL_KV_BLOCK *
-                                  sil_kv_type_bytes(e->kv_type,
-                                                    (int64_t)hp->n_head_kv * hp->n_embd_head_k);
-    out->cached_bytes = (uint64_t)pi.n_cached * bb;
+    const uint64_t bb = sil_kv_block_bytes(e->f.kv); /* 0: a device holds the rows */
+    out->cached_bytes = (uint64_t)pi.n_cached * (bb > 0 ? bb : dev_kv_block_bytes(e));
     out->n_snapshots = pi.n_snapshots;
     out->snapshot_bytes = pi.snapshot_bytes;
 }
