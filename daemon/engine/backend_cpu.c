@@ -501,26 +501,21 @@ static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_
     struct cpu_backend *b = cpu(be);
     const int64_t V = w->rows;
     struct sil_mm_input in;
-    if (logits) {
-        mm_input(b, &in, 0, x);
-        struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){logits, x.rows, V, V});
-        j.out_rows = out_rows;
-        run_jobs(b, &j, 1);
-        for (int64_t i = 0; argmax && i < x.rows; i++)
-            argmax[out_rows[i]] = sil_argmax(logits + (int64_t)out_rows[i] * V, (int32_t)V);
-        return;
-    }
-    /* argmax alone: a few rows at a time through scratch (no op allocates) */
+    /* into logits all at once, or (argmax alone) a few rows at a time through scratch: no op
+     * allocates */
     static const int32_t local[HEAD_ROWS] = {0, 1, 2, 3};
-    if (!argmax || !b->head_scratch || V > b->c.n_vocab) return;
-    for (int64_t r0 = 0; r0 < x.rows; r0 += HEAD_ROWS) {
-        const int64_t n = x.rows - r0 < HEAD_ROWS ? x.rows - r0 : HEAD_ROWS;
+    if (!logits && (!argmax || !b->head_scratch || V > b->c.n_vocab)) return;
+    const int64_t step = logits ? x.rows : HEAD_ROWS;
+    for (int64_t r0 = 0; r0 < x.rows; r0 += step) {
+        const int64_t n = x.rows - r0 < step ? x.rows - r0 : step;
+        float *dst = logits ? logits : b->head_scratch;
+        const int32_t *rows = logits ? out_rows : local;
         mm_input(b, &in, 0, sil_act_rows(x, r0, n));
-        struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){b->head_scratch, n, V, V});
-        j.out_rows = local;
+        struct sil_mm_job j = mm_job(w, &in, NULL, (struct sil_act){dst, n, V, V});
+        j.out_rows = rows;
         run_jobs(b, &j, 1);
-        for (int64_t i = 0; i < n; i++)
-            argmax[out_rows[r0 + i]] = sil_argmax(b->head_scratch + i * V, (int32_t)V);
+        for (int64_t i = 0; argmax && i < n; i++)
+            argmax[out_rows[r0 + i]] = sil_argmax(dst + (int64_t)rows[i] * V, (int32_t)V);
     }
 }
 

@@ -130,16 +130,27 @@ uint64_t sil_sampler_seed(const struct sil_sampler *s)
     return s->seed;
 }
 
+/* A logit bias the chain applies (ids outside the vocabulary and non-finite biases are
+ * ignored). */
+static int bias_applies(const struct sil_sampler *s, const struct sil_logit_bias *b)
+{
+    return b->id >= 0 && b->id < s->n_vocab && isfinite(b->bias);
+}
+
+/* Which penalties the chain applies (bit 0 repetition, bit 1 presence); 0 when none. */
+static int penalties_used(const struct sil_sampler *s)
+{
+    const float rp = s->p.repeat_penalty, pp = s->p.presence_penalty;
+    if (s->p.repeat_last_n == 0) return 0;
+    return (rp > 0.0f && rp != 1.0f) | (pp != 0.0f && isfinite(pp)) << 1;
+}
+
 int sil_sampler_plain_greedy(const struct sil_sampler *s)
 {
-    if (s->p.temperature > 0.0f) return 0;
-    for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
-        const struct sil_logit_bias *b = &s->p.logit_bias[i];
-        if (b->id >= 0 && b->id < s->n_vocab && isfinite(b->bias) && b->bias != 0.0f) return 0;
-    }
-    const float rp = s->p.repeat_penalty, pp = s->p.presence_penalty;
-    const int use_rp = rp > 0.0f && rp != 1.0f, use_pp = pp != 0.0f && isfinite(pp);
-    return !((use_rp || use_pp) && s->p.repeat_last_n != 0);
+    if (s->p.temperature > 0.0f || penalties_used(s)) return 0;
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++)
+        if (bias_applies(s, &s->p.logit_bias[i]) && s->p.logit_bias[i].bias != 0.0f) return 0;
+    return 1;
 }
 
 typedef float sil_v4f __attribute__((vector_size(16)));
@@ -236,8 +247,8 @@ static inline int bucket_of(float logit, float maxl)
 static void apply_penalties(struct sil_sampler *s, const int32_t *history, size_t n_history)
 {
     const float rp = s->p.repeat_penalty, pp = s->p.presence_penalty;
-    const int use_rp = rp > 0.0f && rp != 1.0f, use_pp = pp != 0.0f && isfinite(pp);
-    if ((!use_rp && !use_pp) || !history || n_history == 0 || s->p.repeat_last_n == 0)
+    const int used = penalties_used(s), use_rp = used & 1, use_pp = used & 2;
+    if (!used || !history || n_history == 0)
         return;
     size_t start = 0;
     if (s->p.repeat_last_n > 0 && n_history > (size_t)s->p.repeat_last_n)
@@ -319,7 +330,7 @@ int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int
     }
     for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
         const struct sil_logit_bias *b = &s->p.logit_bias[i];
-        if (b->id >= 0 && b->id < nv && isfinite(b->bias))
+        if (bias_applies(s, b))
             c[b->id].logit += b->bias;
     }
     apply_penalties(s, history, n_history);
