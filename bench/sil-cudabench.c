@@ -148,7 +148,7 @@ static int mv_launch(void *p, int i)
     return sil_cuda_matvec(cu, w, c->x, c->q8, c->n, c->y, w->rows, NULL, &err);
 }
 
-static sil_cuda_ptr x_dev, q8_dev, y_dev, ids_dev, wts_dev;
+static sil_cuda_ptr x_dev, q8_dev, y_dev, ids_dev, wts_dev, am_scratch;
 
 static void bench_matvec(const char *name, int type, int64_t rows, int64_t cols, int n)
 {
@@ -301,7 +301,7 @@ static int op_launch(void *p, int i)
         return sil_cuda_router_topk(cu, x_dev, (int)c->a, (int)c->b, 8, ids_dev, wts_dev, NULL,
                                     &err);
     case 3:
-        return sil_cuda_argmax(cu, y_dev, (int)c->a, c->b, ids_dev, NULL, &err);
+        return sil_cuda_argmax(cu, y_dev, (int)c->a, c->b, ids_dev, am_scratch, NULL, &err);
     case 4:
         return sil_cuda_swiglu(cu, y_dev, x_dev, x_dev, c->a * c->b, NULL, &err);
     default:
@@ -368,6 +368,8 @@ int main(int argc, char **argv)
     CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(8, vocab), &q8_dev, &err));
     CK(sil_cuda_alloc(cu, 4096, &ids_dev, &err));
     CK(sil_cuda_alloc(cu, 4096, &wts_dev, &err));
+    CK(sil_cuda_alloc(cu, SIL_CUDA_ARGMAX_SCRATCH(8), &am_scratch, &err));
+    CK(sil_cuda_memset(cu, am_scratch, 0, SIL_CUDA_ARGMAX_SCRATCH(8), NULL, &err));
     {
         float *x = malloc(sizeof(float) * 8 * vocab);
         if (!x) return 1;
@@ -502,6 +504,7 @@ int main(int argc, char **argv)
     }
     sil_cuda_release(cu, x_dev), sil_cuda_release(cu, y_dev), sil_cuda_release(cu, q8_dev);
     sil_cuda_release(cu, ids_dev), sil_cuda_release(cu, wts_dev);
+    sil_cuda_release(cu, am_scratch);
     sil_cuda_event_destroy(cu, ev0);
     sil_cuda_event_destroy(cu, ev1);
     sil_cuda_free(cu);

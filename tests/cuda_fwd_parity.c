@@ -52,9 +52,10 @@
  *      1e-3 (each head's softmax sum is added in another order).
  *  14. decode with its launch fusions (the default): the delta net's gated norm run by the
  *      last block of the delta rule, the router's F32 matvec and top-k in one launch, the
- *      experts' hidden rows rounded to q8 by gate/up's last blocks; against separate launches
- *      (SIL_CUDA_NO_DN_FUSE=1, SIL_CUDA_NO_ROUTER_FUSE=1, SIL_CUDA_NO_H8_FUSE=1): the same
- *      arithmetic, so the same logits at every step, bit for bit.
+ *      experts' hidden rows rounded to q8 by gate/up's last blocks, matvec sets of mixed types;
+ *      against separate launches (SIL_CUDA_NO_DN_FUSE=1, SIL_CUDA_NO_ROUTER_FUSE=1,
+ *      SIL_CUDA_NO_H8_FUSE=1, SIL_CUDA_NO_MV_MIX=1): the same arithmetic, so the same logits at
+ *      every step, bit for bit.
  *  15. reads in place asked for with a host share (SIL_CUDA_ZEROCOPY=1 and SIL_CUDA_CPU_MISSES=2,
  *      n_expert slots): the combination gave non-finite MoE outputs on the GPU, so the backend
  *      refuses the reads in place (status zero_copy false) and keeps the host share.
@@ -1001,11 +1002,11 @@ int main(int argc, char **argv)
      * top-k in one launch, q8 of the experts' hidden rows) against the separate launches */
     {
         const char *env[] = {"SIL_CUDA_NO_DN_FUSE=1", "SIL_CUDA_NO_ROUTER_FUSE=1",
-                             "SIL_CUDA_NO_H8_FUSE=1", NULL};
+                             "SIL_CUDA_NO_H8_FUSE=1", "SIL_CUDA_NO_MV_MIX=1", NULL};
         fails += variant_vs_default(gpu, model, env, true, 0.0f,
                                     "decode with fused launches (gated norm in the delta rule, "
-                                    "router matvec + top-k, q8 of the experts' hidden rows) vs "
-                                    "separate",
+                                    "router matvec + top-k, q8 of the experts' hidden rows, "
+                                    "mixed matvec sets) vs separate",
                                     p2, n2, V, lg, alone);
     }
 

@@ -453,16 +453,35 @@ static void test_argmax(struct sil_cuda *cu)
         x[3 * n + i] = i == 3 ? NAN : -INFINITY;
     sil_cuda_ptr dx = dev_copy(cu, x, sizeof(float) * rows * n), dout;
     CK(sil_cuda_alloc(cu, sizeof(int32_t) * rows, &dout, &err));
-    CK(sil_cuda_argmax(cu, dx, rows, n, dout, NULL, &err));
-    int32_t out[4];
-    get(cu, out, dout, sizeof out);
-    bool ok = true;
-    for (int r = 0; r < rows; r++)
-        ok = ok && out[r] == cpu_argmax(x + r * n, n);
-    check(ok && out[1] == 777 && out[2] == 9 && out[3] == 0,
-          "argmax %d x %lld (ties, NaN, all -inf): %d %d %d %d", rows, (long long)n, out[0], out[1],
-          out[2], out[3]);
-    sil_cuda_release(cu, dx), sil_cuda_release(cu, dout);
+    /* one block a row, then split over blocks (twice: the scratch is left zero for the next) */
+    sil_cuda_ptr scratch;
+    CK(sil_cuda_alloc(cu, SIL_CUDA_ARGMAX_SCRATCH(rows), &scratch, &err));
+    CK(sil_cuda_memset(cu, scratch, 0, SIL_CUDA_ARGMAX_SCRATCH(rows), NULL, &err));
+    for (int pass = 0; pass < 3; pass++) {
+        CK(sil_cuda_memset(cu, dout, 0xff, sizeof(int32_t) * rows, NULL, &err));
+        CK(sil_cuda_argmax(cu, dx, rows, n, dout, pass ? scratch : 0, NULL, &err));
+        int32_t out[4];
+        get(cu, out, dout, sizeof out);
+        bool ok = true;
+        for (int r = 0; r < rows; r++)
+            ok = ok && out[r] == cpu_argmax(x + r * n, n);
+        check(ok && out[1] == 777 && out[2] == 9 && out[3] == 0,
+              "argmax %d x %lld (ties, NaN, all -inf), %s: %d %d %d %d", rows, (long long)n,
+              pass ? "split over blocks" : "a block a row", out[0], out[1], out[2], out[3]);
+    }
+    /* a short row: fewer blocks than the most */
+    {
+        float y[3000];
+        for (int i = 0; i < 3000; i++)
+            y[i] = (float)(i % 1000);
+        sil_cuda_ptr dy = dev_copy(cu, y, sizeof y);
+        CK(sil_cuda_argmax(cu, dy, 1, 3000, dout, scratch, NULL, &err));
+        int32_t o;
+        get(cu, &o, dout, sizeof o);
+        check(o == 999, "argmax of 3000 split over blocks: %d (want 999, the first maximum)", o);
+        sil_cuda_release(cu, dy);
+    }
+    sil_cuda_release(cu, dx), sil_cuda_release(cu, dout), sil_cuda_release(cu, scratch);
     free(x);
 }
 
@@ -792,6 +811,69 @@ static void test_matvec_set(struct sil_cuda *cu)
             free(x);
             free(deq);
         }
+    /* mixed types (q6_K, q4_K, q8_0, q5_K), and a type that may not mix refused */
+    {
+        const int mt[4] = {SIL_TYPE_Q6_K, SIL_TYPE_Q4_K, SIL_TYPE_Q8_0, SIL_TYPE_Q5_K};
+        for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n += 7) {
+            struct sil_cuda_weight w[4];
+            const struct sil_cuda_weight *wp[4];
+            sil_cuda_ptr ys[4], yr[4];
+            int64_t ld[4];
+            float *deq = xmalloc(sizeof(float) * 256 * cols);
+            for (int k = 0; k < 4; k++) {
+                uint8_t *q = rand_weight(mt[k], rows[k], cols, deq);
+                CK(sil_cuda_weight_upload(cu, mt[k], rows[k], cols, q,
+                                          sil_row_size(mt[k], cols) * rows[k], &w[k], &err));
+                free(q);
+                wp[k] = &w[k];
+                ld[k] = rows[k];
+                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &ys[k], &err));
+                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &yr[k], &err));
+            }
+            float *x = xmalloc(sizeof(float) * (size_t)(n * cols));
+            fill(x, n * cols, 1.0f);
+            sil_cuda_ptr xd = dev_copy(cu, x, sizeof(float) * (size_t)(n * cols)), q8;
+            CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n, cols), &q8, &err));
+            CK(sil_cuda_quantize_q8(cu, xd, n, cols, q8, NULL, &err));
+            CK(sil_cuda_matvec_multi(cu, wp, 4, q8, n, ys, ld, NULL, &err));
+            for (int k = 0; k < 4; k++)
+                CK(sil_cuda_matvec(cu, &w[k], xd, q8, n, yr[k], ld[k], NULL, &err));
+            bool same = true;
+            for (int k = 0; k < 4; k++) {
+                const size_t bytes = sizeof(float) * (size_t)(n * ld[k]);
+                float *a = xmalloc(bytes), *b = xmalloc(bytes);
+                get(cu, a, ys[k], bytes);
+                get(cu, b, yr[k], bytes);
+                same = same && memcmp(a, b, bytes) == 0;
+                free(a);
+                free(b);
+                sil_cuda_release(cu, ys[k]);
+                sil_cuda_release(cu, yr[k]);
+                sil_cuda_weight_free(cu, &w[k]);
+            }
+            check(same, "matvec set of q6_K, q4_K, q8_0 and q5_K weights, batch %d: bit-identical "
+                        "to 4 matvecs",
+                  n);
+            sil_cuda_release(cu, xd);
+            sil_cuda_release(cu, q8);
+            free(x);
+            free(deq);
+        }
+        struct sil_cuda_weight a, c;
+        float *dq = xmalloc(sizeof(float) * 4 * cols);
+        uint8_t *qa = rand_weight(SIL_TYPE_Q4_K, 4, cols, dq);
+        uint8_t *qc = rand_weight(SIL_TYPE_Q4_0, 4, cols, dq);
+        CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_K, 4, cols, qa, sil_row_size(SIL_TYPE_Q4_K, cols) * 4, &a, &err));
+        CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_0, 4, cols, qc, sil_row_size(SIL_TYPE_Q4_0, cols) * 4, &c, &err));
+        const struct sil_cuda_weight *pair[2] = {&a, &c};
+        sil_cuda_ptr yy[2] = {1, 1};
+        int64_t ll[2] = {4, 4};
+        struct sil_error e2 = {0};
+        check(sil_cuda_matvec_multi(cu, pair, 2, 1, 1, yy, ll, NULL, &e2) == -EINVAL,
+              "matvec set of q4_K and q4_0 refused: %s", e2.msg);
+        sil_cuda_weight_free(cu, &a), sil_cuda_weight_free(cu, &c);
+        free(qa), free(qc), free(dq);
+    }
     const struct sil_cuda_weight *none[1] = {NULL};
     sil_cuda_ptr y0 = 0;
     int64_t l0 = 0;

@@ -176,6 +176,7 @@ struct cuda_backend {
     sil_cuda_ptr run_start, run_seq, keep;    /* in meta */
     sil_cuda_ptr logits;                      /* [MB][n_vocab] */
     sil_cuda_ptr am;                          /* [MB] int32 argmax of the logits rows */
+    sil_cuda_ptr am_scratch; /* SIL_CUDA_ARGMAX_SCRATCH(MB): the split argmax (zero between) */
     sil_cuda_ptr router;                      /* [ub_max][n_expert] */
     sil_cuda_ptr ids, wts, pair_of, pair_row; /* [ub_max * K] */
     sil_cuda_ptr h_gate, h_up, d_pair;        /* [ub_max * K][n_ff_exp], [..][n_embd] */
@@ -203,6 +204,7 @@ struct cuda_backend {
     int32_t *h_am; /* [MB] pinned: the argmax rows come down here */
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
+    bool no_mv_mix; /* SIL_CUDA_NO_MV_MIX=1: matvec sets of one type only */
     int32_t split_from; /* SIL_CUDA_PREFILL_SPLIT=P: prefill attention of rows at positions
                          * >= P through the decode kernels (context split), MB rows a launch;
                          * 0: never (the default until measured) */
@@ -407,7 +409,11 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
             int64_t lds[SIL_CUDA_MV_SET_MAX];
             int m = 0, idx[SIL_CUDA_MV_SET_MAX];
             for (int i = j; i < n_out && i < 32 && m < SIL_CUDA_MV_SET_MAX; i++) {
-                if (done >> i & 1 || out[i].w->type != out[j].w->type) continue;
+                const bool mix = sil_cuda_mv_mixable(out[i].w->type) &&
+                                 sil_cuda_mv_mixable(out[j].w->type) && !b->no_mv_mix;
+                if (done >> i & 1 || (out[i].w->type != out[j].w->type && !mix) ||
+                    out[i].w->cols != out[j].w->cols)
+                    continue;
                 if (!ok(b, view(out[i].w, out[i].w->rows, &cws[m], &b->err))) return;
                 wp[m] = &cws[m];
                 ys[m] = dp(out[i].y.data) + (uint64_t)(r0 * out[i].y.ld) * sizeof(float);
@@ -1575,7 +1581,8 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
             mm_chunks(b, sil_act_rows(x, r0, n), &lo, 1);
             /* argmax on the device: only the ids come down */
             if (argmax && b->rc == 0 &&
-                ok(b, sil_cuda_argmax(b->cu, b->logits, (int)n, V, b->am, NULL, &b->err)))
+                ok(b, sil_cuda_argmax(b->cu, b->logits, (int)n, V, b->am, b->am_scratch, NULL,
+                                   &b->err)))
                 ok(b, sil_cuda_download(b->cu, b->h_am, b->am, sizeof(int32_t) * (size_t)n, NULL,
                                         &b->err));
             if (logits && b->rc == 0)
@@ -2357,6 +2364,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->rows, (uint64_t)U * 4},
         {&b->logits, (uint64_t)(MB * c->n_vocab) * f4},
         {&b->am, (uint64_t)MB * 4},
+        {&b->am_scratch, (uint64_t)SIL_CUDA_ARGMAX_SCRATCH(MB)},
         {&b->router, (uint64_t)(U * X) * f4},
         {&b->ids, (uint64_t)(U * K) * 4},
         {&b->wts, (uint64_t)(U * K) * 4},
@@ -2487,6 +2495,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                     b->h2d_cap / 1e9);
         const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
+        const char *nm = getenv("SIL_CUDA_NO_MV_MIX");
+        b->no_mv_mix = nm && strcmp(nm, "1") == 0;
         const char *ng = getenv("SIL_CUDA_NO_GQA");
         b->no_gqa = ng && strcmp(ng, "1") == 0;
         const char *ps = getenv("SIL_CUDA_PREFILL_SPLIT");

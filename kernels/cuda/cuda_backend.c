@@ -149,10 +149,10 @@ static const char *const gu_what[MV_F32] = {
 static const char *const dn_what[MV_F32] = {"moe_down q4_0", "moe_down q4_1", "moe_down q5_0",
                                             "moe_down q5_1", "moe_down q8_0", "moe_down q4_K",
                                             "moe_down q5_K", "moe_down q6_K"};
-enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_COUNT };
+enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_ARGMAX_SPLIT, K_COUNT };
 static const char *const k_names[K_COUNT] = {
     "sil_quantize_q8_1", "sil_rmsnorm_f32",     "sil_add_f32",    "sil_swiglu_f32",
-    "sil_rope_neox_f32", "sil_router_topk_f32", "sil_argmax_f32",
+    "sil_rope_neox_f32", "sil_router_topk_f32", "sil_argmax_f32", "sil_argmax_f32_split",
 };
 
 struct sil_cuda {
@@ -163,6 +163,7 @@ struct sil_cuda {
     CUstream stream; /* the default stream of this context's ops */
     CUfunction mv[MV_COUNT][SIL_CUDA_MAX_BATCH];
     CUfunction mvm[MV_F32][SIL_CUDA_MAX_BATCH]; /* several weights of one type, one launch */
+    CUfunction mvx[SIL_CUDA_MAX_BATCH];         /* several of the mixable types, one launch */
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
@@ -280,6 +281,11 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
             r = cu->api.cuModuleGetFunction(&cu->mvm[t][n - 1], cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
+    for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
+        snprintf(name, sizeof name, "sil_mmvq_mixed_%d", n);
+        CUresult r = cu->api.cuModuleGetFunction(&cu->mvx[n - 1], cu->mod, name);
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+    }
     for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
         snprintf(name, sizeof name, "sil_router_f32_topk_%d", n);
         CUresult r = cu->api.cuModuleGetFunction(&cu->router_fused[n - 1], cu->mod, name);
@@ -921,7 +927,14 @@ struct mv_set {
     int64_t ldy[SIL_CUDA_MV_SET_MAX];
     int32_t blk0[SIL_CUDA_MV_SET_MAX + 1];
     int32_t n;
+    int32_t type[SIL_CUDA_MV_SET_MAX]; /* the weights' slots (sil_cuda_wt), for mixed sets */
 };
+
+bool sil_cuda_mv_mixable(int type)
+{
+    return type == SIL_TYPE_Q4_K || type == SIL_TYPE_Q5_K || type == SIL_TYPE_Q6_K ||
+           type == SIL_TYPE_Q8_0;
+}
 
 int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
                           sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
@@ -932,14 +945,22 @@ int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *con
     const int slot = mv_slot(w[0]->type);
     if (slot < 0 || slot >= MV_F32)
         return set_err(err, -EINVAL, "cuda: a matvec set needs quantized weights");
+    bool mixed = false, mixable = true;
+    for (int k = 0; k < nw; k++) {
+        mixed = mixed || w[k]->type != w[0]->type;
+        mixable = mixable && sil_cuda_mv_mixable(w[k]->type);
+    }
+    if (mixed && !mixable)
+        return set_err(err, -EINVAL, "cuda: a matvec set mixes types other than q4_K, q5_K, "
+                                     "q6_K and q8_0");
     struct mv_set set;
     memset(&set, 0, sizeof set);
     const int per_block = n >= 2 ? 8 : 4;
     int64_t blocks = 0;
     for (int k = 0; k < nw; k++) {
-        if (mv_slot(w[k]->type) != slot || w[k]->cols != w[0]->cols || !w[k]->data ||
-            ldy[k] < w[k]->rows)
-            return set_err(err, -EINVAL, "cuda: a matvec set of mixed types or widths");
+        if (w[k]->cols != w[0]->cols || !w[k]->data || ldy[k] < w[k]->rows)
+            return set_err(err, -EINVAL, "cuda: a matvec set of mixed widths");
+        set.type[k] = mv_slot(w[k]->type);
         set.w[k] = w[k]->data;
         set.row_bytes[k] = w[k]->row_bytes;
         set.rows[k] = (int32_t)w[k]->rows;
@@ -954,6 +975,9 @@ int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *con
     if (blocks > INT32_MAX) return set_err(err, -EINVAL, "cuda: matvec set too large");
     int units = (int)(w[0]->cols / SIL_CUDA_Q8_BLOCK);
     void *p[] = {&set, &units, &q8};
+    if (mixed)
+        return launch(cu, cu->mvx[n - 1], "matvec set mixed", (unsigned)blocks, 1, 128, s, p,
+                      err);
     return launch(cu, cu->mvm[slot][n - 1], mv_what[slot], (unsigned)blocks, 1, 128, s, p, err);
 }
 
@@ -1111,12 +1135,20 @@ int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, 
 }
 
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
-                    struct sil_cuda_stream *s, struct sil_error *err)
+                    sil_cuda_ptr scratch, struct sil_cuda_stream *s, struct sil_error *err)
 {
-    if (rows <= 0 || n <= 0 || n > INT32_MAX)
+    if (rows <= 0 || n <= 0 || n > INT32_MAX || rows > 65535)
         return set_err(err, -EINVAL, "cuda: argmax of %d x %lld", rows, (long long)n);
-    void *p[] = {&x, &n, &out};
-    return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)rows, 1, 256, s, p, err);
+    if (!scratch) {
+        void *p[] = {&x, &n, &out};
+        return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)rows, 1, 256, s, p, err);
+    }
+    /* blocks of a row: enough for 4 loads of each thread in flight, at most the scratch's */
+    int64_t nb = (n + 4 * 256 - 1) / (4 * 256);
+    if (nb > SIL_CUDA_ARGMAX_BLOCKS) nb = SIL_CUDA_ARGMAX_BLOCKS;
+    void *p[] = {&x, &n, &out, &scratch};
+    return launch(cu, cu->k[K_ARGMAX_SPLIT], "argmax", (unsigned)nb, (unsigned)rows, 256, s, p,
+                  err);
 }
 
 /* The in-place fields of a MoE weight (and its partner, gate with up) are whole: the table, host

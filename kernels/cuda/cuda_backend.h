@@ -170,8 +170,10 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
                     sil_cuda_ptr q8, int n, sil_cuda_ptr y, int64_t ldy, struct sil_cuda_stream *s,
                     struct sil_error *err);
 
-/* Several quantized weights of one type and width sharing the input (its q8), in one launch:
- * y[k] = W_k x as sil_cuda_matvec would give it, for k < nw <= SIL_CUDA_MV_SET_MAX. */
+/* Several quantized weights of one width sharing the input (its q8), in one launch: y[k] = W_k x
+ * as sil_cuda_matvec would give it, for k < nw <= SIL_CUDA_MV_SET_MAX. One type, or types that
+ * sil_cuda_mv_mixable says may share a set. */
+bool sil_cuda_mv_mixable(int type);
 #define SIL_CUDA_MV_SET_MAX 4
 int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
                           sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
@@ -229,9 +231,13 @@ int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, 
                           int n_tok, sil_cuda_ptr logits, int k, sil_cuda_ptr ids,
                           sil_cuda_ptr weights, sil_cuda_ptr done, struct sil_cuda_stream *s,
                           struct sil_error *err);
-/* out[r] = index of the largest of x[r][0..n) (first on ties, NaN never wins), int32. */
+/* out[r] = index of the largest of x[r][0..n) (first on ties, NaN never wins), int32.
+ * scratch: 0 for one block a row, or SIL_CUDA_ARGMAX_SCRATCH(rows) bytes on the device, zero
+ * (left zero), for each row split over up to SIL_CUDA_ARGMAX_BLOCKS blocks. */
+#define SIL_CUDA_ARGMAX_BLOCKS 64
+#define SIL_CUDA_ARGMAX_SCRATCH(rows) ((size_t)(rows) * (4 + 8 * SIL_CUDA_ARGMAX_BLOCKS))
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
-                    struct sil_cuda_stream *s, struct sil_error *err);
+                    sil_cuda_ptr scratch, struct sil_cuda_stream *s, struct sil_error *err);
 
 /* Fused MoE over an explicit expert plan, for decode batches (n_tok * k <= 65535). Expert
  * weights are one handle each for gate, up and down, experts stacked as GGUF stores them

@@ -517,6 +517,8 @@ __device__ __forceinline__ void fwd_q8_store(float v, int64_t bi, int lane, uint
 //   q8: y rounded as sil_quantize_q8_1 does, blocks of row r at r * n / 32 of nblocks in all.
 // Each warp takes whole 32-element blocks (element i = threadIdx.x + blockDim.x j), so a block's
 // amax and sum are warp reductions.
+#define RMS_E 8 // elements a thread keeps in registers (n <= RMS_E * blockDim.x)
+
 extern "C" __global__ void __launch_bounds__(1024)
     sil_fwd_add_rmsnorm_q8(float *x, const float *d, float *y, const float *w, int64_t n, float eps,
                            uint8_t *q8, int64_t nblocks)
@@ -526,6 +528,43 @@ extern "C" __global__ void __launch_bounds__(1024)
     float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
     const int nt = blockDim.x;
+    const int lane = threadIdx.x & 31;
+    float2 *dq = (float2 *)(q8 + nblocks * 32);
+    if (n <= (int64_t)RMS_E * nt) {
+        // every load of the row issued before any use (one memory round trip, not 2 RMS_E);
+        // the same sums in the same order as the loop below
+        float v[RMS_E], dv[RMS_E], wv[RMS_E];
+#pragma unroll
+        for (int e = 0; e < RMS_E; e++) {
+            const int64_t i = threadIdx.x + (int64_t)e * nt;
+            const bool in = i < n;
+            v[e] = in ? xr[i] : 0.0f;
+            dv[e] = in && d ? d[(int64_t)blockIdx.x * n + i] : 0.0f;
+            wv[e] = in && w ? w[i] : 1.0f;
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < RMS_E; e++) {
+            const int64_t i = threadIdx.x + (int64_t)e * nt;
+            if (i >= n) break;
+            if (d) {
+                v[e] += dv[e];
+                xr[i] = v[e];
+            }
+            ss += v[e] * v[e];
+        }
+        ss = fwd_block_sum_n(ss, sh);
+        const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int e = 0; e < RMS_E; e++) {
+            const int64_t i = threadIdx.x + (int64_t)e * nt;
+            if (i >= n) break;
+            const float o = w ? v[e] * scale * wv[e] : v[e] * scale;
+            yr[i] = o;
+            fwd_q8_store(o, ((int64_t)blockIdx.x * n + i) / 32, lane, q8, dq);
+        }
+        return;
+    }
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += nt) {
         float v = xr[i];
@@ -537,8 +576,6 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     ss = fwd_block_sum_n(ss, sh);
     const float scale = 1.0f / sqrtf(ss / (float)n + eps);
-    const int lane = threadIdx.x & 31;
-    float2 *dq = (float2 *)(q8 + nblocks * 32);
     for (int64_t i = threadIdx.x; i < n; i += nt) {
         const float v = w ? xr[i] * scale * w[i] : xr[i] * scale;
         yr[i] = v;
@@ -689,6 +726,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                               sh);
 }
 
+// Positions a block of the split takes: the context in gridDim.z equal chunks (a short context
+// leaves the last blocks empty: they write an empty partial and stop).
+__device__ __forceinline__ int attn_chunk(int np, int nz)
+{
+    return (np + nz - 1) / nz;
+}
+
 // Decode attention split over the context (for a few rows): block (h, i, z) takes the z-th of
 // gridDim.z equal chunks of positions 0..pos[i] and writes its partial softmax: m (max score),
 // l (sum of exp(score - m)) and o[hd] = sum exp(score - m) V, at part + ((i * n_head + h) *
@@ -704,13 +748,17 @@ sil_fwd_attend_part_body(const float *q, int64_t ldq, int q_stride, KP kc, KP vc
     __shared__ float s[1024];
     const int i = blockIdx.y, h = blockIdx.x, z = blockIdx.z, nz = gridDim.z;
     const int kvh = h / (n_head / n_head_kv);
-    const int np = pos[i] + 1, chunk = (np + nz - 1) / nz;
-    const int c0 = z * chunk, c1 = min(np, c0 + chunk);
+    const int np = pos[i] + 1, chunk = attn_chunk(np, nz);
+    const int c0 = min(np, z * chunk), c1 = min(np, c0 + chunk);
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
     const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
     const KP k0 = kc + (int64_t)kvh * hd, v0 = vc + (int64_t)kvh * hd;
     float *out = part + (((int64_t)i * n_head + h) * nz + z) * (hd + 2);
+    if (c0 >= c1) { // past the context: an empty partial, which the merge skips
+        if (threadIdx.x == 0) out[0] = -INFINITY, out[1] = 0.0f;
+        return;
+    }
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = threadIdx.x; j < hd; j += FWD_THREADS)
         qs[j] = qh[j];
@@ -801,8 +849,15 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, KP kc, K
     __shared__ float mxs[GQA_MAX], sums[GQA_MAX];
     const int i = blockIdx.y, kvh = blockIdx.x, z = blockIdx.z, nz = gridDim.z;
     const int G = n_head / n_head_kv;
-    const int np = pos[i] + 1, chunk = (np + nz - 1) / nz;
+    const int np = pos[i] + 1, chunk = attn_chunk(np, nz);
     const int c0 = min(np, z * chunk), c1 = min(np, c0 + chunk);
+    if (c0 >= c1) { // past the context: empty partials, which the merge skips
+        if (threadIdx.x < G) {
+            float *out = part + (((int64_t)i * n_head + kvh * G + threadIdx.x) * nz + z) * (hd + 2);
+            out[0] = -INFINITY, out[1] = 0.0f;
+        }
+        return;
+    }
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
     const KP k0 = kc + (int64_t)kvh * hd, v0 = vc + (int64_t)kvh * hd;
@@ -968,7 +1023,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         float v[4];
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            v[u] = z0 + u < nz && j < hd ? pt[(int64_t)(z0 + u) * (hd + 2) + 2 + j] : 0.0f;
+            v[u] = z0 + u < nz && j < hd && wz[z0 + u] != 0.0f
+                       ? pt[(int64_t)(z0 + u) * (hd + 2) + 2 + j]
+                       : 0.0f;
 #pragma unroll
         for (int u = 0; u < 4; u++)
             if (z0 + u < nz && wz[z0 + u] != 0.0f) acc += wz[z0 + u] * v[u];

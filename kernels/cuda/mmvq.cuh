@@ -383,6 +383,8 @@ template <int F> __device__ __forceinline__ void sil_wf8(const uint8_t *row, int
     }
 }
 
+#define SIL_MMVF_UNROLL 8
+
 template <int F, int N>
 __device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                          int rows, int64_t cols, int vec,
@@ -399,15 +401,27 @@ __device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t
     for (int j = 0; j < N; j++)
         acc[j] = 0.0f;
     if (vec) {
-        for (int64_t c = lane; c < cols / 8; c += 32) {
-            float v[8];
-            sil_wf8<F>(row, c, v);
+        // SIL_MMVF_UNROLL groups of 8 weights loaded before any is used (the loop's sums in
+        // the same order)
+        const int64_t nc = cols / 8;
+        for (int64_t c0 = lane; c0 < nc; c0 += 32 * SIL_MMVF_UNROLL) {
+            float v[SIL_MMVF_UNROLL][8];
 #pragma unroll
-            for (int j = 0; j < N; j++) {
-                const float4 *xa = (const float4 *)(x + j * cols) + 2 * c;
-                const float4 p = xa[0], q = xa[1];
-                acc[j] += v[0] * p.x + v[1] * p.y + v[2] * p.z + v[3] * p.w + v[4] * q.x +
-                          v[5] * q.y + v[6] * q.z + v[7] * q.w;
+            for (int q = 0; q < SIL_MMVF_UNROLL; q++)
+                if (c0 + 32 * q < nc)
+                    sil_wf8<F>(row, c0 + 32 * q, v[q]);
+#pragma unroll
+            for (int q = 0; q < SIL_MMVF_UNROLL; q++) {
+                const int64_t c = c0 + 32 * q;
+                if (c >= nc)
+                    break;
+#pragma unroll
+                for (int j = 0; j < N; j++) {
+                    const float4 *xa = (const float4 *)(x + j * cols) + 2 * c;
+                    const float4 p = xa[0], r = xa[1];
+                    acc[j] += v[q][0] * p.x + v[q][1] * p.y + v[q][2] * p.z + v[q][3] * p.w +
+                              v[q][4] * r.x + v[q][5] * r.y + v[q][6] * r.z + v[q][7] * r.w;
+                }
             }
         }
     } else {
@@ -455,7 +469,41 @@ struct sil_mv_set {
     int64_t ldy[SIL_MV_SET_MAX];
     int blk0[SIL_MV_SET_MAX + 1];
     int n;
+    int type[SIL_MV_SET_MAX]; // sil_cuda_wt of each weight (the mixed sets)
 };
+
+// A set of the K-quant and Q8_0 types mixed (the recipes' qkv in Q6_K beside its gate in Q4_K):
+// weight k runs as sil_mmvq of its own type, so each output is what its own matvec gives.
+#define SIL_MMVQ_MIXED_ENTRY(N)                                                                    \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_mmvq_mixed_##N(sil_mv_set set, int units, const uint8_t *a)                           \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        int k = 0;                                                                                \
+        while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])                               \
+            k++;                                                                                  \
+        const int bx = (int)blockIdx.x - set.blk0[k];                                             \
+        switch (set.type[k]) {                                                                    \
+        case WT_Q4_K:                                                                             \
+            sil_mmvq<WT_Q4_K, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
+                                 set.ldy[k], bx);                                                 \
+            break;                                                                                \
+        case WT_Q5_K:                                                                             \
+            sil_mmvq<WT_Q5_K, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
+                                 set.ldy[k], bx);                                                 \
+            break;                                                                                \
+        case WT_Q6_K:                                                                             \
+            sil_mmvq<WT_Q6_K, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
+                                 set.ldy[k], bx);                                                 \
+            break;                                                                                \
+        case WT_Q8_0:                                                                             \
+            sil_mmvq<WT_Q8_0, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
+                                 set.ldy[k], bx);                                                 \
+            break;                                                                                \
+        default:                                                                                  \
+            break;                                                                                \
+        }                                                                                         \
+    }
 
 #define SIL_MMVF_ENTRY(NAME, F, N)                                                                \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
@@ -477,6 +525,14 @@ SIL_BATCHES(SIL_MMVQ_ENTRY, q8_0, WT_Q8_0)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q4_K, WT_Q4_K)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q5_K, WT_Q5_K)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q6_K, WT_Q6_K)
+SIL_MMVQ_MIXED_ENTRY(1)
+SIL_MMVQ_MIXED_ENTRY(2)
+SIL_MMVQ_MIXED_ENTRY(3)
+SIL_MMVQ_MIXED_ENTRY(4)
+SIL_MMVQ_MIXED_ENTRY(5)
+SIL_MMVQ_MIXED_ENTRY(6)
+SIL_MMVQ_MIXED_ENTRY(7)
+SIL_MMVQ_MIXED_ENTRY(8)
 SIL_BATCHES(SIL_MMVF_ENTRY, f32, 0)
 SIL_BATCHES(SIL_MMVF_ENTRY, f16, 1)
 SIL_BATCHES(SIL_MMVF_ENTRY, bf16, 2)

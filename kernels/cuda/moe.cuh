@@ -35,6 +35,35 @@ __device__ __forceinline__ const uint8_t *sil_moe_mat(const uint8_t *w, uint64_t
     return e >= 0 && e < n_expert ? w + (uint64_t)e * stride : nullptr;
 }
 
+// One warp's gate and up dots of one row pair with one token's q8 activations: lane l takes
+// units l, l + 32, ...; two units of each matrix are loaded before either is used (the same
+// sums in the same order as one unit at a time).
+template <int T>
+__device__ __forceinline__ void sil_gate_up_dots(const uint8_t *__restrict__ g8,
+                                                 const uint8_t *__restrict__ u8, sil_q8_view a,
+                                                 int units, float *g, float *u)
+{
+    int i = threadIdx.x & 31;
+    for (; i + 32 < units; i += 64) {
+        sil_wunit wa, wb, wc, wd;
+        sil_load_unit<T>(g8, i, wa);
+        sil_load_unit<T>(u8, i, wb);
+        sil_load_unit<T>(g8, i + 32, wc);
+        sil_load_unit<T>(u8, i + 32, wd);
+        sil_unit_dot<1>(wa, a, units, i, g);
+        sil_unit_dot<1>(wb, a, units, i, u);
+        sil_unit_dot<1>(wc, a, units, i + 32, g);
+        sil_unit_dot<1>(wd, a, units, i + 32, u);
+    }
+    if (i < units) {
+        sil_wunit wa, wb;
+        sil_load_unit<T>(g8, i, wa);
+        sil_load_unit<T>(u8, i, wb);
+        sil_unit_dot<1>(wa, a, units, i, g);
+        sil_unit_dot<1>(wb, a, units, i, u);
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
                                                 const uint8_t *__restrict__ wu,
@@ -61,17 +90,82 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
     const sil_q8_view a = sil_q8_row(sil_q8_at(a8, nblocks), t, units);
     const uint64_t off = (uint64_t)r * row_bytes;
     float g = 0.0f, u = 0.0f;
-    for (int i = lane; i < units; i += 32) {
-        sil_wunit wa, wb;
-        sil_load_unit<T>(mg + off, i, wa);
-        sil_load_unit<T>(mu + off, i, wb);
-        sil_unit_dot<1>(wa, a, units, i, &g);
-        sil_unit_dot<1>(wb, a, units, i, &u);
-    }
+    sil_gate_up_dots<T>(mg + off, mu + off, a, units, &g, &u);
     g = sil_warp_sum(g);
     u = sil_warp_sum(u);
     if (lane == 0)
         h[(int64_t)p * n_ff + r] = g / (1.0f + expf(-g)) * u;
+}
+
+// Down + weighted sum of one token (blockIdx.y) over its k1 slots, the fast path of sil_moe_down
+// and sil_moe_down_sh (k1 <= SIL_MOE_K1_MAX): the block first puts the slots' matrices and
+// weights in shared memory (no id load between a lane's weight loads), then each lane loads
+// SIL_DOWN_UNROLL units before it sums them. The same products added in the same order.
+// h8 row of slot j: t * k1 + j. SH: slot k is the shared expert sd, weighted sigmoid(sh_logit).
+#define SIL_MOE_K1_MAX 32
+#define SIL_DOWN_UNROLL 6
+template <int T, bool SH>
+__device__ __forceinline__ void sil_moe_down_fast(const uint8_t *__restrict__ wd,
+                                                  const uint8_t *__restrict__ sd,
+                                                  uint64_t row_bytes, uint64_t mat_stride,
+                                                  const uint8_t *hd, uint64_t h_stride,
+                                                  const int32_t *__restrict__ tab, int n_slot,
+                                                  int n_embd, int units, int n_expert,
+                                                  const uint8_t *__restrict__ h8, int64_t nblocks,
+                                                  const int32_t *__restrict__ ids,
+                                                  const float *__restrict__ wts,
+                                                  const float *__restrict__ sh_logit, int k,
+                                                  float *__restrict__ y)
+{
+    __shared__ const uint8_t *mats[SIL_MOE_K1_MAX];
+    __shared__ float mw[SIL_MOE_K1_MAX];
+    const int t = blockIdx.y, k1 = SH ? k + 1 : k;
+    for (int j = threadIdx.x; j < k1; j += blockDim.x) {
+        const bool shared = SH && j == k;
+        mats[j] = shared ? sd
+                         : sil_moe_mat(wd, mat_stride, hd, h_stride, tab, n_slot, n_expert,
+                                       ids[t * k + j]);
+        mw[j] = shared ? 1.0f / (1.0f + expf(-sh_logit[t])) : wts[t * k + j];
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    if (r >= n_embd)
+        return;
+    const sil_q8_view a = sil_q8_at(h8, nblocks);
+    const uint64_t roff = (uint64_t)r * row_bytes;
+    const int total = k1 * units;
+    float acc = 0.0f;
+    bool bad = false;
+    for (int i0 = lane; i0 < total; i0 += 32 * SIL_DOWN_UNROLL) {
+        sil_wunit w[SIL_DOWN_UNROLL];
+        int jq[SIL_DOWN_UNROLL], uq[SIL_DOWN_UNROLL];
+#pragma unroll
+        for (int q = 0; q < SIL_DOWN_UNROLL; q++) {
+            const int idx = i0 + 32 * q;
+            jq[q] = idx < total ? idx / units : 0;
+            uq[q] = idx - jq[q] * units;
+            const uint8_t *m = mats[jq[q]];
+            if (idx < total && m)
+                sil_load_unit<T>(m + roff, uq[q], w[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < SIL_DOWN_UNROLL; q++) {
+            if (i0 + 32 * q >= total)
+                break;
+            if (!mats[jq[q]]) {
+                bad = true;
+                continue;
+            }
+            float d = 0.0f;
+            sil_unit_dot<1>(w[q], sil_q8_row(a, (int64_t)t * k1 + jq[q], units), units, uq[q], &d);
+            acc += mw[jq[q]] * d;
+        }
+    }
+    acc = sil_warp_sum(acc);
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0)
+        y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
 }
 
 template <int T>
@@ -117,6 +211,8 @@ __device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uin
 // with the shared expert's row after the token's k routed ones, and warp 0 of the token's shared
 // block (x = 0) also writes sh_logit[t] = gate_inp . x_t (F32, n_embd); down sums the k + 1
 // slots, the shared one weighted by sigmoid(sh_logit[t]), so y is the whole MoE output.
+#define SIL_SH_UNROLL 4
+
 template <int T>
 __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ wg,
                                                    const uint8_t *__restrict__ wu,
@@ -137,15 +233,36 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
     const int lane = threadIdx.x & 31;
     const int p = blockIdx.y, t = p / (k + 1), j = p - t * (k + 1);
     const bool shared = j == k;
-    if (shared && blockIdx.x == 0 && threadIdx.x < 32) {
-        const int n_embd = units * 32;
+    if (shared && blockIdx.x == 0) {
+        // the whole block, SIL_SH_UNROLL loads of each thread in flight (one warp's strided loop
+        // here made this block, and so the launch, the last to finish)
+        __shared__ float red[SIL_MMV_WARPS];
+        const int n_embd = units * 32, nt = SIL_MMV_WARPS * 32;
         const float *xt = x + (int64_t)t * n_embd;
         float d = 0.0f;
-        for (int i = lane; i < n_embd; i += 32)
-            d += xt[i] * gate_inp[i];
+        for (int i0 = threadIdx.x; i0 < n_embd; i0 += nt * SIL_SH_UNROLL) {
+            float xv[SIL_SH_UNROLL], gv[SIL_SH_UNROLL];
+#pragma unroll
+            for (int q = 0; q < SIL_SH_UNROLL; q++) {
+                const int i = i0 + q * nt;
+                xv[q] = i < n_embd ? xt[i] : 0.0f;
+                gv[q] = i < n_embd ? gate_inp[i] : 0.0f;
+            }
+#pragma unroll
+            for (int q = 0; q < SIL_SH_UNROLL; q++)
+                d += xv[q] * gv[q];
+        }
         d = sil_warp_sum(d);
         if (lane == 0)
-            sh_logit[t] = d;
+            red[threadIdx.x >> 5] = d;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float v = red[0];
+#pragma unroll
+            for (int w = 1; w < SIL_MMV_WARPS; w++)
+                v += red[w];
+            sh_logit[t] = v;
+        }
     }
     const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
     if (r >= n_ff)
@@ -162,13 +279,7 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
     const uint64_t off = (uint64_t)r * row_bytes;
     const uint8_t *g8 = mg + off, *u8 = mu + off;
     float g = 0.0f, u = 0.0f;
-    for (int i = lane; i < units; i += 32) {
-        sil_wunit wa, wb;
-        sil_load_unit<T>(g8, i, wa);
-        sil_load_unit<T>(u8, i, wb);
-        sil_unit_dot<1>(wa, a, units, i, &g);
-        sil_unit_dot<1>(wb, a, units, i, &u);
-    }
+    sil_gate_up_dots<T>(g8, u8, a, units, &g, &u);
     g = sil_warp_sum(g);
     u = sil_warp_sum(u);
     if (lane == 0)
@@ -235,9 +346,19 @@ __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_
         return;
     __threadfence();
     const int lane = threadIdx.x & 31, nb = n_ff / 32;
-    for (int bi = threadIdx.x >> 5; bi < nb; bi += SIL_MMV_WARPS) {
-        const int64_t b = (int64_t)p * nb + bi;
-        sil_q8_store_block(__ldcg(h + b * 32 + lane), b, h8_blocks, h8);
+    for (int b0 = threadIdx.x >> 5; b0 < nb; b0 += SIL_MMV_WARPS * 4) {
+        float v[4]; // four blocks' loads in flight
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int bi = b0 + q * SIL_MMV_WARPS;
+            v[q] = bi < nb ? __ldcg(h + ((int64_t)p * nb + bi) * 32 + lane) : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int bi = b0 + q * SIL_MMV_WARPS;
+            if (bi < nb)
+                sil_q8_store_block(v[q], (int64_t)p * nb + bi, h8_blocks, h8);
+        }
     }
     if (threadIdx.x == 0)
         done[p] = 0;
@@ -266,8 +387,13 @@ __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_
                             const float *wts, int k, float *y)                                    \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
-        sil_moe_down<T>(wd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd, units,      \
-                        n_expert, h8, nblocks, ids, wts, k, y);                                   \
+        if (k <= SIL_MOE_K1_MAX)                                                                  \
+            sil_moe_down_fast<T, false>(wd, nullptr, row_bytes, mat_stride, hd, h_stride, tab,    \
+                                        n_slot, n_embd, units, n_expert, h8, nblocks, ids, wts,   \
+                                        nullptr, k, y);                                           \
+        else                                                                                      \
+            sil_moe_down<T>(wd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd, units,  \
+                            n_expert, h8, nblocks, ids, wts, k, y);                               \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_gate_up_sh_##NAME(   \
         const uint8_t *wg, const uint8_t *wu, const uint8_t *sg, const uint8_t *su,               \
@@ -291,8 +417,13 @@ __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_
         const float *wts, const float *sh_logit, int k, float *y)                                 \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
-        sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd,      \
-                           units, n_expert, h8, nblocks, ids, wts, sh_logit, k, y);               \
+        if (k + 1 <= SIL_MOE_K1_MAX)                                                              \
+            sil_moe_down_fast<T, true>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot,  \
+                                       n_embd, units, n_expert, h8, nblocks, ids, wts, sh_logit,  \
+                                       k, y);                                                     \
+        else                                                                                      \
+            sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd,  \
+                               units, n_expert, h8, nblocks, ids, wts, sh_logit, k, y);           \
     }
 
 SIL_MOE_ENTRY(q4_0, WT_Q4_0)

@@ -146,6 +146,63 @@ extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
         out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
 }
 
+// The argmax of each row split over gridDim.x blocks (grid (blocks, rows)): block b scans
+// elements b * SIL_ROW_THREADS + tid + j * stride, four loads in flight, and leaves its best
+// (value, index) in scratch; the last block of the row (done[r] counts them, zero between
+// launches) merges them, ties to the lower index, so the answer is sil_argmax_f32's. scratch:
+// done [rows] int32, then value [rows][blocks] float, then index [rows][blocks] int32.
+extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
+    sil_argmax_f32_split(const float *x, int64_t n, int32_t *out, int *scratch)
+{
+    SIL_PDL_ENTRY();
+    __shared__ float shv[32];
+    __shared__ int shi[32];
+    __shared__ int last;
+    const int r = blockIdx.y, nb = gridDim.x, rows = gridDim.y;
+    int *done = scratch + r;
+    float *pv = (float *)(scratch + rows) + (int64_t)r * nb;
+    int *pi = scratch + rows + (int64_t)rows * nb + (int64_t)r * nb;
+    const float *xr = x + (int64_t)r * n;
+    const int64_t stride = (int64_t)nb * SIL_ROW_THREADS;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int64_t i0 = (int64_t)blockIdx.x * SIL_ROW_THREADS + threadIdx.x; i0 < n;
+         i0 += 4 * stride) {
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            v[q] = i0 + q * stride < n ? xr[i0 + q * stride] : -INFINITY;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (i0 + q * stride < n && v[q] > bv)
+                bv = v[q], bi = (int)(i0 + q * stride);
+    }
+    bi = sil_block_argmax(bv, bi, shv, shi);
+    if (threadIdx.x == 0) {
+        pv[blockIdx.x] = bi == 0x7fffffff ? -INFINITY : xr[bi];
+        pi[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(done, 1) == nb - 1;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    float v = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int b = threadIdx.x; b < nb; b += SIL_ROW_THREADS) {
+        const float ov = __ldcg(pv + b);
+        const int oi = __ldcg(pi + b);
+        if (oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx)))
+            v = ov, idx = oi;
+    }
+    idx = sil_block_argmax(v, idx, shv, shi);
+    if (threadIdx.x == 0) {
+        out[r] = idx == 0x7fffffff ? 0 : idx;
+        *done = 0;
+    }
+}
+
 #define SIL_ROUTER_MAX 1024
 
 #define SIL_ROUTER_WARPS 4
@@ -155,11 +212,120 @@ extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
 // of warp argmax over the experts not yet taken (ties to the lower id); ids and weights [k] get
 // the choices and p_e / sum(p_top), the sum in selection order clamped below at 2^-14. CG: l was
 // written by other blocks of this grid (read past L1). No block barrier anywhere.
+#define SIL_TOPK_REG 8 // experts a lane keeps in registers: n_expert <= 256
+
+// sil_topk_warp for n_expert <= 32 * SIL_TOPK_REG with the probabilities in registers (lane i
+// holds experts i, i + 32, ...): the same arithmetic in the same order, so the same choices and
+// weights, without the shared-memory round trips of each of the k rounds.
+template <bool CG>
+__device__ __forceinline__ void sil_topk_warp_reg(const float *l, int n_expert, int k,
+                                                  int32_t *ids, float *weights)
+{
+    const int lane = threadIdx.x & 31;
+    float pv[SIL_TOPK_REG];
+#pragma unroll
+    for (int m = 0; m < SIL_TOPK_REG; m++) {
+        const int e = lane + 32 * m;
+        pv[m] = e < n_expert ? (CG ? __ldcg(l + e) : l[e]) : -INFINITY;
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int m = 0; m < SIL_TOPK_REG; m++)
+        if (lane + 32 * m < n_expert)
+            mx = fmaxf(mx, pv[m]);
+#if __CUDA_ARCH__ >= 800
+    {
+        // one warp reduction instruction on the float's bits made order-preserving
+        const unsigned b = __float_as_uint(mx);
+        const unsigned key = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+        const unsigned top = __reduce_max_sync(0xffffffffu, key);
+        mx = __uint_as_float((top & 0x80000000u) ? top & 0x7fffffffu : ~top);
+    }
+#else
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+#endif
+    float sum = 0.0f;
+#pragma unroll
+    for (int m = 0; m < SIL_TOPK_REG; m++)
+        if (lane + 32 * m < n_expert) {
+            const float v = expf(pv[m] - mx);
+            pv[m] = v;
+            sum += v;
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int m = 0; m < SIL_TOPK_REG; m++)
+        pv[m] *= inv;
+    const float taken = -2.0f; // below any probability
+    float top = 0.0f, my_p = 0.0f;
+    int my_id = 0;
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int m = 0; m < SIL_TOPK_REG; m++) {
+            const int e = lane + 32 * m;
+            const float v = pv[m];
+            if (e < n_expert && v != taken && (bi == 0x7fffffff || v > bv))
+                bv = v, bi = e;
+        }
+#if __CUDA_ARCH__ >= 800
+        {
+            // the probabilities are >= 0, so their bits order as they do: the largest in one
+            // warp reduction, then the lowest expert holding it in another (0: no candidate)
+            const unsigned key = bi == 0x7fffffff ? 0u : __float_as_uint(bv) + 1u;
+            const unsigned top = __reduce_max_sync(0xffffffffu, key);
+            const unsigned who = __reduce_min_sync(
+                0xffffffffu, top != 0u && key == top ? (unsigned)bi : 0x7fffffffu);
+            bi = (int)who;
+            bv = top ? __uint_as_float(top - 1u) : -INFINITY;
+        }
+#else
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi)))
+                bv = ov, bi = oi;
+        }
+        bi = __shfl_sync(0xffffffffu, bi, 0);
+        bv = __shfl_sync(0xffffffffu, bv, 0);
+#endif
+        const float p0 = __shfl_sync(0xffffffffu, pv[0], 0);
+        if (bi == 0x7fffffff)
+            bi = 0, bv = p0;
+        if (lane == j)
+            my_id = bi, my_p = bv;
+        if (lane == (bi & 31)) {
+#pragma unroll
+            for (int m = 0; m < SIL_TOPK_REG; m++)
+                if (m == (bi >> 5))
+                    pv[m] = taken;
+        }
+        top += bv;
+    }
+    if (top < 6.103515625e-5f)
+        top = 6.103515625e-5f;
+    if (lane < k) {
+        ids[lane] = my_id;
+        weights[lane] = my_p / top;
+    }
+}
+
 template <bool CG>
 __device__ __forceinline__ void sil_topk_warp(const float *l, int n_expert, int k, int32_t *ids,
                                               float *weights, float *p)
 {
     const int lane = threadIdx.x & 31;
+    if (n_expert <= 32 * SIL_TOPK_REG) {
+        sil_topk_warp_reg<CG>(l, n_expert, k, ids, weights);
+        return;
+    }
     float mx = -INFINITY;
     for (int e = lane; e < n_expert; e += 32)
         mx = fmaxf(mx, CG ? __ldcg(l + e) : l[e]);
