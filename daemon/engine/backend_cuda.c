@@ -882,8 +882,10 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
         }
         void *p3[] = {&qr,     &ldq,  &q_stride, &kc,    &vc,      &pr,  &sr,
                       &n_head, &n_kv, &hdi,      &n_ctx, &b->btab, &bps, &part};
+        /* the grouped kernel: a warp per query head of the KV head (GQA_MAX 8 warps) */
         if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
-                                   (unsigned)n, (unsigned)nz, 128, NULL, p3, &b->err)))
+                                   (unsigned)n, (unsigned)nz, gqa ? 256 : 128, NULL, p3,
+                                   &b->err)))
             return;
         void *p4[] = {&qr, &ldq, &q_stride, &orr, &ldo, &part, &nz, &n_head, &hdi, &gated};
         ok(b, sil_cuda_launch(b->cu, b->fn[F_ATTEND_COMBINE], f_names[F_ATTEND_COMBINE],

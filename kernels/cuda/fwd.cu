@@ -647,6 +647,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
             s[a][c] = j0 + a < dv && c < nc ? S[(int64_t)(j0 + a) * dk + c * 32 + lane] : 0.0f;
     for (int t = 0; t < nt; t++) {
         const float *row = conv + (int64_t)(r0 + t) * ldc;
+        const float *v = row + 2 * (int64_t)nk * dk + (int64_t)h * dv;
+        // the token's scalars and this warp's v loaded with its q and k, before the barriers
+        const float a_raw = alpha[(int64_t)(r0 + t) * lda + h], dtb = dt_bias[h], sa = ssm_a[h];
+        const float b_raw = beta_raw[(int64_t)(r0 + t) * ldb + h];
+        float vj[DN_R];
+#pragma unroll
+        for (int a = 0; a < DN_R; a++)
+            vj[a] = j0 + a < dv ? v[j0 + a] : 0.0f;
         float sq = 0.0f, sk = 0.0f;
         for (int j = threadIdx.x; j < dk; j += FWD_THREADS) {
             const float a = row[(int64_t)kh * dk + j], b = row[(int64_t)nk * dk + kh * dk + j];
@@ -660,11 +668,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         const float qscale = 1.0f / fmaxf(sqrtf(sq), eps) / sqrtf((float)dk);
         const float kscale = 1.0f / fmaxf(sqrtf(sk), eps);
         __syncthreads();
-        const float ar = alpha[(int64_t)(r0 + t) * lda + h] + dt_bias[h];
+        const float ar = a_raw + dtb;
         const float sp = ar > 20.0f ? ar : log1pf(expf(ar));
-        const float decay = expf(ssm_a[h] * sp);
-        const float b = 1.0f / (1.0f + expf(-beta_raw[(int64_t)(r0 + t) * ldb + h]));
-        const float *v = row + 2 * (int64_t)nk * dk + (int64_t)h * dv;
+        const float decay = expf(sa * sp);
+        const float b = 1.0f / (1.0f + expf(-b_raw));
         float kk[DN_MAXC], qq[DN_MAXC];
 #pragma unroll
         for (int c = 0; c < DN_MAXC; c++) {
@@ -680,7 +687,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
             for (int c = 0; c < DN_MAXC; c++)
                 if (c < nc) p += s[a][c] * kk[c];
             p = fwd_warp_sum(p);
-            const float d = b * (v[j] - decay * p);
+            const float d = b * (vj[a] - decay * p);
             float o = 0.0f;
 #pragma unroll
             for (int c = 0; c < DN_MAXC; c++)
@@ -834,137 +841,108 @@ __device__ __forceinline__ void gqa_rows(float r[GQA_UNROLL][GQA_HD / 32], KP he
 }
 
 // sil_fwd_attend_part for the G = n_head / n_head_kv query heads sharing one KV head at once
-// (2 <= G <= GQA_MAX, hd <= GQA_HD): block (KV head, row, z) reads each K and V row of its chunk
-// once for all G heads instead of G times. The scores and the V sums are those of
-// sil_fwd_attend_part (the same products in the same order); each head's softmax sum l is a
-// warp's sum, so it may differ from that kernel's in the last bits. Partials as it writes them.
+// (2 <= G <= GQA_MAX, hd <= GQA_HD): block (KV head, row, z) of GQA_MAX warps, warp g taking
+// query head g of the KV head over the chunk: K and V rows are read from memory once for the
+// block (the other warps find them in L1), and no warp waits for another (no block barrier).
+// Each head's scores, exponentials and V sums are those of sil_fwd_attend_part (the same
+// products in the same order); its softmax sum l is a warp's sum, so it may differ from that
+// kernel's in the last bits. Partials as it writes them.
 template <typename KP>
 __device__ __forceinline__ void
 sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, KP kc, KP vc,
                              const int *pos, const int *seq, int n_head, int n_head_kv, int hd,
                              int n_ctx, const int *btab, int bps, float *part)
 {
-    __shared__ float qs[GQA_MAX * GQA_HD];
-    __shared__ float s[GQA_MAX * GQA_CHUNK];
-    __shared__ float mxs[GQA_MAX], sums[GQA_MAX];
+    __shared__ float s[GQA_MAX][GQA_CHUNK];
     const int i = blockIdx.y, kvh = blockIdx.x, z = blockIdx.z, nz = gridDim.z;
     const int G = n_head / n_head_kv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp >= G) return;
+    const int h = kvh * G + warp;
     const int np = pos[i] + 1, chunk = attn_chunk(np, nz);
     const int c0 = min(np, z * chunk), c1 = min(np, c0 + chunk);
-    if (c0 >= c1) { // past the context: empty partials, which the merge skips
-        if (threadIdx.x < G) {
-            float *out = part + (((int64_t)i * n_head + kvh * G + threadIdx.x) * nz + z) * (hd + 2);
-            out[0] = -INFINITY, out[1] = 0.0f;
-        }
+    float *out = part + (((int64_t)i * n_head + h) * nz + z) * (hd + 2);
+    if (c0 >= c1) { // past the context: an empty partial, which the merge skips
+        if (lane == 0) out[0] = -INFINITY, out[1] = 0.0f;
         return;
     }
     const int64_t kv_dim = (int64_t)n_head_kv * hd;
     const int *bt = btab + (int64_t)seq[i] * bps; /* the sequence's KV blocks */
     const KP k0 = kc + (int64_t)kvh * hd, v0 = vc + (int64_t)kvh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int idx = threadIdx.x; idx < G * hd; idx += FWD_THREADS) {
-        const int g = idx / hd, j = idx - g * hd;
-        qs[g * GQA_HD + j] = q[(int64_t)i * ldq + (int64_t)(kvh * G + g) * q_stride + j];
-    }
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // scores: warp w takes GQA_UNROLL positions at a time (w's groups interleaved with the other
-    // warps'), their K rows loaded before any sum so the loads overlap; lane the columns
-    // lane + 32 t (each lane's products added in t order, then across the warp)
-    float qr[GQA_MAX][GQA_HD / 32];
+    const float *qh = q + (int64_t)i * ldq + (int64_t)h * q_stride;
+    float qr[GQA_HD / 32];
 #pragma unroll
-    for (int g = 0; g < GQA_MAX; g++)
-#pragma unroll
-        for (int t = 0; t < GQA_HD / 32; t++)
-            qr[g][t] = g < G && lane + 32 * t < hd ? qs[g * GQA_HD + lane + 32 * t] : 0.0f;
-    for (int p0 = c0 + warp * GQA_UNROLL; p0 < c1; p0 += FWD_THREADS / 32 * GQA_UNROLL) {
+    for (int t = 0; t < GQA_HD / 32; t++)
+        qr[t] = lane + 32 * t < hd ? qh[lane + 32 * t] : 0.0f;
+    float *sg = s[warp];
+    // scores: GQA_UNROLL K rows loaded before any sum; lane the columns lane + 32 t (each lane's
+    // products added in t order, then across the warp)
+    for (int p0 = c0; p0 < c1; p0 += GQA_UNROLL) {
         float kr[GQA_UNROLL][GQA_HD / 32];
         gqa_rows(kr, k0, bt, p0, c1, kv_dim, hd, lane);
 #pragma unroll
-        for (int u = 0; u < GQA_UNROLL; u++)
+        for (int u = 0; u < GQA_UNROLL; u++) {
+            float d = 0.0f;
 #pragma unroll
-            for (int g = 0; g < GQA_MAX; g++)
-                if (g < G) {
-                    float d = 0.0f;
-#pragma unroll
-                    for (int t = 0; t < GQA_HD / 32; t++)
-                        d += qr[g][t] * kr[u][t];
-                    d = fwd_warp_sum(d);
-                    if (lane == 0 && p0 + u < c1) s[g * GQA_CHUNK + p0 + u - c0] = d * scale;
-                }
-    }
-    __syncthreads();
-    // per head: max and exp sums, warp w taking heads w, w + 4, ...
-    for (int g = warp; g < G; g += FWD_THREADS / 32) {
-        float *sg = s + g * GQA_CHUNK;
-        float mx = -INFINITY;
-        for (int p = c0 + lane; p < c1; p += 32)
-            mx = fmaxf(mx, sg[p - c0]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float sum = 0.0f;
-        for (int p = c0 + lane; p < c1; p += 32) {
-            const float e = expf(sg[p - c0] - mx);
-            sg[p - c0] = e;
-            sum += e;
+            for (int t = 0; t < GQA_HD / 32; t++)
+                d += qr[t] * kr[u][t];
+            d = fwd_warp_sum(d);
+            if (lane == 0 && p0 + u < c1) sg[p0 + u - c0] = d * scale;
         }
-        sum = fwd_warp_sum(sum);
-        if (lane == 0) mxs[g] = mx, sums[g] = sum;
     }
-    __syncthreads();
-    // V: warp w takes GQA_UNROLL positions at a time as for the scores, and lane the columns
-    // lane + 32 t, so each warp's loads are independent of its sums (latency hidden across
-    // positions); the warps' sums are then added in warp order through qs (no longer needed)
-    float acc[GQA_MAX][GQA_HD / 32];
+    __syncwarp();
+    float mx = -INFINITY;
+    for (int p = c0 + lane; p < c1; p += 32)
+        mx = fmaxf(mx, sg[p - c0]);
 #pragma unroll
-    for (int g = 0; g < GQA_MAX; g++)
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int p = c0 + lane; p < c1; p += 32) {
+        const float e = expf(sg[p - c0] - mx);
+        sg[p - c0] = e;
+        sum += e;
+    }
+    sum = fwd_warp_sum(sum);
+    __syncwarp();
+    // V: lane the columns lane + 32 t, positions in order (as sil_fwd_attend_part adds them)
+    float acc[GQA_HD / 32];
 #pragma unroll
-        for (int t = 0; t < GQA_HD / 32; t++)
-            acc[g][t] = 0.0f;
-    for (int p0 = c0 + warp * GQA_UNROLL; p0 < c1; p0 += FWD_THREADS / 32 * GQA_UNROLL) {
+    for (int t = 0; t < GQA_HD / 32; t++)
+        acc[t] = 0.0f;
+    for (int p0 = c0; p0 < c1; p0 += GQA_UNROLL) {
         float vr[GQA_UNROLL][GQA_HD / 32];
         gqa_rows(vr, v0, bt, p0, c1, kv_dim, hd, lane);
 #pragma unroll
         for (int u = 0; u < GQA_UNROLL; u++) {
             if (p0 + u >= c1) break;
+            const float w = sg[p0 + u - c0];
 #pragma unroll
-            for (int g = 0; g < GQA_MAX; g++) {
-                const float w = g < G ? s[g * GQA_CHUNK + p0 + u - c0] : 0.0f;
-#pragma unroll
-                for (int t = 0; t < GQA_HD / 32; t++)
-                    acc[g][t] += w * vr[u][t];
-            }
+            for (int t = 0; t < GQA_HD / 32; t++)
+                acc[t] += w * vr[u][t];
         }
     }
-    for (int ww = 0; ww < FWD_THREADS / 32; ww++) {
-        if (warp == ww)
 #pragma unroll
-            for (int g = 0; g < GQA_MAX; g++)
-#pragma unroll
-                for (int t = 0; t < GQA_HD / 32; t++) {
-                    const int j = lane + 32 * t;
-                    if (g < G && j < hd)
-                        qs[g * GQA_HD + j] = ww == 0 ? acc[g][t] : qs[g * GQA_HD + j] + acc[g][t];
-                }
-        __syncthreads();
-    }
-    for (int idx = threadIdx.x; idx < G * hd; idx += FWD_THREADS) {
-        const int g = idx / hd, j = idx - g * hd;
-        part[(((int64_t)i * n_head + kvh * G + g) * nz + z) * (hd + 2) + 2 + j] =
-            qs[g * GQA_HD + j];
-    }
-    if (threadIdx.x < G) {
-        const int g = threadIdx.x;
-        float *out = part + (((int64_t)i * n_head + kvh * G + g) * nz + z) * (hd + 2);
-        out[0] = c1 > c0 ? mxs[g] : -INFINITY;
-        out[1] = c1 > c0 ? sums[g] : 0.0f;
-    }
+    for (int t = 0; t < GQA_HD / 32; t++)
+        if (lane + 32 * t < hd) out[2 + lane + 32 * t] = acc[t];
+    if (lane == 0) out[0] = mx, out[1] = sum;
 }
-PART_ENTRY(sil_fwd_attend_part_gqa, sil_fwd_attend_part_gqa_body, float)
-PART_ENTRY(sil_fwd_attend_part_gqa_h, sil_fwd_attend_part_gqa_body, __half)
-PART_ENTRY(sil_fwd_attend_part_gqa_q8, sil_fwd_attend_part_gqa_body, kv_q8_0)
-PART_ENTRY(sil_fwd_attend_part_gqa_q4, sil_fwd_attend_part_gqa_body, kv_q4_0)
+// GQA_MAX warps a block
+#define PART_GQA_ENTRY(NAME, KV)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GQA_MAX * 32, 2)                                 \
+        NAME(const float *q, int64_t ldq, int q_stride, const KV *kc, const KV *vc,               \
+             const int *pos, const int *seq, int n_head, int n_head_kv, int hd, int n_ctx,        \
+             const int *btab, int bps, float *part)                                               \
+    {                                                                                            \
+        SIL_PDL_ENTRY();                                                                         \
+        sil_fwd_attend_part_gqa_body(q, ldq, q_stride, kv_view(kc), kv_view(vc), pos, seq,       \
+                                     n_head, n_head_kv, hd, n_ctx, btab, bps, part);            \
+    }
+PART_GQA_ENTRY(sil_fwd_attend_part_gqa, float)
+PART_GQA_ENTRY(sil_fwd_attend_part_gqa_h, __half)
+PART_GQA_ENTRY(sil_fwd_attend_part_gqa_q8, kv_q8_0)
+PART_GQA_ENTRY(sil_fwd_attend_part_gqa_q4, kv_q4_0)
 
 // The partials of sil_fwd_attend_part (nz per head and row) merged: o_h = sum_z exp(m_z - M) o_z
 // / sum_z exp(m_z - M) l_z; gated: o *= sigmoid of the gate after q_h. Grid (n_head, rows,

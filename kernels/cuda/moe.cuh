@@ -211,7 +211,7 @@ __device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uin
 // with the shared expert's row after the token's k routed ones, and warp 0 of the token's shared
 // block (x = 0) also writes sh_logit[t] = gate_inp . x_t (F32, n_embd); down sums the k + 1
 // slots, the shared one weighted by sigmoid(sh_logit[t]), so y is the whole MoE output.
-#define SIL_SH_UNROLL 4
+#define SIL_SH_UNROLL 8
 
 template <int T>
 __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ wg,
