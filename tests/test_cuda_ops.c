@@ -756,8 +756,60 @@ static void test_bad_args(struct sil_cuda *cu)
     check(rc == -ENOMEM && p == 0, "args: a 1 PiB allocation fails cleanly: %s", e.msg);
 }
 
-/* A matvec set (several weights of one type sharing the input, one launch) gives exactly what
- * each weight's own matvec gives, for odd row counts and every batch. */
+/* Four weights of types[k] and rows[k] rows sharing one input of n rows, as one matvec set and
+ * as four matvecs (outputs ld[k] = rows[k] + pad apart): true when every output is the same to
+ * the bit. */
+static bool set_matches_matvecs(struct sil_cuda *cu, const int types[4], const int rows[4],
+                                int64_t cols, int n, int pad)
+{
+    struct sil_cuda_weight w[4];
+    const struct sil_cuda_weight *wp[4];
+    sil_cuda_ptr ys[4], yr[4];
+    int64_t ld[4];
+    float *deq = xmalloc(sizeof(float) * 256 * cols);
+    for (int k = 0; k < 4; k++) {
+        uint8_t *q = rand_weight(types[k], rows[k], cols, deq);
+        CK(sil_cuda_weight_upload(cu, types[k], rows[k], cols, q,
+                                  sil_row_size(types[k], cols) * rows[k], &w[k], &err));
+        free(q);
+        wp[k] = &w[k];
+        ld[k] = rows[k] + pad;
+        CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &ys[k], &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &yr[k], &err));
+        CK(sil_cuda_memset(cu, ys[k], 0, sizeof(float) * (size_t)(n * ld[k]), NULL, &err));
+        CK(sil_cuda_memset(cu, yr[k], 0, sizeof(float) * (size_t)(n * ld[k]), NULL, &err));
+    }
+    float *x = xmalloc(sizeof(float) * (size_t)(n * cols));
+    fill(x, n * cols, 1.0f);
+    sil_cuda_ptr xd = dev_copy(cu, x, sizeof(float) * (size_t)(n * cols)), q8;
+    CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n, cols), &q8, &err));
+    CK(sil_cuda_quantize_q8(cu, xd, n, cols, q8, NULL, &err));
+    CK(sil_cuda_matvec_multi(cu, wp, 4, q8, n, ys, ld, NULL, &err));
+    for (int k = 0; k < 4; k++)
+        CK(sil_cuda_matvec(cu, &w[k], xd, q8, n, yr[k], ld[k], NULL, &err));
+    bool same = true;
+    for (int k = 0; k < 4; k++) {
+        const size_t bytes = sizeof(float) * (size_t)(n * ld[k]);
+        float *a = xmalloc(bytes), *b = xmalloc(bytes);
+        get(cu, a, ys[k], bytes);
+        get(cu, b, yr[k], bytes);
+        same = same && memcmp(a, b, bytes) == 0;
+        free(a);
+        free(b);
+        sil_cuda_release(cu, ys[k]);
+        sil_cuda_release(cu, yr[k]);
+        sil_cuda_weight_free(cu, &w[k]);
+    }
+    sil_cuda_release(cu, xd);
+    sil_cuda_release(cu, q8);
+    free(x);
+    free(deq);
+    return same;
+}
+
+/* A matvec set (several weights sharing the input, one launch) gives exactly what each weight's
+ * own matvec gives, for odd row counts and every batch: of one type, and of the types that may
+ * mix; a set mixing another type is refused. */
 static void test_matvec_set(struct sil_cuda *cu)
 {
     const int types[] = {SIL_TYPE_Q4_K, SIL_TYPE_Q6_K, SIL_TYPE_Q8_0};
@@ -765,106 +817,27 @@ static void test_matvec_set(struct sil_cuda *cu)
     const int64_t cols = 512;
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n += 3) {
-            struct sil_cuda_weight w[4];
-            const struct sil_cuda_weight *wp[4];
-            sil_cuda_ptr ys[4], yr[4];
-            int64_t ld[4];
-            float *deq = xmalloc(sizeof(float) * 256 * cols);
-            for (int k = 0; k < 4; k++) {
-                uint8_t *q = rand_weight(types[t], rows[k], cols, deq);
-                CK(sil_cuda_weight_upload(cu, types[t], rows[k], cols, q,
-                                          sil_row_size(types[t], cols) * rows[k], &w[k], &err));
-                free(q);
-                wp[k] = &w[k];
-                ld[k] = rows[k] + 3;
-                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &ys[k], &err));
-                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &yr[k], &err));
-                CK(sil_cuda_memset(cu, ys[k], 0, sizeof(float) * (size_t)(n * ld[k]), NULL, &err));
-                CK(sil_cuda_memset(cu, yr[k], 0, sizeof(float) * (size_t)(n * ld[k]), NULL, &err));
-            }
-            float *x = xmalloc(sizeof(float) * (size_t)(n * cols));
-            fill(x, n * cols, 1.0f);
-            sil_cuda_ptr xd = dev_copy(cu, x, sizeof(float) * (size_t)(n * cols)), q8;
-            CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n, cols), &q8, &err));
-            CK(sil_cuda_quantize_q8(cu, xd, n, cols, q8, NULL, &err));
-            CK(sil_cuda_matvec_multi(cu, wp, 4, q8, n, ys, ld, NULL, &err));
-            for (int k = 0; k < 4; k++)
-                CK(sil_cuda_matvec(cu, &w[k], xd, q8, n, yr[k], ld[k], NULL, &err));
-            bool same = true;
-            for (int k = 0; k < 4; k++) {
-                const size_t bytes = sizeof(float) * (size_t)(n * ld[k]);
-                float *a = xmalloc(bytes), *b = xmalloc(bytes);
-                get(cu, a, ys[k], bytes);
-                get(cu, b, yr[k], bytes);
-                same = same && memcmp(a, b, bytes) == 0;
-                free(a);
-                free(b);
-                sil_cuda_release(cu, ys[k]);
-                sil_cuda_release(cu, yr[k]);
-                sil_cuda_weight_free(cu, &w[k]);
-            }
-            check(same, "matvec set of 4 %s weights (37, 256, 5, 129 rows), batch %d: bit-identical "
-                        "to 4 matvecs",
+            const int tt[4] = {types[t], types[t], types[t], types[t]};
+            check(set_matches_matvecs(cu, tt, rows, cols, n, 3),
+                  "matvec set of 4 %s weights (37, 256, 5, 129 rows), batch %d: bit-identical "
+                  "to 4 matvecs",
                   sil_type_name(types[t]), n);
-            sil_cuda_release(cu, xd);
-            sil_cuda_release(cu, q8);
-            free(x);
-            free(deq);
         }
-    /* mixed types (q6_K, q4_K, q8_0, q5_K), and a type that may not mix refused */
     {
         const int mt[4] = {SIL_TYPE_Q6_K, SIL_TYPE_Q4_K, SIL_TYPE_Q8_0, SIL_TYPE_Q5_K};
-        for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n += 7) {
-            struct sil_cuda_weight w[4];
-            const struct sil_cuda_weight *wp[4];
-            sil_cuda_ptr ys[4], yr[4];
-            int64_t ld[4];
-            float *deq = xmalloc(sizeof(float) * 256 * cols);
-            for (int k = 0; k < 4; k++) {
-                uint8_t *q = rand_weight(mt[k], rows[k], cols, deq);
-                CK(sil_cuda_weight_upload(cu, mt[k], rows[k], cols, q,
-                                          sil_row_size(mt[k], cols) * rows[k], &w[k], &err));
-                free(q);
-                wp[k] = &w[k];
-                ld[k] = rows[k];
-                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &ys[k], &err));
-                CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &yr[k], &err));
-            }
-            float *x = xmalloc(sizeof(float) * (size_t)(n * cols));
-            fill(x, n * cols, 1.0f);
-            sil_cuda_ptr xd = dev_copy(cu, x, sizeof(float) * (size_t)(n * cols)), q8;
-            CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n, cols), &q8, &err));
-            CK(sil_cuda_quantize_q8(cu, xd, n, cols, q8, NULL, &err));
-            CK(sil_cuda_matvec_multi(cu, wp, 4, q8, n, ys, ld, NULL, &err));
-            for (int k = 0; k < 4; k++)
-                CK(sil_cuda_matvec(cu, &w[k], xd, q8, n, yr[k], ld[k], NULL, &err));
-            bool same = true;
-            for (int k = 0; k < 4; k++) {
-                const size_t bytes = sizeof(float) * (size_t)(n * ld[k]);
-                float *a = xmalloc(bytes), *b = xmalloc(bytes);
-                get(cu, a, ys[k], bytes);
-                get(cu, b, yr[k], bytes);
-                same = same && memcmp(a, b, bytes) == 0;
-                free(a);
-                free(b);
-                sil_cuda_release(cu, ys[k]);
-                sil_cuda_release(cu, yr[k]);
-                sil_cuda_weight_free(cu, &w[k]);
-            }
-            check(same, "matvec set of q6_K, q4_K, q8_0 and q5_K weights, batch %d: bit-identical "
-                        "to 4 matvecs",
+        for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n += 7)
+            check(set_matches_matvecs(cu, mt, rows, cols, n, 0),
+                  "matvec set of q6_K, q4_K, q8_0 and q5_K weights, batch %d: bit-identical to "
+                  "4 matvecs",
                   n);
-            sil_cuda_release(cu, xd);
-            sil_cuda_release(cu, q8);
-            free(x);
-            free(deq);
-        }
         struct sil_cuda_weight a, c;
         float *dq = xmalloc(sizeof(float) * 4 * cols);
         uint8_t *qa = rand_weight(SIL_TYPE_Q4_K, 4, cols, dq);
         uint8_t *qc = rand_weight(SIL_TYPE_Q4_0, 4, cols, dq);
-        CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_K, 4, cols, qa, sil_row_size(SIL_TYPE_Q4_K, cols) * 4, &a, &err));
-        CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_0, 4, cols, qc, sil_row_size(SIL_TYPE_Q4_0, cols) * 4, &c, &err));
+        CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_K, 4, cols, qa,
+                                  sil_row_size(SIL_TYPE_Q4_K, cols) * 4, &a, &err));
+        CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_0, 4, cols, qc,
+                                  sil_row_size(SIL_TYPE_Q4_0, cols) * 4, &c, &err));
         const struct sil_cuda_weight *pair[2] = {&a, &c};
         sil_cuda_ptr yy[2] = {1, 1};
         int64_t ll[2] = {4, 4};

@@ -149,7 +149,17 @@ static const char *const gu_what[MV_F32] = {
 static const char *const dn_what[MV_F32] = {"moe_down q4_0", "moe_down q4_1", "moe_down q5_0",
                                             "moe_down q5_1", "moe_down q8_0", "moe_down q4_K",
                                             "moe_down q5_K", "moe_down q6_K"};
-enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_ARGMAX_SPLIT, K_COUNT };
+enum {
+    K_QUANTIZE,
+    K_RMSNORM,
+    K_ADD,
+    K_SWIGLU,
+    K_ROPE,
+    K_ROUTER,
+    K_ARGMAX,
+    K_ARGMAX_SPLIT,
+    K_COUNT
+};
 static const char *const k_names[K_COUNT] = {
     "sil_quantize_q8_1", "sil_rmsnorm_f32",     "sil_add_f32",    "sil_swiglu_f32",
     "sil_rope_neox_f32", "sil_router_topk_f32", "sil_argmax_f32", "sil_argmax_f32_split",
