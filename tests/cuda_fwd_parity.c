@@ -83,6 +83,10 @@
  *  23. prefill attention through the decode kernels' context split (SIL_CUDA_PREFILL_SPLIT=1,
  *      8 rows a launch) against one block a (row, head): within 1e-3 (the softmax is merged
  *      over chunks in another order).
+ *  24. decode attention in 2 chunks of the context a head (SIL_CUDA_ATTN_SPLIT=2: tens of
+ *      positions a block, where the default split has about one at these lengths), grouped and
+ *      once a head, against the CPU backend: within prompt C's largest reference tolerance at
+ *      every step. Not yet run on a GPU.
  *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
@@ -996,6 +1000,30 @@ int main(int argc, char **argv)
                                     "decode attention, KV heads read once for their query heads "
                                     "vs once a head",
                                     p2, n2, V, lg, alone);
+    }
+
+    /* 24. decode attention with many positions a block of the context split (2 chunks a head),
+     * grouped and once a query head, against the CPU: only the order of the sums differs from
+     * the default split (about one position a block this early), but the q8 rounding of the
+     * activations and the routing turn that into more than 1e-3, so the bound is the CPU's
+     * reference tolerance, as for the KV types */
+    for (int g = 0; g < 2; g++) {
+        const char *env[] = {"SIL_CUDA_ATTN_SPLIT=2", g ? "SIL_CUDA_NO_GQA=1" : NULL, NULL};
+        struct sil_engine *var = NULL;
+        float worst = 0.0f;
+        int rc = open_cuda_env(&var, model, env, &err);
+        if (rc == 0) rc = half_then_steps(cpu, var, p2, n2, V, lg, alone, true, &worst);
+        if (rc < 0) {
+            fprintf(stderr, "%s: decode attention in 2 chunks: %s\n", model, err.msg);
+            fails++;
+        } else {
+            printf("%s: decode attention in 2 chunks of the context%s, cuda vs cpu, prefill %d "
+                   "+ %d steps: max |diff| = %.4g (tol %.4g) %s\n",
+                   model, g ? ", once a head" : "", n2 / 2, n2 - n2 / 2, worst, tmax2,
+                   worst <= tmax2 ? "ok" : "FAIL");
+            fails += !(worst <= tmax2);
+        }
+        sil_engine_close(var);
     }
 
     /* 14. decode launch fusions (gated norm in the delta rule's last block, router matvec and

@@ -2235,6 +2235,13 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     if (split > 512) split = 512;
     if (split < c->n_ctx / 512 + 1) split = c->n_ctx / 512 + 1;
     if (split < 64) split = 64;
+    /* SIL_CUDA_ATTN_SPLIT=N (tests): N chunks, so short contexts put many positions in a block;
+     * never fewer than the longest chunk allows */
+    const char *asp = getenv("SIL_CUDA_ATTN_SPLIT");
+    if (asp && atoi(asp) > 0) {
+        split = atoi(asp);
+        if (split < c->n_ctx / 512 + 1) split = c->n_ctx / 512 + 1;
+    }
     if (split > 1024)
         return sil_errorf(err, -EINVAL,
                           "cuda backend: a context of %lld positions is more than decode "
