@@ -87,6 +87,9 @@
  *      positions a block, where the default split has about one at these lengths), grouped and
  *      once a head, against the CPU backend: within prompt C's largest reference tolerance at
  *      every step. Not yet run on a GPU.
+ *  25. the residual add, rmsnorm and q8 after a decode MoE done by the last blocks of its down
+ *      launch (SIL_CUDA_NORM_TAIL=1) against their own launch: bit for bit. Not yet run on a
+ *      GPU.
  *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
@@ -999,6 +1002,16 @@ int main(int argc, char **argv)
         fails += variant_vs_default(gpu, model, env, false, GPU_SELF_TOL,
                                     "decode attention, KV heads read once for their query heads "
                                     "vs once a head",
+                                    p2, n2, V, lg, alone);
+    }
+
+    /* 25. the add + rmsnorm + q8 after a decode MoE in the down launch's last blocks
+     * (SIL_CUDA_NORM_TAIL=1) against their own launch: the same sums, bit for bit */
+    {
+        const char *env[] = {"SIL_CUDA_NORM_TAIL=1", NULL};
+        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+                                    "decode with the norm after the MoE in its down launch vs a "
+                                    "launch of its own",
                                     p2, n2, V, lg, alone);
     }
 

@@ -205,6 +205,15 @@ struct cuda_backend {
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
     bool no_mv_mix; /* SIL_CUDA_NO_MV_MIX=1: matvec sets of one type only */
+    /* SIL_CUDA_NORM_TAIL=1: a decode MoE's down launch waits (pdn) for the add and rmsnorm that
+     * follow it, and does them in its last blocks; anything else launches it as it was */
+    bool norm_tail, pdn;
+    struct {
+        struct sil_cuda_weight d, sd;
+        int X, n, K;
+        sil_cuda_ptr ids, w, lg, y;
+    } pd;
+    sil_cuda_ptr norm_done; /* [MB] int32: the tail's blocks done per row (zero between) */
     int32_t split_from; /* SIL_CUDA_PREFILL_SPLIT=P: prefill attention of rows at positions
                          * >= P through the decode kernels (context split), MB rows a launch;
                          * 0: never (the default until measured) */
@@ -440,9 +449,21 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     }
 }
 
-/* Runs a deferred add. */
+/* Launches a MoE down that waited for a norm tail, as it would have been launched. */
+static void flush_down(struct cuda_backend *b)
+{
+    if (!b->pdn) return;
+    b->pdn = false;
+    if (b->rc == 0)
+        ok(b, sil_cuda_moe_down_shared(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h, b->pd.n,
+                                       b->pd.ids, b->pd.w, b->pd.lg, b->pd.K, b->pd.y, NULL,
+                                       &b->err));
+}
+
+/* Runs a deferred add (after a down launch that waited: the add reads its output). */
 static void flush_add(struct cuda_backend *b)
 {
+    flush_down(b);
     if (!b->pend) return;
     b->pend = false;
     const struct sil_act y = b->pend_y, x = b->pend_x;
@@ -628,6 +649,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     if (b->gev[0]) clock_gettime(CLOCK_MONOTONIC, &b->t_begin);
     b->meta_ok = false;
     b->pend = false;
+    b->pdn = false; /* a down that waited in a pass that ended early */
     b->q8_src = 0;
     b->mode = PASS_EAGER;
     b->cur = NULL;
@@ -744,6 +766,24 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
     /* x += the deferred add, the norm and its q8 blocks in one kernel */
     const bool fuse = x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
                       x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
+    if (fuse && b->pdn && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
+        b->pend_y.width == x.width && dp(b->pend_x.data) == b->pd.y && x.rows == b->pd.n &&
+        b->mode != PASS_REPLAY) {
+        /* the waiting down launch does the add, the norm and its q8 in its last blocks */
+        const struct sil_cuda_norm_tail nt = {dp(x.data), dp(w->data), dp(y.data), b->q8,
+                                              b->norm_done, eps};
+        b->pdn = b->pend = false;
+        b->q8_src = 0;
+        if (b->rc == 0 &&
+            !ok(b, sil_cuda_moe_down_shared_norm(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h,
+                                                 b->pd.n, b->pd.ids, b->pd.w, b->pd.lg, b->pd.K,
+                                                 b->pd.y, &nt, NULL, &b->err)))
+            return;
+        b->q8_src = dp(y.data);
+        b->q8_n = x.rows;
+        b->q8_k = x.width;
+        return;
+    }
     sil_cuda_ptr d = 0;
     if (fuse && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
         b->pend_y.width == x.width && b->pend_x.ld == b->pend_x.width) {
@@ -775,6 +815,15 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
 static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
     struct cuda_backend *b = cb(be);
+    if (b->pdn && !b->pend && b->mode != PASS_REPLAY && b->rc == 0 && y.ld == y.width &&
+        x.ld == x.width && dp(x.data) == b->pd.y && x.rows == b->pd.n) {
+        /* the down launch keeps waiting: the rmsnorm after this add may take both */
+        b->q8_src = 0;
+        b->pend = true;
+        b->pend_y = y;
+        b->pend_x = x;
+        return;
+    }
     if (!enter(b) || y.rows == 0) return;
     if (y.ld == y.width && x.ld == x.width) {
         /* deferred: the rmsnorm that usually follows reads y and does the add */
@@ -1227,7 +1276,20 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         if (!ok(b, rc) || (!hq && !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F,
                                                               b->q8h, NULL, &b->err))))
             return sh;
-        if (sh)
+        if (sh && b->norm_tail && b->norm_done && x.rows <= MB && !b->pend &&
+            sil_cuda_norm_tail_ok(E)) {
+            /* waits for the add and rmsnorm that follow (cuda_add, cuda_rmsnorm) */
+            b->pdn = true;
+            b->pd.d = d;
+            b->pd.sd = sd;
+            b->pd.X = X;
+            b->pd.n = n;
+            b->pd.K = K;
+            b->pd.ids = ids;
+            b->pd.w = w;
+            b->pd.lg = lg;
+            b->pd.y = dp(out.data);
+        } else if (sh)
             ok(b, sil_cuda_moe_down_shared(b->cu, &d, &sd, X, b->q8h, n, ids, w, lg, K,
                                            dp(out.data) + (uint64_t)(r0 * E) * 4, NULL, &b->err));
         else
@@ -2392,6 +2454,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->sh_logit, (uint64_t)U * f4},
         {&b->dn_done, c->recr_floats > 0 ? (uint64_t)(MB * DN_DONE_HEADS) * 4 : 0},
         {&b->router_done, X > 0 ? 4 : 0},
+        {&b->norm_done, X > 0 ? (uint64_t)MB * 4 : 0},
         {&b->moe_done, X > 0 ? (uint64_t)(MB * (K + 1)) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -2504,6 +2567,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                     b->h2d_cap / 1e9);
         const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
+        const char *ntl = getenv("SIL_CUDA_NORM_TAIL");
+        b->norm_tail = ntl && strcmp(ntl, "1") == 0;
         const char *nm = getenv("SIL_CUDA_NO_MV_MIX");
         b->no_mv_mix = nm && strcmp(nm, "1") == 0;
         const char *ng = getenv("SIL_CUDA_NO_GQA");

@@ -177,6 +177,7 @@ struct sil_cuda {
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
+    CUfunction moe_down_sh_norm[MV_F32]; /* down + sum, then the add + rmsnorm + q8 after it */
     CUfunction router_fused[SIL_CUDA_MAX_BATCH]; /* F32 router matvec + top-k, [batch - 1] */
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
     CUfunction mmq_grp[MV_F32][2];
@@ -315,6 +316,10 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         if (r == CUDA_SUCCESS) {
             snprintf(name, sizeof name, "sil_moe_down_sh_%s", mv_names[t]);
             r = cu->api.cuModuleGetFunction(&cu->moe_down_sh[t], cu->mod, name);
+        }
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_down_sh_norm_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_down_sh_norm[t], cu->mod, name);
         }
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
@@ -1325,11 +1330,39 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
                   (unsigned)(n_tok * (k + 1)), 128, s, p, err);
 }
 
+/* The threads sil_fwd_add_rmsnorm_q8 is launched with for rows of n (backend_cuda.c), when the
+ * tail can do the same sums: n a multiple of them and at most SIL_TAIL_MAX (moe.cuh) a thread. */
+static int norm_tail_threads(int64_t n)
+{
+    const int vt = n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
+    const int64_t e = n / vt;
+    if (n % vt || (vt == 512 && (e < 2 || e > 7)) || (vt == 1024 && e != 4) ||
+        (vt == 128 && (e < 1 || e > 7)))
+        return 0;
+    return vt;
+}
+
+bool sil_cuda_norm_tail_ok(int64_t n)
+{
+    return norm_tail_threads(n) > 0;
+}
+
 int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *down,
                              const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err)
+{
+    return sil_cuda_moe_down_shared_norm(cu, down, sh_down, n_expert, q8h, n_tok, ids, weights,
+                                         sh_logit, k, y, NULL, s, err);
+}
+
+int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                                  const struct sil_cuda_weight *sh_down, int n_expert,
+                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
+                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
+                                  sil_cuda_ptr y, const struct sil_cuda_norm_tail *nt,
+                                  struct sil_cuda_stream *s, struct sil_error *err)
 {
     const int slot = mv_slot(down->type);
     if (slot < 0 || slot >= MV_F32 || sh_down->type != down->type || !down->data ||
@@ -1366,9 +1399,27 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                  &weights,
                  &sh_logit,
                  &k,
-                 &y};
+                 &y,
+                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * (uint64_t)n_embd * row_bytes;
-    return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+    if (!nt)
+        return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+                      (unsigned)n_tok, 128, s, p, err);
+    int vt = norm_tail_threads(n_embd);
+    if (!vt || !nt->x || !nt->y || !nt->q8 || !nt->done)
+        return set_err(err, -EINVAL, "cuda: moe down + norm tail over rows of %d", n_embd);
+    float eps = nt->eps;
+    int64_t q8_blocks = (int64_t)n_tok * n_embd / SIL_CUDA_Q8_BLOCK;
+    const size_t at = sizeof p / sizeof p[0] - 8;
+    p[at] = (void *)&nt->x;
+    p[at + 1] = (void *)&nt->w;
+    p[at + 2] = (void *)&nt->y;
+    p[at + 3] = &vt;
+    p[at + 4] = &eps;
+    p[at + 5] = (void *)&nt->q8;
+    p[at + 6] = &q8_blocks;
+    p[at + 7] = (void *)&nt->done;
+    return launch(cu, cu->moe_down_sh_norm[slot], "moe_down + norm", (unsigned)((n_embd + 3) / 4),
                   (unsigned)n_tok, 128, s, p, err);
 }
 

@@ -276,6 +276,22 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err);
+/* The same, then the residual add, RMSNorm and q8 that follow the MoE as the last block of each
+ * token row (instead of a launch of their own): x[t] += y[t]; ny[t] = rmsnorm(x[t]) * w (w may be
+ * 0); q8 of ny (rows of n_embd, n_tok * n_embd / 32 blocks), what the add + rmsnorm + q8 launch
+ * of the backend gives, to the bit. done: n_tok int32 on the device, zero, left zero. Rows of
+ * n_embd where sil_cuda_norm_tail_ok. */
+struct sil_cuda_norm_tail {
+    sil_cuda_ptr x, w, y, q8, done;
+    float eps;
+};
+bool sil_cuda_norm_tail_ok(int64_t n);
+int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                                  const struct sil_cuda_weight *sh_down, int n_expert,
+                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
+                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
+                                  sil_cuda_ptr y, const struct sil_cuda_norm_tail *nt,
+                                  struct sil_cuda_stream *s, struct sil_error *err);
 
 #endif
 
