@@ -453,21 +453,21 @@ static void test_argmax(struct sil_cuda *cu)
         x[3 * n + i] = i == 3 ? NAN : -INFINITY;
     sil_cuda_ptr dx = dev_copy(cu, x, sizeof(float) * rows * n), dout;
     CK(sil_cuda_alloc(cu, sizeof(int32_t) * rows, &dout, &err));
-    /* one block a row, then split over blocks (twice: the scratch is left zero for the next) */
+    /* three launches: the scratch must be left zero for the next */
     sil_cuda_ptr scratch;
     CK(sil_cuda_alloc(cu, SIL_CUDA_ARGMAX_SCRATCH(rows), &scratch, &err));
     CK(sil_cuda_memset(cu, scratch, 0, SIL_CUDA_ARGMAX_SCRATCH(rows), NULL, &err));
     for (int pass = 0; pass < 3; pass++) {
         CK(sil_cuda_memset(cu, dout, 0xff, sizeof(int32_t) * rows, NULL, &err));
-        CK(sil_cuda_argmax(cu, dx, rows, n, dout, pass ? scratch : 0, NULL, &err));
+        CK(sil_cuda_argmax(cu, dx, rows, n, dout, scratch, NULL, &err));
         int32_t out[4];
         get(cu, out, dout, sizeof out);
         bool ok = true;
         for (int r = 0; r < rows; r++)
             ok = ok && out[r] == cpu_argmax(x + r * n, n);
         check(ok && out[1] == 777 && out[2] == 9 && out[3] == 0,
-              "argmax %d x %lld (ties, NaN, all -inf), %s: %d %d %d %d", rows, (long long)n,
-              pass ? "split over blocks" : "a block a row", out[0], out[1], out[2], out[3]);
+              "argmax %d x %lld (ties, NaN, all -inf), launch %d: %d %d %d %d", rows,
+              (long long)n, pass + 1, out[0], out[1], out[2], out[3]);
     }
     /* a short row: fewer blocks than the most */
     {
@@ -750,6 +750,8 @@ static void test_bad_args(struct sil_cuda *cu)
     check(rc == -EINVAL, "args: quantized matvec without q8 input refused: %s", e.msg);
     rc = sil_cuda_matvec(cu, &w, 0, 1, 9, 0, 1, NULL, &e);
     check(rc == -EINVAL, "args: batch 9 refused: %s", e.msg);
+    rc = sil_cuda_argmax(cu, 1, 1, 10, 1, 0, NULL, &e);
+    check(rc == -EINVAL, "args: argmax without its scratch refused: %s", e.msg);
     sil_cuda_weight_free(cu, &w);
     sil_cuda_ptr p;
     rc = sil_cuda_alloc(cu, (size_t)1 << 50, &p, &e);

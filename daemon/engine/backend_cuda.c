@@ -449,15 +449,19 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     }
 }
 
-/* Launches a MoE down that waited for a norm tail, as it would have been launched. */
+/* Launches the MoE down that waited (pdn), with the norm tail nt or as it would have been. */
+static bool launch_down(struct cuda_backend *b, const struct sil_cuda_norm_tail *nt)
+{
+    b->pdn = false;
+    return b->rc == 0 &&
+           ok(b, sil_cuda_moe_down_shared_norm(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h,
+                                               b->pd.n, b->pd.ids, b->pd.w, b->pd.lg, b->pd.K,
+                                               b->pd.y, nt, NULL, &b->err));
+}
+
 static void flush_down(struct cuda_backend *b)
 {
-    if (!b->pdn) return;
-    b->pdn = false;
-    if (b->rc == 0)
-        ok(b, sil_cuda_moe_down_shared(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h, b->pd.n,
-                                       b->pd.ids, b->pd.w, b->pd.lg, b->pd.K, b->pd.y, NULL,
-                                       &b->err));
+    if (b->pdn) launch_down(b, NULL);
 }
 
 /* Runs a deferred add (after a down launch that waited: the add reads its output). */
@@ -772,13 +776,9 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
         /* the waiting down launch does the add, the norm and its q8 in its last blocks */
         const struct sil_cuda_norm_tail nt = {dp(x.data), dp(w->data), dp(y.data), b->q8,
                                               b->norm_done, eps};
-        b->pdn = b->pend = false;
+        b->pend = false;
         b->q8_src = 0;
-        if (b->rc == 0 &&
-            !ok(b, sil_cuda_moe_down_shared_norm(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h,
-                                                 b->pd.n, b->pd.ids, b->pd.w, b->pd.lg, b->pd.K,
-                                                 b->pd.y, &nt, NULL, &b->err)))
-            return;
+        if (!launch_down(b, &nt)) return;
         b->q8_src = dp(y.data);
         b->q8_n = x.rows;
         b->q8_k = x.width;
@@ -803,7 +803,7 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
     sil_cuda_ptr xp = dp(x.data), yp = dp(y.data), wp = dp(w->data), q8 = b->q8;
     int64_t n = x.width, nblocks = x.rows * x.width / 32;
     void *p[] = {&xp, &d, &yp, &wp, &n, &eps, &q8, &nblocks};
-    const unsigned threads = n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
+    const unsigned threads = (unsigned)sil_cuda_rmsnorm_threads(n);
     if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ADD_RMSNORM_Q8], f_names[F_ADD_RMSNORM_Q8],
                                (unsigned)x.rows, 1, 1, threads, NULL, p, &b->err)))
         return;
@@ -1028,18 +1028,21 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
 /* ---- router and experts ------------------------------------------------------------------ */
 
 /* The fused kernels take these experts straight from the router's output. */
+/* Experts the fused kernels run: quantized, gate and up of one type, and K routed experts a token
+ * (plus the shared one) within the slots down takes; the others take the per-expert path. */
 static bool fused_types(const struct sil_weight *g, const struct sil_weight *u,
-                        const struct sil_weight *d)
+                        const struct sil_weight *d, int K)
 {
-    return quantized(g->type) && u->type == g->type && quantized(d->type);
+    return quantized(g->type) && u->type == g->type && quantized(d->type) &&
+           K + 1 <= SIL_CUDA_MOE_SLOTS_MAX;
 }
 
 static bool device_routable(const struct cuda_backend *b, const struct sil_moe_plan *pl)
 {
     const struct sil_weight *g = pl->gate_exps, *u = pl->up_exps, *d = pl->down_exps;
     return !b->host_route && g && u && d && g->loc == SIL_WEIGHT_DEVICE &&
-           u->loc == SIL_WEIGHT_DEVICE && d->loc == SIL_WEIGHT_DEVICE && fused_types(g, u, d) &&
-           g->n_mat == b->c.n_expert;
+           u->loc == SIL_WEIGHT_DEVICE && d->loc == SIL_WEIGHT_DEVICE &&
+           fused_types(g, u, d, pl->n_used) && g->n_mat == b->c.n_expert;
 }
 
 /* A decode pass of path (b), and a layer whose experts the fused kernels run from slots or
@@ -1049,7 +1052,7 @@ static bool zc_routable(const struct cuda_backend *b, const struct sil_moe_plan 
     const struct sil_weight *g = pl->gate_exps, *u = pl->up_exps, *d = pl->down_exps;
     return b->zc_pass && n <= MB && pl->layer >= 0 && pl->layer < b->c.n_layer && g && u && d &&
            g->loc == SIL_WEIGHT_MMAP && u->loc == SIL_WEIGHT_MMAP && d->loc == SIL_WEIGHT_MMAP &&
-           fused_types(g, u, d) && g->n_mat == b->c.n_expert && u->n_mat == g->n_mat &&
+           fused_types(g, u, d, pl->n_used) && g->n_mat == b->c.n_expert && u->n_mat == g->n_mat &&
            d->n_mat == g->n_mat;
 }
 
@@ -1420,7 +1423,8 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     const int64_t P = (int64_t)pl->n_rows * K;
     /* path (c): experts left in the mapping are the host's (tmp -1) in a decode step */
     const bool cpu =
-        b->hx && pl->n_rows <= MB && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
+        b->hx && pl->n_rows <= MB &&
+        fused_types(pl->gate_exps, pl->up_exps, pl->down_exps, pl->n_used);
     /* per pair, tmp holds the slot (>= 0) or -1 (the host's) */
     int32_t any_slot = -1, n_host = 0;
     for (int a = 0; a < pl->n_active; a++) {
@@ -1442,11 +1446,12 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         for (int32_t j = pl->pair_start[a]; j < pl->pair_start[a + 1]; j++)
             b->tmp[j] = slot;
     }
-    if (!fused_types(pl->gate_exps, pl->up_exps, pl->down_exps)) {
-        /* no fused kernel for float experts: the per-expert path on views of their slots
+    if (!fused_types(pl->gate_exps, pl->up_exps, pl->down_exps, pl->n_used)) {
+        /* no fused kernel for these experts (float, or more a token than down's slots): the
+         * per-expert path on views of their slots
          * (it uploads its pairs from the host: never part of a graph) */
         if (b->mode != PASS_EAGER) {
-            fail(b, -EINVAL, "float experts in slots inside a graph");
+            fail(b, -EINVAL, "unfused experts in slots inside a graph");
             return;
         }
         not_capturable(b);
@@ -1550,7 +1555,8 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
     const bool stacked = pl->gate_exps && pl->gate_exps->loc == SIL_WEIGHT_DEVICE &&
                          pl->up_exps->loc == SIL_WEIGHT_DEVICE &&
                          pl->down_exps->loc == SIL_WEIGHT_DEVICE;
-    const bool fused = stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps);
+    const bool fused =
+        stacked && fused_types(pl->gate_exps, pl->up_exps, pl->down_exps, pl->n_used);
     if (fused && !pl->device_routed && x.rows > MB && pl->gate_exps->n_mat == X && !b->no_grouped)
         moe_grouped(b, x, pl, false);
     else if (pl->device_routed || fused) {
@@ -1815,7 +1821,7 @@ static void choose_host_share(struct cuda_backend *b)
     double host_gbs = 0.0;
     if (!b->float_experts && b->n_probe_fe == 2 && b->n_probe_ef == 1 && K > 0 && K <= X &&
         b->h2d_gbs > 0 &&
-        fused_types(&b->probe[0], &b->probe[1], &b->probe[2])) {
+        fused_types(&b->probe[0], &b->probe[1], &b->probe[2], K)) {
         struct sil_weight m[3][64];
         const int n = K < 64 ? K : 64;
         uint64_t bytes = 0;

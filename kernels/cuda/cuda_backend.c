@@ -149,20 +149,10 @@ static const char *const gu_what[MV_F32] = {
 static const char *const dn_what[MV_F32] = {"moe_down q4_0", "moe_down q4_1", "moe_down q5_0",
                                             "moe_down q5_1", "moe_down q8_0", "moe_down q4_K",
                                             "moe_down q5_K", "moe_down q6_K"};
-enum {
-    K_QUANTIZE,
-    K_RMSNORM,
-    K_ADD,
-    K_SWIGLU,
-    K_ROPE,
-    K_ROUTER,
-    K_ARGMAX,
-    K_ARGMAX_SPLIT,
-    K_COUNT
-};
+enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_COUNT };
 static const char *const k_names[K_COUNT] = {
     "sil_quantize_q8_1", "sil_rmsnorm_f32",     "sil_add_f32",    "sil_swiglu_f32",
-    "sil_rope_neox_f32", "sil_router_topk_f32", "sil_argmax_f32", "sil_argmax_f32_split",
+    "sil_rope_neox_f32", "sil_router_topk_f32", "sil_argmax_f32",
 };
 
 struct sil_cuda {
@@ -1152,18 +1142,13 @@ int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, 
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
                     sil_cuda_ptr scratch, struct sil_cuda_stream *s, struct sil_error *err)
 {
-    if (rows <= 0 || n <= 0 || n > INT32_MAX || rows > 65535)
+    if (rows <= 0 || n <= 0 || n > INT32_MAX || rows > 65535 || !scratch)
         return set_err(err, -EINVAL, "cuda: argmax of %d x %lld", rows, (long long)n);
-    if (!scratch) {
-        void *p[] = {&x, &n, &out};
-        return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)rows, 1, 256, s, p, err);
-    }
     /* blocks of a row: enough for 4 loads of each thread in flight, at most the scratch's */
     int64_t nb = (n + 4 * 256 - 1) / (4 * 256);
     if (nb > SIL_CUDA_ARGMAX_BLOCKS) nb = SIL_CUDA_ARGMAX_BLOCKS;
     void *p[] = {&x, &n, &out, &scratch};
-    return launch(cu, cu->k[K_ARGMAX_SPLIT], "argmax", (unsigned)nb, (unsigned)rows, 256, s, p,
-                  err);
+    return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)nb, (unsigned)rows, 256, s, p, err);
 }
 
 /* The in-place fields of a MoE weight (and its partner, gate with up) are whole: the table, host
@@ -1234,7 +1219,7 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
         return set_err(err, -ENOTSUP, "cuda: moe down of %s: needs a quantized type",
                        sil_type_name(down->type));
     if (n_expert <= 0 || down->rows % n_expert || n_tok <= 0 || n_tok > 65535 || k <= 0 ||
-        (int64_t)n_tok * k > 65535)
+        k > SIL_CUDA_MOE_SLOTS_MAX || (int64_t)n_tok * k > 65535)
         return set_err(err, -EINVAL, "cuda: moe down of %lld rows over %d experts, %d x %d",
                        (long long)down->rows, n_expert, n_tok, k);
     int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
@@ -1330,21 +1315,16 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
                   (unsigned)(n_tok * (k + 1)), 128, s, p, err);
 }
 
-/* The threads sil_fwd_add_rmsnorm_q8 is launched with for rows of n (backend_cuda.c), when the
- * tail can do the same sums: n a multiple of them and at most SIL_TAIL_MAX (moe.cuh) a thread. */
-static int norm_tail_threads(int64_t n)
+int sil_cuda_rmsnorm_threads(int64_t n)
 {
-    const int vt = n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
-    const int64_t e = n / vt;
-    if (n % vt || (vt == 512 && (e < 2 || e > 7)) || (vt == 1024 && e != 4) ||
-        (vt == 128 && (e < 1 || e > 7)))
-        return 0;
-    return vt;
+    return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
 }
 
+/* The tail takes rows of a multiple of their threads, SIL_CUDA_NORM_TAIL_MAX at most (moe.cuh's
+ * sil_norm_tail has a variant for each). */
 bool sil_cuda_norm_tail_ok(int64_t n)
 {
-    return norm_tail_threads(n) > 0;
+    return n > 0 && n <= SIL_CUDA_NORM_TAIL_MAX && n % sil_cuda_rmsnorm_threads(n) == 0;
 }
 
 int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *down,
@@ -1370,7 +1350,7 @@ int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_wei
         return set_err(err, -ENOTSUP, "cuda: moe down with the shared expert: one quantized type");
     if (n_expert <= 0 || down->rows % n_expert || sh_down->rows != down->rows / n_expert ||
         sh_down->cols != down->cols || n_tok <= 0 || n_tok > 65535 || k <= 0 ||
-        (int64_t)n_tok * (k + 1) > 65535)
+        k + 1 > SIL_CUDA_MOE_SLOTS_MAX || (int64_t)n_tok * (k + 1) > 65535)
         return set_err(err, -EINVAL,
                        "cuda: moe down + shared of %lld rows over %d experts, %d x %d",
                        (long long)down->rows, n_expert, n_tok, k);
@@ -1405,8 +1385,8 @@ int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_wei
     if (!nt)
         return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
                       (unsigned)n_tok, 128, s, p, err);
-    int vt = norm_tail_threads(n_embd);
-    if (!vt || !nt->x || !nt->y || !nt->q8 || !nt->done)
+    int vt = sil_cuda_rmsnorm_threads(n_embd);
+    if (!sil_cuda_norm_tail_ok(n_embd) || !nt->x || !nt->y || !nt->q8 || !nt->done)
         return set_err(err, -EINVAL, "cuda: moe down + norm tail over rows of %d", n_embd);
     float eps = nt->eps;
     int64_t q8_blocks = (int64_t)n_tok * n_embd / SIL_CUDA_Q8_BLOCK;

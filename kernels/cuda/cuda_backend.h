@@ -231,9 +231,9 @@ int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, 
                           int n_tok, sil_cuda_ptr logits, int k, sil_cuda_ptr ids,
                           sil_cuda_ptr weights, sil_cuda_ptr done, struct sil_cuda_stream *s,
                           struct sil_error *err);
-/* out[r] = index of the largest of x[r][0..n) (first on ties, NaN never wins), int32.
- * scratch: 0 for one block a row, or SIL_CUDA_ARGMAX_SCRATCH(rows) bytes on the device, zero
- * (left zero), for each row split over up to SIL_CUDA_ARGMAX_BLOCKS blocks. */
+/* out[r] = index of the largest of x[r][0..n) (first on ties, NaN never wins), int32, each row
+ * split over up to SIL_CUDA_ARGMAX_BLOCKS blocks. scratch: SIL_CUDA_ARGMAX_SCRATCH(rows) bytes on
+ * the device, zero (left zero). */
 #define SIL_CUDA_ARGMAX_BLOCKS 64
 #define SIL_CUDA_ARGMAX_SCRATCH(rows) ((size_t)(rows) * (4 + 8 * SIL_CUDA_ARGMAX_BLOCKS))
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
@@ -243,7 +243,10 @@ int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, si
  * weights are one handle each for gate, up and down, experts stacked as GGUF stores them
  * (rows = n_expert * n_ff for gate/up, n_expert * n_embd for down); ids [n_tok][k] int32 and
  * weights [n_tok][k] F32 on the device (sil_cuda_router_topk's output). Quantized types only;
- * gate and up of one type.
+ * gate and up of one type. down takes at most SIL_CUDA_MOE_SLOTS_MAX slots a token (k, or k + 1
+ * with the shared expert). */
+#define SIL_CUDA_MOE_SLOTS_MAX 32
+/*
  * gate_up: h [n_tok * k][n_ff] = silu(gate_e . x_t) * (up_e . x_t), q8 of x [n_tok][n_embd];
  * with done (int32 [n_tok * k] on the device, zero, left zero; n_ff % 32 == 0) also h8, the q8
  * of h rows as sil_cuda_quantize_q8 of h gives it, by the last block of each row: no launch of
@@ -285,6 +288,10 @@ struct sil_cuda_norm_tail {
     sil_cuda_ptr x, w, y, q8, done;
     float eps;
 };
+/* The threads a row of n gets in the backend's add + rmsnorm + q8 launch, which the tail's sums
+ * follow; the rows the tail takes. */
+int sil_cuda_rmsnorm_threads(int64_t n);
+#define SIL_CUDA_NORM_TAIL_MAX 4096
 bool sil_cuda_norm_tail_ok(int64_t n);
 int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
                                   const struct sil_cuda_weight *sh_down, int n_expert,

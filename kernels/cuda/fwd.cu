@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/sync.cuh"
 
 // KV rows live in blocks of FWD_KV_BLOCK positions (SIL_KV_BLOCK): row of position p of a
 // sequence whose block table is bt.
@@ -632,7 +633,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[32 * DN_MAXC], ks[32 * DN_MAXC];
-    __shared__ int last;
     const int h = blockIdx.x, r = blockIdx.y, kh = h % nk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j0 = (blockIdx.z * (FWD_THREADS / 32) + warp) * DN_R;
@@ -708,13 +708,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     if (!done) return;
     // done (one counter per run and head, zero between launches): the last of the head's row
     // groups to finish runs the gated norm of the run's rows, as sil_fwd_gated_norm_q8 would
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(done + (int64_t)r * gridDim.x + h, 1) == (int)gridDim.z - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!sil_last_block(done + (int64_t)r * gridDim.x + h, (int)gridDim.z)) return;
     for (int t = 0; t < nt; t++)
         fwd_gated_norm_row<true>(out, ldo, z, ldz, norm, dv, eps, q8, nblocks, r0 + t, h, sh);
     if (threadIdx.x == 0) done[(int64_t)r * gridDim.x + h] = 0;

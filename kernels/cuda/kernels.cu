@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/sync.cuh"
 #include "kernels/cuda/mmvq.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/moe.cuh"

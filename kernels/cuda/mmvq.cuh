@@ -474,6 +474,11 @@ struct sil_mv_set {
 
 // A set of the K-quant and Q8_0 types mixed (the recipes' qkv in Q6_K beside its gate in Q4_K):
 // weight k runs as sil_mmvq of its own type, so each output is what its own matvec gives.
+#define SIL_MIXED_CASE(T, N)                                                                      \
+    case T:                                                                                       \
+        sil_mmvq<T, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k], set.ldy[k],   \
+                       bx);                                                                       \
+        break;
 #define SIL_MMVQ_MIXED_ENTRY(N)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvq_mixed_##N(sil_mv_set set, int units, const uint8_t *a)                           \
@@ -484,22 +489,10 @@ struct sil_mv_set {
             k++;                                                                                  \
         const int bx = (int)blockIdx.x - set.blk0[k];                                             \
         switch (set.type[k]) {                                                                    \
-        case WT_Q4_K:                                                                             \
-            sil_mmvq<WT_Q4_K, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
-                                 set.ldy[k], bx);                                                 \
-            break;                                                                                \
-        case WT_Q5_K:                                                                             \
-            sil_mmvq<WT_Q5_K, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
-                                 set.ldy[k], bx);                                                 \
-            break;                                                                                \
-        case WT_Q6_K:                                                                             \
-            sil_mmvq<WT_Q6_K, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
-                                 set.ldy[k], bx);                                                 \
-            break;                                                                                \
-        case WT_Q8_0:                                                                             \
-            sil_mmvq<WT_Q8_0, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
-                                 set.ldy[k], bx);                                                 \
-            break;                                                                                \
+            SIL_MIXED_CASE(WT_Q4_K, N)                                                            \
+            SIL_MIXED_CASE(WT_Q5_K, N)                                                            \
+            SIL_MIXED_CASE(WT_Q6_K, N)                                                            \
+            SIL_MIXED_CASE(WT_Q8_0, N)                                                            \
         default:                                                                                  \
             break;                                                                                \
         }                                                                                         \

@@ -97,11 +97,12 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
         h[(int64_t)p * n_ff + r] = g / (1.0f + expf(-g)) * u;
 }
 
-// Down + weighted sum of one token (blockIdx.y) over its k1 slots, the fast path of sil_moe_down
-// and sil_moe_down_sh (k1 <= SIL_MOE_K1_MAX): the block first puts the slots' matrices and
+// Down + weighted sum of one token (blockIdx.y) over its k1 slots (k1 <= SIL_MOE_K1_MAX, the
+// host's SIL_CUDA_MOE_SLOTS_MAX): a warp per (token, row), the lanes spread over (slot, unit) so
+// k1 * n_ff / 32 units keep all 32 lanes busy. The block first puts the slots' matrices and
 // weights in shared memory (no id load between a lane's weight loads), then each lane loads
-// SIL_DOWN_UNROLL units before it sums them. The same products added in the same order.
-// h8 row of slot j: t * k1 + j. SH: slot k is the shared expert sd, weighted sigmoid(sh_logit).
+// SIL_DOWN_UNROLL units before it sums them. h8 row of slot j: t * k1 + j. SH: slot k is the
+// shared expert sd, weighted sigmoid(sh_logit[t]).
 #define SIL_MOE_K1_MAX 32
 #define SIL_DOWN_UNROLL 6
 template <int T, bool SH>
@@ -168,49 +169,11 @@ __device__ __forceinline__ void sil_moe_down_fast(const uint8_t *__restrict__ wd
         y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
 }
 
-template <int T>
-__device__ __forceinline__ void sil_moe_down(const uint8_t *__restrict__ wd, uint64_t row_bytes, uint64_t mat_stride,
-                                             const uint8_t *hd, uint64_t h_stride,
-                                             const int32_t *__restrict__ tab, int n_slot,
-                                             int n_embd, int units, int n_expert,
-                                             const uint8_t *__restrict__ h8, int64_t nblocks,
-                                             const int32_t *__restrict__ ids,
-                                             const float *__restrict__ wts, int k,
-                                             float *__restrict__ y)
-{
-    const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
-    if (r >= n_embd)
-        return;
-    const int t = blockIdx.y;
-    const sil_q8_view a = sil_q8_at(h8, nblocks);
-    float acc = 0.0f;
-    bool bad = false;
-    for (int idx = lane; idx < k * units; idx += 32) {
-        const int j = idx / units, u = idx - j * units;
-        const int p = t * k + j, e = ids[p];
-        const uint8_t *md = sil_moe_mat(wd, mat_stride, hd, h_stride, tab, n_slot, n_expert, e);
-        if (!md) {
-            bad = true;
-            continue;
-        }
-        sil_wunit w;
-        sil_load_unit<T>(md + (uint64_t)r * row_bytes, u, w);
-        float d = 0.0f;
-        sil_unit_dot<1>(w, sil_q8_row(a, p, units), units, u, &d);
-        acc += wts[p] * d;
-    }
-    acc = sil_warp_sum(acc);
-    bad = __any_sync(0xffffffffu, bad);
-    if (lane == 0)
-        y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
-}
-
-// The same two kernels with the shared expert as slot k of every token (its matrices have the
-// routed experts' shape and types): gate_up's grid y is n_tok * (k + 1), h [n_tok * (k + 1)][n_ff]
-// with the shared expert's row after the token's k routed ones, and warp 0 of the token's shared
-// block (x = 0) also writes sh_logit[t] = gate_inp . x_t (F32, n_embd); down sums the k + 1
-// slots, the shared one weighted by sigmoid(sh_logit[t]), so y is the whole MoE output.
+// gate_up with the shared expert as slot k of every token (its matrices have the routed
+// experts' shape and types): the grid's y is n_tok * (k + 1), h [n_tok * (k + 1)][n_ff]
+// with the shared expert's row after the token's k routed ones, and the token's shared block
+// (x = 0) also writes sh_logit[t] = gate_inp . x_t (F32, n_embd); down sums the k + 1 slots, the
+// shared one weighted by sigmoid(sh_logit[t]), so y is the whole MoE output.
 #define SIL_SH_UNROLL 8
 
 template <int T>
@@ -286,49 +249,6 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
         h[(int64_t)p * n_ff + r] = g / (1.0f + expf(-g)) * u;
 }
 
-template <int T>
-__device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
-                                                const uint8_t *__restrict__ sd, uint64_t row_bytes, uint64_t mat_stride,
-                                                const uint8_t *hd, uint64_t h_stride,
-                                                const int32_t *__restrict__ tab, int n_slot,
-                                                int n_embd, int units, int n_expert,
-                                                const uint8_t *__restrict__ h8, int64_t nblocks,
-                                                const int32_t *__restrict__ ids,
-                                                const float *__restrict__ wts,
-                                                const float *__restrict__ sh_logit, int k,
-                                                float *__restrict__ y)
-{
-    const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
-    if (r >= n_embd)
-        return;
-    const int t = blockIdx.y, k1 = k + 1;
-    const sil_q8_view a = sil_q8_at(h8, nblocks);
-    const float sw = 1.0f / (1.0f + expf(-sh_logit[t]));
-    float acc = 0.0f;
-    bool bad = false;
-    for (int idx = lane; idx < k1 * units; idx += 32) {
-        const int j = idx / units, u = idx - j * units;
-        const bool shared = j == k;
-        const int e = shared ? 0 : ids[t * k + j];
-        const uint8_t *md =
-            shared ? sd : sil_moe_mat(wd, mat_stride, hd, h_stride, tab, n_slot, n_expert, e);
-        if (!md) {
-            bad = true;
-            continue;
-        }
-        sil_wunit w;
-        sil_load_unit<T>(md + (uint64_t)r * row_bytes, u, w);
-        float d = 0.0f;
-        sil_unit_dot<1>(w, sil_q8_row(a, (int64_t)t * k1 + j, units), units, u, &d);
-        acc += (shared ? sw : wts[t * k + j]) * d;
-    }
-    acc = sil_warp_sum(acc);
-    bad = __any_sync(0xffffffffu, bad);
-    if (lane == 0)
-        y[(int64_t)t * n_embd + r] = bad ? __int_as_float(0x7fc00000) : acc;
-}
-
 // After a gate/up block: the last of pair p's blocks (done[p] counts them, zero between
 // launches) rounds the pair's h row [n_ff] (n_ff % 32 == 0) into its q8 blocks as
 // sil_quantize_q8_1 of all h rows would (h8 of h8_blocks blocks), so down needs no quantize
@@ -336,15 +256,8 @@ __device__ __forceinline__ void sil_moe_down_sh(const uint8_t *__restrict__ wd,
 __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_t *h8,
                                                 int64_t h8_blocks, int *done, int p)
 {
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(done + p, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last)
+    if (!sil_last_block(done + p, (int)gridDim.x))
         return;
-    __threadfence();
     const int lane = threadIdx.x & 31, nb = n_ff / 32;
     for (int b0 = threadIdx.x >> 5; b0 < nb; b0 += SIL_MMV_WARPS * 4) {
         float v[4]; // four blocks' loads in flight
@@ -369,7 +282,7 @@ __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_
 // launch of its own: x[t] += d[t] (d written by the other blocks, read past L1), y[t] =
 // x[t] / sqrt(mean(x^2) + eps) * w, and y's q8 blocks (row t's at t * n / 32 of nblocks). The
 // 128 threads do what sil_fwd_add_rmsnorm_q8 launched with vt threads (a multiple of 128, n a
-// multiple of vt, n / 128 <= SIL_TAIL_MAX) does: thread i takes its virtual threads i + 128 s,
+// multiple of vt, n <= SIL_CUDA_NORM_TAIL_MAX) does: thread i takes its virtual threads i + 128 s,
 // each sum is added in that kernel's order, so x, y and the q8 blocks are the same to the bit.
 template <int S, int E>
 __device__ __forceinline__ void sil_norm_tail_se(const float *d, float *x, const float *w,
@@ -417,16 +330,9 @@ __device__ __forceinline__ void sil_norm_tail(const float *d, float *x, const fl
                                               int n, int vt, float eps, uint8_t *q8,
                                               int64_t nblocks, int *done, int t)
 {
-    __shared__ int last;
     __shared__ float red[32];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(done + t, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last)
+    if (!sil_last_block(done + t, (int)gridDim.x))
         return;
-    __threadfence();
     const int e = n / vt;
     if (vt == 512) {
         switch (e) {
@@ -478,13 +384,9 @@ __device__ __forceinline__ void sil_norm_tail(const float *d, float *x, const fl
                             const float *wts, int k, float *y)                                    \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
-        if (k <= SIL_MOE_K1_MAX)                                                                  \
-            sil_moe_down_fast<T, false>(wd, nullptr, row_bytes, mat_stride, hd, h_stride, tab,    \
-                                        n_slot, n_embd, units, n_expert, h8, nblocks, ids, wts,   \
-                                        nullptr, k, y);                                           \
-        else                                                                                      \
-            sil_moe_down<T>(wd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd, units,  \
-                            n_expert, h8, nblocks, ids, wts, k, y);                               \
+        sil_moe_down_fast<T, false>(wd, nullptr, row_bytes, mat_stride, hd, h_stride, tab, n_slot, \
+                                    n_embd, units, n_expert, h8, nblocks, ids, wts, nullptr, k,   \
+                                    y);                                                           \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_gate_up_sh_##NAME(   \
         const uint8_t *wg, const uint8_t *wu, const uint8_t *sg, const uint8_t *su,               \
@@ -521,13 +423,9 @@ __device__ __forceinline__ void sil_norm_tail(const float *d, float *x, const fl
         const float *wts, const float *sh_logit, int k, float *y)                                 \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
-        if (k + 1 <= SIL_MOE_K1_MAX)                                                              \
-            sil_moe_down_fast<T, true>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot,  \
-                                       n_embd, units, n_expert, h8, nblocks, ids, wts, sh_logit,  \
-                                       k, y);                                                     \
-        else                                                                                      \
-            sil_moe_down_sh<T>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot, n_embd,  \
-                               units, n_expert, h8, nblocks, ids, wts, sh_logit, k, y);           \
+        sil_moe_down_fast<T, true>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot,      \
+                                   n_embd, units, n_expert, h8, nblocks, ids, wts, sh_logit, k,   \
+                                   y);                                                            \
     }
 
 SIL_MOE_ENTRY(q4_0, WT_Q4_0)

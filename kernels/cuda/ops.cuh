@@ -128,36 +128,18 @@ __device__ __forceinline__ int sil_block_argmax(float v, int idx, float *shv, in
     return idx;
 }
 
-// One block per row. A thread's candidate starts at (-inf, INT_MAX); NaN never compares greater.
-extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
-    sil_argmax_f32(const float *x, int64_t n, int32_t *out)
-{
-    SIL_PDL_ENTRY();
-    __shared__ float shv[32];
-    __shared__ int shi[32];
-    const float *xr = x + blockIdx.x * n;
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int64_t i = threadIdx.x; i < n; i += SIL_ROW_THREADS)
-        if (xr[i] > bv)
-            bv = xr[i], bi = (int)i;
-    bi = sil_block_argmax(bv, bi, shv, shi);
-    if (threadIdx.x == 0)
-        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
-}
-
 // The argmax of each row split over gridDim.x blocks (grid (blocks, rows)): block b scans
 // elements b * SIL_ROW_THREADS + tid + j * stride, four loads in flight, and leaves its best
 // (value, index) in scratch; the last block of the row (done[r] counts them, zero between
-// launches) merges them, ties to the lower index, so the answer is sil_argmax_f32's. scratch:
+// launches) merges them, ties to the lower index (a thread's candidate starts at (-inf,
+// INT_MAX); NaN never compares greater): the first largest, as on the CPU. scratch:
 // done [rows] int32, then value [rows][blocks] float, then index [rows][blocks] int32.
 extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
-    sil_argmax_f32_split(const float *x, int64_t n, int32_t *out, int *scratch)
+    sil_argmax_f32(const float *x, int64_t n, int32_t *out, int *scratch)
 {
     SIL_PDL_ENTRY();
     __shared__ float shv[32];
     __shared__ int shi[32];
-    __shared__ int last;
     const int r = blockIdx.y, nb = gridDim.x, rows = gridDim.y;
     int *done = scratch + r;
     float *pv = (float *)(scratch + rows) + (int64_t)r * nb;
@@ -181,13 +163,9 @@ extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
     if (threadIdx.x == 0) {
         pv[blockIdx.x] = bi == 0x7fffffff ? -INFINITY : xr[bi];
         pi[blockIdx.x] = bi;
-        __threadfence();
-        last = atomicAdd(done, 1) == nb - 1;
     }
-    __syncthreads();
-    if (!last)
+    if (!sil_last_block(done, nb))
         return;
-    __threadfence();
     float v = -INFINITY;
     int idx = 0x7fffffff;
     for (int b = threadIdx.x; b < nb; b += SIL_ROW_THREADS) {
@@ -207,30 +185,25 @@ extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
 
 #define SIL_ROUTER_WARPS 4
 
-// One warp's top-k of one token's router logits l [n_expert] (lane i holds experts i, i + 32,
-// ...; p: n_expert floats of shared memory for the warp): softmax over n_expert, then k rounds
-// of warp argmax over the experts not yet taken (ties to the lower id); ids and weights [k] get
-// the choices and p_e / sum(p_top), the sum in selection order clamped below at 2^-14. CG: l was
-// written by other blocks of this grid (read past L1). No block barrier anywhere.
-#define SIL_TOPK_REG 8 // experts a lane keeps in registers: n_expert <= 256
-
-// sil_topk_warp for n_expert <= 32 * SIL_TOPK_REG with the probabilities in registers (lane i
-// holds experts i, i + 32, ...): the same arithmetic in the same order, so the same choices and
-// weights, without the shared-memory round trips of each of the k rounds.
-template <bool CG>
+// One warp's top-k of one token's router logits l [n_expert] (n_expert <= 32 R; lane i holds
+// experts i, i + 32, ... in registers): softmax over n_expert, then k rounds of warp argmax over
+// the experts not yet taken (ties to the lower id); ids and weights [k] get the choices and
+// p_e / sum(p_top), the sum in selection order clamped below at 2^-14. CG: l was written by
+// other blocks of this grid (read past L1). No block barrier anywhere.
+template <bool CG, int R>
 __device__ __forceinline__ void sil_topk_warp_reg(const float *l, int n_expert, int k,
                                                   int32_t *ids, float *weights)
 {
     const int lane = threadIdx.x & 31;
-    float pv[SIL_TOPK_REG];
+    float pv[R];
 #pragma unroll
-    for (int m = 0; m < SIL_TOPK_REG; m++) {
+    for (int m = 0; m < R; m++) {
         const int e = lane + 32 * m;
         pv[m] = e < n_expert ? (CG ? __ldcg(l + e) : l[e]) : -INFINITY;
     }
     float mx = -INFINITY;
 #pragma unroll
-    for (int m = 0; m < SIL_TOPK_REG; m++)
+    for (int m = 0; m < R; m++)
         if (lane + 32 * m < n_expert)
             mx = fmaxf(mx, pv[m]);
 #if __CUDA_ARCH__ >= 800
@@ -248,7 +221,7 @@ __device__ __forceinline__ void sil_topk_warp_reg(const float *l, int n_expert, 
 #endif
     float sum = 0.0f;
 #pragma unroll
-    for (int m = 0; m < SIL_TOPK_REG; m++)
+    for (int m = 0; m < R; m++)
         if (lane + 32 * m < n_expert) {
             const float v = expf(pv[m] - mx);
             pv[m] = v;
@@ -259,7 +232,7 @@ __device__ __forceinline__ void sil_topk_warp_reg(const float *l, int n_expert, 
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float inv = 1.0f / sum;
 #pragma unroll
-    for (int m = 0; m < SIL_TOPK_REG; m++)
+    for (int m = 0; m < R; m++)
         pv[m] *= inv;
     const float taken = -2.0f; // below any probability
     float top = 0.0f, my_p = 0.0f;
@@ -268,7 +241,7 @@ __device__ __forceinline__ void sil_topk_warp_reg(const float *l, int n_expert, 
         float bv = -INFINITY;
         int bi = 0x7fffffff;
 #pragma unroll
-        for (int m = 0; m < SIL_TOPK_REG; m++) {
+        for (int m = 0; m < R; m++) {
             const int e = lane + 32 * m;
             const float v = pv[m];
             if (e < n_expert && v != taken && (bi == 0x7fffffff || v > bv))
@@ -303,7 +276,7 @@ __device__ __forceinline__ void sil_topk_warp_reg(const float *l, int n_expert, 
             my_id = bi, my_p = bv;
         if (lane == (bi & 31)) {
 #pragma unroll
-            for (int m = 0; m < SIL_TOPK_REG; m++)
+            for (int m = 0; m < R; m++)
                 if (m == (bi >> 5))
                     pv[m] = taken;
         }
@@ -317,70 +290,15 @@ __device__ __forceinline__ void sil_topk_warp_reg(const float *l, int n_expert, 
     }
 }
 
+// 8 experts a lane for up to 256 (the common sizes), else 32 (SIL_ROUTER_MAX).
 template <bool CG>
 __device__ __forceinline__ void sil_topk_warp(const float *l, int n_expert, int k, int32_t *ids,
-                                              float *weights, float *p)
+                                              float *weights)
 {
-    const int lane = threadIdx.x & 31;
-    if (n_expert <= 32 * SIL_TOPK_REG) {
-        sil_topk_warp_reg<CG>(l, n_expert, k, ids, weights);
-        return;
-    }
-    float mx = -INFINITY;
-    for (int e = lane; e < n_expert; e += 32)
-        mx = fmaxf(mx, CG ? __ldcg(l + e) : l[e]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-    for (int e = lane; e < n_expert; e += 32) {
-        const float v = expf((CG ? __ldcg(l + e) : l[e]) - mx);
-        p[e] = v;
-        sum += v;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float inv = 1.0f / sum;
-    for (int e = lane; e < n_expert; e += 32)
-        p[e] *= inv;
-    __syncwarp();
-    const float taken = -2.0f; // below any probability
-    float top = 0.0f, my_p = 0.0f;
-    int my_id = 0;
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < n_expert; e += 32) {
-            const float v = p[e];
-            if (v != taken && (bi == 0x7fffffff || v > bv))
-                bv = v, bi = e;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi)))
-                bv = ov, bi = oi;
-        }
-        bi = __shfl_sync(0xffffffffu, bi, 0);
-        bv = __shfl_sync(0xffffffffu, bv, 0);
-        if (bi == 0x7fffffff)
-            bi = 0, bv = p[0];
-        if (lane == j)
-            my_id = bi, my_p = bv;
-        __syncwarp();
-        if (lane == (bi & 31))
-            p[bi] = taken;
-        __syncwarp();
-        top += bv;
-    }
-    if (top < 6.103515625e-5f)
-        top = 6.103515625e-5f;
-    if (lane < k) {
-        ids[lane] = my_id;
-        weights[lane] = my_p / top;
-    }
+    if (n_expert <= 256)
+        sil_topk_warp_reg<CG, 8>(l, n_expert, k, ids, weights);
+    else
+        sil_topk_warp_reg<CG, SIL_ROUTER_MAX / 32>(l, n_expert, k, ids, weights);
 }
 
 // One warp per token (SIL_ROUTER_WARPS tokens a block): sil_topk_warp of each row of logits.
@@ -389,13 +307,12 @@ extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
                         float *weights)
 {
     SIL_PDL_ENTRY();
-    __shared__ float pw[SIL_ROUTER_WARPS][SIL_ROUTER_MAX];
     const int w = threadIdx.x >> 5;
     const int t = blockIdx.x * SIL_ROUTER_WARPS + w;
     if (t >= n_tok)
         return;
     sil_topk_warp<false>(logits + (int64_t)t * n_expert, n_expert, k, ids + (int64_t)t * k,
-                         weights + (int64_t)t * k, pw[w]);
+                         weights + (int64_t)t * k);
 }
 
 // The router in one launch for N <= 8 tokens: an F32 matvec (sil_mmvf, as sil_mmvf_f32_N) into
@@ -407,21 +324,13 @@ extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
         float *logits, int k, int32_t *ids, float *weights, int *done)                           \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
-        __shared__ float pw[SIL_MMV_WARPS][SIL_ROUTER_MAX];                                       \
-        __shared__ int last;                                                                      \
         sil_mmvf<0, N>(w, row_bytes, rows, cols, vec, x, logits, rows);                           \
-        __threadfence();                                                                          \
-        __syncthreads();                                                                          \
-        if (threadIdx.x == 0)                                                                     \
-            last = atomicAdd(done, 1) == (int)gridDim.x - 1;                                      \
-        __syncthreads();                                                                          \
-        if (!last)                                                                                \
+        if (!sil_last_block(done, (int)gridDim.x))                                                \
             return;                                                                               \
-        __threadfence();                                                                          \
         const int wp = threadIdx.x >> 5;                                                          \
         for (int t = wp; t < N; t += SIL_MMV_WARPS)                                               \
             sil_topk_warp<true>(logits + (int64_t)t * rows, rows, k, ids + (int64_t)t * k,       \
-                                weights + (int64_t)t * k, pw[wp]);                                \
+                                weights + (int64_t)t * k);                                        \
         if (threadIdx.x == 0)                                                                     \
             *done = 0;                                                                            \
     }
