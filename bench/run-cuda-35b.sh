@@ -5,7 +5,8 @@
 # after an N-token prompt). sil-eval runs two passes in one engine, fresh sequences each, and the
 # second is the figure (llama-bench also warms up first): pass 1 includes the first eager pass
 # and the graph capture. Variants (VARIANTS, default "ours"): ours-nopdl (SIL_CUDA_PDL=0),
-# ours-nogqa (SIL_CUDA_NO_GQA=1), ours-nomix (SIL_CUDA_NO_MV_MIX=1), ours-ntail (SIL_CUDA_NORM_TAIL=1), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert products
+# ours-nogqa (SIL_CUDA_NO_GQA=1), ours-nomix (SIL_CUDA_NO_MV_MIX=1), ours-ntail
+# (SIL_CUDA_NORM_TAIL=1), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert products
 # through the fused decode kernels instead of grouped ones), ours-psplit / ours-psplit2k
 # (SIL_CUDA_PREFILL_SPLIT=1 / 2048: prefill attention through the decode kernels' context split),
 # the same file in the same call, for A/B figures.

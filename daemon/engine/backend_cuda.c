@@ -208,8 +208,9 @@ struct cuda_backend {
     /* SIL_CUDA_NORM_TAIL=1: a decode MoE's down launch waits (pdn) for the add and rmsnorm that
      * follow it, and does them in its last blocks; anything else launches it as it was.
      * Off by default: on the H200 (35B-A3B shape, tg128) it measured 339 tok/s against 421
-     * without it in one call (bench/results/cuda-35b-h200-20261202d-ntail.json): the row's
-     * tail on the down launch's 128 threads costs more than the launch it saves. */
+     * without it in one call (bench/results/cuda-35b-h200-20261202d-ntail.json). Not
+     * profiled; likely the row's tail on the down launch's 128 threads, after its last block,
+     * costs more than the launch it saves. */
     bool norm_tail, pdn;
     struct {
         struct sil_cuda_weight d, sd;
