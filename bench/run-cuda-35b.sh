@@ -5,9 +5,12 @@
 # after an N-token prompt). sil-eval runs two passes in one engine, fresh sequences each, and the
 # second is the figure (llama-bench also warms up first): pass 1 includes the first eager pass
 # and the graph capture. Variants (VARIANTS, default "ours"): ours-nopdl (SIL_CUDA_PDL=0),
-# ours-nogqa (SIL_CUDA_NO_GQA=1), ours-nomix (SIL_CUDA_NO_MV_MIX=1), ours-ntail
-# (SIL_CUDA_NORM_TAIL=1), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert products
-# through the fused decode kernels instead of grouped ones), ours-psplit / ours-psplit2k
+# ours-nogqa (SIL_CUDA_NO_GQA=1), ours-nomix (SIL_CUDA_NO_MV_MIX=1), ours-noconv
+# (SIL_CUDA_NO_CONV_FUSE=1), ours-noaq8 (SIL_CUDA_NO_ATTN_Q8=1), ours-nonr
+# (SIL_CUDA_NO_NORM_ROUTER=1), ours-prev (those three together: the launches as they were
+# before them; ours-nopdl-prev: and without programmatic dependent launch, as on sm_75),
+# ours-fused (SIL_CUDA_GROUPED=0: prefill's expert products through the fused
+# decode kernels instead of grouped ones), ours-psplit / ours-psplit2k
 # (SIL_CUDA_PREFILL_SPLIT=1 / 2048: prefill attention through the decode kernels' context split),
 # the same file in the same call, for A/B figures.
 # usage: bench/run-cuda-35b.sh [LLAMA_BENCH|-] [OUTDIR]   (binaries from $B/bin; model in /tmp)
@@ -46,7 +49,12 @@ for v in ${VARIANTS:-ours}; do
     ours-psplit2k) set -- SIL_CUDA_PREFILL_SPLIT=2048 ;;
     ours-nofuse) set -- SIL_CUDA_NO_DN_FUSE=1 SIL_CUDA_NO_ROUTER_FUSE=1 SIL_CUDA_NO_H8_FUSE=1 ;;
     ours-nomix) set -- SIL_CUDA_NO_MV_MIX=1 ;;
-    ours-ntail) set -- SIL_CUDA_NORM_TAIL=1 ;;
+    ours-noconv) set -- SIL_CUDA_NO_CONV_FUSE=1 ;;
+    ours-noaq8) set -- SIL_CUDA_NO_ATTN_Q8=1 ;;
+    ours-nonr) set -- SIL_CUDA_NO_NORM_ROUTER=1 ;;
+    ours-prev) set -- SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 SIL_CUDA_NO_NORM_ROUTER=1 ;;
+    ours-nopdl-prev) set -- SIL_CUDA_PDL=0 SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 \
+        SIL_CUDA_NO_NORM_ROUTER=1 ;;
     ours-kv16) set -- SIL_BENCH_NONE=1 && EXTRA="--kv-type f16" ;;
     ours-fused) set -- SIL_CUDA_GROUPED=0 ;;
     *) echo "unknown variant $v" >&2; continue ;;

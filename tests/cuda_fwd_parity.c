@@ -53,9 +53,15 @@
  *  14. decode with its launch fusions (the default): the delta net's gated norm run by the
  *      last block of the delta rule, the router's F32 matvec and top-k in one launch, the
  *      experts' hidden rows rounded to q8 by gate/up's last blocks, matvec sets of mixed types;
- *      against separate launches (SIL_CUDA_NO_DN_FUSE=1, SIL_CUDA_NO_ROUTER_FUSE=1,
- *      SIL_CUDA_NO_H8_FUSE=1, SIL_CUDA_NO_MV_MIX=1): the same arithmetic, so the same logits at
- *      every step, bit for bit.
+ *      the delta net's conv1d in the launch of the matvec set writing its input, the q8 of
+ *      attention's output written by its merge, a one-token MoE's add + rmsnorm + q8 done by
+ *      every block of its router; against separate launches (SIL_CUDA_NO_DN_FUSE=1,
+ *      SIL_CUDA_NO_ROUTER_FUSE=1, SIL_CUDA_NO_H8_FUSE=1, SIL_CUDA_NO_MV_MIX=1,
+ *      SIL_CUDA_NO_CONV_FUSE=1, SIL_CUDA_NO_ATTN_Q8=1): the same arithmetic, so the same logits
+ *      at every step, bit for bit.
+ *  26. each of the three fusions of check 14 added last (conv1d, attention's q8, the norm in
+ *      the router) turned off alone (SIL_CUDA_NO_CONV_FUSE=1, SIL_CUDA_NO_ATTN_Q8=1,
+ *      SIL_CUDA_NO_NORM_ROUTER=1) against the default: bit for bit.
  *  15. reads in place asked for with a host share (SIL_CUDA_ZEROCOPY=1 and SIL_CUDA_CPU_MISSES=2,
  *      n_expert slots): the combination gave non-finite MoE outputs on the GPU, so the backend
  *      refuses the reads in place (status zero_copy false) and keeps the host share.
@@ -87,9 +93,6 @@
  *      positions a block, where the default split has about one at these lengths), grouped and
  *      once a head, against the CPU backend: within prompt C's largest reference tolerance at
  *      every step. Not yet run on a GPU.
- *  25. the residual add, rmsnorm and q8 after a decode MoE done by the last blocks of its down
- *      launch (SIL_CUDA_NORM_TAIL=1) against their own launch: bit for bit. Not yet run on a
- *      GPU.
  *  16. F16, q8_0 (KV8) and q4_0 (KV4) KV (--kv-type) on the device against the same type on
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
@@ -1005,16 +1008,6 @@ int main(int argc, char **argv)
                                     p2, n2, V, lg, alone);
     }
 
-    /* 25. the add + rmsnorm + q8 after a decode MoE in the down launch's last blocks
-     * (SIL_CUDA_NORM_TAIL=1) against their own launch: the same sums, bit for bit */
-    {
-        const char *env[] = {"SIL_CUDA_NORM_TAIL=1", NULL};
-        fails += variant_vs_default(gpu, model, env, true, 0.0f,
-                                    "decode with the norm after the MoE in its down launch vs a "
-                                    "launch of its own",
-                                    p2, n2, V, lg, alone);
-    }
-
     /* 24. decode attention with many positions a block of the context split (2 chunks a head),
      * grouped and once a query head, against the CPU: only the order of the sums differs from
      * the default split (about one position a block this early), but the q8 rounding of the
@@ -1042,13 +1035,30 @@ int main(int argc, char **argv)
     /* 14. decode launch fusions (gated norm in the delta rule's last block, router matvec and
      * top-k in one launch, q8 of the experts' hidden rows) against the separate launches */
     {
-        const char *env[] = {"SIL_CUDA_NO_DN_FUSE=1", "SIL_CUDA_NO_ROUTER_FUSE=1",
-                             "SIL_CUDA_NO_H8_FUSE=1", "SIL_CUDA_NO_MV_MIX=1", NULL};
+        const char *env[] = {"SIL_CUDA_NO_DN_FUSE=1",  "SIL_CUDA_NO_ROUTER_FUSE=1",
+                             "SIL_CUDA_NO_H8_FUSE=1",  "SIL_CUDA_NO_MV_MIX=1",
+                             "SIL_CUDA_NO_CONV_FUSE=1", "SIL_CUDA_NO_ATTN_Q8=1", NULL};
         fails += variant_vs_default(gpu, model, env, true, 0.0f,
                                     "decode with fused launches (gated norm in the delta rule, "
                                     "router matvec + top-k, q8 of the experts' hidden rows, "
-                                    "mixed matvec sets) vs separate",
+                                    "mixed matvec sets, conv1d in the set, attention's q8 in "
+                                    "its merge, the norm in the router) vs separate",
                                     p2, n2, V, lg, alone);
+    }
+
+    /* 26. the last three fusions, each turned off alone */
+    {
+        static const char *const knobs[] = {"SIL_CUDA_NO_CONV_FUSE=1", "SIL_CUDA_NO_ATTN_Q8=1",
+                                            "SIL_CUDA_NO_NORM_ROUTER=1"};
+        static const char *const what[] = {
+            "decode with the conv1d in the matvec set's launch vs its own launch",
+            "decode with attention's q8 in its merge vs the projection's quantize launch",
+            "decode with the add + rmsnorm before a MoE in its router vs its own launch"};
+        for (int k = 0; k < 3; k++) {
+            const char *env[] = {knobs[k], NULL};
+            fails += variant_vs_default(gpu, model, env, true, 0.0f, what[k], p2, n2, V, lg,
+                                        alone);
+        }
     }
 
     /* 15. reads in place with the host's share: 2 misses a layer on the CPU, the rest read in

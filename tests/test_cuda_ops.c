@@ -856,6 +856,199 @@ static void test_matvec_set(struct sil_cuda *cu)
           "matvec set of 0 weights refused: %s", err.msg);
 }
 
+extern const unsigned char sil_cuda_fwd_fatbin[];
+
+/* Two buffers of bytes on the device the same. */
+static bool dev_same(struct sil_cuda *cu, sil_cuda_ptr a, sil_cuda_ptr b, size_t bytes)
+{
+    uint8_t *ha = xmalloc(bytes), *hb = xmalloc(bytes);
+    get(cu, ha, a, bytes);
+    get(cu, hb, b, bytes);
+    const bool same = memcmp(ha, hb, bytes) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+/* The add + rmsnorm + q8 before a decode MoE done by every block of its router
+ * (sil_cuda_router_norm) against the engine's own add + rmsnorm + q8 launch (fwd.cu) followed by
+ * the fused router: x, y, y's q8 blocks, logits, ids and weights bit for bit, for widths of
+ * each of the norm's block sizes (128, 512 and 1024 threads), whole or not; twice in a row (the
+ * counter comes back to zero). Refused for rows of part of a q8 block or above 4096. */
+static void test_router_norm(struct sil_cuda *cu, struct sil_cuda_module *fm)
+{
+    void *fn = NULL;
+    CK(sil_cuda_module_function(cu, fm, "sil_fwd_add_rmsnorm_q8", &fn, &err));
+    static const int widths[] = {256, 896, 1056, 1536, 2048, 4096, 100, 4128};
+    const int X = 256, K = 8;
+    for (size_t t = 0; t < sizeof widths / sizeof widths[0]; t++) {
+        const int64_t n = widths[t];
+        float *wf = xmalloc(sizeof(float) * X * n), *x = xmalloc(sizeof(float) * n);
+        float *d = xmalloc(sizeof(float) * n), *nw = xmalloc(sizeof(float) * n);
+        fill(wf, X * n, 0.2f);
+        fill(x, n, 1.0f);
+        fill(d, n, 0.5f);
+        fill(nw, n, 1.0f);
+        struct sil_cuda_weight w;
+        CK(sil_cuda_weight_upload(cu, SIL_TYPE_F32, X, n, wf, sizeof(float) * X * n, &w, &err));
+        const size_t row = sizeof(float) * (size_t)n;
+        sil_cuda_ptr dd = dev_copy(cu, d, row), dn = dev_copy(cu, nw, row);
+        sil_cuda_ptr xa = dev_copy(cu, x, row), xb = dev_copy(cu, x, row);
+        sil_cuda_ptr ya, yb, qa, qb, la, lb, ia, ib, wa, wb, done;
+        const size_t qbytes = sil_cuda_q8_bytes(1, n);
+        CK(sil_cuda_alloc(cu, sizeof(float) * n, &ya, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * n, &yb, &err));
+        CK(sil_cuda_alloc(cu, qbytes, &qa, &err));
+        CK(sil_cuda_alloc(cu, qbytes, &qb, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * X, &la, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * X, &lb, &err));
+        CK(sil_cuda_alloc(cu, sizeof(int32_t) * K, &ia, &err));
+        CK(sil_cuda_alloc(cu, sizeof(int32_t) * K, &ib, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * K, &wa, &err));
+        CK(sil_cuda_alloc(cu, sizeof(float) * K, &wb, &err));
+        CK(sil_cuda_alloc(cu, sizeof(int32_t), &done, &err));
+        CK(sil_cuda_memset(cu, done, 0, sizeof(int32_t), NULL, &err));
+        bool ok_all = sil_cuda_router_norm_ok(n);
+        float eps = 1e-6f;
+        for (int rep = 0; rep < 2 && ok_all; rep++) {
+            CK(sil_cuda_upload(cu, xa, x, sizeof(float) * n, NULL, &err));
+            CK(sil_cuda_upload(cu, xb, x, sizeof(float) * n, NULL, &err));
+            CK(sil_cuda_memset(cu, qb, 0x55, qbytes, NULL, &err));
+            CK(sil_cuda_memset(cu, ib, 0xff, sizeof(int32_t) * K, NULL, &err));
+            int64_t nn = n, nblocks = n / 32;
+            void *p[] = {&xa, &dd, &ya, &dn, &nn, &eps, &qa, &nblocks};
+            CK(sil_cuda_launch(cu, fn, "add + rmsnorm + q8", 1, 1, 1,
+                               (unsigned)sil_cuda_rmsnorm_threads(n), NULL, p, &err));
+            CK(sil_cuda_router_fused(cu, &w, ya, 1, la, K, ia, wa, done, NULL, &err));
+            const struct sil_cuda_norm_in nt = {xb, dn, yb, qb, done, eps};
+            CK(sil_cuda_router_norm(cu, &w, dd, &nt, lb, K, ib, wb, NULL, &err));
+            ok_all = ok_all && dev_same(cu, xa, xb, sizeof(float) * n) &&
+                     dev_same(cu, ya, yb, sizeof(float) * n) && dev_same(cu, qa, qb, qbytes) &&
+                     dev_same(cu, la, lb, sizeof(float) * X) &&
+                     dev_same(cu, ia, ib, sizeof(int32_t) * K) &&
+                     dev_same(cu, wa, wb, sizeof(float) * K);
+        }
+        int32_t left = -1;
+        get(cu, &left, done, sizeof left);
+        if (sil_cuda_router_norm_ok(n)) {
+            check(ok_all && left == 0,
+                  "router with its add + rmsnorm + q8, width %lld, %d experts top %d, twice: %s, "
+                  "counter %d",
+                  (long long)n, X, K, ok_all ? "bit for bit" : "DIFFERENT", left);
+        } else {
+            const struct sil_cuda_norm_in nt = {xb, dn, yb, qb, done, eps};
+            struct sil_error e2 = {0};
+            check(sil_cuda_router_norm(cu, &w, dd, &nt, lb, K, ib, wb, NULL, &e2) == -EINVAL,
+                  "router with its norm refused at width %lld: %s", (long long)n, e2.msg);
+        }
+        sil_cuda_ptr all[] = {dd, dn, xa, xb, ya, yb, qa, qb, la, lb, ia, ib, wa, wb, done};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            sil_cuda_release(cu, all[i]);
+        sil_cuda_weight_free(cu, &w);
+        free(wf), free(x), free(d), free(nw);
+    }
+}
+
+/* A matvec set whose weight 0 writes the delta net's qkv_mixed with the conv1d in its launch
+ * (sil_cuda_matvec_multi_conv) against the set, then the engine's conv1d kernel (fwd.cu): every
+ * output, the conv's output and the conv states bit for bit, batch 1 to 8 (a run a row, two
+ * sequences' states interleaved with others), conv kernels of 4 and 3 taps, types mixed. */
+static void test_matvec_conv(struct sil_cuda *cu, struct sil_cuda_module *fm)
+{
+    void *fn = NULL;
+    CK(sil_cuda_module_function(cu, fm, "sil_fwd_conv1d", &fn, &err));
+    const int types[4] = {SIL_TYPE_Q6_K, SIL_TYPE_Q4_K, SIL_TYPE_Q8_0, SIL_TYPE_Q4_K};
+    const int rows[4] = {200, 64, 9, 9}; /* cd = 200 */
+    const int64_t cols = 256, cd = 200;
+    struct sil_cuda_weight w[4];
+    const struct sil_cuda_weight *wp[4];
+    float *deq = xmalloc(sizeof(float) * 256 * cols);
+    for (int k = 0; k < 4; k++) {
+        uint8_t *q = rand_weight(types[k], rows[k], cols, deq);
+        CK(sil_cuda_weight_upload(cu, types[k], rows[k], cols, q,
+                                  sil_row_size(types[k], cols) * rows[k], &w[k], &err));
+        free(q);
+        wp[k] = &w[k];
+    }
+    free(deq);
+    const int n_seq = 10, NB = SIL_CUDA_MAX_BATCH;
+    const int64_t off = 7, st_floats = off + 8 * cd; /* per sequence: 7 others, then the state */
+    for (int K = 4; K >= 3; K--) {
+        bool same = true;
+        for (int n = 1; n <= NB; n++) {
+            float *x = xmalloc(sizeof(float) * n * cols), *cw = xmalloc(sizeof(float) * cd * K);
+            float *st = xmalloc(sizeof(float) * n_seq * st_floats);
+            fill(x, n * cols, 1.0f);
+            fill(cw, cd * K, 0.5f);
+            fill(st, n_seq * st_floats, 1.0f);
+            int32_t run_start[NB + 1], run_seq[NB];
+            for (int r = 0; r <= n; r++)
+                run_start[r] = r;
+            for (int r = 0; r < n; r++)
+                run_seq[r] = (3 * r + 1) % n_seq;
+            sil_cuda_ptr xd = dev_copy(cu, x, sizeof(float) * n * cols), q8;
+            sil_cuda_ptr cwd = dev_copy(cu, cw, sizeof(float) * cd * K);
+            sil_cuda_ptr rs = dev_copy(cu, run_start, sizeof run_start);
+            sil_cuda_ptr rq = dev_copy(cu, run_seq, sizeof run_seq);
+            sil_cuda_ptr sa = dev_copy(cu, st, sizeof(float) * n_seq * st_floats);
+            sil_cuda_ptr sb = dev_copy(cu, st, sizeof(float) * n_seq * st_floats);
+            uint64_t ta[16] = {0}, tb[16] = {0};
+            for (int i = 0; i < n_seq; i++) {
+                ta[i] = sa + (uint64_t)(i * st_floats) * sizeof(float);
+                tb[i] = sb + (uint64_t)(i * st_floats) * sizeof(float);
+            }
+            sil_cuda_ptr tad = dev_copy(cu, ta, sizeof ta), tbd = dev_copy(cu, tb, sizeof tb);
+            sil_cuda_ptr ya[4], yb[4], oa, ob;
+            int64_t ld[4];
+            for (int k = 0; k < 4; k++) {
+                ld[k] = rows[k] + (k == 0 ? 0 : 3);
+                CK(sil_cuda_alloc(cu, sizeof(float) * n * ld[k], &ya[k], &err));
+                CK(sil_cuda_alloc(cu, sizeof(float) * n * ld[k], &yb[k], &err));
+                CK(sil_cuda_memset(cu, ya[k], 0, sizeof(float) * n * ld[k], NULL, &err));
+                CK(sil_cuda_memset(cu, yb[k], 0, sizeof(float) * n * ld[k], NULL, &err));
+            }
+            const int64_t ldo = cd + 5;
+            CK(sil_cuda_alloc(cu, sizeof(float) * n * ldo, &oa, &err));
+            CK(sil_cuda_alloc(cu, sizeof(float) * n * ldo, &ob, &err));
+            CK(sil_cuda_memset(cu, oa, 0, sizeof(float) * n * ldo, NULL, &err));
+            CK(sil_cuda_memset(cu, ob, 0, sizeof(float) * n * ldo, NULL, &err));
+            CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n, cols), &q8, &err));
+            CK(sil_cuda_quantize_q8(cu, xd, n, cols, q8, NULL, &err));
+            CK(sil_cuda_matvec_multi(cu, wp, 4, q8, n, ya, ld, NULL, &err));
+            int KK = K;
+            int64_t ldx = ld[0], cdd = cd, offv = off;
+            void *p[] = {&ya[0], &ldx, &oa, (void *)&ldo, &cwd, &KK, &cdd, &rs, &rq, &tad, &offv};
+            CK(sil_cuda_launch(cu, fn, "conv1d", (unsigned)((cd + 127) / 128), (unsigned)n, 1, 128,
+                               NULL, p, &err));
+            const struct sil_cuda_conv_ep ep = {ob, ldo, cwd, rq, tbd, off, K};
+            CK(sil_cuda_matvec_multi_conv(cu, wp, 4, q8, n, yb, ld, &ep, NULL, &err));
+            for (int k = 0; k < 4; k++)
+                same = same && dev_same(cu, ya[k], yb[k], sizeof(float) * n * ld[k]);
+            same = same && dev_same(cu, oa, ob, sizeof(float) * n * ldo) &&
+                   dev_same(cu, sa, sb, sizeof(float) * n_seq * st_floats);
+            sil_cuda_ptr all[] = {xd, q8, cwd, rs, rq, sa, sb, tad, tbd, oa, ob};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                sil_cuda_release(cu, all[i]);
+            for (int k = 0; k < 4; k++)
+                sil_cuda_release(cu, ya[k]), sil_cuda_release(cu, yb[k]);
+            free(x), free(cw), free(st);
+        }
+        check(same, "matvec set of q6_K, q4_K, q8_0, q4_K with the conv1d (%d taps) in its "
+                    "launch, batch 1..8: %s to the set then the conv1d kernel",
+              K, same ? "bit-identical" : "DIFFERENT");
+    }
+    {
+        const struct sil_cuda_conv_ep bad = {1, 100, 1, 1, 1, 0, 10};
+        sil_cuda_ptr y0[4] = {1, 1, 1, 1};
+        int64_t l0[4] = {200, 64, 9, 9};
+        struct sil_error e2 = {0};
+        check(sil_cuda_matvec_multi_conv(cu, wp, 4, 1, 1, y0, l0, &bad, NULL, &e2) == -EINVAL,
+              "matvec set with a conv1d of 10 taps refused: %s", e2.msg);
+    }
+    for (int k = 0; k < 4; k++)
+        sil_cuda_weight_free(cu, &w[k]);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -891,6 +1084,15 @@ int main(void)
     test_rope(cu);
     test_router(cu);
     test_router_fused(cu);
+    {
+        struct sil_cuda_module *fm = NULL;
+        CK(sil_cuda_module_load(cu, sil_cuda_fwd_fatbin, &fm, &err));
+        if (fm) {
+            test_router_norm(cu, fm);
+            test_matvec_conv(cu, fm);
+            sil_cuda_module_unload(cu, fm);
+        }
+    }
     test_argmax(cu);
     test_moe(cu);
     CK(sil_cuda_sync(cu, NULL, &err));

@@ -205,19 +205,29 @@ struct cuda_backend {
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
     bool no_mv_mix; /* SIL_CUDA_NO_MV_MIX=1: matvec sets of one type only */
-    /* SIL_CUDA_NORM_TAIL=1: a decode MoE's down launch waits (pdn) for the add and rmsnorm that
-     * follow it, and does them in its last blocks; anything else launches it as it was.
-     * Off by default: on the H200 (35B-A3B shape, tg128) it measured 339 tok/s against 421
-     * without it in one call (bench/results/cuda-35b-h200-20261202d-ntail.json). Not
-     * profiled; likely the row's tail on the down launch's 128 threads, after its last block,
-     * costs more than the launch it saves. */
-    bool norm_tail, pdn;
+    /* a decode matvec set of four outputs waits (pmm) for the op after it: when that is the
+     * delta net's conv1d reading output 0, the set's launch does the conv too (the mixed set
+     * kernel with the conv epilogue); any other op launches it as it was first.
+     * SIL_CUDA_NO_CONV_FUSE=1: never */
+    bool no_conv_fuse;
+    bool no_attn_q8; /* SIL_CUDA_NO_ATTN_Q8=1: decode attention's merge leaves o's q8 to the
+                      * output projection's own quantize launch */
     struct {
-        struct sil_cuda_weight d, sd;
-        int X, n, K;
-        sil_cuda_ptr ids, w, lg, y;
-    } pd;
-    sil_cuda_ptr norm_done; /* [MB] int32: the tail's blocks done per row (zero between) */
+        bool on;
+        struct sil_act x;
+        struct sil_mm_out out[SIL_CUDA_MV_SET_MAX];
+        int n;
+    } pmm;
+    /* a one-token add + rmsnorm + q8 waits (pnorm) for the op after it: when that is an F32
+     * router the fused router takes it (sil_cuda_router_norm), anything else launches it as it
+     * was first. SIL_CUDA_NO_NORM_ROUTER=1: never */
+    bool no_norm_router;
+    struct {
+        bool on;
+        struct sil_act x, y;
+        sil_cuda_ptr d, w;
+        float eps;
+    } pnorm;
     int32_t split_from; /* SIL_CUDA_PREFILL_SPLIT=P: prefill attention of rows at positions
                          * >= P through the decode kernels (context split), MB rows a launch;
                          * 0: never (the default until measured) */
@@ -453,25 +463,49 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     }
 }
 
-/* Launches the MoE down that waited (pdn), with the norm tail nt or as it would have been. */
-static bool launch_down(struct cuda_backend *b, const struct sil_cuda_norm_tail *nt)
+/* Launches the matvec set that waited (pmm) as it would have been. */
+static void flush_mm(struct cuda_backend *b)
 {
-    b->pdn = false;
-    return b->rc == 0 &&
-           ok(b, sil_cuda_moe_down_shared_norm(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h,
-                                               b->pd.n, b->pd.ids, b->pd.w, b->pd.lg, b->pd.K,
-                                               b->pd.y, nt, NULL, &b->err));
+    if (!b->pmm.on) return;
+    b->pmm.on = false;
+    if (b->rc == 0) mm_chunks(b, b->pmm.x, b->pmm.out, b->pmm.n);
 }
 
-static void flush_down(struct cuda_backend *b)
+/* x += d (d 0: none), y = rmsnorm(x) * w and y's q8 blocks in one launch, x.rows rows. */
+static void launch_norm(struct cuda_backend *b, struct sil_act x, sil_cuda_ptr d, struct sil_act y,
+                        sil_cuda_ptr w, float eps)
 {
-    if (b->pdn) launch_down(b, NULL);
+    sil_cuda_ptr xp = dp(x.data), yp = dp(y.data), q8 = b->q8;
+    int64_t n = x.width, nblocks = x.rows * x.width / 32;
+    void *p[] = {&xp, &d, &yp, &w, &n, &eps, &q8, &nblocks};
+    const unsigned threads = (unsigned)sil_cuda_rmsnorm_threads(n);
+    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ADD_RMSNORM_Q8], f_names[F_ADD_RMSNORM_Q8],
+                               (unsigned)x.rows, 1, 1, threads, NULL, p, &b->err)))
+        return;
+    b->q8_src = yp;
+    b->q8_n = x.rows;
+    b->q8_k = x.width;
 }
 
-/* Runs a deferred add (after a down launch that waited: the add reads its output). */
+/* Launches the norm that waited (pnorm) as it would have been. */
+static void flush_norm(struct cuda_backend *b)
+{
+    if (!b->pnorm.on) return;
+    b->pnorm.on = false;
+    if (b->rc == 0) launch_norm(b, b->pnorm.x, b->pnorm.d, b->pnorm.y, b->pnorm.w, b->pnorm.eps);
+}
+
+/* What waits for the op after it, launched; first thing in every op that does not take it. */
+static void flush_early(struct cuda_backend *b)
+{
+    flush_mm(b);
+    flush_norm(b);
+}
+
+/* Runs a deferred add (and what waits before it). */
 static void flush_add(struct cuda_backend *b)
 {
-    flush_down(b);
+    flush_early(b);
     if (!b->pend) return;
     b->pend = false;
     const struct sil_act y = b->pend_y, x = b->pend_x;
@@ -496,6 +530,13 @@ static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct s
     if (b->mode == PASS_REPLAY) return;
     flush_add(b);
     if (b->rc) return;
+    if (!b->no_conv_fuse && n == SIL_CUDA_MV_SET_MAX && x.rows >= 1 && x.rows <= MB) {
+        b->pmm.on = true;
+        b->pmm.x = x;
+        memcpy(b->pmm.out, out, sizeof(*out) * (size_t)n);
+        b->pmm.n = n;
+        return;
+    }
     mm_chunks(b, x, out, n);
 }
 
@@ -657,7 +698,8 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     if (b->gev[0]) clock_gettime(CLOCK_MONOTONIC, &b->t_begin);
     b->meta_ok = false;
     b->pend = false;
-    b->pdn = false; /* a down that waited in a pass that ended early */
+    b->pmm.on = false; /* and what waited for the op after it */
+    b->pnorm.on = false;
     b->q8_src = 0;
     b->mode = PASS_EAGER;
     b->cur = NULL;
@@ -716,6 +758,7 @@ static void cuda_get_rows(struct sil_backend *be, const struct sil_weight *w, co
                           struct sil_act y)
 {
     struct cuda_backend *b = cb(be);
+    if (b->mode != PASS_REPLAY) flush_early(b);
     b->q8_src = 0;
     if (b->rc) return;
     if (w->loc != SIL_WEIGHT_MMAP && w->loc != SIL_WEIGHT_HOST) {
@@ -771,28 +814,27 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
 {
     struct cuda_backend *b = cb(be);
     if (b->mode == PASS_REPLAY) return;
+    flush_early(b);
     /* x += the deferred add, the norm and its q8 blocks in one kernel */
     const bool fuse = x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
                       x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
-    if (fuse && b->pdn && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
-        b->pend_y.width == x.width && dp(b->pend_x.data) == b->pd.y && x.rows == b->pd.n &&
-        b->mode != PASS_REPLAY) {
-        /* the waiting down launch does the add, the norm and its q8 in its last blocks */
-        const struct sil_cuda_norm_tail nt = {dp(x.data), dp(w->data), dp(y.data), b->q8,
-                                              b->norm_done, eps};
-        b->pend = false;
-        b->q8_src = 0;
-        if (!launch_down(b, &nt)) return;
-        b->q8_src = dp(y.data);
-        b->q8_n = x.rows;
-        b->q8_k = x.width;
-        return;
-    }
     sil_cuda_ptr d = 0;
     if (fuse && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
         b->pend_y.width == x.width && b->pend_x.ld == b->pend_x.width) {
         d = dp(b->pend_x.data);
         b->pend = false;
+    }
+    if (d && x.rows == 1 && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
+        sil_cuda_router_norm_ok(x.width) && b->rc == 0) {
+        /* a router may take it (cuda_route) */
+        b->q8_src = 0;
+        b->pnorm.on = true;
+        b->pnorm.x = x;
+        b->pnorm.y = y;
+        b->pnorm.d = d;
+        b->pnorm.w = dp(w->data);
+        b->pnorm.eps = eps;
+        return;
     }
     if (!enter(b) || x.rows == 0) return;
     if (x.ld != x.width || y.ld != y.width) {
@@ -804,30 +846,13 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
                                NULL, &b->err));
         return;
     }
-    sil_cuda_ptr xp = dp(x.data), yp = dp(y.data), wp = dp(w->data), q8 = b->q8;
-    int64_t n = x.width, nblocks = x.rows * x.width / 32;
-    void *p[] = {&xp, &d, &yp, &wp, &n, &eps, &q8, &nblocks};
-    const unsigned threads = (unsigned)sil_cuda_rmsnorm_threads(n);
-    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ADD_RMSNORM_Q8], f_names[F_ADD_RMSNORM_Q8],
-                               (unsigned)x.rows, 1, 1, threads, NULL, p, &b->err)))
-        return;
-    b->q8_src = yp;
-    b->q8_n = x.rows;
-    b->q8_k = x.width;
+    launch_norm(b, x, d, y, dp(w->data), eps);
 }
 
 static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
     struct cuda_backend *b = cb(be);
-    if (b->pdn && !b->pend && b->mode != PASS_REPLAY && b->rc == 0 && y.ld == y.width &&
-        x.ld == x.width && dp(x.data) == b->pd.y && x.rows == b->pd.n) {
-        /* the down launch keeps waiting: the rmsnorm after this add may take both */
-        b->q8_src = 0;
-        b->pend = true;
-        b->pend_y = y;
-        b->pend_x = x;
-        return;
-    }
+    if (b->mode != PASS_REPLAY) flush_early(b);
     if (!enter(b) || y.rows == 0) return;
     if (y.ld == y.width && x.ld == x.width) {
         /* deferred: the rmsnorm that usually follows reads y and does the add */
@@ -940,17 +965,87 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                                    (unsigned)n, (unsigned)nz, gqa ? 256 : 128, NULL, p3,
                                    &b->err)))
             return;
-        void *p4[] = {&qr, &ldq, &q_stride, &orr, &ldo, &part, &nz, &n_head, &hdi, &gated};
-        ok(b, sil_cuda_launch(b->cu, b->fn[F_ATTEND_COMBINE], f_names[F_ATTEND_COMBINE],
-                              (unsigned)n_head, (unsigned)n, (unsigned)cdiv(hd, 32), 128, NULL, p4,
-                              &b->err));
+        /* one launch for the ubatch: the merge also writes the q8 of o that the output
+         * projection reads (its blocks are the merge's 32-column blocks) */
+        const int64_t width = (int64_t)n_head * hd;
+        const bool q8o = !b->no_attn_q8 && n == ub->n && hd % 32 == 0 && ldo == width &&
+                         width <= b->c.k_max;
+        sil_cuda_ptr q8 = q8o ? b->q8 : 0;
+        int64_t nblocks = q8o ? n * width / 32 : 0;
+        void *p4[] = {&qr,     &ldq, &q_stride, &orr,   &ldo, &part,
+                      &nz,     &n_head, &hdi,   &gated, &q8,  &nblocks};
+        if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ATTEND_COMBINE], f_names[F_ATTEND_COMBINE],
+                                   (unsigned)n_head, (unsigned)n, (unsigned)cdiv(hd, 32), 128,
+                                   NULL, p4, &b->err)))
+            return;
+        if (q8o) {
+            b->q8_src = o;
+            b->q8_n = (int)n;
+            b->q8_k = width;
+        }
     }
+}
+
+/* The conv1d in the launch of the matvec set that waited for it (pmm), where the set writes
+ * its input and every run is one token of the ubatch's rows in order; false: not taken. */
+static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
+                        const struct sil_delta_net_args *a)
+{
+    const struct sil_act x = b->pmm.x;
+    const struct sil_mm_out *o = b->pmm.out;
+    const int K = a->p->conv_kernel;
+    if (!b->pmm.on || b->rc || b->mode == PASS_REPLAY || o[0].y.data != a->qkv_mixed.data ||
+        ub->n != x.rows || ub->n_runs != ub->n || ub->n > MB || K < 1 || K > 9 ||
+        x.ld != x.width || x.width % SIL_CUDA_Q8_BLOCK ||
+        o[0].w->rows != sil_delta_net_conv_dim(a->p) || a->conv1d->type != SIL_TYPE_F32 || a->conv_out.ld < o[0].w->rows)
+        return false;
+    for (int32_t r = 0; r < ub->n_runs; r++)
+        if (ub->run_start[r] != r) return false;
+    for (int i = 0; i < b->pmm.n; i++)
+        if (!sil_cuda_mv_mixable(o[i].w->type) || o[i].w->cols != x.width) return false;
+    b->pmm.on = false;
+    if (!upload_meta(b, ub)) return true;
+    const int64_t st_floats = sil_delta_net_state_floats(a->p);
+    for (int32_t r = 0; r < ub->n_runs; r++) {
+        const int32_t i = ub->run_start[r];
+        if (ub->pos[i] != 0) continue;
+        const sil_cuda_ptr s =
+            b->state +
+            (uint64_t)((int64_t)ub->seq[i] * b->c.recr_floats + a->state.offset) * sizeof(float);
+        if (!ok(b, sil_cuda_memset(b->cu, s, 0, sizeof(float) * (size_t)st_floats, NULL, &b->err)))
+            return true;
+    }
+    const int n = (int)x.rows;
+    const sil_cuda_ptr xp = dp(x.data);
+    if (!(b->q8_src == xp && b->q8_n == n && b->q8_k == x.width)) {
+        if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err))) return true;
+        b->q8_src = xp;
+        b->q8_n = n;
+        b->q8_k = x.width;
+    }
+    struct sil_cuda_weight cws[SIL_CUDA_MV_SET_MAX];
+    const struct sil_cuda_weight *wp[SIL_CUDA_MV_SET_MAX];
+    sil_cuda_ptr ys[SIL_CUDA_MV_SET_MAX];
+    int64_t lds[SIL_CUDA_MV_SET_MAX];
+    for (int i = 0; i < b->pmm.n; i++) {
+        if (!ok(b, view(o[i].w, o[i].w->rows, &cws[i], &b->err))) return true;
+        wp[i] = &cws[i];
+        ys[i] = dp(o[i].y.data);
+        lds[i] = o[i].y.ld;
+    }
+    const struct sil_cuda_conv_ep ep = {dp(a->conv_out.data), a->conv_out.ld,
+                                        dp(a->conv1d->data),  b->run_seq,
+                                        b->state_tab,         a->state.offset,
+                                        K};
+    ok(b, sil_cuda_matvec_multi_conv(b->cu, wp, b->pmm.n, b->q8, n, ys, lds, &ep, NULL, &b->err));
+    return true;
 }
 
 static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
                         const struct sil_delta_net_args *a)
 {
     struct cuda_backend *b = cb(be);
+    if (conv_in_set(b, ub, a)) return;
     if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const struct sil_delta_net_params *p = a->p;
@@ -1074,11 +1169,38 @@ static sil_cuda_ptr host_dev(const struct cuda_backend *b, const void *p)
     return 0;
 }
 
+/* The norm that waits (pnorm) is this router's input, and the router is one the fused kernel
+ * with the norm takes. */
+static bool router_takes_norm(const struct cuda_backend *b, struct sil_act x,
+                              const struct sil_weight *w, int K)
+{
+    return b->pnorm.on && b->pnorm.y.data == x.data && x.rows == 1 && x.ld == x.width &&
+           b->pnorm.x.width == x.width && w->cols == x.width && w->type == SIL_TYPE_F32 &&
+           w->loc == SIL_WEIGHT_DEVICE && w->rows <= 1024 && K <= 32 && K <= w->rows &&
+           b->router_done && !b->no_router_fuse && b->mode != PASS_REPLAY;
+}
+
 /* The router's choices for x's n rows on the device: ids, and b->wts. A decode batch with an F32
- * router of at most 1024 experts takes one launch (matvec and top-k), else two. */
+ * router of at most 1024 experts takes one launch (matvec and top-k; for one token with the
+ * norm that made x, when it waits), else two. */
 static void router(struct cuda_backend *b, struct sil_act x, const struct sil_weight *w, int n,
                    int X, int K, sil_cuda_ptr ids)
 {
+    if (b->pnorm.on && router_takes_norm(b, x, w, K)) {
+        b->pnorm.on = false;
+        struct sil_cuda_weight cw;
+        const struct sil_cuda_norm_in nt = {dp(b->pnorm.x.data), b->pnorm.w, dp(x.data), b->q8,
+                                            b->router_done, b->pnorm.eps};
+        if (ok(b, view(w, w->rows, &cw, &b->err)) &&
+            ok(b, sil_cuda_router_norm(b->cu, &cw, b->pnorm.d, &nt, b->router, K, ids, b->wts,
+                                       NULL, &b->err))) {
+            b->q8_src = dp(x.data);
+            b->q8_n = 1;
+            b->q8_k = x.width;
+        }
+        return;
+    }
+    flush_norm(b);
     if (!b->no_router_fuse && b->router_done && n <= MB && w->type == SIL_TYPE_F32 &&
         w->loc == SIL_WEIGHT_DEVICE && X <= 1024 && K <= 32 && x.ld == x.width) {
         struct sil_cuda_weight cw;
@@ -1100,7 +1222,8 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     const int X = (int)w->rows, K = n_used, n = (int)x.rows;
     plan->n_rows = n;
     plan->n_used = K;
-    if (b->mode != PASS_REPLAY) flush_add(b);
+    /* a norm waiting for this router stays for router() (nothing else waits beside it) */
+    if (b->mode != PASS_REPLAY && !router_takes_norm(b, x, w, K)) flush_add(b);
     /* path (b): routed on the device over the slot table; the choices stay in zc_ids */
     if (b->rc == 0 && n > 0 && zc_routable(b, plan, n)) {
         plan->device_routed = true;
@@ -1283,20 +1406,7 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         if (!ok(b, rc) || (!hq && !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F,
                                                               b->q8h, NULL, &b->err))))
             return sh;
-        if (sh && b->norm_tail && b->norm_done && x.rows <= MB && !b->pend &&
-            sil_cuda_norm_tail_ok(E)) {
-            /* waits for the add and rmsnorm that follow (cuda_add, cuda_rmsnorm) */
-            b->pdn = true;
-            b->pd.d = d;
-            b->pd.sd = sd;
-            b->pd.X = X;
-            b->pd.n = n;
-            b->pd.K = K;
-            b->pd.ids = ids;
-            b->pd.w = w;
-            b->pd.lg = lg;
-            b->pd.y = dp(out.data);
-        } else if (sh)
+        if (sh)
             ok(b, sil_cuda_moe_down_shared(b->cu, &d, &sd, X, b->q8h, n, ids, w, lg, K,
                                            dp(out.data) + (uint64_t)(r0 * E) * 4, NULL, &b->err));
         else
@@ -1536,6 +1646,7 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
                      struct sil_act out)
 {
     struct cuda_backend *b = cb(be);
+    if (b->mode != PASS_REPLAY) flush_early(b);
     if (b->seg_gap) {
         /* a segmented pass: slot ids up, then the next segment starts with these experts */
         if (b->rc == 0 && x.rows > 0 && pl->n_active > 0 && b->n_slots > 0)
@@ -2464,7 +2575,6 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->sh_logit, (uint64_t)U * f4},
         {&b->dn_done, c->recr_floats > 0 ? (uint64_t)(MB * DN_DONE_HEADS) * 4 : 0},
         {&b->router_done, X > 0 ? 4 : 0},
-        {&b->norm_done, X > 0 ? (uint64_t)MB * 4 : 0},
         {&b->moe_done, X > 0 ? (uint64_t)(MB * (K + 1)) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -2577,8 +2687,12 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                     b->h2d_cap / 1e9);
         const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
-        const char *ntl = getenv("SIL_CUDA_NORM_TAIL");
-        b->norm_tail = ntl && strcmp(ntl, "1") == 0;
+        const char *nn = getenv("SIL_CUDA_NO_NORM_ROUTER");
+        b->no_norm_router = nn && strcmp(nn, "1") == 0;
+        const char *na = getenv("SIL_CUDA_NO_ATTN_Q8");
+        b->no_attn_q8 = na && strcmp(na, "1") == 0;
+        const char *nc = getenv("SIL_CUDA_NO_CONV_FUSE");
+        b->no_conv_fuse = nc && strcmp(nc, "1") == 0;
         const char *nm = getenv("SIL_CUDA_NO_MV_MIX");
         b->no_mv_mix = nm && strcmp(nm, "1") == 0;
         const char *ng = getenv("SIL_CUDA_NO_GQA");

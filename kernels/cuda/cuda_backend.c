@@ -164,11 +164,13 @@ struct sil_cuda {
     CUfunction mv[MV_COUNT][SIL_CUDA_MAX_BATCH];
     CUfunction mvm[MV_F32][SIL_CUDA_MAX_BATCH]; /* several weights of one type, one launch */
     CUfunction mvx[SIL_CUDA_MAX_BATCH];         /* several of the mixable types, one launch */
+    CUfunction mvxc[SIL_CUDA_MAX_BATCH]; /* the same with the delta net's conv1d epilogue */
     CUfunction k[K_COUNT];
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
-    CUfunction moe_down_sh_norm[MV_F32]; /* down + sum, then the add + rmsnorm + q8 after it */
     CUfunction router_fused[SIL_CUDA_MAX_BATCH]; /* F32 router matvec + top-k, [batch - 1] */
+    CUfunction router_norm[3]; /* the add + rmsnorm + q8 before it too, one token: 128, 512
+                                * and 1024 threads a block */
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
     CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
@@ -286,6 +288,14 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         snprintf(name, sizeof name, "sil_mmvq_mixed_%d", n);
         CUresult r = cu->api.cuModuleGetFunction(&cu->mvx[n - 1], cu->mod, name);
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+        snprintf(name, sizeof name, "sil_mmvq_mixed_conv_%d", n);
+        r = cu->api.cuModuleGetFunction(&cu->mvxc[n - 1], cu->mod, name);
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "sil_router_norm_f32_topk_%d", i ? 256 << i : 128);
+        CUresult r = cu->api.cuModuleGetFunction(&cu->router_norm[i], cu->mod, name);
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
     for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
         snprintf(name, sizeof name, "sil_router_f32_topk_%d", n);
@@ -306,10 +316,6 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         if (r == CUDA_SUCCESS) {
             snprintf(name, sizeof name, "sil_moe_down_sh_%s", mv_names[t]);
             r = cu->api.cuModuleGetFunction(&cu->moe_down_sh[t], cu->mod, name);
-        }
-        if (r == CUDA_SUCCESS) {
-            snprintf(name, sizeof name, "sil_moe_down_sh_norm_%s", mv_names[t]);
-            r = cu->api.cuModuleGetFunction(&cu->moe_down_sh_norm[t], cu->mod, name);
         }
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
@@ -941,9 +947,23 @@ bool sil_cuda_mv_mixable(int type)
            type == SIL_TYPE_Q8_0;
 }
 
-int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
-                          sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
-                          struct sil_cuda_stream *s, struct sil_error *err)
+/* The kernel's struct sil_conv_ep (mmvq.cuh), field for field. */
+struct conv_ep {
+    uint64_t out;
+    int64_t ldo;
+    uint64_t w;
+    uint64_t run_seq;
+    uint64_t seq_state;
+    int64_t cd;
+    int64_t offset;
+    int32_t K;
+    int32_t pad;
+};
+
+static int matvec_set(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
+                      sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
+                      const struct sil_cuda_conv_ep *ep, struct sil_cuda_stream *s,
+                      struct sil_error *err)
 {
     if (nw < 1 || nw > SIL_CUDA_MV_SET_MAX || n < 1 || n > SIL_CUDA_MAX_BATCH || !q8)
         return set_err(err, -EINVAL, "cuda: matvec of %d weights, batch %d", nw, n);
@@ -979,11 +999,37 @@ int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *con
     set.n = nw;
     if (blocks > INT32_MAX) return set_err(err, -EINVAL, "cuda: matvec set too large");
     int units = (int)(w[0]->cols / SIL_CUDA_Q8_BLOCK);
+    if (ep) {
+        if (!mixable || ep->K < 1 || ep->K > 9 || !ep->out || !ep->w || !ep->run_seq ||
+            !ep->seq_state || ep->ldo < w[0]->rows)
+            return set_err(err, -EINVAL, "cuda: a matvec set with the conv1d epilogue");
+        struct conv_ep e = {ep->out,     ep->ldo,    ep->w,     ep->run_seq, ep->seq_state,
+                            w[0]->rows, ep->offset, ep->K,     0};
+        void *pc[] = {&set, &units, &q8, &e};
+        return launch(cu, cu->mvxc[n - 1], "matvec set mixed + conv1d", (unsigned)blocks, 1, 128,
+                      s, pc, err);
+    }
     void *p[] = {&set, &units, &q8};
     if (mixed)
         return launch(cu, cu->mvx[n - 1], "matvec set mixed", (unsigned)blocks, 1, 128, s, p,
                       err);
     return launch(cu, cu->mvm[slot][n - 1], mv_what[slot], (unsigned)blocks, 1, 128, s, p, err);
+}
+
+int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
+                          sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
+                          struct sil_cuda_stream *s, struct sil_error *err)
+{
+    return matvec_set(cu, w, nw, q8, n, y, ldy, NULL, s, err);
+}
+
+int sil_cuda_matvec_multi_conv(struct sil_cuda *cu, const struct sil_cuda_weight *const *w,
+                               int nw, sil_cuda_ptr q8, int n, const sil_cuda_ptr *y,
+                               const int64_t *ldy, const struct sil_cuda_conv_ep *ep,
+                               struct sil_cuda_stream *s, struct sil_error *err)
+{
+    if (!ep) return set_err(err, -EINVAL, "cuda: a conv1d epilogue without its arguments");
+    return matvec_set(cu, w, nw, q8, n, y, ldy, ep, s, err);
 }
 
 int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err)
@@ -1137,6 +1183,34 @@ int sil_cuda_router_fused(struct sil_cuda *cu, const struct sil_cuda_weight *w, 
                  &logits,          &k,         &ids,  &weights, &done};
     cu->prof_bytes = w->bytes;
     return launch(cu, cu->router_fused[n_tok - 1], "router f32 + top-k", g, 1, 128, s, p, err);
+}
+
+int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr d,
+                         const struct sil_cuda_norm_in *nt, sil_cuda_ptr logits, int k,
+                         sil_cuda_ptr ids, sil_cuda_ptr weights, struct sil_cuda_stream *s,
+                         struct sil_error *err)
+{
+    if (w->type != SIL_TYPE_F32 || !w->data || !d || !nt || !nt->x || !nt->w || !nt->y ||
+        !nt->q8 || !nt->done || w->rows <= 0 || w->rows > 1024 || k <= 0 || k > 32 ||
+        k > w->rows || !sil_cuda_router_norm_ok(w->cols))
+        return set_err(err, -EINVAL, "cuda: router with its norm, %lld x %lld %s, top %d",
+                       (long long)w->rows, (long long)w->cols, sil_type_name(w->type), k);
+    const int threads = sil_cuda_rmsnorm_threads(w->cols);
+    unsigned g = 0;
+    int rc = grid_of(w->rows, threads / 32, &g, err);
+    if (rc < 0) return rc;
+    uint64_t row_bytes = w->row_bytes;
+    int rows = (int)w->rows;
+    int64_t cols = w->cols;
+    int vec = mmvf_vec(w, nt->y);
+    float eps = nt->eps;
+    void *p[] = {(void *)&w->data, &row_bytes, &rows,          &cols,   &vec,
+                 (void *)&nt->x,   &d,         (void *)&nt->w, &eps,    (void *)&nt->y,
+                 (void *)&nt->q8,  &logits,    &k,             &ids,    &weights,
+                 (void *)&nt->done};
+    cu->prof_bytes = w->bytes;
+    return launch(cu, cu->router_norm[threads == 128 ? 0 : threads == 512 ? 1 : 2],
+                  "add + rmsnorm + router + top-k", g, 1, (unsigned)threads, s, p, err);
 }
 
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
@@ -1320,11 +1394,11 @@ int sil_cuda_rmsnorm_threads(int64_t n)
     return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
 }
 
-/* The tail takes rows of a multiple of their threads, SIL_CUDA_NORM_TAIL_MAX at most (moe.cuh's
- * sil_norm_tail has a variant for each). */
-bool sil_cuda_norm_tail_ok(int64_t n)
+/* ops.cuh's sil_router_norm: rows of whole q8 blocks, 8 elements a thread at most. */
+bool sil_cuda_router_norm_ok(int64_t n)
 {
-    return n > 0 && n <= SIL_CUDA_NORM_TAIL_MAX && n % sil_cuda_rmsnorm_threads(n) == 0;
+    return n > 0 && n <= SIL_CUDA_ROUTER_NORM_MAX && n % SIL_CUDA_Q8_BLOCK == 0 &&
+           n <= 8 * (int64_t)sil_cuda_rmsnorm_threads(n);
 }
 
 int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *down,
@@ -1332,17 +1406,6 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err)
-{
-    return sil_cuda_moe_down_shared_norm(cu, down, sh_down, n_expert, q8h, n_tok, ids, weights,
-                                         sh_logit, k, y, NULL, s, err);
-}
-
-int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
-                                  const struct sil_cuda_weight *sh_down, int n_expert,
-                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
-                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
-                                  sil_cuda_ptr y, const struct sil_cuda_norm_tail *nt,
-                                  struct sil_cuda_stream *s, struct sil_error *err)
 {
     const int slot = mv_slot(down->type);
     if (slot < 0 || slot >= MV_F32 || sh_down->type != down->type || !down->data ||
@@ -1379,27 +1442,9 @@ int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_wei
                  &weights,
                  &sh_logit,
                  &k,
-                 &y,
-                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                 &y};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * (uint64_t)n_embd * row_bytes;
-    if (!nt)
-        return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
-                      (unsigned)n_tok, 128, s, p, err);
-    int vt = sil_cuda_rmsnorm_threads(n_embd);
-    if (!sil_cuda_norm_tail_ok(n_embd) || !nt->x || !nt->y || !nt->q8 || !nt->done)
-        return set_err(err, -EINVAL, "cuda: moe down + norm tail over rows of %d", n_embd);
-    float eps = nt->eps;
-    int64_t q8_blocks = (int64_t)n_tok * n_embd / SIL_CUDA_Q8_BLOCK;
-    const size_t at = sizeof p / sizeof p[0] - 8;
-    p[at] = (void *)&nt->x;
-    p[at + 1] = (void *)&nt->w;
-    p[at + 2] = (void *)&nt->y;
-    p[at + 3] = &vt;
-    p[at + 4] = &eps;
-    p[at + 5] = (void *)&nt->q8;
-    p[at + 6] = &q8_blocks;
-    p[at + 7] = (void *)&nt->done;
-    return launch(cu, cu->moe_down_sh_norm[slot], "moe_down + norm", (unsigned)((n_embd + 3) / 4),
+    return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
                   (unsigned)n_tok, 128, s, p, err);
 }
 

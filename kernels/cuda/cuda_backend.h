@@ -179,6 +179,25 @@ int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *con
                           sil_cuda_ptr q8, int n, const sil_cuda_ptr *y, const int64_t *ldy,
                           struct sil_cuda_stream *s, struct sil_error *err);
 
+/* A set of the mixable types (sil_cuda_mv_mixable) whose weight 0 writes the delta net's
+ * qkv_mixed, with the causal conv1d + silu of each of its outputs in the same launch, as the
+ * engine's conv1d kernel computes it: batch row j is a run of one token of sequence run_seq[j],
+ * whose conv state [K-1][cd] (cd = weight 0's rows) is at seq_state[run_seq[j]] + offset floats;
+ * out[j * ldo + c] gets the channel's output and the state moves on by the token. */
+struct sil_cuda_conv_ep {
+    sil_cuda_ptr out;
+    int64_t ldo;
+    sil_cuda_ptr w; /* [cd][K] F32 */
+    sil_cuda_ptr run_seq;
+    sil_cuda_ptr seq_state;
+    int64_t offset;
+    int32_t K; /* 1..9 */
+};
+int sil_cuda_matvec_multi_conv(struct sil_cuda *cu, const struct sil_cuda_weight *const *w,
+                               int nw, sil_cuda_ptr q8, int n, const sil_cuda_ptr *y,
+                               const int64_t *ldy, const struct sil_cuda_conv_ep *ep,
+                               struct sil_cuda_stream *s, struct sil_error *err);
+
 /* The same product for prefill, any n >= 1 (meant for n > SIL_CUDA_MAX_BATCH): quantized
  * weights on int8 tensor cores (weights unpacked to int8 per 32 columns, their scales applied in
  * float per 32 columns), reading q8 (sil_cuda_quantize_q8 of the n rows, the same layout);
@@ -279,26 +298,23 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err);
-/* The same, then the residual add, RMSNorm and q8 that follow the MoE as the last block of each
- * token row (instead of a launch of their own): x[t] += y[t]; ny[t] = rmsnorm(x[t]) * w (w may be
- * 0); q8 of ny (rows of n_embd, n_tok * n_embd / 32 blocks), what the add + rmsnorm + q8 launch
- * of the backend gives, to the bit. done: n_tok int32 on the device, zero, left zero. Rows of
- * n_embd where sil_cuda_norm_tail_ok. */
-struct sil_cuda_norm_tail {
+/* The threads a row of n gets in the backend's add + rmsnorm + q8 launch (fwd.cu). */
+int sil_cuda_rmsnorm_threads(int64_t n);
+/* The residual add + rmsnorm + q8 of one token before a decode MoE and its F32 router (as
+ * sil_cuda_router_fused) in one launch: x += d, y = rmsnorm(x) * w with its q8 blocks in q8, to
+ * the bit what the separate add + rmsnorm + q8 launch gives, for rows of n = the router's cols
+ * where sil_cuda_router_norm_ok(n); then the router's logits, ids and weights from y. done is
+ * the router's counter (zero between launches). */
+struct sil_cuda_norm_in {
     sil_cuda_ptr x, w, y, q8, done;
     float eps;
 };
-/* The threads a row of n gets in the backend's add + rmsnorm + q8 launch, which the tail's sums
- * follow; the rows the tail takes. */
-int sil_cuda_rmsnorm_threads(int64_t n);
-#define SIL_CUDA_NORM_TAIL_MAX 4096
-bool sil_cuda_norm_tail_ok(int64_t n);
-int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
-                                  const struct sil_cuda_weight *sh_down, int n_expert,
-                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
-                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
-                                  sil_cuda_ptr y, const struct sil_cuda_norm_tail *nt,
-                                  struct sil_cuda_stream *s, struct sil_error *err);
+#define SIL_CUDA_ROUTER_NORM_MAX 4096
+bool sil_cuda_router_norm_ok(int64_t n);
+int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cuda_ptr d,
+                         const struct sil_cuda_norm_in *nt, sil_cuda_ptr logits, int k,
+                         sil_cuda_ptr ids, sil_cuda_ptr weights, struct sil_cuda_stream *s,
+                         struct sil_error *err);
 
 #endif
 

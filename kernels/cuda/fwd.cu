@@ -962,7 +962,8 @@ __device__ __forceinline__ float fwd_block_reduce(float v, bool is_max, float *r
 
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
     sil_fwd_attend_combine(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo,
-                           const float *part, int nz, int n_head, int hd, int gated)
+                           const float *part, int nz, int n_head, int hd, int gated, uint8_t *q8,
+                           int64_t nblocks)
 {
     SIL_PDL_ENTRY();
     __shared__ float wz[COMBINE_MAX];
@@ -1011,5 +1012,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         a *= inv;
         if (gated) a *= 1.0f / (1.0f + expf(-qh[hd + j]));
         oh[j] = a;
+        // q8 (hd % 32 == 0, rows of o contiguous, so every lane is here): these 32 columns
+        // are one q8 block of the output projection's input, rounded as sil_quantize_q8_1 does
+        if (q8) fwd_q8_store(a, ((int64_t)i * ldo + (int64_t)h * hd + j) / 32, lane, q8,
+                             (float2 *)(q8 + nblocks * 32));
     }
 }

@@ -286,13 +286,61 @@ __device__ __forceinline__ void sil_unit_dot2(const sil_wunit &w0, const sil_wun
 // Rows per warp: batches of 2 and more share each activation load between two weight rows.
 #define SIL_MMVQ_ROWS(N) ((N) >= 2 ? 2 : 1)
 
+// The delta net's causal conv1d + silu as the epilogue of the matvec writing its input
+// (qkv_mixed): output row c of batch row j is channel c of run j (one token a run), whose conv
+// state [K-1][cd] is at seq_state[run_seq[j]] + offset. The warp that wrote the row steps the
+// channel as sil_fwd_conv1d does (the same sums in the same order) and shifts its state.
+struct sil_conv_ep {
+    float *out;
+    int64_t ldo;
+    const float *w; // [cd][K]
+    const int *run_seq;
+    float *const *seq_state;
+    int64_t cd;
+    int64_t offset;
+    int K; // 1..9
+    int pad;
+};
+
+__device__ __forceinline__ void sil_conv_ep_row(const sil_conv_ep &e, int c, int j, float xc)
+{
+    float *st = e.seq_state[e.run_seq[j]] + e.offset + c;
+    const int H = e.K - 1;
+    const float *wc = e.w + (int64_t)c * e.K;
+    float acc = 0.0f;
+    if (H == 3) {
+        const float h0 = st[0], h1 = st[e.cd], h2 = st[2 * e.cd];
+        acc += wc[0] * h0;
+        acc += wc[1] * h1;
+        acc += wc[2] * h2;
+        acc += wc[3] * xc;
+        st[0] = h1;
+        st[e.cd] = h2;
+        st[2 * e.cd] = xc;
+    } else {
+        float hist[8]; // K <= 9
+        for (int i = 0; i < H; i++)
+            hist[i] = st[(int64_t)i * e.cd];
+        for (int i = 0; i < H; i++)
+            acc += wc[i] * hist[i];
+        acc += wc[H] * xc;
+        for (int i = 0; i + 1 < H; i++)
+            st[(int64_t)i * e.cd] = hist[i + 1];
+        if (H > 0)
+            st[(int64_t)(H - 1) * e.cd] = xc;
+    }
+    e.out[(int64_t)j * e.ldo + c] = acc / (1.0f + expf(-acc));
+}
+
 // w: rows of row_bytes; a: q8 of [N][units] blocks (sil_q8_at); y[j * ldy + r]. Each lane keeps
 // two weight units' loads in flight before it uses either: units u and u + 32 of one row (batch
 // 1), or unit u of two rows (batch >= 2).
-template <int T, int N>
+// EP: each output also goes through the conv epilogue ep (sil_conv_ep).
+template <int T, int N, bool EP = false>
 __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                          int rows, int units, const uint8_t *__restrict__ a8,
-                                         float *__restrict__ y, int64_t ldy, int bx)
+                                         float *__restrict__ y, int64_t ldy, int bx,
+                                         const sil_conv_ep *ep = nullptr)
 {
     const int lane = threadIdx.x & 31;
     const sil_q8_view a = sil_q8_at(a8, (int64_t)N * units);
@@ -321,6 +369,10 @@ __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t
                 if (has1)
                     y[(int64_t)j * ldy + r0 + 1] = v1;
             }
+            if (EP && lane == 1)
+                sil_conv_ep_row(*ep, r0, j, v0);
+            if (EP && lane == 2 && has1)
+                sil_conv_ep_row(*ep, r0 + 1, j, v1);
         }
         return;
     }
@@ -347,6 +399,8 @@ __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t
         const float v = sil_warp_sum(acc[j]);
         if (lane == 0)
             y[(int64_t)j * ldy + r] = v;
+        if (EP && lane == 1)
+            sil_conv_ep_row(*ep, r, j, v);
     }
 }
 
@@ -385,14 +439,15 @@ template <int F> __device__ __forceinline__ void sil_wf8(const uint8_t *row, int
 
 #define SIL_MMVF_UNROLL 8
 
-template <int F, int N>
+// Rows over blocks of WARPS warps, a warp a row (the sums of a row do not depend on WARPS).
+template <int F, int N, int WARPS = SIL_MMV_WARPS>
 __device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                          int rows, int64_t cols, int vec,
                                          const float *__restrict__ x, float *__restrict__ y,
                                          int64_t ldy)
 {
     const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    const int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= rows)
         return;
     const uint8_t *row = w + (uint64_t)r * row_bytes;
@@ -518,6 +573,44 @@ SIL_BATCHES(SIL_MMVQ_ENTRY, q8_0, WT_Q8_0)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q4_K, WT_Q4_K)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q5_K, WT_Q5_K)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q6_K, WT_Q6_K)
+// The mixed set whose weight 0 writes the delta net's qkv_mixed, with the conv epilogue on it.
+#define SIL_MIXED_CONV_CASE(T, N)                                                                 \
+    case T:                                                                                       \
+        if (k == 0)                                                                               \
+            sil_mmvq<T, N, true>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
+                                 set.ldy[k], bx, &ep);                                            \
+        else                                                                                      \
+            sil_mmvq<T, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],           \
+                           set.ldy[k], bx);                                                       \
+        break;
+#define SIL_MMVQ_MIXED_CONV_ENTRY(N)                                                               \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_mmvq_mixed_conv_##N(sil_mv_set set, int units, const uint8_t *a, sil_conv_ep ep)       \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        int k = 0;                                                                                \
+        while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])                               \
+            k++;                                                                                  \
+        const int bx = (int)blockIdx.x - set.blk0[k];                                             \
+        switch (set.type[k]) {                                                                    \
+            SIL_MIXED_CONV_CASE(WT_Q4_K, N)                                                       \
+            SIL_MIXED_CONV_CASE(WT_Q5_K, N)                                                       \
+            SIL_MIXED_CONV_CASE(WT_Q6_K, N)                                                       \
+            SIL_MIXED_CONV_CASE(WT_Q8_0, N)                                                       \
+        default:                                                                                  \
+            break;                                                                                \
+        }                                                                                         \
+    }
+
+SIL_MMVQ_MIXED_CONV_ENTRY(1)
+SIL_MMVQ_MIXED_CONV_ENTRY(2)
+SIL_MMVQ_MIXED_CONV_ENTRY(3)
+SIL_MMVQ_MIXED_CONV_ENTRY(4)
+SIL_MMVQ_MIXED_CONV_ENTRY(5)
+SIL_MMVQ_MIXED_CONV_ENTRY(6)
+SIL_MMVQ_MIXED_CONV_ENTRY(7)
+SIL_MMVQ_MIXED_CONV_ENTRY(8)
+
 SIL_MMVQ_MIXED_ENTRY(1)
 SIL_MMVQ_MIXED_ENTRY(2)
 SIL_MMVQ_MIXED_ENTRY(3)

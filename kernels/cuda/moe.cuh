@@ -277,90 +277,6 @@ __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_
         done[p] = 0;
 }
 
-// The residual add, RMSNorm and q8 of token row t that follow the MoE, as the last block of
-// the row's down launch (done[t] counts the row's blocks, zero between launches) instead of a
-// launch of its own: x[t] += d[t] (d written by the other blocks, read past L1), y[t] =
-// x[t] / sqrt(mean(x^2) + eps) * w, and y's q8 blocks (row t's at t * n / 32 of nblocks). The
-// 128 threads do what sil_fwd_add_rmsnorm_q8 launched with vt threads (a multiple of 128, n a
-// multiple of vt, n <= SIL_CUDA_NORM_TAIL_MAX) does: thread i takes its virtual threads i + 128 s,
-// each sum is added in that kernel's order, so x, y and the q8 blocks are the same to the bit.
-template <int S, int E>
-__device__ __forceinline__ void sil_norm_tail_se(const float *d, float *x, const float *w,
-                                                 float *y, int n, float eps, uint8_t *q8,
-                                                 int64_t nblocks, int t, float *red)
-{
-    constexpr int vt = 128 * S;
-    const int tid = threadIdx.x, lane = tid & 31, wr = tid >> 5;
-    float *xr = x + (int64_t)t * n, *yr = y + (int64_t)t * n;
-    const float *dr = d + (int64_t)t * n;
-    float v[S * E];
-#pragma unroll
-    for (int q = 0; q < S * E; q++) {
-        const int i = tid + 128 * (q / E) + (q % E) * vt;
-        v[q] = xr[i] + __ldcg(dr + i);
-    }
-    // each virtual thread's sum in element order, its warp's sum, then the warps' in order
-#pragma unroll
-    for (int s = 0; s < S; s++) {
-        float part = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-            xr[tid + 128 * s + e * vt] = v[s * E + e];
-            part += v[s * E + e] * v[s * E + e];
-        }
-        part = sil_warp_sum(part);
-        if (lane == 0)
-            red[wr + 4 * s] = part;
-    }
-    __syncthreads();
-    const float ss = sil_warp_sum(lane < vt / 32 ? red[lane] : 0.0f);
-    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
-#pragma unroll
-    for (int q = 0; q < S * E; q++) {
-        const int i = tid + 128 * (q / E) + (q % E) * vt;
-        const float o = w ? v[q] * scale * w[i] : v[q] * scale;
-        yr[i] = o;
-        sil_q8_store_block(o, ((int64_t)t * n + i) / 32, nblocks, q8);
-    }
-}
-
-// The (vt, n) pairs the host sends: vt = 512 for 1024 <= n < 4096 (n a multiple of 512), 1024
-// for n = 4096, 128 for n < 1024 (a multiple of 128); the host keeps to them.
-__device__ __forceinline__ void sil_norm_tail(const float *d, float *x, const float *w, float *y,
-                                              int n, int vt, float eps, uint8_t *q8,
-                                              int64_t nblocks, int *done, int t)
-{
-    __shared__ float red[32];
-    if (!sil_last_block(done + t, (int)gridDim.x))
-        return;
-    const int e = n / vt;
-    if (vt == 512) {
-        switch (e) {
-        case 2: sil_norm_tail_se<4, 2>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 3: sil_norm_tail_se<4, 3>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 4: sil_norm_tail_se<4, 4>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 5: sil_norm_tail_se<4, 5>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 6: sil_norm_tail_se<4, 6>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 7: sil_norm_tail_se<4, 7>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        default: break;
-        }
-    } else if (vt == 1024 && e == 4) {
-        sil_norm_tail_se<8, 4>(d, x, w, y, n, eps, q8, nblocks, t, red);
-    } else if (vt == 128 && e >= 1 && e <= 7) {
-        switch (e) {
-        case 1: sil_norm_tail_se<1, 1>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 2: sil_norm_tail_se<1, 2>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 3: sil_norm_tail_se<1, 3>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 4: sil_norm_tail_se<1, 4>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 5: sil_norm_tail_se<1, 5>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        case 6: sil_norm_tail_se<1, 6>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        default: sil_norm_tail_se<1, 7>(d, x, w, y, n, eps, q8, nblocks, t, red); break;
-        }
-    }
-    if (threadIdx.x == 0)
-        done[t] = 0;
-}
-
 #define SIL_MOE_ENTRY(NAME, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, uint64_t mat_stride,          \
@@ -402,19 +318,6 @@ __device__ __forceinline__ void sil_norm_tail(const float *d, float *x, const fl
                               sh_logit, h);                                                       \
         if (done)                                                                                 \
             sil_moe_h8_tail(h, n_ff, h8, h8_blocks, done, blockIdx.y);                            \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_down_sh_norm_##NAME( \
-        const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride,            \
-        const uint8_t *hd, uint64_t h_stride, const int32_t *tab, int n_slot, int n_embd,         \
-        int units, int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids,          \
-        const float *wts, const float *sh_logit, int k, float *y, float *x, const float *nw,      \
-        float *ny, int vt, float eps, uint8_t *q8, int64_t q8_blocks, int *done)                  \
-    {                                                                                             \
-        SIL_PDL_ENTRY();                                                                          \
-        sil_moe_down_fast<T, true>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot,      \
-                                   n_embd, units, n_expert, h8, nblocks, ids, wts, sh_logit, k,   \
-                                   y);                                                            \
-        sil_norm_tail(y, x, nw, ny, n_embd, vt, eps, q8, q8_blocks, done, blockIdx.y);            \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_down_sh_##NAME(      \
         const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride,            \

@@ -342,3 +342,89 @@ SIL_ROUTER_FUSED_ENTRY(5)
 SIL_ROUTER_FUSED_ENTRY(6)
 SIL_ROUTER_FUSED_ENTRY(7)
 SIL_ROUTER_FUSED_ENTRY(8)
+
+// The residual add + RMSNorm + q8 before a decode MoE (one token) and its router in one launch,
+// in blocks of the threads the engine's add + rmsnorm + q8 launch takes (sil_fwd_add_rmsnorm_q8
+// in fwd.cu, NT = 128, 512 or 1024 as sil_cuda_rmsnorm_threads gives for n): every block
+// computes y = rmsnorm(x + d) * nw as that launch does (the same elements a thread, the same
+// sums in the same order, n % 32 == 0, n <= SIL_ROUTER_NORM_E NT), keeps it in shared memory
+// for its rows of sil_router_f32_topk_1's matvec (a warp a row, NT / 32 rows a block) and
+// writes y and its q8 blocks where q8 block b is its turn (b % gridDim.x == blockIdx.x); the
+// last block to finish (done: one counter, zero between launches) writes x += d, then the
+// top-k. The same numbers as the two launches.
+#define SIL_ROUTER_NORM_E 8 // elements a thread
+#define SIL_ROUTER_NORM_MAX 4096
+
+template <int NT>
+__device__ __forceinline__ void
+sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, float *x,
+                const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits,
+                int k, int32_t *ids, float *weights, int *done)
+{
+    __shared__ float sh[32];
+    __shared__ __align__(16) float ys[SIL_ROUTER_NORM_MAX];
+    const int tid = threadIdx.x, lane = tid & 31;
+    float v[SIL_ROUTER_NORM_E], wv[SIL_ROUTER_NORM_E];
+#pragma unroll
+    for (int e = 0; e < SIL_ROUTER_NORM_E; e++) {
+        const int i = tid + e * NT;
+        const bool in = i < n;
+        v[e] = in ? x[i] + d[i] : 0.0f;
+        wv[e] = in ? nw[i] : 1.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < SIL_ROUTER_NORM_E; e++) {
+        if (tid + e * NT >= n)
+            break;
+        ss += v[e] * v[e];
+    }
+    // fwd_block_sum_n's steps
+    ss = sil_warp_sum(ss);
+    __syncthreads();
+    if (lane == 0)
+        sh[tid >> 5] = ss;
+    __syncthreads();
+    ss = sil_warp_sum(lane < NT / 32 ? sh[lane] : 0.0f);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int e = 0; e < SIL_ROUTER_NORM_E; e++) {
+        const int i = tid + e * NT;
+        if (i >= n)
+            break;
+        const float o = v[e] * scale * wv[e];
+        ys[i] = o;
+        if ((i >> 5) % (int)gridDim.x == (int)blockIdx.x) { // the same for the whole warp
+            y[i] = o;
+            sil_q8_store_block(o, i >> 5, n / 32, q8);
+        }
+    }
+    __syncthreads();
+    sil_mmvf<0, 1, NT / 32>(w, row_bytes, rows, n, vec, ys, logits, rows);
+    if (!sil_last_block(done, (int)gridDim.x))
+        return;
+#pragma unroll
+    for (int e = 0; e < SIL_ROUTER_NORM_E; e++) {
+        const int i = tid + e * NT;
+        if (i < n)
+            x[i] = v[e];
+    }
+    if (tid < 32)
+        sil_topk_warp<true>(logits, rows, k, ids, weights);
+    if (tid == 0)
+        *done = 0;
+}
+
+#define SIL_ROUTER_NORM_ENTRY(NT)                                                                 \
+    extern "C" __global__ void __launch_bounds__(NT) sil_router_norm_f32_topk_##NT(              \
+        const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols, int vec, float *x,         \
+        const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits, int k, \
+        int32_t *ids, float *weights, int *done)                                                 \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        sil_router_norm<NT>(w, row_bytes, rows, (int)cols, vec, x, d, nw, eps, y, q8, logits, k, \
+                            ids, weights, done);                                                 \
+    }
+SIL_ROUTER_NORM_ENTRY(128)
+SIL_ROUTER_NORM_ENTRY(512)
+SIL_ROUTER_NORM_ENTRY(1024)
