@@ -758,6 +758,21 @@ static void test_bad_args(struct sil_cuda *cu)
     check(rc == -ENOMEM && p == 0, "args: a 1 PiB allocation fails cleanly: %s", e.msg);
 }
 
+/* Four random weights of types[k] and rows[k] rows of cols on the device, wp[k] = &w[k]. */
+static void upload_four(struct sil_cuda *cu, const int types[4], const int rows[4], int64_t cols,
+                        struct sil_cuda_weight w[4], const struct sil_cuda_weight *wp[4])
+{
+    float *deq = xmalloc(sizeof(float) * 256 * cols);
+    for (int k = 0; k < 4; k++) {
+        uint8_t *q = rand_weight(types[k], rows[k], cols, deq);
+        CK(sil_cuda_weight_upload(cu, types[k], rows[k], cols, q,
+                                  sil_row_size(types[k], cols) * rows[k], &w[k], &err));
+        free(q);
+        wp[k] = &w[k];
+    }
+    free(deq);
+}
+
 /* Four weights of types[k] and rows[k] rows sharing one input of n rows, as one matvec set and
  * as four matvecs (outputs ld[k] = rows[k] + pad apart): true when every output is the same to
  * the bit. */
@@ -768,13 +783,8 @@ static bool set_matches_matvecs(struct sil_cuda *cu, const int types[4], const i
     const struct sil_cuda_weight *wp[4];
     sil_cuda_ptr ys[4], yr[4];
     int64_t ld[4];
-    float *deq = xmalloc(sizeof(float) * 256 * cols);
+    upload_four(cu, types, rows, cols, w, wp);
     for (int k = 0; k < 4; k++) {
-        uint8_t *q = rand_weight(types[k], rows[k], cols, deq);
-        CK(sil_cuda_weight_upload(cu, types[k], rows[k], cols, q,
-                                  sil_row_size(types[k], cols) * rows[k], &w[k], &err));
-        free(q);
-        wp[k] = &w[k];
         ld[k] = rows[k] + pad;
         CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &ys[k], &err));
         CK(sil_cuda_alloc(cu, sizeof(float) * (size_t)(n * ld[k]), &yr[k], &err));
@@ -805,7 +815,6 @@ static bool set_matches_matvecs(struct sil_cuda *cu, const int types[4], const i
     sil_cuda_release(cu, xd);
     sil_cuda_release(cu, q8);
     free(x);
-    free(deq);
     return same;
 }
 
@@ -962,15 +971,7 @@ static void test_matvec_conv(struct sil_cuda *cu, struct sil_cuda_module *fm)
     const int64_t cols = 256, cd = 200;
     struct sil_cuda_weight w[4];
     const struct sil_cuda_weight *wp[4];
-    float *deq = xmalloc(sizeof(float) * 256 * cols);
-    for (int k = 0; k < 4; k++) {
-        uint8_t *q = rand_weight(types[k], rows[k], cols, deq);
-        CK(sil_cuda_weight_upload(cu, types[k], rows[k], cols, q,
-                                  sil_row_size(types[k], cols) * rows[k], &w[k], &err));
-        free(q);
-        wp[k] = &w[k];
-    }
-    free(deq);
+    upload_four(cu, types, rows, cols, w, wp);
     const int n_seq = 10, NB = SIL_CUDA_MAX_BATCH;
     const int64_t off = 7, st_floats = off + 8 * cd; /* per sequence: 7 others, then the state */
     for (int K = 4; K >= 3; K--) {

@@ -986,6 +986,23 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     }
 }
 
+/* A run from position 0 starts from the empty state, as the engine's host copy does. */
+static bool fresh_states(struct cuda_backend *b, const struct sil_ubatch *ub,
+                         const struct sil_delta_net_args *a)
+{
+    const int64_t st_floats = sil_delta_net_state_floats(a->p);
+    for (int32_t r = 0; r < ub->n_runs; r++) {
+        const int32_t i = ub->run_start[r];
+        if (ub->pos[i] != 0) continue;
+        const sil_cuda_ptr s =
+            b->state +
+            (uint64_t)((int64_t)ub->seq[i] * b->c.recr_floats + a->state.offset) * sizeof(float);
+        if (!ok(b, sil_cuda_memset(b->cu, s, 0, sizeof(float) * (size_t)st_floats, NULL, &b->err)))
+            return false;
+    }
+    return true;
+}
+
 /* The conv1d in the launch of the matvec set that waited for it (pmm), where the set writes
  * its input and every run is one token of the ubatch's rows in order; false: not taken. */
 static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
@@ -997,24 +1014,15 @@ static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
     if (!b->pmm.on || b->rc || b->mode == PASS_REPLAY || o[0].y.data != a->qkv_mixed.data ||
         ub->n != x.rows || ub->n_runs != ub->n || ub->n > MB || K < 1 || K > 9 ||
         x.ld != x.width || x.width % SIL_CUDA_Q8_BLOCK ||
-        o[0].w->rows != sil_delta_net_conv_dim(a->p) || a->conv1d->type != SIL_TYPE_F32 || a->conv_out.ld < o[0].w->rows)
+        o[0].w->rows != sil_delta_net_conv_dim(a->p) || a->conv1d->type != SIL_TYPE_F32 ||
+        a->conv_out.ld < o[0].w->rows)
         return false;
     for (int32_t r = 0; r < ub->n_runs; r++)
         if (ub->run_start[r] != r) return false;
     for (int i = 0; i < b->pmm.n; i++)
         if (!sil_cuda_mv_mixable(o[i].w->type) || o[i].w->cols != x.width) return false;
     b->pmm.on = false;
-    if (!upload_meta(b, ub)) return true;
-    const int64_t st_floats = sil_delta_net_state_floats(a->p);
-    for (int32_t r = 0; r < ub->n_runs; r++) {
-        const int32_t i = ub->run_start[r];
-        if (ub->pos[i] != 0) continue;
-        const sil_cuda_ptr s =
-            b->state +
-            (uint64_t)((int64_t)ub->seq[i] * b->c.recr_floats + a->state.offset) * sizeof(float);
-        if (!ok(b, sil_cuda_memset(b->cu, s, 0, sizeof(float) * (size_t)st_floats, NULL, &b->err)))
-            return true;
-    }
+    if (!upload_meta(b, ub) || !fresh_states(b, ub, a)) return true;
     const int n = (int)x.rows;
     const sil_cuda_ptr xp = dp(x.data);
     if (!(b->q8_src == xp && b->q8_n == n && b->q8_k == x.width)) {
@@ -1049,17 +1057,7 @@ static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
     if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const struct sil_delta_net_params *p = a->p;
-    const int64_t st_floats = sil_delta_net_state_floats(p);
-    /* a run from position 0 starts from the empty state, as the engine's host copy does */
-    for (int32_t r = 0; r < ub->n_runs; r++) {
-        const int32_t i = ub->run_start[r];
-        if (ub->pos[i] != 0) continue;
-        const sil_cuda_ptr s =
-            b->state +
-            (uint64_t)((int64_t)ub->seq[i] * b->c.recr_floats + a->state.offset) * sizeof(float);
-        if (!ok(b, sil_cuda_memset(b->cu, s, 0, sizeof(float) * (size_t)st_floats, NULL, &b->err)))
-            return;
-    }
+    if (!fresh_states(b, ub, a)) return;
     if (p->conv_kernel < 1 || p->conv_kernel > 9) {
         fail(b, -EINVAL, "conv1d kernel longer than 9 taps");
         return;

@@ -528,29 +528,46 @@ struct sil_mv_set {
 };
 
 // A set of the K-quant and Q8_0 types mixed (the recipes' qkv in Q6_K beside its gate in Q4_K):
-// weight k runs as sil_mmvq of its own type, so each output is what its own matvec gives.
+// weight k runs as sil_mmvq of its own type, so each output is what its own matvec gives. EP:
+// weight 0 writes the delta net's qkv_mixed, with the conv epilogue ep on it.
 #define SIL_MIXED_CASE(T, N)                                                                      \
     case T:                                                                                       \
-        sil_mmvq<T, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k], set.ldy[k],   \
-                       bx);                                                                       \
+        if (EP && k == 0)                                                                         \
+            sil_mmvq<T, N, true>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
+                                 set.ldy[k], bx, ep);                                             \
+        else                                                                                      \
+            sil_mmvq<T, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],           \
+                           set.ldy[k], bx);                                                       \
         break;
+template <int N, bool EP>
+__device__ __forceinline__ void sil_mmvq_mixed(const sil_mv_set &set, int units, const uint8_t *a,
+                                               const sil_conv_ep *ep)
+{
+    int k = 0;
+    while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])
+        k++;
+    const int bx = (int)blockIdx.x - set.blk0[k];
+    switch (set.type[k]) {
+        SIL_MIXED_CASE(WT_Q4_K, N)
+        SIL_MIXED_CASE(WT_Q5_K, N)
+        SIL_MIXED_CASE(WT_Q6_K, N)
+        SIL_MIXED_CASE(WT_Q8_0, N)
+    default:
+        break;
+    }
+}
 #define SIL_MMVQ_MIXED_ENTRY(N)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvq_mixed_##N(sil_mv_set set, int units, const uint8_t *a)                           \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
-        int k = 0;                                                                                \
-        while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])                               \
-            k++;                                                                                  \
-        const int bx = (int)blockIdx.x - set.blk0[k];                                             \
-        switch (set.type[k]) {                                                                    \
-            SIL_MIXED_CASE(WT_Q4_K, N)                                                            \
-            SIL_MIXED_CASE(WT_Q5_K, N)                                                            \
-            SIL_MIXED_CASE(WT_Q6_K, N)                                                            \
-            SIL_MIXED_CASE(WT_Q8_0, N)                                                            \
-        default:                                                                                  \
-            break;                                                                                \
-        }                                                                                         \
+        sil_mmvq_mixed<N, false>(set, units, a, nullptr);                                         \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
+        sil_mmvq_mixed_conv_##N(sil_mv_set set, int units, const uint8_t *a, sil_conv_ep ep)       \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        sil_mmvq_mixed<N, true>(set, units, a, &ep);                                              \
     }
 
 #define SIL_MMVF_ENTRY(NAME, F, N)                                                                \
@@ -573,44 +590,6 @@ SIL_BATCHES(SIL_MMVQ_ENTRY, q8_0, WT_Q8_0)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q4_K, WT_Q4_K)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q5_K, WT_Q5_K)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q6_K, WT_Q6_K)
-// The mixed set whose weight 0 writes the delta net's qkv_mixed, with the conv epilogue on it.
-#define SIL_MIXED_CONV_CASE(T, N)                                                                 \
-    case T:                                                                                       \
-        if (k == 0)                                                                               \
-            sil_mmvq<T, N, true>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],     \
-                                 set.ldy[k], bx, &ep);                                            \
-        else                                                                                      \
-            sil_mmvq<T, N>(set.w[k], set.row_bytes[k], set.rows[k], units, a, set.y[k],           \
-                           set.ldy[k], bx);                                                       \
-        break;
-#define SIL_MMVQ_MIXED_CONV_ENTRY(N)                                                               \
-    extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
-        sil_mmvq_mixed_conv_##N(sil_mv_set set, int units, const uint8_t *a, sil_conv_ep ep)       \
-    {                                                                                             \
-        SIL_PDL_ENTRY();                                                                          \
-        int k = 0;                                                                                \
-        while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])                               \
-            k++;                                                                                  \
-        const int bx = (int)blockIdx.x - set.blk0[k];                                             \
-        switch (set.type[k]) {                                                                    \
-            SIL_MIXED_CONV_CASE(WT_Q4_K, N)                                                       \
-            SIL_MIXED_CONV_CASE(WT_Q5_K, N)                                                       \
-            SIL_MIXED_CONV_CASE(WT_Q6_K, N)                                                       \
-            SIL_MIXED_CONV_CASE(WT_Q8_0, N)                                                       \
-        default:                                                                                  \
-            break;                                                                                \
-        }                                                                                         \
-    }
-
-SIL_MMVQ_MIXED_CONV_ENTRY(1)
-SIL_MMVQ_MIXED_CONV_ENTRY(2)
-SIL_MMVQ_MIXED_CONV_ENTRY(3)
-SIL_MMVQ_MIXED_CONV_ENTRY(4)
-SIL_MMVQ_MIXED_CONV_ENTRY(5)
-SIL_MMVQ_MIXED_CONV_ENTRY(6)
-SIL_MMVQ_MIXED_CONV_ENTRY(7)
-SIL_MMVQ_MIXED_CONV_ENTRY(8)
-
 SIL_MMVQ_MIXED_ENTRY(1)
 SIL_MMVQ_MIXED_ENTRY(2)
 SIL_MMVQ_MIXED_ENTRY(3)
