@@ -4,15 +4,16 @@
 # after longer prompts (CTX, default "4096 16384": llama-bench -d N against sil-eval decoding
 # after an N-token prompt). sil-eval runs two passes in one engine, fresh sequences each, and the
 # second is the figure (llama-bench also warms up first): pass 1 includes the first eager pass
-# and the graph capture. Variants (VARIANTS, default "ours"): ours-nopdl (SIL_CUDA_PDL=0),
-# ours-nogqa (SIL_CUDA_NO_GQA=1), ours-nomix (SIL_CUDA_NO_MV_MIX=1), ours-noconv
-# (SIL_CUDA_NO_CONV_FUSE=1), ours-noaq8 (SIL_CUDA_NO_ATTN_Q8=1), ours-nonr
-# (SIL_CUDA_NO_NORM_ROUTER=1), ours-prev (those three together: the launches as they were
-# before them; ours-nopdl-prev: and without programmatic dependent launch, as on sm_75),
-# ours-fused (SIL_CUDA_GROUPED=0: prefill's expert products through the fused
-# decode kernels instead of grouped ones), ours-psplit / ours-psplit2k
-# (SIL_CUDA_PREFILL_SPLIT=1 / 2048: prefill attention through the decode kernels' context split),
-# the same file in the same call, for A/B figures.
+# and the graph capture. Variants (VARIANTS, default "ours"), the same file in the same call,
+# for A/B figures: ours-nopdl (SIL_CUDA_PDL=0), ours-nogqa (SIL_CUDA_NO_GQA=1), ours-nomix
+# (SIL_CUDA_NO_MV_MIX=1), ours-noconv (SIL_CUDA_NO_CONV_FUSE=1), ours-noaq8
+# (SIL_CUDA_NO_ATTN_Q8=1), ours-nonr (SIL_CUDA_NO_NORM_ROUTER=1), ours-prev (those three
+# together: the launches as they were before them), ours-nopdl-prev (the same without
+# programmatic dependent launch, as on sm_75), ours-dn (SIL_CUDA_DOWN_NORM=1, the add +
+# rmsnorm after a MoE in its down launch), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert
+# products through the fused decode kernels instead of grouped ones), ours-psplit /
+# ours-psplit2k (SIL_CUDA_PREFILL_SPLIT=1 / 2048: prefill attention through the decode kernels'
+# context split).
 # usage: bench/run-cuda-35b.sh [LLAMA_BENCH|-] [OUTDIR]   (binaries from $B/bin; model in /tmp)
 set -u
 B=${B:-build}
@@ -52,6 +53,7 @@ for v in ${VARIANTS:-ours}; do
     ours-noconv) set -- SIL_CUDA_NO_CONV_FUSE=1 ;;
     ours-noaq8) set -- SIL_CUDA_NO_ATTN_Q8=1 ;;
     ours-nonr) set -- SIL_CUDA_NO_NORM_ROUTER=1 ;;
+    ours-dn) set -- SIL_CUDA_DOWN_NORM=1 ;;
     ours-prev) set -- SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 SIL_CUDA_NO_NORM_ROUTER=1 ;;
     ours-nopdl-prev) set -- SIL_CUDA_PDL=0 SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 \
         SIL_CUDA_NO_NORM_ROUTER=1 ;;

@@ -57,8 +57,8 @@
  *      attention's output written by its merge, a one-token MoE's add + rmsnorm + q8 done by
  *      every block of its router; against separate launches (SIL_CUDA_NO_DN_FUSE=1,
  *      SIL_CUDA_NO_ROUTER_FUSE=1, SIL_CUDA_NO_H8_FUSE=1, SIL_CUDA_NO_MV_MIX=1,
- *      SIL_CUDA_NO_CONV_FUSE=1, SIL_CUDA_NO_ATTN_Q8=1): the same arithmetic, so the same logits
- *      at every step, bit for bit.
+ *      SIL_CUDA_NO_CONV_FUSE=1, SIL_CUDA_NO_ATTN_Q8=1, SIL_CUDA_NO_NORM_ROUTER=1): the same
+ *      arithmetic, so the same logits at every step, bit for bit.
  *  26. each of the three fusions of check 14 added last (conv1d, attention's q8, the norm in
  *      the router) turned off alone (SIL_CUDA_NO_CONV_FUSE=1, SIL_CUDA_NO_ATTN_Q8=1,
  *      SIL_CUDA_NO_NORM_ROUTER=1) against the default: bit for bit.
@@ -1037,7 +1037,8 @@ int main(int argc, char **argv)
     {
         const char *env[] = {"SIL_CUDA_NO_DN_FUSE=1",  "SIL_CUDA_NO_ROUTER_FUSE=1",
                              "SIL_CUDA_NO_H8_FUSE=1",  "SIL_CUDA_NO_MV_MIX=1",
-                             "SIL_CUDA_NO_CONV_FUSE=1", "SIL_CUDA_NO_ATTN_Q8=1", NULL};
+                             "SIL_CUDA_NO_CONV_FUSE=1", "SIL_CUDA_NO_ATTN_Q8=1",
+                             "SIL_CUDA_NO_NORM_ROUTER=1", NULL};
         fails += variant_vs_default(gpu, model, env, true, 0.0f,
                                     "decode with fused launches (gated norm in the delta rule, "
                                     "router matvec + top-k, q8 of the experts' hidden rows, "

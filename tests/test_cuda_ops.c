@@ -1050,6 +1050,86 @@ static void test_matvec_conv(struct sil_cuda *cu, struct sil_cuda_module *fm)
         sil_cuda_weight_free(cu, &w[k]);
 }
 
+/* A decode MoE's down + weighted sum with the shared expert, then the residual add + rmsnorm +
+ * q8 after it done by its last blocks (sil_cuda_moe_down_shared_norm) against the down launch
+ * followed by the engine's add + rmsnorm + q8 launch: the MoE output, x, y and y's q8 blocks bit
+ * for bit, 1 to 3 tokens of 2 experts of 4 and the shared one, twice (the counters come back to
+ * zero); rows of 256 (the norm's 128-thread layout) refused. */
+static void test_down_norm(struct sil_cuda *cu, struct sil_cuda_module *fm)
+{
+    void *fn = NULL;
+    CK(sil_cuda_module_function(cu, fm, "sil_fwd_add_rmsnorm_q8", &fn, &err));
+    const int X = 4, K = 2, K1 = K + 1;
+    const int64_t E = 2048, F = 256;
+    float *deq = xmalloc(sizeof(float) * (size_t)(X * E * F));
+    uint8_t *qd = rand_weight(SIL_TYPE_Q4_K, X * E, F, deq);
+    uint8_t *qs = rand_weight(SIL_TYPE_Q4_K, E, F, deq);
+    struct sil_cuda_weight d, sd;
+    CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_K, X * E, F, qd,
+                              sil_row_size(SIL_TYPE_Q4_K, F) * X * E, &d, &err));
+    CK(sil_cuda_weight_upload(cu, SIL_TYPE_Q4_K, E, F, qs, sil_row_size(SIL_TYPE_Q4_K, F) * E,
+                              &sd, &err));
+    free(qd), free(qs), free(deq);
+    bool same = true;
+    int32_t left[3] = {-1, -1, -1};
+    for (int n = 1; n <= 3; n++) {
+        float h[3 * 3 * 256], x[3 * 2048], nw[2048], wts[3 * 2], lg[3];
+        int32_t ids[3 * 2];
+        fill(h, n * K1 * F, 1.0f);
+        fill(x, n * E, 1.0f);
+        fill(nw, E, 1.0f);
+        fill(wts, n * K, 0.5f);
+        fill(lg, n, 2.0f);
+        for (int i = 0; i < n * K; i++)
+            ids[i] = (i * 3 + 1) % X;
+        sil_cuda_ptr hd = dev_copy(cu, h, sizeof(float) * n * K1 * F), q8h;
+        CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n * K1, F), &q8h, &err));
+        CK(sil_cuda_quantize_q8(cu, hd, n * K1, F, q8h, NULL, &err));
+        sil_cuda_ptr di = dev_copy(cu, ids, sizeof(int32_t) * n * K);
+        sil_cuda_ptr dw = dev_copy(cu, wts, sizeof(float) * n * K);
+        sil_cuda_ptr dl = dev_copy(cu, lg, sizeof(float) * n);
+        sil_cuda_ptr dn = dev_copy(cu, nw, sizeof(float) * E);
+        const size_t rows = sizeof(float) * (size_t)(n * E), qb = sil_cuda_q8_bytes(n, E);
+        sil_cuda_ptr xa = dev_copy(cu, x, rows), xb = dev_copy(cu, x, rows);
+        sil_cuda_ptr ma, mb, ya, yb, qa, qbb, done;
+        CK(sil_cuda_alloc(cu, rows, &ma, &err));
+        CK(sil_cuda_alloc(cu, rows, &mb, &err));
+        CK(sil_cuda_alloc(cu, rows, &ya, &err));
+        CK(sil_cuda_alloc(cu, rows, &yb, &err));
+        CK(sil_cuda_alloc(cu, qb, &qa, &err));
+        CK(sil_cuda_alloc(cu, qb, &qbb, &err));
+        CK(sil_cuda_alloc(cu, sizeof(int32_t) * 3, &done, &err));
+        CK(sil_cuda_memset(cu, done, 0, sizeof(int32_t) * 3, NULL, &err));
+        float eps = 1e-6f;
+        for (int rep = 0; rep < 2; rep++) {
+            CK(sil_cuda_upload(cu, xa, x, rows, NULL, &err));
+            CK(sil_cuda_upload(cu, xb, x, rows, NULL, &err));
+            CK(sil_cuda_moe_down_shared(cu, &d, &sd, X, q8h, n, di, dw, dl, K, ma, NULL, &err));
+            int64_t nn = E, nblocks = n * E / 32;
+            void *p[] = {&xa, &ma, &ya, &dn, &nn, &eps, &qa, &nblocks};
+            CK(sil_cuda_launch(cu, fn, "add + rmsnorm + q8", (unsigned)n, 1, 1, 512, NULL, p,
+                               &err));
+            const struct sil_cuda_norm_in nt = {xb, dn, yb, qbb, done, eps};
+            CK(sil_cuda_moe_down_shared_norm(cu, &d, &sd, X, q8h, n, di, dw, dl, K, mb, &nt,
+                                             NULL, &err));
+            same = same && dev_same(cu, ma, mb, rows) && dev_same(cu, xa, xb, rows) &&
+                   dev_same(cu, ya, yb, rows) && dev_same(cu, qa, qbb, qb);
+        }
+        get(cu, left, done, sizeof left);
+        same = same && left[0] == 0 && left[1] == 0 && left[2] == 0;
+        sil_cuda_ptr all[] = {hd, q8h, di, dw, dl, dn, xa, xb, ma, mb, ya, yb, qa, qbb, done};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            sil_cuda_release(cu, all[i]);
+    }
+    check(same, "moe down + shared with the add + rmsnorm + q8 after it in its last blocks, "
+                "rows of 2048, 1..3 tokens, twice: %s, counters %d %d %d",
+          same ? "bit for bit" : "DIFFERENT", left[0], left[1], left[2]);
+    check(!sil_cuda_down_norm_ok(256) && sil_cuda_down_norm_ok(2048),
+          "moe down with the norm after it takes rows of 2048, not 256");
+    sil_cuda_weight_free(cu, &d);
+    sil_cuda_weight_free(cu, &sd);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1091,6 +1171,7 @@ int main(void)
         if (fm) {
             test_router_norm(cu, fm);
             test_matvec_conv(cu, fm);
+            test_down_norm(cu, fm);
             sil_cuda_module_unload(cu, fm);
         }
     }

@@ -228,6 +228,17 @@ struct cuda_backend {
         sil_cuda_ptr d, w;
         float eps;
     } pnorm;
+    /* SIL_CUDA_DOWN_NORM=1 (off by default: written after this stop's GPU time ran out, never
+     * run on a GPU): a decode MoE's down launch waits (pdn) for the add and rmsnorm that follow
+     * it, and its last block of each token row does them in 512 threads, the norm launch's
+     * layout (sil_cuda_moe_down_shared_norm); anything else launches it as it was */
+    bool down_norm, pdn;
+    struct {
+        struct sil_cuda_weight d, sd;
+        int X, n, K;
+        sil_cuda_ptr ids, w, lg, y;
+    } pd;
+    sil_cuda_ptr norm_done; /* [MB] int32: the down blocks done per row (zero between) */
     int32_t split_from; /* SIL_CUDA_PREFILL_SPLIT=P: prefill attention of rows at positions
                          * >= P through the decode kernels (context split), MB rows a launch;
                          * 0: never (the default until measured) */
@@ -502,10 +513,22 @@ static void flush_early(struct cuda_backend *b)
     flush_norm(b);
 }
 
+/* Launches the MoE down that waited (pdn), with the norm after it (nt) or as it would have
+ * been (nt NULL). */
+static bool launch_down(struct cuda_backend *b, const struct sil_cuda_norm_in *nt)
+{
+    b->pdn = false;
+    return b->rc == 0 &&
+           ok(b, sil_cuda_moe_down_shared_norm(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h,
+                                               b->pd.n, b->pd.ids, b->pd.w, b->pd.lg, b->pd.K,
+                                               b->pd.y, nt, NULL, &b->err));
+}
+
 /* Runs a deferred add (and what waits before it). */
 static void flush_add(struct cuda_backend *b)
 {
     flush_early(b);
+    if (b->pdn) launch_down(b, NULL);
     if (!b->pend) return;
     b->pend = false;
     const struct sil_act y = b->pend_y, x = b->pend_x;
@@ -699,6 +722,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     b->meta_ok = false;
     b->pend = false;
     b->pmm.on = false; /* and what waited for the op after it */
+    b->pdn = false;
     b->pnorm.on = false;
     b->q8_src = 0;
     b->mode = PASS_EAGER;
@@ -818,13 +842,26 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
     /* x += the deferred add, the norm and its q8 blocks in one kernel */
     const bool fuse = x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
                       x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
+    if (fuse && b->pdn && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
+        b->pend_y.width == x.width && dp(b->pend_x.data) == b->pd.y && x.rows == b->pd.n) {
+        /* the waiting down launch does the add, the norm and its q8 in its last blocks */
+        const struct sil_cuda_norm_in nt = {dp(x.data), dp(w->data), dp(y.data), b->q8,
+                                            b->norm_done, eps};
+        b->pend = false;
+        b->q8_src = 0;
+        if (!launch_down(b, &nt)) return;
+        b->q8_src = dp(y.data);
+        b->q8_n = x.rows;
+        b->q8_k = x.width;
+        return;
+    }
     sil_cuda_ptr d = 0;
     if (fuse && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
         b->pend_y.width == x.width && b->pend_x.ld == b->pend_x.width) {
         d = dp(b->pend_x.data);
         b->pend = false;
     }
-    if (d && x.rows == 1 && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
+    if (d && x.rows == 1 && !b->pdn && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
         sil_cuda_router_norm_ok(x.width) && b->rc == 0) {
         /* a router may take it (cuda_route) */
         b->q8_src = 0;
@@ -853,6 +890,15 @@ static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
     struct cuda_backend *b = cb(be);
     if (b->mode != PASS_REPLAY) flush_early(b);
+    if (b->pdn && !b->pend && b->mode != PASS_REPLAY && b->rc == 0 && y.ld == y.width &&
+        x.ld == x.width && dp(x.data) == b->pd.y && x.rows == b->pd.n) {
+        /* the down launch keeps waiting: the rmsnorm after this add may take both */
+        b->q8_src = 0;
+        b->pend = true;
+        b->pend_y = y;
+        b->pend_x = x;
+        return;
+    }
     if (!enter(b) || y.rows == 0) return;
     if (y.ld == y.width && x.ld == x.width) {
         /* deferred: the rmsnorm that usually follows reads y and does the add */
@@ -1404,7 +1450,20 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         if (!ok(b, rc) || (!hq && !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F,
                                                               b->q8h, NULL, &b->err))))
             return sh;
-        if (sh)
+        if (sh && b->down_norm && b->norm_done && r0 == 0 && x.rows <= MB && !b->pend &&
+            sil_cuda_down_norm_ok(E)) {
+            /* waits for the add and rmsnorm that follow (cuda_add, cuda_rmsnorm) */
+            b->pdn = true;
+            b->pd.d = d;
+            b->pd.sd = sd;
+            b->pd.X = X;
+            b->pd.n = n;
+            b->pd.K = K;
+            b->pd.ids = ids;
+            b->pd.w = w;
+            b->pd.lg = lg;
+            b->pd.y = dp(out.data);
+        } else if (sh)
             ok(b, sil_cuda_moe_down_shared(b->cu, &d, &sd, X, b->q8h, n, ids, w, lg, K,
                                            dp(out.data) + (uint64_t)(r0 * E) * 4, NULL, &b->err));
         else
@@ -2573,6 +2632,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->sh_logit, (uint64_t)U * f4},
         {&b->dn_done, c->recr_floats > 0 ? (uint64_t)(MB * DN_DONE_HEADS) * 4 : 0},
         {&b->router_done, X > 0 ? 4 : 0},
+        {&b->norm_done, X > 0 ? (uint64_t)MB * 4 : 0},
         {&b->moe_done, X > 0 ? (uint64_t)(MB * (K + 1)) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -2685,6 +2745,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                     b->h2d_cap / 1e9);
         const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
         b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
+        const char *dnm = getenv("SIL_CUDA_DOWN_NORM");
+        b->down_norm = dnm && strcmp(dnm, "1") == 0;
         const char *nn = getenv("SIL_CUDA_NO_NORM_ROUTER");
         b->no_norm_router = nn && strcmp(nn, "1") == 0;
         const char *na = getenv("SIL_CUDA_NO_ATTN_Q8");

@@ -169,6 +169,7 @@ struct sil_cuda {
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
     CUfunction router_fused[SIL_CUDA_MAX_BATCH]; /* F32 router matvec + top-k, [batch - 1] */
+    CUfunction moe_down_sh_norm[MV_F32]; /* down + sum, then the add + rmsnorm + q8 after it */
     CUfunction router_norm[3]; /* the add + rmsnorm + q8 before it too, one token: 128, 512
                                 * and 1024 threads a block */
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
@@ -316,6 +317,10 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         if (r == CUDA_SUCCESS) {
             snprintf(name, sizeof name, "sil_moe_down_sh_%s", mv_names[t]);
             r = cu->api.cuModuleGetFunction(&cu->moe_down_sh[t], cu->mod, name);
+        }
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_down_sh_norm_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_down_sh_norm[t], cu->mod, name);
         }
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
@@ -1407,6 +1412,22 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err)
 {
+    return sil_cuda_moe_down_shared_norm(cu, down, sh_down, n_expert, q8h, n_tok, ids, weights,
+                                         sh_logit, k, y, NULL, s, err);
+}
+
+bool sil_cuda_down_norm_ok(int64_t n)
+{
+    return n % SIL_CUDA_Q8_BLOCK == 0 && sil_cuda_rmsnorm_threads(n) == 512 && n <= 8 * 512;
+}
+
+int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                                  const struct sil_cuda_weight *sh_down, int n_expert,
+                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
+                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
+                                  sil_cuda_ptr y, const struct sil_cuda_norm_in *nt,
+                                  struct sil_cuda_stream *s, struct sil_error *err)
+{
     const int slot = mv_slot(down->type);
     if (slot < 0 || slot >= MV_F32 || sh_down->type != down->type || !down->data ||
         !sh_down->data || !sh_logit)
@@ -1442,10 +1463,24 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                  &weights,
                  &sh_logit,
                  &k,
-                 &y};
+                 &y,
+                 NULL, NULL, NULL, NULL, NULL, NULL};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * (uint64_t)n_embd * row_bytes;
-    return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
-                  (unsigned)n_tok, 128, s, p, err);
+    if (!nt)
+        return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+                      (unsigned)n_tok, 128, s, p, err);
+    if (!sil_cuda_down_norm_ok(n_embd) || !nt->x || !nt->w || !nt->y || !nt->q8 || !nt->done)
+        return set_err(err, -EINVAL, "cuda: moe down + the norm after it over rows of %d", n_embd);
+    float eps = nt->eps;
+    const size_t at = sizeof p / sizeof p[0] - 6;
+    p[at] = (void *)&nt->x;
+    p[at + 1] = (void *)&nt->w;
+    p[at + 2] = &eps;
+    p[at + 3] = (void *)&nt->y;
+    p[at + 4] = (void *)&nt->q8;
+    p[at + 5] = (void *)&nt->done;
+    return launch(cu, cu->moe_down_sh_norm[slot], "moe_down + add + rmsnorm",
+                  (unsigned)((n_embd + 15) / 16), (unsigned)n_tok, 512, s, p, err);
 }
 
 /* ---- further modules ----------------------------------------------------------------------- */

@@ -315,6 +315,18 @@ int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, s
                          const struct sil_cuda_norm_in *nt, sil_cuda_ptr logits, int k,
                          sil_cuda_ptr ids, sil_cuda_ptr weights, struct sil_cuda_stream *s,
                          struct sil_error *err);
+/* sil_cuda_moe_down_shared, then the residual add + rmsnorm + q8 that follow the MoE, done by
+ * the last block of each token row in 512-thread blocks (instead of a launch of its own):
+ * nt->x[t] += y[t]; nt->y[t] = rmsnorm(x[t]) * nt->w and its q8 blocks in nt->q8 (n_tok rows
+ * of n_embd), to the bit what the add + rmsnorm + q8 launch gives. nt->done: n_tok int32 on the
+ * device, zero, left zero. Rows of n_embd where sil_cuda_down_norm_ok. */
+bool sil_cuda_down_norm_ok(int64_t n);
+int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                                  const struct sil_cuda_weight *sh_down, int n_expert,
+                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
+                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
+                                  sil_cuda_ptr y, const struct sil_cuda_norm_in *nt,
+                                  struct sil_cuda_stream *s, struct sil_error *err);
 
 #endif
 

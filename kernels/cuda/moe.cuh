@@ -105,7 +105,7 @@ __device__ __forceinline__ void sil_moe_gate_up(const uint8_t *__restrict__ wg,
 // shared expert sd, weighted sigmoid(sh_logit[t]).
 #define SIL_MOE_K1_MAX 32
 #define SIL_DOWN_UNROLL 6
-template <int T, bool SH>
+template <int T, bool SH, int WARPS = SIL_MMV_WARPS>
 __device__ __forceinline__ void sil_moe_down_fast(const uint8_t *__restrict__ wd,
                                                   const uint8_t *__restrict__ sd,
                                                   uint64_t row_bytes, uint64_t mat_stride,
@@ -130,7 +130,7 @@ __device__ __forceinline__ void sil_moe_down_fast(const uint8_t *__restrict__ wd
     }
     __syncthreads();
     const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
+    const int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= n_embd)
         return;
     const sil_q8_view a = sil_q8_at(h8, nblocks);
@@ -277,6 +277,33 @@ __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_
         done[p] = 0;
 }
 
+// The residual add + RMSNorm + q8 of token row t after a decode MoE, as the last block (NT =
+// 512 threads, what sil_cuda_rmsnorm_threads gives for the row) of the row's down launch does
+// it instead of a launch of its own: x[t] += d[t] (d written by the grid's other blocks),
+// y[t] = rmsnorm(x[t]) * w and its q8 blocks (n_tok rows of n); the same elements a thread and
+// the same sums in the same order as sil_fwd_add_rmsnorm_q8, so the same numbers.
+template <int NT>
+__device__ __forceinline__ void sil_add_rmsnorm_tail(float *x, const float *d, const float *w,
+                                                     float eps, float *y, uint8_t *q8, int n,
+                                                     int n_tok, int t)
+{
+    __shared__ float sh[32];
+    float v[SIL_ROUTER_NORM_E], wv[SIL_ROUTER_NORM_E];
+    float *xr = x + (int64_t)t * n, *yr = y + (int64_t)t * n;
+    const float *dr = d + (int64_t)t * n;
+    const float scale = sil_add_rmsnorm_load<NT, true>(xr, dr, w, n, eps, v, wv, sh);
+#pragma unroll
+    for (int e = 0; e < SIL_ROUTER_NORM_E; e++) {
+        const int i = threadIdx.x + e * NT;
+        if (i >= n)
+            break;
+        xr[i] = v[e];
+        const float o = v[e] * scale * wv[e];
+        yr[i] = o;
+        sil_q8_store_block(o, ((int64_t)t * n + i) >> 5, (int64_t)n_tok * n / 32, q8);
+    }
+}
+
 #define SIL_MOE_ENTRY(NAME, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, uint64_t mat_stride,          \
@@ -318,6 +345,23 @@ __device__ __forceinline__ void sil_moe_h8_tail(const float *h, int n_ff, uint8_
                               sh_logit, h);                                                       \
         if (done)                                                                                 \
             sil_moe_h8_tail(h, n_ff, h8, h8_blocks, done, blockIdx.y);                            \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(512) sil_moe_down_sh_norm_##NAME(               \
+        const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride,            \
+        const uint8_t *hd, uint64_t h_stride, const int32_t *tab, int n_slot, int n_embd,         \
+        int units, int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids,          \
+        const float *wts, const float *sh_logit, int k, float *y, float *x, const float *nw,      \
+        float eps, float *ny, uint8_t *q8, int *done)                                             \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        sil_moe_down_fast<T, true, 16>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot,  \
+                                       n_embd, units, n_expert, h8, nblocks, ids, wts, sh_logit,  \
+                                       k, y);                                                     \
+        if (!sil_last_block(done + blockIdx.y, (int)gridDim.x))                                   \
+            return;                                                                               \
+        sil_add_rmsnorm_tail<512>(x, y, nw, eps, ny, q8, n_embd, (int)gridDim.y, blockIdx.y);     \
+        if (threadIdx.x == 0)                                                                     \
+            done[blockIdx.y] = 0;                                                                 \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_down_sh_##NAME(      \
         const uint8_t *wd, const uint8_t *sd, uint64_t row_bytes, uint64_t mat_stride,            \

@@ -355,22 +355,21 @@ SIL_ROUTER_FUSED_ENTRY(8)
 #define SIL_ROUTER_NORM_E 8 // elements a thread
 #define SIL_ROUTER_NORM_MAX 4096
 
-template <int NT>
-__device__ __forceinline__ void
-sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, float *x,
-                const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits,
-                int k, int32_t *ids, float *weights, int *done)
+// v[e] = x[i] + d[i] and w[i] for i = threadIdx.x + e NT (e < SIL_ROUTER_NORM_E, i < n), every
+// load first; returns 1 / sqrt(mean(v^2) + eps), summed as sil_fwd_add_rmsnorm_q8 sums with NT
+// threads. CG: d was written by other blocks of this grid (read past L1).
+template <int NT, bool CG>
+__device__ __forceinline__ float sil_add_rmsnorm_load(const float *x, const float *d,
+                                                      const float *w, int n, float eps, float *v,
+                                                      float *wv, float *sh)
 {
-    __shared__ float sh[32];
-    __shared__ __align__(16) float ys[SIL_ROUTER_NORM_MAX];
     const int tid = threadIdx.x, lane = tid & 31;
-    float v[SIL_ROUTER_NORM_E], wv[SIL_ROUTER_NORM_E];
 #pragma unroll
     for (int e = 0; e < SIL_ROUTER_NORM_E; e++) {
         const int i = tid + e * NT;
         const bool in = i < n;
-        v[e] = in ? x[i] + d[i] : 0.0f;
-        wv[e] = in ? nw[i] : 1.0f;
+        v[e] = in ? x[i] + (CG ? __ldcg(d + i) : d[i]) : 0.0f;
+        wv[e] = in ? w[i] : 1.0f;
     }
     float ss = 0.0f;
 #pragma unroll
@@ -386,7 +385,20 @@ sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, 
         sh[tid >> 5] = ss;
     __syncthreads();
     ss = sil_warp_sum(lane < NT / 32 ? sh[lane] : 0.0f);
-    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
+template <int NT>
+__device__ __forceinline__ void
+sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, float *x,
+                const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits,
+                int k, int32_t *ids, float *weights, int *done)
+{
+    __shared__ float sh[32];
+    __shared__ __align__(16) float ys[SIL_ROUTER_NORM_MAX];
+    const int tid = threadIdx.x;
+    float v[SIL_ROUTER_NORM_E], wv[SIL_ROUTER_NORM_E];
+    const float scale = sil_add_rmsnorm_load<NT, false>(x, d, nw, n, eps, v, wv, sh);
 #pragma unroll
     for (int e = 0; e < SIL_ROUTER_NORM_E; e++) {
         const int i = tid + e * NT;
