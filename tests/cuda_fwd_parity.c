@@ -61,7 +61,9 @@
  *      arithmetic, so the same logits at every step, bit for bit.
  *  26. each of the three fusions of check 14 added last (conv1d, attention's q8, the norm in
  *      the router) turned off alone (SIL_CUDA_NO_CONV_FUSE=1, SIL_CUDA_NO_ATTN_Q8=1,
- *      SIL_CUDA_NO_NORM_ROUTER=1) against the default: bit for bit.
+ *      SIL_CUDA_NO_NORM_ROUTER=1) against the default: bit for bit; the default engine's
+ *      count of that fusion's launches (sil_engine_device) above 0 where the model has what it
+ *      fuses (delta-net layers, attention, routed experts), the variant's 0.
  *  15. reads in place asked for with a host share (SIL_CUDA_ZEROCOPY=1 and SIL_CUDA_CPU_MISSES=2,
  *      n_expert slots): the combination gave non-finite MoE outputs on the GPU, so the backend
  *      refuses the reads in place (status zero_copy false) and keeps the host share.
@@ -1047,7 +1049,8 @@ int main(int argc, char **argv)
                                     p2, n2, V, lg, alone);
     }
 
-    /* 26. the last three fusions, each turned off alone */
+    /* 26. the last three fusions, each turned off alone: the same logits, and the fusion ran
+     * in the default engine (where the model has what it fuses) and not in the variant */
     {
         static const char *const knobs[] = {"SIL_CUDA_NO_CONV_FUSE=1", "SIL_CUDA_NO_ATTN_Q8=1",
                                             "SIL_CUDA_NO_NORM_ROUTER=1"};
@@ -1055,10 +1058,32 @@ int main(int argc, char **argv)
             "decode with the conv1d in the matvec set's launch vs its own launch",
             "decode with attention's q8 in its merge vs the projection's quantize launch",
             "decode with the add + rmsnorm before a MoE in its router vs its own launch"};
+        const struct sil_model_info *mi = sil_engine_info(gpu);
+        const bool has[3] = {mi->arch == SIL_ARCH_QWEN35 || mi->arch == SIL_ARCH_QWEN35MOE, true,
+                             mi->n_expert > 0};
         for (int k = 0; k < 3; k++) {
             const char *env[] = {knobs[k], NULL};
-            fails += variant_vs_default(gpu, model, env, true, 0.0f, what[k], p2, n2, V, lg,
-                                        alone);
+            struct sil_engine *var = NULL;
+            float worst = 0.0f;
+            int rc = open_cuda_env(&var, model, env, &err);
+            if (rc == 0) rc = half_then_steps(gpu, var, p2, n2, V, lg, alone, true, &worst);
+            struct sil_engine_device dg = {0}, dv = {0};
+            if (rc == 0) rc = sil_engine_device(gpu, &dg);
+            if (rc == 0) rc = sil_engine_device(var, &dv);
+            const uint64_t on[3] = {dg.fused_conv, dg.fused_attn_q8, dg.fused_norm_router};
+            const uint64_t off[3] = {dv.fused_conv, dv.fused_attn_q8, dv.fused_norm_router};
+            const bool good = rc == 0 && worst == 0.0f && off[k] == 0 && (on[k] > 0) == has[k];
+            if (rc < 0)
+                fprintf(stderr, "%s: %s: %s\n", model, what[k],
+                        err.msg[0] ? err.msg : "failed (above)");
+            else
+                printf("%s: cuda %s, prefill and %d steps: max |diff| = %.4g (want 0), fused "
+                       "launches %llu by default (want %s), %llu without (want 0) %s\n",
+                       model, what[k], n2 - n2 / 2, worst, (unsigned long long)on[k],
+                       has[k] ? "some" : "none", (unsigned long long)off[k],
+                       good ? "ok" : "FAIL");
+            fails += !good;
+            sil_engine_close(var);
         }
     }
 

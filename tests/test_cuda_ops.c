@@ -922,7 +922,8 @@ static void test_router_norm(struct sil_cuda *cu, struct sil_cuda_module *fm)
         for (int rep = 0; rep < 2 && ok_all; rep++) {
             CK(sil_cuda_upload(cu, xa, x, sizeof(float) * n, NULL, &err));
             CK(sil_cuda_upload(cu, xb, x, sizeof(float) * n, NULL, &err));
-            CK(sil_cuda_memset(cu, qb, 0x55, qbytes, NULL, &err));
+            CK(sil_cuda_memset(cu, qb, 0x55, qbytes, NULL, &err)); /* what it leaves shows */
+            CK(sil_cuda_memset(cu, yb, 0x55, sizeof(float) * n, NULL, &err));
             CK(sil_cuda_memset(cu, ib, 0xff, sizeof(int32_t) * K, NULL, &err));
             int64_t nn = n, nblocks = n / 32;
             void *p[] = {&xa, &dd, &ya, &dn, &nn, &eps, &qa, &nblocks};
@@ -1104,6 +1105,8 @@ static void test_down_norm(struct sil_cuda *cu, struct sil_cuda_module *fm)
         for (int rep = 0; rep < 2; rep++) {
             CK(sil_cuda_upload(cu, xa, x, rows, NULL, &err));
             CK(sil_cuda_upload(cu, xb, x, rows, NULL, &err));
+            CK(sil_cuda_memset(cu, yb, 0x55, rows, NULL, &err)); /* what it leaves shows */
+            CK(sil_cuda_memset(cu, qbb, 0x55, qb, NULL, &err));
             CK(sil_cuda_moe_down_shared(cu, &d, &sd, X, q8h, n, di, dw, dl, K, ma, NULL, &err));
             int64_t nn = E, nblocks = n * E / 32;
             void *p[] = {&xa, &ma, &ya, &dn, &nn, &eps, &qa, &nblocks};

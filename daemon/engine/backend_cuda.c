@@ -298,6 +298,9 @@ struct cuda_backend {
      * before the next pass; the table goes up at the next pass's begin when it changed. */
     bool zc, zc_pass, zc_dirty;
     _Atomic uint64_t zc_passes;
+    /* launches issued with a fusion (graph replays not counted): [0] conv1d in the matvec set,
+     * [1] attention's merge with o's q8, [2] the router with its norm */
+    _Atomic uint64_t fused[3];
     _Atomic uint64_t host_experts; /* miss path (c): experts the host computed since open */
     sil_cuda_ptr zc_tab, zc_ids;
     int32_t *zc_htab;  /* host [n_layer][n_expert] copy of the table */
@@ -325,6 +328,13 @@ struct cuda_backend {
     bool timed_pass;
     struct timespec t_begin;
 };
+
+/* A setting given as NAME=1 in the environment. */
+static bool env_is1(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "1") == 0;
+}
 
 static struct cuda_backend *cb(struct sil_backend *be)
 {
@@ -412,6 +422,17 @@ static bool quantized(int type)
     return type != SIL_TYPE_F32 && type != SIL_TYPE_F16 && type != SIL_TYPE_BF16;
 }
 
+/* b->q8 holds the q8 of the n rows of k at xp (quantized now unless it already does). */
+static bool have_q8(struct cuda_backend *b, sil_cuda_ptr xp, int64_t n, int64_t k)
+{
+    if (b->q8_src == xp && b->q8_n == n && b->q8_k == k) return true;
+    if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, k, b->q8, NULL, &b->err))) return false;
+    b->q8_src = xp;
+    b->q8_n = n;
+    b->q8_k = k;
+    return true;
+}
+
 /* y = x W^T for each output, x quantized once. Up to MB rows: the matvec, which reads each
  * weight once; more (prefill): the tensor-core product over all rows in one launch. */
 static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil_mm_out *out,
@@ -428,12 +449,7 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     for (int64_t r0 = 0; r0 < x.rows && b->rc == 0; r0 += step) {
         const int n = (int)(x.rows - r0 < step ? x.rows - r0 : step);
         const sil_cuda_ptr xp = dp(x.data) + (uint64_t)(r0 * x.ld) * sizeof(float);
-        if (any_q && !(b->q8_src == xp && b->q8_n == n && b->q8_k == x.width)) {
-            if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err))) return;
-            b->q8_src = xp;
-            b->q8_n = n;
-            b->q8_k = x.width;
-        }
+        if (any_q && !have_q8(b, xp, n, x.width)) return;
         uint32_t done = 0; /* outputs already computed by a matvec set */
         for (int j = 0; j < n_out && j < 32 && n <= MB; j++) {
             if (done >> j & 1 || !quantized(out[j].w->type)) continue;
@@ -1025,6 +1041,7 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                                    NULL, p4, &b->err)))
             return;
         if (q8o) {
+            atomic_fetch_add_explicit(&b->fused[1], 1, memory_order_relaxed);
             b->q8_src = o;
             b->q8_n = (int)n;
             b->q8_k = width;
@@ -1070,13 +1087,7 @@ static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
     b->pmm.on = false;
     if (!upload_meta(b, ub) || !fresh_states(b, ub, a)) return true;
     const int n = (int)x.rows;
-    const sil_cuda_ptr xp = dp(x.data);
-    if (!(b->q8_src == xp && b->q8_n == n && b->q8_k == x.width)) {
-        if (!ok(b, sil_cuda_quantize_q8(b->cu, xp, n, x.width, b->q8, NULL, &b->err))) return true;
-        b->q8_src = xp;
-        b->q8_n = n;
-        b->q8_k = x.width;
-    }
+    if (!have_q8(b, dp(x.data), n, x.width)) return true;
     struct sil_cuda_weight cws[SIL_CUDA_MV_SET_MAX];
     const struct sil_cuda_weight *wp[SIL_CUDA_MV_SET_MAX];
     sil_cuda_ptr ys[SIL_CUDA_MV_SET_MAX];
@@ -1091,7 +1102,9 @@ static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
                                         dp(a->conv1d->data),  b->run_seq,
                                         b->state_tab,         a->state.offset,
                                         K};
-    ok(b, sil_cuda_matvec_multi_conv(b->cu, wp, b->pmm.n, b->q8, n, ys, lds, &ep, NULL, &b->err));
+    if (ok(b, sil_cuda_matvec_multi_conv(b->cu, wp, b->pmm.n, b->q8, n, ys, lds, &ep, NULL,
+                                         &b->err)))
+        atomic_fetch_add_explicit(&b->fused[0], 1, memory_order_relaxed);
     return true;
 }
 
@@ -1230,7 +1243,7 @@ static bool router_takes_norm(const struct cuda_backend *b, struct sil_act x,
 static void router(struct cuda_backend *b, struct sil_act x, const struct sil_weight *w, int n,
                    int X, int K, sil_cuda_ptr ids)
 {
-    if (b->pnorm.on && router_takes_norm(b, x, w, K)) {
+    if (router_takes_norm(b, x, w, K)) {
         b->pnorm.on = false;
         struct sil_cuda_weight cw;
         const struct sil_cuda_norm_in nt = {dp(b->pnorm.x.data), b->pnorm.w, dp(x.data), b->q8,
@@ -1238,6 +1251,7 @@ static void router(struct cuda_backend *b, struct sil_act x, const struct sil_we
         if (ok(b, view(w, w->rows, &cw, &b->err)) &&
             ok(b, sil_cuda_router_norm(b->cu, &cw, b->pnorm.d, &nt, b->router, K, ids, b->wts,
                                        NULL, &b->err))) {
+            atomic_fetch_add_explicit(&b->fused[2], 1, memory_order_relaxed);
             b->q8_src = dp(x.data);
             b->q8_n = 1;
             b->q8_k = x.width;
@@ -1432,11 +1446,7 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         const sil_cuda_ptr ids = ids0 + (uint64_t)(r0 * K) * 4,
                            w = b->wts + (uint64_t)(r0 * K) * 4;
         const sil_cuda_ptr lg = b->sh_logit + (uint64_t)r0 * 4;
-        const bool have = b->q8_src == xp && b->q8_n == n && b->q8_k == E;
-        if (!have && !ok(b, sil_cuda_quantize_q8(b->cu, xp, n, E, b->q8, NULL, &b->err))) return sh;
-        b->q8_src = xp;
-        b->q8_n = n;
-        b->q8_k = E;
+        if (!have_q8(b, xp, n, E)) return sh;
         /* the hidden rows' q8 by gate/up's last block of each row, or a launch of its own;
          * decode only: a prefill's chunks ran 8% slower fused (resident 35B shape, pp512) */
         const bool hq = !b->no_h8_fuse && b->moe_done && F % 32 == 0 && x.rows <= MB;
@@ -2296,6 +2306,9 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->cpu_share = cuda_host_share(be);
     d->host_gbs = b->host_gbs;
     d->cpu_experts = atomic_load_explicit(&b->host_experts, memory_order_relaxed);
+    d->fused_conv = atomic_load_explicit(&b->fused[0], memory_order_relaxed);
+    d->fused_attn_q8 = atomic_load_explicit(&b->fused[1], memory_order_relaxed);
+    d->fused_norm_router = atomic_load_explicit(&b->fused[2], memory_order_relaxed);
 }
 
 static int32_t cuda_decode_rows_max(struct sil_backend *be)
@@ -2732,9 +2745,9 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->btab = b->pos + (uint64_t)(5 * U + 1) * 4;
         b->meta_bytes = meta_bytes;
         b->ints_off = ints_off;
-        const char *g = getenv("SIL_CUDA_GRAPHS"), *h = getenv("SIL_CUDA_HOST_ROUTE");
+        const char *g = getenv("SIL_CUDA_GRAPHS");
         b->graphs = !(g && strcmp(g, "0") == 0);
-        b->host_route = h && strcmp(h, "1") == 0;
+        b->host_route = env_is1("SIL_CUDA_HOST_ROUTE");
         /* measured slower than the batch-8 fused kernels at pp512 (bench/results): opt in */
         const char *cap = getenv("SIL_BENCH_H2D_GBS");
         b->h2d_cap = cap ? atof(cap) * 1e9 : 0.0;
@@ -2743,28 +2756,18 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                     "siliceo: cuda backend: expert copies capped at %.2f GB/s "
                     "(SIL_BENCH_H2D_GBS, a benchmark setting)\n",
                     b->h2d_cap / 1e9);
-        const char *nsf = getenv("SIL_CUDA_NO_SHARED_FUSE");
-        b->no_shared_fuse = nsf && strcmp(nsf, "1") == 0;
-        const char *dnm = getenv("SIL_CUDA_DOWN_NORM");
-        b->down_norm = dnm && strcmp(dnm, "1") == 0;
-        const char *nn = getenv("SIL_CUDA_NO_NORM_ROUTER");
-        b->no_norm_router = nn && strcmp(nn, "1") == 0;
-        const char *na = getenv("SIL_CUDA_NO_ATTN_Q8");
-        b->no_attn_q8 = na && strcmp(na, "1") == 0;
-        const char *nc = getenv("SIL_CUDA_NO_CONV_FUSE");
-        b->no_conv_fuse = nc && strcmp(nc, "1") == 0;
-        const char *nm = getenv("SIL_CUDA_NO_MV_MIX");
-        b->no_mv_mix = nm && strcmp(nm, "1") == 0;
-        const char *ng = getenv("SIL_CUDA_NO_GQA");
-        b->no_gqa = ng && strcmp(ng, "1") == 0;
+        b->no_shared_fuse = env_is1("SIL_CUDA_NO_SHARED_FUSE");
+        b->down_norm = env_is1("SIL_CUDA_DOWN_NORM");
+        b->no_norm_router = env_is1("SIL_CUDA_NO_NORM_ROUTER");
+        b->no_attn_q8 = env_is1("SIL_CUDA_NO_ATTN_Q8");
+        b->no_conv_fuse = env_is1("SIL_CUDA_NO_CONV_FUSE");
+        b->no_mv_mix = env_is1("SIL_CUDA_NO_MV_MIX");
+        b->no_gqa = env_is1("SIL_CUDA_NO_GQA");
         const char *ps = getenv("SIL_CUDA_PREFILL_SPLIT");
         b->split_from = ps && atoi(ps) > 0 ? atoi(ps) : 0;
-        const char *nf = getenv("SIL_CUDA_NO_DN_FUSE");
-        b->no_dn_fuse = nf && strcmp(nf, "1") == 0;
-        const char *nr = getenv("SIL_CUDA_NO_ROUTER_FUSE");
-        b->no_router_fuse = nr && strcmp(nr, "1") == 0;
-        const char *nh = getenv("SIL_CUDA_NO_H8_FUSE");
-        b->no_h8_fuse = nh && strcmp(nh, "1") == 0;
+        b->no_dn_fuse = env_is1("SIL_CUDA_NO_DN_FUSE");
+        b->no_router_fuse = env_is1("SIL_CUDA_NO_ROUTER_FUSE");
+        b->no_h8_fuse = env_is1("SIL_CUDA_NO_H8_FUSE");
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = gr && strcmp(gr, "0") == 0;
         const char *pf = getenv("SIL_CUDA_PROFILE");

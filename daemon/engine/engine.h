@@ -123,6 +123,10 @@ struct sil_engine_device {
     int32_t cpu_misses;
     double cpu_share, host_gbs;
     uint64_t cpu_experts;
+    /* decode launches issued with a fusion since open (a graph's replays not counted): the
+     * delta net's conv1d in the launch of its input's matvec set, attention's merge writing the
+     * q8 of its output, a MoE's add + rmsnorm + q8 in its router */
+    uint64_t fused_conv, fused_attn_q8, fused_norm_router;
 };
 /* 0 with *d filled on a device backend; -ENODEV on the CPU. */
 int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);

@@ -1416,9 +1416,10 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                                          sh_logit, k, y, NULL, s, err);
 }
 
+/* moe.cuh's sil_add_rmsnorm_tail: the router's rows, in blocks of 512 threads. */
 bool sil_cuda_down_norm_ok(int64_t n)
 {
-    return n % SIL_CUDA_Q8_BLOCK == 0 && sil_cuda_rmsnorm_threads(n) == 512 && n <= 8 * 512;
+    return sil_cuda_router_norm_ok(n) && sil_cuda_rmsnorm_threads(n) == 512;
 }
 
 int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
