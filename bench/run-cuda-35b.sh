@@ -10,7 +10,8 @@
 # (SIL_CUDA_NO_ATTN_Q8=1), ours-nonr (SIL_CUDA_NO_NORM_ROUTER=1), ours-prev (those three
 # together: the launches as they were before them), ours-nopdl-prev (the same without
 # programmatic dependent launch, as on sm_75), ours-dn (SIL_CUDA_DOWN_NORM=1, the add +
-# rmsnorm after a MoE in its down launch), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert
+# rmsnorm after a MoE in its down launch), ours-nopf (SIL_CUDA_PREFETCH=0: no L2 prefetch of
+# weights before the PDL wait), ours-dn-nopf (both), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert
 # products through the fused decode kernels instead of grouped ones), ours-psplit /
 # ours-psplit2k (SIL_CUDA_PREFILL_SPLIT=1 / 2048: prefill attention through the decode kernels'
 # context split).
@@ -54,6 +55,8 @@ for v in ${VARIANTS:-ours}; do
     ours-noaq8) set -- SIL_CUDA_NO_ATTN_Q8=1 ;;
     ours-nonr) set -- SIL_CUDA_NO_NORM_ROUTER=1 ;;
     ours-dn) set -- SIL_CUDA_DOWN_NORM=1 ;;
+    ours-nopf) set -- SIL_CUDA_PREFETCH=0 ;;
+    ours-dn-nopf) set -- SIL_CUDA_DOWN_NORM=1 SIL_CUDA_PREFETCH=0 ;;
     ours-prev) set -- SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 SIL_CUDA_NO_NORM_ROUTER=1 ;;
     ours-nopdl-prev) set -- SIL_CUDA_PDL=0 SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 \
         SIL_CUDA_NO_NORM_ROUTER=1 ;;

@@ -63,7 +63,10 @@
  *      the router) turned off alone (SIL_CUDA_NO_CONV_FUSE=1, SIL_CUDA_NO_ATTN_Q8=1,
  *      SIL_CUDA_NO_NORM_ROUTER=1) against the default: bit for bit; the default engine's
  *      count of that fusion's launches (sil_engine_device) above 0 where the model has what it
- *      fuses (delta-net layers, attention, routed experts), the variant's 0.
+ *      fuses (delta-net layers, attention, routed experts; the conv1d fusion where the first
+ *      delta-net layer's qkv and gate are K-quants or Q8_0 and its conv1d F32), the variant's 0.
+ *  27. the L2 prefetch of weights, states and KV rows before the PDL wait (sm_90) turned off
+ *      (SIL_CUDA_PREFETCH=0) against the default: a hint only, so bit for bit.
  *  15. reads in place asked for with a host share (SIL_CUDA_ZEROCOPY=1 and SIL_CUDA_CPU_MISSES=2,
  *      n_expert slots): the combination gave non-finite MoE outputs on the GPU, so the backend
  *      refuses the reads in place (status zero_copy false) and keeps the host share.
@@ -113,6 +116,8 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/gguf.h"
+#include "kernels/cpu/quants.h"
 
 #define N_GREEDY 16
 #define GPU_SELF_TOL 1e-3f
@@ -155,6 +160,36 @@ static int open_engine(struct sil_engine **e, const char *model, const char *bac
                        struct sil_error *err)
 {
     return open_engine_kv(e, model, backend, NULL, NULL, err);
+}
+
+/* Whether the backend can run a delta-net layer's input projections as one mixed matvec set
+ * with the conv1d in its launch: the first such layer's qkv and gate weights are of the types a
+ * mixed set takes (K-quants and Q8_0) and its conv1d is F32. */
+static bool mixed_type(int t)
+{
+    return t == SIL_TYPE_Q4_K || t == SIL_TYPE_Q5_K || t == SIL_TYPE_Q6_K || t == SIL_TYPE_Q8_0;
+}
+
+static bool conv_set_applies(const char *model)
+{
+    struct sil_gguf *g = NULL;
+    struct sil_error err = {0};
+    if (sil_gguf_open(&g, model, &err) < 0) return false;
+    bool yes = false;
+    for (int il = 0; il < 1024; il++) {
+        char a[64], b[64], c[64];
+        snprintf(a, sizeof a, "blk.%d.attn_qkv.weight", il);
+        snprintf(b, sizeof b, "blk.%d.attn_gate.weight", il);
+        snprintf(c, sizeof c, "blk.%d.ssm_conv1d.weight", il);
+        const struct sil_gguf_tensor *qkv = sil_gguf_find_tensor(g, a);
+        const struct sil_gguf_tensor *gate = sil_gguf_find_tensor(g, b);
+        const struct sil_gguf_tensor *conv = sil_gguf_find_tensor(g, c);
+        if (!qkv || !gate || !conv) continue;
+        yes = mixed_type(qkv->type) && mixed_type(gate->type) && conv->type == SIL_TYPE_F32;
+        break;
+    }
+    sil_gguf_close(g);
+    return yes;
 }
 
 /* A CUDA engine opened with the settings env ("NAME=value" each, NULL-terminated) in the
@@ -1059,8 +1094,9 @@ int main(int argc, char **argv)
             "decode with attention's q8 in its merge vs the projection's quantize launch",
             "decode with the add + rmsnorm before a MoE in its router vs its own launch"};
         const struct sil_model_info *mi = sil_engine_info(gpu);
-        const bool has[3] = {mi->arch == SIL_ARCH_QWEN35 || mi->arch == SIL_ARCH_QWEN35MOE, true,
-                             mi->n_expert > 0};
+        const bool has[3] = {(mi->arch == SIL_ARCH_QWEN35 || mi->arch == SIL_ARCH_QWEN35MOE) &&
+                                 conv_set_applies(model),
+                             true, mi->n_expert > 0};
         for (int k = 0; k < 3; k++) {
             const char *env[] = {knobs[k], NULL};
             struct sil_engine *var = NULL;
@@ -1085,6 +1121,15 @@ int main(int argc, char **argv)
             fails += !good;
             sil_engine_close(var);
         }
+    }
+
+    /* 27. the L2 prefetch before the PDL wait is a hint: without it, the same logits */
+    {
+        const char *env[] = {"SIL_CUDA_PREFETCH=0", NULL};
+        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+                                    "decode with the weights asked of L2 before the PDL wait vs "
+                                    "without",
+                                    p2, n2, V, lg, alone);
     }
 
     /* 15. reads in place with the host's share: 2 misses a layer on the CPU, the rest read in

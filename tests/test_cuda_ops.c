@@ -1154,12 +1154,13 @@ int main(void)
     const struct sil_cuda_info *in = sil_cuda_get_info(cu);
     size_t fr = 0, tot = 0;
     CK(sil_cuda_mem_info(cu, &fr, &tot, &err));
-    printf("device %d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f free), driver %d.%d, %s, %s\n",
+    printf("device %d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f free), driver %d.%d, %s, %s%s\n",
            in->ordinal, in->name, in->cc_major, in->cc_minor, in->sm_count,
            (double)in->total_mem / 1073741824.0, (double)fr / 1073741824.0,
            in->driver_version / 1000, in->driver_version % 1000 / 10,
            in->ptx_jit ? "PTX through the JIT" : "SASS",
-           in->pdl ? "programmatic dependent launch" : "plain launches");
+           in->pdl ? "programmatic dependent launch" : "plain launches",
+           in->l2_prefetch ? " with L2 prefetch" : "");
     test_bad_args(cu);
     test_matvec(cu);
     test_matvec_set(cu);

@@ -81,6 +81,8 @@ enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
     X(cuModuleLoadData, CUresult, (CUmodule *, const void *))                                      \
     X(cuModuleUnload, CUresult, (CUmodule))                                                        \
     X(cuModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *))                       \
+    X(cuModuleGetGlobal_v2, CUresult, (CUdeviceptr *, size_t *, CUmodule, const char *))           \
+    X(cuMemcpyHtoD_v2, CUresult, (CUdeviceptr, const void *, size_t))                              \
     X(cuMemGetInfo_v2, CUresult, (size_t *, size_t *))                                             \
     X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                            \
     X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                       \
@@ -271,6 +273,19 @@ static int load_api(struct sil_cu_api *api, struct sil_error *err)
     return 0;
 }
 
+/* A module's sil_l2_pf (pdl.cuh) from info.l2_prefetch; a module without it is left alone. */
+static int set_prefetch_flag(struct sil_cuda *cu, CUmodule mod, struct sil_error *err)
+{
+    CUdeviceptr p = 0;
+    size_t bytes = 0;
+    if (cu->api.cuModuleGetGlobal_v2(&p, &bytes, mod, "sil_l2_pf") != CUDA_SUCCESS ||
+        bytes != sizeof(int))
+        return 0;
+    const int on = cu->info.l2_prefetch;
+    CU_CHECK(cu, err, cuMemcpyHtoD_v2(p, &on, sizeof on));
+    return 0;
+}
+
 static int load_functions(struct sil_cuda *cu, struct sil_error *err)
 {
     char name[64];
@@ -420,6 +435,11 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
     const char *pdl = getenv("SIL_CUDA_PDL");
     in->pdl = in->cc_major >= 9 && !in->ptx_jit && cu->api.cuLaunchKernelEx &&
               !(pdl && strcmp(pdl, "0") == 0);
+    /* L2 prefetch before the PDL wait (pdl.cuh): only where launches overlap */
+    const char *pf = getenv("SIL_CUDA_PREFETCH");
+    in->l2_prefetch = in->pdl && !(pf && strcmp(pf, "0") == 0);
+    rc = set_prefetch_flag(cu, cu->mod, err);
+    if (rc < 0) goto fail_ctx;
     const char *inj = getenv("SIL_CUDA_INJECT_OOM");
     cu->fail_at = inj ? strtoull(inj, NULL, 10) : 0;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
@@ -1502,6 +1522,12 @@ int sil_cuda_module_load(struct sil_cuda *cu, const void *image, struct sil_cuda
     if (r != CUDA_SUCCESS) {
         free(m);
         return cu_fail(&cu->api, err, r, "cuModuleLoadData");
+    }
+    rc = set_prefetch_flag(cu, m->m, err);
+    if (rc < 0) {
+        cu->api.cuModuleUnload(m->m);
+        free(m);
+        return rc;
     }
     *out = m;
     return 0;

@@ -38,6 +38,8 @@ struct sil_cuda_info {
     bool ptx_jit; /* the module was built from PTX (CUDA_FORCE_PTX_JIT or no SASS match) */
     /* kernels launch with programmatic dependent launch (sm_90+ SASS; SIL_CUDA_PDL=0: off) */
     bool pdl;
+    /* kernels ask L2 for their weights before the PDL wait (with pdl; SIL_CUDA_PREFETCH=0: off) */
+    bool l2_prefetch;
 };
 
 /* The architectures the embedded fatbin carries, e.g. "sm_75 sm_86 sm_89 sm_90 compute_75". */

@@ -618,6 +618,21 @@ __device__ __forceinline__ void fwd_gated_norm_row(float *out, int64_t ldo, cons
 #define DN_R 2    // rows of S a warp keeps
 #define DN_MAXC 8 // dk / 32 at most (dk <= 256)
 
+// Before the wait: this block's rows of its sequence's state (written by this layer's delta rule
+// a token earlier, not by the launch before; run_seq and seq_state are the host's).
+__device__ __forceinline__ void dn_state_prefetch(const int *run_seq, float *const *seq_state,
+                                                  int64_t offset, int dk, int dv)
+{
+    if (!sil_l2_pf)
+        return;
+    const int jb = blockIdx.z * (FWD_THREADS / 32) * DN_R;
+    const int nr = min(dv - jb, (FWD_THREADS / 32) * DN_R);
+    if (nr > 0)
+        sil_l2_prefetch(seq_state[run_seq[blockIdx.y]] + offset +
+                            ((int64_t)blockIdx.x * dv + jb) * dk,
+                        (uint64_t)nr * dk * sizeof(float));
+}
+
 // The delta rule alone, its state rows spread over blocks: grid (value head h, run r, row group
 // z), each warp keeping DN_R rows of S_h [dv][dk] in registers (lanes over dk) through all of the
 // run's tokens, as sil_fwd_delta_net computes each row (the same sums in the same order). out
@@ -630,6 +645,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
                        int64_t offset, int64_t ssm_offset, int *done, const float *z, int64_t ldz,
                        const float *norm, uint8_t *q8, int64_t nblocks)
 {
+    if (threadIdx.x == 0)
+        dn_state_prefetch(run_seq, seq_state, offset + ssm_offset, dk, dv);
     SIL_PDL_ENTRY();
     __shared__ float sh[32];
     __shared__ float qs[32 * DN_MAXC], ks[32 * DN_MAXC];
@@ -922,6 +939,48 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, KP kc, K
         if (lane + 32 * t < hd) out[2 + lane + 32 * t] = acc[t];
     if (lane == 0) out[0] = mx, out[1] = sum;
 }
+// Where n elements of a view start, and their bytes (a head's row starts on a block).
+__device__ __forceinline__ const void *kv_addr(const float *p, int64_t e) { return p + e; }
+__device__ __forceinline__ const void *kv_addr(const __half *p, int64_t e) { return p + e; }
+__device__ __forceinline__ const void *kv_addr(kvq8v v, int64_t e)
+{
+    return v.b + ((v.e + e) >> 5) * KV_Q8_BYTES;
+}
+__device__ __forceinline__ const void *kv_addr(kvq4v v, int64_t e)
+{
+    return v.b + ((v.e + e) >> 5) * KV_Q4_BYTES;
+}
+__device__ __forceinline__ uint64_t kv_bytes(const float *, int n) { return 4ull * n; }
+__device__ __forceinline__ uint64_t kv_bytes(const __half *, int n) { return 2ull * n; }
+__device__ __forceinline__ uint64_t kv_bytes(kvq8v, int n)
+{
+    return (uint64_t)n / 32 * KV_Q8_BYTES;
+}
+__device__ __forceinline__ uint64_t kv_bytes(kvq4v, int n)
+{
+    return (uint64_t)n / 32 * KV_Q4_BYTES;
+}
+
+// Before the wait: the K and V rows of the block's chunk, a position a thread (the cache holds
+// them from earlier steps; the newest row is the previous launch's, which L2 sees as it is).
+template <typename KP>
+__device__ __forceinline__ void gqa_prefetch(KP kc, KP vc, const int *pos, const int *seq,
+                                             int n_head_kv, int hd, const int *btab, int bps)
+{
+    if (!sil_l2_pf)
+        return;
+    const int i = blockIdx.y, kvh = blockIdx.x, z = blockIdx.z, nz = gridDim.z;
+    const int np = pos[i] + 1, chunk = attn_chunk(np, nz);
+    const int c0 = min(np, z * chunk), c1 = min(min(np, c0 + chunk), bps * FWD_KV_BLOCK);
+    const int64_t kv_dim = (int64_t)n_head_kv * hd;
+    const int *bt = btab + (int64_t)seq[i] * bps;
+    for (int p = c0 + threadIdx.x; p < c1; p += blockDim.x) {
+        const int64_t e = fwd_kv_row(bt, p) * kv_dim + (int64_t)kvh * hd;
+        sil_l2_prefetch(kv_addr(kc, e), kv_bytes(kc, hd));
+        sil_l2_prefetch(kv_addr(vc, e), kv_bytes(vc, hd));
+    }
+}
+
 // GQA_MAX warps a block
 #define PART_GQA_ENTRY(NAME, KV)                                                                   \
     extern "C" __global__ void __launch_bounds__(GQA_MAX * 32, 2)                                 \
@@ -929,6 +988,7 @@ sil_fwd_attend_part_gqa_body(const float *q, int64_t ldq, int q_stride, KP kc, K
              const int *pos, const int *seq, int n_head, int n_head_kv, int hd, int n_ctx,        \
              const int *btab, int bps, float *part)                                               \
     {                                                                                            \
+        gqa_prefetch(kv_view(kc), kv_view(vc), pos, seq, n_head_kv, hd, btab, bps);              \
         SIL_PDL_ENTRY();                                                                         \
         sil_fwd_attend_part_gqa_body(q, ldq, q_stride, kv_view(kc), kv_view(vc), pos, seq,       \
                                      n_head, n_head_kv, hd, n_ctx, btab, bps, part);            \

@@ -500,12 +500,15 @@ __device__ __forceinline__ void sil_mmvf(const uint8_t *__restrict__ w, uint64_t
         sil_mmvq_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
                               const uint8_t *a, float *y, int64_t ldy)                            \
     {                                                                                             \
+        if (threadIdx.x == 0)                                                                     \
+            sil_l2_prefetch_share(w, (uint64_t)rows * row_bytes, blockIdx.x, sil_pf_blocks());    \
         SIL_PDL_ENTRY();                                                                          \
         sil_mmvq<T, N>(w, row_bytes, rows, units, a, y, ldy, blockIdx.x);                         \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvq_multi_##NAME##_##N(sil_mv_set set, int units, const uint8_t *a)                  \
     {                                                                                             \
+        sil_mv_set_prefetch(set);                                                                 \
         SIL_PDL_ENTRY();                                                                          \
         int k = 0;                                                                                \
         while (k + 1 < set.n && (int)blockIdx.x >= set.blk0[k + 1])                               \
@@ -526,6 +529,15 @@ struct sil_mv_set {
     int n;
     int type[SIL_MV_SET_MAX]; // sil_cuda_wt of each weight (the mixed sets)
 };
+
+// Before the wait: thread k asks L2 for this block's share of weight k (sil_l2_prefetch_share).
+__device__ __forceinline__ void sil_mv_set_prefetch(const sil_mv_set &set)
+{
+    const int k = threadIdx.x;
+    if (k < set.n && k < SIL_MV_SET_MAX)
+        sil_l2_prefetch_share(set.w[k], (uint64_t)set.rows[k] * set.row_bytes[k], blockIdx.x,
+                              sil_pf_blocks());
+}
 
 // A set of the K-quant and Q8_0 types mixed (the recipes' qkv in Q6_K beside its gate in Q4_K):
 // weight k runs as sil_mmvq of its own type, so each output is what its own matvec gives. EP:
@@ -560,12 +572,14 @@ __device__ __forceinline__ void sil_mmvq_mixed(const sil_mv_set &set, int units,
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvq_mixed_##N(sil_mv_set set, int units, const uint8_t *a)                           \
     {                                                                                             \
+        sil_mv_set_prefetch(set);                                                                 \
         SIL_PDL_ENTRY();                                                                          \
         sil_mmvq_mixed<N, false>(set, units, a, nullptr);                                         \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_mmvq_mixed_conv_##N(sil_mv_set set, int units, const uint8_t *a, sil_conv_ep ep)       \
     {                                                                                             \
+        sil_mv_set_prefetch(set);                                                                 \
         SIL_PDL_ENTRY();                                                                          \
         sil_mmvq_mixed<N, true>(set, units, a, &ep);                                              \
     }
@@ -575,6 +589,8 @@ __device__ __forceinline__ void sil_mmvq_mixed(const sil_mv_set &set, int units,
         sil_mmvf_##NAME##_##N(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,       \
                               int vec, const float *x, float *y, int64_t ldy)                     \
     {                                                                                             \
+        if (threadIdx.x == 0)                                                                     \
+            sil_l2_prefetch_share(w, (uint64_t)rows * row_bytes, blockIdx.x, sil_pf_blocks());    \
         SIL_PDL_ENTRY();                                                                          \
         sil_mmvf<F, N>(w, row_bytes, rows, cols, vec, x, y, ldy);                                 \
     }

@@ -304,6 +304,42 @@ __device__ __forceinline__ void sil_add_rmsnorm_tail(float *x, const float *d, c
     }
 }
 
+// Before the wait (sil_l2_prefetch_share): thread j asks L2 for this block's rows of the matrix
+// of token blockIdx.y's slot j in a down launch, where it lies in device memory. The ids were
+// written by the router, two launches back, so they are there before this launch's wait.
+template <bool SH>
+__device__ __forceinline__ void sil_moe_down_prefetch(const uint8_t *wd, const uint8_t *sd,
+                                                      uint64_t row_bytes, uint64_t mat_stride,
+                                                      const int32_t *tab, int n_slot, int n_embd,
+                                                      int n_expert, const int32_t *ids, int k)
+{
+    const int j = threadIdx.x, t = blockIdx.y;
+    if (!sil_l2_pf || j >= (SH ? k + 1 : k) || j >= SIL_MOE_K1_MAX)
+        return;
+    const uint8_t *m = sd;
+    if (!SH || j < k) {
+        const int e = ids[t * k + j];
+        if (e < 0 || e >= n_expert)
+            return;
+        const int s = tab ? tab[e] : e;
+        if (s < 0 || (tab && s >= n_slot))
+            return; // read from host memory (or a bad slot): nothing to ask L2 for
+        m = wd + (uint64_t)s * mat_stride;
+    }
+    sil_l2_prefetch_share(m, (uint64_t)n_embd * row_bytes, blockIdx.x, (int)gridDim.x);
+}
+
+// Before the wait: the shared expert's gate and up rows of this block (its routed experts are
+// the router's output, the launch just before, so they are not known yet).
+__device__ __forceinline__ void sil_moe_gate_up_sh_prefetch(const uint8_t *sg, const uint8_t *su,
+                                                            uint64_t row_bytes, int n_ff, int k)
+{
+    if (blockIdx.y != (unsigned)k || threadIdx.x >= 2) // token 0's shared slot
+        return;
+    sil_l2_prefetch_share(threadIdx.x ? su : sg, (uint64_t)n_ff * row_bytes, blockIdx.x,
+                          (int)gridDim.x);
+}
+
 #define SIL_MOE_ENTRY(NAME, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)                              \
         sil_moe_gate_up_##NAME(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, uint64_t mat_stride,          \
@@ -326,6 +362,8 @@ __device__ __forceinline__ void sil_add_rmsnorm_tail(float *x, const float *d, c
                             int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids, \
                             const float *wts, int k, float *y)                                    \
     {                                                                                             \
+        sil_moe_down_prefetch<false>(wd, nullptr, row_bytes, mat_stride, tab, n_slot, n_embd,     \
+                                     n_expert, ids, k);                                           \
         SIL_PDL_ENTRY();                                                                          \
         sil_moe_down_fast<T, false>(wd, nullptr, row_bytes, mat_stride, hd, h_stride, tab, n_slot, \
                                     n_embd, units, n_expert, h8, nblocks, ids, wts, nullptr, k,   \
@@ -339,6 +377,7 @@ __device__ __forceinline__ void sil_add_rmsnorm_tail(float *x, const float *d, c
         const int32_t *ids, int k, const float *x, const float *gate_inp, float *sh_logit,        \
         float *h, uint8_t *h8, int64_t h8_blocks, int *done)                                      \
     {                                                                                             \
+        sil_moe_gate_up_sh_prefetch(sg, su, row_bytes, n_ff, k);                                  \
         SIL_PDL_ENTRY();                                                                          \
         sil_moe_gate_up_sh<T>(wg, wu, sg, su, row_bytes, mat_stride, hg, hu, h_stride, tab,       \
                               n_slot, n_ff, units, n_expert, a8, nblocks, ids, k, x, gate_inp,    \
@@ -353,6 +392,8 @@ __device__ __forceinline__ void sil_add_rmsnorm_tail(float *x, const float *d, c
         const float *wts, const float *sh_logit, int k, float *y, float *x, const float *nw,      \
         float eps, float *ny, uint8_t *q8, int *done)                                             \
     {                                                                                             \
+        sil_moe_down_prefetch<true>(wd, sd, row_bytes, mat_stride, tab, n_slot, n_embd, n_expert, \
+                                    ids, k);                                                      \
         SIL_PDL_ENTRY();                                                                          \
         sil_moe_down_fast<T, true, 16>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot,  \
                                        n_embd, units, n_expert, h8, nblocks, ids, wts, sh_logit,  \
@@ -369,6 +410,8 @@ __device__ __forceinline__ void sil_add_rmsnorm_tail(float *x, const float *d, c
         int units, int n_expert, const uint8_t *h8, int64_t nblocks, const int32_t *ids,          \
         const float *wts, const float *sh_logit, int k, float *y)                                 \
     {                                                                                             \
+        sil_moe_down_prefetch<true>(wd, sd, row_bytes, mat_stride, tab, n_slot, n_embd, n_expert, \
+                                    ids, k);                                                      \
         SIL_PDL_ENTRY();                                                                          \
         sil_moe_down_fast<T, true>(wd, sd, row_bytes, mat_stride, hd, h_stride, tab, n_slot,      \
                                    n_embd, units, n_expert, h8, nblocks, ids, wts, sh_logit, k,   \

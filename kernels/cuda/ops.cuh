@@ -323,6 +323,8 @@ extern "C" __global__ void __launch_bounds__(SIL_ROUTER_WARPS * 32)
         const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols, int vec, const float *x,   \
         float *logits, int k, int32_t *ids, float *weights, int *done)                           \
     {                                                                                             \
+        if (threadIdx.x == 0)                                                                     \
+            sil_l2_prefetch_share(w, (uint64_t)rows * row_bytes, blockIdx.x, sil_pf_blocks());    \
         SIL_PDL_ENTRY();                                                                          \
         sil_mmvf<0, N>(w, row_bytes, rows, cols, vec, x, logits, rows);                           \
         if (!sil_last_block(done, (int)gridDim.x))                                                \
@@ -433,6 +435,8 @@ sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, 
         const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits, int k, \
         int32_t *ids, float *weights, int *done)                                                 \
     {                                                                                             \
+        if (threadIdx.x == 0)                                                                     \
+            sil_l2_prefetch_share(w, (uint64_t)rows * row_bytes, blockIdx.x, sil_pf_blocks());    \
         SIL_PDL_ENTRY();                                                                          \
         sil_router_norm<NT>(w, row_bytes, rows, (int)cols, vec, x, d, nw, eps, y, q8, logits, k, \
                             ids, weights, done);                                                 \
