@@ -190,7 +190,7 @@ $(CUDA_FATBIN_OBJ): $(B)/cuda/fatbin.S
 	@mkdir -p $(dir $@)
 	$(CC) -c $< -o $@
 # The engine's forward-pass kernels (fwd.cu): a second module, embedded the same way.
-$(B)/cuda/fwd.fatbin: kernels/cuda/fwd.cu
+$(B)/cuda/fwd.fatbin: kernels/cuda/fwd.cu $(CUDA_CU)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ALL) -o $@ $<
 $(B)/cuda/fwd_fatbin.S: $(B)/cuda/fwd.fatbin
@@ -202,8 +202,21 @@ CUDA_FWD_FATBIN_OBJ := $(B)/obj/kernels/cuda/fwd_fatbin.o
 $(CUDA_FWD_FATBIN_OBJ): $(B)/cuda/fwd_fatbin.S
 	@mkdir -p $(dir $@)
 	$(CC) -c $< -o $@
+# sil-cudabench's measurement kernels (chain.cu): a third module, embedded the same way.
+$(B)/cuda/chain.fatbin: kernels/cuda/chain.cu $(CUDA_CU)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ALL) -o $@ $<
+$(B)/cuda/chain_fatbin.S: $(B)/cuda/chain.fatbin
+	printf '%s\n' '.section .rodata' '.balign 64' '.globl sil_cuda_chain_fatbin' \
+		'.type sil_cuda_chain_fatbin, @object' 'sil_cuda_chain_fatbin:' '.incbin "$<"' \
+		'sil_cuda_chain_fatbin_end:' '.size sil_cuda_chain_fatbin, sil_cuda_chain_fatbin_end - sil_cuda_chain_fatbin' \
+		'.section .note.GNU-stack,"",@progbits' > $@
+CUDA_CHAIN_FATBIN_OBJ := $(B)/obj/kernels/cuda/chain_fatbin.o
+$(CUDA_CHAIN_FATBIN_OBJ): $(B)/cuda/chain_fatbin.S
+	@mkdir -p $(dir $@)
+	$(CC) -c $< -o $@
 ifneq ($(LIB_CUDA),)
-$(eval $(call static_lib,$(LIB_CUDA),$(call obj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ)))
+$(eval $(call static_lib,$(LIB_CUDA),$(call obj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ) $(CUDA_CHAIN_FATBIN_OBJ)))
 endif
 ALL_LDLIBS := $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE) $(LDLIBS_EDIT)
 
@@ -254,7 +267,7 @@ $(foreach b,$(CUDA_BENCHES),$(eval $(call cuda_bin,$(b),$(B)/bin,obj,bench/$(b).
 # its request parser is a fuzz target.
 FUZZ_LIB_OBJS := $(call fobj,$(KERNEL_SRC) $(ENGINE_SRC) $(PROTO_SRC) $(DAEMON_SRC) $(MKMODEL_SRC) \
 	$(OPENAI_SRC))
-FUZZ_LIB_OBJS += $(call fobj,$(CUDA_HOST_SRC)) $(if $(CUDA_HOST_SRC),$(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ))
+FUZZ_LIB_OBJS += $(call fobj,$(CUDA_HOST_SRC)) $(if $(CUDA_HOST_SRC),$(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ) $(CUDA_CHAIN_FATBIN_OBJ))
 define fuzz_bin
 $(B)/fuzz/$(1): $(call fobj,tests/fuzz/$(1).c) $(FUZZ_LIB_OBJS)
 	@mkdir -p $$(dir $$@)
@@ -292,7 +305,7 @@ $(eval $(call static_lib,$(A_LIB_MKMODEL),$(call aobj,$(MKMODEL_SRC))))
 $(eval $(call static_lib,$(A_LIB_OPENAI),$(call aobj,$(OPENAI_SRC))))
 A_LIB_CUDA := $(if $(CUDA_HOST_SRC),$(ASAN_B)/lib/libsil-cuda.a)
 ifneq ($(A_LIB_CUDA),)
-$(eval $(call static_lib,$(A_LIB_CUDA),$(call aobj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ)))
+$(eval $(call static_lib,$(A_LIB_CUDA),$(call aobj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ) $(CUDA_CHAIN_FATBIN_OBJ)))
 endif
 A_ALL_LIBS := $(A_LIB_DAEMON) $(A_LIB_MKMODEL) $(A_LIB_OPENAI) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS) $(A_LIB_CLIENT) $(A_LIB_PROTO)
 

@@ -2,7 +2,8 @@
 # The Qwen3.5-35B-A3B shape at Q4_K_M, all resident on one GPU: llama.cpp's llama-bench and
 # siliceo's CUDA backend (sil-eval --backend cuda) on the same file: pp512 and tg128, then tg128
 # after longer prompts (CTX, default "4096 16384": llama-bench -d N against sil-eval decoding
-# after an N-token prompt). sil-eval runs two passes in one engine, fresh sequences each, and the
+# after an N-token prompt; CTX=1 adds sil-eval decoding after a one-token prompt, the context
+# llama-bench's own tg128 starts from). sil-eval runs two passes in one engine, fresh sequences each, and the
 # second is the figure (llama-bench also warms up first): pass 1 includes the first eager pass
 # and the graph capture. Variants (VARIANTS, default "ours"), the same file in the same call,
 # for A/B figures: ours-nopdl (SIL_CUDA_PDL=0), ours-nogqa (SIL_CUDA_NO_GQA=1), ours-nomix
@@ -27,6 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 if [ "$PEER" != - ]; then
     "$PEER" -m "$M" -ngl 99 -fa 1 -p 512 -n 128 -r 2 -o json > "$OUT/peer.json"
     for c in ${CTX:-4096 16384}; do
+        [ "$c" -gt 1 ] || continue # tg128 above is llama-bench's decode from an empty context
         "$PEER" -m "$M" -ngl 99 -fa 1 -p 0 -n 128 -d "$c" -r 1 -o json > "$OUT/peer-d$c.json"
     done
 fi

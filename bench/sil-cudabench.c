@@ -4,7 +4,14 @@
  * same run. Weights are rotated over enough copies to exceed the L2, so the figures are DRAM's.
  * Then prefill's products (sil_cuda_matmul) at the pp512 shapes, with TFLOP/s beside GB/s.
  *
- *   sil-cudabench [--json PATH] [--commit ID] [--reps N]
+ *   sil-cudabench [--json PATH] [--commit ID] [--reps N] [--chain-only]
+ *
+ * The stage chain (kernels/cuda/chain.cu): 64 dependent batch-1 Q4_K matvecs, each reading the
+ * output of the one before, as a graph of 64 launches (programmatic dependent launch where the
+ * backend uses it) and as one persistent launch with a grid-wide barrier between stages (with
+ * and without the next stage's weights asked of L2 before the barrier): what a stage boundary
+ * costs each way, the measurement of a persistent decode kernel where it could pay.
+ * --chain-only runs the copy and the chain alone.
  *
  * Each figure is the median over 5 timed loops of N launches (default 100) after a warm-up. */
 #include <errno.h>
@@ -328,11 +335,107 @@ static int cp_launch(void *p, int i)
     return sil_cuda_copy_d2d(cu, c->b, c->a, c->bytes, NULL, &err);
 }
 
+/* ---- the stage chain (chain.cu) ------------------------------------------------------------ */
+extern const unsigned char sil_cuda_chain_fatbin[];
+#define CHAIN_STAGES 64
+#define CHAIN_MAX_COLS 4096 /* chain.cu's */
+
+struct chain_ctx {
+    struct sil_cuda_graph *g;
+    void *fn;
+    void **params;
+    unsigned grid;
+};
+static int chain_graph_launch(void *p, int i)
+{
+    struct chain_ctx *c = p;
+    (void)i;
+    return sil_cuda_graph_launch(cu, c->g, NULL, &err);
+}
+static int chain_persist_launch(void *p, int i)
+{
+    struct chain_ctx *c = p;
+    (void)i;
+    return sil_cuda_launch(cu, c->fn, "chain persist", c->grid, 1, 1, 128, NULL, c->params, &err);
+}
+
+/* us per stage of each form; rows, cols <= CHAIN_MAX_COLS, cols % 256 == 0 (Q4_K). */
+static void bench_chain(struct sil_cuda_module *m, int64_t rows, int64_t cols)
+{
+    void *stage_fn = NULL, *persist_fn = NULL;
+    CK(sil_cuda_module_function(cu, m, "sil_chain_stage", &stage_fn, &err));
+    CK(sil_cuda_module_function(cu, m, "sil_chain_persist", &persist_fn, &err));
+    struct bweight *b = calloc(1, sizeof *b);
+    if (!b) exit(1);
+    bweight_make(b, SIL_TYPE_Q4_K, rows, cols);
+    if (b->copies < CHAIN_STAGES) {
+        printf("chain %lldx%lld skipped: %d copies of the weight, %d stages\n", (long long)rows,
+               (long long)cols, b->copies, CHAIN_STAGES);
+        bweight_free(b), free(b);
+        return;
+    }
+    const uint64_t stride = b->w[1].data - b->w[0].data, row_bytes = b->w[0].row_bytes;
+    const double bytes = (double)b->w[0].bytes;
+    int r = (int)rows, c = (int)cols, stages = CHAIN_STAGES;
+    sil_cuda_ptr buf = 0, bar = 0;
+    CK(sil_cuda_alloc(cu, 2 * sizeof(float) * CHAIN_MAX_COLS, &buf, &err));
+    CK(sil_cuda_copy_d2d(cu, buf, x_dev, 2 * sizeof(float) * CHAIN_MAX_COLS, NULL, &err));
+    CK(sil_cuda_alloc(cu, 3 * sizeof(unsigned), &bar, &err));
+    CK(sil_cuda_memset(cu, bar, 0, 3 * sizeof(unsigned), NULL, &err));
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "type=q4_K,rows=%lld,cols=%lld,stages=%d", (long long)rows,
+             (long long)cols, stages);
+
+    /* a graph of one launch a stage */
+    struct chain_ctx gc = {0};
+    const unsigned nblk = (unsigned)((rows + 3) / 4);
+    CK(sil_cuda_capture_begin(cu, NULL, &err));
+    for (int st = 0; st < stages; st++) {
+        sil_cuda_ptr w = b->w[0].data + (uint64_t)st * stride;
+        sil_cuda_ptr x = buf + sizeof(float) * CHAIN_MAX_COLS * (st & 1);
+        sil_cuda_ptr y = buf + sizeof(float) * CHAIN_MAX_COLS * ((st + 1) & 1);
+        uint64_t rb = row_bytes;
+        void *params[] = {&w, &rb, &r, &c, &x, &y};
+        CK(sil_cuda_launch(cu, stage_fn, "chain stage", nblk, 1, 1, 128, NULL, params, &err));
+    }
+    CK(sil_cuda_capture_end(cu, NULL, &gc.g, &err));
+    double us = time_launches(chain_graph_launch, &gc);
+    last_min /= stages, last_max /= stages;
+    record("chain_graph_stage", cfg, us / stages, bytes);
+    sil_cuda_graph_destroy(cu, gc.g);
+
+    /* one persistent launch, a grid barrier between stages */
+    const unsigned resident = 4u * (unsigned)sil_cuda_get_info(cu)->sm_count;
+    for (int pf = 0; pf <= 1; pf++) {
+        sil_cuda_ptr w = b->w[0].data;
+        uint64_t st = stride, rb = row_bytes;
+        int p = pf;
+        void *params[] = {&w, &st, &rb, &r, &c, &stages, &buf, &bar, &p};
+        struct chain_ctx pc = {NULL, persist_fn, params, nblk < resident ? nblk : resident};
+        us = time_launches(chain_persist_launch, &pc);
+        last_min /= stages, last_max /= stages;
+        unsigned hb[3] = {0};
+        CK(sil_cuda_download(cu, hb, bar, sizeof hb, NULL, &err));
+        CK(sil_cuda_sync(cu, NULL, &err));
+        if (hb[2]) {
+            printf("chain_persist %s: a barrier timed out (blocks not resident together)\n", cfg);
+            CK(sil_cuda_memset(cu, bar, 0, 3 * sizeof(unsigned), NULL, &err));
+            continue;
+        }
+        record(pf ? "chain_persist_pf_stage" : "chain_persist_stage", cfg, us / stages, bytes);
+    }
+    sil_cuda_release(cu, buf), sil_cuda_release(cu, bar);
+    bweight_free(b), free(b);
+}
+
 int main(int argc, char **argv)
 {
     const char *json = NULL, *commit = "unknown";
+    bool chain_only = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json") && i + 1 < argc)
+        if (!strcmp(argv[i], "--chain-only"))
+            chain_only = true;
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
             commit = argv[++i];
@@ -350,8 +453,8 @@ int main(int argc, char **argv)
         } else {
             const bool help = !strcmp(argv[i], "--help");
             fprintf(help ? stdout : stderr,
-                    "usage: sil-cudabench [--json PATH] [--commit ID] [--reps N] [--help] "
-                    "[--version]\n");
+                    "usage: sil-cudabench [--json PATH] [--commit ID] [--reps N] [--chain-only] "
+                    "[--help] [--version]\n");
             return help ? 0 : 2;
         }
     }
@@ -394,6 +497,17 @@ int main(int argc, char **argv)
     printf("d2d copy 1 GiB: %.1f us, %.1f GB/s (read + write)\n", cp_us, peak);
     sil_cuda_release(cu, cp.a);
     sil_cuda_release(cu, cp.b);
+
+    /* A stage boundary: a graph of launches against one persistent launch. */
+    {
+        struct sil_cuda_module *m = NULL;
+        CK(sil_cuda_module_load(cu, sil_cuda_chain_fatbin, &m, &err));
+        bench_chain(m, n_embd, n_embd);
+        bench_chain(m, 2 * n_embd, n_embd);
+        bench_chain(m, n_embd, 2 * n_embd);
+        sil_cuda_module_unload(cu, m);
+    }
+    if (chain_only) goto done;
 
     /* One decode token's kernels at the 35B-A3B shapes. */
     bench_op("quantize_q8", 0, 1, n_embd, 4.0 * n_embd + sil_cuda_q8_bytes(1, n_embd));
@@ -450,6 +564,7 @@ int main(int argc, char **argv)
         bench_matmul("matmul_8192x2048", types[t], 8192, n_embd, 512, 0);
     sil_cuda_release(cu, xmm_dev), sil_cuda_release(cu, q8mm_dev), sil_cuda_release(cu, ymm_dev);
 
+done:
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {

@@ -598,6 +598,9 @@ __device__ __forceinline__ void sil_mmvq_mixed(const sil_mv_set &set, int units,
     E(NAME, T, 1) E(NAME, T, 2) E(NAME, T, 3) E(NAME, T, 4) E(NAME, T, 5) E(NAME, T, 6)          \
         E(NAME, T, 7) E(NAME, T, 8)
 
+// the entry points (a module that includes this file for its device functions defines
+// SIL_MMVQ_NO_ENTRIES)
+#ifndef SIL_MMVQ_NO_ENTRIES
 SIL_BATCHES(SIL_MMVQ_ENTRY, q4_0, WT_Q4_0)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q4_1, WT_Q4_1)
 SIL_BATCHES(SIL_MMVQ_ENTRY, q5_0, WT_Q5_0)
@@ -617,6 +620,7 @@ SIL_MMVQ_MIXED_ENTRY(8)
 SIL_BATCHES(SIL_MMVF_ENTRY, f32, 0)
 SIL_BATCHES(SIL_MMVF_ENTRY, f16, 1)
 SIL_BATCHES(SIL_MMVF_ENTRY, bf16, 2)
+#endif
 
 // x [n][k] F32 -> q8 blocks (sil_q8_at layout); one warp per block of 32, nblocks = n * k / 32.
 // One warp rounds 32 consecutive floats (v: one a lane) into block b of a q8 buffer of nblocks
