@@ -189,32 +189,25 @@ $(B)/cuda/fatbin.S: $(B)/cuda/kernels.fatbin
 $(CUDA_FATBIN_OBJ): $(B)/cuda/fatbin.S
 	@mkdir -p $(dir $@)
 	$(CC) -c $< -o $@
-# The engine's forward-pass kernels (fwd.cu): a second module, embedded the same way.
-$(B)/cuda/fwd.fatbin: kernels/cuda/fwd.cu $(CUDA_CU)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_ALL) -o $@ $<
-$(B)/cuda/fwd_fatbin.S: $(B)/cuda/fwd.fatbin
-	printf '%s\n' '.section .rodata' '.balign 64' '.globl sil_cuda_fwd_fatbin' \
-		'.type sil_cuda_fwd_fatbin, @object' 'sil_cuda_fwd_fatbin:' '.incbin "$<"' \
-		'sil_cuda_fwd_fatbin_end:' '.size sil_cuda_fwd_fatbin, sil_cuda_fwd_fatbin_end - sil_cuda_fwd_fatbin' \
-		'.section .note.GNU-stack,"",@progbits' > $@
+# Further modules, each embedded the same way as sil_cuda_NAME_fatbin: the engine's forward-pass
+# kernels (fwd.cu) and sil-cudabench's measurement kernels (chain.cu).
+define module_fatbin
+$(B)/cuda/$(1).fatbin: kernels/cuda/$(1).cu $(CUDA_CU)
+	@mkdir -p $$(dir $$@)
+	$(NVCC) $(NVCC_ALL) -o $$@ $$<
+$(B)/cuda/$(1)_fatbin.S: $(B)/cuda/$(1).fatbin
+	printf '%s\n' '.section .rodata' '.balign 64' '.globl sil_cuda_$(1)_fatbin' \
+		'.type sil_cuda_$(1)_fatbin, @object' 'sil_cuda_$(1)_fatbin:' '.incbin "$$<"' \
+		'sil_cuda_$(1)_fatbin_end:' '.size sil_cuda_$(1)_fatbin, sil_cuda_$(1)_fatbin_end - sil_cuda_$(1)_fatbin' \
+		'.section .note.GNU-stack,"",@progbits' > $$@
+$(B)/obj/kernels/cuda/$(1)_fatbin.o: $(B)/cuda/$(1)_fatbin.S
+	@mkdir -p $$(dir $$@)
+	$(CC) -c $$< -o $$@
+endef
+$(eval $(call module_fatbin,fwd))
+$(eval $(call module_fatbin,chain))
 CUDA_FWD_FATBIN_OBJ := $(B)/obj/kernels/cuda/fwd_fatbin.o
-$(CUDA_FWD_FATBIN_OBJ): $(B)/cuda/fwd_fatbin.S
-	@mkdir -p $(dir $@)
-	$(CC) -c $< -o $@
-# sil-cudabench's measurement kernels (chain.cu): a third module, embedded the same way.
-$(B)/cuda/chain.fatbin: kernels/cuda/chain.cu $(CUDA_CU)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_ALL) -o $@ $<
-$(B)/cuda/chain_fatbin.S: $(B)/cuda/chain.fatbin
-	printf '%s\n' '.section .rodata' '.balign 64' '.globl sil_cuda_chain_fatbin' \
-		'.type sil_cuda_chain_fatbin, @object' 'sil_cuda_chain_fatbin:' '.incbin "$<"' \
-		'sil_cuda_chain_fatbin_end:' '.size sil_cuda_chain_fatbin, sil_cuda_chain_fatbin_end - sil_cuda_chain_fatbin' \
-		'.section .note.GNU-stack,"",@progbits' > $@
 CUDA_CHAIN_FATBIN_OBJ := $(B)/obj/kernels/cuda/chain_fatbin.o
-$(CUDA_CHAIN_FATBIN_OBJ): $(B)/cuda/chain_fatbin.S
-	@mkdir -p $(dir $@)
-	$(CC) -c $< -o $@
 ifneq ($(LIB_CUDA),)
 $(eval $(call static_lib,$(LIB_CUDA),$(call obj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ) $(CUDA_CHAIN_FATBIN_OBJ)))
 endif
