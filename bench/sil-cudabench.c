@@ -6,8 +6,8 @@
  *
  *   sil-cudabench [--json PATH] [--commit ID] [--reps N] [--chain-only]
  *
- * The stage chain (kernels/cuda/chain.cu): 64 dependent batch-1 Q4_K matvecs, each reading the
- * output of the one before, as a graph of 64 launches (programmatic dependent launch where the
+ * The stage chain (kernels/cuda/chain.cu): 64 ordered batch-1 Q4_K matvecs (each stage its own
+ * weights, the same q8 input), as a graph of 64 launches (programmatic dependent launch where the
  * backend uses it) and as one persistent launch with a grid-wide barrier between stages (with
  * and without the next stage's weights asked of L2 before the barrier): what a stage boundary
  * costs each way, the measurement of a persistent decode kernel where it could pay.
@@ -338,7 +338,7 @@ static int cp_launch(void *p, int i)
 /* ---- the stage chain (chain.cu) ------------------------------------------------------------ */
 extern const unsigned char sil_cuda_chain_fatbin[];
 #define CHAIN_STAGES 64
-#define CHAIN_MAX_COLS 4096 /* chain.cu's */
+#define CHAIN_MAX_ROWS 4096 /* of the output buffer */
 
 struct chain_ctx {
     struct sil_cuda_graph *g;
@@ -359,7 +359,8 @@ static int chain_persist_launch(void *p, int i)
     return sil_cuda_launch(cu, c->fn, "chain persist", c->grid, 1, 1, 128, NULL, c->params, &err);
 }
 
-/* us per stage of each form; rows, cols <= CHAIN_MAX_COLS, cols % 256 == 0 (Q4_K). */
+/* us per stage of each form; rows <= CHAIN_MAX_ROWS, cols <= 8 * vocab (x_dev's q8), cols % 256
+ * == 0 (Q4_K). */
 static void bench_chain(struct sil_cuda_module *m, int64_t rows, int64_t cols)
 {
     void *stage_fn = NULL, *persist_fn = NULL;
@@ -378,8 +379,8 @@ static void bench_chain(struct sil_cuda_module *m, int64_t rows, int64_t cols)
     const double bytes = (double)b->w[0].bytes;
     int r = (int)rows, c = (int)cols, stages = CHAIN_STAGES;
     sil_cuda_ptr buf = 0, bar = 0;
-    CK(sil_cuda_alloc(cu, 2 * sizeof(float) * CHAIN_MAX_COLS, &buf, &err));
-    CK(sil_cuda_copy_d2d(cu, buf, x_dev, 2 * sizeof(float) * CHAIN_MAX_COLS, NULL, &err));
+    CK(sil_cuda_alloc(cu, sizeof(float) * CHAIN_MAX_ROWS, &buf, &err));
+    CK(sil_cuda_quantize_q8(cu, x_dev, 1, cols, q8_dev, NULL, &err));
     CK(sil_cuda_alloc(cu, 3 * sizeof(unsigned), &bar, &err));
     CK(sil_cuda_memset(cu, bar, 0, 3 * sizeof(unsigned), NULL, &err));
     char cfg[128];
@@ -392,10 +393,9 @@ static void bench_chain(struct sil_cuda_module *m, int64_t rows, int64_t cols)
     CK(sil_cuda_capture_begin(cu, NULL, &err));
     for (int st = 0; st < stages; st++) {
         sil_cuda_ptr w = b->w[0].data + (uint64_t)st * stride;
-        sil_cuda_ptr x = buf + sizeof(float) * CHAIN_MAX_COLS * (st & 1);
-        sil_cuda_ptr y = buf + sizeof(float) * CHAIN_MAX_COLS * ((st + 1) & 1);
+        sil_cuda_ptr a8 = q8_dev, y = buf;
         uint64_t rb = row_bytes;
-        void *params[] = {&w, &rb, &r, &c, &x, &y};
+        void *params[] = {&w, &rb, &r, &c, &a8, &y};
         CK(sil_cuda_launch(cu, stage_fn, "chain stage", nblk, 1, 1, 128, NULL, params, &err));
     }
     CK(sil_cuda_capture_end(cu, NULL, &gc.g, &err));
@@ -407,10 +407,10 @@ static void bench_chain(struct sil_cuda_module *m, int64_t rows, int64_t cols)
     /* one persistent launch, a grid barrier between stages */
     const unsigned resident = 4u * (unsigned)sil_cuda_get_info(cu)->sm_count;
     for (int pf = 0; pf <= 1; pf++) {
-        sil_cuda_ptr w = b->w[0].data;
+        sil_cuda_ptr w = b->w[0].data, a8 = q8_dev;
         uint64_t st = stride, rb = row_bytes;
         int p = pf;
-        void *params[] = {&w, &st, &rb, &r, &c, &stages, &buf, &bar, &p};
+        void *params[] = {&w, &st, &rb, &r, &c, &stages, &a8, &buf, &bar, &p};
         struct chain_ctx pc = {NULL, persist_fn, params, nblk < resident ? nblk : resident};
         us = time_launches(chain_persist_launch, &pc);
         last_min /= stages, last_max /= stages;

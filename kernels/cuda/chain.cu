@@ -1,14 +1,16 @@
-// Measurement kernels for sil-cudabench (not used by the engine): a chain of dependent decode
-// stages, each a batch-1 Q4_K matvec of the backend (sil_mmvq) whose input is the stage before's
-// output, run two ways so the cost of a stage boundary can be measured on the device:
+// Measurement kernels for sil-cudabench (not used by the engine): a chain of ordered decode
+// stages, each a batch-1 Q4_K matvec of the backend (sil_mmvq) over the same q8 input, each
+// stage's weights its own (stage s reads w + s * stride), run two ways so the cost of a stage
+// boundary can be measured on the device:
 //   sil_chain_stage:   one stage a launch (the host captures the launches into a graph, with
-//                      programmatic dependent launch where the backend uses it), as decode runs;
+//                      programmatic dependent launch where the backend uses it), as decode runs:
+//                      a stage starts its loads only after the stage before has finished;
 //   sil_chain_persist: every stage in one launch, a grid-wide barrier between stages (calm's
 //                      persistent style); pf: the next stage's weights are asked of L2 before
 //                      the barrier.
-// Each block rounds the stage's input x [cols] into q8 blocks in its shared memory, then computes
-// its rows of y = W x; stage s reads w + s * stride and writes buf[(s + 1) % 2], reading
-// buf[s % 2]. Timing only: the values are not checked (they may overflow over many stages).
+// The input is not the stage before's output, so a stage's time is its matvec plus the boundary
+// and nothing else (a q8 rounding of the input in every block would add a chain of its own).
+// Timing only: the outputs are not checked.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -17,33 +19,18 @@
 #define SIL_MMVQ_NO_ENTRIES // the device functions only: the matvec kernels are kernels.cu's
 #include "kernels/cuda/mmvq.cuh"
 
-#define CHAIN_MAX_COLS 4096 // q8 of the input in shared memory: cols / 32 blocks of 36 bytes
-
-// The block's q8 of x [cols] (cols % 32 == 0), a warp a q8 block, as sil_quantize_q8_1 does.
-__device__ __forceinline__ void chain_q8(const float *x, int cols, uint8_t *q8)
-{
-    const int nb = cols / 32, lane = threadIdx.x & 31;
-    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)
-        sil_q8_store_block(__ldcg(x + (int64_t)b * 32 + lane), b, nb, q8);
-    __syncthreads();
-}
-
 __device__ __forceinline__ void chain_rows(const uint8_t *w, uint64_t row_bytes, int rows, int cols,
-                                           const uint8_t *q8, float *y, int bx)
+                                           const uint8_t *a8, float *y, int bx)
 {
-    sil_mmvq<WT_Q4_K, 1>(w, row_bytes, rows, cols / 32, q8, y, rows, bx);
+    sil_mmvq<WT_Q4_K, 1>(w, row_bytes, rows, cols / 32, a8, y, rows, bx);
 }
 
 extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32)
-    sil_chain_stage(const uint8_t *w, uint64_t row_bytes, int rows, int cols, const float *x,
+    sil_chain_stage(const uint8_t *w, uint64_t row_bytes, int rows, int cols, const uint8_t *a8,
                     float *y)
 {
     SIL_PDL_ENTRY();
-    __shared__ __align__(16) uint8_t q8[CHAIN_MAX_COLS / 32 * 36];
-    if (cols > CHAIN_MAX_COLS || cols % 32)
-        return;
-    chain_q8(x, cols, q8);
-    chain_rows(w, row_bytes, rows, cols, q8, y, blockIdx.x);
+    chain_rows(w, row_bytes, rows, cols, a8, y, blockIdx.x);
 }
 
 // All blocks of the grid (resident together: the host sizes the grid by occupancy) meet here:
@@ -78,23 +65,17 @@ __device__ __forceinline__ void chain_barrier(unsigned *bar)
 // 4 blocks an SM at most 128 registers a thread: the host's grid of 4 blocks an SM is resident.
 extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32, 4)
     sil_chain_persist(const uint8_t *w, uint64_t stride, uint64_t row_bytes, int rows, int cols,
-                      int stages, float *buf, unsigned *bar, int pf)
+                      int stages, const uint8_t *a8, float *y, unsigned *bar, int pf)
 {
     SIL_PDL_ENTRY();
-    __shared__ __align__(16) uint8_t q8[CHAIN_MAX_COLS / 32 * 36];
-    if (cols > CHAIN_MAX_COLS || cols % 32)
-        return;
     const int nblk = (rows + SIL_MMV_WARPS - 1) / SIL_MMV_WARPS;
     const uint64_t bytes = (uint64_t)rows * row_bytes;
     if (pf && threadIdx.x == 0)
         sil_l2_prefetch_share(w, bytes, blockIdx.x, gridDim.x);
     for (int s = 0; s < stages; s++) {
-        const float *x = buf + (int64_t)(s & 1) * CHAIN_MAX_COLS;
-        float *y = buf + (int64_t)((s + 1) & 1) * CHAIN_MAX_COLS;
         const uint8_t *ws = w + (uint64_t)s * stride;
-        chain_q8(x, cols, q8);
         for (int b = blockIdx.x; b < nblk; b += gridDim.x)
-            chain_rows(ws, row_bytes, rows, cols, q8, y, b);
+            chain_rows(ws, row_bytes, rows, cols, a8, y, b);
         if (pf && threadIdx.x == 0 && s + 1 < stages)
             sil_l2_prefetch_share(ws + stride, bytes, blockIdx.x, gridDim.x);
         chain_barrier(bar);
