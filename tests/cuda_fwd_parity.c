@@ -67,6 +67,9 @@
  *      delta-net layer's qkv and gate are K-quants or Q8_0 and its conv1d F32), the variant's 0.
  *  27. the L2 prefetch of weights, states and KV rows before the PDL wait (sm_90) turned off
  *      (SIL_CUDA_PREFETCH=0) against the default: a hint only, so bit for bit.
+ *  28. the router with its norm on one router row a warp of its block (SIL_CUDA_ROUTER_ROWS=0,
+ *      16 rows a block at 512 threads) against the default 4 rows a block: the same sums of
+ *      each row, so bit for bit.
  *  15. reads in place asked for with a host share (SIL_CUDA_ZEROCOPY=1 and SIL_CUDA_CPU_MISSES=2,
  *      n_expert slots): the combination gave non-finite MoE outputs on the GPU, so the backend
  *      refuses the reads in place (status zero_copy false) and keeps the host share.
@@ -1129,6 +1132,16 @@ int main(int argc, char **argv)
         fails += variant_vs_default(gpu, model, env, true, 0.0f,
                                     "decode with the weights asked of L2 before the PDL wait vs "
                                     "without",
+                                    p2, n2, V, lg, alone);
+    }
+
+    /* 28. the router with its norm on one row a warp of the norm's block instead of 4 rows a
+     * block: the same sums, the same logits */
+    {
+        const char *env[] = {"SIL_CUDA_ROUTER_ROWS=0", NULL};
+        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+                                    "decode with the router's norm on 4 router rows a block vs "
+                                    "one a warp of the norm's (SIL_CUDA_ROUTER_ROWS=0)",
                                     p2, n2, V, lg, alone);
     }
 

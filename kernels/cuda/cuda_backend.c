@@ -172,6 +172,9 @@ struct sil_cuda {
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
     CUfunction router_fused[SIL_CUDA_MAX_BATCH]; /* F32 router matvec + top-k, [batch - 1] */
     CUfunction moe_down_sh_norm[MV_F32]; /* down + sum, then the add + rmsnorm + q8 after it */
+    /* [1], [2] with 4 router rows a block (the default; SIL_CUDA_ROUTER_ROWS=0: router_norm) */
+    CUfunction router_norm_r4[3];
+    bool router_rows4;
     CUfunction router_norm[3]; /* the add + rmsnorm + q8 before it too, one token: 128, 512
                                 * and 1024 threads a block */
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
@@ -312,6 +315,11 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         snprintf(name, sizeof name, "sil_router_norm_f32_topk_%d", i ? 256 << i : 128);
         CUresult r = cu->api.cuModuleGetFunction(&cu->router_norm[i], cu->mod, name);
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+        cu->router_norm_r4[i] = cu->router_norm[i]; /* 128 threads: 4 rows already */
+        if (i == 0) continue;
+        snprintf(name, sizeof name, "sil_router_norm_f32_topk_%d_r4", 256 << i);
+        r = cu->api.cuModuleGetFunction(&cu->router_norm_r4[i], cu->mod, name);
+        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
     for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
         snprintf(name, sizeof name, "sil_router_f32_topk_%d", n);
@@ -440,6 +448,11 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
     in->l2_prefetch = in->pdl && !(pf && strcmp(pf, "0") == 0);
     rc = set_prefetch_flag(cu, cu->mod, err);
     if (rc < 0) goto fail_ctx;
+    /* the router with its norm on 4 router rows a block (its weight read over 4x the
+     * multiprocessors: 472.1 against 454.1 tok/s on the 35B shape); SIL_CUDA_ROUTER_ROWS=0: one
+     * a warp of the norm's, 16 with 512 threads */
+    const char *rr = getenv("SIL_CUDA_ROUTER_ROWS");
+    cu->router_rows4 = !(rr && strcmp(rr, "0") == 0);
     const char *inj = getenv("SIL_CUDA_INJECT_OOM");
     cu->fail_at = inj ? strtoull(inj, NULL, 10) : 0;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
@@ -1221,8 +1234,9 @@ int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, s
         return set_err(err, -EINVAL, "cuda: router with its norm, %lld x %lld %s, top %d",
                        (long long)w->rows, (long long)w->cols, sil_type_name(w->type), k);
     const int threads = sil_cuda_rmsnorm_threads(w->cols);
+    const int ti = threads == 128 ? 0 : threads == 512 ? 1 : 2;
     unsigned g = 0;
-    int rc = grid_of(w->rows, threads / 32, &g, err);
+    int rc = grid_of(w->rows, cu->router_rows4 ? 4 : threads / 32, &g, err);
     if (rc < 0) return rc;
     uint64_t row_bytes = w->row_bytes;
     int rows = (int)w->rows;
@@ -1234,7 +1248,7 @@ int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, s
                  (void *)&nt->q8,  &logits,    &k,             &ids,    &weights,
                  (void *)&nt->done};
     cu->prof_bytes = w->bytes;
-    return launch(cu, cu->router_norm[threads == 128 ? 0 : threads == 512 ? 1 : 2],
+    return launch(cu, cu->router_rows4 ? cu->router_norm_r4[ti] : cu->router_norm[ti],
                   "add + rmsnorm + router + top-k", g, 1, (unsigned)threads, s, p, err);
 }
 

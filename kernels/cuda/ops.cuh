@@ -390,7 +390,10 @@ __device__ __forceinline__ float sil_add_rmsnorm_load(const float *x, const floa
     return 1.0f / sqrtf(ss / (float)n + eps);
 }
 
-template <int NT>
+// RW: router rows a block (a warp each; the block's other warps only share the norm), so the
+// launch has rows / RW blocks: NT / 32 puts the router's rows on as few blocks as the norm's
+// threads allow, 4 spreads its weight reads over more multiprocessors. The same sums either way.
+template <int NT, int RW = NT / 32>
 __device__ __forceinline__ void
 sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, float *x,
                 const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits,
@@ -414,7 +417,8 @@ sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, 
         }
     }
     __syncthreads();
-    sil_mmvf<0, 1, NT / 32>(w, row_bytes, rows, n, vec, ys, logits, rows);
+    if ((int)threadIdx.x < RW * 32)
+        sil_mmvf<0, 1, RW>(w, row_bytes, rows, n, vec, ys, logits, rows);
     if (!sil_last_block(done, (int)gridDim.x))
         return;
 #pragma unroll
@@ -429,8 +433,8 @@ sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, 
         *done = 0;
 }
 
-#define SIL_ROUTER_NORM_ENTRY(NT)                                                                 \
-    extern "C" __global__ void __launch_bounds__(NT) sil_router_norm_f32_topk_##NT(              \
+#define SIL_ROUTER_NORM_ENTRY(NT, RW, SUF)                                                                 \
+    extern "C" __global__ void __launch_bounds__(NT) sil_router_norm_f32_topk_##NT##SUF(              \
         const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols, int vec, float *x,         \
         const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits, int k, \
         int32_t *ids, float *weights, int *done)                                                 \
@@ -438,9 +442,11 @@ sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, 
         if (threadIdx.x == 0)                                                                     \
             sil_l2_prefetch_share(w, (uint64_t)rows * row_bytes, blockIdx.x, sil_pf_blocks());    \
         SIL_PDL_ENTRY();                                                                          \
-        sil_router_norm<NT>(w, row_bytes, rows, (int)cols, vec, x, d, nw, eps, y, q8, logits, k, \
+        sil_router_norm<NT, RW>(w, row_bytes, rows, (int)cols, vec, x, d, nw, eps, y, q8, logits, k, \
                             ids, weights, done);                                                 \
     }
-SIL_ROUTER_NORM_ENTRY(128)
-SIL_ROUTER_NORM_ENTRY(512)
-SIL_ROUTER_NORM_ENTRY(1024)
+SIL_ROUTER_NORM_ENTRY(128, 4, )
+SIL_ROUTER_NORM_ENTRY(512, 16, )
+SIL_ROUTER_NORM_ENTRY(1024, 32, )
+SIL_ROUTER_NORM_ENTRY(512, 4, _r4)
+SIL_ROUTER_NORM_ENTRY(1024, 4, _r4)
