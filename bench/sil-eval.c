@@ -25,7 +25,7 @@ struct opts {
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
     const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
-    const char *route_trace, *ecache_slots, *ecache_policy, *vram_budget, *passes, *heat_map;
+    const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes, *heat_map;
     bool exact;
 };
 
@@ -56,7 +56,11 @@ static const struct opt_def {
     {"--ctx", OPT_STR, offsetof(struct opts, ctx), "N",
      "context length (default: the model's, at most 4096)"},
     {"--route-trace", OPT_STR, offsetof(struct opts, route_trace), "FILE",
-     "write every MoE layer's routing to FILE (sil-cachesim's trace format; cpu backend)"},
+     "write every MoE layer's routing to FILE (sil-cachesim's trace format; on cuda the "
+     "routing comes to the host)"},
+    {"--route-replay", OPT_STR, offsetof(struct opts, route_replay), "FILE",
+     "route every MoE layer with FILE's choices (a --route-trace of the same tokens; cpu "
+     "backend) and report how far they are from the top-k"},
     {"--ecache-slots", OPT_STR, offsetof(struct opts, ecache_slots), "N",
      "simulate an expert cache of N slots on the plans and report its hit rate (cpu backend)"},
     {"--ecache-policy", OPT_STR, offsetof(struct opts, ecache_policy), "NAME",
@@ -261,6 +265,7 @@ int main(int argc, char **argv)
             .threads = o.threads,
             .backend = o.backend,
             .route_trace = o.route_trace,
+            .route_replay = o.route_replay,
             .ecache_slots = o.ecache_slots,
             .ecache_policy = o.ecache_policy,
             .kv_type = o.kv_type,

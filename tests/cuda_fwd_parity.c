@@ -8,7 +8,11 @@
  * tolerance over prompt 2 (tests/cuda-fwd.sh takes all of it from the reference data). Checks:
  *   1. last-position logits of both prompts: CPU and CUDA each against the reference within
  *      TOL (the reference data's rule), and CUDA against CPU within 2 * TOL (both are held to
- *      TOL against the same reference, so they may differ by twice that);
+ *      TOL against the same reference, so they may differ by twice that); on a model with
+ *      experts a CUDA prompt outside them passes only as a routing near-tie: CUDA's choices
+ *      (a route trace) replayed on the CPU backend (route_replay) give CUDA's logits within
+ *      2 * TOL, and those the CPU would not have taken are at most NEAR_TIE_MAX, each within
+ *      NEAR_TIE_GAP of its own k-th choice in ln p;
  *   2. 16 greedy tokens from prompt 2: identical to the CPU's at every step whose CPU top-2
  *      margin exceeds 2 * TMAX_2 (a step inside the margin may flip, and the runs diverge there);
  *   3. decode vs prefill on the GPU: prompt 2 one token per call vs one call, <= 0.1: decode
@@ -96,7 +100,9 @@
  *      never shared, bit for bit.
  *  23. prefill attention through the decode kernels' context split (SIL_CUDA_PREFILL_SPLIT=1,
  *      8 rows a launch) against one block a (row, head): within 1e-3 (the softmax is merged
- *      over chunks in another order).
+ *      over chunks in another order), or within twice the logits' move on the CPU backend for
+ *      attention outputs off by 1e-6 relative (SIL_TEST_ATTN_NOISE), where that is more: a
+ *      model whose 8-bit activation rounding turns ulp changes into flips moves that much.
  *  24. decode attention in 2 chunks of the context a head (SIL_CUDA_ATTN_SPLIT=2: tens of
  *      positions a block, where the default split has about one at these lengths), grouped and
  *      once a head, against the CPU backend: within prompt C's largest reference tolerance at
@@ -117,6 +123,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gguf.h"
@@ -125,6 +132,10 @@
 #define N_GREEDY 16
 #define GPU_SELF_TOL 1e-3f
 #define GPU_DECODE_TOL 0.1f
+/* check 1's routing near-tie: at most NEAR_TIE_MAX choices apart, each within NEAR_TIE_GAP of the
+ * CPU's own k-th choice in ln p (activation rounding moves router logits by about 1e-2) */
+#define NEAR_TIE_MAX 4
+#define NEAR_TIE_GAP 0.05f
 /* check 8: the fused shared expert against it apart over the first steps, before the rounding
  * differences have gone round the recurrence for long */
 #define SHARED_EARLY 8
@@ -701,6 +712,72 @@ static int read_ref(const char *path, int row, int V, float *out)
     return ok ? 0 : -1;
 }
 
+/* Check 1's CUDA half failed on a model with experts: whether a routing near-tie explains it.
+ * The CUDA engine's choices for the prompt (a route trace, its routing brought to the host) are
+ * replayed on the CPU backend: explained when the CPU with those choices is within tol of the
+ * CUDA logits lg (the same experts: only rounding apart) and the choices it did not take itself
+ * were near-ties for it (at most NEAR_TIE_MAX, each within NEAR_TIE_GAP). 1 when explained. */
+static int routing_explains(const char *model, const int32_t *ids, int n, int V, const float *lg,
+                            float tol)
+{
+    float *buf = malloc(sizeof(float) * (size_t)V);
+    if (!buf) return 0;
+    const char *td = getenv("TMPDIR");
+    char tdir[512], trace[600];
+    snprintf(tdir, sizeof tdir, "%s/cuda_fwd_parity.XXXXXX",
+             td && *td && strlen(td) < 400 ? td : "/tmp");
+    if (!mkdtemp(tdir)) {
+        perror("mkdtemp");
+        free(buf);
+        return 0;
+    }
+    snprintf(trace, sizeof trace, "%s/trace", tdir);
+    struct sil_error err = {0};
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.model_path = model;
+    p.n_ctx = 256;
+    p.n_seq_max = 4;
+    p.n_batch_max = 256;
+    p.backend = "cuda";
+    p.route_trace = trace;
+    struct sil_engine *e = NULL;
+    int sq, good = 0;
+    float dt = -1.0f, dr = -1.0f;
+    struct sil_engine_stats st = {0};
+    if (sil_engine_open(&e, &p, &err) < 0 || prefill(e, ids, n, buf, &sq) < 0) {
+        fprintf(stderr, "%s: cuda with a route trace: %s\n", model, err.msg);
+        goto out;
+    }
+    dt = max_diff(buf, lg, V); /* the traced run against the default one */
+    sil_engine_close(e);
+    e = NULL;
+    p.backend = "cpu";
+    p.route_trace = NULL;
+    p.route_replay = trace;
+    if (sil_engine_open(&e, &p, &err) < 0 || prefill(e, ids, n, buf, &sq) < 0) {
+        fprintf(stderr, "%s: cpu replaying the cuda routing: %s\n", model, err.msg);
+        goto out;
+    }
+    sil_engine_stats(e, &st);
+    dr = max_diff(buf, lg, V);
+    good = dr <= tol && st.replay_changed >= 1 && st.replay_changed <= NEAR_TIE_MAX &&
+           st.replay_gap <= NEAR_TIE_GAP;
+out:
+    printf("%s:   routing: the cuda choices (%llu records, a traced run %.4g from the default) "
+           "replayed on the cpu: %llu of them not the cpu's own, largest gap %.4g in ln p (near "
+           "ties: at most %d within %.2g), max |cuda - cpu with them| = %.4g (tol %.4g): %s\n",
+           model, (unsigned long long)st.replay_records, (double)dt,
+           (unsigned long long)st.replay_changed, (double)st.replay_gap, NEAR_TIE_MAX,
+           (double)NEAR_TIE_GAP, (double)dr, (double)tol,
+           good ? "a routing near-tie, explained" : "not explained");
+    sil_engine_close(e);
+    unlink(trace);
+    rmdir(tdir);
+    free(buf);
+    return good;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 9) {
@@ -754,10 +831,18 @@ int main(int argc, char **argv)
         sil_seq_free(gpu, sg);
         const float dr = max_diff(lg, ref + (size_t)k * V, V);
         const float dc = max_diff(lg, cpu_last + (size_t)k * V, V);
-        const bool good = dr <= tl[k] && dc <= 2 * tl[k];
+        bool good = dr <= tl[k] && dc <= 2 * tl[k];
         printf("%s: prompt %d (%d tokens): max |cuda - reference| = %.4g (tol %.4g), "
                "|cuda - cpu| = %.4g (tol %.4g) %s\n",
-               model, k + 1, np[k], dr, tl[k], dc, 2 * tl[k], good ? "ok" : "FAIL");
+               model, k + 1, np[k], dr, tl[k], dc, 2 * tl[k],
+               good ? "ok" : sil_engine_info(cpu)->n_expert > 0 ? "(routing?)" : "FAIL");
+        /* the CPU and the reference agree on the routing; CUDA's rounding may tip a near-tie
+         * the other way, and then its logits follow other experts: explained, not failed, when
+         * the CPU given CUDA's choices agrees with it */
+        if (!good && sil_engine_info(cpu)->n_expert > 0) {
+            good = routing_explains(model, pr[k], np[k], V, lg, 2 * tl[k]);
+            printf("%s: prompt %d %s\n", model, k + 1, good ? "ok" : "FAIL");
+        }
         fails += !good;
     }
 
@@ -1030,13 +1115,37 @@ int main(int argc, char **argv)
     }
 
     /* 23. prefill attention through the decode path's context split (SIL_CUDA_PREFILL_SPLIT=1:
-     * every prefill row, 8 a launch) against the per-row kernel */
+     * every prefill row, 8 a launch) against the per-row kernel: another summation order of the
+     * softmax, within 1e-3 or within twice what an attention output off by 1e-6 relative (about
+     * 8 ulp) moves this model's logits on the CPU backend, the same prompt and steps (a model
+     * whose activation rounding to 8 bits turns such a change into flips of whole steps moves by
+     * far more than 1e-3: qwen3-tiny-Q8_0 by 0.13) */
     {
         const char *env[] = {"SIL_CUDA_PREFILL_SPLIT=1", NULL};
-        fails += variant_vs_default(gpu, model, env, true, GPU_SELF_TOL,
-                                    "prefill attention split over the context (the decode "
-                                    "kernels) vs one block a row and head",
-                                    p2, n2, V, lg, alone);
+        struct sil_engine *noisy = NULL;
+        float sens = -1.0f;
+        float *na = malloc(sizeof(float) * (size_t)V), *nb = malloc(sizeof(float) * (size_t)V);
+        setenv("SIL_TEST_ATTN_NOISE", "1e-6", 1);
+        int rc = na && nb ? open_engine(&noisy, model, "cpu", &err) : -ENOMEM;
+        unsetenv("SIL_TEST_ATTN_NOISE");
+        if (rc == 0 && half_then_steps(cpu, noisy, p2, n2, V, na, nb, true, &sens) < 0)
+            sens = -1.0f;
+        sil_engine_close(noisy);
+        free(na);
+        free(nb);
+        char what[256];
+        snprintf(what, sizeof what,
+                 "prefill attention split over the context (the decode kernels) vs one block a "
+                 "row and head (cpu logits move %.3g for attention outputs off by 1e-6)",
+                 (double)sens);
+        if (sens < 0.0f) {
+            fprintf(stderr, "%s: check 23: the cpu's sensitivity not measured\n", model);
+            fails++;
+        } else {
+            fails += variant_vs_default(gpu, model, env, true,
+                                        2 * sens > GPU_SELF_TOL ? 2 * sens : GPU_SELF_TOL, what,
+                                        p2, n2, V, lg, alone);
+        }
     }
 
     /* 13. grouped-query decode attention against one block a query head */

@@ -20,6 +20,7 @@
 #include "daemon/engine/expert_cache.h"
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/kv_cache.h"
+#include "daemon/engine/route_trace.h"
 #include "daemon/engine/state_ckpt.h"
 #include "tests/testutil.h"
 
@@ -1374,6 +1375,135 @@ static void test_prefix_cow(void **state)
     }
 }
 
+/* Route replay (sil_engine_params.route_replay): a CPU trace of a prefill replayed on the same
+ * tokens gives its logits bit for bit with no choice changed; one choice swapped for an expert
+ * outside the row's top-k is counted with a positive gap and changes the logits of that row, not
+ * of the rows before it; a row repeating an expert, a trace that ends early or is of another shape, and a model
+ * without experts are errors. */
+static struct sil_engine *open_route(const char *model, const char *trace, const char *replay,
+                                     struct sil_error *err)
+{
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.n_threads = 2;
+    p.n_seq_max = 2;
+    p.n_ctx = 64;
+    p.route_trace = trace;
+    p.route_replay = replay;
+    struct sil_engine *e = NULL;
+    return tu_open_refdata_engine(&e, model, &p, err) < 0 ? NULL : e;
+}
+
+/* Copies the trace at src to dst, records [0, keep) (all: -1); f(layer, rows, sel) may edit. */
+static void copy_trace(const char *src, const char *dst, int keep,
+                       void (*f)(uint32_t layer, uint32_t rows, int32_t *sel, uint32_t k))
+{
+    struct sil_route_trace r, w;
+    struct sil_error err = {0};
+    if (sil_route_trace_open(&r, src, &err) < 0) fail_msg("%s", err.msg);
+    if (sil_route_trace_create(&w, dst, r.n_layer, r.n_expert, r.n_used, &err) < 0)
+        fail_msg("%s", err.msg);
+    int32_t *sel = malloc(sizeof(int32_t) * SIL_ROUTE_TRACE_MAX_ROWS * r.n_used);
+    uint32_t layer, rows;
+    for (int i = 0; (keep < 0 || i < keep) && sil_route_trace_read(&r, &layer, &rows, sel, &err) == 1;
+         i++) {
+        if (f) f(layer, rows, sel, r.n_used);
+        sil_route_trace_write(&w, layer, rows, sel);
+    }
+    assert_int_equal(sil_route_trace_close(&w, &err), 0);
+    fclose(r.f);
+    free(sel);
+}
+
+static void swap_one(uint32_t layer, uint32_t rows, int32_t *sel, uint32_t k)
+{
+    if (layer != 0 || rows < 5) return;
+    int32_t *row = sel + 4 * k; /* row 4's last choice: the lowest expert the row lacks */
+    for (int32_t e = 0;; e++) {
+        bool in = false;
+        for (uint32_t j = 0; j < k; j++)
+            in = in || row[j] == e;
+        if (!in) {
+            row[k - 1] = e;
+            return;
+        }
+    }
+}
+
+static void repeat_one(uint32_t layer, uint32_t rows, int32_t *sel, uint32_t k)
+{
+    if (layer == 1 && rows > 0 && k > 1) sel[1] = sel[0];
+}
+
+static void test_route_replay(void **state)
+{
+    (void)state;
+    const char *model = "qwen3moe-tiny-Q4_K_M";
+    const int32_t ids[9] = {508, 355, 261, 198, 39, 301, 385, 11, 305};
+    char *dir = tu_tmpdir_create();
+    char t1[600], t2[600], t3[600], t4[600];
+    snprintf(t1, sizeof t1, "%s/own", dir);
+    snprintf(t2, sizeof t2, "%s/swapped", dir);
+    snprintf(t3, sizeof t3, "%s/repeated", dir);
+    snprintf(t4, sizeof t4, "%s/short", dir);
+    struct sil_error err = {0};
+    struct sil_engine *e = open_route(model, t1, NULL, &err);
+    if (!e) fail_msg("open: %s", err.msg);
+    const int V = sil_engine_info(e)->n_vocab, L = sil_engine_info(e)->n_layer;
+    float *la = malloc(sizeof(float) * 9 * (size_t)V), *lb = malloc(sizeof(float) * 9 * (size_t)V);
+    prefill(e, ids, 9, la);
+    sil_engine_close(e);
+    copy_trace(t1, t2, -1, swap_one);
+    copy_trace(t1, t3, -1, repeat_one);
+    copy_trace(t1, t4, L - 1, NULL);
+
+    struct sil_engine_stats st;
+    if (!(e = open_route(model, NULL, t1, &err))) fail_msg("open: %s", err.msg);
+    prefill(e, ids, 9, lb);
+    sil_engine_stats(e, &st);
+    assert_memory_equal(la, lb, sizeof(float) * 9 * (size_t)V);
+    assert_true(st.replay_records == (uint64_t)L && st.replay_changed == 0 && st.replay_gap == 0.0f);
+    sil_engine_close(e);
+
+    if (!(e = open_route(model, NULL, t2, &err))) fail_msg("open: %s", err.msg);
+    prefill(e, ids, 9, lb);
+    sil_engine_stats(e, &st);
+    /* the swapped choice, and any of the later layers' recorded choices of rows 4-8 that the
+     * swap moved out of their top-k */
+    assert_true(st.replay_changed >= 1 && st.replay_gap > 0.0f);
+    assert_memory_equal(la, lb, sizeof(float) * 4 * (size_t)V); /* rows before the swap */
+    float d = 0.0f;
+    for (size_t i = 4 * (size_t)V; i < 5 * (size_t)V; i++)
+        d = fmaxf(d, fabsf(la[i] - lb[i]));
+    assert_true(d > 1e-3f);
+    sil_engine_close(e);
+
+    const char *bad[2] = {t3, t4};
+    for (int k = 0; k < 2; k++) {
+        if (!(e = open_route(model, NULL, bad[k], &err))) fail_msg("open: %s", err.msg);
+        int seq = sil_seq_create(e, &err);
+        int32_t pos[9], sq[9];
+        for (int i = 0; i < 9; i++)
+            pos[i] = i, sq[i] = seq;
+        struct sil_batch b = {9, ids, pos, sq, NULL};
+        memset(&err, 0, sizeof err);
+        assert_int_equal(sil_engine_eval(e, &b, lb, &err), -EINVAL);
+        assert_non_null(strstr(err.msg, "route replay"));
+        sil_engine_close(e);
+    }
+    /* another model's trace (other shape), a model without experts */
+    struct sil_route_trace w;
+    snprintf(t4, sizeof t4, "%s/other", dir);
+    assert_int_equal(sil_route_trace_create(&w, t4, (uint32_t)L + 1, 16, 4, &err), 0);
+    assert_int_equal(sil_route_trace_close(&w, &err), 0);
+    assert_null(open_route(model, NULL, t4, &err));
+    assert_non_null(strstr(err.msg, "a trace of"));
+    assert_null(open_route("qwen3-tiny-Q8_0", NULL, t1, &err));
+    free(la);
+    free(lb);
+    tu_tmpdir_remove(dir);
+}
+
 int main(void)
 {
     if (!tu_refdata_exists("models/qwen3-tiny-Q8_0.gguf")) {
@@ -1399,6 +1529,7 @@ int main(void)
         cmocka_unit_test(test_kv_exhaustion),
         cmocka_unit_test(test_stats_expert_bytes),
         cmocka_unit_test(test_heat_map),
+        cmocka_unit_test(test_route_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -194,6 +194,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     if (o->passes && parse_int("--passes", o->passes, 1, 1000, &n_passes) < 0) return 2;
     if (o->vram_budget && parse_size("--vram-budget", o->vram_budget, &p.vram_budget) < 0) return 2;
     p.route_trace = o->route_trace;
+    p.route_replay = o->route_replay;
     p.ecache_sim_slots = (int32_t)ecache_slots;
     p.ecache_sim_policy = o->ecache_policy;
     p.heat_map = o->heat_map != NULL;
@@ -369,6 +370,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
                    (unsigned long long)st.ecache_evictions,
                    (unsigned long long)st.ecache_bytes_streamed);
+        if (o->route_replay)
+            printf(", \"route_replay\": {\"records\": %llu, \"changed\": %llu, "
+                   "\"max_gap\": %.6g}",
+                   (unsigned long long)st.replay_records, (unsigned long long)st.replay_changed,
+                   (double)st.replay_gap);
         if (o->heat_map)
             printf(", \"heat_map\": {\"loaded\": \"%s\", \"hot\": %lld, \"tokens\": %llu, "
                    "\"preloaded\": %lld, \"preload_s\": %.3f, \"saved\": %s}",
@@ -423,6 +429,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                        : 0.0,
                    (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
                    (unsigned long long)st.ecache_evictions);
+        if (o->route_replay)
+            printf("route replay: %llu records, %llu choices outside the top-k, largest gap "
+                   "%.4g (ln p)\n",
+                   (unsigned long long)st.replay_records, (unsigned long long)st.replay_changed,
+                   (double)st.replay_gap);
         if (o->heat_map)
             printf("expert heat map: %s at start (%lld preloaded), %s at the end\n", hr.loaded,
                    (long long)hr.r.placed, hr.saved ? "saved" : "not saved");

@@ -14,6 +14,7 @@ struct sil_eval_model_opts {
     const char *threads;       /* default: online CPUs */
     const char *backend;       /* cpu | cuda | auto; NULL = cpu */
     const char *route_trace;   /* routing trace to write, or NULL */
+    const char *route_replay;  /* routing trace to route with (cpu), or NULL */
     const char *ecache_slots;  /* simulated expert cache slots, or NULL */
     const char *ecache_policy; /* its policy, NULL = lru */
     const char *kv_type;       /* f16 | q8_0 | q4_0 | f32; NULL = the engine's default */

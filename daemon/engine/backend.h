@@ -154,6 +154,16 @@ struct sil_moe_plan {
      * choices where route left them. */
     bool device_routed;
     int32_t layer; /* the model layer (set before route) */
+    /* Optional (NULL: each row's top-k): route with these choices instead, [n_rows * n_used]
+     * distinct ids a row in slot order, weighted by their router probabilities as the top-k
+     * would be (a replayed trace, sil_engine_params.route_replay; the CPU backend only). The
+     * route then reports how far they are from its own top-k: force_changed, the choices outside
+     * it; force_gap, the largest ln(p of its own k-th / p of a choice outside it) (0: none);
+     * force_bad, choices it cannot take (out of range or repeated in a row). */
+    const int32_t *force_sel;
+    int32_t force_changed;
+    float force_gap;
+    bool force_bad;
     /* shared expert, always run on every row; gate_inp NULL when the model has none */
     const struct sil_weight *sh_gate_inp, *sh_gate, *sh_up, *sh_down;
 };
@@ -295,6 +305,9 @@ struct sil_cuda_config {
     int64_t n_layer;
     enum sil_kv_type kv_type; /* KV elements (--kv-type): F32, F16, q8_0 or q4_0 */
     int64_t kv_blocks; /* KV pool blocks of SIL_KV_BLOCK positions; 0: every sequence at n_ctx */
+    /* every MoE layer's choices copied to the host into the plan (route traces need them), as
+     * SIL_CUDA_HOST_ROUTE=1 asks; else they stay on the device where every expert is resident */
+    bool host_route;
 };
 
 /* -ENOTSUP when built without CUDA; -ENODEV / -ENOENT / -ENOMEM with the reason otherwise. */

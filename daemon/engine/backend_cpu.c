@@ -30,6 +30,11 @@ struct cpu_backend {
     float *mm_scratch;       /* [n_threads][matmul scratch] */
     struct sil_mm_job *jobs; /* [2 * n_expert + 8] */
     float *attn_scratch;     /* [n_threads][n_ctx] */
+    /* tests (SIL_TEST_ATTN_NOISE=R): every attention output element times 1 + R or 1 - R, a
+     * sign hashed from (layer, sequence position, column): how far a model's logits move for a
+     * change of the size of another summation order (cuda_fwd_parity bounds such variants of
+     * the CUDA attention by it); 0: off */
+    float attn_noise;
     float *dn_scratch;       /* [n_threads][dn_head_scratch] */
     /* MoE */
     float *router;            /* [ub_max][n_expert] */
@@ -271,6 +276,18 @@ static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
                           sil_type_traits(gt)->from_float, sil_kv_kernels(gt)};
     sil_threadpool_for(t.b->tp, ub->n, 0, qk_prep, &t);
     sil_threadpool_for(t.b->tp, (long)ub->n * a->n_head, 0, attend, &t);
+    if (t.b->attn_noise > 0.0f)
+        for (int32_t i = 0; i < ub->n; i++) {
+            float *o = (float *)a->o.data + (int64_t)i * a->o.ld;
+            for (int64_t c = 0; c < (int64_t)a->n_head * a->head_dim; c++) {
+                uint32_t h = (uint32_t)a->layer * 0x9e3779b1u ^ (uint32_t)ub->pos[i] * 0x85ebca6bu ^
+                             (uint32_t)c * 0xc2b2ae35u;
+                h ^= h >> 15;
+                h *= 0x2c1b3c6du;
+                h ^= h >> 12;
+                o[c] *= h & 1u ? 1.0f + t.b->attn_noise : 1.0f - t.b->attn_noise;
+            }
+        }
 }
 
 /* ---- gated delta net ------------------------------------------------------------------------ */
@@ -381,6 +398,36 @@ static void route_rows(void *arg, long lo, long hi, int ith)
             wt[k] = p[best];
             sum += p[best];
         }
+        if (t->plan->force_sel) { /* a replay: its choices, measured against the top-k */
+            const int32_t *fs = t->plan->force_sel + (int64_t)i * K;
+            const float kth = p[sel[K - 1]];
+            bool bad = false;
+            for (int k = 0; k < K && !bad; k++) {
+                bad = fs[k] < 0 || fs[k] >= X;
+                for (int j = 0; j < k && !bad; j++)
+                    bad = fs[j] == fs[k];
+            }
+            if (bad) {
+                t->plan->force_bad = true;
+                continue;
+            }
+            for (int k = 0; k < K; k++) {
+                bool own = false;
+                for (int j = 0; j < K; j++)
+                    own = own || sel[j] == fs[k];
+                if (!own) {
+                    const float gap = logf(kth / fmaxf(p[fs[k]], 1e-30f));
+                    t->plan->force_changed++;
+                    if (gap > t->plan->force_gap) t->plan->force_gap = gap;
+                }
+            }
+            sum = 0.0f;
+            for (int k = 0; k < K; k++) {
+                sel[k] = fs[k];
+                wt[k] = p[fs[k]];
+                sum += wt[k];
+            }
+        }
         if (sum < 6.103515625e-5f) sum = 6.103515625e-5f; /* the reference clamps the sum so */
         for (int k = 0; k < K; k++)
             wt[k] /= sum;
@@ -398,7 +445,7 @@ static void cpu_route(struct sil_backend *be, struct sil_act x, const struct sil
     plan->n_used = K;
     /* rows are independent: with many threads the serial per-row steps would bound the step */
     struct route_task t = {b->router, X, K, plan};
-    if (n < PAR_ROWS)
+    if (n < PAR_ROWS || plan->force_sel) /* a replay's counts are summed by one thread */
         route_rows(&t, 0, n, 0);
     else
         sil_threadpool_for(b->tp, n, 1, route_rows, &t);
@@ -588,6 +635,9 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
     if (!b) return sil_errorf(err, -ENOMEM, "cpu backend: out of memory");
     b->base.ops = &cpu_ops;
     b->c = *c;
+    const char *noise = getenv("SIL_TEST_ATTN_NOISE");
+    b->attn_noise = noise ? strtof(noise, NULL) : 0.0f;
+    if (!(b->attn_noise > 0.0f && b->attn_noise < 0.1f)) b->attn_noise = 0.0f;
     int rc = sil_threadpool_create(&b->tp, c->n_threads);
     if (rc < 0) {
         free(b);

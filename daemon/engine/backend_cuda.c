@@ -2747,7 +2747,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->ints_off = ints_off;
         const char *g = getenv("SIL_CUDA_GRAPHS");
         b->graphs = !(g && strcmp(g, "0") == 0);
-        b->host_route = env_is1("SIL_CUDA_HOST_ROUTE");
+        b->host_route = c->host_route || env_is1("SIL_CUDA_HOST_ROUTE");
         /* measured slower than the batch-8 fused kernels at pp512 (bench/results): opt in */
         const char *cap = getenv("SIL_BENCH_H2D_GBS");
         b->h2d_cap = cap ? atof(cap) * 1e9 : 0.0;

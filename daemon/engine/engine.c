@@ -54,9 +54,10 @@ void sil_engine_params_default(struct sil_engine_params *p)
     memset(p, 0, sizeof(*p));
 }
 
-/* The expert plan observer, when a trace, a simulated cache or a heat map is asked for. Traces
- * and the simulated cache run on the CPU only (a device backend may keep routing on the
- * device); a heat map is kept on any backend from the plans that reach the host. */
+/* The expert plan observer, when a trace, a simulated cache or a heat map is asked for. The
+ * simulated cache runs on the CPU only; a trace on any backend (a device backend is opened
+ * with its routing brought to the host, so every plan reaches it); a heat map is kept on any
+ * backend from the plans that reach the host. */
 static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
                     struct sil_error *err)
 {
@@ -71,9 +72,9 @@ static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
         sim_slots = 0;
         if (!p->heat_map) return 0;
     }
-    if (!cpu && (p->route_trace || sim_slots > 0))
-        return sil_errorf(err, -ENOTSUP, "engine: route traces and the simulated expert cache "
-                                         "run on the CPU backend only");
+    if (!cpu && sim_slots > 0)
+        return sil_errorf(err, -ENOTSUP, "engine: the simulated expert cache runs on the CPU "
+                                         "backend only");
     const struct sil_layer_weights *w = &e->f.lw[0];
     struct sil_expert_obs_config c = {
         .n_layer = e->model->hp.n_layer,
@@ -87,6 +88,38 @@ static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
         .heat = p->heat_map,
     };
     return sil_expert_obs_open(&e->f.obs, &c, err);
+}
+
+/* The route trace a replay reads (sil_engine_params.route_replay), of this model's shape. */
+static int open_replay(struct sil_engine *e, const struct sil_engine_params *p,
+                       struct sil_error *err)
+{
+    if (!p->route_replay) return 0;
+    const struct sil_hparams *hp = &e->model->hp;
+    if (!e->model->traits->moe)
+        return sil_errorf(err, -EINVAL, "engine: %s has no experts to route", e->info.arch_name);
+    if (strcmp(e->f.be->ops->name, "cpu") != 0)
+        return sil_errorf(err, -ENOTSUP, "engine: route replay runs on the CPU backend only");
+    struct sil_route_trace *t = calloc(1, sizeof *t);
+    e->f.replay_sel = malloc(sizeof(int32_t) * SIL_ROUTE_TRACE_MAX_ROWS * (size_t)hp->n_expert_used);
+    if (!t || !e->f.replay_sel) {
+        free(t);
+        return sil_errorf(err, -ENOMEM, "engine: out of memory");
+    }
+    int rc = sil_route_trace_open(t, p->route_replay, err);
+    if (rc < 0) {
+        free(t);
+        return rc;
+    }
+    e->f.replay = t;
+    if (t->n_layer != (uint32_t)hp->n_layer || t->n_expert != (uint32_t)hp->n_expert ||
+        t->n_used != (uint32_t)hp->n_expert_used)
+        return sil_errorf(err, -EINVAL,
+                          "%s: a trace of %u layers, %u experts, %u a row; the model has %d, "
+                          "%d, %d",
+                          p->route_replay, t->n_layer, t->n_expert, t->n_used, hp->n_layer,
+                          hp->n_expert, hp->n_expert_used);
+    return 0;
 }
 
 bool sil_engine_kv_type_valid(const char *name)
@@ -306,6 +339,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
         .kv_type = kv_type,
         .kv_blocks = e->dev_kv_blocks,
+        .host_route = p->route_trace != NULL, /* a trace sees every layer's choices */
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
     c.routed_bytes = e->info.routed_expert_bytes;
@@ -463,6 +497,8 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     e->info.backend = f->be->ops->name;
     if ((rc = open_obs(e, p, err)) < 0)
         goto fail;
+    if ((rc = open_replay(e, p, err)) < 0)
+        goto fail;
     if ((rc = open_kv(e, p, err)) < 0)
         goto fail;
     if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
@@ -502,6 +538,13 @@ void sil_engine_close(struct sil_engine *e)
     if (sil_expert_obs_close(e->f.obs, &oerr) < 0)
         fprintf(stderr, "siliceo: %s\n", oerr.msg);
     e->f.obs = NULL;
+    if (e->f.replay) {
+        if (e->f.replay->f) fclose(e->f.replay->f);
+        free(e->f.replay);
+        e->f.replay = NULL;
+    }
+    free(e->f.replay_sel);
+    e->f.replay_sel = NULL;
     sil_ecache_free(e->f.ecache);
     free(e->f.ecache_res);
     free(e->f.ecache_uses);
@@ -845,6 +888,7 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t 
         ub.kv = e->f.kv;
         ub.head_out = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
         sil_forward(&e->f, &ub, logits, argmax);
+        if (e->f.replay_err) return sil_errorf(err, e->f.replay_err, "%s", e->f.replay_msg);
         /* A backend error: the model is damaged when the mapping faulted, else the ops failed
          * (a device error) and the error is the backend's. */
         int rc = e->f.be->ops->status ? e->f.be->ops->status(e->f.be, err) : 0;
@@ -987,6 +1031,9 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
     out->ecache_misses = s.misses;
     out->ecache_evictions = s.evictions;
     out->ecache_bytes_streamed = s.bytes_streamed;
+    out->replay_records = e->f.replay_records;
+    out->replay_changed = e->f.replay_changed;
+    out->replay_gap = e->f.replay_gap;
 }
 
 uint64_t sil_engine_heat_model_id(const struct sil_engine *e)

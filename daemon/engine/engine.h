@@ -41,6 +41,13 @@ struct sil_engine_params {
      * reports. Neither changes a logit. The policy is also the device cache's where the CUDA
      * backend keeps experts in slots (an unknown name is then an error). */
     const char *route_trace;
+    /* Tests and diagnostics (CPU backend, models with experts): route every MoE layer with the
+     * choices of this route trace, record by record in evaluation order (the trace of the
+     * same evaluations, from another backend or run: siliceo's route_trace), each choice
+     * weighted by this engine's router probabilities; sil_engine_stats says how far they were
+     * from its own top-k. A record that does not fit (another layer or row count, the trace
+     * ended) fails that evaluation and every later one with -EINVAL. NULL: the top-k. */
+    const char *route_replay;
     int32_t ecache_sim_slots;
     const char *ecache_sim_policy;
     /* No simulated cache where it cannot run (another backend than the CPU, a model without
@@ -248,6 +255,10 @@ struct sil_engine_stats {
     uint64_t n_ubatch, n_rows, expert_bytes;
     /* the simulated expert cache (sil_engine_params.ecache_sim_slots), zero without one */
     uint64_t ecache_hits, ecache_misses, ecache_evictions, ecache_bytes_streamed;
+    /* route_replay: the records replayed, the choices among them outside the engine's own
+     * top-k, and the largest ln(p of its own k-th choice / p of such a choice) (0: none) */
+    uint64_t replay_records, replay_changed;
+    float replay_gap;
 };
 void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out);
 

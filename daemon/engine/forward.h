@@ -15,6 +15,7 @@
 #include "daemon/engine/expert_obs.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/route_trace.h"
 
 /* Handles of one block's weights, named as struct sil_layer names the tensors; zeroed (data
  * NULL) where the architecture or layer kind has none. */
@@ -71,6 +72,16 @@ struct sil_fwd {
     int32_t cpu_misses; /* misses of a decode plan the backend computes on the host */
     struct sil_ecache_entry *ecache_res;
     int32_t *ecache_uses;
+    /* NULL, or a route trace whose records route the MoE layers in their order (the engine's
+     * route_replay; CPU backend): replay_sel holds a record; replay_err the first record that
+     * did not fit (sticky, -EINVAL, replay_msg says why); the choices replayed, those outside
+     * the backend's own top-k and the largest ln-probability gap of those (backend.h) */
+    struct sil_route_trace *replay;
+    int32_t *replay_sel;
+    int replay_err;
+    char replay_msg[192];
+    uint64_t replay_records, replay_changed;
+    float replay_gap;
 };
 
 /* A block's arena: all of the scratch area, nothing taken yet. */

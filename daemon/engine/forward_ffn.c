@@ -7,6 +7,8 @@
  *   qwen35moe adds the shared expert: out += sigmoid(w_shgate . x) * ffn_shexp(x)
  * Between routing and the expert matmuls the block builds the expert plan (struct sil_moe_plan):
  * every (row, slot) pair grouped by expert, and the weight handles of each expert that runs. */
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "daemon/engine/forward.h"
@@ -105,6 +107,28 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
     }
 }
 
+/* The next replayed record for layer il's rows, or NULL (the top-k) once one did not fit. */
+static const int32_t *replay_next(struct sil_fwd *f, int il, int64_t rows)
+{
+    if (f->replay_err) return NULL;
+    uint32_t layer = 0, n = 0;
+    struct sil_error err = {0};
+    const int rc = sil_route_trace_read(f->replay, &layer, &n, f->replay_sel, &err);
+    if (rc == 1 && (int)layer == il && (int64_t)n == rows) return f->replay_sel;
+    f->replay_err = -EINVAL;
+    if (rc < 0)
+        snprintf(f->replay_msg, sizeof f->replay_msg, "route replay: %.160s", err.msg);
+    else if (rc == 0)
+        snprintf(f->replay_msg, sizeof f->replay_msg,
+                 "route replay: the trace ended before layer %d of this evaluation", il);
+    else
+        snprintf(f->replay_msg, sizeof f->replay_msg,
+                 "route replay: record %llu is layer %u with %u rows, this evaluation routes "
+                 "layer %d with %lld",
+                 (unsigned long long)f->replay_records + 1, layer, n, il, (long long)rows);
+    return NULL;
+}
+
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                  struct sil_act out)
 {
@@ -120,7 +144,22 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
     plan->sh_down = shexp ? &w->ffn_down_shexp : NULL;
     plan->device_routed = false;
     plan->layer = il;
+    plan->force_sel = f->replay ? replay_next(f, il, cur.rows) : NULL;
+    plan->force_changed = 0;
+    plan->force_gap = 0.0f;
+    plan->force_bad = false;
     SIL_OP(f, route, cur, &w->ffn_gate_inp, f->model->hp.n_expert_used, plan);
+    if (plan->force_sel) {
+        f->replay_records++;
+        f->replay_changed += (uint64_t)plan->force_changed;
+        if (plan->force_gap > f->replay_gap) f->replay_gap = plan->force_gap;
+        if (plan->force_bad && !f->replay_err) {
+            f->replay_err = -EINVAL;
+            snprintf(f->replay_msg, sizeof f->replay_msg,
+                     "route replay: record %llu (layer %d) repeats an expert in a row",
+                     (unsigned long long)f->replay_records, il);
+        }
+    }
     if (plan->device_routed) {
         plan->n_active = 0; /* the choices stay on the device: not counted in expert_bytes */
     } else {
