@@ -1502,6 +1502,7 @@ static void test_route_replay(void **state)
     free(la);
     free(lb);
     tu_tmpdir_remove(dir);
+    free(dir);
 }
 
 int main(void)
