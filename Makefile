@@ -390,10 +390,11 @@ check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fw
 	SIL_CUDA_REQUIRE=1 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(REFDATA_MODELS)
 	SIL_CUDA_REQUIRE=1 tests/cuda-fwd-shared.sh $(B)
 	@# the whole model once more through the PTX JIT and under memcheck (graphs, routing, attention);
-	@# the JIT takes minutes an engine, so there checks 1-6 (SIL_TEST_CORE=1: two engines)
+	@# the JIT takes about a minute an engine, so there checks 1-6 (SIL_TEST_CORE=1: two engines)
 	rm -rf $(B)/cuda-one && mkdir -p $(B)/cuda-one && \
 		cp $(REFDATA_MODELS)/qwen35moe-tiny-Q4_K_M.* $(B)/cuda-one/
-	SIL_CUDA_REQUIRE=1 SIL_TEST_CORE=1 CUDA_FORCE_PTX_JIT=1 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(B)/cuda-one
+	SIL_CUDA_REQUIRE=1 SIL_TEST_CORE=1 CUDA_FORCE_PTX_JIT=1 \
+		tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(B)/cuda-one
 	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --target-processes all --tool memcheck \
 		--report-api-errors no --error-exitcode 9 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(B)/cuda-one,\
 		@echo "check-cuda: no compute-sanitizer; whole-model memcheck skipped")

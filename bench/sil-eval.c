@@ -25,7 +25,8 @@ struct opts {
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
     const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
-    const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes, *heat_map;
+    const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes;
+    const char *heat_map;
     bool exact;
 };
 

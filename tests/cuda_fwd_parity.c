@@ -3,10 +3,11 @@
  *
  *   cuda_fwd_parity MODEL IDS_1 TOL_1 REF_1 IDS_2 TOL_2 REF_2 TMAX_2
  *
- * With SIL_TEST_CORE=1 only checks 1-6 run (two CUDA engines: for a PTX forced through the JIT,
- * which takes minutes an engine). IDS_* are comma-separated prompts, TOL_* the reference tolerance at each prompt's last
+ * IDS_* are comma-separated prompts, TOL_* the reference tolerance at each prompt's last
  * position, REF_* the reference (llama.cpp) logits of every prompt position, TMAX_2 the largest
- * tolerance over prompt 2 (tests/cuda-fwd.sh takes all of it from the reference data). Checks:
+ * tolerance over prompt 2 (tests/cuda-fwd.sh takes all of it from the reference data). With
+ * SIL_TEST_CORE=1 only checks 1-6 run (two CUDA engines: for a PTX forced through the JIT, which
+ * takes about a minute an engine). Checks:
  *   1. last-position logits of both prompts: CPU and CUDA each against the reference within
  *      TOL (the reference data's rule), and CUDA against CPU within 2 * TOL (both are held to
  *      TOL against the same reference, so they may differ by twice that); on a model with

@@ -1377,9 +1377,9 @@ static void test_prefix_cow(void **state)
 
 /* Route replay (sil_engine_params.route_replay): a CPU trace of a prefill replayed on the same
  * tokens gives its logits bit for bit with no choice changed; one choice swapped for an expert
- * outside the row's top-k is counted with a positive gap and changes the logits of that row, not
- * of the rows before it; a row repeating an expert, a trace that ends early or is of another shape, and a model
- * without experts are errors. */
+ * outside the row's top-k is counted with a positive gap and changes the logits of that row,
+ * not of the rows before it; a row repeating an expert, a trace that ends early or is of another
+ * shape, and a model without experts are errors. */
 static struct sil_engine *open_route(const char *model, const char *trace, const char *replay,
                                      struct sil_error *err)
 {
@@ -1405,8 +1405,8 @@ static void copy_trace(const char *src, const char *dst, int keep,
         fail_msg("%s", err.msg);
     int32_t *sel = malloc(sizeof(int32_t) * SIL_ROUTE_TRACE_MAX_ROWS * r.n_used);
     uint32_t layer, rows;
-    for (int i = 0; (keep < 0 || i < keep) && sil_route_trace_read(&r, &layer, &rows, sel, &err) == 1;
-         i++) {
+    for (int i = 0;
+         (keep < 0 || i < keep) && sil_route_trace_read(&r, &layer, &rows, sel, &err) == 1; i++) {
         if (f) f(layer, rows, sel, r.n_used);
         sil_route_trace_write(&w, layer, rows, sel);
     }
@@ -1462,7 +1462,8 @@ static void test_route_replay(void **state)
     prefill(e, ids, 9, lb);
     sil_engine_stats(e, &st);
     assert_memory_equal(la, lb, sizeof(float) * 9 * (size_t)V);
-    assert_true(st.replay_records == (uint64_t)L && st.replay_changed == 0 && st.replay_gap == 0.0f);
+    assert_true(st.replay_records == (uint64_t)L && st.replay_changed == 0 &&
+                st.replay_gap == 0.0f);
     sil_engine_close(e);
 
     if (!(e = open_route(model, NULL, t2, &err))) fail_msg("open: %s", err.msg);

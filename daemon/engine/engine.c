@@ -101,7 +101,8 @@ static int open_replay(struct sil_engine *e, const struct sil_engine_params *p,
     if (strcmp(e->f.be->ops->name, "cpu") != 0)
         return sil_errorf(err, -ENOTSUP, "engine: route replay runs on the CPU backend only");
     struct sil_route_trace *t = calloc(1, sizeof *t);
-    e->f.replay_sel = malloc(sizeof(int32_t) * SIL_ROUTE_TRACE_MAX_ROWS * (size_t)hp->n_expert_used);
+    e->f.replay_sel =
+        malloc(sizeof(int32_t) * SIL_ROUTE_TRACE_MAX_ROWS * (size_t)hp->n_expert_used);
     if (!t || !e->f.replay_sel) {
         free(t);
         return sil_errorf(err, -ENOMEM, "engine: out of memory");
