@@ -55,8 +55,9 @@ void sil_engine_params_default(struct sil_engine_params *p)
 }
 
 /* The expert plan observer, when a trace, a simulated cache or a heat map is asked for. The
- * simulated cache runs on the CPU only; a trace on any backend (a device backend is opened
- * with its routing brought to the host, so every plan reaches it); a heat map is kept on any
+ * simulated cache runs on the CPU only; a trace on any backend, on a device with every expert
+ * resident (it is opened with its routing brought to the host, so every plan reaches it in
+ * order); a heat map is kept on any
  * backend from the plans that reach the host. */
 static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
                     struct sil_error *err)
@@ -75,6 +76,12 @@ static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
     if (!cpu && sim_slots > 0)
         return sil_errorf(err, -ENOTSUP, "engine: the simulated expert cache runs on the CPU "
                                          "backend only");
+    /* a pass that reads misses in place keeps its routing on the device and shows it to the
+     * cache after the pass: a trace would not have the evaluation's order */
+    if (!cpu && p->route_trace && e->f.ecache)
+        return sil_errorf(err, -ENOTSUP, "engine: a route trace on the %s backend needs every "
+                                         "expert resident (this budget keeps them in slots)",
+                          e->f.be->ops->name);
     const struct sil_layer_weights *w = &e->f.lw[0];
     struct sil_expert_obs_config c = {
         .n_layer = e->model->hp.n_layer,

@@ -35,9 +35,10 @@ struct sil_engine_params {
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
     int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
     bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
-    /* CPU backend, benchmarks: write every MoE layer's routing to this trace file
-     * (route_trace.h), and/or look each plan up in a simulated expert cache of this many slots
-     * (0: none) and policy (NULL: the measured best, lfu), whose counters sil_engine_stats
+    /* Benchmarks and tests: write every MoE layer's routing to this trace file (route_trace.h;
+     * on CUDA the routing is then brought to the host, and every expert must be resident),
+     * and/or look each plan up in a simulated expert cache of this many slots (CPU backend;
+     * 0: none) and policy (NULL: the measured best, lfu), whose counters sil_engine_stats
      * reports. Neither changes a logit. The policy is also the device cache's where the CUDA
      * backend keeps experts in slots (an unknown name is then an error). */
     const char *route_trace;
