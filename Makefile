@@ -398,6 +398,10 @@ check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fw
 	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 $(COMPUTE_SANITIZER) --target-processes all --tool memcheck \
 		--report-api-errors no --error-exitcode 9 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(B)/cuda-one,\
 		@echo "check-cuda: no compute-sanitizer; whole-model memcheck skipped")
+	@# racecheck over the whole model's kernels (attention, delta net, MoE in graphs), checks 1-6
+	$(if $(COMPUTE_SANITIZER),SIL_CUDA_REQUIRE=1 SIL_TEST_CORE=1 $(COMPUTE_SANITIZER) --target-processes all \
+		--tool racecheck --error-exitcode 9 tests/cuda-fwd.sh $(B)/tests/cuda_fwd_parity $(B)/cuda-one,\
+		@echo "check-cuda: no compute-sanitizer; whole-model racecheck skipped")
 else
 check-cuda:
 	@echo "check-cuda: built with CUDA=0 (no nvcc); nothing to check" && false
