@@ -374,7 +374,7 @@ COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null)
 ifeq ($(CUDA),1)
 # Whole-model parity (CUDA vs CPU backend on every reference model) links the engine.
 REFDATA_MODELS ?= $(SHARED)/refdata/models
-$(B)/tests/cuda_fwd_parity: $(call obj,tests/cuda_fwd_parity.c) $(ENGINE_LIBS)
+$(B)/tests/cuda_fwd_parity: $(call obj,tests/cuda_fwd_parity.c tests/testutil.c) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS_ENGINE)
 check-cuda: $(B)/tests/test_cuda_ops $(B)/tests/test_cuda_mmq $(B)/tests/cuda_fwd_parity \

@@ -125,11 +125,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gguf.h"
 #include "kernels/cpu/quants.h"
+#include "tests/testutil.h"
 
 #define N_GREEDY 16
 #define GPU_SELF_TOL 1e-3f
@@ -156,17 +156,23 @@ static int parse_ids(const char *s, int32_t *ids, int max)
     return n;
 }
 
+/* The engine every check opens: model on backend, 4 sequences of 256 positions. */
+static void base_params(struct sil_engine_params *p, const char *model, const char *backend)
+{
+    sil_engine_params_default(p);
+    p->model_path = model;
+    p->backend = backend;
+    p->n_ctx = 256;
+    p->n_seq_max = 4;
+    p->n_batch_max = 256;
+}
+
 /* policy: the expert cache's (NULL: the default), where the experts go into slots */
 static int open_engine_kv(struct sil_engine **e, const char *model, const char *backend,
                           const char *kv_type, const char *policy, struct sil_error *err)
 {
     struct sil_engine_params p;
-    sil_engine_params_default(&p);
-    p.model_path = model;
-    p.backend = backend;
-    p.n_ctx = 256;
-    p.n_seq_max = 4;
-    p.n_batch_max = 256;
+    base_params(&p, model, backend);
     p.kv_type = kv_type;
     p.ecache_sim_policy = policy;
     return sil_engine_open(e, &p, err);
@@ -208,11 +214,10 @@ static bool conv_set_applies(const char *model)
     return yes;
 }
 
-/* A CUDA engine opened with the settings env ("NAME=value" each, NULL-terminated) in the
- * environment, which the backend reads at open; they are unset again after. */
-static int open_cuda_env_policy(struct sil_engine **e, const char *model,
-                                const char *const *env, const char *policy,
-                                struct sil_error *err)
+/* An engine on backend opened with the settings env ("NAME=value" each, NULL-terminated) in
+ * the environment, which the backend reads at open; they are unset again after. */
+static int open_env_policy(struct sil_engine **e, const char *model, const char *backend,
+                           const char *const *env, const char *policy, struct sil_error *err)
 {
     /* each variable's value before, put back after (a setting the whole run was started with
      * must reach the engines opened later, the resident one among them) */
@@ -228,7 +233,7 @@ static int open_cuda_env_policy(struct sil_engine **e, const char *model,
         before[n] = was ? strdup(was) : NULL;
         setenv(name, eq + 1, 1);
     }
-    const int rc = open_engine_kv(e, model, "cuda", NULL, policy, err);
+    const int rc = open_engine_kv(e, model, backend, NULL, policy, err);
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "%.*s", (int)(strchr(env[i], '=') - env[i]), env[i]);
         if (before[i]) setenv(name, before[i], 1);
@@ -236,6 +241,13 @@ static int open_cuda_env_policy(struct sil_engine **e, const char *model,
         free(before[i]);
     }
     return rc;
+}
+
+static int open_cuda_env_policy(struct sil_engine **e, const char *model,
+                                const char *const *env, const char *policy,
+                                struct sil_error *err)
+{
+    return open_env_policy(e, model, "cuda", env, policy, err);
 }
 
 static int open_cuda_env(struct sil_engine **e, const char *model, const char *const *env,
@@ -723,25 +735,17 @@ static int routing_explains(const char *model, const int32_t *ids, int n, int V,
                             float tol)
 {
     float *buf = malloc(sizeof(float) * (size_t)V);
-    if (!buf) return 0;
-    const char *td = getenv("TMPDIR");
-    char tdir[512], trace[600];
-    snprintf(tdir, sizeof tdir, "%s/cuda_fwd_parity.XXXXXX",
-             td && *td && strlen(td) < 400 ? td : "/tmp");
-    if (!mkdtemp(tdir)) {
-        perror("mkdtemp");
+    char *tdir = tu_tmpdir_create(), *trace = tdir ? tu_path_join(tdir, "trace") : NULL;
+    if (!buf || !trace) {
+        fprintf(stderr, "%s: routing: no temporary directory or memory\n", model);
         free(buf);
+        if (tdir) tu_tmpdir_remove(tdir);
+        free(tdir);
         return 0;
     }
-    snprintf(trace, sizeof trace, "%s/trace", tdir);
     struct sil_error err = {0};
     struct sil_engine_params p;
-    sil_engine_params_default(&p);
-    p.model_path = model;
-    p.n_ctx = 256;
-    p.n_seq_max = 4;
-    p.n_batch_max = 256;
-    p.backend = "cuda";
+    base_params(&p, model, "cuda");
     p.route_trace = trace;
     struct sil_engine *e = NULL;
     int sq, good = 0;
@@ -774,8 +778,9 @@ out:
            (double)NEAR_TIE_GAP, (double)dr, (double)tol,
            good ? "a routing near-tie, explained" : "not explained");
     sil_engine_close(e);
-    unlink(trace);
-    rmdir(tdir);
+    tu_tmpdir_remove(tdir);
+    free(trace);
+    free(tdir);
     free(buf);
     return good;
 }
@@ -1133,17 +1138,14 @@ int main(int argc, char **argv)
      * far more than 1e-3: qwen3-tiny-Q8_0 by 0.13) */
     {
         const char *env[] = {"SIL_CUDA_PREFILL_SPLIT=1", NULL};
+        const char *noise[] = {"SIL_TEST_ATTN_NOISE=1e-6", NULL};
         struct sil_engine *noisy = NULL;
         float sens = -1.0f;
-        float *na = malloc(sizeof(float) * (size_t)V), *nb = malloc(sizeof(float) * (size_t)V);
-        setenv("SIL_TEST_ATTN_NOISE", "1e-6", 1);
-        int rc = na && nb ? open_engine(&noisy, model, "cpu", &err) : -ENOMEM;
-        unsetenv("SIL_TEST_ATTN_NOISE");
-        if (rc == 0 && half_then_steps(cpu, noisy, p2, n2, V, na, nb, true, &sens) < 0)
+        /* lc and ref are free here (scratch of checks 2 and 3) */
+        if (open_env_policy(&noisy, model, "cpu", noise, NULL, &err) == 0 &&
+            half_then_steps(cpu, noisy, p2, n2, V, lc, ref, true, &sens) < 0)
             sens = -1.0f;
         sil_engine_close(noisy);
-        free(na);
-        free(nb);
         char what[256];
         snprintf(what, sizeof what,
                  "prefill attention split over the context (the decode kernels) vs one block a "

@@ -123,15 +123,21 @@ static float *ref_logits(const char *name, size_t n_floats)
 }
 
 /* kv_type NULL: the engine's default; budget 0: the whole context of every sequence. */
+/* The tests' engine parameters: 2 threads, n_seq sequences of n_ctx positions. */
+static void small_params(struct sil_engine_params *p, int n_seq, int32_t n_ctx)
+{
+    sil_engine_params_default(p);
+    p->n_threads = 2;
+    p->n_seq_max = n_seq;
+    p->n_ctx = n_ctx;
+}
+
 static struct sil_engine *open_model_kv(const char *model, bool exact, int n_seq, int32_t n_ctx,
                                         const char *kv_type, uint64_t budget)
 {
     struct sil_engine_params p;
-    sil_engine_params_default(&p);
-    p.n_threads = 2;
+    small_params(&p, n_seq, n_ctx);
     p.exact = exact;
-    p.n_seq_max = n_seq;
-    p.n_ctx = n_ctx;
     p.kv_type = kv_type;
     p.kv_budget = budget;
     struct sil_error err = {0};
@@ -992,10 +998,7 @@ static void test_stats_expert_bytes(void **state)
 static struct sil_engine *open_heat(const char *model, bool heat, int32_t slots)
 {
     struct sil_engine_params p;
-    sil_engine_params_default(&p);
-    p.n_threads = 2;
-    p.n_seq_max = 2;
-    p.n_ctx = 256;
+    small_params(&p, 2, 256);
     p.heat_map = heat;
     p.ecache_sim_slots = slots;
     struct sil_error err = {0};
@@ -1384,10 +1387,7 @@ static struct sil_engine *open_route(const char *model, const char *trace, const
                                      struct sil_error *err)
 {
     struct sil_engine_params p;
-    sil_engine_params_default(&p);
-    p.n_threads = 2;
-    p.n_seq_max = 2;
-    p.n_ctx = 64;
+    small_params(&p, 2, 64);
     p.route_trace = trace;
     p.route_replay = replay;
     struct sil_engine *e = NULL;
@@ -1411,7 +1411,7 @@ static void copy_trace(const char *src, const char *dst, int keep,
         sil_route_trace_write(&w, layer, rows, sel);
     }
     assert_int_equal(sil_route_trace_close(&w, &err), 0);
-    fclose(r.f);
+    sil_route_trace_close(&r, &err);
     free(sel);
 }
 

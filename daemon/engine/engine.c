@@ -57,8 +57,7 @@ void sil_engine_params_default(struct sil_engine_params *p)
 /* The expert plan observer, when a trace, a simulated cache or a heat map is asked for. The
  * simulated cache runs on the CPU only; a trace on any backend, on a device with every expert
  * resident (it is opened with its routing brought to the host, so every plan reaches it in
- * order); a heat map is kept on any
- * backend from the plans that reach the host. */
+ * order); a heat map is kept on any backend from the plans that reach the host. */
 static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
                     struct sil_error *err)
 {
@@ -547,7 +546,7 @@ void sil_engine_close(struct sil_engine *e)
         fprintf(stderr, "siliceo: %s\n", oerr.msg);
     e->f.obs = NULL;
     if (e->f.replay) {
-        if (e->f.replay->f) fclose(e->f.replay->f);
+        sil_route_trace_close(e->f.replay, &oerr); /* read only: nothing to report */
         free(e->f.replay);
         e->f.replay = NULL;
     }
