@@ -244,6 +244,14 @@ struct cuda_backend {
                          * 0: never (the default until measured) */
     bool no_h8_fuse;
     sil_cuda_ptr moe_done; /* [MB * (K + 1)] int32: gate/up blocks done per pair (zero between) */
+    /* SIL_CUDA_MOE_GROUP=1: decode batches of 2 to MB rows take the fused MoE kernels grouped
+     * by expert, each distinct expert's rows read once a step. Off by default: on the H200 the
+     * per-pair kernels' repeated reads come from L2 and the grouped ones measured slower
+     * (bench/results/moe-group-cuda-h200-20261204.json); meant for GPUs whose L2 cannot hold
+     * a layer's experts */
+    bool moe_group;
+    sil_cuda_ptr moe_part;    /* [MB * (K + 1)][n_embd] F32: the grouped down's pair products */
+    sil_cuda_ptr grp_done;    /* [sil_cuda_moe_down_grouped_cols] int32 (zero between) */
     sil_cuda_ptr router_done; /* int32 counter of the fused router (zero between launches) */
     sil_cuda_ptr dn_done; /* [MB][DN_DONE_HEADS] int32 row groups of a head done (zero between) */
     enum pass_mode mode;
@@ -1451,16 +1459,29 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
          * decode only: a prefill's chunks ran 8% slower fused (resident 35B shape, pp512) */
         const bool hq = !b->no_h8_fuse && b->moe_done && F % 32 == 0 && x.rows <= MB;
         const sil_cuda_ptr h8 = hq ? b->q8h : 0, done = hq ? b->moe_done : 0;
+        /* 2 rows and more of a decode step: each distinct expert read once for its rows */
+        const bool grp = b->moe_group && n >= 2 && x.rows <= MB && b->moe_part && b->grp_done &&
+                         n <= SIL_CUDA_MOE_GROUP_MAX;
         const int rc =
-            sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
-                                             dp(pl->sh_gate_inp->data), lg, b->h_gate, h8, done,
-                                             NULL, &b->err)
-               : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, h8, done,
-                                      NULL, &b->err);
+            grp ? sil_cuda_moe_gate_up_grouped(b->cu, &g, &u, sh ? &sg : NULL, sh ? &su : NULL, X,
+                                               b->q8, n, ids, K, xp,
+                                               sh ? dp(pl->sh_gate_inp->data) : 0, lg, b->h_gate,
+                                               h8, done, NULL, &b->err)
+            : sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
+                                               dp(pl->sh_gate_inp->data), lg, b->h_gate, h8,
+                                               done, NULL, &b->err)
+                 : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, h8, done,
+                                        NULL, &b->err);
         if (!ok(b, rc) || (!hq && !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F,
                                                               b->q8h, NULL, &b->err))))
             return sh;
-        if (sh && b->down_norm && b->norm_done && r0 == 0 && x.rows <= MB && !b->pend &&
+        if (grp)
+            ok(b, sil_cuda_moe_down_grouped(b->cu, &d, sh ? &sd : NULL, X, b->q8h, n, ids, w, lg,
+                                            K, b->moe_part,
+                                            sh ? dp(out.data) + (uint64_t)(r0 * E) * 4
+                                               : b->routed + (uint64_t)(r0 * E) * 4,
+                                            b->grp_done, NULL, &b->err));
+        else if (sh && b->down_norm && b->norm_done && r0 == 0 && x.rows <= MB && !b->pend &&
             sil_cuda_down_norm_ok(E)) {
             /* waits for the add and rmsnorm that follow (cuda_add, cuda_rmsnorm) */
             b->pdn = true;
@@ -2647,6 +2668,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->router_done, X > 0 ? 4 : 0},
         {&b->norm_done, X > 0 ? (uint64_t)MB * 4 : 0},
         {&b->moe_done, X > 0 ? (uint64_t)(MB * (K + 1)) * 4 : 0},
+        {&b->moe_part, X > 0 ? (uint64_t)(MB * (K + 1) * E) * f4 : 0},
+        {&b->grp_done, X > 0 && F > 0 ? (uint64_t)sil_cuda_moe_down_grouped_cols(E, F) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
@@ -2768,6 +2791,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_dn_fuse = env_is1("SIL_CUDA_NO_DN_FUSE");
         b->no_router_fuse = env_is1("SIL_CUDA_NO_ROUTER_FUSE");
         b->no_h8_fuse = env_is1("SIL_CUDA_NO_H8_FUSE");
+        b->moe_group = env_is1("SIL_CUDA_MOE_GROUP");
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = gr && strcmp(gr, "0") == 0;
         const char *pf = getenv("SIL_CUDA_PROFILE");

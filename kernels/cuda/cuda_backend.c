@@ -148,6 +148,14 @@ static const char *const mm_what[MV_COUNT] = {
 static const char *const gu_what[MV_F32] = {
     "moe_gate_up q4_0", "moe_gate_up q4_1", "moe_gate_up q5_0", "moe_gate_up q5_1",
     "moe_gate_up q8_0", "moe_gate_up q4_K", "moe_gate_up q5_K", "moe_gate_up q6_K"};
+static const char *const gug_what[MV_F32] = {
+    "moe_gate_up grouped q4_0", "moe_gate_up grouped q4_1", "moe_gate_up grouped q5_0",
+    "moe_gate_up grouped q5_1", "moe_gate_up grouped q8_0", "moe_gate_up grouped q4_K",
+    "moe_gate_up grouped q5_K", "moe_gate_up grouped q6_K"};
+static const char *const dng_what[MV_F32] = {"moe_down grouped q4_0", "moe_down grouped q4_1",
+                                             "moe_down grouped q5_0", "moe_down grouped q5_1",
+                                             "moe_down grouped q8_0", "moe_down grouped q4_K",
+                                             "moe_down grouped q5_K", "moe_down grouped q6_K"};
 static const char *const dn_what[MV_F32] = {"moe_down q4_0", "moe_down q4_1", "moe_down q5_0",
                                             "moe_down q5_1", "moe_down q8_0", "moe_down q4_K",
                                             "moe_down q5_K", "moe_down q6_K"};
@@ -172,6 +180,7 @@ struct sil_cuda {
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
     CUfunction router_fused[SIL_CUDA_MAX_BATCH]; /* F32 router matvec + top-k, [batch - 1] */
     CUfunction moe_down_sh_norm[MV_F32]; /* down + sum, then the add + rmsnorm + q8 after it */
+    CUfunction moe_gate_up_grp[MV_F32], moe_down_grp[MV_F32]; /* grouped by expert */
     /* [1], [2] with 4 router rows a block (the default; SIL_CUDA_ROUTER_ROWS=0: router_norm) */
     CUfunction router_norm_r4[3];
     bool router_rows4;
@@ -344,6 +353,14 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         if (r == CUDA_SUCCESS) {
             snprintf(name, sizeof name, "sil_moe_down_sh_norm_%s", mv_names[t]);
             r = cu->api.cuModuleGetFunction(&cu->moe_down_sh_norm[t], cu->mod, name);
+        }
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_gate_up_grp_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_gate_up_grp[t], cu->mod, name);
+        }
+        if (r == CUDA_SUCCESS) {
+            snprintf(name, sizeof name, "sil_moe_down_grp_%s", mv_names[t]);
+            r = cu->api.cuModuleGetFunction(&cu->moe_down_grp[t], cu->mod, name);
         }
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
@@ -1426,6 +1443,156 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * 2 * (uint64_t)n_ff * row_bytes;
     return launch(cu, cu->moe_gate_up_sh[slot], gu_what[slot], (unsigned)((n_ff + 3) / 4),
                   (unsigned)(n_tok * (k + 1)), 128, s, p, err);
+}
+
+/* moe.cuh's grouped kernels: the distinct experts a launch can name at most (for the bytes the
+ * profile gives it: an upper bound, the routing is on the device). */
+static uint64_t grp_mats(int n_tok, int k, int n_expert)
+{
+    const int64_t named = (int64_t)n_tok * k;
+    return (uint64_t)(named < n_expert ? named : n_expert);
+}
+
+static int grp_args(const char *what, int n_expert, int64_t rows, int n_tok, int k, bool sh,
+                    struct sil_error *err)
+{
+    const int k1 = sh ? k + 1 : k;
+    if (n_expert <= 0 || rows % n_expert || n_tok <= 0 || n_tok > SIL_CUDA_MOE_GROUP_MAX ||
+        k <= 0 || k1 > SIL_CUDA_MOE_SLOTS_MAX)
+        return set_err(err, -EINVAL, "cuda: %s of %lld rows over %d experts, %d x %d", what,
+                       (long long)rows, n_expert, n_tok, k);
+    return 0;
+}
+
+int sil_cuda_moe_gate_up_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                                 const struct sil_cuda_weight *up,
+                                 const struct sil_cuda_weight *sh_gate,
+                                 const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
+                                 int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
+                                 sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
+                                 sil_cuda_ptr h8, sil_cuda_ptr done, struct sil_cuda_stream *s,
+                                 struct sil_error *err)
+{
+    const int slot = mv_slot(gate->type);
+    const bool sh = sh_gate != NULL;
+    if (slot < 0 || slot >= MV_F32 || up->type != gate->type || !gate->data || !up->data ||
+        (sh_gate == NULL) != (sh_up == NULL) ||
+        (sh && (sh_gate->type != gate->type || sh_up->type != gate->type || !sh_gate->data ||
+                !sh_up->data || !x || !gate_inp || !sh_logit)))
+        return set_err(err, -ENOTSUP,
+                       "cuda: moe gate/up grouped: one quantized type for gate, up and the "
+                       "shared expert's");
+    int rc = grp_args("moe gate/up grouped", n_expert, gate->rows, n_tok, k, sh, err);
+    if (rc < 0) return rc;
+    if (up->rows != gate->rows || up->cols != gate->cols ||
+        (sh && (sh_gate->rows != gate->rows / n_expert || sh_up->rows != sh_gate->rows ||
+                sh_gate->cols != gate->cols || sh_up->cols != gate->cols)))
+        return set_err(err, -EINVAL,
+                       "cuda: moe gate/up grouped: gate, up and shared shapes differ");
+    int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
+    const int k1 = sh ? k + 1 : k;
+    int64_t nblocks = (int64_t)n_tok * units;
+    uint64_t row_bytes = gate->row_bytes;
+    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
+    if (!moe_host_ok(gate, up))
+        return set_err(err, -EINVAL,
+                       "cuda: moe slots read in place without a slot table or host memory");
+    uint64_t hstride = gate->host_stride;
+    int nslot = gate->n_slot;
+    if (done && (n_ff % 32 != 0 || !h8))
+        return set_err(err, -EINVAL, "cuda: moe gate/up q8 of h needs n_ff %% 32 == 0 (%d)", n_ff);
+    int64_t h8_blocks = done ? (int64_t)n_tok * k1 * n_ff / 32 : 0;
+    sil_cuda_ptr sg = sh ? sh_gate->data : 0, su = sh ? sh_up->data : 0;
+    void *p[] = {(void *)&gate->data,
+                 (void *)&up->data,
+                 &sg,
+                 &su,
+                 &row_bytes,
+                 &stride,
+                 (void *)&gate->host,
+                 (void *)&up->host,
+                 &hstride,
+                 (void *)&gate->tab,
+                 &nslot,
+                 &n_ff,
+                 &units,
+                 &n_expert,
+                 &q8,
+                 &nblocks,
+                 &ids,
+                 &k,
+                 &x,
+                 &gate_inp,
+                 &sh_logit,
+                 &h,
+                 &h8,
+                 &h8_blocks,
+                 &done};
+    cu->prof_bytes = (grp_mats(n_tok, k, n_expert) + (sh ? 1 : 0)) * 2 * (uint64_t)n_ff * row_bytes;
+    return launch(cu, cu->moe_gate_up_grp[slot], gug_what[slot], (unsigned)((n_ff + 3) / 4),
+                  (unsigned)(n_tok * k1), 128, s, p, err);
+}
+
+int sil_cuda_moe_down_grouped_cols(int64_t n_embd, int64_t n_ff)
+{
+    const int units = (int)(n_ff / SIL_CUDA_Q8_BLOCK);
+    const int lanes = units > 16 ? 32 : units > 8 ? 16 : 8;
+    const int64_t rows = 4 * (32 / lanes) * 4; /* moe.cuh's sil_down_grp_rows */
+    return (int)((n_embd + rows - 1) / rows);
+}
+
+int sil_cuda_moe_down_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                              const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
+                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
+                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr part, sil_cuda_ptr y,
+                              sil_cuda_ptr done, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int slot = mv_slot(down->type);
+    const bool sh = sh_down != NULL;
+    if (slot < 0 || slot >= MV_F32 || !down->data ||
+        (sh && (sh_down->type != down->type || !sh_down->data || !sh_logit)))
+        return set_err(err, -ENOTSUP, "cuda: moe down grouped: one quantized type");
+    int rc = grp_args("moe down grouped", n_expert, down->rows, n_tok, k, sh, err);
+    if (rc < 0) return rc;
+    if (sh && (sh_down->rows != down->rows / n_expert || sh_down->cols != down->cols))
+        return set_err(err, -EINVAL, "cuda: moe down grouped: the shared expert's shape differs");
+    if (!part || !done)
+        return set_err(err, -EINVAL, "cuda: moe down grouped needs its products and counters");
+    int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
+    const int k1 = sh ? k + 1 : k;
+    int64_t nblocks = (int64_t)n_tok * k1 * units;
+    uint64_t row_bytes = down->row_bytes;
+    uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
+    if (!moe_host_ok(down, NULL))
+        return set_err(err, -EINVAL,
+                       "cuda: moe slots read in place without a slot table or host memory");
+    uint64_t hstride = down->host_stride;
+    int nslot = down->n_slot;
+    sil_cuda_ptr sd = sh ? sh_down->data : 0;
+    void *p[] = {(void *)&down->data,
+                 &sd,
+                 &row_bytes,
+                 &stride,
+                 (void *)&down->host,
+                 &hstride,
+                 (void *)&down->tab,
+                 &nslot,
+                 &n_embd,
+                 &units,
+                 &n_expert,
+                 &q8h,
+                 &nblocks,
+                 &ids,
+                 &weights,
+                 &sh_logit,
+                 &k,
+                 &part,
+                 &y,
+                 &done};
+    cu->prof_bytes = (grp_mats(n_tok, k, n_expert) + (sh ? 1 : 0)) * (uint64_t)n_embd * row_bytes;
+    return launch(cu, cu->moe_down_grp[slot], dng_what[slot],
+                  (unsigned)sil_cuda_moe_down_grouped_cols(n_embd, down->cols),
+                  (unsigned)(n_tok * k1), 128, s, p, err);
 }
 
 int sil_cuda_rmsnorm_threads(int64_t n)

@@ -300,6 +300,30 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err);
+/* The two kernels grouped by expert, for decode batches of 2 to SIL_CUDA_MOE_GROUP_MAX tokens:
+ * the pairs that name one expert read its rows once for all their tokens (the per-pair kernels
+ * above read them once a pair). sh_gate / sh_up / sh_down NULL: routed experts only (y as
+ * sil_cuda_moe_down gives it); else the shared expert as slot k of every token (as the _shared
+ * kernels, y the whole MoE output), read once for all tokens. gate_up writes h (and h8 with
+ * done) as sil_cuda_moe_gate_up(_shared) does, the same numbers. down writes each pair's product
+ * to part [n_tok * (k or k + 1)][n_embd] F32, then the last block of each column of rows sums a
+ * token's slots in slot order into y; done: sil_cuda_moe_down_grouped_cols int32 on the device,
+ * zero, left zero. */
+#define SIL_CUDA_MOE_GROUP_MAX 8
+int sil_cuda_moe_gate_up_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
+                                 const struct sil_cuda_weight *up,
+                                 const struct sil_cuda_weight *sh_gate,
+                                 const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
+                                 int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
+                                 sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
+                                 sil_cuda_ptr h8, sil_cuda_ptr done, struct sil_cuda_stream *s,
+                                 struct sil_error *err);
+int sil_cuda_moe_down_grouped_cols(int64_t n_embd, int64_t n_ff);
+int sil_cuda_moe_down_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *down,
+                              const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
+                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
+                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr part, sil_cuda_ptr y,
+                              sil_cuda_ptr done, struct sil_cuda_stream *s, struct sil_error *err);
 /* The threads a row of n gets in the backend's add + rmsnorm + q8 launch (fwd.cu). */
 int sil_cuda_rmsnorm_threads(int64_t n);
 /* The residual add + rmsnorm + q8 of one token before a decode MoE and its F32 router (as
