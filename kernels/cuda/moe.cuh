@@ -649,6 +649,14 @@ __device__ __forceinline__ void sil_moe_down_grp_prefetch(const uint8_t *wd, con
         sil_l2_prefetch(m + (uint64_t)r0 * row_bytes, (uint64_t)nr * row_bytes);
 }
 
+// Before the wait: the shared expert's gate and up rows, where there is one (sg).
+__device__ __forceinline__ void sil_moe_gate_up_grp_prefetch(const uint8_t *sg, const uint8_t *su,
+                                                             uint64_t row_bytes, int n_ff, int k)
+{
+    if (sg)
+        sil_moe_gate_up_sh_prefetch(sg, su, row_bytes, n_ff, k);
+}
+
 #define SIL_MOE_GRP_ENTRY(NAME, T)                                                                \
     extern "C" __global__ void __launch_bounds__(SIL_MMV_WARPS * 32) sil_moe_gate_up_grp_##NAME(  \
         const uint8_t *wg, const uint8_t *wu, const uint8_t *sg, const uint8_t *su,               \
@@ -658,8 +666,7 @@ __device__ __forceinline__ void sil_moe_down_grp_prefetch(const uint8_t *wd, con
         const float *gate_inp, float *sh_logit, float *h, uint8_t *h8, int64_t h8_blocks,         \
         int *done)                                                                                \
     {                                                                                             \
-        if (sg)                                                                                   \
-            sil_moe_gate_up_sh_prefetch(sg, su, row_bytes, n_ff, k);                              \
+        sil_moe_gate_up_grp_prefetch(sg, su, row_bytes, n_ff, k);                                 \
         SIL_PDL_ENTRY();                                                                          \
         if (sg)                                                                                   \
             sil_moe_gate_up_grp<T, true>(wg, wu, sg, su, row_bytes, mat_stride, hg, hu, h_stride, \
