@@ -2632,6 +2632,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const size_t meta_bytes =
         ints_off + (size_t)(5 * U + 1 + (c->n_layer_attn > 0 ? c->n_seq_max * bps : 0)) *
                        sizeof(int32_t);
+    const bool group = env_is1("SIL_CUDA_MOE_GROUP");
     struct {
         sil_cuda_ptr *p;
         uint64_t bytes;
@@ -2669,8 +2670,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->router_done, X > 0 ? 4 : 0},
         {&b->norm_done, X > 0 ? (uint64_t)MB * 4 : 0},
         {&b->moe_done, X > 0 ? (uint64_t)(MB * (K + 1)) * 4 : 0},
-        {&b->moe_part, X > 0 ? (uint64_t)(MB * (K + 1) * E) * f4 : 0},
-        {&b->grp_done, X > 0 && F > 0 ? (uint64_t)sil_cuda_moe_down_grouped_cols(E, F) * 4 : 0},
+        /* the grouped MoE kernels' buffers only where they are asked for */
+        {&b->moe_part, X > 0 && group ? (uint64_t)(MB * (K + 1) * E) * f4 : 0},
+        {&b->grp_done,
+         X > 0 && F > 0 && group ? (uint64_t)sil_cuda_moe_down_grouped_cols(E, F) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
@@ -2792,7 +2795,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_dn_fuse = env_is1("SIL_CUDA_NO_DN_FUSE");
         b->no_router_fuse = env_is1("SIL_CUDA_NO_ROUTER_FUSE");
         b->no_h8_fuse = env_is1("SIL_CUDA_NO_H8_FUSE");
-        b->moe_group = env_is1("SIL_CUDA_MOE_GROUP");
+        b->moe_group = group;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = gr && strcmp(gr, "0") == 0;
         const char *pf = getenv("SIL_CUDA_PROFILE");
