@@ -246,10 +246,9 @@ struct cuda_backend {
     sil_cuda_ptr moe_done; /* [MB * (K + 1)] int32: gate/up blocks done per pair (zero between) */
     /* SIL_CUDA_MOE_GROUP=1: decode batches of 2 to MB rows take the fused MoE kernels grouped
      * by expert, each distinct expert's rows read once a step. Off by default: on the H200 the
-     * per-pair kernels' repeated reads come from L2 and the grouped ones measured slower
+     * grouped ones measured slower (the per-pair repeats most likely hit L2)
      * (bench/results/moe-group-cuda-h200-20261204.json); meant for GPUs whose L2 cannot hold
-     * a layer's experts */
-    bool moe_group;
+     * a layer's experts. Allocated only then: moe_part != 0 is the switch */
     sil_cuda_ptr moe_part;    /* [MB * (K + 1)][n_embd] F32: the grouped down's pair products */
     sil_cuda_ptr grp_done;    /* [sil_cuda_moe_down_grouped_cols] int32 (zero between) */
     sil_cuda_ptr router_done; /* int32 counter of the fused router (zero between launches) */
@@ -1460,8 +1459,7 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
         const bool hq = !b->no_h8_fuse && b->moe_done && F % 32 == 0 && x.rows <= MB;
         const sil_cuda_ptr h8 = hq ? b->q8h : 0, done = hq ? b->moe_done : 0;
         /* 2 rows and more of a decode step: each distinct expert read once for its rows */
-        const bool grp = b->moe_group && n >= 2 && x.rows <= MB && b->moe_part && b->grp_done &&
-                         n <= SIL_CUDA_MOE_GROUP_MAX;
+        const bool grp = b->moe_part && n >= 2 && x.rows <= MB;
         const int rc =
             grp ? sil_cuda_moe_gate_up_grouped(b->cu, &g, &u, sh ? &sg : NULL, sh ? &su : NULL, X,
                                                b->q8, n, ids, K, xp,
@@ -2633,6 +2631,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         ints_off + (size_t)(5 * U + 1 + (c->n_layer_attn > 0 ? c->n_seq_max * bps : 0)) *
                        sizeof(int32_t);
     const bool group = env_is1("SIL_CUDA_MOE_GROUP");
+    _Static_assert(MB <= SIL_CUDA_MOE_GROUP_MAX, "the grouped MoE kernels take a decode batch");
     struct {
         sil_cuda_ptr *p;
         uint64_t bytes;
@@ -2795,7 +2794,6 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_dn_fuse = env_is1("SIL_CUDA_NO_DN_FUSE");
         b->no_router_fuse = env_is1("SIL_CUDA_NO_ROUTER_FUSE");
         b->no_h8_fuse = env_is1("SIL_CUDA_NO_H8_FUSE");
-        b->moe_group = group;
         const char *gr = getenv("SIL_CUDA_GROUPED");
         b->no_grouped = gr && strcmp(gr, "0") == 0;
         const char *pf = getenv("SIL_CUDA_PROFILE");

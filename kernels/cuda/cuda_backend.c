@@ -1381,6 +1381,37 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
                   (unsigned)n_tok, 128, s, p, err);
 }
 
+/* The launch of moe.cuh's gate/up kernels that take the shared expert's matrices sg / su (the
+ * per-pair _sh kernel, and the grouped one, where 0 means no shared expert): one parameter
+ * list, grid (n_ff / 4, n_tok * k1); mats: the matrices it may read, for the profile's bytes. */
+static int gate_up_sh_launch(struct sil_cuda *cu, CUfunction f, const char *what,
+                             const struct sil_cuda_weight *gate, const struct sil_cuda_weight *up,
+                             sil_cuda_ptr sg, sil_cuda_ptr su, int n_expert, sil_cuda_ptr q8,
+                             int n_tok, sil_cuda_ptr ids, int k, int k1, sil_cuda_ptr x,
+                             sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
+                             sil_cuda_ptr h8, sil_cuda_ptr done, uint64_t mats,
+                             struct sil_cuda_stream *s, struct sil_error *err)
+{
+    int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
+    int64_t nblocks = (int64_t)n_tok * units;
+    uint64_t row_bytes = gate->row_bytes;
+    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
+    if (!moe_host_ok(gate, up))
+        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
+    uint64_t hstride = gate->host_stride;
+    int nslot = gate->n_slot;
+    if (done && (n_ff % 32 != 0 || !h8))
+        return set_err(err, -EINVAL, "cuda: moe gate/up q8 of h needs n_ff %% 32 == 0 (%d)", n_ff);
+    int64_t h8_blocks = done ? (int64_t)n_tok * k1 * n_ff / 32 : 0;
+    void *p[] = {(void *)&gate->data, (void *)&up->data, &sg, &su, &row_bytes, &stride,
+                 (void *)&gate->host, (void *)&up->host, &hstride, (void *)&gate->tab, &nslot,
+                 &n_ff, &units, &n_expert, &q8, &nblocks, &ids, &k, &x, &gate_inp, &sh_logit, &h,
+                 &h8, &h8_blocks, &done};
+    cu->prof_bytes = mats * 2 * (uint64_t)n_ff * row_bytes;
+    return launch(cu, f, what, (unsigned)((n_ff + 3) / 4), (unsigned)(n_tok * k1), 128, s, p,
+                  err);
+}
+
 int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
                                 const struct sil_cuda_weight *up,
                                 const struct sil_cuda_weight *sh_gate,
@@ -1404,45 +1435,10 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
         return set_err(err, -EINVAL,
                        "cuda: moe gate/up + shared of %lld rows over %d experts, %d x %d",
                        (long long)gate->rows, n_expert, n_tok, k);
-    int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
-    int64_t nblocks = (int64_t)n_tok * units;
-    uint64_t row_bytes = gate->row_bytes;
-    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
-    if (!moe_host_ok(gate, up))
-        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
-    uint64_t hstride = gate->host_stride;
-    int nslot = gate->n_slot;
-    if (done && (n_ff % 32 != 0 || !h8))
-        return set_err(err, -EINVAL, "cuda: moe gate/up q8 of h needs n_ff %% 32 == 0 (%d)", n_ff);
-    int64_t h8_blocks = done ? (int64_t)n_tok * (k + 1) * n_ff / 32 : 0;
-    void *p[] = {(void *)&gate->data,
-                 (void *)&up->data,
-                 (void *)&sh_gate->data,
-                 (void *)&sh_up->data,
-                 &row_bytes,
-                 &stride,
-                 (void *)&gate->host,
-                 (void *)&up->host,
-                 &hstride,
-                 (void *)&gate->tab,
-                 &nslot,
-                 &n_ff,
-                 &units,
-                 &n_expert,
-                 &q8,
-                 &nblocks,
-                 &ids,
-                 &k,
-                 &x,
-                 &gate_inp,
-                 &sh_logit,
-                 &h,
-                 &h8,
-                 &h8_blocks,
-                 &done};
-    cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * 2 * (uint64_t)n_ff * row_bytes;
-    return launch(cu, cu->moe_gate_up_sh[slot], gu_what[slot], (unsigned)((n_ff + 3) / 4),
-                  (unsigned)(n_tok * (k + 1)), 128, s, p, err);
+    /* bytes: k + 1 experts a token at most (fewer when tokens share one) */
+    return gate_up_sh_launch(cu, cu->moe_gate_up_sh[slot], gu_what[slot], gate, up, sh_gate->data,
+                             sh_up->data, n_expert, q8, n_tok, ids, k, k + 1, x, gate_inp,
+                             sh_logit, h, h8, done, (uint64_t)n_tok * (uint64_t)(k + 1), s, err);
 }
 
 /* moe.cuh's grouped kernels: the distinct experts a launch can name at most (for the bytes the
@@ -1467,11 +1463,11 @@ static int grp_args(const char *what, int n_expert, int64_t rows, int n_tok, int
 int sil_cuda_moe_gate_up_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
                                  const struct sil_cuda_weight *up,
                                  const struct sil_cuda_weight *sh_gate,
-                                 const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
-                                 int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
-                                 sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
-                                 sil_cuda_ptr h8, sil_cuda_ptr done, struct sil_cuda_stream *s,
-                                 struct sil_error *err)
+                                 const struct sil_cuda_weight *sh_up, int n_expert,
+                                 sil_cuda_ptr q8, int n_tok, sil_cuda_ptr ids, int k,
+                                 sil_cuda_ptr x, sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit,
+                                 sil_cuda_ptr h, sil_cuda_ptr h8, sil_cuda_ptr done,
+                                 struct sil_cuda_stream *s, struct sil_error *err)
 {
     const int slot = mv_slot(gate->type);
     const bool sh = sh_gate != NULL;
@@ -1487,50 +1483,11 @@ int sil_cuda_moe_gate_up_grouped(struct sil_cuda *cu, const struct sil_cuda_weig
     if (up->rows != gate->rows || up->cols != gate->cols ||
         (sh && (sh_gate->rows != gate->rows / n_expert || sh_up->rows != sh_gate->rows ||
                 sh_gate->cols != gate->cols || sh_up->cols != gate->cols)))
-        return set_err(err, -EINVAL,
-                       "cuda: moe gate/up grouped: gate, up and shared shapes differ");
-    int n_ff = (int)(gate->rows / n_expert), units = (int)(gate->cols / SIL_CUDA_Q8_BLOCK);
-    const int k1 = sh ? k + 1 : k;
-    int64_t nblocks = (int64_t)n_tok * units;
-    uint64_t row_bytes = gate->row_bytes;
-    uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
-    if (!moe_host_ok(gate, up))
-        return set_err(err, -EINVAL,
-                       "cuda: moe slots read in place without a slot table or host memory");
-    uint64_t hstride = gate->host_stride;
-    int nslot = gate->n_slot;
-    if (done && (n_ff % 32 != 0 || !h8))
-        return set_err(err, -EINVAL, "cuda: moe gate/up q8 of h needs n_ff %% 32 == 0 (%d)", n_ff);
-    int64_t h8_blocks = done ? (int64_t)n_tok * k1 * n_ff / 32 : 0;
-    sil_cuda_ptr sg = sh ? sh_gate->data : 0, su = sh ? sh_up->data : 0;
-    void *p[] = {(void *)&gate->data,
-                 (void *)&up->data,
-                 &sg,
-                 &su,
-                 &row_bytes,
-                 &stride,
-                 (void *)&gate->host,
-                 (void *)&up->host,
-                 &hstride,
-                 (void *)&gate->tab,
-                 &nslot,
-                 &n_ff,
-                 &units,
-                 &n_expert,
-                 &q8,
-                 &nblocks,
-                 &ids,
-                 &k,
-                 &x,
-                 &gate_inp,
-                 &sh_logit,
-                 &h,
-                 &h8,
-                 &h8_blocks,
-                 &done};
-    cu->prof_bytes = (grp_mats(n_tok, k, n_expert) + (sh ? 1 : 0)) * 2 * (uint64_t)n_ff * row_bytes;
-    return launch(cu, cu->moe_gate_up_grp[slot], gug_what[slot], (unsigned)((n_ff + 3) / 4),
-                  (unsigned)(n_tok * k1), 128, s, p, err);
+        return set_err(err, -EINVAL, "cuda: moe gate/up grouped: gate, up and shared shapes differ");
+    return gate_up_sh_launch(cu, cu->moe_gate_up_grp[slot], gug_what[slot], gate, up,
+                             sh ? sh_gate->data : 0, sh ? sh_up->data : 0, n_expert, q8, n_tok,
+                             ids, k, sh ? k + 1 : k, x, gate_inp, sh_logit, h, h8, done,
+                             grp_mats(n_tok, k, n_expert) + (sh ? 1 : 0), s, err);
 }
 
 int sil_cuda_moe_down_grouped_cols(int64_t n_embd, int64_t n_ff)

@@ -176,6 +176,41 @@ __device__ __forceinline__ void sil_moe_down_fast(const uint8_t *__restrict__ wd
 // shared one weighted by sigmoid(sh_logit[t]), so y is the whole MoE output.
 #define SIL_SH_UNROLL 8
 
+// sh_logit[t] = gate_inp . x_t by the whole block, SIL_SH_UNROLL loads of each thread in flight
+// (one warp's strided loop here made this block, and so the launch, the last to finish).
+__device__ __forceinline__ void sil_moe_sh_logit(const float *__restrict__ x,
+                                                 const float *__restrict__ gate_inp, int n_embd,
+                                                 int t, float *__restrict__ sh_logit)
+{
+    __shared__ float red[SIL_MMV_WARPS];
+    const int nt = SIL_MMV_WARPS * 32;
+    const float *xt = x + (int64_t)t * n_embd;
+    float d = 0.0f;
+    for (int i0 = threadIdx.x; i0 < n_embd; i0 += nt * SIL_SH_UNROLL) {
+        float xv[SIL_SH_UNROLL], gv[SIL_SH_UNROLL];
+#pragma unroll
+        for (int q = 0; q < SIL_SH_UNROLL; q++) {
+            const int i = i0 + q * nt;
+            xv[q] = i < n_embd ? xt[i] : 0.0f;
+            gv[q] = i < n_embd ? gate_inp[i] : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < SIL_SH_UNROLL; q++)
+            d += xv[q] * gv[q];
+    }
+    d = sil_warp_sum(d);
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = d;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = red[0];
+#pragma unroll
+        for (int w = 1; w < SIL_MMV_WARPS; w++)
+            v += red[w];
+        sh_logit[t] = v;
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ wg,
                                                    const uint8_t *__restrict__ wu,
@@ -196,37 +231,8 @@ __device__ __forceinline__ void sil_moe_gate_up_sh(const uint8_t *__restrict__ w
     const int lane = threadIdx.x & 31;
     const int p = blockIdx.y, t = p / (k + 1), j = p - t * (k + 1);
     const bool shared = j == k;
-    if (shared && blockIdx.x == 0) {
-        // the whole block, SIL_SH_UNROLL loads of each thread in flight (one warp's strided loop
-        // here made this block, and so the launch, the last to finish)
-        __shared__ float red[SIL_MMV_WARPS];
-        const int n_embd = units * 32, nt = SIL_MMV_WARPS * 32;
-        const float *xt = x + (int64_t)t * n_embd;
-        float d = 0.0f;
-        for (int i0 = threadIdx.x; i0 < n_embd; i0 += nt * SIL_SH_UNROLL) {
-            float xv[SIL_SH_UNROLL], gv[SIL_SH_UNROLL];
-#pragma unroll
-            for (int q = 0; q < SIL_SH_UNROLL; q++) {
-                const int i = i0 + q * nt;
-                xv[q] = i < n_embd ? xt[i] : 0.0f;
-                gv[q] = i < n_embd ? gate_inp[i] : 0.0f;
-            }
-#pragma unroll
-            for (int q = 0; q < SIL_SH_UNROLL; q++)
-                d += xv[q] * gv[q];
-        }
-        d = sil_warp_sum(d);
-        if (lane == 0)
-            red[threadIdx.x >> 5] = d;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float v = red[0];
-#pragma unroll
-            for (int w = 1; w < SIL_MMV_WARPS; w++)
-                v += red[w];
-            sh_logit[t] = v;
-        }
-    }
+    if (shared && blockIdx.x == 0)
+        sil_moe_sh_logit(x, gate_inp, units * 32, t, sh_logit);
     const int r = blockIdx.x * SIL_MMV_WARPS + (threadIdx.x >> 5);
     if (r >= n_ff)
         return;
@@ -345,8 +351,8 @@ __device__ __forceinline__ void sil_moe_gate_up_sh_prefetch(const uint8_t *sg, c
 // first pair (its owner) reads the expert's rows once for all of them and the other pairs'
 // blocks leave at once, so a step reads each distinct expert once however many tokens chose
 // it. With SH the shared expert is one group of every token, owned by token 0's slot k.
-// h rows keep the per-pair kernels' order (token t's slot j is row t * K1 + j). On the H200 the
-// per-pair kernels' repeats hit L2 and these run slower (fewer, longer blocks): the backend
+// h rows keep the per-pair kernels' order (token t's slot j is row t * K1 + j). On the H200 these
+// measured slower (fewer, longer blocks; the per-pair kernels' repeats most likely hit L2): the backend
 // takes them only when asked (SIL_CUDA_MOE_GROUP=1).
 #define SIL_MOE_GRP 8          // rows of a group a pass (a larger group takes more passes)
 #define SIL_MOE_GRP_PAIRS 256  // n_tok * k at most (the host's check)
@@ -432,40 +438,6 @@ __device__ __forceinline__ void sil_gate_up_dots_grp(const uint8_t *__restrict__
             sil_unit_dot<1>(wa, at, units, i, &g[q]);
             sil_unit_dot<1>(wb, at, units, i, &u[q]);
         }
-    }
-}
-
-// sh_logit[t] = gate_inp . x_t by the whole block (as sil_moe_gate_up_sh's shared block).
-__device__ __forceinline__ void sil_moe_sh_logit(const float *__restrict__ x,
-                                                 const float *__restrict__ gate_inp, int n_embd,
-                                                 int t, float *__restrict__ sh_logit)
-{
-    __shared__ float red[SIL_MMV_WARPS];
-    const int nt = SIL_MMV_WARPS * 32;
-    const float *xt = x + (int64_t)t * n_embd;
-    float d = 0.0f;
-    for (int i0 = threadIdx.x; i0 < n_embd; i0 += nt * SIL_SH_UNROLL) {
-        float xv[SIL_SH_UNROLL], gv[SIL_SH_UNROLL];
-#pragma unroll
-        for (int q = 0; q < SIL_SH_UNROLL; q++) {
-            const int i = i0 + q * nt;
-            xv[q] = i < n_embd ? xt[i] : 0.0f;
-            gv[q] = i < n_embd ? gate_inp[i] : 0.0f;
-        }
-#pragma unroll
-        for (int q = 0; q < SIL_SH_UNROLL; q++)
-            d += xv[q] * gv[q];
-    }
-    d = sil_warp_sum(d);
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = d;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float v = red[0];
-#pragma unroll
-        for (int w = 1; w < SIL_MMV_WARPS; w++)
-            v += red[w];
-        sh_logit[t] = v;
     }
 }
 
