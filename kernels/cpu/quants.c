@@ -915,8 +915,12 @@ void sil_quants_set_level(enum sil_cpu_level level)
                                               sil_quantize_q8_K_avx512};
     traits[SIL_TYPE_Q8_0].from_float = q8_0[k];
     traits[SIL_TYPE_Q8_K].from_float = q8_K[k];
-    tile_q4_K = k == 2 ? sil_vec_dot_tile_q4_K_avx512 : NULL;
-    tile_q6_K = k == 2 ? sil_vec_dot_tile_q6_K_avx512 : NULL;
+    static const sil_vec_dot_tile_fn t4[3] = {NULL, sil_vec_dot_tile_q4_K_avx2,
+                                              sil_vec_dot_tile_q4_K_avx512};
+    static const sil_vec_dot_tile_fn t6[3] = {NULL, sil_vec_dot_tile_q6_K_avx2,
+                                              sil_vec_dot_tile_q6_K_avx512};
+    tile_q4_K = t4[k];
+    tile_q6_K = t6[k];
 }
 
 sil_vec_dot_tile_fn sil_vec_dot_tile(int type)

@@ -410,3 +410,201 @@ void sil_quantize_q8_K_avx2(const float *x, void *vy, int64_t n)
         y[i].d = 1 / iscale;
     }
 }
+
+/* ---- tiled q4_K / q6_K x q8_K: weight rows x activation rows per pass ------------------------- */
+
+/* A batch multiplies every weight row with several activation rows (prefill, or a decode step of
+ * several sequences). One vec_dot per pair unpacks each weight vector and loads each activation
+ * vector once per product; here each unpacked weight vector serves T_C activation rows and each
+ * activation vector T_R weight rows. 16 ymm registers hold a 2 x 4 tile of int32 sums with the
+ * two weight vectors, their scales and one activation vector. Per pair the integer sums (exact,
+ * in any order) and the float steps are those of the type's vec_dot, in its order and lanes, so
+ * the results are bitwise equal to it. */
+#define T_R 2
+#define T_C 4
+
+static inline __attribute__((always_inline)) void q4_K_tile(const int R, const int C, int64_t n,
+                                                            const char *vw, size_t wrs,
+                                                            const void *const *va, float *const *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[T_R][T_C];
+    __m128 accm[T_R][T_C];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            acc[r][c] = _mm256_setzero_ps();
+            accm[r][c] = _mm_setzero_ps();
+        }
+    for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        const struct sil_block_q4_K *w[T_R];
+        const struct sil_block_q8_K *a[T_C];
+        uint8_t sc[T_R][8], mn[T_R][8];
+        __m256i sumi[T_R][T_C];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            w[r] = (const struct sil_block_q4_K *)(vw + (size_t)r * wrs) + i;
+            sil_prefetch_block(w[r], sizeof(*w[r]));
+            sil_k4_unpack(w[r]->scales, sc[r], mn[r]);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            a[c] = (const struct sil_block_q8_K *)va[c] + i;
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                sumi[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int j = 0; j < 4; j++)
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) { /* sub-block s: nibbles hf of bytes 32 j.. */
+            const int s = 2 * j + hf;
+            __m256i q[T_R], scv[T_R];
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(w[r]->qs + 32 * j));
+                q[r] = _mm256_and_si256(hf ? _mm256_srli_epi16(b, 4) : b, m4);
+                scv[r] = _mm256_set1_epi16(sc[r][s]);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(a[c]->qs + 32 * s));
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++)
+                    sumi[r][c] = _mm256_add_epi32(
+                        sumi[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), scv[r]));
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m128i b0 = _mm_loadu_si128((const __m128i *)a[c]->bsums);
+            const __m128i b1 = _mm_loadu_si128((const __m128i *)(a[c]->bsums + 8));
+            const __m128i sub = _mm_hadd_epi16(b0, b1);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn[r]));
+                const float d = fp16(w[r]->d) * a[c]->d, dmin = fp16(w[r]->dmin) * a[c]->d;
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r][c]),
+                                            acc[r][c]);
+                accm[r][c] = _mm_fmadd_ps(_mm_set1_ps(dmin),
+                                          _mm_cvtepi32_ps(_mm_madd_epi16(sub, m16)), accm[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            out[c][r] = hsum_ps(acc[r][c]) - hsum128_ps(accm[r][c]);
+}
+
+static inline __attribute__((always_inline)) void q6_K_tile(const int R, const int C, int64_t n,
+                                                            const char *vw, size_t wrs,
+                                                            const void *const *va, float *const *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    __m256 acc[T_R][T_C];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / SIL_QK_K; i++) {
+        const struct sil_block_q6_K *w[T_R];
+        const struct sil_block_q8_K *a[T_C];
+        __m256i sumi[T_R][T_C];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            w[r] = (const struct sil_block_q6_K *)(vw + (size_t)r * wrs) + i;
+            sil_prefetch_block(w[r], sizeof(*w[r]));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            a[c] = (const struct sil_block_q8_K *)va[c] + i;
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                sumi[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) { /* vec_dot's q[k] of half h, s = 4 h + k */
+            const int h = s / 4, k = s % 4;
+            __m256i q[T_R], scv[T_R];
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const __m256i l =
+                    _mm256_loadu_si256((const __m256i *)(w[r]->ql + 64 * h + 32 * (k & 1)));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(w[r]->qh + 32 * h));
+                const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+                const __m256i hb = _mm256_and_si256(k ? _mm256_srli_epi16(qh, 2 * k) : qh, m3);
+                q[r] = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+                const int8_t *scl = w[r]->scales + 8 * h + 2 * k;
+                scv[r] = _mm256_set_m128i(_mm_set1_epi16((short)scl[1]), _mm_set1_epi16((short)scl[0]));
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(a[c]->qs + 32 * s));
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++)
+                    sumi[r][c] = _mm256_add_epi32(
+                        sumi[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), scv[r]));
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)a[c]->bsums);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const __m256i sc16 =
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[r]->scales));
+                const __m256i si = _mm256_sub_epi32(sumi[r][c],
+                                                    _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[r]->d) * a[c]->d),
+                                            _mm256_cvtepi32_ps(si), acc[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            out[c][r] = hsum_ps(acc[r][c]);
+}
+
+/* The tile's rows in pairs (an odd last one alone), its activation rows in fours (the rest in
+ * one pass of 1-3): every shape is a kernel of constant R and C. */
+#define TILE_DISPATCH(kern)                                                                        \
+    for (int r = 0; r < nr; r += T_R) {                                                            \
+        const char *wr = (const char *)w + (size_t)r * wrs;                                        \
+        const bool two = nr - r >= 2;                                                              \
+        for (int c = 0; c < nc; c += T_C) {                                                        \
+            float *o[T_C];                                                                         \
+            const int cc = nc - c < T_C ? nc - c : T_C;                                            \
+            for (int j = 0; j < cc; j++)                                                           \
+                o[j] = out[c + j] + r;                                                             \
+            switch (cc * 2 + two) {                                                                \
+            case 2: kern(1, 1, n, wr, wrs, a + c, o); break;                                       \
+            case 3: kern(2, 1, n, wr, wrs, a + c, o); break;                                       \
+            case 4: kern(1, 2, n, wr, wrs, a + c, o); break;                                       \
+            case 5: kern(2, 2, n, wr, wrs, a + c, o); break;                                       \
+            case 6: kern(1, 3, n, wr, wrs, a + c, o); break;                                       \
+            case 7: kern(2, 3, n, wr, wrs, a + c, o); break;                                       \
+            case 8: kern(1, 4, n, wr, wrs, a + c, o); break;                                       \
+            default: kern(2, 4, n, wr, wrs, a + c, o); break;                                      \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+void sil_vec_dot_tile_q4_K_avx2(int64_t n, const void *w, size_t wrs, int nr,
+                                const void *const *a, int nc, float *const *out)
+{
+    TILE_DISPATCH(q4_K_tile)
+}
+
+void sil_vec_dot_tile_q6_K_avx2(int64_t n, const void *w, size_t wrs, int nr,
+                                const void *const *a, int nc, float *const *out)
+{
+    TILE_DISPATCH(q6_K_tile)
+}

@@ -156,6 +156,10 @@ static inline void sil_prefetch_block(const void *p, size_t size)
 typedef void (*sil_vec_dot_tile_fn)(int64_t n, const void *w, size_t wrs, int nr,
                                     const void *const *a, int nc, float *const *out);
 sil_vec_dot_tile_fn sil_vec_dot_tile(int type);
+void sil_vec_dot_tile_q4_K_avx2(int64_t n, const void *w, size_t wrs, int nr,
+                                const void *const *a, int nc, float *const *out);
+void sil_vec_dot_tile_q6_K_avx2(int64_t n, const void *w, size_t wrs, int nr,
+                                const void *const *a, int nc, float *const *out);
 void sil_vec_dot_tile_q4_K_avx512(int64_t n, const void *w, size_t wrs, int nr,
                                   const void *const *a, int nc, float *const *out);
 void sil_vec_dot_tile_q6_K_avx512(int64_t n, const void *w, size_t wrs, int nr,
