@@ -124,6 +124,12 @@ static const int kv_fns[][4] = {
 };
 
 #define MB SIL_CUDA_MAX_BATCH
+/* Decode rows up to which a matvec set does the delta net's conv1d in its launch. Above it the
+ * epilogue's state loads, a chain in the last lanes of each warp, cost more than the conv1d
+ * launch they save (35B-A3B shape on the H200, aggregate tok/s fused against
+ * SIL_CUDA_NO_CONV_FUSE=1, one call: 1 row 473.6 / 458.3, 2 681.2 / 673.0, 4 966.7 / 961.0,
+ * 8 1174.2 / 1192.8). */
+#define CONV_FUSE_ROWS 4
 #define SCORES_MAX ((uint64_t)256 << 20) /* prefill attention's scores buffer */
 _Static_assert(SIL_KV_BLOCK == 64, "fwd.cu's FWD_KV_BLOCK is 64 positions");
 #define DN_DONE_HEADS 1024 /* value heads the fused delta-rule + gated norm takes */
@@ -207,8 +213,8 @@ struct cuda_backend {
     bool no_mv_mix; /* SIL_CUDA_NO_MV_MIX=1: matvec sets of one type only */
     /* a decode matvec set of four outputs waits (pmm) for the op after it: when that is the
      * delta net's conv1d reading output 0, the set's launch does the conv too (the mixed set
-     * kernel with the conv epilogue); any other op launches it as it was first.
-     * SIL_CUDA_NO_CONV_FUSE=1: never */
+     * kernel with the conv epilogue); any other op launches it as it was first. Only for up
+     * to CONV_FUSE_ROWS rows; SIL_CUDA_NO_CONV_FUSE=1: never */
     bool no_conv_fuse;
     bool no_attn_q8; /* SIL_CUDA_NO_ATTN_Q8=1: decode attention's merge leaves o's q8 to the
                       * output projection's own quantize launch */
@@ -576,7 +582,7 @@ static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct s
     if (b->mode == PASS_REPLAY) return;
     flush_add(b);
     if (b->rc) return;
-    if (!b->no_conv_fuse && n == SIL_CUDA_MV_SET_MAX && x.rows >= 1 && x.rows <= MB) {
+    if (!b->no_conv_fuse && n == SIL_CUDA_MV_SET_MAX && x.rows >= 1 && x.rows <= CONV_FUSE_ROWS) {
         b->pmm.on = true;
         b->pmm.x = x;
         memcpy(b->pmm.out, out, sizeof(*out) * (size_t)n);

@@ -361,6 +361,7 @@ __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t
             sil_load_unit<T>(row1, u, w1);
             sil_unit_dot2<N>(w0, w1, a, units, u, acc0, acc1);
         }
+        float e0 = 0.0f, e1 = 0.0f; // the epilogue's input: lane j row r0, lane 16 + j row r0 + 1
 #pragma unroll
         for (int j = 0; j < N; j++) {
             const float v0 = sil_warp_sum(acc0[j]), v1 = sil_warp_sum(acc1[j]);
@@ -369,11 +370,19 @@ __device__ __forceinline__ void sil_mmvq(const uint8_t *__restrict__ w, uint64_t
                 if (has1)
                     y[(int64_t)j * ldy + r0 + 1] = v1;
             }
-            if (EP && lane == 1)
-                sil_conv_ep_row(*ep, r0, j, v0);
-            if (EP && lane == 2 && has1)
-                sil_conv_ep_row(*ep, r0 + 1, j, v1);
+            if (EP && lane == j)
+                e0 = v0;
+            if (EP && lane == 16 + j)
+                e1 = v1;
         }
+        // The butterfly leaves every lane the same sums, so the 2N epilogues (each run is one
+        // token of its own sequence) run side by side on lanes 0..N-1 and 16..16+N-1, not one
+        // after another on one lane: with 8 rows that chain of state loads and stores made the
+        // fused set slower than the set and a conv1d launch.
+        if (EP && lane < N)
+            sil_conv_ep_row(*ep, r0, lane, e0);
+        if (EP && has1 && lane >= 16 && lane < 16 + N)
+            sil_conv_ep_row(*ep, r0 + 1, lane - 16, e1);
         return;
     }
     const int r = bx * SIL_MMV_WARPS + (threadIdx.x >> 5);
