@@ -15,7 +15,9 @@
 #              between the two and the file holds both, the older one's configs marked build=BASE),
 #              PEER (llama.cpp's llama-batched-bench built for this CPU, outside the repo: it runs
 #              in every run after ours with the same threads, prompt, generated tokens and stream
-#              counts, and its S_TG t/s median is each figure's peer_value).
+#              counts, and its S_TG t/s median is each figure's peer_value),
+#              MAKE (default make; true runs the binaries in B as they are, on a machine that
+#              cannot build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-bench/models/bench-qwen35moe-q4_k_m.gguf}
@@ -28,7 +30,7 @@ PROMPT=${PROMPT:-32}
 MACHINE=${MACHINE:-vm}
 OUT=${OUT:-bench/results/batch-$MACHINE-$(date -u +%Y%m%d).json}
 
-make -s B="$B" "$B/bin/sil-batchbench" "$B/bin/sil-mkmodel" >&2
+${MAKE:-make} -s B="$B" "$B/bin/sil-batchbench" "$B/bin/sil-mkmodel" >&2
 if [ ! -f "$model" ]; then
     mkdir -p "$(dirname "$model")"
     OUT="$model" B="$B" bench/make-bench-model.sh --quiet >&2
