@@ -10,14 +10,15 @@
 #
 # usage: bench/run-kv.sh [BASE_SIL_EVAL]
 # Environment: B (build dir, default build), MODEL (default bench/models/bench-qwen35moe-q4_k_m.gguf),
-#              THREADS (2), RUNS_SHORT (6), RUNS_LONG (2), MACHINE (vm).
-# Writes bench/results/kv-<machine>-<yyyymmdd>.json.
+#              THREADS (2), RUNS_SHORT (6), RUNS_LONG (2), MACHINE (vm), NO_BUILD=1 (use B's
+#              sil-eval as it is), CPU1=0 (skip the 1-thread CPU-time part),
+#              OUT (default bench/results/kv-<machine>-<yyyymmdd>.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
 MODEL=${MODEL:-bench/models/bench-qwen35moe-q4_k_m.gguf}
 [ -f "$MODEL" ] || OUT="$MODEL" B="$B" bench/make-bench-model.sh >&2
-make -s B="$B" "$B/bin/sil-eval" >&2
+[ -n "${NO_BUILD:-}" ] || make -s B="$B" "$B/bin/sil-eval" >&2
 python3 - "$B/bin/sil-eval" "${1:-}" "$MODEL" "${THREADS:-2}" "${RUNS_SHORT:-6}" "${RUNS_LONG:-2}" <<'PY'
 import datetime, json, os, resource, subprocess, sys
 sil, base, model, threads, runs_short, runs_long = sys.argv[1:7]
@@ -53,14 +54,15 @@ for n_prompt, n_predict, reps in ((64, 257, runs_short), (3968, 65, runs_long)):
     for v in variants:
         e = res["wall"][key][v]
         e["best_decode_tok_s"] = max(x["decode_tok_s"] for x in e["runs"])
-for n_prompt, n_predict in ((64, 257), (2048, 385)):
+for n_prompt, n_predict in ((64, 257), (2048, 385)) if os.environ.get("CPU1", "1") != "0" else ():
     key = f"prompt {n_prompt} + {n_predict - 1} decoded, 1 thread"
     res["cpu"][key] = {}
     for v in variants:
         print(f"cpu {key}: {v}", file=sys.stderr)
         a, b = run(v, n_prompt, 1, 1), run(v, n_prompt, n_predict, 1)
         res["cpu"][key][v] = {"decode_cpu_ms_per_token": (b["cpu_s"] - a["cpu_s"]) / (n_predict - 1) * 1e3}
-path = f"bench/results/kv-{os.environ.get('MACHINE', 'vm')}-{datetime.date.today():%Y%m%d}.json"
+path = os.environ.get("OUT") or \
+    f"bench/results/kv-{os.environ.get('MACHINE', 'vm')}-{datetime.date.today():%Y%m%d}.json"
 json.dump(res, open(path, "w"), indent=1)
 for k, e in res["wall"].items():
     print(k + ": " + ", ".join(f"{v} {x['best_decode_tok_s']:.1f} tok/s" for v, x in e.items()))

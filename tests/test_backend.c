@@ -4,6 +4,8 @@
  * output head's row placement and argmax; and results that do not depend on the thread count.
  * These are the checks a device backend's ops are held to against this one. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include "daemon/engine/backend.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quants.h"
+#include "tests/testutil.h"
 
 enum { E = 5, F = 4, S = 3, X = 4, K = 2, N = 3, V = 6 };
 
@@ -330,6 +333,53 @@ static void test_head_argmax(void **state)
     be->ops->free(be);
 }
 
+/* SIL_CPU_PROFILE: passes counted by their rows, each op's calls a pass, written at free */
+static void test_profile(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir_create();
+    assert_non_null(dir);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/prof.txt", dir);
+    setenv("SIL_CPU_PROFILE", path, 1);
+    struct sil_backend *be = open_cpu(2);
+    unsetenv("SIL_CPU_PROFILE");
+    float xs[N * E], w[V * E];
+    fill(xs, N * E, 1.0f, 5);
+    fill(w, V * E, 1.0f, 6);
+    struct sil_weight emb = f32_weight(xs, N, E, 1), H = f32_weight(w, V, E, 1);
+    struct sil_act x = act(be, 2, E), y = act(be, 2, E);
+    const int32_t ids[2] = {1, 0}, out_rows[2] = {0, 1};
+    float logits[2 * V];
+    int32_t am[2];
+    for (int pass = 0; pass < 3; pass++) { /* two passes of 2 rows, one of 1 */
+        const int n = pass < 2 ? 2 : 1;
+        be->ops->get_rows(be, &emb, ids, sil_act_rows(x, 0, n));
+        be->ops->add(be, sil_act_rows(y, 0, n), sil_act_rows(x, 0, n));
+        be->ops->add(be, sil_act_rows(y, 0, n), sil_act_rows(x, 0, n));
+        be->ops->head(be, sil_act_rows(x, 0, n), &H, out_rows, logits, am);
+    }
+    be->ops->free(be);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    char text[8192];
+    const size_t len = fread(text, 1, sizeof(text) - 1, fp);
+    fclose(fp);
+    text[len] = 0;
+    assert_non_null(strstr(text, "# cpu backend profile: 2 threads"));
+    const char *r2 = strstr(text, "rows 2: 2 passes"), *r1 = strstr(text, "rows 1: 1 passes");
+    assert_non_null(r2);
+    assert_non_null(r1);
+    assert_true(r1 < r2); /* ascending rows */
+    /* within the 2-row section: one get_rows, two adds, one head a pass, no matmul of its own */
+    assert_non_null(strstr(r2, "get_rows"));
+    assert_true(strstr(strstr(r2, "add"), "2.0 calls") < strstr(r2, "head"));
+    assert_null(strstr(r2, "matmul (dense)"));
+    assert_non_null(strstr(r2, "between ops"));
+    assert_int_equal(tu_tmpdir_remove(dir), 0);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -337,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_head_argmax),
+        cmocka_unit_test(test_profile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,8 +8,10 @@
  * against. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/engine/backend.h"
 #include "daemon/engine/sampler.h"
@@ -45,13 +47,100 @@ struct cpu_backend {
     float *acc;               /* [n_threads][n_embd] */
     int32_t *iota;            /* [ub_max * n_expert_used] */
     float *head_scratch;      /* [HEAD_ROWS][n_vocab]: the head's logits when none are wanted */
+    struct cpu_prof *prof;    /* SIL_CPU_PROFILE, or NULL */
+    int mm_cat;               /* the profile category of run_jobs' products */
 };
 
 #define HEAD_ROWS 4
 
+/* ---- profile (SIL_CPU_PROFILE=FILE) ------------------------------------------------------------
+ * For benchmarks: the wall time of every op, summed per pass size (the rows of a forward pass,
+ * 1..PROF_ROWS-1, larger passes together in the last bucket), written to FILE when the backend
+ * is freed. "between ops" is what a pass spent outside the ops (the layer loop's own work, such
+ * as the MoE plan). Off, each op reads one flag. */
+enum {
+    P_GET_ROWS,
+    P_COPY_ROWS,
+    P_QUANT,
+    P_MATMUL,
+    P_RMSNORM,
+    P_ADD,
+    P_SWIGLU,
+    P_ATTN_PREP,
+    P_ATTN,
+    P_CONV,
+    P_DELTA,
+    P_ROUTE_MM,
+    P_ROUTE_TOPK,
+    P_MOE_GATE_UP,
+    P_MOE_SWIGLU,
+    P_MOE_DOWN,
+    P_MOE_COMBINE,
+    P_HEAD,
+    P_N
+};
+static const char *const prof_names[P_N] = {
+    "get_rows",       "copy_rows",   "quantize inputs", "matmul (dense)", "rmsnorm",
+    "add",            "swiglu",      "attention prep",  "attention",      "conv1d",
+    "delta rule",     "router matmul", "router top-k",  "moe gate/up",    "moe swiglu",
+    "moe down",       "moe combine", "head",
+};
+#define PROF_ROWS 33
+struct cpu_prof {
+    char *path;
+    int bucket;       /* of the open pass, -1: none */
+    double pass_t0;   /* its start */
+    double t[PROF_ROWS][P_N];
+    uint64_t calls[PROF_ROWS][P_N];
+    double pass_t[PROF_ROWS];
+    uint64_t passes[PROF_ROWS];
+};
+
 static struct cpu_backend *cpu(struct sil_backend *be)
 {
     return (struct cpu_backend *)be;
+}
+
+static double prof_now(const struct cpu_backend *b)
+{
+    if (!b->prof) return 0.0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void prof_add(struct cpu_backend *b, int cat, double t0)
+{
+    struct cpu_prof *p = b->prof;
+    if (!p || p->bucket < 0) return;
+    p->t[p->bucket][cat] += prof_now(b) - t0;
+    p->calls[p->bucket][cat]++;
+}
+
+static void prof_write(const struct cpu_backend *b)
+{
+    const struct cpu_prof *p = b->prof;
+    FILE *fp = fopen(p->path, "w");
+    if (!fp) {
+        fprintf(stderr, "cpu backend: cannot write the profile %s\n", p->path);
+        return;
+    }
+    fprintf(fp, "# cpu backend profile: %d threads; per pass: ms, calls\n", b->c.n_threads);
+    for (int r = 1; r < PROF_ROWS; r++) {
+        if (!p->passes[r]) continue;
+        const double np = (double)p->passes[r];
+        double sum = 0.0;
+        fprintf(fp, "rows %s%d: %llu passes, %.3f ms a pass\n", r == PROF_ROWS - 1 ? ">=" : "", r,
+                (unsigned long long)p->passes[r], p->pass_t[r] / np * 1e3);
+        for (int c = 0; c < P_N; c++) {
+            if (!p->calls[r][c]) continue;
+            sum += p->t[r][c];
+            fprintf(fp, "  %-16s %9.3f ms %7.1f calls\n", prof_names[c], p->t[r][c] / np * 1e3,
+                    (double)p->calls[r][c] / np);
+        }
+        fprintf(fp, "  %-16s %9.3f ms\n", "between ops", (p->pass_t[r] - sum) / np * 1e3);
+    }
+    fclose(fp);
 }
 
 static float *rowp(struct sil_act a, int64_t r)
@@ -84,9 +173,13 @@ static struct sil_mm_job mm_job(const struct sil_weight *w, struct sil_mm_input 
 
 static void run_jobs(struct cpu_backend *b, struct sil_mm_job *jobs, int n_jobs)
 {
+    double t0 = prof_now(b);
     for (int i = 0; i < n_jobs; i++)
         sil_mm_input_prepare(b->tp, jobs[i].in, jobs[i].wtype);
+    prof_add(b, P_QUANT, t0);
+    t0 = prof_now(b);
     sil_matmul(b->tp, jobs, n_jobs, b->mm_scratch, b->c.k_max);
+    prof_add(b, b->mm_cat, t0);
 }
 
 static void cpu_matmul(struct sil_backend *be, struct sil_act x, const struct sil_mm_out *out,
@@ -102,20 +195,44 @@ static void cpu_matmul(struct sil_backend *be, struct sil_act x, const struct si
 
 /* ---- element-wise and per-row ops -------------------------------------------------------- */
 
+/* the first op of a forward pass: opens the pass in the profile (head closes it) */
+static void prof_pass(struct cpu_backend *b, int64_t rows, bool open)
+{
+    struct cpu_prof *p = b->prof;
+    if (!p) return;
+    const double t = prof_now(b);
+    if (p->bucket >= 0) { /* the open pass ends here (a pass without logits has no head) */
+        p->pass_t[p->bucket] += t - p->pass_t0;
+        p->passes[p->bucket]++;
+        p->bucket = -1;
+    }
+    if (open) {
+        p->bucket = rows < PROF_ROWS - 1 ? (int)rows : PROF_ROWS - 1;
+        p->pass_t0 = t;
+    }
+}
+
 static void cpu_get_rows(struct sil_backend *be, const struct sil_weight *w, const int32_t *ids,
                          struct sil_act y)
 {
+    struct cpu_backend *b = cpu(be);
+    prof_pass(b, y.rows, true);
+    const double t0 = prof_now(b);
     const size_t rs = sil_row_size(w->type, w->cols);
     for (int64_t i = 0; i < y.rows; i++)
         sil_dequantize_row(w->type, (const char *)w->data + (size_t)ids[i] * rs, rowp(y, i),
                            w->cols);
+    prof_add(b, P_GET_ROWS, t0);
 }
 
 static void cpu_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_act x,
                           const int32_t *rows)
 {
+    struct cpu_backend *b = cpu(be);
+    const double t0 = prof_now(b);
     for (int64_t i = 0; i < y.rows; i++)
         memcpy(rowp(y, i), rowp(x, rows[i]), sizeof(float) * (size_t)y.width);
+    prof_add(b, P_COPY_ROWS, t0);
 }
 
 struct norm_task {
@@ -135,21 +252,26 @@ static void norm_run(void *arg, long lo, long hi, int ith)
 static void cpu_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act x,
                         const struct sil_weight *w, float eps)
 {
+    struct cpu_backend *b = cpu(be);
+    const double t0 = prof_now(b);
     struct norm_task t = {y, x, w->data, eps};
     if (x.rows < 8)
         norm_run(&t, 0, x.rows, 0);
     else
-        sil_threadpool_for(cpu(be)->tp, x.rows, 0, norm_run, &t);
+        sil_threadpool_for(b->tp, x.rows, 0, norm_run, &t);
+    prof_add(b, P_RMSNORM, t0);
 }
 
 static void cpu_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
-    if (y.ld == y.width && x.ld == x.width) {
+    struct cpu_backend *b = cpu(be);
+    const double t0 = prof_now(b);
+    if (y.ld == y.width && x.ld == x.width)
         sil_add(y.data, x.data, y.rows * y.width);
-        return;
-    }
-    for (int64_t i = 0; i < y.rows; i++)
-        sil_add(rowp(y, i), rowp(x, i), y.width);
+    else
+        for (int64_t i = 0; i < y.rows; i++)
+            sil_add(rowp(y, i), rowp(x, i), y.width);
+    prof_add(b, P_ADD, t0);
 }
 
 struct swiglu_task {
@@ -180,7 +302,10 @@ static void swiglu(struct cpu_backend *b, float *out, const float *gate, const f
 static void cpu_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act gate,
                        struct sil_act up)
 {
-    swiglu(cpu(be), y.data, gate.data, up.data, y.rows, y.width);
+    struct cpu_backend *b = cpu(be);
+    const double t0 = prof_now(b);
+    swiglu(b, y.data, gate.data, up.data, y.rows, y.width);
+    prof_add(b, P_SWIGLU, t0);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -274,8 +399,12 @@ static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     const int gt = sil_kv_ggml_type(sil_kv_type(a->kv));
     struct attn_task t = {cpu(be), ub, a, a->gated ? 2 * a->head_dim : a->head_dim,
                           sil_type_traits(gt)->from_float, sil_kv_kernels(gt)};
+    double t0 = prof_now(t.b);
     sil_threadpool_for(t.b->tp, ub->n, 0, qk_prep, &t);
+    prof_add(t.b, P_ATTN_PREP, t0);
+    t0 = prof_now(t.b);
     sil_threadpool_for(t.b->tp, (long)ub->n * a->n_head, 0, attend, &t);
+    prof_add(t.b, P_ATTN, t0);
     if (t.b->attn_noise > 0.0f)
         for (int32_t i = 0; i < ub->n; i++) {
             float *o = (float *)a->o.data + (int64_t)i * a->o.ld;
@@ -334,7 +463,9 @@ static void cpu_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
     /* decode of N sequences is one task, not N: few runs are split over channel ranges */
     const long chunks = ub->n_runs >= 4 * nth ? 1 : (4 * nth + ub->n_runs - 1) / ub->n_runs;
     struct dn_task t = {cpu(be), ub, a, chunks};
+    const double t0 = prof_now(t.b);
     sil_threadpool_for(t.b->tp, (long)ub->n_runs * chunks, 0, dn_conv, &t);
+    prof_add(t.b, P_CONV, t0);
 }
 
 /* item = (sequence run, value head) */
@@ -359,7 +490,9 @@ static void cpu_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
                           const struct sil_delta_net_args *a)
 {
     struct dn_task t = {cpu(be), ub, a, 1};
+    const double t0 = prof_now(t.b);
     sil_threadpool_for(t.b->tp, (long)ub->n_runs * a->p->n_v_heads, 0, dn_heads, &t);
+    prof_add(t.b, P_DELTA, t0);
 }
 
 /* ---- router and experts ------------------------------------------------------------------ */
@@ -440,7 +573,10 @@ static void cpu_route(struct sil_backend *be, struct sil_act x, const struct sil
     struct cpu_backend *b = cpu(be);
     const int X = (int)w->rows, K = n_used, n = (int)x.rows;
     struct sil_mm_out logits = {w, {b->router, x.rows, X, X}};
+    b->mm_cat = P_ROUTE_MM;
     cpu_matmul(be, x, &logits, 1);
+    b->mm_cat = P_MATMUL;
+    const double t0 = prof_now(b);
     plan->n_rows = n;
     plan->n_used = K;
     /* rows are independent: with many threads the serial per-row steps would bound the step */
@@ -449,6 +585,7 @@ static void cpu_route(struct sil_backend *be, struct sil_act x, const struct sil
         route_rows(&t, 0, n, 0);
     else
         sil_threadpool_for(b->tp, n, 1, route_rows, &t);
+    prof_add(b, P_ROUTE_TOPK, t0);
 }
 
 struct combine_task {
@@ -513,10 +650,13 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
         b->jobs[nj++] = mm_job(pl->sh_up, &in, NULL, (struct sil_act){b->sh_up, n, S, S});
         b->jobs[nj++] = mm_job(pl->sh_gate_inp, &in, NULL, (struct sil_act){b->sh_logit, n, 1, 1});
     }
+    b->mm_cat = P_MOE_GATE_UP;
     run_jobs(b, b->jobs, nj);
 
+    double t0 = prof_now(b);
     swiglu(b, b->moe_gate, b->moe_gate, b->moe_up, P, F);
     if (shexp) swiglu(b, b->sh_gate, b->sh_gate, b->sh_up, n, S);
+    prof_add(b, P_MOE_SWIGLU, t0);
 
     /* down projections: experts into moe_down [P][E], the shared expert into out [n][E] */
     mm_input(b, &in_h, 1, (struct sil_act){b->moe_gate, P, F, F});
@@ -531,13 +671,17 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
         mm_input(b, &in_s, 0, (struct sil_act){b->sh_gate, n, S, S});
         b->jobs[nj++] = mm_job(pl->sh_down, &in_s, NULL, out);
     }
+    b->mm_cat = P_MOE_DOWN;
     run_jobs(b, b->jobs, nj);
+    b->mm_cat = P_MATMUL;
 
+    t0 = prof_now(b);
     struct combine_task t = {b, pl, out};
     if (n < PAR_ROWS)
         combine_rows(&t, 0, n, 0);
     else
         sil_threadpool_for(b->tp, n, 1, combine_rows, &t);
+    prof_add(b, P_MOE_COMBINE, t0);
 }
 
 /* ---- output head ------------------------------------------------------------------------ */
@@ -551,7 +695,11 @@ static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_
     /* into logits all at once, or (argmax alone) a few rows at a time through scratch: no op
      * allocates */
     static const int32_t local[HEAD_ROWS] = {0, 1, 2, 3};
-    if (!logits && (!argmax || !b->head_scratch || V > b->c.n_vocab)) return;
+    if (!logits && (!argmax || !b->head_scratch || V > b->c.n_vocab)) {
+        prof_pass(b, 0, false);
+        return;
+    }
+    b->mm_cat = P_HEAD;
     const int64_t step = logits ? x.rows : HEAD_ROWS;
     for (int64_t r0 = 0; r0 < x.rows; r0 += step) {
         const int64_t n = x.rows - r0 < step ? x.rows - r0 : step;
@@ -564,6 +712,8 @@ static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_
         for (int64_t i = 0; argmax && i < n; i++)
             argmax[out_rows[r0 + i]] = sil_argmax(dst + (int64_t)rows[i] * V, (int32_t)V);
     }
+    b->mm_cat = P_MATMUL;
+    prof_pass(b, 0, false);
 }
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
@@ -583,6 +733,12 @@ static void cpu_free(struct sil_backend *be)
 {
     struct cpu_backend *b = cpu(be);
     if (!b) return;
+    if (b->prof) {
+        prof_pass(b, 0, false);
+        prof_write(b);
+        free(b->prof->path);
+        free(b->prof);
+    }
     void *ptrs[] = {b->in_buf[0],  b->in_buf[1], b->mm_scratch, b->jobs,   b->attn_scratch,
                     b->dn_scratch, b->router,    b->moe_gate,   b->moe_up, b->moe_down,
                     b->sh_gate,    b->sh_up,     b->sh_logit,   b->acc,    b->iota,
@@ -638,8 +794,22 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
     const char *noise = getenv("SIL_TEST_ATTN_NOISE");
     b->attn_noise = noise ? strtof(noise, NULL) : 0.0f;
     if (!(b->attn_noise > 0.0f && b->attn_noise < 0.1f)) b->attn_noise = 0.0f;
+    b->mm_cat = P_MATMUL;
+    const char *pf = getenv("SIL_CPU_PROFILE");
+    if (pf && *pf) {
+        b->prof = calloc(1, sizeof(*b->prof));
+        if (b->prof) b->prof->path = strdup(pf);
+        if (!b->prof || !b->prof->path) {
+            free(b->prof);
+            free(b);
+            return sil_errorf(err, -ENOMEM, "cpu backend: out of memory");
+        }
+        b->prof->bucket = -1;
+    }
     int rc = sil_threadpool_create(&b->tp, c->n_threads);
     if (rc < 0) {
+        if (b->prof) free(b->prof->path);
+        free(b->prof);
         free(b);
         return sil_errorf(err, rc, "cpu backend: cannot start %d threads", c->n_threads);
     }
