@@ -333,6 +333,116 @@ static void test_head_argmax(void **state)
     be->ops->free(be);
 }
 
+/* Attention over a long context. Past 512 positions a row attends in splits of 512 positions
+ * merged in order: a row gives the same bits as one of a pass of 8 rows (each thread takes a
+ * head's splits one after another) and alone (the pool takes the (head, split) items), and the
+ * result is a double-precision softmax of the normed and rotated q against the cached K and V.
+ * 4 query heads over 2 KV heads of 32, plain and gated. */
+#define AQ 4
+#define AKV 2
+#define AHD 32
+#define ACTX 2048
+
+static void attn_rows(struct sil_backend *be, struct sil_kv_cache *kv, bool gated, int32_t p0,
+                      int32_t n, struct sil_act q, struct sil_act k, struct sil_act v,
+                      struct sil_act o)
+{
+    const int qw = AQ * AHD * (gated ? 2 : 1);
+    static float ones[AHD];
+    for (int j = 0; j < AHD; j++)
+        ones[j] = 1.0f;
+    const struct sil_weight nw = f32_weight(ones, 1, AHD, 1);
+    int32_t pos[8], seq[8] = {0}, run[2] = {0, n};
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = p0 + i;
+        fill((float *)q.data + i * qw, qw, 1.0f, 1000 + (uint32_t)pos[i]);
+        fill((float *)k.data + i * AKV * AHD, AKV * AHD, 1.0f, 5000 + (uint32_t)pos[i]);
+        fill((float *)v.data + i * AKV * AHD, AKV * AHD, 1.0f, 9000 + (uint32_t)pos[i]);
+    }
+    struct sil_error err = {0};
+    assert_int_equal(sil_kv_seq_reserve(kv, 0, p0 + n, &err), 0);
+    const struct sil_ubatch ub = {.n = n, .pos = pos, .seq = seq, .n_runs = 1, .run_start = run,
+                                  .kv = kv};
+    const struct sil_attn_args a = {.n_head = AQ,
+                                    .n_head_kv = AKV,
+                                    .head_dim = AHD,
+                                    .n_rot = AHD,
+                                    .rope_freq_base = 10000.0f,
+                                    .eps = 1e-6f,
+                                    .gated = gated,
+                                    .q_norm = &nw,
+                                    .k_norm = &nw,
+                                    .kv = kv,
+                                    .layer = 0,
+                                    .q = sil_act_rows(q, 0, n),
+                                    .k = sil_act_rows(k, 0, n),
+                                    .v = sil_act_rows(v, 0, n),
+                                    .o = sil_act_rows(o, 0, n)};
+    be->ops->attention(be, &ub, &a);
+}
+
+static void test_attention_split(void **state)
+{
+    (void)state;
+    for (int gated = 0; gated < 2; gated++) {
+        const int qw = AQ * AHD * (gated ? 2 : 1);
+        const struct sil_kv_config kc = {.n_layer = 1,
+                                         .n_seq_max = 1,
+                                         .n_ctx = ACTX,
+                                         .n_embd_k = AKV * AHD,
+                                         .n_embd_v = AKV * AHD,
+                                         .head_dim = AHD,
+                                         .type = SIL_KV_F32};
+        struct sil_kv_cache *kv = NULL;
+        struct sil_error err = {0};
+        assert_int_equal(sil_kv_create(&kv, &kc, &err), 0);
+        const struct sil_cpu_config c = {.n_threads = 2, .k_max = 8, .ub_max = 8, .n_ctx = ACTX,
+                                         .head_dim = AHD};
+        struct sil_backend *be = NULL;
+        assert_int_equal(sil_backend_cpu_create(&be, &c, &err), 0);
+        struct sil_act q = act(be, 8, qw), k = act(be, 8, AKV * AHD), v = act(be, 8, AKV * AHD);
+        struct sil_act o = act(be, 8, AQ * AHD);
+        const int32_t P = 1496; /* the rows 1496..1503 attend over 3 splits */
+        for (int32_t p0 = 0; p0 < P; p0 += 8)
+            attn_rows(be, kv, gated, p0, 8, q, k, v, o);
+        float batch[8 * AQ * AHD], qn[8 * 2 * AQ * AHD];
+        attn_rows(be, kv, gated, P, 8, q, k, v, o);
+        memcpy(batch, o.data, sizeof(batch));
+        memcpy(qn, q.data, sizeof(float) * (size_t)(8 * qw)); /* normed and rotated */
+        for (int32_t i = 0; i < 8; i++) { /* the same rows one at a time */
+            attn_rows(be, kv, gated, P + i, 1, q, k, v, o);
+            assert_memory_equal(o.data, batch + i * AQ * AHD, sizeof(float) * AQ * AHD);
+        }
+        /* row 1503 against double precision */
+        const int32_t pos = P + 7;
+        const float *qr = qn + 7 * qw;
+        double worst = 0.0;
+        for (int h = 0; h < AQ; h++) {
+            const float *qh = qr + h * AHD * (gated ? 2 : 1);
+            const int kvh = h / (AQ / AKV);
+            double *sc = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0.0;
+            for (int32_t t = 0; t <= pos; t++) {
+                const float *kr = (const float *)sil_kv_k(kv, 0, 0, t) + kvh * AHD;
+                sc[t] = dot(qh, kr, AHD) / sqrt((double)AHD);
+                mx = fmax(mx, sc[t]);
+            }
+            for (int32_t t = 0; t <= pos; t++)
+                sum += sc[t] = exp(sc[t] - mx);
+            for (int j = 0; j < AHD; j++) {
+                double r = 0.0;
+                for (int32_t t = 0; t <= pos; t++)
+                    r += sc[t] / sum * ((const float *)sil_kv_v(kv, 0, 0, t))[kvh * AHD + j];
+                if (gated) r *= 1.0 / (1.0 + exp(-(double)qh[AHD + j]));
+                worst = fmax(worst, fabs(r - batch[7 * AQ * AHD + h * AHD + j]));
+            }
+            free(sc);
+        }
+        if (worst > 1e-5) fail_msg("gated %d: split attention %g from double precision", gated, worst);
+        be->ops->free(be);
+        sil_kv_free(kv);
+    }
+}
+
 /* SIL_CPU_PROFILE: passes counted by their rows, each op's calls a pass, written at free */
 static void test_profile(void **state)
 {
@@ -387,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_head_argmax),
+        cmocka_unit_test(test_attention_split),
         cmocka_unit_test(test_profile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

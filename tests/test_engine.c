@@ -867,7 +867,7 @@ static void test_kv_types(void **state)
 /* An 8k-token sequence (f16 KV, 128 blocks) on the attention-only tiny model, evaluated in
  * 512-row batches: it holds exactly its blocks; a cut inside a block at 8100 and the same
  * tokens again give the logits of the first pass (the blocks past the cut went back and were
- * taken again); the context end is -ENOSPC. */
+ * taken again), in one pass or decoded one row at a time; the context end is -ENOSPC. */
 static void test_long_8k(void **state)
 {
     (void)state;
@@ -905,6 +905,14 @@ static void test_long_8k(void **state)
         finite = finite && isfinite(first[i]);
     assert_true(finite);
     assert_memory_equal(first, again, sizeof(float) * (size_t)V * (size_t)(N - cut));
+    /* the same positions decoded one row at a time: attention of one row over 8k positions is
+     * split over the threads; its logits are those of the 92-row pass */
+    assert_int_equal(sil_seq_truncate(e, seq, cut, &err), 0);
+    for (int32_t p = cut; p < N; p++) {
+        eval_span(e, seq, ids, p, p + 1, again);
+        if (memcmp(again, first + (size_t)V * (size_t)(p - cut), sizeof(float) * (size_t)V))
+            fail_msg("position %d decoded alone differs from the batch", p);
+    }
     int32_t tok = ids[0], pos = N;
     struct sil_batch b = {1, &tok, &pos, &seq, NULL};
     assert_int_equal(sil_engine_eval(e, &b, again, &err), -ENOSPC);

@@ -282,6 +282,7 @@ struct sil_cpu_config {
     int64_t n_embd, n_expert, n_expert_used, n_ff_exp, n_ff_shexp, dn_head_scratch;
     int64_t n_vocab; /* the head's rows: argmax without a logits buffer goes through scratch of
                       * a few rows of them (0: the head always needs logits) */
+    int64_t head_dim; /* attention's (sizes the split attention's partials; 0: SIL_KV_HEAD_MAX) */
 };
 
 int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config *c,

@@ -32,6 +32,11 @@ struct cpu_backend {
     float *mm_scratch;       /* [n_threads][matmul scratch] */
     struct sil_mm_job *jobs; /* [2 * n_expert + 8] */
     float *attn_scratch;     /* [n_threads][n_ctx] */
+    /* split attention (long contexts): partials of (row, head, split), [n_threads][max splits]
+     * for a thread that does a head's splits itself, [attn_items] shared when the pool does */
+    float *attn_part, *attn_shared;
+    int64_t attn_part_floats, attn_items;
+    int32_t *attn_start; /* [ub_max + 1]: a shared pass's first item of each row */
     /* tests (SIL_TEST_ATTN_NOISE=R): every attention output element times 1 + R or 1 - R, a
      * sign hashed from (layer, sequence position, column): how far a model's logits move for a
      * change of the size of another summation order (cuda_fwd_parity bounds such variants of
@@ -277,26 +282,30 @@ static void cpu_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 struct swiglu_task {
     float *out;
     const float *gate, *up;
-    int64_t width;
+    int64_t n;
 };
 
+/* item = SWIGLU_SPAN elements */
+#define SWIGLU_SPAN 256
 static void swiglu_run(void *arg, long lo, long hi, int ith)
 {
     struct swiglu_task *t = arg;
     (void)ith;
-    sil_swiglu(t->out + lo * t->width, t->gate + lo * t->width, t->up + lo * t->width,
-               (hi - lo) * t->width);
+    const int64_t e0 = lo * SWIGLU_SPAN, e1 = hi * SWIGLU_SPAN < t->n ? hi * SWIGLU_SPAN : t->n;
+    sil_swiglu(t->out + e0, t->gate + e0, t->up + e0, e1 - e0);
 }
 
-/* rows of width contiguous floats */
+/* rows of width contiguous floats. An element costs an expf (~10 ns): a decode row's experts
+ * (8 x 512) are already worth the pool, split by elements, not rows. */
 static void swiglu(struct cpu_backend *b, float *out, const float *gate, const float *up,
                    int64_t rows, int64_t width)
 {
-    struct swiglu_task t = {out, gate, up, width};
-    if (rows * width < 16384)
-        swiglu_run(&t, 0, rows, 0);
+    struct swiglu_task t = {out, gate, up, rows * width};
+    const long items = (long)((t.n + SWIGLU_SPAN - 1) / SWIGLU_SPAN);
+    if (t.n < 2048)
+        swiglu_run(&t, 0, items, 0);
     else
-        sil_threadpool_for(b->tp, rows, 0, swiglu_run, &t);
+        sil_threadpool_for(b->tp, items, 0, swiglu_run, &t);
 }
 
 static void cpu_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act gate,
@@ -344,53 +353,180 @@ static void qk_prep(void *arg, long lo, long hi, int ith)
     }
 }
 
-/* Per (row, head): softmax attention over the sequence's positions 0..pos, read block by block
- * through its block table: scores of every block, softmax, then the weighted sum of V. */
+/* Positions per split of a long context: a row at position pos attends in
+ * ceil((pos + 1) / ATTN_SPAN) splits, each with its own max and sum, merged in split order; one
+ * split is the plain softmax. The split depends on the position alone, never on the batch or the
+ * threads, so a row's result is the same whoever computes it: a thread alone over all splits of
+ * a head (many rows and heads), or the pool over every (row, head, split) item (a decode of few
+ * rows, where heads alone would leave threads idle over the whole context). */
+#define ATTN_SPAN (8 * SIL_KV_BLOCK)
+
+static int32_t attn_splits(int32_t n)
+{
+    return (n + ATTN_SPAN - 1) / ATTN_SPAN;
+}
+
+/* One (row, head): its query (quantized into qq when the kernels want it), KV head, table. */
+struct attn_head {
+    const float *q;
+    const void *qq;
+    int kvh;
+    const int32_t *table;
+};
+
+static struct attn_head attn_head_of(const struct attn_task *t, long i, int h, uint8_t *qq)
+{
+    const struct sil_attn_args *a = t->a;
+    struct attn_head ah = {rowp(a->q, i) + h * t->q_stride, qq, h / (a->n_head / a->n_head_kv),
+                           NULL};
+    int32_t nb;
+    ah.table = sil_kv_seq_table(a->kv, t->ub->seq[i], &nb);
+    if (t->kk->q8_query) sil_type_traits(SIL_TYPE_Q8_0)->from_float(ah.q, qq, a->head_dim);
+    return ah;
+}
+
+/* sc[p - p0] = the scaled score of position p, p0 <= p < p1 (p0 a multiple of the block) */
+static void head_scores(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
+                        int32_t p1, float *sc)
+{
+    const struct sil_attn_args *a = t->a;
+    const struct sil_kv_cache *kv = a->kv;
+    const size_t rk = sil_kv_row_bytes_k(kv), hb = sil_kv_head_bytes(kv);
+    const float scale = 1.0f / sqrtf((float)a->head_dim);
+    for (int32_t p = p0; p < p1; p += SIL_KV_BLOCK) {
+        const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
+        const char *kb =
+            (const char *)sil_kv_block_k(kv, a->layer, ah->table[p / SIL_KV_BLOCK]) + ah->kvh * hb;
+        t->kk->scores(ah->q, ah->qq, kb, rk, cnt, a->head_dim, scale, sc + (p - p0));
+    }
+}
+
+/* o += sum of w[p - p0] V_p over p0 <= p < p1 */
+static void head_accum(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
+                       int32_t p1, const float *w, float *o)
+{
+    const struct sil_attn_args *a = t->a;
+    const struct sil_kv_cache *kv = a->kv;
+    const size_t rv = sil_kv_row_bytes_v(kv), hb = sil_kv_head_bytes(kv);
+    for (int32_t p = p0; p < p1; p += SIL_KV_BLOCK) {
+        const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
+        const char *vb =
+            (const char *)sil_kv_block_v(kv, a->layer, ah->table[p / SIL_KV_BLOCK]) + ah->kvh * hb;
+        t->kk->accum(o, w + (p - p0), vb, rv, cnt, a->head_dim);
+    }
+}
+
+/* The output gate of a gated head */
+static void head_gate(const struct attn_task *t, const struct attn_head *ah, float *o)
+{
+    if (!t->a->gated) return;
+    const float *g = ah->q + t->a->head_dim;
+    for (int j = 0; j < t->a->head_dim; j++)
+        o[j] *= sil_sigmoid(g[j]);
+}
+
+/* One split [p0, p1): part = {max, sum of exp(score - max), sum of exp(score - max) V} */
+static void head_part(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
+                      int32_t p1, float *sc, float *part)
+{
+    const int32_t n = p1 - p0;
+    head_scores(t, ah, p0, p1, sc);
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        mx = sc[i] > mx ? sc[i] : mx;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        sc[i] = expf(sc[i] - mx);
+        sum += sc[i];
+    }
+    part[0] = mx;
+    part[1] = (float)sum;
+    memset(part + 2, 0, sizeof(float) * (size_t)t->a->head_dim);
+    head_accum(t, ah, p0, p1, sc, part + 2);
+}
+
+/* o = the splits' partials (each hd + 2 floats) merged in split order */
+static void head_merge(const float *parts, int32_t n_split, int hd, float *o)
+{
+    float mx = -INFINITY;
+    for (int32_t s = 0; s < n_split; s++)
+        mx = parts[(int64_t)s * (hd + 2)] > mx ? parts[(int64_t)s * (hd + 2)] : mx;
+    double sum = 0.0;
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    for (int32_t s = 0; s < n_split; s++) {
+        const float *p = parts + (int64_t)s * (hd + 2);
+        const float w = expf(p[0] - mx);
+        sum += (double)w * p[1];
+        for (int j = 0; j < hd; j++)
+            o[j] += w * p[2 + j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int j = 0; j < hd; j++)
+        o[j] *= inv;
+}
+
+/* Row i's head h whole, on one thread: the plain softmax of every score (one split), or its
+ * splits one after another and their merge. */
+static void attend_head(const struct attn_task *t, long i, int h, int ith)
+{
+    const struct sil_attn_args *a = t->a;
+    const int hd = a->head_dim;
+    _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34]; /* q as q8_0 for the quantized types */
+    const struct attn_head ah = attn_head_of(t, i, h, qq);
+    const int32_t n = t->ub->pos[i] + 1, n_split = attn_splits(n);
+    float *scores = t->b->attn_scratch + (int64_t)ith * t->b->c.n_ctx;
+    float *o = rowp(a->o, i) + h * hd;
+    if (n_split == 1) {
+        head_scores(t, &ah, 0, n, scores);
+        sil_softmax(scores, n);
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        head_accum(t, &ah, 0, n, scores, o);
+    } else {
+        float *parts = t->b->attn_part + (int64_t)ith * t->b->attn_part_floats;
+        for (int32_t s = 0; s < n_split; s++) {
+            const int32_t p0 = s * ATTN_SPAN, p1 = p0 + ATTN_SPAN < n ? p0 + ATTN_SPAN : n;
+            head_part(t, &ah, p0, p1, scores, parts + (int64_t)s * (hd + 2));
+        }
+        head_merge(parts, n_split, hd, o);
+    }
+    head_gate(t, &ah, o);
+}
+
+/* item = (row, head) */
 static void attend(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
-    const struct sil_attn_args *a = t->a;
-    const struct sil_kv_cache *kv = a->kv;
-    const int hd = a->head_dim, nh = a->n_head;
-    const int group = a->n_head / a->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *scores = t->b->attn_scratch + (int64_t)ith * t->b->c.n_ctx;
-    const size_t rk = sil_kv_row_bytes_k(kv), rv = sil_kv_row_bytes_v(kv);
-    const size_t hb = sil_kv_head_bytes(kv);
-    const sil_kv_scores_fn scores_fn = t->kk->scores;
-    const sil_kv_accum_fn accum_fn = t->kk->accum;
-    _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34]; /* q as q8_0 for the quantized types */
-    for (long w = lo; w < hi; w++) {
-        const long i = w / nh;
-        const int h = (int)(w % nh), kvh = h / group;
-        const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
-        const int32_t n = pos + 1;
-        int32_t nb;
-        const int32_t *table = sil_kv_seq_table(kv, seq, &nb);
-        const float *q = rowp(a->q, i) + h * t->q_stride;
-        if (t->kk->q8_query)
-            sil_type_traits(SIL_TYPE_Q8_0)->from_float(q, qq, hd);
-        for (int32_t b = 0; b * SIL_KV_BLOCK < n; b++) {
-            const int32_t p0 = b * SIL_KV_BLOCK;
-            const int cnt = n - p0 < SIL_KV_BLOCK ? n - p0 : SIL_KV_BLOCK;
-            const char *kb = (const char *)sil_kv_block_k(kv, a->layer, table[b]) + kvh * hb;
-            scores_fn(q, qq, kb, rk, cnt, hd, scale, scores + p0);
+    const int nh = t->a->n_head;
+    for (long w = lo; w < hi; w++)
+        attend_head(t, w / nh, (int)(w % nh), ith);
+}
+
+/* item = (row, head, split) of a row with splits, (row, head) of a row without (done whole);
+ * the partials go to attn_shared at the item's index */
+static void attend_split(void *arg, long lo, long hi, int ith)
+{
+    struct attn_task *t = arg;
+    const int nh = t->a->n_head, hd = t->a->head_dim;
+    const int32_t *start = t->b->attn_start;
+    long i = 0;
+    for (long it = lo; it < hi; it++) {
+        while (it >= start[i + 1])
+            i++;
+        const int32_t n = t->ub->pos[i] + 1, n_split = attn_splits(n);
+        const long local = it - start[i];
+        if (n_split == 1) {
+            attend_head(t, i, (int)local, ith);
+            continue;
         }
-        sil_softmax(scores, n);
-        float *o = rowp(a->o, i) + h * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int32_t b = 0; b * SIL_KV_BLOCK < n; b++) {
-            const int32_t p0 = b * SIL_KV_BLOCK;
-            const int cnt = n - p0 < SIL_KV_BLOCK ? n - p0 : SIL_KV_BLOCK;
-            const char *vb = (const char *)sil_kv_block_v(kv, a->layer, table[b]) + kvh * hb;
-            accum_fn(o, scores + p0, vb, rv, cnt, hd);
-        }
-        if (a->gated) {
-            const float *g = q + hd;
-            for (int j = 0; j < hd; j++)
-                o[j] *= sil_sigmoid(g[j]);
-        }
+        const int h = (int)(local / n_split);
+        const int32_t s = (int32_t)(local % n_split);
+        _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34];
+        const struct attn_head ah = attn_head_of(t, i, h, qq);
+        const int32_t p0 = s * ATTN_SPAN, p1 = p0 + ATTN_SPAN < n ? p0 + ATTN_SPAN : n;
+        float *scores = t->b->attn_scratch + (int64_t)ith * t->b->c.n_ctx;
+        head_part(t, &ah, p0, p1, scores, t->b->attn_shared + it * (hd + 2));
     }
+    (void)nh;
 }
 
 static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
@@ -403,7 +539,36 @@ static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     sil_threadpool_for(t.b->tp, ub->n, 0, qk_prep, &t);
     prof_add(t.b, P_ATTN_PREP, t0);
     t0 = prof_now(t.b);
-    sil_threadpool_for(t.b->tp, (long)ub->n * a->n_head, 0, attend, &t);
+    /* few (row, head) items for the threads and a long context: the pool takes the splits */
+    const long heads = (long)ub->n * a->n_head;
+    int32_t *start = t.b->attn_start;
+    bool split = heads < 4L * t.b->c.n_threads && t.b->c.n_threads > 1;
+    if (split) {
+        bool any = false;
+        start[0] = 0;
+        for (int32_t i = 0; i < ub->n; i++) {
+            const int32_t ns = attn_splits(ub->pos[i] + 1);
+            any = any || ns > 1;
+            start[i + 1] = start[i] + a->n_head * ns;
+        }
+        split = any && start[ub->n] <= t.b->attn_items;
+    }
+    if (!split) {
+        sil_threadpool_for(t.b->tp, heads, 0, attend, &t);
+    } else {
+        sil_threadpool_for(t.b->tp, start[ub->n], 1, attend_split, &t);
+        const int hd = a->head_dim;
+        for (int32_t i = 0; i < ub->n; i++) {
+            const int32_t ns = attn_splits(ub->pos[i] + 1);
+            if (ns == 1) continue; /* done whole */
+            for (int h = 0; h < a->n_head; h++) {
+                float *o = rowp(a->o, i) + h * hd;
+                head_merge(t.b->attn_shared + (int64_t)(start[i] + h * ns) * (hd + 2), ns, hd, o);
+                const struct attn_head ah = {rowp(a->q, i) + h * t.q_stride, NULL, 0, NULL};
+                head_gate(&t, &ah, o);
+            }
+        }
+    }
     prof_add(t.b, P_ATTN, t0);
     if (t.b->attn_noise > 0.0f)
         for (int32_t i = 0; i < ub->n; i++) {
@@ -739,7 +904,7 @@ static void cpu_free(struct sil_backend *be)
         free(b->prof->path);
         free(b->prof);
     }
-    void *ptrs[] = {b->in_buf[0],  b->in_buf[1], b->mm_scratch, b->jobs,   b->attn_scratch,
+    void *ptrs[] = {b->in_buf[0],  b->in_buf[1], b->mm_scratch, b->jobs,   b->attn_scratch, b->attn_part, b->attn_shared, b->attn_start,
                     b->dn_scratch, b->router,    b->moe_gate,   b->moe_up, b->moe_down,
                     b->sh_gate,    b->sh_up,     b->sh_logit,   b->acc,    b->iota,
                     b->head_scratch};
@@ -822,6 +987,16 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
         xcalloc((size_t)(nth * sil_matmul_scratch_floats(c->k_max)), sizeof(float), &fail);
     b->jobs = xcalloc((size_t)(2 * X + 8), sizeof(struct sil_mm_job), &fail);
     b->attn_scratch = xcalloc((size_t)(nth * c->n_ctx), sizeof(float), &fail);
+    {
+        const int64_t hd = c->head_dim > 0 ? c->head_dim : SIL_KV_HEAD_MAX;
+        const int64_t max_split = (c->n_ctx + ATTN_SPAN - 1) / ATTN_SPAN;
+        b->attn_part_floats = max_split * (hd + 2);
+        b->attn_part = xcalloc((size_t)(nth * b->attn_part_floats), sizeof(float), &fail);
+        /* a shared pass has fewer than 4 * n_threads (row, head) items */
+        b->attn_items = 4 * nth * max_split;
+        b->attn_shared = xcalloc((size_t)(b->attn_items * (hd + 2)), sizeof(float), &fail);
+        b->attn_start = xcalloc((size_t)U + 1, sizeof(int32_t), &fail);
+    }
     if (c->n_vocab > 0)
         b->head_scratch = xcalloc((size_t)(HEAD_ROWS * c->n_vocab), sizeof(float), &fail);
     if (c->dn_head_scratch > 0)

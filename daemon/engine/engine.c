@@ -272,6 +272,7 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
         .n_expert_used = hp->n_expert_used,
         .n_ff_exp = hp->n_ff_exp,
         .n_ff_shexp = hp->n_ff_shexp,
+        .head_dim = hp->n_embd_head_k > hp->n_embd_head_v ? hp->n_embd_head_k : hp->n_embd_head_v,
         .dn_head_scratch =
             hp->n_layer_recr > 0 ? sil_delta_net_head_scratch_floats(&f->dn[0], f->ub_max) : 0,
     };
