@@ -334,10 +334,11 @@ static void test_head_argmax(void **state)
 }
 
 /* Attention over a long context. Past 512 positions a row attends in splits of 512 positions
- * merged in order: a row gives the same bits as one of a pass of 8 rows (each thread takes a
- * head's splits one after another) and alone (the pool takes the (head, split) items), and the
- * result is a double-precision softmax of the normed and rotated q against the cached K and V.
- * 4 query heads over 2 KV heads of 32, plain and gated. */
+ * merged in order: a row gives the same bits as one of a pass of 32 rows (each thread takes
+ * the splits of a group of rows and heads one after another) and alone (the pool takes the
+ * (head, split) items), with 2 threads or 1; and the result is a double-precision softmax of
+ * the normed and rotated q against the cached K and V. 4 query heads over 2 KV heads of 32,
+ * plain and gated. */
 #define AQ 4
 #define AKV 2
 #define AHD 32
@@ -352,7 +353,7 @@ static void attn_rows(struct sil_backend *be, struct sil_kv_cache *kv, bool gate
     for (int j = 0; j < AHD; j++)
         ones[j] = 1.0f;
     const struct sil_weight nw = f32_weight(ones, 1, AHD, 1);
-    int32_t pos[8], seq[8] = {0}, run[2] = {0, n};
+    int32_t pos[32], seq[32] = {0}, run[2] = {0, n};
     for (int32_t i = 0; i < n; i++) {
         pos[i] = p0 + i;
         fill((float *)q.data + i * qw, qw, 1.0f, 1000 + (uint32_t)pos[i]);
@@ -396,26 +397,31 @@ static void test_attention_split(void **state)
         struct sil_kv_cache *kv = NULL;
         struct sil_error err = {0};
         assert_int_equal(sil_kv_create(&kv, &kc, &err), 0);
-        const struct sil_cpu_config c = {.n_threads = 2, .k_max = 8, .ub_max = 8, .n_ctx = ACTX,
-                                         .head_dim = AHD};
-        struct sil_backend *be = NULL;
+        struct sil_cpu_config c = {.n_threads = 2, .k_max = 8, .ub_max = 32, .n_ctx = ACTX,
+                                   .head_dim = AHD};
+        struct sil_backend *be = NULL, *be1 = NULL;
         assert_int_equal(sil_backend_cpu_create(&be, &c, &err), 0);
-        struct sil_act q = act(be, 8, qw), k = act(be, 8, AKV * AHD), v = act(be, 8, AKV * AHD);
-        struct sil_act o = act(be, 8, AQ * AHD);
-        const int32_t P = 1496; /* the rows 1496..1503 attend over 3 splits */
-        for (int32_t p0 = 0; p0 < P; p0 += 8)
-            attn_rows(be, kv, gated, p0, 8, q, k, v, o);
-        float batch[8 * AQ * AHD], qn[8 * 2 * AQ * AHD];
-        attn_rows(be, kv, gated, P, 8, q, k, v, o);
+        c.n_threads = 1;
+        assert_int_equal(sil_backend_cpu_create(&be1, &c, &err), 0);
+        struct sil_act q = act(be, 32, qw), k = act(be, 32, AKV * AHD), v = act(be, 32, AKV * AHD);
+        struct sil_act o = act(be, 32, AQ * AHD);
+        const int32_t P = 1472; /* the rows 1472..1503 attend over 3 splits */
+        for (int32_t p0 = 0; p0 < P; p0 += 32)
+            attn_rows(be, kv, gated, p0, 32, q, k, v, o);
+        static float batch[32 * AQ * AHD], qn[32 * 2 * AQ * AHD];
+        attn_rows(be, kv, gated, P, 32, q, k, v, o);
         memcpy(batch, o.data, sizeof(batch));
-        memcpy(qn, q.data, sizeof(float) * (size_t)(8 * qw)); /* normed and rotated */
-        for (int32_t i = 0; i < 8; i++) { /* the same rows one at a time */
-            attn_rows(be, kv, gated, P + i, 1, q, k, v, o);
-            assert_memory_equal(o.data, batch + i * AQ * AHD, sizeof(float) * AQ * AHD);
-        }
+        memcpy(qn, q.data, sizeof(float) * (size_t)(32 * qw)); /* normed and rotated */
+        for (int32_t i = 24; i < 32; i++) /* the same rows one at a time, 2 threads and 1 */
+            for (int b = 0; b < 2; b++) {
+                attn_rows(b ? be1 : be, kv, gated, P + i, 1, q, k, v, o);
+                if (memcmp(o.data, batch + i * AQ * AHD, sizeof(float) * AQ * AHD))
+                    fail_msg("gated %d: row %d alone (%d threads) differs from the batch", gated,
+                             P + i, 2 - b);
+            }
         /* row 1503 against double precision */
-        const int32_t pos = P + 7;
-        const float *qr = qn + 7 * qw;
+        const int32_t pos = P + 31;
+        const float *qr = qn + 31 * qw;
         double worst = 0.0;
         for (int h = 0; h < AQ; h++) {
             const float *qh = qr + h * AHD * (gated ? 2 : 1);
@@ -433,12 +439,13 @@ static void test_attention_split(void **state)
                 for (int32_t t = 0; t <= pos; t++)
                     r += sc[t] / sum * ((const float *)sil_kv_v(kv, 0, 0, t))[kvh * AHD + j];
                 if (gated) r *= 1.0 / (1.0 + exp(-(double)qh[AHD + j]));
-                worst = fmax(worst, fabs(r - batch[7 * AQ * AHD + h * AHD + j]));
+                worst = fmax(worst, fabs(r - batch[31 * AQ * AHD + h * AHD + j]));
             }
             free(sc);
         }
         if (worst > 1e-5) fail_msg("gated %d: split attention %g from double precision", gated, worst);
         be->ops->free(be);
+        be1->ops->free(be1);
         sil_kv_free(kv);
     }
 }

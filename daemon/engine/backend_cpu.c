@@ -31,12 +31,14 @@ struct cpu_backend {
     void *in_buf[2];
     float *mm_scratch;       /* [n_threads][matmul scratch] */
     struct sil_mm_job *jobs; /* [2 * n_expert + 8] */
-    float *attn_scratch;     /* [n_threads][n_ctx] */
+    float *attn_scratch;     /* [n_threads][attn_scratch_floats]: scores */
+    int64_t attn_scratch_floats;
     /* split attention (long contexts): partials of (row, head, split), [n_threads][max splits]
      * for a thread that does a head's splits itself, [attn_items] shared when the pool does */
     float *attn_part, *attn_shared;
     int64_t attn_part_floats, attn_items;
     int32_t *attn_start; /* [ub_max + 1]: a shared pass's first item of each row */
+    int32_t *attn_group; /* [ub_max + 1]: attend_group's first row of each row group */
     /* tests (SIL_TEST_ATTN_NOISE=R): every attention output element times 1 + R or 1 - R, a
      * sign hashed from (layer, sequence position, column): how far a model's logits move for a
      * change of the size of another summation order (cuda_fwd_parity bounds such variants of
@@ -326,6 +328,7 @@ struct attn_task {
     int64_t q_stride; /* floats from one q head to the next inside a row of q */
     sil_from_float_fn to_kv; /* F32 row -> the cache's element type */
     const struct sil_kv_kernels *kk;
+    int heads_per_item; /* attend_group: query heads of one KV head an item takes */
 };
 
 /* Per row: q/k norm, rope, K and V into the cache (converted to its element type). */
@@ -360,6 +363,8 @@ static void qk_prep(void *arg, long lo, long hi, int ith)
  * a head (many rows and heads), or the pool over every (row, head, split) item (a decode of few
  * rows, where heads alone would leave threads idle over the whole context). */
 #define ATTN_SPAN (8 * SIL_KV_BLOCK)
+/* (row, head) pairs of one item of attend_group */
+#define ATTN_PAIRS 16
 
 static int32_t attn_splits(int32_t n)
 {
@@ -425,12 +430,9 @@ static void head_gate(const struct attn_task *t, const struct attn_head *ah, flo
         o[j] *= sil_sigmoid(g[j]);
 }
 
-/* One split [p0, p1): part = {max, sum of exp(score - max), sum of exp(score - max) V} */
-static void head_part(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
-                      int32_t p1, float *sc, float *part)
+/* A split's n scores into exp(score - max) in place; part = {max, their sum, 0 x hd} */
+static void part_softmax(float *sc, int32_t n, float *part, int hd)
 {
-    const int32_t n = p1 - p0;
-    head_scores(t, ah, p0, p1, sc);
     float mx = -INFINITY;
     for (int32_t i = 0; i < n; i++)
         mx = sc[i] > mx ? sc[i] : mx;
@@ -441,7 +443,15 @@ static void head_part(const struct attn_task *t, const struct attn_head *ah, int
     }
     part[0] = mx;
     part[1] = (float)sum;
-    memset(part + 2, 0, sizeof(float) * (size_t)t->a->head_dim);
+    memset(part + 2, 0, sizeof(float) * (size_t)hd);
+}
+
+/* One split [p0, p1): part = {max, sum of exp(score - max), sum of exp(score - max) V} */
+static void head_part(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
+                      int32_t p1, float *sc, float *part)
+{
+    head_scores(t, ah, p0, p1, sc);
+    part_softmax(sc, p1 - p0, part, t->a->head_dim);
     head_accum(t, ah, p0, p1, sc, part + 2);
 }
 
@@ -465,40 +475,106 @@ static void head_merge(const float *parts, int32_t n_split, int hd, float *o)
         o[j] *= inv;
 }
 
-/* Row i's head h whole, on one thread: the plain softmax of every score (one split), or its
- * splits one after another and their merge. */
+/* Row i's head h whole when it has one split (n <= ATTN_SPAN): the plain softmax of every
+ * score. */
 static void attend_head(const struct attn_task *t, long i, int h, int ith)
 {
     const struct sil_attn_args *a = t->a;
     const int hd = a->head_dim;
     _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34]; /* q as q8_0 for the quantized types */
     const struct attn_head ah = attn_head_of(t, i, h, qq);
-    const int32_t n = t->ub->pos[i] + 1, n_split = attn_splits(n);
-    float *scores = t->b->attn_scratch + (int64_t)ith * t->b->c.n_ctx;
+    const int32_t n = t->ub->pos[i] + 1;
+    float *scores = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
     float *o = rowp(a->o, i) + h * hd;
-    if (n_split == 1) {
-        head_scores(t, &ah, 0, n, scores);
-        sil_softmax(scores, n);
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        head_accum(t, &ah, 0, n, scores, o);
-    } else {
-        float *parts = t->b->attn_part + (int64_t)ith * t->b->attn_part_floats;
-        for (int32_t s = 0; s < n_split; s++) {
-            const int32_t p0 = s * ATTN_SPAN, p1 = p0 + ATTN_SPAN < n ? p0 + ATTN_SPAN : n;
-            head_part(t, &ah, p0, p1, scores, parts + (int64_t)s * (hd + 2));
-        }
-        head_merge(parts, n_split, hd, o);
-    }
+    head_scores(t, &ah, 0, n, scores);
+    sil_softmax(scores, n);
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    head_accum(t, &ah, 0, n, scores, o);
     head_gate(t, &ah, o);
 }
 
-/* item = (row, head) */
-static void attend(void *arg, long lo, long hi, int ith)
+/* item = (group of rows of one sequence, group of query heads of one KV head): the (row, head)
+ * pairs of the item go block by block together, so a K or V block is read from memory once for
+ * all of them and from L1 after; each pair's own arithmetic (its scores block by block, its
+ * softmax, or per split max, sum and products, the merge) is that of attend_head and
+ * attend_split, so grouping changes no bit. */
+static void attend_group(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
-    const int nh = t->a->n_head;
-    for (long w = lo; w < hi; w++)
-        attend_head(t, w / nh, (int)(w % nh), ith);
+    const struct sil_attn_args *a = t->a;
+    const struct sil_kv_cache *kv = a->kv;
+    const int hd = a->head_dim, hg = t->heads_per_item, n_hgroup = a->n_head / hg;
+    const size_t rk = sil_kv_row_bytes_k(kv), rv = sil_kv_row_bytes_v(kv);
+    const size_t hb = sil_kv_head_bytes(kv);
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc_base = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
+    float *parts_base = t->b->attn_part + (int64_t)ith * t->b->attn_part_floats;
+    _Alignas(32) uint8_t qq[ATTN_PAIRS][SIL_KV_HEAD_MAX / 32 * 34];
+    for (long it = lo; it < hi; it++) {
+        const int32_t g = (int32_t)(it / n_hgroup), h0 = (int)(it % n_hgroup) * hg;
+        const int32_t i0 = t->b->attn_group[g], i1 = t->b->attn_group[g + 1];
+        struct attn_head ah[ATTN_PAIRS];
+        int32_t n[ATTN_PAIRS], ns[ATTN_PAIRS], np = 0, max_split = 0, n_max = 0;
+        float *o[ATTN_PAIRS];
+        for (int32_t i = i0; i < i1; i++)
+            for (int h = h0; h < h0 + hg; h++, np++) {
+                ah[np] = attn_head_of(t, i, h, qq[np]);
+                n[np] = t->ub->pos[i] + 1;
+                ns[np] = attn_splits(n[np]);
+                o[np] = rowp(a->o, i) + h * hd;
+                max_split = ns[np] > max_split ? ns[np] : max_split;
+                n_max = n[np] > n_max ? n[np] : n_max;
+            }
+        const int kvh = ah[0].kvh;
+        const int32_t *table = ah[0].table; /* one sequence */
+        for (int32_t s = 0; s < max_split; s++) {
+            const int32_t p0 = s * ATTN_SPAN;
+            const int32_t pe = p0 + ATTN_SPAN < n_max ? p0 + ATTN_SPAN : n_max;
+            for (int32_t p = p0; p < pe; p += SIL_KV_BLOCK) {
+                const char *kb =
+                    (const char *)sil_kv_block_k(kv, a->layer, table[p / SIL_KV_BLOCK]) + kvh * hb;
+                for (int j = 0; j < np; j++) {
+                    const int32_t p1 = p0 + ATTN_SPAN < n[j] ? p0 + ATTN_SPAN : n[j];
+                    if (p >= p1) continue;
+                    const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
+                    t->kk->scores(ah[j].q, ah[j].qq, kb, rk, cnt, hd, scale,
+                                  sc_base + (int64_t)j * ATTN_SPAN + (p - p0));
+                }
+            }
+            float *acc[ATTN_PAIRS];
+            for (int j = 0; j < np; j++) {
+                acc[j] = NULL;
+                if (p0 >= n[j]) continue;
+                float *sc = sc_base + (int64_t)j * ATTN_SPAN;
+                if (ns[j] == 1) {
+                    sil_softmax(sc, n[j]);
+                    memset(o[j], 0, sizeof(float) * (size_t)hd);
+                    acc[j] = o[j];
+                } else {
+                    float *part = parts_base + ((int64_t)j * max_split + s) * (hd + 2);
+                    const int32_t p1 = p0 + ATTN_SPAN < n[j] ? p0 + ATTN_SPAN : n[j];
+                    part_softmax(sc, p1 - p0, part, hd);
+                    acc[j] = part + 2;
+                }
+            }
+            for (int32_t p = p0; p < pe; p += SIL_KV_BLOCK) {
+                const char *vb =
+                    (const char *)sil_kv_block_v(kv, a->layer, table[p / SIL_KV_BLOCK]) + kvh * hb;
+                for (int j = 0; j < np; j++) {
+                    const int32_t p1 = p0 + ATTN_SPAN < n[j] ? p0 + ATTN_SPAN : n[j];
+                    if (!acc[j] || p >= p1) continue;
+                    const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
+                    t->kk->accum(acc[j], sc_base + (int64_t)j * ATTN_SPAN + (p - p0), vb, rv, cnt,
+                                 hd);
+                }
+            }
+        }
+        for (int j = 0; j < np; j++) {
+            if (ns[j] > 1)
+                head_merge(parts_base + (int64_t)j * max_split * (hd + 2), ns[j], hd, o[j]);
+            head_gate(t, &ah[j], o[j]);
+        }
+    }
 }
 
 /* item = (row, head, split) of a row with splits, (row, head) of a row without (done whole);
@@ -523,7 +599,7 @@ static void attend_split(void *arg, long lo, long hi, int ith)
         _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34];
         const struct attn_head ah = attn_head_of(t, i, h, qq);
         const int32_t p0 = s * ATTN_SPAN, p1 = p0 + ATTN_SPAN < n ? p0 + ATTN_SPAN : n;
-        float *scores = t->b->attn_scratch + (int64_t)ith * t->b->c.n_ctx;
+        float *scores = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
         head_part(t, &ah, p0, p1, scores, t->b->attn_shared + it * (hd + 2));
     }
     (void)nh;
@@ -534,15 +610,27 @@ static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
 {
     const int gt = sil_kv_ggml_type(sil_kv_type(a->kv));
     struct attn_task t = {cpu(be), ub, a, a->gated ? 2 * a->head_dim : a->head_dim,
-                          sil_type_traits(gt)->from_float, sil_kv_kernels(gt)};
+                          sil_type_traits(gt)->from_float, sil_kv_kernels(gt), 1};
     double t0 = prof_now(t.b);
     sil_threadpool_for(t.b->tp, ub->n, 0, qk_prep, &t);
     prof_add(t.b, P_ATTN_PREP, t0);
     t0 = prof_now(t.b);
-    /* few (row, head) items for the threads and a long context: the pool takes the splits */
-    const long heads = (long)ub->n * a->n_head;
+    /* items of (rows of one sequence, query heads of one KV head), up to ATTN_PAIRS pairs */
+    const int group = a->n_head / a->n_head_kv;
+    int hg = group < ATTN_PAIRS ? group : ATTN_PAIRS;
+    while (group % hg)
+        hg--;
+    t.heads_per_item = hg;
+    const int32_t rows_max = ATTN_PAIRS / hg;
+    int32_t *gs = t.b->attn_group, n_groups = 0;
+    gs[0] = 0;
+    for (int32_t i = 1; i <= ub->n; i++)
+        if (i == ub->n || ub->seq[i] != ub->seq[i - 1] || i - gs[n_groups] == rows_max)
+            gs[++n_groups] = i;
     int32_t *start = t.b->attn_start;
-    bool split = heads < 4L * t.b->c.n_threads && t.b->c.n_threads > 1;
+    const long items = (long)n_groups * (a->n_head / hg);
+    /* few items for the threads and a long context: the pool takes (row, head, split) items */
+    bool split = items < 4L * t.b->c.n_threads && t.b->c.n_threads > 1;
     if (split) {
         bool any = false;
         start[0] = 0;
@@ -554,7 +642,7 @@ static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
         split = any && start[ub->n] <= t.b->attn_items;
     }
     if (!split) {
-        sil_threadpool_for(t.b->tp, heads, 0, attend, &t);
+        sil_threadpool_for(t.b->tp, items, 1, attend_group, &t);
     } else {
         sil_threadpool_for(t.b->tp, start[ub->n], 1, attend_split, &t);
         const int hd = a->head_dim;
@@ -904,7 +992,7 @@ static void cpu_free(struct sil_backend *be)
         free(b->prof->path);
         free(b->prof);
     }
-    void *ptrs[] = {b->in_buf[0],  b->in_buf[1], b->mm_scratch, b->jobs,   b->attn_scratch, b->attn_part, b->attn_shared, b->attn_start,
+    void *ptrs[] = {b->in_buf[0],  b->in_buf[1], b->mm_scratch, b->jobs,   b->attn_scratch, b->attn_part, b->attn_shared, b->attn_start, b->attn_group,
                     b->dn_scratch, b->router,    b->moe_gate,   b->moe_up, b->moe_down,
                     b->sh_gate,    b->sh_up,     b->sh_logit,   b->acc,    b->iota,
                     b->head_scratch};
@@ -986,16 +1074,19 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
     b->mm_scratch =
         xcalloc((size_t)(nth * sil_matmul_scratch_floats(c->k_max)), sizeof(float), &fail);
     b->jobs = xcalloc((size_t)(2 * X + 8), sizeof(struct sil_mm_job), &fail);
-    b->attn_scratch = xcalloc((size_t)(nth * c->n_ctx), sizeof(float), &fail);
     {
         const int64_t hd = c->head_dim > 0 ? c->head_dim : SIL_KV_HEAD_MAX;
         const int64_t max_split = (c->n_ctx + ATTN_SPAN - 1) / ATTN_SPAN;
-        b->attn_part_floats = max_split * (hd + 2);
+        b->attn_scratch_floats = ATTN_PAIRS * ATTN_SPAN; /* a split's scores of every pair */
+        b->attn_scratch = xcalloc((size_t)(nth * b->attn_scratch_floats), sizeof(float), &fail);
+        b->attn_part_floats = ATTN_PAIRS * max_split * (hd + 2);
         b->attn_part = xcalloc((size_t)(nth * b->attn_part_floats), sizeof(float), &fail);
-        /* a shared pass has fewer than 4 * n_threads (row, head) items */
-        b->attn_items = 4 * nth * max_split;
+        /* a shared pass has fewer than 4 * n_threads items of at most ATTN_PAIRS (row, head)
+         * pairs; one of more (row, head, split) items than this goes through the groups */
+        b->attn_items = 16 * nth * max_split;
         b->attn_shared = xcalloc((size_t)(b->attn_items * (hd + 2)), sizeof(float), &fail);
         b->attn_start = xcalloc((size_t)U + 1, sizeof(int32_t), &fail);
+        b->attn_group = xcalloc((size_t)U + 1, sizeof(int32_t), &fail);
     }
     if (c->n_vocab > 0)
         b->head_scratch = xcalloc((size_t)(HEAD_ROWS * c->n_vocab), sizeof(float), &fail);
