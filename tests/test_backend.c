@@ -127,6 +127,31 @@ static void test_matmul_and_rows(void **state)
     be->ops->free(be);
 }
 
+/* add_rmsnorm gives the bits of add, then rmsnorm, for a decode step's rows (run by the caller)
+ * and for more (the pool) */
+static void test_add_rmsnorm(void **state)
+{
+    (void)state;
+    struct sil_backend *be = open_cpu(3);
+    enum { R = 20 };
+    float nw[E];
+    fill(nw, E, 1.0f, 7);
+    const struct sil_weight NW = f32_weight(nw, 1, E, 1);
+    for (int n = 1; n <= R; n += R - 1) {
+        struct sil_act x1 = act(be, n, E), x2 = act(be, n, E), d = act(be, n, E);
+        struct sil_act y1 = act(be, n, E), y2 = act(be, n, E);
+        fill(x1.data, (int)(n * E), 3.0f, 8);
+        fill(d.data, (int)(n * E), 1.0f, 9);
+        memcpy(x2.data, x1.data, sizeof(float) * (size_t)(n * E));
+        be->ops->add(be, x1, d);
+        be->ops->rmsnorm(be, y1, x1, &NW, 1e-6f);
+        be->ops->add_rmsnorm(be, y2, x2, d, &NW, 1e-6f);
+        assert_memory_equal(x1.data, x2.data, sizeof(float) * (size_t)(n * E));
+        assert_memory_equal(y1.data, y2.data, sizeof(float) * (size_t)(n * E));
+    }
+    be->ops->free(be);
+}
+
 /* Router weights picking input column 0, so the router logits are exactly vals. */
 static void router_weights(float *w, const float *vals)
 {
@@ -320,16 +345,16 @@ static void test_head_argmax(void **state)
     assert_int_equal(am[1], 1); /* argmax goes by out_rows too */
     assert_int_equal(am[0], 4);
     /* argmax alone (no logits buffer), more rows than the backend's scratch holds at once */
-    struct sil_act x6 = act(be, 6, E);
-    float *x6s = x6.data;
-    memset(x6s, 0, sizeof(float) * 6 * E);
-    for (int r = 0; r < 6; r++)
-        x6s[r * E] = r % 2 ? -1.0f : 1.0f;
-    const int32_t out6[6] = {5, 4, 3, 2, 1, 0};
-    int32_t am6[6] = {-1, -1, -1, -1, -1, -1};
-    be->ops->head(be, x6, &H, out6, NULL, am6);
-    for (int r = 0; r < 6; r++)
-        assert_int_equal(am6[out6[r]], r % 2 ? 4 : 1);
+    struct sil_act x10 = act(be, 10, E);
+    float *x10s = x10.data;
+    memset(x10s, 0, sizeof(float) * 10 * E);
+    for (int r = 0; r < 10; r++)
+        x10s[r * E] = r % 2 ? -1.0f : 1.0f;
+    const int32_t out10[10] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+    int32_t am10[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    be->ops->head(be, x10, &H, out10, NULL, am10);
+    for (int r = 0; r < 10; r++)
+        assert_int_equal(am10[out10[r]], r % 2 ? 4 : 1);
     be->ops->free(be);
 }
 
@@ -501,6 +526,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_and_rows),
+        cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_head_argmax),

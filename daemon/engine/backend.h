@@ -192,6 +192,10 @@ struct sil_backend_ops {
                     const struct sil_weight *w, float eps);
     /* y += x */
     void (*add)(struct sil_backend *be, struct sil_act y, struct sil_act x);
+    /* Optional (NULL: add, then rmsnorm): x += d, then y = rmsnorm(x) * w, with the bits of the
+     * two ops one after the other. */
+    void (*add_rmsnorm)(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                        struct sil_act d, const struct sil_weight *w, float eps);
     /* y = silu(gate) * up; y may be gate */
     void (*swiglu)(struct sil_backend *be, struct sil_act y, struct sil_act gate,
                    struct sil_act up);

@@ -58,7 +58,7 @@ struct cpu_backend {
     int mm_cat;               /* the profile category of run_jobs' products */
 };
 
-#define HEAD_ROWS 4
+#define HEAD_ROWS 8
 
 /* ---- profile (SIL_CPU_PROFILE=FILE) ------------------------------------------------------------
  * For benchmarks: the wall time of every op, summed per pass size (the rows of a forward pass,
@@ -72,6 +72,7 @@ enum {
     P_MATMUL,
     P_RMSNORM,
     P_ADD,
+    P_ADD_NORM,
     P_SWIGLU,
     P_ATTN_PREP,
     P_ATTN,
@@ -88,7 +89,7 @@ enum {
 };
 static const char *const prof_names[P_N] = {
     "get_rows",       "copy_rows",   "quantize inputs", "matmul (dense)", "rmsnorm",
-    "add",            "swiglu",      "attention prep",  "attention",      "conv1d",
+    "add",            "add+rmsnorm", "swiglu",      "attention prep",  "attention",      "conv1d",
     "delta rule",     "router matmul", "router top-k",  "moe gate/up",    "moe swiglu",
     "moe down",       "moe combine", "head",
 };
@@ -262,7 +263,7 @@ static void cpu_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act
     struct cpu_backend *b = cpu(be);
     const double t0 = prof_now(b);
     struct norm_task t = {y, x, w->data, eps};
-    if (x.rows < 8)
+    if (x.rows < 16) /* a decode step's rows: a few microseconds, less than waking the pool */
         norm_run(&t, 0, x.rows, 0);
     else
         sil_threadpool_for(b->tp, x.rows, 0, norm_run, &t);
@@ -279,6 +280,35 @@ static void cpu_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
         for (int64_t i = 0; i < y.rows; i++)
             sil_add(rowp(y, i), rowp(x, i), y.width);
     prof_add(b, P_ADD, t0);
+}
+
+struct add_norm_task {
+    struct sil_act y, x, d;
+    const float *w;
+    float eps;
+};
+
+static void add_norm_run(void *arg, long lo, long hi, int ith)
+{
+    struct add_norm_task *t = arg;
+    (void)ith;
+    for (long i = lo; i < hi; i++) {
+        sil_add(rowp(t->x, i), rowp(t->d, i), t->x.width);
+        sil_rmsnorm(rowp(t->y, i), rowp(t->x, i), t->w, t->x.width, t->eps);
+    }
+}
+
+static void cpu_add_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                            struct sil_act d, const struct sil_weight *w, float eps)
+{
+    struct cpu_backend *b = cpu(be);
+    const double t0 = prof_now(b);
+    struct add_norm_task t = {y, x, d, w->data, eps};
+    if (x.rows < 16)
+        add_norm_run(&t, 0, x.rows, 0);
+    else
+        sil_threadpool_for(b->tp, x.rows, 0, add_norm_run, &t);
+    prof_add(b, P_ADD_NORM, t0);
 }
 
 struct swiglu_task {
@@ -947,7 +977,7 @@ static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_
     struct sil_mm_input in;
     /* into logits all at once, or (argmax alone) a few rows at a time through scratch: no op
      * allocates */
-    static const int32_t local[HEAD_ROWS] = {0, 1, 2, 3};
+    static const int32_t local[HEAD_ROWS] = {0, 1, 2, 3, 4, 5, 6, 7};
     if (!logits && (!argmax || !b->head_scratch || V > b->c.n_vocab)) {
         prof_pass(b, 0, false);
         return;
@@ -1021,6 +1051,7 @@ static const struct sil_backend_ops cpu_ops = {
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .add = cpu_add,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .swiglu = cpu_swiglu,
     .attention = cpu_attention,
     .conv1d = cpu_conv1d,

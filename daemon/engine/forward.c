@@ -227,6 +227,18 @@ static struct sil_ubatch keep_output_rows(struct sil_fwd *f, const struct sil_ub
     return r;
 }
 
+/* x += d; y = rmsnorm(x) * w: one pass over the rows where the backend has it */
+static void add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, struct sil_act d,
+                     const struct sil_weight *w, float eps)
+{
+    if (f->be->ops->add_rmsnorm) {
+        SIL_OP(f, add_rmsnorm, y, x, d, w, eps);
+    } else {
+        SIL_OP(f, add, x, d);
+        SIL_OP(f, rmsnorm, y, x, w, eps);
+    }
+}
+
 void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, int32_t *argmax)
 {
     const struct sil_model *m = f->model;
@@ -236,35 +248,40 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, 
     f->n_rows += (uint64_t)ub->n;
     if (f->be->ops->begin) SIL_OP(f, begin, ub);
     SIL_OP(f, get_rows, &f->tok_embd, ub->token, sil_act_rows(f->x, 0, ub->n));
+    /* each residual add goes with the norm after it (the next block's, or the output's) */
+    SIL_OP(f, rmsnorm, sil_act_rows(f->cur, 0, ub->n), sil_act_rows(f->x, 0, ub->n),
+           &f->lw[0].attn_norm, eps);
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct sil_layer_weights *w = &f->lw[il];
         struct sil_act x = sil_act_rows(f->x, 0, ub->n);     /* [n, n_embd] */
-        struct sil_act cur = sil_act_rows(f->cur, 0, ub->n); /* [n, n_embd] */
+        struct sil_act cur = sil_act_rows(f->cur, 0, ub->n); /* [n, n_embd], normed */
         struct sil_act out = sil_act_rows(f->out, 0, ub->n); /* [n, n_embd] */
-        SIL_OP(f, rmsnorm, cur, x, &w->attn_norm, eps);
         if (m->hp.recurrent[il])
             sil_fwd_delta_net(f, ub, il, cur, out);
         else
             sil_fwd_attention(f, ub, il, cur, out);
-        SIL_OP(f, add, x, out);
         if (il == m->hp.n_layer - 1) {
+            SIL_OP(f, add, x, out);
             last = keep_output_rows(f, ub);
             ub = &last;
             if (ub->n == 0) return;
             x = sil_act_rows(f->x, 0, ub->n);
             cur = sil_act_rows(f->cur, 0, ub->n);
             out = sil_act_rows(f->out, 0, ub->n);
+            SIL_OP(f, rmsnorm, cur, x, &w->ffn_norm, eps);
+        } else {
+            add_norm(f, cur, x, out, &w->ffn_norm, eps);
         }
-        SIL_OP(f, rmsnorm, cur, x, &w->ffn_norm, eps);
         if (m->traits->moe)
             sil_fwd_moe(f, ub, il, cur, out);
         else
             sil_fwd_ffn(f, ub, il, cur, out);
-        SIL_OP(f, add, x, out);
+        const struct sil_weight *next =
+            il + 1 < m->hp.n_layer ? &f->lw[il + 1].attn_norm : &f->output_norm;
+        add_norm(f, cur, x, out, next, eps);
     }
-    /* keep_output_rows left only the rows that want logits */
+    /* keep_output_rows left only the rows that want logits, cur their output norm */
     struct sil_act cur = sil_act_rows(f->cur, 0, ub->n);
-    SIL_OP(f, rmsnorm, cur, sil_act_rows(f->x, 0, ub->n), &f->output_norm, eps);
     SIL_OP(f, head, cur, &f->output, ub->out_row, logits, argmax);
     sil_fwd_moe_deferred(f);
 }

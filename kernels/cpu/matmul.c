@@ -102,8 +102,8 @@ void sil_mm_input_prepare(struct sil_threadpool *tp, struct sil_mm_input *in, in
     if (f == 0 || in->ready[f])
         return;
     struct prep_task t = {in, f};
-    if (in->n * in->k < 4096)
-        prep_run(&t, 0, in->n, 0); /* a decode row: not worth waking the pool */
+    if (in->n * in->k < 16384)
+        prep_run(&t, 0, in->n, 0); /* decode rows: microseconds, less than waking the pool */
     else
         sil_threadpool_for(tp, in->n, 0, prep_run, &t);
     in->ready[f] = true;
