@@ -263,7 +263,7 @@ static void cpu_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act
     struct cpu_backend *b = cpu(be);
     const double t0 = prof_now(b);
     struct norm_task t = {y, x, w->data, eps};
-    if (x.rows < 16) /* a decode step's rows: a few microseconds, less than waking the pool */
+    if (x.rows < 8)
         norm_run(&t, 0, x.rows, 0);
     else
         sil_threadpool_for(b->tp, x.rows, 0, norm_run, &t);
@@ -304,7 +304,9 @@ static void cpu_add_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil
     struct cpu_backend *b = cpu(be);
     const double t0 = prof_now(b);
     struct add_norm_task t = {y, x, d, w->data, eps};
-    if (x.rows < 16)
+    /* from 4 rows the pool pays: the rows were written by other threads (the last matmul) and
+     * each reads its own share from their caches */
+    if (x.rows < 4)
         add_norm_run(&t, 0, x.rows, 0);
     else
         sil_threadpool_for(b->tp, x.rows, 0, add_norm_run, &t);
