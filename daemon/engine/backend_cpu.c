@@ -465,15 +465,8 @@ static void head_gate(const struct attn_task *t, const struct attn_head *ah, flo
 /* A split's n scores into exp(score - max) in place; part = {max, their sum, 0 x hd} */
 static void part_softmax(float *sc, int32_t n, float *part, int hd)
 {
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < n; i++)
-        mx = sc[i] > mx ? sc[i] : mx;
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        sc[i] = expf(sc[i] - mx);
-        sum += sc[i];
-    }
-    part[0] = mx;
+    double sum;
+    part[0] = sil_softmax_exp(sc, n, &sum);
     part[1] = (float)sum;
     memset(part + 2, 0, sizeof(float) * (size_t)hd);
 }

@@ -39,7 +39,7 @@ void sil_rope_neox(float *x, int n_head, int head_dim, int n_rot, int32_t pos, f
     }
 }
 
-void sil_softmax(float *x, int64_t n)
+float sil_softmax_exp(float *x, int64_t n, double *sum_out)
 {
     float mx = -INFINITY;
     for (int64_t i = 0; i < n; i++)
@@ -49,6 +49,14 @@ void sil_softmax(float *x, int64_t n)
         x[i] = expf(x[i] - mx);
         sum += x[i];
     }
+    *sum_out = sum;
+    return mx;
+}
+
+void sil_softmax(float *x, int64_t n)
+{
+    double sum;
+    sil_softmax_exp(x, n, &sum);
     const float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++)
         x[i] *= inv;

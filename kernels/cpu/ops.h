@@ -12,6 +12,9 @@ void sil_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps)
 void sil_rope_neox(float *x, int n_head, int head_dim, int n_rot, int32_t pos, float freq_base);
 /* In place softmax over n values. */
 void sil_softmax(float *x, int64_t n);
+/* The unnormalized half of sil_softmax: x[i] = exp(x[i] - max) in place; returns the max and
+ * their sum (in double) in *sum. */
+float sil_softmax_exp(float *x, int64_t n, double *sum);
 float sil_silu(float x);
 float sil_sigmoid(float x);
 float sil_softplus(float x);
