@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/cpu/quants_impl.h"
 
@@ -161,6 +162,48 @@ static void test_rows_and_jobs(void **state)
     free(wb);
 }
 
+/* A SwiGLU pair (w_up, y_up): the bits of the two products and sil_swiglu after, for every
+ * type, exact or not, over a row list and an output map, next to a plain job in one call. */
+static void test_swiglu_pair(void **state)
+{
+    struct fixture *f = *state;
+    const int32_t rows[3] = {4, 0, 2}, outs[3] = {2, 0, 4};
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const int t = types[ti];
+        if (!sil_type_traits(t)->supported)
+            continue;
+        void *wg = make_weights(t, M, K), *wu = make_weights(t, M, K), *wo = make_weights(t, M, K);
+        for (int exact = 0; exact < 2; exact++) {
+            float g[N * M] = {0}, u[N * M] = {0}, g2[N * M] = {0}, u2[N * M] = {0}, o[3 * M], o2[3 * M];
+            struct sil_mm_input in;
+            sil_mm_input_init(&in, f->x, N, K, exact, f->inbuf, K, N);
+            sil_mm_input_prepare(f->tp, &in, t);
+            struct sil_mm_job sep[3] = {
+                {.w = wg, .wtype = t, .m = M, .in = &in, .rows = rows, .n_rows = 3, .y = g,
+                 .out_rows = outs, .ldy = M},
+                {.w = wu, .wtype = t, .m = M, .in = &in, .rows = rows, .n_rows = 3, .y = u,
+                 .out_rows = outs, .ldy = M},
+                {.w = wo, .wtype = t, .m = M, .in = &in, .n_rows = 3, .y = o, .ldy = M},
+            };
+            sil_matmul(f->tp, sep, 3, f->scratch, K);
+            for (int j = 0; j < 3; j++)
+                sil_swiglu(g + outs[j] * M, g + outs[j] * M, u + outs[j] * M, M);
+            struct sil_mm_job pair[2] = {
+                {.w = wg, .wtype = t, .m = M, .in = &in, .rows = rows, .n_rows = 3, .y = g2,
+                 .out_rows = outs, .ldy = M, .w_up = wu, .y_up = u2},
+                {.w = wo, .wtype = t, .m = M, .in = &in, .n_rows = 3, .y = o2, .ldy = M},
+            };
+            sil_matmul(f->tp, pair, 2, f->scratch, K);
+            if (memcmp(g, g2, sizeof(g)) || memcmp(u, u2, sizeof(u)) || memcmp(o, o2, sizeof(o)))
+                fail_msg("%s%s: the SwiGLU pair differs from the products and sil_swiglu",
+                         sil_type_traits(t)->name, exact ? " exact" : "");
+        }
+        free(wg);
+        free(wu);
+        free(wo);
+    }
+}
+
 /* The tiled kernel directly (every nr x nc up to one past a tile, activation rows scattered in
  * memory) and through sil_matmul (every batch size and matrix height across a few tiles, with a
  * row list): bitwise equal to vec_dot, which sums the same integers in the same float order. */
@@ -259,6 +302,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_types),
         cmocka_unit_test(test_rows_and_jobs),
+        cmocka_unit_test(test_swiglu_pair),
         cmocka_unit_test(test_tiles),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

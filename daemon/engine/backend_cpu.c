@@ -911,30 +911,46 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
     const int64_t S = shexp ? pl->sh_gate->rows : 0;
 
     /* gate and up of every active expert (+ the shared expert and its gate logit) in one
-     * parallel matmul; pair j's rows land at row j of moe_gate / moe_up */
+     * parallel matmul; pair j's rows land at row j of moe_gate / moe_up. Where gate and up are
+     * of one type a job takes both and applies the SwiGLU to its rows as they are done (the
+     * bits of the separate products and sil_swiglu after). */
     struct sil_mm_input in, in_h, in_s;
     mm_input(b, &in, 0, x);
     int nj = 0;
+    const bool fuse = pl->n_active > 0 && pl->gate[0].type == pl->up[0].type &&
+                      pl->gate[0].rows == pl->up[0].rows && pl->gate[0].cols == pl->up[0].cols;
     for (int a = 0; a < pl->n_active; a++) {
         const int32_t off = pl->pair_start[a], cnt = pl->pair_start[a + 1] - off;
         const int32_t *rows = pl->pair_row + off;
         b->jobs[nj++] =
             mm_job(&pl->gate[a], &in, rows, (struct sil_act){b->moe_gate + off * F, cnt, F, F});
-        b->jobs[nj++] =
-            mm_job(&pl->up[a], &in, rows, (struct sil_act){b->moe_up + off * F, cnt, F, F});
+        if (fuse) {
+            b->jobs[nj - 1].w_up = pl->up[a].data;
+            b->jobs[nj - 1].y_up = b->moe_up + off * F;
+        } else {
+            b->jobs[nj++] =
+                mm_job(&pl->up[a], &in, rows, (struct sil_act){b->moe_up + off * F, cnt, F, F});
+        }
     }
+    const bool sh_fuse = shexp && pl->sh_gate->type == pl->sh_up->type &&
+                         pl->sh_gate->rows == pl->sh_up->rows && pl->sh_gate->cols == pl->sh_up->cols;
     if (shexp) {
         b->jobs[nj++] = mm_job(pl->sh_gate, &in, NULL, (struct sil_act){b->sh_gate, n, S, S});
-        b->jobs[nj++] = mm_job(pl->sh_up, &in, NULL, (struct sil_act){b->sh_up, n, S, S});
+        if (sh_fuse) {
+            b->jobs[nj - 1].w_up = pl->sh_up->data;
+            b->jobs[nj - 1].y_up = b->sh_up;
+        } else {
+            b->jobs[nj++] = mm_job(pl->sh_up, &in, NULL, (struct sil_act){b->sh_up, n, S, S});
+        }
         b->jobs[nj++] = mm_job(pl->sh_gate_inp, &in, NULL, (struct sil_act){b->sh_logit, n, 1, 1});
     }
     b->mm_cat = P_MOE_GATE_UP;
     run_jobs(b, b->jobs, nj);
 
     double t0 = prof_now(b);
-    swiglu(b, b->moe_gate, b->moe_gate, b->moe_up, P, F);
-    if (shexp) swiglu(b, b->sh_gate, b->sh_gate, b->sh_up, n, S);
-    prof_add(b, P_MOE_SWIGLU, t0);
+    if (!fuse) swiglu(b, b->moe_gate, b->moe_gate, b->moe_up, P, F);
+    if (shexp && !sh_fuse) swiglu(b, b->sh_gate, b->sh_gate, b->sh_up, n, S);
+    if (!fuse || (shexp && !sh_fuse)) prof_add(b, P_MOE_SWIGLU, t0);
 
     /* down projections: experts into moe_down [P][E], the shared expert into out [n][E] */
     mm_input(b, &in_h, 1, (struct sil_act){b->moe_gate, P, F, F});

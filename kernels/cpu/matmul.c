@@ -146,7 +146,7 @@ static void run_chunk_tiled(const struct sil_mm_job *jb, sil_vec_dot_tile_fn til
     }
 }
 
-static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scratch)
+static void run_chunk_one(const struct sil_mm_job *jb, long r0, long r1, float *scratch)
 {
     const struct sil_mm_input *in = jb->in;
     const int64_t k = in->k;
@@ -176,6 +176,21 @@ static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scra
                 jb->y[(jb->out_rows ? jb->out_rows[j] : j) * jb->ldy + r] = wt->vec_dot(k, wrow, abase + (size_t)src * ars);
             }
         }
+    }
+}
+
+static void run_chunk(const struct sil_mm_job *jb, long r0, long r1, float *scratch)
+{
+    run_chunk_one(jb, r0, r1, scratch);
+    if (!jb->w_up) return;
+    struct sil_mm_job up = *jb;
+    up.w = jb->w_up;
+    up.y = jb->y_up;
+    up.w_up = NULL;
+    run_chunk_one(&up, r0, r1, scratch);
+    for (int64_t j = 0; j < jb->n_rows; j++) {
+        const int64_t o = (jb->out_rows ? jb->out_rows[j] : j) * jb->ldy + r0;
+        sil_swiglu(jb->y + o, jb->y + o, jb->y_up + o, r1 - r0);
     }
 }
 
@@ -210,7 +225,8 @@ void sil_matmul(struct sil_threadpool *tp, const struct sil_mm_job *jobs, int n_
     t.chunk_start[0] = 0;
     int64_t work = 0, rows = 0, pairs = 0;
     for (int i = 0; i < n_jobs; i++) {
-        work += jobs[i].m * jobs[i].n_rows * jobs[i].in->k;
+        /* a SwiGLU pair's chunk covers its rows of both matrices: twice the work a row */
+        work += (jobs[i].w_up ? 2 : 1) * jobs[i].m * jobs[i].n_rows * jobs[i].in->k;
         rows += jobs[i].n_rows > 0 ? jobs[i].m : 0;
         pairs += jobs[i].m * jobs[i].n_rows;
     }

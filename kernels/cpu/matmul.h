@@ -55,6 +55,10 @@ struct sil_mm_job {
     float *y;           /* y[o * ldy + r] for r < m, o = out_rows ? out_rows[j] : j */
     const int32_t *out_rows;
     int64_t ldy;
+    /* Optional, a SwiGLU pair: the up matrix (wtype, m rows, the same input) into y_up (laid
+     * out as y), then y = silu(y) * y_up (sil_swiglu) on each chunk's rows as it finishes */
+    const void *w_up;
+    float *y_up;
 };
 
 /* Per-thread scratch (exact mode dequantizes weight rows into it): floats per thread. */
