@@ -515,7 +515,11 @@ static void test_profile(void **state)
     assert_true(r1 < r2); /* ascending rows */
     /* within the 2-row section: one get_rows, two adds, one head a pass, no matmul of its own */
     assert_non_null(strstr(r2, "get_rows"));
-    assert_true(strstr(strstr(r2, "add"), "2.0 calls") < strstr(r2, "head"));
+    const char *add = strstr(r2, "\n  add "), *head = strstr(r2, "\n  head ");
+    assert_non_null(add);
+    assert_non_null(head);
+    const char *two = strstr(add, " 2.0 calls"), *eol = strchr(add + 1, '\n');
+    assert_true(two && eol && two < eol); /* on the add line itself */
     assert_null(strstr(r2, "matmul (dense)"));
     assert_non_null(strstr(r2, "between ops"));
     assert_int_equal(tu_tmpdir_remove(dir), 0);

@@ -88,10 +88,10 @@ enum {
     P_N
 };
 static const char *const prof_names[P_N] = {
-    "get_rows",       "copy_rows",   "quantize inputs", "matmul (dense)", "rmsnorm",
-    "add",            "add+rmsnorm", "swiglu",      "attention prep",  "attention",      "conv1d",
-    "delta rule",     "router matmul", "router top-k",  "moe gate/up",    "moe swiglu",
-    "moe down",       "moe combine", "head",
+    "get_rows",     "copy_rows",   "quantize inputs", "matmul (dense)", "rmsnorm",
+    "add",          "add+rmsnorm", "swiglu",          "attention prep", "attention",
+    "conv1d",       "delta rule",  "router matmul",   "router top-k",   "moe gate/up",
+    "moe swiglu",   "moe down",    "moe combine",     "head",
 };
 #define PROF_ROWS 33
 struct cpu_prof {
@@ -422,62 +422,13 @@ static struct attn_head attn_head_of(const struct attn_task *t, long i, int h, u
     return ah;
 }
 
-/* sc[p - p0] = the scaled score of position p, p0 <= p < p1 (p0 a multiple of the block) */
-static void head_scores(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
-                        int32_t p1, float *sc)
-{
-    const struct sil_attn_args *a = t->a;
-    const struct sil_kv_cache *kv = a->kv;
-    const size_t rk = sil_kv_row_bytes_k(kv), hb = sil_kv_head_bytes(kv);
-    const float scale = 1.0f / sqrtf((float)a->head_dim);
-    for (int32_t p = p0; p < p1; p += SIL_KV_BLOCK) {
-        const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
-        const char *kb =
-            (const char *)sil_kv_block_k(kv, a->layer, ah->table[p / SIL_KV_BLOCK]) + ah->kvh * hb;
-        t->kk->scores(ah->q, ah->qq, kb, rk, cnt, a->head_dim, scale, sc + (p - p0));
-    }
-}
-
-/* o += sum of w[p - p0] V_p over p0 <= p < p1 */
-static void head_accum(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
-                       int32_t p1, const float *w, float *o)
-{
-    const struct sil_attn_args *a = t->a;
-    const struct sil_kv_cache *kv = a->kv;
-    const size_t rv = sil_kv_row_bytes_v(kv), hb = sil_kv_head_bytes(kv);
-    for (int32_t p = p0; p < p1; p += SIL_KV_BLOCK) {
-        const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
-        const char *vb =
-            (const char *)sil_kv_block_v(kv, a->layer, ah->table[p / SIL_KV_BLOCK]) + ah->kvh * hb;
-        t->kk->accum(o, w + (p - p0), vb, rv, cnt, a->head_dim);
-    }
-}
-
-/* The output gate of a gated head */
-static void head_gate(const struct attn_task *t, const struct attn_head *ah, float *o)
+/* o *= sigmoid(g) for a gated head, g the second half of its q */
+static void head_gate(const struct attn_task *t, const float *q, float *o)
 {
     if (!t->a->gated) return;
-    const float *g = ah->q + t->a->head_dim;
+    const float *g = q + t->a->head_dim;
     for (int j = 0; j < t->a->head_dim; j++)
         o[j] *= sil_sigmoid(g[j]);
-}
-
-/* A split's n scores into exp(score - max) in place; part = {max, their sum, 0 x hd} */
-static void part_softmax(float *sc, int32_t n, float *part, int hd)
-{
-    double sum;
-    part[0] = sil_softmax_exp(sc, n, &sum);
-    part[1] = (float)sum;
-    memset(part + 2, 0, sizeof(float) * (size_t)hd);
-}
-
-/* One split [p0, p1): part = {max, sum of exp(score - max), sum of exp(score - max) V} */
-static void head_part(const struct attn_task *t, const struct attn_head *ah, int32_t p0,
-                      int32_t p1, float *sc, float *part)
-{
-    head_scores(t, ah, p0, p1, sc);
-    part_softmax(sc, p1 - p0, part, t->a->head_dim);
-    head_accum(t, ah, p0, p1, sc, part + 2);
 }
 
 /* o = the splits' partials (each hd + 2 floats) merged in split order */
@@ -500,134 +451,123 @@ static void head_merge(const float *parts, int32_t n_split, int hd, float *o)
         o[j] *= inv;
 }
 
-/* Row i's head h whole when it has one split (n <= ATTN_SPAN): the plain softmax of every
- * score. */
-static void attend_head(const struct attn_task *t, long i, int h, int ith)
+/* The one place attention's arithmetic happens: split s of np (row, head) pairs of one sequence
+ * and one KV head, block by block together, so a K or V block is read from memory once for all
+ * of them and from L1 after. Pair j (context n[j]) with one split (n[j] <= ATTN_SPAN) gets its
+ * plain softmax attention in dst[j] (the head's output, ungated); with more, the split's partial
+ * {max, sum of exp(score - max), sum of exp(score - max) V} in dst[j] (hd + 2 floats). A pair
+ * whose context ends before the split is left alone. Scores go to sc[j * ATTN_SPAN ...]. Every
+ * caller goes through here, so a pair's bits do not depend on which pairs share the call. */
+static void attend_pairs(const struct attn_task *t, const struct attn_head *ah, const int32_t *n,
+                         int np, int32_t s, float *sc, float *const *dst)
 {
     const struct sil_attn_args *a = t->a;
+    const struct sil_kv_cache *kv = a->kv;
     const int hd = a->head_dim;
-    _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34]; /* q as q8_0 for the quantized types */
-    const struct attn_head ah = attn_head_of(t, i, h, qq);
-    const int32_t n = t->ub->pos[i] + 1;
-    float *scores = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
-    float *o = rowp(a->o, i) + h * hd;
-    head_scores(t, &ah, 0, n, scores);
-    sil_softmax(scores, n);
-    memset(o, 0, sizeof(float) * (size_t)hd);
-    head_accum(t, &ah, 0, n, scores, o);
-    head_gate(t, &ah, o);
+    const size_t rk = sil_kv_row_bytes_k(kv), rv = sil_kv_row_bytes_v(kv);
+    const size_t hb = sil_kv_head_bytes(kv);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t p0 = s * ATTN_SPAN;
+    int32_t p1[ATTN_PAIRS], pe = p0;
+    for (int j = 0; j < np; j++) {
+        p1[j] = p0 + ATTN_SPAN < n[j] ? p0 + ATTN_SPAN : n[j];
+        pe = p1[j] > pe ? p1[j] : pe;
+    }
+    for (int32_t p = p0; p < pe; p += SIL_KV_BLOCK) {
+        const char *kb = (const char *)sil_kv_block_k(kv, a->layer, ah[0].table[p / SIL_KV_BLOCK]) +
+                         ah[0].kvh * hb;
+        for (int j = 0; j < np; j++)
+            if (p < p1[j])
+                t->kk->scores(ah[j].q, ah[j].qq, kb, rk,
+                              p1[j] - p < SIL_KV_BLOCK ? p1[j] - p : SIL_KV_BLOCK, hd, scale,
+                              sc + (int64_t)j * ATTN_SPAN + (p - p0));
+    }
+    float *acc[ATTN_PAIRS];
+    for (int j = 0; j < np; j++) {
+        float *scj = sc + (int64_t)j * ATTN_SPAN;
+        acc[j] = dst[j];
+        if (p0 >= n[j]) {
+            acc[j] = NULL;
+        } else if (n[j] <= ATTN_SPAN) {
+            sil_softmax(scj, n[j]);
+            memset(dst[j], 0, sizeof(float) * (size_t)hd);
+        } else {
+            double sum;
+            dst[j][0] = sil_softmax_exp(scj, p1[j] - p0, &sum);
+            dst[j][1] = (float)sum;
+            memset(dst[j] + 2, 0, sizeof(float) * (size_t)hd);
+            acc[j] = dst[j] + 2;
+        }
+    }
+    for (int32_t p = p0; p < pe; p += SIL_KV_BLOCK) {
+        const char *vb = (const char *)sil_kv_block_v(kv, a->layer, ah[0].table[p / SIL_KV_BLOCK]) +
+                         ah[0].kvh * hb;
+        for (int j = 0; j < np; j++)
+            if (acc[j] && p < p1[j])
+                t->kk->accum(acc[j], sc + (int64_t)j * ATTN_SPAN + (p - p0), vb, rv,
+                             p1[j] - p < SIL_KV_BLOCK ? p1[j] - p : SIL_KV_BLOCK, hd);
+    }
 }
 
-/* item = (group of rows of one sequence, group of query heads of one KV head): the (row, head)
- * pairs of the item go block by block together, so a K or V block is read from memory once for
- * all of them and from L1 after; each pair's own arithmetic (its scores block by block, its
- * softmax, or per split max, sum and products, the merge) is that of attend_head and
- * attend_split, so grouping changes no bit. */
+/* item = (group of rows of one sequence, group of query heads of one KV head): every split of
+ * its pairs one after another into this thread's partials, then their merge */
 static void attend_group(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
     const struct sil_attn_args *a = t->a;
-    const struct sil_kv_cache *kv = a->kv;
     const int hd = a->head_dim, hg = t->heads_per_item, n_hgroup = a->n_head / hg;
-    const size_t rk = sil_kv_row_bytes_k(kv), rv = sil_kv_row_bytes_v(kv);
-    const size_t hb = sil_kv_head_bytes(kv);
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *sc_base = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
-    float *parts_base = t->b->attn_part + (int64_t)ith * t->b->attn_part_floats;
+    float *sc = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
+    float *parts = t->b->attn_part + (int64_t)ith * t->b->attn_part_floats;
     _Alignas(32) uint8_t qq[ATTN_PAIRS][SIL_KV_HEAD_MAX / 32 * 34];
     for (long it = lo; it < hi; it++) {
         const int32_t g = (int32_t)(it / n_hgroup), h0 = (int)(it % n_hgroup) * hg;
         const int32_t i0 = t->b->attn_group[g], i1 = t->b->attn_group[g + 1];
         struct attn_head ah[ATTN_PAIRS];
-        int32_t n[ATTN_PAIRS], ns[ATTN_PAIRS], np = 0, max_split = 0, n_max = 0;
-        float *o[ATTN_PAIRS];
+        int32_t n[ATTN_PAIRS], np = 0, max_split = 0;
+        float *o[ATTN_PAIRS], *dst[ATTN_PAIRS];
         for (int32_t i = i0; i < i1; i++)
             for (int h = h0; h < h0 + hg; h++, np++) {
                 ah[np] = attn_head_of(t, i, h, qq[np]);
                 n[np] = t->ub->pos[i] + 1;
-                ns[np] = attn_splits(n[np]);
                 o[np] = rowp(a->o, i) + h * hd;
-                max_split = ns[np] > max_split ? ns[np] : max_split;
-                n_max = n[np] > n_max ? n[np] : n_max;
+                max_split = attn_splits(n[np]) > max_split ? attn_splits(n[np]) : max_split;
             }
-        const int kvh = ah[0].kvh;
-        const int32_t *table = ah[0].table; /* one sequence */
         for (int32_t s = 0; s < max_split; s++) {
-            const int32_t p0 = s * ATTN_SPAN;
-            const int32_t pe = p0 + ATTN_SPAN < n_max ? p0 + ATTN_SPAN : n_max;
-            for (int32_t p = p0; p < pe; p += SIL_KV_BLOCK) {
-                const char *kb =
-                    (const char *)sil_kv_block_k(kv, a->layer, table[p / SIL_KV_BLOCK]) + kvh * hb;
-                for (int j = 0; j < np; j++) {
-                    const int32_t p1 = p0 + ATTN_SPAN < n[j] ? p0 + ATTN_SPAN : n[j];
-                    if (p >= p1) continue;
-                    const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
-                    t->kk->scores(ah[j].q, ah[j].qq, kb, rk, cnt, hd, scale,
-                                  sc_base + (int64_t)j * ATTN_SPAN + (p - p0));
-                }
-            }
-            float *acc[ATTN_PAIRS];
-            for (int j = 0; j < np; j++) {
-                acc[j] = NULL;
-                if (p0 >= n[j]) continue;
-                float *sc = sc_base + (int64_t)j * ATTN_SPAN;
-                if (ns[j] == 1) {
-                    sil_softmax(sc, n[j]);
-                    memset(o[j], 0, sizeof(float) * (size_t)hd);
-                    acc[j] = o[j];
-                } else {
-                    float *part = parts_base + ((int64_t)j * max_split + s) * (hd + 2);
-                    const int32_t p1 = p0 + ATTN_SPAN < n[j] ? p0 + ATTN_SPAN : n[j];
-                    part_softmax(sc, p1 - p0, part, hd);
-                    acc[j] = part + 2;
-                }
-            }
-            for (int32_t p = p0; p < pe; p += SIL_KV_BLOCK) {
-                const char *vb =
-                    (const char *)sil_kv_block_v(kv, a->layer, table[p / SIL_KV_BLOCK]) + kvh * hb;
-                for (int j = 0; j < np; j++) {
-                    const int32_t p1 = p0 + ATTN_SPAN < n[j] ? p0 + ATTN_SPAN : n[j];
-                    if (!acc[j] || p >= p1) continue;
-                    const int cnt = p1 - p < SIL_KV_BLOCK ? p1 - p : SIL_KV_BLOCK;
-                    t->kk->accum(acc[j], sc_base + (int64_t)j * ATTN_SPAN + (p - p0), vb, rv, cnt,
-                                 hd);
-                }
-            }
+            for (int j = 0; j < np; j++)
+                dst[j] = n[j] <= ATTN_SPAN ? o[j]
+                                           : parts + ((int64_t)j * max_split + s) * (hd + 2);
+            attend_pairs(t, ah, n, np, s, sc, dst);
         }
         for (int j = 0; j < np; j++) {
-            if (ns[j] > 1)
-                head_merge(parts_base + (int64_t)j * max_split * (hd + 2), ns[j], hd, o[j]);
-            head_gate(t, &ah[j], o[j]);
+            if (n[j] > ATTN_SPAN)
+                head_merge(parts + (int64_t)j * max_split * (hd + 2), attn_splits(n[j]), hd, o[j]);
+            head_gate(t, ah[j].q, o[j]);
         }
     }
 }
 
-/* item = (row, head, split) of a row with splits, (row, head) of a row without (done whole);
- * the partials go to attn_shared at the item's index */
+/* item = (row, head, split) of a row with splits, its partial into attn_shared at the item's
+ * index (merged by the caller); (row, head) of a row without, its output whole */
 static void attend_split(void *arg, long lo, long hi, int ith)
 {
     struct attn_task *t = arg;
-    const int nh = t->a->n_head, hd = t->a->head_dim;
+    const int hd = t->a->head_dim;
     const int32_t *start = t->b->attn_start;
+    float *sc = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
+    _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34];
     long i = 0;
     for (long it = lo; it < hi; it++) {
         while (it >= start[i + 1])
             i++;
         const int32_t n = t->ub->pos[i] + 1, n_split = attn_splits(n);
         const long local = it - start[i];
-        if (n_split == 1) {
-            attend_head(t, i, (int)local, ith);
-            continue;
-        }
         const int h = (int)(local / n_split);
-        const int32_t s = (int32_t)(local % n_split);
-        _Alignas(32) uint8_t qq[SIL_KV_HEAD_MAX / 32 * 34];
         const struct attn_head ah = attn_head_of(t, i, h, qq);
-        const int32_t p0 = s * ATTN_SPAN, p1 = p0 + ATTN_SPAN < n ? p0 + ATTN_SPAN : n;
-        float *scores = t->b->attn_scratch + (int64_t)ith * t->b->attn_scratch_floats;
-        head_part(t, &ah, p0, p1, scores, t->b->attn_shared + it * (hd + 2));
+        float *o = rowp(t->a->o, i) + h * hd;
+        float *dst = n_split == 1 ? o : t->b->attn_shared + it * (hd + 2);
+        attend_pairs(t, &ah, &n, 1, (int32_t)(local % n_split), sc, &dst);
+        if (n_split == 1) head_gate(t, ah.q, o);
     }
-    (void)nh;
 }
 
 static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
@@ -677,8 +617,7 @@ static void cpu_attention(struct sil_backend *be, const struct sil_ubatch *ub,
             for (int h = 0; h < a->n_head; h++) {
                 float *o = rowp(a->o, i) + h * hd;
                 head_merge(t.b->attn_shared + (int64_t)(start[i] + h * ns) * (hd + 2), ns, hd, o);
-                const struct attn_head ah = {rowp(a->q, i) + h * t.q_stride, NULL, 0, NULL};
-                head_gate(&t, &ah, o);
+                head_gate(&t, rowp(a->q, i) + h * t.q_stride, o);
             }
         }
     }
@@ -917,8 +856,7 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
     struct sil_mm_input in, in_h, in_s;
     mm_input(b, &in, 0, x);
     int nj = 0;
-    const bool fuse = pl->n_active > 0 && pl->gate[0].type == pl->up[0].type &&
-                      pl->gate[0].rows == pl->up[0].rows && pl->gate[0].cols == pl->up[0].cols;
+    const bool fuse = pl->n_active > 0 && pl->gate[0].type == pl->up[0].type;
     for (int a = 0; a < pl->n_active; a++) {
         const int32_t off = pl->pair_start[a], cnt = pl->pair_start[a + 1] - off;
         const int32_t *rows = pl->pair_row + off;
@@ -932,8 +870,7 @@ static void cpu_moe(struct sil_backend *be, struct sil_act x, const struct sil_m
                 mm_job(&pl->up[a], &in, rows, (struct sil_act){b->moe_up + off * F, cnt, F, F});
         }
     }
-    const bool sh_fuse = shexp && pl->sh_gate->type == pl->sh_up->type &&
-                         pl->sh_gate->rows == pl->sh_up->rows && pl->sh_gate->cols == pl->sh_up->cols;
+    const bool sh_fuse = shexp && pl->sh_gate->type == pl->sh_up->type;
     if (shexp) {
         b->jobs[nj++] = mm_job(pl->sh_gate, &in, NULL, (struct sil_act){b->sh_gate, n, S, S});
         if (sh_fuse) {
@@ -988,7 +925,8 @@ static void cpu_head(struct sil_backend *be, struct sil_act x, const struct sil_
     struct sil_mm_input in;
     /* into logits all at once, or (argmax alone) a few rows at a time through scratch: no op
      * allocates */
-    static const int32_t local[HEAD_ROWS] = {0, 1, 2, 3, 4, 5, 6, 7};
+    static const int32_t local[] = {0, 1, 2, 3, 4, 5, 6, 7};
+    _Static_assert(sizeof(local) / sizeof(local[0]) == HEAD_ROWS, "one index a scratch row");
     if (!logits && (!argmax || !b->head_scratch || V > b->c.n_vocab)) {
         prof_pass(b, 0, false);
         return;
