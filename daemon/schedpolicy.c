@@ -1,6 +1,8 @@
 /* Scheduler policy (schedpolicy.h): scores, order, prefill budget and its split, victims. */
 #include "daemon/schedpolicy.h"
 
+#include <math.h>
+
 double sil_sched_score(const struct sil_sched_params *p, const struct sil_sched_item *it,
                        double now)
 {
@@ -73,6 +75,28 @@ int sil_sched_victim(const struct sil_sched_params *p, const struct sil_sched_it
 
 static double ema(double old, double x) { return old > 0 ? 0.8 * old + 0.2 * x : x; }
 
+/* What a mixed step of n prompt rows costs by the steps seen (the median of the last three, the
+ * less of two: one of two may have been a pause), or -1: unknown, or forgotten. */
+static double est_cost(const struct sil_sched_cost *c, int32_t n)
+{
+    if (n < 1 || n > SIL_SCHED_EST || c->est[n].k == 0 ||
+        c->steps - c->est[n].when >= SIL_SCHED_REPROBE)
+        return -1;
+    const float *t = c->est[n].t;
+    if (c->est[n].k == 1)
+        return t[0];
+    if (c->est[n].k == 2)
+        return fminf(t[0], t[1]);
+    const float lo = fminf(t[0], fminf(t[1], t[2])), hi = fmaxf(t[0], fmaxf(t[1], t[2]));
+    return (double)t[0] + t[1] + t[2] - lo - hi;
+}
+
+/* n prompt rows are known to go over target: twice at least (once may be a pause). */
+static bool est_over(const struct sil_sched_cost *c, int32_t n, double target)
+{
+    return est_cost(c, n) > target && c->est[n].k >= 2;
+}
+
 void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
                            int stretch, int32_t cap)
 {
@@ -83,15 +107,46 @@ void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt,
     if (n_decode == 0 || stretch <= 0 || c->t_decode <= 0 || cap < 1)
         return;
     int32_t b = c->budget > 0 && c->budget < cap ? c->budget : cap;
-    /* The prompt rows' share of the step, scaled linearly: exact for dense rows, cautious for
-     * MoE rows (each further one costs less). */
-    double target = stretch * c->t_decode, extra = seconds - c->t_decode;
-    if (seconds > target) {
-        int32_t shrunk = (int32_t)(n_prompt * (target - c->t_decode) / extra);
+    c->steps++;
+    if (n_prompt <= SIL_SCHED_EST) {
+        if (c->steps - c->est[n_prompt].when >= SIL_SCHED_REPROBE)
+            c->est[n_prompt].k = 0; /* forgotten: start again */
+        c->est[n_prompt].t[c->est[n_prompt].k % 3] = (float)seconds;
+        if (++c->est[n_prompt].k == 6)
+            c->est[n_prompt].k = 3; /* full: the ring goes on */
+        c->est[n_prompt].when = c->steps;
+    }
+    const double target = stretch * c->t_decode;
+    const double cost = n_prompt <= SIL_SCHED_EST ? est_cost(c, n_prompt) : seconds;
+    if (cost > target) {
+        /* The prompt rows' share of the step, scaled linearly (exact for dense rows; MoE rows
+         * cost more each the fewer they are, so a later step may shrink again), or the most
+         * rows below known to fit, where that is more. */
+        int32_t shrunk = (int32_t)(n_prompt * (target - c->t_decode) / (cost - c->t_decode));
+        const int32_t below = n_prompt - 1 < SIL_SCHED_EST ? n_prompt - 1 : SIL_SCHED_EST;
+        for (int32_t m = below; m > shrunk; m--) {
+            const double e = est_cost(c, m);
+            if (e >= 0 && e <= target) {
+                shrunk = m;
+                break;
+            }
+        }
         b = shrunk < b - 1 ? shrunk : b - 1;
     } else if (n_prompt >= b && n_prompt > 0) {
         int32_t grown = b + (b / 8 > 1 ? b / 8 : 1);
-        if (c->t_decode + (extra > 0 ? extra : 0) * grown / n_prompt <= target)
+        if (b >= SIL_SCHED_EST) {
+            /* no table: a linear guess from this step must fit */
+            const double extra = seconds - c->t_decode;
+            if (c->t_decode + (extra > 0 ? extra : 0) * grown / n_prompt > target)
+                grown = b;
+        } else {
+            for (int32_t m = b + 1; m <= grown && m <= SIL_SCHED_EST; m++)
+                if (est_over(c, m, target)) {
+                    grown = m - 1;
+                    break;
+                }
+        }
+        if (grown > b)
             b = grown;
     }
     c->budget = b < 1 ? 1 : b > cap ? cap : b;

@@ -44,14 +44,30 @@ int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t
                                  int32_t room);
 /* The prefill budget by time, learnt from the evaluations: a step with decode rows and prompt
  * rows should take at most stretch times a step of decode rows only, so a long prompt never
- * holds the streams up for longer than that. The time of a decode-only step is averaged; the
- * budget is a feedback loop on the mixed steps: it shrinks when one took too long, and grows by
- * an eighth when one that used all of it would still have been within with that many more rows
- * at the same cost per row (cautious on an MoE, where the union of experts the rows touch grows
- * slower than their number). */
+ * holds the streams up for longer than that. The time of a decode-only step is averaged. For
+ * each number of prompt rows up to SIL_SCHED_EST the last three mixed steps with that many are
+ * kept, and their median (the less of two) is what such a step costs: one pause of the
+ * machine's own moves it neither way. A step that used all of its budget within the target
+ * lets the next one try an eighth more (at least one row) unless a number in between is known
+ * to go over; one whose cost is over goes back to the most rows known to fit below it, or to
+ * the share of its rows that fit, scaled linearly. A number that went over once may be tried
+ * again (it may have been a pause); what went over is forgotten after SIL_SCHED_REPROBE mixed
+ * steps (the context grows, the load changes). The rows a step can take are not predicted from
+ * the cost of fewer: on an MoE the union of experts they touch grows slower than their number,
+ * and a linear guess from one row would hold a long prompt to one row a step. Above
+ * SIL_SCHED_EST rows the budget grows while a linear guess fits and shrinks by the linear share.
+ */
+#define SIL_SCHED_EST 64
+#define SIL_SCHED_REPROBE 512
 struct sil_sched_cost {
     double t_decode; /* seconds, 0 = not measured yet */
     int32_t budget;  /* prompt rows, 0 = not learnt yet (the cap) */
+    int32_t steps;   /* mixed steps learnt from */
+    struct {
+        float t[3];   /* seconds of the last mixed steps with n prompt rows, newest in t[k % 3] */
+        int32_t k;    /* how many were seen (0: unknown; 3 to 5: all three) */
+        int32_t when; /* steps at the newest */
+    } est[SIL_SCHED_EST + 1]; /* [n], n >= 1 */
 };
 void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
                            int stretch, int32_t cap);

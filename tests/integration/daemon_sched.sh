@@ -27,9 +27,11 @@ for m in "$MODEL" "$MOE_MODEL"; do
     stop_daemon
 done
 
-# Room for 150 positions in all: four requests of ~10 + 40 positions do not fit at once.
+# Room for 150 positions in all: four requests of ~10 + 40 positions do not fit at once. Each
+# micro-batch takes at least 2 ms (test hook), so the four overlap on a loaded machine too (with
+# the tiny model's steps alone, one could end before the last had started: no preemption).
 write_conf "threads = 2" "max_running = 4" "max_queue = 8"
-SILICEOD_TEST_HOOKS=kv_tokens=150 start_daemon --model "$MODEL"
+SILICEOD_TEST_HOOKS=kv_tokens=150,ubatch_ms=2 start_daemon --model "$MODEL"
 python3 "$S" kv-space 4
 grep -q "preempted (out of engine space)" "$T/daemon.log" || fail "no preemption for space logged"
 stop_daemon
