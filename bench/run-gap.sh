@@ -36,7 +36,7 @@ for s in $STRETCHES; do
         > "$tmp/r-s$s.json" <<'PY'
 import json, random, statistics, sys, threading, time
 from siltest import Client
-n, runs, stretch = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+n, runs, stretch = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 c = Client(timeout=3600)
 st = c.ok("status")[0]
 V = st["model"]["n_vocab"]
@@ -104,7 +104,7 @@ def one():
 out = []
 for i in range(runs):
     out.append(one())
-    print("stretch %d run %d: %s" % (stretch, i + 1, json.dumps(out[-1])), file=sys.stderr)
+    print("stretch %g run %d: %s" % (stretch, i + 1, json.dumps(out[-1])), file=sys.stderr)
 json.dump({"prefill_stretch": stretch, "runs": out}, sys.stdout)
 PY
     bench_daemon_stop
@@ -123,7 +123,7 @@ for s in sets:
     k = s["prefill_stretch"]
     runs = s["runs"]
     med = lambda f: statistics.median(f(r) for r in runs)
-    cfg = "threads=%s,prompt=%s,prefill_stretch=%d" % (threads, n, k)
+    cfg = "threads=%s,prompt=%s,prefill_stretch=%g" % (threads, n, k)
     for metric, f, unit in [
         ("gap_during_median_ms", lambda r: r["during"]["median_ms"], "ms"),
         ("gap_during_p99_ms", lambda r: r["during"]["p99_ms"], "ms"),

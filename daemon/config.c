@@ -100,6 +100,27 @@ static int parse_int(const char *s, long long min, long long max, long long *out
     return 0;
 }
 
+/* A decimal number: digits with at most one point (no sign, exponent or hex), in [min, max]. */
+static int parse_num(const char *s, double min, double max, double *out)
+{
+    int digits = 0, points = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p >= '0' && *p <= '9')
+            digits++;
+        else if (*p == '.' && points++ == 0)
+            continue;
+        else
+            return -EINVAL;
+    }
+    if (digits == 0 || digits > 15)
+        return -EINVAL;
+    const double v = strtod(s, NULL);
+    if (!(v >= min && v <= max))
+        return -ERANGE;
+    *out = v;
+    return 0;
+}
+
 static int resolve_uid(const char *s, uid_t *out)
 {
     long long v;
@@ -275,7 +296,18 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("max_tokens_limit", max_tokens_limit, 1, 1 << 24)
     INT_KEY("prefill_chunk", prefill_chunk, 1, 1 << 16)
     INT_KEY("prefill_budget", prefill_budget, 1, 1 << 16)
-    INT_KEY("prefill_stretch", prefill_stretch, 0, 100)
+    if (strcmp(key, "prefill_stretch") == 0) { /* 0: off; under 1 no step could have prompt rows */
+        double v;
+        int rc = parse_num(val, 0, 100, &v);
+        if (rc == 0 && v > 0 && v < 1)
+            rc = -ERANGE;
+        if (rc) {
+            snprintf(why, why_size, "expected 0 or a number in [1, 100]");
+            return rc;
+        }
+        c->prefill_stretch = v;
+        return 0;
+    }
     INT_KEY("priority_aging", priority_aging, 1, 86400)
     INT_KEY("max_sessions", max_sessions, 0, 4096)
     INT_KEY("session_checkpoints", session_checkpoints, 0, 256)

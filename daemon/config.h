@@ -48,7 +48,7 @@ struct sil_config {
     int32_t max_tokens_limit;   /* largest max_tokens accepted */
     int32_t prefill_chunk;      /* prompt tokens evaluated per step, across requests */
     int32_t prefill_budget;     /* the same while sequences decode (the step stays short) */
-    int prefill_stretch;        /* a step with prompt rows within this x a decode step; 0 = off */
+    double prefill_stretch;     /* a step with prompt rows within this x a decode step; 0 = off */
     int priority_aging;         /* seconds of waiting that lift a request by one class */
     uint64_t session_memory;    /* engine state kept by idle sessions, bytes; LRU beyond it */
     int max_sessions;

@@ -98,7 +98,7 @@ static bool est_over(const struct sil_sched_cost *c, int32_t n, double target)
 }
 
 void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
-                           int stretch, int32_t cap)
+                           double stretch, int32_t cap)
 {
     if (n_decode > 0 && n_prompt == 0) {
         c->t_decode = ema(c->t_decode, seconds);
@@ -152,14 +152,14 @@ void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt,
     c->budget = b < 1 ? 1 : b > cap ? cap : b;
 }
 
-int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, int stretch, int32_t cap)
+int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, double stretch, int32_t cap)
 {
     if (cap < 1 || stretch <= 0 || c->t_decode <= 0 || c->budget <= 0)
         return cap;
     return c->budget < cap ? c->budget : cap;
 }
 
-int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, int stretch, int32_t cap,
+int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, double stretch, int32_t cap,
                               int decode_cls, int prompt_cls)
 {
     return prompt_cls < decode_cls ? cap : sil_sched_prefill_timed(c, stretch, cap);

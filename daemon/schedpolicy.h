@@ -70,14 +70,14 @@ struct sil_sched_cost {
     } est[SIL_SCHED_EST + 1]; /* [n], n >= 1 */
 };
 void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
-                           int stretch, int32_t cap);
+                           double stretch, int32_t cap);
 /* Prompt rows for the next step that has decode rows: at least 1 (every prompt goes on), at
  * most cap; cap while nothing is learnt or stretch is 0 (no limit by time). */
-int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, int stretch, int32_t cap);
+int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, double stretch, int32_t cap);
 /* The prompt rows of a step whose most urgent decoding stream has class decode_cls and whose
  * most urgent prompt prompt_cls: the time budget protects streams from prompts of their class
  * or a lower one; a more urgent prompt (an interactive one next to batch streams) gets cap. */
-int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, int stretch, int32_t cap,
+int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, double stretch, int32_t cap,
                               int decode_cls, int prompt_cls);
 /* Gives the budget out in the order of idx: each item takes min(want, what is left) into
  * take[item]. Returns the tokens given. */

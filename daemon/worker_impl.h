@@ -119,7 +119,7 @@ struct sil_worker {
     int max_running, prefill_chunk, prefill_budget, n_batch_max;
     struct sil_sched_params sp;
     struct sil_sched_cost cost; /* learnt from the steps: the prefill budget by time */
-    int prefill_stretch;
+    double prefill_stretch;
     /* After the engine ran out of space: no more sequences than this until one finishes (0 =
      * no such limit), so a preempted request does not come straight back to fail again. */
     int space_cap;

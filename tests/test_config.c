@@ -98,7 +98,7 @@ static void test_file(void **state)
     assert_true(c.session_memory == 256ull << 20);
     assert_int_equal(c.session_checkpoints, 9);
     assert_int_equal(c.prefill_budget, 16);
-    assert_int_equal(c.prefill_stretch, 0);
+    assert_true(c.prefill_stretch == 0);
     assert_int_equal(c.priority_aging, 5);
     assert_false(c.prefix_cache);
     assert_int_equal(c.prefix_checkpoint_blocks, 8);
@@ -155,8 +155,12 @@ static void test_file_errors(void **state)
     assert_non_null(strstr(err.msg, "session_checkpoints"));
 
     /* The scheduler's keys: aging of 0 s would make every wait infinitely urgent. */
-    static const char *const bad_sched[] = { "priority_aging = 0\n", "prefill_stretch = 101\n",
-                                             "prefill_budget = 0\n", "prefill_stretch = -1\n" };
+    static const char *const bad_sched[] = {
+        "priority_aging = 0\n",   "prefill_stretch = 101\n", "prefill_budget = 0\n",
+        "prefill_stretch = -1\n", "prefill_stretch = 0.5\n", "prefill_stretch = 2.5.1\n",
+        "prefill_stretch = nan\n", "prefill_stretch = 1e1\n", "prefill_stretch = .\n",
+        "prefill_stretch = 0x2\n",
+    };
     for (size_t i = 0; i < sizeof bad_sched / sizeof *bad_sched; i++) {
         p = write_file("s.conf", bad_sched[i]);
         assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
@@ -164,6 +168,11 @@ static void test_file_errors(void **state)
         snprintf(key, sizeof key, "%.*s", (int)strcspn(bad_sched[i], " "), bad_sched[i]);
         assert_non_null(strstr(err.msg, key));
     }
+
+    /* the stretch is a decimal number: 2.5 x a step that only generates */
+    p = write_file("s.conf", "prefill_stretch = 2.5\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_true(c.prefill_stretch == 2.5);
 
     char missing[128];
     snprintf(missing, sizeof missing, "%s/none.conf", dir);
