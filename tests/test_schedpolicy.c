@@ -235,6 +235,14 @@ static void prefill_estimates(void **state)
     assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 6);
     sil_sched_cost_update(&c, 1, 6, 0.019, 2, cap); /* and now it fits (a shorter context) */
     assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 7);
+    sil_sched_cost_update(&c, 1, 7, 0.025, 2, cap); /* 7 over twice: held at 6 */
+    sil_sched_cost_update(&c, 1, 6, 0.019, 2, cap);
+    sil_sched_cost_update(&c, 1, 7, 0.025, 2, cap);
+    sil_sched_cost_update(&c, 1, 6, 0.019, 2, cap);
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 6);
+    /* a second stream: the estimates were of steps with one decode row; 7 may be tried */
+    sil_sched_cost_update(&c, 2, 6, 0.019, 2, cap);
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 7);
 }
 
 static void split_by_priority(void **state)
