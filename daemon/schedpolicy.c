@@ -108,10 +108,11 @@ void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt,
     if (n_decode == 0 || stretch <= 0 || c->t_decode <= 0 || cap < 1)
         return;
     int32_t b = c->budget > 0 && c->budget < cap ? c->budget : cap;
-    if (n_decode != c->n_dec) { /* streams came or went: what the rows cost is not known */
+    /* Streams went: a number of prompt rows that went over may fit now. (When streams come,
+     * a step that goes over says so, and the median follows in two.) */
+    if (n_decode < c->n_dec)
         memset(c->est, 0, sizeof c->est);
-        c->n_dec = n_decode;
-    }
+    c->n_dec = n_decode;
     c->steps++;
     if (n_prompt <= SIL_SCHED_EST) {
         if (c->steps - c->est[n_prompt].when >= SIL_SCHED_REPROBE)

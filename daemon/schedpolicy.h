@@ -52,8 +52,8 @@ int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t
  * to go over; one whose cost is over goes back to the most rows known to fit below it, or to
  * the share of its rows that fit, scaled linearly. A number that went over once may be tried
  * again (it may have been a pause); what went over is forgotten after SIL_SCHED_REPROBE mixed
- * steps (the context grows, the load changes), and every estimate when a step has another
- * number of decode rows (streams came or went). The rows a step can take are not predicted
+ * steps (the context grows, the load changes), and every estimate when a step has fewer decode
+ * rows than the last (streams went). The rows a step can take are not predicted
  * from the cost of fewer: on an MoE the union of experts they touch grows slower than their
  * number, and a linear guess from one row would hold a long prompt to one row a step. Above
  * SIL_SCHED_EST rows the budget grows while a linear guess fits and shrinks by the linear share.
@@ -64,7 +64,7 @@ struct sil_sched_cost {
     double t_decode; /* seconds, 0 = not measured yet */
     int32_t budget;  /* prompt rows, 0 = not learnt yet (the cap) */
     int32_t steps;   /* mixed steps learnt from */
-    int32_t n_dec;   /* the decode rows of the steps in est (other rows, other costs) */
+    int32_t n_dec;   /* the decode rows of the last mixed step */
     struct {
         float t[3];   /* seconds of the last mixed steps with n prompt rows, newest in t[k % 3] */
         int32_t k;    /* how many were seen (0: unknown; 3 to 5: all three) */

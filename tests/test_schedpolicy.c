@@ -240,8 +240,11 @@ static void prefill_estimates(void **state)
     sil_sched_cost_update(&c, 1, 7, 0.025, 2, cap);
     sil_sched_cost_update(&c, 1, 6, 0.019, 2, cap);
     assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 6);
-    /* a second stream: the estimates were of steps with one decode row; 7 may be tried */
+    /* a second stream: the estimates stand (a step over would say so) */
     sil_sched_cost_update(&c, 2, 6, 0.019, 2, cap);
+    assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 6);
+    /* it ends: the estimates were of steps with more decode rows, and 7 may be tried */
+    sil_sched_cost_update(&c, 1, 6, 0.017, 2, cap);
     assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 7);
 }
 
