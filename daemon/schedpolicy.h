@@ -63,12 +63,12 @@ int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t
 struct sil_sched_cost {
     double t_decode; /* seconds, 0 = not measured yet */
     int32_t budget;  /* prompt rows, 0 = not learnt yet (the cap) */
-    int32_t steps;   /* mixed steps learnt from */
+    uint32_t steps;  /* mixed steps learnt from (wraps; only differences are used) */
     int32_t n_dec;   /* the decode rows of the last mixed step */
     struct {
         float t[3];   /* seconds of the last mixed steps with n prompt rows, newest in t[k % 3] */
         int32_t k;    /* how many were seen (0: unknown; 3 to 5: all three) */
-        int32_t when; /* steps at the newest */
+        uint32_t when; /* steps at the newest */
     } est[SIL_SCHED_EST + 1]; /* [n], n >= 1 */
 };
 void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,

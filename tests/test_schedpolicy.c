@@ -209,6 +209,7 @@ static void prefill_estimates(void **state)
     (void)state;
     struct sil_sched_cost c = { 0 };
     const int32_t cap = 64;
+    c.steps = UINT32_MAX - 300; /* a daemon up for long: the step count wraps on the way */
     sil_sched_cost_update(&c, 1, 0, 0.010, 2, cap); /* decode 10 ms: the target is 20 */
     c.budget = 4;
     sil_sched_cost_update(&c, 1, 4, 0.015, 2, cap); /* 4 rows fit: try 5 */
