@@ -101,18 +101,23 @@ static bool est_over(const struct sil_sched_cost *c, int32_t n, double target)
 void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
                            double stretch, int32_t cap)
 {
+    const int d = n_decode < SIL_SCHED_EST ? n_decode : SIL_SCHED_EST;
     if (n_decode > 0 && n_prompt == 0) {
-        c->t_decode = ema(c->t_decode, seconds);
+        c->t_dec[d] = ema(c->t_dec[d], seconds);
+        c->t_decode = c->t_dec[d];
         return;
     }
-    if (n_decode == 0 || stretch <= 0 || c->t_decode <= 0 || cap < 1)
+    if (n_decode == 0 || stretch <= 0 || cap < 1)
         return;
-    int32_t b = c->budget > 0 && c->budget < cap ? c->budget : cap;
     /* Streams went: a number of prompt rows that went over may fit now. (When streams come,
      * a step that goes over says so, and the median follows in two.) */
     if (n_decode < c->n_dec)
         memset(c->est, 0, sizeof c->est);
     c->n_dec = n_decode;
+    if (c->t_dec[d] <= 0)
+        return; /* no target for these streams yet: sil_sched_prefill_cap has one step timed */
+    c->t_decode = c->t_dec[d];
+    int32_t b = c->budget > 0 && c->budget < cap ? c->budget : cap;
     c->steps++;
     if (n_prompt <= SIL_SCHED_EST) {
         if (c->steps - c->est[n_prompt].when >= SIL_SCHED_REPROBE)
@@ -166,7 +171,12 @@ int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, double stretch, 
 }
 
 int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, double stretch, int32_t cap,
-                              int decode_cls, int prompt_cls)
+                              int decode_cls, int prompt_cls, int n_decode)
 {
-    return prompt_cls < decode_cls ? cap : sil_sched_prefill_timed(c, stretch, cap);
+    if (prompt_cls < decode_cls)
+        return cap;
+    const int d = n_decode < SIL_SCHED_EST ? n_decode : SIL_SCHED_EST;
+    if (stretch > 0 && c->t_decode > 0 && d > 0 && c->t_dec[d] <= 0)
+        return 0;
+    return sil_sched_prefill_timed(c, stretch, cap);
 }

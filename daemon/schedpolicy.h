@@ -44,7 +44,8 @@ int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t
                                  int32_t room);
 /* The prefill budget by time, learnt from the evaluations: a step with decode rows and prompt
  * rows should take at most stretch times a step of decode rows only, so a long prompt never
- * holds the streams up for longer than that. The time of a decode-only step is averaged. For
+ * holds the streams up for longer than that. The time of a decode-only step is averaged for
+ * each number of decode rows. For
  * each number of prompt rows up to SIL_SCHED_EST the last three mixed steps with that many are
  * kept, and their median (the less of two) is what such a step costs: one pause of the
  * machine's own moves it neither way. A step that used all of its budget within the target
@@ -61,7 +62,9 @@ int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t
 #define SIL_SCHED_EST 64
 #define SIL_SCHED_REPROBE 512
 struct sil_sched_cost {
-    double t_decode; /* seconds, 0 = not measured yet */
+    double t_decode; /* seconds of a decode-only step of the last step's decode rows, 0 = none */
+    /* [min(decode rows, SIL_SCHED_EST)]: decode-only steps of that many rows, averaged; 0 = none */
+    double t_dec[SIL_SCHED_EST + 1];
     int32_t budget;  /* prompt rows, 0 = not learnt yet (the cap) */
     uint32_t steps;  /* mixed steps learnt from (wraps; only differences are used) */
     int32_t n_dec;   /* the decode rows of the last mixed step */
@@ -76,11 +79,14 @@ void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt,
 /* Prompt rows for the next step that has decode rows: at least 1 (every prompt goes on), at
  * most cap; cap while nothing is learnt or stretch is 0 (no limit by time). */
 int32_t sil_sched_prefill_timed(const struct sil_sched_cost *c, double stretch, int32_t cap);
-/* The prompt rows of a step whose most urgent decoding stream has class decode_cls and whose
- * most urgent prompt prompt_cls: the time budget protects streams from prompts of their class
- * or a lower one; a more urgent prompt (an interactive one next to batch streams) gets cap. */
+/* The prompt rows of a step with n_decode decode rows whose most urgent decoding stream has class
+ * decode_cls and whose most urgent prompt prompt_cls: the time budget protects streams from
+ * prompts of their class or a lower one; a more urgent prompt (an interactive one next to batch
+ * streams) gets cap. When a decode-only step of n_decode rows has not been timed yet (streams
+ * joined while a prompt was being evaluated) but others have, none: that step is timed, so the
+ * target is stretch times what these streams cost, not what fewer cost. */
 int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, double stretch, int32_t cap,
-                              int decode_cls, int prompt_cls);
+                              int decode_cls, int prompt_cls, int n_decode);
 /* Gives the budget out in the order of idx: each item takes min(want, what is left) into
  * take[item]. Returns the tokens given. */
 int32_t sil_sched_split(const struct sil_sched_item *it, const int *idx, int n, int32_t budget,

@@ -710,7 +710,8 @@ void step(struct sil_worker *w)
         w->s_jobs[np++] = j;
     }
     int32_t timed =
-        sil_sched_prefill_cap(&w->cost, w->prefill_stretch, w->prefill_budget, dec_cls, pre_cls);
+        sil_sched_prefill_cap(&w->cost, w->prefill_stretch, w->prefill_budget, dec_cls, pre_cls,
+                              n_dec);
     int32_t budget = sil_sched_prefill_budget(n_dec, timed, w->prefill_chunk, w->n_batch_max - n);
     sil_sched_order(&w->sp, w->s_items, np, now_s(), w->s_idx);
     sil_sched_split(w->s_items, w->s_idx, np, budget, w->s_take);

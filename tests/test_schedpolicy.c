@@ -183,9 +183,10 @@ static void prefill_by_time(void **state)
     /* The time budget protects streams from prompts of their class or lower, not from more
      * urgent ones: an interactive prompt next to batch streams gets the whole cap. */
     struct sil_sched_cost one = { .t_decode = 0.013, .budget = 1 };
-    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 2, 0), 64);
-    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 1, 1), 1);
-    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 0, 2), 1);
+    one.t_dec[1] = 0.013;
+    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 2, 0, 1), 64);
+    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 1, 1, 1), 1);
+    assert_int_equal(sil_sched_prefill_cap(&one, 2, 64, 0, 2, 1), 1);
     /* A machine's own spikes do not hold a concave (MoE) prompt to one row a step: the budget
      * stays at the 4 rows that fit (the median of the last three such steps), and 5, over twice,
      * are tried again only every SIL_SCHED_REPROBE steps. */
@@ -247,6 +248,40 @@ static void prefill_estimates(void **state)
     /* it ends: the estimates were of steps with more decode rows, and 7 may be tried */
     sil_sched_cost_update(&c, 1, 6, 0.017, 2, cap);
     assert_int_equal(sil_sched_prefill_timed(&c, 2, cap), 7);
+}
+
+/* The target is stretch times a decode-only step of the streams there are: when more streams
+ * decode than any timed step had, one step goes without prompt rows and is timed, and mixed
+ * steps are judged against it, not against what fewer streams cost. */
+static void prefill_target_follows_streams(void **state)
+{
+    (void)state;
+    struct sil_sched_cost c = { 0 };
+    const int32_t cap = 64;
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 1), cap); /* nothing known */
+    sil_sched_cost_update(&c, 1, 0, 0.010, 2, cap); /* one stream: 10 ms */
+    c.budget = 4;
+    sil_sched_cost_update(&c, 1, 4, 0.018, 2, cap); /* 4 rows next to it fit 20 ms */
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 1), 5);
+    /* seven streams joined while the prompt was evaluated: a step of their own first */
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 8), 0);
+    sil_sched_cost_update(&c, 8, 5, 0.031, 2, cap); /* a mixed step, no target: learns nothing */
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 8), 0);
+    sil_sched_cost_update(&c, 8, 0, 0.025, 2, cap); /* 8 streams take 25 ms: the target is 50 */
+    assert_true(c.t_decode > 0.0249 && c.t_decode < 0.0251);
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 8), 5);
+    sil_sched_cost_update(&c, 8, 5, 0.031, 2, cap); /* within 50 ms: more */
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 8), 6);
+    /* back to one stream: its own time is known, no step without prompt rows */
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 1), 6);
+    sil_sched_cost_update(&c, 1, 6, 0.022, 2, cap); /* over its 20 ms */
+    assert_true(c.t_decode > 0.0099 && c.t_decode < 0.0101);
+    assert_true(sil_sched_prefill_cap(&c, 2, cap, 1, 1, 1) < 6);
+    /* past SIL_SCHED_EST decode rows the times share the last entry */
+    sil_sched_cost_update(&c, SIL_SCHED_EST + 10, 0, 0.2, 2, cap);
+    assert_int_equal(sil_sched_prefill_cap(&c, 2, cap, 1, 1, SIL_SCHED_EST),
+                     sil_sched_prefill_timed(&c, 2, cap));
+    assert_int_equal(sil_sched_prefill_cap(&c, 0, cap, 1, 1, 3), cap); /* stretch 0: no timing */
 }
 
 static void split_by_priority(void **state)
@@ -313,6 +348,7 @@ int main(void)
         cmocka_unit_test(no_starvation),
         cmocka_unit_test(prefill_budget),
         cmocka_unit_test(prefill_by_time),           cmocka_unit_test(prefill_estimates),
+        cmocka_unit_test(prefill_target_follows_streams),
         cmocka_unit_test(split_by_priority),
         cmocka_unit_test(victim_choice),
     };
