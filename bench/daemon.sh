@@ -3,6 +3,13 @@
 # options, e.g. --backend cuda --vram-budget 8G); bench_daemon_stop
 # ends it and fails unless it exits cleanly. The caller's EXIT trap should run bench_cleanup.
 dpid=
+# bench_prepare [MODEL]: model = MODEL, else the sil-mkmodel bench model (made if absent), and
+# $B/bin/siliceod built unless NO_BUILD is set.
+bench_prepare() {
+    model=${1:-bench/models/bench-qwen35moe-q4_k_m.gguf}
+    [ -f "$model" ] || OUT="$model" B="$B" bench/make-bench-model.sh >&2
+    [ -n "${NO_BUILD:-}" ] || make -s B="$B" "$B/bin/siliceod" >&2
+}
 bench_daemon() {
     # shellcheck disable=SC2086 # SILICEOD_ARGS is a list of options
     "$B/bin/siliceod" --config "$1" --socket "$2" --model "$4" ${SILICEOD_ARGS:-} 2> "$3" &

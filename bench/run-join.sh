@@ -15,8 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
-model=${1:-bench/models/bench-qwen35moe-q4_k_m.gguf}
-[ -f "$model" ] || OUT="$model" B="$B" bench/make-bench-model.sh >&2
+. bench/daemon.sh
+bench_prepare "${1:-}"
 THREADS=${THREADS:-2}
 PROMPT=${PROMPT:-1024}
 JOIN=${JOIN:-3}
@@ -24,9 +24,7 @@ RUNS=${RUNS:-2}
 STRETCH=${PREFILL_STRETCH:-2}
 MACHINE=${MACHINE:-vm}
 OUT=${OUT:-bench/results/join-$MACHINE-$(date -u +%Y%m%d).json}
-[ -n "${NO_BUILD:-}" ] || make -s B="$B" "$B/bin/siliceod" >&2
 
-. bench/daemon.sh
 tmp=$(mktemp -d)
 trap bench_cleanup EXIT
 builds=("$B")

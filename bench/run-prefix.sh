@@ -16,8 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
-model=${1:-bench/models/bench-qwen35moe-q4_k_m.gguf}
-[ -f "$model" ] || OUT="$model" B="$B" bench/make-bench-model.sh >&2
+. bench/daemon.sh
+bench_prepare "${1:-}"
 THREADS=${THREADS:-2}
 PROMPT=${PROMPT:-4096}
 SHARED_PCT=${SHARED_PCT:-90}
@@ -25,9 +25,7 @@ RUNS=${RUNS:-3}
 CKPT_BLOCKS=${CKPT_BLOCKS:-4}
 MACHINE=${MACHINE:-vm}
 OUT=${OUT:-bench/results/prefix-$MACHINE-$(date -u +%Y%m%d).json}
-[ -n "${NO_BUILD:-}" ] || make -s B="$B" "$B/bin/siliceod" >&2
 
-. bench/daemon.sh
 tmp=$(mktemp -d)
 trap bench_cleanup EXIT
 sock=$tmp/siliceod.sock
