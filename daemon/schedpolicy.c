@@ -92,6 +92,24 @@ static double est_cost(const struct sil_sched_cost *c, int32_t n)
     return (double)t[0] + t[1] + t[2] - lo - hi;
 }
 
+/* The t_dec slot of n decode rows: those past SIL_SCHED_EST share the last. */
+static int dec_slot(int n_decode)
+{
+    return n_decode < SIL_SCHED_EST ? n_decode : SIL_SCHED_EST;
+}
+
+/* A mixed step of n prompt rows took seconds (n <= SIL_SCHED_EST): into its ring, which starts
+ * again when what it held was forgotten. */
+static void est_add(struct sil_sched_cost *c, int32_t n, double seconds)
+{
+    if (c->steps - c->est[n].when >= SIL_SCHED_REPROBE)
+        c->est[n].k = 0;
+    c->est[n].t[c->est[n].k % 3] = (float)seconds;
+    if (++c->est[n].k == 6)
+        c->est[n].k = 3; /* full: the ring goes on */
+    c->est[n].when = c->steps;
+}
+
 /* n prompt rows are known to go over target: twice at least (once may be a pause). */
 static bool est_over(const struct sil_sched_cost *c, int32_t n, double target)
 {
@@ -101,7 +119,7 @@ static bool est_over(const struct sil_sched_cost *c, int32_t n, double target)
 void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt, double seconds,
                            double stretch, int32_t cap)
 {
-    const int d = n_decode < SIL_SCHED_EST ? n_decode : SIL_SCHED_EST;
+    const int d = dec_slot(n_decode);
     if (n_decode > 0 && n_prompt == 0) {
         c->t_dec[d] = ema(c->t_dec[d], seconds);
         c->t_decode = c->t_dec[d];
@@ -119,16 +137,11 @@ void sil_sched_cost_update(struct sil_sched_cost *c, int n_decode, int n_prompt,
     c->t_decode = c->t_dec[d];
     int32_t b = c->budget > 0 && c->budget < cap ? c->budget : cap;
     c->steps++;
-    if (n_prompt <= SIL_SCHED_EST) {
-        if (c->steps - c->est[n_prompt].when >= SIL_SCHED_REPROBE)
-            c->est[n_prompt].k = 0; /* forgotten: start again */
-        c->est[n_prompt].t[c->est[n_prompt].k % 3] = (float)seconds;
-        if (++c->est[n_prompt].k == 6)
-            c->est[n_prompt].k = 3; /* full: the ring goes on */
-        c->est[n_prompt].when = c->steps;
-    }
+    const bool table = n_prompt <= SIL_SCHED_EST;
+    if (table)
+        est_add(c, n_prompt, seconds);
     const double target = stretch * c->t_decode;
-    const double cost = n_prompt <= SIL_SCHED_EST ? est_cost(c, n_prompt) : seconds;
+    const double cost = table ? est_cost(c, n_prompt) : seconds;
     if (cost > target) {
         /* The prompt rows' share of the step, scaled linearly (exact for dense rows; MoE rows
          * cost more each the fewer they are, so a later step may shrink again), or the most
@@ -175,7 +188,7 @@ int32_t sil_sched_prefill_cap(const struct sil_sched_cost *c, double stretch, in
 {
     if (prompt_cls < decode_cls)
         return cap;
-    const int d = n_decode < SIL_SCHED_EST ? n_decode : SIL_SCHED_EST;
+    const int d = dec_slot(n_decode);
     if (stretch > 0 && c->t_decode > 0 && d > 0 && c->t_dec[d] <= 0)
         return 0;
     return sil_sched_prefill_timed(c, stretch, cap);

@@ -45,20 +45,19 @@ int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t
 /* The prefill budget by time, learnt from the evaluations: a step with decode rows and prompt
  * rows should take at most stretch times a step of decode rows only, so a long prompt never
  * holds the streams up for longer than that. The time of a decode-only step is averaged for
- * each number of decode rows. For
- * each number of prompt rows up to SIL_SCHED_EST the last three mixed steps with that many are
- * kept, and their median (the less of two) is what such a step costs: one pause of the
- * machine's own moves it neither way. A step that used all of its budget within the target
- * lets the next one try an eighth more (at least one row) unless a number in between is known
- * to go over; one whose cost is over goes back to the most rows known to fit below it, or to
- * the share of its rows that fit, scaled linearly. A number that went over once may be tried
- * again (it may have been a pause); what went over is forgotten after SIL_SCHED_REPROBE mixed
- * steps (the context grows, the load changes), and every estimate when a step has fewer decode
- * rows than the last (streams went). The rows a step can take are not predicted
- * from the cost of fewer: on an MoE the union of experts they touch grows slower than their
- * number, and a linear guess from one row would hold a long prompt to one row a step. Above
- * SIL_SCHED_EST rows the budget grows while a linear guess fits and shrinks by the linear share.
- */
+ * each number of decode rows. For each number of prompt rows up to SIL_SCHED_EST the last three
+ * mixed steps with that many are kept, and their median (the less of two) is what such a step
+ * costs: one pause of the machine's own moves it neither way. A step that used all of its
+ * budget within the target lets the next one try an eighth more (at least one row) unless a
+ * number in between is known to go over; one whose cost is over goes back to the most rows
+ * known to fit below it, or to the share of its rows that fit, scaled linearly. A number that
+ * went over once may be tried again (it may have been a pause); what went over is forgotten
+ * after SIL_SCHED_REPROBE mixed steps (the context grows, the load changes), and every estimate
+ * when a step has fewer decode rows than the last (streams went). The rows a step can take
+ * are not predicted from the cost of fewer: on an MoE the union of experts they touch grows
+ * slower than their number, and a linear guess from one row would hold a long prompt to one row
+ * a step. Above SIL_SCHED_EST rows the budget grows while a linear guess fits and shrinks by
+ * the linear share. */
 #define SIL_SCHED_EST 64
 #define SIL_SCHED_REPROBE 512
 struct sil_sched_cost {
