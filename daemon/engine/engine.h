@@ -62,6 +62,14 @@ struct sil_engine_params {
     /* KV element type of the full-attention layers on the CPU backend: "f32", "f16", "q8_0"
      * (KV8) or "q4_0" (KV4); NULL = f32, the type the reference logits were made with. */
     const char *kv_type;
+    /* Host memory for the routed experts' host tier (expert_store.h). When the routed experts
+     * the backend reads from the host do not fit in it, they are read from the file with
+     * direct reads into a cache of host slots of this many bytes (pinned where the backend
+     * copies from them), never through the mapping's page faults. 0: what the host and the
+     * process's cgroup can spare (sil_host_spare, hostmem.h), less room for the backbone, the
+     * KV pool and the caches; host_budget_off: the mapping as before, whatever fits. */
+    uint64_t host_budget;
+    bool host_budget_off;
     uint64_t kv_budget; /* KV pool bytes (host memory on the CPU, device memory on CUDA); 0 = every
                          * sequence at n_ctx (backed lazily on the CPU) */
     /* Bytes of recurrent-state snapshots the prefix cache keeps (models with delta-net layers;
@@ -312,6 +320,27 @@ int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int
 /* The expert cache's counters of one layer (-1: all), zero without one. */
 void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
                                    struct sil_ecache_stats *out);
+
+/* The routed experts' host tier (expert_store.h): on when the experts the backend reads from
+ * the host did not fit the host budget. The budget and what chose it ("host_budget" when set,
+ * else what sil_host_spare said: "MemAvailable" or "cgroup memory.max"), its slots, how the
+ * file is read ("direct": O_DIRECT; "buffered" where the file system refuses it, each range
+ * dropped from the page cache after its read), and counters since open: lookups that found
+ * the expert in a host slot (hits), those read from the file (misses), bytes and reads from
+ * the file, and the seconds reads were waited for. Any thread may read it while the engine
+ * runs (the counters are atomics). */
+struct sil_engine_host_tier {
+    bool on;
+    uint64_t budget;
+    char budget_from[48];
+    int32_t n_slot;
+    uint64_t slot_bytes;
+    const char *io;
+    uint64_t hits, misses, bytes_read, reads;
+    double wait_s;
+};
+/* 0 with *out filled; out->on false (and the budget chosen) when the tier is off. */
+void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tier *out);
 
 /* Validates a file as a loadable model without building an engine, and prints what
  * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,
