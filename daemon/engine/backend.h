@@ -258,7 +258,7 @@ struct sil_backend_ops {
      * each decode plan's misses, rounded and at most cpu_misses, the backend computes on the
      * host: host speed / (host speed + link speed), measured by the backend. */
     double (*host_share)(struct sil_backend *be);
-    /* Copies one expert's matrices (handles into the mmap) into slot; ordered before any later
+    /* Copies one expert's matrices (handles into the mmap or host_alloc memory) into slot; ordered before any later
      * op that reads the slot. Plan handles of slot experts are SIL_WEIGHT_SLOT with data the
      * slot index. layer and expert name what the slot now holds (what it held is gone). */
     void (*fill_slot)(struct sil_backend *be, int32_t slot, const struct sil_weight *gate,
@@ -270,6 +270,12 @@ struct sil_backend_ops {
      * are not there (a host-routed pass). The cache then sees them as plans (hits, misses, and
      * the fills its admission allows) before the next pass. Valid until the next begin. */
     int32_t (*routes)(struct sil_backend *be, int32_t layer, const int32_t **ids);
+    /* Optional (NULL: ordinary memory). Host memory the backend copies from fastest (pinned),
+     * for the engine's host tier of experts (expert_store.h), aligned to 4096 bytes; NULL when
+     * it cannot. fill_slot and the host's miss path take handles into it (SIL_WEIGHT_HOST). Freed
+     * with host_free before the backend is. */
+    void *(*host_alloc)(struct sil_backend *be, size_t bytes);
+    void (*host_free)(struct sil_backend *be, void *p);
 };
 
 struct sil_backend {
@@ -313,6 +319,9 @@ struct sil_cuda_config {
     /* every MoE layer's choices copied to the host into the plan (route traces need them), as
      * SIL_CUDA_HOST_ROUTE=1 asks; else they stay on the device where every expert is resident */
     bool host_route;
+    /* the routed experts the slots miss come from the engine's host tier (expert_store.h):
+     * the mapping's pages of the routed stacks are never pinned or read for copies */
+    bool host_tier;
 };
 
 /* -ENOTSUP when built without CUDA; -ENODEV / -ENOENT / -ENOMEM with the reason otherwise. */

@@ -287,6 +287,10 @@ struct cuda_backend {
     bool pinned;
     uint64_t pinned_bytes;
     double h2d_gbs;
+    /* pinned host blocks handed out by host_alloc (the engine's host tier of experts): a miss
+     * whose handle points into one is one DMA, like the pinned mapping */
+    struct host_range *hblk;
+    int n_hblk, cap_hblk;
     /* miss path (c), SIL_CUDA_CPU_MISSES=N: up to N misses of each decode layer computed on the
      * host from the mapping while the rest stream; the MoE input comes down with the router's
      * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
@@ -428,6 +432,12 @@ static int view(const struct sil_weight *w, int64_t rows, struct sil_cuda_weight
     if (w->loc != SIL_WEIGHT_DEVICE)
         return sil_errorf(err, -EINVAL, "cuda backend: a weight is not on the device");
     return sil_cuda_weight_view(w->type, rows, w->cols, dp(w->data), cw, err);
+}
+
+/* A weight in host memory: the model's mapping or a block of the engine's host tier. */
+static bool on_host(const struct sil_weight *w)
+{
+    return w->loc == SIL_WEIGHT_MMAP || w->loc == SIL_WEIGHT_HOST;
 }
 
 static bool quantized(int type)
@@ -1636,8 +1646,8 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     for (int a = 0; a < pl->n_active; a++) {
         const bool slot_e = pl->gate[a].loc == SIL_WEIGHT_SLOT &&
                             pl->up[a].loc == SIL_WEIGHT_SLOT && pl->down[a].loc == SIL_WEIGHT_SLOT;
-        const bool host_e = cpu && pl->gate[a].loc == SIL_WEIGHT_MMAP &&
-                            pl->up[a].loc == SIL_WEIGHT_MMAP && pl->down[a].loc == SIL_WEIGHT_MMAP;
+        const bool host_e =
+            cpu && on_host(&pl->gate[a]) && on_host(&pl->up[a]) && on_host(&pl->down[a]);
         if (!slot_e && !host_e) {
             fail(b, -ENOSPC,
                  b->hx && pl->n_rows <= MB
@@ -2102,10 +2112,11 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
     uint64_t total = 0;
     for (int i = 0; i < n; i++)
         total += b->rng[i].hi - b->rng[i].lo;
-    /* pinned pages cannot be reclaimed: never more than 3/4 of what the host has available */
+    /* pinned pages cannot be reclaimed: never more than 3/4 of what the host has available;
+     * with a host tier the engine reads misses into its own pinned slots, never the mapping */
     const uint64_t avail = mem_available();
-    const bool fits = avail == 0 || total <= avail / 4 * 3;
-    if (!fits && !(pin && strcmp(pin, "0") == 0))
+    const bool fits = !b->c.host_tier && (avail == 0 || total <= avail / 4 * 3);
+    if (!fits && !b->c.host_tier && !(pin && strcmp(pin, "0") == 0))
         fprintf(stderr,
                 "siliceo: cuda backend: the routed experts (%.2f GiB) are not pinned: the host "
                 "has %.2f GiB available; misses are staged through a pinned buffer\n",
@@ -2246,6 +2257,8 @@ static void *cuda_alloc_act(struct sil_backend *be, size_t bytes)
     return (void *)(uintptr_t)p;
 }
 
+static void cuda_host_free(struct sil_backend *be, void *p);
+
 static void cuda_free(struct sil_backend *be)
 {
     struct cuda_backend *b = cb(be);
@@ -2279,6 +2292,9 @@ static void cuda_free(struct sil_backend *be)
         sil_cuda_host_release(b->cu, b->stage);
         for (int i = 0; b->pinned && i < b->n_rng; i++)
             sil_cuda_host_unregister(b->cu, (void *)b->rng[i].lo);
+        while (b->n_hblk > 0) /* the engine frees its host tier first; this is a safety net */
+            cuda_host_free(be, (void *)b->hblk[0].lo);
+        free(b->hblk);
         for (int i = 0; i < b->n_allocs; i++)
             sil_cuda_release(b->cu, b->allocs[i]);
         sil_cuda_module_unload(b->cu, b->mod);
@@ -2347,17 +2363,59 @@ static int32_t cuda_expert_slots(struct sil_backend *be)
     return cb(be)->n_slots;
 }
 
+/* Whether the bytes of [p, p + n) lie in one block host_alloc handed out (pinned). */
+static bool in_hblk(const struct cuda_backend *b, const void *p, size_t n)
+{
+    const uintptr_t lo = (uintptr_t)p;
+    for (int i = 0; i < b->n_hblk; i++)
+        if (lo >= b->hblk[i].lo && lo + n <= b->hblk[i].hi) return true;
+    return false;
+}
+
+/* Pinned host memory for the engine's host tier; NULL when the driver refuses it (the tier
+ * then uses ordinary memory, and its copies are staged). */
+static void *cuda_host_alloc(struct sil_backend *be, size_t bytes)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->n_hblk == b->cap_hblk) {
+        const int cap = b->cap_hblk ? 2 * b->cap_hblk : 16;
+        struct host_range *r = realloc(b->hblk, sizeof(*r) * (size_t)cap);
+        if (!r) return NULL;
+        b->hblk = r;
+        b->cap_hblk = cap;
+    }
+    void *p = NULL;
+    if (sil_cuda_host_alloc(b->cu, bytes, &p, NULL) < 0) return NULL;
+    b->hblk[b->n_hblk++] = (struct host_range){(uintptr_t)p, (uintptr_t)p + bytes};
+    b->pinned_bytes += bytes;
+    return p;
+}
+
+static void cuda_host_free(struct sil_backend *be, void *p)
+{
+    struct cuda_backend *b = cb(be);
+    if (!p) return;
+    for (int i = 0; i < b->n_hblk; i++) {
+        if (b->hblk[i].lo != (uintptr_t)p) continue;
+        b->pinned_bytes -= b->hblk[i].hi - b->hblk[i].lo;
+        b->hblk[i] = b->hblk[--b->n_hblk];
+        sil_cuda_host_release(b->cu, p);
+        return;
+    }
+}
+
 /* One matrix into its slot through the staging ring: the ring is reused from its start once
  * the copies queued from it are done (a sync when it is full). */
 static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct sil_weight *w,
                        uint64_t cap)
 {
     const size_t bytes = w->mat_bytes;
-    if (bytes > cap || (!b->pinned && bytes > b->stage_bytes)) {
+    const bool direct = w->loc == SIL_WEIGHT_HOST ? in_hblk(b, w->data, bytes) : b->pinned;
+    if (bytes > cap || (!direct && bytes > b->stage_bytes)) {
         fail(b, -EINVAL, "an expert matrix is larger than its slot");
         return;
     }
-    if (!b->pinned && b->stage_used + bytes > b->stage_bytes) {
+    if (!direct && b->stage_used + bytes > b->stage_bytes) {
         if (!ok(b, sil_cuda_sync(b->cu, NULL, &b->err))) return;
         b->stage_used = 0;
     }
@@ -2371,8 +2429,8 @@ static void stage_copy(struct cuda_backend *b, sil_cuda_ptr dst, const struct si
         }
         b->h2d_next = start + (double)bytes / b->h2d_cap;
     }
-    if (b->pinned) {
-        /* straight from the pinned mapping: one DMA, the host goes on */
+    if (direct) {
+        /* straight from pinned memory (the mapping, or a host-tier block): one DMA */
         ok(b, sil_cuda_upload(b->cu, dst, w->data, bytes, NULL, &b->err));
     } else {
         memcpy(b->stage + b->stage_used, w->data, bytes);
@@ -2396,9 +2454,8 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
         return;
     }
     if (!b->segmented) not_capturable(b);
-    if (slot < 0 || slot >= b->n_slots || gate->loc != SIL_WEIGHT_MMAP ||
-        up->loc != SIL_WEIGHT_MMAP || down->loc != SIL_WEIGHT_MMAP) {
-        fail(b, -EINVAL, "expert slot copy of a weight not in the mmap, or slot out of range");
+    if (slot < 0 || slot >= b->n_slots || !on_host(gate) || !on_host(up) || !on_host(down)) {
+        fail(b, -EINVAL, "expert slot copy of a weight not in host memory, or slot out of range");
         return;
     }
     const uint64_t s = (uint64_t)slot;
@@ -2462,6 +2519,8 @@ static const struct sil_backend_ops cuda_ops = {
     .host_share = cuda_host_share,
     .fill_slot = cuda_fill_slot,
     .routes = cuda_routes,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 static uint64_t max_u(uint64_t a, uint64_t b)

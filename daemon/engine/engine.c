@@ -10,6 +10,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/forward.h"
+#include "daemon/engine/hostmem.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/prefix_cache.h"
@@ -47,6 +48,11 @@ struct sil_engine {
     void (*eval_progress)(void *user);
     void *eval_progress_user;
     uint64_t heat_tokens; /* tokens of the imported heat map, less the rows evaluated before */
+    /* the routed experts' host tier: wanted (the experts the backend reads from the host do not
+     * fit the budget), the budget and what chose it */
+    bool tier_want;
+    uint64_t tier_budget, tier_min;
+    char tier_from[48];
 };
 
 void sil_engine_params_default(struct sil_engine_params *p)
@@ -348,6 +354,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .kv_type = kv_type,
         .kv_blocks = e->dev_kv_blocks,
         .host_route = p->route_trace != NULL, /* a trace sees every layer's choices */
+        .host_tier = e->tier_want,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
     c.routed_bytes = e->info.routed_expert_bytes;
@@ -418,6 +425,158 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         f->be = NULL;
     }
     return rc;
+}
+
+/* The host tier's config for this model (its file and every layer's expert matrices), mat
+ * malloc'd; -ENOMEM. */
+static int tier_config(const struct sil_engine *e, struct sil_xstore_config *c,
+                      struct sil_xstore_mat **mat, int32_t *n_moe)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    *mat = calloc((size_t)hp->n_layer * 3, sizeof(**mat));
+    if (!*mat) return -ENOMEM;
+    const uint64_t base = sil_gguf_data_offset(e->model->gguf);
+    *n_moe = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct sil_layer *l = &e->model->layers[il];
+        const struct sil_gguf_tensor *t[3] = {l->ffn_gate_exps, l->ffn_up_exps, l->ffn_down_exps};
+        if (!t[0] || !t[1] || !t[2] || hp->n_expert <= 0) continue;
+        (*n_moe)++;
+        for (int i = 0; i < 3; i++)
+            (*mat)[il * 3 + i] = (struct sil_xstore_mat){base + t[i]->offset,
+                                                         t[i]->nbytes / (uint64_t)hp->n_expert};
+    }
+    *c = (struct sil_xstore_config){
+        .path = e->info.path,
+        .dev = e->info.file_dev,
+        .ino = e->info.file_ino,
+        .file_bytes = e->info.file_bytes,
+        .n_layer = hp->n_layer,
+        .n_expert = (int32_t)hp->n_expert,
+        .mat = *mat,
+    };
+    return 0;
+}
+
+/* Whether the routed experts get a host tier (expert_store.h), and its budget: host_budget,
+ * else what the host and the process's cgroup can spare, less room for the OS and buffers
+ * (1 GiB and a sixteenth) and, on the CPU, the backbone read in place and the caches' budgets.
+ * The tier is wanted when the routed experts do not fit that; a device backend that holds them
+ * all in VRAM after all turns it off at open_host_tier. */
+static void tier_plan(struct sil_engine *e, const struct sil_engine_params *p)
+{
+    const bool cpu = !p->backend || strcmp(p->backend, "cpu") == 0;
+    e->tier_budget = p->host_budget;
+    snprintf(e->tier_from, sizeof e->tier_from, "host_budget");
+    if (!p->host_budget) {
+        struct sil_host_spare sp;
+        sil_host_spare(NULL, &sp);
+        snprintf(e->tier_from, sizeof e->tier_from, "%s", sp.from);
+        e->tier_budget = sp.bytes;
+        if (sp.bytes != UINT64_MAX) {
+            uint64_t keep = (1ull << 30) + sp.bytes / 16;
+            if (cpu)
+                keep += e->info.backbone_bytes + p->kv_budget + p->prefix_ckpt_budget +
+                        p->prefix_cache_budget;
+            e->tier_budget = sp.bytes > keep ? sp.bytes - keep : 0;
+        }
+    }
+    struct sil_xstore_mat *mat = NULL;
+    struct sil_xstore_config c;
+    int32_t n_moe = 0;
+    if (e->model->traits->moe && tier_config(e, &c, &mat, &n_moe) == 0 && n_moe > 0)
+        e->tier_min = (uint64_t)sil_xstore_min_slots(&c) * sil_xstore_slot_bytes(&c);
+    free(mat);
+    e->tier_want = !p->host_budget_off && e->model->traits->moe && n_moe > 0 &&
+                   e->info.routed_expert_bytes > e->tier_budget;
+}
+
+static void *tier_alloc(void *user, size_t bytes)
+{
+    struct sil_backend *be = user;
+    return be->ops->host_alloc(be, bytes);
+}
+
+static void tier_release(void *user, void *ptr)
+{
+    struct sil_backend *be = user;
+    be->ops->host_free(be, ptr);
+}
+
+static void close_host_tier(struct sil_fwd *f)
+{
+    sil_xstore_free(f->xstore);
+    f->xstore = NULL;
+    free(f->xs_which);
+    free(f->xs_exp);
+    free(f->xs_uses);
+    free(f->xs_ptr);
+    f->xs_which = f->xs_exp = f->xs_uses = NULL;
+    f->xs_ptr = NULL;
+}
+
+/* The host tier, once the backend is open and placed: slots for what the budget holds, read
+ * from the file the model was loaded from. A budget under the tier's minimum is an error that
+ * gives it. */
+static int open_host_tier(struct sil_engine *e, struct sil_error *err)
+{
+    struct sil_fwd *f = &e->f;
+    const struct sil_hparams *hp = &e->model->hp;
+    const bool slots = f->be->ops->expert_slots && f->be->ops->expert_slots(f->be) > 0;
+    if (!e->tier_want || (strcmp(f->be->ops->name, "cpu") != 0 && !slots)) {
+        e->tier_want = false;
+        return 0;
+    }
+    struct sil_xstore_mat *mat = NULL;
+    struct sil_xstore_config c;
+    int32_t n_moe = 0;
+    if (tier_config(e, &c, &mat, &n_moe) < 0) return sil_errorf(err, -ENOMEM, "engine: out of memory");
+    if (f->be->ops->host_alloc && f->be->ops->host_free) {
+        c.alloc = tier_alloc;
+        c.release = tier_release;
+        c.alloc_user = f->be;
+    }
+    const uint64_t sb = sil_xstore_slot_bytes(&c);
+    const uint64_t all = (uint64_t)n_moe * (uint64_t)hp->n_expert;
+    const uint64_t n = sb ? e->tier_budget / sb : 0;
+    c.n_slot = (int32_t)(n < all ? n : all);
+    const int32_t min = sil_xstore_min_slots(&c);
+    int rc = 0;
+    if (c.n_slot < min)
+        rc = sil_errorf(err, -EINVAL,
+                        "the routed experts (%.2f GiB) do not fit the host budget of %.2f GiB "
+                        "(%s), and their host tier needs at least %llu bytes (%.1f MiB: %d "
+                        "slots of %.2f MiB)%s",
+                        (double)e->info.routed_expert_bytes / (1u << 30),
+                        (double)e->tier_budget / (1u << 30), e->tier_from,
+                        (unsigned long long)((uint64_t)min * sb),
+                        (double)min * (double)sb / (1u << 20), min, (double)sb / (1u << 20),
+                        strcmp(e->tier_from, "host_budget") == 0
+                            ? ""
+                            : ": free host memory or set host_budget");
+    if (rc == 0) rc = sil_xstore_create(&f->xstore, &c, err);
+    free(mat);
+    const size_t X = (size_t)hp->n_expert;
+    if (rc == 0) {
+        f->xs_which = calloc(X, sizeof(int32_t));
+        f->xs_exp = calloc(X, sizeof(int32_t));
+        f->xs_uses = calloc(X, sizeof(int32_t));
+        f->xs_ptr = calloc(3 * X, sizeof(void *));
+        if (!f->xs_which || !f->xs_exp || !f->xs_uses || !f->xs_ptr)
+            rc = sil_errorf(err, -ENOMEM, "engine: out of memory");
+    }
+    if (rc < 0) {
+        close_host_tier(f);
+        return rc;
+    }
+    struct sil_xstore_stats st;
+    sil_xstore_stats(f->xstore, &st);
+    fprintf(stderr,
+            "siliceo: host tier: %.2f GiB of routed experts over a host budget of %.2f GiB (%s): "
+            "%d slots of %.2f MiB, the rest read from the file (%s reads)\n",
+            (double)e->info.routed_expert_bytes / (1u << 30), (double)e->tier_budget / (1u << 30),
+            e->tier_from, st.n_slot, (double)st.slot_bytes / (1u << 20), st.io);
+    return 0;
 }
 
 /* cpu, cuda (an error says why it cannot run) or auto (CUDA when it can hold the model, else
@@ -500,9 +659,12 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         goto fail;
     if ((rc = alloc_scratch(e, err)) < 0)
         goto fail;
+    tier_plan(e, p);
     if ((rc = open_backend(e, p, nt, err)) < 0)
         goto fail;
     e->info.backend = f->be->ops->name;
+    if ((rc = open_host_tier(e, err)) < 0)
+        goto fail;
     if ((rc = open_obs(e, p, err)) < 0)
         goto fail;
     if ((rc = open_replay(e, p, err)) < 0)
@@ -557,6 +719,7 @@ void sil_engine_close(struct sil_engine *e)
     free(e->f.ecache_res);
     free(e->f.ecache_uses);
     e->f.ecache = NULL;
+    close_host_tier(&e->f); /* its pinned blocks go back to the backend before it is freed */
     sil_fwd_close(&e->f);
     if (e->f.be)
         e->f.be->ops->free(e->f.be);
@@ -897,6 +1060,10 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t 
         ub.head_out = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
         sil_forward(&e->f, &ub, logits, argmax);
         if (e->f.replay_err) return sil_errorf(err, e->f.replay_err, "%s", e->f.replay_msg);
+        if (e->f.xs_err) { /* a read of the file failed: as a fault on the mapping, for good */
+            atomic_store(&e->damaged, true);
+            return sil_errorf(err, -EIO, "%s", e->f.xs_msg);
+        }
         /* A backend error: the model is damaged when the mapping faulted, else the ops failed
          * (a device error) and the error is the backend's. */
         int rc = e->f.be->ops->status ? e->f.be->ops->status(e->f.be, err) : 0;
@@ -1084,6 +1251,7 @@ int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
         return sil_errorf(err, -ENODEV, "engine: no heat map kept");
     /* The device cache's frequencies too, so LFU keeps what is preloaded by its heat. */
     if (e->f.ecache) sil_ecache_heat_import(e->f.ecache, m->heat);
+    if (e->f.xstore) sil_xstore_heat_import(e->f.xstore, m->heat);
     e->heat_tokens = m->tokens - e->f.n_rows;
     return 0;
 }
@@ -1128,6 +1296,32 @@ int sil_engine_heat_restore(struct sil_engine *e, const char *path,
             if (placed > 0) out->placed += placed;
             if (progress) progress(out->placed, total, user);
         }
+    }
+    if (e->f.xstore && out->hot > 0) {
+        /* then the host tier, with the hottest of what the device did not take, in steps */
+        int64_t from = 0, total = 0;
+        for (int64_t i = 0; i < out->hot; i++) {
+            const int32_t l = keys[i] / (int32_t)m.n_expert, x = keys[i] % (int32_t)m.n_expert;
+            if (e->f.ecache && sil_ecache_slot_of(e->f.ecache, l, x) >= 0) continue;
+            keys[from++] = keys[i];
+        }
+        struct sil_xstore_stats st;
+        sil_xstore_stats(e->f.xstore, &st);
+        total = from < st.n_slot ? from : st.n_slot;
+        const int64_t step = (total + HEAT_PRELOAD_STEPS - 1) / HEAT_PRELOAD_STEPS;
+        int64_t placed = 0;
+        for (int64_t i = 0; step > 0 && i < from && placed < total; i += step) {
+            const int64_t n = from - i < step ? from - i : step;
+            struct sil_error xe = {0};
+            const int64_t got = sil_xstore_preload(e->f.xstore, keys + i, n, &xe);
+            if (got < 0) {
+                fprintf(stderr, "siliceo: host tier preload stopped: %s\n", xe.msg);
+                break;
+            }
+            placed += got;
+            if (progress) progress(out->placed + placed, out->placed + total, user);
+        }
+        out->placed_host = placed;
     }
     free(keys);
     sil_heat_map_free(&m);
@@ -1188,10 +1382,25 @@ int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int
         const int32_t s = sil_ecache_preload(e->f.ecache, l, x);
         if (s < 0) continue;
         const struct sil_layer_weights *w = &e->f.lw[l];
-        const struct sil_weight g = sil_weight_mat(&w->ffn_gate_exps, x),
-                                u = sil_weight_mat(&w->ffn_up_exps, x),
-                                d = sil_weight_mat(&w->ffn_down_exps, x);
+        struct sil_weight g = sil_weight_mat(&w->ffn_gate_exps, x),
+                          u = sil_weight_mat(&w->ffn_up_exps, x),
+                          d = sil_weight_mat(&w->ffn_down_exps, x);
+        if (e->f.xstore) {
+            /* through a host slot, which the next acquire may reuse: the copy is waited for */
+            const void *ptr[3];
+            struct sil_error xe = {0};
+            if (sil_xstore_acquire(e->f.xstore, l, &x, NULL, 1, ptr, &xe) < 0) {
+                fprintf(stderr, "siliceo: expert preload stopped: %s\n", xe.msg);
+                break;
+            }
+            struct sil_weight *m[3] = {&g, &u, &d};
+            for (int k = 0; k < 3; k++) {
+                m[k]->loc = SIL_WEIGHT_HOST;
+                m[k]->data = ptr[k];
+            }
+        }
         SIL_OP(&e->f, fill_slot, s, &g, &u, &d, l, x);
+        if (e->f.xstore && e->f.be->ops->status && e->f.be->ops->status(e->f.be, NULL) < 0) break;
         placed++;
     }
     return placed;
@@ -1204,4 +1413,24 @@ void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
         sil_ecache_stats(e->f.ecache, layer, out);
     else
         sil_expert_obs_layer_stats(e->f.obs, layer, out);
+}
+
+void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tier *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->budget = e->tier_budget == UINT64_MAX ? 0 : e->tier_budget;
+    out->min_bytes = e->tier_min;
+    snprintf(out->budget_from, sizeof out->budget_from, "%s", e->tier_from);
+    if (!e->f.xstore) return;
+    struct sil_xstore_stats st;
+    sil_xstore_stats(e->f.xstore, &st);
+    out->on = true;
+    out->n_slot = st.n_slot;
+    out->slot_bytes = st.slot_bytes;
+    out->io = st.io;
+    out->hits = st.hits;
+    out->misses = st.misses;
+    out->bytes_read = st.bytes_read;
+    out->reads = st.reads;
+    out->wait_s = st.wait_s;
 }

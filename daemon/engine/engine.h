@@ -295,6 +295,7 @@ int sil_engine_heat_import(struct sil_engine *e, const struct sil_heat_map *m,
 struct sil_heat_restore {
     int64_t hot;     /* experts with heat in the map */
     int64_t placed;  /* of which placed in the expert cache */
+    int64_t placed_host; /* and of the rest, read into the host tier (expert_store.h) */
     uint64_t tokens; /* tokens the map had seen */
 };
 int sil_engine_heat_restore(struct sil_engine *e, const char *path,
@@ -328,10 +329,12 @@ void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
  * dropped from the page cache after its read), and counters since open: lookups that found
  * the expert in a host slot (hits), those read from the file (misses), bytes and reads from
  * the file, and the seconds reads were waited for. Any thread may read it while the engine
- * runs (the counters are atomics). */
+ * runs (the counters are atomics). min_bytes is known for any model with experts, tier on or
+ * off. */
 struct sil_engine_host_tier {
     bool on;
     uint64_t budget;
+    uint64_t min_bytes; /* the smallest budget the tier takes (one layer's every expert) */
     char budget_from[48];
     int32_t n_slot;
     uint64_t slot_bytes;

@@ -13,6 +13,7 @@
 #include "daemon/engine/delta_net.h"
 #include "daemon/engine/expert_cache.h"
 #include "daemon/engine/expert_obs.h"
+#include "daemon/engine/expert_store.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/route_trace.h"
@@ -72,6 +73,16 @@ struct sil_fwd {
     int32_t cpu_misses; /* misses of a decode plan the backend computes on the host */
     struct sil_ecache_entry *ecache_res;
     int32_t *ecache_uses;
+    /* NULL, or the routed experts' host tier (expert_store.h): the experts a plan needs in
+     * host memory (every one on the CPU, a device's misses) are made resident there and their
+     * handles point there (SIL_WEIGHT_HOST), never into the mapping. [n_expert] scratch for an
+     * acquire ([3 * n_expert] pointers); xs_err: the first acquire that failed (sticky, -EIO,
+     * xs_msg says why) */
+    struct sil_xstore *xstore;
+    int32_t *xs_which, *xs_exp, *xs_uses;
+    const void **xs_ptr;
+    int xs_err;
+    char xs_msg[200];
     /* NULL, or a route trace whose records route the MoE layers in their order (the engine's
      * route_replay; CPU backend): replay_sel holds a record; replay_err the first record that
      * did not fit (sticky, -EINVAL, replay_msg says why); the choices replayed, those outside

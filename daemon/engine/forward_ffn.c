@@ -80,9 +80,38 @@ static void moe_plan(struct sil_fwd *f, const struct sil_layer_weights *w, struc
     }
 }
 
+/* The host tier: the plan's experts which[0..n) are made resident in host slots (read from
+ * the file when they are not) and their handles point there. On failure the handles stay in
+ * the mapping and the evaluation fails after this pass (xs_err). */
+static void host_tier(struct sil_fwd *f, int il, struct sil_moe_plan *p, int32_t n)
+{
+    if (n == 0 || f->xs_err) return;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t a = f->xs_which[i];
+        f->xs_exp[i] = p->expert[a];
+        f->xs_uses[i] = p->pair_start[a + 1] - p->pair_start[a];
+    }
+    struct sil_error err = {0};
+    const int rc = sil_xstore_acquire(f->xstore, il, f->xs_exp, f->xs_uses, n, f->xs_ptr, &err);
+    if (rc < 0) {
+        f->xs_err = rc;
+        snprintf(f->xs_msg, sizeof f->xs_msg, "%.190s", err.msg);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t a = f->xs_which[i];
+        struct sil_weight *m[3] = {&p->gate[a], &p->up[a], &p->down[a]};
+        for (int k = 0; k < 3; k++) {
+            m[k]->loc = SIL_WEIGHT_HOST;
+            m[k]->data = f->xs_ptr[3 * i + k];
+        }
+    }
+}
+
 /* Slots for the plan's experts (a backend with an expert cache): hits point at their slot,
- * misses are copied into the slot the policy chose; a plan wider than the pool keeps its last
- * experts in the mmap, which the device backend refuses (its error fails the evaluation). */
+ * misses are copied into the slot the policy chose (from the host tier when there is one); a
+ * plan wider than the pool keeps its last experts on the host, which the device backend
+ * refuses in a prefill (its error fails the evaluation). */
 static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
 {
     for (int a = 0; a < p->n_active; a++)
@@ -94,6 +123,12 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
     if (sil_ecache_lookup(f->ecache, il, p->expert, f->ecache_uses, p->n_active, f->ecache_res) <
         0)
         return;
+    if (f->xstore) {
+        int32_t n = 0;
+        for (int a = 0; a < p->n_active; a++)
+            if (f->ecache_res[a].kind != SIL_ECACHE_HIT) f->xs_which[n++] = a;
+        host_tier(f, il, p, n);
+    }
     for (int a = 0; a < p->n_active; a++) {
         const struct sil_ecache_entry *r = &f->ecache_res[a];
         if (r->kind == SIL_ECACHE_HOST) continue;
@@ -166,8 +201,13 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
         moe_plan(f, w, plan);
         if (f->obs)
             sil_expert_obs_plan(f->obs, il, plan);
-        if (f->ecache)
+        if (f->ecache) {
             assign_slots(f, il, plan);
+        } else if (f->xstore) {
+            for (int a = 0; a < plan->n_active; a++)
+                f->xs_which[a] = a;
+            host_tier(f, il, plan, plan->n_active);
+        }
         for (int a = 0; a < plan->n_active; a++)
             f->expert_bytes +=
                 plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
