@@ -113,6 +113,10 @@
  *      the CPU backend: prompt 2 prefilled then decoded, within prompt C's largest reference
  *      tolerance at every step, and the device's KV memory that type's share of the F32
  *      engine's (1/2, 34/128, 18/128).
+ *  29. the host tier (expert_store.h) under n_expert slots at its smallest budget, misses read
+ *      from the file and copied from pinned host slots, with none and with 2 of each decode
+ *      layer's misses computed on the host from those slots: bit for bit against the same slots
+ *      filled from the mapping, the tier's reads counted;
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
@@ -167,6 +171,9 @@ static void base_params(struct sil_engine_params *p, const char *model, const ch
     p->n_batch_max = 256;
 }
 
+/* The host budget of the next engines opened (check 29): 0 the default, UINT64_MAX off. */
+static uint64_t g_host_budget;
+
 /* policy: the expert cache's (NULL: the default), where the experts go into slots */
 static int open_engine_kv(struct sil_engine **e, const char *model, const char *backend,
                           const char *kv_type, const char *policy, struct sil_error *err)
@@ -175,6 +182,8 @@ static int open_engine_kv(struct sil_engine **e, const char *model, const char *
     base_params(&p, model, backend);
     p.kv_type = kv_type;
     p.ecache_sim_policy = policy;
+    p.host_budget_off = g_host_budget == UINT64_MAX;
+    p.host_budget = g_host_budget == UINT64_MAX ? 0 : g_host_budget;
     return sil_engine_open(e, &p, err);
 }
 
@@ -619,6 +628,52 @@ static int slots_vs_resident(struct sil_engine *gpu, const char *model, int n_sl
     return failed;
 }
 
+/* Check 29: the host tier (expert_store.h) under n_expert VRAM slots (every layer misses), at
+ * its smallest budget so misses are read from the file into host slots and copied from there,
+ * against the same slots copied from the mapping: bit for bit, prefill and decode, with the
+ * tier's reads counted. host_misses: that many of each decode layer's misses computed on the
+ * host (from the tier's slots), the same in both. 1 when it fails. */
+static int tier_vs_mapping(const char *model, int host_misses, const int32_t *p2, int n2, int V,
+                           float *lg, float *alone)
+{
+    struct sil_engine *map = NULL, *tier = NULL;
+    struct sil_error err = {0};
+    char slots[48], misses[48];
+    g_host_budget = UINT64_MAX;
+    int rc = open_engine(&map, model, "cuda", &err);
+    const int X = rc == 0 ? sil_engine_info(map)->n_expert : 0;
+    sil_engine_close(map);
+    map = NULL;
+    snprintf(slots, sizeof slots, "SIL_CUDA_SLOTS=%d", X);
+    snprintf(misses, sizeof misses, "SIL_CUDA_CPU_MISSES=%d", host_misses);
+    const char *env[] = {slots, misses, NULL};
+    if (rc == 0) rc = open_cuda_env(&map, model, env, &err);
+    struct sil_engine_host_tier t = {0};
+    if (rc == 0) sil_engine_host_tier(map, &t);
+    g_host_budget = t.min_bytes;
+    if (rc == 0) rc = open_cuda_env(&tier, model, env, &err);
+    g_host_budget = 0;
+    float worst = 0.0f;
+    if (rc == 0) rc = half_then_steps(map, tier, p2, n2, V, lg, alone, true, &worst);
+    struct sil_engine_host_tier tt = {0};
+    if (tier) sil_engine_host_tier(tier, &tt);
+    int failed = 1;
+    if (rc < 0) {
+        fprintf(stderr, "%s: host tier: %s\n", model, err.msg[0] ? err.msg : "failed (above)");
+    } else {
+        failed = !(worst == 0.0f && tt.on && tt.misses > 0 && tt.bytes_read > 0);
+        printf("%s: cuda %d slots, host tier of %d slots (%s reads: %llu from the file, %llu "
+               "found), %d decode misses on the host, vs the mapping, prefill %d + %d steps: "
+               "max |diff| = %.4g (want 0) %s\n",
+               model, X, tt.n_slot, tt.io ? tt.io : "no", (unsigned long long)tt.misses,
+               (unsigned long long)tt.hits, host_misses, n2 / 2, n2 - n2 / 2, worst,
+               failed ? "FAIL" : "ok");
+    }
+    sil_engine_close(tier);
+    sil_engine_close(map);
+    return failed;
+}
+
 /* Checks 11 and 17: n_expert slots (every layer misses), some misses of each decode layer
  * computed on the host, the others copied into slots: the coldest 2 (SIL_CUDA_CPU_MISSES=2), or
  * the backend's share by speed (cpu_misses NULL: the default); against everything resident
@@ -1058,6 +1113,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < 3 && sil_engine_info(gpu)->n_expert > 0; i++)
         fails += slots_vs_resident(gpu, model, 3 * sil_engine_info(gpu)->n_expert, false,
                                    other_policies[i], p2, n2, V, lg, alone);
+
+    /* 29. the host tier: misses read from the file into pinned host slots, copied from there
+     * (and two of each decode layer's computed on the host from there) */
+    for (int hm = 0; hm <= 2 && sil_engine_info(gpu)->n_expert > 0; hm += 2)
+        fails += tier_vs_mapping(model, hm, p2, n2, V, lg, alone);
 
     /* 18. the default grouped prefill products over the slot pools against everything resident */
     if (sil_engine_info(gpu)->n_expert > 0)
