@@ -161,10 +161,21 @@ static void test_garbage_cgroup(void **state)
     digits[sizeof digits - 2] = '\n';
     digits[sizeof digits - 1] = 0;
     const char *const bad[] = {
-        "",           "\n",     "12abc\n", "-5\n",    " 5\n",     "5 \n",
-        "0x10\n",     "1e6\n",  "maxx\n",  "Max\n",   "5\n\n",    "+5\n",
+        "",
+        "\n",
+        "12abc\n",
+        "-5\n",
+        " 5\n",
+        "5 \n",
+        "0x10\n",
+        "1e6\n",
+        "maxx\n",
+        "Max\n",
+        "5\n\n",
+        "+5\n",
         "18446744073709551616\n", /* 2^64 */
-        "99999999999999999999999\n", digits,
+        "99999999999999999999999\n",
+        digits,
     };
     char *root = tree();
     put(root, "proc/meminfo", meminfo_1g);
@@ -319,7 +330,7 @@ static void test_cgroup_path_checked(void **state)
     put(root, "sys/fs/escape/memory.current", "0\n");
     cg(root, "/escape", "200\n", "0\n");
     const char *const bad[] = {
-        "0::/../escape\n", "0::/a/../../escape\n", "0::escape\n",  "0::\n",
+        "0::/../escape\n", "0::/a/../../escape\n", "0::escape\n",   "0::\n",
         "0::/./escape\n",  "0:://escape\n",        "0::/escape/\n", "0::/escape/..\n",
     };
     struct sil_host_spare s;

@@ -22,20 +22,17 @@
 static ssize_t read_small(const char *path, char *buf, size_t size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0)
-        return -errno;
+    if (fd < 0) return -errno;
     size_t n = 0;
     ssize_t rc = 0;
     for (;;) {
         ssize_t got = read(fd, buf + n, size - n);
-        if (got < 0 && errno == EINTR)
-            continue;
+        if (got < 0 && errno == EINTR) continue;
         if (got < 0) {
             rc = -errno;
             break;
         }
-        if (got == 0)
-            break;
+        if (got == 0) break;
         n += (size_t)got;
         if (n == size) { /* no room left for the NUL: longer than we take */
             rc = -EFBIG;
@@ -43,10 +40,8 @@ static ssize_t read_small(const char *path, char *buf, size_t size)
         }
     }
     close(fd);
-    if (rc < 0)
-        return rc;
-    if (memchr(buf, 0, n))
-        return -EINVAL;
+    if (rc < 0) return rc;
+    if (memchr(buf, 0, n)) return -EINVAL;
     buf[n] = 0;
     return (ssize_t)n;
 }
@@ -54,15 +49,12 @@ static ssize_t read_small(const char *path, char *buf, size_t size)
 /* Decimal digits s[0..len) (at least one, nothing else) into *out; -ERANGE past 64 bits. */
 static int parse_u64(const char *s, size_t len, uint64_t *out)
 {
-    if (len == 0)
-        return -EINVAL;
+    if (len == 0) return -EINVAL;
     uint64_t v = 0;
     for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -EINVAL;
+        if (s[i] < '0' || s[i] > '9') return -EINVAL;
         const uint64_t d = (uint64_t)(s[i] - '0');
-        if (v > (UINT64_MAX - d) / 10)
-            return -ERANGE;
+        if (v > (UINT64_MAX - d) / 10) return -ERANGE;
         v = v * 10 + d;
     }
     *out = v;
@@ -74,11 +66,9 @@ static int mem_available(const char *root, uint64_t *out)
 {
     char path[PATH_MAX], buf[MEMINFO_MAX];
     int n = snprintf(path, sizeof path, "%s/proc/meminfo", root);
-    if (n < 0 || (size_t)n >= sizeof path)
-        return -ENAMETOOLONG;
+    if (n < 0 || (size_t)n >= sizeof path) return -ENAMETOOLONG;
     ssize_t len = read_small(path, buf, sizeof buf);
-    if (len < 0)
-        return (int)len;
+    if (len < 0) return (int)len;
     static const char key[] = "MemAvailable:";
     for (const char *line = buf; *line;) {
         const char *eol = strchr(line, '\n');
@@ -92,12 +82,9 @@ static int mem_available(const char *root, uint64_t *out)
                 p++;
             uint64_t kib;
             int rc = parse_u64(digits, (size_t)(p - digits), &kib);
-            if (rc)
-                return rc;
-            if (end - p != 3 || memcmp(p, " kB", 3) != 0)
-                return -EINVAL;
-            if (kib > UINT64_MAX / 1024)
-                return -ERANGE;
+            if (rc) return rc;
+            if (end - p != 3 || memcmp(p, " kB", 3) != 0) return -EINVAL;
+            if (kib > UINT64_MAX / 1024) return -ERANGE;
             *out = kib * 1024;
             return 0;
         }
@@ -111,13 +98,10 @@ static int cg_number(const char *dir, const char *name, bool max_ok, uint64_t *o
 {
     char path[PATH_MAX + 32], buf[CGFILE_MAX];
     int n = snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (n < 0 || (size_t)n >= sizeof path)
-        return -ENAMETOOLONG;
+    if (n < 0 || (size_t)n >= sizeof path) return -ENAMETOOLONG;
     ssize_t len = read_small(path, buf, sizeof buf);
-    if (len < 0)
-        return (int)len;
-    if (len > 0 && buf[len - 1] == '\n')
-        buf[--len] = 0;
+    if (len < 0) return (int)len;
+    if (len > 0 && buf[len - 1] == '\n') buf[--len] = 0;
     if (max_ok && strcmp(buf, "max") == 0) {
         *out = UINT64_MAX;
         return 0;
@@ -131,28 +115,23 @@ static int self_cgroup(const char *root, char *out, size_t size)
 {
     char path[PATH_MAX], buf[SELF_CGROUP_MAX];
     int n = snprintf(path, sizeof path, "%s/proc/self/cgroup", root);
-    if (n < 0 || (size_t)n >= sizeof path)
-        return -ENAMETOOLONG;
+    if (n < 0 || (size_t)n >= sizeof path) return -ENAMETOOLONG;
     ssize_t len = read_small(path, buf, sizeof buf);
-    if (len < 0)
-        return (int)len;
+    if (len < 0) return (int)len;
     for (const char *line = buf; *line;) {
         const char *eol = strchr(line, '\n');
         const size_t ll = eol ? (size_t)(eol - line) : strlen(line);
         if (ll >= 3 && memcmp(line, "0::", 3) == 0) {
             const char *p = line + 3, *end = line + ll;
-            if (p == end || *p != '/')
-                return -EINVAL;
+            if (p == end || *p != '/') return -EINVAL;
             if (end - p == 1) { /* "/": the root itself */
                 out[0] = 0;
                 return 0;
             }
-            if ((size_t)(end - p) >= size)
-                return -ENAMETOOLONG;
+            if ((size_t)(end - p) >= size) return -ENAMETOOLONG;
             for (const char *c = p; c < end;) {
                 const char *name = c + 1, *next = memchr(name, '/', (size_t)(end - name));
-                if (!next)
-                    next = end;
+                if (!next) next = end;
                 const size_t nl = (size_t)(next - name);
                 if (nl == 0 || (nl == 1 && name[0] == '.') ||
                     (nl == 2 && name[0] == '.' && name[1] == '.'))
@@ -173,8 +152,7 @@ static int self_cgroup(const char *root, char *out, size_t size)
 static uint64_t cgroup_room(const char *root)
 {
     char cg[PATH_MAX];
-    if (self_cgroup(root, cg, sizeof cg) < 0)
-        return UINT64_MAX;
+    if (self_cgroup(root, cg, sizeof cg) < 0) return UINT64_MAX;
     uint64_t room = UINT64_MAX;
     for (;;) {
         char dir[PATH_MAX];
@@ -187,14 +165,11 @@ static uint64_t cgroup_room(const char *root)
             max != UINT64_MAX) {
             /* Without a readable memory.current the limit itself is all that is known: the
              * room is no larger than it. */
-            if (cg_number(dir, "memory.current", false, &cur) < 0)
-                cur = 0;
+            if (cg_number(dir, "memory.current", false, &cur) < 0) cur = 0;
             const uint64_t r = cur >= max ? 0 : max - cur;
-            if (r < room)
-                room = r;
+            if (r < room) room = r;
         }
-        if (!cg[0])
-            break;
+        if (!cg[0]) break;
         *strrchr(cg, '/') = 0; /* self_cgroup gave "/a/b": never without a '/' */
     }
     return room;
@@ -202,16 +177,14 @@ static uint64_t cgroup_room(const char *root)
 
 void sil_host_spare(const char *root, struct sil_host_spare *out)
 {
-    if (!root)
-        root = "";
+    if (!root) root = "";
     memset(out, 0, sizeof(*out));
-    if (mem_available(root, &out->mem_available) < 0)
-        out->mem_available = UINT64_MAX;
+    if (mem_available(root, &out->mem_available) < 0) out->mem_available = UINT64_MAX;
     out->cgroup_room = cgroup_room(root);
     const bool cg = out->cgroup_room < out->mem_available;
     out->bytes = cg ? out->cgroup_room : out->mem_available;
     snprintf(out->from, sizeof out->from, "%s",
-             cg                                   ? "cgroup memory.max"
+             cg                                 ? "cgroup memory.max"
              : out->mem_available != UINT64_MAX ? "MemAvailable"
-                                                  : "unknown");
+                                                : "unknown");
 }
