@@ -284,6 +284,17 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
         strcpy(c->ecache_policy, val);
         return 0;
     }
+    if (strcmp(key, "host_budget") == 0) {
+        uint64_t v = 0;
+        const bool off = strcmp(val, "off") == 0;
+        if (!off && strcmp(val, "auto") != 0 && sil_parse_size(val, &v) < 0) {
+            snprintf(why, why_size, "expected a size (e.g. 512M, 24G), auto or off");
+            return -EINVAL;
+        }
+        c->host_budget = v;
+        c->host_budget_off = off;
+        return 0;
+    }
     INT_KEY("heat_save_interval", heat_save_interval, 0, 1 << 30)
     INT_KEY("ecache_slots", ecache_slots, 0, 1 << 24)
     INT_KEY("threads", threads, 0, 1024)
@@ -402,6 +413,7 @@ enum {
     OPT_STATE_DIR,
     OPT_KV_TYPE,
     OPT_KV_BUDGET,
+    OPT_HOST_BUDGET,
 };
 
 static const struct option long_opts[] = {
@@ -415,6 +427,7 @@ static const struct option long_opts[] = {
     { "inspect", required_argument, NULL, OPT_INSPECT },
     { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
     { "vram-budget", required_argument, NULL, OPT_VRAM },
+    { "host-budget", required_argument, NULL, OPT_HOST_BUDGET },
     { "context", required_argument, NULL, OPT_CTX },
     { "kv-type", required_argument, NULL, OPT_KV_TYPE },
     { "kv-budget", required_argument, NULL, OPT_KV_BUDGET },
@@ -437,6 +450,7 @@ static int flag_key(int opt, const char **key)
     case 'b': *key = "backend"; return 1;
     case OPT_LOG_LEVEL: *key = "log_level"; return 1;
     case OPT_VRAM: *key = "vram_budget"; return 1;
+    case OPT_HOST_BUDGET: *key = "host_budget"; return 1;
     case OPT_CTX: *key = "context"; return 1;
     case OPT_KV_TYPE: *key = "kv_type"; return 1;
     case OPT_KV_BUDGET: *key = "kv_budget"; return 1;
@@ -532,6 +546,8 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(dst->threads != src->threads, "threads")
     STATIC(strcmp(dst->backend, src->backend), "backend")
     STATIC(dst->vram_budget != src->vram_budget, "vram_budget")
+    STATIC(dst->host_budget != src->host_budget || dst->host_budget_off != src->host_budget_off,
+           "host_budget")
     STATIC(dst->ctx != src->ctx, "context")
     STATIC(strcmp(dst->kv_type, src->kv_type), "kv_type")
     STATIC(dst->kv_budget != src->kv_budget, "kv_budget")
@@ -577,7 +593,8 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
 void sil_usage(FILE *f)
 {
     fputs("usage: siliceod --model FILE [--socket PATH] [--threads N] [--backend cpu|cuda|auto]\n"
-          "                [--config PATH] [--vram-budget SIZE] [--context N]\n"
+          "                [--config PATH] [--vram-budget SIZE] [--host-budget SIZE|auto|off]\n"
+          "                [--context N]\n"
           "                [--kv-type f32|f16|q8_0|q4_0] [--kv-budget SIZE]\n"
           "                [--log-level err|warning|notice|info|debug] [--foreground]\n"
           "                [--idle-timeout SECONDS] [--message-timeout SECONDS]\n"
@@ -596,6 +613,9 @@ void sil_usage(FILE *f)
           "  -b, --backend NAME      cpu, cuda or auto\n"
           "  -c, --config PATH       configuration file\n"
           "      --vram-budget SIZE  device memory cap (CUDA backend)\n"
+          "      --host-budget SIZE  host memory for routed experts; those beyond it are read\n"
+          "                          from the file into host slots (default auto: what the\n"
+          "                          host and the cgroup can spare; off: mapped as before)\n"
           "      --context N         positions per sequence\n"
           "      --kv-type TYPE      KV cache elements: f32 (default), f16, q8_0, q4_0\n"
           "      --kv-budget SIZE    KV cache memory (CPU backend; default: every sequence\n"

@@ -3,7 +3,8 @@
  * every key. The file is "key = value" lines; '#' starts a comment; sizes take K/M/G suffixes.
  *
  * SIGHUP re-reads the file and re-applies the flags; what can change live is copied by
- * sil_config_apply_live(), the rest (model, socket, threads, backend, context, KV) needs a restart. */
+ * sil_config_apply_live(), the rest (model, socket, threads, backend, memory budgets, context, KV)
+ * needs a restart. */
 #ifndef SIL_DAEMON_CONFIG_H
 #define SIL_DAEMON_CONFIG_H
 
@@ -28,6 +29,10 @@ struct sil_config {
     int threads;                /* 0 = online CPUs */
     char backend[8];            /* cpu | cuda | auto */
     uint64_t vram_budget;       /* bytes, 0 = no limit */
+    /* Host memory for the routed experts' host tier: bytes, 0 = auto (what the host and the
+     * cgroup can spare); host_budget_off: the model mapped as before, whatever fits. */
+    uint64_t host_budget;
+    bool host_budget_off;
     int32_t ctx;                /* positions per sequence, 0 = engine default */
     char kv_type[8];            /* KV elements: f32 | f16 | q8_0 | q4_0 */
     uint64_t kv_budget;         /* KV pool bytes (CPU), 0 = every sequence at the context */

@@ -97,6 +97,8 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
     ep->n_threads = cfg->threads;
     ep->backend = cfg->backend;
     ep->vram_budget = cfg->vram_budget;
+    ep->host_budget = cfg->host_budget;
+    ep->host_budget_off = cfg->host_budget_off;
     ep->n_ctx = cfg->ctx;
     ep->kv_type = cfg->kv_type;
     ep->kv_budget = cfg->kv_budget;
@@ -497,6 +499,10 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         if (ec_mode && strcmp(ec_mode, "device") == 0)
             sil_info("expert cache: %d slots on the device (%s)",
                      (int)sil_engine_ecache_slots(s->engine), sil_engine_ecache_policy(s->engine));
+        /* A budget set for a dense model is likely a mistake; the tier itself is logged by the
+         * engine when it opens one. */
+        if ((cfg->host_budget || cfg->host_budget_off) && info->n_expert <= 0)
+            sil_notice("host_budget has no effect: the model has no routed experts");
         /* The heat map is only kept (and saved) for models with routed experts. */
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
         s->heat_init = true;

@@ -303,6 +303,72 @@ static void test_state_keys(void **state)
     assert_string_equal(changed, "ecache_slots");
 }
 
+/* host_budget: a size, auto (0) or off; the last setting wins (a flag over the file), and a
+ * change waits for a restart. */
+static void test_host_budget(void **state)
+{
+    struct sil_config c;
+    struct sil_error err = { 0 };
+    sil_config_defaults(&c);
+    assert_true(c.host_budget == 0 && !c.host_budget_off);
+    const char *p = write_file("hb.conf", "host_budget = 24G\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_true(c.host_budget == 24ull << 30);
+    assert_false(c.host_budget_off);
+    p = write_file("hb.conf", "host_budget = off\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_true(c.host_budget_off);
+    assert_true(c.host_budget == 0);
+    p = write_file("hb.conf", "host_budget = 512MiB\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_false(c.host_budget_off); /* a size after off turns it back on */
+    assert_true(c.host_budget == 512ull << 20);
+    p = write_file("hb.conf", "host_budget = auto\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_true(c.host_budget == 0 && !c.host_budget_off);
+
+    static const char *const bad[] = { "host_budget = lots\n", "host_budget = -1G\n",
+                                       "host_budget = OFF\n", "host_budget = 4Q\n",
+                                       "host_budget =\n", "host_budget = 99999999999T\n" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sil_config_defaults(&c);
+        p = write_file("hb.conf", bad[i]);
+        assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+        if (!strstr(err.msg, "hb.conf:1: host_budget: expected a size"))
+            fail_msg("'%s': %s", bad[i], err.msg);
+        assert_true(c.host_budget == 0 && !c.host_budget_off);
+    }
+
+    /* --host-budget over the file's key; a bad value names the key. */
+    struct sil_cli cli;
+    char path[128];
+    snprintf(path, sizeof path, "%s", write_file("hb2.conf", "model = /m.gguf\nhost_budget = 8G\n"));
+    char *off[] = { "siliceod", "--config", path, "--host-budget", "off", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 5, off, &err), 0);
+    assert_true(c.host_budget_off);
+    char *size[] = { "siliceod", "--config", path, "--host-budget=3G", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 4, size, &err), 0);
+    assert_true(c.host_budget == 3ull << 30 && !c.host_budget_off);
+
+    /* SIGHUP: either half changed needs a restart, and the running value stays. */
+    struct sil_config live = c;
+    char changed[256];
+    live.host_budget = 1ull << 30;
+    sil_config_apply_live(&c, &live, changed, sizeof changed);
+    assert_string_equal(changed, "host_budget");
+    assert_true(c.host_budget == 3ull << 30); /* kept until a restart */
+    live = c;
+    live.host_budget_off = true;
+    sil_config_apply_live(&c, &live, changed, sizeof changed);
+    assert_string_equal(changed, "host_budget");
+    assert_false(c.host_budget_off);
+
+    char *badflag[] = { "siliceod", "--config", path, "--host-budget", "huge", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 5, badflag, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "host_budget: expected a size"));
+    assert_true(cli.usage_error);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -312,6 +378,7 @@ int main(void)
         cmocka_unit_test(test_flags_override_file),
         cmocka_unit_test(test_live_reload),
         cmocka_unit_test(test_state_keys),
+        cmocka_unit_test(test_host_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
