@@ -26,7 +26,7 @@ struct opts {
     /* model evaluation (bench/sil-eval/model.c) */
     const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
     const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes;
-    const char *heat_map;
+    const char *heat_map, *host_budget;
     bool exact;
 };
 
@@ -69,6 +69,10 @@ static const struct opt_def {
     {"--vram-budget", OPT_STR, offsetof(struct opts, vram_budget), "SIZE",
      "cap the device memory the cuda backend takes (e.g. 8G); experts that do not fit are "
      "cached in slots"},
+    {"--host-budget", OPT_STR, offsetof(struct opts, host_budget), "SIZE",
+     "host memory for the routed experts (e.g. 24G; auto, the default: what the host and the "
+     "cgroup can spare; off: the file mapped as before); those that do not fit are read from the "
+     "file into host slots"},
     {"--passes", OPT_STR, offsetof(struct opts, passes), "N",
      "evaluate the prompt and its continuation N times in fresh sequences of one engine "
      "(pass 1 cold, then warm; default 1)"},
@@ -271,6 +275,7 @@ int main(int argc, char **argv)
             .ecache_policy = o.ecache_policy,
             .kv_type = o.kv_type,
             .vram_budget = o.vram_budget,
+            .host_budget = o.host_budget,
             .passes = o.passes,
             .heat_map = o.heat_map,
             .exact = o.exact,

@@ -41,6 +41,42 @@ static int parse_size(const char *what, const char *s, uint64_t *out)
     return 0;
 }
 
+/* --host-budget: a size as --vram-budget takes it, or off (the mapping as before) or auto (what
+ * the host and the cgroup can spare, the default). */
+static int parse_host_budget(const char *s, struct sil_engine_params *p)
+{
+    if (strcmp(s, "off") == 0) {
+        p->host_budget_off = true;
+        return 0;
+    }
+    if (strcmp(s, "auto") == 0)
+        return 0;
+    if (sil_parse_size(s, &p->host_budget) < 0 || p->host_budget == 0) {
+        fprintf(stderr, "sil-eval: --host-budget must be a size such as 24G or 512M, auto or off\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* s as a JSON string, null for NULL. */
+static void print_json_str(const char *s)
+{
+    if (!s) {
+        fputs("null", stdout);
+        return;
+    }
+    putchar('"');
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+    putchar('"');
+}
+
 static int parse_tokens(const char *s, int32_t **ids, size_t *n)
 {
     size_t cap = 16, k = 0;
@@ -193,6 +229,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     long n_passes = 1;
     if (o->passes && parse_int("--passes", o->passes, 1, 1000, &n_passes) < 0) return 2;
     if (o->vram_budget && parse_size("--vram-budget", o->vram_budget, &p.vram_budget) < 0) return 2;
+    if (o->host_budget && parse_host_budget(o->host_budget, &p) < 0) return 2;
     p.route_trace = o->route_trace;
     p.route_replay = o->route_replay;
     p.ecache_sim_slots = (int32_t)ecache_slots;
@@ -325,6 +362,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     const bool on_dev = sil_engine_device(e, &dev) == 0;
     const char *ecm = sil_engine_ecache_mode(e);
     const bool dev_cache = ecm && strcmp(ecm, "device") == 0;
+    /* the routed experts' host tier after the run: its counters cover every pass */
+    struct sil_engine_host_tier ht;
+    sil_engine_host_tier(e, &ht);
     if (o->json) {
         printf("{\"n_vocab\": %d, \"tokens\": [", V);
         for (size_t i = 0; i < n_ids; i++)
@@ -370,6 +410,16 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
                    (unsigned long long)st.ecache_evictions,
                    (unsigned long long)st.ecache_bytes_streamed);
+        printf(", \"host_tier\": {\"on\": %s, \"budget\": %llu, \"budget_from\": ",
+               ht.on ? "true" : "false", (unsigned long long)ht.budget);
+        print_json_str(ht.budget_from[0] ? ht.budget_from : NULL);
+        printf(", \"slots\": %d, \"slot_bytes\": %llu, \"io\": ", (int)ht.n_slot,
+               (unsigned long long)ht.slot_bytes);
+        print_json_str(ht.io);
+        printf(", \"hits\": %llu, \"misses\": %llu, \"bytes_read\": %llu, \"reads\": %llu, "
+               "\"wait_s\": %.6f}",
+               (unsigned long long)ht.hits, (unsigned long long)ht.misses,
+               (unsigned long long)ht.bytes_read, (unsigned long long)ht.reads, ht.wait_s);
         if (o->route_replay)
             printf(", \"route_replay\": {\"records\": %llu, \"changed\": %llu, "
                    "\"max_gap\": %.6g}",
@@ -429,6 +479,13 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                        : 0.0,
                    (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
                    (unsigned long long)st.ecache_evictions);
+        if (ht.on)
+            printf("expert host tier (%d slots of %llu bytes, budget %llu bytes from %s, %s "
+                   "reads): %llu hits, %llu misses, %llu bytes in %llu reads, %.3f s waited\n",
+                   (int)ht.n_slot, (unsigned long long)ht.slot_bytes,
+                   (unsigned long long)ht.budget, ht.budget_from, ht.io ? ht.io : "?",
+                   (unsigned long long)ht.hits, (unsigned long long)ht.misses,
+                   (unsigned long long)ht.bytes_read, (unsigned long long)ht.reads, ht.wait_s);
         if (o->route_replay)
             printf("route replay: %llu records, %llu choices outside the top-k, largest gap "
                    "%.4g (ln p)\n",

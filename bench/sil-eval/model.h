@@ -21,6 +21,7 @@ struct sil_eval_model_opts {
     bool exact, json, parse_special, add_bos;
     const char *ctx; /* context length (default: the model's, at most 4096) */
     const char *vram_budget; /* device memory cap ("8G"), NULL = none */
+    const char *host_budget; /* routed experts' host memory ("24G", auto, off), NULL = auto */
     const char *passes;      /* prompt + continuation this many times (default 1) */
     const char *heat_map;    /* expert heat map: loaded and preloaded at start, saved at the end */
 };

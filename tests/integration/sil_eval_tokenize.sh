@@ -71,6 +71,36 @@ PY
     "$E" --model "$M" --tokens 1,2,3 --vram-budget 512MiB --json >"$T/b.json" || fail "--vram-budget 512MiB"
     echo "ok: --passes (same tokens each pass, per-pass cache counters), --vram-budget parsing"
 
+    # --host-budget: a size, auto or off; the JSON's host_tier after the run
+    for bad in 8Q 0 -1G OFF ''; do
+        "$E" --model "$M" --tokens 1 --host-budget "$bad" >/dev/null 2>"$T/err"
+        [ $? = 2 ] || fail "--host-budget '$bad' exit status"
+        grep -q "host-budget must be a size" "$T/err" || fail "--host-budget '$bad': $(cat "$T/err")"
+    done
+    for hb in off auto 64G; do
+        "$E" --model "$M" --tokens 1,2,3 --n-predict 2 --logits none --host-budget "$hb" --json \
+            >"$T/hb-$hb.json" || fail "--host-budget $hb"
+    done
+    "$E" --model "$M" --tokens 1,2,3 --n-predict 2 --logits none --json >"$T/hb-none.json" ||
+        fail "run without --host-budget"
+    /usr/bin/python3 - "$T" <<'PY' || fail "--host-budget output"
+import json, sys
+d = {k: json.load(open("%s/hb-%s.json" % (sys.argv[1], k))) for k in ("off", "auto", "64G", "none")}
+keys = {"on", "budget", "budget_from", "slots", "slot_bytes", "io", "hits", "misses", "bytes_read",
+        "reads", "wait_s"}
+for k, v in d.items():
+    assert set(v["host_tier"]) == keys, (k, v["host_tier"])
+    assert v["greedy"] == d["off"]["greedy"], (k, v["greedy"], d["off"]["greedy"])
+# off: no tier; the tiny model's experts fit any budget here, so none is on
+assert d["off"]["host_tier"]["on"] is False and d["off"]["host_tier"]["hits"] == 0, d["off"]
+t = d["64G"]["host_tier"]
+assert t["on"] is False and t["budget"] == 64 << 30 and t["budget_from"] == "host_budget", t
+t = d["auto"]["host_tier"]
+assert t["budget_from"] in ("MemAvailable", "cgroup memory.max", "unknown"), t
+assert d["none"]["host_tier"]["budget_from"] == t["budget_from"], d["none"]  # auto is the default
+PY
+    echo "ok: --host-budget parsing, the same tokens with the tier off, auto or a budget"
+
     # --heat-map: the first run starts cold and saves the map; the next (a warm restart) loads
     # it and preloads its hottest experts, so its prefill hits where a cold one only misses; a
     # corrupt file is ignored with a warning and replaced; a map that cannot be saved fails
