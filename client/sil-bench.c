@@ -644,6 +644,23 @@ int main(int argc, char **argv)
             sil_rpc_client_close(&c);
         }
     }
+    /* The routed experts' host tier, while experts are read from the file (the tier is chosen at
+     * load, so one that is off before the runs stays off): its counters over the runs. */
+    const msgpack_object *ht0 = stp ? sil_rpc_map_get(stp, "host_tier") : NULL;
+    if (rc == 0 && !o.overhead && ht0 && ht0->type == MSGPACK_OBJECT_MAP &&
+        sil_rpc_map_bool(ht0, "on", false) &&
+        sil_client_connect(&c, o.socket, (int)(o.timeout_s * 1000), &e) == 0) {
+        const msgpack_object *st2 = NULL;
+        if (sil_rpc_client_call0(&c, "status", NULL, NULL, &st2, &e) == 0) {
+            const msgpack_object *ht = sil_rpc_map_get(st2, "host_tier");
+#define DELTA(k) (sil_rpc_map_int(ht, k, 0) - sil_rpc_map_int(ht0, k, 0))
+            printf("expert host tier: %" PRId64 " hits, %" PRId64 " misses, %" PRId64
+                   " bytes read from the file over the runs\n",
+                   DELTA("hits"), DELTA("misses"), DELTA("bytes_read"));
+#undef DELTA
+        }
+        sil_rpc_client_close(&c);
+    }
     if (rc == 0) {
         for (int i = 0; i < n_results; i++) {
             double mn, mx, med = median(&results[i].s, &mn, &mx);

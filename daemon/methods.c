@@ -184,6 +184,39 @@ static void pack_expert_cache(struct server *s, msgpack_packer *pk,
     }
 }
 
+/* The routed experts' host tier (expert_store.h): always a map while a model is loaded, "on"
+ * false where the experts fit the host budget (or it is off); nil without a model. */
+static void pack_host_tier(struct server *s, msgpack_packer *pk)
+{
+    sil_rpc_pack_cstr(pk, "host_tier");
+    if (!s->engine) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    struct sil_engine_host_tier ht;
+    sil_engine_host_tier(s->engine, &ht);
+    msgpack_pack_map(pk, 11);
+    sil_rpc_kv_bool(pk, "on", ht.on);
+    sil_rpc_kv_uint(pk, "budget", ht.budget);
+    sil_rpc_pack_cstr(pk, "budget_from");
+    if (ht.budget_from[0])
+        sil_utf8_pack_str(pk, ht.budget_from, strnlen(ht.budget_from, sizeof ht.budget_from));
+    else
+        msgpack_pack_nil(pk);
+    sil_rpc_kv_int(pk, "slots", ht.n_slot);
+    sil_rpc_kv_uint(pk, "slot_bytes", ht.slot_bytes);
+    sil_rpc_pack_cstr(pk, "io");
+    if (ht.io)
+        sil_utf8_pack_str(pk, ht.io, strlen(ht.io));
+    else
+        msgpack_pack_nil(pk);
+    sil_rpc_kv_uint(pk, "hits", ht.hits);
+    sil_rpc_kv_uint(pk, "misses", ht.misses);
+    sil_rpc_kv_uint(pk, "bytes_read", ht.bytes_read);
+    sil_rpc_kv_uint(pk, "reads", ht.reads);
+    sil_rpc_kv_double(pk, "wait_s", ht.wait_s);
+}
+
 /* The heat map kept for a warm restart; nil when none is kept. */
 static void pack_heat_map(struct server *s, msgpack_packer *pk)
 {
@@ -232,7 +265,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     struct sil_engine_device dev;
     const bool on_dev = s->engine && sil_engine_device(s->engine, &dev) == 0;
-    msgpack_pack_map(pk, 19);
+    msgpack_pack_map(pk, 20);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
     sil_rpc_kv_str(pk, "model_state", model_state_name(s));
     sil_rpc_pack_cstr(pk, "model_problem");
@@ -324,6 +357,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_uint(pk, "generated", st.tokens_generated);
     sil_rpc_kv_uint(pk, "recomputed", st.tokens_recomputed);
     pack_expert_cache(s, pk, &st);
+    pack_host_tier(s, pk);
     pack_heat_map(s, pk);
     sil_rpc_pack_cstr(pk, "prefix_cache");
     msgpack_pack_map(pk, 7);
@@ -363,12 +397,43 @@ static const char *ec_help(const char *sim_help, bool device, char *buf, size_t 
     return buf;
 }
 
+/* The host tier's strings as one series, siliceo_host_tier_info{budget_from="...",io="..."} 1: a
+ * gauge in both formats, as node_uname_info is, so every family stays a gauge or a counter. */
+#define HOST_TIER_INFO_HELP "The expert host tier: what chose its budget and how the file is read."
+
+/* A label value as the text formats want it: backslash and quote escaped, newlines dropped. */
+static void label_escape(const char *v, char *out, size_t size)
+{
+    size_t k = 0;
+    for (; *v && k + 2 < size; v++) {
+        if (*v == '\n')
+            continue;
+        if (*v == '\\' || *v == '"')
+            out[k++] = '\\';
+        out[k++] = *v;
+    }
+    out[k] = 0;
+}
+
+static void host_tier_labels(const struct sil_engine_host_tier *ht, char *out, size_t size)
+{
+    char from[2 * sizeof ht->budget_from], io[64];
+    label_escape(ht->budget_from, from, sizeof from);
+    label_escape(ht->io ? ht->io : "", io, sizeof io);
+    if (from[0] && io[0])
+        snprintf(out, size, "budget_from=\"%s\",io=\"%s\"", from, io);
+    else if (from[0] || io[0])
+        snprintf(out, size, "%s=\"%s\"", from[0] ? "budget_from" : "io", from[0] ? from : io);
+    else
+        out[0] = 0;
+}
+
 /* Prometheus text (version 0.0.4) or OpenMetrics text: # HELP and # TYPE for every family. */
 static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct metric *mt, int n,
                              const struct sil_ecache_stats *layers, int32_t n_layers, bool device,
-                             bool openmetrics)
+                             const char *tier_labels, bool openmetrics)
 {
-    size_t cap = (size_t)n * 256 + (size_t)n_layers * 160 + 1024, len = 0;
+    size_t cap = (size_t)n * 256 + (size_t)n_layers * 160 + strlen(tier_labels) + 1024, len = 0;
     char *text = malloc(cap);
     if (!text)
         return -ENOMEM;
@@ -395,6 +460,11 @@ static int pack_metrics_text(struct sil_rpc_buf *b, uint32_t msgid, const struct
                 text + len, cap - len, "%s{layer=\"%d\"} %llu\n", name, (int)l,
                 (unsigned long long)(f ? layers[l].hits : layers[l].hits + layers[l].misses));
     }
+    if (tier_labels[0])
+        len += snprintf(text + len, cap - len,
+                        "# HELP siliceo_host_tier_info " HOST_TIER_INFO_HELP "\n"
+                        "# TYPE siliceo_host_tier_info gauge\nsiliceo_host_tier_info{%s} 1\n",
+                        tier_labels);
     if (openmetrics)
         len += snprintf(text + len, cap - len, "# EOF\n");
     msgpack_packer *pk = sil_rpc_begin_response(b, msgid);
@@ -421,6 +491,13 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     struct sil_engine_device dev;
     if (!s->engine || sil_engine_device(s->engine, &dev) < 0)
         memset(&dev, 0, sizeof dev);
+    struct sil_engine_host_tier ht;
+    if (s->engine)
+        sil_engine_host_tier(s->engine, &ht);
+    else
+        memset(&ht, 0, sizeof ht);
+    char tier_labels[256];
+    host_tier_labels(&ht, tier_labels, sizeof tier_labels);
     const struct metric mt[] = {
         { "siliceo_uptime_seconds", "Seconds since the daemon started.", false, now_s() - s->t_start },
         { "siliceo_rss_bytes", "Resident memory of the daemon.", false, (double)rss_bytes() },
@@ -480,6 +557,22 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
           (double)dev.slot_fills },
         { "siliceo_expert_pinned_bytes", "Host memory pinned for expert copies.", false,
           (double)dev.pinned_bytes },
+        { "siliceo_host_tier_on", "1 while routed experts are read from the model file into host "
+          "slots (they did not fit the host budget).", false, ht.on },
+        { "siliceo_host_tier_budget_bytes", "Host memory budget of the routed experts (host_budget, "
+          "else what the host and the cgroup could spare at load).", false, (double)ht.budget },
+        { "siliceo_host_tier_slots", "Host slots of the expert host tier.", false, ht.n_slot },
+        { "siliceo_host_tier_slot_bytes", "Bytes of one host slot.", false, (double)ht.slot_bytes },
+        { "siliceo_host_tier_hits_total", "Expert lookups found in a host slot.", true,
+          (double)ht.hits },
+        { "siliceo_host_tier_misses_total", "Expert lookups read from the model file.", true,
+          (double)ht.misses },
+        { "siliceo_host_tier_read_bytes_total", "Bytes read from the model file into host slots.",
+          true, (double)ht.bytes_read },
+        { "siliceo_host_tier_reads_total", "Reads from the model file into host slots.", true,
+          (double)ht.reads },
+        { "siliceo_host_tier_read_wait_seconds_total", "Seconds evaluations waited for those reads.",
+          true, ht.wait_s },
     };
     int n0 = (int)(sizeof mt / sizeof *mt);
     /* The expert cache's figures are simulated on the CPU (no slots hold weights yet): present
@@ -541,7 +634,8 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     if (ec_on && !layers) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
     if (!map) {
-        int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, device, om);
+        int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, device, tier_labels,
+                                    om);
         free(layers);
         if (prc < 0) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
         return send_result_scratch(c, m->msgid);
@@ -549,7 +643,14 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 1);
     sil_rpc_pack_cstr(pk, "metrics");
-    msgpack_pack_map(pk, n + (nl > 0 ? 2 : 0));
+    msgpack_pack_map(pk, n + (nl > 0 ? 2 : 0) + (tier_labels[0] ? 1 : 0));
+    /* the host tier's strings: a map from the label set to 1, as the per-layer series */
+    if (tier_labels[0]) {
+        sil_rpc_pack_cstr(pk, "siliceo_host_tier_info");
+        msgpack_pack_map(pk, 1);
+        sil_utf8_pack_str(pk, tier_labels, strlen(tier_labels));
+        msgpack_pack_uint64(pk, 1);
+    }
     /* per layer: a map from the label set to the number */
     for (int f = 0; f < 2 && nl > 0; f++) {
         char nb[96];

@@ -200,6 +200,39 @@ static void test_probe_eval(void **state)
     assert_string_equal(sil_probe_code_name(3), "UNKNOWN");
 }
 
+/* The host tier's figures join the line only while it is on. */
+static void probe_tier_line(bool on, char *line, size_t size)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 3);
+    sil_rpc_kv_str(&pk, "state", "ready");
+    sil_rpc_kv_str(&pk, "backend", "cpu");
+    sil_rpc_pack_cstr(&pk, "host_tier");
+    msgpack_pack_map(&pk, 4);
+    sil_rpc_kv_bool(&pk, "on", on);
+    sil_rpc_kv_uint(&pk, "hits", 12);
+    sil_rpc_kv_uint(&pk, "misses", 3);
+    sil_rpc_kv_uint(&pk, "bytes_read", 5u << 19);
+    msgpack_unpacked up;
+    msgpack_object o = decode_owned(&sb, &up);
+    struct sil_probe_limits none = {-1, -1, -1, -1};
+    assert_int_equal(sil_probe_eval(&none, &o, 1, -1, line, size), SIL_PROBE_OK);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void test_probe_host_tier(void **state)
+{
+    char line[1024];
+    probe_tier_line(true, line, sizeof(line));
+    assert_non_null(strstr(line, ", host tier 12 hits, 3 misses, 2.5 MiB read, up "));
+    probe_tier_line(false, line, sizeof(line));
+    assert_null(strstr(line, "host tier"));
+}
+
 static char *prom_fmt(void (*fill)(msgpack_packer *), int *samples, enum sil_prom_format fmt)
 {
     msgpack_sbuffer sb;
@@ -775,6 +808,7 @@ int main(void)
         cmocka_unit_test(test_state_path_and_read_all),
         cmocka_unit_test(test_gen_params),
         cmocka_unit_test(test_probe_eval),
+        cmocka_unit_test(test_probe_host_tier),
         cmocka_unit_test(test_prom),
         cmocka_unit_test(test_prom_families),
         cmocka_unit_test(test_bad_option),

@@ -61,6 +61,13 @@ int sil_probe_eval(const struct sil_probe_limits *lim, const msgpack_object *sta
     const msgpack_object *ec = sil_rpc_map_get(status, "expert_cache");
     if (ec)
         snprintf(hit, sizeof(hit), ", expert hit rate %.1f%%", 100 * sil_rpc_map_double(ec, "hit_rate", 0));
+    /* the routed experts' host tier, while experts are read from the file */
+    char tier[96] = "";
+    const msgpack_object *ht = sil_rpc_map_get(status, "host_tier");
+    if (ht && sil_rpc_map_bool(ht, "on", false))
+        snprintf(tier, sizeof(tier), ", host tier %" PRId64 " hits, %" PRId64 " misses, %.1f MiB read",
+                 sil_rpc_map_int(ht, "hits", 0), sil_rpc_map_int(ht, "misses", 0),
+                 (double)sil_rpc_map_int(ht, "bytes_read", 0) / (1 << 20));
     /* Nagios perfdata: label=value[unit];warn;crit */
     char lw[32] = "", lc[32] = "", qw[32] = "", qc[32] = "";
     if (lim->warn_latency_ms >= 0)
@@ -76,10 +83,10 @@ int sil_probe_eval(const struct sil_probe_limits *lim, const msgpack_object *sta
         snprintf(perf_gen, sizeof(perf_gen), " generate_ms=%.3fms;%s;%s", gen_ms, lw, lc);
     snprintf(line, size,
              "SILICEO %s%s - %s, model %s (%s), %" PRId64 " running, %" PRId64
-             " queued, status %.1f ms%s%s, up %.0f s | status_ms=%.3fms;%s;%s%s running=%" PRId64
+             " queued, status %.1f ms%s%s%s, up %.0f s | status_ms=%.3fms;%s;%s%s running=%" PRId64
              " queued=%" PRId64 ";%s;%s",
              sil_probe_code_name(code), why, state, name, backend, running, queued, status_ms, gen,
-             hit, uptime, status_ms, gen_ms >= 0 ? "" : lw, gen_ms >= 0 ? "" : lc, perf_gen,
+             hit, tier, uptime, status_ms, gen_ms >= 0 ? "" : lw, gen_ms >= 0 ? "" : lc, perf_gen,
              running, queued, qw, qc);
     return code;
 }

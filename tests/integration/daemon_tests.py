@@ -33,6 +33,12 @@ def methods():
     check(st["memory"]["rss"] > 0 and "running" in st["queue"], "status: memory and queue")
     check("device" in st and (st["device"] is None) == (st["backend"] == "cpu"),
           "status: device is nil exactly on the cpu backend")
+    ht = st["host_tier"]
+    check(set(ht) == {"on", "budget", "budget_from", "slots", "slot_bytes", "io", "hits", "misses",
+                      "bytes_read", "reads", "wait_s"} and isinstance(ht["on"], bool),
+          "status: host_tier with its fields")
+    check(ht["on"] or (ht["slots"] == 0 and ht["io"] is None and ht["bytes_read"] == 0),
+          "status: no host slots, io or reads while the host tier is off")
 
     tok, _ = c.ok("tokenize", {"text": "Hello world"})
     check(len(tok["ids"]) > 0, "tokenize gives ids")
@@ -60,6 +66,15 @@ def methods():
     m, _ = c.ok("metrics")
     mm = m["metrics"]
     check(mm["siliceo_requests_total"] >= 5 and mm["siliceo_tokens_generated_total"] > 0, "metrics counters")
+    check(mm["siliceo_host_tier_on"] == int(ht["on"]) and mm["siliceo_host_tier_slots"] == ht["slots"]
+          and mm["siliceo_host_tier_budget_bytes"] == ht["budget"]
+          and mm["siliceo_host_tier_read_bytes_total"] >= ht["bytes_read"],
+          "metrics: the host tier's figures, as status gives them")
+    if ht["budget_from"] is not None:
+        esc = lambda v: v.replace("\\", "\\\\").replace('"', '\\"')
+        labels = 'budget_from="%s"' % esc(ht["budget_from"]) + (',io="%s"' % esc(ht["io"]) if ht["io"] else "")
+        check(mm["siliceo_host_tier_info"] == {labels: 1},
+              "metrics: siliceo_host_tier_info names what chose the budget")
 
     r, _ = c.ok("debug.stream", {"count": 1000, "text": "ab"})
     check(r["n_sent"] == 1000, "debug.stream sends count notifications")
