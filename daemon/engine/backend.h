@@ -273,9 +273,10 @@ struct sil_backend_ops {
     /* Optional (NULL: ordinary memory). Host memory the backend copies from fastest (pinned),
      * for the engine's host tier of experts (expert_store.h), aligned to 4096 bytes; NULL when
      * it cannot. fill_slot and the host's miss path take handles into it (SIL_WEIGHT_HOST). Freed
-     * with host_free before the backend is. */
+     * with host_free before the backend is; host_free of memory it did not hand out returns
+     * false and does nothing. */
     void *(*host_alloc)(struct sil_backend *be, size_t bytes);
-    void (*host_free)(struct sil_backend *be, void *p);
+    bool (*host_free)(struct sil_backend *be, void *p);
 };
 
 struct sil_backend {

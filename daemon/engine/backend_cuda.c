@@ -2257,7 +2257,7 @@ static void *cuda_alloc_act(struct sil_backend *be, size_t bytes)
     return (void *)(uintptr_t)p;
 }
 
-static void cuda_host_free(struct sil_backend *be, void *p);
+static bool cuda_host_free(struct sil_backend *be, void *p);
 
 static void cuda_free(struct sil_backend *be)
 {
@@ -2391,17 +2391,17 @@ static void *cuda_host_alloc(struct sil_backend *be, size_t bytes)
     return p;
 }
 
-static void cuda_host_free(struct sil_backend *be, void *p)
+static bool cuda_host_free(struct sil_backend *be, void *p)
 {
     struct cuda_backend *b = cb(be);
-    if (!p) return;
-    for (int i = 0; i < b->n_hblk; i++) {
+    for (int i = 0; p && i < b->n_hblk; i++) {
         if (b->hblk[i].lo != (uintptr_t)p) continue;
         b->pinned_bytes -= b->hblk[i].hi - b->hblk[i].lo;
         b->hblk[i] = b->hblk[--b->n_hblk];
         sil_cuda_host_release(b->cu, p);
-        return;
+        return true;
     }
+    return false;
 }
 
 /* One matrix into its slot through the staging ring: the ring is reused from its start once

@@ -460,7 +460,7 @@ static int tier_config(const struct sil_engine *e, struct sil_xstore_config *c,
 
 /* Whether the routed experts get a host tier (expert_store.h), and its budget: host_budget,
  * else what the host and the process's cgroup can spare, less room for the OS and buffers
- * (1 GiB and a sixteenth) and, on the CPU, the backbone read in place and the caches' budgets.
+ * (1 GiB and an eighth) and, on the CPU, the backbone read in place and the caches' budgets.
  * The tier is wanted when the routed experts do not fit that; a device backend that holds them
  * all in VRAM after all turns it off at open_host_tier. */
 static void tier_plan(struct sil_engine *e, const struct sil_engine_params *p)
@@ -474,7 +474,7 @@ static void tier_plan(struct sil_engine *e, const struct sil_engine_params *p)
         snprintf(e->tier_from, sizeof e->tier_from, "%s", sp.from);
         e->tier_budget = sp.bytes;
         if (sp.bytes != UINT64_MAX) {
-            uint64_t keep = (1ull << 30) + sp.bytes / 16;
+            uint64_t keep = (1ull << 30) + sp.bytes / 8;
             if (cpu)
                 keep += e->info.backbone_bytes + p->kv_budget + p->prefix_ckpt_budget +
                         p->prefix_cache_budget;
@@ -491,16 +491,19 @@ static void tier_plan(struct sil_engine *e, const struct sil_engine_params *p)
                    e->info.routed_expert_bytes > e->tier_budget;
 }
 
+/* The backend's pinned memory, else ordinary memory (its copies are then staged). */
 static void *tier_alloc(void *user, size_t bytes)
 {
     struct sil_backend *be = user;
-    return be->ops->host_alloc(be, bytes);
+    void *p = be->ops->host_alloc(be, bytes);
+    if (!p && posix_memalign(&p, 4096, bytes) != 0) p = NULL;
+    return p;
 }
 
 static void tier_release(void *user, void *ptr)
 {
     struct sil_backend *be = user;
-    be->ops->host_free(be, ptr);
+    if (!be->ops->host_free(be, ptr)) free(ptr);
 }
 
 static void close_host_tier(struct sil_fwd *f)
