@@ -183,6 +183,36 @@ static void test_reads_buffered(void **state)
     reads_and_policy(true);
 }
 
+/* A demoted expert (copied to a higher level) is the next to go, whatever its use. */
+static void test_demote(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    struct sil_xstore *s = NULL;
+    struct sil_error err = {0};
+    assert_int_equal(sil_xstore_create(&s, &f.c, &err), 0);
+    const void *ptr[3 * NX];
+    const int32_t all[NX] = {0, 1, 2, 3, 4}, uses[NX] = {50, 1, 1, 1, 1};
+    assert_int_equal(sil_xstore_acquire(s, 0, all, uses, NX, ptr, &err), 0);
+    sil_xstore_demote(s, 0, 0); /* the most used one */
+    const int32_t one[1] = {3};
+    assert_int_equal(sil_xstore_acquire(s, 2, one, NULL, 1, ptr, &err), 0);
+    struct sil_xstore_stats st;
+    sil_xstore_stats(s, &st);
+    const uint64_t misses = st.misses;
+    /* layer 0's 1..4 are all still there, 0 was evicted */
+    assert_int_equal(sil_xstore_acquire(s, 0, all + 1, NULL, NX - 1, ptr, &err), 0);
+    sil_xstore_stats(s, &st);
+    assert_int_equal(st.misses, misses);
+    assert_int_equal(sil_xstore_acquire(s, 0, all, NULL, 1, ptr, &err), 0);
+    assert_expert(&f, 0, 0, ptr);
+    sil_xstore_stats(s, &st);
+    assert_int_equal(st.misses, misses + 1);
+    sil_xstore_free(s);
+    fixture_done(&f);
+}
+
 /* Fewer slots than one layer's experts: refused, the message gives the minimum. A config whose
  * experts reach past the end of the file, another file at the path: refused. */
 static void test_config_errors(void **state)
@@ -447,6 +477,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reads_direct),
         cmocka_unit_test(test_reads_buffered),
+        cmocka_unit_test(test_demote),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_file_changes),
         cmocka_unit_test(test_engine_bit_identical),

@@ -1403,6 +1403,7 @@ int64_t sil_engine_ecache_preload(struct sil_engine *e, const int32_t *keys, int
             }
         }
         SIL_OP(&e->f, fill_slot, s, &g, &u, &d, l, x);
+        if (e->f.xstore) sil_xstore_demote(e->f.xstore, l, x);
         if (e->f.xstore && e->f.be->ops->status && e->f.be->ops->status(e->f.be, NULL) < 0) break;
         placed++;
     }

@@ -530,6 +530,19 @@ int sil_ecache_preload(struct sil_ecache *c, int32_t layer, int32_t expert)
     return s;
 }
 
+void sil_ecache_demote(struct sil_ecache *c, int32_t layer, int32_t expert)
+{
+    if (layer < 0 || layer >= c->cfg.n_layer || expert < 0 || expert >= c->cfg.n_expert) return;
+    const int32_t key = layer * c->cfg.n_expert + expert, s = c->slot_of[key];
+    if (s < 0 || c->cfg.policy != SIL_ECACHE_LFU) return;
+    c->freq[key] = 0.0;
+    struct pool *p = pool_of(c, layer);
+    if (c->hpos[s] >= 0) { /* else the plan that uses it puts it back with this value */
+        heap_remove(c, p, s);
+        heap_insert(c, p, s);
+    }
+}
+
 int32_t sil_ecache_slot_of(const struct sil_ecache *c, int32_t layer, int32_t expert)
 {
     if (layer < 0 || layer >= c->cfg.n_layer || expert < 0 || expert >= c->cfg.n_expert) return -1;

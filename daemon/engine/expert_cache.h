@@ -117,6 +117,11 @@ void sil_ecache_set_admission(struct sil_ecache *c, int on);
  * preloaded until its pinned part is full (the rest go to staging). */
 int sil_ecache_preload(struct sil_ecache *c, int32_t layer, int32_t expert);
 
+/* LFU: (layer, expert), when resident, becomes the first to go (its decayed frequency 0): a
+ * lower level that a higher one took a copy from keeps what the higher one does not hold.
+ * Other policies and experts not resident: nothing. */
+void sil_ecache_demote(struct sil_ecache *c, int32_t layer, int32_t expert);
+
 /* The slot holding (layer, expert), or -1. */
 int32_t sil_ecache_slot_of(const struct sil_ecache *c, int32_t layer, int32_t expert);
 

@@ -430,6 +430,11 @@ int64_t sil_xstore_preload(struct sil_xstore *s, const int32_t *keys, int64_t n,
     return rc < 0 ? rc : placed;
 }
 
+void sil_xstore_demote(struct sil_xstore *s, int32_t layer, int32_t expert)
+{
+    sil_ecache_demote(s->pol, layer, expert);
+}
+
 void sil_xstore_heat_import(struct sil_xstore *s, const float *heat)
 {
     sil_ecache_heat_import(s->pol, heat);

@@ -6,8 +6,9 @@
  *
  * Which experts stay is the expert cache's policy (expert_cache.h, LFU with decay over one
  * global pool): one policy for both cache levels. A device backend asks only for its own
- * misses (what its VRAM slots hold is never looked up here), so an expert promoted to VRAM
- * cools in L2 and gives its host slot up first.
+ * misses (what its VRAM slots hold is never looked up here) and demotes what it copied up, so
+ * an expert promoted to VRAM gives its host slot up first and the levels stay nearly
+ * exclusive.
  *
  * An acquire makes one layer's experts resident, issuing every read of its misses at once (the
  * calling thread reads too) and waiting for them; the pointers it returns stay valid until the
@@ -79,6 +80,9 @@ int sil_xstore_acquire(struct sil_xstore *s, int32_t layer, const int32_t *exper
  * earlier acquires' pointers. */
 int64_t sil_xstore_preload(struct sil_xstore *s, const int32_t *keys, int64_t n,
                            struct sil_error *err);
+/* (layer, expert) was copied to a higher level (a device's slot): its host slot goes first, so
+ * the two levels hold different experts. Its pointers stay valid until the next acquire. */
+void sil_xstore_demote(struct sil_xstore *s, int32_t layer, int32_t expert);
 /* Replaces the policy's frequencies (a heat map, [n_layer * n_expert]). */
 void sil_xstore_heat_import(struct sil_xstore *s, const float *heat);
 

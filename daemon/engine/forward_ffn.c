@@ -132,8 +132,10 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
     for (int a = 0; a < p->n_active; a++) {
         const struct sil_ecache_entry *r = &f->ecache_res[a];
         if (r->kind == SIL_ECACHE_HOST) continue;
-        if (r->kind == SIL_ECACHE_FILL)
+        if (r->kind == SIL_ECACHE_FILL) {
             SIL_OP(f, fill_slot, r->slot, &p->gate[a], &p->up[a], &p->down[a], il, p->expert[a]);
+            if (f->xstore) sil_xstore_demote(f->xstore, il, p->expert[a]);
+        }
         struct sil_weight *m[3] = {&p->gate[a], &p->up[a], &p->down[a]};
         for (int i = 0; i < 3; i++) {
             m[i]->loc = SIL_WEIGHT_SLOT;
