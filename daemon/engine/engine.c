@@ -2,6 +2,7 @@
  * forward pass's state (forward.h) + per-sequence state (KV for attention layers, conv + SSM
  * state for delta-net layers), all sized at open. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -571,6 +572,13 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
     if (rc < 0) {
         close_host_tier(f);
         return rc;
+    }
+    /* what was uploaded, and the experts the tier reads directly, leave the page cache: the
+     * file's clean pages that nothing maps (the backbone's on a device, experts read before) */
+    const int fd = open(e->info.path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
     }
     struct sil_xstore_stats st;
     sil_xstore_stats(f->xstore, &st);
