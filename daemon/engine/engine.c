@@ -266,7 +266,10 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
 {
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
-    f->ub_max = e->n_batch_max < UBATCH_MAX ? e->n_batch_max : UBATCH_MAX; /* after auto's try */
+    /* with the host tier a micro-batch reads what its layers miss from the file once for all
+     * its rows: longer ones read the experts fewer times over a long prompt */
+    const int32_t ub = e->tier_want ? UBATCH_MAX_DEV : UBATCH_MAX;
+    f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub; /* after auto's try */
     struct sil_cpu_config c = {
         .n_threads = n_threads,
         .exact = exact,
