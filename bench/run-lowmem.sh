@@ -678,7 +678,8 @@ def add(metric, config, value, unit, **extra):
 
 
 def phase_disk_bytes(p, phase):
-    for path in (("host_tier", phase, "bytes_read"), (phase, "host_tier", "bytes_read"),
+    for path in ((phase + "_host_tier", "bytes_read"), ("host_tier", phase, "bytes_read"),
+                 (phase, "host_tier", "bytes_read"),
                  (phase, "host_bytes_read"), (phase, "host_tier_bytes_read"), (phase, "disk_bytes")):
         v = num(dig(p, *path))
         if v is not None:

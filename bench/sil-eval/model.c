@@ -293,6 +293,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     struct pass {
         double prefill_tok_s, decode_tok_s;
         struct sil_engine_stats pre, dec; /* counters after the prefill, after the decode */
+        struct sil_engine_host_tier tpre, tdec; /* the host tier's, at the same points */
     } *ps = calloc((size_t)n_passes, sizeof(*ps));
     if (!logits || !greedy || !pos || !seqs || !want || !ps) {
         fprintf(stderr, "sil-eval: out of memory\n");
@@ -300,6 +301,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     }
     struct sil_engine_stats st0;
     sil_engine_stats(e, &st0);
+    struct sil_engine_host_tier t0h;
+    sil_engine_host_tier(e, &t0h);
     long n_decoded = 0;
     for (long pi = 0; pi < n_passes; pi++) {
         int seq = sil_seq_create(e, &err);
@@ -324,6 +327,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         }
         const double t_prefill = now_s() - t0;
         sil_engine_stats(e, &ps[pi].pre);
+        sil_engine_host_tier(e, &ps[pi].tpre);
         const float *last = logits + (n_rows_out - 1) * (size_t)V;
 
         /* greedy decode: token s comes from the logits after token s-1 */
@@ -345,6 +349,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             t_decode = now_s() - t0;
         }
         sil_engine_stats(e, &ps[pi].dec);
+        sil_engine_host_tier(e, &ps[pi].tdec);
         ps[pi].prefill_tok_s = t_prefill > 0 ? (double)n_ids / t_prefill : 0.0;
         ps[pi].decode_tok_s = t_decode > 0 ? (double)n_decoded / t_decode : 0.0;
         /* the last pass keeps its sequence: its logits are the ones printed */
@@ -436,6 +441,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             const struct sil_engine_stats *b4 = pi ? &ps[pi - 1].dec : &st0;
             const struct sil_engine_stats *ph[2][2] = {{b4, &ps[pi].pre},
                                                        {&ps[pi].pre, &ps[pi].dec}};
+            const struct sil_engine_host_tier *tb4 = pi ? &ps[pi - 1].tdec : &t0h;
+            const struct sil_engine_host_tier *th[2][2] = {{tb4, &ps[pi].tpre},
+                                                           {&ps[pi].tpre, &ps[pi].tdec}};
             printf("%s{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f", pi ? ", " : "",
                    ps[pi].prefill_tok_s, ps[pi].decode_tok_s);
             for (int k = 0; k < 2; k++) {
@@ -449,6 +457,15 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                        (unsigned long long)(y->ecache_evictions - x->ecache_evictions),
                        (unsigned long long)(y->ecache_bytes_streamed - x->ecache_bytes_streamed),
                        (unsigned long long)(y->expert_bytes - x->expert_bytes));
+                /* the host tier's growth over the phase: what it found, read and waited */
+                const struct sil_engine_host_tier *tx = th[k][0], *ty = th[k][1];
+                if (ty->on)
+                    printf(", \"%s_host_tier\": {\"hits\": %llu, \"misses\": %llu, "
+                           "\"bytes_read\": %llu, \"reads\": %llu, \"wait_s\": %.6f}",
+                           k ? "decode" : "prefill", (unsigned long long)(ty->hits - tx->hits),
+                           (unsigned long long)(ty->misses - tx->misses),
+                           (unsigned long long)(ty->bytes_read - tx->bytes_read),
+                           (unsigned long long)(ty->reads - tx->reads), ty->wait_s - tx->wait_s);
             }
             printf("}");
         }
