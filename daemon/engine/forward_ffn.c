@@ -134,10 +134,9 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
         if (r->kind == SIL_ECACHE_HOST) continue;
         if (r->kind == SIL_ECACHE_FILL) {
             SIL_OP(f, fill_slot, r->slot, &p->gate[a], &p->up[a], &p->down[a], il, p->expert[a]);
-            /* a decode step's copy stays in VRAM a while: the host keeps other experts; a
-             * prefill pass cycles through every layer's experts and evicts its copies again
-             * within the pass, so the host tier keeps them */
-            if (f->xstore && p->n_rows <= 8) sil_xstore_demote(f->xstore, il, p->expert[a]);
+            /* the host tier keeps other experts than VRAM (demoting in decode steps only
+             * measured slower: bench/results/lowmem-nodemote-h100-20261206.json) */
+            if (f->xstore) sil_xstore_demote(f->xstore, il, p->expert[a]);
         }
         struct sil_weight *m[3] = {&p->gate[a], &p->up[a], &p->down[a]};
         for (int i = 0; i < 3; i++) {
