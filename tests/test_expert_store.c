@@ -382,6 +382,116 @@ static void test_engine_bit_identical(void **state)
     }
 }
 
+/* Two sequences' prompts (120 and 80 rows) then 6 decode steps of both, every row's logits,
+ * fed in batches of at most `batch` rows: [206 * 2 - 6... rows][n_vocab]. */
+static float *run_two(struct sil_engine *e, int32_t batch, int32_t *n_rows)
+{
+    const int32_t V = sil_engine_info(e)->n_vocab, PA = 120, PB = 80, G = 6;
+    const int32_t total = PA + PB + 2 * G;
+    float *all = malloc(sizeof(float) * (size_t)V * (size_t)total);
+    int32_t tok[200], pos[200], sq[200];
+    bool want[200];
+    assert_non_null(all);
+    struct sil_error err = {0};
+    const int a = sil_seq_create(e, &err), b = sil_seq_create(e, &err);
+    assert_true(a >= 0 && b >= 0);
+    for (int i = 0; i < PA + PB; i++) {
+        const bool in_a = i < PA;
+        tok[i] = (i * 97 + 13) % (V < 1000 ? V : 1000);
+        pos[i] = in_a ? i : i - PA;
+        sq[i] = in_a ? a : b;
+        want[i] = true;
+    }
+    int32_t row = 0;
+    for (int32_t r0 = 0; r0 < PA + PB; r0 += batch) {
+        const int32_t n = PA + PB - r0 < batch ? PA + PB - r0 : batch;
+        struct sil_batch bt = {n, tok + r0, pos + r0, sq + r0, want + r0};
+        if (sil_engine_eval(e, &bt, all + (size_t)row * (size_t)V, &err) < 0)
+            fail_msg("prompts: %s", err.msg);
+        row += n;
+    }
+    for (int g = 0; g < G; g++) {
+        int32_t t[2] = {(g * 31 + 5) % 500, (g * 17 + 3) % 500}, p2[2] = {PA + g, PB + g},
+                s2[2] = {a, b};
+        struct sil_batch d = {2, t, p2, s2, NULL};
+        bool w2[2] = {true, true};
+        d.want_logits = w2;
+        if (sil_engine_eval(e, &d, all + (size_t)row * (size_t)V, &err) < 0)
+            fail_msg("step %d: %s", g, err.msg);
+        row += 2;
+    }
+    *n_rows = row;
+    return all;
+}
+
+static void open_batch(struct sil_engine **e, const char *model, bool off, uint64_t budget,
+                       int32_t batch, int32_t ubatch)
+{
+    struct sil_engine_params p;
+    sil_engine_params_default(&p);
+    p.n_threads = 2;
+    p.n_seq_max = 2;
+    p.n_ctx = 256;
+    p.n_batch_max = batch;
+    p.n_ubatch = ubatch;
+    p.host_budget_off = off;
+    p.host_budget = budget;
+    struct sil_error err = {0};
+    if (tu_open_refdata_engine(e, model, &p, &err) < 0) fail_msg("open %s: %s", model, err.msg);
+}
+
+/* With the host tier, a batch of several micro-batches (two sequences' prompts across them) goes
+ * layer by layer: the logits are those of the mapping's engine taking the micro-batches one
+ * after another, bit for bit, and each layer's experts are read fewer times than when the same
+ * tier takes one micro-batch a call. */
+static void test_engine_by_layer(void **state)
+{
+    (void)state;
+    static const char *const models[] = {"qwen35moe-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"};
+    for (int m = 0; m < 2; m++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "models/%s.gguf", models[m]);
+        if (!tu_refdata_exists(rel)) tu_skip_no_refdata();
+        struct sil_engine *e = NULL;
+        open_batch(&e, models[m], true, 0, 200, 48);
+        struct sil_engine_host_tier t;
+        sil_engine_host_tier(e, &t);
+        const uint64_t min = t.min_bytes;
+        const int32_t V = sil_engine_info(e)->n_vocab;
+        int32_t n = 0, n2 = 0;
+        float *ref = run_two(e, 200, &n);
+        sil_engine_close(e);
+
+        open_batch(&e, models[m], false, min, 200, 48); /* 200 rows: 5 micro-batches a pass */
+        float *got = run_two(e, 200, &n2);
+        struct sil_engine_host_tier by_layer;
+        sil_engine_host_tier(e, &by_layer);
+        assert_true(by_layer.on);
+        sil_engine_close(e);
+        assert_int_equal(n, n2);
+        for (int32_t r = 0; r < n; r++)
+            if (memcmp(ref + (size_t)r * (size_t)V, got + (size_t)r * (size_t)V,
+                       sizeof(float) * (size_t)V) != 0)
+                fail_msg("%s: row %d's logits differ layer by layer", models[m], r);
+
+        open_batch(&e, models[m], false, min, 48, 48); /* one micro-batch a call */
+        float *one = run_two(e, 48, &n2);
+        struct sil_engine_host_tier each;
+        sil_engine_host_tier(e, &each);
+        sil_engine_close(e);
+        for (int32_t r = 0; r < n; r++)
+            if (memcmp(ref + (size_t)r * (size_t)V, one + (size_t)r * (size_t)V,
+                       sizeof(float) * (size_t)V) != 0)
+                fail_msg("%s: row %d's logits differ with the tier", models[m], r);
+        if (!(by_layer.misses * 2 < each.misses))
+            fail_msg("%s: layer by layer read %llu experts, a micro-batch a call %llu", models[m],
+                     (unsigned long long)by_layer.misses, (unsigned long long)each.misses);
+        free(ref);
+        free(got);
+        free(one);
+    }
+}
+
 /* A budget below the tier's minimum: a clear error giving it. Off: the mapping. A budget that
  * holds every expert: no tier. */
 static void test_engine_budget(void **state)
@@ -481,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_file_changes),
         cmocka_unit_test(test_engine_bit_identical),
+        cmocka_unit_test(test_engine_by_layer),
         cmocka_unit_test(test_engine_budget),
         cmocka_unit_test(test_engine_truncated),
     };

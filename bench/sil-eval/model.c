@@ -31,6 +31,10 @@ static int parse_int(const char *what, const char *s, long lo, long hi, long *ou
     return 0;
 }
 
+/* Rows of one prefill evaluation: several of the engine's micro-batches, which it takes layer
+ * by layer when the experts come from the host tier (each layer's read once for all). */
+#define PREFILL_BATCH 2048
+
 /* --vram-budget: a size as siliceod takes it ("8G", "512MiB"), more than 0. */
 static int parse_size(const char *what, const char *s, uint64_t *out)
 {
@@ -217,6 +221,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     struct sil_error err = {0};
     struct sil_engine_params p;
     sil_engine_params_default(&p);
+    p.n_batch_max = PREFILL_BATCH;
     p.model_path = o->model;
     p.n_threads = (int)n_threads;
     p.backend = o->backend ? o->backend : "cpu"; /* the reference unless asked */
@@ -288,8 +293,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     size_t n_rows_out = all ? n_ids : 1;
     logits = malloc(sizeof(float) * (size_t)V * n_rows_out);
     greedy = malloc(sizeof(int32_t) * (size_t)(n_predict + 1));
-    int32_t *pos = malloc(sizeof(int32_t) * 512), *seqs = malloc(sizeof(int32_t) * 512);
-    bool *want = malloc(sizeof(bool) * 512);
+    int32_t *pos = malloc(sizeof(int32_t) * PREFILL_BATCH),
+            *seqs = malloc(sizeof(int32_t) * PREFILL_BATCH);
+    bool *want = malloc(sizeof(bool) * PREFILL_BATCH);
     struct pass {
         double prefill_tok_s, decode_tok_s;
         struct sil_engine_stats pre, dec; /* counters after the prefill, after the decode */
@@ -310,10 +316,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             fprintf(stderr, "sil-eval: %s\n", err.msg);
             goto out_pass;
         }
-        /* prefill in batches of up to 512 rows */
+        /* prefill in batches of up to PREFILL_BATCH rows (the engine's micro-batches within) */
         double t0 = now_s();
-        for (size_t b0 = 0; b0 < n_ids; b0 += 512) {
-            int32_t n = (int32_t)(n_ids - b0 < 512 ? n_ids - b0 : 512);
+        for (size_t b0 = 0; b0 < n_ids; b0 += PREFILL_BATCH) {
+            int32_t n = (int32_t)(n_ids - b0 < PREFILL_BATCH ? n_ids - b0 : PREFILL_BATCH);
             for (int32_t i = 0; i < n; i++) {
                 pos[i] = (int32_t)(b0 + (size_t)i);
                 seqs[i] = seq;

@@ -29,7 +29,7 @@ struct sil_engine {
     struct sil_model *model;
     struct sil_vocab *vocab;
     struct sil_model_info info;
-    int32_t n_ctx, n_seq_max, n_batch_max;
+    int32_t n_ctx, n_seq_max, n_batch_max, n_ubatch;
     int64_t dev_kv_blocks; /* the device backend's KV pool (blocks), 0 on the CPU */
     enum sil_kv_type kv_type; /* sil_engine_params.kv_type, checked at open */
     struct sil_fwd f;
@@ -43,7 +43,8 @@ struct sil_engine {
     int32_t *next_pos;                        /* [n_seq_max] */
     int32_t *seq_count, *seq_off;             /* [n_seq_max + 1] */
     int32_t *p_token, *p_pos, *p_seq, *p_out; /* [n_batch_max] rows grouped by sequence */
-    int32_t *run_start;                       /* [UBATCH_MAX + 1] */
+    int32_t *run_start;                       /* [n_batch_max + UBATCH_MAX_DEV + 2] */
+    struct sil_ubatch *lm_ub;                 /* [f.n_lm] sil_forward_layers' micro-batches */
     int guard_slot;                           /* the mapping's mapguard slot, or -1 */
     atomic_bool damaged;                      /* the file changed under the mapping */
     void (*eval_progress)(void *user);
@@ -197,7 +198,9 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     e->p_pos = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
     e->p_seq = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
     e->p_out = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
-    e->run_start = xcalloc(UBATCH_MAX_DEV + 1, sizeof(int32_t), &fail);
+    /* one micro-batch's runs at a time, or (sil_forward_layers) each micro-batch's at its
+     * first row's index plus its own: at most n_batch_max + n_lm + 1 */
+    e->run_start = xcalloc((size_t)e->n_batch_max + UBATCH_MAX_DEV + 2, sizeof(int32_t), &fail);
     if (fail)
         return sil_errorf(err, -ENOMEM, "%s: out of memory for scratch buffers", e->info.path);
     return 0;
@@ -268,8 +271,15 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
     const struct sil_hparams *hp = &e->model->hp;
     /* with the host tier a micro-batch reads what its layers miss from the file once for all
      * its rows: longer ones read the experts fewer times over a long prompt */
-    const int32_t ub = e->tier_want ? UBATCH_MAX_DEV : UBATCH_MAX;
+    int32_t ub = e->tier_want ? UBATCH_MAX_DEV : UBATCH_MAX;
+    if (e->n_ubatch > 0 && e->n_ubatch < ub) ub = e->n_ubatch;
     f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub; /* after auto's try */
+    /* with the host tier a batch of several micro-batches goes layer by layer */
+    f->n_lm = e->tier_want && e->n_batch_max > f->ub_max
+                  ? (e->n_batch_max + f->ub_max - 1) / f->ub_max
+                  : 0;
+    if (f->n_lm > 0 && !(e->lm_ub = calloc((size_t)f->n_lm, sizeof(*e->lm_ub))))
+        return sil_errorf(err, -ENOMEM, "engine: out of memory");
     struct sil_cpu_config c = {
         .n_threads = n_threads,
         .exact = exact,
@@ -327,6 +337,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     const char *ubs = getenv("SIL_CUDA_UBATCH");
     int32_t ub = ubs ? (int32_t)atoi(ubs) : UBATCH_MAX_DEV;
     if (ub < 1 || ub > UBATCH_MAX_DEV) ub = UBATCH_MAX_DEV;
+    if (e->n_ubatch > 0 && e->n_ubatch < ub) ub = e->n_ubatch;
     f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub;
     size_t scratch = 0;
     if (hp->n_layer_attn > 0)
@@ -664,6 +675,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     e->n_ctx = p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     e->n_seq_max = p->n_seq_max > 0 ? p->n_seq_max : 64;
     e->n_batch_max = p->n_batch_max > 0 ? p->n_batch_max : 512;
+    e->n_ubatch = p->n_ubatch > 0 ? p->n_ubatch : 0;
     e->info.n_threads = nt;
     struct sil_fwd *f = &e->f;
     f->model = e->model;
@@ -738,6 +750,7 @@ void sil_engine_close(struct sil_engine *e)
     if (e->f.be)
         e->f.be->ops->free(e->f.be);
     free_scratch(e);
+    free(e->lm_ub);
     sil_vocab_free(e->vocab);
     sil_mapguard_unregister(e->guard_slot);
     sil_model_free(e->model);
@@ -1047,6 +1060,41 @@ bool sil_engine_damaged(const struct sil_engine *e)
 /* The forward passes, one micro-batch at a time. Runs under the engine thread's guard point:
  * a fault in serial code jumps back to sil_engine_eval, one in the pool's tasks is recorded by
  * the pool (threadpool.h) and seen here after the micro-batch. */
+static struct sil_ubatch make_ubatch(struct sil_engine *e, int32_t r0, int32_t n,
+                                      int32_t *run_start, uint8_t head_out)
+{
+    struct sil_ubatch ub;
+    ub.n = n;
+    ub.token = e->p_token + r0;
+    ub.pos = e->p_pos + r0;
+    ub.seq = e->p_seq + r0;
+    ub.out_row = e->p_out + r0;
+    ub.n_runs = 0;
+    for (int32_t i = 0; i < ub.n; i++)
+        if (i == 0 || ub.seq[i] != ub.seq[i - 1]) run_start[ub.n_runs++] = i;
+    run_start[ub.n_runs] = ub.n;
+    ub.run_start = run_start;
+    ub.kv = e->f.kv;
+    ub.head_out = head_out;
+    return ub;
+}
+
+/* After a pass: 0, or its error (1: the model is damaged by a fault on the mapping). */
+static int after_pass(struct sil_engine *e, struct sil_error *err)
+{
+    if (e->f.replay_err) return sil_errorf(err, e->f.replay_err, "%s", e->f.replay_msg);
+    if (e->f.xs_err) { /* a read of the file failed: as a fault on the mapping, for good */
+        atomic_store(&e->damaged, true);
+        return sil_errorf(err, -EIO, "%s", e->f.xs_msg);
+    }
+    /* A backend error: the model is damaged when the mapping faulted, else the ops failed
+     * (a device error) and the error is the backend's. */
+    int rc = e->f.be->ops->status ? e->f.be->ops->status(e->f.be, err) : 0;
+    if (rc < 0) return sil_mapguard_faults(e->guard_slot, NULL) > 0 ? 1 : rc;
+    if (e->eval_progress) e->eval_progress(e->eval_progress_user);
+    return 0;
+}
+
 static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t *argmax,
                         struct sil_error *err)
 {
@@ -1057,32 +1105,28 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t 
     for (int32_t i = 1; decode_only && i < n; i++)
         decode_only = e->p_seq[i] != e->p_seq[i - 1];
     const int32_t step = decode_only && dmax < e->f.ub_max ? dmax : e->f.ub_max;
-    for (int32_t r0 = 0; r0 < n; r0 += step) {
+    const uint8_t head_out = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
+    /* several micro-batches with the host tier: layer by layer (each layer's experts read once
+     * for all of them), up to n_lm micro-batches a pass */
+    const bool by_layer = e->f.n_lm > 0 && n > step;
+    for (int32_t r0 = 0; r0 < n;) {
         if (atomic_load(&e->damaged)) return 1;
-        struct sil_ubatch ub;
-        ub.n = n - r0 < step ? n - r0 : step;
-        ub.token = e->p_token + r0;
-        ub.pos = e->p_pos + r0;
-        ub.seq = e->p_seq + r0;
-        ub.out_row = e->p_out + r0;
-        ub.n_runs = 0;
-        for (int32_t i = 0; i < ub.n; i++)
-            if (i == 0 || ub.seq[i] != ub.seq[i - 1]) e->run_start[ub.n_runs++] = i;
-        e->run_start[ub.n_runs] = ub.n;
-        ub.run_start = e->run_start;
-        ub.kv = e->f.kv;
-        ub.head_out = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
-        sil_forward(&e->f, &ub, logits, argmax);
-        if (e->f.replay_err) return sil_errorf(err, e->f.replay_err, "%s", e->f.replay_msg);
-        if (e->f.xs_err) { /* a read of the file failed: as a fault on the mapping, for good */
-            atomic_store(&e->damaged, true);
-            return sil_errorf(err, -EIO, "%s", e->f.xs_msg);
+        if (by_layer) {
+            int k = 0;
+            for (; k < e->f.n_lm && r0 < n; k++) {
+                const int32_t len = n - r0 < step ? n - r0 : step;
+                e->lm_ub[k] = make_ubatch(e, r0, len, e->run_start + r0 + k, head_out);
+                r0 += len;
+            }
+            sil_forward_layers(&e->f, e->lm_ub, k, logits, argmax);
+        } else {
+            const int32_t len = n - r0 < step ? n - r0 : step;
+            struct sil_ubatch ub = make_ubatch(e, r0, len, e->run_start, head_out);
+            r0 += len;
+            sil_forward(&e->f, &ub, logits, argmax);
         }
-        /* A backend error: the model is damaged when the mapping faulted, else the ops failed
-         * (a device error) and the error is the backend's. */
-        int rc = e->f.be->ops->status ? e->f.be->ops->status(e->f.be, err) : 0;
-        if (rc < 0) return sil_mapguard_faults(e->guard_slot, NULL) > 0 ? 1 : rc;
-        if (e->eval_progress) e->eval_progress(e->eval_progress_user);
+        const int rc = after_pass(e, err);
+        if (rc) return rc;
     }
     return atomic_load(&e->damaged) ? 1 : 0;
 }

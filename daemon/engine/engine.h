@@ -34,6 +34,10 @@ struct sil_engine_params {
     int32_t n_ctx;        /* max positions per sequence; 0 = min(model context, 4096) */
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
     int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
+    /* rows per micro-batch (a forward pass); 0 = the backend's (CPU 128, or 512 with the host
+     * tier; CUDA 512); at most those. With the host tier on the CPU a batch of several
+     * micro-batches goes layer by layer: each layer's experts are read once for all of them. */
+    int32_t n_ubatch;
     bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
     /* Benchmarks and tests: write every MoE layer's routing to this trace file (route_trace.h;
      * on CUDA the routing is then brought to the host, and every expert must be resident),

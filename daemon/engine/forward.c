@@ -160,6 +160,14 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
 
     f->x = act(f, U, E, &fail);
     f->cur = act(f, U, E, &fail);
+    if (f->n_lm > 0) {
+        f->lm_x = xcalloc((size_t)f->n_lm, sizeof(*f->lm_x), &fail);
+        f->lm_cur = xcalloc((size_t)f->n_lm, sizeof(*f->lm_cur), &fail);
+        for (int32_t k = 0; !fail && k < f->n_lm; k++) {
+            f->lm_x[k] = act(f, U, E, &fail);
+            f->lm_cur[k] = act(f, U, E, &fail);
+        }
+    }
     f->out = act(f, U, E, &fail);
     f->scratch_bytes = 0;
     if (hp->n_layer_attn > 0)
@@ -193,6 +201,9 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
 void sil_fwd_close(struct sil_fwd *f)
 {
     struct sil_moe_plan *p = &f->plan;
+    free(f->lm_x);
+    free(f->lm_cur);
+    f->lm_x = f->lm_cur = NULL;
     void *ptrs[] = {f->lw,        p->sel_expert, p->sel_weight,   p->expert,     p->pair_start,
                     p->pair_row,  p->pair_of,    p->gate,         p->up,         p->down,
                     f->keep_rows, f->keep_out,   f->expert_pairs, f->expert_next};
@@ -239,49 +250,103 @@ static void add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, stru
     }
 }
 
-void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, int32_t *argmax)
+/* The embedding rows of the ubatch into x, and the first block's norm into cur. */
+static void embed(struct sil_fwd *f, const struct sil_ubatch *ub)
 {
-    const struct sil_model *m = f->model;
-    const float eps = m->hp.rms_eps;
-    struct sil_ubatch last;
     f->n_ubatch++;
     f->n_rows += (uint64_t)ub->n;
     if (f->be->ops->begin) SIL_OP(f, begin, ub);
     SIL_OP(f, get_rows, &f->tok_embd, ub->token, sil_act_rows(f->x, 0, ub->n));
     /* each residual add goes with the norm after it (the next block's, or the output's) */
     SIL_OP(f, rmsnorm, sil_act_rows(f->cur, 0, ub->n), sil_act_rows(f->x, 0, ub->n),
-           &f->lw[0].attn_norm, eps);
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const struct sil_layer_weights *w = &f->lw[il];
-        struct sil_act x = sil_act_rows(f->x, 0, ub->n);     /* [n, n_embd] */
-        struct sil_act cur = sil_act_rows(f->cur, 0, ub->n); /* [n, n_embd], normed */
-        struct sil_act out = sil_act_rows(f->out, 0, ub->n); /* [n, n_embd] */
-        if (m->hp.recurrent[il])
-            sil_fwd_delta_net(f, ub, il, cur, out);
-        else
-            sil_fwd_attention(f, ub, il, cur, out);
-        if (il == m->hp.n_layer - 1) {
-            SIL_OP(f, add, x, out);
-            last = keep_output_rows(f, ub);
-            ub = &last;
-            if (ub->n == 0) return;
-            x = sil_act_rows(f->x, 0, ub->n);
-            cur = sil_act_rows(f->cur, 0, ub->n);
-            out = sil_act_rows(f->out, 0, ub->n);
-            SIL_OP(f, rmsnorm, cur, x, &w->ffn_norm, eps);
-        } else {
-            add_norm(f, cur, x, out, &w->ffn_norm, eps);
-        }
-        if (m->traits->moe)
-            sil_fwd_moe(f, ub, il, cur, out);
-        else
-            sil_fwd_ffn(f, ub, il, cur, out);
-        const struct sil_weight *next =
-            il + 1 < m->hp.n_layer ? &f->lw[il + 1].attn_norm : &f->output_norm;
-        add_norm(f, cur, x, out, next, eps);
-    }
-    /* keep_output_rows left only the rows that want logits, cur their output norm */
+           &f->lw[0].attn_norm, f->model->hp.rms_eps);
+}
+
+/* Layer il but the last: cur (normed x) -> x += block, x += ffn, cur = the next norm. */
+static void layer(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
+{
+    const struct sil_model *m = f->model;
+    const float eps = m->hp.rms_eps;
+    const struct sil_layer_weights *w = &f->lw[il];
+    struct sil_act x = sil_act_rows(f->x, 0, ub->n);     /* [n, n_embd] */
+    struct sil_act cur = sil_act_rows(f->cur, 0, ub->n); /* [n, n_embd], normed */
+    struct sil_act out = sil_act_rows(f->out, 0, ub->n); /* [n, n_embd] */
+    if (m->hp.recurrent[il])
+        sil_fwd_delta_net(f, ub, il, cur, out);
+    else
+        sil_fwd_attention(f, ub, il, cur, out);
+    add_norm(f, cur, x, out, &w->ffn_norm, eps);
+    if (m->traits->moe)
+        sil_fwd_moe(f, ub, il, cur, out);
+    else
+        sil_fwd_ffn(f, ub, il, cur, out);
+    add_norm(f, cur, x, out, &f->lw[il + 1].attn_norm, eps);
+}
+
+/* The last layer (its FFN only on the rows that want logits) and the head. */
+static void finish(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, int32_t *argmax)
+{
+    const struct sil_model *m = f->model;
+    const float eps = m->hp.rms_eps;
+    const int il = m->hp.n_layer - 1;
+    const struct sil_layer_weights *w = &f->lw[il];
     struct sil_act cur = sil_act_rows(f->cur, 0, ub->n);
-    SIL_OP(f, head, cur, &f->output, ub->out_row, logits, argmax);
+    struct sil_act out = sil_act_rows(f->out, 0, ub->n);
+    if (m->hp.recurrent[il])
+        sil_fwd_delta_net(f, ub, il, cur, out);
+    else
+        sil_fwd_attention(f, ub, il, cur, out);
+    SIL_OP(f, add, sil_act_rows(f->x, 0, ub->n), out);
+    const struct sil_ubatch last = keep_output_rows(f, ub);
+    if (last.n == 0) return;
+    struct sil_act x = sil_act_rows(f->x, 0, last.n);
+    cur = sil_act_rows(f->cur, 0, last.n);
+    out = sil_act_rows(f->out, 0, last.n);
+    SIL_OP(f, rmsnorm, cur, x, &w->ffn_norm, eps);
+    if (m->traits->moe)
+        sil_fwd_moe(f, &last, il, cur, out);
+    else
+        sil_fwd_ffn(f, &last, il, cur, out);
+    add_norm(f, cur, x, out, &f->output_norm, eps);
+    /* keep_output_rows left only the rows that want logits, cur their output norm */
+    SIL_OP(f, head, cur, &f->output, last.out_row, logits, argmax);
     sil_fwd_moe_deferred(f);
+}
+
+void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, int32_t *argmax)
+{
+    embed(f, ub);
+    for (int il = 0; il + 1 < f->model->hp.n_layer; il++)
+        layer(f, ub, il);
+    finish(f, ub, logits, argmax);
+}
+
+/* Points the residual and the normed rows at micro-batch k's (its own between layers). */
+static void use_rows(struct sil_fwd *f, int k)
+{
+    f->x = f->lm_x[k];
+    f->cur = f->lm_cur[k];
+}
+
+void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, float *logits,
+                        int32_t *argmax)
+{
+    const struct sil_act x = f->x, cur = f->cur, out = f->out;
+    for (int k = 0; k < n_ub; k++) {
+        use_rows(f, k);
+        embed(f, &ubs[k]);
+    }
+    for (int il = 0; il + 1 < f->model->hp.n_layer; il++)
+        for (int k = 0; k < n_ub; k++) {
+            use_rows(f, k);
+            layer(f, &ubs[k], il);
+        }
+    for (int k = 0; k < n_ub; k++) {
+        use_rows(f, k);
+        finish(f, &ubs[k], logits, argmax);
+        f->out = out; /* the last layer swapped x and out */
+    }
+    f->x = x;
+    f->cur = cur;
+    f->out = out;
 }

@@ -54,6 +54,10 @@ struct sil_fwd {
     /* activations, [ub_max][n_embd] */
     struct sil_act x;   /* residual stream */
     struct sil_act cur; /* normed input of a block */
+    /* sil_forward_layers: the residual and normed rows of each of n_lm micro-batches, kept
+     * between layers (n_lm 0: none; set before sil_fwd_open) */
+    int32_t n_lm;
+    struct sil_act *lm_x, *lm_cur;
     struct sil_act out; /* a block's output */
     void *scratch;      /* block-local activations (struct sil_fwd_arena) */
     size_t scratch_bytes;
@@ -118,6 +122,14 @@ void sil_fwd_close(struct sil_fwd *f);
 int sil_fwd_place_weights(struct sil_fwd *f, struct sil_error *err);
 
 void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, int32_t *argmax);
+/* The same for n_ub <= n_lm micro-batches of one evaluation, layer by layer: every micro-batch
+ * goes through a layer before any goes on to the next, so a layer's experts are fetched once
+ * for all of them (the host tier reads each from the file at most once a layer). Rows of one
+ * sequence must be in position order across the micro-batches, as sil_forward takes them one
+ * after another; the logits are the same, bit for bit. A backend without begin only (its ops
+ * take the ubatch as an argument). */
+void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, float *logits,
+                        int32_t *argmax);
 
 /* Blocks: cur [n, n_embd] -> out [n, n_embd]. *_scratch: bytes of block-local activations for
  * ub_max rows. */
