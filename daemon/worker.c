@@ -334,6 +334,9 @@ static void do_reload(struct sil_worker *w)
     r->p.progress = reload_progress;
     r->p.progress_user = w;
     double t0 = now_s();
+    /* the old engine's host tier goes first (it reads through the mapping until replaced), so
+     * the two engines never hold two tiers' memory at once */
+    sil_engine_host_tier_drop(w->e);
     int rc = sil_engine_open(&ne, &r->p, &err);
     beat(w);
     int32_t nv = rc == 0 ? sil_vocab_n_tokens(sil_engine_vocab(ne)) : 0;

@@ -492,6 +492,36 @@ static void test_engine_by_layer(void **state)
     }
 }
 
+/* The tier given back between evaluations: the engine goes on through the mapping, with the
+ * logits of an engine that never had one. */
+static void test_engine_drop(void **state)
+{
+    (void)state;
+    if (!tu_refdata_exists("models/qwen35moe-tiny-Q4_K_M.gguf")) tu_skip_no_refdata();
+    struct sil_engine *e = NULL;
+    open_with(&e, "qwen35moe-tiny-Q4_K_M", false, true, 0);
+    struct sil_engine_host_tier t;
+    sil_engine_host_tier(e, &t);
+    int32_t n = 0;
+    float *ref = run(e, &n);
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    sil_engine_close(e);
+    open_with(&e, "qwen35moe-tiny-Q4_K_M", false, false, t.min_bytes);
+    float *first = run(e, &n);
+    sil_engine_host_tier_drop(e);
+    sil_engine_host_tier(e, &t);
+    assert_false(t.on);
+    sil_engine_host_tier_drop(e); /* twice: nothing */
+    sil_seq_free(e, 0); /* run's sequence */
+    float *again = run(e, &n);
+    assert_memory_equal(ref, first, sizeof(float) * (size_t)V * (size_t)n);
+    assert_memory_equal(ref, again, sizeof(float) * (size_t)V * (size_t)n);
+    sil_engine_close(e);
+    free(ref);
+    free(first);
+    free(again);
+}
+
 /* A budget below the tier's minimum: a clear error giving it. Off: the mapping. A budget that
  * holds every expert: no tier. */
 static void test_engine_budget(void **state)
@@ -592,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_file_changes),
         cmocka_unit_test(test_engine_bit_identical),
         cmocka_unit_test(test_engine_by_layer),
+        cmocka_unit_test(test_engine_drop),
         cmocka_unit_test(test_engine_budget),
         cmocka_unit_test(test_engine_truncated),
     };

@@ -1474,6 +1474,16 @@ void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
         sil_expert_obs_layer_stats(e->f.obs, layer, out);
 }
 
+void sil_engine_host_tier_drop(struct sil_engine *e)
+{
+    if (!e->f.xstore) return;
+    /* copies queued from the tier's slots finish before the slots go */
+    if (e->f.be->ops->status) e->f.be->ops->status(e->f.be, NULL);
+    close_host_tier(&e->f);
+    fprintf(stderr, "siliceo: host tier of %s given back: experts are read through the mapping\n",
+            e->info.path);
+}
+
 void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tier *out)
 {
     memset(out, 0, sizeof(*out));

@@ -348,6 +348,10 @@ struct sil_engine_host_tier {
 };
 /* 0 with *out filled; out->on false (and the budget chosen) when the tier is off. */
 void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tier *out);
+/* Gives the host tier's memory back (engine thread, between evaluations): the engine goes on
+ * reading its experts through the mapping, with the same logits. For a reload, which opens the
+ * new engine beside this one: its tier then has the memory this one held. No-op without one. */
+void sil_engine_host_tier_drop(struct sil_engine *e);
 
 /* Validates a file as a loadable model without building an engine, and prints what
  * `siliceod --inspect` shows (architecture, hyperparameters, tensor count, type histogram,
