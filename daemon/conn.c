@@ -169,6 +169,17 @@ int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
     return conn_send_scratch(c);
 }
 
+int send_error_retry(struct conn *c, uint32_t msgid, int code, int retry_after_ms, const char *msg)
+{
+    msgpack_packer *pk = sil_rpc_begin_error_response(&c->srv->scratch, msgid);
+    msgpack_pack_map(pk, 3);
+    sil_rpc_kv_int(pk, "code", code);
+    sil_rpc_kv_str(pk, "message", msg);
+    sil_rpc_kv_int(pk, "retry_after_ms", retry_after_ms);
+    sil_rpc_end_error_response(&c->srv->scratch);
+    return conn_send_scratch(c);
+}
+
 int send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err)
 {
     return send_error(c, msgid, err->code ? err->code : SIL_RPC_E_INVALID_PARAMS, "%s", err->msg);

@@ -975,9 +975,15 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
     }
     if (s->worker && s->model_state != MODEL_OK && strcmp(m->method, "debug.stream") != 0) {
         s->requests_rejected++;
-        if (s->model_state == MODEL_RELOADING)
-            return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE,
-                              "the model is being reloaded; send the request again");
+        if (s->model_state == MODEL_RELOADING) {
+            /* what the last load took, less what this reload has taken: the time to wait
+             * before sending it again, so retrying clients do not spin */
+            double left = s->load_s > 0 ? s->load_s - (now_s() - s->reload_t0) : 1.0;
+            const int ms = left < 0.1 ? 100 : left > 5.0 ? 5000 : (int)(left * 1000);
+            return send_error_retry(c, m->msgid, SIL_RPC_E_UNAVAILABLE, ms,
+                                    "the model is being reloaded; send the request again after "
+                                    "retry_after_ms");
+        }
         return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE, "%s", s->model_problem);
     }
     if (s->worker && strcmp(m->method, "debug.stream") != 0) {

@@ -128,6 +128,7 @@ static void maybe_reload(struct server *s)
                s->model_state == MODEL_DAMAGED ? " (damaged)" : "");
     s->reload_damaged = s->model_state == MODEL_DAMAGED;
     s->model_state = MODEL_RELOADING;
+    s->reload_t0 = now_s();
     sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the model %s", s->cfg->model);
     struct sil_engine_params ep;
     engine_params(s, &ep);
@@ -152,6 +153,7 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
         sil_modelwatch_free(s->watch);
         s->watch = NULL;
         sil_engine_close(m->old_engine);
+        s->load_s = now_s() - s->reload_t0;
         s->model_state = MODEL_OK;
         s->model_problem[0] = 0;
         start_watch(s);
@@ -472,6 +474,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             goto out;
         }
         const struct sil_model_info *info = sil_engine_info(s->engine);
+        s->load_s = now_s() - t0;
         sil_info("model %s (%s, %d layers, %llu parameters) loaded in %.2f s on %s, %d threads, context %d",
                  info->name, info->arch_name, info->n_layer, (unsigned long long)info->n_params, now_s() - t0,
                  info->backend, info->n_threads, sil_engine_n_ctx(s->engine));

@@ -73,6 +73,9 @@ enum model_state { MODEL_OK, MODEL_DAMAGED, MODEL_RELOADING };
 
 struct server {
     struct sil_config *cfg;
+    /* how long the last model load took, and when the reload in progress started: the hint
+     * a request refused during a reload gets (retry_after_ms) */
+    double load_s, reload_t0;
     int argc;
     char *const *argv;
     sd_event *ev;
@@ -127,6 +130,9 @@ int conn_send(struct conn *c, const void *data, size_t n);
 int conn_send_scratch(struct conn *c);
 int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same with retry_after_ms in the error map: when to send the request again. */
+int send_error_retry(struct conn *c, uint32_t msgid, int code, int retry_after_ms,
+                     const char *msg);
 int send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err);
 /* An error about the connection itself, with a nil msgid (siliceo-rpc(7)). */
 int send_conn_error(struct conn *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -317,6 +317,11 @@ static void eval_progress(void *user)
 static bool reload_progress(float fraction, const char *what, void *user)
 {
     struct sil_worker *w = user;
+    /* Test hook: a slow reload (load_ms slows every step of a load, the first one and these) */
+    for (int ms = sil_test_hook("load_ms"); ms > 0; ms -= 10) {
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+        beat(w);
+    }
     beat(w);
     pthread_mutex_lock(&w->mu);
     bool stop = w->stop;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -29,6 +30,7 @@ int sil_rpc_client_init_fd(struct sil_rpc_client *c, int fd, struct sil_rpc_erro
         return sil_rpc_errorf(err, -ENOMEM, 0, "out of memory");
     }
     sil_rpc_buf_init(&c->out, 0);
+    c->retry_max_ms = 60000;
     return 0;
 }
 
@@ -151,16 +153,11 @@ static int read_refusal(struct sil_rpc_client *c, int ret, struct sil_rpc_error 
     return ret;
 }
 
-int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void *ud,
-                        const msgpack_object **result, struct sil_rpc_error *err)
+/* One sending of the packed request and the wait for its response; *heard: a notification
+ * came meanwhile. */
+static int call_once(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void *ud,
+                     const msgpack_object **result, struct sil_rpc_error *err, bool *heard)
 {
-    if (c->have_resp) {
-        sil_rpc_msg_release(&c->resp);
-        c->have_resp = false;
-    }
-    if (sil_rpc_end(&c->out) < 0)
-        return sil_rpc_errorf(err, -ENOMEM, 0, "out of memory packing the request");
-    c->cancel_sent = false;
     int64_t deadline = now_ms() + (c->timeout_ms > 0 ? c->timeout_ms : 0);
     int r = send_all(c, deadline, err);
     if (r == -ECONNRESET)
@@ -190,6 +187,7 @@ int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void
                 sil_rpc_msg_release(&m);
                 continue;
             }
+            *heard = true;
             int nr = notify ? notify(ud, &m) : 0;
             sil_rpc_msg_release(&m);
             if (nr < 0)
@@ -228,6 +226,55 @@ int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void
         if (n == 0)
             return sil_rpc_errorf(err, -ECONNRESET, 0, "the server closed the connection");
         sil_rpc_unpacker_commit(c->up, (size_t)n);
+    }
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int sil_rpc_client_call(struct sil_rpc_client *c, sil_rpc_notify_fn notify, void *ud,
+                        const msgpack_object **result, struct sil_rpc_error *err)
+{
+    if (c->have_resp) {
+        sil_rpc_msg_release(&c->resp);
+        c->have_resp = false;
+    }
+    if (sil_rpc_end(&c->out) < 0)
+        return sil_rpc_errorf(err, -ENOMEM, 0, "out of memory packing the request");
+    c->cancel_sent = false;
+    /* a copy of the request, to send again if the server asks for it */
+    const size_t n = sil_rpc_buf_size(&c->out);
+    char *again = c->retry_max_ms > 0 ? malloc(n ? n : 1) : NULL;
+    if (again) memcpy(again, sil_rpc_buf_head(&c->out), n);
+    const int64_t t0 = now_ms();
+    int64_t end = t0 + c->retry_max_ms;
+    if (c->timeout_ms > 0 && t0 + c->timeout_ms < end) end = t0 + c->timeout_ms;
+    struct sil_rpc_error e = {0};
+    for (;;) {
+        bool heard = false;
+        int r = call_once(c, notify, ud, result, &e, &heard);
+        const bool retry = r == -EREMOTEIO && again && !heard &&
+                           e.code == SIL_RPC_E_UNAVAILABLE && e.retry_after_ms > 0 &&
+                           now_ms() + e.retry_after_ms <= end;
+        if (!retry) {
+            free(again);
+            if (err) *err = e;
+            return r;
+        }
+        sleep_ms(e.retry_after_ms);
+        if (c->have_resp) {
+            sil_rpc_msg_release(&c->resp);
+            c->have_resp = false;
+        }
+        sil_rpc_buf_reset(&c->out);
+        if (sil_rpc_buf_write(&c->out, again, n) < 0) {
+            free(again);
+            return sil_rpc_errorf(err, -ENOMEM, 0, "out of memory packing the request");
+        }
+        c->cancel_sent = false;
     }
 }
 

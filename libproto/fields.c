@@ -303,6 +303,7 @@ void sil_rpc_read_error(const msgpack_object *error, struct sil_rpc_error *err)
     if (!err)
         return;
     err->code = SIL_RPC_E_INTERNAL;
+    err->retry_after_ms = 0;
     snprintf(err->msg, sizeof(err->msg), "%s", sil_rpc_code_message(SIL_RPC_E_INTERNAL));
     if (!error)
         return;
@@ -322,6 +323,9 @@ void sil_rpc_read_error(const msgpack_object *error, struct sil_rpc_error *err)
     int64_t code = SIL_RPC_E_INTERNAL;
     sil_rpc_get_int(error, "code", 0, INT32_MAX, &code, SIL_RPC_OPTIONAL, NULL);
     err->code = (int)code;
+    int64_t retry = 0;
+    if (sil_rpc_get_int(error, "retry_after_ms", 1, 3600000, &retry, SIL_RPC_OPTIONAL, NULL) == 1)
+        err->retry_after_ms = (int)retry;
     if (!sil_rpc_map_str(error, "message", err->msg, sizeof(err->msg), NULL))
         snprintf(err->msg, sizeof(err->msg), "%s", sil_rpc_code_message(err->code));
 }

@@ -42,6 +42,11 @@ static int buf_write(void *data, const char *p, size_t n)
     return 0;
 }
 
+int sil_rpc_buf_write(struct sil_rpc_buf *b, const void *p, size_t n)
+{
+    return buf_write(b, p, n) < 0 ? -ENOBUFS : 0;
+}
+
 void sil_rpc_buf_init(struct sil_rpc_buf *b, size_t max)
 {
     memset(b, 0, sizeof(*b));

@@ -65,6 +65,7 @@ const char *sil_rpc_code_message(int code);
 struct sil_rpc_error {
     int code;      /* SIL_RPC_E_* for protocol errors, the remote code after -EREMOTEIO, else 0 */
     char msg[512]; /* one line, no trailing newline */
+    int retry_after_ms; /* a remote error's hint (> 0): the request may be sent again after it */
 };
 
 /* Sets err (may be NULL) and returns ret, so callers can `return sil_rpc_errorf(err, -EINVAL,
@@ -219,6 +220,8 @@ static inline const char *sil_rpc_buf_head(const struct sil_rpc_buf *b) { return
 static inline size_t sil_rpc_buf_size(const struct sil_rpc_buf *b) { return b->len - b->off; }
 /* Drops n sent bytes from the front. */
 void sil_rpc_buf_consume(struct sil_rpc_buf *b, size_t n);
+/* Appends n raw bytes (a message packed before): 0, or -ENOBUFS past the limit. */
+int sil_rpc_buf_write(struct sil_rpc_buf *b, const void *p, size_t n);
 void sil_rpc_buf_reset(struct sil_rpc_buf *b);
 
 /* Start a message; the caller packs exactly one object (params or result) with the returned
@@ -285,6 +288,10 @@ struct sil_rpc_client {
     uint32_t next_id;
     uint32_t pending_id; /* msgid of the call in progress */
     int timeout_ms;      /* whole-call deadline, <= 0: none */
+    /* A call refused with error 13 and a retry_after_ms hint (the daemon reloading its model)
+     * before any notification of it is sent again after the hint, for up to this many ms in
+     * all (sil_rpc_client_open: 60000; 0: never; the call's timeout_ms bounds it too). */
+    int retry_max_ms;
     struct sil_rpc_unpacker *up;
     struct sil_rpc_buf out;
     struct sil_rpc_msg resp; /* last response, owned by the client until the next call */

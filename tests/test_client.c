@@ -522,6 +522,88 @@ static void test_refused(void **state)
     }
 }
 
+/* A server that refuses the first `refusals` requests with error 13 and retry_after_ms 30 (a
+ * reload), then answers {ok: true}; counts the requests it read. */
+struct reloading {
+    int fd, refusals, seen;
+};
+
+static void *reloading_main(void *arg)
+{
+    struct reloading *r = arg;
+    struct sil_rpc_unpacker *up = sil_rpc_unpacker_new(0, 0);
+    for (;;) {
+        struct sil_rpc_msg m;
+        struct sil_rpc_error e = {0};
+        int k;
+        while ((k = sil_rpc_unpacker_next(up, &m, &e)) == 1) {
+            struct sil_rpc_buf b;
+            sil_rpc_buf_init(&b, 0);
+            if (r->seen++ < r->refusals) {
+                msgpack_packer *pk = sil_rpc_begin_error_response(&b, m.msgid);
+                msgpack_pack_map(pk, 3);
+                sil_rpc_kv_int(pk, "code", SIL_RPC_E_UNAVAILABLE);
+                sil_rpc_kv_str(pk, "message", "the model is being reloaded");
+                sil_rpc_kv_int(pk, "retry_after_ms", 30);
+                sil_rpc_end_error_response(&b);
+            } else {
+                msgpack_packer *pk = sil_rpc_begin_response(&b, m.msgid);
+                msgpack_pack_map(pk, 1);
+                sil_rpc_kv_bool(pk, "ok", true);
+                sil_rpc_end(&b);
+            }
+            send_buf(r->fd, &b);
+            sil_rpc_buf_free(&b);
+            sil_rpc_msg_release(&m);
+        }
+        size_t avail;
+        void *space = sil_rpc_unpacker_space(up, 4096, &avail);
+        ssize_t n = space ? read(r->fd, space, avail) : -1;
+        if (n <= 0) break;
+        sil_rpc_unpacker_commit(up, (size_t)n);
+    }
+    sil_rpc_unpacker_free(up);
+    close(r->fd);
+    return NULL;
+}
+
+/* Error 13 with a retry_after_ms hint: the client sends the same request again after it, up to
+ * retry_max_ms in all; with retry_max_ms 0 the error and its hint reach the caller. */
+static void test_retry_after(void **state)
+{
+    (void)state;
+    for (int run = 0; run < 3; run++) {
+        int sv[2];
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        struct reloading r = {sv[1], run == 2 ? 1000 : 3, 0};
+        struct sil_rpc_client c;
+        assert_int_equal(sil_rpc_client_init_fd(&c, sv[0], NULL), 0);
+        assert_int_equal(c.retry_max_ms, 60000);
+        c.timeout_ms = 5000;
+        if (run == 1) c.retry_max_ms = 0;
+        if (run == 2) c.retry_max_ms = 200; /* a reload that outlasts the client's patience */
+        pthread_t th;
+        pthread_create(&th, NULL, reloading_main, &r);
+        struct sil_rpc_error e = {0};
+        const msgpack_object *res = NULL;
+        msgpack_packer *pk = sil_rpc_client_begin(&c, "status");
+        msgpack_pack_map(pk, 0);
+        int rc = sil_rpc_client_call(&c, NULL, NULL, &res, &e);
+        sil_rpc_client_close(&c);
+        pthread_join(th, NULL);
+        if (run == 0) {
+            assert_int_equal(rc, 0);
+            assert_int_equal(r.seen, 4); /* three refused, the fourth answered */
+        } else {
+            assert_int_equal(rc, -EREMOTEIO);
+            assert_int_equal(e.code, SIL_RPC_E_UNAVAILABLE);
+            assert_int_equal(e.retry_after_ms, 30);
+            if (run == 1) assert_int_equal(r.seen, 1);
+            else assert_true(r.seen >= 2 && r.seen <= 8);
+        }
+    }
+}
+
 /* ---- the programs against a fake server ------------------------------------------------------- */
 
 struct fake {
@@ -815,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_write_tty),
         cmocka_unit_test(test_socket_candidates),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_retry_after),
         cmocka_unit_test_setup_teardown(test_sil_chat, fake_setup, fake_teardown),
         cmocka_unit_test_setup_teardown(test_sil_probe, fake_setup, fake_teardown),
         cmocka_unit_test(test_versions_and_help),
