@@ -641,6 +641,15 @@ int main(int argc, char **argv)
         sil_client_warn(PROG, "nothing to ask: no question given and standard input is empty");
         return SIL_EXIT_USAGE;
     }
+    /* a question of blanks only ("") is none: with no context there is nothing to send */
+    if (question && question[strspn(question, " \t\r\n")] == 0) {
+        free(question);
+        question = NULL;
+        if (!context) {
+            sil_client_warn(PROG, "nothing to ask: the question is empty");
+            return SIL_EXIT_USAGE;
+        }
+    }
 
     struct sil_rpc_client c;
     struct sil_rpc_error e = {0};

@@ -365,6 +365,21 @@ static int make_socket_dir(const char *path, gid_t gid)
     return 0;
 }
 
+/* Whether a live daemon answers on the socket this one would listen on (not under socket
+ * activation, where systemd holds it): checked before the model loads, which takes seconds to
+ * minutes, so a second instance is refused at once. setup_listen checks again. */
+static bool socket_busy(struct server *s)
+{
+    struct stat st;
+    if (sd_listen_fds(0) > 0 || sil_rpc_socket_path(s->cfg->socket, s->path, sizeof s->path) < 0 ||
+        lstat(s->path, &st) < 0 || !S_ISSOCK(st.st_mode))
+        return false;
+    const int fd = sil_rpc_connect(s->path, NULL);
+    if (fd < 0) return false;
+    close(fd);
+    return true;
+}
+
 static int setup_listen(struct server *s)
 {
     int n = sd_listen_fds(1);
@@ -435,6 +450,10 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     signal(SIGPIPE, SIG_IGN);
     sil_rpc_buf_init(&s->scratch, 0);
 
+    if (socket_busy(s)) {
+        sil_err("another siliceod is already running on %s; not starting a second one", s->path);
+        goto out;
+    }
     /* The model is checked and loaded before the socket listens: a bad model never shows a
      * "listening" line, and clients never wait on a daemon that is about to fail. */
     if (!cfg->no_model) {

@@ -207,9 +207,11 @@ static void probe_tier_line(bool on, char *line, size_t size)
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 3);
+    msgpack_pack_map(&pk, 4);
     sil_rpc_kv_str(&pk, "state", "ready");
     sil_rpc_kv_str(&pk, "backend", "cpu");
+    sil_rpc_pack_cstr(&pk, "expert_cache"); /* none: nil, as the daemon sends it */
+    msgpack_pack_nil(&pk);
     sil_rpc_pack_cstr(&pk, "host_tier");
     msgpack_pack_map(&pk, 4);
     sil_rpc_kv_bool(&pk, "on", on);
@@ -220,6 +222,32 @@ static void probe_tier_line(bool on, char *line, size_t size)
     msgpack_object o = decode_owned(&sb, &up);
     struct sil_probe_limits none = {-1, -1, -1, -1};
     assert_int_equal(sil_probe_eval(&none, &o, 1, -1, line, size), SIL_PROBE_OK);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* A cache's hit rate, or that there is none (status's expert_cache nil). */
+static void test_probe_no_cache(void **state)
+{
+    (void)state;
+    char line[1024];
+    probe_tier_line(false, line, sizeof line);
+    assert_non_null(strstr(line, ", no expert cache"));
+    assert_null(strstr(line, "hit rate"));
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2);
+    sil_rpc_kv_str(&pk, "state", "ready");
+    sil_rpc_pack_cstr(&pk, "expert_cache");
+    msgpack_pack_map(&pk, 1);
+    sil_rpc_kv_double(&pk, "hit_rate", 0.875);
+    msgpack_unpacked up;
+    msgpack_object o = decode_owned(&sb, &up);
+    struct sil_probe_limits none = {-1, -1, -1, -1};
+    assert_int_equal(sil_probe_eval(&none, &o, 1, -1, line, sizeof line), SIL_PROBE_OK);
+    assert_non_null(strstr(line, ", expert hit rate 87.5%"));
     msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&sb);
 }
@@ -891,6 +919,7 @@ int main(void)
         cmocka_unit_test(test_gen_params),
         cmocka_unit_test(test_probe_eval),
         cmocka_unit_test(test_probe_host_tier),
+        cmocka_unit_test(test_probe_no_cache),
         cmocka_unit_test(test_prom),
         cmocka_unit_test(test_prom_families),
         cmocka_unit_test(test_bad_option),

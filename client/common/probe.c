@@ -57,9 +57,10 @@ int sil_probe_eval(const struct sil_probe_limits *lim, const msgpack_object *sta
     char gen[64] = "";
     if (gen_ms >= 0)
         snprintf(gen, sizeof(gen), ", generate %.1f ms", gen_ms);
-    char hit[48] = "";
+    /* status's expert_cache is nil where there is none (every expert resident, the CPU) */
+    char hit[48] = ", no expert cache";
     const msgpack_object *ec = sil_rpc_map_get(status, "expert_cache");
-    if (ec)
+    if (ec && ec->type == MSGPACK_OBJECT_MAP)
         snprintf(hit, sizeof(hit), ", expert hit rate %.1f%%", 100 * sil_rpc_map_double(ec, "hit_rate", 0));
     /* the routed experts' host tier, while experts are read from the file */
     char tier[96] = "";

@@ -36,7 +36,13 @@ grep -q "nothing to ask" "$T/err" || fail "sil-chat </dev/null: $(cat "$T/err")"
 rc=0
 printf ' \n\t\n' | "$BIN/sil-chat" 2>"$T/err" || rc=$?
 [ "$rc" = 2 ] && grep -q "nothing to ask" "$T/err" || fail "blank stdin: $rc $(cat "$T/err")"
-echo "ok: sil-chat with an empty stdin and no question says there is nothing to ask"
+rc=0
+"$BIN/sil-chat" "" </dev/null 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "nothing to ask: the question is empty" "$T/err" || fail "sil-chat \"\": $rc $(cat "$T/err")"
+rc=0
+"$BIN/sil-chat" " " "	" </dev/null 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "the question is empty" "$T/err" || fail "sil-chat of blanks: $rc $(cat "$T/err")"
+echo "ok: sil-chat with an empty stdin and no question, or an empty question, says there is nothing to ask"
 
 # ---- finding the socket ------------------------------------------------------------------------
 # The per-user place, found through XDG_RUNTIME_DIR; for root it comes after the system socket.

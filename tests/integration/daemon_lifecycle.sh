@@ -23,12 +23,18 @@ echo "ok: stale socket replaced"
 [ "$(stat -c %a "$SILICEO_SOCKET")" = 660 ] || fail "socket mode $(stat -c %a "$SILICEO_SOCKET")"
 echo "ok: socket is 0660"
 
-# A second instance refuses to start and leaves the first one's socket alone.
-if "$D" --config "$T/siliceod.conf" --model "$MODEL" --socket "$SILICEO_SOCKET" 2>"$T/second.err"; then
+# A second instance refuses to start, before loading its model (the test hook makes a load take
+# seconds), and leaves the first one's socket alone.
+t0=$(date +%s%N)
+if SILICEOD_TEST_HOOKS=load_ms=3000 "$D" --config "$T/siliceod.conf" --model "$MODEL" \
+    --socket "$SILICEO_SOCKET" 2>"$T/second.err"; then
     fail "second instance started"; fi
+ms=$((($(date +%s%N) - t0) / 1000000))
 grep -q "already running" "$T/second.err" || fail "second instance message: $(cat "$T/second.err")"
+! grep -q "loading the model" "$T/second.err" || fail "the second instance loaded its model first"
+[ "$ms" -lt 2000 ] || fail "the second instance took $ms ms to refuse"
 python3 -c "import siltest; siltest.Client().ok('status')" || fail "first instance lost its socket"
-echo "ok: a second instance refuses to start with a clear message"
+echo "ok: a second instance refuses to start at once ($ms ms) with a clear message"
 
 # A peer with another uid is refused with error 6 (tests run as root; skipped otherwise).
 # The system python: another user cannot run one installed under root's home.
