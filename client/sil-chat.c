@@ -76,7 +76,10 @@ static void usage(FILE *f)
             "      --show-reasoning      print the reasoning even off a terminal\n"
             "      --raw                 send QUESTION as a raw prompt (generate, no template)\n"
             "      --json                print the final result as JSON instead of streaming\n"
-            "  -n, --max-tokens N        answer budget\n"
+            "  -n, --max-tokens N        answer budget: N tokens, then up to --grace more to end\n"
+            "                            the sentence\n"
+            "      --grace N             tokens past the budget to end a sentence, 0 to 64\n"
+            "                            (default 64; 0: -n is a hard cap)\n"
             "      --max-thinking-tokens N  reasoning budget (-1: none)\n"
             "  -t, --temperature X       sampling temperature (0: greedy)\n"
             "      --top-k N  --top-p X  --min-p X  --repeat-penalty X  --presence-penalty X\n"
@@ -91,7 +94,7 @@ static void usage(FILE *f)
 }
 
 enum {
-    O_SYSTEM = 256, O_THINK, O_NO_THINK, O_HIDE, O_SHOW, O_RAW, O_JSON, O_MAXTHINK, O_TOPK,
+    O_SYSTEM = 256, O_GRACE, O_THINK, O_NO_THINK, O_HIDE, O_SHOW, O_RAW, O_JSON, O_MAXTHINK, O_TOPK,
     O_TOPP, O_MINP, O_REPEAT, O_PRESENCE, O_SEED, O_STOP, O_PRIORITY, O_TIMEOUT, O_SOCKET,
     O_SESSIONS, O_DROP,
 };
@@ -112,6 +115,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"json", no_argument, 0, O_JSON},
         {"max-tokens", required_argument, 0, 'n'},
         {"max-thinking-tokens", required_argument, 0, O_MAXTHINK},
+        {"grace", required_argument, 0, O_GRACE},
         {"temperature", required_argument, 0, 't'},
         {"top-k", required_argument, 0, O_TOPK},
         {"top-p", required_argument, 0, O_TOPP},
@@ -143,6 +147,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_JSON: o->json = true; break;
         case 'n':
             if (sil_client_parse_long(PROG, "--max-tokens", optarg, 1, 10000000, &o->gen.max_tokens) < 0)
+                return -1;
+            break;
+        case O_GRACE:
+            if (sil_client_parse_long(PROG, "--grace", optarg, 0, 64, &o->gen.grace_tokens) < 0)
                 return -1;
             break;
         case O_MAXTHINK:

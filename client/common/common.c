@@ -194,6 +194,7 @@ void sil_client_gen_init(struct sil_client_gen *g)
     memset(g, 0, sizeof(*g));
     g->max_tokens = -1;
     g->max_thinking_tokens = -2;
+    g->grace_tokens = -1;
     g->temperature = g->top_p = g->min_p = g->repeat_penalty = -1;
     g->presence_penalty = NAN;
     g->top_k = -1;
@@ -203,7 +204,8 @@ void sil_client_gen_init(struct sil_client_gen *g)
 
 int sil_client_gen_count(const struct sil_client_gen *g)
 {
-    return (g->max_tokens >= 0) + (g->max_thinking_tokens >= -1) + (g->temperature >= 0) +
+    return (g->max_tokens >= 0) + (g->max_thinking_tokens >= -1) + (g->grace_tokens >= 0) +
+           (g->temperature >= 0) +
            (g->top_p >= 0) + (g->min_p >= 0) + (g->repeat_penalty >= 0) +
            !isnan(g->presence_penalty) + (g->top_k >= 0) + (g->seed >= 0) + (g->n_stop > 0) +
            (g->session != NULL) + (g->priority != NULL) + (g->think >= 0);
@@ -215,6 +217,8 @@ void sil_client_pack_gen(msgpack_packer *pk, const struct sil_client_gen *g)
         sil_rpc_kv_int(pk, "max_tokens", g->max_tokens);
     if (g->max_thinking_tokens >= -1)
         sil_rpc_kv_int(pk, "max_thinking_tokens", g->max_thinking_tokens);
+    if (g->grace_tokens >= 0)
+        sil_rpc_kv_int(pk, "grace_tokens", g->grace_tokens);
     if (g->temperature >= 0)
         sil_rpc_kv_double(pk, "temperature", g->temperature);
     if (g->top_p >= 0)

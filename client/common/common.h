@@ -67,6 +67,7 @@ int sil_client_read_all(FILE *f, size_t max, char **out, size_t *len);
 struct sil_client_gen {
     long max_tokens;
     long max_thinking_tokens; /* -2: not sent (-1 means "no limit" on the wire) */
+    long grace_tokens;        /* tokens past max_tokens to end a sentence; -1: not sent */
     double temperature, top_p, min_p, repeat_penalty;
     double presence_penalty; /* NAN: not sent */
     long top_k;

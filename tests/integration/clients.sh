@@ -102,6 +102,18 @@ else
     echo "skip: refused-peer checks need root and setpriv"
 fi
 
+# ---- the answer budget: -n, then up to --grace more (64 by default); --grace 0: a hard cap -------
+n_hard=$("$BIN/sil-chat" --json --no-think -n 3 --grace 0 -t 0 "hello there" |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['n_generated'])") || fail "sil-chat --grace 0"
+n_soft=$("$BIN/sil-chat" --json --no-think -n 3 -t 0 "hello there" |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['n_generated'])") || fail "sil-chat -n 3"
+[ "$n_hard" = 3 ] || fail "-n 3 --grace 0 generated $n_hard tokens"
+[ "$n_soft" -ge 3 ] && [ "$n_soft" -le 67 ] || fail "-n 3 generated $n_soft tokens (3 to 67 expected)"
+rc=0
+"$BIN/sil-chat" --grace 65 hi 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--grace" "$T/err" || fail "--grace 65: $rc $(cat "$T/err")"
+echo "ok: -n 3 --grace 0 gives 3 tokens, -n 3 alone $n_soft (the grace to end a sentence), --grace 65 refused"
+
 # ---- Prometheus output -------------------------------------------------------------------------
 "$BIN/sil-chat" --no-think -n 2 -t 0 hi >/dev/null || fail "sil-chat hi"
 "$BIN/sil-probe" --prom >"$T/metrics.prom" || fail "sil-probe --prom"
