@@ -54,8 +54,9 @@ static const struct opt_def {
     {"--logits", OPT_STR, offsetof(struct opts, logits), "MODE", "last (default), all or none"},
     {"--threads", OPT_STR, offsetof(struct opts, threads), "N", "worker threads (default: CPUs)"},
     {"--backend", OPT_STR, offsetof(struct opts, backend), "NAME", "cpu (default), cuda or auto"},
-    {"--ctx", OPT_STR, offsetof(struct opts, ctx), "N",
-     "context length (default: the model's, at most 4096)"},
+    {"--context", OPT_STR, offsetof(struct opts, ctx), "N",
+     "context length (default: the model's, at most 4096), as siliceod's --context"},
+    {"--ctx", OPT_STR, offsetof(struct opts, ctx), "N", "the same as --context"},
     {"--route-trace", OPT_STR, offsetof(struct opts, route_trace), "FILE",
      "write every MoE layer's routing to FILE (sil-cachesim's trace format; on cuda the "
      "routing comes to the host)"},

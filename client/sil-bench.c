@@ -46,7 +46,7 @@ static int n_results;
 static void usage(FILE *f)
 {
     fprintf(f,
-            "Usage: " PROG " [OPTIONS]\n"
+            "usage: " PROG " [OPTIONS]\n"
             "Benchmark a running siliceod: prefill and decode speed, time to first token,\n"
             "throughput at several concurrencies, and the protocol's cost per streamed token.\n"
             "\n"

@@ -61,7 +61,7 @@ struct stream {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "Usage: " PROG " [OPTIONS] [QUESTION...]\n"
+            "usage: " PROG " [OPTIONS] [QUESTION...]\n"
             "Ask siliceod a question and stream the answer. Without a question and with a\n"
             "terminal on stdin, starts an interactive session.\n"
             "\n"

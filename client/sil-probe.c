@@ -22,7 +22,7 @@ struct opts {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "Usage: " PROG " [OPTIONS]\n"
+            "usage: " PROG " [OPTIONS]\n"
             "Check siliceod's health: one line and an exit code (0 OK, 1 WARNING, 2 CRITICAL,\n"
             "3 UNKNOWN), as monitoring plugins do.\n"
             "\n"

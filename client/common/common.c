@@ -44,11 +44,11 @@ int sil_client_parse_long(const char *prog, const char *opt, const char *s, long
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end) {
-        sil_client_warn(prog, "%s: '%s' is not an integer", opt, s);
+        sil_client_usage_error(prog, "%s: '%s' is not an integer", opt, s);
         return -EINVAL;
     }
     if (v < min || v > max) {
-        sil_client_warn(prog, "%s: %ld out of range [%ld, %ld]", opt, v, min, max);
+        sil_client_usage_error(prog, "%s: %ld out of range [%ld, %ld]", opt, v, min, max);
         return -EINVAL;
     }
     *out = v;
@@ -62,11 +62,11 @@ int sil_client_parse_double(const char *prog, const char *opt, const char *s, do
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end || isnan(v)) {
-        sil_client_warn(prog, "%s: '%s' is not a number", opt, s);
+        sil_client_usage_error(prog, "%s: '%s' is not a number", opt, s);
         return -EINVAL;
     }
     if (v < min || v > max) {
-        sil_client_warn(prog, "%s: %g out of range [%g, %g]", opt, v, min, max);
+        sil_client_usage_error(prog, "%s: %g out of range [%g, %g]", opt, v, min, max);
         return -EINVAL;
     }
     *out = v;
@@ -83,11 +83,11 @@ int sil_client_parse_list(const char *prog, const char *opt, const char *s, long
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         char item[32];
         if (len == 0 || len >= sizeof(item)) {
-            sil_client_warn(prog, "%s: bad list '%s'", opt, s);
+            sil_client_usage_error(prog, "%s: bad list '%s'", opt, s);
             return -EINVAL;
         }
         if (n >= max_n) {
-            sil_client_warn(prog, "%s: at most %d values", opt, max_n);
+            sil_client_usage_error(prog, "%s: at most %d values", opt, max_n);
             return -EINVAL;
         }
         memcpy(item, p, len);

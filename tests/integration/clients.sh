@@ -112,6 +112,11 @@ n_soft=$("$BIN/sil-chat" --json --no-think -n 3 -t 0 "hello there" |
 rc=0
 "$BIN/sil-chat" --grace 65 hi 2>"$T/err" || rc=$?
 [ "$rc" = 2 ] && grep -q -- "--grace" "$T/err" || fail "--grace 65: $rc $(cat "$T/err")"
+rc=0
+"$BIN/sil-chat" -n abc hi 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "'abc' is not an integer; try 'sil-chat --help'" "$T/err" ||
+    fail "-n abc: $rc $(cat "$T/err")"
+"$BIN/sil-chat" --help | head -1 | grep -q "^usage: sil-chat " || fail "sil-chat --help's first line"
 echo "ok: -n 3 --grace 0 gives 3 tokens, -n 3 alone $n_soft (the grace to end a sentence), --grace 65 refused"
 
 # ---- Prometheus output -------------------------------------------------------------------------
