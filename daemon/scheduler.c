@@ -200,6 +200,14 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
     publish_stats(w);
     /* From reaching the scheduler to starting, or to the end for a request that never started. */
     double queue_ms = ms(j->t_submit, j->t_admit ? j->t_admit : j->t_end);
+    /* One line a request, counts and times only: no prompt or answer text, no session name */
+    sil_info("request %u of uid %u%s: %s, %zu prompt tokens (%zu cached), %zu generated, "
+             "queue %.1f ms, prefill %.1f ms, decode %.1f ms%s",
+             (unsigned)j->r.msgid, (unsigned)j->r.uid, j->r.session[0] ? " on a session" : "",
+             sil_stop_reason_name(reason),
+             j->r.n_prompt, j->n_cached, j->gen.n, queue_ms,
+             j->t_first ? ms(j->t_admit, j->t_first) : 0.0,
+             j->t_first ? ms(j->t_first, j->t_end) : 0.0, j->conn_gone ? ", client gone" : "");
     if (!j->conn_gone) {
         if (tail.n_answer || tail.n_reasoning)
             pack_token(&w->pk, j->r.msgid, &tail, NULL, 0);

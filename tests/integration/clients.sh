@@ -117,6 +117,10 @@ rc=0
 [ "$rc" = 2 ] && grep -q "'abc' is not an integer; try 'sil-chat --help'" "$T/err" ||
     fail "-n abc: $rc $(cat "$T/err")"
 "$BIN/sil-chat" --help | head -1 | grep -q "^usage: sil-chat " || fail "sil-chat --help's first line"
+grep -q "info: request [0-9]* of uid [0-9]*: length, [0-9]* prompt tokens ([0-9]* cached), 3 generated, queue" \
+    "$T/daemon.log" || fail "no request line in the daemon's log: $(tail -5 "$T/daemon.log")"
+! grep -q "hello there" "$T/daemon.log" || fail "the daemon's log holds prompt text"
+echo "ok: the daemon logs a line a request, without its text"
 echo "ok: -n 3 --grace 0 gives 3 tokens, -n 3 alone $n_soft (the grace to end a sentence), --grace 65 refused"
 
 # ---- Prometheus output -------------------------------------------------------------------------
