@@ -184,6 +184,16 @@ static void pack_expert_cache(struct server *s, msgpack_packer *pk,
     }
 }
 
+/* key: s as valid UTF-8 (any bytes in), or nil when s is NULL or empty. */
+static void kv_text_or_nil(msgpack_packer *pk, const char *key, const char *s)
+{
+    sil_rpc_pack_cstr(pk, key);
+    if (s && s[0])
+        sil_utf8_pack_str(pk, s, strlen(s));
+    else
+        msgpack_pack_nil(pk);
+}
+
 /* The routed experts' host tier (expert_store.h): always a map while a model is loaded, "on"
  * false where the experts fit the host budget (or it is off); nil without a model. */
 static void pack_host_tier(struct server *s, msgpack_packer *pk)
@@ -198,18 +208,10 @@ static void pack_host_tier(struct server *s, msgpack_packer *pk)
     msgpack_pack_map(pk, 11);
     sil_rpc_kv_bool(pk, "on", ht.on);
     sil_rpc_kv_uint(pk, "budget", ht.budget);
-    sil_rpc_pack_cstr(pk, "budget_from");
-    if (ht.budget_from[0])
-        sil_utf8_pack_str(pk, ht.budget_from, strnlen(ht.budget_from, sizeof ht.budget_from));
-    else
-        msgpack_pack_nil(pk);
+    kv_text_or_nil(pk, "budget_from", ht.budget_from);
     sil_rpc_kv_int(pk, "slots", ht.n_slot);
     sil_rpc_kv_uint(pk, "slot_bytes", ht.slot_bytes);
-    sil_rpc_pack_cstr(pk, "io");
-    if (ht.io)
-        sil_utf8_pack_str(pk, ht.io, strlen(ht.io));
-    else
-        msgpack_pack_nil(pk);
+    kv_text_or_nil(pk, "io", ht.io);
     sil_rpc_kv_uint(pk, "hits", ht.hits);
     sil_rpc_kv_uint(pk, "misses", ht.misses);
     sil_rpc_kv_uint(pk, "bytes_read", ht.bytes_read);
@@ -232,17 +234,9 @@ static void pack_heat_map(struct server *s, msgpack_packer *pk)
         return;
     }
     msgpack_pack_map(pk, 9);
-    sil_rpc_pack_cstr(pk, "file");
-    if (hv.path[0])
-        sil_utf8_pack_str(pk, hv.path, strlen(hv.path)); /* a path is bytes */
-    else
-        msgpack_pack_nil(pk);
+    kv_text_or_nil(pk, "file", hv.path); /* a path is bytes */
     sil_rpc_kv_str(pk, "loaded", hv.load);
-    sil_rpc_pack_cstr(pk, "load_error");
-    if (hv.load_msg[0])
-        sil_utf8_pack_str(pk, hv.load_msg, strlen(hv.load_msg));
-    else
-        msgpack_pack_nil(pk);
+    kv_text_or_nil(pk, "load_error", hv.load_msg);
     sil_rpc_kv_int(pk, "hot_experts", hv.hot);
     sil_rpc_kv_int(pk, "preloaded", hv.preloaded);
     sil_rpc_kv_uint(pk, "tokens_loaded", hv.tokens_loaded);

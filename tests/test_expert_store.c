@@ -369,7 +369,10 @@ static void test_engine_bit_identical(void **state)
             /* all three kinds of lookup happened: reads from the file and host-slot hits */
             assert_true(t.misses > 0);
             assert_true(t.hits > 0);
-            assert_true(t.bytes_read >= t.misses * (routed / 64) / 2);
+            /* every read brings at least the expert's own bytes (its windows are wider) */
+            const struct sil_model_info *mi = sil_engine_info(e);
+            assert_true(t.bytes_read >=
+                        t.misses * (routed / ((uint64_t)mi->n_layer * (uint64_t)mi->n_expert)));
             for (int32_t r = 0; r < n; r++)
                 if (memcmp(ref + (size_t)r * (size_t)V, got + (size_t)r * (size_t)V,
                            sizeof(float) * (size_t)V) != 0)
@@ -563,13 +566,8 @@ static void test_engine_truncated(void **state)
     (void)state;
     if (!tu_refdata_exists("models/qwen35moe-tiny-Q4_K_M.gguf")) tu_skip_no_refdata();
     char *dir = tu_tmpdir_create();
-    char *path = tu_path_join(dir, "model.gguf");
-    char *src = tu_refdata_path("models/qwen35moe-tiny-Q4_K_M.gguf");
-    void *buf;
-    size_t len;
-    assert_int_equal(tu_read_file(src, &buf, &len), 0);
-    assert_int_equal(tu_write_file(path, buf, len), 0);
-    free(buf);
+    char *path = tu_refdata_copy("models/qwen35moe-tiny-Q4_K_M.gguf", dir, "model.gguf");
+    assert_non_null(path);
     struct sil_engine_params p;
     sil_engine_params_default(&p);
     p.model_path = path;
@@ -607,7 +605,6 @@ static void test_engine_truncated(void **state)
     sil_engine_close(e);
     unlink(path);
     free(path);
-    free(src);
     tu_tmpdir_remove(dir);
     free(dir);
 }

@@ -44,6 +44,21 @@ char *tu_refdata_path(const char *rel)
     return p;
 }
 
+char *tu_refdata_copy(const char *rel, const char *dir, const char *name)
+{
+    char *src = tu_refdata_path(rel), *dst = tu_path_join(dir, name);
+    void *buf = NULL;
+    size_t len = 0;
+    const bool ok = tu_read_file(src, &buf, &len) == 0 && tu_write_file(dst, buf, len) == 0;
+    free(buf);
+    free(src);
+    if (!ok) {
+        free(dst);
+        return NULL;
+    }
+    return dst;
+}
+
 int tu_open_refdata_engine(struct sil_engine **e, const char *name, struct sil_engine_params *p,
                            struct sil_error *err)
 {

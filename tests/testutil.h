@@ -41,6 +41,10 @@ int tu_tmpdir_remove(const char *dir);
 /* "dir/name" (malloc'd). */
 char *tu_path_join(const char *dir, const char *name);
 
+/* A private copy of the reference file rel at dir/name, for tests that change it (truncate,
+ * replace): its path (malloc'd), NULL when it cannot be copied. */
+char *tu_refdata_copy(const char *rel, const char *dir, const char *name);
+
 /* Reads a whole file into a malloc'd buffer (NUL-terminated one past len for text use). */
 int tu_read_file(const char *path, void **buf, size_t *len);
 int tu_write_file(const char *path, const void *buf, size_t len);

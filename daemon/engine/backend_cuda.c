@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/backend.h"
+#include "daemon/engine/hostmem.h"
 #include "daemon/engine/host_experts.h"
 #include "daemon/engine/kv_cache.h"
 
@@ -1971,19 +1972,6 @@ static int rng_cmp(const void *a, const void *b)
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
-static uint64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-    fclose(f);
-    return (uint64_t)kib * 1024;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -2114,7 +2102,9 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
         total += b->rng[i].hi - b->rng[i].lo;
     /* pinned pages cannot be reclaimed: never more than 3/4 of what the host has available;
      * with a host tier the engine reads misses into its own pinned slots, never the mapping */
-    const uint64_t avail = mem_available();
+    struct sil_host_spare spare; /* MemAvailable held to the cgroup's room */
+    sil_host_spare(NULL, &spare);
+    const uint64_t avail = spare.bytes == UINT64_MAX ? 0 : spare.bytes;
     const bool fits = !b->c.host_tier && (avail == 0 || total <= avail / 4 * 3);
     if (!fits && !b->c.host_tier && !(pin && strcmp(pin, "0") == 0))
         fprintf(stderr,
