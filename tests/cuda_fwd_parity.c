@@ -116,7 +116,9 @@
  *  29. the host tier (expert_store.h) under n_expert slots at its smallest budget, misses read
  *      from the file and copied from pinned host slots, with none and with 2 of each decode
  *      layer's misses computed on the host from those slots: bit for bit against the same slots
- *      filled from the mapping, the tier's reads counted;
+ *      filled from the mapping, the tier's reads counted; and in micro-batches of 12 rows,
+ *      which the tier's engine runs layer by layer (sil_forward_layers, the last one a decode
+ *      shape that must not be recorded as a graph) and the mapping's one after another;
  *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
@@ -633,12 +635,12 @@ static int slots_vs_resident(struct sil_engine *gpu, const char *model, int n_sl
  * against the same slots copied from the mapping: bit for bit, prefill and decode, with the
  * tier's reads counted. host_misses: that many of each decode layer's misses computed on the
  * host (from the tier's slots), the same in both. 1 when it fails. */
-static int tier_vs_mapping(const char *model, int host_misses, const int32_t *p2, int n2, int V,
-                           float *lg, float *alone)
+static int tier_vs_mapping(const char *model, int host_misses, int ubatch, const int32_t *p2,
+                           int n2, int V, float *lg, float *alone)
 {
     struct sil_engine *map = NULL, *tier = NULL;
     struct sil_error err = {0};
-    char slots[48], misses[48];
+    char slots[48], misses[48], ub[48];
     g_host_budget = UINT64_MAX;
     int rc = open_engine(&map, model, "cuda", &err);
     const int X = rc == 0 ? sil_engine_info(map)->n_expert : 0;
@@ -646,7 +648,8 @@ static int tier_vs_mapping(const char *model, int host_misses, const int32_t *p2
     map = NULL;
     snprintf(slots, sizeof slots, "SIL_CUDA_SLOTS=%d", X);
     snprintf(misses, sizeof misses, "SIL_CUDA_CPU_MISSES=%d", host_misses);
-    const char *env[] = {slots, misses, NULL};
+    snprintf(ub, sizeof ub, "SIL_CUDA_UBATCH=%d", ubatch);
+    const char *env[] = {slots, misses, ubatch > 0 ? ub : NULL, NULL};
     if (rc == 0) rc = open_cuda_env(&map, model, env, &err);
     struct sil_engine_host_tier t = {0};
     if (rc == 0) sil_engine_host_tier(map, &t);
@@ -657,16 +660,26 @@ static int tier_vs_mapping(const char *model, int host_misses, const int32_t *p2
     if (rc == 0) rc = half_then_steps(map, tier, p2, n2, V, lg, alone, true, &worst);
     struct sil_engine_host_tier tt = {0};
     if (tier) sil_engine_host_tier(tier, &tt);
+    struct sil_engine_stats ts = {0}, ms = {0};
+    if (tier) sil_engine_stats(tier, &ts);
+    if (map) sil_engine_stats(map, &ms);
     int failed = 1;
     if (rc < 0) {
         fprintf(stderr, "%s: host tier: %s\n", model, err.msg[0] ? err.msg : "failed (above)");
     } else {
-        failed = !(worst == 0.0f && tt.on && tt.misses > 0 && tt.bytes_read > 0);
+        /* micro-batches of ubatch rows: the tier's engine runs the prefill's layer by layer,
+         * the mapping's one after another, over the same micro-batches */
+        const bool layers_ok =
+            ubatch > 0 ? ts.n_layered > 1 && ms.n_layered == 0 && ts.n_ubatch == ms.n_ubatch
+                       : ts.n_layered == 0;
+        failed = !(worst == 0.0f && tt.on && tt.misses > 0 && tt.bytes_read > 0 && layers_ok);
         printf("%s: cuda %d slots, host tier of %d slots (%s reads: %llu from the file, %llu "
-               "found), %d decode misses on the host, vs the mapping, prefill %d + %d steps: "
-               "max |diff| = %.4g (want 0) %s\n",
+               "found), %d decode misses on the host, micro-batches of %d rows (%llu of %llu "
+               "layer by layer), vs the mapping, prefill %d + %d steps: max |diff| = %.4g "
+               "(want 0) %s\n",
                model, X, tt.n_slot, tt.io ? tt.io : "no", (unsigned long long)tt.misses,
-               (unsigned long long)tt.hits, host_misses, n2 / 2, n2 - n2 / 2, worst,
+               (unsigned long long)tt.hits, host_misses, ubatch, (unsigned long long)ts.n_layered,
+               (unsigned long long)ts.n_ubatch, n2 / 2, n2 - n2 / 2, worst,
                failed ? "FAIL" : "ok");
     }
     sil_engine_close(tier);
@@ -1117,7 +1130,11 @@ int main(int argc, char **argv)
     /* 29. the host tier: misses read from the file into pinned host slots, copied from there
      * (and two of each decode layer's computed on the host from there) */
     for (int hm = 0; hm <= 2 && sil_engine_info(gpu)->n_expert > 0; hm += 2)
-        fails += tier_vs_mapping(model, hm, p2, n2, V, lg, alone);
+        fails += tier_vs_mapping(model, hm, 0, p2, n2, V, lg, alone);
+    /* and micro-batches of 12 rows (the last of a 50-row prefill is 2, a decode shape): the
+     * tier's engine runs them layer by layer */
+    if (sil_engine_info(gpu)->n_expert > 0)
+        fails += tier_vs_mapping(model, 0, 12, p2, n2, V, lg, alone);
 
     /* 18. the default grouped prefill products over the slot pools against everything resident */
     if (sil_engine_info(gpu)->n_expert > 0)

@@ -33,7 +33,7 @@ static int parse_int(const char *what, const char *s, long lo, long hi, long *ou
 
 /* Rows of one prefill evaluation: several of the engine's micro-batches, which it takes layer
  * by layer when the experts come from the host tier (each layer's read once for all). */
-#define PREFILL_BATCH 2048
+#define PREFILL_BATCH 4096
 
 /* --vram-budget: a size as siliceod takes it ("8G", "512MiB"), more than 0. */
 static int parse_size(const char *what, const char *s, uint64_t *out)

@@ -86,6 +86,9 @@ struct sil_ubatch {
     /* what the head gives back for the rows that want logits: SIL_HEAD_LOGITS and/or
      * SIL_HEAD_ARGMAX, as the head will be asked; a device backend keys its graphs on it */
     uint8_t head_out;
+    /* 1: one of several micro-batches of a pass run layer by layer (sil_forward_layers), whose
+     * ops interleave with the others': a device backend records no graph of it */
+    uint8_t layered;
 };
 
 #define SIL_HEAD_LOGITS 1u
@@ -179,6 +182,11 @@ struct sil_backend_ops {
     /* Optional: a ubatch's forward pass starts (the first op of it comes next). A device
      * backend stages the ubatch's positions and runs here, and may replay a recorded pass. */
     void (*begin)(struct sil_backend *be, const struct sil_ubatch *ub);
+    /* Optional: the ops that follow are micro-batch ub's again (sil_forward_layers, between
+     * the micro-batches of one layer; ub's begin came earlier in the pass). A device backend
+     * stages ub's positions and runs again here. NULL: the backend keeps nothing of a ubatch
+     * between its ops. */
+    void (*resume)(struct sil_backend *be, const struct sil_ubatch *ub);
     /* y[i] = dequantized row ids[i] of w (an embedding table). */
     void (*get_rows)(struct sil_backend *be, const struct sil_weight *w, const int32_t *ids,
                      struct sil_act y);

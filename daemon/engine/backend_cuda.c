@@ -41,6 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
 #include <time.h>
 #include <unistd.h>
 
@@ -725,7 +728,9 @@ static void seg_begin(struct cuda_backend *b)
 static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ubatch *ub,
                                      int32_t n_keep)
 {
-    if (!b->graphs || ub->n > MB || ub->n_runs > MB || ub->n_runs < 1 || n_keep < 1) return NULL;
+    if (!b->graphs || ub->layered || ub->n > MB || ub->n_runs > MB || ub->n_runs < 1 ||
+        n_keep < 1)
+        return NULL;
     for (int32_t r = 0; r < ub->n_runs; r++)
         if (ub->pos[ub->run_start[r]] == 0) return NULL;
     struct graph_slot *lru = &b->slots[0];
@@ -773,11 +778,13 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     b->zc_pass = false;
     if (b->zc) memset(b->zc_rows, 0, sizeof(int32_t) * (size_t)b->c.n_layer);
     if (b->rc || ub->n <= 0 || ub->n > b->c.ub_max) return;
+    /* the micro-batch before (layer by layer) may still be copying up from the staging */
+    if (ub->layered && !ok(b, sil_cuda_sync(b->cu, NULL, &b->err))) return;
     int32_t n_keep = 0;
     stage(b, ub, &n_keep);
     b->meta_ok = true; /* staged; copied up by get_rows */
     /* path (b) for decode passes that end in logits (the choices come down with them) */
-    b->zc_pass = b->zc && ub->n <= MB && n_keep >= 1;
+    b->zc_pass = b->zc && !ub->layered && ub->n <= MB && n_keep >= 1;
     if (b->zc_pass && b->zc_dirty) {
         /* from pageable memory: the copy is taken before this returns, then ordered before
          * the pass on the stream */
@@ -810,6 +817,29 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     } else {
         g->capturable = true; /* until an op of this pass syncs */
     }
+}
+
+/* Layer by layer: micro-batch ub's ops follow another's. What waits for the next op is launched
+ * (it is the other micro-batch's), then ub's inputs are staged and copied up again once the
+ * copies of the last staging are done. Such passes are eager (begin records no graph). */
+static void cuda_resume(struct sil_backend *be, const struct sil_ubatch *ub)
+{
+    struct cuda_backend *b = cb(be);
+    flush_add(b);
+    b->q8_src = 0;
+    b->meta_ok = false;
+    if (b->rc) return;
+    if (b->mode != PASS_EAGER || ub->n <= 0 || ub->n > b->c.ub_max) {
+        fail(b, -EINVAL, "a micro-batch resumed in a recorded pass or out of size");
+        return;
+    }
+    if (!ok(b, sil_cuda_sync(b->cu, NULL, &b->err))) return;
+    int32_t n_keep;
+    stage(b, ub, &n_keep);
+    if (!ok(b, sil_cuda_upload(b->cu, b->meta + b->ints_off, (char *)b->h_meta + b->ints_off,
+                               b->meta_bytes - b->ints_off, NULL, &b->err)))
+        return;
+    b->meta_ok = true;
 }
 
 /* An op that needs the host in the middle of the pass: this shape cannot be a graph. */
@@ -2114,6 +2144,13 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
     if (fits && !(pin && strcmp(pin, "0") == 0)) {
         const double t0 = now_s();
         struct sil_error e = {0};
+        /* the pages in first, in large sequential reads (pinning faults a page at a time when
+         * they are not in the page cache); a kernel without MADV_POPULATE_READ leaves it to
+         * the pinning */
+        for (int i = 0; i < n; i++) {
+            const uintptr_t lo = b->rng[i].lo & ~(uintptr_t)4095;
+            madvise((void *)lo, b->rng[i].hi - lo, MADV_POPULATE_READ);
+        }
         int i = 0;
         for (; i < n; i++)
             if (sil_cuda_host_register(b->cu, (void *)b->rng[i].lo, b->rng[i].hi - b->rng[i].lo,
@@ -2484,6 +2521,7 @@ static const struct sil_backend_ops cuda_ops = {
     .free = cuda_free,
     .alloc_act = cuda_alloc_act,
     .begin = cuda_begin,
+    .resume = cuda_resume,
     .get_rows = cuda_get_rows,
     .copy_rows = cuda_copy_rows,
     .matmul = cuda_matmul,

@@ -264,6 +264,20 @@ static int64_t k_max_of(const struct sil_engine *e)
                  max64(max64(ff, hp->n_ff_exp), zdim));
 }
 
+/* With the host tier a batch of several micro-batches goes layer by layer (sil_forward_layers):
+ * n_lm micro-batches of ub_max rows a pass (f->ub_max set). 0 or -ENOMEM. */
+static int layered_open(struct sil_engine *e)
+{
+    struct sil_fwd *f = &e->f;
+    free(e->lm_ub); /* an auto backend's first try */
+    e->lm_ub = NULL;
+    f->n_lm = e->tier_want && e->n_batch_max > f->ub_max
+                  ? (e->n_batch_max + f->ub_max - 1) / f->ub_max
+                  : 0;
+    if (f->n_lm > 0 && !(e->lm_ub = calloc((size_t)f->n_lm, sizeof(*e->lm_ub)))) return -ENOMEM;
+    return 0;
+}
+
 /* The CPU backend, sized for this model: the widest matmul input, MoE and delta-net scratch. */
 static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_error *err)
 {
@@ -274,12 +288,7 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
     int32_t ub = e->tier_want ? UBATCH_MAX_DEV : UBATCH_MAX;
     if (e->n_ubatch > 0 && e->n_ubatch < ub) ub = e->n_ubatch;
     f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub; /* after auto's try */
-    /* with the host tier a batch of several micro-batches goes layer by layer */
-    f->n_lm = e->tier_want && e->n_batch_max > f->ub_max
-                  ? (e->n_batch_max + f->ub_max - 1) / f->ub_max
-                  : 0;
-    if (f->n_lm > 0 && !(e->lm_ub = calloc((size_t)f->n_lm, sizeof(*e->lm_ub))))
-        return sil_errorf(err, -ENOMEM, "engine: out of memory");
+    if (layered_open(e) < 0) return sil_errorf(err, -ENOMEM, "engine: out of memory");
     struct sil_cpu_config c = {
         .n_threads = n_threads,
         .exact = exact,
@@ -339,6 +348,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     if (ub < 1 || ub > UBATCH_MAX_DEV) ub = UBATCH_MAX_DEV;
     if (e->n_ubatch > 0 && e->n_ubatch < ub) ub = e->n_ubatch;
     f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub;
+    if (layered_open(e) < 0) return sil_errorf(err, -ENOMEM, "engine: out of memory");
     size_t scratch = 0;
     if (hp->n_layer_attn > 0)
         scratch = sil_fwd_attention_scratch(f);
@@ -365,7 +375,10 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .kv_dim = (int64_t)hp->n_head_kv * hp->n_embd_head_k,
         .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
-        .act_bytes = 3 * (uint64_t)f->ub_max * (uint64_t)hp->n_embd * sizeof(float) + scratch,
+        /* x, cur, out and each layered micro-batch's x and cur */
+        .act_bytes = (3 + 2 * (uint64_t)f->n_lm) * (uint64_t)f->ub_max * (uint64_t)hp->n_embd *
+                         sizeof(float) +
+                     scratch,
         .kv_type = kv_type,
         .kv_blocks = e->dev_kv_blocks,
         .host_route = p->route_trace != NULL, /* a trace sees every layer's choices */
@@ -1076,6 +1089,7 @@ static struct sil_ubatch make_ubatch(struct sil_engine *e, int32_t r0, int32_t n
     ub.run_start = run_start;
     ub.kv = e->f.kv;
     ub.head_out = head_out;
+    ub.layered = 0;
     return ub;
 }
 
@@ -1118,6 +1132,8 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t 
                 e->lm_ub[k] = make_ubatch(e, r0, len, e->run_start + r0 + k, head_out);
                 r0 += len;
             }
+            for (int j = 0; j < k; j++)
+                e->lm_ub[j].layered = k > 1;
             sil_forward_layers(&e->f, e->lm_ub, k, logits, argmax);
         } else {
             const int32_t len = n - r0 < step ? n - r0 : step;
@@ -1255,6 +1271,7 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
 {
     out->n_ubatch = e->f.n_ubatch;
     out->n_rows = e->f.n_rows;
+    out->n_layered = e->f.n_layered;
     out->expert_bytes = e->f.expert_bytes;
     struct sil_ecache_stats s;
     sil_expert_obs_stats(e->f.obs, &s);

@@ -266,6 +266,7 @@ bool sil_engine_damaged(const struct sil_engine *e);
  * layer: the union of the rows' experts). */
 struct sil_engine_stats {
     uint64_t n_ubatch, n_rows, expert_bytes;
+    uint64_t n_layered; /* of the micro-batches, those run layer by layer with others */
     /* the simulated expert cache (sil_engine_params.ecache_sim_slots), zero without one */
     uint64_t ecache_hits, ecache_misses, ecache_evictions, ecache_bytes_streamed;
     /* route_replay: the records replayed, the choices among them outside the engine's own

@@ -321,32 +321,41 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, 
     finish(f, ub, logits, argmax);
 }
 
-/* Points the residual and the normed rows at micro-batch k's (its own between layers). */
-static void use_rows(struct sil_fwd *f, int k)
+/* Points the residual and the normed rows at micro-batch k's (its own between layers); the
+ * backend takes up k's inputs again when the ops before were another micro-batch's. */
+static void use_rows(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, int k, bool resume)
 {
     f->x = f->lm_x[k];
     f->cur = f->lm_cur[k];
+    f->lm_k = k;
+    if (resume && n_ub > 1 && f->be->ops->resume) SIL_OP(f, resume, &ubs[k]);
 }
 
 void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, float *logits,
                         int32_t *argmax)
 {
     const struct sil_act x = f->x, cur = f->cur, out = f->out;
+    if (n_ub > 1) f->n_layered += (uint64_t)n_ub;
+    f->lm_n = n_ub;
+    f->lm_rows = 0;
+    for (int k = 0; k < n_ub; k++)
+        f->lm_rows += ubs[k].n;
     for (int k = 0; k < n_ub; k++) {
-        use_rows(f, k);
+        use_rows(f, ubs, n_ub, k, false); /* embed begins k's pass */
         embed(f, &ubs[k]);
     }
     for (int il = 0; il + 1 < f->model->hp.n_layer; il++)
         for (int k = 0; k < n_ub; k++) {
-            use_rows(f, k);
+            use_rows(f, ubs, n_ub, k, true);
             layer(f, &ubs[k], il);
         }
     for (int k = 0; k < n_ub; k++) {
-        use_rows(f, k);
+        use_rows(f, ubs, n_ub, k, true);
         finish(f, &ubs[k], logits, argmax);
         f->out = out; /* the last layer swapped x and out */
     }
     f->x = x;
     f->cur = cur;
     f->out = out;
+    f->lm_n = 0;
 }

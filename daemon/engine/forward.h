@@ -58,6 +58,10 @@ struct sil_fwd {
      * between layers (n_lm 0: none; set before sil_fwd_open) */
     int32_t n_lm;
     struct sil_act *lm_x, *lm_cur;
+    /* while sil_forward_layers runs: the micro-batch (lm_k of lm_n) and the rows of all of
+     * them (lm_rows); lm_n 0 otherwise */
+    int32_t lm_k, lm_n;
+    int64_t lm_rows;
     struct sil_act out; /* a block's output */
     void *scratch;      /* block-local activations (struct sil_fwd_arena) */
     size_t scratch_bytes;
@@ -69,6 +73,7 @@ struct sil_fwd {
     /* work counters since open (benchmarks' byte bounds): ubatches, rows, and the routed-expert
      * weight bytes the MoE layers' plans named (each active expert's matrices once a layer) */
     uint64_t n_ubatch, n_rows, expert_bytes;
+    uint64_t n_layered; /* micro-batches run by sil_forward_layers with others */
     struct sil_expert_obs *obs; /* NULL, or shown every MoE plan (expert_obs.h) */
     /* NULL, or the slots of a backend whose experts do not all fit (expert_cache.h): each MoE
      * plan's experts get slots, misses copied in (fill_slot); [n_expert] scratch for a lookup */
@@ -126,8 +131,9 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, 
  * goes through a layer before any goes on to the next, so a layer's experts are fetched once
  * for all of them (the host tier reads each from the file at most once a layer). Rows of one
  * sequence must be in position order across the micro-batches, as sil_forward takes them one
- * after another; the logits are the same, bit for bit. A backend without begin only (its ops
- * take the ubatch as an argument). */
+ * after another; the logits are the same, bit for bit. A backend with begin takes up each
+ * micro-batch's inputs again at its resume op, and records no graph of a ubatch marked
+ * layered (set it when n_ub > 1). */
 void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, float *logits,
                         int32_t *argmax);
 
