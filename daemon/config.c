@@ -26,6 +26,7 @@ void sil_config_defaults(struct sil_config *c)
     c->max_tokens_default = 1024;
     c->max_tokens_limit = 1 << 20;
     c->prefill_chunk = 256;
+    c->host_prefill_chunk = 4096;
     c->prefill_budget = 64;
     c->prefill_stretch = 2;
     c->priority_aging = 30;
@@ -306,6 +307,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("max_tokens_default", max_tokens_default, 1, 1 << 24)
     INT_KEY("max_tokens_limit", max_tokens_limit, 1, 1 << 24)
     INT_KEY("prefill_chunk", prefill_chunk, 1, 1 << 16)
+    INT_KEY("host_prefill_chunk", host_prefill_chunk, 1, 1 << 16)
     INT_KEY("prefill_budget", prefill_budget, 1, 1 << 16)
     if (strcmp(key, "prefill_stretch") == 0) { /* 0: off; under 1 no step could have prompt rows */
         double v;
@@ -554,6 +556,7 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(strcmp(dst->socket_group, src->socket_group), "socket_group")
     STATIC(dst->max_running != src->max_running, "max_running")
     STATIC(dst->prefill_chunk != src->prefill_chunk, "prefill_chunk")
+    STATIC(dst->host_prefill_chunk != src->host_prefill_chunk, "host_prefill_chunk")
     STATIC(dst->prefill_budget != src->prefill_budget, "prefill_budget")
     STATIC(dst->prefill_stretch != src->prefill_stretch, "prefill_stretch")
     STATIC(dst->priority_aging != src->priority_aging, "priority_aging")

@@ -52,6 +52,7 @@ struct sil_config {
     int32_t max_tokens_default; /* answer budget when a request gives none */
     int32_t max_tokens_limit;   /* largest max_tokens accepted */
     int32_t prefill_chunk;      /* prompt tokens evaluated per step, across requests */
+    int32_t host_prefill_chunk; /* the same with the host tier on and nothing generating */
     int32_t prefill_budget;     /* the same while sequences decode (the step stays short) */
     double prefill_stretch;     /* a step with prompt rows within this x a decode step; 0 = off */
     int priority_aging;         /* seconds of waiting that lift a request by one class */

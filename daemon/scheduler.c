@@ -127,7 +127,7 @@ static int job_prefix_reuse(struct sil_worker *w, struct job *j)
 
 /* The next prompt position after n_done where a hybrid model keeps a prefix-cache snapshot:
  * every prefix_every positions and the prompt's last full block; 0 when none is left. */
-static size_t snapshot_boundary(const struct sil_worker *w, const struct job *j)
+static size_t snapshot_boundary(const struct sil_worker *w, const struct job *j, size_t span)
 {
     if (!w->prefix_cache || !sil_engine_recurrent(w->e) || !sil_engine_prefix_shares(w->e) ||
         w->prefix_every <= 0)
@@ -136,7 +136,19 @@ static size_t snapshot_boundary(const struct sil_worker *w, const struct job *j)
     size_t next = (j->n_done / every + 1) * every;
     if (last > j->n_done && last < next)
         next = last;
-    return next <= last ? next : 0;
+    if (next > last)
+        return 0;
+    /* a long step (span > 0) ends at the farthest snapshot point within span tokens, the ones
+     * before it not taken */
+    while (span > 0) {
+        size_t after = (next / every + 1) * every;
+        if (last > next && last < after)
+            after = last;
+        if (after > last || after > j->n_done + span)
+            break;
+        next = after;
+    }
+    return next;
 }
 
 static void pack_token(struct sil_rpc_buf *b, uint32_t msgid, const struct sil_genctl_out *o,
@@ -699,6 +711,12 @@ void step(struct sil_worker *w)
             n_dec++;
         }
     }
+    /* with the host tier and nothing generating, a long step: each layer's missing experts are
+     * read from the file once for all of its prompt tokens */
+    const bool long_step = w->tier && n_dec == 0 && w->host_prefill_chunk > w->prefill_chunk;
+    const int32_t chunk = long_step ? w->host_prefill_chunk : w->prefill_chunk;
+    const int32_t eng_max = sil_engine_n_batch_max(w->e);
+    const int32_t rows_max = eng_max < w->n_batch_max ? eng_max : w->n_batch_max;
     int np = 0;
     for (struct job *j = w->running; j && np < w->max_running; j = j->next) {
         if (j->decoding)
@@ -708,7 +726,8 @@ void step(struct sil_worker *w)
         if (j->sess && j->r.resume > 0 && j->n_done < (size_t)j->r.resume)
             take = (size_t)j->r.resume - j->n_done;
         /* ... and at the next prefix-cache snapshot. */
-        const size_t snap = snapshot_boundary(w, j);
+        const size_t snap = snapshot_boundary(w, j, long_step ? (size_t)chunk : 0);
+        j->snap_at = snap;
         if (snap > j->n_done && snap - j->n_done < take)
             take = snap - j->n_done;
         if (j->r.priority < pre_cls)
@@ -720,7 +739,7 @@ void step(struct sil_worker *w)
     int32_t timed =
         sil_sched_prefill_cap(&w->cost, w->prefill_stretch, w->prefill_budget, dec_cls, pre_cls,
                               n_dec);
-    int32_t budget = sil_sched_prefill_budget(n_dec, timed, w->prefill_chunk, w->n_batch_max - n);
+    int32_t budget = sil_sched_prefill_budget(n_dec, timed, chunk, rows_max - n);
     sil_sched_order(&w->sp, w->s_items, np, now_s(), w->s_idx);
     sil_sched_split(w->s_items, w->s_idx, np, budget, w->s_take);
     for (int i = 0; i < np; i++) {
@@ -801,7 +820,7 @@ void step(struct sil_worker *w)
             continue;
         }
         if (!j->decoding) {
-            const size_t snap = snapshot_boundary(w, j);
+            const size_t snap = j->snap_at;
             /* Positions the sequence held before a preemption are recomputed; a replay's pending
              * token is an answer token, neither. */
             size_t first = j->ctx.n - (size_t)cnt, redo = 0;

@@ -106,6 +106,7 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
     ep->prefix_cache_budget = cfg->prefix_cache_memory;
     ep->n_seq_max = cfg->max_running + cfg->max_sessions;
     ep->n_batch_max = cfg->prefill_chunk + cfg->max_running;
+    ep->n_batch_tier = cfg->host_prefill_chunk + cfg->max_running;
     ep->heat_map = cfg->heat_map;
     ep->ecache_sim_slots = cfg->ecache_slots;
     ep->ecache_sim_policy = cfg->ecache_policy[0] ? cfg->ecache_policy : NULL;

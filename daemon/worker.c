@@ -301,6 +301,14 @@ void model_damaged(struct sil_worker *w, const char *why)
     post_event(w, SIL_WORKER_EV_DAMAGED, msg, w->e, NULL);
 }
 
+/* Whether the engine reads its routed experts through the host tier (expert_store.h). */
+static bool tier_on(const struct sil_engine *e)
+{
+    struct sil_engine_host_tier t;
+    sil_engine_host_tier(e, &t);
+    return t.on;
+}
+
 static void eval_progress(void *user)
 {
     struct sil_worker *w = user;
@@ -373,6 +381,7 @@ static void do_reload(struct sil_worker *w)
         sil_heatkeep_load(w->heat, ne, NULL, NULL);
     }
     w->e = ne;
+    w->tier = tier_on(ne);
     w->v = sil_engine_vocab(ne);
     w->n_vocab = nv;
     w->n_ctx = sil_engine_n_ctx(ne);
@@ -758,10 +767,16 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->n_ctx = sil_engine_n_ctx(e);
     w->max_running = cfg->max_running;
     w->prefill_chunk = cfg->prefill_chunk;
+    w->host_prefill_chunk = cfg->host_prefill_chunk;
     w->prefill_budget = cfg->prefill_budget;
     w->prefill_stretch = cfg->prefill_stretch;
     w->sp.aging_s = cfg->priority_aging;
-    w->n_batch_max = cfg->prefill_chunk + cfg->max_running;
+    /* the rows any engine opened with this config takes (the host tier's may be more); a step
+     * gives the one in use no more than its own most */
+    w->n_batch_max = (cfg->host_prefill_chunk > cfg->prefill_chunk ? cfg->host_prefill_chunk
+                                                                   : cfg->prefill_chunk) +
+                     cfg->max_running;
+    w->tier = tier_on(e);
     w->session_memory = w->session_memory_limit = cfg->session_memory;
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
     w->checkpoints = cfg->session_checkpoints;

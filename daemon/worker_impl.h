@@ -52,6 +52,7 @@ struct job {
     const int32_t *fill;
     size_t n_fill;
     size_t n_done;   /* fill tokens in the sequence */
+    size_t snap_at;  /* the prefix-cache snapshot point this step's chunk may end at (0: none) */
     size_t n_cached; /* of which reused (from the session or the prefix cache) */
     int32_t pending; /* sampled token to evaluate next */
     struct tokvec ctx; /* tokens in the sequence, in order */
@@ -117,6 +118,10 @@ struct sil_worker {
     const struct sil_vocab *v;
     int32_t n_vocab, n_ctx;
     int max_running, prefill_chunk, prefill_budget, n_batch_max;
+    /* the host tier is on: with nothing generating a step takes host_prefill_chunk prompt
+     * tokens (each layer's missing experts read once for all of them) */
+    bool tier;
+    int host_prefill_chunk;
     struct sil_sched_params sp;
     struct sil_sched_cost cost; /* learnt from the steps: the prefill budget by time */
     double prefill_stretch;

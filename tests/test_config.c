@@ -74,6 +74,7 @@ static void test_file(void **state)
                                          "session_memory = 256M\n"
                                          "session_checkpoints = 9\n"
                                          "prefill_budget = 16\n"
+                                         "host_prefill_chunk = 2048\n"
                                          "prefill_stretch = 0\n"
                                          "priority_aging = 5\n"
                                          "prefix_cache = off\n"
@@ -98,6 +99,7 @@ static void test_file(void **state)
     assert_true(c.session_memory == 256ull << 20);
     assert_int_equal(c.session_checkpoints, 9);
     assert_int_equal(c.prefill_budget, 16);
+    assert_int_equal(c.host_prefill_chunk, 2048);
     assert_true(c.prefill_stretch == 0);
     assert_int_equal(c.priority_aging, 5);
     assert_false(c.prefix_cache);
@@ -159,7 +161,7 @@ static void test_file_errors(void **state)
         "priority_aging = 0\n",   "prefill_stretch = 101\n", "prefill_budget = 0\n",
         "prefill_stretch = -1\n", "prefill_stretch = 0.5\n", "prefill_stretch = 2.5.1\n",
         "prefill_stretch = nan\n", "prefill_stretch = 1e1\n", "prefill_stretch = .\n",
-        "prefill_stretch = 0x2\n",
+        "prefill_stretch = 0x2\n", "host_prefill_chunk = 0\n", "host_prefill_chunk = 65537\n",
     };
     for (size_t i = 0; i < sizeof bad_sched / sizeof *bad_sched; i++) {
         p = write_file("s.conf", bad_sched[i]);

@@ -693,12 +693,13 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     struct sil_fwd *f = &e->f;
     f->model = e->model;
     f->n_ctx = e->n_ctx;
+    tier_plan(e, p);
+    if (e->tier_want && p->n_batch_tier > e->n_batch_max) e->n_batch_max = p->n_batch_tier;
     f->ub_max = e->n_batch_max < UBATCH_MAX ? e->n_batch_max : UBATCH_MAX;
     if ((rc = bind_delta_net(e, err)) < 0)
         goto fail;
     if ((rc = alloc_scratch(e, err)) < 0)
         goto fail;
-    tier_plan(e, p);
     if ((rc = open_backend(e, p, nt, err)) < 0)
         goto fail;
     e->info.backend = f->be->ops->name;
@@ -786,6 +787,11 @@ int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d)
 const struct sil_vocab *sil_engine_vocab(const struct sil_engine *e)
 {
     return e->vocab;
+}
+
+int32_t sil_engine_n_batch_max(const struct sil_engine *e)
+{
+    return e->n_batch_max;
 }
 
 int32_t sil_engine_n_ctx(const struct sil_engine *e)

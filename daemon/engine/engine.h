@@ -34,9 +34,12 @@ struct sil_engine_params {
     int32_t n_ctx;        /* max positions per sequence; 0 = min(model context, 4096) */
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
     int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
+    /* max rows per sil_engine_eval when the host tier is on, when more than n_batch_max (a
+     * batch reads each layer's missing experts from the file once); 0 = n_batch_max */
+    int32_t n_batch_tier;
     /* rows per micro-batch (a forward pass); 0 = the backend's (CPU 128, or 512 with the host
-     * tier; CUDA 512); at most those. With the host tier on the CPU a batch of several
-     * micro-batches goes layer by layer: each layer's experts are read once for all of them. */
+     * tier; CUDA 512); at most those. With the host tier a batch of several micro-batches goes
+     * layer by layer: each layer's experts are read once for all of them. */
     int32_t n_ubatch;
     bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
     /* Benchmarks and tests: write every MoE layer's routing to this trace file (route_trace.h;
@@ -152,6 +155,8 @@ struct sil_engine_device {
 int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);
 const struct sil_vocab *sil_engine_vocab(const struct sil_engine *e);
 int32_t sil_engine_n_ctx(const struct sil_engine *e);
+/* The most rows one evaluation takes (n_batch_max, or n_batch_tier with the host tier on). */
+int32_t sil_engine_n_batch_max(const struct sil_engine *e);
 
 /* Sequences. A sequence id is a small integer >= 0; -ENOSPC when n_seq_max are live. */
 int sil_seq_create(struct sil_engine *e, struct sil_error *err);
