@@ -22,7 +22,7 @@ void sil_config_defaults(struct sil_config *c)
     c->max_clients = 256;
     c->max_queue = 256;
     c->max_running = 16;
-    c->max_client_requests = 16;
+    c->max_client_requests = 8;
     c->max_tokens_default = 1024;
     c->max_tokens_limit = 1 << 20;
     c->prefill_chunk = 256;

@@ -74,6 +74,88 @@ int sil_sched_victim(const struct sil_sched_params *p, const struct sil_sched_it
     return best;
 }
 
+int sil_sched_band(const struct sil_sched_params *p, const struct sil_sched_item *it, double now)
+{
+    return (int)floor(sil_sched_score(p, it, now) / p->aging_s);
+}
+
+void sil_sched_share(const struct sil_sched_item *running, int n, const struct sil_sched_item *it,
+                     struct sil_sched_share *out)
+{
+    out->user = out->client = 0;
+    for (int i = 0; i < n; i++) {
+        out->user += running[i].uid == it->uid;
+        out->client += running[i].client == it->client;
+    }
+}
+
+bool sil_sched_admit_before(const struct sil_sched_params *p, const struct sil_sched_item *a,
+                            const struct sil_sched_share *sa, const struct sil_sched_item *b,
+                            const struct sil_sched_share *sb, double now)
+{
+    const int ba = sil_sched_band(p, a, now), bb = sil_sched_band(p, b, now);
+    if (ba != bb) return ba < bb;
+    if (sa->user != sb->user) return sa->user < sb->user;
+    if (sa->client != sb->client) return sa->client < sb->client;
+    return sil_sched_before(p, a, b, now);
+}
+
+void sil_sched_order_fair(const struct sil_sched_params *p, const struct sil_sched_item *it, int n,
+                          double now, int *idx)
+{
+    sil_sched_order(p, it, n, now, idx);
+    /* each item's band and turn (how many of its client's come before it in its band), then a
+     * stable insertion sort by (band, turn): n is at most max_running */
+    int band[n > 0 ? n : 1], turn[n > 0 ? n : 1];
+    for (int i = 0; i < n; i++) {
+        band[i] = sil_sched_band(p, &it[idx[i]], now);
+        turn[i] = 0;
+        for (int k = 0; k < i; k++)
+            turn[i] += band[k] == band[i] && it[idx[k]].client == it[idx[i]].client;
+    }
+    for (int i = 1; i < n; i++) {
+        const int x = idx[i], b = band[i], t = turn[i];
+        int k = i;
+        while (k > 0 && (band[k - 1] > b || (band[k - 1] == b && turn[k - 1] > t))) {
+            idx[k] = idx[k - 1];
+            band[k] = band[k - 1];
+            turn[k] = turn[k - 1];
+            k--;
+        }
+        idx[k] = x;
+        band[k] = b;
+        turn[k] = t;
+    }
+}
+
+int sil_sched_fair_victim(const struct sil_sched_params *p, const struct sil_sched_item *running,
+                          int n, const struct sil_sched_item *cand, double now)
+{
+    struct sil_sched_share cs;
+    sil_sched_share(running, n, cand, &cs);
+    int best = -1, best_excess = 0;
+    for (int i = 0; i < n; i++) {
+        const struct sil_sched_item *r = &running[i];
+        if (!r->preemptible || r->cls < cand->cls) continue;
+        struct sil_sched_share rs;
+        sil_sched_share(running, n, r, &rs);
+        int excess;
+        if (r->uid != cand->uid)
+            excess = rs.user - cs.user;
+        else if (r->client != cand->client)
+            excess = rs.client - cs.client;
+        else
+            continue;
+        if (excess < 2) continue;
+        if (best < 0 || excess > best_excess ||
+            (excess == best_excess && sil_sched_before(p, &running[best], r, now))) {
+            best = i;
+            best_excess = excess;
+        }
+    }
+    return best;
+}
+
 static double ema(double old, double x) { return old > 0 ? 0.8 * old + 0.2 * x : x; }
 
 /* What a mixed step of n prompt rows costs by the steps seen (the median of the last three, the

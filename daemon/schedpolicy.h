@@ -28,6 +28,13 @@ struct sil_sched_item {
     uint64_t arrival; /* order of arrival: breaks ties */
     int32_t want;     /* sil_sched_split: prompt tokens it could take this step */
     bool preemptible; /* sil_sched_victim: its engine state may be dropped and recomputed */
+    uint32_t uid;     /* the user who sent it */
+    uint64_t client;  /* and the connection */
+};
+
+/* The running slots an item's user and its client hold (sil_sched_share). */
+struct sil_sched_share {
+    int user, client;
 };
 
 double sil_sched_score(const struct sil_sched_params *p, const struct sil_sched_item *it,
@@ -38,6 +45,30 @@ bool sil_sched_before(const struct sil_sched_params *p, const struct sil_sched_i
 /* Fills idx[0..n) with 0..n-1, most urgent first (lowest score, then earliest arrival). */
 void sil_sched_order(const struct sil_sched_params *p, const struct sil_sched_item *it, int n,
                      double now, int *idx);
+/* The class an item ranks in after aging: floor(score / aging_s). Fair shares apply between
+ * items of one band. */
+int sil_sched_band(const struct sil_sched_params *p, const struct sil_sched_item *it, double now);
+/* Counts the running items of it's user and of its client into *out. */
+void sil_sched_share(const struct sil_sched_item *running, int n, const struct sil_sched_item *it,
+                     struct sil_sched_share *out);
+/* Admission order, fair between users and then between the clients of one user: a is admitted
+ * before b when its band is more urgent; within a band when its user holds fewer running slots,
+ * then its client; then as sil_sched_before. */
+bool sil_sched_admit_before(const struct sil_sched_params *p, const struct sil_sched_item *a,
+                            const struct sil_sched_share *sa, const struct sil_sched_item *b,
+                            const struct sil_sched_share *sb, double now);
+/* sil_sched_order, then within each band one item per client in turn (each client's most
+ * urgent, then each one's second, ...), so one client's prompts do not take the whole prefill
+ * budget while another's wait. */
+void sil_sched_order_fair(const struct sil_sched_params *p, const struct sil_sched_item *it, int n,
+                          double now, int *idx);
+/* Fair shares within a class, when cand waits with no slot free and sil_sched_victim found
+ * none: a running item of cand's class or a less urgent one whose user holds at least two
+ * slots more than cand's user does, or (cand's user) whose client holds at least two more than
+ * cand's client; of those, one of the user or client holding most, its least urgent. Two, so a
+ * preempted item never takes its slot back at once. -1 when none qualifies. */
+int sil_sched_fair_victim(const struct sil_sched_params *p, const struct sil_sched_item *running,
+                          int n, const struct sil_sched_item *cand, double now);
 /* Prompt rows of the next step: prefill_chunk when no sequence decodes, else prefill_budget
  * (the decode rows come first and a step stays short), never more than room (rows left). */
 int32_t sil_sched_prefill_budget(int n_decoding, int32_t prefill_budget, int32_t prefill_chunk,

@@ -445,7 +445,9 @@ static struct sil_sched_item job_item(const struct job *j)
                                     .level = j->r.priority_level,
                                     .t_submit = j->t_submit,
                                     .arrival = j->arrival,
-                                    .preemptible = !j->cancelled };
+                                    .preemptible = !j->cancelled,
+                                    .uid = j->r.uid,
+                                    .client = j->r.conn_id };
 }
 
 /* The running jobs as policy items in w->s_items / s_jobs; returns how many. */
@@ -509,13 +511,28 @@ static bool preempt_for(struct sil_worker *w, const struct job *cand)
     return true;
 }
 
+/* Makes room for cand, of a user or client holding two slots fewer than another of its class. */
+static bool preempt_fair(struct sil_worker *w, const struct job *cand)
+{
+    int n = running_items(w);
+    const struct sil_sched_item ci = job_item(cand);
+    int v = sil_sched_fair_victim(&w->sp, w->s_items, n, &ci, now_s());
+    if (v < 0)
+        return false;
+    job_preempt(w, w->s_jobs[v], "a fair share for another client");
+    return true;
+}
+
 void admit(struct sil_worker *w)
 {
     while (w->queue) {
-        /* Most urgent first (schedpolicy.h): class, level, time waited, arrival. */
+        /* Most urgent first (schedpolicy.h): class after aging, then the user and the client
+         * holding fewer slots, then level, time waited, arrival. */
         double now = now_s();
+        const int nr = running_items(w);
         struct job *best = NULL;
         struct sil_sched_item bi = { 0 };
+        struct sil_sched_share bs = { 0 };
         for (struct job *j = w->queue; j; j = j->next) {
             if (j->r.session[0]) {
                 struct session *s = session_find(w, j->r.uid, j->r.session);
@@ -523,19 +540,21 @@ void admit(struct sil_worker *w)
                     continue;
             }
             struct sil_sched_item it = job_item(j);
-            if (!best || sil_sched_before(&w->sp, &it, &bi, now)) {
+            struct sil_sched_share sh;
+            sil_sched_share(w->s_items, nr, &it, &sh);
+            if (!best || sil_sched_admit_before(&w->sp, &it, &sh, &bi, &bs, now)) {
                 best = j;
                 bi = it;
+                bs = sh;
             }
         }
         if (!best)
             return;
         bool room = w->n_running < w->max_running && (!w->space_cap || w->n_running < w->space_cap);
-        if (!room) {
-            if (!preempt_for(w, best))
-                return;
-            continue;
-        }
+        /* the slot a preemption frees is best's: the request preempted, back in the queue,
+         * must not take it back first */
+        if (!room && !preempt_for(w, best) && !preempt_fair(w, best))
+            return;
         struct sil_error err = { 0 };
         int rc = job_admit(w, best, &err);
         if (rc == -ENOSPC && w->running) {
@@ -740,7 +759,7 @@ void step(struct sil_worker *w)
         sil_sched_prefill_cap(&w->cost, w->prefill_stretch, w->prefill_budget, dec_cls, pre_cls,
                               n_dec);
     int32_t budget = sil_sched_prefill_budget(n_dec, timed, chunk, rows_max - n);
-    sil_sched_order(&w->sp, w->s_items, np, now_s(), w->s_idx);
+    sil_sched_order_fair(&w->sp, w->s_items, np, now_s(), w->s_idx);
     sil_sched_split(w->s_items, w->s_idx, np, budget, w->s_take);
     for (int i = 0; i < np; i++) {
         int k = w->s_idx[i];

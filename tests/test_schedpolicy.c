@@ -340,6 +340,102 @@ static void victim_choice(void **state)
     assert_int_equal(sil_sched_victim(&P, only, 1, NULL, 10), -1);
 }
 
+/* An item of user uid and client (connection) c. */
+static struct sil_sched_item owned(int cls, double t_submit, uint64_t arrival, uint32_t uid,
+                                   uint64_t c)
+{
+    struct sil_sched_item it = item(cls, 0, t_submit, arrival);
+    it.uid = uid;
+    it.client = c;
+    return it;
+}
+
+/* Fair shares: a client holding every slot of a class gives one up to another client of that
+ * class (or user), never so that the one preempted could take it back; admission and the
+ * prefill order go to the user, then the client, holding fewer. */
+static void fair_shares(void **state)
+{
+    (void)state;
+    /* user 1's client 10 holds four slots of normal class, client 11 of user 2 waits */
+    struct sil_sched_item run[] = {
+        owned(1, 0, 0, 1, 10), owned(1, 0, 1, 1, 10), owned(1, 0, 2, 1, 10), owned(1, 0, 3, 1, 10),
+    };
+    struct sil_sched_item cand = owned(1, 5, 9, 2, 11);
+    assert_int_equal(sil_sched_victim(&P, run, 4, &cand, 10), -1); /* no lower class */
+    /* the least urgent of client 10's: the latest arrival */
+    assert_int_equal(sil_sched_fair_victim(&P, run, 4, &cand, 10), 3);
+    run[3].preemptible = false;
+    assert_int_equal(sil_sched_fair_victim(&P, run, 4, &cand, 10), 2);
+    run[3].preemptible = true;
+    /* 3 + 1: the one preempted (2 against 1 then) does not qualify */
+    run[3] = owned(1, 5, 9, 2, 11);
+    struct sil_sched_item back = owned(1, 0, 3, 1, 10);
+    assert_int_equal(sil_sched_fair_victim(&P, run, 4, &back, 10), -1);
+    /* a second request of client 11 takes one more: 2 + 2, then none */
+    struct sil_sched_item second = owned(1, 6, 12, 2, 11);
+    assert_int_equal(sil_sched_fair_victim(&P, run, 4, &second, 10), 2);
+    run[2] = second;
+    struct sil_sched_item third = owned(1, 7, 13, 2, 11);
+    assert_int_equal(sil_sched_fair_victim(&P, run, 4, &third, 10), -1);
+    /* a more urgent class is never a fair victim: interactive ones of client 10 */
+    struct sil_sched_item inter[] = {
+        owned(0, 0, 0, 1, 10), owned(0, 0, 1, 1, 10), owned(0, 0, 2, 1, 10), owned(0, 0, 3, 1, 10),
+    };
+    assert_int_equal(sil_sched_fair_victim(&P, inter, 4, &cand, 10), -1);
+    /* batch ones are (cand is normal), but sil_sched_victim takes them first */
+    struct sil_sched_item batch[] = {
+        owned(2, 0, 0, 1, 10), owned(2, 0, 1, 1, 10), owned(2, 0, 2, 1, 10), owned(2, 0, 3, 1, 10),
+    };
+    assert_int_equal(sil_sched_victim(&P, batch, 4, &cand, 10), 3);
+    assert_int_equal(sil_sched_fair_victim(&P, batch, 4, &cand, 10), 3);
+    /* one user, two clients: the same between its clients */
+    struct sil_sched_item same = owned(1, 5, 9, 1, 12);
+    assert_int_equal(sil_sched_fair_victim(&P, run + 0, 2, &same, 10), 1);
+    /* ... and never for a request of the client that holds them */
+    struct sil_sched_item own = owned(1, 5, 9, 1, 10);
+    assert_int_equal(sil_sched_fair_victim(&P, run + 0, 2, &own, 10), -1);
+    /* between users first: user 1 holds 3 over two clients, user 2 one; a new client of user 2
+     * still counts its user's slot */
+    struct sil_sched_item mix[] = {
+        owned(1, 0, 0, 1, 10), owned(1, 0, 1, 1, 13), owned(1, 0, 2, 1, 13), owned(1, 0, 3, 2, 11),
+    };
+    struct sil_sched_item u2 = owned(1, 5, 9, 2, 14);
+    assert_int_equal(sil_sched_fair_victim(&P, mix, 4, &u2, 10), 2); /* client 13, latest */
+    struct sil_sched_item u1 = owned(1, 5, 9, 1, 15);
+    assert_int_equal(sil_sched_fair_victim(&P, mix, 4, &u1, 10), 2); /* within user 1: 13 */
+
+    /* admission: the user holding fewer first, within the band; an older band first */
+    struct sil_sched_share s3 = {3, 3}, s1 = {1, 1}, s1b = {1, 0};
+    struct sil_sched_item a = owned(1, 0, 0, 1, 10), b = owned(1, 5, 5, 2, 11);
+    assert_true(sil_sched_before(&P, &a, &b, 10));
+    assert_false(sil_sched_admit_before(&P, &a, &s3, &b, &s1, 10));
+    assert_true(sil_sched_admit_before(&P, &b, &s1, &a, &s3, 10));
+    assert_true(sil_sched_admit_before(&P, &b, &s1b, &a, &s1, 10)); /* the client then */
+    struct sil_sched_item old = owned(1, -40, 0, 1, 10); /* waited 50 s: a band up */
+    assert_true(sil_sched_admit_before(&P, &old, &s3, &b, &s1, 10));
+    struct sil_sched_item inter1 = owned(0, 9, 9, 1, 10);
+    assert_true(sil_sched_admit_before(&P, &inter1, &s3, &b, &s1, 10));
+
+    /* the prefill order: one item per client in turn within a band */
+    struct sil_sched_item pre[] = {
+        owned(1, 0, 0, 1, 10), owned(1, 0, 1, 1, 10), owned(1, 0, 2, 1, 10), owned(1, 1, 3, 2, 11),
+        owned(1, 1, 4, 2, 11), owned(0, 2, 5, 3, 12),
+    };
+    int idx[6];
+    sil_sched_order_fair(&P, pre, 6, 10, idx);
+    const int want[6] = {5, 0, 3, 1, 4, 2};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(idx[i], want[i]);
+    int32_t take[6];
+    for (int i = 0; i < 6; i++)
+        pre[i].want = 100;
+    assert_int_equal(sil_sched_split(pre, idx, 6, 250, take), 250);
+    assert_int_equal(take[5], 100);
+    assert_int_equal(take[0], 100);
+    assert_int_equal(take[3], 50); /* client 11 gets its turn before client 10's second */
+    assert_int_equal(take[1], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -351,6 +447,7 @@ int main(void)
         cmocka_unit_test(prefill_target_follows_streams),
         cmocka_unit_test(split_by_priority),
         cmocka_unit_test(victim_choice),
+        cmocka_unit_test(fair_shares),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

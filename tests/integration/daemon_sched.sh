@@ -2,7 +2,8 @@
 # The scheduler: priority fields checked; 32 concurrent clients of mixed classes all complete,
 # interactive first on average (first-token latency per class); a request preempted by a more
 # urgent one (one sequence slot) or for lack of engine space (test hook kv_tokens) resumes by
-# recompute with the tokens it gives alone; a decoding stream goes on while another client's
+# recompute with the tokens it gives alone; a client holding every slot gives one up to another
+# client's request of its class; a decoding stream goes on while another client's
 # long prompt prefills (inter-token gap median and p99 printed), within 10 x the gap without it
 # when the prefill budget is held to time (prefill_stretch).
 . "$(dirname "$0")/lib.bash"
@@ -14,6 +15,15 @@ write_conf "threads = 2" "max_running = 4" "max_queue = 64" "max_client_requests
 SILICEOD_TEST_HOOKS=ubatch_ms=2 start_daemon --model "$MODEL"
 python3 "$S" priority-params
 python3 "$S" mixed 32
+stop_daemon
+
+# Fair shares: a client holding all four slots with endless requests gives one up to another
+# client's request of the same class (each micro-batch at least 5 ms: 3000 tokens would take
+# the greedy ones over 15 s).
+write_conf "threads = 2" "max_running = 4" "max_queue = 16" "max_client_requests = 4"
+SILICEOD_TEST_HOOKS=ubatch_ms=5 start_daemon --model "$MODEL"
+python3 "$S" fair 4
+grep -q "preempted (a fair share for another client)" "$T/daemon.log" || fail "no fair preemption logged"
 stop_daemon
 
 # One slot: a batch request gives it up to an interactive one; on the hybrid model too, where a

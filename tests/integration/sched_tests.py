@@ -328,8 +328,66 @@ def gap(n_prompt_words, budget, stretch, max_ratio):
               "without (at most %d)" % (stretch, ratio, max_ratio))
 
 
+def fair(n_slots):
+    """One greedy client holds every slot with endless requests of a class (reading its streams
+    as they come); a polite client's request of the same class gets a slot by preemption and
+    ends long before the greedy ones would, each class. The greedy requests lose nothing: what
+    each streamed is its result."""
+    no_eos()
+    for cls in CLASSES:
+        g = Client(timeout=300)
+        ids = [g.send("generate", dict(GREEDY, prompt="Greedy %d: count on and on" % k, max_tokens=3000,
+                                       priority=cls, logit_bias=NO_EOS))
+               for k in range(n_slots)]
+        notes = {i: [] for i in ids}
+        finals = {}
+        lock = threading.Lock()
+
+        def reader():
+            while len(finals) < len(ids):
+                m = g.read()
+                if m is None:
+                    return
+                with lock:
+                    if m[0] == 2 and m[2][0].get("id") in notes:
+                        notes[m[2][0]["id"]].append(m[2][0])
+                    elif m[0] == 1 and m[1] in notes:
+                        finals[m[1]] = (m[2], m[3])
+
+        t = threading.Thread(target=reader)
+        t.start()
+        t_wait = time.monotonic()
+        while time.monotonic() - t_wait < 60:
+            with lock:
+                if all(len(v) >= 2 for v in notes.values()):
+                    break
+            time.sleep(0.02)
+        check(status()["queue"]["running"] == n_slots, "%s: the greedy client holds all %d slots" % (cls, n_slots))
+        p = Client(timeout=120)
+        t0 = time.monotonic()
+        err, res, pnotes, _, _ = streamed(p, dict(GREEDY, prompt="Quick question", max_tokens=4, priority=cls))
+        took = time.monotonic() - t0
+        p.close()
+        with lock:
+            pending = len(finals)
+        check(err is None and res["n_generated"] >= 1, "%s: the polite request completes" % cls)
+        check(pending == 0, "%s: it ended in %.2f s, before any greedy request" % (cls, took))
+        for i in ids:
+            g.send("cancel", {"id": i})
+        t.join(60)
+        check(len(finals) == n_slots and all(e is None for e, _ in finals.values()),
+              "%s: the greedy requests end (cancelled) without error" % cls)
+        check(all([x for n in notes[i] for x in n.get("ids", [])] == finals[i][1]["tokens"] for i in ids),
+              "%s: each greedy stream's ids equal its result: nothing lost or repeated" % cls)
+        pre = sum(r["n_preempted"] for _, r in finals.values())
+        check(pre >= 1, "%s: %d greedy requests preempted for the polite one" % (cls, pre))
+        g.close()
+        st = status()
+        check(st["queue"]["running"] == 0 and st["queue"]["queued"] == 0, "%s: nothing left running" % cls)
+
+
 if __name__ == "__main__":
     g = sys.argv[1]
     args = [int(a) for a in sys.argv[2:]]
     {"priority-params": priority_params, "mixed": mixed, "preempt": preempt, "kv-space": kv_space,
-     "gap": gap}[g](*args)
+     "gap": gap, "fair": fair}[g](*args)
