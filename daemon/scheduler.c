@@ -615,6 +615,15 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
         len = sil_utf8_sanitize(piece, len, clean);
         text = clean;
     }
+    /* A NUL byte (a byte token) adds nothing to the text: a client sends the answer back as a
+     * chat message, where NUL is refused, and a session's transcript drops it too. */
+    if (memchr(text, 0, len)) {
+        size_t k = 0;
+        for (size_t i = 0; i < len; i++)
+            if (text[i]) clean[k++] = text[i];
+        text = clean;
+        len = k;
+    }
     struct sil_genctl_out o;
     int rc = sil_genctl_push(j->gc, id, text, len, &o);
     if (!j->conn_gone) {
