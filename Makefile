@@ -5,6 +5,7 @@
 #                   parity, integration, short fuzz)
 #   make check-asan only the unit tests built with ASan + UBSan (-O1, objects under build/asan/)
 #   make check-asan-integration  the integration tests against the ASan + UBSan daemon and tools
+#   make check-tsan the daemon's integration tests against its ThreadSanitizer build
 #   make check-cuda every CUDA kernel against the CPU reference (needs a GPU), then again with the
 #                   compute_75 PTX forced through the driver's JIT
 #   make deps       install the Debian packages the project builds and tests with
@@ -129,7 +130,7 @@ TEST_BINS := $(addprefix $(B)/tests/,$(TESTS))
 FUZZ_BINS := $(addprefix $(B)/fuzz/,$(FUZZERS))
 
 .PHONY: all check check-unit check-integration check-fuzz check-mandoc check-asan \
-	check-asan-integration check-cuda fuzz deps deps-train demo demo-random install install-service uninstall deb clean \
+	check-asan-integration check-tsan check-cuda fuzz deps deps-train demo demo-random install install-service uninstall deb clean \
 	format tests
 .DEFAULT_GOAL := all
 
@@ -336,6 +337,53 @@ ifneq ($(wildcard daemon/main.c),)
 ASAN_BINS += $(ASAN_B)/bin/siliceod
 endif
 
+# ---- ThreadSanitizer build of the daemon and the tools its tests start, under $(B)/tsan --------
+# For check-tsan: the daemon's integration tests with every data race a failure.
+TSAN_CC ?= $(if $(shell command -v clang 2>/dev/null),clang,$(CC))
+TSAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
+TSAN_CFLAGS := $(BASE_CFLAGS) $(TSAN_FLAGS)
+TSAN_B := $(B)/tsan
+tobj = $(patsubst %.c,$(TSAN_B)/obj/%.o,$(1))
+
+$(eval $(call object_rules,$(TSAN_B)/obj,$$(TSAN_CC),$$(TSAN_CFLAGS)))
+
+T_LIB_KERNELS := $(TSAN_B)/lib/libsil-kernels.a
+T_LIB_ENGINE := $(TSAN_B)/lib/libsil-engine.a
+T_LIB_PROTO := $(TSAN_B)/lib/libsiliceo-proto.a
+T_LIB_DAEMON := $(TSAN_B)/lib/libsil-daemon.a
+T_LIB_CLIENT := $(TSAN_B)/lib/libsil-client.a
+T_LIB_BENCH := $(TSAN_B)/lib/libsil-bench.a
+$(eval $(call static_lib,$(T_LIB_KERNELS),$(call tobj,$(KERNEL_SRC))))
+$(eval $(call static_lib,$(T_LIB_ENGINE),$(call tobj,$(ENGINE_SRC))))
+$(eval $(call static_lib,$(T_LIB_PROTO),$(call tobj,$(PROTO_SRC))))
+$(eval $(call static_lib,$(T_LIB_DAEMON),$(call tobj,$(DAEMON_SRC))))
+$(eval $(call static_lib,$(T_LIB_CLIENT),$(call tobj,$(CLIENT_COMMON_SRC))))
+$(eval $(call static_lib,$(T_LIB_BENCH),$(call tobj,$(BENCH_COMMON_SRC))))
+T_LIB_CUDA := $(if $(CUDA_HOST_SRC),$(TSAN_B)/lib/libsil-cuda.a)
+ifneq ($(T_LIB_CUDA),)
+$(eval $(call static_lib,$(T_LIB_CUDA),$(call tobj,$(CUDA_HOST_SRC)) $(CUDA_FATBIN_OBJ) $(CUDA_FWD_FATBIN_OBJ) $(CUDA_CHAIN_FATBIN_OBJ)))
+endif
+
+define tsan_client_bin
+$(TSAN_B)/bin/$(1): $(call tobj,client/$(1).c $(wildcard client/$(1)/*.c)) $(T_LIB_CLIENT) $(T_LIB_PROTO)
+	@mkdir -p $$(dir $$@)
+	$$(TSAN_CC) $$(TSAN_FLAGS) -o $$@ $$^ $$(LDLIBS_PROTO) $$(LDLIBS_EDIT) $$(LDLIBS_$(1)) -lm
+endef
+$(foreach c,$(CLIENTS),$(eval $(call tsan_client_bin,$(c))))
+define tsan_bench_bin
+$(TSAN_B)/bin/$(1): $(call tobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(T_LIB_ENGINE) $(T_LIB_CUDA) $(T_LIB_KERNELS) $(T_LIB_BENCH)
+	@mkdir -p $$(dir $$@)
+	$$(TSAN_CC) $$(TSAN_FLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
+endef
+$(foreach b,$(BENCHES),$(eval $(call tsan_bench_bin,$(b))))
+$(TSAN_B)/bin/siliceod: $(call tobj,daemon/main.c) $(T_LIB_DAEMON) $(T_LIB_ENGINE) $(T_LIB_CUDA) $(T_LIB_KERNELS) $(T_LIB_PROTO)
+	@mkdir -p $(dir $@)
+	$(TSAN_CC) $(TSAN_FLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_PROTO) $(LDLIBS_ENGINE)
+TSAN_BINS := $(addprefix $(TSAN_B)/bin/,$(CLIENTS) $(BENCHES))
+ifneq ($(wildcard daemon/main.c),)
+TSAN_BINS += $(TSAN_B)/bin/siliceod
+endif
+
 # ---- tests ---------------------------------------------------------------------------------------
 SHARED ?= $(abspath ../shared)
 FUZZ_SECONDS ?= 300
@@ -360,6 +408,11 @@ check-asan: $(ASAN_TEST_BINS) $(ASAN_BINS)
 # several times slower under the sanitizers.
 check-asan-integration: $(ASAN_BINS)
 	@SHARED=$(SHARED) B=$(B) ASAN_B=$(ASAN_B) tests/run-all.sh asan-integration
+
+# The daemon's integration tests against the ThreadSanitizer build (tests/tsan.supp says what
+# is suppressed and why); a report stops the daemon and fails the test. Run by .ci/run.
+check-tsan: all $(TSAN_BINS)
+	@SHARED=$(SHARED) B=$(B) TSAN_B=$(TSAN_B) tests/run-all.sh tsan-integration
 
 check-mandoc:
 	@SHARED=$(SHARED) B=$(B) tests/run-all.sh mandoc

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the test suites of `make check`. With an argument, only that part: unit, asan, integration,
-# fuzz, mandoc; or asan-integration (not in `all`): the integration tests against the ASan build.
+# fuzz, mandoc; or asan-integration / tsan-integration (not in `all`): the integration tests
+# against the ASan or the ThreadSanitizer build.
 # Environment: B (build dir), ASAN_B (the ASan + UBSan build, default $B/asan: its tests/ and the
 # bin/ they start), SHARED (../shared), CHECK_FUZZ_SECONDS.
 set -u
@@ -52,8 +53,23 @@ if [ "$only" = asan-integration ]; then
     # right after a free is still caught.
     for t in tests/integration/*.sh; do
         [ -f "$t" ] || continue
-        run "asan-integration/$(basename "$t" .sh)" env SIL_BUILD="$(cd "$ASAN_B" && pwd)" \
+        run "asan-integration/$(basename "$t" .sh)" env SIL_BUILD="$(cd "$ASAN_B" && pwd)" SIL_SANITIZER=address \
             ASAN_OPTIONS=detect_leaks=1:quarantine_size_mb=0 UBSAN_OPTIONS=print_stacktrace=1 bash "$t"
+    done
+fi
+if [ "$only" = tsan-integration ]; then
+    TSAN_B=${TSAN_B:-$B/tsan}
+    # The scripts that run the daemon with concurrent clients. Left out: daemon_watchdog (it
+    # times the watchdog, and the sanitizer slows every step), and the packaging, training and
+    # tokenizer scripts, which run no daemon under load.
+    for n in clients daemon_chat_session daemon_heat daemon_hybrid daemon_kv daemon_lifecycle \
+        daemon_limits daemon_load daemon_methods daemon_modelfile daemon_prefix \
+        daemon_reload_retry daemon_sched daemon_shutdown daemon_soak daemon_text daemon_tier openai; do
+        t=tests/integration/$n.sh
+        [ -f "$t" ] || continue
+        run "tsan-integration/$n" env SIL_BUILD="$(cd "$TSAN_B" && pwd)" SIL_SANITIZER=thread \
+            TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
+            bash "$t"
     done
 fi
 if [ "$only" = all ] || [ "$only" = fuzz ]; then

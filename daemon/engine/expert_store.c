@@ -44,7 +44,8 @@ struct sil_xstore {
     pthread_mutex_t mu;
     pthread_cond_t work, done;
     struct rd_req *q; /* [n_expert * 3] one batch */
-    int32_t q_n, q_next, q_pending;
+    int32_t q_fill; /* requests queued by the caller, not yet handed over (its thread only) */
+    int32_t q_n, q_next, q_pending; /* the batch the readers see (mu) */
     int q_err; /* first error of the batch (-errno, -EIO for a short read) */
     uint64_t q_err_off;
     bool stop;
@@ -144,9 +145,10 @@ static void *reader(void *arg)
     return NULL;
 }
 
-/* Hands the q_n requests queued in s->q to the readers; mu held on entry and exit. */
+/* Hands the q_fill requests queued in s->q to the readers; mu held on entry and exit. */
 static void start_batch(struct sil_xstore *s)
 {
+    s->q_n = s->q_fill;
     s->q_next = 0;
     s->q_pending = s->q_n;
     s->q_err = 0;
@@ -157,10 +159,11 @@ static void start_batch(struct sil_xstore *s)
  * error. */
 static int finish_batch(struct sil_xstore *s, struct sil_error *err);
 
-/* Runs the q_n requests queued in s->q on the readers and this thread; 0 or the sticky error. */
+/* Runs the q_fill requests queued in s->q on the readers and this thread; 0 or the sticky
+ * error. */
 static int run_batch(struct sil_xstore *s, struct sil_error *err)
 {
-    if (s->q_n == 0) return 0;
+    if (s->q_fill == 0) return 0;
     pthread_mutex_lock(&s->mu);
     start_batch(s);
     pthread_mutex_unlock(&s->mu);
@@ -182,6 +185,7 @@ static int finish_batch(struct sil_xstore *s, struct sil_error *err)
     const uint64_t off = s->q_err_off;
     s->q_n = 0;
     s->q_next = 0;
+    s->q_fill = 0;
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add_explicit(&s->wait_ns, now_ns() - t0, memory_order_relaxed);
     if (rc == 0) return 0;
@@ -219,7 +223,7 @@ static const char *place(const struct sil_xstore *s, int32_t slot, int32_t layer
 static void queue_reads(struct sil_xstore *s, int32_t slot, int32_t layer, int32_t expert)
 {
     for (int i = 0; i < 3; i++)
-        if (s->mat[layer * 3 + i].bytes) place(s, slot, layer, expert, i, &s->q[s->q_n++]);
+        if (s->mat[layer * 3 + i].bytes) place(s, slot, layer, expert, i, &s->q[s->q_fill++]);
 }
 
 /* ---- public ------------------------------------------------------------------------------- */
@@ -438,7 +442,7 @@ int sil_xstore_acquire(struct sil_xstore *s, int32_t layer, const int32_t *exper
         atomic_fetch_add_explicit(&s->hits, (uint64_t)n, memory_order_relaxed);
         return 0;
     }
-    s->q_n = 0;
+    s->q_fill = 0;
     uint64_t hits = 0, misses = 0;
     for (int32_t i = 0; i < n; i++) {
         const struct sil_ecache_entry *r = &s->res[i];
@@ -463,7 +467,7 @@ int64_t sil_xstore_preload(struct sil_xstore *s, const int32_t *keys, int64_t n,
     if (s->sticky) return sil_errorf(err, s->sticky, "%s", s->sticky_msg);
     const int32_t X = s->c.n_expert;
     int64_t placed = 0;
-    s->q_n = 0;
+    s->q_fill = 0;
     for (int64_t i = 0; i < n; i++) {
         const int32_t l = keys[i] / X, x = keys[i] % X;
         if (keys[i] < 0 || l >= s->c.n_layer || s->mat[l * 3].bytes == 0) continue;
@@ -473,7 +477,7 @@ int64_t sil_xstore_preload(struct sil_xstore *s, const int32_t *keys, int64_t n,
         queue_reads(s, slot, l, x);
         placed++;
         /* a batch holds one layer's worth of reads */
-        if (s->q_n + 3 > X * 3) {
+        if (s->q_fill + 3 > X * 3) {
             const int rc = run_batch(s, err);
             if (rc < 0) return rc;
         }
@@ -497,7 +501,7 @@ int32_t sil_xstore_prefetch(struct sil_xstore *s, int32_t layer, const int32_t *
     const int rc = sil_ecache_lookup(s->pol, layer, experts, NULL, n, s->res);
     if (rc != 0)
         return sil_errorf(err, -EINVAL, "expert store: a prefetch of layer %d's experts", layer);
-    s->q_n = 0;
+    s->q_fill = 0;
     int32_t started = 0;
     for (int32_t i = 0; i < n; i++)
         if (s->res[i].kind == SIL_ECACHE_FILL) {
@@ -506,7 +510,7 @@ int32_t sil_xstore_prefetch(struct sil_xstore *s, int32_t layer, const int32_t *
             s->pf[s->pf_n++] = s->res[i].slot;
             started++;
         }
-    if (s->q_n == 0) return 0;
+    if (s->q_fill == 0) return 0;
     atomic_fetch_add_explicit(&s->misses, (uint64_t)started, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->prefetched, (uint64_t)started, memory_order_relaxed);
     pthread_mutex_lock(&s->mu);
