@@ -281,79 +281,6 @@ static void test_file_changes(void **state)
     fixture_done(&f);
 }
 
-/* A prefetch starts reads and returns; the acquire that asks for what it reads waits and finds
- * the bytes, one that asks only for other resident experts does not wait for it, one with a
- * miss does; bad arguments refused; a store freed with reads in flight; a prefetch whose read
- * fails makes the acquire that waits for it fail with -EIO, and every one after. */
-static void test_prefetch(void **state)
-{
-    (void)state;
-    struct fixture f;
-    fixture_init(&f);
-    f.c.n_slot = 2 * NX;
-    struct sil_xstore *s = NULL;
-    struct sil_error err = {0};
-    assert_int_equal(sil_xstore_create(&s, &f.c, &err), 0);
-    const void *ptr[3 * NX];
-    const int32_t all[NX] = {0, 1, 2, 3, 4};
-    assert_int_equal(sil_xstore_acquire(s, 0, all, NULL, NX, ptr, &err), 0);
-    const int32_t three[3] = {2, 0, 1};
-    assert_int_equal(sil_xstore_prefetch(s, 2, three, 3, &err), 3);
-    struct sil_xstore_stats st;
-    sil_xstore_stats(s, &st);
-    assert_int_equal(st.misses, NX + 3);
-    assert_int_equal(st.prefetched, 3);
-    /* resident, not read by the prefetch: found at once */
-    const int32_t four[1] = {4};
-    assert_int_equal(sil_xstore_acquire(s, 0, four, NULL, 1, ptr, &err), 0);
-    assert_expert(&f, 0, 4, ptr);
-    /* what the prefetch read: hits */
-    assert_int_equal(sil_xstore_acquire(s, 2, three, NULL, 3, ptr, &err), 0);
-    for (int i = 0; i < 3; i++)
-        assert_expert(&f, 2, three[i], &ptr[3 * i]);
-    sil_xstore_stats(s, &st);
-    assert_int_equal(st.misses, NX + 3);
-    assert_int_equal(st.hits, 4);
-    /* one resident, one read; then an acquire of the one being read and a miss */
-    const int32_t mixed[2] = {0, 3};
-    assert_int_equal(sil_xstore_prefetch(s, 2, mixed, 2, &err), 1);
-    const int32_t after[2] = {3, 4};
-    assert_int_equal(sil_xstore_acquire(s, 2, after, NULL, 2, ptr, &err), 0);
-    assert_expert(&f, 2, 3, &ptr[0]);
-    assert_expert(&f, 2, 4, &ptr[3]);
-    sil_xstore_stats(s, &st);
-    assert_int_equal(st.misses, NX + 5);
-    assert_int_equal(st.prefetched, 4);
-    /* everything resident: nothing started */
-    assert_int_equal(sil_xstore_prefetch(s, 2, after, 2, &err), 0);
-    /* a layer without experts, an id out of range, more than a layer's experts */
-    const int32_t bad[1] = {NX}, six[NX + 1] = {0, 1, 2, 3, 4, 0};
-    assert_int_equal(sil_xstore_prefetch(s, 1, four, 1, &err), -EINVAL);
-    assert_int_equal(sil_xstore_prefetch(s, 0, bad, 1, &err), -EINVAL);
-    assert_int_equal(sil_xstore_prefetch(s, NL, four, 1, &err), -EINVAL);
-    assert_int_equal(sil_xstore_prefetch(s, 0, six, NX + 1, &err), -EINVAL);
-    assert_int_equal(sil_xstore_acquire(s, 0, bad, NULL, 1, ptr, &err), -EINVAL);
-    /* freed with a prefetch in flight */
-    sil_xstore_free(s);
-    assert_int_equal(sil_xstore_create(&s, &f.c, &err), 0);
-    assert_int_equal(sil_xstore_prefetch(s, 0, all, NX, &err), NX);
-    sil_xstore_free(s);
-    /* the file truncated under a prefetch of the last layer: the next acquire fails */
-    assert_int_equal(sil_xstore_create(&s, &f.c, &err), 0);
-    assert_int_equal(sil_xstore_acquire(s, 0, all, NULL, 1, ptr, &err), 0);
-    assert_int_equal(truncate(f.path, (off_t)f.mat[2 * 3].off), 0);
-    assert_int_equal(sil_xstore_prefetch(s, 2, all, NX, &err), NX);
-    memset(&err, 0, sizeof err);
-    assert_int_equal(sil_xstore_acquire(s, 0, all, NULL, 1, ptr, &err), 0); /* no wait */
-    assert_int_equal(sil_xstore_acquire(s, 2, all, NULL, 1, ptr, &err), -EIO);
-    assert_non_null(strstr(err.msg, "truncated"));
-    memset(&err, 0, sizeof err);
-    assert_int_equal(sil_xstore_acquire(s, 0, all, NULL, 1, ptr, &err), -EIO);
-    assert_int_equal(sil_xstore_prefetch(s, 0, all, 1, &err), -EIO);
-    sil_xstore_free(s);
-    fixture_done(&f);
-}
-
 /* ---- the engine --------------------------------------------------------------------------- */
 
 static const char *const moe_models[] = {
@@ -690,7 +617,6 @@ int main(void)
         cmocka_unit_test(test_demote),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_file_changes),
-        cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_engine_bit_identical),
         cmocka_unit_test(test_engine_by_layer),
         cmocka_unit_test(test_engine_drop),

@@ -52,14 +52,10 @@ struct sil_xstore {
     pthread_t *th;
     int n_th;
 
-    bool inflight;  /* a prefetch's batch is on the readers, not yet waited for */
-    uint8_t *busy;  /* [n_slot] a slot that batch reads into */
-    int32_t *pf;    /* [n_expert] those slots */
-    int32_t pf_n;
     int sticky; /* a read failed: every later acquire fails */
     char sticky_msg[200];
 
-    _Atomic uint64_t hits, misses, bytes_read, reads, wait_ns, prefetched;
+    _Atomic uint64_t hits, misses, bytes_read, reads, wait_ns;
 };
 
 static uint64_t align_up(uint64_t x)
@@ -145,39 +141,18 @@ static void *reader(void *arg)
     return NULL;
 }
 
-/* Hands the q_fill requests queued in s->q to the readers; mu held on entry and exit. */
-static void start_batch(struct sil_xstore *s)
+/* Runs the q_fill requests queued in s->q on the readers and this thread (handed over under
+ * the lock: a reader woken early never sees a batch being filled); 0 or the sticky error. */
+static int run_batch(struct sil_xstore *s, struct sil_error *err)
 {
+    if (s->q_fill == 0) return 0;
+    const uint64_t t0 = now_ns();
+    pthread_mutex_lock(&s->mu);
     s->q_n = s->q_fill;
     s->q_next = 0;
     s->q_pending = s->q_n;
     s->q_err = 0;
     pthread_cond_broadcast(&s->work);
-}
-
-/* Runs the batch started on the readers and this thread until it is done; 0 or the sticky
- * error. */
-static int finish_batch(struct sil_xstore *s, struct sil_error *err);
-
-/* Runs the q_fill requests queued in s->q on the readers and this thread; 0 or the sticky
- * error. */
-static int run_batch(struct sil_xstore *s, struct sil_error *err)
-{
-    if (s->q_fill == 0) return 0;
-    pthread_mutex_lock(&s->mu);
-    start_batch(s);
-    pthread_mutex_unlock(&s->mu);
-    return finish_batch(s, err);
-}
-
-static int finish_batch(struct sil_xstore *s, struct sil_error *err)
-{
-    s->inflight = false;
-    for (int32_t i = 0; i < s->pf_n; i++)
-        s->busy[s->pf[i]] = 0;
-    s->pf_n = 0;
-    const uint64_t t0 = now_ns();
-    pthread_mutex_lock(&s->mu);
     drain(s);
     while (s->q_pending > 0)
         pthread_cond_wait(&s->done, &s->mu);
@@ -312,9 +287,7 @@ int sil_xstore_create(struct sil_xstore **out, const struct sil_xstore_config *c
     s->mat = malloc(nm * sizeof(*s->mat));
     s->res = calloc((size_t)c->n_expert, sizeof(*s->res));
     s->q = calloc((size_t)c->n_expert * 3, sizeof(*s->q));
-    s->busy = calloc((size_t)c->n_slot > 0 ? (size_t)c->n_slot : 1, 1);
-    s->pf = calloc((size_t)c->n_expert, sizeof(*s->pf));
-    if (!s->mat || !s->res || !s->q || !s->busy || !s->pf) {
+    if (!s->mat || !s->res || !s->q) {
         sil_xstore_free(s);
         return sil_errorf(err, -ENOMEM, "expert store: out of memory");
     }
@@ -381,10 +354,6 @@ int sil_xstore_create(struct sil_xstore **out, const struct sil_xstore_config *c
 void sil_xstore_free(struct sil_xstore *s)
 {
     if (!s) return;
-    if (s->inflight) { /* the reads into its slots end before they go */
-        struct sil_error e = {0};
-        finish_batch(s, &e);
-    }
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_broadcast(&s->work);
@@ -405,8 +374,6 @@ void sil_xstore_free(struct sil_xstore *s)
     free(s->mat);
     free(s->res);
     free(s->q);
-    free(s->busy);
-    free(s->pf);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->done);
@@ -424,24 +391,9 @@ int sil_xstore_acquire(struct sil_xstore *s, int32_t layer, const int32_t *exper
         if (experts[i] < 0 || experts[i] >= s->c.n_expert)
             return sil_errorf(err, -EINVAL, "expert store: expert %d of layer %d", experts[i],
                               layer);
-    /* a prefetch still reading: waited for unless every expert is resident and none is one
-     * it reads (then nothing is evicted and nothing read) */
-    bool wait = false;
-    for (int32_t i = 0; s->inflight && !wait && i < n; i++) {
-        const int32_t slot = sil_ecache_slot_of(s->pol, layer, experts[i]);
-        wait = slot < 0 || s->busy[slot];
-    }
-    if (wait && finish_batch(s, err) < 0) return -EIO;
     const int rc = sil_ecache_lookup(s->pol, layer, experts, uses, n, s->res);
     if (rc != 0) /* out of range, or (n <= n_slot) never: the plan did not fit */
         return sil_errorf(err, -EINVAL, "expert store: layer %d's plan of %d experts", layer, n);
-    if (s->inflight) { /* every one a hit (above): the prefetch's batch left alone */
-        for (int32_t i = 0; i < n; i++)
-            for (int m = 0; m < 3; m++)
-                ptr[3 * i + m] = place(s, s->res[i].slot, layer, experts[i], m, NULL);
-        atomic_fetch_add_explicit(&s->hits, (uint64_t)n, memory_order_relaxed);
-        return 0;
-    }
     s->q_fill = 0;
     uint64_t hits = 0, misses = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -463,7 +415,6 @@ int sil_xstore_acquire(struct sil_xstore *s, int32_t layer, const int32_t *exper
 int64_t sil_xstore_preload(struct sil_xstore *s, const int32_t *keys, int64_t n,
                            struct sil_error *err)
 {
-    if (s->inflight && finish_batch(s, err) < 0) return -EIO;
     if (s->sticky) return sil_errorf(err, s->sticky, "%s", s->sticky_msg);
     const int32_t X = s->c.n_expert;
     int64_t placed = 0;
@@ -487,39 +438,6 @@ int64_t sil_xstore_preload(struct sil_xstore *s, const int32_t *keys, int64_t n,
     return rc < 0 ? rc : placed;
 }
 
-int32_t sil_xstore_prefetch(struct sil_xstore *s, int32_t layer, const int32_t *experts,
-                            int32_t n, struct sil_error *err)
-{
-    if (s->inflight && finish_batch(s, err) < 0) return -EIO;
-    if (s->sticky) return sil_errorf(err, s->sticky, "%s", s->sticky_msg);
-    if (layer < 0 || layer >= s->c.n_layer || n < 0 || n > s->c.n_expert || n > s->c.n_slot ||
-        s->mat[layer * 3].bytes == 0)
-        return sil_errorf(err, -EINVAL, "expert store: a prefetch of %d experts of layer %d", n,
-                          layer);
-    if (n == 0) return 0;
-    /* one use each: a guess outlasts the copies a device took (demoted to 0) */
-    const int rc = sil_ecache_lookup(s->pol, layer, experts, NULL, n, s->res);
-    if (rc != 0)
-        return sil_errorf(err, -EINVAL, "expert store: a prefetch of layer %d's experts", layer);
-    s->q_fill = 0;
-    int32_t started = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (s->res[i].kind == SIL_ECACHE_FILL) {
-            queue_reads(s, s->res[i].slot, layer, experts[i]);
-            s->busy[s->res[i].slot] = 1;
-            s->pf[s->pf_n++] = s->res[i].slot;
-            started++;
-        }
-    if (s->q_fill == 0) return 0;
-    atomic_fetch_add_explicit(&s->misses, (uint64_t)started, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->prefetched, (uint64_t)started, memory_order_relaxed);
-    pthread_mutex_lock(&s->mu);
-    start_batch(s);
-    pthread_mutex_unlock(&s->mu);
-    s->inflight = true;
-    return started;
-}
-
 void sil_xstore_demote(struct sil_xstore *s, int32_t layer, int32_t expert)
 {
     sil_ecache_demote(s->pol, layer, expert);
@@ -541,7 +459,6 @@ void sil_xstore_stats(const struct sil_xstore *s, struct sil_xstore_stats *out)
         .bytes_read = atomic_load_explicit(&m->bytes_read, memory_order_relaxed),
         .reads = atomic_load_explicit(&m->reads, memory_order_relaxed),
         .wait_s = (double)atomic_load_explicit(&m->wait_ns, memory_order_relaxed) * 1e-9,
-        .prefetched = atomic_load_explicit(&m->prefetched, memory_order_relaxed),
         .io = s->direct ? "direct" : "buffered",
     };
 }

@@ -11,8 +11,7 @@
  * exclusive.
  *
  * An acquire makes one layer's experts resident, issuing every read of its misses at once (the
- * calling thread reads too) and waiting for them (a prefetch issues a layer's likely experts
- * ahead and does not wait); the pointers it returns stay valid until the
+ * calling thread reads too) and waiting for them; the pointers it returns stay valid until the
  * next acquire or preload, so a device copy queued from them must be complete by then (the
  * engine's next acquire follows a routing the host waited for, which orders it after them).
  * Slot memory comes from the caller's allocator (pinned by a device backend, so a slot is one
@@ -81,17 +80,6 @@ int sil_xstore_acquire(struct sil_xstore *s, int32_t layer, const int32_t *exper
  * earlier acquires' pointers. */
 int64_t sil_xstore_preload(struct sil_xstore *s, const int32_t *keys, int64_t n,
                            struct sil_error *err);
-/* Starts reading experts[0..n) of layer (distinct ids, n <= n_expert) into slots the policy
- * chooses, as an acquire would, and returns without waiting: the readers fetch them while the
- * caller goes on. The next preload or prefetch waits for them first, and so does an acquire
- * unless every expert it asks for is resident and none is being read (the time waited counted
- * in wait_s). Resident ones are left as they are; what a device holds is the caller's to leave
- * out. Each counts as one use for the policy (it outlasts the copies a device took, which were
- * demoted), and its evictions invalidate earlier acquires' pointers as an acquire's do: call it
- * where a device copy from them is complete. The reads started (experts), -EINVAL, or -EIO
- * (sticky: a read of an earlier prefetch failed). */
-int32_t sil_xstore_prefetch(struct sil_xstore *s, int32_t layer, const int32_t *experts,
-                            int32_t n, struct sil_error *err);
 /* (layer, expert) was copied to a higher level (a device's slot): its host slot goes first, so
  * the two levels hold different experts. Its pointers stay valid until the next acquire. */
 void sil_xstore_demote(struct sil_xstore *s, int32_t layer, int32_t expert);
@@ -105,7 +93,6 @@ struct sil_xstore_stats {
     uint64_t bytes_read;     /* from the file, the alignment's extra bytes included */
     uint64_t reads;          /* read calls */
     double wait_s;           /* time acquires and preloads spent waiting for reads */
-    uint64_t prefetched;     /* of the misses, reads started by a prefetch */
     const char *io;          /* "direct" or "buffered" */
 };
 void sil_xstore_stats(const struct sil_xstore *s, struct sil_xstore_stats *out);

@@ -327,7 +327,6 @@ static void use_rows(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, 
 {
     f->x = f->lm_x[k];
     f->cur = f->lm_cur[k];
-    f->lm_k = k;
     if (resume && n_ub > 1 && f->be->ops->resume) SIL_OP(f, resume, &ubs[k]);
 }
 
@@ -336,10 +335,6 @@ void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_u
 {
     const struct sil_act x = f->x, cur = f->cur, out = f->out;
     if (n_ub > 1) f->n_layered += (uint64_t)n_ub;
-    f->lm_n = n_ub;
-    f->lm_rows = 0;
-    for (int k = 0; k < n_ub; k++)
-        f->lm_rows += ubs[k].n;
     for (int k = 0; k < n_ub; k++) {
         use_rows(f, ubs, n_ub, k, false); /* embed begins k's pass */
         embed(f, &ubs[k]);
@@ -357,5 +352,4 @@ void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_u
     f->x = x;
     f->cur = cur;
     f->out = out;
-    f->lm_n = 0;
 }

@@ -58,10 +58,6 @@ struct sil_fwd {
      * between layers (n_lm 0: none; set before sil_fwd_open) */
     int32_t n_lm;
     struct sil_act *lm_x, *lm_cur;
-    /* while sil_forward_layers runs: the micro-batch (lm_k of lm_n) and the rows of all of
-     * them (lm_rows); lm_n 0 otherwise */
-    int32_t lm_k, lm_n;
-    int64_t lm_rows;
     struct sil_act out; /* a block's output */
     void *scratch;      /* block-local activations (struct sil_fwd_arena) */
     size_t scratch_bytes;

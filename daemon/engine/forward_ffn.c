@@ -168,33 +168,6 @@ static const int32_t *replay_next(struct sil_fwd *f, int il, int64_t rows)
     return NULL;
 }
 
-/* Layer by layer on a device (lm_n micro-batches): at the second micro-batch of layer il, whose
- * routing the host waited for (so the copies of the first one's misses into VRAM are done), the
- * host tier starts reading the next MoE layer's experts that VRAM does not hold, while the
- * device computes the rest of this layer. Only for batches that route to about every expert of
- * a layer (rows x n_used >= 4 n_expert: uniform routing leaves under 2% unused). */
-static void prefetch_next(struct sil_fwd *f, int il)
-{
-    const struct sil_hparams *hp = &f->model->hp;
-    if (!f->xstore || !f->ecache || f->xs_err || f->lm_n < 2 || f->lm_k != 1 ||
-        f->lm_rows * hp->n_expert_used < 4 * (int64_t)hp->n_expert)
-        return;
-    int nl = il + 1;
-    while (nl < hp->n_layer && !f->lw[nl].ffn_gate_exps.data)
-        nl++;
-    if (nl >= hp->n_layer) return;
-    int32_t n = 0;
-    for (int32_t e = 0; e < (int32_t)hp->n_expert; e++)
-        if (sil_ecache_slot_of(f->ecache, nl, e) < 0) f->xs_exp[n++] = e;
-    struct sil_error err = {0};
-    const int32_t rc = sil_xstore_prefetch(f->xstore, nl, f->xs_exp, n, &err);
-    if (rc < 0 && rc != -EIO) return; /* a guess that could not start: the acquire reads */
-    if (rc == -EIO) {
-        f->xs_err = rc;
-        snprintf(f->xs_msg, sizeof f->xs_msg, "%.190s", err.msg);
-    }
-}
-
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                  struct sil_act out)
 {
@@ -230,7 +203,6 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
         plan->n_active = 0; /* the choices stay on the device: not counted in expert_bytes */
     } else {
         moe_plan(f, w, plan);
-        prefetch_next(f, il);
         if (f->obs)
             sil_expert_obs_plan(f->obs, il, plan);
         if (f->ecache) {
