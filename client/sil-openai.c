@@ -613,7 +613,13 @@ struct upload {
     char *data;
     size_t len, cap;
     bool too_large;
+    size_t dropped; /* bytes of a body over the limit read and dropped */
 };
+
+/* A body over --max-body is read and dropped up to this many bytes before the 413 goes out, so
+ * a client that sends all of it before reading (no Expect: 100-continue) reads the answer instead
+ * of a broken pipe; past it the answer goes out at once and the connection closes. */
+#define DRAIN_MAX ((size_t)64 << 20)
 
 static bool token_ok(struct MHD_Connection *conn)
 {
@@ -678,12 +684,21 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             return send_failf(conn, 401, NULL, "missing or wrong bearer token");
         if (((route == 1 || route == 6) && !post) || (route != 1 && route != 6 && !get))
             return send_failf(conn, 405, NULL, "method %s not allowed on %.200s", method, url);
-        if (u->too_large)
-            return send_failf(conn, 413, NULL, "request body over %zu bytes", g_opt.max_body);
+        if (u->too_large) {
+            /* a client waiting for 100 Continue sends nothing more: refused now; another one
+             * is sending its body: it is dropped, then refused (up to DRAIN_MAX) */
+            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Expect");
+            if ((ex && strcasecmp(ex, "100-continue") == 0) || strtoull(cl, NULL, 10) > DRAIN_MAX)
+                return send_failf(conn, 413, NULL, "request body over %zu bytes", g_opt.max_body);
+        }
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!u->too_large) {
+        if (u->too_large) {
+            u->dropped += *upload_size;
+            if (u->dropped > DRAIN_MAX)
+                return send_failf(conn, 413, NULL, "request body over %zu bytes", g_opt.max_body);
+        } else {
             if (*upload_size > g_opt.max_body - u->len) {
                 u->too_large = true; /* the rest is read and dropped */
                 free(u->data);

@@ -246,6 +246,14 @@ def bad_input():
     # Chunked upload (no Content-Length) over the limit.
     st, _, body = curl("/v1/chat/completions", big, ["-H", "Transfer-Encoding: chunked"])
     check_error(st, body, 413, "2 MiB chunked body")
+    # Python's http.client sends the whole body before it reads (no Expect: 100-continue): it
+    # reads the 413, not a broken pipe.
+    u = urllib.parse.urlsplit(BASE)
+    hc = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    hc.request("POST", "/v1/chat/completions", body=big.encode(), headers={"Content-Type": "application/json"})
+    r = hc.getresponse()
+    check_error(r.status, r.read().decode(), 413, "2 MiB body from http.client")
+    hc.close()
     st, _, body = curl("/v1/nothing")
     check_error(st, body, 404, "unknown URL")
     st, _, body = curl("/v1/chat/completions")
