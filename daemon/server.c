@@ -337,7 +337,30 @@ static void preload_progress(int64_t done, int64_t total, void *user)
 }
 
 /* Creates the socket's directory (0750) when missing; the default ones are ours to fix up. */
-static int make_socket_dir(const char *path, gid_t gid)
+/* The socket's directory must be the daemon's user's or root's, and nobody else may write
+ * there but under the sticky bit (as /tmp): another user who made it first (the per-user
+ * fallback lives in /tmp) could otherwise take the socket's place. */
+static int socket_dir_ours(const char *dir, char *why, size_t n)
+{
+    struct stat st;
+    if (stat(dir, &st) < 0)
+        return -errno;
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(why, n, "%s is not a directory", dir);
+        return -ENOTDIR;
+    }
+    if ((st.st_uid != geteuid() && st.st_uid != 0) ||
+        ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX))) {
+        snprintf(why, n,
+                 "%s belongs to uid %u with mode %03o: not this user's, or writable by others; "
+                 "remove it, or give --socket a path in a directory of yours",
+                 dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777));
+        return -EPERM;
+    }
+    return 0;
+}
+
+static int make_socket_dir(const char *path, gid_t gid, char *why, size_t why_n)
 {
     char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
     snprintf(dir, sizeof dir, "%s", path);
@@ -347,7 +370,7 @@ static int make_socket_dir(const char *path, gid_t gid)
     *slash = 0;
     struct stat st;
     if (stat(dir, &st) == 0)
-        return 0;
+        return socket_dir_ours(dir, why, why_n);
     /* Parents first (e.g. /run/user/UID exists; its siliceo/ child may not). */
     for (char *p = dir + 1; *p; p++) {
         if (*p != '/')
@@ -363,7 +386,7 @@ static int make_socket_dir(const char *path, gid_t gid)
         return -errno;
     if (gid != (gid_t)-1 && chown(dir, (uid_t)-1, gid) < 0)
         return -errno;
-    return 0;
+    return socket_dir_ours(dir, why, why_n);
 }
 
 /* Whether a live daemon answers on the socket this one would listen on (not under socket
@@ -412,9 +435,10 @@ static int setup_listen(struct server *s)
         struct group *gr = getgrnam(s->cfg->socket_group);
         gid = gr ? gr->gr_gid : (gid_t)strtoul(s->cfg->socket_group, NULL, 10);
     }
-    int rc = make_socket_dir(s->path, gid);
+    char why[512] = "";
+    int rc = make_socket_dir(s->path, gid, why, sizeof why);
     if (rc < 0) {
-        sil_err("cannot create the directory of %s: %s", s->path, strerror(-rc));
+        sil_err("cannot create the directory of %s: %s", s->path, why[0] ? why : strerror(-rc));
         return rc;
     }
     struct sil_rpc_error err = { 0 };

@@ -260,8 +260,10 @@ int sil_rpc_kv_nil(msgpack_packer *pk, const char *key);
 /* ---- Unix sockets ----------------------------------------------------------------------------- */
 
 /* The socket path: override (--socket) if non-NULL and non-empty, else $SILICEO_SOCKET, else
- * $XDG_RUNTIME_DIR/siliceo/siliceod.sock for a user (or /run/user/<uid>/siliceo/siliceod.sock
- * without XDG_RUNTIME_DIR) and /run/siliceo/siliceod.sock for root. 0 or -ENAMETOOLONG. */
+ * $XDG_RUNTIME_DIR/siliceo/siliceod.sock for a user (without XDG_RUNTIME_DIR:
+ * /run/user/<uid>/siliceo/siliceod.sock when /run/user/<uid> is the user's directory, else
+ * /tmp/siliceo-<uid>/siliceod.sock) and /run/siliceo/siliceod.sock for root. 0 or
+ * -ENAMETOOLONG. */
 int sil_rpc_socket_path(const char *override, char *buf, size_t size);
 
 /* The sockets a client tries, in order: only override or $SILICEO_SOCKET when set; else the

@@ -11,21 +11,35 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* A user's own socket: in $XDG_RUNTIME_DIR; without it in /run/user/UID when that is the
+ * user's directory, else (no login session: cron, runuser, a container) in /tmp/siliceo-UID,
+ * which the daemon makes private to the user. Returns snprintf's count. */
+static int user_socket(char *buf, size_t size)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    const unsigned uid = (unsigned)geteuid();
+    if (xdg && *xdg)
+        return snprintf(buf, size, "%s/siliceo/siliceod.sock", xdg);
+    char run[64];
+    snprintf(run, sizeof run, "/run/user/%u", uid);
+    struct stat st;
+    if (stat(run, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == (uid_t)uid)
+        return snprintf(buf, size, "%s/siliceo/siliceod.sock", run);
+    return snprintf(buf, size, "/tmp/siliceo-%u/siliceod.sock", uid);
+}
+
 int sil_rpc_socket_path(const char *override, char *buf, size_t size)
 {
     int n;
     const char *env = getenv("SILICEO_SOCKET");
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
     if (override && *override)
         n = snprintf(buf, size, "%s", override);
     else if (env && *env)
         n = snprintf(buf, size, "%s", env);
     else if (geteuid() == 0)
         n = snprintf(buf, size, "/run/siliceo/siliceod.sock");
-    else if (xdg && *xdg)
-        n = snprintf(buf, size, "%s/siliceo/siliceod.sock", xdg);
     else
-        n = snprintf(buf, size, "/run/user/%u/siliceo/siliceod.sock", (unsigned)geteuid());
+        n = user_socket(buf, size);
     if (n < 0 || (size_t)n >= size)
         return -ENAMETOOLONG;
     return 0;
@@ -118,12 +132,7 @@ int sil_rpc_socket_candidates(const char *override, char paths[][4096], int max)
     } else if (env && *env) {
         one[n++] = env;
     } else {
-        int k;
-        if (xdg && *xdg)
-            k = snprintf(user, sizeof(user), "%s/siliceo/siliceod.sock", xdg);
-        else
-            k = snprintf(user, sizeof(user), "/run/user/%u/siliceo/siliceod.sock",
-                         (unsigned)geteuid());
+        const int k = user_socket(user, sizeof(user));
         if (k < 0 || (size_t)k >= sizeof(user))
             return -ENAMETOOLONG;
         /* Root's default is the system socket; a root session's own daemon comes second. */

@@ -37,8 +37,19 @@ function M.socket_paths()
   end
   local uid = vim.uv and vim.uv.getuid() or vim.loop.getuid()
   local xdg = vim.env.XDG_RUNTIME_DIR
-  local user = (xdg and xdg ~= '') and (xdg .. '/siliceo/siliceod.sock')
-    or string.format('/run/user/%d/siliceo/siliceod.sock', uid)
+  local user
+  if xdg and xdg ~= '' then
+    user = xdg .. '/siliceo/siliceod.sock'
+  else
+    -- no login session: /run/user/UID when it is ours, else the daemon's /tmp fallback
+    local run = string.format('/run/user/%d', uid)
+    local st = (vim.uv or vim.loop).fs_stat(run)
+    if st and st.type == 'directory' and st.uid == uid then
+      user = run .. '/siliceo/siliceod.sock'
+    else
+      user = string.format('/tmp/siliceo-%d/siliceod.sock', uid)
+    end
+  end
   if uid == 0 then
     return (xdg and xdg ~= '') and { SYSTEM_SOCKET, user } or { SYSTEM_SOCKET }
   end
