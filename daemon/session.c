@@ -156,19 +156,6 @@ int session_chat_prompt(struct sil_worker *w, struct job *j, const struct sessio
     return rc;
 }
 
-/* A copy without NUL bytes: a message is a C string, and a client could not send one either. */
-static char *dup_n(const char *p, size_t n)
-{
-    char *d = malloc(n + 1);
-    size_t k = 0;
-    for (size_t i = 0; d && i < n; i++)
-        if (p[i])
-            d[k++] = p[i];
-    if (d)
-        d[k] = 0;
-    return d;
-}
-
 static uint64_t log_bytes(const struct session *s)
 {
     uint64_t b = sizeof(*s->log) * s->n_log;
@@ -188,10 +175,11 @@ void session_keep_transcript(struct sil_worker *w, struct session *s, struct job
         s->n_log = 0;
     }
     if (j->r.chat) {
+        /* the answer holds no NUL (job_token leaves a token's NUL bytes out) */
         size_t n = s->n_log + j->r.n_chat + 1;
         struct sil_chat_msg *log = realloc(s->log, sizeof(*log) * n);
-        char *role = strdup("assistant"), *content = dup_n(answer, n_answer);
-        char *why = n_reasoning ? dup_n(reasoning, n_reasoning) : NULL;
+        char *role = strdup("assistant"), *content = strndup(answer, n_answer);
+        char *why = n_reasoning ? strndup(reasoning, n_reasoning) : NULL;
         if (!log || !role || !content || (n_reasoning && !why)) {
             /* A transcript with a hole would mislead the next turn: start over instead. */
             free(role);

@@ -41,9 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22 /* Linux 5.14 */
-#endif
 #include <time.h>
 #include <unistd.h>
 
@@ -2111,8 +2108,8 @@ static void choose_host_share(struct cuda_backend *b)
             host_gbs, link, 100.0 * share, force ? ", set by SIL_CUDA_CPU_SHARE" : "");
 }
 
-/* Pinning the mapping's pages, a probe: the first PIN_PROBE_MIB of the experts (read in first)
- * pinned and unpinned again; false when pinning all of them (total bytes) at that rate would
+/* Pinning the mapping's pages, a probe: the first PIN_PROBE_MIB of the experts pinned and
+ * unpinned again; false when pinning all of them (total bytes) at that rate would
  * take over PIN_MAX_S. Some kernels pin pages of a file mapping at a crawl (measured: 18 GiB not
  * pinned in 120 s, all of it system time in minor faults, the file in the page cache), which
  * would hold the start up for minutes; elsewhere the same 18 GiB pinned in 10-17 s. */
@@ -2123,8 +2120,6 @@ static bool pin_probe(struct cuda_backend *b, uint64_t total, double *projected)
     const uintptr_t lo = b->rng[0].lo;
     uint64_t bytes = b->rng[0].hi - lo;
     if (bytes > (uint64_t)PIN_PROBE_MIB << 20) bytes = (uint64_t)PIN_PROBE_MIB << 20;
-    const uintptr_t page = lo & ~(uintptr_t)4095;
-    madvise((void *)page, lo + bytes - page, MADV_POPULATE_READ);
     const double t0 = now_s();
     struct sil_error e = {0};
     *projected = 0;
@@ -2178,13 +2173,6 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
     if (want_pin) {
         const double t0 = now_s();
         struct sil_error e = {0};
-        /* the pages in first, in large sequential reads (pinning faults a page at a time when
-         * they are not in the page cache); a kernel without MADV_POPULATE_READ leaves it to
-         * the pinning */
-        for (int i = 0; i < n; i++) {
-            const uintptr_t lo = b->rng[i].lo & ~(uintptr_t)4095;
-            madvise((void *)lo, b->rng[i].hi - lo, MADV_POPULATE_READ);
-        }
         int i = 0;
         for (; i < n; i++)
             if (sil_cuda_host_register(b->cu, (void *)b->rng[i].lo, b->rng[i].hi - b->rng[i].lo,

@@ -387,10 +387,6 @@ int sil_xstore_acquire(struct sil_xstore *s, int32_t layer, const int32_t *exper
     if (layer < 0 || layer >= s->c.n_layer || n < 0 || n > s->c.n_expert || n > s->c.n_slot ||
         s->mat[layer * 3].bytes == 0)
         return sil_errorf(err, -EINVAL, "expert store: %d experts of layer %d", n, layer);
-    for (int32_t i = 0; i < n; i++)
-        if (experts[i] < 0 || experts[i] >= s->c.n_expert)
-            return sil_errorf(err, -EINVAL, "expert store: expert %d of layer %d", experts[i],
-                              layer);
     const int rc = sil_ecache_lookup(s->pol, layer, experts, uses, n, s->res);
     if (rc != 0) /* out of range, or (n <= n_slot) never: the plan did not fit */
         return sil_errorf(err, -EINVAL, "expert store: layer %d's plan of %d experts", layer, n);
