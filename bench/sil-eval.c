@@ -71,8 +71,9 @@ static const struct opt_def {
      "cap the device memory the cuda backend takes (e.g. 8G); experts that do not fit are "
      "cached in slots"},
     {"--host-budget", OPT_STR, offsetof(struct opts, host_budget), "SIZE",
-     "host memory for the routed experts (e.g. 24G; auto, the default: what the host and the "
-     "cgroup can spare; off: the file mapped as before); those that do not fit are read from the "
+     "host memory for everything kept there (e.g. 12G: on the cpu backend the backbone and KV "
+     "first, then the routed experts; auto, the default: what the host and the cgroup can spare; "
+     "off: the experts through the mapping as before); experts that do not fit are read from the "
      "file into host slots"},
     {"--passes", OPT_STR, offsetof(struct opts, passes), "N",
      "evaluate the prompt and its continuation N times in fresh sequences of one engine "

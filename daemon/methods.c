@@ -219,6 +219,33 @@ static void pack_host_tier(struct server *s, msgpack_packer *pk)
     sil_rpc_kv_double(pk, "wait_s", ht.wait_s);
 }
 
+/* The one host budget and how it was shared out when the model loaded (hostmem.h): what is
+ * held whatever the plan, the routed experts' share, and each cache's limit beside what it was
+ * configured to (the limit is less when the caches gave way); nil without a model. */
+static void pack_host_budget(struct server *s, msgpack_packer *pk)
+{
+    sil_rpc_pack_cstr(pk, "host_budget");
+    if (!s->engine) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    struct sil_engine_host_plan hp;
+    sil_engine_host_plan(s->engine, &hp);
+    msgpack_pack_map(pk, 6 + SIL_HOST_N_CACHE);
+    sil_rpc_kv_uint(pk, "budget", hp.budget);
+    kv_text_or_nil(pk, "budget_from", hp.budget_from);
+    sil_rpc_kv_uint(pk, "fixed", hp.fixed);
+    sil_rpc_kv_uint(pk, "experts", hp.experts);
+    sil_rpc_kv_bool(pk, "host_tier", hp.tier);
+    sil_rpc_kv_bool(pk, "gave_way", hp.gave_way);
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++) {
+        sil_rpc_pack_cstr(pk, sil_host_cache_name((enum sil_host_cache)c));
+        msgpack_pack_map(pk, 2);
+        sil_rpc_kv_uint(pk, "limit", hp.cache[c]);
+        sil_rpc_kv_uint(pk, "configured", hp.want[c]);
+    }
+}
+
 /* The heat map kept for a warm restart; nil when none is kept. */
 static void pack_heat_map(struct server *s, msgpack_packer *pk)
 {
@@ -259,7 +286,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     struct sil_engine_device dev;
     const bool on_dev = s->engine && sil_engine_device(s->engine, &dev) == 0;
-    msgpack_pack_map(pk, 20);
+    msgpack_pack_map(pk, 21);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
     sil_rpc_kv_str(pk, "model_state", model_state_name(s));
     sil_rpc_pack_cstr(pk, "model_problem");
@@ -352,6 +379,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_uint(pk, "recomputed", st.tokens_recomputed);
     pack_expert_cache(s, pk, &st);
     pack_host_tier(s, pk);
+    pack_host_budget(s, pk);
     pack_heat_map(s, pk);
     sil_rpc_pack_cstr(pk, "prefix_cache");
     msgpack_pack_map(pk, 7);
@@ -492,6 +520,11 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         memset(&ht, 0, sizeof ht);
     char tier_labels[256];
     host_tier_labels(&ht, tier_labels, sizeof tier_labels);
+    struct sil_engine_host_plan hp;
+    if (s->engine)
+        sil_engine_host_plan(s->engine, &hp);
+    else
+        memset(&hp, 0, sizeof hp);
     const struct metric mt[] = {
         { "siliceo_uptime_seconds", "Seconds since the daemon started.", false, now_s() - s->t_start },
         { "siliceo_rss_bytes", "Resident memory of the daemon.", false, (double)rss_bytes() },
@@ -553,8 +586,20 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
           (double)dev.pinned_bytes },
         { "siliceo_host_tier_on", "1 while routed experts are read from the model file into host "
           "slots (they did not fit the host budget).", false, ht.on },
-        { "siliceo_host_tier_budget_bytes", "Host memory budget of the routed experts (host_budget, "
-          "else what the host and the cgroup could spare at load).", false, (double)ht.budget },
+        { "siliceo_host_budget_bytes", "The one host budget (host_budget, else what the host and "
+          "the cgroup could spare at load, less room for the system).", false, (double)hp.budget },
+        { "siliceo_host_budget_fixed_bytes", "Of it, held whatever the plan: the backbone and KV "
+          "pool on the CPU.", false, (double)hp.fixed },
+        { "siliceo_host_budget_experts_bytes", "Of it, the routed experts' share (all of them, or "
+          "the host tier's budget).", false, (double)hp.experts },
+        { "siliceo_host_budget_snapshots_bytes", "Of it, the prefix cache's snapshots' limit.",
+          false, (double)hp.cache[SIL_HOST_SNAPSHOTS] },
+        { "siliceo_host_budget_prefix_blocks_bytes", "Of it, the limit of the prefix cache's KV "
+          "blocks in host memory.", false, (double)hp.cache[SIL_HOST_PREFIX] },
+        { "siliceo_host_budget_sessions_bytes", "Of it, the idle sessions' limit.", false,
+          (double)hp.cache[SIL_HOST_SESSIONS] },
+        { "siliceo_host_budget_gave_way", "1 when the caches got less than configured to fit the "
+          "host budget.", false, hp.gave_way },
         { "siliceo_host_tier_slots", "Host slots of the expert host tier.", false, ht.n_slot },
         { "siliceo_host_tier_slot_bytes", "Bytes of one host slot.", false, (double)ht.slot_bytes },
         { "siliceo_host_tier_hits_total", "Expert lookups found in a host slot.", true,

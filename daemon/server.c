@@ -104,6 +104,7 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
     ep->kv_budget = cfg->kv_budget;
     ep->prefix_ckpt_budget = cfg->prefix_cache ? cfg->prefix_checkpoint_memory : 0;
     ep->prefix_cache_budget = cfg->prefix_cache_memory;
+    ep->session_budget = cfg->max_sessions ? cfg->session_memory : 0;
     ep->n_seq_max = cfg->max_running + cfg->max_sessions;
     ep->n_batch_max = cfg->prefill_chunk + cfg->max_running;
     ep->n_batch_tier = cfg->host_prefill_chunk + cfg->max_running;

@@ -309,6 +309,18 @@ static bool tier_on(const struct sil_engine *e)
     return t.on;
 }
 
+/* session_memory held to the idle sessions' share of the host budget (hostmem.h), which is
+ * less when the caches gave way to the experts at load. */
+static uint64_t session_cap(const struct sil_worker *w, uint64_t limit)
+{
+    if (!w->e) return limit;
+    struct sil_engine_host_plan hp;
+    sil_engine_host_plan(w->e, &hp);
+    return hp.want[SIL_HOST_SESSIONS] && hp.cache[SIL_HOST_SESSIONS] < limit
+               ? hp.cache[SIL_HOST_SESSIONS]
+               : limit;
+}
+
 static void eval_progress(void *user)
 {
     struct sil_worker *w = user;
@@ -483,7 +495,7 @@ static void *worker_main(void *arg)
         struct inmsg *in = w->in_head;
         w->in_head = w->in_tail = NULL;
         bool stop = w->stop;
-        w->session_memory = w->session_memory_limit;
+        w->session_memory = session_cap(w, w->session_memory_limit);
         w->max_sessions = w->max_sessions_limit;
         pthread_mutex_unlock(&w->mu);
 
@@ -777,7 +789,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
                                                                    : cfg->prefill_chunk) +
                      cfg->max_running;
     w->tier = tier_on(e);
-    w->session_memory = w->session_memory_limit = cfg->session_memory;
+    w->session_memory_limit = cfg->session_memory;
+    w->session_memory = session_cap(w, cfg->session_memory);
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
     w->checkpoints = cfg->session_checkpoints;
     w->prefix_cache = cfg->prefix_cache;

@@ -357,13 +357,18 @@ static void test_engine_bit_identical(void **state)
             const int32_t V = sil_engine_info(e)->n_vocab;
             const uint64_t routed = sil_engine_info(e)->routed_expert_bytes;
             sil_engine_close(e);
-            assert_true(min < routed); /* so the smallest tier reads from the file */
-
             open_with(&e, moe_models[m], exact, false, min);
             sil_engine_host_tier(e, &t);
             assert_true(t.on);
             assert_string_equal(t.budget_from, "host_budget");
             assert_int_equal(t.budget, min);
+            /* the smallest tier: its slots hold less than the experts, the rest is read */
+            assert_true((uint64_t)t.n_slot * t.slot_bytes < routed);
+            struct sil_engine_host_plan hp;
+            sil_engine_host_plan(e, &hp);
+            assert_true(hp.tier && hp.budget == min);
+            assert_true(hp.fixed + hp.experts + hp.cache[0] + hp.cache[1] + hp.cache[2] <= min);
+            assert_true((uint64_t)t.n_slot * t.slot_bytes <= hp.experts);
             float *got = run(e, &n);
             sil_engine_host_tier(e, &t);
             /* all three kinds of lookup happened: reads from the file and host-slot hits */
@@ -550,8 +555,12 @@ static void test_engine_budget(void **state)
     assert_false(t.on);
     assert_true(t.min_bytes > 0);
     sil_engine_close(e);
-    /* a model without experts never has one */
+    /* a model without experts never has one; its budget must still hold its backbone and KV */
     p.host_budget = 4096;
+    assert_int_equal(tu_open_refdata_engine(&e, "qwen3-tiny-Q8_0", &p, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "is under the least this model takes"));
+    assert_null(strstr(err.msg, "experts"));
+    p.host_budget = 1ull << 40;
     assert_int_equal(tu_open_refdata_engine(&e, "qwen3-tiny-Q8_0", &p, &err), 0);
     sil_engine_host_tier(e, &t);
     assert_false(t.on);

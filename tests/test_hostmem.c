@@ -392,6 +392,161 @@ static void test_this_host(void **state)
     }
 }
 
+/* ---- sil_host_plan ------------------------------------------------------------------------ */
+
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+static struct sil_host_plan_in plan_in(uint64_t budget, uint64_t fixed, uint64_t experts,
+                                       uint64_t experts_min)
+{
+    struct sil_host_plan_in in = {budget, fixed, experts, experts_min, {GiB, GiB, GiB}};
+    return in;
+}
+
+static uint64_t plan_total(const struct sil_host_plan *p)
+{
+    uint64_t t = p->experts;
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+        t += p->cache[c];
+    return t;
+}
+
+/* Room for everything: every cache what it wanted, the experts whole, no tier. */
+static void test_plan_fits(void **state)
+{
+    (void)state;
+    struct sil_host_plan_in in = plan_in(64 * GiB, 2 * GiB, 18 * GiB, 40 * MiB);
+    struct sil_host_plan p;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_false(p.tier);
+    assert_false(p.gave_way);
+    assert_true(p.experts == 18 * GiB);
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+        assert_true(p.cache[c] == GiB);
+    assert_true(p.min_budget == 2 * GiB + 40 * MiB);
+    /* an unknown budget grants everything too */
+    in.budget = UINT64_MAX;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_false(p.tier || p.gave_way);
+}
+
+/* A little short: the snapshots give way first, and only as much as the experts need to fit
+ * whole; then the prefix blocks. */
+static void test_plan_order(void **state)
+{
+    (void)state;
+    struct sil_host_plan_in in = {32 * GiB, 0, 27 * GiB, 40 * MiB, {2 * GiB, 2 * GiB, 2 * GiB}};
+    struct sil_host_plan p;
+    /* 1 GiB short; the floors are 32/32 = 1 GiB: the snapshots alone give way */
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_false(p.tier);
+    assert_true(p.gave_way);
+    assert_true(p.experts == 27 * GiB);
+    assert_true(p.cache[SIL_HOST_SNAPSHOTS] == GiB);
+    assert_true(p.cache[SIL_HOST_PREFIX] == 2 * GiB);
+    assert_true(p.cache[SIL_HOST_SESSIONS] == 2 * GiB);
+    /* 1.5 GiB short: the snapshots down to their floor, then the prefix blocks */
+    in.experts = 27 * GiB + 512 * MiB;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_false(p.tier);
+    assert_true(p.experts == in.experts);
+    assert_true(p.cache[SIL_HOST_SNAPSHOTS] == GiB);
+    assert_true(p.cache[SIL_HOST_PREFIX] == GiB + 512 * MiB);
+    assert_true(p.cache[SIL_HOST_SESSIONS] == 2 * GiB);
+    assert_true(plan_total(&p) == 32 * GiB);
+}
+
+/* Far short (a 16 GiB machine and a 20 GiB model): every cache at its floor, the experts in a
+ * tier of the rest. */
+static void test_plan_tier(void **state)
+{
+    (void)state;
+    struct sil_host_plan_in in = plan_in(10 * GiB + 2 * GiB, 2 * GiB, 18 * GiB, 40 * MiB);
+    struct sil_host_plan p;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_true(p.tier && p.gave_way);
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+        assert_true(p.cache[c] == 384 * MiB); /* 12 GiB / 32 */
+    assert_true(p.experts == 10 * GiB - 3 * 384 * MiB);
+    assert_true(plan_total(&p) == 10 * GiB);
+    /* a cache that wanted less than its floor keeps what it wanted */
+    in.want[SIL_HOST_SESSIONS] = 100 * MiB;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_true(p.cache[SIL_HOST_SESSIONS] == 100 * MiB);
+    assert_true(p.experts == 10 * GiB - 2 * 384 * MiB - 100 * MiB);
+}
+
+/* Near the minimum: the floors stay while the tier still gets its minimum; just above the
+ * minimum the caches give way down to nothing, in order; under it, -ENOSPC and the minimum. */
+static void test_plan_minimum(void **state)
+{
+    (void)state;
+    /* room 256 MiB beside a fixed 1.75 GiB: floors of 64 MiB each leave the tier 64 */
+    struct sil_host_plan_in in = plan_in(2 * GiB, 2 * GiB - 256 * MiB, 18 * GiB, 40 * MiB);
+    struct sil_host_plan p;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_true(p.tier);
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+        assert_true(p.cache[c] == 64 * MiB);
+    assert_true(p.experts == 64 * MiB);
+    /* room 192 MiB: the floors would leave the tier nothing; the snapshots give it 40 MiB */
+    in.fixed = 2 * GiB - 192 * MiB;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_true(p.tier);
+    assert_true(p.experts == 40 * MiB);
+    assert_true(p.cache[SIL_HOST_SNAPSHOTS] == 24 * MiB);
+    assert_true(p.cache[SIL_HOST_PREFIX] == 64 * MiB);
+    assert_true(p.cache[SIL_HOST_SESSIONS] == 64 * MiB);
+    /* room 100 MiB: the snapshots and the prefix blocks give way to nothing, the sessions 4 MiB */
+    in.fixed = 2 * GiB - 100 * MiB;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_true(p.experts == 40 * MiB);
+    assert_true(p.cache[SIL_HOST_SNAPSHOTS] == 0);
+    assert_true(p.cache[SIL_HOST_PREFIX] == 0);
+    assert_true(p.cache[SIL_HOST_SESSIONS] == 60 * MiB);
+    in.fixed = 2 * GiB - 40 * MiB; /* room for the tier's minimum alone */
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_true(p.experts == 40 * MiB && plan_total(&p) == 40 * MiB);
+    in.fixed = 2 * GiB - 40 * MiB + 1;
+    assert_int_equal(sil_host_plan(&in, &p), -ENOSPC);
+    assert_true(p.min_budget == 2 * GiB + 1);
+    /* under the fixed part alone */
+    in.fixed = 3 * GiB;
+    assert_int_equal(sil_host_plan(&in, &p), -ENOSPC);
+    assert_true(p.min_budget == 3 * GiB + 40 * MiB);
+}
+
+/* No tier possible (no experts, or experts that must fit whole): the caches give way to nothing
+ * before the plan fails, and the minimum is the fixed part and all the experts. */
+static void test_plan_no_tier(void **state)
+{
+    (void)state;
+    struct sil_host_plan_in in = plan_in(4 * GiB, 3 * GiB, 0, 0);
+    struct sil_host_plan p;
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_false(p.tier);
+    /* room 1 GiB for 3 wanted: floors of 128 MiB, the sessions give the last 256 MiB */
+    assert_true(p.cache[SIL_HOST_SNAPSHOTS] == 128 * MiB);
+    assert_true(p.cache[SIL_HOST_PREFIX] == 128 * MiB);
+    assert_true(p.cache[SIL_HOST_SESSIONS] == GiB - 256 * MiB);
+    in = plan_in(4 * GiB, GiB, 2 * GiB, 0);
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_false(p.tier);
+    assert_true(p.experts == 2 * GiB && plan_total(&p) == 3 * GiB);
+    in.budget = 3 * GiB + MiB; /* the floors do not fit beside the experts: to nothing, in order */
+    assert_int_equal(sil_host_plan(&in, &p), 0);
+    assert_false(p.tier);
+    assert_true(p.experts == 2 * GiB);
+    assert_true(p.cache[SIL_HOST_SNAPSHOTS] == 0);
+    assert_true(p.cache[SIL_HOST_PREFIX] == 0);
+    assert_true(p.cache[SIL_HOST_SESSIONS] == MiB);
+    in.budget = 3 * GiB - 1;
+    assert_int_equal(sil_host_plan(&in, &p), -ENOSPC);
+    assert_true(p.min_budget == 3 * GiB);
+    assert_string_equal(sil_host_cache_name(SIL_HOST_PREFIX), "prefix_blocks");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -406,6 +561,11 @@ int main(void)
         cmocka_unit_test(test_cgroup_path_checked),
         cmocka_unit_test(test_root_too_long),
         cmocka_unit_test(test_this_host),
+        cmocka_unit_test(test_plan_fits),
+        cmocka_unit_test(test_plan_order),
+        cmocka_unit_test(test_plan_tier),
+        cmocka_unit_test(test_plan_minimum),
+        cmocka_unit_test(test_plan_no_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

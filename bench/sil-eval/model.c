@@ -431,6 +431,17 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                "\"wait_s\": %.6f}",
                (unsigned long long)ht.hits, (unsigned long long)ht.misses,
                (unsigned long long)ht.bytes_read, (unsigned long long)ht.reads, ht.wait_s);
+        struct sil_engine_host_plan hp;
+        sil_engine_host_plan(e, &hp);
+        printf(", \"host_budget\": {\"budget\": %llu, \"fixed\": %llu, \"experts\": %llu, "
+               "\"host_tier\": %s, \"gave_way\": %s",
+               (unsigned long long)hp.budget, (unsigned long long)hp.fixed,
+               (unsigned long long)hp.experts, hp.tier ? "true" : "false",
+               hp.gave_way ? "true" : "false");
+        for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+            printf(", \"%s\": %llu", sil_host_cache_name((enum sil_host_cache)c),
+                   (unsigned long long)hp.cache[c]);
+        printf("}");
         if (o->route_replay)
             printf(", \"route_replay\": {\"records\": %llu, \"changed\": %llu, "
                    "\"max_gap\": %.6g}",

@@ -12,6 +12,7 @@
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/forward.h"
 #include "daemon/engine/hostmem.h"
+#include "daemon/engine/size.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/prefix_cache.h"
@@ -55,6 +56,10 @@ struct sil_engine {
     bool tier_want;
     uint64_t tier_budget, tier_min;
     char tier_from[48];
+    /* the one host budget (hostmem.h), what is held whatever the plan, what each cache wanted,
+     * and how it was shared out */
+    uint64_t hp_budget, hp_fixed, hp_want[SIL_HOST_N_CACHE];
+    struct sil_host_plan hp;
 };
 
 void sil_engine_params_default(struct sil_engine_params *p)
@@ -486,27 +491,30 @@ static int tier_config(const struct sil_engine *e, struct sil_xstore_config *c,
     return 0;
 }
 
-/* Whether the routed experts get a host tier (expert_store.h), and its budget: host_budget,
- * else what the host and the process's cgroup can spare, less room for the OS and buffers
- * (1 GiB and an eighth) and, on the CPU, the backbone read in place and the caches' budgets.
- * The tier is wanted when the routed experts do not fit that; a device backend that holds them
- * all in VRAM after all turns it off at open_host_tier. */
-static void tier_plan(struct sil_engine *e, const struct sil_engine_params *p)
+/* The one host budget (hostmem.h) shared out: host_budget, else what the host and the process's
+ * cgroup can spare less room for the OS and buffers (1 GiB and an eighth). Held whatever the
+ * plan: on the CPU, the backbone read in place and the KV pool (kv_budget, else one sequence at
+ * the full context). The routed experts read from host memory want all of their bytes; the
+ * caches what they were given (the prefix cache's snapshots on models with recurrent layers, its
+ * KV blocks where the KV is in host memory and not already in a kv_budget, the idle sessions).
+ * The tier is wanted when the experts do not fit whole; a device backend that holds them all
+ * in VRAM after all turns it off at open_host_tier. cpu: planned for the CPU backend (backend
+ * auto plans for CUDA and plans again if it falls back to the CPU). -EINVAL, with the least
+ * budget, when the budget is under what the plan needs. */
+static int tier_plan(struct sil_engine *e, const struct sil_engine_params *p, bool cpu,
+                     struct sil_error *err)
 {
-    const bool cpu = !p->backend || strcmp(p->backend, "cpu") == 0;
-    e->tier_budget = p->host_budget;
+    const struct sil_hparams *hp = &e->model->hp;
+    e->hp_budget = p->host_budget;
     snprintf(e->tier_from, sizeof e->tier_from, "host_budget");
     if (!p->host_budget) {
         struct sil_host_spare sp;
         sil_host_spare(NULL, &sp);
         snprintf(e->tier_from, sizeof e->tier_from, "%s", sp.from);
-        e->tier_budget = sp.bytes;
+        e->hp_budget = sp.bytes;
         if (sp.bytes != UINT64_MAX) {
-            uint64_t keep = (1ull << 30) + sp.bytes / 8;
-            if (cpu)
-                keep += e->info.backbone_bytes + p->kv_budget + p->prefix_ckpt_budget +
-                        p->prefix_cache_budget;
-            e->tier_budget = sp.bytes > keep ? sp.bytes - keep : 0;
+            const uint64_t keep = (1ull << 30) + sp.bytes / 8;
+            e->hp_budget = sp.bytes > keep ? sp.bytes - keep : 0;
         }
     }
     struct sil_xstore_mat *mat = NULL;
@@ -515,8 +523,62 @@ static void tier_plan(struct sil_engine *e, const struct sil_engine_params *p)
     if (e->model->traits->moe && tier_config(e, &c, &mat, &n_moe) == 0 && n_moe > 0)
         e->tier_min = (uint64_t)sil_xstore_min_slots(&c) * sil_xstore_slot_bytes(&c);
     free(mat);
-    e->tier_want = !p->host_budget_off && e->model->traits->moe && n_moe > 0 &&
-                   e->info.routed_expert_bytes > e->tier_budget;
+    const bool experts = !p->host_budget_off && e->model->traits->moe && n_moe > 0;
+    uint64_t kv = 0;
+    if (cpu && hp->n_layer_attn > 0) {
+        const int64_t kd = (int64_t)hp->n_head_kv * hp->n_embd_head_k;
+        const int64_t vd = (int64_t)hp->n_head_kv * hp->n_embd_head_v;
+        kv = p->kv_budget ? p->kv_budget
+                          : (uint64_t)hp->n_layer_attn * (uint64_t)e->n_ctx *
+                                (sil_kv_type_bytes(e->kv_type, kd) +
+                                 sil_kv_type_bytes(e->kv_type, vd));
+    }
+    struct sil_host_plan_in in = {
+        .budget = e->hp_budget,
+        .fixed = (cpu ? e->info.backbone_bytes : 0) + kv,
+        .experts = experts ? e->info.routed_expert_bytes : 0,
+        .experts_min = experts ? e->tier_min : 0,
+        .want = {hp->n_layer_recr > 0 ? p->prefix_ckpt_budget : 0,
+                 cpu && !p->kv_budget ? p->prefix_cache_budget : 0, p->session_budget},
+    };
+    e->hp_fixed = in.fixed;
+    memcpy(e->hp_want, in.want, sizeof e->hp_want);
+    const int rc = sil_host_plan(&in, &e->hp);
+    e->tier_want = experts && e->hp.tier;
+    e->tier_budget = e->hp.experts;
+    if (rc == 0) return 0;
+    char what[160] = "", b[4][24];
+    if (in.experts_min)
+        snprintf(what, sizeof what, ", and the routed experts' host tier needs at least %s",
+                 sil_size_str(in.experts_min, b[0], 24));
+    else if (in.experts)
+        snprintf(what, sizeof what, ", and the routed experts %s",
+                 sil_size_str(in.experts, b[0], 24));
+    return sil_errorf(err, -EINVAL,
+                      "the host budget of %s (%s) is under the least this model takes, %s "
+                      "(%llu bytes): %s for the backbone and KV%s%s",
+                      sil_size_str(e->hp_budget, b[1], 24), e->tier_from,
+                      sil_size_str(e->hp.min_budget, b[2], 24),
+                      (unsigned long long)e->hp.min_budget, sil_size_str(in.fixed, b[3], 24), what,
+                      strcmp(e->tier_from, "host_budget") == 0
+                          ? ""
+                          : ": free host memory or set host_budget");
+}
+
+/* One line when the caches gave way to the plan (tier_plan), once the backend is known. */
+static void plan_say(const struct sil_engine *e)
+{
+    if (!e->hp.gave_way) return;
+    char b[6][24];
+    fprintf(stderr,
+            "siliceo: host budget %s (%s): %s for the backbone and KV, %s for the routed "
+            "experts%s; the caches gave way (in this order): snapshots %s, prefix blocks %s, "
+            "sessions %s\n",
+            sil_size_str(e->hp_budget, b[0], 24), e->tier_from, sil_size_str(e->hp_fixed, b[1], 24),
+            sil_size_str(e->hp.experts, b[2], 24), e->hp.tier ? " (a host tier)" : "",
+            sil_size_str(e->hp.cache[SIL_HOST_SNAPSHOTS], b[3], 24),
+            sil_size_str(e->hp.cache[SIL_HOST_PREFIX], b[4], 24),
+            sil_size_str(e->hp.cache[SIL_HOST_SESSIONS], b[5], 24));
 }
 
 /* The backend's pinned memory, else ordinary memory (its copies are then staged). */
@@ -573,18 +635,10 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
     c.n_slot = (int32_t)(n < all ? n : all);
     const int32_t min = sil_xstore_min_slots(&c);
     int rc = 0;
-    if (c.n_slot < min)
-        rc = sil_errorf(err, -EINVAL,
-                        "the routed experts (%.2f GiB) do not fit the host budget of %.2f GiB "
-                        "(%s), and their host tier needs at least %llu bytes (%.1f MiB: %d "
-                        "slots of %.2f MiB)%s",
-                        (double)e->info.routed_expert_bytes / (1u << 30),
-                        (double)e->tier_budget / (1u << 30), e->tier_from,
-                        (unsigned long long)((uint64_t)min * sb),
-                        (double)min * (double)sb / (1u << 20), min, (double)sb / (1u << 20),
-                        strcmp(e->tier_from, "host_budget") == 0
-                            ? ""
-                            : ": free host memory or set host_budget");
+    if (c.n_slot < min) /* tier_plan gave the tier at least its minimum */
+        rc = sil_errorf(err, -EINVAL, "engine: the host tier's share (%llu bytes) is under its "
+                        "minimum of %d slots of %llu bytes",
+                        (unsigned long long)e->tier_budget, min, (unsigned long long)sb);
     if (rc == 0) rc = sil_xstore_create(&f->xstore, &c, err);
     free(mat);
     const size_t X = (size_t)hp->n_expert;
@@ -609,11 +663,13 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
     }
     struct sil_xstore_stats st;
     sil_xstore_stats(f->xstore, &st);
+    char b[4][24];
     fprintf(stderr,
-            "siliceo: host tier: %.2f GiB of routed experts over a host budget of %.2f GiB (%s): "
-            "%d slots of %.2f MiB, the rest read from the file (%s reads)\n",
-            (double)e->info.routed_expert_bytes / (1u << 30), (double)e->tier_budget / (1u << 30),
-            e->tier_from, st.n_slot, (double)st.slot_bytes / (1u << 20), st.io);
+            "siliceo: host tier: %s of routed experts, %d slots of %s (%s of a host budget of %s, "
+            "%s) hold some, the rest is read from the file (%s reads)\n",
+            sil_size_str(e->info.routed_expert_bytes, b[0], 24), st.n_slot,
+            sil_size_str(st.slot_bytes, b[1], 24), sil_size_str(e->tier_budget, b[2], 24),
+            sil_size_str(e->hp_budget, b[3], 24), e->tier_from, st.io);
     return 0;
 }
 
@@ -632,6 +688,10 @@ static int open_backend(struct sil_engine *e, const struct sil_engine_params *p,
         return 0;
     fprintf(stderr, "siliceo: backend auto: using the CPU: %s\n",
             p->exact ? "exact mode runs on the CPU backend only" : why.msg);
+    if (!p->exact) { /* the host budget holds the backbone and the KV too now */
+        const int rc = tier_plan(e, p, true, err);
+        if (rc < 0) return rc;
+    }
     return open_cpu(e, n_threads, p->exact, err);
 }
 
@@ -693,8 +753,22 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     struct sil_fwd *f = &e->f;
     f->model = e->model;
     f->n_ctx = e->n_ctx;
-    tier_plan(e, p);
-    if (e->tier_want && p->n_batch_tier > e->n_batch_max) e->n_batch_max = p->n_batch_tier;
+    const bool plan_cpu = !p->backend || strcmp(p->backend, "cpu") == 0 ||
+                          (strcmp(p->backend, "auto") == 0 && p->exact);
+    /* backend auto: the batch is sized for a tier if either backend's plan has one (the CPU
+     * holds more of the budget), and a budget too small for the plan on CUDA, too small on the
+     * CPU too, gets the CPU's least, which opens on either */
+    bool tier_any = false;
+    if (!plan_cpu && strcmp(p->backend, "auto") == 0) {
+        struct sil_error ignored = {0};
+        tier_any = tier_plan(e, p, true, &ignored) == 0 && e->tier_want;
+    }
+    if ((rc = tier_plan(e, p, plan_cpu, err)) < 0 && !plan_cpu)
+        rc = tier_plan(e, p, true, err);
+    if (rc < 0)
+        goto fail;
+    tier_any = tier_any || e->tier_want;
+    if (tier_any && p->n_batch_tier > e->n_batch_max) e->n_batch_max = p->n_batch_tier;
     f->ub_max = e->n_batch_max < UBATCH_MAX ? e->n_batch_max : UBATCH_MAX;
     if ((rc = bind_delta_net(e, err)) < 0)
         goto fail;
@@ -703,6 +777,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = open_backend(e, p, nt, err)) < 0)
         goto fail;
     e->info.backend = f->be->ops->name;
+    plan_say(e);
     if ((rc = open_host_tier(e, err)) < 0)
         goto fail;
     if ((rc = open_obs(e, p, err)) < 0)
@@ -714,12 +789,17 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = sil_ckpt_create(&e->ckpt, e->n_seq_max,
                               (int64_t)hp->n_layer_recr * f->dn_state_floats, err)) < 0)
         goto fail;
-    if (p->prefix_cache_budget && sil_kv_block_bytes(f->kv)) {
-        const uint64_t nb = p->prefix_cache_budget / sil_kv_block_bytes(f->kv);
+    /* the prefix cache's shares of the host budget where it counts them (tier_plan) */
+    const uint64_t pc_budget =
+        e->hp_want[SIL_HOST_PREFIX] ? e->hp.cache[SIL_HOST_PREFIX] : p->prefix_cache_budget;
+    if ((pc_budget || e->hp_want[SIL_HOST_PREFIX]) && sil_kv_block_bytes(f->kv)) {
+        const uint64_t nb = pc_budget / sil_kv_block_bytes(f->kv);
         sil_kv_set_cached_max(f->kv, nb > INT32_MAX ? INT32_MAX : (int32_t)nb);
     }
+    const uint64_t snap_budget =
+        e->hp_want[SIL_HOST_SNAPSHOTS] ? e->hp.cache[SIL_HOST_SNAPSHOTS] : p->prefix_ckpt_budget;
     if ((rc = sil_prefix_create(&e->prefix, f->kv, (int64_t)hp->n_layer_recr * f->dn_state_floats,
-                                p->prefix_ckpt_budget, err)) < 0)
+                                snap_budget, err)) < 0)
         goto fail;
     if (!(e->prefix_blocks = calloc((size_t)e->n_ctx / SIL_KV_BLOCK + 1, sizeof(int32_t)))) {
         rc = sil_errorf(err, -ENOMEM, "engine: out of memory");
@@ -1507,11 +1587,26 @@ void sil_engine_host_tier_drop(struct sil_engine *e)
             e->info.path);
 }
 
+void sil_engine_host_plan(const struct sil_engine *e, struct sil_engine_host_plan *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->budget = e->hp_budget == UINT64_MAX ? 0 : e->hp_budget;
+    snprintf(out->budget_from, sizeof out->budget_from, "%s", e->tier_from);
+    out->fixed = e->hp_fixed;
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++) {
+        out->want[c] = e->hp_want[c];
+        out->cache[c] = e->hp.cache[c];
+    }
+    out->experts = e->hp.experts;
+    out->tier = e->f.xstore != NULL;
+    out->gave_way = e->hp.gave_way;
+}
+
 void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tier *out)
 {
     memset(out, 0, sizeof(*out));
-    out->budget = e->tier_budget == UINT64_MAX ? 0 : e->tier_budget;
-    out->min_bytes = e->tier_min;
+    out->budget = e->hp_budget == UINT64_MAX ? 0 : e->hp_budget;
+    out->min_bytes = e->tier_min ? e->hp_fixed + e->tier_min : 0;
     snprintf(out->budget_from, sizeof out->budget_from, "%s", e->tier_from);
     if (!e->f.xstore) return;
     struct sil_xstore_stats st;

@@ -21,6 +21,7 @@
 
 #include "daemon/engine/chat.h"
 #include "daemon/engine/error.h"
+#include "daemon/engine/hostmem.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/tokenizer.h"
 
@@ -69,14 +70,19 @@ struct sil_engine_params {
     /* KV element type of the full-attention layers on the CPU backend: "f32", "f16", "q8_0"
      * (KV8) or "q4_0" (KV4); NULL = f32, the type the reference logits were made with. */
     const char *kv_type;
-    /* Host memory for the routed experts' host tier (expert_store.h). When the routed experts
-     * the backend reads from the host do not fit in it, they are read from the file with
-     * direct reads into a cache of host slots of this many bytes (pinned where the backend
-     * copies from them), never through the mapping's page faults. 0: what the host and the
-     * process's cgroup can spare (sil_host_spare, hostmem.h), less room for the backbone, the
-     * KV pool and the caches; host_budget_off: the mapping as before, whatever fits. */
+    /* The one host budget (hostmem.h): everything the engine and the daemon keep in host
+     * memory. On the CPU the backbone and the KV pool are held first; the caches (prefix
+     * snapshots and blocks, session_budget) and the routed experts the backend reads from the
+     * host share the rest, the caches giving way when it is short. When the experts do not fit
+     * whole, they are read from the file with direct reads into a host tier of slots (pinned
+     * where the backend copies from them, expert_store.h), never through the mapping's page
+     * faults. 0: what the host and the process's cgroup can spare (sil_host_spare) less room
+     * for the OS; host_budget_off: the experts through the mapping as before, whatever fits. */
     uint64_t host_budget;
     bool host_budget_off;
+    /* Host memory the daemon's idle sessions may keep (its session_memory): not used by the
+     * engine, only counted in the host budget, which may give it less (sil_engine_host_plan). */
+    uint64_t session_budget;
     uint64_t kv_budget; /* KV pool bytes (host memory on the CPU, device memory on CUDA); 0 = every
                          * sequence at n_ctx (backed lazily on the CPU) */
     /* Bytes of recurrent-state snapshots the prefix cache keeps (models with delta-net layers;
@@ -352,6 +358,20 @@ struct sil_engine_host_tier {
     uint64_t hits, misses, bytes_read, reads;
     double wait_s;
 };
+/* The one host budget and how it was shared out at open (hostmem.h: the order in which the
+ * caches give way): the budget and what chose it, what is held whatever the plan (on the CPU,
+ * the backbone and the KV pool), what each cache (enum sil_host_cache) wanted and got, and the
+ * routed experts' share (all of them, or the host tier's budget when tier). The daemon holds its
+ * idle sessions to cache[SIL_HOST_SESSIONS]. */
+struct sil_engine_host_plan {
+    uint64_t budget; /* 0: unknown */
+    char budget_from[48];
+    uint64_t fixed;
+    uint64_t want[SIL_HOST_N_CACHE], cache[SIL_HOST_N_CACHE];
+    uint64_t experts;
+    bool tier, gave_way;
+};
+void sil_engine_host_plan(const struct sil_engine *e, struct sil_engine_host_plan *out);
 /* 0 with *out filled; out->on false (and the budget chosen) when the tier is off. */
 void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tier *out);
 /* Gives the host tier's memory back (engine thread, between evaluations): the engine goes on

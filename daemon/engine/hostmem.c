@@ -188,3 +188,85 @@ void sil_host_spare(const char *root, struct sil_host_spare *out)
              : out->mem_available != UINT64_MAX ? "MemAvailable"
                                                 : "unknown");
 }
+
+/* ---- the one host budget ---------------------------------------------------------------- */
+
+const char *sil_host_cache_name(enum sil_host_cache c)
+{
+    switch (c) {
+    case SIL_HOST_SNAPSHOTS: return "snapshots";
+    case SIL_HOST_PREFIX: return "prefix_blocks";
+    case SIL_HOST_SESSIONS: return "sessions";
+    default: return "?";
+    }
+}
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* The caches, in their order, give up to `need` bytes, none below floor[c]: what is still
+ * needed after. */
+static uint64_t give_way(struct sil_host_plan *out, const uint64_t *floor, uint64_t need)
+{
+    for (int c = 0; c < SIL_HOST_N_CACHE && need > 0; c++) {
+        if (out->cache[c] <= floor[c]) continue;
+        uint64_t give = out->cache[c] - floor[c];
+        if (give > need) give = need;
+        out->cache[c] -= give;
+        need -= give;
+        out->gave_way = true;
+    }
+    return need;
+}
+
+int sil_host_plan(const struct sil_host_plan_in *in, struct sil_host_plan *out)
+{
+    memset(out, 0, sizeof(*out));
+    uint64_t caches = 0;
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++) {
+        out->cache[c] = in->want[c];
+        caches = add_sat(caches, in->want[c]);
+    }
+    out->min_budget = add_sat(in->fixed, in->experts_min ? in->experts_min : in->experts);
+    out->experts = in->experts;
+    if (in->budget == UINT64_MAX) return 0;
+    if (in->budget < out->min_budget) {
+        for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+            out->cache[c] = 0;
+        out->gave_way = caches > 0;
+        out->experts = 0;
+        out->tier = in->experts_min > 0;
+        return -ENOSPC;
+    }
+    const uint64_t room = in->budget - in->fixed;
+    if (add_sat(in->experts, caches) <= room) return 0;
+    /* first down to their floors: the experts whole, if that is enough */
+    uint64_t floor[SIL_HOST_N_CACHE];
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+        floor[c] = in->want[c] < in->budget / 32 ? in->want[c] : in->budget / 32;
+    uint64_t need = add_sat(in->experts, caches) - room;
+    need = give_way(out, floor, need);
+    if (need == 0) return 0;
+    if (in->experts_min == 0) { /* no tier: the experts whole, the caches what is left */
+        const uint64_t zero[SIL_HOST_N_CACHE] = {0};
+        give_way(out, zero, need);
+        return 0;
+    }
+    /* the experts in a tier of what the floors leave, else of their minimum, the caches giving
+     * way again (in_budget >= min_budget: that always fits) */
+    out->tier = true;
+    caches = 0;
+    for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+        caches += out->cache[c];
+    if (caches + in->experts_min > room) {
+        const uint64_t zero[SIL_HOST_N_CACHE] = {0};
+        give_way(out, zero, caches + in->experts_min - room);
+        caches = 0;
+        for (int c = 0; c < SIL_HOST_N_CACHE; c++)
+            caches += out->cache[c];
+    }
+    out->experts = room - caches;
+    return 0;
+}

@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 int sil_parse_size(const char *s, uint64_t *out)
@@ -35,4 +36,17 @@ int sil_parse_size(const char *s, uint64_t *out)
         return -ERANGE;
     *out = (uint64_t)v << shift;
     return 0;
+}
+
+const char *sil_size_str(uint64_t bytes, char *buf, unsigned size)
+{
+    if (bytes >= (1ull << 30))
+        snprintf(buf, size, "%.2f GiB", (double)bytes / (double)(1ull << 30));
+    else if (bytes >= (1ull << 20))
+        snprintf(buf, size, "%.1f MiB", (double)bytes / (double)(1ull << 20));
+    else if (bytes >= (1ull << 10))
+        snprintf(buf, size, "%.1f KiB", (double)bytes / (double)(1ull << 10));
+    else
+        snprintf(buf, size, "%llu B", (unsigned long long)bytes);
+    return buf;
 }

@@ -67,7 +67,7 @@ def methods():
     mm = m["metrics"]
     check(mm["siliceo_requests_total"] >= 5 and mm["siliceo_tokens_generated_total"] > 0, "metrics counters")
     check(mm["siliceo_host_tier_on"] == int(ht["on"]) and mm["siliceo_host_tier_slots"] == ht["slots"]
-          and mm["siliceo_host_tier_budget_bytes"] == ht["budget"]
+          and mm["siliceo_host_budget_bytes"] == ht["budget"]
           and mm["siliceo_host_tier_read_bytes_total"] >= ht["bytes_read"],
           "metrics: the host tier's figures, as status gives them")
     if ht["budget_from"] is not None:

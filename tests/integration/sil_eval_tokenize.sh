@@ -98,6 +98,11 @@ assert t["on"] is False and t["budget"] == 64 << 30 and t["budget_from"] == "hos
 t = d["auto"]["host_tier"]
 assert t["budget_from"] in ("MemAvailable", "cgroup memory.max", "unknown"), t
 assert d["none"]["host_tier"]["budget_from"] == t["budget_from"], d["none"]  # auto is the default
+# the one host budget: on the CPU the backbone and KV held, the experts whole where they fit
+hb = d["64G"]["host_budget"]
+assert hb["budget"] == 64 << 30 and hb["fixed"] > 0 and hb["host_tier"] is False, hb
+assert hb["gave_way"] is False and hb["experts"] > 0, hb
+assert d["off"]["host_budget"]["experts"] == 0, d["off"]  # off: the experts are not counted
 PY
     echo "ok: --host-budget parsing, the same tokens with the tier off, auto or a budget"
 
