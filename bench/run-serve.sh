@@ -45,10 +45,13 @@ for p in $PROMPTS; do
 done
 for r in $(seq "$RUNS"); do
     for p in $PROMPTS; do
-        echo "run $r/$RUNS, prompt $p words: siliceod + sil-bench, then sil-eval" >&2
+        echo "run $r/$RUNS, prompt $p tokens: siliceod + sil-bench, then sil-eval" >&2
         "$B/bin/sil-bench" --socket "$sock" -p "$p" -n "$GEN" -r 1 -o "$tmp/bench-$p-$r.json" > /dev/null
-        text=$(python3 -c "import sys; w='the quick brown fox jumps over a lazy dog'.split(); n=int(sys.argv[1]); print(' '.join(w[i % 9] for i in range(n)))" "$p")
-        "$B/bin/sil-eval" --model "$model" --prompt "$text" --n-predict "$GEN" --logits none \
+        # sil-bench sends exactly p tokens of fresh text; the engine gets p tokens of words too.
+        python3 -c "import sys; w='the quick brown fox jumps over a lazy dog'.split(); n=int(sys.argv[1]); print(' '.join(w[i % 9] for i in range(n)), end='')" "$p" >"$tmp/text"
+        ids=$("$B/bin/sil-eval" --model "$model" --tokenize-file "$tmp/text" --json |
+            python3 -c "import json,sys; print(','.join(map(str, json.load(sys.stdin)['ids'][:int(sys.argv[1])])))" "$p")
+        "$B/bin/sil-eval" --model "$model" --tokens "$ids" --n-predict "$GEN" --logits none \
             --threads "$THREADS" --json > "$tmp/eval-$p-$r.json"
     done
 done
@@ -90,7 +93,7 @@ for p in prompts:
     bench = [json.load(open(f"{tmp}/bench-{p}-{r}.json")) for r in range(1, runs + 1)]
     ev = [json.load(open(f"{tmp}/eval-{p}-{r}.json")) for r in range(1, runs + 1)]
     n_prompt[p] = len(ev[0]["tokens"])
-    cfg = f"siliceod,prompt_words={p},prompt_tokens~{n_prompt[p]},gen={gen},concurrency=1,threads={threads}"
+    cfg = f"siliceod,prompt_tokens={p},gen={gen},concurrency=1,threads={threads}"
 
     def get(b, metric):
         for x in b["results"]:
@@ -126,8 +129,9 @@ doc = {
         "from sending the request to the first token notification (includes parsing, tokenizing, "
         "queueing, the prefill step and the socket); clock=daemon: the daemon's "
         "time_to_first_token_ms (request queued to first token sampled). decode_tok_s and "
-        "prefill_tok_s of siliceod are the daemon's own timings. The sil-eval rows run the same "
-        "prompt words in process, alternating with the daemon runs, as the engine-only reference. "
+        "prefill_tok_s of siliceod are the daemon's own timings, for a fresh prompt of exactly "
+        "prompt_tokens tokens each request (no prefix-cache hit). The sil-eval rows run a prompt "
+        "of as many tokens in process, alternating with the daemon runs, as the engine-only reference. "
         "No peer: no other daemon with a streaming round trip was available on this machine "
         "(the llama.cpp tree here has no server binary), so peer_value is left out; no floor "
         f"computed (the tiny model fits in cache, so no bandwidth floor applies). Load average "

@@ -1,6 +1,9 @@
 /* sil-bench: measures siliceod as its clients see it: prefill and decode tok/s, time to first
  * token, a concurrency sweep, expert-cache figures, and the protocol's own cost per streamed
- * token (debug.stream). Writes results JSON as bench/results expects. See sil-bench(1). */
+ * token (debug.stream). Writes results JSON as bench/results expects. See sil-bench(1).
+ * Prompts are token ids of exactly the asked length, fresh for every request unless
+ * --reuse-prompt, so the prefix cache cannot pass for prefill; each figure is filed as cold or
+ * cached by what the daemon says it reused. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -24,6 +27,7 @@ struct opts {
     long levels[MAX_LEVELS];
     int n_levels;
     bool overhead;
+    bool reuse_prompt; /* one prompt for every request: runs after the first hit the prefix cache */
     const char *out, *plot, *name, *notes, *text;
     double timeout_s;
 };
@@ -50,10 +54,13 @@ static void usage(FILE *f)
             "Benchmark a running siliceod: prefill and decode speed, time to first token,\n"
             "throughput at several concurrencies, and the protocol's cost per streamed token.\n"
             "\n"
-            "  -p, --prompt-tokens N      prompt length in words, about one token each (512)\n"
-            "  -n, --gen-tokens N         tokens to generate per request (128)\n"
+            "  -p, --prompt-tokens N      prompt length in tokens, exactly (512)\n"
+            "  -n, --gen-tokens N         tokens to generate per request, at most (128)\n"
             "  -r, --runs N               repetitions of each measurement (3)\n"
             "  -c, --concurrency LIST     parallel connections, e.g. 1,2,4,8 (1)\n"
+            "      --reuse-prompt         send one prompt to every request, so runs after the\n"
+            "                             first measure the prefix cache (default: a fresh\n"
+            "                             prompt per request, measuring prefill cold)\n"
             "      --protocol-overhead    only measure the cost per streamed token (debug.stream)\n"
             "      --count N              notifications per --protocol-overhead run (100000)\n"
             "      --text TEXT            text of each notification (\"x\")\n"
@@ -67,7 +74,7 @@ static void usage(FILE *f)
             "  -V, --version              version\n");
 }
 
-enum { O_OVERHEAD = 256, O_COUNT, O_TEXT, O_PLOT, O_NAME, O_NOTES, O_TIMEOUT, O_SOCKET };
+enum { O_OVERHEAD = 256, O_REUSE, O_COUNT, O_TEXT, O_PLOT, O_NAME, O_NOTES, O_TIMEOUT, O_SOCKET };
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
@@ -77,6 +84,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"runs", required_argument, 0, 'r'},
         {"concurrency", required_argument, 0, 'c'},
         {"protocol-overhead", no_argument, 0, O_OVERHEAD},
+        {"reuse-prompt", no_argument, 0, O_REUSE},
         {"count", required_argument, 0, O_COUNT},
         {"text", required_argument, 0, O_TEXT},
         {"out", required_argument, 0, 'o'},
@@ -103,6 +111,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 o->n_levels = r;
             break;
         case O_OVERHEAD: o->overhead = true; break;
+        case O_REUSE: o->reuse_prompt = true; break;
         case O_COUNT: r = sil_client_parse_long(PROG, "--count", optarg, 1, 10000000, &o->count); break;
         case O_TEXT: o->text = optarg; break;
         case 'o': o->out = optarg; break;
@@ -120,6 +129,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (optind < argc) {
         sil_client_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
+        return -1;
+    }
+    if (o->reuse_prompt && o->overhead) {
+        sil_client_usage_error(PROG, "--reuse-prompt is for generation, not --protocol-overhead");
         return -1;
     }
     if (o->plot && o->overhead) {
@@ -166,14 +179,93 @@ static void record(const char *metric, const char *unit, const char *config, dou
         r->s.v[r->s.n++] = v;
 }
 
+/* ---- prompts ---------------------------------------------------------------------------------- */
+
+/* Common English words: text a tokenizer sees every day, one token or a few each. */
+static const char *const words[] = {
+    "the", "of", "and", "to", "in", "is", "that", "it", "was", "for", "on", "are", "as", "with",
+    "his", "they", "at", "be", "this", "from", "have", "or", "by", "one", "had", "not", "but",
+    "what", "all", "were", "when", "we", "there", "can", "an", "your", "which", "their", "said",
+    "if", "do", "will", "each", "about", "how", "up", "out", "them", "then", "she", "many",
+    "some", "so", "these", "would", "other", "into", "has", "more", "her", "two", "like", "him",
+    "see",
+};
+
+/* xorshift64*: seeded from the clock and the pid, so no two requests, nor two runs of
+ * sil-bench, send the same prompt unless --reuse-prompt asks for it. */
+static uint64_t next_rand(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+static uint64_t rand_seed(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t s = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 32;
+    return s ? s : 1;
+}
+
+/* n random words separated by spaces (malloc'd). */
+static char *random_text(long n, uint64_t *rng)
+{
+    const size_t n_words = sizeof(words) / sizeof(words[0]);
+    char *s = malloc((size_t)n * 8 + 1);
+    if (!s)
+        return NULL;
+    size_t len = 0;
+    for (long i = 0; i < n; i++)
+        len += (size_t)sprintf(s + len, "%s%s", i ? " " : "", words[next_rand(rng) % n_words]);
+    s[len] = 0;
+    return s;
+}
+
+/* Exactly n token ids (into ids) of a fresh random text, tokenized by the daemon and cut to
+ * length: the prompt is as long as asked whatever the vocabulary. A word is a token or more,
+ * so n words are enough; should a vocabulary merge words, twice as many are tried. */
+static int make_prompt(struct sil_rpc_client *c, long n, uint64_t *rng, int32_t *ids,
+                       struct sil_rpc_error *e)
+{
+    for (long n_words = n; n_words <= 4 * n; n_words *= 2) {
+        char *text = random_text(n_words, rng);
+        if (!text)
+            return sil_rpc_errorf(e, -ENOMEM, 0, "out of memory");
+        msgpack_packer *pk = sil_rpc_client_begin(c, "tokenize");
+        msgpack_pack_map(pk, 1);
+        sil_rpc_kv_str(pk, "text", text);
+        free(text);
+        const msgpack_object *res = NULL, *arr = NULL;
+        int r = sil_rpc_client_call(c, NULL, NULL, &res, e);
+        if (r == 0)
+            r = sil_rpc_get_array(res, "ids", &arr, SIL_RPC_REQUIRED, e);
+        if (r < 0) {
+            sil_rpc_error_prefix(e, "tokenize");
+            return r;
+        }
+        if ((long)arr->via.array.size < n)
+            continue;
+        for (long i = 0; i < n; i++) {
+            const msgpack_object *id = &arr->via.array.ptr[i];
+            if (id->type != MSGPACK_OBJECT_POSITIVE_INTEGER || id->via.u64 > INT32_MAX)
+                return sil_rpc_errorf(e, -EPROTO, 0, "tokenize: ids[%ld] is not a token id", i);
+            ids[i] = (int32_t)id->via.u64;
+        }
+        return 0;
+    }
+    return sil_rpc_errorf(e, -ERANGE, 0, "tokenize: %ld words gave fewer than %ld tokens", 4 * n, n);
+}
+
 /* ---- one generation request per thread -------------------------------------------------------- */
 
 struct job {
     const struct opts *o;
-    const char *prompt;
+    const int32_t *ids; /* the prompt: o->prompt_tokens ids */
     pthread_barrier_t *start;
     double t_send, t_first, t_end;
-    int64_t n_generated, n_prompt;
+    int64_t n_generated, n_prompt, n_cached;
     double prefill_tok_s, decode_tok_s, daemon_ttft_ms;
     int rc;
     char err[512];
@@ -201,7 +293,10 @@ static void *run_job(void *arg)
     }
     msgpack_packer *pk = sil_rpc_client_begin(&c, "generate");
     msgpack_pack_map(pk, 5);
-    sil_rpc_kv_str(pk, "prompt", j->prompt);
+    sil_rpc_pack_cstr(pk, "prompt_tokens");
+    msgpack_pack_array(pk, (uint32_t)j->o->prompt_tokens);
+    for (long i = 0; i < j->o->prompt_tokens; i++)
+        msgpack_pack_int32(pk, j->ids[i]);
     sil_rpc_kv_int(pk, "max_tokens", j->o->gen_tokens);
     /* Exactly --gen-tokens tokens: no grace tokens to end a sentence after the budget. */
     sil_rpc_kv_int(pk, "grace_tokens", 0);
@@ -218,6 +313,7 @@ static void *run_job(void *arg)
         const msgpack_object *t = sil_rpc_map_get(res, "timings");
         j->n_generated = sil_rpc_map_int(res, "n_generated", 0);
         j->n_prompt = sil_rpc_map_int(res, "n_prompt", 0);
+        j->n_cached = sil_rpc_map_int(res, "n_cached", 0);
         j->prefill_tok_s = sil_rpc_map_double(t, "prefill_tok_s", 0);
         j->decode_tok_s = sil_rpc_map_double(t, "decode_tok_s", 0);
         j->daemon_ttft_ms = sil_rpc_map_double(t, "time_to_first_token_ms", 0);
@@ -226,88 +322,177 @@ static void *run_job(void *arg)
     return NULL;
 }
 
-static char *make_prompt(long words)
-{
-    static const char *w[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"};
-    char *s = malloc((size_t)words * 8 + 1);
-    if (!s)
-        return NULL;
-    size_t n = 0;
-    for (long i = 0; i < words; i++)
-        n += (size_t)sprintf(s + n, "%s%s", i ? " " : "", w[i % 9]);
-    return s;
-}
-
 /* Per concurrency level, medians over the runs: aggregate tok/s (generated tokens of all
  * requests over the wall time, prefill included) and per-request decode tok/s. */
 static double plot_x[MAX_LEVELS], plot_agg[MAX_LEVELS], plot_decode[MAX_LEVELS];
 static int n_plot;
-static int64_t prompt_seen; /* prompt tokens as the daemon counted them */
+
+/* Lengths as the daemon counted them, over every request, for the plot's title. */
+struct range {
+    int64_t lo, hi;
+    bool any;
+};
+static struct range seen_prompt, seen_cached, seen_gen;
+static int n_short; /* requests the model ended before --gen-tokens */
+
+static void range_add(struct range *r, int64_t v)
+{
+    if (!r->any || v < r->lo)
+        r->lo = v;
+    if (!r->any || v > r->hi)
+        r->hi = v;
+    r->any = true;
+}
+
+/* "7" or "3 to 7" */
+static const char *range_str(const struct range *r, char *buf, size_t size)
+{
+    if (r->lo == r->hi)
+        snprintf(buf, size, "%" PRId64, r->lo);
+    else
+        snprintf(buf, size, "%" PRId64 " to %" PRId64, r->lo, r->hi);
+    return buf;
+}
+
+/* Runs the requests of one run, C in parallel, each with its own connection. */
+static int run_level(const struct opts *o, int C, struct job *jobs)
+{
+    pthread_t *th = calloc((size_t)C, sizeof(*th));
+    if (!th)
+        return -ENOMEM;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)C);
+    for (int i = 0; i < C; i++) {
+        jobs[i].o = o;
+        jobs[i].start = &bar;
+        pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    }
+    for (int i = 0; i < C; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    free(th);
+    for (int i = 0; i < C; i++) {
+        if (jobs[i].rc < 0) {
+            sil_client_warn(PROG, "request failed: %s", jobs[i].err);
+            return -EIO;
+        }
+    }
+    return 0;
+}
+
+/* Files one run's figures under its configuration: "prefix=cached" when the daemon reused part
+ * of any request's prompt, else "prefix=cold", so a cache hit never passes for prefill. */
+static void record_run(const struct opts *o, int C, long run, const struct job *jobs,
+                       double *agg_tok_s, double *decode_tok_s)
+{
+    double t0 = INFINITY, t1 = 0, decode_sum = 0, prompt_sum = 0, cached_sum = 0;
+    int64_t total = 0;
+    bool cached = false;
+    for (int i = 0; i < C; i++) {
+        const struct job *j = &jobs[i];
+        t0 = fmin(t0, j->t_send);
+        t1 = fmax(t1, j->t_end);
+        total += j->n_generated;
+        decode_sum += j->decode_tok_s;
+        prompt_sum += (double)j->n_prompt;
+        cached_sum += (double)j->n_cached;
+        cached |= j->n_cached > 0;
+        range_add(&seen_prompt, j->n_prompt);
+        range_add(&seen_cached, j->n_cached);
+        range_add(&seen_gen, j->n_generated);
+        n_short += j->n_generated < o->gen_tokens;
+        if (j->n_prompt != o->prompt_tokens)
+            sil_client_warn(PROG, "the daemon counted %" PRId64 " prompt tokens of the %ld sent",
+                            j->n_prompt, o->prompt_tokens);
+    }
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "prompt=%ld,gen=%ld,concurrency=%d,prefix=%s", o->prompt_tokens,
+             o->gen_tokens, C, cached ? "cached" : "cold");
+    if (C == 1) {
+        const struct job *j = &jobs[0];
+        record("prefill_tok_s", "tok/s", cfg, j->prefill_tok_s);
+        record("ttft_ms", "ms", cfg, (j->t_first > 0 ? j->t_first : j->t_end) * 1e3 - j->t_send * 1e3);
+        record("daemon_ttft_ms", "ms", cfg, j->daemon_ttft_ms);
+    }
+    double tput = (double)total / (t1 - t0);
+    /* One value per run (the mean over its requests), so "runs" counts runs. */
+    record("decode_tok_s", "tok/s", cfg, decode_sum / C);
+    record("aggregate_tok_s", "tok/s", cfg, tput);
+    record("prompt_tokens", "tokens", cfg, prompt_sum / C);
+    record("cached_tokens", "tokens", cfg, cached_sum / C);
+    record("generated_tokens", "tokens", cfg, (double)total / C);
+    printf("concurrency %d run %ld (%s): %" PRId64 " tokens in %.2f s = %.1f tok/s aggregate"
+           " (per request decode %.1f tok/s, prefill %.1f tok/s; prompt %" PRId64 " tokens, %" PRId64
+           " cached, %" PRId64 " generated)\n",
+           C, run + 1, cached ? "cached" : "cold", total, t1 - t0, tput, jobs[0].decode_tok_s,
+           jobs[0].prefill_tok_s, jobs[0].n_prompt, jobs[0].n_cached, jobs[0].n_generated);
+    fflush(stdout);
+    *agg_tok_s = tput;
+    *decode_tok_s = decode_sum / C;
+}
+
+/* A fresh prompt into each job's ids; the error printed. */
+static int fresh_prompts(struct sil_rpc_client *tc, const struct opts *o, uint64_t *rng,
+                         int32_t *ids, int C)
+{
+    struct sil_rpc_error e = {0};
+    for (int i = 0; i < C; i++) {
+        if (make_prompt(tc, o->prompt_tokens, rng, ids + (size_t)o->prompt_tokens * (size_t)i, &e) < 0) {
+            sil_client_warn(PROG, "%s", e.msg);
+            return -EIO;
+        }
+    }
+    return 0;
+}
 
 static int bench_generation(const struct opts *o)
 {
-    char *prompt = make_prompt(o->prompt_tokens);
-    if (!prompt)
-        return -ENOMEM;
-    for (int li = 0; li < o->n_levels; li++) {
+    struct sil_rpc_client tc; /* for tokenize */
+    struct sil_rpc_error e = {0};
+    if (sil_client_connect(&tc, o->socket, (int)(o->timeout_s * 1000), &e) < 0) {
+        sil_client_warn(PROG, "%s", e.msg);
+        return -EIO;
+    }
+    int max_c = 1;
+    for (int li = 0; li < o->n_levels; li++)
+        max_c = o->levels[li] > max_c ? (int)o->levels[li] : max_c;
+    const size_t n = (size_t)o->prompt_tokens;
+    int32_t *ids = malloc(sizeof(int32_t) * n * (size_t)max_c);
+    struct job *jobs = calloc((size_t)max_c, sizeof(*jobs));
+    uint64_t rng = rand_seed();
+    int rc = ids && jobs ? 0 : -ENOMEM;
+    if (rc < 0)
+        sil_client_warn(PROG, "out of memory");
+    else if (o->reuse_prompt)
+        rc = fresh_prompts(&tc, o, &rng, ids, 1);
+    for (int li = 0; rc == 0 && li < o->n_levels; li++) {
         int C = (int)o->levels[li];
-        char cfg[96];
-        snprintf(cfg, sizeof(cfg), "prompt=%ld,gen=%ld,concurrency=%d", o->prompt_tokens, o->gen_tokens, C);
         struct series agg = {0}, dec = {0};
-        for (long run = 0; run < o->runs; run++) {
-            struct job *jobs = calloc((size_t)C, sizeof(*jobs));
-            pthread_t *th = calloc((size_t)C, sizeof(*th));
-            pthread_barrier_t bar;
-            pthread_barrier_init(&bar, NULL, (unsigned)C);
-            for (int i = 0; i < C; i++) {
-                jobs[i] = (struct job){.o = o, .prompt = prompt, .start = &bar};
-                pthread_create(&th[i], NULL, run_job, &jobs[i]);
-            }
+        for (long run = 0; rc == 0 && run < o->runs; run++) {
+            memset(jobs, 0, sizeof(*jobs) * (size_t)C);
             for (int i = 0; i < C; i++)
-                pthread_join(th[i], NULL);
-            pthread_barrier_destroy(&bar);
-            double t0 = INFINITY, t1 = 0, decode_sum = 0;
-            int64_t total = 0;
-            for (int i = 0; i < C; i++) {
-                struct job *j = &jobs[i];
-                if (j->rc < 0) {
-                    sil_client_warn(PROG, "request failed: %s", j->err);
-                    free(jobs);
-                    free(th);
-                    free(prompt);
-                    return -EIO;
-                }
-                t0 = fmin(t0, j->t_send);
-                t1 = fmax(t1, j->t_end);
-                total += j->n_generated;
-                decode_sum += j->decode_tok_s;
-                prompt_seen = j->n_prompt;
-                if (C == 1) {
-                    record("prefill_tok_s", "tok/s", cfg, j->prefill_tok_s);
-                    record("ttft_ms", "ms", cfg, (j->t_first > 0 ? j->t_first : j->t_end) * 1e3 - j->t_send * 1e3);
-                    record("daemon_ttft_ms", "ms", cfg, j->daemon_ttft_ms);
-                }
-            }
-            double tput = total / (t1 - t0);
-            agg.v[agg.n++] = tput;
-            dec.v[dec.n++] = decode_sum / C;
-            /* One value per run (the mean over its requests), so "runs" counts runs. */
-            record("decode_tok_s", "tok/s", cfg, decode_sum / C);
-            record("aggregate_tok_s", "tok/s", cfg, tput);
-            printf("concurrency %d run %ld: %" PRId64 " tokens in %.2f s = %.1f tok/s aggregate"
-                   " (per request decode %.1f tok/s, prefill %.1f tok/s, prompt %" PRId64 " tokens)\n",
-                   C, run + 1, total, t1 - t0, tput, jobs[0].decode_tok_s, jobs[0].prefill_tok_s, jobs[0].n_prompt);
-            fflush(stdout);
-            free(jobs);
-            free(th);
+                jobs[i].ids = o->reuse_prompt ? ids : ids + n * (size_t)i;
+            if (!o->reuse_prompt)
+                rc = fresh_prompts(&tc, o, &rng, ids, C);
+            if (rc == 0)
+                rc = run_level(o, C, jobs);
+            if (rc == 0)
+                record_run(o, C, run, jobs, &agg.v[agg.n++], &dec.v[dec.n++]);
         }
+        if (rc < 0)
+            break;
         double mn, mx;
         plot_x[n_plot] = C;
         plot_decode[n_plot] = median(&dec, &mn, &mx);
         plot_agg[n_plot++] = median(&agg, &mn, &mx);
     }
-    free(prompt);
-    return 0;
+    if (rc == 0 && n_short > 0)
+        printf("note: the model ended %d request%s before %ld tokens; generated_tokens gives the "
+               "lengths measured\n", n_short, n_short == 1 ? "" : "s", o->gen_tokens);
+    free(jobs);
+    free(ids);
+    sil_rpc_client_close(&tc);
+    return rc;
 }
 
 struct counter {
@@ -449,7 +634,10 @@ static int write_json(const struct opts *o, int argc, char **argv, const msgpack
     sil_rpc_print_json_str(f, o->notes ? o->notes
                             : "measured by sil-bench from the client side; tok/s and ttft per "
                               "request come from the daemon's timings, aggregate_tok_s and ttft_ms "
-                              "from the client's clock; no peer or floor measured here");
+                              "from the client's clock; prefix=cold: no prompt token came from the "
+                              "prefix cache, prefix=cached: cached_tokens did; prompt, cached and "
+                              "generated tokens as the daemon counted them; no peer or floor "
+                              "measured here");
     fprintf(f, "\n}\n");
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
@@ -482,11 +670,14 @@ static int write_plot(const struct opts *o, const char *gnuplot, const char *mod
         sil_client_warn(PROG, "--plot: cannot run %s: %s", gnuplot, strerror(errno));
         return -ENOENT;
     }
-    char title[1024];
+    /* The lengths as measured, not as asked: a model may end an answer early. */
+    char title[1024], np[48], nc[48], ng[48];
     snprintf(title, sizeof(title),
-             "siliceod throughput against concurrency (median of %ld runs)\n"
-             "model %s, prompt %" PRId64 " tokens, %ld generated per request",
-             o->runs, model, prompt_seen, o->gen_tokens);
+             "siliceod throughput against concurrency (median of %ld runs, %s)\n"
+             "model %s, prompt %s tokens (%s cached), %s generated per request",
+             o->runs, o->reuse_prompt ? "one prompt for all" : "a fresh prompt per request", model,
+             range_str(&seen_prompt, np, sizeof np), range_str(&seen_cached, nc, sizeof nc),
+             range_str(&seen_gen, ng, sizeof ng));
     fprintf(g, "set terminal png size 900,560\nset output ");
     gp_str(g, o->plot);
     fprintf(g, "\nset title ");
@@ -556,6 +747,20 @@ static int check_writable(const char *opt, const char *file)
     return r;
 }
 
+/* Refuses before the first request a run the daemon's context cannot hold: the prompt and every
+ * token asked for. */
+static int check_context(const struct opts *o, const msgpack_object *status)
+{
+    const int64_t n_ctx = sil_rpc_map_int(sil_rpc_map_get(status, "model"), "n_ctx", 0);
+    if (n_ctx > 0 && o->prompt_tokens + o->gen_tokens > n_ctx) {
+        sil_client_warn(PROG, "a prompt of %ld tokens plus %ld generated needs %ld positions; the "
+                              "daemon's context is %" PRId64, o->prompt_tokens, o->gen_tokens,
+                        o->prompt_tokens + o->gen_tokens, n_ctx);
+        return -ERANGE;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o = {.prompt_tokens = 512, .gen_tokens = 128, .runs = 3, .count = 100000,
@@ -599,6 +804,11 @@ int main(int argc, char **argv)
     }
     sil_rpc_client_close(&c);
     const msgpack_object *stp = status.data.type == MSGPACK_OBJECT_MAP ? &status.data : NULL;
+    if (!o.overhead && check_context(&o, stp) < 0) {
+        msgpack_unpacked_destroy(&status);
+        msgpack_sbuffer_destroy(&sb);
+        return SIL_EXIT_ERROR;
+    }
 
     int rc = o.overhead ? bench_overhead(&o) : bench_generation(&o);
 

@@ -191,7 +191,7 @@ chmod +x "$T/fakebin/gnuplot"
 PATH="$T/fakebin:$PATH" "$BIN/sil-bench" -p 8 -n 4 -r 2 -c 1,2 -o "$T/bench.json" --plot "$T/p.png" >"$T/out" ||
     fail "sil-bench: $(cat "$T/out")"
 grep -q "^set yrange \[0:\*\]" "$T/plot.gp" || fail "plot y axis does not start at 0"
-grep -q "^set title .*median of 2 runs.*model Qwen3 Tiny, prompt [0-9]* tokens, 4 generated per request" "$T/plot.gp" ||
+grep -q "^set title .*median of 2 runs.*model Qwen3 Tiny, prompt 8 tokens (0 cached), [0-9to ]* generated per request" "$T/plot.gp" ||
     fail "plot title: $(grep title "$T/plot.gp")"
 grep -q "aggregate: .*prefill included" "$T/plot.gp" || fail "plot does not say what it measured"
 python3 -c "
