@@ -1,10 +1,12 @@
 /* sil-chat: ask siliceod a question (one-shot, from a pipe, or in a REPL), streaming the answer.
  * See sil-chat(1). */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <locale.h>
 #include <getopt.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,8 @@
 #define MAX_STDIN (8u << 20)
 #define MAX_TURNS 256
 #define SIL_SESSION_NAME_BUF 256
+/* A pasted block arrives at once: input already waiting this long after a line is more of it. */
+#define PASTE_MS 30
 
 /* Set by the signal handler: SIGINT cancels the answer or the line being typed; SIGTERM and
  * SIGHUP end the REPL after it saved its history and dropped its private session. */
@@ -41,12 +45,20 @@ struct opts {
     const char *socket;
     const char *system;
     bool from_stdin, json, raw;
+    bool stats;         /* --verbose, /stats on: prompt and decode speed after each answer */
     bool append;        /* chat continues the daemon's transcript of the -S session */
     bool list_sessions; /* --sessions */
     const char *drop;   /* --drop NAME */
     int show_reasoning; /* -1 auto (on a tty), 0 hide, 1 show */
     int timeout_s;
     struct sil_client_gen gen;
+};
+
+/* What the daemon reports of one answer, for --verbose and /stats. */
+struct answer_stats {
+    bool valid;
+    int64_t n_prompt, n_cached, n_generated;
+    double prefill_ms, prefill_tok_s, decode_ms, decode_tok_s;
 };
 
 struct stream {
@@ -76,6 +88,7 @@ static void usage(FILE *f)
             "      --show-reasoning      print the reasoning even off a terminal\n"
             "      --raw                 send QUESTION as a raw prompt (generate, no template)\n"
             "      --json                print the final result as JSON instead of streaming\n"
+            "  -v, --verbose             after each answer, the prompt and decode speed on stderr\n"
             "  -n, --max-tokens N        answer budget: N tokens, then up to --grace more to end\n"
             "                            the sentence\n"
             "      --grace N             tokens past the budget to end a sentence, 0 to 64\n"
@@ -113,6 +126,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"show-reasoning", no_argument, 0, O_SHOW},
         {"raw", no_argument, 0, O_RAW},
         {"json", no_argument, 0, O_JSON},
+        {"verbose", no_argument, 0, 'v'},
         {"max-tokens", required_argument, 0, 'n'},
         {"max-thinking-tokens", required_argument, 0, O_MAXTHINK},
         {"grace", required_argument, 0, O_GRACE},
@@ -134,7 +148,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     long l;
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+:sS:n:t:hV", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:sS:n:t:vhV", lo, NULL)) != -1) {
         switch (c) {
         case 's': o->from_stdin = true; break;
         case 'S': o->gen.session = optarg; break;
@@ -145,6 +159,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_SHOW: o->show_reasoning = 1; break;
         case O_RAW: o->raw = true; break;
         case O_JSON: o->json = true; break;
+        case 'v': o->stats = true; break;
         case 'n':
             if (sil_client_parse_long(PROG, "--max-tokens", optarg, 1, 10000000, &o->gen.max_tokens) < 0)
                 return -1;
@@ -293,10 +308,40 @@ static int on_msg(void *ud, const struct sil_rpc_msg *m)
     return 0;
 }
 
+static void read_stats(const msgpack_object *res, struct answer_stats *st)
+{
+    const msgpack_object *t = sil_rpc_map_get(res, "timings");
+    *st = (struct answer_stats){
+        .valid = true,
+        .n_prompt = sil_rpc_map_int(res, "n_prompt", 0),
+        .n_cached = sil_rpc_map_int(res, "n_cached", 0),
+        .n_generated = sil_rpc_map_int(res, "n_generated", 0),
+        .prefill_ms = sil_rpc_map_double(t, "prefill_ms", 0),
+        .prefill_tok_s = sil_rpc_map_double(t, "prefill_tok_s", 0),
+        .decode_ms = sil_rpc_map_double(t, "decode_ms", 0),
+        .decode_tok_s = sil_rpc_map_double(t, "decode_tok_s", 0),
+    };
+}
+
+/* One line on stderr, so a pipe still receives the answer only. The prompt's speed counts the
+ * tokens evaluated, not those the session or the prefix cache already held. */
+static void print_stats(const struct answer_stats *st)
+{
+    if (!st->valid) {
+        fprintf(stderr, "no answer yet\n");
+        return;
+    }
+    fprintf(stderr,
+            "prompt %" PRId64 " tokens (%" PRId64 " cached, %" PRId64 " evaluated at %.1f tok/s in "
+            "%.2f s), answer %" PRId64 " tokens at %.1f tok/s in %.2f s\n",
+            st->n_prompt, st->n_cached, st->n_prompt - st->n_cached, st->prefill_tok_s,
+            st->prefill_ms / 1e3, st->n_generated, st->decode_tok_s, st->decode_ms / 1e3);
+}
+
 /* Sends one request (chat or generate); streams or prints JSON; returns the exit status and,
- * for the REPL, a copy of the answer text in *answer. */
+ * for the REPL, a copy of the answer text in *answer and the daemon's figures in *stats. */
 static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn *turns, int n_turns,
-               const char *raw_prompt, char **answer)
+               const char *raw_prompt, char **answer, struct answer_stats *stats)
 {
     struct stream st = {.c = c};
     st.tty = isatty(STDOUT_FILENO);
@@ -348,6 +393,12 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
         sil_rpc_print_json(stdout, res, 2);
         fputc('\n', stdout);
     }
+    struct answer_stats figures;
+    read_stats(res, &figures);
+    if (stats)
+        *stats = figures;
+    if (o->stats)
+        print_stats(&figures);
     char reason[32], msg[256];
     sil_rpc_map_str(res, "stop_reason", reason, sizeof(reason), "");
     if (answer) {
@@ -367,6 +418,50 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
         return interrupted || terminating ? 130 : SIL_EXIT_ERROR;
     }
     return SIL_EXIT_OK;
+}
+
+/* sessions.list: *out the caller's sessions (an array inside the result, valid until the
+ * next call) or NULL on error (printed). */
+static const msgpack_object *list_sessions(struct sil_rpc_client *c)
+{
+    msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.list");
+    msgpack_pack_map(pk, 0);
+    const msgpack_object *res = NULL, *arr = NULL;
+    struct sil_rpc_error e = {0};
+    if (sil_rpc_client_call(c, NULL, NULL, &res, &e) < 0 ||
+        sil_rpc_get_array(res, "sessions", &arr, SIL_RPC_REQUIRED, &e) < 0) {
+        sil_client_warn(PROG, "sessions.list: %s", e.msg);
+        return NULL;
+    }
+    return arr;
+}
+
+/* Messages the daemon holds for session name: 0 when it is new (or unknown). */
+static int64_t session_messages(struct sil_rpc_client *c, const char *name)
+{
+    const msgpack_object *arr = list_sessions(c);
+    char buf[SIL_SESSION_NAME_BUF];
+    for (uint32_t i = 0; arr && i < arr->via.array.size; i++) {
+        const msgpack_object *s = &arr->via.array.ptr[i];
+        if (strcmp(sil_rpc_map_str(s, "name", buf, sizeof buf, ""), name) == 0 &&
+            sil_rpc_map_int(s, "uid", -1) == (int64_t)getuid())
+            return sil_rpc_map_int(s, "messages", 0);
+    }
+    return 0;
+}
+
+/* sessions.drop; a session that is not there is no error. */
+static int forget_session(struct sil_rpc_client *c, const char *name)
+{
+    msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.drop");
+    msgpack_pack_map(pk, 1);
+    sil_rpc_kv_str(pk, "name", name);
+    struct sil_rpc_error e = {0};
+    if (sil_rpc_client_call(c, NULL, NULL, NULL, &e) < 0 && e.code != SIL_RPC_E_NOT_FOUND) {
+        sil_client_warn(PROG, "sessions.drop: %s", e.msg);
+        return -EIO;
+    }
+    return 0;
 }
 
 static void free_turns(struct turn *t, int *n, int keep)
@@ -426,6 +521,133 @@ static int repl_getc(FILE *f)
     return cp;
 }
 
+/* Is more typed input already waiting (repl_getc reads a byte at a time, so editline keeps none
+ * of it)? */
+static bool input_waiting(int ms)
+{
+    struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+    return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+enum { READ_EOF = -1, READ_CANCELLED = 0, READ_OK = 1 };
+
+/* One question: a line, joined (with a newline) to the next while it ends in a backslash, which
+ * is dropped, or while more input is already waiting: the lines of a paste arrive at once, and a
+ * person does not type the next line within PASTE_MS of Enter. Ctrl-C drops the whole question;
+ * end of input sends what was typed. *out is malloc'd. */
+static int read_question(char **out)
+{
+    char *q = NULL;
+    size_t len = 0;
+    const char *prompt = "> ";
+    *out = NULL;
+    for (;;) {
+        line_cancelled = false;
+        char *line = readline(prompt);
+        if (!line && !q)
+            return READ_EOF;
+        if (!line)
+            break;
+        if (line_cancelled) {
+            free(line);
+            free(q);
+            return READ_CANCELLED;
+        }
+        size_t n = strlen(line);
+        const bool more = n > 0 && line[n - 1] == '\\';
+        n -= more;
+        char *grown = realloc(q, len + n + 2);
+        if (!grown) {
+            free(line);
+            break;
+        }
+        q = grown;
+        if (len)
+            q[len++] = '\n';
+        memcpy(q + len, line, n);
+        q[len += n] = 0;
+        free(line);
+        if (!more && !input_waiting(PASTE_MS))
+            break;
+        prompt = "... ";
+    }
+    *out = q;
+    return READ_OK;
+}
+
+static void repl_help(void)
+{
+    printf("/help           these commands\n"
+           "/reset          forget the conversation (a -S session's too)\n"
+           "/think on|off   let the model reason before answering, or not\n"
+           "/stats on|off   print prompt and decode speed after each answer\n"
+           "/stats          the figures of the last answer\n"
+           "/quit, /exit    leave (or Ctrl-D)\n"
+           "A line ending in \\ goes on on the next line; pasted lines are one question.\n"
+           "Ctrl-C abandons the line, or cancels the answer being written.\n");
+}
+
+/* The REPL's conversation. A private session is sent whole each turn (the daemon's copy is only
+ * what saves evaluating it again); a named one (-S) lives in the daemon, which may hold turns
+ * of earlier calls, so only what is new is sent, with append. */
+struct convo {
+    struct turn t[MAX_TURNS];
+    int n, base;  /* turns held here; base: the system prompt's */
+    bool named;
+    int64_t held; /* messages the daemon holds for the named session */
+};
+
+/* Handles a /command; false for /quit. */
+static bool repl_command(struct sil_rpc_client *c, struct opts *o, struct convo *cv,
+                         const char *cmd, const struct answer_stats *last)
+{
+    if (!strcmp(cmd, "/quit") || !strcmp(cmd, "/exit"))
+        return false;
+    if (!strcmp(cmd, "/reset")) {
+        free_turns(cv->t, &cv->n, cv->base);
+        if (cv->named && forget_session(c, o->gen.session) == 0)
+            cv->held = 0;
+        printf("conversation cleared\n");
+    } else if (!strcmp(cmd, "/think on") || !strcmp(cmd, "/think off")) {
+        o->gen.think = !strcmp(cmd, "/think on");
+    } else if (!strcmp(cmd, "/stats on") || !strcmp(cmd, "/stats off")) {
+        o->stats = !strcmp(cmd, "/stats on");
+    } else if (!strcmp(cmd, "/stats")) {
+        print_stats(last);
+    } else if (!strcmp(cmd, "/help")) {
+        repl_help();
+    } else {
+        printf("unknown command %s; /help lists them\n", cmd);
+    }
+    return true;
+}
+
+/* Asks question q (taken over) in the conversation; the exit status of ask(). */
+static int repl_ask(struct sil_rpc_client *c, struct opts *o, struct convo *cv, char *q,
+                    struct answer_stats *last)
+{
+    if (cv->n + 2 > MAX_TURNS)
+        free_turns(cv->t, &cv->n, cv->base); /* start over rather than grow without end */
+    cv->t[cv->n].role = "user";
+    cv->t[cv->n++].content = q;
+    /* A named session gets the system prompt only when its conversation starts. */
+    const int first = cv->named && cv->held > 0 ? cv->base : 0;
+    char *answer = NULL;
+    o->append = cv->named;
+    int status = ask(c, o, cv->t + first, cv->n - first, NULL, &answer, last);
+    if (status == SIL_EXIT_OK && answer) {
+        cv->held += cv->n - first + 1;
+        cv->t[cv->n].role = "assistant";
+        cv->t[cv->n++].content = answer;
+    } else {
+        free(answer);
+        free(cv->t[--cv->n].content); /* the question goes with its failed answer */
+    }
+    if (cv->named)
+        free_turns(cv->t, &cv->n, cv->base); /* the daemon holds them now */
+    return status;
+}
+
 static int repl(struct sil_rpc_client *c, struct opts *o)
 {
     /* Before editline's first use: it reads our way and leaves the signals to us. */
@@ -441,130 +663,70 @@ static int repl(struct sil_rpc_client *c, struct opts *o)
         stifle_history(1000);
         read_history(hist);
     }
+    struct convo cv = {0};
+    cv.named = o->gen.session != NULL;
     /* Without -S, a private session keeps the conversation evaluated between turns. */
     char auto_session[64] = "";
-    if (!o->gen.session) {
+    if (!cv.named) {
         snprintf(auto_session, sizeof(auto_session), "sil-chat-%ld-%ld", (long)getpid(), (long)time(NULL));
         o->gen.session = auto_session;
     }
-    struct turn turns[MAX_TURNS];
-    int n = 0, base = 0;
     if (o->system) {
-        turns[n].role = "system";
-        turns[n++].content = strdup(o->system);
-        base = 1;
+        cv.t[cv.n].role = "system";
+        cv.t[cv.n++].content = strdup(o->system);
+        cv.base = 1;
     }
     printf("siliceo chat; /help for commands, Ctrl-D to quit.\n");
+    if (cv.named && (cv.held = session_messages(c, o->gen.session)) > 0)
+        printf("continuing session %s: %" PRId64 " messages\n", o->gen.session, cv.held);
     int status = SIL_EXIT_OK;
-    char *line;
+    struct answer_stats last = {0};
     for (;;) {
-        line_cancelled = false;
         interrupted = 0; /* a Ctrl-C that cancelled the last answer is spent */
-        line = readline("> ");
-        if (!line) {
+        char *q;
+        int r = read_question(&q);
+        if (r == READ_EOF) {
             fputc('\n', stdout); /* Ctrl-D or a signal: the shell's prompt on a line of its own */
             break;
         }
-        if (line_cancelled) {
-            free(line);
+        if (r == READ_CANCELLED)
             continue;
-        }
-        char *p = line;
-        while (*p == ' ' || *p == '\t')
-            p++;
+        char *p = q + strspn(q, " \t\n");
         if (*p == 0) {
-            free(line);
+            free(q);
             continue;
         }
         add_history(p);
-        if (*p == '/') {
-            if (!strcmp(p, "/quit") || !strcmp(p, "/exit")) {
-                free(line);
+        if (*p == '/' && !strchr(p, '\n')) {
+            bool go_on = repl_command(c, o, &cv, p, &last);
+            free(q);
+            if (!go_on)
                 break;
-            } else if (!strcmp(p, "/reset")) {
-                free_turns(turns, &n, base);
-                printf("conversation cleared\n");
-            } else if (!strcmp(p, "/think on")) {
-                o->gen.think = 1;
-            } else if (!strcmp(p, "/think off")) {
-                o->gen.think = 0;
-            } else {
-                printf("/reset  forget the conversation\n/think on|off\n/quit\n");
-            }
-            free(line);
             continue;
         }
-        if (n + 2 > MAX_TURNS)
-            free_turns(turns, &n, base); /* start over rather than grow without end */
-        turns[n].role = "user";
-        turns[n++].content = strdup(p);
-        free(line);
-        char *answer = NULL;
-        status = ask(c, o, turns, n, NULL, &answer);
-        if (terminating) {
-            free(answer);
+        if (p != q)
+            memmove(q, p, strlen(p) + 1);
+        status = repl_ask(c, o, &cv, q, &last);
+        if (terminating)
             break;
-        }
-        if (status == SIL_EXIT_OK && answer) {
-            turns[n].role = "assistant";
-            turns[n++].content = answer;
-        } else {
-            free(answer);
-            free(turns[--n].content); /* the question goes with its failed answer */
-            if (c->fd < 0 || status == SIL_EXIT_ERROR) {
-                struct sil_rpc_error e;
-                /* the connection may be gone: reconnect for the next turn */
-                sil_rpc_client_close(c);
-                if (sil_client_connect(c, o->socket, o->timeout_s * 1000, &e) < 0) {
-                    sil_client_warn(PROG, "%s", e.msg);
-                    break;
-                }
+        if (status != SIL_EXIT_OK && (c->fd < 0 || status == SIL_EXIT_ERROR)) {
+            struct sil_rpc_error e;
+            /* the connection may be gone: reconnect for the next turn */
+            sil_rpc_client_close(c);
+            if (sil_client_connect(c, o->socket, o->timeout_s * 1000, &e) < 0) {
+                sil_client_warn(PROG, "%s", e.msg);
+                break;
             }
         }
     }
-    if (auto_session[0]) {
-        msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.drop");
-        msgpack_pack_map(pk, 1);
-        sil_rpc_kv_str(pk, "name", auto_session);
-        struct sil_rpc_error e;
-        sil_rpc_client_call(c, NULL, NULL, NULL, &e);
-    }
-    free_turns(turns, &n, 0);
+    if (auto_session[0])
+        forget_session(c, auto_session);
+    free_turns(cv.t, &cv.n, 0);
     if (hist[0])
         write_history(hist);
     if (terminating)
         return 128 + terminating;
     return status == 130 ? SIL_EXIT_OK : status;
-}
-
-/* sessions.list: *out the caller's sessions (an array inside the result, valid until the
- * next call) or NULL on error (printed). */
-static const msgpack_object *list_sessions(struct sil_rpc_client *c)
-{
-    msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.list");
-    msgpack_pack_map(pk, 0);
-    const msgpack_object *res = NULL, *arr = NULL;
-    struct sil_rpc_error e = {0};
-    if (sil_rpc_client_call(c, NULL, NULL, &res, &e) < 0 ||
-        sil_rpc_get_array(res, "sessions", &arr, SIL_RPC_REQUIRED, &e) < 0) {
-        sil_client_warn(PROG, "sessions.list: %s", e.msg);
-        return NULL;
-    }
-    return arr;
-}
-
-/* Messages the daemon holds for session name: 0 when it is new (or unknown). */
-static int64_t session_messages(struct sil_rpc_client *c, const char *name)
-{
-    const msgpack_object *arr = list_sessions(c);
-    char buf[SIL_SESSION_NAME_BUF];
-    for (uint32_t i = 0; arr && i < arr->via.array.size; i++) {
-        const msgpack_object *s = &arr->via.array.ptr[i];
-        if (strcmp(sil_rpc_map_str(s, "name", buf, sizeof buf, ""), name) == 0 &&
-            sil_rpc_map_int(s, "uid", -1) == (int64_t)getuid())
-            return sil_rpc_map_int(s, "messages", 0);
-    }
-    return 0;
 }
 
 static int print_sessions(struct sil_rpc_client *c)
@@ -688,7 +850,7 @@ int main(int argc, char **argv)
         if (o.system && !(o.append && session_messages(&c, o.gen.session) > 0))
             turns[nt++] = (struct turn){"system", (char *)o.system};
         turns[nt++] = (struct turn){"user", content};
-        status = ask(&c, &o, turns, nt, o.raw ? content : NULL, NULL);
+        status = ask(&c, &o, turns, nt, o.raw ? content : NULL, NULL, NULL);
         free(content);
     }
     sil_rpc_client_close(&c);
