@@ -266,6 +266,12 @@ struct sil_backend_ops {
      * each decode plan's misses, rounded and at most cpu_misses, the backend computes on the
      * host: host speed / (host speed + link speed), measured by the backend. */
     double (*host_share)(struct sil_backend *be);
+    /* Optional (NULL: measured once, by the backend). Measures the host's speed again on the n
+     * experts gate[i], up[i], down[i] (single-expert handles into host memory: where decode
+     * misses now come from, the host tier's slots) and sets cpu_misses and host_share from it;
+     * n == 0: no host path (cpu_misses 0). For the engine when the host tier opens or goes. */
+    void (*measure_host)(struct sil_backend *be, const struct sil_weight *gate,
+                         const struct sil_weight *up, const struct sil_weight *down, int n);
     /* Copies one expert's matrices (handles into the mmap or host_alloc memory) into slot; ordered before any later
      * op that reads the slot. Plan handles of slot experts are SIL_WEIGHT_SLOT with data the
      * slot index. layer and expert name what the slot now holds (what it held is gone). */

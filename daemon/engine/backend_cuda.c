@@ -296,8 +296,8 @@ struct cuda_backend {
      * host from the mapping while the rest stream; the MoE input comes down with the router's
      * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
     struct sil_host_experts *hx;
-    int32_t cpu_misses;
-    bool cpu_auto;     /* the host's share chosen at placed() (SIL_CUDA_CPU_MISSES unset) */
+    int32_t cpu_misses, cpu_misses_max; /* now (0 while the share is off), and at most */
+    bool cpu_auto; /* the host's share measured (SIL_CUDA_CPU_MISSES unset): choose_host_share */
     double host_share; /* of each decode plan's misses, rounded (0: up to cpu_misses) */
     double host_gbs;   /* the host's expert speed measured at placed() (0: not measured) */
     struct sil_weight probe[3]; /* one layer's routed stacks (two F x E, one E x F) */
@@ -2044,39 +2044,53 @@ static void zc_enable(struct cuda_backend *b)
 
 /* Path (c) by itself: the host computes its experts while the device copies the others in, so
  * a layer's misses split in proportion to the two speeds, host / (host + link), are done at
- * about the same time. The host's speed is measured here on K experts of one layer (as many
- * threads as a decode step uses), the link's is the copy bandwidth measured at open (or the
- * benchmark cap). A share under 5% is not worth the segment cut: the host path is dropped. */
-static void choose_host_share(struct cuda_backend *b)
+ * about the same time. The host's speed is measured on the n experts g[i], u[i], d[i] in host
+ * memory where misses come from (the mapping, or the host tier's slots): one set of K warms the
+ * threads, then each other set of K is run once, as a miss is read once (from memory, not from
+ * the CPU's caches), and the median counts; the link's is the copy bandwidth measured at open
+ * (or the benchmark cap). A share under 5% is not worth the segment cut: the host path is off
+ * (cpu_misses 0) until measured again. n == 0: off. */
+#define HOST_PROBE_SETS 5
+static void choose_host_share(struct cuda_backend *b, const struct sil_weight *g,
+                              const struct sil_weight *u, const struct sil_weight *d, int n,
+                              const char *where)
 {
-    const int K = (int)b->c.n_expert_used, X = (int)b->c.n_expert;
+    const int K = (int)b->c.n_expert_used;
     double host_gbs = 0.0;
-    if (!b->float_experts && b->n_probe_fe == 2 && b->n_probe_ef == 1 && K > 0 && K <= X &&
-        b->h2d_gbs > 0 &&
-        fused_types(&b->probe[0], &b->probe[1], &b->probe[2], K)) {
-        struct sil_weight m[3][64];
-        const int n = K < 64 ? K : 64;
+    const int sets = K > 0 ? (n / K < HOST_PROBE_SETS ? n / K : HOST_PROBE_SETS) : 0;
+    if (b->hx && !b->float_experts && sets >= 2 && b->h2d_gbs > 0 && fused_types(g, u, d, K)) {
+        double dt[HOST_PROBE_SETS];
+        int nt = 0;
         uint64_t bytes = 0;
-        for (int j = 0; j < n; j++) {
-            for (int i = 0; i < 3; i++) {
-                m[i][j] = sil_weight_mat(&b->probe[i], j);
-                bytes += m[i][j].mat_bytes;
-            }
-            b->jobs[j] = (struct sil_host_expert_job){0, 1.0f, &m[0][j], &m[1][j], &m[2][j]};
-        }
         memset(b->h_x, 0, sizeof(float) * (size_t)b->c.n_embd);
         struct sil_error e = {0};
-        double best = 0.0;
-        for (int r = 0; r < 4; r++) { /* the first run warms the caches; the fastest counts */
+        for (int s = 0; s < sets; s++) {
+            uint64_t sb = 0;
+            for (int j = 0; j < K; j++) {
+                const int x = s * K + j;
+                sb += g[x].mat_bytes + u[x].mat_bytes + d[x].mat_bytes;
+                b->jobs[j] = (struct sil_host_expert_job){0, 1.0f, &g[x], &u[x], &d[x]};
+            }
             const double t0 = now_s();
-            if (sil_host_experts_run(b->hx, b->h_x, 1, b->jobs, n, b->h_y, &e) < 0) {
-                best = 0.0;
+            if (sil_host_experts_run(b->hx, b->h_x, 1, b->jobs, K, b->h_y, &e) < 0) {
+                nt = 0;
                 break;
             }
-            const double dt = now_s() - t0;
-            if (r > 0 && dt > 0 && (best == 0.0 || dt < best)) best = dt;
+            const double t = now_s() - t0;
+            if (s > 0 && t > 0) {
+                dt[nt++] = t;
+                bytes = sb; /* the sets are of one layer: the same bytes */
+            }
         }
-        if (best > 0) host_gbs = (double)bytes / best / 1e9;
+        if (nt > 0) {
+            for (int a = 1; a < nt; a++) /* the median of a handful */
+                for (int c = a; c > 0 && dt[c] < dt[c - 1]; c--) {
+                    const double t = dt[c];
+                    dt[c] = dt[c - 1];
+                    dt[c - 1] = t;
+                }
+            host_gbs = (double)bytes / dt[nt / 2] / 1e9;
+        }
     }
     b->host_gbs = host_gbs;
     const double link = b->h2d_cap > 0 && b->h2d_cap / 1e9 < b->h2d_gbs ? b->h2d_cap / 1e9
@@ -2090,22 +2104,41 @@ static void choose_host_share(struct cuda_backend *b)
     if (fs && !force)
         fprintf(stderr,
                 "siliceo: cuda backend: SIL_CUDA_CPU_SHARE ignored: not a number in (0, 1]\n");
-    if (force) share = forced;
+    if (force && n > 0) share = forced;
     if (share < 0.05) {
-        fprintf(stderr,
-                "siliceo: cuda backend: decode misses all copied (host experts %.1f GB/s, link "
-                "%.1f GB/s)\n",
-                host_gbs, link);
-        sil_host_experts_free(b->hx);
-        b->hx = NULL;
+        b->host_share = 0.0;
         b->cpu_misses = 0;
+        if (n > 0)
+            fprintf(stderr,
+                    "siliceo: cuda backend: decode misses all copied (host experts %.1f GB/s from "
+                    "%s, link %.1f GB/s)\n",
+                    host_gbs, where, link);
+        else
+            fprintf(stderr, "siliceo: cuda backend: decode misses all copied (%s)\n", where);
         return;
     }
     b->host_share = share;
+    b->cpu_misses = b->cpu_misses_max;
     fprintf(stderr,
-            "siliceo: cuda backend: host experts %.1f GB/s, link %.1f GB/s: %.0f%% of each decode "
-            "layer's misses computed on the CPU%s (SIL_CUDA_CPU_MISSES=0 turns it off)\n",
-            host_gbs, link, 100.0 * share, force ? ", set by SIL_CUDA_CPU_SHARE" : "");
+            "siliceo: cuda backend: host experts %.1f GB/s from %s, link %.1f GB/s: %.0f%% of each "
+            "decode layer's misses computed on the CPU%s (SIL_CUDA_CPU_MISSES=0 turns it off)\n",
+            host_gbs, where, link, 100.0 * share, force ? ", set by SIL_CUDA_CPU_SHARE" : "");
+}
+
+/* The probe layer's first experts in the mapping, for choose_host_share. */
+static void choose_host_share_mapped(struct cuda_backend *b)
+{
+    const int K = (int)b->c.n_expert_used, X = (int)b->c.n_expert;
+    struct sil_weight m[3][HOST_PROBE_SETS * SIL_CUDA_MOE_SLOTS_MAX];
+    int n = 0;
+    if (b->n_probe_fe == 2 && b->n_probe_ef == 1 && K > 0) {
+        n = HOST_PROBE_SETS * K < X ? HOST_PROBE_SETS * K : X / K * K;
+        if (n > HOST_PROBE_SETS * SIL_CUDA_MOE_SLOTS_MAX) n = 0;
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < 3; i++)
+                m[i][j] = sil_weight_mat(&b->probe[i], j);
+    }
+    choose_host_share(b, m[0], m[1], m[2], n, "the mapping");
 }
 
 /* Pinning the mapping's pages, a probe: the first PIN_PROBE_MIB of the experts pinned and
@@ -2215,7 +2248,14 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
         b->h2d_gbs = (double)bytes / ((double)ms * 1e6);
     for (int i = 0; i < 2; i++)
         sil_cuda_event_destroy(b->cu, ev[i]);
-    if (b->cpu_auto && b->hx) choose_host_share(b);
+    /* with a host tier the misses come from its slots: measured there once it is open
+     * (cuda_measure_host); the mapping would be read from the disk */
+    if (b->cpu_auto && b->hx) {
+        if (b->c.host_tier)
+            choose_host_share(b, NULL, NULL, NULL, 0, "not measured until the host tier opens");
+        else
+            choose_host_share_mapped(b);
+    }
     return 0;
 }
 
@@ -2366,6 +2406,15 @@ static void cuda_free(struct sil_backend *be)
 static int32_t cuda_cpu_misses(struct sil_backend *be)
 {
     return cb(be)->hx && !cb(be)->float_experts ? cb(be)->cpu_misses : 0;
+}
+
+static void cuda_measure_host(struct sil_backend *be, const struct sil_weight *gate,
+                              const struct sil_weight *up, const struct sil_weight *down, int n)
+{
+    struct cuda_backend *b = cb(be);
+    if (!b->cpu_auto || !b->hx) return;
+    choose_host_share(b, gate, up, down, n,
+                      n > 0 ? "the host tier" : "the host tier given back: no host path");
 }
 
 static double cuda_host_share(struct sil_backend *be)
@@ -2567,6 +2616,7 @@ static const struct sil_backend_ops cuda_ops = {
     .expert_slots = cuda_expert_slots,
     .cpu_misses = cuda_cpu_misses,
     .host_share = cuda_host_share,
+    .measure_host = cuda_measure_host,
     .fill_slot = cuda_fill_slot,
     .routes = cuda_routes,
     .host_alloc = cuda_host_alloc,
@@ -2836,7 +2886,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->cpu_auto = (!cm || !*cm || strcmp(cm, "auto") == 0) && !want_zc;
         const long ncm = b->cpu_auto ? (long)K : cm ? atol(cm) : 0;
         if (rc == 0 && ncm > 0 && c->n_ff_exp > 0) {
-            b->cpu_misses = (int32_t)(ncm < K ? ncm : K);
+            b->cpu_misses = b->cpu_misses_max = (int32_t)(ncm < K ? ncm : K);
             long nt = sysconf(_SC_NPROCESSORS_ONLN);
             rc = sil_host_experts_create(&b->hx, nt > 0 ? (int)(nt < 256 ? nt : 256) : 1, E,
                                          c->n_ff_exp, MB * (int)K, err);

@@ -608,6 +608,46 @@ static void close_host_tier(struct sil_fwd *f)
     f->xs_ptr = NULL;
 }
 
+/* The backend's host path (decode misses computed on the CPU) measured where its misses now
+ * come from: up to HOST_PROBE experts of the first MoE layer read into the host tier's slots
+ * (n 0: the tier is gone, no host path). The expert cache then takes the new share. */
+#define HOST_PROBE 40
+static void tier_measure_host(struct sil_engine *e, bool on)
+{
+    struct sil_fwd *f = &e->f;
+    const struct sil_hparams *hp = &e->model->hp;
+    if (!f->be->ops->measure_host || !f->ecache) return;
+    struct sil_weight m[3][HOST_PROBE];
+    int32_t ids[HOST_PROBE];
+    const void *ptr[3 * HOST_PROBE];
+    int32_t n = 0;
+    for (int il = 0; on && f->xstore && il < hp->n_layer && n == 0; il++) {
+        const struct sil_layer_weights *w = &f->lw[il];
+        if (!w->ffn_gate_exps.data || w->ffn_gate_exps.n_mat != hp->n_expert) continue;
+        n = hp->n_expert < HOST_PROBE ? (int32_t)hp->n_expert : HOST_PROBE;
+        for (int32_t j = 0; j < n; j++)
+            ids[j] = j;
+        struct sil_error err = {0};
+        if (sil_xstore_acquire(f->xstore, il, ids, NULL, n, ptr, &err) < 0) {
+            fprintf(stderr, "siliceo: host tier: the host path's probe was not read: %s\n",
+                    err.msg);
+            n = 0;
+            break;
+        }
+        const struct sil_weight *st[3] = {&w->ffn_gate_exps, &w->ffn_up_exps, &w->ffn_down_exps};
+        for (int32_t j = 0; j < n; j++)
+            for (int k = 0; k < 3; k++) {
+                m[k][j] = sil_weight_mat(st[k], j);
+                m[k][j].loc = SIL_WEIGHT_HOST;
+                m[k][j].data = ptr[3 * j + k];
+            }
+    }
+    f->be->ops->measure_host(f->be, m[0], m[1], m[2], n);
+    f->cpu_misses = f->be->ops->cpu_misses ? f->be->ops->cpu_misses(f->be) : 0;
+    if (f->be->ops->host_share)
+        sil_ecache_set_host_share(f->ecache, f->cpu_misses > 0 ? f->be->ops->host_share(f->be) : 0);
+}
+
 /* The host tier, once the backend is open and placed: slots for what the budget holds, read
  * from the file the model was loaded from. A budget under the tier's minimum is an error that
  * gives it. */
@@ -661,6 +701,7 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
         close(fd);
     }
+    tier_measure_host(e, true);
     struct sil_xstore_stats st;
     sil_xstore_stats(f->xstore, &st);
     char b[4][24];
@@ -1583,6 +1624,7 @@ void sil_engine_host_tier_drop(struct sil_engine *e)
     /* copies queued from the tier's slots finish before the slots go */
     if (e->f.be->ops->status) e->f.be->ops->status(e->f.be, NULL);
     close_host_tier(&e->f);
+    tier_measure_host(e, false); /* misses are never computed from a mapping the disk backs */
     fprintf(stderr, "siliceo: host tier of %s given back: experts are read through the mapping\n",
             e->info.path);
 }
