@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
@@ -33,6 +34,8 @@ void sil_config_defaults(struct sil_config *c)
     c->session_memory = 1ull << 30;
     c->max_sessions = 32;
     c->session_checkpoints = 4;
+    c->saved_sessions = 32;
+    c->saved_session_bytes = 32ull << 20;
     c->prefix_cache = true;
     c->prefix_checkpoint_blocks = 4;
     c->prefix_checkpoint_memory = 1ull << 30;
@@ -63,6 +66,24 @@ int sil_config_state_dir(const struct sil_config *c, char *out, size_t size)
     else
         return -ENOENT;
     return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size)
+{
+    int rc = sil_config_state_dir(c, out, size);
+    if (rc < 0) return rc;
+    for (char *p = out + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        rc = mkdir(out, 0755) < 0 && errno != EEXIST ? -errno : 0;
+        *p = '/';
+        if (rc < 0) return rc;
+    }
+    /* the last component 0750: the heat map says which experts a workload uses */
+    if (mkdir(out, 0750) < 0 && errno != EEXIST) return -errno;
+    struct stat st;
+    if (stat(out, &st) < 0) return -errno;
+    return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
 }
 
 static const char *const level_names[] = { [SIL_LOG_ERR] = "err", [SIL_LOG_WARNING] = "warning",
@@ -324,6 +345,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     INT_KEY("priority_aging", priority_aging, 1, 86400)
     INT_KEY("max_sessions", max_sessions, 0, 4096)
     INT_KEY("session_checkpoints", session_checkpoints, 0, 256)
+    INT_KEY("saved_sessions", saved_sessions, 0, 4096)
     INT_KEY("prefix_checkpoint_blocks", prefix_checkpoint_blocks, 1, 1 << 16)
     if (strcmp(key, "prefix_cache") == 0) {
         static const char *const on[] = {"on", "yes", "true", "1"};
@@ -344,6 +366,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     SIZE_KEY("max_message", max_message, 1024)
     SIZE_KEY("max_output", max_output, 4096)
     SIZE_KEY("session_memory", session_memory, 0)
+    SIZE_KEY("saved_session_bytes", saved_session_bytes, 0)
     SIZE_KEY("prefix_checkpoint_memory", prefix_checkpoint_memory, 0)
     SIZE_KEY("prefix_cache_memory", prefix_cache_memory, 0)
     snprintf(why, why_size, "unknown key");
@@ -563,6 +586,8 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(strcmp(dst->state_dir, src->state_dir), "state_dir")
     STATIC(dst->heat_map != src->heat_map, "heat_map")
     STATIC(dst->heat_save_interval != src->heat_save_interval, "heat_save_interval")
+    STATIC(dst->saved_sessions != src->saved_sessions, "saved_sessions")
+    STATIC(dst->saved_session_bytes != src->saved_session_bytes, "saved_session_bytes")
     STATIC(dst->ecache_slots != src->ecache_slots, "ecache_slots")
     STATIC(strcmp(dst->ecache_policy, src->ecache_policy), "ecache_policy")
     STATIC(dst->prefix_cache != src->prefix_cache, "prefix_cache")

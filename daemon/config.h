@@ -59,6 +59,10 @@ struct sil_config {
     uint64_t session_memory;    /* engine state kept by idle sessions, bytes; LRU beyond it */
     int max_sessions;
     int session_checkpoints; /* recurrent-state checkpoints a session keeps (hybrid models) */
+    /* Chat transcripts saved in state_dir/sessions (sessfile.h), per uid: files and their bytes
+     * at most; 0 files = none saved. */
+    int saved_sessions;
+    uint64_t saved_session_bytes;
     bool prefix_cache;       /* reuse KV blocks of earlier prompts across requests */
     int prefix_checkpoint_blocks;      /* hybrid models: a snapshot every this many blocks */
     uint64_t prefix_checkpoint_memory; /* bytes of those snapshots kept at most */
@@ -107,6 +111,8 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
 /* The state directory cfg->state_dir names, or the default above, into out: -ENAMETOOLONG, or
  * -ENOENT when no default applies (no HOME). */
 int sil_config_state_dir(const struct sil_config *c, char *out, size_t size);
+/* The same, created when missing (mkdir -p, the last component 0750): 0 or -errno. */
+int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size);
 
 int sil_parse_log_level(const char *s); /* -EINVAL for an unknown name */
 const char *sil_log_level_name(int level);

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "daemon/log.h"
@@ -17,23 +16,6 @@ static double mono_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* mkdir -p, the last component 0750 (the map says which experts a workload uses). */
-static int make_dirs(const char *path)
-{
-    char dir[PATH_MAX];
-    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir) return -ENAMETOOLONG;
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST) return -errno;
-        *p = '/';
-    }
-    if (mkdir(dir, 0750) < 0 && errno != EEXIST) return -errno;
-    struct stat st;
-    if (stat(dir, &st) < 0) return -errno;
-    return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
-}
-
 void sil_heatkeep_init(struct sil_heatkeep *h, const struct sil_config *c, bool on)
 {
     memset(h, 0, sizeof(*h));
@@ -43,8 +25,7 @@ void sil_heatkeep_init(struct sil_heatkeep *h, const struct sil_config *c, bool 
     snprintf(h->v.load, sizeof h->v.load, "off");
     if (!on) return;
     char dir[PATH_MAX];
-    int rc = sil_config_state_dir(c, dir, sizeof dir);
-    if (rc == 0) rc = make_dirs(dir);
+    int rc = sil_config_make_state_dir(c, dir, sizeof dir);
     if (rc == 0 && strlen(dir) + 1 + strlen(SIL_HEAT_FILE) >= sizeof h->v.path) rc = -ENAMETOOLONG;
     if (rc < 0) {
         sil_warn("state directory %s: %s; the expert heat map is kept in memory only",

@@ -306,6 +306,7 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             const char *a = j->gc ? sil_genctl_answer(j->gc, &na) : NULL;
             const char *r = j->gc ? sil_genctl_reasoning(j->gc, &nr) : NULL;
             session_keep_transcript(w, s, j, a ? a : "", a ? na : 0, r ? r : "", r ? nr : 0);
+            session_save(w, s);
             s->last_used = now_s();
             s->busy = NULL;
             session_to_front(w, s);
@@ -360,15 +361,23 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
         return 0;
     }
     struct session *s = NULL;
+    /* A session no longer in memory whose transcript was saved: the conversation is rendered
+     * from it and the engine state recomputed (prefix cache permitting). */
+    struct session saved = { 0 };
     if (j->r.session[0]) {
         s = session_find(w, j->r.uid, j->r.session);
         if (s && s->busy)
             return -EBUSY;
+        if (!s && j->r.chat && j->r.append && w->max_sessions > 0)
+            session_restore(w, j->r.uid, j->r.session, &saved.log, &saved.n_log);
+        snprintf(saved.name, sizeof saved.name, "%s", j->r.session);
     }
     j->t_admit = now_s();
-    int rc0 = session_chat_prompt(w, j, s, err);
-    if (rc0 < 0)
+    int rc0 = session_chat_prompt(w, j, s ? s : saved.n_log ? &saved : NULL, err);
+    if (rc0 < 0) {
+        sil_chat_msgs_free(saved.log, saved.n_log);
         return rc0;
+    }
     if (s) {
         size_t common = 0;
         while (common < s->n_tokens && common < j->r.n_prompt && s->tokens[common] == j->r.prompt[common])
@@ -380,6 +389,11 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
             common = (size_t)sil_seq_resume_pos(w->e, s->seq, (int32_t)common);
             int rc = sil_seq_truncate(w->e, s->seq, (int32_t)common, err);
             if (rc) {
+                /* the engine state goes, the conversation stays with the session made anew */
+                saved.log = s->log;
+                saved.n_log = s->n_log;
+                s->log = NULL;
+                s->n_log = 0;
                 session_free(w, s);
                 s = NULL;
             }
@@ -403,14 +417,23 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
     }
     if (!s) {
         int seq = seq_get(w, err);
-        if (seq < 0)
+        if (seq < 0) {
+            sil_chat_msgs_free(saved.log, saved.n_log);
             return seq;
+        }
         j->seq = seq;
         if (j->r.session[0] && w->max_sessions > 0) {
             s = calloc(1, sizeof(*s));
-            if (!s)
+            if (!s) {
+                sil_chat_msgs_free(saved.log, saved.n_log);
                 return -ENOMEM;
+            }
             snprintf(s->name, sizeof s->name, "%s", j->r.session);
+            s->log = saved.log; /* the transcript it continues */
+            s->n_log = saved.n_log;
+            s->saved = saved.n_log > 0;
+            saved.log = NULL;
+            saved.n_log = 0;
             s->uid = j->r.uid;
             s->seq = seq;
             s->busy = j;

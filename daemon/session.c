@@ -8,6 +8,11 @@
  *
  * A session is keyed by (uid, name): requests of one uid never see, reuse or drop another's.
  *
+ * A chat transcript is also saved in the state directory (sessfile.h) each time it changes, so
+ * a session dropped from memory (LRU, a reload, a restart) keeps its conversation: its first
+ * request after that renders the saved transcript again and the engine state is recomputed
+ * (from the prefix cache where it still holds the blocks).
+ *
  * Ownership: the worker owns every session; session_free frees the sequence and the tokens. A
  * session busy with a job is never dropped. Engine thread only. */
 #include <errno.h>
@@ -101,6 +106,47 @@ bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name)
             if (j->r.uid == uid && strcmp(j->r.session, name) == 0)
                 return true;
     return false;
+}
+
+_Static_assert(SIL_SESSFILE_NAME_MAX == SIL_SESSION_NAME_MAX - 1, "a session name fits a file");
+
+void session_save(struct sil_worker *w, struct session *s)
+{
+    s->saved = true;
+    if (!sil_sessstore_on(&w->store))
+        return;
+    if (s->n_log == 0) {
+        sil_sessstore_remove(&w->store, s->uid, s->name);
+        return;
+    }
+    struct sil_error err = { 0 };
+    if (sil_sessstore_save(&w->store, s->uid, s->name, s->log, s->n_log, &err) < 0) {
+        /* no session name in the log: it is the user's text */
+        sil_warn("uid %u: a session's transcript was not saved, it lives in memory only: %s",
+                 (unsigned)s->uid, err.msg);
+        s->saved = false;
+    }
+}
+
+int session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct sil_chat_msg **log,
+                    size_t *n_log)
+{
+    *log = NULL;
+    *n_log = 0;
+    struct sil_sessfile f;
+    struct sil_error err = { 0 };
+    const int rc = sil_sessstore_load(&w->store, uid, name, &f, &err);
+    if (rc == -ENOENT)
+        return rc;
+    if (rc < 0) {
+        sil_warn("ignoring the saved session file %s; the session starts over", err.msg);
+        return -ENOENT;
+    }
+    sil_info("uid %u: a session restored from its saved transcript (%zu messages)", (unsigned)uid,
+             f.n_msgs);
+    *log = f.msgs;
+    *n_log = f.n_msgs;
+    return 0;
 }
 
 void sil_chat_msgs_free(struct sil_chat_msg *m, size_t n)

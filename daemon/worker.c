@@ -153,16 +153,21 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         msgpack_packer *pk = sil_rpc_begin_response(&w->pk, m->msgid);
         msgpack_pack_map(pk, 3);
         sil_rpc_pack_cstr(pk, "sessions");
+        /* The sessions in memory, then those only saved (no engine state until used again). */
+        const struct sil_sessstore *st = &w->store;
         uint32_t n_shown = 0;
         for (struct session *s = w->sessions; s; s = s->next)
             n_shown += m->all || s->uid == m->uid;
+        for (size_t i = 0; i < st->n; i++)
+            n_shown += (m->all || st->ent[i].uid == m->uid) &&
+                       !session_find(w, st->ent[i].uid, st->ent[i].name);
         msgpack_pack_array(pk, n_shown);
         double t = now_s();
         uint64_t total = 0;
         for (struct session *s = w->sessions; s; s = s->next) {
             if (!m->all && s->uid != m->uid)
                 continue;
-            msgpack_pack_map(pk, 7);
+            msgpack_pack_map(pk, 8);
             sil_utf8_pack_kv(pk, "name", s->name, strlen(s->name));
             sil_rpc_kv_uint(pk, "uid", s->uid);
             sil_rpc_kv_uint(pk, "messages", s->n_log);
@@ -170,7 +175,27 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
             sil_rpc_kv_uint(pk, "memory", s->memory);
             sil_rpc_kv_double(pk, "idle_s", s->busy ? 0 : t - s->last_used);
             sil_rpc_kv_bool(pk, "busy", s->busy != NULL);
+            sil_rpc_kv_bool(pk, "saved", s->n_log > 0 && s->saved &&
+                                             sil_sessstore_find(st, s->uid, s->name) != NULL);
             total += s->memory;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const double wall = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+        for (size_t i = 0; i < st->n; i++) {
+            const struct sil_sessfile_entry *e = &st->ent[i];
+            if ((!m->all && e->uid != m->uid) || session_find(w, e->uid, e->name))
+                continue;
+            msgpack_pack_map(pk, 8);
+            sil_utf8_pack_kv(pk, "name", e->name, strlen(e->name));
+            sil_rpc_kv_uint(pk, "uid", e->uid);
+            sil_rpc_kv_uint(pk, "messages", e->n_msgs);
+            sil_rpc_kv_uint(pk, "n_tokens", 0);
+            sil_rpc_kv_uint(pk, "memory", 0);
+            const double at = (double)e->saved_at * 1e-6;
+            sil_rpc_kv_double(pk, "idle_s", wall > at ? wall - at : 0);
+            sil_rpc_kv_bool(pk, "busy", false);
+            sil_rpc_kv_bool(pk, "saved", true);
         }
         sil_rpc_kv_uint(pk, "memory", total);
         sil_rpc_kv_uint(pk, "memory_limit", w->session_memory);
@@ -196,13 +221,14 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         break;
     case IN_SESS_DROP: {
         struct session *s = session_find(w, m->uid, m->name);
-        if (!s) {
+        const bool file = sil_sessstore_remove(&w->store, m->uid, m->name) == 0;
+        if (!s && !file) {
             post_error(w, m->conn_id, m->msgid, SIL_RPC_E_NOT_FOUND, "no such session", true);
             break;
         }
-        if (s->busy)
+        if (s && s->busy)
             s->drop_when_idle = true;
-        else
+        else if (s)
             session_free(w, s);
         msgpack_packer *pk = sil_rpc_begin_response(&w->pk, m->msgid);
         msgpack_pack_map(pk, 0);
@@ -519,6 +545,10 @@ static void *worker_main(void *arg)
                     j = next;
                 }
             }
+            /* every change was saved when it was made: only those that failed are tried again */
+            for (struct session *s = w->sessions; s; s = s->next)
+                if (!s->saved)
+                    session_save(w, s);
             while (w->sessions)
                 session_free(w, w->sessions);
             if (w->heat) sil_heatkeep_save(w->heat, w->e);
@@ -770,6 +800,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     struct sil_worker *w = calloc(1, sizeof(*w));
     if (!w)
         return sil_errorf(err, -ENOMEM, "out of memory");
+    w->store.dfd = -1;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->e = e;
@@ -819,6 +850,15 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
         !grow_ec(w, sil_engine_info(e)->n_layer)) {
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
+    }
+    if (cfg->max_sessions > 0 && cfg->saved_sessions > 0) {
+        char dir[PATH_MAX];
+        const int rc = sil_config_make_state_dir(cfg, dir, sizeof dir);
+        if (rc < 0)
+            sil_warn("state directory %s: %s; sessions are kept in memory only",
+                     rc == -ENOENT && !cfg->state_dir[0] ? "(none: no HOME)" : dir, strerror(-rc));
+        else
+            sil_sessstore_open(&w->store, dir, cfg->saved_sessions, cfg->saved_session_bytes);
     }
     publish_stats(w); /* status has the engine's figures before the first request */
     int rc = pthread_create(&w->thread, NULL, worker_main, w);
@@ -874,6 +914,7 @@ void sil_worker_free(struct sil_worker *w)
     free(w->s_take);
     free(w->ec_local);
     free(w->ec_layers);
+    sil_sessstore_close(&w->store);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "daemon/schedpolicy.h"
+#include "daemon/sessfile.h"
 #include "daemon/worker.h"
 #include "siliceo-proto.h"
 
@@ -32,6 +33,7 @@ struct session {
     double last_used;
     struct job *busy;
     bool drop_when_idle;
+    bool saved; /* the transcript as it is now is in the state directory (or nothing to save) */
 };
 
 struct tokvec {
@@ -142,6 +144,7 @@ struct sil_worker {
     int n_running, n_queued;
     struct session *sessions;
     int n_sessions;
+    struct sil_sessstore store; /* transcripts kept in the state directory (sessfile.h) */
     uint64_t arrivals;
     int32_t *b_tok, *b_pos, *b_seq;
     bool *b_want;
@@ -201,6 +204,13 @@ bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name);
  * prompt. -E2BIG (err set) when the conversation no longer fits the context. */
 int session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
                         struct sil_error *err);
+/* Saves s's transcript in the state directory (removes its file when it has none); a failure is
+ * a warning and leaves s unsaved, to be tried again at its next change and at shutdown. */
+void session_save(struct sil_worker *w, struct session *s);
+/* The saved transcript of (uid, name), for a session that is not in memory: 0 (*log, *n_log
+ * malloc'd), -ENOENT when none is saved; a bad file is a warning and -ENOENT. */
+int session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct sil_chat_msg **log,
+                    size_t *n_log);
 /* After a chat job on s: the transcript becomes (append ? the old one : nothing) + the job's
  * messages (moved) + the answer; after any other job it is cleared. Updates s->memory. */
 void session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
