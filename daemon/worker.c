@@ -851,7 +851,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
     }
-    if (cfg->max_sessions > 0 && cfg->saved_sessions > 0) {
+    if (cfg->saved_sessions > 0) {
         char dir[PATH_MAX];
         const int rc = sil_config_make_state_dir(cfg, dir, sizeof dir);
         if (rc < 0)
