@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sessions that survive (siliceod(8), "Sessions"): a chat session's transcript is saved in the
 # state directory when it changes, so after SIGTERM and a restart, or after an LRU eviction, the
-# next turn's prompt is the whole conversation again; per-uid files another uid neither sees nor
+# next turn's prompt is the whole conversation again (also when SIGTERM cut an answer); per-uid files another uid neither sees nor
 # reads; hostile names stay hex file names inside the uid's directory; a corrupt file is ignored
 # with a log line; --drop removes the file; the per-uid bound; no usable state directory leaves
 # sessions in memory with a warning.
@@ -24,6 +24,15 @@ $PY after_restart "$T/1.json" || fail "continued after the restart"
 "$CHAT" --no-think -n 4 -t 0 -S plan --json "And again?" >"$T/3.json" || fail "sil-chat -S plan"
 "$CHAT" --sessions | grep -Eq '^plan +7 ' || fail "plan should hold 7 messages: $("$CHAT" --sessions)"
 echo "ok: sil-chat -S plan continues the restored conversation (7 messages)"
+
+# SIGTERM while an answer streams (each step slowed by a test hook): what was said is saved.
+stop_daemon
+SILICEOD_TEST_HOOKS=ubatch_ms=20 start_daemon --model "$MOE_MODEL"
+$PY sigterm_mid "$DPID" "$T/mid.json" || fail "SIGTERM mid-answer"
+rc=0; wait "$DPID" || rc=$?; DPID=
+[ "$rc" = 0 ] || fail "the daemon exited $rc after SIGTERM mid-answer"
+start_daemon --model "$MOE_MODEL"
+$PY after_sigterm_mid "$T/mid.json" || fail "after SIGTERM mid-answer"
 
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
     NB=$(id -u nobody) NG=$(id -g nobody)

@@ -71,6 +71,38 @@ def after_restart(out1):
     check(listed(c)["plan"]["messages"] == 5, "plan holds 5 messages")
 
 
+def sigterm_mid(pid, out):
+    """SIGTERM while a session's answer streams: the request ends with stop_reason shutdown and
+    the transcript saved holds the answer as far as it went."""
+    import signal
+    c = Client()
+    mid = c.send("chat", dict(GEN, messages=[{"role": "user", "content": "Count to fifty."}],
+                              session="mid", max_tokens=400, grace_tokens=0))
+    sent = []
+
+    def note(n):
+        sent.append(n)
+        if len(sent) == 5:
+            os.kill(pid, signal.SIGTERM)
+
+    err, res, _ = c.wait(mid, on_note=note)
+    check(err is None and res["stop_reason"] == "shutdown" and 5 <= res["n_generated"] < 400,
+          "the streaming request ends with shutdown after %s tokens" % (res or {}).get("n_generated"))
+    json.dump(res, open(out, "w"))
+
+
+def after_sigterm_mid(out):
+    r = json.load(open(out))
+    c = Client()
+    ls = listed(c)
+    check(ls.get("mid", {}).get("messages") == 2, "the cut conversation was saved: %r" % ls.get("mid"))
+    r2 = chat(c, "mid", "Go on.")
+    one = cold(c, [{"role": "user", "content": "Count to fifty."}, {"role": "assistant", "content": r["text"]},
+                   {"role": "user", "content": "Go on."}])
+    check(r2["n_prompt"] == one["n_prompt"], "and continues with the partial answer in the prompt (%d, one go %d)" %
+          (r2["n_prompt"], one["n_prompt"]))
+
+
 def other_uid(state, uid, gid):
     """Another uid sees none of root's sessions; the same name is its own conversation."""
     root_file = file_of(state, os.getuid(), "plan")
