@@ -13,9 +13,9 @@
 
 #include "daemon/log.h"
 
-static const uint8_t magic[8] = { 'S', 'I', 'L', 'S', 'E', 'S', 'S', 0 };
-static const char *const roles[] = { "system", "user", "assistant" };
-#define HDR 24           /* magic, version, uid, saved_at */
+static const uint8_t magic[8] = {'S', 'I', 'L', 'S', 'E', 'S', 'S', 0};
+static const char *const roles[] = {"system", "user", "assistant"};
+#define HDR 24              /* magic, version, uid, saved_at */
 #define TMP_NAME ".partial" /* never a name encode makes: it is not hex */
 #define FNV_INIT 0xcbf29ce484222325ull
 
@@ -54,16 +54,16 @@ static uint64_t get64(const uint8_t *p)
 static int role_code(const char *role)
 {
     for (int i = 0; i < 3; i++)
-        if (role && strcmp(role, roles[i]) == 0)
-            return i;
+        if (role && strcmp(role, roles[i]) == 0) return i;
     return -1;
 }
 
-/* ---- the format -------------------------------------------------------------------------------- */
+/* ---- the format --------------------------------------------------------------------------------
+ */
 
 int sil_sessfile_encode(uint32_t uid, const char *name, uint64_t saved_at,
-                        const struct sil_chat_msg *msgs, size_t n_msgs, uint8_t **out,
-                        size_t *len, struct sil_error *err)
+                        const struct sil_chat_msg *msgs, size_t n_msgs, uint8_t **out, size_t *len,
+                        struct sil_error *err)
 {
     *out = NULL;
     *len = 0;
@@ -71,8 +71,7 @@ int sil_sessfile_encode(uint32_t uid, const char *name, uint64_t saved_at,
     if (nn == 0 || nn > SIL_SESSFILE_NAME_MAX)
         return sil_errorf(err, -EINVAL, "session name of %zu bytes (1 to %d)", nn,
                           SIL_SESSFILE_NAME_MAX);
-    if (n_msgs > UINT32_MAX)
-        return sil_errorf(err, -EINVAL, "%zu messages", n_msgs);
+    if (n_msgs > UINT32_MAX) return sil_errorf(err, -EINVAL, "%zu messages", n_msgs);
     uint64_t total = HDR + 4 + nn + 4 + 8;
     for (size_t i = 0; i < n_msgs; i++) {
         if (role_code(msgs[i].role) < 0)
@@ -87,8 +86,7 @@ int sil_sessfile_encode(uint32_t uid, const char *name, uint64_t saved_at,
     if (total > SIL_SESSFILE_MAX_BYTES)
         return sil_errorf(err, -EFBIG, "a transcript of %llu bytes", (unsigned long long)total);
     uint8_t *b = malloc((size_t)total), *p = b;
-    if (!b)
-        return sil_errorf(err, -ENOMEM, "out of memory");
+    if (!b) return sil_errorf(err, -ENOMEM, "out of memory");
     memcpy(p, magic, 8);
     put32(p + 8, SIL_SESSFILE_VERSION);
     put32(p + 12, uid);
@@ -140,17 +138,15 @@ static int take_str(const uint8_t *b, size_t end, size_t *off, const char *what,
                           what, *off, i, field);
     const uint32_t n = get32(b + *off);
     if (n > end - *off - 4)
-        return sil_errorf(err, -EINVAL,
-                          "%s: offset %zu: message %zu: a %s of %u bytes, %zu left", what, *off, i,
-                          field, n, end - *off - 4);
+        return sil_errorf(err, -EINVAL, "%s: offset %zu: message %zu: a %s of %u bytes, %zu left",
+                          what, *off, i, field, n, end - *off - 4);
     const uint8_t *s = b + *off + 4;
     const uint8_t *nul = memchr(s, 0, n);
     if (nul)
         return sil_errorf(err, -EINVAL, "%s: offset %zu: message %zu: a NUL byte in its %s", what,
                           (size_t)(nul - b), i, field);
     *out = malloc((size_t)n + 1);
-    if (!*out)
-        return sil_errorf(err, -ENOMEM, "%s: out of memory", what);
+    if (!*out) return sil_errorf(err, -ENOMEM, "%s: out of memory", what);
     memcpy(*out, s, n);
     (*out)[n] = 0;
     *off += 4 + (size_t)n;
@@ -176,7 +172,7 @@ int sil_sessfile_parse(const void *data, size_t len, const char *what, struct si
     const size_t end = len - 8; /* the checksum's offset */
     if (get64(b + end) != fnv1a(b, end))
         return sil_errorf(err, -EINVAL, "%s: offset %zu: checksum mismatch", what, end);
-    struct sil_sessfile f = { .uid = get32(b + 12), .saved_at = get64(b + 16) };
+    struct sil_sessfile f = {.uid = get32(b + 12), .saved_at = get64(b + 16)};
     size_t off = HDR;
     const uint32_t nn = get32(b + off);
     if (nn == 0 || nn > SIL_SESSFILE_NAME_MAX || nn > end - off - 4)
@@ -198,8 +194,7 @@ int sil_sessfile_parse(const void *data, size_t len, const char *what, struct si
         return sil_errorf(err, -EINVAL, "%s: offset %zu: %u messages in %zu bytes", what, off - 4,
                           n, end - off);
     f.msgs = calloc(n ? n : 1, sizeof(*f.msgs));
-    if (!f.msgs)
-        return sil_errorf(err, -ENOMEM, "%s: out of memory", what);
+    if (!f.msgs) return sil_errorf(err, -ENOMEM, "%s: out of memory", what);
     int rc = 0;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         if (end - off < 2) {
@@ -208,13 +203,13 @@ int sil_sessfile_parse(const void *data, size_t len, const char *what, struct si
         }
         const uint8_t role = b[off], flags = b[off + 1];
         if (role > 2) {
-            rc = sil_errorf(err, -EINVAL, "%s: offset %zu: message %u: role %u (0 to 2)", what,
-                            off, i, role);
+            rc = sil_errorf(err, -EINVAL, "%s: offset %zu: message %u: role %u (0 to 2)", what, off,
+                            i, role);
             break;
         }
         if (flags & ~1u) {
-            rc = sil_errorf(err, -EINVAL, "%s: offset %zu: message %u: flags %#x", what, off + 1,
-                            i, flags);
+            rc = sil_errorf(err, -EINVAL, "%s: offset %zu: message %u: flags %#x", what, off + 1, i,
+                            flags);
             break;
         }
         off += 2;
@@ -233,8 +228,8 @@ int sil_sessfile_parse(const void *data, size_t len, const char *what, struct si
         }
     }
     if (rc == 0 && off != end)
-        rc = sil_errorf(err, -EINVAL, "%s: offset %zu: %zu bytes after the last message", what,
-                        off, end - off);
+        rc = sil_errorf(err, -EINVAL, "%s: offset %zu: %zu bytes after the last message", what, off,
+                        end - off);
     if (rc) {
         sil_sessfile_free(&f);
         return rc;
@@ -248,10 +243,8 @@ int sil_sessfile_name_encode(const char *name, char *out, size_t size)
 {
     static const char hex[] = "0123456789abcdef";
     const size_t n = strlen(name);
-    if (n == 0)
-        return -EINVAL;
-    if (n > SIL_SESSFILE_NAME_MAX || 2 * n + 1 > size)
-        return -ENAMETOOLONG;
+    if (n == 0) return -EINVAL;
+    if (n > SIL_SESSFILE_NAME_MAX || 2 * n + 1 > size) return -ENAMETOOLONG;
     for (size_t i = 0; i < n; i++) {
         out[2 * i] = hex[(unsigned char)name[i] >> 4];
         out[2 * i + 1] = hex[(unsigned char)name[i] & 15];
@@ -268,8 +261,7 @@ static int hexval(char c)
 int sil_sessfile_name_decode(const char *file, char *name, size_t size)
 {
     const size_t n = strlen(file);
-    if (n == 0 || n % 2 || n / 2 > SIL_SESSFILE_NAME_MAX || n / 2 + 1 > size)
-        return -EINVAL;
+    if (n == 0 || n % 2 || n / 2 > SIL_SESSFILE_NAME_MAX || n / 2 + 1 > size) return -EINVAL;
     for (size_t i = 0; i < n / 2; i++) {
         const int hi = hexval(file[2 * i]), lo = hexval(file[2 * i + 1]);
         if (hi < 0 || lo < 0 || (hi | lo) == 0)
@@ -280,7 +272,8 @@ int sil_sessfile_name_decode(const char *file, char *name, size_t size)
     return 0;
 }
 
-/* ---- the store --------------------------------------------------------------------------------- */
+/* ---- the store ---------------------------------------------------------------------------------
+ */
 
 /* A directory of ours for saved transcripts: created 0700, or an existing one checked (ours, not a
  * link) and tightened to 0700. The fd, or -errno with why set. */
@@ -330,8 +323,7 @@ static int read_file(int dfd, const char *file, uint8_t **out, size_t *len)
     *out = NULL;
     *len = 0;
     const int fd = openat(dfd, file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
+    if (fd < 0) return -errno;
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) < 0)
@@ -341,13 +333,11 @@ static int read_file(int dfd, const char *file, uint8_t **out, size_t *len)
     else if ((uint64_t)st.st_size > SIL_SESSFILE_MAX_BYTES)
         rc = -EFBIG;
     uint8_t *b = rc ? NULL : malloc(st.st_size ? (size_t)st.st_size : 1);
-    if (!rc && !b)
-        rc = -ENOMEM;
+    if (!rc && !b) rc = -ENOMEM;
     size_t got = 0;
     while (!rc && got < (size_t)st.st_size) {
         const ssize_t r = read(fd, b + got, (size_t)st.st_size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
+        if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             rc = r < 0 ? -errno : -EIO;
             break;
@@ -371,15 +361,13 @@ static int load_at(int dfd, uint32_t uid, const char *file, const char *name, co
     uint8_t *b;
     size_t len;
     int rc = read_file(dfd, file, &b, &len);
-    if (rc == -ENOENT)
-        return rc;
+    if (rc == -ENOENT) return rc;
     if (rc)
         return sil_errorf(err, rc, "%s: %s", what,
                           rc == -EPERM ? "not a regular file of the daemon's user" : strerror(-rc));
     rc = sil_sessfile_parse(b, len, what, out, err);
     free(b);
-    if (rc)
-        return rc;
+    if (rc) return rc;
     if (out->uid != uid || strcmp(out->name, name) != 0) {
         sil_sessfile_free(out);
         return sil_errorf(err, -EINVAL, "%s: offset 12: the file is another session's", what);
@@ -391,8 +379,7 @@ static struct sil_sessfile_entry *find(const struct sil_sessstore *st, uint32_t 
                                        const char *name)
 {
     for (size_t i = 0; i < st->n; i++)
-        if (st->ent[i].uid == uid && strcmp(st->ent[i].name, name) == 0)
-            return &st->ent[i];
+        if (st->ent[i].uid == uid && strcmp(st->ent[i].name, name) == 0) return &st->ent[i];
     return NULL;
 }
 
@@ -417,8 +404,7 @@ static int remember(struct sil_sessstore *st, const struct sil_sessfile_entry *e
     if (st->n == st->cap) {
         const size_t cap = st->cap ? 2 * st->cap : 16;
         struct sil_sessfile_entry *p = realloc(st->ent, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
+        if (!p) return -ENOMEM;
         st->ent = p;
         st->cap = cap;
     }
@@ -429,15 +415,12 @@ static int remember(struct sil_sessstore *st, const struct sil_sessfile_entry *e
 static int unlink_entry(struct sil_sessstore *st, uint32_t uid, const char *name)
 {
     char file[2 * SIL_SESSFILE_NAME_MAX + 1];
-    if (sil_sessfile_name_encode(name, file, sizeof file) < 0)
-        return -EINVAL;
+    if (sil_sessfile_name_encode(name, file, sizeof file) < 0) return -EINVAL;
     const int dfd = uid_dir(st, uid, false);
     int rc = dfd < 0 ? dfd : unlinkat(dfd, file, 0) < 0 ? -errno : 0;
-    if (dfd >= 0)
-        close(dfd);
+    if (dfd >= 0) close(dfd);
     struct sil_sessfile_entry *e = find(st, uid, name);
-    if (e)
-        forget(st, e);
+    if (e) forget(st, e);
     return rc;
 }
 
@@ -451,15 +434,12 @@ static void enforce(struct sil_sessstore *st, uint32_t uid, const char *keep, ui
         struct sil_sessfile_entry *oldest = NULL;
         for (size_t i = 0; i < st->n; i++) {
             struct sil_sessfile_entry *e = &st->ent[i];
-            if (e->uid != uid || (keep && strcmp(e->name, keep) == 0))
-                continue;
+            if (e->uid != uid || (keep && strcmp(e->name, keep) == 0)) continue;
             n++;
             bytes += e->bytes;
-            if (!oldest || e->saved_at < oldest->saved_at)
-                oldest = e;
+            if (!oldest || e->saved_at < oldest->saved_at) oldest = e;
         }
-        if (!oldest || (n + (keep != NULL) <= st->max_files && bytes <= st->max_bytes))
-            return;
+        if (!oldest || (n + (keep != NULL) <= st->max_files && bytes <= st->max_bytes)) return;
         sil_info("uid %u: over saved_sessions / saved_session_bytes, its least recently saved "
                  "session transcript (%llu bytes) removed",
                  (unsigned)uid, (unsigned long long)oldest->bytes);
@@ -469,8 +449,7 @@ static void enforce(struct sil_sessstore *st, uint32_t uid, const char *keep, ui
     }
 }
 
-static void scan_uid(struct sil_sessstore *st, uint32_t uid, int dfd, const char *dname,
-                     int *n_bad)
+static void scan_uid(struct sil_sessstore *st, uint32_t uid, int dfd, const char *dname, int *n_bad)
 {
     DIR *d = fdopendir(dfd);
     if (!d) {
@@ -478,8 +457,7 @@ static void scan_uid(struct sil_sessstore *st, uint32_t uid, int dfd, const char
         return;
     }
     for (struct dirent *de; (de = readdir(d));) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
         char what[PATH_MAX + 300];
         snprintf(what, sizeof what, "%s/%s/%s", st->path, dname, de->d_name);
         if (strcmp(de->d_name, TMP_NAME) == 0) { /* a save cut short */
@@ -493,21 +471,20 @@ static void scan_uid(struct sil_sessstore *st, uint32_t uid, int dfd, const char
             continue;
         }
         struct sil_sessfile f;
-        struct sil_error err = { 0 };
+        struct sil_error err = {0};
         if (load_at(dirfd(d), uid, de->d_name, name, what, &f, &err) < 0) {
             sil_warn("ignoring the saved session file %s", err.msg);
             (*n_bad)++;
             continue;
         }
         struct stat sb;
-        struct sil_sessfile_entry e = { .uid = uid, .saved_at = f.saved_at,
-                                        .n_msgs = (uint32_t)f.n_msgs };
-        e.bytes = fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 ? (uint64_t)sb.st_size
-                                                                              : 0;
+        struct sil_sessfile_entry e = {
+            .uid = uid, .saved_at = f.saved_at, .n_msgs = (uint32_t)f.n_msgs};
+        e.bytes =
+            fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 ? (uint64_t)sb.st_size : 0;
         memcpy(e.name, name, sizeof e.name);
         sil_sessfile_free(&f);
-        if (remember(st, &e) < 0)
-            break;
+        if (remember(st, &e) < 0) break;
     }
     closedir(d);
 }
@@ -516,15 +493,12 @@ static void scan_uid(struct sil_sessstore *st, uint32_t uid, int dfd, const char
 static bool uid_name(const char *s, uint32_t *uid)
 {
     uint64_t v = 0;
-    if (!*s || (s[0] == '0' && s[1]) || strlen(s) > 10)
-        return false;
+    if (!*s || (s[0] == '0' && s[1]) || strlen(s) > 10) return false;
     for (; *s; s++) {
-        if (*s < '0' || *s > '9')
-            return false;
+        if (*s < '0' || *s > '9') return false;
         v = v * 10 + (uint64_t)(*s - '0');
     }
-    if (v > UINT32_MAX)
-        return false;
+    if (v > UINT32_MAX) return false;
     *uid = (uint32_t)v;
     return true;
 }
@@ -536,8 +510,7 @@ void sil_sessstore_open(struct sil_sessstore *st, const char *state_dir, int max
     st->dfd = -1;
     st->max_files = max_files;
     st->max_bytes = max_bytes;
-    if (max_files <= 0 || !state_dir)
-        return;
+    if (max_files <= 0 || !state_dir) return;
     if (snprintf(st->path, sizeof st->path, "%s/sessions", state_dir) >= (int)sizeof st->path) {
         sil_warn("state directory %s: name too long; sessions are kept in memory only", state_dir);
         return;
@@ -545,8 +518,7 @@ void sil_sessstore_open(struct sil_sessstore *st, const char *state_dir, int max
     const int sfd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     const char *why = "cannot open it";
     const int dfd = sfd < 0 ? -errno : open_private_dir(sfd, "sessions", true, &why);
-    if (sfd >= 0)
-        close(sfd);
+    if (sfd >= 0) close(sfd);
     if (dfd < 0) {
         sil_warn("%s: %s (%s); sessions are kept in memory only", sfd < 0 ? state_dir : st->path,
                  why, strerror(-dfd));
@@ -557,7 +529,8 @@ void sil_sessstore_open(struct sil_sessstore *st, const char *state_dir, int max
     DIR *d = fdopendir(dup(dfd));
     for (struct dirent *de; d && (de = readdir(d));) {
         uint32_t uid;
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 || strcmp(de->d_name, TMP_NAME) == 0)
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+            strcmp(de->d_name, TMP_NAME) == 0)
             continue;
         if (!uid_name(de->d_name, &uid)) {
             sil_warn("ignoring %s/%s: not a uid's directory", st->path, de->d_name);
@@ -572,16 +545,14 @@ void sil_sessstore_open(struct sil_sessstore *st, const char *state_dir, int max
         scan_uid(st, uid, ufd, de->d_name, &n_bad);
         enforce(st, uid, NULL, 0);
     }
-    if (d)
-        closedir(d);
+    if (d) closedir(d);
     sil_notice("saved sessions: %zu transcripts of %d uids in %s%s", st->n, n_uid, st->path,
                n_bad ? " (some files ignored, see above)" : "");
 }
 
 void sil_sessstore_close(struct sil_sessstore *st)
 {
-    if (st->dfd >= 0)
-        close(st->dfd);
+    if (st->dfd >= 0) close(st->dfd);
     st->dfd = -1;
     free(st->ent);
     st->ent = NULL;
@@ -592,10 +563,8 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 {
     while (n > 0) {
         const ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return w < 0 ? -errno : -EIO;
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? -errno : -EIO;
         p += w;
         n -= (size_t)w;
     }
@@ -605,8 +574,7 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 int sil_sessstore_save(struct sil_sessstore *st, uint32_t uid, const char *name,
                        const struct sil_chat_msg *msgs, size_t n_msgs, struct sil_error *err)
 {
-    if (st->dfd < 0)
-        return 0;
+    if (st->dfd < 0) return 0;
     char file[2 * SIL_SESSFILE_NAME_MAX + 1];
     if (sil_sessfile_name_encode(name, file, sizeof file) < 0)
         return sil_errorf(err, -EINVAL, "a session name of %zu bytes", strlen(name));
@@ -615,8 +583,7 @@ int sil_sessstore_save(struct sil_sessstore *st, uint32_t uid, const char *name,
     /* saved_at orders the uid's files: a later save is always later, whatever the clock did */
     uint64_t at = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
     for (size_t i = 0; i < st->n; i++)
-        if (st->ent[i].uid == uid && st->ent[i].saved_at >= at)
-            at = st->ent[i].saved_at + 1;
+        if (st->ent[i].uid == uid && st->ent[i].saved_at >= at) at = st->ent[i].saved_at + 1;
     uint8_t *b;
     size_t len;
     int rc = sil_sessfile_encode(uid, name, at, msgs, n_msgs, &b, &len, err);
@@ -637,8 +604,8 @@ int sil_sessstore_save(struct sil_sessstore *st, uint32_t uid, const char *name,
     } else {
         step = "create " TMP_NAME;
         unlinkat(dfd, TMP_NAME, 0);
-        const int fd = openat(dfd, TMP_NAME, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                              0600);
+        const int fd =
+            openat(dfd, TMP_NAME, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd < 0) {
             rc = -errno;
         } else {
@@ -667,11 +634,10 @@ int sil_sessstore_save(struct sil_sessstore *st, uint32_t uid, const char *name,
     if (rc)
         return sil_errorf(err, rc, "%s/%u: %s failed: %s", st->path, (unsigned)uid, step,
                           strerror(-rc));
-    struct sil_sessfile_entry e = { .uid = uid, .bytes = len, .saved_at = at,
-                                    .n_msgs = (uint32_t)n_msgs };
+    struct sil_sessfile_entry e = {
+        .uid = uid, .bytes = len, .saved_at = at, .n_msgs = (uint32_t)n_msgs};
     memcpy(e.name, name, strlen(name) + 1);
-    if (remember(st, &e) < 0)
-        return sil_errorf(err, -ENOMEM, "out of memory");
+    if (remember(st, &e) < 0) return sil_errorf(err, -ENOMEM, "out of memory");
     return 0;
 }
 
@@ -679,11 +645,9 @@ int sil_sessstore_load(struct sil_sessstore *st, uint32_t uid, const char *name,
                        struct sil_sessfile *out, struct sil_error *err)
 {
     memset(out, 0, sizeof(*out));
-    if (st->dfd < 0 || !find(st, uid, name))
-        return -ENOENT;
+    if (st->dfd < 0 || !find(st, uid, name)) return -ENOENT;
     char file[2 * SIL_SESSFILE_NAME_MAX + 1];
-    if (sil_sessfile_name_encode(name, file, sizeof file) < 0)
-        return -ENOENT;
+    if (sil_sessfile_name_encode(name, file, sizeof file) < 0) return -ENOENT;
     const int dfd = uid_dir(st, uid, false);
     char what[PATH_MAX + 300];
     snprintf(what, sizeof what, "%s/%u/%s", st->path, (unsigned)uid, file);
@@ -693,18 +657,15 @@ int sil_sessstore_load(struct sil_sessstore *st, uint32_t uid, const char *name,
     else
         sil_errorf(err, rc, "%s/%u: %s", st->path, (unsigned)uid, strerror(-rc));
     if (rc < 0) {
-        if (rc == -ENOENT)
-            sil_errorf(err, rc, "%s: removed meanwhile", what);
+        if (rc == -ENOENT) sil_errorf(err, rc, "%s: removed meanwhile", what);
         struct sil_sessfile_entry *e = find(st, uid, name);
-        if (e)
-            forget(st, e);
+        if (e) forget(st, e);
     }
     return rc;
 }
 
 int sil_sessstore_remove(struct sil_sessstore *st, uint32_t uid, const char *name)
 {
-    if (st->dfd < 0 || !find(st, uid, name))
-        return -ENOENT;
+    if (st->dfd < 0 || !find(st, uid, name)) return -ENOENT;
     return unlink_entry(st, uid, name);
 }

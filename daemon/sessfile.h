@@ -35,8 +35,8 @@
 #include "daemon/engine/engine.h"
 
 #define SIL_SESSFILE_VERSION 1
-#define SIL_SESSFILE_NAME_MAX 127             /* bytes of a session name (SIL_SESSION_NAME_MAX - 1) */
-#define SIL_SESSFILE_MAX_BYTES (1ull << 30)   /* no file is read past this, whatever the limits */
+#define SIL_SESSFILE_NAME_MAX 127           /* bytes of a session name (SIL_SESSION_NAME_MAX - 1) */
+#define SIL_SESSFILE_MAX_BYTES (1ull << 30) /* no file is read past this, whatever the limits */
 
 /* A parsed file. */
 struct sil_sessfile {
@@ -50,8 +50,8 @@ struct sil_sessfile {
 /* The file's bytes for these messages (roles system, user or assistant, strings without NUL):
  * *out malloc'd. -EINVAL (err names the message) for a role or name the format cannot hold. */
 int sil_sessfile_encode(uint32_t uid, const char *name, uint64_t saved_at,
-                        const struct sil_chat_msg *msgs, size_t n_msgs, uint8_t **out,
-                        size_t *len, struct sil_error *err);
+                        const struct sil_chat_msg *msgs, size_t n_msgs, uint8_t **out, size_t *len,
+                        struct sil_error *err);
 /* Parses len bytes (what names them in err). 0, or -EINVAL with the offset of the first bad
  * byte, or -ENOMEM; out is filled only on success. */
 int sil_sessfile_parse(const void *data, size_t len, const char *what, struct sil_sessfile *out,
@@ -73,10 +73,10 @@ struct sil_sessfile_entry {
 };
 
 struct sil_sessstore {
-    int dfd;                      /* STATE/sessions, -1: nothing saved */
-    char path[PATH_MAX];          /* of dfd, for log lines */
-    int max_files;                /* per uid */
-    uint64_t max_bytes;           /* per uid */
+    int dfd;                        /* STATE/sessions, -1: nothing saved */
+    char path[PATH_MAX];            /* of dfd, for log lines */
+    int max_files;                  /* per uid */
+    uint64_t max_bytes;             /* per uid */
     struct sil_sessfile_entry *ent; /* [n], in no order */
     size_t n, cap;
 };
@@ -87,7 +87,10 @@ struct sil_sessstore {
 void sil_sessstore_open(struct sil_sessstore *st, const char *state_dir, int max_files,
                         uint64_t max_bytes);
 void sil_sessstore_close(struct sil_sessstore *st);
-static inline bool sil_sessstore_on(const struct sil_sessstore *st) { return st->dfd >= 0; }
+static inline bool sil_sessstore_on(const struct sil_sessstore *st)
+{
+    return st->dfd >= 0;
+}
 
 const struct sil_sessfile_entry *sil_sessstore_find(const struct sil_sessstore *st, uint32_t uid,
                                                     const char *name);

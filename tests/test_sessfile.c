@@ -21,16 +21,16 @@
 #include "tests/testutil.h"
 
 static const struct sil_chat_msg conv[] = {
-    { "system", "You are terse.", NULL },
-    { "user", "My name is Bob.", NULL },
-    { "assistant", "Hello Bob.", "The user gave a name." },
-    { "user", "", NULL },
+    {"system", "You are terse.", NULL},
+    {"user", "My name is Bob.", NULL},
+    {"assistant", "Hello Bob.", "The user gave a name."},
+    {"user", "", NULL},
 };
 #define N_CONV (sizeof conv / sizeof conv[0])
 
 static void encode_conv(uint8_t **b, size_t *len)
 {
-    struct sil_error err = { 0 };
+    struct sil_error err = {0};
     if (sil_sessfile_encode(1000, "plan", 1234567, conv, N_CONV, b, len, &err) < 0)
         fail_msg("encode: %s", err.msg);
 }
@@ -58,7 +58,7 @@ static void test_round_trip(void **state)
     size_t len;
     encode_conv(&b, &len);
     struct sil_sessfile f;
-    struct sil_error err = { 0 };
+    struct sil_error err = {0};
     assert_int_equal(sil_sessfile_parse(b, len, "t", &f, &err), 0);
     assert_conv(&f);
     sil_sessfile_free(&f);
@@ -70,7 +70,7 @@ static void test_round_trip(void **state)
     sil_sessfile_free(&f);
     free(b);
     /* what the format cannot hold is refused at encode */
-    const struct sil_chat_msg tool = { "tool", "x", NULL };
+    const struct sil_chat_msg tool = {"tool", "x", NULL};
     assert_int_equal(sil_sessfile_encode(7, "e", 0, &tool, 1, &b, &len, &err), -EINVAL);
     assert_non_null(strstr(err.msg, "role 'tool'"));
     assert_int_equal(sil_sessfile_encode(7, "", 0, conv, 1, &b, &len, &err), -EINVAL);
@@ -89,7 +89,7 @@ static void test_truncated_and_flipped(void **state)
     encode_conv(&b, &len);
     struct sil_sessfile f;
     for (size_t n = 0; n < len; n++) {
-        struct sil_error err = { 0 };
+        struct sil_error err = {0};
         uint8_t *cut = malloc(n ? n : 1); /* exactly n bytes, so ASan sees any overread */
         memcpy(cut, b, n);
         assert_int_equal(sil_sessfile_parse(cut, n, "t", &f, &err), -EINVAL);
@@ -98,7 +98,7 @@ static void test_truncated_and_flipped(void **state)
     }
     for (size_t i = 0; i < len; i++)
         for (int bit = 0; bit < 8; bit += 3) {
-            struct sil_error err = { 0 };
+            struct sil_error err = {0};
             b[i] ^= (uint8_t)(1u << bit);
             assert_int_equal(sil_sessfile_parse(b, len, "t", &f, &err), -EINVAL);
             b[i] ^= (uint8_t)(1u << bit);
@@ -107,7 +107,7 @@ static void test_truncated_and_flipped(void **state)
     uint8_t *more = malloc(len + 1);
     memcpy(more, b, len);
     more[len] = 0;
-    struct sil_error err = { 0 };
+    struct sil_error err = {0};
     assert_int_equal(sil_sessfile_parse(more, len + 1, "t", &f, &err), -EINVAL);
     free(more);
     free(b);
@@ -139,17 +139,16 @@ static void expect_bad(struct tu_buf *t, const char *why)
 {
     seal(t);
     struct sil_sessfile f;
-    struct sil_error err = { 0 };
+    struct sil_error err = {0};
     assert_int_equal(sil_sessfile_parse(t->p, t->len, "t", &f, &err), -EINVAL);
-    if (!strstr(err.msg, why))
-        fail_msg("expected '%s' in: %s", why, err.msg);
+    if (!strstr(err.msg, why)) fail_msg("expected '%s' in: %s", why, err.msg);
     tu_buf_free(t);
 }
 
 static void test_structure(void **state)
 {
     (void)state;
-    struct tu_buf t = { 0 };
+    struct tu_buf t = {0};
     header(&t, "a", 1);
     tu_put_u8(&t, 3); /* role */
     tu_put_u8(&t, 0);
@@ -215,10 +214,9 @@ static void test_garbage(void **state)
             x ^= x << 17;
             b[i] = (uint8_t)x;
         }
-        if (n >= 8 && round % 2)
-            memcpy(b, "SILSESS", 8); /* past the magic too */
+        if (n >= 8 && round % 2) memcpy(b, "SILSESS", 8); /* past the magic too */
         struct sil_sessfile f;
-        struct sil_error err = { 0 };
+        struct sil_error err = {0};
         assert_int_equal(sil_sessfile_parse(b, n, "t", &f, &err), -EINVAL);
         free(b);
     }
@@ -227,7 +225,7 @@ static void test_garbage(void **state)
 static void test_names(void **state)
 {
     (void)state;
-    const char *names[] = { "plan", "../../etc/passwd", "a/b", "..", ".", "\xff\xfe\x01", " ", "-x" };
+    const char *names[] = {"plan", "../../etc/passwd", "a/b", "..", ".", "\xff\xfe\x01", " ", "-x"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char file[256], back[128];
         assert_int_equal(sil_sessfile_name_encode(names[i], file, sizeof file), 0);
@@ -247,7 +245,7 @@ static void test_names(void **state)
     over[128] = 0;
     assert_int_equal(sil_sessfile_name_encode(over, file, sizeof file), -ENAMETOOLONG);
     assert_int_equal(sil_sessfile_name_encode("", file, sizeof file), -EINVAL);
-    const char *bad[] = { "", "7", "7g", "7A", "00", "6100", ".partial", "../70", "70/" };
+    const char *bad[] = {"", "7", "7g", "7A", "00", "6100", ".partial", "../70", "70/"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(sil_sessfile_name_decode(bad[i], back, sizeof back), -EINVAL);
 }
@@ -265,7 +263,7 @@ static void test_store(void **state)
     (void)state;
     char *dir = tu_tmpdir_create();
     struct sil_sessstore st;
-    struct sil_error err = { 0 };
+    struct sil_error err = {0};
     sil_sessstore_open(&st, dir, 3, 1 << 20);
     assert_true(sil_sessstore_on(&st));
     assert_int_equal(sil_sessstore_save(&st, 1000, "plan", conv, N_CONV, &err), 0);
@@ -340,7 +338,8 @@ static void test_store(void **state)
 
     /* the bound on bytes: a transcript over it is not saved and its old file goes */
     sil_sessstore_open(&st, dir, 3, 90);
-    assert_int_equal(sil_sessstore_save(&st, 1001, "plan", conv + 1, 1, &err), 0); /* under 90 bytes */
+    assert_int_equal(sil_sessstore_save(&st, 1001, "plan", conv + 1, 1, &err),
+                     0); /* under 90 bytes */
     assert_int_equal(sil_sessstore_save(&st, 1001, "plan", conv, N_CONV, &err), -EFBIG);
     assert_non_null(strstr(err.msg, "saved_session_bytes"));
     assert_null(sil_sessstore_find(&st, 1001, "plan"));
@@ -361,7 +360,7 @@ static void test_store_off(void **state)
     (void)state;
     char *dir = tu_tmpdir_create();
     struct sil_sessstore st;
-    struct sil_error err = { 0 };
+    struct sil_error err = {0};
     /* a file where the directory should be */
     char *file = tu_path_join(dir, "afile");
     assert_int_equal(tu_write_file(file, "x", 1), 0);
@@ -401,12 +400,9 @@ int main(void)
 {
     sil_log_init(SIL_LOG_ERR); /* the warnings the bad files give are expected */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_truncated_and_flipped),
-        cmocka_unit_test(test_structure),
-        cmocka_unit_test(test_garbage),
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_store),
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_truncated_and_flipped),
+        cmocka_unit_test(test_structure),  cmocka_unit_test(test_garbage),
+        cmocka_unit_test(test_names),      cmocka_unit_test(test_store),
         cmocka_unit_test(test_store_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
