@@ -58,6 +58,7 @@ struct opts {
 struct answer_stats {
     bool valid;
     int64_t n_prompt, n_cached, n_generated;
+    int64_t n_dropped; /* oldest messages of the conversation the daemon left out */
     double prefill_ms, prefill_tok_s, decode_ms, decode_tok_s;
 };
 
@@ -316,6 +317,7 @@ static void read_stats(const msgpack_object *res, struct answer_stats *st)
         .n_prompt = sil_rpc_map_int(res, "n_prompt", 0),
         .n_cached = sil_rpc_map_int(res, "n_cached", 0),
         .n_generated = sil_rpc_map_int(res, "n_generated", 0),
+        .n_dropped = sil_rpc_map_int(res, "dropped_messages", 0),
         .prefill_ms = sil_rpc_map_double(t, "prefill_ms", 0),
         .prefill_tok_s = sil_rpc_map_double(t, "prefill_tok_s", 0),
         .decode_ms = sil_rpc_map_double(t, "decode_ms", 0),
@@ -416,6 +418,28 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
         if (!o->json)
             fprintf(stderr, "[%s]\n", reason);
         return interrupted || terminating ? 130 : SIL_EXIT_ERROR;
+    }
+    if (figures.n_dropped > 0)
+        sil_client_warn(PROG,
+                        "the conversation no longer fitted the daemon's context: its %" PRId64
+                        " oldest messages were dropped (the system prompt stays)",
+                        figures.n_dropped);
+    if (strcmp(reason, "context") == 0) {
+        const char *s;
+        size_t n = 0;
+        sil_rpc_get_str(res, "text", &s, &n, SIL_RPC_OPTIONAL, NULL);
+        if (n == 0) {
+            sil_client_warn(PROG,
+                            "no answer: the daemon's context filled up after %" PRId64
+                            " prompt and %" PRId64 " generated tokens%s",
+                            figures.n_prompt, figures.n_generated,
+                            o->append ? "; --drop the session to start over" : "");
+            return SIL_EXIT_ERROR;
+        }
+        sil_client_warn(PROG,
+                        "the answer was cut: the daemon's context is full (%" PRId64
+                        " prompt and %" PRId64 " generated tokens)",
+                        figures.n_prompt, figures.n_generated);
     }
     return SIL_EXIT_OK;
 }
@@ -636,9 +660,17 @@ static int repl_ask(struct sil_rpc_client *c, struct opts *o, struct convo *cv, 
     o->append = cv->named;
     int status = ask(c, o, cv->t + first, cv->n - first, NULL, &answer, last);
     if (status == SIL_EXIT_OK && answer) {
-        cv->held += cv->n - first + 1;
+        cv->held += cv->n - first + 1 - last->n_dropped;
         cv->t[cv->n].role = "assistant";
         cv->t[cv->n++].content = answer;
+        /* The daemon left the oldest turns out (after the system prompt): so does this copy. */
+        const int k = (int)(last->n_dropped < cv->n - cv->base ? last->n_dropped : 0);
+        if (!cv->named && k > 0) {
+            for (int i = cv->base; i < cv->base + k; i++)
+                free(cv->t[i].content);
+            memmove(cv->t + cv->base, cv->t + cv->base + k, sizeof(*cv->t) * (cv->n - cv->base - k));
+            cv->n -= k;
+        }
     } else {
         free(answer);
         free(cv->t[--cv->n].content); /* the question goes with its failed answer */

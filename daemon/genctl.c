@@ -36,6 +36,7 @@ const char *sil_stop_reason_name(enum sil_stop_reason r)
     case SIL_STOP_CANCELLED: return "cancelled";
     case SIL_STOP_SHUTDOWN: return "shutdown";
     case SIL_STOP_ERROR: return "error";
+    case SIL_STOP_CONTEXT: return "context";
     }
     return "error";
 }

@@ -33,6 +33,7 @@ enum sil_stop_reason {
     SIL_STOP_CANCELLED,
     SIL_STOP_SHUTDOWN,
     SIL_STOP_ERROR,
+    SIL_STOP_CONTEXT, /* the context is full: no position left for another token */
 };
 const char *sil_stop_reason_name(enum sil_stop_reason r); /* "eos", "stop", ... */
 

@@ -978,11 +978,13 @@ static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_re
         sil_job_req_free(j);
         return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "empty prompt");
     }
-    if ((int64_t)j->n_prompt + 1 >= n_ctx) {
+    /* A chat on a session is checked by the engine thread, once older turns of its conversation
+     * were dropped (session.c). */
+    if (!j->chat && (int64_t)j->n_prompt + 1 >= n_ctx) {
         size_t n = j->n_prompt;
         sil_job_req_free(j);
-        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "prompt of %zu tokens does not fit the context of %d", n,
-                          n_ctx);
+        return send_error(c, m->msgid, SIL_RPC_E_CONTEXT_FULL,
+                          "prompt of %zu tokens does not fit the context of %d", n, n_ctx);
     }
     if (inflight_has(c, m->msgid)) {
         sil_job_req_free(j);

@@ -243,7 +243,7 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             double prefill = ms(j->t_admit, j->t_first), decode = ms(j->t_first, j->t_end);
             size_t n_eval = j->r.n_prompt - j->n_cached;
             msgpack_packer *pk = sil_rpc_begin_response(&w->pk, j->r.msgid);
-            int n = 12 + (j->r.session[0] != 0) + (errmsg != NULL);
+            int n = 12 + (j->r.session[0] != 0) + (errmsg != NULL) + (j->r.chat != NULL);
             msgpack_pack_map(pk, n);
             sil_utf8_pack_kv(pk, "text", text, n_text);
             sil_utf8_pack_kv(pk, "reasoning", reasoning, n_reason);
@@ -264,6 +264,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
                 sil_utf8_pack_kv(pk, "session", j->r.session, strlen(j->r.session));
             if (errmsg)
                 sil_utf8_pack_kv(pk, "error", errmsg, strlen(errmsg));
+            if (j->r.chat) /* a chat on a session: the oldest messages its prompt left out */
+                sil_rpc_kv_uint(pk, "dropped_messages", j->n_dropped);
             sil_rpc_pack_cstr(pk, "timings");
             msgpack_pack_map(pk, 6);
             sil_rpc_kv_double(pk, "queue_ms", queue_ms);
@@ -661,7 +663,7 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
     } else if (rc != SIL_STOP_NONE) {
         why = rc;
     } else if ((int32_t)j->ctx.n + 1 >= w->n_ctx) {
-        why = SIL_STOP_LENGTH; /* the context is full */
+        why = SIL_STOP_CONTEXT;
     }
     if (why != SIL_STOP_NONE) {
         running_finish(w, j, why, msg);

@@ -4,7 +4,9 @@
  * request needs a sequence and none is free.
  *
  * A chat session also keeps its transcript (the messages and answers so far), so a chat
- * request with append continues the conversation without resending it.
+ * request with append continues the conversation without resending it. A conversation that
+ * leaves too little room in the context for the answer loses its oldest turns (the system
+ * message stays); the transcript, and so its saved file, keeps only what the model was given.
  *
  * A session is keyed by (uid, name): requests of one uid never see, reuse or drop another's.
  *
@@ -149,14 +151,45 @@ int session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct
     return 0;
 }
 
-void sil_chat_msgs_free(struct sil_chat_msg *m, size_t n)
+/* Frees the strings of m[0, n), not the array. */
+static void msgs_clear(struct sil_chat_msg *m, size_t n)
 {
     for (size_t i = 0; m && i < n; i++) {
         free((char *)m[i].role);
         free((char *)m[i].content);
         free((char *)m[i].reasoning);
     }
+}
+
+void sil_chat_msgs_free(struct sil_chat_msg *m, size_t n)
+{
+    msgs_clear(m, n);
     free(m);
+}
+
+/* Room a chat on a session keeps for its answer: its budget (answer, grace tokens, bounded
+ * reasoning), at least a quarter of the context and at most half. */
+static size_t answer_reserve(const struct sil_worker *w, const struct job *j)
+{
+    const struct sil_genctl_params *c = &j->r.ctl;
+    const int64_t lo = w->n_ctx / 4, hi = w->n_ctx / 2;
+    int64_t want = hi; /* no answer budget: the context ends it */
+    if (c->max_tokens > 0)
+        want = (int64_t)c->max_tokens + c->grace_tokens +
+               (j->r.think && c->max_thinking_tokens > 0 ? c->max_thinking_tokens : 0);
+    return (size_t)(want < lo ? lo : want > hi ? hi : want);
+}
+
+/* The conversation msgs[0, n) with msgs[k0, from) left out (k0: 1 when it opens with a system
+ * message, which always stays), rendered to ids; view holds n messages. */
+static int render_kept(struct sil_worker *w, const struct job *j, const struct sil_chat_msg *msgs,
+                       size_t n, size_t k0, size_t from, bool gen_prompt,
+                       struct sil_chat_msg *view, int32_t **ids, size_t *n_ids,
+                       struct sil_error *err)
+{
+    memcpy(view, msgs, sizeof(*view) * k0);
+    memcpy(view + k0, msgs + from, sizeof(*view) * (n - from));
+    return sil_chat_tokenize(w->v, view, k0 + n - from, gen_prompt, j->r.think, ids, n_ids, err);
 }
 
 int session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
@@ -166,39 +199,94 @@ int session_chat_prompt(struct sil_worker *w, struct job *j, const struct sessio
         return 0;
     const bool joined = j->r.append && s && s->n_log > 0;
     const size_t n = (joined ? s->n_log : 0) + j->r.n_chat;
-    struct sil_chat_msg *all = j->r.chat;
-    if (joined) {
-        all = malloc(sizeof(*all) * n);
-        if (!all)
-            return sil_errorf(err, -ENOMEM, "out of memory");
-        memcpy(all, s->log, sizeof(*all) * s->n_log);
-        memcpy(all + s->n_log, j->r.chat, sizeof(*all) * j->r.n_chat);
+    struct sil_chat_msg *all = malloc(sizeof(*all) * n), *view = malloc(sizeof(*all) * n);
+    size_t *cuts = malloc(sizeof(*cuts) * n);
+    if (!all || !view || !cuts) {
+        free(all);
+        free(view);
+        free(cuts);
+        return sil_errorf(err, -ENOMEM, "out of memory");
     }
+    if (joined)
+        memcpy(all, s->log, sizeof(*all) * s->n_log);
+    memcpy(all + (joined ? s->n_log : 0), j->r.chat, sizeof(*all) * j->r.n_chat);
+    const size_t k0 = n > 0 && strcmp(all[0].role, "system") == 0;
+    /* Where older turns may be cut off: at a user message after the first kept one, up to the
+     * last (the question being asked stays). */
+    size_t n_cuts = 0;
+    for (size_t i = k0 + 1; i < n; i++)
+        if (strcmp(all[i].role, "user") == 0)
+            cuts[n_cuts++] = i;
     int32_t *ids = NULL, *hist = NULL;
-    size_t n_ids = 0, n_hist = 0;
+    size_t n_ids = 0, n_hist = 0, from = k0;
     int rc = 0;
     if (joined) {
-        rc = sil_chat_tokenize(w->v, all, n, true, j->r.think, &ids, &n_ids, err);
-        if (rc == 0 && (int64_t)n_ids + 1 >= w->n_ctx)
-            rc = sil_errorf(err, -E2BIG,
-                            "session '%s': the conversation (%zu tokens) no longer fits the "
-                            "context of %d; drop the session to start over",
-                            s->name, n_ids, w->n_ctx);
-        if (rc == 0) {
-            free(j->r.prompt);
-            j->r.prompt = ids;
-            j->r.n_prompt = n_ids;
-            ids = NULL;
+        rc = render_kept(w, j, all, n, k0, from, true, view, &ids, &n_ids, err);
+    } else if (!(ids = malloc(sizeof(*ids) * (j->r.n_prompt ? j->r.n_prompt : 1)))) {
+        rc = sil_errorf(err, -ENOMEM, "out of memory");
+    } else { /* the request's messages alone: the loop rendered them already */
+        memcpy(ids, j->r.prompt, sizeof(*ids) * j->r.n_prompt);
+        n_ids = j->r.n_prompt;
+    }
+    const size_t n_full = n_ids;
+    const size_t limit = (size_t)w->n_ctx - answer_reserve(w, j);
+    if (rc == 0 && n_ids > limit && n_cuts > 0) {
+        /* Fewest turns dropped to take at most half the context (or as many as there are), so
+         * the turns that follow extend what is kept instead of cutting again at once. */
+        const size_t target = (size_t)w->n_ctx / 2;
+        size_t lo = 0, hi = n_cuts - 1;
+        while (rc == 0 && lo < hi) {
+            const size_t mid = lo + (hi - lo) / 2;
+            int32_t *t = NULL;
+            size_t n_t = 0;
+            rc = render_kept(w, j, all, n, k0, cuts[mid], true, view, &t, &n_t, err);
+            free(t);
+            if (n_t <= target)
+                hi = mid;
+            else
+                lo = mid + 1;
         }
+        from = cuts[lo];
+        free(ids);
+        ids = NULL;
+        if (rc == 0)
+            rc = render_kept(w, j, all, n, k0, from, true, view, &ids, &n_ids, err);
+    }
+    if (rc == 0 && (int64_t)n_ids + 1 >= w->n_ctx) {
+        j->err_code = SIL_RPC_E_CONTEXT_FULL;
+        if (from > k0)
+            rc = sil_errorf(err, -E2BIG,
+                            "the last question (%zu tokens with the system prompt) does not fit "
+                            "the context of %d, even with the conversation's %zu older messages "
+                            "dropped",
+                            n_ids, w->n_ctx, from - k0);
+        else
+            rc = sil_errorf(err, -E2BIG, "prompt of %zu tokens does not fit the context of %d",
+                            n_ids, w->n_ctx);
+    }
+    if (rc == 0 && from > k0) {
+        sil_info("uid %u: a session's conversation of %zu tokens leaves too little room for the "
+                 "answer in the context of %d: its %zu oldest messages dropped (%zu tokens left)",
+                 (unsigned)j->r.uid, n_full, w->n_ctx, from - k0, n_ids);
+        j->drop_at = k0;
+        j->n_dropped = from - k0;
+    }
+    if (rc == 0) {
+        free(j->r.prompt);
+        j->r.prompt = ids;
+        j->r.n_prompt = n_ids;
+        ids = NULL;
     }
     /* The conversation without the generation prompt: where the next turn diverges. */
-    if (rc == 0 && sil_chat_tokenize(w->v, all, n, false, j->r.think, &hist, &n_hist, err) == 0 &&
+    if (rc == 0 &&
+        render_kept(w, j, all, n, k0, from, false, view, &hist, &n_hist, err) == 0 &&
         n_hist < j->r.n_prompt && memcmp(hist, j->r.prompt, n_hist * sizeof(*hist)) == 0)
         j->r.resume = (int32_t)n_hist;
     free(ids);
     free(hist);
-    if (joined)
-        free(all);
+    free(all);
+    free(view);
+    free(cuts);
     return rc;
 }
 
@@ -240,6 +328,13 @@ void session_keep_transcript(struct sil_worker *w, struct session *s, struct job
             free(j->r.chat); /* the strings moved into the transcript */
             j->r.chat = NULL;
             j->r.n_chat = 0;
+            /* the turns the prompt left out go: the transcript is what the model saw */
+            const size_t at = j->drop_at, k = j->n_dropped;
+            if (k > 0 && at + k < n) {
+                msgs_clear(log + at, k);
+                memmove(log + at, log + at + k, sizeof(*log) * (n - at - k));
+                n -= k;
+            }
             s->log = log;
             s->n_log = n;
         }

@@ -135,7 +135,7 @@ static void run_job(struct tokpool *p, struct tokjob *j, struct sil_rpc_buf *b)
     }
     if ((int64_t)n + 1 >= p->n_ctx) {
         snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", n, p->n_ctx);
-        post_error(p, j, b, SIL_RPC_E_TOO_LARGE, msg);
+        post_error(p, j, b, SIL_RPC_E_CONTEXT_FULL, msg);
         return;
     }
     r->ctl.in_reasoning = prompt_ends_in_think(p->v, ids, n);

@@ -68,6 +68,9 @@ struct job {
     double t_submit, t_admit, t_first, t_end;
     int logit_row;
     int err_code; /* protocol error code of a failed final response; 0 = internal error */
+    /* A chat on a session that no longer fit: the messages of its conversation (the transcript,
+     * then the request's) from drop_at on that its prompt leaves out, n_dropped of them. */
+    size_t drop_at, n_dropped;
     /* Its final response when memory runs out: allocated with the job, so the loop always learns
      * the request ended (the client gets error 10, not silence). NULL once used. */
     struct sil_outmsg *oom;
@@ -201,7 +204,9 @@ int seq_get(struct sil_worker *w, struct sil_error *err);
 bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name);
 /* A chat job on a session: with append, the prompt becomes the transcript of s (may be NULL)
  * plus the job's messages; the resume point is the conversation's end before the generation
- * prompt. -E2BIG (err set) when the conversation no longer fits the context. */
+ * prompt. A conversation that leaves too little room for the answer loses its oldest turns
+ * (the system message stays; j->drop_at, j->n_dropped say which). -E2BIG (err set,
+ * j->err_code SIL_RPC_E_CONTEXT_FULL) when even its last turn does not fit the context. */
 int session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
                         struct sil_error *err);
 /* Saves s's transcript in the state directory (removes its file when it has none); a failure is
@@ -212,7 +217,8 @@ void session_save(struct sil_worker *w, struct session *s);
 int session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct sil_chat_msg **log,
                     size_t *n_log);
 /* After a chat job on s: the transcript becomes (append ? the old one : nothing) + the job's
- * messages (moved) + the answer; after any other job it is cleared. Updates s->memory. */
+ * messages (moved) + the answer, less the turns its prompt left out (j->n_dropped); after any
+ * other job it is cleared. Updates s->memory. */
 void session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
                              const char *answer, size_t n_answer, const char *reasoning,
                              size_t n_reasoning);

@@ -24,6 +24,7 @@ static const struct {
     [SIL_RPC_E_VERSION] = {"version_mismatch", "no common protocol version"},
     [SIL_RPC_E_UNAVAILABLE] = {"model_unavailable", "the model is damaged or being reloaded"},
     [SIL_RPC_E_TIMEOUT] = {"timeout", "timed out"},
+    [SIL_RPC_E_CONTEXT_FULL] = {"context_full", "the prompt does not fit the context"},
 };
 
 const char *sil_rpc_code_name(int code)

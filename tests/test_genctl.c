@@ -430,6 +430,7 @@ static void test_finish_reasons(void **state)
     assert_string_equal(sil_genctl_answer(g, NULL), "x");
     assert_string_equal(sil_stop_reason_name(SIL_STOP_SHUTDOWN), "shutdown");
     assert_string_equal(sil_stop_reason_name(SIL_STOP_LENGTH), "length");
+    assert_string_equal(sil_stop_reason_name(SIL_STOP_CONTEXT), "context");
     sil_genctl_free(g);
 }
 

@@ -361,7 +361,14 @@ static void responses(void **state)
     assert_int_equal(strncmp(b.data, "data: {", 7), 0);
     sil_oa_buf_free(&b);
     assert_string_equal(sil_oa_finish_reason("length", 6), "length");
+    assert_string_equal(sil_oa_finish_reason("context", 7), "length");
     assert_null(sil_oa_finish_reason("cancelled", 9));
+    sil_oa_fail_from_rpc(&f, SIL_RPC_E_CONTEXT_FULL, "prompt of 300 tokens does not fit");
+    assert_int_equal(f.status, 400);
+    assert_string_equal(f.code, "context_length_exceeded");
+    sil_oa_fail_from_rpc(&f, SIL_RPC_E_TOO_LARGE, "result too large");
+    assert_int_equal(f.status, 400);
+    assert_null(f.code);
     sil_oa_fail_from_rpc(&f, SIL_RPC_E_INVALID_PARAMS, "field 'top_k': expected integer");
     assert_int_equal(f.status, 400);
     assert_string_equal(f.param, "top_k");

@@ -59,8 +59,8 @@ struct sil_oa_resp {
     const char *model;
 };
 
-/* "stop" / "length" from the daemon's stop_reason; NULL for an ending that is no finish
- * (cancelled, shutdown, error). */
+/* "stop" / "length" (for "context" too) from the daemon's stop_reason; NULL for an ending that
+ * is no finish (cancelled, shutdown, error). */
 const char *sil_oa_finish_reason(const char *stop_reason, size_t len);
 
 /* The whole chat.completion / text_completion object from the daemon's result map. */

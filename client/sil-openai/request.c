@@ -459,6 +459,7 @@ void sil_oa_fail_from_rpc(struct sil_oa_fail *f, int code, const char *message)
         status = 400;
         break;
     case SIL_RPC_E_TOO_LARGE:
+    case SIL_RPC_E_CONTEXT_FULL:
         status = 400;
         break;
     case SIL_RPC_E_PERMISSION:
@@ -498,7 +499,7 @@ void sil_oa_fail_from_rpc(struct sil_oa_fail *f, int code, const char *message)
         }
     }
     sil_oa_failf(f, status, param, "siliceod: %s", message ? message : sil_rpc_code_message(code));
-    if (code == SIL_RPC_E_TOO_LARGE)
+    if (code == SIL_RPC_E_CONTEXT_FULL)
         f->code = "context_length_exceeded";
     else if (code == SIL_RPC_E_BUSY) {
         f->type = "rate_limit_error";
@@ -528,7 +529,9 @@ void sil_oa_format_error(struct sil_oa_buf *b, const struct sil_oa_fail *f)
 const char *sil_oa_finish_reason(const char *s, size_t n)
 {
     if ((n == 3 && !memcmp(s, "eos", 3)) || (n == 4 && !memcmp(s, "stop", 4))) return "stop";
-    if (n == 6 && !memcmp(s, "length", 6)) return "length";
+    /* the context full is a length, as OpenAI counts it */
+    if ((n == 6 && !memcmp(s, "length", 6)) || (n == 7 && !memcmp(s, "context", 7)))
+        return "length";
     return NULL;
 }
 

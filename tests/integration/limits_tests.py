@@ -128,8 +128,8 @@ def max_output(limit):
           "a 70 KB text tokenized off the loop: %d ids" % res["n"])
     check(res["ids"][:len(small) - 1] == small[:-1], "and the ids match the inline tokenizer's")
     err, res, _ = c.call("generate", dict(GREEDY, prompt="word " * 40000, max_tokens=2))
-    check(err is not None and err["code"] == 5 and "context" in err["message"],
-          "a 100 KB prompt tokenized off the loop: error 5 for the context (%r)" % (err,))
+    check(err is not None and err["code"] == 15 and "context" in err["message"],
+          "a 100 KB prompt tokenized off the loop: error 15 (context_full) (%r)" % (err,))
     # Spaces make 16-byte tokens: 70 KB that fits the context of 8192 (a long prefill under ASan).
     c.s.settimeout(900)
     err, res, _ = c.call("generate", dict(GREEDY, prompt="word " * 600 + " " * 70000, max_tokens=2))
@@ -396,7 +396,7 @@ def tokenize_stall(method):
     time.sleep(0.5)
     b = Client(timeout=120)
     text = "lorem ipsum dolor sit amet, " * (4000000 // 28)
-    # Replies stay small (error 5 over max_output, or a prompt too long for the context): the
+    # Replies stay small (error 5 over max_output, or 15 for a prompt too long for the context): the
     # daemon tokenizes either way, and the test client need not decode a million ids.
     t0 = time.monotonic()
     err, res, _ = b.call(method, {"text": text} if method == "tokenize" else
