@@ -17,6 +17,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +40,7 @@ struct opts {
     int timeout_s; /* idle HTTP connection */
     int health_timeout_ms;
     bool debug_stream; /* POST /v1/debug/stream relays debug.stream, for bench/run-openai.sh */
+    int log_level;     /* LOG_ERR .. LOG_DEBUG: request lines at LOG_INFO */
     char token[256];   /* "" : no check */
 };
 
@@ -47,6 +49,7 @@ static atomic_int g_in_flight;
 static atomic_ullong g_counter, g_requests, g_errors, g_cancelled, g_rejected;
 static unsigned long long g_id_salt;
 static volatile sig_atomic_t g_stop;
+static bool g_journal; /* stderr is the journal's stream: lines carry their priority as <N> */
 
 /* Daemon facts, cached from hello: the model name goes into every response. Asked again after
  * INFO_TTL_S, so a daemon restarted with another model is seen without a round trip per request. */
@@ -60,6 +63,73 @@ static double g_info_at;
 static void on_signal(int sig)
 {
     g_stop = 1;
+}
+
+/* ---- the log -------------------------------------------------------------------------------- */
+
+static const char *const level_names[] = {[LOG_ERR] = "err",
+                                          [LOG_WARNING] = "warning",
+                                          [LOG_NOTICE] = "notice",
+                                          [LOG_INFO] = "info",
+                                          [LOG_DEBUG] = "debug"};
+
+/* The names siliceod's log_level takes. */
+static int parse_level(const char *s)
+{
+    for (int i = LOG_ERR; i <= LOG_DEBUG; i++)
+        if (strcasecmp(s, level_names[i]) == 0) return i;
+    if (strcasecmp(s, "error") == 0) return LOG_ERR;
+    if (strcasecmp(s, "warn") == 0) return LOG_WARNING;
+    return -EINVAL;
+}
+
+/* JOURNAL_STREAM is "dev:ino" of the journal's stream; it counts only if stderr is that stream. */
+static bool stderr_is_journal(void)
+{
+    const char *js = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    if (!js || sscanf(js, "%llu:%llu", &dev, &ino) != 2 || fstat(STDERR_FILENO, &st) < 0)
+        return false;
+    return st.st_dev == dev && st.st_ino == ino;
+}
+
+/* One request's line, once its connection is done with it: at debug level for the endpoints
+ * monitors poll (/health, /metrics), at info for the others. */
+static void log_request(const struct sil_oa_reqlog *l)
+{
+    bool polled = strcmp(l->path, "/health") == 0 || strcmp(l->path, "/metrics") == 0;
+    int level = polled ? LOG_DEBUG : LOG_INFO;
+    if (level > g_opt.log_level) return;
+    char line[1024];
+    int n = g_journal ? snprintf(line, sizeof(line), "<%d>", level)
+                      : snprintf(line, sizeof(line), PROG ": %s: ", level_names[level]);
+    size_t m = sil_oa_reqlog_format(line + n, sizeof(line) - (size_t)n - 1, l, sil_client_now());
+    if (m > sizeof(line) - (size_t)n - 2) m = sizeof(line) - (size_t)n - 2;
+    line[(size_t)n + m] = '\n';
+    /* one write a line, so the threads' lines never interleave */
+    ssize_t w = write(STDERR_FILENO, line, (size_t)n + m + 1);
+    (void)w;
+}
+
+/* Each HTTP connection serves one request at a time: its socket context holds that request's
+ * log record. */
+static void connection_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe)
+{
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = calloc(1, sizeof(struct sil_oa_reqlog));
+    } else {
+        free(*socket_context);
+        *socket_context = NULL;
+    }
+}
+
+static struct sil_oa_reqlog *reqlog_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
 }
 
 static int open_client(struct sil_rpc_client *c, int timeout_ms, struct sil_rpc_error *err)
@@ -135,6 +205,8 @@ static enum MHD_Result send_buf(struct MHD_Connection *conn, int status, const c
     }
     MHD_add_response_header(resp, "Content-Type", type);
     if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    struct sil_oa_reqlog *l = reqlog_of(conn);
+    if (l) l->status = status;
     enum MHD_Result r = MHD_queue_response(conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return r;
@@ -192,7 +264,8 @@ struct gen {
     struct sil_oa_buf sse; /* formatted, not yet handed to MHD */
     size_t sse_off;
     bool first, done, failed;
-    bool slot; /* holds one of max_concurrent */
+    bool slot;                 /* holds one of max_concurrent */
+    struct sil_oa_reqlog *log; /* the connection's, NULL: none; written until the stream ends */
 };
 
 static void gen_close(struct gen *g)
@@ -238,6 +311,7 @@ static int gen_next(struct gen *g, struct sil_rpc_msg *msg, struct sil_rpc_error
             return sil_rpc_errorf(err, -errno, 0, "poll: %s", strerror(errno));
         if (n <= 0) continue;
         if (g->peer_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            if (g->log) g->log->client_gone = true;
             gen_close(g);
             atomic_fetch_add(&g_cancelled, 1);
             g->done = true;
@@ -289,12 +363,14 @@ static void gen_final(struct gen *g, const struct sil_rpc_msg *m)
     struct sil_rpc_error e;
     if (m->error) {
         sil_rpc_read_error(m->error, &e);
+        if (g->log) snprintf(g->log->stop, sizeof(g->log->stop), "%s", sil_rpc_code_name(e.code));
         struct sil_oa_fail f;
         sil_oa_fail_from_rpc(&f, e.code, e.msg);
         sil_oa_buf_cstr(&g->sse, "data: ");
         sil_oa_format_error(&g->sse, &f);
         sil_oa_buf_cstr(&g->sse, "\n\n");
     } else {
+        if (g->log) sil_oa_reqlog_counts(g->log, m->result);
         const msgpack_object *sr = sil_rpc_map_get(m->result, "stop_reason");
         const char *finish = sr && sr->type == MSGPACK_OBJECT_STR
                                  ? sil_oa_finish_reason(sr->via.str.ptr, sr->via.str.size)
@@ -331,6 +407,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         int r = gen_next(g, &m, &err);
         if (r == -EPIPE) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (r < 0) {
+            if (g->log) snprintf(g->log->stop, sizeof(g->log->stop), "daemon lost");
             struct sil_oa_fail f;
             sil_oa_failf(&f, 502, NULL, "siliceod: %s", err.msg);
             sil_oa_buf_cstr(&g->sse, "data: ");
@@ -447,6 +524,12 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
     snprintf(g->resp.id, sizeof(g->resp.id), "%s-%016llx%08llx",
              kind == SIL_OA_CHAT ? "chatcmpl" : "cmpl", g_id_salt,
              (unsigned long long)atomic_fetch_add(&g_counter, 1));
+    g->log = reqlog_of(conn);
+    if (g->log) {
+        snprintf(g->log->id, sizeof(g->log->id), "%s", g->resp.id);
+        snprintf(g->log->model, sizeof(g->log->model), "%s", g->model);
+        g->log->stream = g->req.stream;
+    }
 
     /* Wait for the first message, so a request the daemon refuses gets a proper status even when
      * streamed. */
@@ -464,6 +547,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
         if (m.type == SIL_RPC_RESPONSE && m.msgid == g->msgid && m.error) {
             struct sil_rpc_error e;
             sil_rpc_read_error(m.error, &e);
+            if (g->log)
+                snprintf(g->log->stop, sizeof(g->log->stop), "%s", sil_rpc_code_name(e.code));
             sil_rpc_msg_release(&m);
             gen_free(g);
             sil_oa_fail_from_rpc(&f, e.code, e.msg);
@@ -476,6 +561,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
         struct sil_oa_buf b;
         sil_oa_buf_init(&b, 0);
         g->done = true;
+        if (g->log) sil_oa_reqlog_counts(g->log, m.result);
         int r = sil_oa_format_result(&b, &g->resp, m.result, &f);
         sil_rpc_msg_release(&m);
         gen_free(g);
@@ -499,6 +585,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
     }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    if (g->log) g->log->status = MHD_HTTP_OK;
     enum MHD_Result r = MHD_queue_response(conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return r;
@@ -643,6 +730,16 @@ static void request_done(void *cls, struct MHD_Connection *conn, void **con_cls,
         free(u);
         *con_cls = NULL;
     }
+    struct sil_oa_reqlog *l = reqlog_of(conn);
+    if (!l || !l->t_start) return;
+    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED)
+        l->ended_early = "timed out";
+    else if (toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN)
+        l->ended_early = "bridge stopping";
+    else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        l->ended_early = "connection closed";
+    log_request(l);
+    l->t_start = 0;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url,
@@ -676,6 +773,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         u = calloc(1, sizeof(*u));
         if (!u) return MHD_NO;
         *con_cls = u;
+        struct sil_oa_reqlog *l = reqlog_of(conn);
+        if (l) sil_oa_reqlog_start(l, method, url, sil_client_now());
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > g_opt.max_body) u->too_large = true;
         /* Refused before the body is read: the connection is closed after the answer. */
@@ -777,6 +876,8 @@ static void usage(FILE *f)
                "      --max-connections N  HTTP connections (default 64)\n"
                "      --timeout SEC        idle HTTP connection timeout (default 60)\n"
                "      --health-timeout MS  how long /health waits for the daemon (default 2000)\n"
+               "      --log-level LEVEL    err, warning, notice, info (default: a line a request)\n"
+               "                           or debug (also /health and /metrics)\n"
                "      --debug-stream       serve POST /v1/debug/stream (benchmarks)\n"
                "  -h, --help, -V, --version\n");
 }
@@ -790,9 +891,10 @@ int main(int argc, char **argv)
     g_opt.max_connections = 64;
     g_opt.timeout_s = 60;
     g_opt.health_timeout_ms = 2000;
+    g_opt.log_level = LOG_INFO;
     const char *token_file = NULL;
     static char hostbuf[256];
-    enum { O_TOKEN = 256, O_BODY, O_CONC, O_CONN, O_TIMEOUT, O_HEALTH, O_DEBUG };
+    enum { O_TOKEN = 256, O_BODY, O_CONC, O_CONN, O_TIMEOUT, O_HEALTH, O_DEBUG, O_LOG };
     static const struct option lo[] = {{"socket", required_argument, 0, 's'},
                                        {"listen", required_argument, 0, 'l'},
                                        {"port", required_argument, 0, 'p'},
@@ -804,6 +906,7 @@ int main(int argc, char **argv)
                                        {"timeout", required_argument, 0, O_TIMEOUT},
                                        {"health-timeout", required_argument, 0, O_HEALTH},
                                        {"debug-stream", no_argument, 0, O_DEBUG},
+                                       {"log-level", required_argument, 0, O_LOG},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
@@ -868,6 +971,16 @@ int main(int argc, char **argv)
         case O_DEBUG:
             g_opt.debug_stream = true;
             break;
+        case O_LOG:
+            g_opt.log_level = parse_level(optarg);
+            if (g_opt.log_level < 0) {
+                sil_client_usage_error(PROG,
+                                       "--log-level: err, warning, notice, info or debug, "
+                                       "not '%s'",
+                                       optarg);
+                return SIL_EXIT_USAGE;
+            }
+            break;
         case 'h':
             usage(stdout);
             return SIL_EXIT_OK;
@@ -929,13 +1042,15 @@ int main(int argc, char **argv)
             return SIL_EXIT_ERROR;
         }
     }
+    g_journal = stderr_is_journal();
     signal(SIGPIPE, SIG_IGN);
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
             MHD_USE_ERROR_LOG,
         0, NULL, NULL, handler, NULL, MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)g_opt.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g_opt.timeout_s,
-        MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL, MHD_OPTION_NOTIFY_CONNECTION,
+        connection_notify, NULL, MHD_OPTION_END);
     if (!d) {
         sil_client_warn(PROG, "cannot start the HTTP server");
         return SIL_EXIT_ERROR;

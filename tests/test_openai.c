@@ -382,6 +382,63 @@ static void responses(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* The request log line: counts from the result, the peer's bytes escaped, a long path cut with
+ * "...", a short buffer cut but NUL-terminated with the full length returned. */
+static void request_log_line(void **state)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 5);
+    sil_rpc_kv_str(&pk, "text", "the answer, never logged");
+    sil_rpc_kv_str(&pk, "stop_reason", "length");
+    sil_rpc_kv_int(&pk, "n_prompt", 21);
+    sil_rpc_kv_int(&pk, "n_generated", 7);
+    sil_rpc_kv_int(&pk, "n_cached", 16);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, sb.data, sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
+
+    struct sil_oa_reqlog l;
+    char line[512];
+    sil_oa_reqlog_start(&l, "POST", "/v1/chat/completions", 10.0);
+    strcpy(l.id, "chatcmpl-1");
+    strcpy(l.model, "m 1");
+    l.status = 200;
+    l.stream = true;
+    sil_oa_reqlog_counts(&l, &u.data);
+    size_t n = sil_oa_reqlog_format(line, sizeof(line), &l, 10.25);
+    assert_string_equal(line, "POST /v1/chat/completions chatcmpl-1: 200, model m 1, streamed, "
+                              "length, 21 prompt tokens (16 cached), 7 generated, 250.0 ms");
+    assert_int_equal(n, strlen(line));
+
+    sil_oa_reqlog_start(&l, "GE\tT", "/a\nb\\c\x7f\xc3\xa9", 1.0);
+    l.client_gone = true;
+    sil_oa_reqlog_format(line, sizeof(line), &l, 1.0);
+    assert_string_equal(line,
+                        "GE\\x09T /a\\x0ab\\x5cc\\x7f\\xc3\\xa9: no answer, 0.0 ms, client gone");
+
+    char path[400];
+    memset(path, 'p', sizeof(path) - 1);
+    path[0] = '/';
+    path[sizeof(path) - 1] = 0;
+    sil_oa_reqlog_start(&l, "GET", path, 1.0);
+    l.status = 404;
+    l.ended_early = "timed out";
+    n = sil_oa_reqlog_format(line, sizeof(line), &l, 1.0);
+    assert_int_equal(n, strlen(line));
+    assert_int_equal(strlen(line), 4 + sizeof(l.path) - 1 + 3 + strlen(": 404, 0.0 ms, timed out"));
+    assert_non_null(strstr(line, "ppp...: 404, 0.0 ms, timed out"));
+    char small[8];
+    size_t full = n;
+    n = sil_oa_reqlog_format(small, sizeof(small), &l, 1.0);
+    assert_int_equal(n, full);
+    assert_string_equal(small, "GET /pp");
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -393,6 +450,7 @@ int main(void)
         cmocka_unit_test(priority_request),
         cmocka_unit_test(refusals),
         cmocka_unit_test(responses),
+        cmocka_unit_test(request_log_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -77,4 +77,28 @@ void sil_oa_format_usage_chunk(struct sil_oa_buf *b, const struct sil_oa_resp *r
 /* "usage": {...} from the result map (no leading comma). */
 void sil_oa_format_usage(struct sil_oa_buf *b, const msgpack_object *result);
 
+/* One request of the request log: what was asked and how it ended, counts and times only,
+ * never the prompt or the answer. Owned by the HTTP connection serving the request. */
+struct sil_oa_reqlog {
+    char method[16];
+    char path[128];
+    bool path_cut;   /* the path was longer */
+    char id[48];     /* the response id, "" for other endpoints */
+    int status;      /* the HTTP status sent, 0: none */
+    char model[128]; /* "" : not a generation */
+    bool stream;
+    char stop[32]; /* the daemon's stop_reason or error code, "" when none came */
+    long long n_prompt, n_cached, n_generated; /* -1: not known */
+    bool client_gone;                          /* the HTTP client hung up before the end */
+    const char *ended_early; /* why the connection ended before the answer did, NULL: it did not */
+    double t_start;          /* sil_client_now() when the request came */
+};
+
+void sil_oa_reqlog_start(struct sil_oa_reqlog *l, const char *method, const char *path, double now);
+/* stop_reason, n_prompt, n_cached and n_generated from the daemon's result map. */
+void sil_oa_reqlog_counts(struct sil_oa_reqlog *l, const msgpack_object *result);
+/* The line, without a newline, cut to size - 1 bytes; the peer's bytes (method, path) and the
+ * model name in printable ASCII, others as \xHH. Returns the length it would have had. */
+size_t sil_oa_reqlog_format(char *buf, size_t size, const struct sil_oa_reqlog *l, double now);
+
 #endif

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # sil-openai, the OpenAI-compatible HTTP bridge, in front of the real daemon: every endpoint by
 # curl and http.client, bad input, cancellation on disconnect, the token check, a Unix socket
-# listener, /health while the daemon is missing or not answering, the concurrency limit, and the
-# official openai JavaScript SDK (installed by `make deps` into build/npm).
+# listener, /health while the daemon is missing or not answering, the concurrency limit, the
+# request log, and the official openai JavaScript SDK (installed by `make deps` into build/npm).
 . "$(dirname "$0")/lib.bash"
 [ -x "$SIL_BUILD/bin/sil-openai" ] || { echo "skip: sil-openai not built"; exit 0; }
 command -v curl >/dev/null || fail "curl missing (make deps)"
@@ -61,6 +61,40 @@ start_daemon --model "$MODEL"
 wait_http "http://127.0.0.1:$P/health" 200
 echo "ok: /health turns 200 once the daemon is ready"
 python3 "$HERE/openai_tests.py" "http://127.0.0.1:$P" || fail "openai_tests.py"
+# Its two disconnects in the request log: the stream's after its 200, the other without an answer
+# (a line is written once the bridge has closed the connection: waited for a moment).
+wait_grep() { # extended regex, file
+    local i
+    for i in $(seq 50); do grep -qE "$1" "$2" && return 0; sleep 0.1; done
+    return 1
+}
+wait_grep '^sil-openai: info: POST /v1/chat/completions chatcmpl-[0-9a-f]+: 200, model .*, streamed, .*(client gone|connection closed)$' \
+    "$T/early.log" || fail "no line for the stream cut by its client: $(cat "$T/early.log")"
+wait_grep '^sil-openai: info: POST /v1/chat/completions chatcmpl-[0-9a-f]+: no answer, model .*, client gone$' \
+    "$T/early.log" || fail "no line for the request whose client left first: $(cat "$T/early.log")"
+echo "ok: the request log tells a client gone mid-stream and one gone before the answer"
+
+# The request log at the default level (info): openai_tests.py checks each line against the
+# response; at --log-level debug /health gets a line too, at warning no request does.
+P5=$(free_port)
+start_bridge logged --port "$P5"
+wait_http "http://127.0.0.1:$P5/health" 200
+python3 "$HERE/openai_tests.py" "http://127.0.0.1:$P5" log "$T/logged.log" || fail "request log"
+P6=$(free_port)
+start_bridge debuglog --port "$P6" --log-level debug
+wait_http "http://127.0.0.1:$P6/health" 200
+P7=$(free_port)
+start_bridge quiet --port "$P7" --log-level warning
+wait_http "http://127.0.0.1:$P7/health" 200
+curl -s -o /dev/null "http://127.0.0.1:$P7/v1/models"
+wait_grep '^sil-openai: debug: GET /health: 200, [0-9.]+ ms$' "$T/debuglog.log" ||
+    fail "--log-level debug: no /health line: $(cat "$T/debuglog.log")"
+! grep -q ': info: ' "$T/quiet.log" || fail "--log-level warning logged requests: $(cat "$T/quiet.log")"
+rc=0
+"$SIL_BUILD/bin/sil-openai" --log-level loud 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--log-level: .*'loud'; try 'sil-openai --help'" "$T/err" ||
+    fail "--log-level loud: $rc $(cat "$T/err")"
+echo "ok: --log-level debug logs /health, warning no request line, a bad level is a usage error"
 
 # Bearer token from a file (never argv); /health stays open for probes.
 P2=$(free_port)

@@ -361,9 +361,78 @@ def concurrency(base_limited):
     print("ok: --max-concurrent 1: a second request gets 429")
 
 
+def log_lines(log, n, what):
+    """The bridge's log once it holds n request lines (a line is written once the answer is out,
+    which may be just after the client has read it)."""
+    for _ in range(100):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            lines = [ln.rstrip("\n") for ln in f if ln.startswith("sil-openai: ") and
+                     "listening on" not in ln]
+        if len(lines) >= n:
+            return lines
+        time.sleep(0.05)
+    fail("%s: %d request lines in the bridge's log, want %d: %r" % (what, len(lines), n, lines))
+
+
+def request_log(log):
+    """Against a bridge at the default log level whose stderr is LOG: one info line a request
+    (method, path, response id, status, model, the daemon's stop reason, token counts, time),
+    none for /health, and never the prompt's text."""
+    secret = "Quixotic%dZebra" % os.getpid()
+    ask = [{"role": "user", "content": "Repeat " + secret}]
+    lines = log_lines(log, 0, "start")
+    n0 = len(lines)
+    for _ in range(3):
+        curl("/health")
+    st, _, body = curl("/v1/chat/completions", {"messages": ask, "max_tokens": 3, "temperature": 0})
+    check(st == 200, "chat for the log: %d %r" % (st, body[:200]))
+    o = json.loads(body)
+    u, fin = o["usage"], o["choices"][0]["finish_reason"]
+    lines = log_lines(log, n0 + 1, "one chat")
+    line = lines[n0]
+    # The daemon's stop_reason: length when max_tokens cut it, else eos or a stop string.
+    want = ("sil-openai: info: POST /v1/chat/completions %s: 200, model %s, " %
+            (o["id"], o["model"]))
+    check(line.startswith(want), "the chat's line %r does not start %r" % (line, want))
+    rest = line[len(want):].split(", ")
+    check(rest[0] == "length" if fin == "length" else rest[0] in ("eos", "stop"),
+          "stop reason %r for finish_reason %s" % (rest[0], fin))
+    check(rest[1] == "%d prompt tokens (%d cached)" %
+          (u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]),
+          "prompt counts %r, usage %r" % (rest[1], u))
+    check(rest[2] == "%d generated" % u["completion_tokens"], "generated %r, usage %r" % (rest[2], u))
+    check(rest[3].endswith(" ms") and float(rest[3][:-3]) > 0 and len(rest) == 4,
+          "time %r in %r" % (rest[3:], line))
+
+    req = {"messages": ask, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    st, _, body = curl("/v1/chat/completions", req)
+    ev = [json.loads(e) for e in sse_events(body) if e != "[DONE]"]
+    u = ev[-1]["usage"]
+    lines = log_lines(log, n0 + 2, "a stream")
+    want = "POST /v1/chat/completions %s: 200, model %s, streamed, " % (ev[0]["id"], ev[0]["model"])
+    check(want in lines[-1] and ", %d prompt tokens (%d cached), %d generated, " %
+          (u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"],
+           u["completion_tokens"]) in lines[-1], "the stream's line %r (usage %r)" % (lines[-1], u))
+
+    # the path as the bridge reads it, %-escapes decoded: a newline must not start a line of its own
+    st, _, _ = curl("/no/such%5Cpath%0Ainfo:")
+    lines = log_lines(log, n0 + 3, "a 404")
+    check(lines[-1].startswith("sil-openai: info: GET /no/such\\x5cpath\\x0ainfo:: 404, ") and
+          lines[-1].endswith(" ms"), "the 404's line %r" % lines[-1])
+    lines = log_lines(log, n0 + 3, "all")
+    check(len(lines) == n0 + 3, "lines for /health at info level: %r" % lines[n0:])
+    with open(log, encoding="utf-8", errors="replace") as f:
+        check(secret not in f.read(), "the bridge's log holds the prompt's text")
+    print("ok: the bridge logs a line a request (status, model, stop reason, counts as in usage, "
+          "time), none for /health, no prompt text")
+
+
 what = sys.argv[2] if len(sys.argv) > 2 else "all"
 if what == "concurrency":
     concurrency(BASE)
+    sys.exit(0)
+if what == "log":
+    request_log(sys.argv[3])
     sys.exit(0)
 model = models()
 health_metrics()
