@@ -15,8 +15,9 @@
 #                   once into state/): the real engine, noise for text
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, man pages, completions,
 #                   Neovim plugin, probe script)
-#   make install-service  install, plus the systemd units, sysusers.d and tmpfiles.d entries and
-#                   /etc/siliceo/siliceod.conf; without DESTDIR it also creates the user and dirs
+#   make install-service  install, plus the systemd units (siliceod's, sil-openai's), sysusers.d and
+#                   tmpfiles.d entries and /etc/siliceo/siliceod.conf; without DESTDIR it also
+#                   creates the user and dirs
 #   make deb        the Debian packages (dpkg-buildpackage), into $(B)/deb/
 #   make fuzz       run every fuzz target for FUZZ_SECONDS (default 300) each
 #   make format     clang-format the sources
@@ -516,8 +517,10 @@ install-service: install
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) \
 		$(DESTDIR)$(SYSCONFDIR)/siliceo
 	$(UNIT_SED) contrib/systemd/siliceod.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.service
-	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.service
-	install -m 644 contrib/systemd/siliceod.socket $(DESTDIR)$(SYSTEMDUNITDIR)/
+	$(UNIT_SED) contrib/systemd/sil-openai.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/sil-openai.service
+	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.service $(DESTDIR)$(SYSTEMDUNITDIR)/sil-openai.service
+	install -m 644 contrib/systemd/siliceod.socket contrib/systemd/sil-openai.socket \
+		$(DESTDIR)$(SYSTEMDUNITDIR)/
 	install -m 644 contrib/sysusers/siliceo.conf $(DESTDIR)$(SYSUSERSDIR)/
 	install -m 644 contrib/tmpfiles/siliceo.conf $(DESTDIR)$(TMPFILESDIR)/
 	if [ -e $(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf ]; then \
@@ -537,6 +540,7 @@ uninstall:
 		$(addprefix $(DESTDIR)$(BASHCOMPDIR)/,$(COMPLETIONS)) \
 		$(DESTDIR)$(DATADIR)/siliceo/siliceo-probe.sh \
 		$(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.service $(DESTDIR)$(SYSTEMDUNITDIR)/siliceod.socket \
+		$(DESTDIR)$(SYSTEMDUNITDIR)/sil-openai.service $(DESTDIR)$(SYSTEMDUNITDIR)/sil-openai.socket \
 		$(DESTDIR)$(SYSUSERSDIR)/siliceo.conf $(DESTDIR)$(TMPFILESDIR)/siliceo.conf \
 		$(DESTDIR)$(SYSCONFDIR)/siliceo/siliceod.conf.dist
 	rm -rf $(DESTDIR)$(NVIMDIR)

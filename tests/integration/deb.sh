@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make deb` builds siliceod, siliceo-clients and libsiliceo-proto-dev (about 90 s on 2 cores:
 # the packages build from a clean copy); lintian finds no error. Unpacked into a scratch root the
-# packages line up: the units' ExecStart and config exist, systemd-analyze verify is silent,
+# packages line up: the units' ExecStart and config exist (the HTTP bridge's units with its binary
+# in siliceo-clients, not enabled), systemd-analyze verify is silent,
 # the sysusers.d user is User= and the socket owner, tmpfiles.d makes the socket's directory
 # (the unit's RuntimeDirectory), the postinst makes the user before the directories, the config
 # is a conffile, every binary has its man page, and a program builds with the -dev package.
@@ -52,12 +53,38 @@ grep -qx "$conf" "$T/ctl/siliceod/conffiles" || fail "$conf is not a conffile"
 "$R$bin" --version >/dev/null || fail "the packaged $bin --version"
 echo "ok: ExecStart=$exec_start; both in the package, $conf a conffile"
 
+# The HTTP bridge's units come with its binary in siliceo-clients, ExecStart naming where the
+# package puts it; installed, neither enabled nor started (the bridge opens a TCP port).
+dpkg-deb -c "$(ls "$D"/siliceo-clients_*.deb)" >"$T/clients.list" || fail "dpkg-deb -c siliceo-clients"
+for u in sil-openai.service sil-openai.socket; do
+    grep -q "/lib/systemd/system/$u\$" "$T/clients.list" || fail "$u is not in siliceo-clients"
+done
+o_exec=$(key "$U/sil-openai.service" ExecStart)
+o_bin=${o_exec%% *}
+[ "$o_bin" = /usr/bin/sil-openai ] && [ -x "$R$o_bin" ] ||
+    fail "sil-openai.service runs '$o_bin', which the packages do not hold at that path"
+grep -q "\.$o_bin\$" "$T/clients.list" ||
+    fail "$o_bin is not in siliceo-clients with its unit"
+[ "$(key "$U/sil-openai.service" User)" = "$(key "$U/siliceod.service" User)" ] ||
+    fail "sil-openai.service's User= is not the daemon's"
+cpost=$T/ctl/siliceo-clients/postinst
+[ -f "$cpost" ] || fail "siliceo-clients has no postinst (systemd's unit state)"
+grep -q "deb-systemd-invoke.*sil-openai" "$cpost" && fail "siliceo-clients' postinst starts the bridge"
+# Not enabled: an enable runs only for units installed before (debian-installed), to keep the
+# administrator's choice across upgrades.
+n_en=$(grep -c "deb-systemd-helper enable 'sil-openai" "$cpost")
+n_kept=$(grep -c "if deb-systemd-helper debian-installed 'sil-openai" "$cpost")
+[ "$n_kept" -ge 1 ] && [ "$n_en" = "$n_kept" ] ||
+    fail "siliceo-clients' postinst enables the bridge on a first install: $(grep -n sil-openai "$cpost")"
+echo "ok: siliceo-clients holds sil-openai's units (ExecStart=$o_exec), installed but not enabled or started"
+
 mkdir -p "$R/usr/bin"
 cp /lib/systemd/system/*.target /lib/systemd/system/modprobe@.service "$U/"
 [ -e "$R/bin" ] || ln -s usr/bin "$R/bin"
 cp "$(type -P kill)" "$R/usr/bin/kill"
 out=$(MANPATH=$R/usr/share/man systemd-analyze verify --root="$R" "$U/siliceod.service" \
-    "$U/siliceod.socket" 2>&1) || fail "systemd-analyze verify: $out"
+    "$U/siliceod.socket" "$U/sil-openai.service" "$U/sil-openai.socket" 2>&1) ||
+    fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify printed: $out"
 echo "ok: systemd-analyze verify is silent on the packaged units"
 

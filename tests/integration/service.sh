@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make install-service DESTDIR=R PREFIX=/usr` gives a root where systemd accepts the units as
-# they are: `systemd-analyze verify` prints nothing, `systemd-analyze security --offline=true`
+# they are (siliceod's and the HTTP bridge's, each ExecStart naming the installed binary):
+# `systemd-analyze verify` prints nothing, `systemd-analyze security --offline=true`
 # scores siliceod.service at most 1.0, ExecStart and the config exist, the sysusers.d user is the
 # unit's User= and socket owner, tmpfiles.d makes the socket's directory for that user as the
 # unit's RuntimeDirectory (kept across restarts), and the installed config loads in the real
@@ -35,7 +36,8 @@ mk() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s B="$B" PREFIX=/usr DESTDI
 mk install-service >"$T/log" 2>&1 || fail "make install-service: $(tail -n 20 "$T/log")"
 
 U=$R/usr/lib/systemd/system
-for f in "$U/siliceod.service" "$U/siliceod.socket" "$R/usr/lib/sysusers.d/siliceo.conf" \
+for f in "$U/siliceod.service" "$U/siliceod.socket" "$U/sil-openai.service" "$U/sil-openai.socket" \
+    "$R/usr/lib/sysusers.d/siliceo.conf" \
     "$R/usr/lib/tmpfiles.d/siliceo.conf" "$R/etc/siliceo/siliceod.conf" \
     "$R/usr/share/siliceo/siliceo-probe.sh" \
     "$R/usr/share/nvim/site/pack/siliceo/opt/siliceo/plugin/siliceo.lua" \
@@ -47,7 +49,9 @@ for c in contrib/bash-completion/*; do
         fail "completion $(basename "$c") not installed"
 done
 [ -x "$R/usr/share/siliceo/siliceo-probe.sh" ] || fail "the probe script is not executable"
-grep -q '@[A-Z]*@' "$U/siliceod.service" && fail "placeholder left in the unit: $(grep '@' "$U/siliceod.service")"
+for u in siliceod sil-openai; do
+    grep -q '@[A-Z]*@' "$U/$u.service" && fail "placeholder left in $u.service: $(grep '@' "$U/$u.service")"
+done
 echo "ok: units, sysusers.d, tmpfiles.d, config, completions, Neovim plugin, probe script installed"
 
 # The values of KEY= in a unit (every line, in order).
@@ -59,6 +63,15 @@ bin=${exec_start%% *}
 conf=$(sed -n 's/.*--config \([^ ]*\).*/\1/p' <<<"$exec_start")
 [ "$conf" = /etc/siliceo/siliceod.conf ] && [ -f "$R$conf" ] || fail "ExecStart's config '$conf'"
 echo "ok: ExecStart=$exec_start, both paths installed"
+# The bridge's unit runs the bridge where PREFIX put it, with arguments it takes (--help after
+# them exits 0 only when they parse).
+o_exec=$(key "$U/sil-openai.service" ExecStart)
+o_bin=${o_exec%% *}
+[ "$o_bin" = /usr/bin/sil-openai ] || fail "sil-openai.service runs '$o_bin', not /usr/bin/sil-openai"
+[ -x "$R$o_bin" ] || fail "sil-openai.service's $o_bin is not installed"
+read -ra o_args <<<"${o_exec#* }"
+"$R$o_bin" "${o_args[@]}" --help >/dev/null 2>"$T/o.err" || fail "$o_exec --help: $(cat "$T/o.err")"
+echo "ok: sil-openai.service: ExecStart=$o_exec, installed, its arguments accepted"
 
 # verify needs what a real root has around the units: the targets they are ordered against,
 # ExecReload's kill and the Documentation= pages (found through MANPATH).
@@ -67,9 +80,10 @@ cp /lib/systemd/system/*.target /lib/systemd/system/modprobe@.service "$R/lib/sy
 ln -s usr/bin "$R/bin"
 cp "$(type -P kill)" "$R/usr/bin/kill"
 out=$(MANPATH=$R/usr/share/man systemd-analyze verify --root="$R" "$U/siliceod.service" \
-    "$U/siliceod.socket" 2>&1) || fail "systemd-analyze verify: $out"
+    "$U/siliceod.socket" "$U/sil-openai.service" "$U/sil-openai.socket" 2>&1) ||
+    fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify printed: $out"
-echo "ok: systemd-analyze verify --root is silent on both units"
+echo "ok: systemd-analyze verify --root is silent on the four units"
 
 sec=$(systemd-analyze security --offline=true --root="$R" siliceod.service 2>&1)
 score=$(sed -n 's/.*Overall exposure level for siliceod.service: \([0-9.]*\).*/\1/p' <<<"$sec")
@@ -102,6 +116,10 @@ grep -qE "^video:x:[0-9]+:(.*,)?$user(,|$)" "$R/etc/group" || fail "$user is not
 grep -q render "$R/etc/group" "$R/usr/lib/sysusers.d/siliceo.conf" &&
     fail "the service depends on a render group"
 echo "ok: sysusers.d makes $user ($uid:$gid), member of video, as User=, Group= and the socket owner"
+# The bridge runs as that user, which the daemon's peer check lets in.
+for v in "$(key "$U/sil-openai.service" User)" "$(key "$U/sil-openai.service" Group)"; do
+    [ "$v" = "$user" ] || fail "sil-openai.service names '$v' where siliceod.service has User=$user"
+done
 
 # The socket's directory: ListenStream's dir = RuntimeDirectory = the tmpfiles.d entry, owned by
 # the user, kept when the service stops (the socket unit still listens in it).
@@ -113,6 +131,8 @@ sockdir=$(dirname "$listen")
     fail "no RuntimeDirectoryPreserve=yes: a restart deletes $listen"
 grep -q "SILICEO_SOCKET=$listen\$" <<<"$(key "$U/siliceod.service" Environment)" ||
     fail "the service's default socket is not $listen"
+grep -q "SILICEO_SOCKET=$listen\$" <<<"$(key "$U/sil-openai.service" Environment)" ||
+    fail "sil-openai.service does not talk to $listen: $(key "$U/sil-openai.service" Environment)"
 systemd-tmpfiles --root="$R" --create "$R/usr/lib/tmpfiles.d/siliceo.conf" >"$T/tmpf.log" 2>&1 ||
     fail "systemd-tmpfiles: $(cat "$T/tmpf.log")"
 st=$(stat -c '%a %u %g' "$R$sockdir") || fail "tmpfiles made no $sockdir"
