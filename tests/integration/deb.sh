@@ -124,7 +124,11 @@ for c in contrib/bash-completion/*; do
     [ -f "$R/usr/share/bash-completion/completions/$(basename "$c")" ] ||
         fail "completion $(basename "$c") not packaged"
 done
-echo "ok: every packaged binary has its man page; completions packaged"
+for m in man/*.[1-8]; do
+    s=${m##*.}
+    [ -f "$R/usr/share/man/man$s/$(basename "$m").gz" ] || fail "$m is in no package"
+done
+echo "ok: every packaged binary has its man page; every page of man/ and completions packaged"
 
 ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 export PKG_CONFIG_PATH=$R/usr/lib/$ma/pkgconfig PKG_CONFIG_SYSROOT_DIR=$R

@@ -38,8 +38,9 @@ done
 pc=$D/usr/lib/pkgconfig/siliceo-proto.pc
 [ -f "$pc" ] || fail "siliceo-proto.pc not in /usr/lib/pkgconfig"
 grep -qx 'prefix=/usr' "$pc" || fail "the .pc does not name PREFIX=/usr: $(head -n 3 "$pc")"
-for s in 5 7; do
-    ls "$D"/usr/share/man/man$s/*.$s >/dev/null 2>&1 || fail "no section $s man page"
+for m in man/*.[1-8]; do
+    s=${m##*.}
+    [ -f "$D/usr/share/man/man$s/$(basename "$m")" ] || fail "$m not installed in man$s"
 done
 echo "ok: ${#bins[@]} binaries, library, header, .pc and man pages installed under DESTDIR"
 
