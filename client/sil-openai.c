@@ -863,7 +863,9 @@ static int read_token(const char *path)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: " PROG " [options]\n"
+    fprintf(f, "usage: " PROG " [OPTIONS]\n"
+               "Serve siliceod's model over an OpenAI-compatible HTTP API.\n"
+               "\n"
                "  -s, --socket PATH        siliceod socket (default: $SILICEO_SOCKET, then the "
                "standard path)\n"
                "  -l, --listen HOST:PORT   address to listen on (default 127.0.0.1:8080)\n"
@@ -879,7 +881,8 @@ static void usage(FILE *f)
                "      --log-level LEVEL    err, warning, notice, info (default: a line a request)\n"
                "                           or debug (also /health and /metrics)\n"
                "      --debug-stream       serve POST /v1/debug/stream (benchmarks)\n"
-               "  -h, --help, -V, --version\n");
+               "  -h, --help               this help\n"
+               "  -V, --version            version\n");
 }
 
 int main(int argc, char **argv)
