@@ -277,8 +277,10 @@ int sil_rpc_socket_candidates(const char *override, char paths[][4096], int max)
 /* A connected SOCK_STREAM | SOCK_CLOEXEC fd, or a negative errno. */
 int sil_rpc_connect(const char *path, struct sil_rpc_error *err);
 /* Connects to the first candidate that answers. On failure the error names every path tried
- * with its reason, and for EACCES the socket's group and the allow lists to check; the return
- * is the most telling errno (-EACCES before -ECONNREFUSED before -ENOENT). */
+ * with its reason, then what they mean together: for EACCES the group that would let the user
+ * in (or that none does, and whether the user was added to it after logging in), a socket no
+ * daemon answers on, or that no daemon runs (the user's own socket named when it is missing);
+ * the return is the most telling errno (-EACCES before -ECONNREFUSED before -ENOENT). */
 int sil_rpc_connect_any(const char *override, struct sil_rpc_error *err);
 /* A listening socket at path with the given mode (e.g. 0660). A stale socket file (nobody
  * listening) is replaced; a live one gives -EADDRINUSE. The parent directory must exist. */

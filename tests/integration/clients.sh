@@ -57,6 +57,8 @@ grep -q "cannot connect to siliceod: tried .*$T/none/siliceo/siliceod.sock (No s
     fail "error does not name the per-user socket: $(cat "$T/err")"
 grep -q "/run/siliceo/siliceod.sock (" "$T/err" || [ -S /run/siliceo/siliceod.sock ] ||
     fail "error does not name the system socket: $(cat "$T/err")"
+[ -e /run/siliceo ] || grep -q "; no siliceod runs, neither yours nor the system's: 'siliceod --model FILE' starts one" "$T/err" ||
+    fail "error does not say that no daemon runs: $(cat "$T/err")"
 if command -v nvim >/dev/null; then
     (cd "$ROOT/contrib/nvim" && env -u SILICEO_SOCKET XDG_RUNTIME_DIR="$T/xdg" nvim --headless -u NONE \
         --cmd "set rtp+=." -c "lua local r, e = require('siliceo').request('status'); io.stdout:write(r and 'OK ' .. r.model.name or e)" \
@@ -74,7 +76,13 @@ rc=0
 "$BIN/sil-probe" --socket "$T/nope.sock" >"$T/out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "connect $T/nope.sock: No such file" "$T/out" && ! grep -q /run/siliceo "$T/out" ||
     fail "--socket: $(cat "$T/out")"
-echo "ok: the error names every socket tried; --socket is the only one tried when given"
+# A socket file nobody listens on (a daemon that stopped without removing it).
+python3 -c "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$T/stale.sock"
+rc=0
+"$BIN/sil-chat" --socket "$T/stale.sock" hi 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "connect $T/stale.sock: Connection refused; $T/stale.sock is left from a siliceod that no longer runs" "$T/err" ||
+    fail "stale socket: $rc $(cat "$T/err")"
+echo "ok: the error names every socket tried and what it means; --socket is the only one tried when given"
 
 # ---- a refused peer sees why (needs root to run a client as another user) --------------------------
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
@@ -95,9 +103,25 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
     chmod 660 "$SOCK"
     rc=0
     $NOBODY "$BIN/sil-chat" --socket "$SOCK" hi 2>"$T/err" || rc=$?
-    grep -q "Permission denied; $SOCK belongs to group root: join that group" "$T/err" &&
-        grep -q "allow_groups" "$T/err" || fail "EACCES hint: $(cat "$T/err")"
-    echo "ok: EACCES on the socket names its group and the allow lists"
+    # Group root lets in nobody but root: no group to join (the issue's hint said to join root).
+    grep -q "Permission denied; $SOCK (owner root, group root, mode 0660) lets in no group: only root may use that daemon; run your own" "$T/err" &&
+        grep -q "socket_group and allow_groups" "$T/err" && ! grep -q "join\|usermod" "$T/err" ||
+        fail "EACCES hint, group root: $(cat "$T/err")"
+    # A group the user is not in: named, with how to join it and the daemon's allow lists.
+    G=$(getent group | awk -F: '$3 != 0 && $3 != 65534 && $4 !~ /nobody/ {print $1; exit}')
+    chgrp "$G" "$SOCK"
+    rc=0
+    $NOBODY "$BIN/sil-chat" --socket "$SOCK" hi 2>"$T/err" || rc=$?
+    [ "$rc" = 1 ] && grep -q "Permission denied; $SOCK belongs to group $G, which you are not in: an administrator adds you (usermod -aG $G nobody" "$T/err" &&
+        grep -q "allow_users and allow_groups" "$T/err" || fail "EACCES hint, group $G: $(cat "$T/err")"
+    # The socket's group may write but its mode lets no group in: the same as group root.
+    chmod 600 "$SOCK"
+    $NOBODY "$BIN/sil-chat" --socket "$SOCK" hi 2>"$T/err" || true
+    grep -q "Permission denied; $SOCK (owner root, group $G, mode 0600) lets in no group: only root" "$T/err" ||
+        fail "EACCES hint, mode 0600: $(cat "$T/err")"
+    chgrp root "$SOCK"
+    chmod 660 "$SOCK"
+    echo "ok: EACCES names the group to join and the allow lists, or says no group gets in"
 else
     echo "skip: refused-peer checks need root and setpriv"
 fi
