@@ -24,17 +24,55 @@ void sil_heatkeep_init(struct sil_heatkeep *h, const struct sil_config *c, bool 
     h->v.on = on;
     snprintf(h->v.load, sizeof h->v.load, "off");
     if (!on) return;
-    char dir[PATH_MAX];
-    int rc = sil_config_make_state_dir(c, dir, sizeof dir);
-    if (rc == 0 && strlen(dir) + 1 + strlen(SIL_HEAT_FILE) >= sizeof h->v.path) rc = -ENAMETOOLONG;
+    int rc = sil_config_make_state_dir(c, h->dir, sizeof h->dir);
+    /* room for "/expert-heat-" and the name sil_heat_file_name makes */
+    if (rc == 0 && strlen(h->dir) + 64 >= sizeof h->v.path) rc = -ENAMETOOLONG;
     if (rc < 0) {
         sil_warn("state directory %s: %s; the expert heat map is kept in memory only",
-                 rc == -ENOENT && !c->state_dir[0] ? "(none: no HOME)" : dir, strerror(-rc));
-        return;
+                 rc == -ENOENT && !c->state_dir[0] ? "(none: no HOME)" : h->dir, strerror(-rc));
+        h->dir[0] = 0;
     }
-    snprintf(h->v.path, sizeof h->v.path, "%s/%s", dir, SIL_HEAT_FILE);
 }
 
+/* e's file in the state directory: 0, or -ENAMETOOLONG (then out is ""). */
+static int heat_path(const struct sil_heatkeep *h, const struct sil_engine *e, char *out,
+                     size_t size)
+{
+    char name[128];
+    out[0] = 0;
+    if (sil_engine_heat_file_name(e, name, sizeof name) < 0) return -ENAMETOOLONG;
+    const int n = snprintf(out, size, "%s/%s", h->dir, name);
+    if (n < 0 || (size_t)n >= size) {
+        out[0] = 0;
+        return -ENAMETOOLONG;
+    }
+    return 0;
+}
+
+/* No file of this model's: the single file of earlier versions is taken over when it is this
+ * model's (renamed to path), else left as it is. Returns what sil_engine_heat_restore did with
+ * it, or -ENOENT when there is none. */
+static int restore_legacy(const struct sil_heatkeep *h, struct sil_engine *e, const char *path,
+                          void (*progress)(int64_t done, int64_t total, void *user), void *user,
+                          struct sil_heat_restore *r)
+{
+    char old[PATH_MAX + 16];
+    snprintf(old, sizeof old, "%s/%s", h->dir, SIL_HEAT_LEGACY_FILE);
+    struct sil_error err = {0};
+    const int rc = sil_engine_heat_restore(e, old, progress, user, r, &err);
+    if (rc == -ENOENT) return rc;
+    if (rc < 0) {
+        sil_info("%s, the single heat map of earlier versions, is not this model's (%s): left "
+                 "as it is; maps are kept per model now (%s)",
+                 old, err.msg, path);
+        return -ENOENT;
+    }
+    if (rename(old, path) < 0)
+        sil_warn("expert heat map %s: not renamed to %s: %s", old, path, strerror(errno));
+    else
+        sil_notice("expert heat map %s renamed to %s: maps are kept per model now", old, path);
+    return 0;
+}
 void sil_heatkeep_destroy(struct sil_heatkeep *h)
 {
     pthread_mutex_destroy(&h->mu);
@@ -48,13 +86,14 @@ void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
     struct sil_engine_stats es;
     sil_engine_stats(e, &es);
     h->saved_rows = es.n_rows; /* what was loaded needs no save until the engine sees more */
-    char load[16] = "none", msg[512] = "";
+    char load[16] = "none", msg[512] = "", path[PATH_MAX] = "";
     struct sil_heat_restore r = {0};
-    if (!h->v.path[0]) goto out;
+    if (!h->dir[0] || heat_path(h, e, path, sizeof path) < 0) goto out;
     struct sil_error err = {0};
-    const int rc = sil_engine_heat_restore(e, h->v.path, progress, user, &r, &err);
+    int rc = sil_engine_heat_restore(e, path, progress, user, &r, &err);
+    if (rc == -ENOENT) rc = restore_legacy(h, e, path, progress, user, &r);
     if (rc == -ENOENT) {
-        sil_info("no expert heat map at %s: the expert cache starts cold", h->v.path);
+        sil_info("no expert heat map at %s: the expert cache starts cold", path);
         goto out;
     }
     if (rc < 0) {
@@ -64,12 +103,18 @@ void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
         goto out;
     }
     snprintf(load, sizeof load, "loaded");
-    sil_notice("expert heat map loaded from %s: %lld experts hot after %llu tokens, %lld "
-               "preloaded into the expert cache (%s)",
-               h->v.path, (long long)r.hot, (unsigned long long)r.tokens, (long long)r.placed,
-               sil_engine_ecache_mode(e) ? sil_engine_ecache_mode(e) : "(no)");
+    const char *mode = sil_engine_ecache_mode(e);
+    if (mode)
+        sil_notice("expert heat map loaded from %s: %lld experts hot after %llu tokens, %lld "
+                   "preloaded into the expert cache (%s)",
+                   path, (long long)r.hot, (unsigned long long)r.tokens, (long long)r.placed, mode);
+    else
+        sil_notice("expert heat map loaded from %s: %lld experts hot after %llu tokens; no expert "
+                   "cache to preload them into (every expert is read where it lies)",
+                   path, (long long)r.hot, (unsigned long long)r.tokens);
 out:
     pthread_mutex_lock(&h->mu);
+    snprintf(h->v.path, sizeof h->v.path, "%s", path);
     snprintf(h->v.load, sizeof h->v.load, "%s", load);
     snprintf(h->v.load_msg, sizeof h->v.load_msg, "%s", msg);
     h->v.hot = r.hot;
@@ -80,9 +125,10 @@ out:
 
 int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e)
 {
-    if (!h->v.on || !h->v.path[0]) return 0;
+    char path[PATH_MAX];
+    if (!h->v.on || !h->dir[0] || heat_path(h, e, path, sizeof path) < 0) return 0;
     struct sil_error err = {0};
-    const int rc = sil_engine_heat_save(e, h->v.path, &err);
+    const int rc = sil_engine_heat_save(e, path, &err);
     pthread_mutex_lock(&h->mu);
     if (rc == 0) {
         struct sil_engine_stats es;
@@ -98,7 +144,7 @@ int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e)
     if (rc < 0)
         sil_warn("expert heat map not saved: %s", err.msg);
     else
-        sil_debug("expert heat map saved to %s", h->v.path);
+        sil_debug("expert heat map saved to %s", path);
     return rc;
 }
 

@@ -1,4 +1,5 @@
-/* Warm restart: the engine's expert heat map kept in the state directory. At start the file is
+/* Warm restart: the engine's expert heat map kept in the state directory, one file per model
+ * (sil_heat_file_name: its name and identity in the file name). At start the model's file is
  * loaded (a missing one is a cold start; a corrupt one, or one of another model, is ignored with a
  * warning) and its hottest experts are preloaded into the engine's expert cache (for now the
  * cache simulated on the CPU, when ecache_slots is set); the engine thread saves the map every
@@ -18,12 +19,14 @@
 #include "daemon/config.h"
 #include "daemon/engine/engine.h"
 
-#define SIL_HEAT_FILE "expert-heat"
+/* The single file of earlier versions, for every model: taken over (renamed to the model's
+ * own) when it is this model's, else left alone with a line saying so. */
+#define SIL_HEAT_LEGACY_FILE "expert-heat"
 
 /* What status shows (a snapshot). */
 struct sil_heat_view {
     bool on;                /* the engine keeps a heat map */
-    char path[PATH_MAX];    /* "" when it is not saved (no usable state directory) */
+    char path[PATH_MAX];    /* the model's file; "" when not saved (no usable state directory) */
     char load[16];          /* "loaded", "none" (no file: cold), "ignored" (warned), "off" */
     char load_msg[512];     /* why it was ignored, or "" */
     int64_t hot;            /* experts with heat in the map loaded */
@@ -36,6 +39,7 @@ struct sil_heat_view {
 
 struct sil_heatkeep {
     pthread_mutex_t mu;
+    char dir[PATH_MAX];     /* the state directory, "" when there is none (set at init) */
     struct sil_heat_view v; /* under mu */
     int interval;           /* seconds between saves, 0: at shutdown only */
     double next_save;       /* engine thread */
@@ -47,12 +51,12 @@ struct sil_heatkeep {
 void sil_heatkeep_init(struct sil_heatkeep *h, const struct sil_config *c, bool on);
 void sil_heatkeep_destroy(struct sil_heatkeep *h);
 
-/* Loads the file into e and preloads its hottest experts, reporting progress (done of total
+/* Loads e's file (a reload's new model has its own) into e and preloads its hottest experts, reporting progress (done of total
  * experts) through progress (may be NULL). Never fails: what happened is in the view and the
  * log. */
 void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
                        void (*progress)(int64_t done, int64_t total, void *user), void *user);
-/* Saves e's map now: 0 or -errno (logged, counted). */
+/* Saves e's map to e's file now: 0 or -errno (logged, counted). */
 int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e);
 /* The periodic save, called by the engine thread between steps and when idle: saves when the
  * interval has passed and the engine evaluated rows since the last save. */

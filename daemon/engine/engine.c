@@ -1418,6 +1418,11 @@ uint64_t sil_engine_heat_model_id(const struct sil_engine *e)
     return sil_heat_model_id(e->model);
 }
 
+int sil_engine_heat_file_name(const struct sil_engine *e, char *out, size_t size)
+{
+    return sil_heat_file_name(e->model, out, size);
+}
+
 int sil_engine_heat_export(const struct sil_engine *e, struct sil_heat_map *out,
                            struct sil_error *err)
 {

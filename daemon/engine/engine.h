@@ -293,6 +293,8 @@ struct sil_heat_map;
 struct sil_ecache_stats;
 /* Identity of the model for its heat map (sil_heat_model_id). */
 uint64_t sil_engine_heat_model_id(const struct sil_engine *e);
+/* The heat map's file name for this model (sil_heat_file_name): 0 or -ENAMETOOLONG. */
+int sil_engine_heat_file_name(const struct sil_engine *e, char *out, size_t size);
 /* The heat map now, with its shape, identity and the tokens it has seen (those imported plus
  * the rows evaluated since); out->heat is malloc'd (sil_heat_map_free). -ENODEV when the engine
  * keeps none, -ENOMEM. */

@@ -54,6 +54,31 @@ uint64_t sil_heat_model_id(const struct sil_model *m)
     return h ? h : 1; /* 0 means "any" to the parser */
 }
 
+int sil_heat_file_name(const struct sil_model *m, char *out, size_t size)
+{
+    struct sil_str name = {0};
+    struct sil_error err;
+    if (sil_gguf_get_str(m->gguf, "general.name", &name, &err) < 0) name.len = 0;
+    char slug[33];
+    size_t n = 0;
+    for (size_t i = 0; i < name.len && n < sizeof slug - 1; i++) {
+        const unsigned char c = (unsigned char)name.ptr[i];
+        const char k = c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a')
+                       : (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ? (char)c
+                                                                                      : '-';
+        if (k == '-' && (n == 0 || slug[n - 1] == '-')) continue; /* no leading or doubled '-' */
+        slug[n++] = k;
+    }
+    while (n > 0 && slug[n - 1] == '-')
+        n--;
+    slug[n] = 0;
+    uint64_t h = fnv_u64(FNV_INIT, sil_heat_model_id(m));
+    h = fnv1a(h, name.ptr, name.len);
+    const int k = snprintf(out, size, SIL_HEAT_FILE_PREFIX "%s-%016llx", n ? slug : "model",
+                           (unsigned long long)h);
+    return k < 0 || (size_t)k >= size ? -ENAMETOOLONG : 0;
+}
+
 static void put32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)

@@ -40,6 +40,15 @@ struct sil_heat_map {
  * the same name does not match. */
 uint64_t sil_heat_model_id(const struct sil_model *m);
 
+/* The map's file name in the state directory: "expert-heat-", general.name made safe for a
+ * file name (lower-case letters, digits, '.', '-'; at most 32 bytes; "model" without one), '-',
+ * then 16 hex digits hashing the model's identity (above) with its whole general.name. Both
+ * come from the file's contents, so a copy or a rename of the model finds its map, and models of
+ * another name, shape, quantization or tensor layout keep maps of their own. -ENAMETOOLONG when
+ * size is short. */
+#define SIL_HEAT_FILE_PREFIX "expert-heat-"
+int sil_heat_file_name(const struct sil_model *m, char *out, size_t size);
+
 /* 0, or -errno with the path and the failing step (the old file, if any, is left as it was). */
 int sil_heat_map_save(const char *path, const struct sil_heat_map *m, struct sil_error *err);
 

@@ -17,12 +17,14 @@ MK=$SIL_BUILD/bin/sil-mkmodel
 # The same shape quantized otherwise: another identity.
 "$MK" --preset tiny --experts 64 --experts-used 4 --skew 1.0 --type q8_0 --quiet \
     --out "$T/requant.gguf" || fail "sil-mkmodel"
-HEAT=$STATE_DIRECTORY/expert-heat
 FIGS=$T/figures.jsonl
 
 write_conf "threads = 2" "ecache_slots = 64" "heat_save_interval = 1"
 start_daemon --model "$T/moe.gguf"
-grep -q "no expert heat map at $HEAT" "$T/daemon.log" || fail "no cold-start line"
+# The model's own file: its name and identity in the file name.
+HEAT=$(sed -n 's/.*no expert heat map at \(.*\): the expert cache starts cold$/\1/p' "$T/daemon.log")
+[ -n "$HEAT" ] || fail "no cold-start line"
+[[ $HEAT =~ ^$STATE_DIRECTORY/expert-heat-[a-z0-9.-]+-[0-9a-f]{16}$ ]] || fail "heat map file $HEAT"
 python3 "$S" cold "$FIGS" 64 4
 # Metrics: the daemon's own text and sil-probe's from the map, both with per-layer series.
 python3 "$S" metrics "$FIGS" "$T/daemon.prom"
@@ -108,14 +110,20 @@ grep -q "warning.*ignoring the expert heat map" "$T/daemon.log" || fail "no warn
 python3 "$S" ignored "$FIGS"
 stop_daemon
 
-# Another model's map: of another shape, and of the same shape quantized otherwise.
+# Another model's map, copied over the file this one would read (maps are named per model, so
+# only a copy puts it there): of another shape, and of the same shape quantized otherwise.
 for m in other requant; do
-    cp "$T/good-heat" "$HEAT"
+    start_daemon --model "$T/$m.gguf"
+    mine=$(sed -n 's/.*no expert heat map at \(.*\): the expert cache starts cold$/\1/p' "$T/daemon.log")
+    stop_daemon
+    [ -n "$mine" ] && [ "$mine" != "$HEAT" ] || fail "$m.gguf's map: '$mine' (the first model's: $HEAT)"
+    cp "$T/good-heat" "$mine"
     start_daemon --model "$T/$m.gguf"
     grep -q "warning.*ignoring the expert heat map" "$T/daemon.log" ||
         fail "no warning for another model's map ($m)"
     python3 "$S" ignored "$FIGS"
     stop_daemon
+    rm -f "$mine"
 done
 
 # The state directory cannot be made (a file is in the way): a warning, the daemon serves.
@@ -135,6 +143,8 @@ grep -q "ecache_slots has no effect: the model has no routed experts" "$T/daemon
 python3 "$S" off "$FIGS"
 stop_daemon
 cmp -s "$HEAT" "$T/before-dense" || fail "a dense model wrote over the heat map"
+[ "$(find "$STATE_DIRECTORY" -maxdepth 1 -name 'expert-heat*' | wc -l)" = 1 ] ||
+    fail "a dense model left a heat map: $(ls "$STATE_DIRECTORY")"
 
 # Off: no simulated cache, no heat map.
 write_conf "threads = 2" "heat_map = no"
