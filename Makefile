@@ -12,7 +12,8 @@
 #   make demo       build, start siliceod on the shipped trained model (models/), ask it questions
 #                   of each task family (answers next to the right ones), show the thinking budget
 #   make demo-random  the same daemon on a random-weight model of the benchmark demo shape (made
-#                   once into state/): the real engine, noise for text
+#                   once into state/): the real engine, noise for text. Both keep the daemon's
+#                   state (a heat map per model, sessions) in $(B)/demo-state, never the system's
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, man pages, completions,
 #                   Neovim plugin, probe script)
 #   make install-service  install, plus the systemd units (siliceod's, sil-openai's), sysusers.d and

@@ -5,6 +5,9 @@
 # budget so small that the daemon forces the close token; a clean stop (SIGTERM, status checked).
 # make demo-random (contrib/demo.sh --random): the random-weight benchmark-shape model instead
 # (made once by sil-mkmodel into state/), one streamed question: real engine, noise for text.
+# The daemon keeps its state (the expert heat map, one file per model, and saved sessions) in a
+# directory of the demo's own, $B/demo-state (DEMO_STATE_DIR names another), never the system
+# daemon's or the user's: run as root it would otherwise be /var/lib/siliceo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
@@ -29,6 +32,8 @@ else
     [ -f "$MODEL" ] || { echo "demo: $MODEL is missing" >&2; exit 1; }
 fi
 
+DSTATE=${DEMO_STATE_DIR:-$B/demo-state}
+
 RUN=$(mktemp -d /tmp/siliceo-demo.XXXXXX)
 export SILICEO_SOCKET=$RUN/siliceod.sock
 DPID=
@@ -38,9 +43,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "demo: starting siliceod on $MODEL ($SILICEO_SOCKET)"
+echo "demo: starting siliceod on $MODEL ($SILICEO_SOCKET, state in $DSTATE)"
 : >"$RUN/siliceod.conf"
-"$BIN/siliceod" --config "$RUN/siliceod.conf" --model "$MODEL" --socket "$SILICEO_SOCKET" --log-level notice &
+"$BIN/siliceod" --config "$RUN/siliceod.conf" --model "$MODEL" --socket "$SILICEO_SOCKET" \
+    --state-dir "$DSTATE" --log-level notice &
 DPID=$!
 for _ in $(seq 600); do
     if "$BIN/sil-probe" --timeout 2 >/dev/null 2>&1; then break; fi
