@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,7 @@ void sil_config_defaults(struct sil_config *c)
 int sil_config_state_dir(const struct sil_config *c, char *out, size_t size)
 {
     int n;
+    out[0] = 0;
     const char *sd = getenv("STATE_DIRECTORY"), *xdg = getenv("XDG_STATE_HOME");
     const char *home = getenv("HOME");
     if (c->state_dir[0])
@@ -68,10 +70,10 @@ int sil_config_state_dir(const struct sil_config *c, char *out, size_t size)
     return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
 
-int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size)
+/* mkdir -p, the last component 0750: the heat map says which experts a workload uses. */
+static int make_dir(char *out)
 {
-    int rc = sil_config_state_dir(c, out, size);
-    if (rc < 0) return rc;
+    int rc;
     for (char *p = out + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
@@ -79,11 +81,60 @@ int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size
         *p = '/';
         if (rc < 0) return rc;
     }
-    /* the last component 0750: the heat map says which experts a workload uses */
     if (mkdir(out, 0750) < 0 && errno != EEXIST) return -errno;
     struct stat st;
     if (stat(out, &st) < 0) return -errno;
     return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
+}
+
+/* A user whose HOME gives no usable directory (cron, runuser, a container, a system user with
+ * HOME=/nonexistent) keeps state in /var/tmp/siliceo-UID, which outlives a reboot as state
+ * should. /var/tmp is everyone's, so the directory must be the user's and closed to others'
+ * writes, as the socket's fallback in /tmp is. */
+static int fallback_state_dir(char *out, size_t size, char *why, size_t why_n)
+{
+    const int n = snprintf(out, size, "/var/tmp/siliceo-%u", (unsigned)geteuid());
+    if (n < 0 || (size_t)n >= size) return -ENAMETOOLONG;
+    if (mkdir(out, 0700) < 0 && errno != EEXIST) {
+        const int rc = -errno;
+        snprintf(why, why_n, "%s: %s", out, strerror(-rc));
+        return rc;
+    }
+    struct stat st;
+    if (lstat(out, &st) < 0) return -errno;
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
+        snprintf(why, why_n,
+                 "%s belongs to uid %u with mode %03o%s: not this user's, or writable by "
+                 "others; remove it, or set state_dir",
+                 out, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777),
+                 S_ISDIR(st.st_mode) ? "" : " and is not a directory");
+        return -EPERM;
+    }
+    return 0;
+}
+
+int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size, char *note,
+                              size_t note_n)
+{
+    const char *sd = getenv("STATE_DIRECTORY");
+    note[0] = 0;
+    int rc = sil_config_state_dir(c, out, size);
+    if (rc == 0) rc = make_dir(out);
+    /* Only the default of a user without root falls back: a directory named by the key, the
+     * flag or systemd is what the administrator asked for. */
+    if (rc == 0 || rc == -ENAMETOOLONG || c->state_dir[0] || (sd && *sd) || geteuid() == 0)
+        return rc;
+    char first[PATH_MAX + 64], why[PATH_MAX + 160] = "";
+    if (rc == -ENOENT && !out[0])
+        snprintf(first, sizeof first, "no HOME or XDG_STATE_HOME");
+    else
+        snprintf(first, sizeof first, "%s: %s", out, strerror(-rc));
+    rc = fallback_state_dir(out, size, why, sizeof why);
+    if (rc == 0)
+        snprintf(note, note_n, "%s; using %s", first, out);
+    else
+        snprintf(note, note_n, "%s; %s", first, why[0] ? why : strerror(-rc));
+    return rc;
 }
 
 static const char *const level_names[] = { [SIL_LOG_ERR] = "err", [SIL_LOG_WARNING] = "warning",
@@ -654,9 +705,11 @@ void sil_usage(FILE *f)
           "      --log-level LEVEL   err, warning, notice, info or debug\n"
           "      --idle-timeout S    close connections idle this long (default 0: never)\n"
           "      --message-timeout S drop a client whose message stays incomplete this long (30)\n"
-          "      --state-dir DIR     where the expert heat map is kept (default:\n"
-          "                          $STATE_DIRECTORY, /var/lib/siliceo for root, else\n"
-          "                          $XDG_STATE_HOME/siliceo)\n"
+          "      --state-dir DIR     where heat maps and saved sessions are kept\n"
+          "                          (default: $STATE_DIRECTORY, /var/lib/siliceo for\n"
+          "                          root, else $XDG_STATE_HOME/siliceo or\n"
+          "                          ~/.local/state/siliceo, failing that\n"
+          "                          /var/tmp/siliceo-UID)\n"
           "  -f, --foreground        log to stderr (the daemon never forks)\n"
           "      --no-model          protocol diagnostics without a model\n"
           "      --inspect FILE      validate and describe a model file, then exit\n"

@@ -111,8 +111,12 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
 /* The state directory cfg->state_dir names, or the default above, into out: -ENAMETOOLONG, or
  * -ENOENT when no default applies (no HOME). */
 int sil_config_state_dir(const struct sil_config *c, char *out, size_t size);
-/* The same, created when missing (mkdir -p, the last component 0750): 0 or -errno. */
-int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size);
+/* The same, created when missing (mkdir -p, the last component 0750): 0 or -errno. When the
+ * default of a user who is not root cannot be made (no HOME, or one not writable), it is
+ * /var/tmp/siliceo-UID (0700, which must be the user's and not writable by others), and note
+ * says why ("" when the first choice was used); on failure note says what failed. */
+int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size, char *note,
+                              size_t note_n);
 
 int sil_parse_log_level(const char *s); /* -EINVAL for an unknown name */
 const char *sil_log_level_name(int level);

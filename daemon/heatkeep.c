@@ -24,13 +24,20 @@ void sil_heatkeep_init(struct sil_heatkeep *h, const struct sil_config *c, bool 
     h->v.on = on;
     snprintf(h->v.load, sizeof h->v.load, "off");
     if (!on) return;
-    int rc = sil_config_make_state_dir(c, h->dir, sizeof h->dir);
+    char note[2 * PATH_MAX];
+    int rc = sil_config_make_state_dir(c, h->dir, sizeof h->dir, note, sizeof note);
     /* room for "/expert-heat-" and the name sil_heat_file_name makes */
     if (rc == 0 && strlen(h->dir) + 64 >= sizeof h->v.path) rc = -ENAMETOOLONG;
     if (rc < 0) {
-        sil_warn("state directory %s: %s; the expert heat map is kept in memory only",
-                 rc == -ENOENT && !c->state_dir[0] ? "(none: no HOME)" : h->dir, strerror(-rc));
+        if (note[0])
+            sil_warn("state directory unusable (%s); the expert heat map is kept in memory only",
+                     note);
+        else
+            sil_warn("state directory %s: %s; the expert heat map is kept in memory only",
+                     h->dir[0] ? h->dir : "(none)", strerror(-rc));
         h->dir[0] = 0;
+    } else if (note[0]) {
+        sil_info("state directory: %s", note);
     }
 }
 

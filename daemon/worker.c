@@ -853,12 +853,17 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     }
     if (cfg->saved_sessions > 0) {
         char dir[PATH_MAX];
-        const int rc = sil_config_make_state_dir(cfg, dir, sizeof dir);
-        if (rc < 0)
+        char note[2 * PATH_MAX];
+        const int rc = sil_config_make_state_dir(cfg, dir, sizeof dir, note, sizeof note);
+        if (rc < 0 && note[0])
+            sil_warn("state directory unusable (%s); sessions are kept in memory only", note);
+        else if (rc < 0)
             sil_warn("state directory %s: %s; sessions are kept in memory only",
-                     rc == -ENOENT && !cfg->state_dir[0] ? "(none: no HOME)" : dir, strerror(-rc));
-        else
+                     dir[0] ? dir : "(none)", strerror(-rc));
+        else {
+            if (note[0]) sil_notice("state directory: %s", note);
             sil_sessstore_open(&w->store, dir, cfg->saved_sessions, cfg->saved_session_bytes);
+        }
     }
     publish_stats(w); /* status has the engine's figures before the first request */
     int rc = pthread_create(&w->thread, NULL, worker_main, w);
