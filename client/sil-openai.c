@@ -40,6 +40,7 @@ struct opts {
     int timeout_s; /* idle HTTP connection */
     int health_timeout_ms;
     bool debug_stream; /* POST /v1/debug/stream relays debug.stream, for bench/run-openai.sh */
+    bool no_ui;        /* no chat page at / */
     int log_level;     /* LOG_ERR .. LOG_DEBUG: request lines at LOG_INFO */
     char token[256];   /* "" : no check */
 };
@@ -694,6 +695,34 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *conn)
     return send_buf(conn, 200, "text/plain; version=0.0.4", text, len);
 }
 
+/* The chat page (client/sil-openai/chat.html): revalidated on each load (no-cache), a 304 when
+ * the browser holds this build's copy. It holds no secret, so it is served without the token;
+ * the requests it makes carry the key its user types. */
+static enum MHD_Result handle_page(struct MHD_Connection *conn)
+{
+    char etag[24];
+    sil_oa_page_etag(etag, sizeof(etag));
+    const char *inm = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "If-None-Match");
+    bool fresh = inm && (strstr(inm, etag) || strcmp(inm, "*") == 0);
+    size_t len;
+    const char *page = sil_oa_page(&len);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        fresh ? 0 : len, fresh ? NULL : (void *)page, MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(resp, "Content-Security-Policy", SIL_OA_PAGE_CSP);
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(resp, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "ETag", etag);
+    int status = fresh ? MHD_HTTP_NOT_MODIFIED : MHD_HTTP_OK;
+    struct sil_oa_reqlog *l = reqlog_of(conn);
+    if (l) l->status = status;
+    enum MHD_Result r = MHD_queue_response(conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
 /* ---- routing -------------------------------------------------------------------------------- */
 
 struct upload {
@@ -749,7 +778,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     bool post = strcmp(method, "POST") == 0;
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     enum sil_oa_kind kind = SIL_OA_CHAT;
-    int route; /* 0 unknown, 1 generation, 2 health, 3 models, 4 one model, 5 metrics */
+    int route; /* 0 unknown, 1 generation, 2 health, 3 models, 4 one model, 5 metrics, 6 debug
+                * stream, 7 the chat page */
     if (strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/chat/completions") == 0)
         route = 1;
     else if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/completions") == 0) {
@@ -765,6 +795,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         route = 5;
     else if (g_opt.debug_stream && strcmp(url, "/v1/debug/stream") == 0)
         route = 6;
+    else if (!g_opt.no_ui && (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0))
+        route = 7;
     else
         route = 0;
 
@@ -779,7 +811,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         if (cl && strtoull(cl, NULL, 10) > g_opt.max_body) u->too_large = true;
         /* Refused before the body is read: the connection is closed after the answer. */
         if (route == 0) return send_failf(conn, 404, NULL, "unknown URL %s %.200s", method, url);
-        if (route != 2 && !token_ok(conn))
+        if (route != 2 && route != 7 && !token_ok(conn))
             return send_failf(conn, 401, NULL, "missing or wrong bearer token");
         if (((route == 1 || route == 6) && !post) || (route != 1 && route != 6 && !get))
             return send_failf(conn, 405, NULL, "method %s not allowed on %.200s", method, url);
@@ -833,6 +865,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         return handle_models(conn, NULL);
     case 4:
         return handle_models(conn, url + 11);
+    case 7:
+        return handle_page(conn);
     default:
         return handle_metrics(conn);
     }
@@ -880,6 +914,7 @@ static void usage(FILE *f)
                "      --health-timeout MS  how long /health waits for the daemon (default 2000)\n"
                "      --log-level LEVEL    err, warning, notice, info (default: a line a request)\n"
                "                           or debug (also /health and /metrics)\n"
+               "      --no-ui              serve no chat page at /\n"
                "      --debug-stream       serve POST /v1/debug/stream (benchmarks)\n"
                "  -h, --help               this help\n"
                "  -V, --version            version\n");
@@ -897,7 +932,7 @@ int main(int argc, char **argv)
     g_opt.log_level = LOG_INFO;
     const char *token_file = NULL;
     static char hostbuf[256];
-    enum { O_TOKEN = 256, O_BODY, O_CONC, O_CONN, O_TIMEOUT, O_HEALTH, O_DEBUG, O_LOG };
+    enum { O_TOKEN = 256, O_BODY, O_CONC, O_CONN, O_TIMEOUT, O_HEALTH, O_DEBUG, O_LOG, O_NO_UI };
     static const struct option lo[] = {{"socket", required_argument, 0, 's'},
                                        {"listen", required_argument, 0, 'l'},
                                        {"port", required_argument, 0, 'p'},
@@ -910,6 +945,7 @@ int main(int argc, char **argv)
                                        {"health-timeout", required_argument, 0, O_HEALTH},
                                        {"debug-stream", no_argument, 0, O_DEBUG},
                                        {"log-level", required_argument, 0, O_LOG},
+                                       {"no-ui", no_argument, 0, O_NO_UI},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
@@ -973,6 +1009,9 @@ int main(int argc, char **argv)
             break;
         case O_DEBUG:
             g_opt.debug_stream = true;
+            break;
+        case O_NO_UI:
+            g_opt.no_ui = true;
             break;
         case O_LOG:
             g_opt.log_level = parse_level(optarg);
@@ -1063,8 +1102,13 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     if (g_opt.unix_path && n == 0)
         fprintf(stderr, PROG ": listening on %s\n", g_opt.unix_path);
-    else if (n == 0)
+    else if (n == 0 && g_opt.no_ui)
         fprintf(stderr, PROG ": listening on %s:%d\n", g_opt.host, g_opt.port);
+    else if (n == 0) {
+        bool v6 = strchr(g_opt.host, ':') != NULL;
+        fprintf(stderr, PROG ": listening on %s:%d, chat page at http://%s%s%s:%d/\n", g_opt.host,
+                g_opt.port, v6 ? "[" : "", g_opt.host, v6 ? "]" : "", g_opt.port);
+    }
     sd_notify(0, "READY=1");
     while (!g_stop)
         pause();

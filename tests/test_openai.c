@@ -10,6 +10,7 @@
 #include "client/sil-openai/openai.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -439,6 +440,30 @@ static void request_log_line(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* The embedded chat page is chat.html byte for byte (the test runs from the source tree), and its
+ * ETag is a quoted hash that follows its bytes. */
+static void chat_page(void **state)
+{
+    size_t len;
+    const char *page = sil_oa_page(&len);
+    FILE *f = fopen("client/sil-openai/chat.html", "rb");
+    assert_non_null(f);
+    char *file = malloc(len + 1);
+    assert_non_null(file);
+    assert_int_equal(fread(file, 1, len + 1, f), len);
+    fclose(f);
+    assert_memory_equal(page, file, len);
+    free(file);
+    char etag[24], again[24];
+    sil_oa_page_etag(etag, sizeof(etag));
+    sil_oa_page_etag(again, sizeof(again));
+    assert_int_equal(strlen(etag), 18);
+    assert_true(etag[0] == '"' && etag[17] == '"');
+    assert_string_equal(etag, again);
+    assert_int_equal(strspn(etag + 1, "0123456789abcdef"), 16);
+    assert_non_null(strstr(SIL_OA_PAGE_CSP, "default-src 'none'"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -451,6 +476,7 @@ int main(void)
         cmocka_unit_test(refusals),
         cmocka_unit_test(responses),
         cmocka_unit_test(request_log_line),
+        cmocka_unit_test(chat_page),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,4 +101,14 @@ void sil_oa_reqlog_counts(struct sil_oa_reqlog *l, const msgpack_object *result)
  * model name in printable ASCII, others as \xHH. Returns the length it would have had. */
 size_t sil_oa_reqlog_format(char *buf, size_t size, const struct sil_oa_reqlog *l, double now);
 
+/* The chat page (chat.html, embedded in the binary): its bytes and length; never NULL. */
+const char *sil_oa_page(size_t *len);
+/* Its entity tag, a quoted hash of its bytes, for ETag and If-None-Match. */
+void sil_oa_page_etag(char *buf, size_t size);
+/* The page's Content-Security-Policy: its own inline style and script, requests to the bridge
+ * that served it, nothing else (no other origin, no frames, no forms, no plugins). */
+#define SIL_OA_PAGE_CSP                                                                            \
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "                  \
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
 #endif
