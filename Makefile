@@ -478,7 +478,7 @@ DEB_PACKAGES := build-essential pkgconf libmsgpack-dev libsystemd-dev libcmocka-
 	libedit-dev mandoc clang libclang-rt-14-dev gnuplot-nox python3 systemd procps \
 	debhelper dpkg-dev lintian git strace \
 	python3-prometheus-client tmux \
-	libmicrohttpd-dev curl python3-torch neovim
+	libmicrohttpd-dev curl python3-torch neovim chromium
 # The official openai JavaScript SDK, for tests/integration/openai.sh only: installed into the
 # build tree (git-ignored), never committed or linked. 4.104.0 runs on Node.js 18 and 20.
 NPM_TEST_PACKAGES := openai@4.104.0
