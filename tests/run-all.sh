@@ -64,7 +64,8 @@ if [ "$only" = tsan-integration ]; then
     # tokenizer scripts, which run no daemon under load.
     for n in clients daemon_chat_session daemon_heat daemon_hybrid daemon_kv daemon_lifecycle \
         daemon_limits daemon_load daemon_methods daemon_modelfile daemon_prefix \
-        daemon_reload_retry daemon_sched daemon_shutdown daemon_soak daemon_text daemon_tier openai; do
+        daemon_reload_retry daemon_saved_sessions daemon_sched daemon_shutdown daemon_soak daemon_text \
+        daemon_tier chat_context openai; do
         t=tests/integration/$n.sh
         [ -f "$t" ] || continue
         run "tsan-integration/$n" env SIL_BUILD="$(cd "$TSAN_B" && pwd)" SIL_SANITIZER=thread \
