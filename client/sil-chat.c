@@ -48,6 +48,7 @@ struct opts {
     bool stats;         /* --verbose, /stats on: prompt and decode speed after each answer */
     bool append;        /* chat continues the daemon's transcript of the -S session */
     bool list_sessions; /* --sessions */
+    bool list_models;   /* --models */
     const char *drop;   /* --drop NAME */
     int show_reasoning; /* -1 auto (on a tty), 0 hide, 1 show */
     int timeout_s;
@@ -78,6 +79,9 @@ static void usage(FILE *f)
             "Ask siliceod a question and stream the answer. Without a question and with a\n"
             "terminal on stdin, starts an interactive session.\n"
             "\n"
+            "  -m, --model NAME          the model to ask (a name --models lists); the daemon\n"
+            "                            loads it if another is loaded (default: the loaded one)\n"
+            "      --models              list the models the daemon can load\n"
             "  -s, --stdin               read stdin as context; the question is the instruction\n"
             "  -S, --session NAME        keep the conversation in the daemon under NAME: each\n"
             "                            call continues it\n"
@@ -110,12 +114,14 @@ static void usage(FILE *f)
 enum {
     O_SYSTEM = 256, O_GRACE, O_THINK, O_NO_THINK, O_HIDE, O_SHOW, O_RAW, O_JSON, O_MAXTHINK, O_TOPK,
     O_TOPP, O_MINP, O_REPEAT, O_PRESENCE, O_SEED, O_STOP, O_PRIORITY, O_TIMEOUT, O_SOCKET,
-    O_SESSIONS, O_DROP,
+    O_SESSIONS, O_DROP, O_MODELS,
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'},
+        {"models", no_argument, 0, O_MODELS},
         {"stdin", no_argument, 0, 's'},
         {"session", required_argument, 0, 'S'},
         {"sessions", no_argument, 0, O_SESSIONS},
@@ -149,8 +155,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
     long l;
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+:sS:n:t:vhV", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:m:sS:n:t:vhV", lo, NULL)) != -1) {
         switch (c) {
+        case 'm':
+            if (!optarg[0]) {
+                sil_client_usage_error(PROG, "--model: expected a model name (see --models)");
+                return -1;
+            }
+            o->gen.model = optarg;
+            break;
+        case O_MODELS: o->list_models = true; break;
         case 's': o->from_stdin = true; break;
         case 'S': o->gen.session = optarg; break;
         case O_SYSTEM: o->system = optarg; break;
@@ -784,6 +798,34 @@ static int print_sessions(struct sil_rpc_client *c)
     return SIL_EXIT_OK;
 }
 
+/* models: one line a model, the loaded one marked. */
+static int print_models(struct sil_rpc_client *c)
+{
+    msgpack_packer *pk = sil_rpc_client_begin(c, "models");
+    msgpack_pack_map(pk, 0);
+    const msgpack_object *res = NULL, *arr = NULL;
+    struct sil_rpc_error e = {0};
+    if (sil_rpc_client_call(c, NULL, NULL, &res, &e) < 0 ||
+        sil_rpc_get_array(res, "models", &arr, SIL_RPC_REQUIRED, &e) < 0) {
+        sil_client_warn(PROG, "models: %s", e.msg);
+        return SIL_EXIT_ERROR;
+    }
+    char name[256], dir[4096];
+    if (arr->via.array.size == 0) {
+        fprintf(stderr, PROG ": no models in %s\n",
+                sil_rpc_map_str(res, "dir", dir, sizeof dir, "(no models directory)"));
+        return SIL_EXIT_OK;
+    }
+    printf("%-40s %10s\n", "NAME", "SIZE");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *m = &arr->via.array.ptr[i];
+        printf("%-40s %9.1fM%s\n", sil_rpc_map_str(m, "name", name, sizeof name, "?"),
+               sil_rpc_map_int(m, "size", 0) / 1048576.0,
+               sil_rpc_map_bool(m, "loaded", false) ? "  loaded" : "");
+    }
+    return SIL_EXIT_OK;
+}
+
 static int drop_session(struct sil_rpc_client *c, const char *name)
 {
     msgpack_packer *pk = sil_rpc_client_begin(c, "sessions.drop");
@@ -808,7 +850,7 @@ int main(int argc, char **argv)
     int first = parse_args(argc, argv, &o);
     if (first < 0)
         return SIL_EXIT_USAGE;
-    if (o.list_sessions || o.drop) {
+    if (o.list_sessions || o.drop || o.list_models) {
         struct sil_rpc_client c;
         struct sil_rpc_error e = {0};
         if (sil_client_connect(&c, o.socket, o.timeout_s * 1000, &e) < 0) {
@@ -818,6 +860,8 @@ int main(int argc, char **argv)
         int st = o.drop ? drop_session(&c, o.drop) : SIL_EXIT_OK;
         if (st == SIL_EXIT_OK && o.list_sessions)
             st = print_sessions(&c);
+        if (st == SIL_EXIT_OK && o.list_models)
+            st = print_models(&c);
         sil_rpc_client_close(&c);
         return st;
     }

@@ -156,8 +156,12 @@ static int refresh_info(struct sil_rpc_error *err)
     r = sil_rpc_client_call(&c, NULL, NULL, &res, err);
     if (r == 0) {
         pthread_mutex_lock(&g_info_lock);
+        /* the id requests name the model by (its file name), else its name; a daemon with no
+         * model loaded has neither */
         const msgpack_object *m = sil_rpc_map_get(res, "model");
-        sil_rpc_map_str(m, "name", g_model, sizeof(g_model), "none");
+        char name[sizeof g_model];
+        sil_rpc_map_str(m, "name", name, sizeof(name), "none");
+        sil_rpc_map_str(m, "id", g_model, sizeof(g_model), name);
         g_caps.logit_bias = false;
         g_caps.priority = false;
         const msgpack_object *caps = sil_rpc_map_get(res, "capabilities");
@@ -261,7 +265,7 @@ struct gen {
     struct sil_rpc_buf out;
     struct sil_oa_req req;
     struct sil_oa_resp resp;
-    char model[128];
+    char model[160];
     struct sil_oa_buf sse; /* formatted, not yet handed to MHD */
     size_t sse_off;
     bool first, done, failed;
@@ -520,6 +524,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *conn, enum sil_oa_
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     g->peer_fd = ci ? ci->connect_fd : -1;
     g->resp.kind = kind;
+    if (g->req.model[0]) /* the daemon serves the model asked for, or refuses */
+        snprintf(g->model, sizeof(g->model), "%s", g->req.model);
     g->resp.model = g->model;
     g->resp.created = (long long)time(NULL);
     snprintf(g->resp.id, sizeof(g->resp.id), "%s-%016llx%08llx",
@@ -627,23 +633,44 @@ static enum MHD_Result handle_health(struct MHD_Connection *conn)
     return send_json(conn, status, &b);
 }
 
+/* /v1/models: every model the daemon can load, by the names requests give (siliceo-rpc(7)
+ * models); /v1/models/ID: one of them. */
 static enum MHD_Result handle_models(struct MHD_Connection *conn, const char *one)
 {
+    struct sil_rpc_client c;
     struct sil_rpc_error err = {0};
-    if (refresh_info(&err) < 0)
+    if (open_client(&c, g_opt.health_timeout_ms, &err) < 0)
         return send_failf(conn, 503, NULL, "siliceod is not available: %s", err.msg);
-    char model[128];
-    struct sil_oa_caps caps;
-    get_info(model, sizeof(model), &caps, &err);
-    if (one && strcmp(one, model) != 0)
-        return send_failf(conn, 404, "model", "the model '%.100s' does not exist", one);
+    msgpack_packer *pk = sil_rpc_client_begin(&c, "models");
+    msgpack_pack_map(pk, 0);
+    const msgpack_object *res = NULL, *arr = NULL;
+    if (sil_rpc_client_call(&c, NULL, NULL, &res, &err) < 0 ||
+        sil_rpc_get_array(res, "models", &arr, SIL_RPC_REQUIRED, &err) < 0) {
+        sil_rpc_client_close(&c);
+        return send_failf(conn, 502, NULL, "siliceod: models: %s", err.msg);
+    }
     struct sil_oa_buf b;
     sil_oa_buf_init(&b, 0);
     if (!one) sil_oa_buf_cstr(&b, "{\"object\":\"list\",\"data\":[");
-    sil_oa_buf_cstr(&b, "{\"id\":");
-    sil_oa_buf_jstr(&b, model, strlen(model));
-    sil_oa_buf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"siliceo\"}",
-                      (long long)time(NULL));
+    int n = 0;
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        char name[160];
+        sil_rpc_map_str(&arr->via.array.ptr[i], "name", name, sizeof name, "");
+        if (!name[0] || (one && strcmp(one, name) != 0)) continue;
+        if (n++) sil_oa_buf_cstr(&b, ",");
+        sil_oa_buf_cstr(&b, "{\"id\":");
+        sil_oa_buf_jstr(&b, name, strlen(name));
+        sil_oa_buf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"siliceo\"}",
+                          (long long)time(NULL));
+    }
+    sil_rpc_client_close(&c);
+    if (one && !n) {
+        sil_oa_buf_free(&b);
+        struct sil_oa_fail f;
+        sil_oa_failf(&f, 404, "model", "the model '%.100s' does not exist", one);
+        f.code = "model_not_found";
+        return send_fail(conn, &f);
+    }
     sil_oa_buf_cstr(&b, one ? "\n" : "]}\n");
     return send_json(conn, 200, &b);
 }

@@ -337,6 +337,8 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     }
     if (strcmp(key, "state_dir") == 0)
         return set_str(c->state_dir, sizeof c->state_dir, val, why, why_size);
+    if (strcmp(key, "models_dir") == 0)
+        return set_str(c->models_dir, sizeof c->models_dir, val, why, why_size);
     if (strcmp(key, "heat_map") == 0) {
         if (!strcasecmp(val, "yes") || !strcasecmp(val, "true") || !strcmp(val, "1")) {
             c->heat_map = true;
@@ -410,6 +412,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
         return -EINVAL;
     }
     INT_KEY("idle_timeout", idle_timeout, 0, 1 << 30)
+    INT_KEY("keep_alive", keep_alive, 0, 1 << 30)
     INT_KEY("message_timeout", message_timeout, 0, 1 << 30)
     SIZE_KEY("max_input", max_input, 65536)
     SIZE_KEY("vram_budget", vram_budget, 0)
@@ -490,6 +493,8 @@ enum {
     OPT_KV_TYPE,
     OPT_KV_BUDGET,
     OPT_HOST_BUDGET,
+    OPT_MODELS_DIR,
+    OPT_KEEP_ALIVE,
 };
 
 static const struct option long_opts[] = {
@@ -511,6 +516,8 @@ static const struct option long_opts[] = {
     { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
     { "message-timeout", required_argument, NULL, OPT_MESSAGE_TIMEOUT },
     { "state-dir", required_argument, NULL, OPT_STATE_DIR },
+    { "models-dir", required_argument, NULL, OPT_MODELS_DIR },
+    { "keep-alive", required_argument, NULL, OPT_KEEP_ALIVE },
     { "version", no_argument, NULL, 'V' },
     { 0, 0, 0, 0 },
 };
@@ -533,6 +540,8 @@ static int flag_key(int opt, const char **key)
     case OPT_IDLE_TIMEOUT: *key = "idle_timeout"; return 1;
     case OPT_MESSAGE_TIMEOUT: *key = "message_timeout"; return 1;
     case OPT_STATE_DIR: *key = "state_dir"; return 1;
+    case OPT_MODELS_DIR: *key = "models_dir"; return 1;
+    case OPT_KEEP_ALIVE: *key = "keep_alive"; return 1;
     }
     return 0;
 }
@@ -598,8 +607,10 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
         }
     }
     optind = 0;
-    if (!c->no_model && !c->model[0])
-        return sil_errorf(err, -EINVAL, "no model: give --model FILE or 'model =' in %s",
+    if (!c->no_model && !c->model[0] && !c->models_dir[0])
+        return sil_errorf(err, -EINVAL,
+                          "no model: give --model FILE or --models-dir DIR ('model =' or "
+                          "'models_dir =' in %s)",
                           config_path ? config_path : SIL_DEFAULT_CONFIG);
     if (c->max_tokens_default > c->max_tokens_limit)
         c->max_tokens_default = c->max_tokens_limit;
@@ -667,11 +678,14 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     dst->message_timeout = src->message_timeout;
     dst->max_input = src->max_input;
     dst->log_level = src->log_level;
+    memcpy(dst->models_dir, src->models_dir, sizeof dst->models_dir);
+    dst->keep_alive = src->keep_alive;
 }
 
 void sil_usage(FILE *f)
 {
-    fputs("usage: siliceod --model FILE [--socket PATH] [--threads N] [--backend cpu|cuda|auto]\n"
+    fputs("usage: siliceod [--model FILE] [--models-dir DIR] [--keep-alive SECONDS]\n"
+          "                [--socket PATH] [--threads N] [--backend cpu|cuda|auto]\n"
           "                [--config PATH] [--vram-budget SIZE] [--host-budget SIZE|auto|off]\n"
           "                [--context N]\n"
           "                [--kv-type f32|f16|q8_0|q4_0] [--kv-budget SIZE]\n"
@@ -684,7 +698,11 @@ void sil_usage(FILE *f)
           "Settings are read from " SIL_DEFAULT_CONFIG " (or --config PATH) and overridden by\n"
           "flags; see siliceod(8) and siliceod.conf(5).\n"
           "\n"
-          "  -m, --model FILE        GGUF model to serve\n"
+          "  -m, --model FILE        GGUF model to serve (the default one, loaded at start)\n"
+          "      --models-dir DIR    GGUF files requests may name, NAME.gguf each (default:\n"
+          "                          the state directory's models/); needed without --model\n"
+          "      --keep-alive S      unload a model idle this long; the next request loads\n"
+          "                          it again (default 0: never)\n"
           "  -s, --socket PATH       listening socket (default: $SILICEO_SOCKET, else\n"
           "                          $XDG_RUNTIME_DIR/siliceo/siliceod.sock or, without it,\n"
           "                          /tmp/siliceo-UID/siliceod.sock; /run/siliceo/siliceod.sock\n"

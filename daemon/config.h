@@ -24,7 +24,11 @@ enum sil_log_level { SIL_LOG_ERR = 3, SIL_LOG_WARNING = 4, SIL_LOG_NOTICE = 5, S
 
 struct sil_config {
     char config_path[PATH_MAX]; /* file read, "" when none */
-    char model[PATH_MAX];
+    char model[PATH_MAX];       /* the default model: loaded at start; "" = none (models_dir) */
+    /* Models by name (models.h): the directory of GGUF files requests may name ("" = the state
+     * directory's models/), and the seconds an idle model stays loaded (0 = until stopped). */
+    char models_dir[PATH_MAX];
+    int keep_alive;
     char socket[PATH_MAX];      /* "" = the default path (see siliceo-proto.h) */
     int threads;                /* 0 = online CPUs */
     char backend[8];            /* cpu | cuda | auto */

@@ -33,6 +33,7 @@
 void conn_free(struct conn *c)
 {
     struct server *s = c->srv;
+    models_conn_gone(s, c->id);
     if (c->n_inflight && s->worker && c->close_msg)
         sil_worker_conn_closed(s->worker, c->id, c->close_msg);
     else
@@ -543,6 +544,7 @@ int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud)
             conn_update_events(c);
         }
     }
+    models_tick(s);
     sd_event_source_set_time(src, usec + 1000000);
     return 0;
 }

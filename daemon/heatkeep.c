@@ -80,6 +80,9 @@ static int restore_legacy(const struct sil_heatkeep *h, struct sil_engine *e, co
         sil_notice("expert heat map %s renamed to %s: maps are kept per model now", old, path);
     return 0;
 }
+/* Only models with routed experts have a map (with models by name a daemon may load both). */
+static bool has_experts(const struct sil_engine *e) { return sil_engine_info(e)->n_expert > 0; }
+
 void sil_heatkeep_destroy(struct sil_heatkeep *h)
 {
     pthread_mutex_destroy(&h->mu);
@@ -88,7 +91,7 @@ void sil_heatkeep_destroy(struct sil_heatkeep *h)
 void sil_heatkeep_load(struct sil_heatkeep *h, struct sil_engine *e,
                        void (*progress)(int64_t done, int64_t total, void *user), void *user)
 {
-    if (!h->v.on) return;
+    if (!h->v.on || !has_experts(e)) return;
     h->next_save = h->interval > 0 ? mono_s() + h->interval : 0;
     struct sil_engine_stats es;
     sil_engine_stats(e, &es);
@@ -133,7 +136,8 @@ out:
 int sil_heatkeep_save(struct sil_heatkeep *h, const struct sil_engine *e)
 {
     char path[PATH_MAX];
-    if (!h->v.on || !h->dir[0] || heat_path(h, e, path, sizeof path) < 0) return 0;
+    if (!h->v.on || !has_experts(e) || !h->dir[0] || heat_path(h, e, path, sizeof path) < 0)
+        return 0;
     struct sil_error err = {0};
     const int rc = sil_engine_heat_save(e, path, &err);
     pthread_mutex_lock(&h->mu);
@@ -164,14 +168,16 @@ static bool dirty(const struct sil_heatkeep *h, const struct sil_engine *e)
 
 void sil_heatkeep_tick(struct sil_heatkeep *h, const struct sil_engine *e, double now)
 {
-    if (h->interval <= 0 || !h->v.path[0] || now < h->next_save || !dirty(h, e)) return;
+    if (h->interval <= 0 || !h->v.path[0] || !has_experts(e) || now < h->next_save ||
+        !dirty(h, e))
+        return;
     h->next_save = now + h->interval;
     sil_heatkeep_save(h, e);
 }
 
 double sil_heatkeep_due(const struct sil_heatkeep *h, const struct sil_engine *e)
 {
-    if (h->interval <= 0 || !h->v.path[0] || !dirty(h, e)) return 0;
+    if (h->interval <= 0 || !h->v.path[0] || !has_experts(e) || !dirty(h, e)) return 0;
     return h->next_save;
 }
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
@@ -62,7 +63,9 @@ int pump_streams(struct conn *c)
 static const char *const capabilities[] = { "hello", "generate", "chat", "cancel", "tokenize", "detokenize",
                                             "status", "metrics", "sessions.list", "sessions.drop", "shutdown",
                                             "debug.stream", "stream", "sessions", "logit_bias",
-                                            "priority", "preemption" };
+                                            "priority", "preemption", "models" };
+
+static void kv_text_or_nil(msgpack_packer *pk, const char *key, const char *s);
 
 static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
 {
@@ -108,8 +111,9 @@ static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
     const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
     sil_rpc_pack_cstr(pk, "model");
     if (info) {
-        msgpack_pack_map(pk, 2);
+        msgpack_pack_map(pk, 3);
         sil_utf8_pack_kv(pk, "name", info->name, strlen(info->name)); /* GGUF metadata: any bytes */
+        kv_text_or_nil(pk, "id", s->model_name);
         sil_rpc_kv_str(pk, "arch", info->arch_name);
     } else {
         msgpack_pack_nil(pk);
@@ -147,7 +151,7 @@ static void pack_expert_cache(struct server *s, msgpack_packer *pk,
                               const struct sil_worker_stats *st)
 {
     sil_rpc_pack_cstr(pk, "expert_cache");
-    if (!s->worker || st->ecache_slots <= 0) {
+    if (!s->worker || !s->engine || st->ecache_slots <= 0) {
         msgpack_pack_nil(pk);
         return;
     }
@@ -332,8 +336,10 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     }
     sil_rpc_pack_cstr(pk, "model");
     if (info) {
-        msgpack_pack_map(pk, 13);
+        msgpack_pack_map(pk, 14);
         sil_utf8_pack_kv(pk, "name", info->name, strlen(info->name));
+        /* the name requests give it by (its file name without .gguf); nil when that is none */
+        kv_text_or_nil(pk, "id", s->model_name);
         sil_rpc_kv_str(pk, "arch", info->arch_name);
         sil_utf8_pack_kv(pk, "file", info->path, strlen(info->path)); /* a path is bytes */
         sil_rpc_kv_uint(pk, "file_bytes", info->file_bytes);
@@ -733,6 +739,8 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
     int ok = need_model(c, m);
+    if (ok > 0)
+        ok = model_pick(c, m);
     if (ok <= 0)
         return ok;
     struct sil_rpc_error err = { 0 };
@@ -794,6 +802,8 @@ static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
     int ok = need_model(c, m);
+    if (ok > 0)
+        ok = model_pick(c, m);
     if (ok <= 0)
         return ok;
     struct sil_rpc_error err = { 0 };
@@ -1064,6 +1074,8 @@ static int new_gen_request(struct conn *c, const struct sil_rpc_msg *m, struct s
 {
     int ok = need_model(c, m);
     if (ok > 0)
+        ok = model_pick(c, m);
+    if (ok > 0)
         ok = admit_request(c, m);
     if (ok <= 0)
         return ok;
@@ -1238,7 +1250,11 @@ static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
             d->cancelled = true;
             is_stream = true;
         }
-    if (!is_stream && sil_worker_cancel(s->worker, c->id, (uint32_t)id) < 0)
+    /* a request waiting for its model ends here (error 8), one on the worker there */
+    const int waited = is_stream ? 0 : models_cancel(c, (uint32_t)id);
+    if (waited < 0)
+        return -1;
+    if (!is_stream && !waited && sil_worker_cancel(s->worker, c->id, (uint32_t)id) < 0)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 0);
@@ -1284,6 +1300,41 @@ static int m_sessions_drop(struct conn *c, const struct sil_rpc_msg *m)
         return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     return 0;
+}
+
+/* models: every model requests may name (models.h), the loaded one marked. */
+static int m_models(struct conn *c, const struct sil_rpc_msg *m)
+{
+    struct server *s = c->srv;
+    char dir[PATH_MAX];
+    models_dir(s, dir, sizeof dir);
+    struct sil_model_entry *list = NULL;
+    size_t n = 0;
+    if (sil_models_list(dir, s->cfg->model, &list, &n) < 0)
+        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
+    msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
+    msgpack_pack_map(pk, 4);
+    sil_rpc_pack_cstr(pk, "models");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        const bool loaded = info && stat(list[i].path, &st) == 0 &&
+                            (uint64_t)st.st_dev == info->file_dev &&
+                            (uint64_t)st.st_ino == info->file_ino;
+        msgpack_pack_map(pk, 4);
+        sil_rpc_kv_str(pk, "name", list[i].name);
+        sil_utf8_pack_kv(pk, "file", list[i].path, strlen(list[i].path)); /* a path is bytes */
+        sil_rpc_kv_uint(pk, "size", list[i].size);
+        sil_rpc_kv_bool(pk, "loaded", loaded);
+    }
+    sil_models_free(list);
+    kv_text_or_nil(pk, "loaded", s->model_name);
+    kv_text_or_nil(pk, "dir", dir);
+    sil_rpc_kv_int(pk, "keep_alive", s->cfg->keep_alive);
+    if (sil_rpc_end(&s->scratch) < 0)
+        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
+    return send_result_scratch(c, m->msgid);
 }
 
 static int m_shutdown(struct conn *c, const struct sil_rpc_msg *m)
@@ -1353,6 +1404,7 @@ static const struct method methods[] = {
     { "sessions.list", m_sessions_list, false },
     { "sessions.drop", m_sessions_drop, false },
     { "shutdown", m_shutdown, true },
+    { "models", m_models, true },
     { "debug.stream", m_debug_stream, false },
 };
 

@@ -55,6 +55,8 @@ void server_conn_gone(struct server *s)
 
 const char *model_state_name(const struct server *s)
 {
+    if (s->switching) return s->loading[0] ? "loading" : "unloading";
+    if (s->worker && !s->engine) return "unloaded";
     return s->model_state == MODEL_DAMAGED     ? "damaged"
            : s->model_state == MODEL_RELOADING ? "reloading"
                                                : "ok";
@@ -89,11 +91,11 @@ static void start_watch(struct server *s)
         sil_warn("out of memory: the model file is not watched");
 }
 
-static void engine_params(const struct server *s, struct sil_engine_params *ep)
+void engine_params(const struct server *s, struct sil_engine_params *ep, const char *path)
 {
     const struct sil_config *cfg = s->cfg;
     sil_engine_params_default(ep);
-    ep->model_path = cfg->model;
+    ep->model_path = path;
     ep->n_threads = cfg->threads;
     ep->backend = cfg->backend;
     ep->vram_budget = cfg->vram_budget;
@@ -115,27 +117,30 @@ static void engine_params(const struct server *s, struct sil_engine_params *ep)
 }
 
 /* SIGHUP: a damaged model is always reloaded; a sound one when the path names another file now
- * (it was replaced by rename). */
+ * (it was replaced by rename). The loaded model's path: the default one or one asked for. */
 static void maybe_reload(struct server *s)
 {
-    if (!s->worker || s->model_state == MODEL_RELOADING) return;
+    if (!s->worker || !s->engine || s->switching || s->model_state == MODEL_RELOADING) return;
     const struct sil_model_info *info = sil_engine_info(s->engine);
     struct stat st;
     if (s->model_state == MODEL_OK) {
-        if (stat(s->cfg->model, &st) < 0 ||
+        if (stat(s->model_path, &st) < 0 ||
             ((uint64_t)st.st_dev == info->file_dev && (uint64_t)st.st_ino == info->file_ino))
             return;
     }
-    sil_notice("reloading the model from %s%s", s->cfg->model,
+    sil_notice("reloading the model from %s%s", s->model_path,
                s->model_state == MODEL_DAMAGED ? " (damaged)" : "");
     s->reload_damaged = s->model_state == MODEL_DAMAGED;
     s->model_state = MODEL_RELOADING;
     s->reload_t0 = now_s();
-    sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the model %s", s->cfg->model);
+    sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the model %s", s->model_path);
     struct sil_engine_params ep;
-    engine_params(s, &ep);
+    engine_params(s, &ep, s->model_path);
     tokpool_set_reloading(s->tok, true); /* before the worker hears of it: see tokjob.c */
-    sil_worker_reload(s->worker, &ep);
+    if (sil_worker_reload(s->worker, &ep) < 0) {
+        tokpool_set_reloading(s->tok, false);
+        s->model_state = s->reload_damaged ? MODEL_DAMAGED : MODEL_OK;
+    }
 }
 
 static void on_model_event(struct server *s, struct sil_outmsg *m)
@@ -160,6 +165,13 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
         s->model_problem[0] = 0;
         start_watch(s);
         sd_notifyf(0, "READY=1\nSTATUS=ready: %s on %s", sil_engine_info(s->engine)->name, s->path);
+        models_loaded(s);
+        break;
+    case SIL_WORKER_EV_UNLOADED:
+        sil_modelwatch_free(s->watch);
+        s->watch = NULL;
+        sil_engine_close(m->old_engine);
+        models_unloaded(s);
         break;
     case SIL_WORKER_EV_RELOAD_FAILED:
         tokpool_set_reloading(s->tok, false);
@@ -171,6 +183,7 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
                      "siliceod",
                      m->data);
         sd_notifyf(0, "READY=1\nSTATUS=%s", m->data);
+        models_load_failed(s, m->data);
         break;
     case SIL_WORKER_EV_NONE:
         break;
@@ -194,6 +207,7 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
         free(m);
         m = next;
     }
+    models_pump(s); /* a model another request waits for, once nothing runs */
     conn_flush_dirty(s);
     maybe_exit(s);
     return 0;
@@ -228,6 +242,7 @@ void begin_shutdown(struct server *s, const char *why)
         if (c->streams)
             pump_streams(c);
     }
+    models_fail_all(s, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
     sd_event_add_time_relative(s->ev, &s->drain_timer, CLOCK_MONOTONIC, 10 * 1000000ull, 0, on_drain_timeout, s);
     if (s->worker)
         sil_worker_shutdown(s->worker);
@@ -482,7 +497,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     }
     /* The model is checked and loaded before the socket listens: a bad model never shows a
      * "listening" line, and clients never wait on a daemon that is about to fail. */
-    if (!cfg->no_model) {
+    if (!cfg->no_model && cfg->model[0]) {
         /* A FIFO, device or directory would block or fail the load: refused before opening it.
          * stat() does not open, so it cannot block. */
         struct stat st;
@@ -499,9 +514,21 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             goto out;
         }
     }
-    if (!cfg->no_model) {
+    if (!cfg->no_model && !cfg->model[0]) {
+        /* Models by name only: the first request that names one loads it. */
+        char dir[PATH_MAX];
+        models_dir(s, dir, sizeof dir);
+        sil_notice("no default model: requests name one of %s", dir);
+        sil_heatkeep_init(&s->heat, cfg, cfg->heat_map);
+        s->heat_init = true;
+        struct sil_error err = { 0 };
+        if (sil_worker_start(&s->worker, NULL, cfg, &s->heat, &err) < 0) {
+            sil_err("%s", err.msg);
+            goto out;
+        }
+    } else if (!cfg->no_model) {
         struct sil_engine_params ep;
-        engine_params(s, &ep);
+        engine_params(s, &ep, cfg->model);
         ep.progress = load_progress;
         struct sil_error err = { 0 };
         sil_info("loading the model %s", cfg->model);
@@ -559,6 +586,8 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             sil_err("%s", err.msg);
             goto out;
         }
+        models_set_loaded(s);
+        s->t_model_used = now_s();
     } else {
         sil_notice("running without a model (--no-model): only hello, status, metrics and debug.stream work");
     }
@@ -591,7 +620,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_err("event loop set-up failed (watchdog timer)");
         goto out;
     }
-    sd_notifyf(0, "READY=1\nSTATUS=ready: %s on %s", s->engine ? sil_engine_info(s->engine)->name : "no model",
+    sd_notifyf(0, "READY=1\nSTATUS=ready: %s on %s", s->engine ? sil_engine_info(s->engine)->name : "no model loaded",
                s->path);
     sil_notice("ready");
     int rc = sd_event_loop(s->ev);
@@ -602,6 +631,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_notice("stopped");
 
 out:
+    models_fail_all(s, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
     while (s->conns)
         conn_free(s->conns);
     lingering_free_all(s);

@@ -19,6 +19,7 @@
 #include "daemon/config.h"
 #include "daemon/engine/engine.h"
 #include "daemon/heatkeep.h"
+#include "daemon/models.h"
 #include "daemon/worker.h"
 #include "siliceo-proto.h"
 
@@ -66,6 +67,17 @@ struct lingering {
 
 enum state { RUNNING, STOPPING, DRAINING };
 
+/* A request waiting for its model (modelswitch.c): the message as it came, decoded and run
+ * again once that model is loaded. */
+struct deferred {
+    struct deferred *next;
+    uint64_t conn_id;
+    uint32_t msgid;
+    char path[PATH_MAX]; /* the model's file */
+    size_t len;
+    char data[];
+};
+
 /* The model's health, as the loop knows it: damaged when its file changed under the mapping
  * (generate and chat are refused with model_problem, which says what to do), reloading while
  * SIGHUP's load runs on the engine thread. */
@@ -92,6 +104,18 @@ struct server {
     enum model_state model_state;
     bool reload_damaged; /* the reload in progress replaces a damaged model */
     char model_problem[1400];
+    /* Models by name (modelswitch.c): the loaded model's file ("" when none is loaded) and
+     * name; a switch or keep_alive's unload under way (model_state RELOADING), loading the
+     * file `loading` ("" for an unload); the requests that wait for a model, oldest first. */
+    char model_path[PATH_MAX];
+    char model_name[SIL_MODEL_NAME_MAX + 1];
+    bool switching;
+    char loading[PATH_MAX];
+    struct deferred *deferred;
+    int n_deferred;
+    bool replaying;    /* running deferred requests: they go to the model loaded for them */
+    double t_model_used; /* last time a request ran or ended: keep_alive counts from there */
+    uint64_t model_loads, model_unloads;
     struct tokpool *tok; /* tokenizes large texts off the loop (tokjob.c) */
     struct sil_heatkeep heat; /* the expert heat map's file and figures */
     bool heat_init;
@@ -178,11 +202,39 @@ int dispatch(struct conn *c, const struct sil_rpc_msg *m);
 /* Sends what debug.stream requests may send now; -1 when the connection is gone. */
 int pump_streams(struct conn *c);
 
+/* modelswitch.c: which model a request is for, switching to it, keep_alive. */
+/* Reads the request's 'model': 1 to go on (the model it names is loaded and serves), else the
+ * request was refused (0, or -1 when the connection is gone) or waits for its model (0). */
+int model_pick(struct conn *c, const struct sil_rpc_msg *m);
+/* After the worker's or the tokenizer's output: starts the next switch once nothing runs. */
+void models_pump(struct server *s);
+/* The worker loaded a model (a switch's, or SIGHUP's reload), could not, or unloaded. */
+void models_loaded(struct server *s);
+void models_load_failed(struct server *s, const char *why);
+void models_unloaded(struct server *s);
+/* The once-a-second tick: keep_alive. */
+void models_tick(struct server *s);
+/* cancel: 1 when msgid of c was waiting (answered with error 8), else 0; -1: c is gone. */
+int models_cancel(struct conn *c, uint32_t msgid);
+/* A connection went: its waiting requests go too. */
+void models_conn_gone(struct server *s, uint64_t conn_id);
+/* Shutdown: every waiting request gets error 11. */
+void models_fail_all(struct server *s, int code, const char *msg);
+/* The list for the models method and for errors: names separated by ", " into out. */
+void models_names(struct server *s, char *out, size_t size);
+int models_dir(struct server *s, char *out, size_t size);
+/* The loaded model's file and name are set from the engine (or cleared without one). */
+void models_set_loaded(struct server *s);
+/* tokjob.c: nothing waits or runs on the tokenizer thread. */
+bool tokpool_idle(struct tokpool *p);
+
 /* server.c: lifecycle. */
 void begin_shutdown(struct server *s, const char *why);
 /* A connection was freed: while draining, the last one ends the loop. */
 void server_conn_gone(struct server *s);
-/* "ok", "damaged" or "reloading". */
+/* "ok", "damaged", "reloading", "loading", "unloading" or "unloaded". */
 const char *model_state_name(const struct server *s);
+/* The engine's parameters from the configuration, for the model at path. */
+void engine_params(const struct server *s, struct sil_engine_params *ep, const char *path);
 
 #endif

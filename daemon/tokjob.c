@@ -207,6 +207,7 @@ static int on_tok_output(sd_event_source *src, int fd, uint32_t revents, void *u
         free(m);
         m = next;
     }
+    models_pump(p->srv); /* a prompt refused here may leave the worker idle */
     conn_flush_dirty(p->srv);
     return 0;
 }
@@ -221,7 +222,7 @@ int tokpool_start(struct server *s)
     p->srv = s;
     p->v = s->vocab;
     p->w = s->worker;
-    p->n_ctx = sil_engine_n_ctx(s->engine);
+    p->n_ctx = s->engine ? sil_engine_n_ctx(s->engine) : 0; /* none loaded: set at the load */
     p->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int rc = p->efd < 0 ? -errno : sd_event_add_io(s->ev, &p->src, p->efd, EPOLLIN, on_tok_output, p);
     if (rc == 0)
@@ -244,6 +245,15 @@ void tokpool_set_reloading(struct tokpool *p, bool reloading)
     pthread_mutex_lock(&p->mu);
     p->reloading = reloading;
     pthread_mutex_unlock(&p->mu);
+}
+
+bool tokpool_idle(struct tokpool *p)
+{
+    if (!p) return true;
+    pthread_mutex_lock(&p->mu);
+    const bool idle = !p->head && !p->busy;
+    pthread_mutex_unlock(&p->mu);
+    return idle;
 }
 
 void tokpool_set_model(struct tokpool *p, const struct sil_vocab *v, int32_t n_ctx)

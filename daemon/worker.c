@@ -219,6 +219,9 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
             job_finish(w, j, SIL_STOP_ERROR, "the model is being reloaded; send the request again");
         }
         break;
+    case IN_UNLOAD:
+        w->unload = w->e != NULL;
+        break;
     case IN_SESS_DROP: {
         struct session *s = session_find(w, m->uid, m->name);
         const bool file = sil_sessstore_remove(&w->store, m->uid, m->name) == 0;
@@ -387,7 +390,7 @@ static void do_reload(struct sil_worker *w)
     double t0 = now_s();
     /* the old engine's host tier goes first (it reads through the mapping until replaced), so
      * the two engines never hold two tiers' memory at once */
-    sil_engine_host_tier_drop(w->e);
+    if (w->e) sil_engine_host_tier_drop(w->e);
     int rc = sil_engine_open(&ne, &r->p, &err);
     beat(w);
     int32_t nv = rc == 0 ? sil_vocab_n_tokens(sil_engine_vocab(ne)) : 0;
@@ -415,7 +418,7 @@ static void do_reload(struct sil_worker *w)
     struct sil_engine *old = w->e;
     if (w->heat) {
         /* The old model's map is saved first; the new model takes it only if it is the same. */
-        sil_heatkeep_save(w->heat, old);
+        if (old) sil_heatkeep_save(w->heat, old);
         sil_heatkeep_load(w->heat, ne, NULL, NULL);
     }
     w->e = ne;
@@ -428,10 +431,29 @@ static void do_reload(struct sil_worker *w)
     w->damaged = false;
     w->cost = (struct sil_sched_cost){ 0 }; /* another model, other step times */
     sil_engine_set_eval_progress(ne, eval_progress, w);
-    sil_notice("model %s reloaded in %.2f s", sil_engine_info(ne)->path, now_s() - t0);
+    sil_notice("model %s %s in %.2f s", sil_engine_info(ne)->path, old ? "reloaded" : "loaded",
+               now_s() - t0);
     publish_stats(w);
     post_event(w, SIL_WORKER_EV_RELOADED, NULL, ne, old);
     reload_free(r);
+}
+
+/* keep_alive's unload, once nothing runs or waits: what a shutdown saves is saved, the engine
+ * goes to the loop, which closes it. */
+static void do_unload(struct sil_worker *w)
+{
+    w->unload = false;
+    for (struct session *s = w->sessions; s; s = s->next)
+        if (!s->saved) session_save(w, s);
+    while (w->sessions)
+        session_free(w, w->sessions);
+    if (w->heat) sil_heatkeep_save(w->heat, w->e);
+    struct sil_engine *old = w->e;
+    w->e = NULL;
+    w->v = NULL;
+    w->damaged = false;
+    publish_stats(w);
+    post_event(w, SIL_WORKER_EV_UNLOADED, NULL, NULL, old);
 }
 
 static void finish_cancelled(struct sil_worker *w)
@@ -461,6 +483,33 @@ void publish_stats(struct sil_worker *w)
         sb += s->memory;
     for (struct job *j = w->running; j; j = j->next)
         st += sil_seq_memory(w->e, j->seq);
+    if (!w->e) {
+        /* no model loaded (keep_alive, or none at start): no engine figures */
+        const struct sil_worker_stats keep = w->local;
+        memset(&w->local, 0, sizeof w->local);
+        w->local.requests_total = keep.requests_total;
+        w->local.requests_failed = keep.requests_failed;
+        w->local.requests_cancelled = keep.requests_cancelled;
+        w->local.tokens_prompt = keep.tokens_prompt;
+        w->local.tokens_cached = keep.tokens_cached;
+        w->local.tokens_generated = keep.tokens_generated;
+        w->local.prefix_hits = keep.prefix_hits;
+        w->local.prefix_misses = keep.prefix_misses;
+        w->local.prefix_tokens = keep.prefix_tokens;
+        w->local.steps = keep.steps;
+        w->local.eval_errors = keep.eval_errors;
+        w->local.preemptions = keep.preemptions;
+        w->local.tokens_recomputed = keep.tokens_recomputed;
+        w->local.eval_seconds = keep.eval_seconds;
+        w->local.running = w->n_running;
+        w->local.queued = w->n_queued;
+        w->local.prefix_enabled = w->prefix_cache;
+        pthread_mutex_lock(&w->mu);
+        w->stats = w->local;
+        w->ec_n = 0;
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
     w->local.running = w->n_running;
     w->local.queued = w->n_queued;
     w->local.sessions = w->n_sessions;
@@ -496,11 +545,11 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&w->mu);
         /* Queued jobs count as work: when the last running job ends in a step, they start on
          * the next round, with no inbox message to wake the thread; so does a pending reload. */
-        while (!w->in_head && !w->stop && !w->running && !w->queue && !w->reload) {
+        while (!w->in_head && !w->stop && !w->running && !w->queue && !w->reload && !w->unload) {
             atomic_store(&w->idle, true);
             /* Idle with a periodic heat map save pending: wake for it (the map is the engine
              * thread's to read). */
-            const double due = w->heat ? sil_heatkeep_due(w->heat, w->e) : 0;
+            const double due = w->heat && w->e ? sil_heatkeep_due(w->heat, w->e) : 0;
             if (due <= 0) {
                 pthread_cond_wait(&w->cv, &w->mu);
                 continue;
@@ -551,7 +600,7 @@ static void *worker_main(void *arg)
                     session_save(w, s);
             while (w->sessions)
                 session_free(w, w->sessions);
-            if (w->heat) sil_heatkeep_save(w->heat, w->e);
+            if (w->heat && w->e) sil_heatkeep_save(w->heat, w->e);
             publish_stats(w);
             struct sil_outmsg *m = calloc(1, sizeof(*m));
             if (m) {
@@ -564,7 +613,10 @@ static void *worker_main(void *arg)
         }
         finish_cancelled(w);
         if (w->reload && !w->running) do_reload(w);
-        if (w->damaged)
+        if (w->unload && !w->running && !w->queue && !w->reload) do_unload(w);
+        if (!w->e)
+            fail_all(w, SIL_RPC_E_UNAVAILABLE, "no model is loaded; send the request again");
+        else if (w->damaged)
             fail_all(w, SIL_RPC_E_UNAVAILABLE,
                      "the model file changed while in use; replace it by rename "
                      "and send SIGHUP to siliceod");
@@ -580,7 +632,7 @@ static void *worker_main(void *arg)
         sessions_enforce(w);
         publish_stats(w); /* before the final responses reach the loop */
         flush_out(w);
-        if (w->heat) sil_heatkeep_tick(w->heat, w->e, now_s());
+        if (w->heat && w->e) sil_heatkeep_tick(w->heat, w->e, now_s());
     }
 }
 
@@ -719,12 +771,12 @@ void sil_worker_model_damaged(struct sil_worker *w, struct sil_engine *e)
     send_in(w, m);
 }
 
-void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p)
+int sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p)
 {
     struct reload *r = calloc(1, sizeof(*r));
     if (!r) {
         sil_err("reload: out of memory");
-        return;
+        return -ENOMEM;
     }
     r->p = *p;
     r->path = strdup(p->model_path);
@@ -732,7 +784,7 @@ void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p)
     if (!r->path || (p->backend && !r->backend)) {
         sil_err("reload: out of memory");
         reload_free(r);
-        return;
+        return -ENOMEM;
     }
     r->p.model_path = r->path;
     r->p.backend = r->backend;
@@ -740,9 +792,20 @@ void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p)
     if (!m) {
         sil_err("reload: out of memory");
         reload_free(r);
-        return;
+        return -ENOMEM;
     }
     m->reload = r;
+    send_in(w, m);
+    return 0;
+}
+
+void sil_worker_unload(struct sil_worker *w)
+{
+    struct inmsg *m = new_in(IN_UNLOAD, 0, 0);
+    if (!m) {
+        sil_err("unload: out of memory");
+        return;
+    }
     send_in(w, m);
 }
 
@@ -805,9 +868,9 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     pthread_cond_init(&w->cv, NULL);
     w->e = e;
     w->heat = heat;
-    w->v = sil_engine_vocab(e);
-    w->n_vocab = sil_vocab_n_tokens(w->v);
-    w->n_ctx = sil_engine_n_ctx(e);
+    w->v = e ? sil_engine_vocab(e) : NULL;
+    w->n_vocab = e ? sil_vocab_n_tokens(w->v) : 1;
+    w->n_ctx = e ? sil_engine_n_ctx(e) : 0;
     w->max_running = cfg->max_running;
     w->prefill_chunk = cfg->prefill_chunk;
     w->host_prefill_chunk = cfg->host_prefill_chunk;
@@ -819,7 +882,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->n_batch_max = (cfg->host_prefill_chunk > cfg->prefill_chunk ? cfg->host_prefill_chunk
                                                                    : cfg->prefill_chunk) +
                      cfg->max_running;
-    w->tier = tier_on(e);
+    w->tier = e && tier_on(e);
     w->session_memory_limit = cfg->session_memory;
     w->session_memory = session_cap(w, cfg->session_memory);
     w->max_sessions = w->max_sessions_limit = cfg->max_sessions;
@@ -842,12 +905,12 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->s_jobs = calloc(w->max_running, sizeof(*w->s_jobs));
     w->s_idx = calloc(w->max_running, sizeof(*w->s_idx));
     w->s_take = calloc(w->max_running, sizeof(*w->s_take));
-    sil_engine_set_eval_progress(e, eval_progress, w);
+    if (e) sil_engine_set_eval_progress(e, eval_progress, w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
     if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
         !w->b_pick ||
         !w->logits || !w->s_items || !w->s_jobs || !w->s_idx || !w->s_take ||
-        !grow_ec(w, sil_engine_info(e)->n_layer)) {
+        !grow_ec(w, e ? sil_engine_info(e)->n_layer : 0)) {
         sil_worker_free(w);
         return sil_errorf(err, -ENOMEM, "worker: out of memory");
     }

@@ -80,6 +80,7 @@ enum sil_worker_event {
     SIL_WORKER_EV_DAMAGED,       /* data: why (NUL-terminated); the mapping is no longer read */
     SIL_WORKER_EV_RELOADED,      /* engine: the new one, in use; old_engine: the loop closes it */
     SIL_WORKER_EV_RELOAD_FAILED, /* data: why; the model in use stays */
+    SIL_WORKER_EV_UNLOADED,      /* old_engine: the loop closes it; no model is loaded now */
 };
 
 struct sil_outmsg {
@@ -96,7 +97,7 @@ struct sil_outmsg {
 
 struct sil_worker;
 
-/* Starts the thread. The engine is used by the worker thread only from now on; the loop may
+/* Starts the thread. e may be NULL: no model is loaded until sil_worker_reload. The engine is used by the worker thread only from now on; the loop may
  * still read the vocab and info (immutable). The thread saves the expert heat map through heat
  * (may be NULL) periodically, at shutdown and around a reload, and loads it into a reloaded
  * engine. */
@@ -146,7 +147,11 @@ void sil_worker_model_damaged(struct sil_worker *w, struct sil_engine *e);
 /* Loads the model p names on the engine thread once the running requests are done (queued ones
  * fail: they were tokenized for the old model), drops the sessions and posts RELOADED with both
  * engines, or RELOAD_FAILED. p's strings are copied. */
-void sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p);
+int sil_worker_reload(struct sil_worker *w, const struct sil_engine_params *p); /* 0 or -ENOMEM */
+/* keep_alive: once no request runs or waits, saves the sessions and the heat map, drops the
+ * sessions and posts UNLOADED with the engine; the worker holds no model until the next reload
+ * (which, from no model, loads without failing anything). */
+void sil_worker_unload(struct sil_worker *w);
 /* Live settings (SIGHUP): session limits. */
 void sil_worker_set_limits(struct sil_worker *w, uint64_t session_memory, int max_sessions);
 

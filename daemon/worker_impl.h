@@ -76,7 +76,8 @@ struct job {
     struct sil_outmsg *oom;
 };
 
-enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP, IN_DAMAGED, IN_RELOAD };
+enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP, IN_DAMAGED, IN_RELOAD,
+              IN_UNLOAD };
 
 /* What a reload opens (IN_RELOAD): the engine parameters with their strings. */
 struct reload {
@@ -158,6 +159,7 @@ struct sil_worker {
      * a reload waiting for the running requests to end. */
     bool damaged;
     struct reload *reload;
+    bool unload; /* keep_alive: give the engine back once nothing runs (e is NULL after) */
     int test_stall_ms, test_ubatch_ms; /* SILICEOD_TEST_HOOKS */
     int test_kv_tokens; /* test hook: the engine holds this many positions in all, then -ENOSPC */
     struct sil_worker_stats local;

@@ -25,6 +25,7 @@ static const struct {
     [SIL_RPC_E_UNAVAILABLE] = {"model_unavailable", "the model is damaged or being reloaded"},
     [SIL_RPC_E_TIMEOUT] = {"timeout", "timed out"},
     [SIL_RPC_E_CONTEXT_FULL] = {"context_full", "the prompt does not fit the context"},
+    [SIL_RPC_E_MODEL_NOT_FOUND] = {"model_not_found", "no model of that name"},
 };
 
 const char *sil_rpc_code_name(int code)

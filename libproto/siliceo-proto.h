@@ -55,6 +55,7 @@ enum sil_rpc_code {
     SIL_RPC_E_UNAVAILABLE = 13,     /* model damaged or being reloaded (message: what to do) */
     SIL_RPC_E_TIMEOUT = 14,         /* a connection idle, or a message incomplete, for too long */
     SIL_RPC_E_CONTEXT_FULL = 15,    /* the prompt (a session's newest turn) does not fit the context */
+    SIL_RPC_E_MODEL_NOT_FOUND = 16, /* no model of that name (message: the names there are) */
     SIL_RPC_CODE_COUNT
 };
 

@@ -88,6 +88,8 @@ static void test_codes(void **state)
     assert_string_equal(sil_rpc_code_name(SIL_RPC_E_TIMEOUT), "timeout");
     assert_int_equal(SIL_RPC_E_CONTEXT_FULL, 15); /* numbers are the protocol's */
     assert_string_equal(sil_rpc_code_name(SIL_RPC_E_CONTEXT_FULL), "context_full");
+    assert_int_equal(SIL_RPC_E_MODEL_NOT_FOUND, 16);
+    assert_string_equal(sil_rpc_code_name(SIL_RPC_E_MODEL_NOT_FOUND), "model_not_found");
 }
 
 /* A connection error is a response with a nil msgid: it decodes, and names no request. */

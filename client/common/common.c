@@ -208,7 +208,7 @@ int sil_client_gen_count(const struct sil_client_gen *g)
            (g->temperature >= 0) +
            (g->top_p >= 0) + (g->min_p >= 0) + (g->repeat_penalty >= 0) +
            !isnan(g->presence_penalty) + (g->top_k >= 0) + (g->seed >= 0) + (g->n_stop > 0) +
-           (g->session != NULL) + (g->priority != NULL) + (g->think >= 0);
+           (g->session != NULL) + (g->priority != NULL) + (g->think >= 0) + (g->model != NULL);
 }
 
 void sil_client_pack_gen(msgpack_packer *pk, const struct sil_client_gen *g)
@@ -245,6 +245,8 @@ void sil_client_pack_gen(msgpack_packer *pk, const struct sil_client_gen *g)
         sil_rpc_kv_str(pk, "priority", g->priority);
     if (g->think >= 0)
         sil_rpc_kv_bool(pk, "think", g->think != 0);
+    if (g->model)
+        sil_rpc_kv_str(pk, "model", g->model);
 }
 
 void sil_client_usage_error(const char *prog, const char *fmt, ...)

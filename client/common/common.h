@@ -77,6 +77,7 @@ struct sil_client_gen {
     const char *session;
     const char *priority;
     int think;               /* -1 not sent, 0 / 1 */
+    const char *model;       /* the model's name (siliceo-rpc(7) models); NULL: not sent */
 };
 void sil_client_gen_init(struct sil_client_gen *g);
 /* Number of map entries sil_client_pack_gen() will write. */

@@ -31,6 +31,7 @@ struct sil_oa_req {
     enum sil_oa_kind kind;
     bool stream;
     bool include_usage; /* stream_options.include_usage */
+    char model[160];    /* the request's model, sent to the daemon, which picks it by name; "" none */
 };
 
 /* Daemon features the translation depends on (from the hello capabilities). */
@@ -85,7 +86,7 @@ struct sil_oa_reqlog {
     bool path_cut;   /* the path was longer */
     char id[48];     /* the response id, "" for other endpoints */
     int status;      /* the HTTP status sent, 0: none */
-    char model[128]; /* "" : not a generation */
+    char model[160]; /* "" : not a generation */
     bool stream;
     char stop[32]; /* the daemon's stop_reason or error code, "" when none came */
     long long n_prompt, n_cached, n_generated; /* -1: not known */

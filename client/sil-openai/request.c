@@ -246,6 +246,7 @@ static int check_unsupported(struct sil_oa_fail *f, jv *o)
 
 struct params {
     jv *messages, *prompt, *stop, *logit_bias;
+    jv *model; /* a non-empty string, else NULL */
     const char *priority_class; /* from service_tier; NULL = the daemon's default */
     int64_t max_tokens, max_thinking, seed, top_k, priority_level;
     double temperature, top_p, presence, min_p, repeat_penalty;
@@ -258,8 +259,17 @@ static int collect(struct sil_oa_fail *f, enum sil_oa_kind kind, jv *o,
                    const struct sil_oa_caps *caps, struct params *p, struct sil_oa_req *req)
 {
     memset(p, 0, sizeof(*p));
+    req->model[0] = 0;
     jv *model = opt(o, "model");
     if (model && want(f, model, SIL_OA_JSON_STRING, "model") < 0) return -EINVAL;
+    if (model && model->len >= sizeof req->model)
+        return sil_oa_failf(f, 400, "model", "'model' must be at most %zu bytes",
+                            sizeof req->model - 1);
+    if (model && model->len && !has_nul(model->str, model->len)) {
+        p->model = model;
+        memcpy(req->model, model->str, model->len);
+        req->model[model->len] = 0;
+    }
     if (check_unsupported(f, o) < 0) return -EINVAL;
     if (kind == SIL_OA_CHAT) {
         p->messages = sil_oa_json_get(o, "messages");
@@ -363,8 +373,9 @@ static void pack_params(msgpack_packer *pk, enum sil_oa_kind kind, const struct 
     uint32_t n = 1 + 2 * p->has_max + p->has_thinking + p->has_seed + p->has_top_k + p->has_temp +
                  p->has_top_p + p->has_presence + p->has_min_p + p->has_repeat + p->has_think +
                  (p->stop != NULL) + (p->logit_bias != NULL) + (p->priority_class != NULL) +
-                 p->has_level;
+                 p->has_level + (p->model != NULL);
     msgpack_pack_map(pk, n);
+    if (p->model) sil_rpc_kv_strn(pk, "model", p->model->str, p->model->len);
     if (kind == SIL_OA_CHAT) {
         sil_rpc_pack_cstr(pk, "messages");
         msgpack_pack_array(pk, (uint32_t)p->messages->n);
@@ -469,6 +480,7 @@ void sil_oa_fail_from_rpc(struct sil_oa_fail *f, int code, const char *message)
         status = 429;
         break;
     case SIL_RPC_E_NOT_FOUND:
+    case SIL_RPC_E_MODEL_NOT_FOUND:
         status = 404;
         break;
     case SIL_RPC_E_METHOD_NOT_FOUND:
@@ -501,6 +513,10 @@ void sil_oa_fail_from_rpc(struct sil_oa_fail *f, int code, const char *message)
     sil_oa_failf(f, status, param, "siliceod: %s", message ? message : sil_rpc_code_message(code));
     if (code == SIL_RPC_E_CONTEXT_FULL)
         f->code = "context_length_exceeded";
+    else if (code == SIL_RPC_E_MODEL_NOT_FOUND) {
+        f->code = "model_not_found";
+        snprintf(f->param, sizeof f->param, "model");
+    }
     else if (code == SIL_RPC_E_BUSY) {
         f->type = "rate_limit_error";
         f->code = "rate_limit_exceeded";
