@@ -102,7 +102,7 @@ if [ -x "$SIL_BUILD/bin/sil-openai" ] && command -v curl >/dev/null; then
 import json, sys, urllib.request, urllib.error
 from siltest import check
 port, ctx = sys.argv[1], int(sys.argv[2])
-body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "word " * ctx}]}
+body = {"max_tokens": 4, "messages": [{"role": "user", "content": "word " * ctx}]}
 req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % port,
                              data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
 try:

@@ -115,7 +115,7 @@ def health_metrics():
 
 
 def chat(model):
-    req = {"model": "anything", "messages": CHAT, "max_tokens": 12, "temperature": 0, "seed": 7,
+    req = {"model": model, "messages": CHAT, "max_tokens": 12, "temperature": 0, "seed": 7,
            "think": False}
     st, head, body = curl("/v1/chat/completions", req)
     check(st == 200 and "application/json" in head, "chat: %d %r" % (st, body[:300]))
