@@ -89,15 +89,17 @@ static void test_cold_save_load(void **state)
     struct sil_heat_view v;
     struct sil_engine *e = open_moe(32);
     sil_heatkeep_init(&h, &c, true);
-    sil_heatkeep_view(&h, &v);
-    char want[256];
-    snprintf(want, sizeof want, "%s/a/b/%s", dir, SIL_HEAT_FILE);
-    assert_string_equal(v.path, want);
     struct stat st;
     assert_int_equal(stat(c.state_dir, &st), 0);
     assert_true(S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0750);
     sil_heatkeep_load(&h, e, NULL, NULL);
     sil_heatkeep_view(&h, &v);
+    /* the model's own file, named for it (expert-heat-NAME-ID) */
+    char name[128], want[256];
+    assert_int_equal(sil_engine_heat_file_name(e, name, sizeof name), 0);
+    assert_true(strncmp(name, "expert-heat-", 12) == 0);
+    snprintf(want, sizeof want, "%s/a/b/%s", dir, name);
+    assert_string_equal(v.path, want);
     assert_string_equal(v.load, "none");
     assert_true(v.hot == 0 && v.preloaded == 0);
     eval_tokens(e, 40, 1);
@@ -135,6 +137,7 @@ static void test_bad_files(void **state)
     struct sil_heat_view v;
     struct sil_engine *e = open_moe(32);
     sil_heatkeep_init(&h, &c, true);
+    sil_heatkeep_load(&h, e, NULL, NULL); /* names the model's file */
     eval_tokens(e, 20, 3);
     assert_int_equal(sil_heatkeep_save(&h, e), 0);
     sil_heatkeep_view(&h, &v);
