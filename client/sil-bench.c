@@ -274,7 +274,7 @@ struct job {
 static int on_token(void *ud, const struct sil_rpc_msg *m)
 {
     struct job *j = ud;
-    if (m && m->type == SIL_RPC_NOTIFICATION && j->t_first == 0)
+    if (m && m->type == SIL_RPC_NOTIFICATION && strcmp(m->method, "token") == 0 && j->t_first == 0)
         j->t_first = sil_client_now();
     return 0;
 }

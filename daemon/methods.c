@@ -63,7 +63,7 @@ int pump_streams(struct conn *c)
 static const char *const capabilities[] = { "hello", "generate", "chat", "cancel", "tokenize", "detokenize",
                                             "status", "metrics", "sessions.list", "sessions.drop", "shutdown",
                                             "debug.stream", "stream", "sessions", "logit_bias",
-                                            "priority", "preemption", "models" };
+                                            "priority", "preemption", "models", "progress" };
 
 static void kv_text_or_nil(msgpack_packer *pk, const char *key, const char *s);
 
@@ -890,7 +890,7 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
     double temp = j->sampling.temperature, top_p = j->sampling.top_p, min_p = j->sampling.min_p,
            rep = j->sampling.repeat_penalty, pres = j->sampling.presence_penalty;
     uint64_t seed = 0;
-    bool repair = true;
+    bool repair = true, progress = false;
     const unsigned O = SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE;
     if (sil_rpc_get_int(p, "max_tokens", 1, cfg->max_tokens_limit, &max_tokens, O, err) < 0 ||
         sil_rpc_get_double(p, "temperature", 0, 100, &temp, O, err) < 0 ||
@@ -904,6 +904,7 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
         sil_rpc_get_int(p, "max_thinking_tokens", -1, 1 << 24, &think, O, err) < 0 ||
         sil_rpc_get_int(p, "grace_tokens", 0, SIL_GENCTL_GRACE_MAX, &grace, O, err) < 0 ||
         sil_rpc_get_bool(p, "repair_markdown", &repair, O, err) < 0 ||
+        sil_rpc_get_bool(p, "progress", &progress, O, err) < 0 ||
         sil_rpc_get_strbuf(p, "session", j->session, sizeof j->session, O, err) < 0)
         return -EINVAL;
     j->sampling.temperature = (float)temp;
@@ -918,6 +919,7 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
     j->ctl.max_thinking_tokens = (int32_t)think;
     j->ctl.grace_tokens = (int32_t)grace;
     j->ctl.repair_markdown = repair;
+    j->progress = progress;
 
     j->priority = SIL_PRIO_NORMAL;
     const msgpack_object *prio = sil_rpc_map_get(p, "priority");

@@ -169,6 +169,44 @@ static void pack_token(struct sil_rpc_buf *b, uint32_t msgid, const struct sil_g
     sil_rpc_end(b);
 }
 
+/* At most one "progress" notification a request in this many seconds, besides the one that
+ * completes its prompt. */
+#define PROGRESS_INTERVAL_S 0.25
+
+static void pack_progress(struct sil_rpc_buf *b, const struct job *j, size_t n_evaluated)
+{
+    msgpack_packer *pk = sil_rpc_begin_notification(b, "progress");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 4);
+    sil_rpc_kv_uint(pk, "id", j->r.msgid);
+    sil_rpc_kv_uint(pk, "n_prompt", j->r.n_prompt);
+    sil_rpc_kv_uint(pk, "n_cached", j->n_cached);
+    sil_rpc_kv_uint(pk, "n_evaluated", n_evaluated);
+    sil_rpc_end(b);
+}
+
+/* After a step that evaluated part of j's prompt: tells a client that asked how far it is, once
+ * after the first chunk, then at most every PROGRESS_INTERVAL_S, and when the prompt is done
+ * (before the first token). A replay after a preemption while decoding is no prompt to report,
+ * and a prompt recomputed after one reports nothing until it passes what was already said. */
+static void job_progress(struct sil_worker *w, struct job *j)
+{
+    if (!j->r.progress || j->conn_gone || j->cancelled || j->t_first || j->fill != j->r.prompt)
+        return;
+    const size_t total = j->r.n_prompt - j->n_cached;
+    size_t done = j->n_done > j->n_cached ? j->n_done - j->n_cached : 0;
+    if (done > total)
+        done = total;
+    const double now = now_s();
+    if (done <= j->n_progress || (done < total && now - j->t_progress < PROGRESS_INTERVAL_S))
+        return;
+    pack_progress(&w->pk, j, done);
+    if (post(w, j->r.conn_id, j->r.msgid, false)) {
+        j->t_progress = now;
+        j->n_progress = done;
+    }
+}
+
 static double ms(double a, double b) { return a > 0 && b >= a ? (b - a) * 1e3 : 0; }
 
 /* Final response, the sequence back to its session (or freed), the job freed. */
@@ -887,6 +925,7 @@ void step(struct sil_worker *w)
                 job_checkpoint(w, j);
             if (w->prefix_cache && (j->n_done / 64 > (j->n_done - cnt) / 64 || j->n_done == snap))
                 job_publish(w, j, j->n_done == snap);
+            job_progress(w, j);
         }
     }
 

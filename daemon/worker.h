@@ -48,6 +48,7 @@ struct sil_job_req {
     struct sil_chat_msg *chat;
     size_t n_chat;
     bool think, append;
+    bool progress;      /* send "progress" notifications while the prompt is evaluated */
     int priority;       /* enum sil_priority: the class */
     int priority_level; /* within the class, SIL_PRIO_LEVEL_MIN..MAX (schedpolicy.h), lower first */
 };

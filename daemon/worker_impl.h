@@ -66,6 +66,10 @@ struct job {
     struct sil_genctl *gc;
     struct sil_detok dt;
     double t_submit, t_admit, t_first, t_end;
+    /* The last "progress" notification (r.progress): when, and the prompt tokens evaluated it
+     * reported (never fewer in a later one, a preempted prompt's recompute included). */
+    double t_progress;
+    size_t n_progress;
     int logit_row;
     int err_code; /* protocol error code of a failed final response; 0 = internal error */
     /* A chat on a session that no longer fit: the messages of its conversation (the transcript,
