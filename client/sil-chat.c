@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -70,6 +71,11 @@ struct stream {
     char last;         /* last answer byte written, to end with a newline */
     struct sil_rpc_client *c;
     bool cancel_sent;
+    /* stderr is a terminal: the daemon is asked for progress notifications, shown as one line
+     * (progress_len columns now, 0 when none) that the first piece of the answer erases */
+    bool progress;
+    bool answering; /* a piece of the answer came: no more progress lines */
+    int progress_len;
 };
 
 static void usage(FILE *f)
@@ -284,6 +290,66 @@ static void emit(const struct stream *st, const char *s, size_t n)
         fwrite(s, 1, n, stdout);
 }
 
+/* v with a comma between each group of three digits ("3,492"). */
+static const char *group_digits(uint64_t v, char buf[32])
+{
+    char digits[24];
+    int n = snprintf(digits, sizeof digits, "%" PRIu64, v), k = 0;
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && (n - i) % 3 == 0)
+            buf[k++] = ',';
+        buf[k++] = digits[i];
+    }
+    buf[k] = 0;
+    return buf;
+}
+
+/* Clears the progress line's row and leaves the cursor at its start: the whole row, for what
+ * the terminal echoed after the line (^C), or blanks over the line on a dumb terminal. */
+static void progress_erase(struct stream *st)
+{
+    if (st->progress_len == 0)
+        return;
+    const char *term = getenv("TERM");
+    if (term && strcmp(term, "dumb") != 0)
+        fputs("\r\033[K", stderr);
+    else
+        fprintf(stderr, "\r%*s\r", st->progress_len, "");
+    st->progress_len = 0;
+    fflush(stderr);
+}
+
+/* A "progress" notification: how much of the prompt the daemon has read. Shown only while the
+ * prompt is not done; figures that make no sense are ignored. */
+static void on_progress(struct stream *st, const msgpack_object *p)
+{
+    const int64_t n_prompt = sil_rpc_map_int(p, "n_prompt", -1),
+                  n_cached = sil_rpc_map_int(p, "n_cached", -1),
+                  done = sil_rpc_map_int(p, "n_evaluated", -1);
+    if (!st->progress || st->answering || n_prompt <= 0 || n_cached < 0 || n_cached >= n_prompt ||
+        done < 0 || done > n_prompt - n_cached)
+        return;
+    const int64_t total = n_prompt - n_cached;
+    if (done == total && st->progress_len == 0)
+        return; /* done at once: nothing to wait for */
+    char a[32], b[32], c[32], cached[64] = "", line[160];
+    if (n_cached > 0)
+        snprintf(cached, sizeof cached, " (%s cached)", group_digits((uint64_t)n_cached, c));
+    int n = snprintf(line, sizeof line, "reading the prompt: %s / %s tokens%s",
+                     group_digits((uint64_t)done, a), group_digits((uint64_t)total, b), cached);
+    /* one row: a line that wrapped could not be taken back with a carriage return */
+    struct winsize ws;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && n >= ws.ws_col) {
+        n = ws.ws_col - 1;
+        line[n] = 0;
+    }
+    /* a shorter line than the last leaves no characters of it behind */
+    fprintf(stderr, "\r%s%*s", line, st->progress_len > n ? st->progress_len - n : 0, "");
+    if (st->progress_len < n)
+        st->progress_len = n;
+    fflush(stderr);
+}
+
 static int on_msg(void *ud, const struct sil_rpc_msg *m)
 {
     struct stream *st = ud;
@@ -297,8 +363,16 @@ static int on_msg(void *ud, const struct sil_rpc_msg *m)
     }
     if (!m)
         return 0;
-    if (m->type != SIL_RPC_NOTIFICATION || strcmp(m->method, "token") != 0 || !st)
+    if (m->type != SIL_RPC_NOTIFICATION || !st)
         return 0;
+    if (strcmp(m->method, "progress") == 0) {
+        on_progress(st, m->params);
+        return 0;
+    }
+    if (strcmp(m->method, "token") != 0)
+        return 0;
+    st->answering = true;
+    progress_erase(st);
     const char *s;
     size_t n;
     if (st->show_reasoning &&
@@ -364,15 +438,18 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
     st.dim = st.tty && !getenv("NO_COLOR");
     st.show_reasoning = o->show_reasoning < 0 ? st.tty : o->show_reasoning;
     st.last = '\n';
+    st.progress = !o->json && isatty(STDERR_FILENO);
 
     msgpack_packer *pk = sil_rpc_client_begin(c, raw_prompt ? "generate" : "chat");
     struct sil_client_gen gen = o->gen;
     if (raw_prompt)
         gen.think = -1; /* chat only */
     const bool append = o->append && !raw_prompt;
-    msgpack_pack_map(pk, 1 + append + sil_client_gen_count(&gen));
+    msgpack_pack_map(pk, 1 + append + st.progress + sil_client_gen_count(&gen));
     if (append)
         sil_rpc_kv_bool(pk, "append", true);
+    if (st.progress)
+        sil_rpc_kv_bool(pk, "progress", true);
     if (raw_prompt) {
         sil_rpc_kv_str(pk, "prompt", raw_prompt);
     } else {
@@ -394,6 +471,7 @@ static int ask(struct sil_rpc_client *c, const struct opts *o, const struct turn
     struct sil_rpc_error e = {0};
     int r = sil_rpc_client_call(c, o->json ? NULL : on_msg, o->json ? NULL : &st, &res, &e);
     sigaction(SIGINT, &old, NULL);
+    progress_erase(&st); /* no answer came: an error, a cancel */
     dim(&st, false);
     if (!o->json && st.printed_any && st.last != '\n')
         fputc('\n', stdout);

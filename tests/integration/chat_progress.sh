@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# sil-chat's progress line on a real terminal (tmux), with prompts the daemon reads in chunks of
+# 16 tokens at 40 ms or more a step (test hook), a few seconds each: while the prompt is read,
+# one line "reading the prompt: X / Y tokens" on stderr, Y the prompt's tokens as the daemon
+# counts them, X growing; gone once the answer comes, and gone before "[cancelled]" when Ctrl-C
+# ends the request during the prompt. With stderr into a file, no progress anywhere (neither the
+# file nor the terminal); into pipes, stdout holds the answer only and stderr nothing.
+. "$(dirname "$0")/lib.bash"
+command -v tmux >/dev/null || { echo "skip: no tmux"; exit 0; }
+BIN=$SIL_BUILD/bin
+TM="tmux -S $T/tmux.sock"
+cleanup_tty() {
+    $TM kill-server 2>/dev/null || true
+    for _ in $(seq 50); do pgrep -f "$BIN/sil-chat" >/dev/null || break; sleep 0.1; done
+    cleanup
+}
+trap cleanup_tty EXIT
+write_conf "threads = 2" "prefill_chunk = 16" "prefill_budget = 16"
+SILICEOD_TEST_HOOKS=ubatch_ms=40 start_daemon --model "$MODEL"
+
+pane() { $TM capture-pane -p -t "$1"; }
+wait_for() { # window, fixed string, seconds
+    local i
+    for i in $(seq $((${3:-10} * 10))); do
+        pane "$1" | grep -qF -- "$2" && return 0
+        sleep 0.1
+    done
+    echo "pane $1:"; pane "$1"; fail "waited for '$2'"
+}
+start_cmd() { # window, shell command
+    $TM new-window -d -n "$1" "env LANG=C.UTF-8 TERM=xterm HOME=$T/home $2; echo EXIT=\$?; sleep 600"
+}
+context() { # tag: about 1,300 tokens of words of its own
+    for i in $(seq 450); do printf '%s%d ' "$1" $((i % 89)); done
+}
+CHAT="$BIN/sil-chat -s -n 4 -t 0 --no-think"
+mkdir -p "$T/home"
+$TM new-session -d -s t -x 150 -y 40 "sleep 600"
+
+# ---- the line while the prompt is read, gone when the answer comes -----------------------------
+context a >"$T/a.txt"
+start_cmd a "$CHAT summarise <$T/a.txt"
+wait_for a "reading the prompt: " 20
+line1=$(pane a | grep "^reading the prompt: ") || fail "no progress line"
+echo "$line1" | grep -qE '^reading the prompt: [0-9][0-9,]* / [0-9],[0-9]{3} tokens$' ||
+    fail "progress line: '$line1'"
+sleep 0.8
+line2=$(pane a | grep "^reading the prompt: ") || { pane a; fail "the progress line went before the answer came"; }
+num() { echo "$1" | sed -E "s/^reading the prompt: ([0-9,]*) \/ ([0-9,]*) tokens$/\\$2/" | tr -d ,; }
+x1=$(num "$line1" 1) y1=$(num "$line1" 2) x2=$(num "$line2" 1) y2=$(num "$line2" 2)
+[ "$x1" -lt "$y1" ] && [ "$x2" -gt "$x1" ] && [ "$y2" = "$y1" ] ||
+    fail "progress does not move: '$line1', then '$line2'"
+echo "ok: while the prompt is read: '$line1', then '$line2'"
+wait_for a "EXIT=0" 30
+! pane a | grep -q "reading the prompt" || { pane a; fail "the progress line is still there after the answer"; }
+[ "$(pane a | grep -c .)" -ge 1 ] || fail "nothing on the terminal"
+# the same request as JSON (no progress asked) counts the prompt's tokens as the line did
+n_prompt=$($CHAT --json summarise <"$T/a.txt" | python3 -c "import json,sys; print(json.load(sys.stdin)['n_prompt'])")
+[ "$n_prompt" = "$y1" ] || fail "the line's total $y1 is not the prompt's $n_prompt tokens"
+echo "ok: the line's total is the prompt's $n_prompt tokens; the line is gone after the answer"
+
+# ---- Ctrl-C while the prompt is read: the line goes, [cancelled] on a line of its own -----------
+context b >"$T/b.txt"
+start_cmd b "$CHAT summarise <$T/b.txt"
+wait_for b "reading the prompt: " 20
+$TM send-keys -t b C-c
+wait_for b "EXIT=130" 20
+pane b | grep -qx "\[cancelled\]" || { pane b; fail "[cancelled] not on a line of its own"; }
+! pane b | grep -q "reading the prompt" || { pane b; fail "the progress line is left after Ctrl-C"; }
+echo "ok: Ctrl-C during the prompt: the line is erased, [cancelled] stands alone"
+
+# ---- stderr into a file: no progress, on the terminal or in the file ----------------------------
+context c >"$T/c.txt"
+start_cmd c "$CHAT summarise <$T/c.txt 2>$T/c.err"
+seen=0
+for _ in $(seq 100); do
+    pane c | grep -q "reading the prompt" && seen=1
+    pane c | grep -q "^EXIT=" && break
+    sleep 0.1
+done
+pane c | grep -qx "EXIT=0" || { pane c; fail "sil-chat with stderr into a file did not end with 0"; }
+[ $seen = 0 ] || fail "a progress line on the terminal with stderr into a file"
+[ ! -s "$T/c.err" ] || fail "stderr into a file got: $(od -c "$T/c.err" | head -3)"
+echo "ok: stderr into a file: no progress line, an empty file"
+
+# ---- pipes: the answer only, no carriage return, nothing on stderr -------------------------------
+context d >"$T/d.txt"
+$CHAT summarise <"$T/d.txt" >"$T/d.out" 2>"$T/d.err" || fail "sil-chat into pipes"
+[ ! -s "$T/d.err" ] || fail "stderr into a pipe got: $(head -c 200 "$T/d.err")"
+! grep -q $'\r' "$T/d.out" || fail "a carriage return in the answer"
+$CHAT --json summarise <"$T/d.txt" | python3 -c "
+import json, sys
+r = json.load(sys.stdin)
+sys.exit(0 if open('$T/d.out').read() == r['text'] + ('' if r['text'].endswith('\n') else '\n') else 1)" ||
+    fail "stdout holds more than the answer"
+echo "ok: into pipes: the answer alone on stdout, nothing on stderr"
+stop_daemon
