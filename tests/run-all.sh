@@ -65,7 +65,7 @@ if [ "$only" = tsan-integration ]; then
     for n in clients daemon_chat_session daemon_heat daemon_hybrid daemon_kv daemon_lifecycle \
         daemon_limits daemon_load daemon_methods daemon_modelfile daemon_prefix \
         daemon_reload_retry daemon_saved_sessions daemon_sched daemon_shutdown daemon_soak daemon_text \
-        daemon_tier chat_context openai; do
+        daemon_tier daemon_progress chat_context openai; do
         t=tests/integration/$n.sh
         [ -f "$t" ] || continue
         run "tsan-integration/$n" env SIL_BUILD="$(cd "$TSAN_B" && pwd)" SIL_SANITIZER=thread \

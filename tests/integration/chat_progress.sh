@@ -3,8 +3,9 @@
 # 16 tokens at 40 ms or more a step (test hook), a few seconds each: while the prompt is read,
 # one line "reading the prompt: X / Y tokens" on stderr, Y the prompt's tokens as the daemon
 # counts them, X growing; gone once the answer comes, and gone before "[cancelled]" when Ctrl-C
-# ends the request during the prompt. With stderr into a file, no progress anywhere (neither the
-# file nor the terminal); into pipes, stdout holds the answer only and stderr nothing.
+# ends the request during the prompt; in the REPL, what its session held is counted as cached.
+# With stderr into a file, no progress anywhere (neither the file nor the terminal); into pipes,
+# stdout holds the answer only and stderr nothing.
 . "$(dirname "$0")/lib.bash"
 command -v tmux >/dev/null || { echo "skip: no tmux"; exit 0; }
 BIN=$SIL_BUILD/bin
@@ -26,6 +27,14 @@ wait_for() { # window, fixed string, seconds
         sleep 0.1
     done
     echo "pane $1:"; pane "$1"; fail "waited for '$2'"
+}
+prompt_back() { # window: the REPL's prompt is the last line again (the answer is over)
+    local i
+    for i in $(seq 300); do
+        [ "$(pane "$1" | grep . | tail -1)" = ">" ] && return 0
+        sleep 0.1
+    done
+    pane "$1"; fail "no prompt after the answer"
 }
 start_cmd() { # window, shell command
     $TM new-window -d -n "$1" "env LANG=C.UTF-8 TERM=xterm HOME=$T/home $2; echo EXIT=\$?; sleep 600"
@@ -58,6 +67,23 @@ wait_for a "EXIT=0" 30
 n_prompt=$($CHAT --json summarise <"$T/a.txt" | python3 -c "import json,sys; print(json.load(sys.stdin)['n_prompt'])")
 [ "$n_prompt" = "$y1" ] || fail "the line's total $y1 is not the prompt's $n_prompt tokens"
 echo "ok: the line's total is the prompt's $n_prompt tokens; the line is gone after the answer"
+
+# ---- the REPL: its second question counts what the session already held as cached ---------------
+start_cmd r "$BIN/sil-chat -n 4 -t 0 --no-think"
+wait_for r "Ctrl-D to quit." 10
+$TM send-keys -t r -l "$(context r) what is this?"
+$TM send-keys -t r Enter
+wait_for r "reading the prompt: " 20
+prompt_back r
+$TM send-keys -t r -l "$(context s) and this?"
+$TM send-keys -t r Enter
+wait_for r " cached)" 20
+line=$(pane r | grep "^reading the prompt: ") || fail "no progress line in the REPL"
+echo "$line" | grep -qE '^reading the prompt: [0-9][0-9,]* / [0-9][0-9,]* tokens \([0-9],[0-9]{3} cached\)$' ||
+    fail "REPL progress line: '$line'"
+prompt_back r
+! pane r | grep -q "reading the prompt" || { pane r; fail "the progress line is left in the REPL"; }
+echo "ok: the REPL's second question: '$line', gone after the answer"
 
 # ---- Ctrl-C while the prompt is read: the line goes, [cancelled] on a line of its own -----------
 context b >"$T/b.txt"
