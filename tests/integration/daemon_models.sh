@@ -98,11 +98,20 @@ for (c, m), i in zip(cs, ids):
           "concurrent %s answers as that model: %r" % (m, res["text"]))
 # A request waiting for its model is cancelled with error 8; the running one completes.
 c = siltest.Client()
+# the running request must not end early at its end-of-text token (under load the status poll
+# below could then miss it, and the request for the other model would not wait behind it)
+c.ok("generate", {"model": b, "prompt": "Hi", "max_tokens": 1, "grace_tokens": 0})
+bias = {}
+for t in ("<|im_end|>", "<|endoftext|>"):
+    r, _ = c.ok("tokenize", {"text": t, "special": True})
+    if len(r["ids"]) == 1:
+        bias[r["ids"][0]] = -100
 long_id = c.send("generate", {"model": b, "prompt": "Once upon a time", "max_tokens": 600,
-                              "grace_tokens": 0, "temperature": 0})
+                              "grace_tokens": 0, "temperature": 0, "logit_bias": bias})
 t_end = time.monotonic() + 10
 while time.monotonic() < t_end and c.ok("status")[0]["queue"]["running"] == 0:
     time.sleep(0.01)
+check(c.ok("status")[0]["queue"]["running"] == 1, "the long request is running")
 wait_id = c.send("generate", {"model": a, "prompt": "Hello", "max_tokens": 4})
 cancel_id = c.send("cancel", {"id": wait_id})
 err, _, _ = c.wait(wait_id)
