@@ -24,7 +24,8 @@
 #   make format     clang-format the sources
 #
 # Sources are found by directory, so a new file needs no Makefile edit:
-#   kernels/cpu/*.c    -> build/lib/libsil-kernels.a   (*_avx2.c / *_avx512.c get their ISA flags)
+#   kernels/*.c, kernels/cpu/*.c -> build/lib/libsil-kernels.a   (*_avx2.c / *_avx512.c get their
+#                         ISA flags; kernels/*.c is what every layer shares, e.g. the error type)
 #   daemon/engine/*.c  -> build/lib/libsil-engine.a
 #   libproto/*.c       -> build/lib/libsiliceo-proto.a
 #   daemon/*.c         -> build/bin/siliceod           (daemon/main.c holds main)
@@ -80,7 +81,7 @@ LDLIBS_sil-openai := $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo
 AVX2_FLAGS := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
-KERNEL_SRC := $(wildcard kernels/cpu/*.c)
+KERNEL_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 ENGINE_SRC := $(wildcard daemon/engine/*.c)
 PROTO_SRC := $(wildcard libproto/*.c)
 DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
@@ -571,7 +572,7 @@ clean:
 	rm -rf $(B)
 
 format:
-	clang-format -i $(wildcard kernels/cpu/*.[ch] kernels/cuda/*.[ch] daemon/*.[ch] daemon/engine/*.[ch] libproto/*.[ch] \
+	clang-format -i $(wildcard kernels/*.[ch] kernels/cpu/*.[ch] kernels/cuda/*.[ch] daemon/*.[ch] daemon/engine/*.[ch] libproto/*.[ch] \
 		client/*.[ch] client/*/*.[ch] bench/*.[ch] bench/*/*.[ch] tests/*.[ch] tests/fuzz/*.[ch])
 
 -include $(shell find $(B) -name '*.d' -type f 2>/dev/null)

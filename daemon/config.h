@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <sys/types.h>
 
-#include "daemon/engine/error.h"
 #include "daemon/engine/size.h" /* sil_parse_size */
+#include "kernels/error.h"
 
 #define SIL_DEFAULT_CONFIG "/etc/siliceo/siliceod.conf"
 #define SIL_CONFIG_MAX_IDS 32

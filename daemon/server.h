@@ -6,7 +6,7 @@
 #define SIL_DAEMON_SERVER_H
 
 #include "daemon/config.h"
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 /* Runs the daemon until SIGTERM / SIGINT / the shutdown method. argv is kept for SIGHUP, which
  * re-reads the configuration. Returns the process exit status. */

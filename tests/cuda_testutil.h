@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 static int failures;
 static uint64_t rng = CUDA_TEST_SEED;

@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/error.h"
 
 /* The byte-level symbol of byte b, UTF-8 (1 or 2 bytes, not NUL-terminated); returns its length. */
 size_t tu_byte_level(unsigned char b, char *out);

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 enum sil_mk_arch { SIL_MK_QWEN35MOE, SIL_MK_QWEN35, SIL_MK_QWEN3MOE, SIL_MK_QWEN3, SIL_MK_ARCH_COUNT };
 

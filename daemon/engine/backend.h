@@ -22,8 +22,8 @@
 
 #include "daemon/engine/delta_net.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/error.h"
 #include "daemon/engine/kv_cache.h"
+#include "kernels/error.h"
 
 enum sil_weight_loc {
     SIL_WEIGHT_MMAP,   /* in place in the model file's mapping */

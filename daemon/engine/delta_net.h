@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 struct sil_delta_net_params {
     int32_t n_k_heads;   /* {arch}.ssm.group_count (16 for Qwen3.5-35B-A3B) */

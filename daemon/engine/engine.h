@@ -20,10 +20,10 @@
 #include <stdio.h>
 
 #include "daemon/engine/chat.h"
-#include "daemon/engine/error.h"
 #include "daemon/engine/hostmem.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/error.h"
 
 enum sil_arch { SIL_ARCH_QWEN35MOE, SIL_ARCH_QWEN35, SIL_ARCH_QWEN3MOE, SIL_ARCH_QWEN3, SIL_ARCH_COUNT };
 

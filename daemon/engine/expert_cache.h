@@ -33,7 +33,7 @@
 
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 enum sil_ecache_policy {
     SIL_ECACHE_LRU,

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 #define SIL_HEAT_VERSION 1u
 #define SIL_HEAT_MAX_KEYS (1u << 24) /* n_layer * n_expert */

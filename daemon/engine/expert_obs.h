@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 #include "daemon/engine/backend.h"
-#include "daemon/engine/error.h"
 #include "daemon/engine/expert_cache.h"
+#include "kernels/error.h"
 
 struct sil_expert_obs_config {
     int32_t n_layer, n_expert, n_used;

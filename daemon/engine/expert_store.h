@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 /* One layer's stacked matrix of n_expert experts in the file: the offset of expert 0 and the
  * bytes of one (the next expert follows at off + bytes). bytes 0: the layer has none. */

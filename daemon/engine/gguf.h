@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 #define SIL_GGUF_MAX_DIMS 4
 #define SIL_GGUF_DEFAULT_ALIGNMENT 32

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "daemon/engine/backend.h"
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 struct sil_host_expert_job {
     int32_t row;                               /* row of x and y */

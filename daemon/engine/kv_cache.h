@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 #define SIL_KV_BLOCK 64      /* positions per block */
 #define SIL_KV_HEAD_MAX 1024 /* largest head dim */

@@ -11,9 +11,9 @@
 #include <stdio.h>
 
 #include "daemon/engine/engine.h"
-#include "daemon/engine/error.h"
 #include "daemon/engine/gguf.h"
 #include "kernels/cpu/quants.h"
+#include "kernels/error.h"
 
 #define SIL_MAX_LAYERS 512
 

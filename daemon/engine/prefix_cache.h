@@ -22,8 +22,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
 #include "daemon/engine/kv_cache.h"
+#include "kernels/error.h"
 
 /* The parent hash of a sequence's first block in a scope. */
 uint64_t sil_prefix_root(uint64_t scope);

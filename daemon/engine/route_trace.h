@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 #define SIL_ROUTE_TRACE_VERSION 1u
 #define SIL_ROUTE_TRACE_MAX_ROWS 65536

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 struct sil_state_ckpt;
 

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 typedef uint64_t sil_cuda_ptr; /* a device address (CUdeviceptr); 0 is none */
 struct sil_cuda;
@@ -354,8 +354,6 @@ int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_wei
                                   sil_cuda_ptr y, const struct sil_cuda_norm_in *nt,
                                   struct sil_cuda_stream *s, struct sil_error *err);
 
-#endif
-
 /* ---- further modules ----------------------------------------------------------------------- */
 
 /* A second fatbin (kernels outside kernels.cu, e.g. the engine's forward-pass kernels in
@@ -372,3 +370,5 @@ int sil_cuda_module_function(struct sil_cuda *cu, struct sil_cuda_module *m, con
 int sil_cuda_launch(struct sil_cuda *cu, void *fn, const char *what, unsigned gx, unsigned gy,
                     unsigned gz, unsigned block, struct sil_cuda_stream *s, void **params,
                     struct sil_error *err);
+
+#endif

@@ -1,4 +1,4 @@
-#include "daemon/engine/error.h"
+#include "kernels/error.h"
 
 #include <stdio.h>
 #include <string.h>
