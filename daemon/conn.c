@@ -1,14 +1,15 @@
 /* Connections: accept with the peer credential check (refused peers get one error, then our
  * side is shut and their input read and dropped briefly so they can read it), per-connection
  * output buffers bounded by max_output, non-blocking reads, the framing of incoming msgpack-RPC
- * messages, each handed to dispatch (methods.c), and the input limits: max_input across
+ * messages, each handed to sil_dispatch (methods.c), and the input limits: max_input across
  * connections, message_timeout for an incomplete message, idle_timeout.
  * A peer that shuts its write side still gets the answers to what it sent; the connection
  * closes after the last of them is written.
  *
- * Ownership: a struct conn is created by on_accept and freed only by conn_free, which any write
- * or read path may call when the peer fails or misbehaves; those paths then return -1. The
- * connection holds the ids of its requests in flight so the worker can be told when it goes. */
+ * Ownership: a struct conn is created by sil_on_accept and freed only by sil_conn_free, which
+ * any write or read path may call when the peer fails or misbehaves; those paths then return
+ * -1. The connection holds the ids of its requests in flight so the worker can be told when it
+ * goes. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,10 +31,10 @@
 
 /* ---- connections ------------------------------------------------------------------------------- */
 
-void conn_free(struct conn *c)
+void sil_conn_free(struct conn *c)
 {
     struct server *s = c->srv;
-    models_conn_gone(s, c->id);
+    sil_models_conn_gone(s, c->id);
     if (c->n_inflight && s->worker && c->close_msg)
         sil_worker_conn_closed(s->worker, c->id, c->close_msg);
     else
@@ -57,10 +58,10 @@ void conn_free(struct conn *c)
     free(c->inflight);
     free(c->out);
     free(c);
-    server_conn_gone(s);
+    sil_server_conn_gone(s);
 }
 
-struct conn *conn_find(struct server *s, uint64_t id)
+struct conn *sil_conn_find(struct server *s, uint64_t id)
 {
     for (struct conn *c = s->conns; c; c = c->next)
         if (c->id == id)
@@ -68,26 +69,26 @@ struct conn *conn_find(struct server *s, uint64_t id)
     return NULL;
 }
 
-size_t conn_queued(const struct conn *c) { return c->out_len - c->out_off; }
+size_t sil_conn_queued(const struct conn *c) { return c->out_len - c->out_off; }
 
 static void conn_update_events(struct conn *c)
 {
     uint32_t ev = c->closing || c->read_eof || c->paused ? 0 : EPOLLIN;
-    if (conn_queued(c))
+    if (sil_conn_queued(c))
         ev |= EPOLLOUT;
     sd_event_source_set_io_events(c->io, ev);
 }
 
 /* Writes what the socket takes now. Returns -1 when the connection had to be closed. */
-int conn_flush(struct conn *c)
+int sil_conn_flush(struct conn *c)
 {
-    while (conn_queued(c)) {
-        ssize_t n = send(c->fd, c->out + c->out_off, conn_queued(c), MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (sil_conn_queued(c)) {
+        ssize_t n = send(c->fd, c->out + c->out_off, sil_conn_queued(c), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 break;
             sil_debug("client %llu: send: %s", (unsigned long long)c->id, strerror(errno));
-            conn_free(c);
+            sil_conn_free(c);
             return -1;
         }
         c->out_off += n;
@@ -98,8 +99,8 @@ int conn_flush(struct conn *c)
         c->out_off = c->out_len = 0;
     if (c->read_eof && !c->n_inflight && !c->streams)
         c->closing = true; /* half-closed peer: its last answer is queued */
-    if (c->closing && !conn_queued(c)) {
-        conn_free(c);
+    if (c->closing && !sil_conn_queued(c)) {
+        sil_conn_free(c);
         return -1;
     }
     conn_update_events(c);
@@ -108,18 +109,18 @@ int conn_flush(struct conn *c)
 
 /* Queues bytes without writing them; a client whose queue would pass max_output is dropped (it
  * does not read). Returns -1 when the connection is gone. */
-int conn_append(struct conn *c, const void *data, size_t n)
+static int conn_append(struct conn *c, const void *data, size_t n)
 {
     struct server *s = c->srv;
-    if (conn_queued(c) + n > s->cfg->max_output) {
+    if (sil_conn_queued(c) + n > s->cfg->max_output) {
         sil_warn("client %llu (pid %d, uid %d) dropped: more than %llu bytes of output waiting",
                  (unsigned long long)c->id, c->cred.pid, c->cred.uid, (unsigned long long)s->cfg->max_output);
         s->clients_dropped++;
-        conn_free(c);
+        sil_conn_free(c);
         return -1;
     }
     if (c->out_off && c->out_len + n > c->out_cap) {
-        memmove(c->out, c->out + c->out_off, conn_queued(c));
+        memmove(c->out, c->out + c->out_off, sil_conn_queued(c));
         c->out_len -= c->out_off;
         c->out_off = 0;
     }
@@ -129,7 +130,7 @@ int conn_append(struct conn *c, const void *data, size_t n)
             cap *= 2;
         char *p = realloc(c->out, cap);
         if (!p) {
-            conn_free(c);
+            sil_conn_free(c);
             return -1;
         }
         c->out = p;
@@ -140,15 +141,15 @@ int conn_append(struct conn *c, const void *data, size_t n)
     return 0;
 }
 
-int conn_send(struct conn *c, const void *data, size_t n)
+static int conn_send(struct conn *c, const void *data, size_t n)
 {
     if (conn_append(c, data, n) < 0)
         return -1;
-    return conn_flush(c);
+    return sil_conn_flush(c);
 }
 
 /* Sends what the scratch buffer holds. */
-int conn_send_scratch(struct conn *c)
+int sil_conn_send_scratch(struct conn *c)
 {
     struct server *s = c->srv;
     int rc = conn_send(c, sil_rpc_buf_head(&s->scratch), sil_rpc_buf_size(&s->scratch));
@@ -156,7 +157,7 @@ int conn_send_scratch(struct conn *c)
     return rc;
 }
 
-int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
+int sil_send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
 {
     char msg[512], clean[3 * sizeof msg];
     va_list ap;
@@ -167,10 +168,10 @@ int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
     size_t n = sil_utf8_sanitize(msg, strlen(msg), clean);
     clean[n] = 0;
     sil_rpc_pack_error_response(&c->srv->scratch, msgid, code, clean);
-    return conn_send_scratch(c);
+    return sil_conn_send_scratch(c);
 }
 
-int send_error_retry(struct conn *c, uint32_t msgid, int code, int retry_after_ms, const char *msg)
+int sil_send_error_retry(struct conn *c, uint32_t msgid, int code, int retry_after_ms, const char *msg)
 {
     msgpack_packer *pk = sil_rpc_begin_error_response(&c->srv->scratch, msgid);
     msgpack_pack_map(pk, 3);
@@ -178,15 +179,18 @@ int send_error_retry(struct conn *c, uint32_t msgid, int code, int retry_after_m
     sil_rpc_kv_str(pk, "message", msg);
     sil_rpc_kv_int(pk, "retry_after_ms", retry_after_ms);
     sil_rpc_end_error_response(&c->srv->scratch);
-    return conn_send_scratch(c);
+    return sil_conn_send_scratch(c);
 }
 
-int send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err)
+int sil_send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err)
 {
-    return send_error(c, msgid, err->code ? err->code : SIL_RPC_E_INVALID_PARAMS, "%s", err->msg);
+    return sil_send_error(c, msgid, err->code ? err->code : SIL_RPC_E_INVALID_PARAMS, "%s", err->msg);
 }
 
-int send_conn_error(struct conn *c, int code, const char *fmt, ...)
+/* An error about the connection itself, with a nil msgid (siliceo-rpc(7)). */
+static int send_conn_error(struct conn *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int send_conn_error(struct conn *c, int code, const char *fmt, ...)
 {
     char msg[512], clean[3 * sizeof msg];
     va_list ap;
@@ -196,23 +200,23 @@ int send_conn_error(struct conn *c, int code, const char *fmt, ...)
     size_t n = sil_utf8_sanitize(msg, strlen(msg), clean);
     clean[n] = 0;
     sil_rpc_pack_conn_error(&c->srv->scratch, code, clean);
-    return conn_send_scratch(c);
+    return sil_conn_send_scratch(c);
 }
 
-int send_result_scratch(struct conn *c, uint32_t msgid)
+int sil_send_result_scratch(struct conn *c, uint32_t msgid)
 {
     struct server *s = c->srv;
     size_t n = sil_rpc_buf_size(&s->scratch);
     if (n > s->cfg->max_output) {
         sil_rpc_buf_reset(&s->scratch);
         s->results_too_large++;
-        return send_error(c, msgid, SIL_RPC_E_TOO_LARGE, "result of %zu bytes is larger than max_output (%llu)",
-                          n, (unsigned long long)s->cfg->max_output);
+        return sil_send_error(c, msgid, SIL_RPC_E_TOO_LARGE, "result of %zu bytes is larger than max_output (%llu)",
+                              n, (unsigned long long)s->cfg->max_output);
     }
-    return conn_send_scratch(c);
+    return sil_conn_send_scratch(c);
 }
 
-bool inflight_has(const struct conn *c, uint32_t msgid)
+bool sil_inflight_has(const struct conn *c, uint32_t msgid)
 {
     for (int i = 0; i < c->n_inflight; i++)
         if (c->inflight[i] == msgid)
@@ -220,7 +224,7 @@ bool inflight_has(const struct conn *c, uint32_t msgid)
     return false;
 }
 
-int inflight_add(struct conn *c, uint32_t msgid)
+int sil_inflight_add(struct conn *c, uint32_t msgid)
 {
     if (c->n_inflight == c->cap_inflight) {
         int cap = c->cap_inflight ? c->cap_inflight * 2 : 8;
@@ -234,7 +238,7 @@ int inflight_add(struct conn *c, uint32_t msgid)
     return 0;
 }
 
-void inflight_remove(struct conn *c, uint32_t msgid)
+void sil_inflight_remove(struct conn *c, uint32_t msgid)
 {
     for (int i = 0; i < c->n_inflight; i++)
         if (c->inflight[i] == msgid) {
@@ -243,13 +247,13 @@ void inflight_remove(struct conn *c, uint32_t msgid)
         }
 }
 
-void conn_deliver(struct server *s, const struct sil_outmsg *m)
+void sil_conn_deliver(struct server *s, const struct sil_outmsg *m)
 {
-    struct conn *c = conn_find(s, m->conn_id);
+    struct conn *c = sil_conn_find(s, m->conn_id);
     if (!c)
         return;
     if (m->final)
-        inflight_remove(c, m->msgid);
+        sil_inflight_remove(c, m->msgid);
     if (m->len > s->cfg->max_output) {
         /* It could never be queued: the client gets error 5, not a hang-up. */
         s->results_too_large++;
@@ -269,13 +273,13 @@ void conn_deliver(struct server *s, const struct sil_outmsg *m)
     }
 }
 
-void conn_flush_dirty(struct server *s)
+void sil_conn_flush_dirty(struct server *s)
 {
     for (struct conn *c = s->conns, *next; c; c = next) {
         next = c->next;
         if (c->dirty) {
             c->dirty = false;
-            conn_flush(c);
+            sil_conn_flush(c);
         }
     }
 }
@@ -312,21 +316,21 @@ static int conn_read(struct conn *c)
         if (send_conn_error(c, SIL_RPC_E_TOO_LARGE, "too much unparsed input") < 0)
             return -1;
         c->closing = true;
-        return conn_flush(c);
+        return sil_conn_flush(c);
     }
     ssize_t n = recv(c->fd, p, avail, MSG_DONTWAIT);
     if (n == 0) {
         /* The peer shut its write side (or closed): it may still read. What it sent is answered;
-         * conn_flush closes once nothing is in flight and the output is written. */
+         * sil_conn_flush closes once nothing is in flight and the output is written. */
         c->read_eof = true;
         c->t_partial = 0; /* an incomplete last message can never complete: dropped */
         sil_debug("client %llu: end of input, %d requests in flight", (unsigned long long)c->id, c->n_inflight);
-        return conn_flush(c);
+        return sil_conn_flush(c);
     }
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR)
             return 0;
-        conn_free(c);
+        sil_conn_free(c);
         return -1;
     }
     sil_rpc_unpacker_commit(c->up, n);
@@ -344,7 +348,7 @@ static int conn_read(struct conn *c)
         completed = true;
         s->messages_in++;
         if (rc == 1) {
-            rc = dispatch(c, &m);
+            rc = sil_dispatch(c, &m);
             sil_rpc_msg_release(&m);
             if (rc < 0)
                 return -1; /* the connection is gone */
@@ -357,7 +361,7 @@ static int conn_read(struct conn *c)
         s->bad_messages++;
         sil_debug("client %llu: bad message: %s", (unsigned long long)c->id, err.msg);
         if (rc == -EPROTO && m.has_msgid && m.type == SIL_RPC_REQUEST) {
-            if (send_rpc_error(c, m.msgid, &err) < 0)
+            if (sil_send_rpc_error(c, m.msgid, &err) < 0)
                 return -1;
             continue;
         }
@@ -375,7 +379,7 @@ static int conn_read(struct conn *c)
             return -1; /* the send failed and freed c: not even c->id may be read */
         note_pending(c, true);
         c->closing = true;
-        return conn_flush(c);
+        return sil_conn_flush(c);
     }
 }
 
@@ -384,14 +388,14 @@ static int on_conn_io(sd_event_source *src, int fd, uint32_t revents, void *ud)
     struct conn *c = ud;
     if (revents & (EPOLLERR | EPOLLHUP)) {
         if (!(revents & EPOLLIN)) {
-            conn_free(c);
+            sil_conn_free(c);
             return 0;
         }
     }
     if (revents & EPOLLOUT) {
-        if (conn_flush(c) < 0)
+        if (sil_conn_flush(c) < 0)
             return 0;
-        if (c->streams && pump_streams(c) < 0)
+        if (c->streams && sil_pump_streams(c) < 0)
             return 0;
     }
     if ((revents & EPOLLIN) && !c->closing)
@@ -451,7 +455,7 @@ static void lingering_free(struct lingering *l)
     free(l);
 }
 
-void lingering_free_all(struct server *s)
+void sil_lingering_free_all(struct server *s)
 {
     while (s->lingering)
         lingering_free(s->lingering);
@@ -509,7 +513,7 @@ static void refuse(struct server *s, int fd, int code, const char *msg)
     s->n_lingering++;
 }
 
-int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud)
+int sil_on_conn_tick(sd_event_source *src, uint64_t usec, void *ud)
 {
     struct server *s = ud;
     double t = now_s();
@@ -526,17 +530,17 @@ int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud)
                                 cfg->message_timeout) < 0)
                 continue;
             c->closing = true;
-            conn_flush(c);
+            sil_conn_flush(c);
             continue;
         }
-        bool idle = !c->n_inflight && !c->streams && !conn_queued(c) && !c->t_partial;
+        bool idle = !c->n_inflight && !c->streams && !sil_conn_queued(c) && !c->t_partial;
         if (idle && cfg->idle_timeout && t - c->t_active > cfg->idle_timeout) {
             sil_debug("client %llu: idle for %d s, closing", (unsigned long long)c->id, cfg->idle_timeout);
             s->clients_timed_out++;
             if (send_conn_error(c, SIL_RPC_E_TIMEOUT, "idle for %d s (idle_timeout)", cfg->idle_timeout) < 0)
                 continue;
             c->closing = true;
-            conn_flush(c);
+            sil_conn_flush(c);
             continue;
         }
         if (c->paused && s->input_bytes < cfg->max_input) {
@@ -544,12 +548,12 @@ int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud)
             conn_update_events(c);
         }
     }
-    models_tick(s);
+    sil_models_tick(s);
     sd_event_source_set_time(src, usec + 1000000);
     return 0;
 }
 
-int on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud)
+int sil_on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud)
 {
     struct server *s = ud;
     for (int k = 0; k < 16; k++) {

@@ -1,5 +1,5 @@
 /* The RPC methods of siliceo-rpc(7): hello, status, metrics, tokenize, detokenize, generate,
- * chat, cancel, sessions.list, sessions.drop, shutdown and debug.stream, and dispatch, which
+ * chat, cancel, sessions.list, sessions.drop, shutdown and debug.stream, and sil_dispatch, which
  * routes a request to its method (and refuses new work while the daemon stops).
  *
  * Contract: a method answers on the loop thread (responses packed in the server's scratch
@@ -27,19 +27,19 @@
 
 /* ---- debug.stream: notifications without the model, paced by the client's reading ------------- */
 
-int pump_streams(struct conn *c)
+int sil_pump_streams(struct conn *c)
 {
     struct server *s = c->srv;
     while (c->streams) {
         struct dstream *d = c->streams;
-        while (d->remaining && !d->cancelled && conn_queued(c) < s->cfg->max_output / 2) {
+        while (d->remaining && !d->cancelled && sil_conn_queued(c) < s->cfg->max_output / 2) {
             /* Batch a few notifications per send to keep the syscall count down. */
             for (int k = 0; k < 64 && d->remaining; k++) {
                 sil_rpc_pack_token(&s->scratch, d->msgid, d->text, d->len, NULL, 0);
                 d->remaining--;
                 d->sent++;
             }
-            if (conn_send_scratch(c) < 0)
+            if (sil_conn_send_scratch(c) < 0)
                 return -1;
         }
         if (d->remaining && !d->cancelled)
@@ -50,9 +50,9 @@ int pump_streams(struct conn *c)
         sil_rpc_kv_str(pk, "stop_reason", d->cancelled ? "cancelled" : "length");
         sil_rpc_end(&s->scratch);
         c->streams = d->next;
-        inflight_remove(c, d->msgid);
+        sil_inflight_remove(c, d->msgid);
         free(d);
-        if (conn_send_scratch(c) < 0)
+        if (sil_conn_send_scratch(c) < 0)
             return -1;
     }
     return 0;
@@ -74,7 +74,7 @@ static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
     const msgpack_object *proto = sil_rpc_map_get(m->params, "protocol");
     char client[128] = "";
     if (sil_rpc_get_strbuf(m->params, "client", client, sizeof client, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
+        return sil_send_rpc_error(c, m->msgid, &err);
     bool ok = !proto || proto->type == MSGPACK_OBJECT_NIL;
     if (proto && proto->type == MSGPACK_OBJECT_ARRAY) {
         for (uint32_t i = 0; i < proto->via.array.size; i++) {
@@ -82,17 +82,17 @@ static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
             if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 == SIL_RPC_PROTOCOL_VERSION)
                 ok = true;
             else if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-                return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "field 'protocol[%u]': expected integer", i);
+                return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "field 'protocol[%u]': expected integer", i);
         }
     } else if (proto && proto->type != MSGPACK_OBJECT_NIL) {
         int64_t v;
         if (sil_rpc_get_int(m->params, "protocol", 0, UINT32_MAX, &v, SIL_RPC_REQUIRED, &err) < 0)
-            return send_rpc_error(c, m->msgid, &err);
+            return sil_send_rpc_error(c, m->msgid, &err);
         ok = v == SIL_RPC_PROTOCOL_VERSION;
     }
     if (!ok)
-        return send_error(c, m->msgid, SIL_RPC_E_VERSION, "this daemon speaks protocol version %d",
-                          SIL_RPC_PROTOCOL_VERSION);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_VERSION, "this daemon speaks protocol version %d",
+                              SIL_RPC_PROTOCOL_VERSION);
     if (client[0])
         sil_debug("client %llu is %s", (unsigned long long)c->id, client);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
@@ -120,7 +120,7 @@ static int m_hello(struct conn *c, const struct sil_rpc_msg *m)
     }
     sil_rpc_kv_uint(pk, "max_message", s->cfg->max_message);
     sil_rpc_end(&s->scratch);
-    return conn_send_scratch(c);
+    return sil_conn_send_scratch(c);
 }
 
 static uint64_t rss_bytes(void)
@@ -292,7 +292,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     const bool on_dev = s->engine && sil_engine_device(s->engine, &dev) == 0;
     msgpack_pack_map(pk, 21);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
-    sil_rpc_kv_str(pk, "model_state", model_state_name(s));
+    sil_rpc_kv_str(pk, "model_state", sil_model_state_name(s));
     sil_rpc_pack_cstr(pk, "model_problem");
     if (s->model_state == MODEL_OK)
         msgpack_pack_nil(pk);
@@ -397,7 +397,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_int(pk, "checkpoints", st.prefix_checkpoints);
     sil_rpc_kv_uint(pk, "checkpoint_bytes", st.prefix_checkpoint_bytes);
     sil_rpc_end(&s->scratch);
-    return conn_send_scratch(c);
+    return sil_conn_send_scratch(c);
 }
 
 /* One metric: a counter ends in _total (OpenMetrics: the family is the name without it), a
@@ -508,11 +508,11 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     struct sil_rpc_error err = { 0 };
     char format[16] = "map";
     if (sil_rpc_get_strbuf(m->params, "format", format, sizeof format, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE, &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
+        return sil_send_rpc_error(c, m->msgid, &err);
     bool map = strcmp(format, "map") == 0, om = strcmp(format, "openmetrics") == 0;
     if (!map && !om && strcmp(format, "prometheus") != 0)
-        return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS,
-                          "field 'format': expected \"map\", \"prometheus\" or \"openmetrics\"");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS,
+                              "field 'format': expected \"map\", \"prometheus\" or \"openmetrics\"");
     struct sil_worker_stats st = { 0 };
     if (s->worker)
         sil_worker_stats(s->worker, &st);
@@ -676,14 +676,14 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     memcpy(all + n0 + nx, mh, (size_t)nh * sizeof *mh);
     const int n = n0 + nx + nh;
     struct sil_ecache_stats *layers = ec_on ? calloc(512, sizeof(*layers)) : NULL;
-    if (ec_on && !layers) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+    if (ec_on && !layers) return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
     if (!map) {
         int prc = pack_metrics_text(&s->scratch, m->msgid, all, n, layers, nl, device, tier_labels,
                                     om);
         free(layers);
-        if (prc < 0) return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
-        return send_result_scratch(c, m->msgid);
+        if (prc < 0) return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_result_scratch(c, m->msgid);
     }
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 1);
@@ -722,7 +722,7 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
             msgpack_pack_double(pk, v);
     }
     sil_rpc_end(&s->scratch);
-    return conn_send_scratch(c);
+    return sil_conn_send_scratch(c);
 }
 
 /* need_model and admit_request: 1 to go on, else what the method returns (0: refused with an
@@ -731,8 +731,8 @@ static int need_model(struct conn *c, const struct sil_rpc_msg *m)
 {
     if (c->srv->worker)
         return 1;
-    return send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "%s: not available, siliceod runs with --no-model",
-                      m->method);
+    return sil_send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "%s: not available, siliceod runs with --no-model",
+                          m->method);
 }
 
 static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
@@ -740,7 +740,7 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
     struct server *s = c->srv;
     int ok = need_model(c, m);
     if (ok > 0)
-        ok = model_pick(c, m);
+        ok = sil_model_pick(c, m);
     if (ok <= 0)
         return ok;
     struct sil_rpc_error err = { 0 };
@@ -750,18 +750,18 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
     if (sil_rpc_get_str(m->params, "text", &text, &len, SIL_RPC_REQUIRED, &err) < 0 ||
         sil_rpc_get_bool(m->params, "add_bos", &add_bos, SIL_RPC_OPTIONAL, &err) < 0 ||
         sil_rpc_get_bool(m->params, "special", &special, SIL_RPC_OPTIONAL, &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
+        return sil_send_rpc_error(c, m->msgid, &err);
     if (len >= TOKJOB_MIN_TEXT) {
         /* Megabytes take a tenth of a second or more: off the loop, so streams keep flowing. */
-        if (tokpool_submit(s, c, m->msgid, text, len, add_bos, special, NULL) < 0)
-            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        if (sil_tokpool_submit(s, c, m->msgid, text, len, add_bos, special, NULL) < 0)
+            return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
         return 0;
     }
     int32_t *ids = NULL;
     size_t n = 0;
     struct sil_error e = { 0 };
     if (sil_tokenize(s->vocab, text, len, add_bos, special, &ids, &n, &e) < 0)
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "tokenize: %s", e.msg);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "tokenize: %s", e.msg);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 2);
     sil_rpc_pack_cstr(pk, "ids");
@@ -771,8 +771,8 @@ static int m_tokenize(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_uint(pk, "n", n);
     free(ids);
     if (sil_rpc_end(&s->scratch) < 0)
-        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
-    return send_result_scratch(c, m->msgid);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
+    return sil_send_result_scratch(c, m->msgid);
 }
 
 /* ids: an array of token ids, each checked against the vocab. *out malloc'd. */
@@ -803,7 +803,7 @@ static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
     struct server *s = c->srv;
     int ok = need_model(c, m);
     if (ok > 0)
-        ok = model_pick(c, m);
+        ok = sil_model_pick(c, m);
     if (ok <= 0)
         return ok;
     struct sil_rpc_error err = { 0 };
@@ -814,22 +814,22 @@ static int m_detokenize(struct conn *c, const struct sil_rpc_msg *m)
     if (sil_rpc_get_array(m->params, "ids", &arr, SIL_RPC_REQUIRED, &err) < 0 ||
         sil_rpc_get_bool(m->params, "special", &special, SIL_RPC_OPTIONAL, &err) < 0 ||
         read_ids(s, arr, "ids", &ids, &n, &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
+        return sil_send_rpc_error(c, m->msgid, &err);
     char *text = NULL;
     size_t len = 0;
     struct sil_error e = { 0 };
     int rc = sil_detokenize(s->vocab, ids, n, special, &text, &len, &e);
     free(ids);
     if (rc < 0)
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "detokenize: %s", e.msg);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "detokenize: %s", e.msg);
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 1);
     /* Any ids may be asked for: byte tokens that do not form UTF-8 come back as U+FFFD. */
     sil_utf8_pack_kv(pk, "text", text, len);
     free(text);
     if (sil_rpc_end(&s->scratch) < 0)
-        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
-    return send_result_scratch(c, m->msgid);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
+    return sil_send_result_scratch(c, m->msgid);
 }
 
 /* Sampling, budgets, stop strings, session and priority: the fields generate and chat share. */
@@ -988,31 +988,31 @@ static int submit(struct conn *c, const struct sil_rpc_msg *m, struct sil_job_re
     int32_t n_ctx = sil_engine_n_ctx(s->engine);
     if (j->n_prompt == 0) {
         sil_job_req_free(j);
-        return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "empty prompt");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "empty prompt");
     }
     /* A chat on a session is checked by the engine thread, once older turns of its conversation
      * were dropped (session.c). */
     if (!j->chat && (int64_t)j->n_prompt + 1 >= n_ctx) {
         size_t n = j->n_prompt;
         sil_job_req_free(j);
-        return send_error(c, m->msgid, SIL_RPC_E_CONTEXT_FULL,
-                          "prompt of %zu tokens does not fit the context of %d", n, n_ctx);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_CONTEXT_FULL,
+                              "prompt of %zu tokens does not fit the context of %d", n, n_ctx);
     }
-    if (inflight_has(c, m->msgid)) {
+    if (sil_inflight_has(c, m->msgid)) {
         sil_job_req_free(j);
-        return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
     }
-    if (inflight_add(c, m->msgid) < 0) {
+    if (sil_inflight_add(c, m->msgid) < 0) {
         sil_job_req_free(j);
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     j->conn_id = c->id;
     j->msgid = m->msgid;
     j->uid = c->cred.uid;
     if (sil_worker_submit(s->worker, j) < 0) {
-        inflight_remove(c, m->msgid);
+        sil_inflight_remove(c, m->msgid);
         sil_job_req_free(j);
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     return 0;
 }
@@ -1023,8 +1023,8 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
     struct server *s = c->srv;
     if (c->n_inflight >= s->cfg->max_client_requests) {
         s->requests_rejected++;
-        return send_error(c, m->msgid, SIL_RPC_E_BUSY, "more than %d requests in flight on this connection",
-                          s->cfg->max_client_requests);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_BUSY, "more than %d requests in flight on this connection",
+                              s->cfg->max_client_requests);
     }
     if (s->worker && s->model_state != MODEL_OK && strcmp(m->method, "debug.stream") != 0) {
         s->requests_rejected++;
@@ -1033,11 +1033,11 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
              * before sending it again, so retrying clients do not spin */
             double left = s->load_s > 0 ? s->load_s - (now_s() - s->reload_t0) : 1.0;
             const int ms = left < 0.1 ? 100 : left > 5.0 ? 5000 : (int)(left * 1000);
-            return send_error_retry(c, m->msgid, SIL_RPC_E_UNAVAILABLE, ms,
-                                    "the model is being reloaded; send the request again after "
-                                    "retry_after_ms");
+            return sil_send_error_retry(c, m->msgid, SIL_RPC_E_UNAVAILABLE, ms,
+                                        "the model is being reloaded; send the request again after "
+                                        "retry_after_ms");
         }
-        return send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE, "%s", s->model_problem);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_UNAVAILABLE, "%s", s->model_problem);
     }
     if (s->worker && strcmp(m->method, "debug.stream") != 0) {
         /* Every request submitted and not finished counts, those still in the worker's inbox
@@ -1045,14 +1045,14 @@ static int admit_request(struct conn *c, const struct sil_rpc_msg *m)
         int jobs = sil_worker_jobs(s->worker);
         if (jobs >= s->cfg->max_running + s->cfg->max_queue) {
             s->requests_rejected++;
-            return send_error(c, m->msgid, SIL_RPC_E_BUSY, "queue full (%d requests running or waiting, max_queue %d)",
-                              jobs, s->cfg->max_queue);
+            return sil_send_error(c, m->msgid, SIL_RPC_E_BUSY, "queue full (%d requests running or waiting, max_queue %d)",
+                                  jobs, s->cfg->max_queue);
         }
     }
     return 1;
 }
 
-bool prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n)
+bool sil_prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n)
 {
     int32_t open = sil_vocab_think_open(v);
     if (open < 0 || n == 0)
@@ -1076,14 +1076,14 @@ static int new_gen_request(struct conn *c, const struct sil_rpc_msg *m, struct s
 {
     int ok = need_model(c, m);
     if (ok > 0)
-        ok = model_pick(c, m);
+        ok = sil_model_pick(c, m);
     if (ok > 0)
         ok = admit_request(c, m);
     if (ok <= 0)
         return ok;
     *out = calloc(1, sizeof(**out));
     if (!*out)
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     return 1;
 }
 
@@ -1114,14 +1114,14 @@ static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
             goto bad;
     } else if (len >= TOKJOB_MIN_TEXT) {
         /* A long prompt is tokenized off the loop, so other streams do not wait for it. */
-        if (inflight_has(c, m->msgid)) {
+        if (sil_inflight_has(c, m->msgid)) {
             sil_job_req_free(j);
-            return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
+            return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
         }
         j->uid = c->cred.uid; /* sessions are the caller's uid's (submit() is not reached) */
-        if (tokpool_submit(s, c, m->msgid, text, len, add_bos, special, j) < 0) {
+        if (sil_tokpool_submit(s, c, m->msgid, text, len, add_bos, special, j) < 0) {
             sil_job_req_free(j);
-            return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+            return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
         }
         return 0;
     } else {
@@ -1131,11 +1131,11 @@ static int m_generate(struct conn *c, const struct sil_rpc_msg *m)
             goto bad;
         }
     }
-    j->ctl.in_reasoning = prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
+    j->ctl.in_reasoning = sil_prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
     return submit(c, m, j);
 bad:
     sil_job_req_free(j);
-    return send_rpc_error(c, m->msgid, &err);
+    return sil_send_rpc_error(c, m->msgid, &err);
 }
 
 static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
@@ -1211,7 +1211,7 @@ static int m_chat(struct conn *c, const struct sil_rpc_msg *m)
                        e.msg);
         goto bad;
     }
-    j->ctl.in_reasoning = think && prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
+    j->ctl.in_reasoning = think && sil_prompt_ends_in_think(s->vocab, j->prompt, j->n_prompt);
     if (j->session[0]) {
         /* The messages go with the job: the session keeps them as its transcript. */
         j->chat = msgs;
@@ -1233,7 +1233,7 @@ bad:
     free(strs);
     free(msgs);
     sil_job_req_free(j);
-    return send_rpc_error(c, m->msgid, &err);
+    return sil_send_rpc_error(c, m->msgid, &err);
 }
 
 static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
@@ -1242,10 +1242,10 @@ static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
     struct sil_rpc_error err = { 0 };
     int64_t id;
     if (sil_rpc_get_int(m->params, "id", 0, UINT32_MAX, &id, SIL_RPC_REQUIRED, &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
-    if (!inflight_has(c, (uint32_t)id))
-        return send_error(c, m->msgid, SIL_RPC_E_NOT_FOUND, "no request %lld in flight on this connection",
-                          (long long)id);
+        return sil_send_rpc_error(c, m->msgid, &err);
+    if (!sil_inflight_has(c, (uint32_t)id))
+        return sil_send_error(c, m->msgid, SIL_RPC_E_NOT_FOUND, "no request %lld in flight on this connection",
+                              (long long)id);
     bool is_stream = false;
     for (struct dstream *d = c->streams; d; d = d->next)
         if (d->msgid == (uint32_t)id) {
@@ -1253,17 +1253,17 @@ static int m_cancel(struct conn *c, const struct sil_rpc_msg *m)
             is_stream = true;
         }
     /* a request waiting for its model ends here (error 8), one on the worker there */
-    const int waited = is_stream ? 0 : models_cancel(c, (uint32_t)id);
+    const int waited = is_stream ? 0 : sil_models_cancel(c, (uint32_t)id);
     if (waited < 0)
         return -1;
     if (!is_stream && !waited && sil_worker_cancel(s->worker, c->id, (uint32_t)id) < 0)
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 0);
     sil_rpc_end(&s->scratch);
-    if (conn_send_scratch(c) < 0)
+    if (sil_conn_send_scratch(c) < 0)
         return -1;
-    return is_stream ? pump_streams(c) : 0;
+    return is_stream ? sil_pump_streams(c) : 0;
 }
 
 static int m_sessions_list(struct conn *c, const struct sil_rpc_msg *m)
@@ -1272,10 +1272,10 @@ static int m_sessions_list(struct conn *c, const struct sil_rpc_msg *m)
     if (ok <= 0)
         return ok;
     /* In flight like a generation, so a half-closed connection waits for the answer. */
-    if (inflight_add(c, m->msgid) < 0 ||
+    if (sil_inflight_add(c, m->msgid) < 0 ||
         sil_worker_sessions_list(c->srv->worker, c->id, m->msgid, c->cred.uid, c->owner) < 0) {
-        inflight_remove(c, m->msgid);
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        sil_inflight_remove(c, m->msgid);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     return 0;
 }
@@ -1291,15 +1291,15 @@ static int m_sessions_drop(struct conn *c, const struct sil_rpc_msg *m)
     if (sil_rpc_get_strbuf(m->params, "name", name, sizeof name, SIL_RPC_REQUIRED, &err) < 0 ||
         sil_rpc_get_uint(m->params, "uid", 0, UINT32_MAX, &uid, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE,
                          &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
+        return sil_send_rpc_error(c, m->msgid, &err);
     /* Another uid's session is only the daemon owner's to drop. */
     if (uid != c->cred.uid && !c->owner)
-        return send_error(c, m->msgid, SIL_RPC_E_PERMISSION,
-                          "sessions.drop: only the daemon's owner may drop another uid's session");
-    if (inflight_add(c, m->msgid) < 0 ||
+        return sil_send_error(c, m->msgid, SIL_RPC_E_PERMISSION,
+                              "sessions.drop: only the daemon's owner may drop another uid's session");
+    if (sil_inflight_add(c, m->msgid) < 0 ||
         sil_worker_session_drop(c->srv->worker, c->id, m->msgid, (uint32_t)uid, name) < 0) {
-        inflight_remove(c, m->msgid);
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        sil_inflight_remove(c, m->msgid);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     return 0;
 }
@@ -1309,11 +1309,11 @@ static int m_models(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
     char dir[PATH_MAX];
-    models_dir(s, dir, sizeof dir);
+    sil_server_models_dir(s, dir, sizeof dir);
     struct sil_model_entry *list = NULL;
     size_t n = 0;
     if (sil_models_list(dir, s->cfg->model, &list, &n) < 0)
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 4);
@@ -1335,24 +1335,24 @@ static int m_models(struct conn *c, const struct sil_rpc_msg *m)
     kv_text_or_nil(pk, "dir", dir);
     sil_rpc_kv_int(pk, "keep_alive", s->cfg->keep_alive);
     if (sil_rpc_end(&s->scratch) < 0)
-        return send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
-    return send_result_scratch(c, m->msgid);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_TOO_LARGE, "result too large");
+    return sil_send_result_scratch(c, m->msgid);
 }
 
 static int m_shutdown(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
     if (!c->owner)
-        return send_error(c, m->msgid, SIL_RPC_E_PERMISSION, "shutdown: only the daemon's owner (uid %d) or root may",
-                          (int)geteuid());
+        return sil_send_error(c, m->msgid, SIL_RPC_E_PERMISSION, "shutdown: only the daemon's owner (uid %d) or root may",
+                              (int)geteuid());
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     msgpack_pack_map(pk, 0);
     sil_rpc_end(&s->scratch);
-    if (conn_send_scratch(c) < 0)
+    if (sil_conn_send_scratch(c) < 0)
         return -1;
     char why[64];
     snprintf(why, sizeof why, "shutdown requested by pid %d", c->cred.pid);
-    begin_shutdown(s, why);
+    sil_begin_shutdown(s, why);
     return 0;
 }
 
@@ -1367,16 +1367,16 @@ static int m_debug_stream(struct conn *c, const struct sil_rpc_msg *m)
         return ok;
     if (sil_rpc_get_int(m->params, "count", 0, MAX_DEBUG_STREAM, &count, SIL_RPC_REQUIRED, &err) < 0 ||
         sil_rpc_get_str(m->params, "text", &text, &len, SIL_RPC_OPTIONAL, &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
+        return sil_send_rpc_error(c, m->msgid, &err);
     if (len > 4096)
-        return send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "text: at most 4096 bytes");
-    if (inflight_has(c, m->msgid))
-        return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_PARAMS, "text: at most 4096 bytes");
+    if (sil_inflight_has(c, m->msgid))
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight", m->msgid);
     size_t clean_len = sil_utf8_sanitized_len(text, len); /* streamed back: valid UTF-8 only */
     struct dstream *d = calloc(1, sizeof(*d) + clean_len);
-    if (!d || inflight_add(c, m->msgid) < 0) {
+    if (!d || sil_inflight_add(c, m->msgid) < 0) {
         free(d);
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     d->msgid = m->msgid;
     d->remaining = (uint64_t)count;
@@ -1385,7 +1385,7 @@ static int m_debug_stream(struct conn *c, const struct sil_rpc_msg *m)
     while (*p)
         p = &(*p)->next;
     *p = d;
-    return pump_streams(c);
+    return sil_pump_streams(c);
 }
 
 struct method {
@@ -1410,7 +1410,7 @@ static const struct method methods[] = {
     { "debug.stream", m_debug_stream, false },
 };
 
-int dispatch(struct conn *c, const struct sil_rpc_msg *m)
+int sil_dispatch(struct conn *c, const struct sil_rpc_msg *m)
 {
     if (m->type != SIL_RPC_REQUEST)
         return 0; /* no notifications or responses are expected from clients; ignored */
@@ -1418,9 +1418,9 @@ int dispatch(struct conn *c, const struct sil_rpc_msg *m)
         if (strcmp(methods[i].name, m->method) != 0)
             continue;
         if (c->srv->state != RUNNING && !methods[i].during_shutdown)
-            return send_error(c, m->msgid, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
+            return sil_send_error(c, m->msgid, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
         sil_debug("client %llu: %s (msgid %u)", (unsigned long long)c->id, m->method, m->msgid);
         return methods[i].fn(c, m);
     }
-    return send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "unknown method '%.64s'", m->method);
+    return sil_send_error(c, m->msgid, SIL_RPC_E_METHOD_NOT_FOUND, "unknown method '%.64s'", m->method);
 }

@@ -20,7 +20,7 @@
 #include "daemon/worker.h"
 #include "siliceo-proto.h"
 
-int models_dir(struct server *s, char *out, size_t size)
+int sil_server_models_dir(struct server *s, char *out, size_t size)
 {
     bool explicit_dir;
     const int rc = sil_models_dir(s->cfg, out, size, &explicit_dir);
@@ -28,10 +28,11 @@ int models_dir(struct server *s, char *out, size_t size)
     return rc;
 }
 
-void models_names(struct server *s, char *out, size_t size)
+/* The list for the models method and for errors: names separated by ", " into out. */
+static void models_names(struct server *s, char *out, size_t size)
 {
     char dir[PATH_MAX];
-    models_dir(s, dir, sizeof dir);
+    sil_server_models_dir(s, dir, sizeof dir);
     struct sil_model_entry *list = NULL;
     size_t n = 0, off = 0;
     out[0] = 0;
@@ -47,7 +48,7 @@ void models_names(struct server *s, char *out, size_t size)
     sil_models_free(list);
 }
 
-void models_set_loaded(struct server *s)
+void sil_models_set_loaded(struct server *s)
 {
     s->model_path[0] = s->model_name[0] = 0;
     if (!s->engine) return;
@@ -72,8 +73,8 @@ static int not_found(struct conn *c, uint32_t msgid, const char *why)
 {
     char names[1024];
     models_names(c->srv, names, sizeof names);
-    return send_error(c, msgid, SIL_RPC_E_MODEL_NOT_FOUND, "%s; models: %s", why,
-                      names[0] ? names : "none");
+    return sil_send_error(c, msgid, SIL_RPC_E_MODEL_NOT_FOUND, "%s; models: %s", why,
+                          names[0] ? names : "none");
 }
 
 static void remove_deferred(struct server *s, struct deferred *d)
@@ -86,7 +87,7 @@ static void remove_deferred(struct server *s, struct deferred *d)
         }
 }
 
-int model_pick(struct conn *c, const struct sil_rpc_msg *m)
+int sil_model_pick(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
     if (!s->worker || s->replaying) return 1;
@@ -95,12 +96,12 @@ int model_pick(struct conn *c, const struct sil_rpc_msg *m)
     size_t len = 0;
     if (sil_rpc_get_str(m->params, "model", &name, &len, SIL_RPC_OPTIONAL | SIL_RPC_NULLABLE,
                         &err) < 0)
-        return send_rpc_error(c, m->msgid, &err);
+        return sil_send_rpc_error(c, m->msgid, &err);
     char path[PATH_MAX];
     const struct sil_model_info *info = s->engine ? sil_engine_info(s->engine) : NULL;
     if (name && len) {
         char dir[PATH_MAX], why[320];
-        models_dir(s, dir, sizeof dir);
+        sil_server_models_dir(s, dir, sizeof dir);
         if (info && strlen(info->name) == len && memcmp(info->name, name, len) == 0) {
             /* the loaded model's own name (general.name), which earlier versions showed */
             snprintf(path, sizeof path, "%s", s->model_path);
@@ -128,23 +129,23 @@ int model_pick(struct conn *c, const struct sil_rpc_msg *m)
     if (c->n_inflight >= s->cfg->max_client_requests ||
         sil_worker_jobs(s->worker) + s->n_deferred >= s->cfg->max_running + s->cfg->max_queue) {
         s->requests_rejected++;
-        return send_error(c, m->msgid, SIL_RPC_E_BUSY,
-                          "queue full (%d requests running or waiting for a model)",
-                          sil_worker_jobs(s->worker) + s->n_deferred);
+        return sil_send_error(c, m->msgid, SIL_RPC_E_BUSY,
+                              "queue full (%d requests running or waiting for a model)",
+                              sil_worker_jobs(s->worker) + s->n_deferred);
     }
-    if (inflight_has(c, m->msgid))
-        return send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight",
-                          m->msgid);
+    if (sil_inflight_has(c, m->msgid))
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INVALID_REQUEST, "msgid %u is already in flight",
+                              m->msgid);
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     struct deferred *d = NULL;
     if (msgpack_pack_object(&pk, m->root) == 0) d = malloc(sizeof(*d) + sb.size);
-    if (!d || inflight_add(c, m->msgid) < 0) {
+    if (!d || sil_inflight_add(c, m->msgid) < 0) {
         free(d);
         msgpack_sbuffer_destroy(&sb);
-        return send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
+        return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     }
     d->next = NULL;
     d->conn_id = c->id;
@@ -160,7 +161,7 @@ int model_pick(struct conn *c, const struct sil_rpc_msg *m)
     s->n_deferred++;
     sil_debug("client %llu: %s (msgid %u) waits for the model %s", (unsigned long long)c->id,
               m->method, m->msgid, path);
-    models_pump(s);
+    sil_models_pump(s);
     return 0;
 }
 
@@ -184,15 +185,15 @@ static void replay(struct server *s)
     while (mine) {
         struct deferred *d = mine;
         mine = d->next;
-        struct conn *c = conn_find(s, d->conn_id);
+        struct conn *c = sil_conn_find(s, d->conn_id);
         if (c) {
-            inflight_remove(c, d->msgid);
+            sil_inflight_remove(c, d->msgid);
             struct sil_rpc_msg msg;
             struct sil_rpc_error err = {0};
             if (sil_rpc_decode(d->data, d->len, d->len + 1, 0, &msg, &err) < 0) {
-                send_error(c, d->msgid, SIL_RPC_E_INTERNAL, "the waiting request: %s", err.msg);
+                sil_send_error(c, d->msgid, SIL_RPC_E_INTERNAL, "the waiting request: %s", err.msg);
             } else {
-                dispatch(c, &msg);
+                sil_dispatch(c, &msg);
                 sil_rpc_msg_release(&msg);
             }
         }
@@ -213,18 +214,18 @@ static void start_load(struct server *s, const char *path)
     s->reload_t0 = now_s();
     sd_notifyf(0, "RELOADING=1\nSTATUS=loading the model %s", path);
     struct sil_engine_params ep;
-    engine_params(s, &ep, path);
-    tokpool_set_reloading(s->tok, true);
-    if (sil_worker_reload(s->worker, &ep) < 0) models_load_failed(s, "out of memory");
+    sil_server_engine_params(s, &ep, path);
+    sil_tokpool_set_reloading(s->tok, true);
+    if (sil_worker_reload(s->worker, &ep) < 0) sil_models_load_failed(s, "out of memory");
 }
 
-void models_pump(struct server *s)
+void sil_models_pump(struct server *s)
 {
     if (!s->worker || s->state != RUNNING) return;
     if (sil_worker_jobs(s->worker) > 0) s->t_model_used = now_s();
     if (s->switching || s->model_state != MODEL_OK) return;
     while (s->deferred) {
-        if (sil_worker_jobs(s->worker) > 0 || !tokpool_idle(s->tok)) return;
+        if (sil_worker_jobs(s->worker) > 0 || !sil_tokpool_idle(s->tok)) return;
         if (s->engine && strcmp(s->deferred->path, s->model_path) == 0) {
             replay(s);
             continue;
@@ -234,17 +235,17 @@ void models_pump(struct server *s)
     }
 }
 
-void models_loaded(struct server *s)
+void sil_models_loaded(struct server *s)
 {
-    models_set_loaded(s);
+    sil_models_set_loaded(s);
     s->model_loads++;
     s->switching = false;
     s->loading[0] = 0;
     s->t_model_used = now_s();
-    models_pump(s);
+    sil_models_pump(s);
 }
 
-void models_load_failed(struct server *s, const char *why)
+void sil_models_load_failed(struct server *s, const char *why)
 {
     if (s->switching) {
         char msg[1200];
@@ -256,45 +257,45 @@ void models_load_failed(struct server *s, const char *why)
                 d = d->next;
             if (!d) break;
             remove_deferred(s, d);
-            struct conn *c = conn_find(s, d->conn_id);
+            struct conn *c = sil_conn_find(s, d->conn_id);
             const uint32_t msgid = d->msgid;
             free(d);
             if (c) {
-                inflight_remove(c, msgid);
-                send_error(c, msgid, SIL_RPC_E_UNAVAILABLE, "%s", msg);
+                sil_inflight_remove(c, msgid);
+                sil_send_error(c, msgid, SIL_RPC_E_UNAVAILABLE, "%s", msg);
             }
         }
         s->switching = false;
         s->loading[0] = 0;
         s->model_state = MODEL_OK;
-        tokpool_set_reloading(s->tok, false);
+        sil_tokpool_set_reloading(s->tok, false);
     }
-    models_pump(s);
+    sil_models_pump(s);
 }
 
-void models_unloaded(struct server *s)
+void sil_models_unloaded(struct server *s)
 {
     sil_notice("model %s unloaded after %d s without a request (keep_alive)", s->model_path,
                s->cfg->keep_alive);
     s->engine = NULL;
     s->vocab = NULL;
-    models_set_loaded(s);
+    sil_models_set_loaded(s);
     s->model_unloads++;
     s->switching = false;
     s->loading[0] = 0;
     s->model_state = MODEL_OK;
-    tokpool_set_reloading(s->tok, false);
+    sil_tokpool_set_reloading(s->tok, false);
     sd_notifyf(0, "READY=1\nSTATUS=ready: no model loaded on %s", s->path);
-    models_pump(s);
+    sil_models_pump(s);
 }
 
-void models_tick(struct server *s)
+void sil_models_tick(struct server *s)
 {
     if (!s->worker || s->state != RUNNING || s->cfg->keep_alive <= 0 || !s->engine ||
         s->switching || s->model_state != MODEL_OK || s->deferred)
         return;
     const double t = now_s();
-    if (sil_worker_jobs(s->worker) > 0 || !tokpool_idle(s->tok)) {
+    if (sil_worker_jobs(s->worker) > 0 || !sil_tokpool_idle(s->tok)) {
         s->t_model_used = t;
         return;
     }
@@ -303,19 +304,19 @@ void models_tick(struct server *s)
     s->loading[0] = 0;
     s->model_state = MODEL_RELOADING;
     s->reload_t0 = t;
-    tokpool_set_reloading(s->tok, true);
+    sil_tokpool_set_reloading(s->tok, true);
     sil_worker_unload(s->worker);
 }
 
-int models_cancel(struct conn *c, uint32_t msgid)
+int sil_models_cancel(struct conn *c, uint32_t msgid)
 {
     struct server *s = c->srv;
     for (struct deferred *d = s->deferred; d; d = d->next) {
         if (d->conn_id != c->id || d->msgid != msgid) continue;
         remove_deferred(s, d);
         free(d);
-        inflight_remove(c, msgid);
-        return send_error(c, msgid, SIL_RPC_E_CANCELLED, "cancelled while waiting for its model") <
+        sil_inflight_remove(c, msgid);
+        return sil_send_error(c, msgid, SIL_RPC_E_CANCELLED, "cancelled while waiting for its model") <
                        0
                    ? -1
                    : 1;
@@ -323,7 +324,7 @@ int models_cancel(struct conn *c, uint32_t msgid)
     return 0;
 }
 
-void models_conn_gone(struct server *s, uint64_t conn_id)
+void sil_models_conn_gone(struct server *s, uint64_t conn_id)
 {
     for (struct deferred *d = s->deferred, *next; d; d = next) {
         next = d->next;
@@ -333,18 +334,18 @@ void models_conn_gone(struct server *s, uint64_t conn_id)
     }
 }
 
-void models_fail_all(struct server *s, int code, const char *msg)
+void sil_models_fail_all(struct server *s, int code, const char *msg)
 {
     while (s->deferred) {
         struct deferred *d = s->deferred;
         s->deferred = d->next;
         s->n_deferred--;
-        struct conn *c = conn_find(s, d->conn_id);
+        struct conn *c = sil_conn_find(s, d->conn_id);
         const uint32_t msgid = d->msgid;
         free(d);
         if (c) {
-            inflight_remove(c, msgid);
-            send_error(c, msgid, code, "%s", msg);
+            sil_inflight_remove(c, msgid);
+            sil_send_error(c, msgid, code, "%s", msg);
         }
     }
 }

@@ -1,7 +1,8 @@
-/* Jobs and the scheduler step of the engine thread. admit places queued jobs on sequences
- * (reusing a session's common prefix); step evaluates one batch, a decode row for every running
- * sequence plus prompt chunks under the prefill budget, then samples, applies the generation
- * controls (genctl.h) and packs the streamed notifications; job_finish packs the final response.
+/* Jobs and the scheduler step of the engine thread. sil_admit places queued jobs on sequences
+ * (reusing a session's common prefix); sil_step evaluates one batch, a decode row for every
+ * running sequence plus prompt chunks under the prefill budget, then samples, applies the
+ * generation controls (genctl.h) and packs the streamed notifications; sil_job_finish packs the
+ * final response.
  * On a session, recurrent-state checkpoints are taken where a later request may resume: a prompt
  * chunk ends at the request's resume point (the conversation before the generation prompt), and
  * at the end of the prompt and of the answer; admission cuts back to the nearest one.
@@ -23,7 +24,7 @@
  * goes (it holds no engine state).
  *
  * Ownership: a job owns its request (prompt, stop strings, chat messages), sampler, genctl state
- * and token vectors; job_free frees them all. Engine thread only. */
+ * and token vectors; sil_job_free frees them all. Engine thread only. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,7 @@ void sil_job_req_free(struct sil_job_req *r)
     free(r);
 }
 
-void job_free(struct sil_worker *w, struct job *j)
+void sil_job_free(struct sil_worker *w, struct job *j)
 {
     atomic_fetch_sub(&w->n_jobs, 1);
     free(j->oom);
@@ -201,7 +202,7 @@ static void job_progress(struct sil_worker *w, struct job *j)
     if (done <= j->n_progress || (done < total && now - j->t_progress < PROGRESS_INTERVAL_S))
         return;
     pack_progress(&w->pk, j, done);
-    if (post(w, j->r.conn_id, j->r.msgid, false)) {
+    if (sil_post(w, j->r.conn_id, j->r.msgid, false)) {
         j->t_progress = now;
         j->n_progress = done;
     }
@@ -210,7 +211,7 @@ static void job_progress(struct sil_worker *w, struct job *j)
 static double ms(double a, double b) { return a > 0 && b >= a ? (b - a) * 1e3 : 0; }
 
 /* Final response, the sequence back to its session (or freed), the job freed. */
-void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg)
+void sil_job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg)
 {
     j->t_end = now_s();
     struct sil_genctl_out tail = { 0 };
@@ -247,7 +248,7 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
         w->local.requests_failed++;
 
     /* Status read right after the final response must not count this request as running. */
-    publish_stats(w);
+    sil_publish_stats(w);
     /* From reaching the scheduler to starting, or to the end for a request that never started. */
     double queue_ms = ms(j->t_submit, j->t_admit ? j->t_admit : j->t_end);
     /* One line a request, counts and times only: no prompt or answer text, no session name */
@@ -262,8 +263,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
         if (tail.n_answer || tail.n_reasoning)
             pack_token(&w->pk, j->r.msgid, &tail, NULL, 0);
         if (reason == SIL_STOP_ERROR && j->gen.n == 0) {
-            pack_error_clean(&w->pk, j->r.msgid, j->err_code ? j->err_code : SIL_RPC_E_INTERNAL,
-                             errmsg);
+            sil_pack_error_clean(&w->pk, j->r.msgid, j->err_code ? j->err_code : SIL_RPC_E_INTERNAL,
+                                 errmsg);
         } else if (reason == SIL_STOP_CANCELLED && !j->t_admit) {
             /* Cancelled while queued: error 8, as siliceo-rpc(7) gives it, with the real wait. */
             char msg[128];
@@ -315,8 +316,8 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
                               decode > 0 && j->gen.n > 1 ? (j->gen.n - 1) / (decode * 1e-3) : 0);
             sil_rpc_end(&w->pk);
         }
-        if (!post(w, j->r.conn_id, j->r.msgid, true))
-            post_job_oom(w, j);
+        if (!sil_post(w, j->r.conn_id, j->r.msgid, true))
+            sil_post_job_oom(w, j);
     } else {
         /* Nothing to send, but the loop still counts requests in flight per connection. */
         struct sil_outmsg *m = calloc(1, sizeof(*m));
@@ -324,9 +325,9 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             m->conn_id = j->r.conn_id;
             m->msgid = j->r.msgid;
             m->final = true;
-            post_raw(w, m);
+            sil_post_raw(w, m);
         } else {
-            post_job_oom(w, j);
+            sil_post_job_oom(w, j);
         }
     }
 
@@ -345,14 +346,14 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
             size_t na = 0, nr = 0;
             const char *a = j->gc ? sil_genctl_answer(j->gc, &na) : NULL;
             const char *r = j->gc ? sil_genctl_reasoning(j->gc, &nr) : NULL;
-            session_keep_transcript(w, s, j, a ? a : "", a ? na : 0, r ? r : "", r ? nr : 0);
-            session_save(w, s);
+            sil_session_keep_transcript(w, s, j, a ? a : "", a ? na : 0, r ? r : "", r ? nr : 0);
+            sil_session_save(w, s);
             s->last_used = now_s();
             s->busy = NULL;
-            session_to_front(w, s);
+            sil_session_to_front(w, s);
         } else if (s) {
             s->busy = NULL;
-            session_free(w, s);
+            sil_session_free(w, s);
         } else {
             sil_seq_free(w->e, j->seq);
         }
@@ -360,15 +361,15 @@ void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, c
     } else if (j->sess) {
         /* Ended while preempted: the session has no engine state left to keep. */
         j->sess->busy = NULL;
-        session_free(w, j->sess);
+        sil_session_free(w, j->sess);
         j->sess = NULL;
     }
     sil_debug("request %u done: %s, %zu prompt (%zu cached), %zu generated", j->r.msgid,
               sil_stop_reason_name(reason), j->r.n_prompt, j->n_cached, j->gen.n);
-    job_free(w, j);
+    sil_job_free(w, j);
 }
 
-void list_remove(struct job **head, struct job *j)
+void sil_list_remove(struct job **head, struct job *j)
 {
     for (struct job **p = head; *p; p = &(*p)->next)
         if (*p == j) {
@@ -378,7 +379,7 @@ void list_remove(struct job **head, struct job *j)
         }
 }
 
-void list_append(struct job **head, struct job *j)
+void sil_list_append(struct job **head, struct job *j)
 {
     struct job **p = head;
     while (*p)
@@ -392,7 +393,7 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
 {
     if (j->smp) {
         /* Resumed after a preemption: only a sequence is new (its session's, if it has one). */
-        int seq = seq_get(w, err);
+        int seq = sil_seq_get(w, err);
         if (seq < 0)
             return seq;
         j->seq = seq;
@@ -405,15 +406,15 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
      * from it and the engine state recomputed (prefix cache permitting). */
     struct session saved = { 0 };
     if (j->r.session[0]) {
-        s = session_find(w, j->r.uid, j->r.session);
+        s = sil_session_find(w, j->r.uid, j->r.session);
         if (s && s->busy)
             return -EBUSY;
         if (!s && j->r.chat && j->r.append && w->max_sessions > 0)
-            session_restore(w, j->r.uid, j->r.session, &saved.log, &saved.n_log);
+            sil_session_restore(w, j->r.uid, j->r.session, &saved.log, &saved.n_log);
         snprintf(saved.name, sizeof saved.name, "%s", j->r.session);
     }
     j->t_admit = now_s();
-    int rc0 = session_chat_prompt(w, j, s ? s : saved.n_log ? &saved : NULL, err);
+    int rc0 = sil_session_chat_prompt(w, j, s ? s : saved.n_log ? &saved : NULL, err);
     if (rc0 < 0) {
         sil_chat_msgs_free(saved.log, saved.n_log);
         return rc0;
@@ -434,7 +435,7 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
                 saved.n_log = s->n_log;
                 s->log = NULL;
                 s->n_log = 0;
-                session_free(w, s);
+                sil_session_free(w, s);
                 s = NULL;
             }
         }
@@ -456,7 +457,7 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
         }
     }
     if (!s) {
-        int seq = seq_get(w, err);
+        int seq = sil_seq_get(w, err);
         if (seq < 0) {
             sil_chat_msgs_free(saved.log, saved.n_log);
             return seq;
@@ -496,7 +497,7 @@ static int job_admit(struct sil_worker *w, struct job *j, struct sil_error *err)
     int rc = sil_genctl_new(&j->gc, &j->r.ctl);
     if (rc)
         return rc;
-    j->fill = j->r.prompt; /* session_chat_prompt may have rendered it anew */
+    j->fill = j->r.prompt; /* sil_session_chat_prompt may have rendered it anew */
     j->n_fill = j->r.n_prompt;
     w->local.tokens_cached += j->n_cached;
     return 0;
@@ -529,7 +530,7 @@ static int running_items(struct sil_worker *w)
  * tokens the sequence held plus the sampled token it had yet to evaluate. */
 static void job_preempt(struct sil_worker *w, struct job *j, const char *why)
 {
-    list_remove(&w->running, j);
+    sil_list_remove(&w->running, j);
     w->n_running--;
     if (j->ctx.n > j->n_evaluated)
         j->n_evaluated = j->ctx.n;
@@ -537,7 +538,7 @@ static void job_preempt(struct sil_worker *w, struct job *j, const char *why)
         j->replay.n = 0;
         if (tokvec_push(&j->replay, j->ctx.p, j->ctx.n) ||
             tokvec_push(&j->replay, &j->pending, 1)) {
-            job_finish(w, j, SIL_STOP_ERROR, "out of memory");
+            sil_job_finish(w, j, SIL_STOP_ERROR, "out of memory");
             return;
         }
         j->fill = j->replay.p;
@@ -552,7 +553,7 @@ static void job_preempt(struct sil_worker *w, struct job *j, const char *why)
     j->decoding = false;
     j->n_preempted++;
     w->local.preemptions++;
-    list_append(&w->queue, j);
+    sil_list_append(&w->queue, j);
     w->n_queued++;
     sil_info("request %u preempted (%s): %zu positions to recompute", j->r.msgid, why,
              j->n_fill);
@@ -586,7 +587,7 @@ static bool preempt_fair(struct sil_worker *w, const struct job *cand)
     return true;
 }
 
-void admit(struct sil_worker *w)
+void sil_admit(struct sil_worker *w)
 {
     while (w->queue) {
         /* Most urgent first (schedpolicy.h): class after aging, then the user and the client
@@ -598,7 +599,7 @@ void admit(struct sil_worker *w)
         struct sil_sched_share bs = { 0 };
         for (struct job *j = w->queue; j; j = j->next) {
             if (j->r.session[0]) {
-                struct session *s = session_find(w, j->r.uid, j->r.session);
+                struct session *s = sil_session_find(w, j->r.uid, j->r.session);
                 if (s && s->busy && s->busy != j) /* a preempted job keeps its session busy */
                     continue;
             }
@@ -625,24 +626,24 @@ void admit(struct sil_worker *w)
                 continue;
             return; /* a running request will free a sequence */
         }
-        list_remove(&w->queue, best);
+        sil_list_remove(&w->queue, best);
         w->n_queued--;
         if (rc) {
             char msg[600];
             snprintf(msg, sizeof msg, "cannot start the request: %s", err.msg[0] ? err.msg : strerror(-rc));
-            job_finish(w, best, SIL_STOP_ERROR, msg);
+            sil_job_finish(w, best, SIL_STOP_ERROR, msg);
             continue;
         }
-        list_append(&w->running, best);
+        sil_list_append(&w->running, best);
         w->n_running++;
     }
 }
 
 static void running_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *msg)
 {
-    list_remove(&w->running, j);
+    sil_list_remove(&w->running, j);
     w->n_running--;
-    job_finish(w, j, why, msg);
+    sil_job_finish(w, j, why, msg);
 }
 
 /* Streams the text of one new token and applies the generation controls. */
@@ -660,7 +661,7 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
         if (!j->conn_gone) {
             struct sil_genctl_out none = { 0 };
             pack_token(&w->pk, j->r.msgid, &none, &id, 1);
-            post(w, j->r.conn_id, j->r.msgid, false);
+            sil_post(w, j->r.conn_id, j->r.msgid, false);
         }
         running_finish(w, j, SIL_STOP_EOS, NULL);
         return;
@@ -691,7 +692,7 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
     int rc = sil_genctl_push(j->gc, id, text, len, &o);
     if (!j->conn_gone) {
         pack_token(&w->pk, j->r.msgid, &o, &id, 1);
-        post(w, j->r.conn_id, j->r.msgid, false);
+        sil_post(w, j->r.conn_id, j->r.msgid, false);
     }
     enum sil_stop_reason why = SIL_STOP_NONE;
     const char *msg = NULL;
@@ -784,7 +785,7 @@ static bool out_of_space(const struct sil_worker *w, int n, int rc)
 
 /* One scheduler step: a decode row for every decoding request, then prompt chunks under the
  * prefill budget, given out by priority (schedpolicy.h). */
-void step(struct sil_worker *w)
+void sil_step(struct sil_worker *w)
 {
     int n = 0, n_logits = 0, n_dec = 0;
     int dec_cls = SIL_PRIO_BATCH + 1, pre_cls = SIL_PRIO_BATCH + 1; /* most urgent of each */
@@ -877,7 +878,7 @@ void step(struct sil_worker *w)
         w->local.eval_errors++;
         if (rc == -EIO) {
             sil_err("evaluation failed (%d rows): %s", n, err.msg);
-            model_damaged(w, err.msg); /* fails every request, with what to do */
+            sil_model_damaged(w, err.msg); /* fails every request, with what to do */
             return;
         }
         /* Out of space: the least urgent request makes room and is recomputed later; the

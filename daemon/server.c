@@ -41,19 +41,19 @@ static void maybe_exit(struct server *s)
     while (c) {
         struct conn *next = c->next;
         c->closing = true;
-        conn_flush(c);
+        sil_conn_flush(c);
         c = next;
     }
     if (!s->conns)
         sd_event_exit(s->ev, 0);
 }
 
-void server_conn_gone(struct server *s)
+void sil_server_conn_gone(struct server *s)
 {
     if (s->state == DRAINING && !s->conns && s->ev) sd_event_exit(s->ev, 0);
 }
 
-const char *model_state_name(const struct server *s)
+const char *sil_model_state_name(const struct server *s)
 {
     if (s->switching) return s->loading[0] ? "loading" : "unloading";
     if (s->worker && !s->engine) return "unloaded";
@@ -91,7 +91,7 @@ static void start_watch(struct server *s)
         sil_warn("out of memory: the model file is not watched");
 }
 
-void engine_params(const struct server *s, struct sil_engine_params *ep, const char *path)
+void sil_server_engine_params(const struct server *s, struct sil_engine_params *ep, const char *path)
 {
     const struct sil_config *cfg = s->cfg;
     sil_engine_params_default(ep);
@@ -135,10 +135,10 @@ static void maybe_reload(struct server *s)
     s->reload_t0 = now_s();
     sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the model %s", s->model_path);
     struct sil_engine_params ep;
-    engine_params(s, &ep, s->model_path);
-    tokpool_set_reloading(s->tok, true); /* before the worker hears of it: see tokjob.c */
+    sil_server_engine_params(s, &ep, s->model_path);
+    sil_tokpool_set_reloading(s->tok, true); /* before the worker hears of it: see tokjob.c */
     if (sil_worker_reload(s->worker, &ep) < 0) {
-        tokpool_set_reloading(s->tok, false);
+        sil_tokpool_set_reloading(s->tok, false);
         s->model_state = s->reload_damaged ? MODEL_DAMAGED : MODEL_OK;
     }
 }
@@ -156,7 +156,7 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
     case SIL_WORKER_EV_RELOADED:
         s->engine = m->engine;
         s->vocab = sil_engine_vocab(s->engine);
-        tokpool_set_model(s->tok, s->vocab, sil_engine_n_ctx(s->engine)); /* off the old vocab */
+        sil_tokpool_set_model(s->tok, s->vocab, sil_engine_n_ctx(s->engine)); /* off the old vocab */
         sil_modelwatch_free(s->watch);
         s->watch = NULL;
         sil_engine_close(m->old_engine);
@@ -165,16 +165,16 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
         s->model_problem[0] = 0;
         start_watch(s);
         sd_notifyf(0, "READY=1\nSTATUS=ready: %s on %s", sil_engine_info(s->engine)->name, s->path);
-        models_loaded(s);
+        sil_models_loaded(s);
         break;
     case SIL_WORKER_EV_UNLOADED:
         sil_modelwatch_free(s->watch);
         s->watch = NULL;
         sil_engine_close(m->old_engine);
-        models_unloaded(s);
+        sil_models_unloaded(s);
         break;
     case SIL_WORKER_EV_RELOAD_FAILED:
-        tokpool_set_reloading(s->tok, false);
+        sil_tokpool_set_reloading(s->tok, false);
         s->model_state = s->reload_damaged ? MODEL_DAMAGED : MODEL_OK;
         if (s->reload_damaged)
             snprintf(s->model_problem, sizeof s->model_problem,
@@ -183,7 +183,7 @@ static void on_model_event(struct server *s, struct sil_outmsg *m)
                      "siliceod",
                      m->data);
         sd_notifyf(0, "READY=1\nSTATUS=%s", m->data);
-        models_load_failed(s, m->data);
+        sil_models_load_failed(s, m->data);
         break;
     case SIL_WORKER_EV_NONE:
         break;
@@ -203,12 +203,12 @@ static int on_worker(sd_event_source *src, int fd, uint32_t revents, void *ud)
         else if (m->event)
             on_model_event(s, m);
         else
-            conn_deliver(s, m);
+            sil_conn_deliver(s, m);
         free(m);
         m = next;
     }
-    models_pump(s); /* a model another request waits for, once nothing runs */
-    conn_flush_dirty(s);
+    sil_models_pump(s); /* a model another request waits for, once nothing runs */
+    sil_conn_flush_dirty(s);
     maybe_exit(s);
     return 0;
 }
@@ -221,7 +221,7 @@ static int on_drain_timeout(sd_event_source *src, uint64_t usec, void *ud)
     return 0;
 }
 
-void begin_shutdown(struct server *s, const char *why)
+void sil_begin_shutdown(struct server *s, const char *why)
 {
     if (s->state != RUNNING)
         return;
@@ -240,9 +240,9 @@ void begin_shutdown(struct server *s, const char *why)
         for (struct dstream *d = c->streams; d; d = d->next)
             d->cancelled = true;
         if (c->streams)
-            pump_streams(c);
+            sil_pump_streams(c);
     }
-    models_fail_all(s, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
+    sil_models_fail_all(s, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
     sd_event_add_time_relative(s->ev, &s->drain_timer, CLOCK_MONOTONIC, 10 * 1000000ull, 0, on_drain_timeout, s);
     if (s->worker)
         sil_worker_shutdown(s->worker);
@@ -276,7 +276,7 @@ static int on_signal(sd_event_source *src, const struct signalfd_siginfo *si, vo
         if (s->state == RUNNING) maybe_reload(s);
         return 0;
     }
-    begin_shutdown(s, si->ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+    sil_begin_shutdown(s, si->ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
     return 0;
 }
 
@@ -517,7 +517,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
     if (!cfg->no_model && !cfg->model[0]) {
         /* Models by name only: the first request that names one loads it. */
         char dir[PATH_MAX];
-        models_dir(s, dir, sizeof dir);
+        sil_server_models_dir(s, dir, sizeof dir);
         sil_notice("no default model: requests name one of %s", dir);
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map);
         s->heat_init = true;
@@ -528,7 +528,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         }
     } else if (!cfg->no_model) {
         struct sil_engine_params ep;
-        engine_params(s, &ep, cfg->model);
+        sil_server_engine_params(s, &ep, cfg->model);
         ep.progress = load_progress;
         struct sil_error err = { 0 };
         sil_info("loading the model %s", cfg->model);
@@ -586,7 +586,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             sil_err("%s", err.msg);
             goto out;
         }
-        models_set_loaded(s);
+        sil_models_set_loaded(s);
         s->t_model_used = now_s();
     } else {
         sil_notice("running without a model (--no-model): only hello, status, metrics and debug.stream work");
@@ -596,7 +596,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
 
     if (sd_event_default(&s->ev) < 0)
         goto out;
-    if (sd_event_add_io(s->ev, &s->listen_src, s->listen_fd, EPOLLIN, on_accept, s) < 0 ||
+    if (sd_event_add_io(s->ev, &s->listen_src, s->listen_fd, EPOLLIN, sil_on_accept, s) < 0 ||
         sd_event_add_signal(s->ev, NULL, SIGTERM, on_signal, s) < 0 ||
         sd_event_add_signal(s->ev, NULL, SIGINT, on_signal, s) < 0 ||
         sd_event_add_signal(s->ev, NULL, SIGHUP, on_signal, s) < 0 ||
@@ -607,11 +607,11 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         goto out;
     }
     if (s->engine) start_watch(s);
-    if (s->worker && tokpool_start(s) < 0) {
+    if (s->worker && sil_tokpool_start(s) < 0) {
         sil_err("cannot start the tokenizer thread");
         goto out;
     }
-    if (sd_event_add_time_relative(s->ev, &s->tick_timer, CLOCK_MONOTONIC, 1000000, 100000, on_conn_tick, s) < 0 ||
+    if (sd_event_add_time_relative(s->ev, &s->tick_timer, CLOCK_MONOTONIC, 1000000, 100000, sil_on_conn_tick, s) < 0 ||
         sd_event_source_set_enabled(s->tick_timer, SD_EVENT_ON) < 0) {
         sil_err("event loop set-up failed (connection timer)");
         goto out;
@@ -631,11 +631,11 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_notice("stopped");
 
 out:
-    models_fail_all(s, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
+    sil_models_fail_all(s, SIL_RPC_E_SHUTTING_DOWN, "siliceod is shutting down");
     while (s->conns)
-        conn_free(s->conns);
-    lingering_free_all(s);
-    tokpool_free(s->tok); /* before the worker: it may still submit to it */
+        sil_conn_free(s->conns);
+    sil_lingering_free_all(s);
+    sil_tokpool_free(s->tok); /* before the worker: it may still submit to it */
     s->tok = NULL;
     if (s->worker) {
         sil_worker_free(s->worker);

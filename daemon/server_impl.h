@@ -3,7 +3,7 @@
  *
  * Ownership: struct server lives on sil_daemon_run's stack for the daemon's lifetime and owns
  * every struct conn (a list); a conn owns its fd, event source, unpacker, buffers and debug
- * streams, all freed by conn_free. Functions documented "returns -1 when the connection is gone"
+ * streams, all freed by sil_conn_free. Functions documented "returns -1 when the connection is gone"
  * have freed c: the caller must not touch it again. */
 #ifndef SIL_DAEMON_SERVER_IMPL_H
 #define SIL_DAEMON_SERVER_IMPL_H
@@ -141,100 +141,92 @@ static inline double now_s(void)
 }
 
 /* conn.c: connections, their output buffers and input framing. */
-void conn_free(struct conn *c);
-struct conn *conn_find(struct server *s, uint64_t id);
-size_t conn_queued(const struct conn *c);
+void sil_conn_free(struct conn *c);
+struct conn *sil_conn_find(struct server *s, uint64_t id);
+size_t sil_conn_queued(const struct conn *c);
 /* Writes what the socket takes now. Returns -1 when the connection had to be closed. */
-int conn_flush(struct conn *c);
-/* Queues bytes without writing them; a client whose queue would pass max_output is dropped (it
- * does not read). Returns -1 when the connection is gone. */
-int conn_append(struct conn *c, const void *data, size_t n);
-int conn_send(struct conn *c, const void *data, size_t n);
+int sil_conn_flush(struct conn *c);
 /* Sends what the scratch buffer holds. */
-int conn_send_scratch(struct conn *c);
-int send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
+int sil_conn_send_scratch(struct conn *c);
+int sil_send_error(struct conn *c, uint32_t msgid, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The same with retry_after_ms in the error map: when to send the request again. */
-int send_error_retry(struct conn *c, uint32_t msgid, int code, int retry_after_ms,
-                     const char *msg);
-int send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err);
-/* An error about the connection itself, with a nil msgid (siliceo-rpc(7)). */
-int send_conn_error(struct conn *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int sil_send_error_retry(struct conn *c, uint32_t msgid, int code, int retry_after_ms,
+                         const char *msg);
+int sil_send_rpc_error(struct conn *c, uint32_t msgid, const struct sil_rpc_error *err);
 /* Sends the response to msgid that the scratch buffer holds, or error 5 when it alone is larger
  * than max_output (it could never be queued). */
-int send_result_scratch(struct conn *c, uint32_t msgid);
-bool inflight_has(const struct conn *c, uint32_t msgid);
-int inflight_add(struct conn *c, uint32_t msgid);
-void inflight_remove(struct conn *c, uint32_t msgid);
+int sil_send_result_scratch(struct conn *c, uint32_t msgid);
+bool sil_inflight_has(const struct conn *c, uint32_t msgid);
+int sil_inflight_add(struct conn *c, uint32_t msgid);
+void sil_inflight_remove(struct conn *c, uint32_t msgid);
 /* The listening socket's handler: accepts, checks the peer, creates the connection. */
-int on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud);
+int sil_on_accept(sd_event_source *src, int fd, uint32_t revents, void *ud);
 /* The once-a-second timer: idle and incomplete-message timeouts, resuming paused reads. */
-int on_conn_tick(sd_event_source *src, uint64_t usec, void *ud);
-void lingering_free_all(struct server *s);
+int sil_on_conn_tick(sd_event_source *src, uint64_t usec, void *ud);
+void sil_lingering_free_all(struct server *s);
 
 /* Delivers one outbox message (worker or tokenizer thread) to its connection, if still there:
  * the final one takes the request off the in-flight list; one larger than max_output becomes
  * error 5. Connections written to are marked dirty. */
-void conn_deliver(struct server *s, const struct sil_outmsg *m);
+void sil_conn_deliver(struct server *s, const struct sil_outmsg *m);
 /* Writes every dirty connection once. */
-void conn_flush_dirty(struct server *s);
+void sil_conn_flush_dirty(struct server *s);
 
 /* tokjob.c: texts of at least TOKJOB_MIN_TEXT bytes are tokenized on a helper thread. */
 #define TOKJOB_MIN_TEXT 65536
 struct tokpool;
-int tokpool_start(struct server *s);
-void tokpool_free(struct tokpool *p);
+int sil_tokpool_start(struct server *s);
+void sil_tokpool_free(struct tokpool *p);
 /* A reload starts (true) or failed (false): while set, generate requests are refused. */
-void tokpool_set_reloading(struct tokpool *p, bool reloading);
+void sil_tokpool_set_reloading(struct tokpool *p, bool reloading);
 /* The reload is done: waits for the job in progress (it reads the old vocab), then uses v and
  * n_ctx and clears reloading. Call before the old engine is closed. */
-void tokpool_set_model(struct tokpool *p, const struct sil_vocab *v, int32_t n_ctx);
+void sil_tokpool_set_model(struct tokpool *p, const struct sil_vocab *v, int32_t n_ctx);
 /* Copies text; puts msgid in flight on c. gen NULL: a tokenize request answered {ids, n}; else a
  * generate request the thread completes (prompt, checks) and submits. -ENOMEM: nothing done. */
-int tokpool_submit(struct server *s, struct conn *c, uint32_t msgid, const char *text, size_t len, bool add_bos,
-                   bool special, struct sil_job_req *gen);
+int sil_tokpool_submit(struct server *s, struct conn *c, uint32_t msgid, const char *text, size_t len, bool add_bos,
+                       bool special, struct sil_job_req *gen);
 
 /* methods.c: the RPC methods. */
 /* The prompt ends inside an open think block: the model's first tokens are reasoning. */
-bool prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n);
+bool sil_prompt_ends_in_think(const struct sil_vocab *v, const int32_t *ids, size_t n);
 /* Runs one well-formed message; returns -1 when the connection is gone. */
-int dispatch(struct conn *c, const struct sil_rpc_msg *m);
+int sil_dispatch(struct conn *c, const struct sil_rpc_msg *m);
 /* Sends what debug.stream requests may send now; -1 when the connection is gone. */
-int pump_streams(struct conn *c);
+int sil_pump_streams(struct conn *c);
 
 /* modelswitch.c: which model a request is for, switching to it, keep_alive. */
 /* Reads the request's 'model': 1 to go on (the model it names is loaded and serves), else the
  * request was refused (0, or -1 when the connection is gone) or waits for its model (0). */
-int model_pick(struct conn *c, const struct sil_rpc_msg *m);
+int sil_model_pick(struct conn *c, const struct sil_rpc_msg *m);
 /* After the worker's or the tokenizer's output: starts the next switch once nothing runs. */
-void models_pump(struct server *s);
+void sil_models_pump(struct server *s);
 /* The worker loaded a model (a switch's, or SIGHUP's reload), could not, or unloaded. */
-void models_loaded(struct server *s);
-void models_load_failed(struct server *s, const char *why);
-void models_unloaded(struct server *s);
+void sil_models_loaded(struct server *s);
+void sil_models_load_failed(struct server *s, const char *why);
+void sil_models_unloaded(struct server *s);
 /* The once-a-second tick: keep_alive. */
-void models_tick(struct server *s);
+void sil_models_tick(struct server *s);
 /* cancel: 1 when msgid of c was waiting (answered with error 8), else 0; -1: c is gone. */
-int models_cancel(struct conn *c, uint32_t msgid);
+int sil_models_cancel(struct conn *c, uint32_t msgid);
 /* A connection went: its waiting requests go too. */
-void models_conn_gone(struct server *s, uint64_t conn_id);
+void sil_models_conn_gone(struct server *s, uint64_t conn_id);
 /* Shutdown: every waiting request gets error 11. */
-void models_fail_all(struct server *s, int code, const char *msg);
-/* The list for the models method and for errors: names separated by ", " into out. */
-void models_names(struct server *s, char *out, size_t size);
-int models_dir(struct server *s, char *out, size_t size);
+void sil_models_fail_all(struct server *s, int code, const char *msg);
+int sil_server_models_dir(struct server *s, char *out, size_t size);
 /* The loaded model's file and name are set from the engine (or cleared without one). */
-void models_set_loaded(struct server *s);
+void sil_models_set_loaded(struct server *s);
 /* tokjob.c: nothing waits or runs on the tokenizer thread. */
-bool tokpool_idle(struct tokpool *p);
+bool sil_tokpool_idle(struct tokpool *p);
 
 /* server.c: lifecycle. */
-void begin_shutdown(struct server *s, const char *why);
+void sil_begin_shutdown(struct server *s, const char *why);
 /* A connection was freed: while draining, the last one ends the loop. */
-void server_conn_gone(struct server *s);
+void sil_server_conn_gone(struct server *s);
 /* "ok", "damaged", "reloading", "loading", "unloading" or "unloaded". */
-const char *model_state_name(const struct server *s);
+const char *sil_model_state_name(const struct server *s);
 /* The engine's parameters from the configuration, for the model at path. */
-void engine_params(const struct server *s, struct sil_engine_params *ep, const char *path);
+void sil_server_engine_params(const struct server *s, struct sil_engine_params *ep, const char *path);
 
 #endif

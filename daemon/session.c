@@ -15,8 +15,8 @@
  * request after that renders the saved transcript again and the engine state is recomputed
  * (from the prefix cache where it still holds the blocks).
  *
- * Ownership: the worker owns every session; session_free frees the sequence and the tokens. A
- * session busy with a job is never dropped. Engine thread only. */
+ * Ownership: the worker owns every session; sil_session_free frees the sequence and the
+ * tokens. A session busy with a job is never dropped. Engine thread only. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +24,7 @@
 #include "daemon/log.h"
 #include "daemon/worker_impl.h"
 
-struct session *session_find(struct sil_worker *w, uint32_t uid, const char *name)
+struct session *sil_session_find(struct sil_worker *w, uint32_t uid, const char *name)
 {
     for (struct session *s = w->sessions; s; s = s->next)
         if (s->uid == uid && strcmp(s->name, name) == 0)
@@ -43,7 +43,7 @@ static void session_unlink(struct sil_worker *w, struct session *s)
     s->prev = s->next = NULL;
 }
 
-void session_to_front(struct sil_worker *w, struct session *s)
+void sil_session_to_front(struct sil_worker *w, struct session *s)
 {
     session_unlink(w, s);
     s->next = w->sessions;
@@ -52,7 +52,7 @@ void session_to_front(struct sil_worker *w, struct session *s)
     w->sessions = s;
 }
 
-void session_free(struct sil_worker *w, struct session *s)
+void sil_session_free(struct sil_worker *w, struct session *s)
 {
     session_unlink(w, s);
     if (s->seq >= 0)
@@ -64,7 +64,7 @@ void session_free(struct sil_worker *w, struct session *s)
 }
 
 /* Drops idle sessions from the least recently used end while over the limits. */
-void sessions_enforce(struct sil_worker *w)
+void sil_sessions_enforce(struct sil_worker *w)
 {
     uint64_t total = 0;
     struct session *tail = NULL;
@@ -77,14 +77,14 @@ void sessions_enforce(struct sil_worker *w)
         if (!s->busy && (total > w->session_memory || w->n_sessions > w->max_sessions)) {
             sil_debug("session '%s' dropped (LRU; %llu bytes)", s->name, (unsigned long long)s->memory);
             total -= s->memory;
-            session_free(w, s);
+            sil_session_free(w, s);
         }
         s = prev;
     }
 }
 
 /* A sequence for a new request: evicts the least recently used idle session when all are taken. */
-int seq_get(struct sil_worker *w, struct sil_error *err)
+int sil_seq_get(struct sil_worker *w, struct sil_error *err)
 {
     for (;;) {
         int seq = sil_seq_create(w->e, err);
@@ -97,11 +97,11 @@ int seq_get(struct sil_worker *w, struct sil_error *err)
         if (!victim)
             return -ENOSPC;
         sil_debug("session '%s' dropped to free a sequence", victim->name);
-        session_free(w, victim);
+        sil_session_free(w, victim);
     }
 }
 
-bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name)
+bool sil_session_in_use(struct sil_worker *w, uint32_t uid, const char *name)
 {
     for (int pass = 0; pass < 2; pass++)
         for (struct job *j = pass ? w->running : w->queue; j; j = j->next)
@@ -112,7 +112,7 @@ bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name)
 
 _Static_assert(SIL_SESSFILE_NAME_MAX == SIL_SESSION_NAME_MAX - 1, "a session name fits a file");
 
-void session_save(struct sil_worker *w, struct session *s)
+void sil_session_save(struct sil_worker *w, struct session *s)
 {
     s->saved = true;
     if (!sil_sessstore_on(&w->store))
@@ -130,8 +130,8 @@ void session_save(struct sil_worker *w, struct session *s)
     }
 }
 
-int session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct sil_chat_msg **log,
-                    size_t *n_log)
+int sil_session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct sil_chat_msg **log,
+                        size_t *n_log)
 {
     *log = NULL;
     *n_log = 0;
@@ -192,8 +192,8 @@ static int render_kept(struct sil_worker *w, const struct job *j, const struct s
     return sil_chat_tokenize(w->v, view, k0 + n - from, gen_prompt, j->r.think, ids, n_ids, err);
 }
 
-int session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
-                        struct sil_error *err)
+int sil_session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
+                            struct sil_error *err)
 {
     if (!j->r.chat)
         return 0;
@@ -299,9 +299,9 @@ static uint64_t log_bytes(const struct session *s)
     return b;
 }
 
-void session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
-                             const char *answer, size_t n_answer, const char *reasoning,
-                             size_t n_reasoning)
+void sil_session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
+                                 const char *answer, size_t n_answer, const char *reasoning,
+                                 size_t n_reasoning)
 {
     if (!j->r.chat || !j->r.append) {
         sil_chat_msgs_free(s->log, s->n_log);

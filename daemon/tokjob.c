@@ -5,7 +5,7 @@
  * loop delivers like the worker's. Smaller texts are tokenized in place: a few milliseconds.
  *
  * Contract: the thread only reads the vocab (immutable) and calls sil_worker_submit (thread
- * safe). A reload (SIGHUP) swaps the vocab with tokpool_set_model only between jobs, before the
+ * safe). A reload (SIGHUP) swaps the vocab with sil_tokpool_set_model only between jobs, before the
  * loop closes the old engine; while it runs, prepared generate requests are refused with
  * model_unavailable as the loop refuses them. The loop adds the request to the connection's
  * in-flight list before handing it over; the final message the thread posts (or the worker's,
@@ -47,7 +47,7 @@ struct tokpool {
     bool stop;
     bool busy;      /* the thread runs a job: v and n_ctx are in use */
     bool reloading; /* a model reload is under way: generate requests are refused */
-    /* Changed under mu while not busy (tokpool_set_model); read by the thread during a job. */
+    /* Changed under mu while not busy (sil_tokpool_set_model); read by the thread during a job. */
     const struct sil_vocab *v;
     int32_t n_ctx;
     /* Read-only after start. */
@@ -138,7 +138,7 @@ static void run_job(struct tokpool *p, struct tokjob *j, struct sil_rpc_buf *b)
         post_error(p, j, b, SIL_RPC_E_CONTEXT_FULL, msg);
         return;
     }
-    r->ctl.in_reasoning = prompt_ends_in_think(p->v, ids, n);
+    r->ctl.in_reasoning = sil_prompt_ends_in_think(p->v, ids, n);
     r->conn_id = j->conn_id;
     r->msgid = j->msgid;
     /* Under mu: a reload the loop starts after this check reaches the worker after the request,
@@ -184,7 +184,7 @@ static void *tok_main(void *arg)
         free(j);
         pthread_mutex_lock(&p->mu);
         p->busy = false;
-        pthread_cond_broadcast(&p->cv); /* tokpool_set_model may wait for this */
+        pthread_cond_broadcast(&p->cv); /* sil_tokpool_set_model may wait for this */
         pthread_mutex_unlock(&p->mu);
     }
     sil_rpc_buf_free(&b);
@@ -203,16 +203,16 @@ static int on_tok_output(sd_event_source *src, int fd, uint32_t revents, void *u
     pthread_mutex_unlock(&p->mu);
     while (m) {
         struct sil_outmsg *next = m->next;
-        conn_deliver(p->srv, m);
+        sil_conn_deliver(p->srv, m);
         free(m);
         m = next;
     }
-    models_pump(p->srv); /* a prompt refused here may leave the worker idle */
-    conn_flush_dirty(p->srv);
+    sil_models_pump(p->srv); /* a prompt refused here may leave the worker idle */
+    sil_conn_flush_dirty(p->srv);
     return 0;
 }
 
-int tokpool_start(struct server *s)
+int sil_tokpool_start(struct server *s)
 {
     struct tokpool *p = calloc(1, sizeof(*p));
     if (!p)
@@ -238,7 +238,7 @@ int tokpool_start(struct server *s)
     return 0;
 }
 
-void tokpool_set_reloading(struct tokpool *p, bool reloading)
+void sil_tokpool_set_reloading(struct tokpool *p, bool reloading)
 {
     if (!p)
         return;
@@ -247,7 +247,7 @@ void tokpool_set_reloading(struct tokpool *p, bool reloading)
     pthread_mutex_unlock(&p->mu);
 }
 
-bool tokpool_idle(struct tokpool *p)
+bool sil_tokpool_idle(struct tokpool *p)
 {
     if (!p) return true;
     pthread_mutex_lock(&p->mu);
@@ -256,7 +256,7 @@ bool tokpool_idle(struct tokpool *p)
     return idle;
 }
 
-void tokpool_set_model(struct tokpool *p, const struct sil_vocab *v, int32_t n_ctx)
+void sil_tokpool_set_model(struct tokpool *p, const struct sil_vocab *v, int32_t n_ctx)
 {
     if (!p)
         return;
@@ -269,7 +269,7 @@ void tokpool_set_model(struct tokpool *p, const struct sil_vocab *v, int32_t n_c
     pthread_mutex_unlock(&p->mu);
 }
 
-void tokpool_free(struct tokpool *p)
+void sil_tokpool_free(struct tokpool *p)
 {
     if (!p)
         return;
@@ -296,14 +296,14 @@ void tokpool_free(struct tokpool *p)
     free(p);
 }
 
-int tokpool_submit(struct server *s, struct conn *c, uint32_t msgid, const char *text, size_t len, bool add_bos,
-                   bool special, struct sil_job_req *gen)
+int sil_tokpool_submit(struct server *s, struct conn *c, uint32_t msgid, const char *text, size_t len, bool add_bos,
+                       bool special, struct sil_job_req *gen)
 {
     struct tokpool *p = s->tok;
     struct tokjob *j = malloc(sizeof(*j) + len);
     if (!j)
         return -ENOMEM;
-    if (inflight_add(c, msgid) < 0) {
+    if (sil_inflight_add(c, msgid) < 0) {
         free(j);
         return -ENOMEM;
     }

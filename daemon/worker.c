@@ -55,7 +55,7 @@ static void flush_out(struct sil_worker *w)
     }
 }
 
-void post_raw(struct sil_worker *w, struct sil_outmsg *m)
+void sil_post_raw(struct sil_worker *w, struct sil_outmsg *m)
 {
     if (w->pend_tail)
         w->pend_tail->next = m;
@@ -65,7 +65,7 @@ void post_raw(struct sil_worker *w, struct sil_outmsg *m)
 }
 
 /* Moves what the packing buffer holds into a new pending message. */
-bool post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
+bool sil_post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
 {
     struct sil_rpc_buf *b = &w->pk;
     size_t n = sil_rpc_buf_size(b);
@@ -85,21 +85,21 @@ bool post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final)
     m->len = n;
     memcpy(m->data, sil_rpc_buf_head(b), n);
     sil_rpc_buf_reset(b);
-    post_raw(w, m);
+    sil_post_raw(w, m);
     return true;
 }
 
-void post_job_oom(struct sil_worker *w, struct job *j)
+void sil_post_job_oom(struct sil_worker *w, struct job *j)
 {
     if (!j->oom)
         return;
     if (j->conn_gone)
         j->oom->len = 0; /* only the request count of the connection needs it */
-    post_raw(w, j->oom);
+    sil_post_raw(w, j->oom);
     j->oom = NULL;
 }
 
-void pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const char *msg)
+void sil_pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const char *msg)
 {
     char clean[3 * 1024];
     size_t n = msg ? strnlen(msg, 1024) : 0;
@@ -111,8 +111,8 @@ void pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const cha
 static bool post_error(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, int code, const char *msg,
                        bool final)
 {
-    pack_error_clean(&w->pk, msgid, code, msg);
-    return post(w, conn_id, msgid, final);
+    sil_pack_error_clean(&w->pk, msgid, code, msg);
+    return sil_post(w, conn_id, msgid, final);
 }
 
 /* ---- the thread -------------------------------------------------------------------------------- */
@@ -126,15 +126,15 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         struct job *j = m->job;
         m->job = NULL;
         j->t_submit = now_s();
-        if (j->r.session[0] && session_in_use(w, j->r.uid, j->r.session)) {
+        if (j->r.session[0] && sil_session_in_use(w, j->r.uid, j->r.session)) {
             if (!post_error(w, j->r.conn_id, j->r.msgid, SIL_RPC_E_BUSY,
                             "session in use by another request", true))
-                post_job_oom(w, j);
-            job_free(w, j);
+                sil_post_job_oom(w, j);
+            sil_job_free(w, j);
             break;
         }
         j->arrival = w->arrivals++;
-        list_append(&w->queue, j);
+        sil_list_append(&w->queue, j);
         w->n_queued++;
         w->local.requests_total++;
         break;
@@ -160,7 +160,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
             n_shown += m->all || s->uid == m->uid;
         for (size_t i = 0; i < st->n; i++)
             n_shown += (m->all || st->ent[i].uid == m->uid) &&
-                       !session_find(w, st->ent[i].uid, st->ent[i].name);
+                       !sil_session_find(w, st->ent[i].uid, st->ent[i].name);
         msgpack_pack_array(pk, n_shown);
         double t = now_s();
         uint64_t total = 0;
@@ -184,7 +184,7 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         const double wall = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
         for (size_t i = 0; i < st->n; i++) {
             const struct sil_sessfile_entry *e = &st->ent[i];
-            if ((!m->all && e->uid != m->uid) || session_find(w, e->uid, e->name))
+            if ((!m->all && e->uid != m->uid) || sil_session_find(w, e->uid, e->name))
                 continue;
             msgpack_pack_map(pk, 8);
             sil_utf8_pack_kv(pk, "name", e->name, strlen(e->name));
@@ -200,11 +200,11 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         sil_rpc_kv_uint(pk, "memory", total);
         sil_rpc_kv_uint(pk, "memory_limit", w->session_memory);
         sil_rpc_end(&w->pk);
-        post(w, m->conn_id, m->msgid, true);
+        sil_post(w, m->conn_id, m->msgid, true);
         break;
     }
     case IN_DAMAGED:
-        if (m->engine == w->e) model_damaged(w, NULL);
+        if (m->engine == w->e) sil_model_damaged(w, NULL);
         break;
     case IN_RELOAD:
         if (w->reload) reload_free(w->reload);
@@ -213,17 +213,17 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         /* Queued requests were tokenized for the model in use; the running ones may finish. */
         for (struct job *j = w->queue, *next; j; j = next) {
             next = j->next;
-            list_remove(&w->queue, j);
+            sil_list_remove(&w->queue, j);
             w->n_queued--;
             j->err_code = SIL_RPC_E_UNAVAILABLE;
-            job_finish(w, j, SIL_STOP_ERROR, "the model is being reloaded; send the request again");
+            sil_job_finish(w, j, SIL_STOP_ERROR, "the model is being reloaded; send the request again");
         }
         break;
     case IN_UNLOAD:
         w->unload = w->e != NULL;
         break;
     case IN_SESS_DROP: {
-        struct session *s = session_find(w, m->uid, m->name);
+        struct session *s = sil_session_find(w, m->uid, m->name);
         const bool file = sil_sessstore_remove(&w->store, m->uid, m->name) == 0;
         if (!s && !file) {
             post_error(w, m->conn_id, m->msgid, SIL_RPC_E_NOT_FOUND, "no such session", true);
@@ -232,11 +232,11 @@ static void handle_in(struct sil_worker *w, struct inmsg *m)
         if (s && s->busy)
             s->drop_when_idle = true;
         else if (s)
-            session_free(w, s);
+            sil_session_free(w, s);
         msgpack_packer *pk = sil_rpc_begin_response(&w->pk, m->msgid);
         msgpack_pack_map(pk, 0);
         sil_rpc_end(&w->pk);
-        post(w, m->conn_id, m->msgid, true);
+        sil_post(w, m->conn_id, m->msgid, true);
         break;
     }
     }
@@ -285,13 +285,13 @@ static void post_event(struct sil_worker *w, enum sil_worker_event ev, const cha
     m->engine = e;
     m->old_engine = old;
     if (n) memcpy(m->data, text, n);
-    post_raw(w, m);
+    sil_post_raw(w, m);
 }
 
 static void fail_all(struct sil_worker *w, int code, const char *msg)
 {
     for (int pass = 0; pass < 2; pass++) {
-        /* Detached first: job_finish publishes stats, which walks the running list. */
+        /* Detached first: sil_job_finish publishes stats, which walks the running list. */
         struct job *j = pass ? w->running : w->queue;
         if (pass)
             w->running = NULL, w->n_running = 0;
@@ -300,13 +300,13 @@ static void fail_all(struct sil_worker *w, int code, const char *msg)
         while (j) {
             struct job *next = j->next;
             j->err_code = code;
-            job_finish(w, j, SIL_STOP_ERROR, msg);
+            sil_job_finish(w, j, SIL_STOP_ERROR, msg);
             j = next;
         }
     }
 }
 
-void model_damaged(struct sil_worker *w, const char *why)
+void sil_model_damaged(struct sil_worker *w, const char *why)
 {
     if (w->damaged) return;
     w->damaged = true;
@@ -325,8 +325,8 @@ void model_damaged(struct sil_worker *w, const char *why)
     sil_err("%s", msg);
     fail_all(w, SIL_RPC_E_UNAVAILABLE, msg);
     while (w->sessions)
-        session_free(w, w->sessions);
-    publish_stats(w);
+        sil_session_free(w, w->sessions);
+    sil_publish_stats(w);
     post_event(w, SIL_WORKER_EV_DAMAGED, msg, w->e, NULL);
 }
 
@@ -414,7 +414,7 @@ static void do_reload(struct sil_worker *w)
         return;
     }
     while (w->sessions)
-        session_free(w, w->sessions); /* their sequences belong to the old engine */
+        sil_session_free(w, w->sessions); /* their sequences belong to the old engine */
     struct sil_engine *old = w->e;
     if (w->heat) {
         /* The old model's map is saved first; the new model takes it only if it is the same. */
@@ -433,7 +433,7 @@ static void do_reload(struct sil_worker *w)
     sil_engine_set_eval_progress(ne, eval_progress, w);
     sil_notice("model %s %s in %.2f s", sil_engine_info(ne)->path, old ? "reloaded" : "loaded",
                now_s() - t0);
-    publish_stats(w);
+    sil_publish_stats(w);
     post_event(w, SIL_WORKER_EV_RELOADED, NULL, ne, old);
     reload_free(r);
 }
@@ -444,15 +444,15 @@ static void do_unload(struct sil_worker *w)
 {
     w->unload = false;
     for (struct session *s = w->sessions; s; s = s->next)
-        if (!s->saved) session_save(w, s);
+        if (!s->saved) sil_session_save(w, s);
     while (w->sessions)
-        session_free(w, w->sessions);
+        sil_session_free(w, w->sessions);
     if (w->heat) sil_heatkeep_save(w->heat, w->e);
     struct sil_engine *old = w->e;
     w->e = NULL;
     w->v = NULL;
     w->damaged = false;
-    publish_stats(w);
+    sil_publish_stats(w);
     post_event(w, SIL_WORKER_EV_UNLOADED, NULL, NULL, old);
 }
 
@@ -464,19 +464,19 @@ static void finish_cancelled(struct sil_worker *w)
         while (j) {
             struct job *next = j->next;
             if (j->cancelled) {
-                list_remove(head, j);
+                sil_list_remove(head, j);
                 if (pass)
                     w->n_running--;
                 else
                     w->n_queued--;
-                job_finish(w, j, SIL_STOP_CANCELLED, NULL);
+                sil_job_finish(w, j, SIL_STOP_CANCELLED, NULL);
             }
             j = next;
         }
     }
 }
 
-void publish_stats(struct sil_worker *w)
+void sil_publish_stats(struct sil_worker *w)
 {
     uint64_t sb = 0, st = 0;
     for (struct session *s = w->sessions; s; s = s->next)
@@ -582,7 +582,7 @@ static void *worker_main(void *arg)
         }
         if (stop) {
             for (int pass = 0; pass < 2; pass++) {
-                /* Detached first: job_finish publishes stats, which walks the running list. */
+                /* Detached first: sil_job_finish publishes stats, which walks the running list. */
                 struct job *j = pass ? w->running : w->queue;
                 if (pass)
                     w->running = NULL, w->n_running = 0;
@@ -590,22 +590,22 @@ static void *worker_main(void *arg)
                     w->queue = NULL, w->n_queued = 0;
                 while (j) {
                     struct job *next = j->next;
-                    job_finish(w, j, SIL_STOP_SHUTDOWN, NULL);
+                    sil_job_finish(w, j, SIL_STOP_SHUTDOWN, NULL);
                     j = next;
                 }
             }
             /* every change was saved when it was made: only those that failed are tried again */
             for (struct session *s = w->sessions; s; s = s->next)
                 if (!s->saved)
-                    session_save(w, s);
+                    sil_session_save(w, s);
             while (w->sessions)
-                session_free(w, w->sessions);
+                sil_session_free(w, w->sessions);
             if (w->heat && w->e) sil_heatkeep_save(w->heat, w->e);
-            publish_stats(w);
+            sil_publish_stats(w);
             struct sil_outmsg *m = calloc(1, sizeof(*m));
             if (m) {
                 m->stopped = true;
-                post_raw(w, m);
+                sil_post_raw(w, m);
             }
             flush_out(w);
             atomic_store(&w->idle, true); /* ended: nothing left that could hang */
@@ -621,16 +621,16 @@ static void *worker_main(void *arg)
                      "the model file changed while in use; replace it by rename "
                      "and send SIGHUP to siliceod");
         else if (!w->reload)
-            admit(w);
-        publish_stats(w);
+            sil_admit(w);
+        sil_publish_stats(w);
         flush_out(w); /* answers to the inbox and refusals go out before a long prefill step */
         if (w->running) {
-            step(w);
+            sil_step(w);
             beat(w);
         }
         finish_cancelled(w);
-        sessions_enforce(w);
-        publish_stats(w); /* before the final responses reach the loop */
+        sil_sessions_enforce(w);
+        sil_publish_stats(w); /* before the final responses reach the loop */
         flush_out(w);
         if (w->heat && w->e) sil_heatkeep_tick(w->heat, w->e, now_s());
     }
@@ -928,7 +928,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
             sil_sessstore_open(&w->store, dir, cfg->saved_sessions, cfg->saved_session_bytes);
         }
     }
-    publish_stats(w); /* status has the engine's figures before the first request */
+    sil_publish_stats(w); /* status has the engine's figures before the first request */
     int rc = pthread_create(&w->thread, NULL, worker_main, w);
     if (rc) {
         sil_worker_free(w);
@@ -951,7 +951,7 @@ void sil_worker_free(struct sil_worker *w)
         struct inmsg *m = w->in_head;
         w->in_head = m->next;
         if (m->job)
-            job_free(w, m->job);
+            sil_job_free(w, m->job);
         reload_free(m->reload);
         free(m);
     }

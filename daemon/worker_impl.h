@@ -3,8 +3,8 @@
  * unless a field says "under mu" (worker.c's queues) or is atomic.
  *
  * Ownership: the worker owns its jobs (queue and running lists) and its sessions (an LRU list);
- * a running job that uses a session holds it through sess / busy until job_finish gives the
- * sequence back. Outbox messages are malloc'd by post and freed by the event loop. */
+ * a running job that uses a session holds it through sess / busy until sil_job_finish gives
+ * the sequence back. Outbox messages are malloc'd by sil_post and freed by the event loop. */
 #ifndef SIL_DAEMON_WORKER_IMPL_H
 #define SIL_DAEMON_WORKER_IMPL_H
 
@@ -184,60 +184,60 @@ static inline double now_s(void)
 }
 
 /* worker.c: the outbox (messages handed to the event loop when the step ends) and statistics. */
-void post_raw(struct sil_worker *w, struct sil_outmsg *m);
+void sil_post_raw(struct sil_worker *w, struct sil_outmsg *m);
 /* Moves what the packing buffer holds into a new pending message; false (buffer emptied, error
  * logged) when there is no memory for it. */
-bool post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
+bool sil_post(struct sil_worker *w, uint64_t conn_id, uint32_t msgid, bool final);
 /* A job's final response failed to post: its preallocated error 10 (or, for a connection that is
  * gone, an empty final message) goes instead. */
-void post_job_oom(struct sil_worker *w, struct job *j);
+void sil_post_job_oom(struct sil_worker *w, struct job *j);
 /* An error response whose message passes the UTF-8 sanitizer (engine errors quote paths and
  * metadata: any bytes). */
-void pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const char *msg);
-void publish_stats(struct sil_worker *w);
+void sil_pack_error_clean(struct sil_rpc_buf *b, uint32_t msgid, int code, const char *msg);
+void sil_publish_stats(struct sil_worker *w);
 /* The model file changed (why names it): every request fails with what to do, sessions go, the
  * loop is told (SIL_WORKER_EV_DAMAGED), and nothing reads the mapping any more. */
-void model_damaged(struct sil_worker *w, const char *why);
+void sil_model_damaged(struct sil_worker *w, const char *why);
 
 /* session.c: named sessions and the sequences they hold. */
-struct session *session_find(struct sil_worker *w, uint32_t uid, const char *name);
-void session_to_front(struct sil_worker *w, struct session *s);
-void session_free(struct sil_worker *w, struct session *s);
+struct session *sil_session_find(struct sil_worker *w, uint32_t uid, const char *name);
+void sil_session_to_front(struct sil_worker *w, struct session *s);
+void sil_session_free(struct sil_worker *w, struct session *s);
 /* Drops idle sessions from the least recently used end while over the limits. */
-void sessions_enforce(struct sil_worker *w);
+void sil_sessions_enforce(struct sil_worker *w);
 /* A sequence for a new request: evicts the least recently used idle session when all are taken. */
-int seq_get(struct sil_worker *w, struct sil_error *err);
-bool session_in_use(struct sil_worker *w, uint32_t uid, const char *name);
+int sil_seq_get(struct sil_worker *w, struct sil_error *err);
+bool sil_session_in_use(struct sil_worker *w, uint32_t uid, const char *name);
 /* A chat job on a session: with append, the prompt becomes the transcript of s (may be NULL)
  * plus the job's messages; the resume point is the conversation's end before the generation
  * prompt. A conversation that leaves too little room for the answer loses its oldest turns
  * (the system message stays; j->drop_at, j->n_dropped say which). -E2BIG (err set,
  * j->err_code SIL_RPC_E_CONTEXT_FULL) when even its last turn does not fit the context. */
-int session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
-                        struct sil_error *err);
+int sil_session_chat_prompt(struct sil_worker *w, struct job *j, const struct session *s,
+                            struct sil_error *err);
 /* Saves s's transcript in the state directory (removes its file when it has none); a failure is
  * a warning and leaves s unsaved, to be tried again at its next change and at shutdown. */
-void session_save(struct sil_worker *w, struct session *s);
+void sil_session_save(struct sil_worker *w, struct session *s);
 /* The saved transcript of (uid, name), for a session that is not in memory: 0 (*log, *n_log
  * malloc'd), -ENOENT when none is saved; a bad file is a warning and -ENOENT. */
-int session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct sil_chat_msg **log,
-                    size_t *n_log);
+int sil_session_restore(struct sil_worker *w, uint32_t uid, const char *name, struct sil_chat_msg **log,
+                        size_t *n_log);
 /* After a chat job on s: the transcript becomes (append ? the old one : nothing) + the job's
  * messages (moved) + the answer, less the turns its prompt left out (j->n_dropped); after any
  * other job it is cleared. Updates s->memory. */
-void session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
-                             const char *answer, size_t n_answer, const char *reasoning,
-                             size_t n_reasoning);
+void sil_session_keep_transcript(struct sil_worker *w, struct session *s, struct job *j,
+                                 const char *answer, size_t n_answer, const char *reasoning,
+                                 size_t n_reasoning);
 
 /* scheduler.c: jobs and the scheduler step. */
-void job_free(struct sil_worker *w, struct job *j);
+void sil_job_free(struct sil_worker *w, struct job *j);
 /* Final response, the sequence back to its session (or freed), the job freed. */
-void job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg);
-void list_remove(struct job **head, struct job *j);
-void list_append(struct job **head, struct job *j);
+void sil_job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg);
+void sil_list_remove(struct job **head, struct job *j);
+void sil_list_append(struct job **head, struct job *j);
 /* Moves queued jobs to running while sequences and max_running allow. */
-void admit(struct sil_worker *w);
+void sil_admit(struct sil_worker *w);
 /* One scheduler step: decode rows for every decoding request, then prompt chunks. */
-void step(struct sil_worker *w);
+void sil_step(struct sil_worker *w);
 
 #endif
