@@ -23,6 +23,7 @@
 #include "daemon/server_impl.h"
 #include "daemon/utf8.h"
 #include "daemon/worker.h"
+#include "kernels/vec.h"
 #include "siliceo-proto.h"
 
 #define READ_CHUNK 65536
@@ -124,17 +125,9 @@ static int conn_append(struct conn *c, const void *data, size_t n)
         c->out_len -= c->out_off;
         c->out_off = 0;
     }
-    if (c->out_len + n > c->out_cap) {
-        size_t cap = c->out_cap ? c->out_cap : 4096;
-        while (cap < c->out_len + n)
-            cap *= 2;
-        char *p = realloc(c->out, cap);
-        if (!p) {
-            sil_conn_free(c);
-            return -1;
-        }
-        c->out = p;
-        c->out_cap = cap;
+    if (sil_vec_reserve(&c->out, &c->out_cap, c->out_len + n, 4096) < 0) {
+        sil_conn_free(c);
+        return -1;
     }
     memcpy(c->out + c->out_len, data, n);
     c->out_len += n;
@@ -226,14 +219,8 @@ bool sil_inflight_has(const struct conn *c, uint32_t msgid)
 
 int sil_inflight_add(struct conn *c, uint32_t msgid)
 {
-    if (c->n_inflight == c->cap_inflight) {
-        int cap = c->cap_inflight ? c->cap_inflight * 2 : 8;
-        uint32_t *p = realloc(c->inflight, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        c->inflight = p;
-        c->cap_inflight = cap;
-    }
+    if (sil_vec_reserve(&c->inflight, &c->cap_inflight, (size_t)c->n_inflight + 1, 8) < 0)
+        return -ENOMEM;
     c->inflight[c->n_inflight++] = msgid;
     return 0;
 }

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/vec.h"
+
 struct buf {
     char *p;
     size_t n, cap;
@@ -55,17 +57,7 @@ void sil_genctl_params_default(struct sil_genctl_params *p)
 /* Room for n more bytes and a NUL. */
 static int buf_reserve(struct buf *b, size_t n)
 {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -ENOMEM;
-        b->p = p;
-        b->cap = cap;
-    }
-    return 0;
+    return sil_vec_reserve(&b->p, &b->cap, b->n + n + 1, 256);
 }
 
 static int buf_append(struct buf *b, const char *s, size_t n)

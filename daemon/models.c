@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kernels/vec.h"
+
 static const char suffix[] = ".gguf";
 #define SUFFIX_LEN (sizeof suffix - 1)
 
@@ -65,13 +67,7 @@ static int file_size(const char *path, uint64_t *size)
 static int push(struct sil_model_entry **list, size_t *n, size_t *cap, const char *name,
                 const char *path, uint64_t size)
 {
-    if (*n == *cap) {
-        const size_t nc = *cap ? *cap * 2 : 16;
-        struct sil_model_entry *p = realloc(*list, nc * sizeof *p);
-        if (!p) return -ENOMEM;
-        *list = p;
-        *cap = nc;
-    }
+    if (sil_vec_reserve(list, cap, *n + 1, 16) < 0) return -ENOMEM;
     struct sil_model_entry *e = &(*list)[(*n)++];
     snprintf(e->name, sizeof e->name, "%s", name);
     snprintf(e->path, sizeof e->path, "%s", path);

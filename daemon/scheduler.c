@@ -33,22 +33,15 @@
 #include "daemon/log.h"
 #include "daemon/utf8.h"
 #include "daemon/worker_impl.h"
+#include "kernels/vec.h"
 #include "siliceo-proto.h"
 
 static int tokvec_push(struct tokvec *t, const int32_t *ids, size_t n)
 {
     if (n == 0)
         return 0; /* t->p may still be NULL: NULL + 0 is undefined */
-    if (t->n + n > t->cap) {
-        size_t cap = t->cap ? t->cap : 64;
-        while (cap < t->n + n)
-            cap *= 2;
-        int32_t *p = realloc(t->p, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        t->p = p;
-        t->cap = cap;
-    }
+    if (sil_vec_reserve(&t->p, &t->cap, t->n + n, 64) < 0)
+        return -ENOMEM;
     memcpy(t->p + t->n, ids, n * sizeof(*ids));
     t->n += n;
     return 0;

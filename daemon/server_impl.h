@@ -44,7 +44,8 @@ struct conn {
     char *out;
     size_t out_off, out_len, out_cap;
     uint32_t *inflight; /* msgids of requests the worker (or a debug stream) still answers */
-    int n_inflight, cap_inflight;
+    int n_inflight;
+    size_t cap_inflight;
     struct dstream *streams;
     bool closing; /* close once the output is flushed */
     bool dirty;   /* output appended by on_worker, not yet written */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "kernels/vec.h"
 
 static const uint8_t magic[8] = {'S', 'I', 'L', 'S', 'E', 'S', 'S', 0};
 static const char *const roles[] = {"system", "user", "assistant"};
@@ -401,13 +402,7 @@ static int remember(struct sil_sessstore *st, const struct sil_sessfile_entry *e
         *old = *e;
         return 0;
     }
-    if (st->n == st->cap) {
-        const size_t cap = st->cap ? 2 * st->cap : 16;
-        struct sil_sessfile_entry *p = realloc(st->ent, cap * sizeof(*p));
-        if (!p) return -ENOMEM;
-        st->ent = p;
-        st->cap = cap;
-    }
+    if (sil_vec_reserve(&st->ent, &st->cap, st->n + 1, 16) < 0) return -ENOMEM;
     st->ent[st->n++] = *e;
     return 0;
 }

@@ -68,6 +68,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
 
 #include "kernels/cpu/quants.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/vec.h"
 
 extern const unsigned char sil_cuda_fwd_fatbin[];
 
@@ -150,7 +151,8 @@ struct graph_slot {
      * runs from layer i-1's experts to layer i's router (seg[0] from the start, the last one
      * to the head); n_seg 0 until captured */
     struct sil_cuda_graph **seg;
-    int n_seg, cap_seg;
+    int n_seg;
+    size_t cap_seg;
 };
 
 enum pass_mode { PASS_EAGER, PASS_CAPTURE, PASS_REPLAY };
@@ -168,7 +170,8 @@ struct cuda_backend {
     uint64_t weight_bytes, kv_bytes;
     /* device allocations, freed with the backend */
     sil_cuda_ptr *allocs;
-    int n_allocs, cap_allocs;
+    int n_allocs;
+    size_t cap_allocs;
     /* device buffers */
     sil_cuda_ptr kv_k, kv_v; /* [layer][seq][n_ctx][kv_dim] */
     sil_cuda_ptr state;      /* [seq][recr_floats] */
@@ -284,14 +287,16 @@ struct cuda_backend {
     struct host_range {
         uintptr_t lo, hi;
     } * rng;
-    int n_rng, cap_rng;
+    int n_rng;
+    size_t cap_rng;
     bool pinned;
     uint64_t pinned_bytes;
     double h2d_gbs;
     /* pinned host blocks handed out by host_alloc (the engine's host tier of experts): a miss
      * whose handle points into one is one DMA, like the pinned mapping */
     struct host_range *hblk;
-    int n_hblk, cap_hblk;
+    int n_hblk;
+    size_t cap_hblk;
     /* miss path (c), SIL_CUDA_CPU_MISSES=N: up to N misses of each decode layer computed on the
      * host from the mapping while the rest stream; the MoE input comes down with the router's
      * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
@@ -394,13 +399,8 @@ static int dalloc(struct cuda_backend *b, size_t bytes, sil_cuda_ptr *out, struc
                           "%zu more needed)",
                           (unsigned long long)(b->budget >> 20),
                           (unsigned long long)(b->used >> 20), bytes);
-    if (b->n_allocs == b->cap_allocs) {
-        const int cap = b->cap_allocs ? 2 * b->cap_allocs : 256;
-        sil_cuda_ptr *a = realloc(b->allocs, sizeof(*a) * (size_t)cap);
-        if (!a) return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
-        b->allocs = a;
-        b->cap_allocs = cap;
-    }
+    if (sil_vec_reserve(&b->allocs, &b->cap_allocs, (size_t)b->n_allocs + 1, 256) < 0)
+        return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
     int rc = sil_cuda_alloc(b->cu, bytes, out, err);
     if (rc < 0) return rc;
     rc = sil_cuda_memset(b->cu, *out, 0, bytes, NULL, err);
@@ -668,16 +668,10 @@ static void seg_end(struct cuda_backend *b)
     struct graph_slot *c = b->cur;
     if (b->mode == PASS_CAPTURE) {
         struct sil_cuda_graph *g = NULL;
-        if (c->n_seg == c->cap_seg) {
-            const int cap = c->cap_seg ? 2 * c->cap_seg : 64;
-            struct sil_cuda_graph **ns = realloc(c->seg, sizeof(*ns) * (size_t)cap);
-            if (!ns) {
-                abort_capture(b);
-                fail(b, -ENOMEM, "out of memory for graph segments");
-                return;
-            }
-            c->seg = ns;
-            c->cap_seg = cap;
+        if (sil_vec_reserve(&c->seg, &c->cap_seg, (size_t)c->n_seg + 1, 64) < 0) {
+            abort_capture(b);
+            fail(b, -ENOMEM, "out of memory for graph segments");
+            return;
         }
         b->seg_gap = true;
         if (!ok(b, sil_cuda_capture_end(b->cu, NULL, &g, &b->err))) {
@@ -743,7 +737,7 @@ static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ub
     sil_cuda_graph_destroy(b->cu, lru->g);
     drop_segs(b, lru);
     struct sil_cuda_graph **keep_seg = lru->seg;
-    const int keep_cap = lru->cap_seg;
+    const size_t keep_cap = lru->cap_seg;
     memset(lru, 0, sizeof(*lru));
     lru->seg = keep_seg;
     lru->cap_seg = keep_cap;
@@ -1965,13 +1959,8 @@ static int cuda_place(struct sil_backend *be, struct sil_weight *w, bool release
             b->probe[b->n_probe_fe++] = *w;
         else if (w->rows == b->c.n_embd && w->cols == b->c.n_ff_exp && b->n_probe_ef < 1)
             b->probe[2 + b->n_probe_ef++] = *w;
-        if (b->n_rng == b->cap_rng) {
-            const int cap = b->cap_rng ? 2 * b->cap_rng : 64;
-            struct host_range *r = realloc(b->rng, sizeof(*r) * (size_t)cap);
-            if (!r) return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
-            b->rng = r;
-            b->cap_rng = cap;
-        }
+        if (sil_vec_reserve(&b->rng, &b->cap_rng, (size_t)b->n_rng + 1, 64) < 0)
+            return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
         const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), p = (uintptr_t)w->data;
         b->rng[b->n_rng++] = (struct host_range){
             p & ~(pg - 1), (p + w->mat_bytes * (size_t)w->n_mat + pg - 1) & ~(pg - 1)};
@@ -2475,13 +2464,7 @@ static bool in_hblk(const struct cuda_backend *b, const void *p, size_t n)
 static void *cuda_host_alloc(struct sil_backend *be, size_t bytes)
 {
     struct cuda_backend *b = cb(be);
-    if (b->n_hblk == b->cap_hblk) {
-        const int cap = b->cap_hblk ? 2 * b->cap_hblk : 16;
-        struct host_range *r = realloc(b->hblk, sizeof(*r) * (size_t)cap);
-        if (!r) return NULL;
-        b->hblk = r;
-        b->cap_hblk = cap;
-    }
+    if (sil_vec_reserve(&b->hblk, &b->cap_hblk, (size_t)b->n_hblk + 1, 16) < 0) return NULL;
     void *p = NULL;
     if (sil_cuda_host_alloc(b->cu, bytes, &p, NULL) < 0) return NULL;
     b->hblk[b->n_hblk++] = (struct host_range){(uintptr_t)p, (uintptr_t)p + bytes};

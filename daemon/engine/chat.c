@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "daemon/engine/tokenizer.h"
+#include "kernels/vec.h"
 
 struct sbuf {
     char *p;
@@ -26,17 +27,9 @@ static void put(struct sbuf *b, const char *s, size_t n)
 {
     if (b->oom || n == 0)
         return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
+    if (sil_vec_reserve(&b->p, &b->cap, b->len + n + 1, 256) < 0) {
+        b->oom = true;
+        return;
     }
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -150,16 +143,8 @@ struct out {
 
 static int push_ids(struct out *o, const int32_t *ids, size_t n)
 {
-    if (o->n_ids + n > o->cap_ids) {
-        size_t cap = o->cap_ids ? o->cap_ids : 256;
-        while (cap < o->n_ids + n)
-            cap *= 2;
-        int32_t *p = realloc(o->ids, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        o->ids = p;
-        o->cap_ids = cap;
-    }
+    if (sil_vec_reserve(&o->ids, &o->cap_ids, o->n_ids + n, 256) < 0)
+        return -ENOMEM;
     memcpy(o->ids + o->n_ids, ids, n * sizeof(*ids));
     o->n_ids += n;
     return 0;

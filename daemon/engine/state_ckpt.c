@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/vec.h"
+
 struct ckpt {
     int32_t pos;
     float *state;
@@ -13,7 +15,8 @@ struct ckpt {
 
 struct seq_ckpts {
     struct ckpt *v; /* sorted by pos, ascending */
-    int n, cap;
+    int n;
+    size_t cap;
 };
 
 struct sil_state_ckpt {
@@ -87,14 +90,8 @@ int sil_ckpt_save(struct sil_state_ckpt *c, int seq, int32_t pos, const float *s
         while (l->n >= max_keep)
             drop_at(l, 0);
     } else {
-        if (l->n == l->cap) {
-            int cap = l->cap ? 2 * l->cap : 4;
-            struct ckpt *v = realloc(l->v, sizeof(*v) * (size_t)cap);
-            if (!v)
-                return sil_errorf(err, -ENOMEM, "checkpoints: out of memory");
-            l->v = v;
-            l->cap = cap;
-        }
+        if (sil_vec_reserve(&l->v, &l->cap, (size_t)l->n + 1, 4) < 0)
+            return sil_errorf(err, -ENOMEM, "checkpoints: out of memory");
         snap = malloc(bytes);
         if (!snap)
             return sil_errorf(err, -ENOMEM, "checkpoints: out of memory for a %zu-byte snapshot",

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "daemon/engine/tokenizer_impl.h"
+#include "kernels/vec.h"
 
 struct id_buf {
     int32_t *ids;
@@ -23,14 +24,8 @@ struct id_buf {
 
 static int id_push(struct id_buf *b, int32_t id)
 {
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        int32_t *p = realloc(b->ids, cap * sizeof *p);
-        if (!p)
-            return -ENOMEM;
-        b->ids = p;
-        b->cap = cap;
-    }
+    if (sil_vec_reserve(&b->ids, &b->cap, b->n + 1, 256) < 0)
+        return -ENOMEM;
     b->ids[b->n++] = id;
     return 0;
 }
@@ -101,22 +96,9 @@ static void wc_add(struct wcache *c, uint64_t h, const void *w, size_t n, const 
     if (c->used >= c->mask / 2 || c->words_len + n > UINT32_MAX / 2 ||
         c->ids_len + n_ids > UINT32_MAX / 2)
         return;
-    if (c->words_len + n > c->words_cap) {
-        size_t cap = c->words_cap ? c->words_cap * 2 : 16384;
-        char *p = realloc(c->words, cap);
-        if (!p)
-            return;
-        c->words = p;
-        c->words_cap = cap;
-    }
-    if (c->ids_len + n_ids > c->ids_cap) {
-        size_t cap = c->ids_cap ? c->ids_cap * 2 : 4096;
-        int32_t *p = realloc(c->ids, cap * sizeof *p);
-        if (!p)
-            return;
-        c->ids = p;
-        c->ids_cap = cap;
-    }
+    if (sil_vec_reserve(&c->words, &c->words_cap, c->words_len + n, 16384) < 0 ||
+        sil_vec_reserve(&c->ids, &c->ids_cap, c->ids_len + n_ids, 4096) < 0)
+        return;
     uint32_t i = (uint32_t)h & c->mask;
     while (c->ent[i].h)
         i = (i + 1) & c->mask;
