@@ -12,44 +12,17 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "kernels/bytes.h"
 #include "kernels/vec.h"
 
 static const uint8_t magic[8] = {'S', 'I', 'L', 'S', 'E', 'S', 'S', 0};
 static const char *const roles[] = {"system", "user", "assistant"};
 #define HDR 24              /* magic, version, uid, saved_at */
 #define TMP_NAME ".partial" /* never a name encode makes: it is not hex */
-#define FNV_INIT 0xcbf29ce484222325ull
-
+/* the checksum: FNV-1a of every byte before it */
 static uint64_t fnv1a(const uint8_t *p, size_t n)
 {
-    uint64_t h = FNV_INIT;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+    return sil_fnv1a(SIL_FNV_INIT, p, n);
 }
 
 static int role_code(const char *role)
@@ -89,30 +62,30 @@ int sil_sessfile_encode(uint32_t uid, const char *name, uint64_t saved_at,
     uint8_t *b = malloc((size_t)total), *p = b;
     if (!b) return sil_errorf(err, -ENOMEM, "out of memory");
     memcpy(p, magic, 8);
-    put32(p + 8, SIL_SESSFILE_VERSION);
-    put32(p + 12, uid);
-    put64(p + 16, saved_at);
+    sil_put_le32(p + 8, SIL_SESSFILE_VERSION);
+    sil_put_le32(p + 12, uid);
+    sil_put_le64(p + 16, saved_at);
     p += HDR;
-    put32(p, (uint32_t)nn);
+    sil_put_le32(p, (uint32_t)nn);
     memcpy(p + 4, name, nn);
     p += 4 + nn;
-    put32(p, (uint32_t)n_msgs);
+    sil_put_le32(p, (uint32_t)n_msgs);
     p += 4;
     for (size_t i = 0; i < n_msgs; i++) {
         const size_t nc = strlen(msgs[i].content);
         *p++ = (uint8_t)role_code(msgs[i].role);
         *p++ = msgs[i].reasoning ? 1 : 0;
-        put32(p, (uint32_t)nc);
+        sil_put_le32(p, (uint32_t)nc);
         memcpy(p + 4, msgs[i].content, nc);
         p += 4 + nc;
         if (msgs[i].reasoning) {
             const size_t nr = strlen(msgs[i].reasoning);
-            put32(p, (uint32_t)nr);
+            sil_put_le32(p, (uint32_t)nr);
             memcpy(p + 4, msgs[i].reasoning, nr);
             p += 4 + nr;
         }
     }
-    put64(p, fnv1a(b, (size_t)(p - b)));
+    sil_put_le64(p, fnv1a(b, (size_t)(p - b)));
     *out = b;
     *len = (size_t)total;
     return 0;
@@ -137,7 +110,7 @@ static int take_str(const uint8_t *b, size_t end, size_t *off, const char *what,
     if (end - *off < 4)
         return sil_errorf(err, -EINVAL, "%s: offset %zu: message %zu: the %s's length is cut off",
                           what, *off, i, field);
-    const uint32_t n = get32(b + *off);
+    const uint32_t n = sil_get_le32(b + *off);
     if (n > end - *off - 4)
         return sil_errorf(err, -EINVAL, "%s: offset %zu: message %zu: a %s of %u bytes, %zu left",
                           what, *off, i, field, n, end - *off - 4);
@@ -166,16 +139,16 @@ int sil_sessfile_parse(const void *data, size_t len, const char *what, struct si
                           what, len, SIL_SESSFILE_MAX_BYTES);
     if (memcmp(b, magic, 8) != 0)
         return sil_errorf(err, -EINVAL, "%s: offset 0: not a session file (magic)", what);
-    const uint32_t version = get32(b + 8);
+    const uint32_t version = sil_get_le32(b + 8);
     if (version != SIL_SESSFILE_VERSION)
         return sil_errorf(err, -EINVAL, "%s: offset 8: version %u, expected %u", what, version,
                           SIL_SESSFILE_VERSION);
     const size_t end = len - 8; /* the checksum's offset */
-    if (get64(b + end) != fnv1a(b, end))
+    if (sil_get_le64(b + end) != fnv1a(b, end))
         return sil_errorf(err, -EINVAL, "%s: offset %zu: checksum mismatch", what, end);
-    struct sil_sessfile f = {.uid = get32(b + 12), .saved_at = get64(b + 16)};
+    struct sil_sessfile f = {.uid = sil_get_le32(b + 12), .saved_at = sil_get_le64(b + 16)};
     size_t off = HDR;
-    const uint32_t nn = get32(b + off);
+    const uint32_t nn = sil_get_le32(b + off);
     if (nn == 0 || nn > SIL_SESSFILE_NAME_MAX || nn > end - off - 4)
         return sil_errorf(err, -EINVAL, "%s: offset %zu: a name of %u bytes (1 to %d)", what, off,
                           nn, SIL_SESSFILE_NAME_MAX);
@@ -188,7 +161,7 @@ int sil_sessfile_parse(const void *data, size_t len, const char *what, struct si
     off += 4 + nn;
     if (end - off < 4)
         return sil_errorf(err, -EINVAL, "%s: offset %zu: the message count is cut off", what, off);
-    const uint32_t n = get32(b + off);
+    const uint32_t n = sil_get_le32(b + off);
     off += 4;
     /* every message takes at least 6 bytes: a count the file cannot hold allocates nothing */
     if (n > (end - off) / 6)

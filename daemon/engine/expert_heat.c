@@ -11,31 +11,22 @@
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/model.h"
+#include "kernels/bytes.h"
 
 static const char heat_magic[8] = "SILHEAT";
 enum { HDR = 40 };
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-#define FNV_INIT 0xcbf29ce484222325ull
-
 static uint64_t fnv_u64(uint64_t h, uint64_t v)
 {
     uint8_t b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    return fnv1a(h, b, 8);
+    sil_put_le64(b, v);
+    return sil_fnv1a(h, b, 8);
 }
 
 uint64_t sil_heat_model_id(const struct sil_model *m)
 {
     const struct sil_hparams *hp = &m->hp;
-    uint64_t h = FNV_INIT;
+    uint64_t h = SIL_FNV_INIT;
     h = fnv_u64(h, (uint64_t)m->arch);
     const int32_t shape[] = {hp->n_layer,  hp->n_embd,     hp->n_expert, hp->n_expert_used,
                              hp->n_ff_exp, hp->n_ff_shexp, hp->n_vocab};
@@ -45,7 +36,7 @@ uint64_t sil_heat_model_id(const struct sil_model *m)
     h = fnv_u64(h, (uint64_t)n);
     for (int64_t i = 0; i < n; i++) {
         const struct sil_gguf_tensor *t = sil_gguf_tensor(m->gguf, i);
-        h = fnv1a(h, t->name, strlen(t->name) + 1);
+        h = sil_fnv1a(h, t->name, strlen(t->name) + 1);
         h = fnv_u64(h, (uint64_t)t->type);
         for (int d = 0; d < SIL_GGUF_MAX_DIMS; d++)
             h = fnv_u64(h, (uint64_t)t->ne[d]);
@@ -72,37 +63,13 @@ int sil_heat_file_name(const struct sil_model *m, char *out, size_t size)
     while (n > 0 && slug[n - 1] == '-')
         n--;
     slug[n] = 0;
-    uint64_t h = fnv_u64(FNV_INIT, sil_heat_model_id(m));
-    h = fnv1a(h, name.ptr, name.len);
+    uint64_t h = fnv_u64(SIL_FNV_INIT, sil_heat_model_id(m));
+    h = sil_fnv1a(h, name.ptr, name.len);
     const int k = snprintf(out, size, SIL_HEAT_FILE_PREFIX "%s-%016llx", n ? slug : "model",
                            (unsigned long long)h);
     return k < 0 || (size_t)k >= size ? -ENAMETOOLONG : 0;
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 static int write_all(int fd, const uint8_t *p, size_t n)
 {
@@ -131,19 +98,19 @@ int sil_heat_map_save(const char *path, const struct sil_heat_map *m, struct sil
         return sil_errorf(err, -ENOMEM, "%s: out of memory", path);
     }
     memcpy(buf, heat_magic, 8);
-    put32(buf + 8, SIL_HEAT_VERSION);
-    put32(buf + 12, m->n_layer);
-    put32(buf + 16, m->n_expert);
-    put32(buf + 20, 0);
-    put64(buf + 24, m->model_id);
-    put64(buf + 32, m->tokens);
+    sil_put_le32(buf + 8, SIL_HEAT_VERSION);
+    sil_put_le32(buf + 12, m->n_layer);
+    sil_put_le32(buf + 16, m->n_expert);
+    sil_put_le32(buf + 20, 0);
+    sil_put_le64(buf + 24, m->model_id);
+    sil_put_le64(buf + 32, m->tokens);
     for (uint64_t k = 0; k < n_key; k++) {
         const float v = isfinite(m->heat[k]) && m->heat[k] > 0 ? m->heat[k] : 0.0f;
         uint32_t u;
         memcpy(&u, &v, 4);
-        put32(buf + HDR + 4 * k, u);
+        sil_put_le32(buf + HDR + 4 * k, u);
     }
-    put64(buf + len - 8, fnv1a(FNV_INIT, buf, len - 8));
+    sil_put_le64(buf + len - 8, sil_fnv1a(SIL_FNV_INIT, buf, len - 8));
 
     /* the temporary name is unique per process, so two writers never share one */
     sprintf(tmp, "%s.%ld~", path, (long)getpid() % 100000000);
@@ -196,7 +163,7 @@ int sil_heat_map_parse(const void *data, size_t len, const char *name, uint64_t 
                           HDR + 8);
     if (memcmp(b, heat_magic, 8) != 0)
         return sil_errorf(err, -EINVAL, "%s: offset 0: not a heat map (magic)", name);
-    const uint32_t version = get32(b + 8), L = get32(b + 12), X = get32(b + 16);
+    const uint32_t version = sil_get_le32(b + 8), L = sil_get_le32(b + 12), X = sil_get_le32(b + 16);
     if (version != SIL_HEAT_VERSION)
         return sil_errorf(err, -EINVAL, "%s: offset 8: version %u, expected %u", name, version,
                           SIL_HEAT_VERSION);
@@ -207,9 +174,9 @@ int sil_heat_map_parse(const void *data, size_t len, const char *name, uint64_t 
         return sil_errorf(err, -EINVAL,
                           "%s: offset 12: %u layers x %u experts, the model has %u x %u", name, L,
                           X, n_layer, n_expert);
-    if (get32(b + 20) != 0)
+    if (sil_get_le32(b + 20) != 0)
         return sil_errorf(err, -EINVAL, "%s: offset 20: reserved field not 0", name);
-    const uint64_t id = get64(b + 24);
+    const uint64_t id = sil_get_le64(b + 24);
     if (model_id && id != model_id)
         return sil_errorf(err, -EINVAL,
                           "%s: offset 24: made for another model (%016llx, this is %016llx)", name,
@@ -218,13 +185,13 @@ int sil_heat_map_parse(const void *data, size_t len, const char *name, uint64_t 
     if (len != want)
         return sil_errorf(err, -EINVAL, "%s: %zu bytes, %u x %u experts need %zu", name, len, L, X,
                           want);
-    const uint64_t sum = get64(b + len - 8);
-    if (sum != fnv1a(FNV_INIT, b, len - 8))
+    const uint64_t sum = sil_get_le64(b + len - 8);
+    if (sum != sil_fnv1a(SIL_FNV_INIT, b, len - 8))
         return sil_errorf(err, -EINVAL, "%s: offset %zu: checksum mismatch", name, len - 8);
     float *heat = malloc((size_t)n_key * sizeof(float));
     if (!heat) return sil_errorf(err, -ENOMEM, "%s: out of memory", name);
     for (uint64_t k = 0; k < n_key; k++) {
-        const uint32_t u = get32(b + HDR + 4 * k);
+        const uint32_t u = sil_get_le32(b + HDR + 4 * k);
         float v;
         memcpy(&v, &u, 4);
         if (!isfinite(v) || v < 0) {
@@ -235,7 +202,7 @@ int sil_heat_map_parse(const void *data, size_t len, const char *name, uint64_t 
         }
         heat[k] = v;
     }
-    *out = (struct sil_heat_map){L, X, id, get64(b + 32), heat};
+    *out = (struct sil_heat_map){L, X, id, sil_get_le64(b + 32), heat};
     return 0;
 }
 
