@@ -168,8 +168,22 @@ class Client:
             self.buf += d
 
     def wait(self, msgid, on_note=None):
-        """Reads until the response to msgid; returns (error, result, notifications for msgid)."""
+        """Reads until the response to msgid; returns (error, result, notifications for msgid).
+        What arrived for msgid while another was waited for (put aside in notes) counts first."""
         notes = []
+        kept = []
+        for m in self.notes:
+            p = m[2][0] if m[0] == 2 and isinstance(m[2], list) and m[2] else m[2]
+            if m[0] == 2 and isinstance(p, dict) and p.get("id") == msgid:
+                notes.append(p)
+                if on_note:
+                    on_note(p)
+            elif m[0] == 1 and m[1] == msgid:
+                self.notes = kept + self.notes[self.notes.index(m) + 1:]
+                return m[2], m[3], notes
+            else:
+                kept.append(m)
+        self.notes = kept
         while True:
             m = self.read()
             if m is None:
