@@ -53,6 +53,7 @@
 #              run may take, default 240), THREADS (cpu phases, default 16),
 #              WORK (default /tmp/lowmem), OUTDIR (raw outputs, default WORK/out),
 #              COMMIT (report: the commit measured, default git rev-parse --short HEAD),
+#              BASE_COMMIT (report: the commit BASE_B was built from; its runs' config build=),
 #              CACHE=warm (ours, prompt4k, cpu: read MODEL into the page cache before each run
 #              instead of dropping it, as a host with the RAM keeps the file; config
 #              page_cache=warm),
@@ -729,7 +730,7 @@ for m in runs:
         base += ",page_cache=warm"
     base += ",run=" + name
     if m.get("build") == "base":
-        base += ",build=BASE"
+        base += ",build=" + os.environ.get("BASE_COMMIT", "BASE")
     dev = data.get("device") if isinstance(data.get("device"), dict) else {}
     ht = data.get("host_tier") if isinstance(data.get("host_tier"), dict) else None
     if ht is None:
