@@ -10,10 +10,8 @@
 # (SIL_CUDA_NO_MV_MIX=1), ours-noconv (SIL_CUDA_NO_CONV_FUSE=1), ours-noaq8
 # (SIL_CUDA_NO_ATTN_Q8=1), ours-nonr (SIL_CUDA_NO_NORM_ROUTER=1), ours-prev (those three
 # together: the launches as they were before them), ours-nopdl-prev (the same without
-# programmatic dependent launch, as on sm_75), ours-dn (SIL_CUDA_DOWN_NORM=1, the add +
-# rmsnorm after a MoE in its down launch), ours-nopf (SIL_CUDA_PREFETCH=0: no L2 prefetch of
-# weights before the PDL wait), ours-dn-nopf (both), ours-rrnorm (SIL_CUDA_ROUTER_ROWS=0:
-# the router with its norm on one row a warp of the norm's block, not 4 rows a block), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert
+# programmatic dependent launch, as on sm_75), ours-nopf (SIL_CUDA_PREFETCH=0: no L2 prefetch
+# of weights before the PDL wait), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert
 # products through the fused decode kernels instead of grouped ones), ours-psplit /
 # ours-psplit2k (SIL_CUDA_PREFILL_SPLIT=1 / 2048: prefill attention through the decode kernels'
 # context split).
@@ -57,10 +55,7 @@ for v in ${VARIANTS:-ours}; do
     ours-noconv) set -- SIL_CUDA_NO_CONV_FUSE=1 ;;
     ours-noaq8) set -- SIL_CUDA_NO_ATTN_Q8=1 ;;
     ours-nonr) set -- SIL_CUDA_NO_NORM_ROUTER=1 ;;
-    ours-dn) set -- SIL_CUDA_DOWN_NORM=1 ;;
     ours-nopf) set -- SIL_CUDA_PREFETCH=0 ;;
-    ours-rrnorm) set -- SIL_CUDA_ROUTER_ROWS=0 ;;
-    ours-dn-nopf) set -- SIL_CUDA_DOWN_NORM=1 SIL_CUDA_PREFETCH=0 ;;
     ours-prev) set -- SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 SIL_CUDA_NO_NORM_ROUTER=1 ;;
     ours-nopdl-prev) set -- SIL_CUDA_PDL=0 SIL_CUDA_NO_CONV_FUSE=1 SIL_CUDA_NO_ATTN_Q8=1 \
         SIL_CUDA_NO_NORM_ROUTER=1 ;;

@@ -14,9 +14,9 @@
 #              that many misses of each decode layer on the CPU, with and without the cap),
 #              RUNS (default "ours ours-eager ours-cap"; ours is the default, the CPU's share of
 #              decode misses chosen by speed; also ours-a and ours-a-cap: path (a) alone,
-#              SIL_CUDA_CPU_MISSES=0; ours-zc: miss path (b), decode misses read in place,
-#              SIL_CUDA_ZEROCOPY=1), SHARES (default empty; else a list such as "0.4 0.7": the
-#              CPU's share forced, SIL_CUDA_CPU_SHARE), PEER_RUN (default 1; 0 skips llama-bench)
+#              --cuda-cpu-share=off; ours-zc: miss path (b), decode misses read in place,
+#              --cuda-zero-copy=on), SHARES (default empty; else a list such as "0.4 0.7": the
+#              CPU's share forced, --cuda-cpu-share), PEER_RUN (default 1; 0 skips llama-bench)
 # LLAMA_BENCH may be - when PEER_RUN=0.
 set -u
 B=${B:-build}
@@ -37,24 +37,28 @@ vpoll() {
         > "$OUT/vram-$1.txt") &
     poll=$!
 }
-run() { # name, then VAR=value settings
-    local n=$1
+run() { # name, then VAR=value settings (siliceo-dev(7)) and sil-eval options (--name=value)
+    local n=$1 a
     shift
+    local envs=() opts=()
+    for a in "$@"; do
+        case $a in --*) opts+=("$a") ;; *) envs+=("$a") ;; esac
+    done
     vpoll "$n"
-    env "$@" /usr/bin/time -v "$B/bin/sil-eval" --model "$M" --tokens "$T" --n-predict 128 \
-        --logits none --backend cuda --vram-budget "$BUDGET" --passes 2 --json \
-        > "$OUT/$n.json" 2> "$OUT/$n.err"
+    env "${envs[@]}" /usr/bin/time -v "$B/bin/sil-eval" --model "$M" --tokens "$T" \
+        --n-predict 128 --logits none --backend cuda --vram-budget "$BUDGET" --passes 2 --json \
+        "${opts[@]}" > "$OUT/$n.json" 2> "$OUT/$n.err"
     echo "$n rc=$? peak VRAM $(sort -n "$OUT/vram-$n.txt" | tail -1) MiB"
     kill $poll
 }
 for r in ${RUNS:-ours ours-eager ours-cap}; do
     case $r in
     ours) run ours SIL_BENCH_NONE=1 ;;
-    ours-eager) run ours-eager SIL_CUDA_GRAPHS=0 ;;
+    ours-eager) run ours-eager --cuda-graphs=off ;;
     ours-cap) run ours-cap SIL_BENCH_H2D_GBS="$CAP" ;;
-    ours-zc) run ours-zc SIL_CUDA_ZEROCOPY=1 ;;
-    ours-a) run ours-a SIL_CUDA_CPU_MISSES=0 ;;
-    ours-a-cap) run ours-a-cap SIL_CUDA_CPU_MISSES=0 SIL_BENCH_H2D_GBS="$CAP" ;;
+    ours-zc) run ours-zc --cuda-zero-copy=on ;;
+    ours-a) run ours-a --cuda-cpu-share=off ;;
+    ours-a-cap) run ours-a-cap --cuda-cpu-share=off SIL_BENCH_H2D_GBS="$CAP" ;;
     *) echo "unknown run $r" >&2 ;;
     esac
 done
@@ -63,7 +67,7 @@ for n in ${CPU_MISSES:-}; do
     run "ours-cpu$n-cap" SIL_CUDA_CPU_MISSES="$n" SIL_BENCH_H2D_GBS="$CAP"
 done
 for f in ${SHARES:-}; do
-    run "ours-share$f" SIL_CUDA_CPU_SHARE="$f"
+    run "ours-share$f" --cuda-cpu-share="$f"
 done
 [ "${PEER_RUN:-1}" = 0 ] && exit 0
 vpoll peer

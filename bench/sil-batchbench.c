@@ -276,6 +276,7 @@ int main(int argc, char **argv)
     if (step_bytes(model, &fixed, &embd_row) < 0) return SIL_BENCH_EXIT_ERROR;
     struct sil_engine_params p;
     sil_engine_params_default(&p);
+    sil_dev_switches_read(&p);
     p.model_path = model;
     p.n_threads = (int)threads;
     p.n_seq_max = ns_max;

@@ -458,7 +458,7 @@ int main(int argc, char **argv)
             return help ? 0 : 2;
         }
     }
-    CK(sil_cuda_init(&cu, 0, &err));
+    CK(sil_cuda_init(&cu, 0, NULL, &err));
     const struct sil_cuda_info *in = sil_cuda_get_info(cu);
     printf("device: %s, sm_%d%d, %d SMs, driver %d.%d, %s\n", in->name, in->cc_major, in->cc_minor,
            in->sm_count, in->driver_version / 1000, in->driver_version % 1000 / 10,

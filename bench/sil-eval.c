@@ -27,6 +27,7 @@ struct opts {
     const char *tokens, *prompt, *n_predict, *logits, *threads, *backend, *ctx, *kv_type;
     const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes;
     const char *heat_map, *host_budget;
+    const char *cuda_graphs, *cuda_zero_copy, *cuda_pin, *cuda_cpu_share;
     bool exact;
 };
 
@@ -82,6 +83,17 @@ static const struct opt_def {
      "keep an expert heat map in FILE, as siliceod does in its state directory: when FILE is "
      "there its hottest experts are preloaded into the expert cache at start (a warm restart); "
      "the map is saved to FILE at the end"},
+    {"--cuda-graphs", OPT_STR, offsetof(struct opts, cuda_graphs), "on|off",
+     "replay decode passes as CUDA graphs (on, the default) or run them op by op"},
+    {"--cuda-zero-copy", OPT_STR, offsetof(struct opts, cuda_zero_copy), "on|off",
+     "with experts in slots, decode reads the missing ones in place from pinned host memory "
+     "(default off)"},
+    {"--cuda-pin", OPT_STR, offsetof(struct opts, cuda_pin), "auto|on|off",
+     "pin the model file's expert pages for copies into slots (auto, the default: when they fit "
+     "and pin fast)"},
+    {"--cuda-cpu-share", OPT_STR, offsetof(struct opts, cuda_cpu_share), "SHARE",
+     "the share of each decode layer's expert misses computed on the CPU: auto (the "
+     "default: from the measured speeds), off, or a number in [0, 1]"},
     {"--kv-type", OPT_STR, offsetof(struct opts, kv_type), "TYPE",
      "KV cache elements: f32 (default), f16, q8_0 or q4_0"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
@@ -280,6 +292,10 @@ int main(int argc, char **argv)
             .host_budget = o.host_budget,
             .passes = o.passes,
             .heat_map = o.heat_map,
+            .cuda_graphs = o.cuda_graphs,
+            .cuda_zero_copy = o.cuda_zero_copy,
+            .cuda_pin = o.cuda_pin,
+            .cuda_cpu_share = o.cuda_cpu_share,
             .exact = o.exact,
             .json = o.json,
             .parse_special = o.parse_special,

@@ -370,6 +370,10 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
         c->host_budget_off = off;
         return 0;
     }
+    if (strncmp(key, "cuda_", 5) == 0) {
+        const int rc = sil_cuda_option_set(&c->cuda, key, val, why, why_size);
+        if (rc != -ENOENT) return rc;
+    }
     INT_KEY("heat_save_interval", heat_save_interval, 0, 1 << 30)
     INT_KEY("ecache_slots", ecache_slots, 0, 1 << 24)
     INT_KEY("threads", threads, 0, 1024)
@@ -495,6 +499,10 @@ enum {
     OPT_HOST_BUDGET,
     OPT_MODELS_DIR,
     OPT_KEEP_ALIVE,
+    OPT_CUDA_GRAPHS,
+    OPT_CUDA_ZERO_COPY,
+    OPT_CUDA_PIN,
+    OPT_CUDA_CPU_SHARE,
 };
 
 static const struct option long_opts[] = {
@@ -518,6 +526,10 @@ static const struct option long_opts[] = {
     { "state-dir", required_argument, NULL, OPT_STATE_DIR },
     { "models-dir", required_argument, NULL, OPT_MODELS_DIR },
     { "keep-alive", required_argument, NULL, OPT_KEEP_ALIVE },
+    { "cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS },
+    { "cuda-zero-copy", required_argument, NULL, OPT_CUDA_ZERO_COPY },
+    { "cuda-pin", required_argument, NULL, OPT_CUDA_PIN },
+    { "cuda-cpu-share", required_argument, NULL, OPT_CUDA_CPU_SHARE },
     { "version", no_argument, NULL, 'V' },
     { 0, 0, 0, 0 },
 };
@@ -542,6 +554,10 @@ static int flag_key(int opt, const char **key)
     case OPT_STATE_DIR: *key = "state_dir"; return 1;
     case OPT_MODELS_DIR: *key = "models_dir"; return 1;
     case OPT_KEEP_ALIVE: *key = "keep_alive"; return 1;
+    case OPT_CUDA_GRAPHS: *key = "cuda_graphs"; return 1;
+    case OPT_CUDA_ZERO_COPY: *key = "cuda_zero_copy"; return 1;
+    case OPT_CUDA_PIN: *key = "cuda_pin"; return 1;
+    case OPT_CUDA_CPU_SHARE: *key = "cuda_cpu_share"; return 1;
     }
     return 0;
 }
@@ -658,6 +674,11 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(dst->prefix_checkpoint_memory != src->prefix_checkpoint_memory,
            "prefix_checkpoint_memory")
     STATIC(dst->prefix_cache_memory != src->prefix_cache_memory, "prefix_cache_memory")
+    STATIC(dst->cuda.no_graphs != src->cuda.no_graphs, "cuda_graphs")
+    STATIC(dst->cuda.zero_copy != src->cuda.zero_copy, "cuda_zero_copy")
+    STATIC(dst->cuda.pin != src->cuda.pin, "cuda_pin")
+    STATIC(dst->cuda.cpu_off != src->cuda.cpu_off || dst->cuda.cpu_share != src->cuda.cpu_share,
+           "cuda_cpu_share")
 #undef STATIC
     if (n >= size && size > 4)
         strcpy(changed_static + size - 4, "...");
@@ -691,7 +712,9 @@ void sil_usage(FILE *f)
           "                [--kv-type f32|f16|q8_0|q4_0] [--kv-budget SIZE]\n"
           "                [--log-level err|warning|notice|info|debug] [--foreground]\n"
           "                [--idle-timeout SECONDS] [--message-timeout SECONDS]\n"
-          "                [--state-dir DIR]\n"
+          "                [--state-dir DIR] [--cuda-graphs on|off]\n"
+          "                [--cuda-zero-copy on|off] [--cuda-pin auto|on|off]\n"
+          "                [--cuda-cpu-share auto|off|SHARE]\n"
           "       siliceod --no-model [--socket PATH]   (protocol diagnostics only)\n"
           "       siliceod --inspect FILE\n"
           "       siliceod --help | --version\n"
@@ -723,6 +746,14 @@ void sil_usage(FILE *f)
           "      --log-level LEVEL   err, warning, notice, info or debug\n"
           "      --idle-timeout S    close connections idle this long (default 0: never)\n"
           "      --message-timeout S drop a client whose message stays incomplete this long (30)\n"
+          "      --cuda-graphs on|off  replay decode passes as CUDA graphs (default on)\n"
+          "      --cuda-zero-copy on|off  with experts in slots, decode reads the ones\n"
+          "                          missing in place from pinned host memory (default off)\n"
+          "      --cuda-pin auto|on|off  pin the model file's expert pages for copies into\n"
+          "                          slots (default auto: when they fit and pin fast)\n"
+          "      --cuda-cpu-share auto|off|SHARE  share in [0, 1] of each decode layer's\n"
+          "                          expert misses computed on the CPU (default auto: from\n"
+          "                          the measured host and link speeds)\n"
           "      --state-dir DIR     where heat maps and saved sessions are kept\n"
           "                          (default: $STATE_DIRECTORY, /var/lib/siliceo for\n"
           "                          root, else $XDG_STATE_HOME/siliceo or\n"

@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include "daemon/engine/size.h" /* sil_parse_size */
+#include "kernels/cuda/cuda_options.h"
 #include "kernels/error.h"
 
 #define SIL_DEFAULT_CONFIG "/etc/siliceo/siliceod.conf"
@@ -83,6 +84,9 @@ struct sil_config {
     /* The expert cache simulated on the CPU (0 slots = off) and its policy ("" = the default). */
     int32_t ecache_slots;
     char ecache_policy[16];
+    /* The CUDA backend's user options (cuda_graphs, cuda_zero_copy, cuda_pin, cuda_cpu_share);
+     * all zero: the defaults. Its other fields are never set from the config. */
+    struct sil_cuda_options cuda;
     int log_level;
     bool foreground;
     bool no_model;              /* --no-model: protocol-only diagnostics (debug.stream) */

@@ -114,6 +114,8 @@ void sil_server_engine_params(const struct server *s, struct sil_engine_params *
     ep->ecache_sim_slots = cfg->ecache_slots;
     ep->ecache_sim_policy = cfg->ecache_policy[0] ? cfg->ecache_policy : NULL;
     ep->ecache_sim_soft = true;
+    ep->cuda = cfg->cuda;
+    sil_dev_switches_read(ep); /* tests and benchmarks: siliceo-dev(7) */
 }
 
 /* SIGHUP: a damaged model is always reloaded; a sound one when the path names another file now

@@ -27,7 +27,7 @@
  *   6. graphs: prompt 2 decoded token by token with CUDA graphs and device routing (the
  *      default: from the third step on each step replays a graph; on sm_90 kernels launch with
  *      programmatic dependent launch) against an engine without graphs that brings the
- *      router's choices to the host and launches plainly (SIL_CUDA_GRAPHS=0,
+ *      router's choices to the host and launches plainly (no_graphs,
  *      SIL_CUDA_HOST_ROUTE=1, SIL_CUDA_PDL=0): the same kernels, so the same logits at every
  *      step, bit for bit (a kernel racing the one before it would show here);
  *   7. prefill's expert products through the fused decode kernels (SIL_CUDA_GROUPED=0) against
@@ -73,10 +73,7 @@
  *      delta-net layer's qkv and gate are K-quants or Q8_0 and its conv1d F32), the variant's 0.
  *  27. the L2 prefetch of weights, states and KV rows before the PDL wait (sm_90) turned off
  *      (SIL_CUDA_PREFETCH=0) against the default: a hint only, so bit for bit.
- *  28. the router with its norm on one router row a warp of its block (SIL_CUDA_ROUTER_ROWS=0,
- *      16 rows a block at 512 threads) against the default 4 rows a block, on models with
- *      routed experts: the same sums of each row, so bit for bit.
- *  15. reads in place asked for with a host share (SIL_CUDA_ZEROCOPY=1 and SIL_CUDA_CPU_MISSES=2,
+ *  15. reads in place asked for with a host share (zero_copy and cpu_misses 2,
  *      n_expert slots): the combination gave non-finite MoE outputs on the GPU, so the backend
  *      refuses the reads in place (status zero_copy false) and keeps the host share.
  *  17. the host's share chosen by the backend (SIL_CUDA_CPU_MISSES unset: the default): the
@@ -119,7 +116,7 @@
  *      filled from the mapping, the tier's reads counted; and in micro-batches of 12 rows,
  *      which the tier's engine runs layer by layer (sil_forward_layers, the last one a decode
  *      shape that must not be recorded as a graph) and the mapping's one after another;
- *  12. miss path (b) (SIL_CUDA_ZEROCOPY=1, n_expert and 3 n_expert slots): prefill through slots,
+ *  12. miss path (b) (zero_copy, n_expert and 3 n_expert slots): prefill through slots,
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
  *      resident, so the same logits at every step, bit for bit, and the cache saw misses.
@@ -225,46 +222,33 @@ static bool conv_set_applies(const char *model)
     return yes;
 }
 
-/* An engine on backend opened with the settings env ("NAME=value" each, NULL-terminated) in
- * the environment, which the backend reads at open; they are unset again after. */
-static int open_env_policy(struct sil_engine **e, const char *model, const char *backend,
-                           const char *const *env, const char *policy, struct sil_error *err)
+/* An engine on backend opened with the CUDA backend's options o and the CPU backend's attention
+ * noise (siliceo-dev(7)'s settings, set here as options). */
+static int open_opts_policy(struct sil_engine **e, const char *model, const char *backend,
+                            const struct sil_cuda_options *o, float attn_noise, const char *policy,
+                            struct sil_error *err)
 {
-    /* each variable's value before, put back after (a setting the whole run was started with
-     * must reach the engines opened later, the resident one among them) */
-    char name[64], *before[16] = {0};
-    int n = 0;
-    while (env[n])
-        n++;
-    if (n > 16) return sil_errorf(err, -E2BIG, "test: more than 16 settings for one engine");
-    for (n = 0; env[n]; n++) {
-        const char *eq = strchr(env[n], '=');
-        snprintf(name, sizeof name, "%.*s", (int)(eq - env[n]), env[n]);
-        const char *was = getenv(name);
-        before[n] = was ? strdup(was) : NULL;
-        setenv(name, eq + 1, 1);
-    }
-    const int rc = open_engine_kv(e, model, backend, NULL, policy, err);
-    for (int i = 0; i < n; i++) {
-        snprintf(name, sizeof name, "%.*s", (int)(strchr(env[i], '=') - env[i]), env[i]);
-        if (before[i]) setenv(name, before[i], 1);
-        else unsetenv(name);
-        free(before[i]);
-    }
-    return rc;
+    struct sil_engine_params p;
+    base_params(&p, model, backend);
+    p.ecache_sim_policy = policy;
+    p.host_budget_off = g_host_budget == UINT64_MAX;
+    p.host_budget = g_host_budget == UINT64_MAX ? 0 : g_host_budget;
+    p.cuda = *o;
+    p.test_attn_noise = attn_noise;
+    return sil_engine_open(e, &p, err);
 }
 
-static int open_cuda_env_policy(struct sil_engine **e, const char *model,
-                                const char *const *env, const char *policy,
-                                struct sil_error *err)
+static int open_cuda_opts_policy(struct sil_engine **e, const char *model,
+                                 const struct sil_cuda_options *o, const char *policy,
+                                 struct sil_error *err)
 {
-    return open_env_policy(e, model, "cuda", env, policy, err);
+    return open_opts_policy(e, model, "cuda", o, 0.0f, policy, err);
 }
 
-static int open_cuda_env(struct sil_engine **e, const char *model, const char *const *env,
-                         struct sil_error *err)
+static int open_cuda_opts(struct sil_engine **e, const char *model,
+                          const struct sil_cuda_options *o, struct sil_error *err)
 {
-    return open_cuda_env_policy(e, model, env, NULL, err);
+    return open_cuda_opts_policy(e, model, o, NULL, err);
 }
 
 /* Prefill ids into a fresh sequence; logits of the last position into out. */
@@ -335,17 +319,18 @@ static int half_then_steps(struct sil_engine *a, struct sil_engine *b, const int
     return rc;
 }
 
-/* Checks 13 and 14: an engine opened with the settings env against the default one (gpu),
+/* Checks 13 and 14: an engine opened with the options o against the default one (gpu),
  * prompt 2 half prefilled then decoded token by token (with_prefill: the prefill's logits are
  * compared too), within tol (0: bit for bit). 1 when it fails. */
-static int variant_vs_default(struct sil_engine *gpu, const char *model, const char *const *env,
+static int variant_vs_default(struct sil_engine *gpu, const char *model,
+                              const struct sil_cuda_options *o,
                               bool with_prefill, float tol, const char *what, const int32_t *p2,
                               int n2, int V, float *lg, float *alone)
 {
     struct sil_engine *var = NULL;
     struct sil_error err = {0};
     float worst = 0.0f;
-    int rc = open_cuda_env(&var, model, env, &err);
+    int rc = open_cuda_opts(&var, model, o, &err);
     if (rc == 0) rc = half_then_steps(gpu, var, p2, n2, V, lg, alone, with_prefill, &worst);
     const bool good = rc == 0 && worst <= tol;
     if (rc < 0) {
@@ -595,15 +580,13 @@ static int slots_vs_resident(struct sil_engine *gpu, const char *model, int n_sl
 {
     struct sil_engine *own = NULL, *sl = NULL;
     struct sil_error err = {0};
-    char nbuf[32], slots[48];
+    char nbuf[32];
     snprintf(nbuf, sizeof nbuf, "%d", n_slots);
-    snprintf(slots, sizeof slots, "SIL_CUDA_SLOTS=%d", n_slots);
     /* path (a) alone: no host share */
-    const char *res_env[] = {"SIL_CUDA_GROUPED=0", NULL},
-               *sl_env[] = {slots, "SIL_CUDA_CPU_MISSES=0", grouped ? NULL : "SIL_CUDA_GROUPED=0",
-                            NULL};
-    int rc = grouped ? 0 : open_cuda_env(&own, model, res_env, &err);
-    if (rc == 0) rc = open_cuda_env_policy(&sl, model, sl_env, policy, &err);
+    const struct sil_cuda_options res_o = {.no_grouped = true},
+                                  sl_o = {.slots = n_slots, .cpu_off = true, .no_grouped = !grouped};
+    int rc = grouped ? 0 : open_cuda_opts(&own, model, &res_o, &err);
+    if (rc == 0) rc = open_cuda_opts_policy(&sl, model, &sl_o, policy, &err);
     const bool opened = rc == 0;
     const char *what = grouped ? "grouped prefill, " : "fused prefill, ";
     char pol[32] = "";
@@ -640,21 +623,20 @@ static int tier_vs_mapping(const char *model, int host_misses, int ubatch, const
 {
     struct sil_engine *map = NULL, *tier = NULL;
     struct sil_error err = {0};
-    char slots[48], misses[48], ub[48];
     g_host_budget = UINT64_MAX;
     int rc = open_engine(&map, model, "cuda", &err);
     const int X = rc == 0 ? sil_engine_info(map)->n_expert : 0;
     sil_engine_close(map);
     map = NULL;
-    snprintf(slots, sizeof slots, "SIL_CUDA_SLOTS=%d", X);
-    snprintf(misses, sizeof misses, "SIL_CUDA_CPU_MISSES=%d", host_misses);
-    snprintf(ub, sizeof ub, "SIL_CUDA_UBATCH=%d", ubatch);
-    const char *env[] = {slots, misses, ubatch > 0 ? ub : NULL, NULL};
-    if (rc == 0) rc = open_cuda_env(&map, model, env, &err);
+    const struct sil_cuda_options o = {.slots = X,
+                                       .cpu_misses = host_misses,
+                                       .cpu_off = host_misses == 0,
+                                       .ubatch = ubatch > 0 ? ubatch : 0};
+    if (rc == 0) rc = open_cuda_opts(&map, model, &o, &err);
     struct sil_engine_host_tier t = {0};
     if (rc == 0) sil_engine_host_tier(map, &t);
     g_host_budget = t.min_bytes;
-    if (rc == 0) rc = open_cuda_env(&tier, model, env, &err);
+    if (rc == 0) rc = open_cuda_opts(&tier, model, &o, &err);
     g_host_budget = 0;
     float worst = 0.0f;
     if (rc == 0) rc = half_then_steps(map, tier, p2, n2, V, lg, alone, true, &worst);
@@ -694,16 +676,13 @@ static int tier_vs_mapping(const char *model, int host_misses, int ubatch, const
  * way, and the difference carries through the recurrence). cpu_scale, how far the CPU backend
  * is from CUDA over the same steps, is printed beside it. 1 when it fails. */
 static int host_share(struct sil_engine *gpu, const char *model, const int32_t *p2, int n2, int V,
-                      float *lg, float *alone, const char *cpu_misses, float tol, float cpu_scale)
+                      float *lg, float *alone, int cpu_misses, float tol, float cpu_scale)
 {
     struct sil_engine *sl = NULL;
     struct sil_error err = {0};
     const int X = sil_engine_info(gpu)->n_expert;
-    char slots[48], misses[48];
-    snprintf(slots, sizeof slots, "SIL_CUDA_SLOTS=%d", X);
-    snprintf(misses, sizeof misses, "SIL_CUDA_CPU_MISSES=%s", cpu_misses ? cpu_misses : "auto");
-    const char *env[] = {slots, misses, NULL};
-    int rc = open_cuda_env(&sl, model, env, &err);
+    const struct sil_cuda_options o = {.slots = X, .cpu_misses = cpu_misses};
+    int rc = open_cuda_opts(&sl, model, &o, &err);
     const bool opened = rc == 0;
     const bool applies = rc == 0 && sil_engine_ecache_host_misses(sl) > 0;
     const char *what = cpu_misses ? "2 misses a decode layer on the host"
@@ -734,18 +713,16 @@ static int host_share(struct sil_engine *gpu, const char *model, const int32_t *
     return failed;
 }
 
-/* Check 15: reads in place asked for with a fixed host share (SIL_CUDA_ZEROCOPY=1 and
+/* Check 15: reads in place asked for with a fixed host share (zero_copy and
  * SIL_CUDA_CPU_MISSES=2) are refused: the engine opens with the host share and zero_copy off.
  * 1 when it fails. */
 static int zero_copy_refused(const char *model, int n_expert)
 {
     struct sil_engine *sl = NULL;
     struct sil_error err = {0};
-    char slots[48];
-    snprintf(slots, sizeof slots, "SIL_CUDA_SLOTS=%d", n_expert);
-    const char *env[] = {slots, "SIL_CUDA_CPU_MISSES=2", "SIL_CUDA_ZEROCOPY=1", NULL};
+    const struct sil_cuda_options o = {.slots = n_expert, .cpu_misses = 2, .zero_copy = true};
     struct sil_engine_device dv = {0};
-    int rc = open_cuda_env(&sl, model, env, &err);
+    int rc = open_cuda_opts(&sl, model, &o, &err);
     if (rc == 0) rc = sil_engine_device(sl, &dv);
     const bool share = rc == 0 && sil_engine_ecache_host_misses(sl) > 0;
     const bool ok = rc < 0 ? false : !share || !dv.zero_copy;
@@ -1021,9 +998,8 @@ int main(int argc, char **argv)
     /* 6. graphs and device routing vs eager with host routing */
     {
         struct sil_engine *eager = NULL;
-        const char *env[] = {"SIL_CUDA_GRAPHS=0", "SIL_CUDA_HOST_ROUTE=1", "SIL_CUDA_PDL=0",
-                             NULL};
-        int rc = open_cuda_env(&eager, model, env, &err);
+        const struct sil_cuda_options o = {.no_graphs = true, .host_route = true, .no_pdl = true};
+        int rc = open_cuda_opts(&eager, model, &o, &err);
         int se = -1;
         float worst = 0.0f;
         if (rc == 0) rc = prefill(gpu, p2, 1, lg, &sg);
@@ -1059,8 +1035,8 @@ int main(int argc, char **argv)
     /* 7. fused expert products in prefill against the default grouped ones */
     {
         struct sil_engine *grp = NULL;
-        const char *env[] = {"SIL_CUDA_GROUPED=0", NULL};
-        int rc = open_cuda_env(&grp, model, env, &err);
+        const struct sil_cuda_options o = {.no_grouped = true};
+        int rc = open_cuda_opts(&grp, model, &o, &err);
         int sq = -1;
         if (rc == 0) rc = prefill(gpu, p2, n2, lg, &sg);
         if (rc == 0) rc = prefill(grp, p2, n2, alone, &sq);
@@ -1085,8 +1061,8 @@ int main(int argc, char **argv)
         printf("%s: cuda shared expert fused vs apart: not this model's shape, skipped\n", model);
     } else {
         struct sil_engine *apart = NULL;
-        const char *env[] = {"SIL_CUDA_NO_SHARED_FUSE=1", NULL};
-        int rc = open_cuda_env(&apart, model, env, &err);
+        const struct sil_cuda_options o = {.no_shared_fuse = true};
+        int rc = open_cuda_opts(&apart, model, &o, &err);
         int sa2 = -1;
         float worst = 0.0f, early = 0.0f;
         sg = -1;
@@ -1148,17 +1124,16 @@ int main(int argc, char **argv)
         half_then_steps(gpu, cpu, p2, n2, V, lg, alone, false, &cpu_scale) < 0)
         cpu_scale = -1.0f;
     if (sil_engine_info(gpu)->n_expert > 0)
-        fails += host_share(gpu, model, p2, n2, V, lg, alone, "2", 2 * tmax2, cpu_scale);
+        fails += host_share(gpu, model, p2, n2, V, lg, alone, 2, 2 * tmax2, cpu_scale);
 
     /* 12. miss path (b): decode misses read in place over the bus */
     for (int mult = 1; mult <= 3 && sil_engine_info(gpu)->n_expert > 0; mult += 2) {
         struct sil_engine *sl = NULL;
         char nbuf[32];
         snprintf(nbuf, sizeof nbuf, "%d", mult * sil_engine_info(gpu)->n_expert);
-        char slots[48];
-        snprintf(slots, sizeof slots, "SIL_CUDA_SLOTS=%s", nbuf);
-        const char *env[] = {slots, "SIL_CUDA_ZEROCOPY=1", NULL};
-        int rc = open_cuda_env(&sl, model, env, &err);
+        const struct sil_cuda_options o = {.slots = mult * sil_engine_info(gpu)->n_expert,
+                                           .zero_copy = true};
+        int rc = open_cuda_opts(&sl, model, &o, &err);
         const bool opened = rc == 0;
         struct sil_engine_device dv = {0};
         const bool zc = rc == 0 && sil_engine_device(sl, &dv) == 0 && dv.zero_copy;
@@ -1201,8 +1176,8 @@ int main(int argc, char **argv)
     /* 21. prefill attention in launches of 3 rows (a long context's scores buffer holds few
      * rows) against one launch for the ubatch: every row computes the same, bit for bit */
     {
-        const char *env[] = {"SIL_CUDA_SCORES_ROWS=3", NULL};
-        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+        const struct sil_cuda_options o = {.scores_rows = 3};
+        fails += variant_vs_default(gpu, model, &o, true, 0.0f,
                                     "prefill attention in launches of 3 rows vs one launch", p2,
                                     n2, V, lg, alone);
     }
@@ -1214,12 +1189,11 @@ int main(int argc, char **argv)
      * whose activation rounding to 8 bits turns such a change into flips of whole steps moves by
      * far more than 1e-3: qwen3-tiny-Q8_0 by 0.13) */
     {
-        const char *env[] = {"SIL_CUDA_PREFILL_SPLIT=1", NULL};
-        const char *noise[] = {"SIL_TEST_ATTN_NOISE=1e-6", NULL};
+        const struct sil_cuda_options o = {.prefill_split = 1}, none = {0};
         struct sil_engine *noisy = NULL;
         float sens = -1.0f;
         /* lc and ref are free here (scratch of checks 2 and 3) */
-        if (open_env_policy(&noisy, model, "cpu", noise, NULL, &err) == 0 &&
+        if (open_opts_policy(&noisy, model, "cpu", &none, 1e-6f, NULL, &err) == 0 &&
             half_then_steps(cpu, noisy, p2, n2, V, lc, ref, true, &sens) < 0)
             sens = -1.0f;
         sil_engine_close(noisy);
@@ -1232,7 +1206,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: check 23: the cpu's sensitivity not measured\n", model);
             fails++;
         } else {
-            fails += variant_vs_default(gpu, model, env, true,
+            fails += variant_vs_default(gpu, model, &o, true,
                                         2 * sens > GPU_SELF_TOL ? 2 * sens : GPU_SELF_TOL, what,
                                         p2, n2, V, lg, alone);
         }
@@ -1240,8 +1214,8 @@ int main(int argc, char **argv)
 
     /* 13. grouped-query decode attention against one block a query head */
     {
-        const char *env[] = {"SIL_CUDA_NO_GQA=1", NULL};
-        fails += variant_vs_default(gpu, model, env, false, GPU_SELF_TOL,
+        const struct sil_cuda_options o = {.no_gqa = true};
+        fails += variant_vs_default(gpu, model, &o, false, GPU_SELF_TOL,
                                     "decode attention, KV heads read once for their query heads "
                                     "vs once a head",
                                     p2, n2, V, lg, alone);
@@ -1253,10 +1227,10 @@ int main(int argc, char **argv)
      * activations and the routing turn that into more than 1e-3, so the bound is the CPU's
      * reference tolerance, as for the KV types */
     for (int g = 0; g < 2; g++) {
-        const char *env[] = {"SIL_CUDA_ATTN_SPLIT=2", g ? "SIL_CUDA_NO_GQA=1" : NULL, NULL};
+        const struct sil_cuda_options o = {.attn_split = 2, .no_gqa = g != 0};
         struct sil_engine *var = NULL;
         float worst = 0.0f;
-        int rc = open_cuda_env(&var, model, env, &err);
+        int rc = open_cuda_opts(&var, model, &o, &err);
         if (rc == 0) rc = half_then_steps(cpu, var, p2, n2, V, lg, alone, true, &worst);
         if (rc < 0) {
             fprintf(stderr, "%s: decode attention in 2 chunks: %s\n", model, err.msg);
@@ -1274,11 +1248,14 @@ int main(int argc, char **argv)
     /* 14. decode launch fusions (gated norm in the delta rule's last block, router matvec and
      * top-k in one launch, q8 of the experts' hidden rows) against the separate launches */
     {
-        const char *env[] = {"SIL_CUDA_NO_DN_FUSE=1",  "SIL_CUDA_NO_ROUTER_FUSE=1",
-                             "SIL_CUDA_NO_H8_FUSE=1",  "SIL_CUDA_NO_MV_MIX=1",
-                             "SIL_CUDA_NO_CONV_FUSE=1", "SIL_CUDA_NO_ATTN_Q8=1",
-                             "SIL_CUDA_NO_NORM_ROUTER=1", NULL};
-        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+        const struct sil_cuda_options o = {.no_dn_fuse = true,
+                                           .no_router_fuse = true,
+                                           .no_h8_fuse = true,
+                                           .no_mv_mix = true,
+                                           .no_conv_fuse = true,
+                                           .no_attn_q8 = true,
+                                           .no_norm_router = true};
+        fails += variant_vs_default(gpu, model, &o, true, 0.0f,
                                     "decode with fused launches (gated norm in the delta rule, "
                                     "router matvec + top-k, q8 of the experts' hidden rows, "
                                     "mixed matvec sets, conv1d in the set, attention's q8 in "
@@ -1289,8 +1266,8 @@ int main(int argc, char **argv)
     /* 26. the last three fusions, each turned off alone: the same logits, and the fusion ran
      * in the default engine (where the model has what it fuses) and not in the variant */
     {
-        static const char *const knobs[] = {"SIL_CUDA_NO_CONV_FUSE=1", "SIL_CUDA_NO_ATTN_Q8=1",
-                                            "SIL_CUDA_NO_NORM_ROUTER=1"};
+        static const struct sil_cuda_options knobs[] = {
+            {.no_conv_fuse = true}, {.no_attn_q8 = true}, {.no_norm_router = true}};
         static const char *const what[] = {
             "decode with the conv1d in the matvec set's launch vs its own launch",
             "decode with attention's q8 in its merge vs the projection's quantize launch",
@@ -1300,10 +1277,9 @@ int main(int argc, char **argv)
                                  conv_set_applies(model),
                              true, mi->n_expert > 0};
         for (int k = 0; k < 3; k++) {
-            const char *env[] = {knobs[k], NULL};
             struct sil_engine *var = NULL;
             float worst = 0.0f;
-            int rc = open_cuda_env(&var, model, env, &err);
+            int rc = open_cuda_opts(&var, model, &knobs[k], &err);
             if (rc == 0) rc = half_then_steps(gpu, var, p2, n2, V, lg, alone, true, &worst);
             struct sil_engine_device dg = {0}, dv = {0};
             if (rc == 0) rc = sil_engine_device(gpu, &dg);
@@ -1327,21 +1303,10 @@ int main(int argc, char **argv)
 
     /* 27. the L2 prefetch before the PDL wait is a hint: without it, the same logits */
     {
-        const char *env[] = {"SIL_CUDA_PREFETCH=0", NULL};
-        fails += variant_vs_default(gpu, model, env, true, 0.0f,
+        const struct sil_cuda_options o = {.no_prefetch = true};
+        fails += variant_vs_default(gpu, model, &o, true, 0.0f,
                                     "decode with the weights asked of L2 before the PDL wait vs "
                                     "without",
-                                    p2, n2, V, lg, alone);
-    }
-
-    /* 28. the router with its norm on one row a warp of the norm's block instead of 4 rows a
-     * block: the same sums, the same logits (models with routed experts: elsewhere the knob
-     * changes nothing and the check could not fail) */
-    if (sil_engine_info(gpu)->n_expert > 0) {
-        const char *env[] = {"SIL_CUDA_ROUTER_ROWS=0", NULL};
-        fails += variant_vs_default(gpu, model, env, true, 0.0f,
-                                    "decode with the router's norm on 4 router rows a block vs "
-                                    "one a warp of the norm's (SIL_CUDA_ROUTER_ROWS=0)",
                                     p2, n2, V, lg, alone);
     }
 
@@ -1350,7 +1315,7 @@ int main(int argc, char **argv)
     if (sil_engine_info(gpu)->n_expert > 0) {
         fails += zero_copy_refused(model, sil_engine_info(gpu)->n_expert);
         /* 17. the automatic share (SIL_CUDA_CPU_MISSES unset) */
-        fails += host_share(gpu, model, p2, n2, V, lg, alone, NULL, 2 * tmax2, cpu_scale);
+        fails += host_share(gpu, model, p2, n2, V, lg, alone, 0, 2 * tmax2, cpu_scale);
     }
 
     /* 16. each other KV type on the device against the same type on the CPU (the same
@@ -1392,8 +1357,8 @@ int main(int argc, char **argv)
     /* 10. an injected device out-of-memory fails one evaluation only */
     {
         struct sil_engine *fe = NULL;
-        const char *env[] = {"SIL_CUDA_INJECT_OOM=40", NULL};
-        int rc = open_cuda_env(&fe, model, env, &err);
+        const struct sil_cuda_options o = {.inject_oom = 40};
+        int rc = open_cuda_opts(&fe, model, &o, &err);
         int s1 = -1, s2 = -1;
         sg = -1;
         bool failed = false;

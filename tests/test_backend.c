@@ -41,9 +41,11 @@ static struct sil_weight f32_weight(const float *w, int64_t rows, int64_t cols, 
                                .data = w};
 }
 
-static struct sil_backend *open_cpu(int n_threads)
+/* profile: the per-op profile's file (NULL: none) */
+static struct sil_backend *open_cpu_prof(int n_threads, const char *profile)
 {
     struct sil_cpu_config c = {.n_threads = n_threads,
+                               .profile = profile,
                                .k_max = 8,
                                .ub_max = 8,
                                .n_ctx = 16,
@@ -57,6 +59,11 @@ static struct sil_backend *open_cpu(int n_threads)
     struct sil_error err;
     assert_int_equal(sil_backend_cpu_create(&be, &c, &err), 0);
     return be;
+}
+
+static struct sil_backend *open_cpu(int n_threads)
+{
+    return open_cpu_prof(n_threads, NULL);
 }
 
 static struct sil_act act(struct sil_backend *be, int64_t rows, int64_t width)
@@ -475,7 +482,7 @@ static void test_attention_split(void **state)
     }
 }
 
-/* SIL_CPU_PROFILE: passes counted by their rows, each op's calls a pass, written at free */
+/* The profile (SIL_CPU_PROFILE): passes counted by their rows, each op's calls a pass, written at free */
 static void test_profile(void **state)
 {
     (void)state;
@@ -483,9 +490,7 @@ static void test_profile(void **state)
     assert_non_null(dir);
     char path[4096];
     snprintf(path, sizeof(path), "%s/prof.txt", dir);
-    setenv("SIL_CPU_PROFILE", path, 1);
-    struct sil_backend *be = open_cpu(2);
-    unsetenv("SIL_CPU_PROFILE");
+    struct sil_backend *be = open_cpu_prof(2, path);
     float xs[N * E], w[V * E];
     fill(xs, N * E, 1.0f, 5);
     fill(w, V * E, 1.0f, 6);

@@ -307,6 +307,103 @@ static void test_state_keys(void **state)
 
 /* host_budget: a size, auto (0) or off; the last setting wins (a flag over the file), and a
  * change waits for a restart. */
+/* The CUDA backend's options: defaults equal to the backend's own (all zero), each key's values,
+ * bad values refused with the key and what it takes, the flags over the file, and a change on
+ * SIGHUP needs a restart. */
+static void test_cuda_options(void **state)
+{
+    struct sil_config c;
+    struct sil_error err = { 0 };
+    sil_config_defaults(&c);
+    const struct sil_cuda_options zero = { 0 };
+    assert_false(c.cuda.no_graphs || c.cuda.zero_copy || c.cuda.cpu_off);
+    assert_int_equal(c.cuda.pin, SIL_CUDA_PIN_AUTO);
+    assert_true(c.cuda.cpu_share == 0);
+    assert_memory_equal(&c.cuda, &zero, sizeof zero);
+    const char *p = write_file("cu.conf", "cuda_graphs = off\ncuda_zero_copy = on\n"
+                                          "cuda_pin = off\ncuda_cpu_share = 0.4\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_true(c.cuda.no_graphs && c.cuda.zero_copy && !c.cuda.cpu_off);
+    assert_int_equal(c.cuda.pin, SIL_CUDA_PIN_OFF);
+    assert_true(c.cuda.cpu_share == 0.4);
+    p = write_file("cu.conf", "cuda_graphs = yes\ncuda_zero_copy = false\ncuda_pin = on\n"
+                              "cuda_cpu_share = off\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_false(c.cuda.no_graphs || c.cuda.zero_copy);
+    assert_int_equal(c.cuda.pin, SIL_CUDA_PIN_ON);
+    assert_true(c.cuda.cpu_off && c.cuda.cpu_share == 0);
+    p = write_file("cu.conf", "cuda_pin = auto\ncuda_cpu_share = auto\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_int_equal(c.cuda.pin, SIL_CUDA_PIN_AUTO);
+    assert_true(!c.cuda.cpu_off && c.cuda.cpu_share == 0);
+    p = write_file("cu.conf", "cuda_cpu_share = 0\n"); /* 0 is off */
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_true(c.cuda.cpu_off);
+    p = write_file("cu.conf", "cuda_cpu_share = 1\n");
+    assert_int_equal(sil_config_load_file(&c, p, &err), 0);
+    assert_true(!c.cuda.cpu_off && c.cuda.cpu_share == 1);
+
+    static const struct {
+        const char *line, *msg;
+    } bad[] = {
+        { "cuda_graphs = maybe\n", "cu.conf:1: cuda_graphs: expected on or off" },
+        { "cuda_graphs =\n", "cu.conf:1: cuda_graphs: expected on or off" },
+        { "cuda_zero_copy = 2\n", "cu.conf:1: cuda_zero_copy: expected on or off" },
+        { "cuda_pin = sometimes\n", "cu.conf:1: cuda_pin: expected auto, on or off" },
+        { "cuda_cpu_share = 1.5\n", "cu.conf:1: cuda_cpu_share: expected auto, off or a number" },
+        { "cuda_cpu_share = -0.1\n", "cu.conf:1: cuda_cpu_share: expected auto, off or a number" },
+        { "cuda_cpu_share = 0.5x\n", "cu.conf:1: cuda_cpu_share: expected auto, off or a number" },
+        { "cuda_cpu_share = 1e-1\n", "cu.conf:1: cuda_cpu_share: expected auto, off or a number" },
+        { "cuda_cpu_share = .\n", "cu.conf:1: cuda_cpu_share: expected auto, off or a number" },
+        { "cuda_slots = 4\n", "cu.conf:1: cuda_slots: unknown key" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sil_config_defaults(&c);
+        p = write_file("cu.conf", bad[i].line);
+        assert_int_equal(sil_config_load_file(&c, p, &err), -EINVAL);
+        if (!strstr(err.msg, bad[i].msg)) fail_msg("'%s': %s", bad[i].line, err.msg);
+        assert_memory_equal(&c.cuda, &zero, sizeof zero);
+    }
+
+    /* the flags over the file's keys; a bad value names the option */
+    struct sil_cli cli;
+    char path[128];
+    snprintf(path, sizeof path, "%s",
+             write_file("cu2.conf", "model = /m.gguf\ncuda_graphs = off\ncuda_pin = off\n"));
+    char *flags[] = { "siliceod", "--config", path, "--cuda-graphs", "on", "--cuda-zero-copy=on",
+                      "--cuda-pin", "auto", "--cuda-cpu-share", "0.25", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 10, flags, &err), 0);
+    assert_false(c.cuda.no_graphs);
+    assert_true(c.cuda.zero_copy);
+    assert_int_equal(c.cuda.pin, SIL_CUDA_PIN_AUTO);
+    assert_true(c.cuda.cpu_share == 0.25 && !c.cuda.cpu_off);
+    char *file_only[] = { "siliceod", "--config", path, NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 3, file_only, &err), 0);
+    assert_true(c.cuda.no_graphs);
+    assert_int_equal(c.cuda.pin, SIL_CUDA_PIN_OFF);
+    char *badflag[] = { "siliceod", "--config", path, "--cuda-cpu-share", "most", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 5, badflag, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "option --cuda_cpu_share: expected auto, off or a number"));
+    assert_true(cli.usage_error);
+
+    /* SIGHUP: each needs a restart, and the running value stays */
+    static const char *const keys[] = { "cuda_graphs", "cuda_zero_copy", "cuda_pin",
+                                        "cuda_cpu_share" };
+    for (int k = 0; k < 4; k++) {
+        struct sil_config run, live;
+        sil_config_defaults(&run);
+        live = run;
+        if (k == 0) live.cuda.no_graphs = true;
+        if (k == 1) live.cuda.zero_copy = true;
+        if (k == 2) live.cuda.pin = SIL_CUDA_PIN_ON;
+        if (k == 3) live.cuda.cpu_share = 0.5;
+        char changed[256];
+        sil_config_apply_live(&run, &live, changed, sizeof changed);
+        assert_string_equal(changed, keys[k]);
+        assert_memory_equal(&run.cuda, &zero, sizeof zero);
+    }
+}
+
 static void test_host_budget(void **state)
 {
     struct sil_config c;
@@ -381,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_live_reload),
         cmocka_unit_test(test_state_keys),
         cmocka_unit_test(test_host_budget),
+        cmocka_unit_test(test_cuda_options),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -207,7 +207,7 @@ int main(void)
     const bool require = req && *req && strcmp(req, "0") != 0;
     struct sil_cuda *cu = NULL;
     struct sil_error e = {0};
-    int rc = sil_cuda_init(&cu, 0, &e);
+    int rc = sil_cuda_init(&cu, 0, NULL, &e);
     if (rc < 0) {
         check(cu == NULL && e.code == rc && e.msg[0] != 0, "init fails cleanly: %s", e.msg);
         if (!require) {

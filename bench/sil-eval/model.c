@@ -221,6 +221,21 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     struct sil_error err = {0};
     struct sil_engine_params p;
     sil_engine_params_default(&p);
+    sil_dev_switches_read(&p);
+    const struct {
+        const char *flag, *key, *val;
+    } cuda_opts[] = {{"--cuda-graphs", "cuda_graphs", o->cuda_graphs},
+                     {"--cuda-zero-copy", "cuda_zero_copy", o->cuda_zero_copy},
+                     {"--cuda-pin", "cuda_pin", o->cuda_pin},
+                     {"--cuda-cpu-share", "cuda_cpu_share", o->cuda_cpu_share}};
+    for (size_t i = 0; i < sizeof cuda_opts / sizeof cuda_opts[0]; i++) {
+        char why[128];
+        if (cuda_opts[i].val &&
+            sil_cuda_option_set(&p.cuda, cuda_opts[i].key, cuda_opts[i].val, why, sizeof why) < 0) {
+            fprintf(stderr, "sil-eval: %s: %s\n", cuda_opts[i].flag, why);
+            return 2;
+        }
+    }
     p.n_batch_max = PREFILL_BATCH;
     p.model_path = o->model;
     p.n_threads = (int)n_threads;

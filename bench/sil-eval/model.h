@@ -24,6 +24,8 @@ struct sil_eval_model_opts {
     const char *host_budget; /* routed experts' host memory ("24G", auto, off), NULL = auto */
     const char *passes;      /* prompt + continuation this many times (default 1) */
     const char *heat_map;    /* expert heat map: loaded and preloaded at start, saved at the end */
+    /* the CUDA backend's user options, as siliceod.conf(5) takes them; NULL = the default */
+    const char *cuda_graphs, *cuda_zero_copy, *cuda_pin, *cuda_cpu_share;
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

@@ -308,6 +308,9 @@ struct sil_cpu_config {
     int64_t n_vocab; /* the head's rows: argmax without a logits buffer goes through scratch of
                       * a few rows of them (0: the head always needs logits) */
     int64_t head_dim; /* attention's (sizes the split attention's partials; 0: SIL_KV_HEAD_MAX) */
+    /* tests and benchmarks: sil_engine_params' cpu_profile and test_attn_noise */
+    const char *profile;
+    float attn_noise;
 };
 
 int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config *c,
@@ -332,11 +335,12 @@ struct sil_cuda_config {
     enum sil_kv_type kv_type; /* KV elements (--kv-type): F32, F16, q8_0 or q4_0 */
     int64_t kv_blocks; /* KV pool blocks of SIL_KV_BLOCK positions; 0: every sequence at n_ctx */
     /* every MoE layer's choices copied to the host into the plan (route traces need them), as
-     * SIL_CUDA_HOST_ROUTE=1 asks; else they stay on the device where every expert is resident */
+     * opt.host_route asks; else they stay on the device where every expert is resident */
     bool host_route;
     /* the routed experts the slots miss come from the engine's host tier (expert_store.h):
      * the mapping's pages of the routed stacks are never pinned or read for copies */
     bool host_tier;
+    struct sil_cuda_options opt; /* the backend's settings (sil_engine_params.cuda) */
 };
 
 /* -ENOTSUP when built without CUDA; -ENODEV / -ENOENT / -ENOMEM with the reason otherwise. */

@@ -60,7 +60,7 @@ struct cpu_backend {
 
 #define HEAD_ROWS 8
 
-/* ---- profile (SIL_CPU_PROFILE=FILE) ------------------------------------------------------------
+/* ---- profile (sil_cpu_config.profile, SIL_CPU_PROFILE=FILE) ------------------------------------------------------------
  * For benchmarks: the wall time of every op, summed per pass size (the rows of a forward pass,
  * 1..PROF_ROWS-1, larger passes together in the last bucket), written to FILE when the backend
  * is freed. "between ops" is what a pass spent outside the ops (the layer loop's own work, such
@@ -1024,11 +1024,9 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
     if (!b) return sil_errorf(err, -ENOMEM, "cpu backend: out of memory");
     b->base.ops = &cpu_ops;
     b->c = *c;
-    const char *noise = getenv("SIL_TEST_ATTN_NOISE");
-    b->attn_noise = noise ? strtof(noise, NULL) : 0.0f;
-    if (!(b->attn_noise > 0.0f && b->attn_noise < 0.1f)) b->attn_noise = 0.0f;
+    b->attn_noise = c->attn_noise > 0.0f && c->attn_noise < 0.1f ? c->attn_noise : 0.0f;
     b->mm_cat = P_MATMUL;
-    const char *pf = getenv("SIL_CPU_PROFILE");
+    const char *pf = c->profile;
     if (pf && *pf) {
         b->prof = calloc(1, sizeof(*b->prof));
         if (b->prof) b->prof->path = strdup(pf);

@@ -20,7 +20,7 @@
  * to pinned memory, so a whole decode pass is replayable: the first pass of a shape (rows,
  * sequence runs, rows wanting logits) runs eagerly and notes whether it was capturable (no host
  * sync: device routing; no run starting a sequence), the second is captured into a CUDA graph,
- * later ones replay it, the ops then only staging inputs on the host. SIL_CUDA_GRAPHS=0 turns
+ * later ones replay it, the ops then only staging inputs on the host. cuda_graphs = off turns
  * graphs off. Prefill's routed experts go through grouped tensor-core products (each active
  * expert read once per ubatch, from the weights or from the slot pools alike, so a budget that
  * puts experts in slots gives the logits of everything resident); SIL_CUDA_GROUPED=0 takes the
@@ -238,29 +238,11 @@ struct cuda_backend {
         sil_cuda_ptr d, w;
         float eps;
     } pnorm;
-    /* SIL_CUDA_DOWN_NORM=1 (off by default: written after this stop's GPU time ran out, never
-     * run on a GPU): a decode MoE's down launch waits (pdn) for the add and rmsnorm that follow
-     * it, and its last block of each token row does them in 512 threads, the norm launch's
-     * layout (sil_cuda_moe_down_shared_norm); anything else launches it as it was */
-    bool down_norm, pdn;
-    struct {
-        struct sil_cuda_weight d, sd;
-        int X, n, K;
-        sil_cuda_ptr ids, w, lg, y;
-    } pd;
-    sil_cuda_ptr norm_done; /* [MB] int32: the down blocks done per row (zero between) */
     int32_t split_from; /* SIL_CUDA_PREFILL_SPLIT=P: prefill attention of rows at positions
                          * >= P through the decode kernels (context split), MB rows a launch;
                          * 0: never (the default until measured) */
     bool no_h8_fuse;
     sil_cuda_ptr moe_done; /* [MB * (K + 1)] int32: gate/up blocks done per pair (zero between) */
-    /* SIL_CUDA_MOE_GROUP=1: decode batches of 2 to MB rows take the fused MoE kernels grouped
-     * by expert, each distinct expert's rows read once a step. Off by default: on the H200 the
-     * grouped ones measured slower (the per-pair repeats most likely hit L2)
-     * (bench/results/moe-group-cuda-h200-20261204.json); meant for GPUs whose L2 cannot hold
-     * a layer's experts. Allocated only then: moe_part != 0 is the switch */
-    sil_cuda_ptr moe_part;    /* [MB * (K + 1)][n_embd] F32: the grouped down's pair products */
-    sil_cuda_ptr grp_done;    /* [sil_cuda_moe_down_grouped_cols] int32 (zero between) */
     sil_cuda_ptr router_done; /* int32 counter of the fused router (zero between launches) */
     sil_cuda_ptr dn_done; /* [MB][DN_DONE_HEADS] int32 row groups of a head done (zero between) */
     enum pass_mode mode;
@@ -302,7 +284,7 @@ struct cuda_backend {
      * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
     struct sil_host_experts *hx;
     int32_t cpu_misses, cpu_misses_max; /* now (0 while the share is off), and at most */
-    bool cpu_auto; /* the host's share measured (SIL_CUDA_CPU_MISSES unset): choose_host_share */
+    bool cpu_auto; /* the host's share measured (no count of CPU misses given): choose_host_share */
     double host_share; /* of each decode plan's misses, rounded (0: up to cpu_misses) */
     double host_gbs;   /* the host's expert speed measured at placed() (0: not measured) */
     struct sil_weight probe[3]; /* one layer's routed stacks (two F x E, one E x F) */
@@ -313,7 +295,7 @@ struct cuda_backend {
     struct sil_host_expert_job *jobs;
     float *h_wts;
     int32_t *slot_ids; /* host [ub_max * K] */
-    /* miss path (b), SIL_CUDA_ZEROCOPY=1: a decode pass routes on the device and stays one
+    /* miss path (b), cuda_zero_copy: a decode pass routes on the device and stays one
      * graph. Expert e of layer l is slot zc_tab[l][e] when resident, else its matrices are read
      * in place from the pinned mapping over the bus (rng_dev: each pinned range's device
      * address). Every layer's choices come down with the logits (zc_ids -> zc_hids), and the
@@ -351,13 +333,6 @@ struct cuda_backend {
     bool timed_pass;
     struct timespec t_begin;
 };
-
-/* A setting given as NAME=1 in the environment. */
-static bool env_is1(const char *name)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, "1") == 0;
-}
 
 static struct cuda_backend *cb(struct sil_backend *be)
 {
@@ -553,22 +528,10 @@ static void flush_early(struct cuda_backend *b)
     flush_norm(b);
 }
 
-/* Launches the MoE down that waited (pdn), with the norm after it (nt) or as it would have
- * been (nt NULL). */
-static bool launch_down(struct cuda_backend *b, const struct sil_cuda_norm_in *nt)
-{
-    b->pdn = false;
-    return b->rc == 0 &&
-           ok(b, sil_cuda_moe_down_shared_norm(b->cu, &b->pd.d, &b->pd.sd, b->pd.X, b->q8h,
-                                               b->pd.n, b->pd.ids, b->pd.w, b->pd.lg, b->pd.K,
-                                               b->pd.y, nt, NULL, &b->err));
-}
-
 /* Runs a deferred add (and what waits before it). */
 static void flush_add(struct cuda_backend *b)
 {
     flush_early(b);
-    if (b->pdn) launch_down(b, NULL);
     if (!b->pend) return;
     b->pend = false;
     const struct sil_act y = b->pend_y, x = b->pend_x;
@@ -758,7 +721,6 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     b->meta_ok = false;
     b->pend = false;
     b->pmm.on = false; /* and what waited for the op after it */
-    b->pdn = false;
     b->pnorm.on = false;
     b->q8_src = 0;
     b->mode = PASS_EAGER;
@@ -903,26 +865,13 @@ static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_ac
     /* x += the deferred add, the norm and its q8 blocks in one kernel */
     const bool fuse = x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
                       x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
-    if (fuse && b->pdn && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
-        b->pend_y.width == x.width && dp(b->pend_x.data) == b->pd.y && x.rows == b->pd.n) {
-        /* the waiting down launch does the add, the norm and its q8 in its last blocks */
-        const struct sil_cuda_norm_in nt = {dp(x.data), dp(w->data), dp(y.data), b->q8,
-                                            b->norm_done, eps};
-        b->pend = false;
-        b->q8_src = 0;
-        if (!launch_down(b, &nt)) return;
-        b->q8_src = dp(y.data);
-        b->q8_n = x.rows;
-        b->q8_k = x.width;
-        return;
-    }
     sil_cuda_ptr d = 0;
     if (fuse && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
         b->pend_y.width == x.width && b->pend_x.ld == b->pend_x.width) {
         d = dp(b->pend_x.data);
         b->pend = false;
     }
-    if (d && x.rows == 1 && !b->pdn && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
+    if (d && x.rows == 1 && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
         sil_cuda_router_norm_ok(x.width) && b->rc == 0) {
         /* a router may take it (cuda_route) */
         b->q8_src = 0;
@@ -951,15 +900,6 @@ static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
     struct cuda_backend *b = cb(be);
     if (b->mode != PASS_REPLAY) flush_early(b);
-    if (b->pdn && !b->pend && b->mode != PASS_REPLAY && b->rc == 0 && y.ld == y.width &&
-        x.ld == x.width && dp(x.data) == b->pd.y && x.rows == b->pd.n) {
-        /* the down launch keeps waiting: the rmsnorm after this add may take both */
-        b->q8_src = 0;
-        b->pend = true;
-        b->pend_y = y;
-        b->pend_x = x;
-        return;
-    }
     if (!enter(b) || y.rows == 0) return;
     if (y.ld == y.width && x.ld == x.width) {
         /* deferred: the rmsnorm that usually follows reads y and does the add */
@@ -1496,41 +1436,16 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
          * decode only: a prefill's chunks ran 8% slower fused (resident 35B shape, pp512) */
         const bool hq = !b->no_h8_fuse && b->moe_done && F % 32 == 0 && x.rows <= MB;
         const sil_cuda_ptr h8 = hq ? b->q8h : 0, done = hq ? b->moe_done : 0;
-        /* 2 rows and more of a decode step: each distinct expert read once for its rows */
-        const bool grp = b->moe_part && n >= 2 && x.rows <= MB;
         const int rc =
-            grp ? sil_cuda_moe_gate_up_grouped(b->cu, &g, &u, sh ? &sg : NULL, sh ? &su : NULL, X,
-                                               b->q8, n, ids, K, xp,
-                                               sh ? dp(pl->sh_gate_inp->data) : 0, lg, b->h_gate,
-                                               h8, done, NULL, &b->err)
-            : sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
-                                               dp(pl->sh_gate_inp->data), lg, b->h_gate, h8,
-                                               done, NULL, &b->err)
-                 : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, h8, done,
-                                        NULL, &b->err);
+            sh ? sil_cuda_moe_gate_up_shared(b->cu, &g, &u, &sg, &su, X, b->q8, n, ids, K, xp,
+                                             dp(pl->sh_gate_inp->data), lg, b->h_gate, h8, done,
+                                             NULL, &b->err)
+               : sil_cuda_moe_gate_up(b->cu, &g, &u, X, b->q8, n, ids, K, b->h_gate, h8, done, NULL,
+                                      &b->err);
         if (!ok(b, rc) || (!hq && !ok(b, sil_cuda_quantize_q8(b->cu, b->h_gate, (int64_t)n * K1, F,
                                                               b->q8h, NULL, &b->err))))
             return sh;
-        if (grp)
-            ok(b, sil_cuda_moe_down_grouped(b->cu, &d, sh ? &sd : NULL, X, b->q8h, n, ids, w, lg,
-                                            K, b->moe_part,
-                                            sh ? dp(out.data) + (uint64_t)(r0 * E) * 4
-                                               : b->routed + (uint64_t)(r0 * E) * 4,
-                                            b->grp_done, NULL, &b->err));
-        else if (sh && b->down_norm && b->norm_done && r0 == 0 && x.rows <= MB && !b->pend &&
-            sil_cuda_down_norm_ok(E)) {
-            /* waits for the add and rmsnorm that follow (cuda_add, cuda_rmsnorm) */
-            b->pdn = true;
-            b->pd.d = d;
-            b->pd.sd = sd;
-            b->pd.X = X;
-            b->pd.n = n;
-            b->pd.K = K;
-            b->pd.ids = ids;
-            b->pd.w = w;
-            b->pd.lg = lg;
-            b->pd.y = dp(out.data);
-        } else if (sh)
+        if (sh)
             ok(b, sil_cuda_moe_down_shared(b->cu, &d, &sd, X, b->q8h, n, ids, w, lg, K,
                                            dp(out.data) + (uint64_t)(r0 * E) * 4, NULL, &b->err));
         else
@@ -1673,7 +1588,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         if (!slot_e && !host_e) {
             fail(b, -ENOSPC,
                  b->hx && pl->n_rows <= MB
-                     ? "SIL_CUDA_CPU_MISSES needs quantized experts whose gate and up share a type"
+                     ? "misses on the CPU need quantized experts whose gate and up share a type"
                      : "a layer needs more experts at once than the expert slots hold "
                        "(raise --vram-budget or evaluate fewer rows at a time)");
             return;
@@ -1999,18 +1914,17 @@ static double now_s(void)
  * from the mapping. Not an error when the system refuses (memory locked limits, a driver
  * without read-only registration): misses are then staged, with one line saying so. Then the
  * host-to-device bandwidth from that memory is measured once, into the first slots. */
-/* Path (b) once the experts are pinned, when asked for (SIL_CUDA_ZEROCOPY=1) and possible:
+/* Path (b) once the experts are pinned, when asked for (cuda_zero_copy) and possible:
  * the fused kernels must run every layer's experts, and the benchmark cap on copies cannot
  * govern reads the kernels make. */
 static void zc_enable(struct cuda_backend *b)
 {
-    const char *z = getenv("SIL_CUDA_ZEROCOPY");
-    if (!(z && strcmp(z, "1") == 0) || !b->zc_htab) return;
-    /* with a host share (SIL_CUDA_CPU_MISSES) it gave non-finite MoE outputs on the GPU
+    if (!b->c.opt.zero_copy || !b->zc_htab) return;
+    /* with a host share (a count of CPU misses) it gave non-finite MoE outputs on the GPU
      * (cuda_fwd_parity check 15): refused until that is understood */
     const char *why = b->float_experts ? "float experts have no fused kernel"
                       : b->h2d_cap > 0  ? "SIL_BENCH_H2D_GBS caps copies, not reads in place"
-                      : b->hx ? "not combined with SIL_CUDA_CPU_MISSES (misses are copied)"
+                      : b->hx ? "not combined with a count of CPU misses (SIL_CUDA_CPU_MISSES)"
                               : NULL;
     b->rng_dev = why ? NULL : calloc((size_t)b->n_rng, sizeof(*b->rng_dev));
     if (!why && !b->rng_dev) why = "out of memory";
@@ -2022,13 +1936,13 @@ static void zc_enable(struct cuda_backend *b)
     if (why) {
         free(b->rng_dev);
         b->rng_dev = NULL;
-        fprintf(stderr, "siliceo: cuda backend: SIL_CUDA_ZEROCOPY ignored: %s\n", why);
+        fprintf(stderr, "siliceo: cuda backend: cuda_zero_copy ignored: %s\n", why);
         return;
     }
     b->zc = true;
     b->zc_dirty = true;
     fprintf(stderr, "siliceo: cuda backend: decode reads expert misses in place from host "
-                    "memory (SIL_CUDA_ZEROCOPY)\n");
+                    "memory (cuda_zero_copy)\n");
 }
 
 /* Path (c) by itself: the host computes its experts while the device copies the others in, so
@@ -2085,14 +1999,9 @@ static void choose_host_share(struct cuda_backend *b, const struct sil_weight *g
     const double link = b->h2d_cap > 0 && b->h2d_cap / 1e9 < b->h2d_gbs ? b->h2d_cap / 1e9
                                                                           : b->h2d_gbs;
     double share = host_gbs > 0 && link > 0 ? host_gbs / (host_gbs + link) : 0.0;
-    /* for benchmarks: SIL_CUDA_CPU_SHARE=F (0 < F <= 1) in place of the measured ratio */
-    const char *fs = getenv("SIL_CUDA_CPU_SHARE");
-    char *end = NULL;
-    const double forced = fs ? strtod(fs, &end) : 0.0;
-    const bool force = fs && end != fs && *end == '\0' && forced > 0 && forced <= 1;
-    if (fs && !force)
-        fprintf(stderr,
-                "siliceo: cuda backend: SIL_CUDA_CPU_SHARE ignored: not a number in (0, 1]\n");
+    /* cuda_cpu_share = F (0 < F <= 1) in place of the measured ratio */
+    const double forced = b->c.opt.cpu_share;
+    const bool force = forced > 0 && forced <= 1;
     if (force && n > 0) share = forced;
     if (share < 0.05) {
         b->host_share = 0.0;
@@ -2110,8 +2019,8 @@ static void choose_host_share(struct cuda_backend *b, const struct sil_weight *g
     b->cpu_misses = b->cpu_misses_max;
     fprintf(stderr,
             "siliceo: cuda backend: host experts %.1f GB/s from %s, link %.1f GB/s: %.0f%% of each "
-            "decode layer's misses computed on the CPU%s (SIL_CUDA_CPU_MISSES=0 turns it off)\n",
-            host_gbs, where, link, 100.0 * share, force ? ", set by SIL_CUDA_CPU_SHARE" : "");
+            "decode layer's misses computed on the CPU%s (cuda_cpu_share = off turns it off)\n",
+            host_gbs, where, link, 100.0 * share, force ? ", set by cuda_cpu_share" : "");
 }
 
 /* The probe layer's first experts in the mapping, for choose_host_share. */
@@ -2167,7 +2076,7 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
         }
     }
     b->n_rng = n;
-    const char *pin = getenv("SIL_CUDA_PIN");
+    const enum sil_cuda_pin pin = b->c.opt.pin;
     uint64_t total = 0;
     for (int i = 0; i < n; i++)
         total += b->rng[i].hi - b->rng[i].lo;
@@ -2177,14 +2086,15 @@ static int cuda_placed(struct sil_backend *be, struct sil_error *err)
     sil_host_spare(NULL, &spare);
     const uint64_t avail = spare.bytes == UINT64_MAX ? 0 : spare.bytes;
     const bool fits = !b->c.host_tier && (avail == 0 || total <= avail / 4 * 3);
-    if (!fits && !b->c.host_tier && !(pin && strcmp(pin, "0") == 0))
+    if (!fits && !b->c.host_tier && pin != SIL_CUDA_PIN_OFF)
         fprintf(stderr,
                 "siliceo: cuda backend: the routed experts (%.2f GiB) are not pinned: the host "
                 "has %.2f GiB available; misses are staged through a pinned buffer\n",
                 (double)total / (double)(1u << 30), (double)avail / (double)(1u << 30));
-    bool want_pin = fits && !(pin && strcmp(pin, "0") == 0);
+    bool want_pin = fits && pin != SIL_CUDA_PIN_OFF;
     double projected = 0;
-    if (want_pin && !pin_probe(b, total, &projected)) {
+    /* cuda_pin = on: pinned however slowly (the probe not asked) */
+    if (want_pin && pin == SIL_CUDA_PIN_AUTO && !pin_probe(b, total, &projected)) {
         want_pin = false;
         fprintf(stderr,
                 "siliceo: cuda backend: the routed experts (%.2f GiB) are not pinned: at the rate "
@@ -2619,7 +2529,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     if (!b) return sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
     b->base.ops = &cuda_ops;
     b->c = *c;
-    int rc = sil_cuda_init(&b->cu, c->ordinal, err);
+    int rc = sil_cuda_init(&b->cu, c->ordinal, &c->opt, err);
     if (rc < 0) {
         free(b);
         return rc;
@@ -2655,11 +2565,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     if (split > 512) split = 512;
     if (split < c->n_ctx / 512 + 1) split = c->n_ctx / 512 + 1;
     if (split < 64) split = 64;
-    /* SIL_CUDA_ATTN_SPLIT=N (tests): N chunks, so short contexts put many positions in a block;
-     * never fewer than the longest chunk allows */
-    const char *asp = getenv("SIL_CUDA_ATTN_SPLIT");
-    if (asp && atoi(asp) > 0) {
-        split = atoi(asp);
+    /* attn_split N (tests): N chunks, so short contexts put many positions in a block; never
+     * fewer than the longest chunk allows */
+    if (c->opt.attn_split > 0) {
+        split = c->opt.attn_split;
         if (split < c->n_ctx / 512 + 1) split = c->n_ctx / 512 + 1;
     }
     if (split > 1024)
@@ -2670,11 +2579,11 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const int attn_split = (int)split;
     /* prefill attention's scores, one row of the context a (row, head): at most SCORES_MAX
      * bytes, the ubatch's rows in launches of as many rows as fit, at least one
-     * (SIL_CUDA_SCORES_ROWS=N caps the rows a launch lower, for tests) */
+     * (scores_rows N caps the rows a launch lower, for tests) */
     const uint64_t score_row = (uint64_t)(c->n_head * c->n_ctx) * f4;
     int64_t scores_rows = score_row > 0 ? (int64_t)(SCORES_MAX / score_row) : U;
-    const char *srows = getenv("SIL_CUDA_SCORES_ROWS");
-    if (srows && atoi(srows) > 0 && atoi(srows) < scores_rows) scores_rows = atoi(srows);
+    if (c->opt.scores_rows > 0 && c->opt.scores_rows < scores_rows)
+        scores_rows = c->opt.scores_rows;
     if (scores_rows > U) scores_rows = U;
     if (scores_rows < 1) scores_rows = 1;
     b->scores_rows = (int32_t)scores_rows;
@@ -2723,9 +2632,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                                 ((c->slot_up + 255) & ~(uint64_t)255) +
                                 ((c->slot_down + 255) & ~(uint64_t)255);
     int64_t n_slots = 0;
-    /* tests: SIL_CUDA_SLOTS=N puts the routed experts in N slots even when they would fit */
-    const char *fs = getenv("SIL_CUDA_SLOTS");
-    const int64_t forced = fs ? atoll(fs) : 0;
+    /* tests: slots N puts the routed experts in N slots even when they would fit */
+    const int64_t forced = c->opt.slots;
     if (rc == 0 && forced > 0 && c->routed_bytes > 0 && slot_bytes > 0 && c->n_expert > 0) {
         n_slots = forced < c->n_expert ? c->n_expert : forced;
         need -= c->routed_bytes;
@@ -2778,8 +2686,6 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const size_t meta_bytes =
         ints_off + (size_t)(5 * U + 1 + (c->n_layer_attn > 0 ? c->n_seq_max * bps : 0)) *
                        sizeof(int32_t);
-    const bool group = env_is1("SIL_CUDA_MOE_GROUP");
-    _Static_assert(MB <= SIL_CUDA_MOE_GROUP_MAX, "the grouped MoE kernels take a decode batch");
     struct {
         sil_cuda_ptr *p;
         uint64_t bytes;
@@ -2815,12 +2721,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         {&b->sh_logit, (uint64_t)U * f4},
         {&b->dn_done, c->recr_floats > 0 ? (uint64_t)(MB * DN_DONE_HEADS) * 4 : 0},
         {&b->router_done, X > 0 ? 4 : 0},
-        {&b->norm_done, X > 0 ? (uint64_t)MB * 4 : 0},
         {&b->moe_done, X > 0 ? (uint64_t)(MB * (K + 1)) * 4 : 0},
-        /* the grouped MoE kernels' buffers only where they are asked for */
-        {&b->moe_part, X > 0 && group ? (uint64_t)(MB * (K + 1) * E) * f4 : 0},
-        {&b->grp_done,
-         X > 0 && F > 0 && group ? (uint64_t)sil_cuda_moe_down_grouped_cols(E, F) * 4 : 0},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = dalloc(b, bufs[i].bytes, bufs[i].p, err);
@@ -2860,14 +2761,13 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
             rc = sil_cuda_memset(b->cu, b->pool_u, 0, b->slot_u * (uint64_t)n_slots, NULL, err);
         if (rc == 0)
             rc = sil_cuda_memset(b->cu, b->pool_d, 0, b->slot_d * (uint64_t)n_slots, NULL, err);
-        /* path (c): SIL_CUDA_CPU_MISSES=N takes up to N misses of each decode layer to the
-         * CPU; unset (or "auto") the share is chosen at placed() from the host's and the
-         * link's measured speeds; 0 turns it off. Asking for reads in place (path (b)) turns
-         * the automatic share off. */
-        const char *cm = getenv("SIL_CUDA_CPU_MISSES"), *zcr = getenv("SIL_CUDA_ZEROCOPY");
-        const bool want_zc = zcr && strcmp(zcr, "1") == 0;
-        b->cpu_auto = (!cm || !*cm || strcmp(cm, "auto") == 0) && !want_zc;
-        const long ncm = b->cpu_auto ? (long)K : cm ? atol(cm) : 0;
+        /* path (c): cpu_misses N (tests, benchmarks) takes up to N misses of each decode layer
+         * to the CPU; else the share is chosen at placed() from the host's and the link's
+         * measured speeds (or given, cpu_share); cpu_off turns it off. Asking for reads in
+         * place (path (b)) turns the automatic share off. */
+        const struct sil_cuda_options *o = &c->opt;
+        b->cpu_auto = o->cpu_misses <= 0 && !o->cpu_off && !o->zero_copy;
+        const long ncm = b->cpu_auto ? (long)K : o->cpu_misses > 0 ? (long)o->cpu_misses : 0;
         if (rc == 0 && ncm > 0 && c->n_ff_exp > 0) {
             b->cpu_misses = b->cpu_misses_max = (int32_t)(ncm < K ? ncm : K);
             long nt = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2919,35 +2819,28 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->btab = b->pos + (uint64_t)(5 * U + 1) * 4;
         b->meta_bytes = meta_bytes;
         b->ints_off = ints_off;
-        const char *g = getenv("SIL_CUDA_GRAPHS");
-        b->graphs = !(g && strcmp(g, "0") == 0);
-        b->host_route = c->host_route || env_is1("SIL_CUDA_HOST_ROUTE");
-        /* measured slower than the batch-8 fused kernels at pp512 (bench/results): opt in */
-        const char *cap = getenv("SIL_BENCH_H2D_GBS");
-        b->h2d_cap = cap ? atof(cap) * 1e9 : 0.0;
+        const struct sil_cuda_options *o = &c->opt;
+        b->graphs = !o->no_graphs;
+        b->host_route = c->host_route || o->host_route;
+        b->h2d_cap = o->h2d_cap_gbs > 0 ? o->h2d_cap_gbs * 1e9 : 0.0;
         if (b->h2d_cap > 0 && b->n_slots > 0)
             fprintf(stderr,
                     "siliceo: cuda backend: expert copies capped at %.2f GB/s "
                     "(SIL_BENCH_H2D_GBS, a benchmark setting)\n",
                     b->h2d_cap / 1e9);
-        b->no_shared_fuse = env_is1("SIL_CUDA_NO_SHARED_FUSE");
-        b->down_norm = env_is1("SIL_CUDA_DOWN_NORM");
-        b->no_norm_router = env_is1("SIL_CUDA_NO_NORM_ROUTER");
-        b->no_attn_q8 = env_is1("SIL_CUDA_NO_ATTN_Q8");
-        b->no_conv_fuse = env_is1("SIL_CUDA_NO_CONV_FUSE");
-        b->no_mv_mix = env_is1("SIL_CUDA_NO_MV_MIX");
-        b->no_gqa = env_is1("SIL_CUDA_NO_GQA");
-        const char *ps = getenv("SIL_CUDA_PREFILL_SPLIT");
-        b->split_from = ps && atoi(ps) > 0 ? atoi(ps) : 0;
-        b->no_dn_fuse = env_is1("SIL_CUDA_NO_DN_FUSE");
-        b->no_router_fuse = env_is1("SIL_CUDA_NO_ROUTER_FUSE");
-        b->no_h8_fuse = env_is1("SIL_CUDA_NO_H8_FUSE");
-        const char *gr = getenv("SIL_CUDA_GROUPED");
-        b->no_grouped = gr && strcmp(gr, "0") == 0;
-        const char *pf = getenv("SIL_CUDA_PROFILE");
-        b->prof_path = pf && *pf ? pf : NULL;
-        const char *pr = getenv("SIL_CUDA_PROFILE_ROWS");
-        b->prof_rows = pr ? atoi(pr) : 0;
+        b->no_shared_fuse = o->no_shared_fuse;
+        b->no_norm_router = o->no_norm_router;
+        b->no_attn_q8 = o->no_attn_q8;
+        b->no_conv_fuse = o->no_conv_fuse;
+        b->no_mv_mix = o->no_mv_mix;
+        b->no_gqa = o->no_gqa;
+        b->split_from = o->prefill_split > 0 ? o->prefill_split : 0;
+        b->no_dn_fuse = o->no_dn_fuse;
+        b->no_router_fuse = o->no_router_fuse;
+        b->no_h8_fuse = o->no_h8_fuse;
+        b->no_grouped = o->no_grouped;
+        b->prof_path = o->profile && *o->profile ? o->profile : NULL;
+        b->prof_rows = o->profile_rows;
         for (int i = 0; b->prof_path && i < 2 && rc == 0; i++)
             rc = sil_cuda_event_create(b->cu, &b->gev[i], err);
         b->tmp = calloc((size_t)(U * K + (U > X ? U : X) + 1), sizeof(int32_t));

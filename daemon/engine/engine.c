@@ -284,7 +284,8 @@ static int layered_open(struct sil_engine *e)
 }
 
 /* The CPU backend, sized for this model: the widest matmul input, MoE and delta-net scratch. */
-static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_error *err)
+static int open_cpu(struct sil_engine *e, int n_threads, const struct sil_engine_params *p,
+                    struct sil_error *err)
 {
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
@@ -296,7 +297,7 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
     if (layered_open(e) < 0) return sil_errorf(err, -ENOMEM, "engine: out of memory");
     struct sil_cpu_config c = {
         .n_threads = n_threads,
-        .exact = exact,
+        .exact = p->exact,
         .k_max = k_max_of(e),
         .ub_max = f->ub_max,
         .n_ctx = f->n_ctx,
@@ -309,6 +310,8 @@ static int open_cpu(struct sil_engine *e, int n_threads, bool exact, struct sil_
         .head_dim = hp->n_embd_head_k > hp->n_embd_head_v ? hp->n_embd_head_k : hp->n_embd_head_v,
         .dn_head_scratch =
             hp->n_layer_recr > 0 ? sil_delta_net_head_scratch_floats(&f->dn[0], f->ub_max) : 0,
+        .profile = p->cpu_profile,
+        .attn_noise = p->test_attn_noise,
     };
     int rc = sil_backend_cpu_create(&f->be, &c, err);
     if (rc < 0)
@@ -347,10 +350,9 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         if (e->dev_kv_blocks > (int64_t)e->n_seq_max * bps)
             e->dev_kv_blocks = (int64_t)e->n_seq_max * bps;
     }
-    /* SIL_CUDA_UBATCH=N (tests, benchmarks) caps the rows per micro-batch lower */
-    const char *ubs = getenv("SIL_CUDA_UBATCH");
-    int32_t ub = ubs ? (int32_t)atoi(ubs) : UBATCH_MAX_DEV;
-    if (ub < 1 || ub > UBATCH_MAX_DEV) ub = UBATCH_MAX_DEV;
+    /* cuda.ubatch N (tests, benchmarks) caps the rows per micro-batch lower */
+    int32_t ub = p->cuda.ubatch > 0 ? p->cuda.ubatch : UBATCH_MAX_DEV;
+    if (ub > UBATCH_MAX_DEV) ub = UBATCH_MAX_DEV;
     if (e->n_ubatch > 0 && e->n_ubatch < ub) ub = e->n_ubatch;
     f->ub_max = e->n_batch_max < ub ? e->n_batch_max : ub;
     if (layered_open(e) < 0) return sil_errorf(err, -ENOMEM, "engine: out of memory");
@@ -388,6 +390,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .kv_blocks = e->dev_kv_blocks,
         .host_route = p->route_trace != NULL, /* a trace sees every layer's choices */
         .host_tier = e->tier_want,
+        .opt = p->cuda,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
     c.routed_bytes = e->info.routed_expert_bytes;
@@ -721,7 +724,7 @@ static int open_backend(struct sil_engine *e, const struct sil_engine_params *p,
 {
     const char *name = p->backend ? p->backend : "cpu";
     if (strcmp(name, "cpu") == 0)
-        return open_cpu(e, n_threads, p->exact, err);
+        return open_cpu(e, n_threads, p, err);
     if (strcmp(name, "cuda") == 0)
         return open_cuda(e, p, err);
     struct sil_error why = {0};
@@ -733,7 +736,7 @@ static int open_backend(struct sil_engine *e, const struct sil_engine_params *p,
         const int rc = tier_plan(e, p, true, err);
         if (rc < 0) return rc;
     }
-    return open_cpu(e, n_threads, p->exact, err);
+    return open_cpu(e, n_threads, p, err);
 }
 
 int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, struct sil_error *err)

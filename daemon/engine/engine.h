@@ -23,6 +23,7 @@
 #include "daemon/engine/hostmem.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/cuda/cuda_options.h"
 #include "kernels/error.h"
 
 enum sil_arch { SIL_ARCH_QWEN35MOE, SIL_ARCH_QWEN35, SIL_ARCH_QWEN3MOE, SIL_ARCH_QWEN3, SIL_ARCH_COUNT };
@@ -95,8 +96,26 @@ struct sil_engine_params {
      * may be NULL. Returning false stops the load: sil_engine_open fails with -ECANCELED. */
     bool (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
+    /* The CUDA backend's settings (kernels/cuda/cuda_options.h; all zero: the defaults). */
+    struct sil_cuda_options cuda;
+    /* Tests and benchmarks (siliceo-dev(7)), CPU backend: a file its per-op profile is written
+     * to at close (NULL: none), and a ratio in (0, 0.1) its attention outputs are moved by,
+     * each element times 1 + r or 1 - r (0: none). */
+    const char *cpu_profile;
+    float test_attn_noise;
 };
 void sil_engine_params_default(struct sil_engine_params *p);
+/* Sets one of the CUDA backend's user options by its siliceod.conf(5) key: cuda_graphs (on,
+ * off), cuda_zero_copy (on, off), cuda_pin (auto, on, off), cuda_cpu_share (auto, off, or a
+ * number in [0, 1], 0 being off). -ENOENT for another key; -EINVAL with why filled for a value
+ * the key does not take. */
+int sil_cuda_option_set(struct sil_cuda_options *o, const char *key, const char *val, char *why,
+                        size_t why_size);
+/* For tests and benchmarks only: the developer switches of siliceo-dev(7) from the environment
+ * into p (its CUDA options and CPU settings) and the CPU kernels' level cap. The one place the
+ * engine's SIL_* variables are read; siliceod and the benchmark tools call it once, before
+ * sil_engine_open. Values that do not parse are ignored, as unset. */
+void sil_dev_switches_read(struct sil_engine_params *p);
 /* Whether name is a kv_type sil_engine_open accepts. */
 bool sil_engine_kv_type_valid(const char *name);
 

@@ -1,6 +1,6 @@
 /* CPU feature dispatch: detects the SIMD level once (CPUID, and XGETBV for whether the OS saves
- * the wide registers), lets SIL_CPU_LEVEL cap it, and points the type_traits table at that
- * level's kernels. */
+ * the wide registers) and points the type_traits table at that level's kernels, or a lower one
+ * sil_cpu_force_level asks for (tests; SIL_CPU_LEVEL through sil_dev_switches_read). */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -12,7 +12,6 @@
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static enum sil_cpu_level detected;
-static enum sil_cpu_level cap; /* from SIL_CPU_LEVEL; detected when unset */
 static enum sil_cpu_level current;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -59,21 +58,7 @@ static enum sil_cpu_level detect(void)
 static void init_once(void)
 {
     detected = detect();
-    cap = detected;
-    const char *env = getenv("SIL_CPU_LEVEL");
-    if (env && *env) {
-        /* unknown text leaves the detected level: a typo must not slow a run down silently
-         * to scalar, nor raise it above what the CPU has */
-        if (strcmp(env, "scalar") == 0)
-            cap = SIL_CPU_SCALAR;
-        else if (strcmp(env, "avx2") == 0)
-            cap = SIL_CPU_AVX2;
-        else if (strcmp(env, "avx512") == 0 || strcmp(env, "avx512_vnni") == 0)
-            cap = SIL_CPU_AVX512_VNNI;
-        if (cap > detected)
-            cap = detected;
-    }
-    current = cap;
+    current = detected;
     sil_quants_set_level(current);
 }
 
@@ -97,7 +82,7 @@ enum sil_cpu_level sil_cpu_level(void)
 enum sil_cpu_level sil_cpu_force_level(enum sil_cpu_level level)
 {
     sil_cpu_init();
-    current = level < cap ? level : cap;
+    current = level < detected ? level : detected;
     if (current < SIL_CPU_SCALAR)
         current = SIL_CPU_SCALAR;
     sil_quants_set_level(current);

@@ -148,14 +148,6 @@ static const char *const mm_what[MV_COUNT] = {
 static const char *const gu_what[MV_F32] = {
     "moe_gate_up q4_0", "moe_gate_up q4_1", "moe_gate_up q5_0", "moe_gate_up q5_1",
     "moe_gate_up q8_0", "moe_gate_up q4_K", "moe_gate_up q5_K", "moe_gate_up q6_K"};
-static const char *const gug_what[MV_F32] = {
-    "moe_gate_up grouped q4_0", "moe_gate_up grouped q4_1", "moe_gate_up grouped q5_0",
-    "moe_gate_up grouped q5_1", "moe_gate_up grouped q8_0", "moe_gate_up grouped q4_K",
-    "moe_gate_up grouped q5_K", "moe_gate_up grouped q6_K"};
-static const char *const dng_what[MV_F32] = {"moe_down grouped q4_0", "moe_down grouped q4_1",
-                                             "moe_down grouped q5_0", "moe_down grouped q5_1",
-                                             "moe_down grouped q8_0", "moe_down grouped q4_K",
-                                             "moe_down grouped q5_K", "moe_down grouped q6_K"};
 static const char *const dn_what[MV_F32] = {"moe_down q4_0", "moe_down q4_1", "moe_down q5_0",
                                             "moe_down q5_1", "moe_down q8_0", "moe_down q4_K",
                                             "moe_down q5_K", "moe_down q6_K"};
@@ -179,13 +171,8 @@ struct sil_cuda {
     CUfunction moe_gate_up[MV_F32], moe_down[MV_F32];
     CUfunction moe_gate_up_sh[MV_F32], moe_down_sh[MV_F32];
     CUfunction router_fused[SIL_CUDA_MAX_BATCH]; /* F32 router matvec + top-k, [batch - 1] */
-    CUfunction moe_down_sh_norm[MV_F32]; /* down + sum, then the add + rmsnorm + q8 after it */
-    CUfunction moe_gate_up_grp[MV_F32], moe_down_grp[MV_F32]; /* grouped by expert */
-    /* [1], [2] with 4 router rows a block (the default; SIL_CUDA_ROUTER_ROWS=0: router_norm) */
-    CUfunction router_norm_r4[3];
-    bool router_rows4;
     CUfunction router_norm[3]; /* the add + rmsnorm + q8 before it too, one token: 128, 512
-                                * and 1024 threads a block */
+                                * and 1024 threads a block, 4 router rows a block */
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
     CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
@@ -262,9 +249,8 @@ static CUstream stream_of(const struct sil_cuda *cu, const struct sil_cuda_strea
     return s ? s->s : cu->stream;
 }
 
-static int load_api(struct sil_cu_api *api, struct sil_error *err)
+static int load_api(struct sil_cu_api *api, const char *lib, struct sil_error *err)
 {
-    const char *lib = getenv("SIL_CUDA_DRIVER");
     if (!lib || !*lib) lib = "libcuda.so.1";
     api->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!api->lib) {
@@ -324,11 +310,6 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         snprintf(name, sizeof name, "sil_router_norm_f32_topk_%d", i ? 256 << i : 128);
         CUresult r = cu->api.cuModuleGetFunction(&cu->router_norm[i], cu->mod, name);
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
-        cu->router_norm_r4[i] = cu->router_norm[i]; /* 128 threads: 4 rows already */
-        if (i == 0) continue;
-        snprintf(name, sizeof name, "sil_router_norm_f32_topk_%d_r4", 256 << i);
-        r = cu->api.cuModuleGetFunction(&cu->router_norm_r4[i], cu->mod, name);
-        if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
     for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
         snprintf(name, sizeof name, "sil_router_f32_topk_%d", n);
@@ -349,18 +330,6 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
         if (r == CUDA_SUCCESS) {
             snprintf(name, sizeof name, "sil_moe_down_sh_%s", mv_names[t]);
             r = cu->api.cuModuleGetFunction(&cu->moe_down_sh[t], cu->mod, name);
-        }
-        if (r == CUDA_SUCCESS) {
-            snprintf(name, sizeof name, "sil_moe_down_sh_norm_%s", mv_names[t]);
-            r = cu->api.cuModuleGetFunction(&cu->moe_down_sh_norm[t], cu->mod, name);
-        }
-        if (r == CUDA_SUCCESS) {
-            snprintf(name, sizeof name, "sil_moe_gate_up_grp_%s", mv_names[t]);
-            r = cu->api.cuModuleGetFunction(&cu->moe_gate_up_grp[t], cu->mod, name);
-        }
-        if (r == CUDA_SUCCESS) {
-            snprintf(name, sizeof name, "sil_moe_down_grp_%s", mv_names[t]);
-            r = cu->api.cuModuleGetFunction(&cu->moe_down_grp[t], cu->mod, name);
         }
         if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
     }
@@ -396,12 +365,15 @@ static bool arch_in_fatbin(int major, int minor)
     return false;
 }
 
-int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
+int sil_cuda_init(struct sil_cuda **out, int ordinal, const struct sil_cuda_options *opt,
+                  struct sil_error *err)
 {
+    static const struct sil_cuda_options defaults;
+    if (!opt) opt = &defaults;
     *out = NULL;
     struct sil_cuda *cu = calloc(1, sizeof *cu);
     if (!cu) return set_err(err, -ENOMEM, "cuda: out of memory");
-    int rc = load_api(&cu->api, err);
+    int rc = load_api(&cu->api, opt->driver, err);
     if (rc < 0) {
         free(cu);
         return rc;
@@ -457,21 +429,12 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err)
     /* m16n8k32 is in the sm_80+ SASS only; the compute_75 PTX carries m8n8k16 in both entries */
     cu->mma_best = cu->mma_sm = in->cc_major >= 8 && !in->ptx_jit ? 80 : 75;
     /* programmatic dependent launch: the sm_90 SASS has the waits (pdl.cuh), the PTX not */
-    const char *pdl = getenv("SIL_CUDA_PDL");
-    in->pdl = in->cc_major >= 9 && !in->ptx_jit && cu->api.cuLaunchKernelEx &&
-              !(pdl && strcmp(pdl, "0") == 0);
+    in->pdl = in->cc_major >= 9 && !in->ptx_jit && cu->api.cuLaunchKernelEx && !opt->no_pdl;
     /* L2 prefetch before the PDL wait (pdl.cuh): only where launches overlap */
-    const char *pf = getenv("SIL_CUDA_PREFETCH");
-    in->l2_prefetch = in->pdl && !(pf && strcmp(pf, "0") == 0);
+    in->l2_prefetch = in->pdl && !opt->no_prefetch;
     rc = set_prefetch_flag(cu, cu->mod, err);
     if (rc < 0) goto fail_ctx;
-    /* the router with its norm on 4 router rows a block (its weight read over 4x the
-     * multiprocessors: 472.1 against 454.1 tok/s on the 35B shape); SIL_CUDA_ROUTER_ROWS=0: one
-     * a warp of the norm's, 16 with 512 threads */
-    const char *rr = getenv("SIL_CUDA_ROUTER_ROWS");
-    cu->router_rows4 = !(rr && strcmp(rr, "0") == 0);
-    const char *inj = getenv("SIL_CUDA_INJECT_OOM");
-    cu->fail_at = inj ? strtoull(inj, NULL, 10) : 0;
+    cu->fail_at = opt->inject_oom;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
 #undef STEP
     *out = cu;
@@ -1253,7 +1216,7 @@ int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, s
     const int threads = sil_cuda_rmsnorm_threads(w->cols);
     const int ti = threads == 128 ? 0 : threads == 512 ? 1 : 2;
     unsigned g = 0;
-    int rc = grid_of(w->rows, cu->router_rows4 ? 4 : threads / 32, &g, err);
+    int rc = grid_of(w->rows, 4, &g, err);
     if (rc < 0) return rc;
     uint64_t row_bytes = w->row_bytes;
     int rows = (int)w->rows;
@@ -1265,8 +1228,8 @@ int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, s
                  (void *)&nt->q8,  &logits,    &k,             &ids,    &weights,
                  (void *)&nt->done};
     cu->prof_bytes = w->bytes;
-    return launch(cu, cu->router_rows4 ? cu->router_norm_r4[ti] : cu->router_norm[ti],
-                  "add + rmsnorm + router + top-k", g, 1, (unsigned)threads, s, p, err);
+    return launch(cu, cu->router_norm[ti], "add + rmsnorm + router + top-k", g, 1,
+                  (unsigned)threads, s, p, err);
 }
 
 int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, sil_cuda_ptr out,
@@ -1381,9 +1344,8 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
                   (unsigned)n_tok, 128, s, p, err);
 }
 
-/* The launch of moe.cuh's gate/up kernels that take the shared expert's matrices sg / su (the
- * per-pair _sh kernel, and the grouped one, where 0 means no shared expert): one parameter
- * list, grid (n_ff / 4, n_tok * k1); mats: the matrices it may read, for the profile's bytes. */
+/* The launch of moe.cuh's gate/up kernel that takes the shared expert's matrices sg / su:
+ * grid (n_ff / 4, n_tok * k1); mats: the matrices it may read, for the profile's bytes. */
 static int gate_up_sh_launch(struct sil_cuda *cu, CUfunction f, const char *what,
                              const struct sil_cuda_weight *gate, const struct sil_cuda_weight *up,
                              sil_cuda_ptr sg, sil_cuda_ptr su, int n_expert, sil_cuda_ptr q8,
@@ -1441,117 +1403,6 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
                              sh_logit, h, h8, done, (uint64_t)n_tok * (uint64_t)(k + 1), s, err);
 }
 
-/* moe.cuh's grouped kernels: the distinct experts a launch can name at most (for the bytes the
- * profile gives it: an upper bound, the routing is on the device). */
-static uint64_t grp_mats(int n_tok, int k, int n_expert)
-{
-    const int64_t named = (int64_t)n_tok * k;
-    return (uint64_t)(named < n_expert ? named : n_expert);
-}
-
-static int grp_args(const char *what, int n_expert, int64_t rows, int n_tok, int k, bool sh,
-                    struct sil_error *err)
-{
-    const int k1 = sh ? k + 1 : k;
-    if (n_expert <= 0 || rows % n_expert || n_tok <= 0 || n_tok > SIL_CUDA_MOE_GROUP_MAX ||
-        k <= 0 || k1 > SIL_CUDA_MOE_SLOTS_MAX)
-        return set_err(err, -EINVAL, "cuda: %s of %lld rows over %d experts, %d x %d", what,
-                       (long long)rows, n_expert, n_tok, k);
-    return 0;
-}
-
-int sil_cuda_moe_gate_up_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
-                                 const struct sil_cuda_weight *up,
-                                 const struct sil_cuda_weight *sh_gate,
-                                 const struct sil_cuda_weight *sh_up, int n_expert,
-                                 sil_cuda_ptr q8, int n_tok, sil_cuda_ptr ids, int k,
-                                 sil_cuda_ptr x, sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit,
-                                 sil_cuda_ptr h, sil_cuda_ptr h8, sil_cuda_ptr done,
-                                 struct sil_cuda_stream *s, struct sil_error *err)
-{
-    const int slot = mv_slot(gate->type);
-    const bool sh = sh_gate != NULL;
-    if (slot < 0 || slot >= MV_F32 || up->type != gate->type || !gate->data || !up->data ||
-        (sh_gate == NULL) != (sh_up == NULL) ||
-        (sh && (sh_gate->type != gate->type || sh_up->type != gate->type || !sh_gate->data ||
-                !sh_up->data || !x || !gate_inp || !sh_logit)))
-        return set_err(err, -ENOTSUP,
-                       "cuda: moe gate/up grouped: one quantized type for gate, up and the "
-                       "shared expert's");
-    int rc = grp_args("moe gate/up grouped", n_expert, gate->rows, n_tok, k, sh, err);
-    if (rc < 0) return rc;
-    if (up->rows != gate->rows || up->cols != gate->cols ||
-        (sh && (sh_gate->rows != gate->rows / n_expert || sh_up->rows != sh_gate->rows ||
-                sh_gate->cols != gate->cols || sh_up->cols != gate->cols)))
-        return set_err(err, -EINVAL, "cuda: moe gate/up grouped: gate, up and shared shapes differ");
-    return gate_up_sh_launch(cu, cu->moe_gate_up_grp[slot], gug_what[slot], gate, up,
-                             sh ? sh_gate->data : 0, sh ? sh_up->data : 0, n_expert, q8, n_tok,
-                             ids, k, sh ? k + 1 : k, x, gate_inp, sh_logit, h, h8, done,
-                             grp_mats(n_tok, k, n_expert) + (sh ? 1 : 0), s, err);
-}
-
-int sil_cuda_moe_down_grouped_cols(int64_t n_embd, int64_t n_ff)
-{
-    const int units = (int)(n_ff / SIL_CUDA_Q8_BLOCK);
-    const int lanes = units > 16 ? 32 : units > 8 ? 16 : 8;
-    const int64_t rows = 4 * (32 / lanes) * 4; /* moe.cuh's sil_down_grp_rows */
-    return (int)((n_embd + rows - 1) / rows);
-}
-
-int sil_cuda_moe_down_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *down,
-                              const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
-                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
-                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr part, sil_cuda_ptr y,
-                              sil_cuda_ptr done, struct sil_cuda_stream *s, struct sil_error *err)
-{
-    const int slot = mv_slot(down->type);
-    const bool sh = sh_down != NULL;
-    if (slot < 0 || slot >= MV_F32 || !down->data ||
-        (sh && (sh_down->type != down->type || !sh_down->data || !sh_logit)))
-        return set_err(err, -ENOTSUP, "cuda: moe down grouped: one quantized type");
-    int rc = grp_args("moe down grouped", n_expert, down->rows, n_tok, k, sh, err);
-    if (rc < 0) return rc;
-    if (sh && (sh_down->rows != down->rows / n_expert || sh_down->cols != down->cols))
-        return set_err(err, -EINVAL, "cuda: moe down grouped: the shared expert's shape differs");
-    if (!part || !done)
-        return set_err(err, -EINVAL, "cuda: moe down grouped needs its products and counters");
-    int n_embd = (int)(down->rows / n_expert), units = (int)(down->cols / SIL_CUDA_Q8_BLOCK);
-    const int k1 = sh ? k + 1 : k;
-    int64_t nblocks = (int64_t)n_tok * k1 * units;
-    uint64_t row_bytes = down->row_bytes;
-    uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
-    if (!moe_host_ok(down, NULL))
-        return set_err(err, -EINVAL,
-                       "cuda: moe slots read in place without a slot table or host memory");
-    uint64_t hstride = down->host_stride;
-    int nslot = down->n_slot;
-    sil_cuda_ptr sd = sh ? sh_down->data : 0;
-    void *p[] = {(void *)&down->data,
-                 &sd,
-                 &row_bytes,
-                 &stride,
-                 (void *)&down->host,
-                 &hstride,
-                 (void *)&down->tab,
-                 &nslot,
-                 &n_embd,
-                 &units,
-                 &n_expert,
-                 &q8h,
-                 &nblocks,
-                 &ids,
-                 &weights,
-                 &sh_logit,
-                 &k,
-                 &part,
-                 &y,
-                 &done};
-    cu->prof_bytes = (grp_mats(n_tok, k, n_expert) + (sh ? 1 : 0)) * (uint64_t)n_embd * row_bytes;
-    return launch(cu, cu->moe_down_grp[slot], dng_what[slot],
-                  (unsigned)sil_cuda_moe_down_grouped_cols(n_embd, down->cols),
-                  (unsigned)(n_tok * k1), 128, s, p, err);
-}
-
 int sil_cuda_rmsnorm_threads(int64_t n)
 {
     return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128;
@@ -1569,23 +1420,6 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err)
-{
-    return sil_cuda_moe_down_shared_norm(cu, down, sh_down, n_expert, q8h, n_tok, ids, weights,
-                                         sh_logit, k, y, NULL, s, err);
-}
-
-/* moe.cuh's sil_add_rmsnorm_tail: the router's rows, in blocks of 512 threads. */
-bool sil_cuda_down_norm_ok(int64_t n)
-{
-    return sil_cuda_router_norm_ok(n) && sil_cuda_rmsnorm_threads(n) == 512;
-}
-
-int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
-                                  const struct sil_cuda_weight *sh_down, int n_expert,
-                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
-                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
-                                  sil_cuda_ptr y, const struct sil_cuda_norm_in *nt,
-                                  struct sil_cuda_stream *s, struct sil_error *err)
 {
     const int slot = mv_slot(down->type);
     if (slot < 0 || slot >= MV_F32 || sh_down->type != down->type || !down->data ||
@@ -1622,24 +1456,10 @@ int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_wei
                  &weights,
                  &sh_logit,
                  &k,
-                 &y,
-                 NULL, NULL, NULL, NULL, NULL, NULL};
+                 &y};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * (uint64_t)n_embd * row_bytes;
-    if (!nt)
-        return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
-                      (unsigned)n_tok, 128, s, p, err);
-    if (!sil_cuda_down_norm_ok(n_embd) || !nt->x || !nt->w || !nt->y || !nt->q8 || !nt->done)
-        return set_err(err, -EINVAL, "cuda: moe down + the norm after it over rows of %d", n_embd);
-    float eps = nt->eps;
-    const size_t at = sizeof p / sizeof p[0] - 6;
-    p[at] = (void *)&nt->x;
-    p[at + 1] = (void *)&nt->w;
-    p[at + 2] = &eps;
-    p[at + 3] = (void *)&nt->y;
-    p[at + 4] = (void *)&nt->q8;
-    p[at + 5] = (void *)&nt->done;
-    return launch(cu, cu->moe_down_sh_norm[slot], "moe_down + add + rmsnorm",
-                  (unsigned)((n_embd + 15) / 16), (unsigned)n_tok, 512, s, p, err);
+    return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+                  (unsigned)n_tok, 128, s, p, err);
 }
 
 /* ---- further modules ----------------------------------------------------------------------- */

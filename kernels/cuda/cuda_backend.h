@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cuda/cuda_options.h"
 #include "kernels/error.h"
 
 typedef uint64_t sil_cuda_ptr; /* a device address (CUdeviceptr); 0 is none */
@@ -36,17 +37,19 @@ struct sil_cuda_info {
     int driver_version; /* 13000 for 13.0 */
     size_t total_mem;
     bool ptx_jit; /* the module was built from PTX (CUDA_FORCE_PTX_JIT or no SASS match) */
-    /* kernels launch with programmatic dependent launch (sm_90+ SASS; SIL_CUDA_PDL=0: off) */
+    /* kernels launch with programmatic dependent launch (sm_90+ SASS; options no_pdl: off) */
     bool pdl;
-    /* kernels ask L2 for their weights before the PDL wait (with pdl; SIL_CUDA_PREFETCH=0: off) */
+    /* kernels ask L2 for their weights before the PDL wait (with pdl; no_prefetch: off) */
     bool l2_prefetch;
 };
 
 /* The architectures the embedded fatbin carries, e.g. "sm_75 sm_86 sm_89 sm_90 compute_75". */
 const char *sil_cuda_fatbin_archs(void);
 
-/* Opens device `ordinal`: loads the driver, creates a context and loads the kernels. */
-int sil_cuda_init(struct sil_cuda **out, int ordinal, struct sil_error *err);
+/* Opens device `ordinal`: loads the driver, creates a context and loads the kernels. Of opt
+ * (NULL: the defaults) it reads driver, no_pdl, no_prefetch and inject_oom. */
+int sil_cuda_init(struct sil_cuda **out, int ordinal, const struct sil_cuda_options *opt,
+                  struct sil_error *err);
 void sil_cuda_free(struct sil_cuda *cu);
 const struct sil_cuda_info *sil_cuda_get_info(const struct sil_cuda *cu);
 int sil_cuda_mem_info(struct sil_cuda *cu, size_t *free_bytes, size_t *total_bytes,
@@ -300,30 +303,6 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr y,
                              struct sil_cuda_stream *s, struct sil_error *err);
-/* The two kernels grouped by expert, for decode batches of 2 to SIL_CUDA_MOE_GROUP_MAX tokens:
- * the pairs that name one expert read its rows once for all their tokens (the per-pair kernels
- * above read them once a pair). sh_gate / sh_up / sh_down NULL: routed experts only (y as
- * sil_cuda_moe_down gives it); else the shared expert as slot k of every token (as the _shared
- * kernels, y the whole MoE output), read once for all tokens. gate_up writes h (and h8 with
- * done) as sil_cuda_moe_gate_up(_shared) does, the same numbers. down writes each pair's product
- * to part [n_tok * (k or k + 1)][n_embd] F32, then the last block of each column of rows sums a
- * token's slots in slot order into y; done: sil_cuda_moe_down_grouped_cols int32 on the device,
- * zero, left zero. */
-#define SIL_CUDA_MOE_GROUP_MAX 8
-int sil_cuda_moe_gate_up_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *gate,
-                                 const struct sil_cuda_weight *up,
-                                 const struct sil_cuda_weight *sh_gate,
-                                 const struct sil_cuda_weight *sh_up, int n_expert, sil_cuda_ptr q8,
-                                 int n_tok, sil_cuda_ptr ids, int k, sil_cuda_ptr x,
-                                 sil_cuda_ptr gate_inp, sil_cuda_ptr sh_logit, sil_cuda_ptr h,
-                                 sil_cuda_ptr h8, sil_cuda_ptr done, struct sil_cuda_stream *s,
-                                 struct sil_error *err);
-int sil_cuda_moe_down_grouped_cols(int64_t n_embd, int64_t n_ff);
-int sil_cuda_moe_down_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *down,
-                              const struct sil_cuda_weight *sh_down, int n_expert, sil_cuda_ptr q8h,
-                              int n_tok, sil_cuda_ptr ids, sil_cuda_ptr weights,
-                              sil_cuda_ptr sh_logit, int k, sil_cuda_ptr part, sil_cuda_ptr y,
-                              sil_cuda_ptr done, struct sil_cuda_stream *s, struct sil_error *err);
 /* The threads a row of n gets in the backend's add + rmsnorm + q8 launch (fwd.cu). */
 int sil_cuda_rmsnorm_threads(int64_t n);
 /* The residual add + rmsnorm + q8 of one token before a decode MoE and its F32 router (as
@@ -341,19 +320,6 @@ int sil_cuda_router_norm(struct sil_cuda *cu, const struct sil_cuda_weight *w, s
                          const struct sil_cuda_norm_in *nt, sil_cuda_ptr logits, int k,
                          sil_cuda_ptr ids, sil_cuda_ptr weights, struct sil_cuda_stream *s,
                          struct sil_error *err);
-/* sil_cuda_moe_down_shared, then the residual add + rmsnorm + q8 that follow the MoE, done by
- * the last block of each token row in 512-thread blocks (instead of a launch of its own):
- * nt->x[t] += y[t]; nt->y[t] = rmsnorm(x[t]) * nt->w and its q8 blocks in nt->q8 (n_tok rows
- * of n_embd), to the bit what the add + rmsnorm + q8 launch gives. nt->done: n_tok int32 on the
- * device, zero, left zero. Rows of n_embd where sil_cuda_down_norm_ok. */
-bool sil_cuda_down_norm_ok(int64_t n);
-int sil_cuda_moe_down_shared_norm(struct sil_cuda *cu, const struct sil_cuda_weight *down,
-                                  const struct sil_cuda_weight *sh_down, int n_expert,
-                                  sil_cuda_ptr q8h, int n_tok, sil_cuda_ptr ids,
-                                  sil_cuda_ptr weights, sil_cuda_ptr sh_logit, int k,
-                                  sil_cuda_ptr y, const struct sil_cuda_norm_in *nt,
-                                  struct sil_cuda_stream *s, struct sil_error *err);
-
 /* ---- further modules ----------------------------------------------------------------------- */
 
 /* A second fatbin (kernels outside kernels.cu, e.g. the engine's forward-pass kernels in

@@ -391,9 +391,10 @@ __device__ __forceinline__ float sil_add_rmsnorm_load(const float *x, const floa
 }
 
 // RW: router rows a block (a warp each; the block's other warps only share the norm), so the
-// launch has rows / RW blocks: NT / 32 puts the router's rows on as few blocks as the norm's
-// threads allow, 4 spreads its weight reads over more multiprocessors. The same sums either way.
-template <int NT, int RW = NT / 32>
+// launch has rows / RW blocks. 4 spreads the weight reads over more multiprocessors than NT / 32
+// (as few blocks as the norm's threads allow) did: 472.1 against 454.1 tok/s on the 35B shape
+// (bench/results/cuda-35b-router-rows-h200-20261203.json). The same sums either way.
+template <int NT, int RW>
 __device__ __forceinline__ void
 sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, float *x,
                 const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits,
@@ -433,8 +434,8 @@ sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, 
         *done = 0;
 }
 
-#define SIL_ROUTER_NORM_ENTRY(NT, RW, SUF)                                                                 \
-    extern "C" __global__ void __launch_bounds__(NT) sil_router_norm_f32_topk_##NT##SUF(              \
+#define SIL_ROUTER_NORM_ENTRY(NT, RW)                                                             \
+    extern "C" __global__ void __launch_bounds__(NT) sil_router_norm_f32_topk_##NT(              \
         const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols, int vec, float *x,         \
         const float *d, const float *nw, float eps, float *y, uint8_t *q8, float *logits, int k, \
         int32_t *ids, float *weights, int *done)                                                 \
@@ -445,8 +446,6 @@ sil_router_norm(const uint8_t *w, uint64_t row_bytes, int rows, int n, int vec, 
         sil_router_norm<NT, RW>(w, row_bytes, rows, (int)cols, vec, x, d, nw, eps, y, q8, logits, k, \
                             ids, weights, done);                                                 \
     }
-SIL_ROUTER_NORM_ENTRY(128, 4, )
-SIL_ROUTER_NORM_ENTRY(512, 16, )
-SIL_ROUTER_NORM_ENTRY(1024, 32, )
-SIL_ROUTER_NORM_ENTRY(512, 4, _r4)
-SIL_ROUTER_NORM_ENTRY(1024, 4, _r4)
+SIL_ROUTER_NORM_ENTRY(128, 4)
+SIL_ROUTER_NORM_ENTRY(512, 4)
+SIL_ROUTER_NORM_ENTRY(1024, 4)
