@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "kernels/atomicfile.h"
 #include "kernels/bytes.h"
 #include "kernels/vec.h"
 
@@ -527,18 +528,6 @@ void sil_sessstore_close(struct sil_sessstore *st)
     st->n = st->cap = 0;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        const ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return w < 0 ? -errno : -EIO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int sil_sessstore_save(struct sil_sessstore *st, uint32_t uid, const char *name,
                        const struct sil_chat_msg *msgs, size_t n_msgs, struct sil_error *err)
 {
@@ -570,32 +559,8 @@ int sil_sessstore_save(struct sil_sessstore *st, uint32_t uid, const char *name,
     if (dfd < 0) {
         rc = dfd;
     } else {
-        step = "create " TMP_NAME;
-        unlinkat(dfd, TMP_NAME, 0);
-        const int fd =
-            openat(dfd, TMP_NAME, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-        if (fd < 0) {
-            rc = -errno;
-        } else {
-            step = "write";
-            rc = write_all(fd, b, len);
-            if (rc == 0 && fsync(fd) < 0) {
-                step = "fsync";
-                rc = -errno;
-            }
-            if (close(fd) < 0 && rc == 0) {
-                step = "close";
-                rc = -errno;
-            }
-            if (rc == 0 && renameat(dfd, TMP_NAME, dfd, file) < 0) {
-                step = "rename";
-                rc = -errno;
-            }
-            if (rc)
-                unlinkat(dfd, TMP_NAME, 0);
-            else
-                fsync(dfd); /* the rename is durable once the directory is synced */
-        }
+        rc = sil_atomic_write(dfd, file, TMP_NAME, b, len, 0600, &step);
+        if (rc && strcmp(step, "create") == 0) step = "create " TMP_NAME;
         close(dfd);
     }
     free(b);

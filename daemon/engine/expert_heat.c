@@ -11,6 +11,7 @@
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/model.h"
+#include "kernels/atomicfile.h"
 #include "kernels/bytes.h"
 
 static const char heat_magic[8] = "SILHEAT";
@@ -70,19 +71,6 @@ int sil_heat_file_name(const struct sil_model *m, char *out, size_t size)
     return k < 0 || (size_t)k >= size ? -ENAMETOOLONG : 0;
 }
 
-
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        const ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return w < 0 ? -errno : -EIO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int sil_heat_map_save(const char *path, const struct sil_heat_map *m, struct sil_error *err)
 {
     const uint64_t n_key = (uint64_t)m->n_layer * m->n_expert;
@@ -114,38 +102,8 @@ int sil_heat_map_save(const char *path, const struct sil_heat_map *m, struct sil
 
     /* the temporary name is unique per process, so two writers never share one */
     sprintf(tmp, "%s.%ld~", path, (long)getpid() % 100000000);
-    int rc = 0;
-    const char *step = "open";
-    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        rc = -errno;
-    } else {
-        step = "write";
-        rc = write_all(fd, buf, len);
-        if (rc == 0 && fsync(fd) < 0) {
-            step = "fsync";
-            rc = -errno;
-        }
-        if (close(fd) < 0 && rc == 0) {
-            step = "close";
-            rc = -errno;
-        }
-        if (rc == 0 && rename(tmp, path) < 0) {
-            step = "rename";
-            rc = -errno;
-        }
-        if (rc != 0) unlink(tmp);
-    }
-    if (rc == 0) { /* the rename is durable once the directory is synced */
-        char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
-        const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
-        const int dfd = dir ? open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
-    }
+    const char *step;
+    const int rc = sil_atomic_write(AT_FDCWD, path, tmp, buf, len, 0600, &step);
     free(buf);
     if (rc != 0) sil_errorf(err, rc, "%s: %s of %s failed: %s", path, step, tmp, strerror(-rc));
     free(tmp);
