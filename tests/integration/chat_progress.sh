@@ -7,27 +7,11 @@
 # With stderr into a file, no progress anywhere (neither the file nor the terminal); into pipes,
 # stdout holds the answer only and stderr nothing.
 . "$(dirname "$0")/lib.bash"
-command -v tmux >/dev/null || { echo "skip: no tmux"; exit 0; }
+tty_setup 150 40
 BIN=$SIL_BUILD/bin
-TM="tmux -S $T/tmux.sock"
-cleanup_tty() {
-    $TM kill-server 2>/dev/null || true
-    for _ in $(seq 50); do pgrep -f "$BIN/sil-chat" >/dev/null || break; sleep 0.1; done
-    cleanup
-}
-trap cleanup_tty EXIT
 write_conf "threads = 2" "prefill_chunk = 16" "prefill_budget = 16"
 SILICEOD_TEST_HOOKS=ubatch_ms=40 start_daemon --model "$MODEL"
 
-pane() { $TM capture-pane -p -t "$1"; }
-wait_for() { # window, fixed string, seconds
-    local i
-    for i in $(seq $((${3:-10} * 10))); do
-        pane "$1" | grep -qF -- "$2" && return 0
-        sleep 0.1
-    done
-    echo "pane $1:"; pane "$1"; fail "waited for '$2'"
-}
 prompt_back() { # window: the REPL's prompt is the last line again (the answer is over)
     local i
     for i in $(seq 300); do
@@ -36,19 +20,14 @@ prompt_back() { # window: the REPL's prompt is the last line again (the answer i
     done
     pane "$1"; fail "no prompt after the answer"
 }
-start_cmd() { # window, shell command
-    $TM new-window -d -n "$1" "env LANG=C.UTF-8 TERM=xterm HOME=$T/home $2; echo EXIT=\$?; sleep 600"
-}
 context() { # tag: about 1,300 tokens of words of its own
     for i in $(seq 450); do printf '%s%d ' "$1" $((i % 89)); done
 }
 CHAT="$BIN/sil-chat -s -n 4 -t 0 --no-think"
-mkdir -p "$T/home"
-$TM new-session -d -s t -x 150 -y 40 "sleep 600"
 
 # ---- the line while the prompt is read, gone when the answer comes -----------------------------
 context a >"$T/a.txt"
-start_cmd a "$CHAT summarise <$T/a.txt"
+tty_run a "$CHAT summarise <$T/a.txt"
 wait_for a "reading the prompt: " 20
 line1=$(pane a | grep "^reading the prompt: ") || fail "no progress line"
 echo "$line1" | grep -qE '^reading the prompt: [0-9][0-9,]* / [0-9],[0-9]{3} tokens$' ||
@@ -69,7 +48,7 @@ n_prompt=$($CHAT --json summarise <"$T/a.txt" | python3 -c "import json,sys; pri
 echo "ok: the line's total is the prompt's $n_prompt tokens; the line is gone after the answer"
 
 # ---- the REPL: its second question counts what the session already held as cached ---------------
-start_cmd r "$BIN/sil-chat -n 4 -t 0 --no-think"
+tty_run r "$BIN/sil-chat -n 4 -t 0 --no-think"
 wait_for r "Ctrl-D to quit." 10
 $TM send-keys -t r -l "$(context r) what is this?"
 $TM send-keys -t r Enter
@@ -87,7 +66,7 @@ echo "ok: the REPL's second question: '$line', gone after the answer"
 
 # ---- Ctrl-C while the prompt is read: the line goes, [cancelled] on a line of its own -----------
 context b >"$T/b.txt"
-start_cmd b "$CHAT summarise <$T/b.txt"
+tty_run b "$CHAT summarise <$T/b.txt"
 wait_for b "reading the prompt: " 20
 $TM send-keys -t b C-c
 wait_for b "EXIT=130" 20
@@ -97,7 +76,7 @@ echo "ok: Ctrl-C during the prompt: the line is erased, [cancelled] stands alone
 
 # ---- stderr into a file: no progress, on the terminal or in the file ----------------------------
 context c >"$T/c.txt"
-start_cmd c "$CHAT summarise <$T/c.txt 2>$T/c.err"
+tty_run c "$CHAT summarise <$T/c.txt 2>$T/c.err"
 seen=0
 for _ in $(seq 100); do
     pane c | grep -q "reading the prompt" && seen=1

@@ -4,27 +4,11 @@
 # one question, /help lists every command the REPL takes, /stats and --verbose print the speeds
 # the daemon measured for that very answer.
 . "$(dirname "$0")/lib.bash"
-command -v tmux >/dev/null || { echo "skip: no tmux"; exit 0; }
+tty_setup 200 50 -J
 BIN=$SIL_BUILD/bin
-TM="tmux -S $T/tmux.sock"
-cleanup_tty() {
-    $TM kill-server 2>/dev/null || true
-    for _ in $(seq 50); do pgrep -f "$BIN/sil-chat" >/dev/null || break; sleep 0.1; done
-    cleanup
-}
-trap cleanup_tty EXIT
 start_daemon --model "$MODEL"
 OPTS="--no-think -n 4 --grace 0 -t 0"
 
-pane() { $TM capture-pane -p -J -t "$1"; }
-wait_for() { # window, fixed string, seconds
-    local i
-    for i in $(seq $((${3:-10} * 10))); do
-        pane "$1" | grep -qF -- "$2" && return 0
-        sleep 0.1
-    done
-    echo "pane $1:"; pane "$1"; fail "waited for '$2'"
-}
 # The daemon's log line of each request: "P prompt tokens (C cached)".
 requests() { grep -o "[0-9]* prompt tokens ([0-9]* cached)" "$T/daemon.log" || true; }
 n_requests() { requests | grep -c . || true; }
@@ -43,11 +27,9 @@ n_prompt_of() {
 }
 start_chat() { # window, sil-chat arguments...
     local w=$1; shift
-    $TM new-window -d -n "$w" "env HOME=$T/home XDG_STATE_HOME=$T/state LANG=C.UTF-8 TERM=xterm \
-        $BIN/sil-chat $* ; echo EXIT=\$?; sleep 600"
+    tty_run "$w" "$BIN/sil-chat $*"
     wait_for "$w" "Ctrl-D to quit."
 }
-$TM new-session -d -s t -x 200 -y 50 "sleep 600"
 
 # ---- -S NAME in the REPL continues the session ------------------------------------------------------
 "$BIN/sil-chat" $OPTS -S plan "My name is Bob." >/dev/null || fail "sil-chat -S plan"

@@ -3,38 +3,19 @@
 # at the prompt, Ctrl-D, SIGTERM and SIGHUP in the REPL, -s on a terminal, completing short
 # options and paths.
 . "$(dirname "$0")/lib.bash"
-command -v tmux >/dev/null || { echo "skip: no tmux"; exit 0; }
+tty_setup 150 40
 BIN=$SIL_BUILD/bin
-TM="tmux -S $T/tmux.sock"
-cleanup_tty() {
-    $TM kill-server 2>/dev/null || true
-    # the clients the windows ran may still be saving their history: let them end first
-    for _ in $(seq 50); do pgrep -f "$BIN/sil-chat" >/dev/null || break; sleep 0.1; done
-    cleanup
-}
-trap cleanup_tty EXIT
 # Each micro-batch takes at least 5 ms, so a long answer is still running when Ctrl-C comes.
 SILICEOD_TEST_HOOKS=ubatch_ms=5 start_daemon --model "$MODEL"
 
-pane() { $TM capture-pane -p -t "$1"; }
-wait_for() { # window, fixed string, seconds
-    local i
-    for i in $(seq $((${3:-10} * 10))); do
-        pane "$1" | grep -qF -- "$2" && return 0
-        sleep 0.1
-    done
-    echo "pane $1:"; pane "$1"; fail "waited for '$2'"
-}
 chat_pid() { pgrep -P "$($TM display -p -t "$1" '#{pane_pid}')" -x sil-chat; }
 sessions() {
     python3 -c "import siltest; r, _ = siltest.Client().ok('sessions.list'); print(' '.join(s['name'] for s in r['sessions']))"
 }
 start_chat() { # window, sil-chat arguments...
     local w=$1; shift
-    $TM new-window -d -n "$w" "env HOME=$T/home XDG_STATE_HOME=$T/state LANG=C.UTF-8 TERM=xterm \
-        $BIN/sil-chat $* ; echo EXIT=\$?; sleep 600"
+    tty_run "$w" "$BIN/sil-chat $*"
 }
-$TM new-session -d -s t -x 150 -y 40 "sleep 600"
 
 # ---- Ctrl-C clears the line, the REPL goes on; SIGTERM saves and cleans up ---------------------
 start_chat a -n 4 -t 0 --no-think

@@ -60,3 +60,43 @@ need_refdata() { # files...
     done
 }
 need_refdata "$MODEL" "$MOE_MODEL"
+
+# ---- a real terminal (tmux), for the clients' terminal tests --------------------------------------
+# tty_setup COLS ROWS [capture-pane flags]: skips the script when there is no tmux; else a private
+# tmux server ($TM) whose session t is COLS x ROWS, killed on exit with the clients its windows
+# ran given time to end first (they may still be saving their history). Call it before
+# start_daemon, so a skipped script starts nothing.
+tty_setup() {
+    command -v tmux >/dev/null || { echo "skip: no tmux"; exit 0; }
+    TM="tmux -S $T/tmux.sock"
+    TTY_CAPTURE=${3:-}
+    trap tty_cleanup EXIT
+    mkdir -p "$T/home"
+    $TM new-session -d -s t -x "$1" -y "$2" "sleep 600"
+}
+
+tty_cleanup() {
+    $TM kill-server 2>/dev/null || true
+    for _ in $(seq 50); do pgrep -f "$SIL_BUILD/bin/sil-chat" >/dev/null || break; sleep 0.1; done
+    cleanup
+}
+
+pane() { # window: what it shows
+    $TM capture-pane -p $TTY_CAPTURE -t "$1"
+}
+
+wait_for() { # window, fixed string, seconds (10)
+    local i
+    for i in $(seq $((${3:-10} * 10))); do
+        pane "$1" | grep -qF -- "$2" && return 0
+        sleep 0.1
+    done
+    echo "pane $1:"; pane "$1"; fail "waited for '$2'"
+}
+
+# tty_run WINDOW COMMAND: a new window runs the shell command with a private home and state
+# directory in a UTF-8 locale, then shows "EXIT=status" and stays open.
+tty_run() {
+    $TM new-window -d -n "$1" "env HOME=$T/home XDG_STATE_HOME=$T/state LANG=C.UTF-8 TERM=xterm \
+        $2; echo EXIT=\$?; sleep 600"
+}
