@@ -63,7 +63,8 @@ int sil_pump_streams(struct conn *c)
 static const char *const capabilities[] = { "hello", "generate", "chat", "cancel", "tokenize", "detokenize",
                                             "status", "metrics", "sessions.list", "sessions.drop", "shutdown",
                                             "debug.stream", "stream", "sessions", "logit_bias",
-                                            "priority", "preemption", "models", "progress" };
+                                            "priority", "preemption", "models", "progress",
+                                            "context_full", "model" };
 
 static void kv_text_or_nil(msgpack_packer *pk, const char *key, const char *s);
 

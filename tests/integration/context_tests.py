@@ -86,6 +86,7 @@ def replay(d):
 
 def edge(ctx):
     c = Client()
+    check("context_full" in c.ok("hello")[0]["capabilities"], "hello lists context_full")
     big = [{"role": "user", "content": "word " * ctx}]
     err, _, _ = c.call("chat", dict(GEN, messages=big))
     check(err is not None and err["code"] == 15 and "does not fit the context" in err["message"],

@@ -40,6 +40,7 @@ import sys, siltest
 from siltest import check
 a, b = sys.argv[1:3]
 c = siltest.Client()
+check("model" in c.ok("hello")[0]["capabilities"], "hello lists the model parameter")
 st = c.ok("status")[0]
 check(st["model_state"] == "unloaded" and st["model"] is None,
       "started without a model: status says unloaded (%r)" % st["model_state"])

@@ -24,6 +24,10 @@ def methods():
     r, _ = c.ok("hello", {"protocol": [1, 2], "client": "daemon_tests"})
     check(r["protocol"] == 1 and r["server"] == "siliceod", "hello negotiates version 1")
     check("generate" in r["capabilities"] and "debug.stream" in r["capabilities"], "hello lists methods")
+    # errors 15 and 16 came with features of their own; a client learns of them from hello
+    check("context_full" in r["capabilities"] and "model" in r["capabilities"],
+          "hello lists context_full and model (%r)" % (r["capabilities"],))
+    check(len(set(r["capabilities"])) == len(r["capabilities"]), "hello lists each capability once")
     check(r["model"]["arch"] in ("qwen3", "qwen35moe", "qwen35", "qwen3moe"), "hello names the model")
     err, _, _ = c.call("hello", {"protocol": [7]})
     check(err and err["code"] == 12, "hello without a common version gives error 12")
