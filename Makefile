@@ -501,21 +501,23 @@ COMPLETIONS := $(notdir $(wildcard contrib/bash-completion/*))
 NVIM_FILES := $(patsubst contrib/nvim/%,%,$(shell find contrib/nvim -type f 2>/dev/null))
 UNIT_SED = sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
 
+# Each $(foreach) line is one shell command: set -e makes a failed install in its middle fail it,
+# and so make, instead of leaving only the last command's status.
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 		$(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 \
 		$(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(BASHCOMPDIR) \
 		$(DESTDIR)$(DATADIR)/siliceo
 	$(if $(wildcard daemon/main.c),install -m 755 $(B)/bin/siliceod $(DESTDIR)$(SBINDIR)/)
-	$(foreach b,$(CLIENTS) $(BENCHES),install -m 755 $(B)/bin/$(b) $(DESTDIR)$(BINDIR)/;)
+	set -e; $(foreach b,$(CLIENTS) $(BENCHES),install -m 755 $(B)/bin/$(b) $(DESTDIR)$(BINDIR)/;)
 	install -m 644 $(LIB_PROTO) $(DESTDIR)$(LIBDIR)/
 	install -m 644 libproto/siliceo-proto.h $(DESTDIR)$(INCLUDEDIR)/
 	$(PC_SED) > $(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
 	chmod 644 $(DESTDIR)$(LIBDIR)/pkgconfig/siliceo-proto.pc
-	$(foreach s,1 5 7 8,$(foreach m,$(wildcard man/*.$(s)),install -m 644 $(m) $(DESTDIR)$(MANDIR)/man$(s)/;))
-	$(foreach c,$(COMPLETIONS),install -m 644 contrib/bash-completion/$(c) $(DESTDIR)$(BASHCOMPDIR)/;)
+	set -e; $(foreach s,1 5 7 8,$(foreach m,$(wildcard man/*.$(s)),install -m 644 $(m) $(DESTDIR)$(MANDIR)/man$(s)/;))
+	set -e; $(foreach c,$(COMPLETIONS),install -m 644 contrib/bash-completion/$(c) $(DESTDIR)$(BASHCOMPDIR)/;)
 	install -m 755 contrib/siliceo-probe.sh $(DESTDIR)$(DATADIR)/siliceo/
-	$(foreach f,$(NVIM_FILES),install -D -m 644 contrib/nvim/$(f) $(DESTDIR)$(NVIMDIR)/$(f);)
+	set -e; $(foreach f,$(NVIM_FILES),install -D -m 644 contrib/nvim/$(f) $(DESTDIR)$(NVIMDIR)/$(f);)
 
 # The service files. An existing configuration is kept (a new one beside it as .dist); without
 # DESTDIR the user, group and directories are created at once and systemd re-reads its units.

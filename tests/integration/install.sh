@@ -44,6 +44,17 @@ for m in man/*.[1-8]; do
 done
 echo "ok: ${#bins[@]} binaries, library, header, .pc and man pages installed under DESTDIR"
 
+# A failed install command stops make, even in the middle of a line that installs many files: a
+# directory where sil-chat (not the last client) goes, and nothing after that line is installed.
+D2=$T/broken
+mkdir -p "$D2/usr/bin/sil-chat/x"
+if env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s B="$B" install DESTDIR="$D2" PREFIX=/usr \
+    >"$T/log2" 2>&1; then
+    fail "make install succeeded with sil-chat's place taken by a directory"
+fi
+[ ! -e "$D2/usr/lib/libsiliceo-proto.a" ] || fail "make install went on after a failed install"
+echo "ok: a failed install command fails make install at once"
+
 export PKG_CONFIG_PATH=$D/usr/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$D
 [ "$(pkg-config --modversion siliceo-proto)" = "$(sed -n 's/^VERSION := //p' Makefile)" ] ||
     fail "pkg-config --modversion: $(pkg-config --modversion siliceo-proto 2>&1)"
@@ -100,3 +111,9 @@ for b in "${bins[@]}"; do
         fail "$b: in --help only: [$only_help] in $man only: [$only_man]"
 done
 echo "ok: every binary has --help, --version and a man page naming the same options"
+
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s B="$B" uninstall DESTDIR="$D" PREFIX=/usr \
+    >"$T/log3" 2>&1 || fail "make uninstall: $(tail -n 20 "$T/log3")"
+left=$(cd "$D" && find . ! -type d | head -n 5)
+[ -z "$left" ] || fail "make uninstall left files: $left"
+echo "ok: make uninstall removes every file make install put there"
