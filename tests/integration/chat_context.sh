@@ -7,6 +7,7 @@
 # A question larger than the context is error 15 (context_full), sil-chat exits 1 saying so, the
 # OpenAI bridge answers 400 context_length_exceeded; an answer that meets the end of the context
 # stops with "context". The REPL, which keeps its conversation itself, leaves out the same turns.
+# The Neovim plugin says how many messages each turn dropped, and its session keeps the rest.
 . "$(dirname "$0")/lib.bash"
 CHAT=$SIL_BUILD/bin/sil-chat
 CTX=256
@@ -47,6 +48,53 @@ repl_check() { # kind, directory of the -S turns
     echo "ok: $1: the REPL's $N turns send the prompts of the -S session and say so where turns were dropped ($got times)"
 }
 
+# The Neovim plugin on a session of its own: each turn it says how many messages were dropped,
+# and the session then holds exactly what was kept (the new question and answer, less those).
+nvim_check() {
+    if ! command -v nvim >/dev/null; then echo "skip: nvim not installed (the Neovim plugin)"; return; fi
+    cat >"$T/nv.lua" <<'LUA'
+local s = require('siliceo')
+local notes = {}
+vim.notify = function(msg, level) table.insert(notes, { msg = msg, level = level }) end
+s.setup({ session = 'nvlong', system = 'You are terse.', max_tokens = 8, temperature = 0,
+          split = 'enew' })
+local function main()
+  local total, said = 0, 0
+  for i = 1, tonumber(os.getenv('NV_TURNS')) do
+    local before, k = s.session_messages('nvlong'), #notes
+    s.chat(string.format('Question %d: tell me about the number %d and its friends.', i, i))
+    assert(vim.wait(60000, function() return not s.running() end, 20), 'turn ' .. i .. ': no end')
+    local dropped = 0
+    for j = k + 1, #notes do
+      local d = notes[j].msg:match('its (%d+) oldest messages were dropped %(the system prompt stays%)')
+      assert(d and notes[j].level == vim.log.levels.WARN, 'turn ' .. i .. ': ' .. notes[j].msg)
+      dropped, said = tonumber(d), said + 1
+    end
+    local want = before + (before == 0 and 3 or 2) - dropped
+    assert(vim.wait(5000, function() return s.session_messages('nvlong') == want end, 50),
+      string.format('turn %d: %d messages before, %d dropped: the session holds %d, want %d', i,
+        before, dropped, s.session_messages('nvlong'), want))
+    total = total + dropped
+  end
+  assert(said > 0, 'no turn said that messages were dropped')
+  local out = assert(io.open(os.getenv('NV_OUT'), 'w'))
+  out:write(string.format('%d %d\n', said, total))
+  out:close()
+end
+local ok, err = pcall(main)
+if not ok then
+  io.stderr:write(tostring(err) .. '\n')
+  vim.cmd('cquit')
+end
+vim.cmd('qall!')
+LUA
+    NV_TURNS=$N NV_OUT=$T/nv.res timeout 300 nvim --headless -u NONE \
+        --cmd "set rtp^=$ROOT/contrib/nvim" -c "runtime plugin/siliceo.lua" -c "luafile $T/nv.lua" \
+        >"$T/nv.out" 2>&1 || fail "Neovim plugin: $(cat "$T/nv.out")"
+    read -r said total <"$T/nv.res"
+    echo "ok: the Neovim plugin said $said times that messages were dropped ($total in all), and the session kept the rest"
+}
+
 for model in "$MOE_MODEL" "$MODEL"; do
     kind=hybrid
     [ "$model" = "$MODEL" ] && kind=plain
@@ -83,6 +131,7 @@ for model in "$MOE_MODEL" "$MODEL"; do
     python3 "$HERE/context_tests.py" replay "$D" || fail "$kind: replay"
     echo "ok: $kind: every turn's prompt and answer are a cold run's of system + kept turns; the saved session goes on from them"
     if command -v tmux >/dev/null; then repl_check $kind "$D"; else echo "skip: no tmux (the REPL)"; fi
+    [ $kind = plain ] && nvim_check
     stop_daemon
 done
 

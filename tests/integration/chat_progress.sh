@@ -5,7 +5,8 @@
 # counts them, X growing; gone once the answer comes, and gone before "[cancelled]" when Ctrl-C
 # ends the request during the prompt; in the REPL, what its session held is counted as cached.
 # With stderr into a file, no progress anywhere (neither the file nor the terminal); into pipes,
-# stdout holds the answer only and stderr nothing.
+# stdout holds the answer only and stderr nothing. The Neovim plugin shows the same figures as
+# virtual text in its reply buffer, gone when the answer comes.
 . "$(dirname "$0")/lib.bash"
 tty_setup 150 40
 BIN=$SIL_BUILD/bin
@@ -99,4 +100,55 @@ r = json.load(sys.stdin)
 sys.exit(0 if open('$T/d.out').read() == r['text'] + ('' if r['text'].endswith('\n') else '\n') else 1)" ||
     fail "stdout holds more than the answer"
 echo "ok: into pipes: the answer alone on stdout, nothing on stderr"
+
+# ---- the Neovim plugin: the same figures as virtual text in the reply buffer, gone with the answer
+if command -v nvim >/dev/null; then
+    cat >"$T/nv.lua" <<'LUA'
+local s = require('siliceo')
+s.setup({ max_tokens = 4, temperature = 0, split = 'enew' })
+local function main()
+  local f = assert(io.open(os.getenv('NV_CONTEXT')))
+  s.chat('summarise', f:read('*a'))
+  f:close()
+  local buf = vim.api.nvim_get_current_buf()
+  assert(s.running(), 'no reply streaming after :SiliceoChat')
+  local function mark()
+    local m = vim.api.nvim_buf_get_extmarks(buf, s.progress_ns, 0, -1, { details = true })
+    return m[1] and m[1][4].virt_text[1][1]
+  end
+  local first, second
+  assert(vim.wait(20000, function() first = mark(); return first ~= nil end, 20), 'no progress shown')
+  assert(vim.wait(20000, function() second = mark(); return second ~= first end, 20),
+    'the progress did not move from ' .. first)
+  local pat = '^reading the prompt: ([%d,]+) / ([%d,]+) tokens$'
+  local x1, y1 = first:match(pat)
+  local x2, y2 = (second or ''):match(pat)
+  assert(x1 and x2, string.format('progress text: %q, then %q', first, tostring(second)))
+  local n = function(v) return tonumber((v:gsub(',', ''))) end
+  assert(n(x1) < n(y1) and n(x2) > n(x1) and y1 == y2 and y1:find(','),
+    string.format('progress does not move: %q, then %q', first, second))
+  assert(vim.wait(60000, function() return not s.running() end, 20), 'the reply did not end')
+  assert(mark() == nil, 'the progress is still shown after the answer')
+  assert(#vim.api.nvim_buf_get_extmarks(buf, s.progress_ns, 0, -1, {}) == 0, 'marks left')
+  local text = table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), '\n')
+  assert(not text:find('reading the prompt'), 'the progress went into the answer')
+  local out = assert(io.open(os.getenv('NV_OUT'), 'w'))
+  out:write(first .. '\n' .. second .. '\n')
+  out:close()
+end
+local ok, err = pcall(main)
+if not ok then
+  io.stderr:write(tostring(err) .. '\n')
+  vim.cmd('cquit')
+end
+vim.cmd('qall!')
+LUA
+    context e >"$T/e.txt" # words of its own: nothing of it is in the prefix cache
+    NV_CONTEXT=$T/e.txt NV_OUT=$T/nv.res timeout 120 nvim --headless -u NONE \
+        --cmd "set rtp^=$ROOT/contrib/nvim" -c "runtime plugin/siliceo.lua" -c "luafile $T/nv.lua" \
+        >"$T/nv.out" 2>&1 || fail "Neovim plugin progress: $(cat "$T/nv.out")"
+    echo "ok: the Neovim plugin shows '$(head -1 "$T/nv.res")', then '$(tail -1 "$T/nv.res")', gone with the answer"
+else
+    echo "skip: nvim not installed (the Neovim plugin's progress)"
+fi
 stop_daemon

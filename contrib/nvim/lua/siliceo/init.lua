@@ -191,6 +191,53 @@ end
 
 local current -- the stream in progress: {ch, id, buf}
 
+-- True while a reply is being streamed (for a status line, or a script that waits for it).
+function M.running()
+  return current ~= nil
+end
+
+-- 1234567 -> "1,234,567", as sil-chat writes counts.
+local function group_digits(n)
+  local s = tostring(math.floor(n))
+  local k
+  repeat
+    s, k = s:gsub('^(%d+)(%d%d%d)', '%1,%2')
+  until k == 0
+  return s
+end
+
+-- While the daemon reads a long prompt, the reply buffer's last line shows how far it has got,
+-- as virtual text (never part of the answer): "reading the prompt: X / Y tokens (C cached)".
+-- It goes when the answer begins or the request ends.
+M.progress_ns = vim.api.nvim_create_namespace('siliceo_progress')
+
+local function progress_clear(buf)
+  if vim.api.nvim_buf_is_valid(buf) then
+    vim.api.nvim_buf_clear_namespace(buf, M.progress_ns, 0, -1)
+  end
+end
+
+-- A "progress" notification (siliceo-rpc(7)); figures that make no sense are ignored.
+local function on_progress(st, p)
+  local n_prompt, n_cached, done = p.n_prompt, p.n_cached, p.n_evaluated
+  if st.answering or not vim.api.nvim_buf_is_valid(st.buf) or type(n_prompt) ~= 'number'
+      or type(n_cached) ~= 'number' or type(done) ~= 'number' or n_prompt <= 0 or n_cached < 0
+      or n_cached >= n_prompt or done < 0 or done > n_prompt - n_cached then
+    return
+  end
+  local total = n_prompt - n_cached
+  if done == total and not st.progress_shown then
+    return -- done at once: nothing to wait for
+  end
+  local text = string.format('reading the prompt: %s / %s tokens%s', group_digits(done),
+    group_digits(total), n_cached > 0 and (' (' .. group_digits(n_cached) .. ' cached)') or '')
+  local last = vim.api.nvim_buf_line_count(st.buf) - 1
+  progress_clear(st.buf)
+  vim.api.nvim_buf_set_extmark(st.buf, M.progress_ns, last, 0,
+    { virt_text = { { text, 'Comment' } }, virt_text_pos = 'eol' })
+  st.progress_shown = true
+end
+
 local function append(buf, text)
   if not vim.api.nvim_buf_is_valid(buf) or text == '' then
     return
@@ -205,8 +252,12 @@ local function stream_request(method, params, buf, on_done)
   local unpacker = vim.mpack.Unpacker()
   local id = 1
   local ch
+  local st = { buf = buf } -- answering: a piece of the answer came; progress_shown
   local function on_data(_, data)
     if #data == 1 and data[1] == '' then
+      vim.schedule(function()
+        progress_clear(buf)
+      end)
       if current and current.ch == ch then
         current = nil
       end
@@ -227,6 +278,10 @@ local function stream_request(method, params, buf, on_done)
           if type(p) == 'table' and islist(p) then
             p = p[1]
           end
+          if type(p) == 'table' and not st.answering then
+            st.answering = true
+            progress_clear(buf)
+          end
           if type(p) == 'table' then
             if M.config.show_reasoning and type(p.reasoning) == 'string' then
               append(buf, p.reasoning)
@@ -235,7 +290,13 @@ local function stream_request(method, params, buf, on_done)
               append(buf, p.text)
             end
           end
+        elseif msg[1] == 2 and msg[2] == 'progress' then
+          local p = msg[3]
+          if type(p) == 'table' and type(p[1]) == 'table' and p[1].id == id then
+            on_progress(st, p[1])
+          end
         elseif msg[1] == 1 and msg[2] == id then
+          progress_clear(buf)
           if msg[3] ~= nil and msg[3] ~= vim.NIL then
             vim.notify('siliceo: ' .. errmsg(msg[3]), vim.log.levels.ERROR)
           end
@@ -288,7 +349,7 @@ function M.chat(question, context)
     table.insert(messages, { role = 'system', content = M.config.system })
   end
   table.insert(messages, { role = 'user', content = content })
-  local params = { messages = messages, think = M.config.think }
+  local params = { messages = messages, think = M.config.think, progress = true }
   params.max_tokens = M.config.max_tokens
   params.temperature = M.config.temperature
   params.session = session
@@ -303,7 +364,17 @@ function M.chat(question, context)
   vim.bo[buf].filetype = 'markdown'
   vim.api.nvim_buf_set_lines(buf, 0, -1, false, { '' })
   stream_request('chat', params, buf, function(res)
-    if type(res) == 'table' and res.stop_reason and res.stop_reason ~= 'eos' then
+    if type(res) ~= 'table' then
+      return
+    end
+    -- the daemon left out the conversation's oldest turns to fit its context (sil-chat says so too)
+    local dropped = res.dropped_messages
+    if type(dropped) == 'number' and dropped > 0 then
+      vim.notify(string.format('siliceo: the conversation no longer fitted the daemon\'s context: '
+        .. 'its %d oldest messages were dropped (the system prompt stays)', dropped),
+        vim.log.levels.WARN)
+    end
+    if res.stop_reason and res.stop_reason ~= 'eos' then
       append(buf, '\n[' .. tostring(res.stop_reason) .. ']')
     end
   end)
