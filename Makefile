@@ -387,9 +387,9 @@ ifneq ($(wildcard daemon/main.c),)
 TSAN_BINS += $(TSAN_B)/bin/siliceod
 endif
 
-# page.c embeds the chat page with .incbin, which the compiler's dependency files do not list.
+# page.c embeds the chat page's files with .incbin, which the compiler's dependency files do not list.
 $(foreach d,$(B)/obj $(B)/fuzzobj $(ASAN_B)/obj $(TSAN_B)/obj,$(d)/client/sil-openai/page.o): \
-	client/sil-openai/chat.html
+	client/sil-openai/chat.html client/sil-openai/chat.css client/sil-openai/chat.js
 
 # ---- tests ---------------------------------------------------------------------------------------
 SHARED ?= $(abspath ../shared)

@@ -722,21 +722,22 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *conn)
     return send_buf(conn, 200, "text/plain; version=0.0.4", text, len);
 }
 
-/* The chat page (client/sil-openai/chat.html): revalidated on each load (no-cache), a 304 when
- * the browser holds this build's copy. It holds no secret, so it is served without the token;
- * the requests it makes carry the key its user types. */
-static enum MHD_Result handle_page(struct MHD_Connection *conn)
+/* The chat page (client/sil-openai/chat.html, chat.css, chat.js): revalidated on each load
+ * (no-cache), a 304 when the browser holds this build's copy. It holds no secret, so it is served
+ * without the token; the requests it makes carry the key its user types. */
+static enum MHD_Result handle_page(struct MHD_Connection *conn, const char *url)
 {
+    struct sil_oa_page_file f;
+    if (sil_oa_page_file(url, &f) < 0)
+        return send_failf(conn, 404, NULL, "unknown URL %.200s", url);
     char etag[24];
-    sil_oa_page_etag(etag, sizeof(etag));
+    sil_oa_page_etag(&f, etag, sizeof(etag));
     const char *inm = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "If-None-Match");
     bool fresh = inm && (strstr(inm, etag) || strcmp(inm, "*") == 0);
-    size_t len;
-    const char *page = sil_oa_page(&len);
     struct MHD_Response *resp = MHD_create_response_from_buffer(
-        fresh ? 0 : len, fresh ? NULL : (void *)page, MHD_RESPMEM_PERSISTENT);
+        fresh ? 0 : f.len, fresh ? NULL : (void *)f.data, MHD_RESPMEM_PERSISTENT);
     if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(resp, "Content-Type", f.type);
     MHD_add_response_header(resp, "Content-Security-Policy", SIL_OA_PAGE_CSP);
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
     MHD_add_response_header(resp, "Referrer-Policy", "no-referrer");
@@ -822,7 +823,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         route = 5;
     else if (g_opt.debug_stream && strcmp(url, "/v1/debug/stream") == 0)
         route = 6;
-    else if (!g_opt.no_ui && (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0))
+    else if (!g_opt.no_ui && sil_oa_page_file(url, NULL) == 0)
         route = 7;
     else
         route = 0;
@@ -893,7 +894,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     case 4:
         return handle_models(conn, url + 11);
     case 7:
-        return handle_page(conn);
+        return handle_page(conn, url);
     default:
         return handle_metrics(conn);
     }

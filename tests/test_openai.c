@@ -441,28 +441,52 @@ static void request_log_line(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
-/* The embedded chat page is chat.html byte for byte (the test runs from the source tree), and its
- * ETag is a quoted hash that follows its bytes. */
-static void chat_page(void **state)
+static void assert_page_file(const char *url, const char *path, const char *type)
 {
-    size_t len;
-    const char *page = sil_oa_page(&len);
-    FILE *f = fopen("client/sil-openai/chat.html", "rb");
-    assert_non_null(f);
-    char *file = malloc(len + 1);
+    struct sil_oa_page_file f;
+    assert_int_equal(sil_oa_page_file(url, &f), 0);
+    assert_string_equal(f.type, type);
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    char *file = malloc(f.len + 1);
     assert_non_null(file);
-    assert_int_equal(fread(file, 1, len + 1, f), len);
-    fclose(f);
-    assert_memory_equal(page, file, len);
+    assert_int_equal(fread(file, 1, f.len + 1, fp), f.len);
+    fclose(fp);
+    assert_memory_equal(f.data, file, f.len);
     free(file);
     char etag[24], again[24];
-    sil_oa_page_etag(etag, sizeof(etag));
-    sil_oa_page_etag(again, sizeof(again));
+    sil_oa_page_etag(&f, etag, sizeof(etag));
+    sil_oa_page_etag(&f, again, sizeof(again));
     assert_int_equal(strlen(etag), 18);
     assert_true(etag[0] == '"' && etag[17] == '"');
     assert_string_equal(etag, again);
     assert_int_equal(strspn(etag + 1, "0123456789abcdef"), 16);
+}
+
+/* The embedded chat page's files are chat.html, chat.css and chat.js byte for byte (the test runs
+ * from the source tree), each with its type and an ETag, a quoted hash that follows its bytes;
+ * other URLs are none of them; the policy lets nothing inline run. */
+static void chat_page(void **state)
+{
+    assert_page_file("/", "client/sil-openai/chat.html", "text/html; charset=utf-8");
+    assert_page_file("/index.html", "client/sil-openai/chat.html", "text/html; charset=utf-8");
+    assert_page_file("/chat.css", "client/sil-openai/chat.css", "text/css; charset=utf-8");
+    assert_page_file("/chat.js", "client/sil-openai/chat.js", "text/javascript; charset=utf-8");
+    const char *none[] = {"",   "/index.htm", "/chat.js/", "/CHAT.JS", "/chat.css?x",
+                          "//", "chat.js"};
+    for (size_t i = 0; i < sizeof(none) / sizeof(none[0]); i++)
+        assert_int_equal(sil_oa_page_file(none[i], NULL), -ENOENT);
+    struct sil_oa_page_file html, js;
+    assert_int_equal(sil_oa_page_file("/", &html), 0);
+    assert_int_equal(sil_oa_page_file("/chat.js", &js), 0);
+    char a[24], b[24];
+    sil_oa_page_etag(&html, a, sizeof(a));
+    sil_oa_page_etag(&js, b, sizeof(b));
+    assert_string_not_equal(a, b);
     assert_non_null(strstr(SIL_OA_PAGE_CSP, "default-src 'none'"));
+    assert_non_null(strstr(SIL_OA_PAGE_CSP, "script-src 'self';"));
+    assert_non_null(strstr(SIL_OA_PAGE_CSP, "style-src 'self';"));
+    assert_null(strstr(SIL_OA_PAGE_CSP, "unsafe"));
 }
 
 int main(void)

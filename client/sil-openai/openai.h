@@ -102,14 +102,22 @@ void sil_oa_reqlog_counts(struct sil_oa_reqlog *l, const msgpack_object *result)
  * model name in printable ASCII, others as \xHH. Returns the length it would have had. */
 size_t sil_oa_reqlog_format(char *buf, size_t size, const struct sil_oa_reqlog *l, double now);
 
-/* The chat page (chat.html, embedded in the binary): its bytes and length; never NULL. */
-const char *sil_oa_page(size_t *len);
+/* The chat page: chat.html (at / and /index.html), its style sheet /chat.css and its script
+ * /chat.js, embedded in the binary. data is static and never NUL-terminated. */
+struct sil_oa_page_file {
+    const char *type; /* Content-Type */
+    const char *data;
+    size_t len;
+};
+/* The page's file served at url: 0 and *out filled (out may be NULL), or -ENOENT. */
+int sil_oa_page_file(const char *url, struct sil_oa_page_file *out);
 /* Its entity tag, a quoted hash of its bytes, for ETag and If-None-Match. */
-void sil_oa_page_etag(char *buf, size_t size);
-/* The page's Content-Security-Policy: its own inline style and script, requests to the bridge
- * that served it, nothing else (no other origin, no frames, no forms, no plugins). */
+void sil_oa_page_etag(const struct sil_oa_page_file *f, char *buf, size_t size);
+/* The page's Content-Security-Policy: its own style sheet and script from the bridge that served
+ * it (nothing inline), requests to that bridge, nothing else (no other origin, no frames, no
+ * forms, no plugins). */
 #define SIL_OA_PAGE_CSP                                                                            \
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "                  \
+    "default-src 'none'; script-src 'self'; style-src 'self'; "                                    \
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 #endif

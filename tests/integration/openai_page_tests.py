@@ -85,6 +85,11 @@ def open_page(b):
     b.open_page()
     b.navigate(BASE + "/")
     check(b.eval("document.title").endswith("siliceo"), "title %r" % b.eval("document.title"))
+    # the style sheet came from the bridge and applies (the policy allows no inline style)
+    sheets = b.eval("[...document.styleSheets].map(s => s.href)")
+    check(sheets == [BASE + "/chat.css"], "style sheets %r" % (sheets,))
+    check(b.eval("getComputedStyle(document.querySelector('#status')).maxWidth") not in ("none", ""),
+          "chat.css does not apply")
 
 
 def models_listed(b):
