@@ -26,6 +26,17 @@
 #define UBATCH_MAX 128
 #define UBATCH_MAX_DEV 512
 
+/* A sequence's verification window (sil_seq_spec_begin): it starts at position pos, where state
+ * holds the recurrent state (models with delta-net layers), and tok the rows evaluated in it
+ * since, so sil_seq_spec_commit can take a suffix back. tok and state are allocated at the first
+ * begin and kept with the slot. */
+struct spec_window {
+    bool open;
+    int32_t pos;
+    int32_t *tok; /* [n_batch_max] */
+    float *state; /* [n_layer_recr * dn_state_floats] */
+};
+
 struct sil_engine {
     struct sil_model *model;
     struct sil_vocab *vocab;
@@ -37,6 +48,9 @@ struct sil_engine {
     bool *seq_live;
     int32_t *seq_len;
     struct sil_state_ckpt *ckpt; /* recurrent-state checkpoints per sequence */
+    struct spec_window *spec;    /* [n_seq_max] speculative verification (sil_seq_spec_*) */
+    int32_t *spec_pos_rows, *spec_seq_rows; /* [n_batch_max] a commit's recompute batch */
+    bool *spec_want_rows;
     struct sil_prefix_cache *prefix;
     int32_t *prefix_blocks; /* [n_ctx / SIL_KV_BLOCK] a match's blocks */
     uint64_t prefix_hits, prefix_misses, prefix_tokens;
@@ -206,6 +220,7 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     /* one micro-batch's runs at a time, or (sil_forward_layers) each micro-batch's at its
      * first row's index plus its own: at most n_batch_max + n_lm + 1 */
     e->run_start = xcalloc((size_t)e->n_batch_max + UBATCH_MAX_DEV + 2, sizeof(int32_t), &fail);
+    e->spec = xcalloc((size_t)e->n_seq_max, sizeof(struct spec_window), &fail);
     if (fail)
         return sil_errorf(err, -ENOMEM, "%s: out of memory for scratch buffers", e->info.path);
     return 0;
@@ -215,9 +230,16 @@ static void free_scratch(struct sil_engine *e)
 {
     struct sil_fwd *f = &e->f;
     void *ptrs[] = {f->dn,      e->seq_live, e->seq_len, e->next_pos, e->seq_count, e->seq_off,
-                    e->p_token, e->p_pos,    e->p_seq,   e->p_out,    e->run_start};
+                    e->p_token, e->p_pos,    e->p_seq,   e->p_out,    e->run_start,
+                    e->spec_pos_rows, e->spec_seq_rows, e->spec_want_rows};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
         free(ptrs[i]);
+    if (e->spec)
+        for (int s = 0; s < e->n_seq_max; s++) {
+            free(e->spec[s].tok);
+            free(e->spec[s].state);
+        }
+    free(e->spec);
     if (f->recr_state)
         for (int s = 0; s < e->n_seq_max; s++)
             free(f->recr_state[s]);
@@ -942,6 +964,7 @@ int sil_seq_create(struct sil_engine *e, struct sil_error *err)
         memset(e->f.recr_state[s], 0, sizeof(float) * (size_t)nrs);
     }
     sil_ckpt_clear(e->ckpt, s);
+    e->spec[s].open = false;
     e->seq_live[s] = true;
     e->seq_len[s] = 0;
     return s;
@@ -958,6 +981,7 @@ void sil_seq_free(struct sil_engine *e, int seq)
         return;
     sil_kv_seq_release(e->f.kv, seq);
     sil_ckpt_clear(e->ckpt, seq);
+    e->spec[seq].open = false;
     e->seq_live[seq] = false;
     e->seq_len[seq] = 0;
 }
@@ -974,6 +998,7 @@ int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_er
     if (n_pos < 0 || n_pos > e->seq_len[seq])
         return sil_errorf(err, -EINVAL, "engine: cannot truncate sequence %d of length %d to %d", seq,
                           e->seq_len[seq], n_pos);
+    e->spec[seq].open = false;
     if (n_pos == e->seq_len[seq])
         return 0;
     if (n_pos == 0) {
@@ -1043,7 +1068,99 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
                                   (uint64_t)(hp->n_embd_head_k + hp->n_embd_head_v) * sizeof(float);
     return kv +
            (uint64_t)e->model->hp.n_layer_recr * (uint64_t)e->f.dn_state_floats * sizeof(float) +
-           sil_ckpt_bytes(e->ckpt, seq);
+           sil_ckpt_bytes(e->ckpt, seq) +
+           (e->spec[seq].state ? (uint64_t)e->model->hp.n_layer_recr *
+                                     (uint64_t)e->f.dn_state_floats * sizeof(float)
+                               : 0);
+}
+
+/* ---- speculative verification --------------------------------------------------------------
+ *
+ * How a rejected suffix is taken back. Attention KV needs nothing: the rows past the cut are
+ * dropped (their blocks go back to the pool) and rewritten by whatever comes next. The delta
+ * net's recurrent state has no such cut: after a verify pass it has taken in every row. The
+ * window keeps the state at its start, and a commit that drops rows restores it and evaluates
+ * the kept rows again (without logits). That is exact by two properties the engine already
+ * guarantees and tests: a restored state is bit-identical, and the same tokens give the same
+ * state and KV whatever their split into batches. It needs no backend op (every backend that
+ * can read and write its state takes part) and costs nothing on attention-only models or when
+ * every row is kept. The alternative, each verify row leaving a copy of the state it produced
+ * inside the delta-net ops, saves the recompute but needs a new contract from every backend's
+ * conv1d and delta_net; it is worth it where the recompute measures expensive. */
+
+int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
+{
+    if (!seq_ok(e, seq))
+        return sil_errorf(err, -EINVAL, "engine: sequence %d is not live", seq);
+    struct spec_window *w = &e->spec[seq];
+    const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
+    if (!w->tok && !(w->tok = malloc(sizeof(int32_t) * (size_t)e->n_batch_max)))
+        return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
+    if (nrs > 0 && !w->state && !(w->state = malloc(sizeof(float) * (size_t)nrs)))
+        return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
+    if (!e->spec_pos_rows) {
+        e->spec_pos_rows = malloc(sizeof(int32_t) * (size_t)e->n_batch_max);
+        e->spec_seq_rows = malloc(sizeof(int32_t) * (size_t)e->n_batch_max);
+        e->spec_want_rows = calloc((size_t)e->n_batch_max, sizeof(bool));
+        if (!e->spec_pos_rows || !e->spec_seq_rows || !e->spec_want_rows) {
+            free(e->spec_pos_rows);
+            free(e->spec_seq_rows);
+            free(e->spec_want_rows);
+            e->spec_pos_rows = e->spec_seq_rows = NULL;
+            e->spec_want_rows = NULL;
+            return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
+        }
+    }
+    if (nrs > 0) {
+        if (e->f.be->ops->state_read) {
+            int rc = e->f.be->ops->state_read(e->f.be, seq, e->f.recr_state[seq], nrs, err);
+            if (rc < 0) return rc;
+        }
+        memcpy(w->state, e->f.recr_state[seq], sizeof(float) * (size_t)nrs);
+    }
+    w->open = true;
+    w->pos = e->seq_len[seq];
+    return 0;
+}
+
+int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err)
+{
+    if (!seq_ok(e, seq))
+        return sil_errorf(err, -EINVAL, "engine: sequence %d is not live", seq);
+    struct spec_window *w = &e->spec[seq];
+    if (!w->open)
+        return sil_errorf(err, -EINVAL, "engine: sequence %d has no verification window", seq);
+    if (n_pos < w->pos || n_pos > e->seq_len[seq])
+        return sil_errorf(err, -EINVAL,
+                          "engine: sequence %d: cannot keep %d positions of a window [%d, %d)",
+                          seq, n_pos, w->pos, e->seq_len[seq]);
+    w->open = false;
+    if (n_pos == e->seq_len[seq])
+        return 0;
+    sil_ckpt_drop_after(e->ckpt, seq, n_pos);
+    const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
+    if (nrs == 0) {
+        sil_kv_seq_trim(e->f.kv, seq, n_pos); /* the blocks past the cut go back to the pool */
+        e->seq_len[seq] = n_pos;
+        return 0;
+    }
+    /* back to the window's start, then the kept rows again (see above) */
+    memcpy(e->f.recr_state[seq], w->state, sizeof(float) * (size_t)nrs);
+    if (e->f.be->ops->state_write) {
+        int rc = e->f.be->ops->state_write(e->f.be, seq, w->state, nrs, err);
+        if (rc < 0) return rc;
+    }
+    sil_kv_seq_trim(e->f.kv, seq, w->pos);
+    e->seq_len[seq] = w->pos;
+    const int32_t n = n_pos - w->pos;
+    if (n == 0)
+        return 0;
+    for (int32_t i = 0; i < n; i++) {
+        e->spec_pos_rows[i] = w->pos + i;
+        e->spec_seq_rows[i] = seq;
+    }
+    const struct sil_batch b = {n, w->tok, e->spec_pos_rows, e->spec_seq_rows, e->spec_want_rows};
+    return sil_engine_eval_out(e, &b, NULL, NULL, NULL, err);
 }
 
 /* ---- prefix cache ------------------------------------------------------------------------- */
@@ -1337,6 +1454,11 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
             rc = sil_errorf(err, -ENOSPC,
                             "engine: batch row %d: position %d beyond the context (%d)", i,
                             b->pos[i], e->n_ctx);
+        else if (e->spec[s].open && b->pos[i] - e->spec[s].pos >= e->n_batch_max)
+            rc = sil_errorf(err, -E2BIG,
+                            "engine: batch row %d: sequence %d's verification window is full "
+                            "(%d rows)",
+                            i, s, e->n_batch_max);
         if (rc < 0) {
             fail_rows(b, st, s, rc);
             return rc;
@@ -1392,8 +1514,17 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
         fail_rows(b, st, -1, rc);
         return rc;
     }
-    for (int s = 0; s < e->n_seq_max; s++)
+    for (int s = 0; s < e->n_seq_max; s++) {
+        /* an open verification window keeps its rows' tokens (rows grouped by sequence: s's
+         * end at seq_off[s]) */
+        struct spec_window *w = &e->spec[s];
+        if (w->open && e->seq_count[s] > 0) {
+            memcpy(w->tok + (e->seq_len[s] - w->pos),
+                   e->p_token + e->seq_off[s] - e->seq_count[s],
+                   sizeof(int32_t) * (size_t)e->seq_count[s]);
+        }
         e->seq_len[s] = e->next_pos[s];
+    }
     return 0;
 }
 

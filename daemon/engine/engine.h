@@ -8,7 +8,8 @@
  *
  * Room for what comes next: the KV cache (kv_cache.h) is paged with reference-counted blocks the
  * prefix cache (prefix_cache.h, sil_seq_prefix_*) shares across sequences; a batch row carries its
- * sequence so decode of N sequences is one call; token trees for speculative decoding will add an
+ * sequence so decode of N sequences is one call; speculative decoding verifies a chain of draft
+ * tokens in one batch and keeps the accepted prefix (sil_seq_spec_*); token trees will add an
  * ancestor mask to struct sil_batch; a backend other than the CPU (CUDA) is chosen with
  * sil_engine_params.backend. */
 #ifndef SIL_ENGINE_H
@@ -201,6 +202,19 @@ int sil_seq_checkpoint(struct sil_engine *e, int seq, int max_keep, struct sil_e
  * models, else the nearest checkpoint (0 when none). */
 int32_t sil_seq_resume_pos(const struct sil_engine *e, int seq, int32_t n_pos);
 int sil_seq_n_checkpoints(const struct sil_engine *e, int seq);
+/* Speculative verification. sil_seq_spec_begin opens a window at the sequence's end; the rows
+ * evaluated after it (a verify pass: draft tokens with the logits or argmax of every row, in
+ * any batches) can then be taken back in part: sil_seq_spec_commit keeps positions [0, n_pos)
+ * (window start <= n_pos <= length) and drops the rest, KV and recurrent state, so that the
+ * logits that follow are bit-identical to those of a sequence that only ever evaluated the
+ * kept rows. The commit closes the window; so do truncate, free and a begin on an open window
+ * (which moves it to the end). A window holds at most sil_engine_n_batch_max rows (a row
+ * beyond is -E2BIG). On models with recurrent layers, a commit that drops rows evaluates the
+ * kept ones again from the window's start (engine.c says why); if that fails (-ENOBUFS, -EIO)
+ * the sequence ends at the window's start, exact there. -EINVAL (no window, n_pos outside it),
+ * -ENOMEM. */
+int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err);
+int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err);
 /* Bytes of state (KV + recurrent + checkpoints) the sequence holds now. */
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
 

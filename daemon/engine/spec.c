@@ -1,0 +1,189 @@
+/* Speculative decoding with a draft model, a greedy chain (spec.h). */
+#include "daemon/engine/spec.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int sil_spec_vocab_check(const struct sil_vocab *target, const struct sil_vocab *draft,
+                         struct sil_error *err)
+{
+    const int32_t nt = sil_vocab_n_tokens(target), nd = sil_vocab_n_tokens(draft);
+    if (nt != nd)
+        return sil_errorf(err, -EINVAL,
+                          "spec: the draft model's vocabulary has %d tokens, the target's %d", nd,
+                          nt);
+    for (int32_t id = 0; id < nt; id++) {
+        const char *a, *b;
+        const int la = sil_token_bytes(target, id, &a), lb = sil_token_bytes(draft, id, &b);
+        if (la < 0 || lb < 0 || la != lb || memcmp(a, b, (size_t)la) != 0)
+            return sil_errorf(err, -EINVAL,
+                              "spec: token %d differs between the target's and the draft "
+                              "model's vocabulary",
+                              id);
+    }
+    return 0;
+}
+
+int sil_spec_init(struct sil_spec *s, struct sil_engine *target, int tseq, struct sil_engine *draft,
+                  int dseq, int32_t depth, struct sil_error *err)
+{
+    memset(s, 0, sizeof(*s));
+    if (!target || !draft) return sil_errorf(err, -EINVAL, "spec: no target or draft engine");
+    if (target == draft && tseq == dseq)
+        return sil_errorf(err, -EINVAL, "spec: the draft needs a sequence of its own");
+    if (depth < 1 || depth > SIL_SPEC_DEPTH_MAX || depth >= sil_engine_n_batch_max(target) ||
+        depth >= sil_engine_n_batch_max(draft))
+        return sil_errorf(err, -EINVAL, "spec: depth %d outside [1, %d] or beyond a batch", depth,
+                          SIL_SPEC_DEPTH_MAX);
+    if (sil_engine_info(target)->n_vocab != sil_engine_info(draft)->n_vocab)
+        return sil_errorf(err, -EINVAL, "spec: the draft model has %d logits a row, the target %d",
+                          sil_engine_info(draft)->n_vocab, sil_engine_info(target)->n_vocab);
+    int rc = sil_spec_vocab_check(sil_engine_vocab(target), sil_engine_vocab(draft), err);
+    if (rc < 0) return rc;
+    s->target = target;
+    s->draft = draft;
+    s->tseq = tseq;
+    s->dseq = dseq;
+    s->depth = depth;
+    /* rows of a verify batch (depth + 1) or of a draft catch-up (the draft's batch) */
+    const int32_t n =
+        sil_engine_n_batch_max(draft) > depth + 1 ? sil_engine_n_batch_max(draft) : depth + 1;
+    s->n_rows_max = n;
+    s->tok = malloc(sizeof(int32_t) * (size_t)n);
+    s->pos = malloc(sizeof(int32_t) * (size_t)n);
+    s->seq = malloc(sizeof(int32_t) * (size_t)n);
+    s->am = malloc(sizeof(int32_t) * (size_t)n);
+    s->dtok = malloc(sizeof(int32_t) * (size_t)(depth + 1));
+    s->want = malloc(sizeof(bool) * (size_t)n);
+    if (!s->tok || !s->pos || !s->seq || !s->am || !s->dtok || !s->want) {
+        sil_spec_free(s);
+        return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    }
+    return 0;
+}
+
+void sil_spec_free(struct sil_spec *s)
+{
+    free(s->tok);
+    free(s->pos);
+    free(s->seq);
+    free(s->am);
+    free(s->dtok);
+    free(s->want);
+    memset(s, 0, sizeof(*s));
+}
+
+/* Evaluates n rows tok[] of seq from position p0; the argmax of the last row (or of every row
+ * when all) into am. */
+static int eval_rows(struct sil_spec *s, struct sil_engine *e, int seq, const int32_t *tok,
+                     int32_t n, int32_t p0, bool all, int32_t *am, struct sil_error *err)
+{
+    for (int32_t i = 0; i < n; i++) {
+        s->pos[i] = p0 + i;
+        s->seq[i] = seq;
+        s->want[i] = all || i == n - 1;
+    }
+    const struct sil_batch b = {n, tok, s->pos, s->seq, s->want};
+    return sil_engine_eval_out(e, &b, NULL, am, NULL, err);
+}
+
+/* The draft's proposals d[0, n): catch up on hist but its last token, then, in a verification
+ * window of the draft's sequence (so any error, or a rejection, can take them back), the last
+ * token and one greedy row per draft. */
+static int draft_chain(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t n,
+                       int32_t *d, struct sil_error *err)
+{
+    struct sil_engine *e = s->draft;
+    const int32_t bmax = sil_engine_n_batch_max(e);
+    int32_t at = sil_seq_len(e, s->dseq);
+    while (at < n_hist - 1) {
+        const int32_t k = n_hist - 1 - at < bmax ? n_hist - 1 - at : bmax;
+        int rc = eval_rows(s, e, s->dseq, hist + at, k, at, false, &d[0], err);
+        if (rc < 0) return rc;
+        at += k;
+    }
+    int rc = sil_seq_spec_begin(e, s->dseq, err);
+    if (rc < 0) return rc;
+    rc = eval_rows(s, e, s->dseq, &hist[n_hist - 1], 1, n_hist - 1, false, &d[0], err);
+    for (int32_t i = 1; i < n && rc == 0; i++)
+        rc = eval_rows(s, e, s->dseq, &d[i - 1], 1, n_hist + i - 1, false, &d[i], err);
+    if (rc < 0) {
+        struct sil_error ignored = {0};
+        sil_seq_spec_commit(e, s->dseq, n_hist - 1, &ignored);
+    }
+    return rc;
+}
+
+int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
+                  int32_t *out, struct sil_error *err)
+{
+    if (!s->target || !hist || !out || n_hist < 1 || max_out < 1)
+        return sil_errorf(err, -EINVAL, "spec: a step needs tokens and room for one out");
+    struct sil_engine *t = s->target, *d = s->draft;
+    const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
+    if (tlen != n_hist - 1 || dlen > n_hist - 1)
+        return sil_errorf(err, -EINVAL,
+                          "spec: the target holds %d positions and the draft %d of %d tokens", tlen,
+                          dlen, n_hist);
+    /* drafts this step: within depth, what may come out, and both contexts (the target
+     * evaluates positions up to n_hist - 1 + n, the draft up to n_hist - 2 + n) */
+    int32_t n = s->depth;
+    if (n > max_out - 1) n = max_out - 1;
+    if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
+    if (n > sil_engine_n_ctx(d) - n_hist + 1) n = sil_engine_n_ctx(d) - n_hist + 1;
+    if (n < 0) n = 0;
+
+    double t0 = now_s();
+    int32_t *dr = s->dtok;
+    if (n > 0) {
+        int rc = draft_chain(s, hist, n_hist, n, dr, err);
+        if (rc < 0) return rc;
+    }
+    const double t1 = now_s();
+    s->stats.draft_s += t1 - t0;
+
+    /* the verify pass: the last token and the drafts, the target's greedy pick after each */
+    int rc = sil_seq_spec_begin(t, s->tseq, err);
+    if (rc == 0) {
+        s->tok[0] = hist[n_hist - 1];
+        memcpy(s->tok + 1, dr, sizeof(int32_t) * (size_t)n);
+        rc = eval_rows(s, t, s->tseq, s->tok, n + 1, n_hist - 1, true, s->am, err);
+    }
+    const double t2 = now_s();
+    s->stats.verify_s += t2 - t1;
+    int32_t m = 0;
+    while (rc == 0 && m < n && dr[m] == s->am[m])
+        m++;
+    /* the target keeps the last token and the accepted drafts; the draft the accepted ones it
+     * evaluated (it never evaluated the last draft) */
+    struct sil_error ignored = {0};
+    if (rc < 0) {
+        sil_seq_spec_commit(t, s->tseq, n_hist - 1, &ignored);
+        if (n > 0) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
+        return rc;
+    }
+    rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
+    if (n > 0) {
+        const int32_t keep = rc < 0 ? n_hist - 1 : n_hist + (m < n - 1 ? m : n - 1);
+        const int drc = sil_seq_spec_commit(d, s->dseq, keep, rc < 0 ? &ignored : err);
+        if (rc == 0) rc = drc;
+    }
+    s->stats.commit_s += now_s() - t2;
+    if (rc < 0) return rc;
+    memcpy(out, dr, sizeof(int32_t) * (size_t)m);
+    out[m] = s->am[m];
+    s->stats.steps++;
+    s->stats.drafted += (uint64_t)n;
+    s->stats.accepted += (uint64_t)m;
+    s->stats.emitted += (uint64_t)m + 1;
+    return m + 1;
+}

@@ -1,0 +1,69 @@
+/* Speculative decoding with a separate draft model: a chain (tree 1xN), greedy.
+ *
+ * Per step, the draft model proposes depth tokens greedily, one row at a time; the target
+ * evaluates the last emitted token and the drafts in one batch with the argmax of every row
+ * (sil_seq_spec_begin), accepts the longest run of drafts equal to its own greedy choices, and
+ * adds its own token after them (the correction, or a bonus when every draft was right). Both
+ * sequences keep only the accepted positions (sil_seq_spec_commit), so the tokens are those of
+ * plain greedy decoding of the target, token for token, and 1..depth+1 come out of a step.
+ *
+ * The two models must share the vocabulary: the same size and the same token texts
+ * (sil_spec_vocab_check). They may be the same engine (two sequences) or two engines.
+ *
+ * Ownership: a struct sil_spec borrows the engines and sequences (the caller creates and frees
+ * them) and owns its row buffers until sil_spec_free. One thread at a time (the engines'). */
+#ifndef SIL_SPEC_H
+#define SIL_SPEC_H
+
+#include <stdint.h>
+
+#include "daemon/engine/engine.h"
+#include "kernels/error.h"
+
+/* The deepest chain a step drafts. */
+#define SIL_SPEC_DEPTH_MAX 64
+
+/* 0 when draft can draft for target: the same number of tokens and the same bytes for every
+ * token; else -EINVAL with err naming the first difference. */
+int sil_spec_vocab_check(const struct sil_vocab *target, const struct sil_vocab *draft,
+                         struct sil_error *err);
+
+/* Counters since init: verify passes (steps), draft tokens proposed and accepted, tokens
+ * emitted (accepted + one a step), and the seconds spent drafting (the draft's catch-up and
+ * proposals), verifying (the target's batch) and committing (rollback, with the recompute of
+ * the kept rows on models with recurrent layers). */
+struct sil_spec_stats {
+    uint64_t steps, drafted, accepted, emitted;
+    double draft_s, verify_s, commit_s;
+};
+
+struct sil_spec {
+    struct sil_engine *target, *draft;
+    int tseq, dseq;
+    int32_t depth;
+    struct sil_spec_stats stats;
+    /* row buffers: [depth + 1] for a verify batch, [n_batch_max of the draft] for a catch-up */
+    int32_t *tok, *pos, *seq, *am, *dtok;
+    bool *want;
+    int32_t n_rows_max;
+};
+
+/* target/tseq: the model whose greedy tokens come out; draft/dseq: the one that proposes
+ * (draft may be target, with another sequence). depth: drafts a step, 1..SIL_SPEC_DEPTH_MAX,
+ * and fewer than the target's sil_engine_n_batch_max. Checks the vocabularies. -EINVAL, -ENOMEM. */
+int sil_spec_init(struct sil_spec *s, struct sil_engine *target, int tseq, struct sil_engine *draft,
+                  int dseq, int32_t depth, struct sil_error *err);
+void sil_spec_free(struct sil_spec *s);
+
+/* One step. hist[0, n_hist) are the tokens so far (prompt and output); the target's sequence
+ * holds hist[0, n_hist - 1) (the last token is not evaluated yet) and the draft's any prefix of
+ * that (it catches up here). Writes 1..min(depth + 1, max_out) tokens, the target's
+ * greedy continuation of hist, to out and returns how many; after it the target holds hist and
+ * out but the last of out, and the draft at most that. Fewer drafts are made near the end of a
+ * context. On error (-EINVAL, -ENOBUFS, -ENOSPC, -EIO...) nothing is emitted and both sequences
+ * are left at positions that still fit hist (the target as it was), so the step can be tried
+ * again. */
+int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
+                  int32_t *out, struct sil_error *err);
+
+#endif
