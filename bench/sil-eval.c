@@ -28,6 +28,7 @@ struct opts {
     const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes;
     const char *heat_map, *host_budget;
     const char *cuda_graphs, *cuda_zero_copy, *cuda_pin, *cuda_cpu_share;
+    const char *spec, *draft_model, *spec_tree;
     bool exact;
 };
 
@@ -98,6 +99,12 @@ static const struct opt_def {
      "KV cache elements: f32 (default), f16, q8_0 or q4_0"},
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
+    {"--spec", OPT_STR, offsetof(struct opts, spec), "MODE",
+     "speculative decoding after the plain decode: off (default) or draft"},
+    {"--draft-model", OPT_STR, offsetof(struct opts, draft_model), "FILE",
+     "the draft model of --spec draft (the target's vocabulary)"},
+    {"--spec-tree", OPT_STR, offsetof(struct opts, spec_tree), "WxD",
+     "drafts a step: 1xDEPTH, a chain (default 1x4)"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
     {"--version", OPT_FLAG, offsetof(struct opts, version), NULL, "show the version and exit"},
 };
@@ -109,7 +116,9 @@ static void usage(FILE *f)
                "[--json]\n"
                "       sil-eval --model FILE (--tokens IDS | --prompt TEXT | --tokenize-file FILE)\n"
                "                [--n-predict N] [--logits last|all|none] [--threads N] [--exact] "
-               "[--kv-type TYPE] [--json]\n\noptions:\n");
+               "[--kv-type TYPE] [--json]\n"
+               "                [--spec off|draft --draft-model FILE [--spec-tree 1xDEPTH]]\n"
+               "\noptions:\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         char left[64];
         snprintf(left, sizeof left, "%s%s%s", opt_defs[i].name, opt_defs[i].metavar ? " " : "",
@@ -269,7 +278,12 @@ int main(int argc, char **argv)
         printf("sil-eval %s\nbackends: %s\n", SIL_VERSION, sil_engine_backends());
         return EXIT_SUCCESS;
     }
-    if (o.tokens || o.prompt || (o.tokenize_file && (o.n_predict || o.logits))) {
+    if ((o.draft_model || o.spec_tree || o.spec) && !(o.tokens || o.prompt || o.tokenize_file)) {
+        fprintf(stderr, "sil-eval: --spec, --draft-model and --spec-tree need a prompt "
+                        "(--tokens, --prompt or --tokenize-file) and --n-predict\n");
+        return EXIT_USAGE;
+    }
+    if (o.tokens || o.prompt || (o.tokenize_file && (o.n_predict || o.logits || o.spec))) {
         if (!o.model) {
             fprintf(stderr, "sil-eval: model evaluation needs --model FILE\n");
             return EXIT_USAGE;
@@ -301,6 +315,9 @@ int main(int argc, char **argv)
             .parse_special = o.parse_special,
             .add_bos = o.add_bos,
             .ctx = o.ctx,
+            .spec = o.spec,
+            .draft_model = o.draft_model,
+            .spec_tree = o.spec_tree,
         };
         return sil_eval_model(&mo);
     }

@@ -10,6 +10,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/size.h"
+#include "daemon/engine/spec.h"
 
 static double now_s(void)
 {
@@ -197,6 +198,109 @@ static void heat_start(struct sil_engine *e, const char *path, struct heat_run *
             (long long)hr->r.placed, hr->preload_s);
 }
 
+/* --spec-tree WIDTHxDEPTH: only chains (width 1) so far. */
+static int parse_tree(const char *s, long *depth)
+{
+    char *x, *end;
+    errno = 0;
+    const long w = strtol(s, &x, 10);
+    if (errno || x == s || *x != 'x') goto bad;
+    const long d = strtol(x + 1, &end, 10);
+    if (errno || end == x + 1 || *end || w < 1 || d < 1) goto bad;
+    if (w != 1) {
+        fprintf(stderr, "sil-eval: --spec-tree %s: token trees (width > 1) are not supported yet; "
+                        "use a chain, 1xDEPTH\n", s);
+        return -EINVAL;
+    }
+    if (d > SIL_SPEC_DEPTH_MAX) {
+        fprintf(stderr, "sil-eval: --spec-tree %s: depth at most %d\n", s, SIL_SPEC_DEPTH_MAX);
+        return -EINVAL;
+    }
+    *depth = d;
+    return 0;
+bad:
+    fprintf(stderr, "sil-eval: --spec-tree '%s' is not WIDTHxDEPTH (such as 1x4)\n", s);
+    return -EINVAL;
+}
+
+/* --spec draft: the greedy tokens again by speculative decoding, target t drafted by d. */
+struct spec_run {
+    long depth;
+    struct sil_spec_stats st;
+    int32_t *greedy; /* [n_predict] */
+    double decode_s;
+    long diverged; /* the first token unlike plain decoding's, -1: none */
+};
+
+/* Evaluates ids[0, n) in a fresh sequence of e, without logits; the sequence or -1. */
+static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int32_t *pos,
+                         int32_t *seqs, bool *want)
+{
+    struct sil_error err = {0};
+    int seq = sil_seq_create(e, &err);
+    for (size_t b0 = 0; seq >= 0 && b0 < n; b0 += PREFILL_BATCH) {
+        const int32_t k = (int32_t)(n - b0 < PREFILL_BATCH ? n - b0 : PREFILL_BATCH);
+        for (int32_t i = 0; i < k; i++) {
+            pos[i] = (int32_t)(b0 + (size_t)i);
+            seqs[i] = seq;
+            want[i] = false;
+        }
+        const struct sil_batch b = {k, ids + b0, pos, seqs, want};
+        if (sil_engine_eval(e, &b, NULL, &err) < 0) seq = -1;
+    }
+    if (seq < 0) fprintf(stderr, "sil-eval: %s\n", err.msg);
+    return seq;
+}
+
+/* Both models hold the prompt but its last token; then steps until n_predict tokens. */
+static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *ids, size_t n_ids,
+                    long n_predict, struct spec_run *r)
+{
+    struct sil_error err = {0};
+    int32_t *pos = malloc(sizeof(int32_t) * PREFILL_BATCH),
+            *seqs = malloc(sizeof(int32_t) * PREFILL_BATCH);
+    bool *want = malloc(sizeof(bool) * PREFILL_BATCH);
+    int32_t *hist = malloc(sizeof(int32_t) * (n_ids + (size_t)n_predict + 1));
+    r->greedy = malloc(sizeof(int32_t) * (size_t)n_predict);
+    int rc = -ENOMEM;
+    struct sil_spec sp = {0};
+    if (!pos || !seqs || !want || !hist || !r->greedy) {
+        fprintf(stderr, "sil-eval: out of memory\n");
+        goto out;
+    }
+    const int ts = prefill_quiet(t, ids, n_ids - 1, pos, seqs, want);
+    const int ds = ts < 0 ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
+    if (ts < 0 || ds < 0) goto out;
+    if ((rc = sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err)) < 0) {
+        fprintf(stderr, "sil-eval: %s\n", err.msg);
+        goto out;
+    }
+    memcpy(hist, ids, sizeof(int32_t) * n_ids);
+    int32_t nh = (int32_t)n_ids;
+    const double t0 = now_s();
+    while (nh < (int32_t)n_ids + n_predict) {
+        const int k = sil_spec_step(&sp, hist, nh, (int32_t)n_ids + (int32_t)n_predict - nh,
+                                    hist + nh, &err);
+        if (k < 0) {
+            fprintf(stderr, "sil-eval: %s\n", err.msg);
+            rc = k;
+            goto out;
+        }
+        nh += k;
+    }
+    r->decode_s = now_s() - t0;
+    r->st = sp.stats;
+    memcpy(r->greedy, hist + n_ids, sizeof(int32_t) * (size_t)n_predict);
+    rc = 0;
+out:
+    sil_spec_free(&sp);
+    free(pos);
+    free(seqs);
+    free(want);
+    free(hist);
+    return rc;
+}
+
 int sil_eval_model(const struct sil_eval_model_opts *o)
 {
     long n_predict = 0, n_threads = 0, ecache_slots = 0;
@@ -213,6 +317,28 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         return 2;
     }
     const bool all = strcmp(mode, "all") == 0;
+    struct spec_run sr = {.depth = 4, .diverged = -1};
+    const bool spec = o->spec && strcmp(o->spec, "off") != 0;
+    if (spec && strcmp(o->spec, "draft") != 0) {
+        fprintf(stderr, strcmp(o->spec, "mtp") == 0
+                            ? "sil-eval: --spec mtp is not supported yet; use --spec draft\n"
+                            : "sil-eval: --spec must be off or draft\n");
+        return 2;
+    }
+    if (spec && !o->draft_model) {
+        fprintf(stderr, "sil-eval: --spec draft needs --draft-model FILE\n");
+        return 2;
+    }
+    if (!spec && (o->draft_model || o->spec_tree)) {
+        fprintf(stderr, "sil-eval: --draft-model and --spec-tree need --spec draft\n");
+        return 2;
+    }
+    if (o->spec_tree && parse_tree(o->spec_tree, &sr.depth) < 0)
+        return 2;
+    if (spec && n_predict < 1) {
+        fprintf(stderr, "sil-eval: --spec draft needs --n-predict N (N >= 1)\n");
+        return 2;
+    }
     if (!!o->tokens + !!o->prompt + !!o->tokenize_file != 1) {
         fprintf(stderr, "sil-eval: give exactly one of --tokens, --prompt, --tokenize-file\n");
         return 2;
@@ -242,7 +368,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     p.backend = o->backend ? o->backend : "cpu"; /* the reference unless asked */
     p.exact = o->exact;
     p.kv_type = o->kv_type;
-    p.n_seq_max = 1;
+    p.n_seq_max = spec ? 2 : 1; /* the plain decode's sequence and the speculative one's */
     long n_ctx = 0;
     if (o->ctx && parse_int("--ctx", o->ctx, 1, 1 << 20, &n_ctx) < 0) return 2;
     p.n_ctx = (int32_t)n_ctx;
@@ -264,6 +390,26 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     if (sil_engine_open(&e, &p, &err) < 0) {
         fprintf(stderr, "sil-eval: %s\n", err.msg);
         return 1;
+    }
+    struct sil_engine *de = NULL; /* the draft model's engine (--spec draft) */
+    if (spec) {
+        struct sil_engine_params dp;
+        sil_engine_params_default(&dp);
+        dp.model_path = o->draft_model;
+        dp.n_threads = p.n_threads;
+        dp.backend = p.backend;
+        dp.exact = p.exact;
+        dp.kv_type = p.kv_type;
+        dp.n_ctx = sil_engine_n_ctx(e);
+        dp.n_seq_max = 1;
+        dp.n_batch_max = PREFILL_BATCH;
+        if (sil_engine_open(&de, &dp, &err) < 0 ||
+            sil_spec_vocab_check(sil_engine_vocab(e), sil_engine_vocab(de), &err) < 0) {
+            fprintf(stderr, "sil-eval: draft model %s: %s\n", o->draft_model, err.msg);
+            sil_engine_close(de);
+            sil_engine_close(e);
+            return 1;
+        }
     }
     struct heat_run hr = {.loaded = "none"};
     if (o->heat_map) heat_start(e, o->heat_map, &hr);
@@ -376,6 +522,21 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         /* the last pass keeps its sequence: its logits are the ones printed */
         if (pi + 1 < n_passes) sil_seq_free(e, seq);
     }
+
+    /* the plain decode's tokens and time again, drafted: the same tokens and what it took */
+    double plain_step_s = 0, plain_tok_s = ps[n_passes - 1].decode_tok_s;
+    if (plain_tok_s > 0) plain_step_s = 1.0 / plain_tok_s;
+    if (spec) {
+        if (run_spec(e, de, ids, n_ids, n_predict, &sr) < 0) goto out_pass;
+        for (long i = 0; i < n_predict && sr.diverged < 0; i++)
+            if (sr.greedy[i] != greedy[i]) sr.diverged = i;
+        if (sr.diverged >= 0)
+            fprintf(stderr, "sil-eval: speculative decoding gave token %d at step %ld where plain "
+                            "greedy decoding gave %d\n",
+                    sr.greedy[sr.diverged], sr.diverged, greedy[sr.diverged]);
+    }
+    const struct sil_spec_stats *ss = &sr.st;
+    const double ss_steps = ss->steps ? (double)ss->steps : 1.0;
 
     if (o->heat_map) {
         struct sil_error herr = {0};
@@ -501,7 +662,36 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             }
             printf("}");
         }
-        printf("]}\n");
+        printf("]");
+        if (spec) {
+            /* per step: drafts accepted, tokens out (accepted + one), and the verify pass's time
+             * against one plain decode step (the last pass's) */
+            printf(", \"spec\": {\"mode\": \"draft\", \"draft_model\": ");
+            print_json_str(o->draft_model);
+            printf(", \"tree\": \"1x%ld\", \"depth\": %ld, \"greedy\": [", sr.depth, sr.depth);
+            for (long i = 0; i < n_predict; i++)
+                printf(i ? ", %d" : "%d", sr.greedy[i]);
+            printf("], \"identical\": %s, \"steps\": %llu, \"drafted\": %llu, "
+                   "\"accepted\": %llu, \"emitted\": %llu, \"acceptance_rate\": %.4f, "
+                   "\"accepted_per_step\": %.4f, \"tokens_per_step\": %.4f, "
+                   "\"verify_step_ms\": %.4f, \"one_token_step_ms\": %.4f, "
+                   "\"verify_vs_one_token\": %.4f, \"draft_ms_per_step\": %.4f, "
+                   "\"commit_ms_per_step\": %.4f, \"decode_tok_s\": %.3f, "
+                   "\"plain_decode_tok_s\": %.3f, \"speedup\": %.4f}",
+                   sr.diverged < 0 ? "true" : "false", (unsigned long long)ss->steps,
+                   (unsigned long long)ss->drafted, (unsigned long long)ss->accepted,
+                   (unsigned long long)ss->emitted,
+                   ss->drafted ? (double)ss->accepted / (double)ss->drafted : 0.0,
+                   (double)ss->accepted / ss_steps, (double)ss->emitted / ss_steps,
+                   1e3 * ss->verify_s / ss_steps, 1e3 * plain_step_s,
+                   plain_step_s > 0 ? ss->verify_s / ss_steps / plain_step_s : 0.0,
+                   1e3 * ss->draft_s / ss_steps, 1e3 * ss->commit_s / ss_steps,
+                   sr.decode_s > 0 ? (double)n_predict / sr.decode_s : 0.0, plain_tok_s,
+                   sr.decode_s > 0 && plain_tok_s > 0
+                       ? (double)n_predict / sr.decode_s / plain_tok_s
+                       : 0.0);
+        }
+        printf("}\n");
     } else {
         printf("tokens: %zu, n_vocab %d\n", n_ids, V);
         if (strcmp(mode, "none") != 0)
@@ -543,8 +733,22 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (o->heat_map)
             printf("expert heat map: %s at start (%lld preloaded), %s at the end\n", hr.loaded,
                    (long long)hr.r.placed, hr.saved ? "saved" : "not saved");
+        if (spec) {
+            printf("spec greedy:");
+            for (long i = 0; i < n_predict; i++)
+                printf(" %d", sr.greedy[i]);
+            printf("\nspec (draft, 1x%ld): %llu steps, %llu of %llu drafts accepted (%.1f%%), "
+                   "%.2f tokens a step; verify step %.3f ms vs one-token step %.3f ms; decode "
+                   "%.2f tok/s vs plain %.2f tok/s; %s plain greedy decoding\n",
+                   sr.depth, (unsigned long long)ss->steps, (unsigned long long)ss->accepted,
+                   (unsigned long long)ss->drafted,
+                   ss->drafted ? 100.0 * (double)ss->accepted / (double)ss->drafted : 0.0,
+                   (double)ss->emitted / ss_steps, 1e3 * ss->verify_s / ss_steps,
+                   1e3 * plain_step_s, sr.decode_s > 0 ? (double)n_predict / sr.decode_s : 0.0,
+                   plain_tok_s, sr.diverged < 0 ? "identical to" : "DIFFERS from");
+        }
     }
-    if (o->heat_map && !hr.saved) rc = 1;
+    if ((o->heat_map && !hr.saved) || sr.diverged >= 0) rc = 1;
     else rc = fflush(stdout) == 0 ? 0 : 1;
 out_pass:
     free(pos);
@@ -555,6 +759,8 @@ out:
     free(ids);
     free(logits);
     free(greedy);
+    free(sr.greedy);
+    sil_engine_close(de);
     sil_engine_close(e);
     return rc;
 }

@@ -26,6 +26,9 @@ struct sil_eval_model_opts {
     const char *heat_map;    /* expert heat map: loaded and preloaded at start, saved at the end */
     /* the CUDA backend's user options, as siliceod.conf(5) takes them; NULL = the default */
     const char *cuda_graphs, *cuda_zero_copy, *cuda_pin, *cuda_cpu_share;
+    /* speculative decoding after the plain decode, compared with it: off (NULL) or draft, the
+     * draft model's file, and the tree (1xDEPTH: a chain; wider trees are not supported yet) */
+    const char *spec, *draft_model, *spec_tree;
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# sil-eval --spec draft as a user runs it, on every reference architecture: speculative decoding
+# gives plain greedy decoding's tokens, with the target drafting for itself (every draft
+# accepted) and with other drafters (the F16 file drafted by its Q4_K_M quantization and back,
+# the other architectures, a small seeded model of the same vocabulary from sil-mkmodel); the
+# JSON's figures agree with each other; drafts of another vocabulary, trees wider than 1 and
+# --spec mtp are clear errors. Acceptance figures are printed.
+set -u
+. "$(dirname "$0")/lib.bash"
+set +e
+E=$SIL_BUILD/bin/sil-eval
+MK=$SIL_BUILD/bin/sil-mkmodel
+M=$SHARED/refdata/models
+ARCHS="qwen35moe-tiny-Q4_K_M qwen35-tiny-Q4_K_M qwen3moe-tiny-Q4_K_M qwen3-tiny-Q8_0"
+for a in $ARCHS qwen35moe-tiny-F16; do need_refdata "$M/$a.gguf"; done
+PROMPT=$(printf '<|im_start|>user\nHello, h')
+
+# run TARGET DRAFT TREE OUT: the JSON of one run (exit status checked)
+run() {
+    "$E" --model "$1" --prompt "$PROMPT" --parse-special --n-predict 48 --logits none --threads 2 \
+        --spec draft --draft-model "$2" --spec-tree "$3" --json >"$4" 2>"$T/err" ||
+        fail "sil-eval --spec draft ($1 drafted by $2, $3): $(cat "$T/err")"
+}
+
+# check OUT NAME MODE: the spec tokens are plain's; the counts add up; MODE all: every draft
+# accepted, some: some but not all, any: whatever
+check() {
+    /usr/bin/python3 - "$1" "$2" "$3" <<'PY' || fail "$2: spec output"
+import json, sys
+d = json.load(open(sys.argv[1])); name, mode = sys.argv[2], sys.argv[3]
+s = d["spec"]
+assert s["greedy"] == d["greedy"] and s["identical"] is True, (s["greedy"], d["greedy"])
+assert len(s["greedy"]) == 48
+assert s["emitted"] == 48 and s["emitted"] == s["accepted"] + s["steps"], s
+assert s["accepted"] <= s["drafted"] <= s["steps"] * s["depth"], s
+assert abs(s["acceptance_rate"] - s["accepted"] / s["drafted"]) < 1e-4, s
+assert abs(s["accepted_per_step"] - s["accepted"] / s["steps"]) < 1e-4, s
+assert abs(s["tokens_per_step"] - s["emitted"] / s["steps"]) < 1e-4, s
+assert s["verify_step_ms"] > 0 and s["one_token_step_ms"] > 0 and s["verify_vs_one_token"] > 0, s
+assert s["tree"] == "1x%d" % s["depth"], s
+if mode == "all":
+    assert s["accepted"] == s["drafted"] and s["acceptance_rate"] == 1.0, s
+elif mode == "some":
+    assert 0 < s["accepted"] < s["drafted"], s
+print("%s: %d of %d drafts accepted (%.1f%%), %.2f tokens a step, verify step %.3f ms vs one-token "
+      "step %.3f ms" % (name, s["accepted"], s["drafted"], 100 * s["acceptance_rate"],
+                        s["tokens_per_step"], s["verify_step_ms"], s["one_token_step_ms"]))
+PY
+}
+
+for a in $ARCHS; do
+    run "$M/$a.gguf" "$M/$a.gguf" 1x4 "$T/self.json"
+    check "$T/self.json" "$a drafting for itself (1x4)" all
+done
+run "$M/qwen3-tiny-Q8_0.gguf" "$M/qwen3-tiny-Q8_0.gguf" 1x1 "$T/d1.json"
+check "$T/d1.json" "qwen3-tiny-Q8_0 drafting for itself (1x1)" all
+run "$M/qwen35-tiny-Q4_K_M.gguf" "$M/qwen35-tiny-Q4_K_M.gguf" 1x16 "$T/d16.json"
+check "$T/d16.json" "qwen35-tiny-Q4_K_M drafting for itself (1x16)" all
+echo "ok: every architecture drafting for itself: every draft accepted, plain greedy's tokens"
+
+run "$M/qwen35moe-tiny-F16.gguf" "$M/qwen35moe-tiny-Q4_K_M.gguf" 1x4 "$T/f16.json"
+check "$T/f16.json" "qwen35moe-tiny-F16 drafted by its Q4_K_M" some
+run "$M/qwen35moe-tiny-Q4_K_M.gguf" "$M/qwen35moe-tiny-F16.gguf" 1x3 "$T/q4.json"
+check "$T/q4.json" "qwen35moe-tiny-Q4_K_M drafted by the F16" any
+set -- $ARCHS
+for a in $ARCHS; do
+    shift
+    other=${1:-qwen35moe-tiny-Q4_K_M}
+    run "$M/$a.gguf" "$M/$other.gguf" 1x4 "$T/x.json"
+    check "$T/x.json" "$a drafted by $other" any
+done
+# a seeded random model of the same (tiny) vocabulary
+"$MK" --arch qwen3 --layers 1 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 \
+    --vocab-from "$M/tiny-tokenizer.json" --seed 7 --type q8_0 --quiet --out "$T/small.gguf" ||
+    fail "sil-mkmodel"
+for a in qwen35moe-tiny-Q4_K_M qwen3-tiny-Q8_0; do
+    run "$M/$a.gguf" "$T/small.gguf" 1x4 "$T/s.json"
+    check "$T/s.json" "$a drafted by a 1-layer seeded model" any
+done
+echo "ok: other drafters: plain greedy's tokens whatever the acceptance"
+
+# plain text output names the figures
+"$E" --model "$M/qwen3-tiny-Q8_0.gguf" --tokens 1,2,3 --n-predict 8 --threads 2 --spec draft \
+    --draft-model "$M/qwen3-tiny-Q8_0.gguf" >"$T/out.txt" 2>&1 || fail "text output: $(cat "$T/out.txt")"
+grep -q "^spec (draft, 1x4): .* drafts accepted .*identical to plain greedy decoding" "$T/out.txt" ||
+    fail "text output: $(cat "$T/out.txt")"
+
+# errors: usage (2) and unusable drafts (1), each with a message
+usage() { # expected-message args...
+    local want=$1
+    shift
+    "$E" "$@" >/dev/null 2>"$T/err"
+    local rc=$?
+    [ $rc = 2 ] || fail "exit $rc (want 2) for $*"
+    grep -q -- "$want" "$T/err" || fail "message for $*: $(cat "$T/err")"
+}
+B=(--model "$M/qwen3-tiny-Q8_0.gguf" --tokens 1,2,3 --n-predict 8)
+D=(--spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf")
+usage "trees (width > 1) are not supported yet" "${B[@]}" "${D[@]}" --spec-tree 2x4
+usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x
+usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x0
+usage "depth at most" "${B[@]}" "${D[@]}" --spec-tree 1x65
+usage "--spec mtp is not supported yet" "${B[@]}" --spec mtp
+usage "--spec must be off or draft" "${B[@]}" --spec tree
+usage "needs --draft-model" "${B[@]}" --spec draft
+usage "need --spec draft" "${B[@]}" --draft-model "$M/qwen3-tiny-Q8_0.gguf"
+usage "need --spec draft" "${B[@]}" --spec off --spec-tree 1x4
+usage "needs --n-predict" --model "$M/qwen3-tiny-Q8_0.gguf" --tokens 1,2,3 "${D[@]}"
+usage "need a prompt" --model "$M/qwen3-tiny-Q8_0.gguf" "${D[@]}"
+"$E" --help | grep -q -- "--draft-model" || fail "--help lists --draft-model"
+"$E" --help | grep -q -- "--spec-tree" || fail "--help lists --spec-tree"
+
+"$MK" --arch qwen3 --layers 1 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 600 \
+    --type q8_0 --quiet --out "$T/v600.gguf" || fail "sil-mkmodel"
+"$MK" --arch qwen3 --layers 1 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 512 \
+    --type q8_0 --quiet --out "$T/v512.gguf" || fail "sil-mkmodel"
+for v in "v600.gguf:has 600 tokens, the target's 512" "v512.gguf:token 257 differs" \
+    "nope.gguf:cannot open"; do
+    "$E" "${B[@]}" --spec draft --draft-model "$T/${v%%:*}" >/dev/null 2>"$T/err"
+    rc=$?
+    [ $rc = 1 ] || fail "exit $rc (want 1) for the draft ${v%%:*}"
+    grep -q "draft model .*${v%%:*}: .*${v#*:}" "$T/err" || fail "message for ${v%%:*}: $(cat "$T/err")"
+done
+echo "ok: trees, mtp, missing or stray options are usage errors; another vocabulary is an error"
