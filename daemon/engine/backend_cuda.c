@@ -319,9 +319,6 @@ struct cuda_backend {
     /* q8 holds the quantized rows of q8_src ([q8_n][q8_k]) until an op may write them */
     sil_cuda_ptr q8_src;
     int64_t q8_n, q8_k;
-    /* an add deferred to fuse with the rmsnorm that reads its result */
-    bool pend;
-    struct sil_act pend_y, pend_x;
     /* SIL_CUDA_PROFILE=FILE: one decode pass (at position 16 or later) profiled per kernel */
     const char *prof_path;
     int prof_rows; /* SIL_CUDA_PROFILE_ROWS: profile the first pass of this many rows instead */
@@ -528,23 +525,12 @@ static void flush_early(struct cuda_backend *b)
     flush_norm(b);
 }
 
-/* Runs a deferred add (and what waits before it). */
-static void flush_add(struct cuda_backend *b)
-{
-    flush_early(b);
-    if (!b->pend) return;
-    b->pend = false;
-    const struct sil_act y = b->pend_y, x = b->pend_x;
-    if (b->rc == 0)
-        ok(b, sil_cuda_add(b->cu, dp(y.data), dp(x.data), y.rows * y.width, NULL, &b->err));
-}
-
 /* Entry of an op that may write activations: deferred work first, and the quantized copy of
  * any activation is stale after it. False when the op is to do nothing (replay, error). */
 static bool enter(struct cuda_backend *b)
 {
     if (b->mode == PASS_REPLAY) return false;
-    flush_add(b);
+    flush_early(b);
     b->q8_src = 0;
     return b->rc == 0;
 }
@@ -554,7 +540,7 @@ static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct s
 {
     struct cuda_backend *b = cb(be);
     if (b->mode == PASS_REPLAY) return;
-    flush_add(b);
+    flush_early(b);
     if (b->rc) return;
     if (!b->no_conv_fuse && n == SIL_CUDA_MV_SET_MAX && x.rows >= 1 && x.rows <= CONV_FUSE_ROWS) {
         b->pmm.on = true;
@@ -719,8 +705,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     abort_capture(b); /* a pass that ended early (an error) */
     if (b->gev[0]) clock_gettime(CLOCK_MONOTONIC, &b->t_begin);
     b->meta_ok = false;
-    b->pend = false;
-    b->pmm.on = false; /* and what waited for the op after it */
+    b->pmm.on = false; /* what waited for the op after it */
     b->pnorm.on = false;
     b->q8_src = 0;
     b->mode = PASS_EAGER;
@@ -778,7 +763,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
 static void cuda_resume(struct sil_backend *be, const struct sil_ubatch *ub)
 {
     struct cuda_backend *b = cb(be);
-    flush_add(b);
+    flush_early(b);
     b->q8_src = 0;
     b->meta_ok = false;
     if (b->rc) return;
@@ -833,7 +818,7 @@ static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_
                            const int32_t *rows)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode != PASS_REPLAY) flush_add(b);
+    if (b->mode != PASS_REPLAY) flush_early(b);
     b->q8_src = 0;
     if (b->rc || y.rows == 0) return;
     sil_cuda_ptr rp = b->keep;
@@ -856,61 +841,68 @@ static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_
     ok(b, launch(b, F_GATHER, (unsigned)y.rows, 1, p));
 }
 
+/* The rows launch_norm takes: contiguous, whole q8 blocks, within the q8 buffer. */
+static bool norm_fuses(const struct cuda_backend *b, struct sil_act y, struct sil_act x)
+{
+    return x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
+           x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
+}
+
 static void cuda_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act x,
                          const struct sil_weight *w, float eps)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
-    flush_early(b);
-    /* x += the deferred add, the norm and its q8 blocks in one kernel */
-    const bool fuse = x.rows > 0 && x.ld == x.width && y.ld == y.width && x.width % 32 == 0 &&
-                      x.width <= b->c.k_max && x.rows <= (b->c.ub_max > MB ? b->c.ub_max : MB);
-    sil_cuda_ptr d = 0;
-    if (fuse && b->pend && b->pend_y.data == x.data && b->pend_y.rows == x.rows &&
-        b->pend_y.width == x.width && b->pend_x.ld == b->pend_x.width) {
-        d = dp(b->pend_x.data);
-        b->pend = false;
-    }
-    if (d && x.rows == 1 && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
-        sil_cuda_router_norm_ok(x.width) && b->rc == 0) {
-        /* a router may take it (cuda_route) */
-        b->q8_src = 0;
-        b->pnorm.on = true;
-        b->pnorm.x = x;
-        b->pnorm.y = y;
-        b->pnorm.d = d;
-        b->pnorm.w = dp(w->data);
-        b->pnorm.eps = eps;
-        return;
-    }
     if (!enter(b) || x.rows == 0) return;
     if (x.ld != x.width || y.ld != y.width) {
         fail(b, -EINVAL, "rmsnorm rows are not contiguous");
         return;
     }
-    if (!fuse) {
+    /* the norm and its q8 blocks in one kernel */
+    if (!norm_fuses(b, y, x)) {
         ok(b, sil_cuda_rmsnorm(b->cu, dp(y.data), dp(x.data), dp(w->data), x.rows, x.width, eps,
                                NULL, &b->err));
         return;
     }
-    launch_norm(b, x, d, y, dp(w->data), eps);
+    launch_norm(b, x, 0, y, dp(w->data), eps);
 }
 
 static void cuda_add(struct sil_backend *be, struct sil_act y, struct sil_act x)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode != PASS_REPLAY) flush_early(b);
     if (!enter(b) || y.rows == 0) return;
     if (y.ld == y.width && x.ld == x.width) {
-        /* deferred: the rmsnorm that usually follows reads y and does the add */
-        b->pend = true;
-        b->pend_y = y;
-        b->pend_x = x;
+        ok(b, sil_cuda_add(b->cu, dp(y.data), dp(x.data), y.rows * y.width, NULL, &b->err));
         return;
     }
     for (int64_t i = 0; i < y.rows && b->rc == 0; i++)
         ok(b, sil_cuda_add(b->cu, dp(y.data) + (uint64_t)(i * y.ld) * 4,
                            dp(x.data) + (uint64_t)(i * x.ld) * 4, y.width, NULL, &b->err));
+}
+
+/* x += d, the norm and its q8 blocks in one kernel where the rows are contiguous; else the add,
+ * then the norm. */
+static void cuda_add_rmsnorm(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                             struct sil_act d, const struct sil_weight *w, float eps)
+{
+    struct cuda_backend *b = cb(be);
+    if (!enter(b) || x.rows == 0) return;
+    if (d.ld != d.width || !norm_fuses(b, y, x)) {
+        cuda_add(be, x, d);
+        cuda_rmsnorm(be, y, x, w, eps);
+        return;
+    }
+    if (x.rows == 1 && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
+        sil_cuda_router_norm_ok(x.width)) {
+        /* a router may take it (cuda_route) */
+        b->pnorm.on = true;
+        b->pnorm.x = x;
+        b->pnorm.y = y;
+        b->pnorm.d = dp(d.data);
+        b->pnorm.w = dp(w->data);
+        b->pnorm.eps = eps;
+        return;
+    }
+    launch_norm(b, x, dp(d.data), y, dp(w->data), eps);
 }
 
 static void cuda_swiglu(struct sil_backend *be, struct sil_act y, struct sil_act gate,
@@ -1266,7 +1258,7 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     plan->n_rows = n;
     plan->n_used = K;
     /* a norm waiting for this router stays for router() (nothing else waits beside it) */
-    if (b->mode != PASS_REPLAY && !router_takes_norm(b, x, w, K)) flush_add(b);
+    if (b->mode != PASS_REPLAY && !router_takes_norm(b, x, w, K)) flush_early(b);
     /* path (b): routed on the device over the slot table; the choices stay in zc_ids */
     if (b->rc == 0 && n > 0 && zc_routable(b, plan, n)) {
         plan->device_routed = true;
@@ -1624,7 +1616,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     /* prefill (unless SIL_CUDA_GROUPED=0): grouped products over the slot pools, each expert
      * read once, as everything resident does (the same kernels on the same bytes) */
     if (!cpu && !b->no_grouped && pl->n_rows > MB && n_host == 0) {
-        flush_add(b); /* never a replayed pass: graphs take at most MB rows */
+        flush_early(b); /* never a replayed pass: graphs take at most MB rows */
         if (b->rc == 0) moe_grouped(b, x, pl, true);
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;
@@ -1651,7 +1643,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         return;
     seg_begin(b);
     if (b->mode != PASS_REPLAY) {
-        flush_add(b);
+        flush_early(b);
         if (b->rc) return;
         if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
     }
@@ -1695,7 +1687,7 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
         return;
     }
     if (b->mode == PASS_REPLAY) return;
-    flush_add(b);
+    flush_early(b);
     if (b->rc || x.rows == 0 || (pl->n_active == 0 && !pl->device_routed)) return;
     if (x.ld != x.width || out.ld != out.width) {
         fail(b, -EINVAL, "moe rows are not contiguous");
@@ -1790,7 +1782,7 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
     const int64_t V = w->rows;
     const bool graph = b->mode != PASS_EAGER;
     const uint8_t hm = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
-    if (b->mode != PASS_REPLAY) flush_add(b);
+    if (b->mode != PASS_REPLAY) flush_early(b);
     if (b->rc == 0 && (hm == 0 || (graph && b->cur && b->cur->head_out != hm)))
         fail(b, -EINVAL, hm ? "the head is asked for other outputs than the ubatch said"
                             : "the head has neither logits nor argmax to give back");
@@ -2162,7 +2154,7 @@ static int cuda_status(struct sil_backend *be, struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
     abort_capture(b);
-    if (b->mode != PASS_REPLAY) flush_add(b);
+    if (b->mode != PASS_REPLAY) flush_early(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
     const int rc = b->rc;
     if (rc && err) *err = b->err;
@@ -2438,7 +2430,7 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
     struct cuda_backend *b = cb(be);
     /* between the segments of a segmented pass no graph is open: the copy runs in any mode */
     if (b->mode == PASS_REPLAY && !b->seg_gap) return;
-    if (!b->seg_gap) flush_add(b);
+    if (!b->seg_gap) flush_early(b);
     if (b->rc) return;
     if (b->mode != PASS_EAGER && !b->seg_gap) {
         fail(b, -EINVAL, "an expert copy inside a graph");
@@ -2491,6 +2483,7 @@ static const struct sil_backend_ops cuda_ops = {
     .matmul = cuda_matmul,
     .rmsnorm = cuda_rmsnorm,
     .add = cuda_add,
+    .add_rmsnorm = cuda_add_rmsnorm,
     .swiglu = cuda_swiglu,
     .attention = cuda_attention,
     .conv1d = cuda_conv1d,
