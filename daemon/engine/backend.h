@@ -204,6 +204,11 @@ struct sil_backend_ops {
      * two ops one after the other. */
     void (*add_rmsnorm)(struct sil_backend *be, struct sil_act y, struct sil_act x,
                         struct sil_act d, const struct sil_weight *w, float eps);
+    /* Optional (NULL: matmul, then conv1d): every out[j].y = x W_j^T, then conv1d(ub, a), where
+     * out[0].y is a->qkv_mixed (the delta net's input projections and its conv), with the bits
+     * of the two ops one after the other. */
+    void (*matmul_conv1d)(struct sil_backend *be, const struct sil_ubatch *ub, struct sil_act x,
+                          const struct sil_mm_out *out, int n, const struct sil_delta_net_args *a);
     /* y = silu(gate) * up; y may be gate */
     void (*swiglu)(struct sil_backend *be, struct sil_act y, struct sil_act gate,
                    struct sil_act up);

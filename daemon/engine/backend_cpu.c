@@ -685,6 +685,15 @@ static void cpu_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
     prof_add(t.b, P_CONV, t0);
 }
 
+/* The reference of the fused op: the two ops in turn. */
+static void cpu_matmul_conv1d(struct sil_backend *be, const struct sil_ubatch *ub, struct sil_act x,
+                              const struct sil_mm_out *out, int n,
+                              const struct sil_delta_net_args *a)
+{
+    cpu_matmul(be, x, out, n);
+    cpu_conv1d(be, ub, a);
+}
+
 /* item = (sequence run, value head) */
 static void dn_heads(void *arg, long lo, long hi, int ith)
 {
@@ -1004,6 +1013,7 @@ static const struct sil_backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .attention = cpu_attention,
     .conv1d = cpu_conv1d,
+    .matmul_conv1d = cpu_matmul_conv1d,
     .delta_net = cpu_delta_net,
     .route = cpu_route,
     .moe = cpu_moe,

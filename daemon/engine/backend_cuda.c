@@ -215,19 +215,12 @@ struct cuda_backend {
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
     bool no_mv_mix; /* SIL_CUDA_NO_MV_MIX=1: matvec sets of one type only */
-    /* a decode matvec set of four outputs waits (pmm) for the op after it: when that is the
-     * delta net's conv1d reading output 0, the set's launch does the conv too (the mixed set
-     * kernel with the conv epilogue); any other op launches it as it was first. Only for up
-     * to CONV_FUSE_ROWS rows; SIL_CUDA_NO_CONV_FUSE=1: never */
+    /* matmul_conv1d: a decode matvec set of four outputs does the delta net's conv1d in its
+     * launch (the mixed set kernel with the conv epilogue), for up to CONV_FUSE_ROWS rows;
+     * SIL_CUDA_NO_CONV_FUSE=1: never (the matmul, then the conv1d) */
     bool no_conv_fuse;
     bool no_attn_q8; /* SIL_CUDA_NO_ATTN_Q8=1: decode attention's merge leaves o's q8 to the
                       * output projection's own quantize launch */
-    struct {
-        bool on;
-        struct sil_act x;
-        struct sil_mm_out out[SIL_CUDA_MV_SET_MAX];
-        int n;
-    } pmm;
     /* a one-token add + rmsnorm + q8 waits (pnorm) for the op after it: when that is an F32
      * router the fused router takes it (sil_cuda_router_norm), anything else launches it as it
      * was first. SIL_CUDA_NO_NORM_ROUTER=1: never */
@@ -486,14 +479,6 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
     }
 }
 
-/* Launches the matvec set that waited (pmm) as it would have been. */
-static void flush_mm(struct cuda_backend *b)
-{
-    if (!b->pmm.on) return;
-    b->pmm.on = false;
-    if (b->rc == 0) mm_chunks(b, b->pmm.x, b->pmm.out, b->pmm.n);
-}
-
 /* x += d (d 0: none), y = rmsnorm(x) * w and y's q8 blocks in one launch, x.rows rows. */
 static void launch_norm(struct cuda_backend *b, struct sil_act x, sil_cuda_ptr d, struct sil_act y,
                         sil_cuda_ptr w, float eps)
@@ -521,7 +506,6 @@ static void flush_norm(struct cuda_backend *b)
 /* What waits for the op after it, launched; first thing in every op that does not take it. */
 static void flush_early(struct cuda_backend *b)
 {
-    flush_mm(b);
     flush_norm(b);
 }
 
@@ -542,13 +526,6 @@ static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct s
     if (b->mode == PASS_REPLAY) return;
     flush_early(b);
     if (b->rc) return;
-    if (!b->no_conv_fuse && n == SIL_CUDA_MV_SET_MAX && x.rows >= 1 && x.rows <= CONV_FUSE_ROWS) {
-        b->pmm.on = true;
-        b->pmm.x = x;
-        memcpy(b->pmm.out, out, sizeof(*out) * (size_t)n);
-        b->pmm.n = n;
-        return;
-    }
     mm_chunks(b, x, out, n);
 }
 
@@ -705,8 +682,7 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     abort_capture(b); /* a pass that ended early (an error) */
     if (b->gev[0]) clock_gettime(CLOCK_MONOTONIC, &b->t_begin);
     b->meta_ok = false;
-    b->pmm.on = false; /* what waited for the op after it */
-    b->pnorm.on = false;
+    b->pnorm.on = false; /* what waited for the op after it */
     b->q8_src = 0;
     b->mode = PASS_EAGER;
     b->cur = NULL;
@@ -1043,25 +1019,22 @@ static bool fresh_states(struct cuda_backend *b, const struct sil_ubatch *ub,
     return true;
 }
 
-/* The conv1d in the launch of the matvec set that waited for it (pmm), where the set writes
- * its input and every run is one token of the ubatch's rows in order; false: not taken. */
-static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
-                        const struct sil_delta_net_args *a)
+/* The conv1d in the launch of the matvec set o[0..n_out) of x, where the set writes its input
+ * and every run is one token of the ubatch's rows in order; false: not taken. */
+static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub, struct sil_act x,
+                        const struct sil_mm_out *o, int n_out, const struct sil_delta_net_args *a)
 {
-    const struct sil_act x = b->pmm.x;
-    const struct sil_mm_out *o = b->pmm.out;
     const int K = a->p->conv_kernel;
-    if (!b->pmm.on || b->rc || b->mode == PASS_REPLAY || o[0].y.data != a->qkv_mixed.data ||
-        ub->n != x.rows || ub->n_runs != ub->n || ub->n > MB || K < 1 || K > 9 ||
-        x.ld != x.width || x.width % SIL_CUDA_Q8_BLOCK ||
-        o[0].w->rows != sil_delta_net_conv_dim(a->p) || a->conv1d->type != SIL_TYPE_F32 ||
-        a->conv_out.ld < o[0].w->rows)
+    if (b->no_conv_fuse || n_out != SIL_CUDA_MV_SET_MAX || x.rows < 1 || x.rows > CONV_FUSE_ROWS ||
+        b->rc || b->mode == PASS_REPLAY || o[0].y.data != a->qkv_mixed.data || ub->n != x.rows ||
+        ub->n_runs != ub->n || ub->n > MB || K < 1 || K > 9 || x.ld != x.width ||
+        x.width % SIL_CUDA_Q8_BLOCK || o[0].w->rows != sil_delta_net_conv_dim(a->p) ||
+        a->conv1d->type != SIL_TYPE_F32 || a->conv_out.ld < o[0].w->rows)
         return false;
     for (int32_t r = 0; r < ub->n_runs; r++)
         if (ub->run_start[r] != r) return false;
-    for (int i = 0; i < b->pmm.n; i++)
+    for (int i = 0; i < n_out; i++)
         if (!sil_cuda_mv_mixable(o[i].w->type) || o[i].w->cols != x.width) return false;
-    b->pmm.on = false;
     if (!upload_meta(b, ub) || !fresh_states(b, ub, a)) return true;
     const int n = (int)x.rows;
     if (!have_q8(b, dp(x.data), n, x.width)) return true;
@@ -1069,7 +1042,7 @@ static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
     const struct sil_cuda_weight *wp[SIL_CUDA_MV_SET_MAX];
     sil_cuda_ptr ys[SIL_CUDA_MV_SET_MAX];
     int64_t lds[SIL_CUDA_MV_SET_MAX];
-    for (int i = 0; i < b->pmm.n; i++) {
+    for (int i = 0; i < n_out; i++) {
         if (!ok(b, view(o[i].w, o[i].w->rows, &cws[i], &b->err))) return true;
         wp[i] = &cws[i];
         ys[i] = dp(o[i].y.data);
@@ -1079,8 +1052,7 @@ static bool conv_in_set(struct cuda_backend *b, const struct sil_ubatch *ub,
                                         dp(a->conv1d->data),  b->run_seq,
                                         b->state_tab,         a->state.offset,
                                         K};
-    if (ok(b, sil_cuda_matvec_multi_conv(b->cu, wp, b->pmm.n, b->q8, n, ys, lds, &ep, NULL,
-                                         &b->err)))
+    if (ok(b, sil_cuda_matvec_multi_conv(b->cu, wp, n_out, b->q8, n, ys, lds, &ep, NULL, &b->err)))
         atomic_fetch_add_explicit(&b->fused[0], 1, memory_order_relaxed);
     return true;
 }
@@ -1089,7 +1061,6 @@ static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
                         const struct sil_delta_net_args *a)
 {
     struct cuda_backend *b = cb(be);
-    if (conv_in_set(b, ub, a)) return;
     if (!enter(b)) return;
     if (b->rc || ub->n == 0 || !upload_meta(b, ub)) return;
     const struct sil_delta_net_params *p = a->p;
@@ -1105,6 +1076,19 @@ static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
     void *pp[] = {&x,  &ldx,          &out,        &ldo,          &w,  &K,
                   &cd, &b->run_start, &b->run_seq, &b->state_tab, &off};
     ok(b, launch(b, F_CONV1D, cdiv(cd, 128), (unsigned)ub->n_runs, pp));
+}
+
+/* The matvec set with the conv1d in its launch where conv_in_set takes the shape; else the
+ * matmul, then the conv1d. */
+static void cuda_matmul_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
+                               struct sil_act x, const struct sil_mm_out *out, int n,
+                               const struct sil_delta_net_args *a)
+{
+    struct cuda_backend *b = cb(be);
+    if (b->mode != PASS_REPLAY) flush_early(b);
+    if (conv_in_set(b, ub, x, out, n, a)) return;
+    cuda_matmul(be, x, out, n);
+    cuda_conv1d(be, ub, a);
 }
 
 static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
@@ -2487,6 +2471,7 @@ static const struct sil_backend_ops cuda_ops = {
     .swiglu = cuda_swiglu,
     .attention = cuda_attention,
     .conv1d = cuda_conv1d,
+    .matmul_conv1d = cuda_matmul_conv1d,
     .delta_net = cuda_delta_net,
     .route = cuda_route,
     .moe = cuda_moe,

@@ -48,8 +48,12 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, s
     struct dn_acts t;
     dn_acts(f, &ar, ub->n, &t);
 
-    SIL_MATMUL(f, cur, {&w->wqkv, t.qkv_mixed}, {&w->wgate, t.z}, {&w->ssm_alpha, t.alpha},
-               {&w->ssm_beta, t.beta});
+    /* the input projections of cur */
+    const struct sil_mm_out in[] = {{&w->wqkv, t.qkv_mixed},
+                                    {&w->wgate, t.z},
+                                    {&w->ssm_alpha, t.alpha},
+                                    {&w->ssm_beta, t.beta}};
+    const int n_in = (int)(sizeof(in) / sizeof(in[0]));
     const struct sil_delta_net_args a = {
         .p = &f->dn[l->recr_index],
         .conv1d = &w->ssm_conv1d,
@@ -64,7 +68,13 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, s
         .beta = t.beta,
         .out = t.o,
     };
-    SIL_OP(f, conv1d, ub, &a);
+    /* the projections and the conv in one launch where the backend has it */
+    if (f->be->ops->matmul_conv1d) {
+        SIL_OP(f, matmul_conv1d, ub, cur, in, n_in, &a);
+    } else {
+        SIL_OP(f, matmul, cur, in, n_in);
+        SIL_OP(f, conv1d, ub, &a);
+    }
     SIL_OP(f, delta_net, ub, &a);
     SIL_MATMUL(f, t.o, {&w->ssm_out, out});
 }
