@@ -196,6 +196,38 @@ static void test_route(void **state)
     be->ops->free(be);
 }
 
+/* add_rmsnorm_route gives the bits of add_rmsnorm, then route: the residual, the normed rows
+ * and the router's choices and weights. */
+static void test_add_rmsnorm_route(void **state)
+{
+    (void)state;
+    struct sil_backend *be = open_cpu(2);
+    float nw[E], w[X * E];
+    fill(nw, E, 1.0f, 21);
+    fill(w, X * E, 1.0f, 22);
+    const struct sil_weight NW = f32_weight(nw, 1, E, 1), R = f32_weight(w, X, E, 1);
+    for (int n = 1; n <= N; n += N - 1) {
+        struct sil_act x1 = act(be, n, E), x2 = act(be, n, E), d = act(be, n, E);
+        struct sil_act y1 = act(be, n, E), y2 = act(be, n, E);
+        fill(x1.data, (int)(n * E), 3.0f, 23);
+        fill(d.data, (int)(n * E), 1.0f, 24);
+        memcpy(x2.data, x1.data, sizeof(float) * (size_t)(n * E));
+        int32_t sel1[N * K], sel2[N * K];
+        float sw1[N * K], sw2[N * K];
+        struct sil_moe_plan p1 = {.sel_expert = sel1, .sel_weight = sw1};
+        struct sil_moe_plan p2 = {.sel_expert = sel2, .sel_weight = sw2};
+        be->ops->add_rmsnorm(be, y1, x1, d, &NW, 1e-6f);
+        be->ops->route(be, y1, &R, K, &p1);
+        be->ops->add_rmsnorm_route(be, y2, x2, d, &NW, 1e-6f, &R, K, &p2);
+        assert_memory_equal(x1.data, x2.data, sizeof(float) * (size_t)(n * E));
+        assert_memory_equal(y1.data, y2.data, sizeof(float) * (size_t)(n * E));
+        assert_int_equal(p2.n_rows, n);
+        assert_memory_equal(sel1, sel2, sizeof(int32_t) * (size_t)(n * K));
+        assert_memory_equal(sw1, sw2, sizeof(float) * (size_t)(n * K));
+    }
+    be->ops->free(be);
+}
+
 struct moe_fixture {
     float gate[X * F * E], up[X * F * E], down[X * E * F];
     float sg[S * E], su[S * E], sd[E * S], sgi[E];
@@ -537,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_matmul_and_rows),
         cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_route),
+        cmocka_unit_test(test_add_rmsnorm_route),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_head_argmax),
         cmocka_unit_test(test_attention_split),

@@ -12,7 +12,17 @@
  * are the forward pass's and stay valid for the duration of the call.
  *
  * Ownership: a backend owns everything alloc_act returned until free; ops keep no pointer to
- * their arguments after they return. One thread at a time drives a backend. */
+ * their arguments after they return. One thread at a time drives a backend.
+ *
+ * Fusion is named here: where a device backend runs two ops of the forward pass in one launch,
+ * the pair is an optional op of its own (add_rmsnorm, matmul_conv1d, add_rmsnorm_route) whose
+ * contract is the two ops one after the other, bit for bit; the forward pass calls it where the
+ * model has that shape and the two ops where a backend leaves it NULL. A backend runs the parts
+ * itself where its fused launch does not take the shape (or is switched off). Every op finishes
+ * its work in the call: nothing is left pending for the next op to launch. (Chosen over
+ * recording a micro-batch as an op list that the backend compiles per shape: the three fusions
+ * are pairs the forward pass already knows it makes, the CPU backend runs ops as they come,
+ * and CUDA graphs already record a pass per shape below the ops.) */
 #ifndef SIL_BACKEND_H
 #define SIL_BACKEND_H
 
@@ -222,6 +232,12 @@ struct sil_backend_ops {
      * lower id, in descending order) and p_e / max(sum of them, 2^-14). Fills n_rows, n_used. */
     void (*route)(struct sil_backend *be, struct sil_act x, const struct sil_weight *w, int n_used,
                   struct sil_moe_plan *plan);
+    /* Optional (NULL: add_rmsnorm, then route): x += d, y = rmsnorm(x) * norm, then route(y, w,
+     * n_used, plan) (the norm before a MoE block and its router), with the bits of the two ops
+     * one after the other. */
+    void (*add_rmsnorm_route)(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                              struct sil_act d, const struct sil_weight *norm, float eps,
+                              const struct sil_weight *w, int n_used, struct sil_moe_plan *plan);
     /* out = sum over slots k (in order) of w_k * down_e(silu(gate_e x) * up_e x) per row, plus
      * sigmoid(sh_gate_inp . x) * shared expert(x) when there is one. */
     void (*moe)(struct sil_backend *be, struct sil_act x, const struct sil_moe_plan *plan,

@@ -822,6 +822,15 @@ struct combine_task {
 
 /* out row i = its experts' down outputs weighted in slot order (+ the gated shared expert,
  * already in out); each thread sums into its own accumulator */
+/* The reference of the fused op: the two ops in turn. */
+static void cpu_add_rmsnorm_route(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                                  struct sil_act d, const struct sil_weight *norm, float eps,
+                                  const struct sil_weight *w, int n_used, struct sil_moe_plan *plan)
+{
+    cpu_add_rmsnorm(be, y, x, d, norm, eps);
+    cpu_route(be, y, w, n_used, plan);
+}
+
 static void combine_rows(void *arg, long lo, long hi, int ith)
 {
     const struct combine_task *t = arg;
@@ -1016,6 +1025,7 @@ static const struct sil_backend_ops cpu_ops = {
     .matmul_conv1d = cpu_matmul_conv1d,
     .delta_net = cpu_delta_net,
     .route = cpu_route,
+    .add_rmsnorm_route = cpu_add_rmsnorm_route,
     .moe = cpu_moe,
     .head = cpu_head,
 };

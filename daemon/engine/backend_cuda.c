@@ -33,7 +33,13 @@
  * Errors: ops cannot return one; the first failure is kept and later ops do nothing until
  * status reports it; our own checks and out-of-memory then clear (a device fault stays).
  * Ops run in order on the context's default stream; head() synchronizes (logits download).
- * Nothing on the per-token path allocates. */
+ * Nothing on the per-token path allocates.
+ *
+ * Fusion: every op launches its work before it returns. A launch that does two ops' work is an
+ * op of backend.h (add_rmsnorm, matmul_conv1d, add_rmsnorm_route), which runs the two parts
+ * where its fused kernel does not take the shape or is switched off. What an op leaves for the
+ * next is a cache only: the q8 blocks of the rows a norm, attention's merge or the delta rule
+ * wrote (q8_src), which a matmul of exactly those rows reads instead of quantizing again. */
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -221,16 +227,9 @@ struct cuda_backend {
     bool no_conv_fuse;
     bool no_attn_q8; /* SIL_CUDA_NO_ATTN_Q8=1: decode attention's merge leaves o's q8 to the
                       * output projection's own quantize launch */
-    /* a one-token add + rmsnorm + q8 waits (pnorm) for the op after it: when that is an F32
-     * router the fused router takes it (sil_cuda_router_norm), anything else launches it as it
-     * was first. SIL_CUDA_NO_NORM_ROUTER=1: never */
+    /* add_rmsnorm_route: a one-token add + rmsnorm + q8 in the launch of the F32 router after
+     * it (sil_cuda_router_norm); SIL_CUDA_NO_NORM_ROUTER=1: never (add_rmsnorm, then route) */
     bool no_norm_router;
-    struct {
-        bool on;
-        struct sil_act x, y;
-        sil_cuda_ptr d, w;
-        float eps;
-    } pnorm;
     int32_t split_from; /* SIL_CUDA_PREFILL_SPLIT=P: prefill attention of rows at positions
                          * >= P through the decode kernels (context split), MB rows a launch;
                          * 0: never (the default until measured) */
@@ -495,26 +494,11 @@ static void launch_norm(struct cuda_backend *b, struct sil_act x, sil_cuda_ptr d
     b->q8_k = x.width;
 }
 
-/* Launches the norm that waited (pnorm) as it would have been. */
-static void flush_norm(struct cuda_backend *b)
-{
-    if (!b->pnorm.on) return;
-    b->pnorm.on = false;
-    if (b->rc == 0) launch_norm(b, b->pnorm.x, b->pnorm.d, b->pnorm.y, b->pnorm.w, b->pnorm.eps);
-}
-
-/* What waits for the op after it, launched; first thing in every op that does not take it. */
-static void flush_early(struct cuda_backend *b)
-{
-    flush_norm(b);
-}
-
-/* Entry of an op that may write activations: deferred work first, and the quantized copy of
- * any activation is stale after it. False when the op is to do nothing (replay, error). */
+/* Entry of an op that may write activations: the quantized copy of any activation is stale
+ * after it. False when the op is to do nothing (replay, error). */
 static bool enter(struct cuda_backend *b)
 {
     if (b->mode == PASS_REPLAY) return false;
-    flush_early(b);
     b->q8_src = 0;
     return b->rc == 0;
 }
@@ -523,9 +507,7 @@ static void cuda_matmul(struct sil_backend *be, struct sil_act x, const struct s
                         int n)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode == PASS_REPLAY) return;
-    flush_early(b);
-    if (b->rc) return;
+    if (b->mode == PASS_REPLAY || b->rc) return;
     mm_chunks(b, x, out, n);
 }
 
@@ -682,7 +664,6 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     abort_capture(b); /* a pass that ended early (an error) */
     if (b->gev[0]) clock_gettime(CLOCK_MONOTONIC, &b->t_begin);
     b->meta_ok = false;
-    b->pnorm.on = false; /* what waited for the op after it */
     b->q8_src = 0;
     b->mode = PASS_EAGER;
     b->cur = NULL;
@@ -733,13 +714,12 @@ static void cuda_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     }
 }
 
-/* Layer by layer: micro-batch ub's ops follow another's. What waits for the next op is launched
- * (it is the other micro-batch's), then ub's inputs are staged and copied up again once the
- * copies of the last staging are done. Such passes are eager (begin records no graph). */
+/* Layer by layer: micro-batch ub's ops follow another's. ub's inputs are staged and copied up
+ * again once the copies of the last staging are done. Such passes are eager (begin records no
+ * graph). */
 static void cuda_resume(struct sil_backend *be, const struct sil_ubatch *ub)
 {
     struct cuda_backend *b = cb(be);
-    flush_early(b);
     b->q8_src = 0;
     b->meta_ok = false;
     if (b->rc) return;
@@ -766,7 +746,6 @@ static void cuda_get_rows(struct sil_backend *be, const struct sil_weight *w, co
                           struct sil_act y)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode != PASS_REPLAY) flush_early(b);
     b->q8_src = 0;
     if (b->rc) return;
     if (w->loc != SIL_WEIGHT_MMAP && w->loc != SIL_WEIGHT_HOST) {
@@ -794,7 +773,6 @@ static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_
                            const int32_t *rows)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode != PASS_REPLAY) flush_early(b);
     b->q8_src = 0;
     if (b->rc || y.rows == 0) return;
     sil_cuda_ptr rp = b->keep;
@@ -865,17 +843,6 @@ static void cuda_add_rmsnorm(struct sil_backend *be, struct sil_act y, struct si
     if (d.ld != d.width || !norm_fuses(b, y, x)) {
         cuda_add(be, x, d);
         cuda_rmsnorm(be, y, x, w, eps);
-        return;
-    }
-    if (x.rows == 1 && !b->no_norm_router && !b->no_router_fuse && b->router_done &&
-        sil_cuda_router_norm_ok(x.width)) {
-        /* a router may take it (cuda_route) */
-        b->pnorm.on = true;
-        b->pnorm.x = x;
-        b->pnorm.y = y;
-        b->pnorm.d = dp(d.data);
-        b->pnorm.w = dp(w->data);
-        b->pnorm.eps = eps;
         return;
     }
     launch_norm(b, x, dp(d.data), y, dp(w->data), eps);
@@ -1085,7 +1052,6 @@ static void cuda_matmul_conv1d(struct sil_backend *be, const struct sil_ubatch *
                                const struct sil_delta_net_args *a)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode != PASS_REPLAY) flush_early(b);
     if (conv_in_set(b, ub, x, out, n, a)) return;
     cuda_matmul(be, x, out, n);
     cuda_conv1d(be, ub, a);
@@ -1187,31 +1153,38 @@ static sil_cuda_ptr host_dev(const struct cuda_backend *b, const void *p)
     return 0;
 }
 
-/* The norm that waits (pnorm) is this router's input, and the router is one the fused kernel
- * with the norm takes. */
-static bool router_takes_norm(const struct cuda_backend *b, struct sil_act x,
-                              const struct sil_weight *w, int K)
+/* The norm of add_rmsnorm_route (x += d, y = rmsnorm(x) * w) in its router's launch. */
+struct router_norm {
+    struct sil_act x;
+    sil_cuda_ptr d, w;
+    float eps;
+};
+
+/* add_rmsnorm_route's norm and router in one launch: one token whose norm kernel takes the
+ * width, into an F32 router on the device that the fused kernel with the norm takes. */
+static bool router_takes_norm(const struct cuda_backend *b, struct sil_act y, struct sil_act x,
+                              struct sil_act d, const struct sil_weight *w, int K)
 {
-    return b->pnorm.on && b->pnorm.y.data == x.data && x.rows == 1 && x.ld == x.width &&
-           b->pnorm.x.width == x.width && w->cols == x.width && w->type == SIL_TYPE_F32 &&
-           w->loc == SIL_WEIGHT_DEVICE && w->rows <= 1024 && K <= 32 && K <= w->rows &&
-           b->router_done && !b->no_router_fuse && b->mode != PASS_REPLAY;
+    return b->mode != PASS_REPLAY && b->rc == 0 && x.rows == 1 && y.rows == 1 &&
+           y.width == x.width && d.ld == d.width && norm_fuses(b, y, x) &&
+           sil_cuda_router_norm_ok(x.width) && !b->no_norm_router && !b->no_router_fuse &&
+           b->router_done && w->cols == x.width && w->type == SIL_TYPE_F32 &&
+           w->loc == SIL_WEIGHT_DEVICE && w->rows <= 1024 && K <= 32 && K <= w->rows;
 }
 
 /* The router's choices for x's n rows on the device: ids, and b->wts. A decode batch with an F32
  * router of at most 1024 experts takes one launch (matvec and top-k; for one token with the
- * norm that made x, when it waits), else two. */
+ * norm that makes x when rn is given), else two. */
 static void router(struct cuda_backend *b, struct sil_act x, const struct sil_weight *w, int n,
-                   int X, int K, sil_cuda_ptr ids)
+                   int X, int K, sil_cuda_ptr ids, const struct router_norm *rn)
 {
-    if (router_takes_norm(b, x, w, K)) {
-        b->pnorm.on = false;
+    if (rn) {
         struct sil_cuda_weight cw;
-        const struct sil_cuda_norm_in nt = {dp(b->pnorm.x.data), b->pnorm.w, dp(x.data), b->q8,
-                                            b->router_done, b->pnorm.eps};
+        const struct sil_cuda_norm_in nt = {dp(rn->x.data), rn->w,          dp(x.data),
+                                            b->q8,          b->router_done, rn->eps};
         if (ok(b, view(w, w->rows, &cw, &b->err)) &&
-            ok(b, sil_cuda_router_norm(b->cu, &cw, b->pnorm.d, &nt, b->router, K, ids, b->wts,
-                                       NULL, &b->err))) {
+            ok(b, sil_cuda_router_norm(b->cu, &cw, rn->d, &nt, b->router, K, ids, b->wts, NULL,
+                                       &b->err))) {
             atomic_fetch_add_explicit(&b->fused[2], 1, memory_order_relaxed);
             b->q8_src = dp(x.data);
             b->q8_n = 1;
@@ -1219,7 +1192,6 @@ static void router(struct cuda_backend *b, struct sil_act x, const struct sil_we
         }
         return;
     }
-    flush_norm(b);
     if (!b->no_router_fuse && b->router_done && n <= MB && w->type == SIL_TYPE_F32 &&
         w->loc == SIL_WEIGHT_DEVICE && X <= 1024 && K <= 32 && x.ld == x.width) {
         struct sil_cuda_weight cw;
@@ -1234,28 +1206,26 @@ static void router(struct cuda_backend *b, struct sil_act x, const struct sil_we
         ok(b, sil_cuda_router_topk(b->cu, b->router, n, X, K, ids, b->wts, NULL, &b->err));
 }
 
-static void cuda_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
-                       int n_used, struct sil_moe_plan *plan)
+/* route, with the norm that makes x in the router's launch when rn is given. */
+static void route(struct cuda_backend *b, struct sil_act x, const struct sil_weight *w, int n_used,
+                  struct sil_moe_plan *plan, const struct router_norm *rn)
 {
-    struct cuda_backend *b = cb(be);
     const int X = (int)w->rows, K = n_used, n = (int)x.rows;
     plan->n_rows = n;
     plan->n_used = K;
-    /* a norm waiting for this router stays for router() (nothing else waits beside it) */
-    if (b->mode != PASS_REPLAY && !router_takes_norm(b, x, w, K)) flush_early(b);
     /* path (b): routed on the device over the slot table; the choices stay in zc_ids */
     if (b->rc == 0 && n > 0 && zc_routable(b, plan, n)) {
         plan->device_routed = true;
         b->zc_rows[plan->layer] = n;
         if (b->mode == PASS_REPLAY) return;
-        router(b, x, w, n, X, K, zc_ids_of(b, plan->layer));
+        router(b, x, w, n, X, K, zc_ids_of(b, plan->layer), rn);
         return;
     }
     /* prefill brings the choices back for the grouped products */
     if (b->rc == 0 && n > 0 && (n <= MB || b->no_grouped) && device_routable(b, plan)) {
         plan->device_routed = true;
         if (b->mode == PASS_REPLAY) return;
-        router(b, x, w, n, X, K, b->ids);
+        router(b, x, w, n, X, K, b->ids, rn);
         return;
     }
     if (b->rc || n == 0 || (b->mode != PASS_EAGER && !b->segmented)) {
@@ -1273,7 +1243,7 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
     int32_t *h_ids = b->h_ids;
     float *h_wts = (float *)(b->h_ids + b->c.ub_max * K);
     if (b->mode != PASS_REPLAY) {
-        router(b, x, w, n, X, K, b->ids);
+        router(b, x, w, n, X, K, b->ids, rn);
         if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_ids, b->ids, bytes, NULL, &b->err));
         if (b->rc == 0) ok(b, sil_cuda_download(b->cu, h_wts, b->wts, bytes, NULL, &b->err));
         /* path (c): the MoE input too, for the experts the host computes */
@@ -1296,6 +1266,29 @@ static void cuda_route(struct sil_backend *be, struct sil_act x, const struct si
             fail(b, -EIO, "router returned an expert id out of range");
             plan->sel_expert[q] = 0;
         }
+}
+
+static void cuda_route(struct sil_backend *be, struct sil_act x, const struct sil_weight *w,
+                       int n_used, struct sil_moe_plan *plan)
+{
+    route(cb(be), x, w, n_used, plan, NULL);
+}
+
+/* The norm in the router's launch where router_takes_norm; else add_rmsnorm, then route. */
+static void cuda_add_rmsnorm_route(struct sil_backend *be, struct sil_act y, struct sil_act x,
+                                   struct sil_act d, const struct sil_weight *norm, float eps,
+                                   const struct sil_weight *w, int n_used,
+                                   struct sil_moe_plan *plan)
+{
+    struct cuda_backend *b = cb(be);
+    if (!router_takes_norm(b, y, x, d, w, n_used)) {
+        cuda_add_rmsnorm(be, y, x, d, norm, eps);
+        cuda_route(be, y, w, n_used, plan);
+        return;
+    }
+    b->q8_src = 0; /* x and y are written */
+    const struct router_norm rn = {x, dp(d.data), dp(norm->data), eps};
+    route(b, y, w, n_used, plan, &rn);
 }
 
 /* Shared expert into out: sigmoid(gate_inp . x) * down(silu(gate x) * up x), then out +=
@@ -1600,7 +1593,6 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     /* prefill (unless SIL_CUDA_GROUPED=0): grouped products over the slot pools, each expert
      * read once, as everything resident does (the same kernels on the same bytes) */
     if (!cpu && !b->no_grouped && pl->n_rows > MB && n_host == 0) {
-        flush_early(b); /* never a replayed pass: graphs take at most MB rows */
         if (b->rc == 0) moe_grouped(b, x, pl, true);
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
         return;
@@ -1627,7 +1619,6 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         return;
     seg_begin(b);
     if (b->mode != PASS_REPLAY) {
-        flush_early(b);
         if (b->rc) return;
         if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
     }
@@ -1661,7 +1652,6 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
                      struct sil_act out)
 {
     struct cuda_backend *b = cb(be);
-    if (b->mode != PASS_REPLAY) flush_early(b);
     if (b->seg_gap) {
         /* a segmented pass: slot ids up, then the next segment starts with these experts */
         if (b->rc == 0 && x.rows > 0 && pl->n_active > 0 && b->n_slots > 0)
@@ -1671,7 +1661,6 @@ static void cuda_moe(struct sil_backend *be, struct sil_act x, const struct sil_
         return;
     }
     if (b->mode == PASS_REPLAY) return;
-    flush_early(b);
     if (b->rc || x.rows == 0 || (pl->n_active == 0 && !pl->device_routed)) return;
     if (x.ld != x.width || out.ld != out.width) {
         fail(b, -EINVAL, "moe rows are not contiguous");
@@ -1766,7 +1755,6 @@ static void cuda_head(struct sil_backend *be, struct sil_act x, const struct sil
     const int64_t V = w->rows;
     const bool graph = b->mode != PASS_EAGER;
     const uint8_t hm = (uint8_t)((logits ? SIL_HEAD_LOGITS : 0) | (argmax ? SIL_HEAD_ARGMAX : 0));
-    if (b->mode != PASS_REPLAY) flush_early(b);
     if (b->rc == 0 && (hm == 0 || (graph && b->cur && b->cur->head_out != hm)))
         fail(b, -EINVAL, hm ? "the head is asked for other outputs than the ubatch said"
                             : "the head has neither logits nor argmax to give back");
@@ -2138,7 +2126,6 @@ static int cuda_status(struct sil_backend *be, struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
     abort_capture(b);
-    if (b->mode != PASS_REPLAY) flush_early(b);
     if (b->rc == 0) ok(b, sil_cuda_sync(b->cu, NULL, &b->err));
     const int rc = b->rc;
     if (rc && err) *err = b->err;
@@ -2414,7 +2401,6 @@ static void cuda_fill_slot(struct sil_backend *be, int32_t slot, const struct si
     struct cuda_backend *b = cb(be);
     /* between the segments of a segmented pass no graph is open: the copy runs in any mode */
     if (b->mode == PASS_REPLAY && !b->seg_gap) return;
-    if (!b->seg_gap) flush_early(b);
     if (b->rc) return;
     if (b->mode != PASS_EAGER && !b->seg_gap) {
         fail(b, -EINVAL, "an expert copy inside a graph");
@@ -2474,6 +2460,7 @@ static const struct sil_backend_ops cuda_ops = {
     .matmul_conv1d = cuda_matmul_conv1d,
     .delta_net = cuda_delta_net,
     .route = cuda_route,
+    .add_rmsnorm_route = cuda_add_rmsnorm_route,
     .moe = cuda_moe,
     .head = cuda_head,
     .place = cuda_place,

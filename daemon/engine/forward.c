@@ -239,8 +239,8 @@ static struct sil_ubatch keep_output_rows(struct sil_fwd *f, const struct sil_ub
 }
 
 /* x += d; y = rmsnorm(x) * w: one pass over the rows where the backend has it */
-static void add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, struct sil_act d,
-                     const struct sil_weight *w, float eps)
+void sil_fwd_add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, struct sil_act d,
+                      const struct sil_weight *w, float eps)
 {
     if (f->be->ops->add_rmsnorm) {
         SIL_OP(f, add_rmsnorm, y, x, d, w, eps);
@@ -275,12 +275,13 @@ static void layer(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
         sil_fwd_delta_net(f, ub, il, cur, out);
     else
         sil_fwd_attention(f, ub, il, cur, out);
-    add_norm(f, cur, x, out, &w->ffn_norm, eps);
+    /* x += out, cur = rmsnorm(x) * ffn_norm, in the block (a MoE router may take the norm) */
+    const struct sil_fwd_norm ffn_in = {x, out, &w->ffn_norm, eps};
     if (m->traits->moe)
-        sil_fwd_moe(f, ub, il, cur, out);
+        sil_fwd_moe(f, ub, il, &ffn_in, cur, out);
     else
-        sil_fwd_ffn(f, ub, il, cur, out);
-    add_norm(f, cur, x, out, &f->lw[il + 1].attn_norm, eps);
+        sil_fwd_ffn(f, ub, il, &ffn_in, cur, out);
+    sil_fwd_add_norm(f, cur, x, out, &f->lw[il + 1].attn_norm, eps);
 }
 
 /* The last layer (its FFN only on the rows that want logits) and the head. */
@@ -304,10 +305,10 @@ static void finish(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits
     out = sil_act_rows(f->out, 0, last.n);
     SIL_OP(f, rmsnorm, cur, x, &w->ffn_norm, eps);
     if (m->traits->moe)
-        sil_fwd_moe(f, &last, il, cur, out);
+        sil_fwd_moe(f, &last, il, NULL, cur, out);
     else
-        sil_fwd_ffn(f, &last, il, cur, out);
-    add_norm(f, cur, x, out, &f->output_norm, eps);
+        sil_fwd_ffn(f, &last, il, NULL, cur, out);
+    sil_fwd_add_norm(f, cur, x, out, &f->output_norm, eps);
     /* keep_output_rows left only the rows that want logits, cur their output norm */
     SIL_OP(f, head, cur, &f->output, last.out_row, logits, argmax);
     sil_fwd_moe_deferred(f);

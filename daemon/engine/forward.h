@@ -133,6 +133,17 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, 
 void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, float *logits,
                         int32_t *argmax);
 
+/* x += d, then y = rmsnorm(x) * w: one op where the backend has add_rmsnorm. */
+void sil_fwd_add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, struct sil_act d,
+                      const struct sil_weight *w, float eps);
+
+/* The norm before a block, left to the block: x += d, then cur = rmsnorm(x) * w. */
+struct sil_fwd_norm {
+    struct sil_act x, d; /* [n, n_embd] the residual stream, what is added to it */
+    const struct sil_weight *w;
+    float eps;
+};
+
 /* Blocks: cur [n, n_embd] -> out [n, n_embd]. *_scratch: bytes of block-local activations for
  * ub_max rows. */
 void sil_fwd_attention(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
@@ -141,11 +152,13 @@ size_t sil_fwd_attention_scratch(const struct sil_fwd *f);
 void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                        struct sil_act out);
 size_t sil_fwd_delta_net_scratch(const struct sil_fwd *f);
-void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
-                 struct sil_act out);
+/* The FFN blocks take their norm (NULL: cur is normed already) and make cur first; the MoE
+ * block's router may take it (add_rmsnorm_route). */
+void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
+                 const struct sil_fwd_norm *norm, struct sil_act cur, struct sil_act out);
 size_t sil_fwd_ffn_scratch(const struct sil_fwd *f);
-void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
-                 struct sil_act out);
+void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
+                 const struct sil_fwd_norm *norm, struct sil_act cur, struct sil_act out);
 /* After a pass's head: the routing a device-routed pass over expert slots kept (backend op
  * routes) goes through the expert cache. */
 void sil_fwd_moe_deferred(struct sil_fwd *f);

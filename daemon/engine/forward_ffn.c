@@ -34,14 +34,15 @@ size_t sil_fwd_ffn_scratch(const struct sil_fwd *f)
     return ar.used;
 }
 
-void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
-                 struct sil_act out)
+void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
+                 const struct sil_fwd_norm *norm, struct sil_act cur, struct sil_act out)
 {
     const struct sil_layer_weights *w = &f->lw[il];
     struct sil_fwd_arena ar = sil_fwd_scratch(f);
     struct ffn_acts t;
     ffn_acts(f, &ar, ub->n, &t);
 
+    if (norm) sil_fwd_add_norm(f, cur, norm->x, norm->d, norm->w, norm->eps);
     SIL_MATMUL(f, cur, {&w->ffn_gate, t.gate}, {&w->ffn_up, t.up});
     SIL_OP(f, swiglu, t.gate, t.gate, t.up);
     SIL_MATMUL(f, t.gate, {&w->ffn_down, out});
@@ -168,8 +169,8 @@ static const int32_t *replay_next(struct sil_fwd *f, int il, int64_t rows)
     return NULL;
 }
 
-void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
-                 struct sil_act out)
+void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
+                 const struct sil_fwd_norm *norm, struct sil_act cur, struct sil_act out)
 {
     const struct sil_layer_weights *w = &f->lw[il];
     struct sil_moe_plan *plan = &f->plan;
@@ -187,7 +188,14 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct 
     plan->force_changed = 0;
     plan->force_gap = 0.0f;
     plan->force_bad = false;
-    SIL_OP(f, route, cur, &w->ffn_gate_inp, f->model->hp.n_expert_used, plan);
+    const int K = f->model->hp.n_expert_used;
+    if (norm && f->be->ops->add_rmsnorm_route) {
+        SIL_OP(f, add_rmsnorm_route, cur, norm->x, norm->d, norm->w, norm->eps, &w->ffn_gate_inp, K,
+               plan);
+    } else {
+        if (norm) sil_fwd_add_norm(f, cur, norm->x, norm->d, norm->w, norm->eps);
+        SIL_OP(f, route, cur, &w->ffn_gate_inp, K, plan);
+    }
     if (plan->force_sel) {
         f->replay_records++;
         f->replay_changed += (uint64_t)plan->force_changed;
