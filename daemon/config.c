@@ -47,6 +47,36 @@ void sil_config_defaults(struct sil_config *c)
     c->log_level = SIL_LOG_INFO;
     c->heat_map = true;
     c->heat_save_interval = 300;
+    c->spec = SIL_SPEC_OFF;
+    c->spec_depth = 4;
+}
+
+int sil_parse_spec_tree(const char *s, int32_t *depth, char *why, size_t why_size)
+{
+    char *end;
+    errno = 0;
+    const long w = strtol(s, &end, 10);
+    if (!isdigit((unsigned char)*s) || (*end != 'x' && *end != 'X') || errno || w < 1) {
+        snprintf(why, why_size, "expected WIDTHxDEPTH, a chain being 1xDEPTH (e.g. 1x4)");
+        return -EINVAL;
+    }
+    const char *d = end + 1;
+    errno = 0;
+    const long n = strtol(d, &end, 10);
+    if (end == d || *end || errno || !isdigit((unsigned char)*d)) {
+        snprintf(why, why_size, "expected WIDTHxDEPTH, a chain being 1xDEPTH (e.g. 1x4)");
+        return -EINVAL;
+    }
+    if (w != 1) {
+        snprintf(why, why_size, "token trees wider than 1 are not supported yet: give 1xDEPTH");
+        return -EINVAL;
+    }
+    if (n < 1 || n > SIL_CONFIG_SPEC_DEPTH_MAX) {
+        snprintf(why, why_size, "depth outside [1, %d]", SIL_CONFIG_SPEC_DEPTH_MAX);
+        return -EINVAL;
+    }
+    *depth = (int32_t)n;
+    return 0;
 }
 
 int sil_config_state_dir(const struct sil_config *c, char *out, size_t size)
@@ -310,6 +340,22 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
         strcpy(c->kv_type, val);
         return 0;
     }
+    if (strcmp(key, "spec") == 0) {
+        if (strcmp(val, "off") == 0)
+            c->spec = SIL_SPEC_OFF;
+        else if (strcmp(val, "draft") == 0)
+            c->spec = SIL_SPEC_DRAFT;
+        else {
+            snprintf(why, why_size, "expected off or draft%s",
+                     strcmp(val, "mtp") == 0 ? " (mtp is not supported yet)" : "");
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (strcmp(key, "draft_model") == 0)
+        return set_str(c->draft_model, sizeof c->draft_model, val, why, why_size);
+    if (strcmp(key, "spec_tree") == 0)
+        return sil_parse_spec_tree(val, &c->spec_depth, why, why_size);
     if (strcmp(key, "log_level") == 0) {
         int l = sil_parse_log_level(val);
         if (l < 0) {
@@ -503,6 +549,9 @@ enum {
     OPT_CUDA_ZERO_COPY,
     OPT_CUDA_PIN,
     OPT_CUDA_CPU_SHARE,
+    OPT_SPEC,
+    OPT_DRAFT_MODEL,
+    OPT_SPEC_TREE,
 };
 
 static const struct option long_opts[] = {
@@ -530,6 +579,9 @@ static const struct option long_opts[] = {
     { "cuda-zero-copy", required_argument, NULL, OPT_CUDA_ZERO_COPY },
     { "cuda-pin", required_argument, NULL, OPT_CUDA_PIN },
     { "cuda-cpu-share", required_argument, NULL, OPT_CUDA_CPU_SHARE },
+    { "spec", required_argument, NULL, OPT_SPEC },
+    { "draft-model", required_argument, NULL, OPT_DRAFT_MODEL },
+    { "spec-tree", required_argument, NULL, OPT_SPEC_TREE },
     { "version", no_argument, NULL, 'V' },
     { 0, 0, 0, 0 },
 };
@@ -558,6 +610,9 @@ static int flag_key(int opt, const char **key)
     case OPT_CUDA_ZERO_COPY: *key = "cuda_zero_copy"; return 1;
     case OPT_CUDA_PIN: *key = "cuda_pin"; return 1;
     case OPT_CUDA_CPU_SHARE: *key = "cuda_cpu_share"; return 1;
+    case OPT_SPEC: *key = "spec"; return 1;
+    case OPT_DRAFT_MODEL: *key = "draft_model"; return 1;
+    case OPT_SPEC_TREE: *key = "spec_tree"; return 1;
     }
     return 0;
 }
@@ -628,6 +683,11 @@ int sil_config_from_args(struct sil_config *c, struct sil_cli *cli, int argc, ch
                           "no model: give --model FILE or --models-dir DIR ('model =' or "
                           "'models_dir =' in %s)",
                           config_path ? config_path : SIL_DEFAULT_CONFIG);
+    if (c->spec == SIL_SPEC_DRAFT && !c->draft_model[0])
+        return sil_errorf(err, -EINVAL,
+                          "spec = draft needs a draft model: give --draft-model FILE "
+                          "('draft_model =' in %s)",
+                          config_path ? config_path : SIL_DEFAULT_CONFIG);
     if (c->max_tokens_default > c->max_tokens_limit)
         c->max_tokens_default = c->max_tokens_limit;
     /* One whole message must always fit, or a client alone could never finish one. */
@@ -679,6 +739,9 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
     STATIC(dst->cuda.pin != src->cuda.pin, "cuda_pin")
     STATIC(dst->cuda.cpu_off != src->cuda.cpu_off || dst->cuda.cpu_share != src->cuda.cpu_share,
            "cuda_cpu_share")
+    STATIC(dst->spec != src->spec, "spec")
+    STATIC(strcmp(dst->draft_model, src->draft_model), "draft_model")
+    STATIC(dst->spec_depth != src->spec_depth, "spec_tree")
 #undef STATIC
     if (n >= size && size > 4)
         strcpy(changed_static + size - 4, "...");
@@ -715,6 +778,7 @@ void sil_usage(FILE *f)
           "                [--state-dir DIR] [--cuda-graphs on|off]\n"
           "                [--cuda-zero-copy on|off] [--cuda-pin auto|on|off]\n"
           "                [--cuda-cpu-share auto|off|SHARE]\n"
+          "                [--spec off|draft] [--draft-model FILE] [--spec-tree 1xDEPTH]\n"
           "       siliceod --no-model [--socket PATH]   (protocol diagnostics only)\n"
           "       siliceod --inspect FILE\n"
           "       siliceod --help | --version\n"
@@ -754,6 +818,11 @@ void sil_usage(FILE *f)
           "      --cuda-cpu-share auto|off|SHARE  share in [0, 1] of each decode layer's\n"
           "                          expert misses computed on the CPU (default auto: from\n"
           "                          the measured host and link speeds)\n"
+          "      --spec off|draft    speculative decoding: a draft model proposes tokens the\n"
+          "                          model verifies in one batch (default off)\n"
+          "      --draft-model FILE  the draft model (the same vocabulary as every model\n"
+          "                          served)\n"
+          "      --spec-tree 1xDEPTH the tokens drafted a step, 1 to 64 (default 1x4)\n"
           "      --state-dir DIR     where heat maps and saved sessions are kept\n"
           "                          (default: $STATE_DIRECTORY, /var/lib/siliceo for\n"
           "                          root, else $XDG_STATE_HOME/siliceo or\n"

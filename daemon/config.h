@@ -21,6 +21,10 @@
 #define SIL_DEFAULT_CONFIG "/etc/siliceo/siliceod.conf"
 #define SIL_CONFIG_MAX_IDS 32
 
+enum sil_spec_mode { SIL_SPEC_OFF = 0, SIL_SPEC_DRAFT = 1 };
+/* The deepest chain siliceod drafts (spec.h's SIL_SPEC_DEPTH_MAX). */
+#define SIL_CONFIG_SPEC_DEPTH_MAX 64
+
 enum sil_log_level { SIL_LOG_ERR = 3, SIL_LOG_WARNING = 4, SIL_LOG_NOTICE = 5, SIL_LOG_INFO = 6, SIL_LOG_DEBUG = 7 };
 
 struct sil_config {
@@ -87,6 +91,12 @@ struct sil_config {
     /* The CUDA backend's user options (cuda_graphs, cuda_zero_copy, cuda_pin, cuda_cpu_share);
      * all zero: the defaults. Its other fields are never set from the config. */
     struct sil_cuda_options cuda;
+    /* Speculative decoding (spec.h): off or a draft model (draft_model, opened beside every
+     * model served, with the same vocabulary) drafting chains of spec_depth tokens; requests
+     * may ask for another depth or none (generate's spec). */
+    int spec;                      /* SIL_SPEC_OFF or SIL_SPEC_DRAFT */
+    char draft_model[PATH_MAX];
+    int32_t spec_depth;            /* from spec_tree = 1xDEPTH */
     int log_level;
     bool foreground;
     bool no_model;              /* --no-model: protocol-only diagnostics (debug.stream) */
@@ -127,6 +137,9 @@ int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size
                               size_t note_n);
 
 int sil_parse_log_level(const char *s); /* -EINVAL for an unknown name */
+/* A --spec-tree value, WIDTHxDEPTH: only chains (width 1) with depth 1..SIL_CONFIG_SPEC_DEPTH_MAX;
+ * -EINVAL with why filled otherwise. */
+int sil_parse_spec_tree(const char *s, int32_t *depth, char *why, size_t why_size);
 const char *sil_log_level_name(int level);
 
 void sil_usage(FILE *f);

@@ -64,7 +64,7 @@ static const char *const capabilities[] = { "hello", "generate", "chat", "cancel
                                             "status", "metrics", "sessions.list", "sessions.drop", "shutdown",
                                             "debug.stream", "stream", "sessions", "logit_bias",
                                             "priority", "preemption", "models", "progress",
-                                            "context_full", "model" };
+                                            "context_full", "model", "spec" };
 
 static void kv_text_or_nil(msgpack_packer *pk, const char *key, const char *s);
 
@@ -281,6 +281,51 @@ static void pack_heat_map(struct server *s, msgpack_packer *pk)
         msgpack_pack_nil(pk);
 }
 
+/* Speculative decoding with the model in use; nil when siliceod has no draft model. */
+static void pack_spec(struct server *s, msgpack_packer *pk, const struct sil_worker_stats *st)
+{
+    sil_rpc_pack_cstr(pk, "speculative");
+    if (!s->draft) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    const struct sil_model_info *di = sil_engine_info(s->draft);
+    const double steps = (double)st->spec_steps;
+    msgpack_pack_map(pk, 20);
+    sil_rpc_kv_str(pk, "mode", "draft");
+    sil_utf8_pack_kv(pk, "draft_model", di->path, strlen(di->path)); /* a path is bytes */
+    sil_rpc_kv_str(pk, "draft_arch", di->arch_name);
+    /* false when the model in use has another vocabulary: nothing speculates */
+    sil_rpc_kv_bool(pk, "active", st->spec_on);
+    char tree[32];
+    snprintf(tree, sizeof tree, "1x%d", (int)s->cfg->spec_depth);
+    sil_rpc_kv_str(pk, "tree", tree);
+    sil_rpc_kv_int(pk, "max_rows", SIL_SPEC_MAX_ROWS);
+    sil_rpc_kv_uint(pk, "steps", st->spec_steps);
+    sil_rpc_kv_uint(pk, "drafted", st->spec_drafted);
+    sil_rpc_kv_uint(pk, "accepted", st->spec_accepted);
+    sil_rpc_kv_uint(pk, "emitted", st->spec_emitted);
+    sil_rpc_kv_double(pk, "acceptance_rate",
+                      st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0);
+    sil_rpc_kv_double(pk, "accepted_per_step", steps > 0 ? (double)st->spec_accepted / steps : 0);
+    sil_rpc_kv_double(pk, "tokens_per_step", steps > 0 ? (double)st->spec_emitted / steps : 0);
+    /* the verify pass's time a step against a one-token decode step (0: not timed yet) */
+    const double verify_ms = steps > 0 ? st->spec_verify_s * 1e3 / steps : 0;
+    sil_rpc_kv_double(pk, "verify_step_ms", verify_ms);
+    sil_rpc_kv_double(pk, "draft_step_ms", steps > 0 ? st->spec_draft_s * 1e3 / steps : 0);
+    sil_rpc_kv_double(pk, "one_token_step_ms", st->spec_t_one * 1e3);
+    sil_rpc_kv_double(pk, "verify_vs_one_token",
+                      st->spec_t_one > 0 ? verify_ms / (st->spec_t_one * 1e3) : 0);
+    sil_rpc_kv_uint(pk, "stopped_requests", st->spec_stopped);
+    sil_rpc_kv_uint(pk, "batch_skips", st->spec_batch_skips);
+    /* the draft's engine state: live sequences, KV blocks free of the pool's */
+    sil_rpc_pack_cstr(pk, "draft_state");
+    msgpack_pack_map(pk, 3);
+    sil_rpc_kv_int(pk, "sequences", st->draft_seqs);
+    sil_rpc_kv_int(pk, "kv_blocks", st->draft_kv_blocks);
+    sil_rpc_kv_int(pk, "kv_blocks_free", st->draft_kv_free);
+}
+
 static int m_status(struct conn *c, const struct sil_rpc_msg *m)
 {
     struct server *s = c->srv;
@@ -291,7 +336,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     msgpack_packer *pk = sil_rpc_begin_response(&s->scratch, m->msgid);
     struct sil_engine_device dev;
     const bool on_dev = s->engine && sil_engine_device(s->engine, &dev) == 0;
-    msgpack_pack_map(pk, 21);
+    msgpack_pack_map(pk, 22);
     sil_rpc_kv_str(pk, "state", s->state == RUNNING ? "ready" : "stopping");
     sil_rpc_kv_str(pk, "model_state", sil_model_state_name(s));
     sil_rpc_pack_cstr(pk, "model_problem");
@@ -397,6 +442,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
     sil_rpc_kv_int(pk, "blocks", st.prefix_blocks);
     sil_rpc_kv_int(pk, "checkpoints", st.prefix_checkpoints);
     sil_rpc_kv_uint(pk, "checkpoint_bytes", st.prefix_checkpoint_bytes);
+    pack_spec(s, pk, &st);
     sil_rpc_end(&s->scratch);
     return sil_conn_send_scratch(c);
 }
@@ -663,11 +709,51 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         {"siliceo_heat_map_save_errors_total", "Heat map saves that failed.", true,
          (double)hv.save_errors},
     };
+    /* speculative decoding's, while siliceod has a draft model (the model in use's figures) */
+    const double sp_steps = (double)st.spec_steps;
+    const double sp_verify = sp_steps > 0 ? st.spec_verify_s / sp_steps : 0;
+    const struct metric ms[] = {
+        {"siliceo_spec_active", "1 while the draft model drafts for the model in use (the same "
+         "vocabulary).", false, st.spec_on},
+        {"siliceo_spec_steps_total", "Speculative steps (a draft chain verified in one batch).",
+         true, (double)st.spec_steps},
+        {"siliceo_spec_drafted_tokens_total", "Draft tokens proposed.", true,
+         (double)st.spec_drafted},
+        {"siliceo_spec_accepted_tokens_total", "Draft tokens accepted.", true,
+         (double)st.spec_accepted},
+        {"siliceo_spec_emitted_tokens_total", "Tokens speculative steps produced (accepted plus "
+         "one a step).", true, (double)st.spec_emitted},
+        {"siliceo_spec_acceptance_ratio", "Draft tokens accepted per draft token proposed (0 "
+         "before any).", false,
+         st.spec_drafted ? (double)st.spec_accepted / (double)st.spec_drafted : 0},
+        {"siliceo_spec_tokens_per_step", "Tokens a speculative step produced, on average.", false,
+         sp_steps > 0 ? (double)st.spec_emitted / sp_steps : 0},
+        {"siliceo_spec_draft_seconds_total", "Seconds the draft model spent proposing.", true,
+         st.spec_draft_s},
+        {"siliceo_spec_verify_seconds_total", "Seconds of the model's verify passes.", true,
+         st.spec_verify_s},
+        {"siliceo_spec_commit_seconds_total", "Seconds of commits (rollback and recompute of "
+         "kept rows).", true, st.spec_commit_s},
+        {"siliceo_spec_one_token_step_seconds", "A one-token decode step, measured (0 before "
+         "any).", false, st.spec_t_one},
+        {"siliceo_spec_verify_cost_ratio", "A verify pass's time against a one-token decode "
+         "step (0 before both are timed).", false,
+         st.spec_t_one > 0 ? sp_verify / st.spec_t_one : 0},
+        {"siliceo_spec_stopped_requests_total", "Requests that stopped speculating because it "
+         "did not pay.", true, (double)st.spec_stopped},
+        {"siliceo_spec_batch_skips_total", "Request steps decoded plainly because more than "
+         "the speculation threshold of requests were decoding.", true,
+         (double)st.spec_batch_skips},
+        {"siliceo_spec_draft_sequences", "Sequences the draft model holds now.", false,
+         st.draft_seqs},
+    };
     const int nx = ec_on ? (int)(sizeof mx / sizeof *mx) : 0,
-              nh = hv.on ? (int)(sizeof mh / sizeof *mh) : 0;
+              nh = hv.on ? (int)(sizeof mh / sizeof *mh) : 0,
+              nsp = s->draft ? (int)(sizeof ms / sizeof *ms) : 0;
     const bool device = ec_on && st.ecache_mode && strcmp(st.ecache_mode, "device") == 0;
     char names[sizeof mx / sizeof *mx][96], helps[sizeof mx / sizeof *mx][192];
-    struct metric all[sizeof mt / sizeof *mt + sizeof mx / sizeof *mx + sizeof mh / sizeof *mh];
+    struct metric all[sizeof mt / sizeof *mt + sizeof mx / sizeof *mx + sizeof mh / sizeof *mh +
+                      sizeof ms / sizeof *ms];
     memcpy(all, mt, sizeof mt);
     memcpy(all + n0, mx, (size_t)nx * sizeof *mx);
     for (int i = 0; i < nx; i++) {
@@ -675,7 +761,8 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         all[n0 + i].help = ec_help(mx[i].help, device, helps[i], sizeof helps[i]);
     }
     memcpy(all + n0 + nx, mh, (size_t)nh * sizeof *mh);
-    const int n = n0 + nx + nh;
+    memcpy(all + n0 + nx + nh, ms, (size_t)nsp * sizeof *ms);
+    const int n = n0 + nx + nh + nsp;
     struct sil_ecache_stats *layers = ec_on ? calloc(512, sizeof(*layers)) : NULL;
     if (ec_on && !layers) return sil_send_error(c, m->msgid, SIL_RPC_E_INTERNAL, "out of memory");
     const int32_t nl = layers ? sil_worker_ecache_layers(s->worker, layers, 512) : 0;
@@ -938,6 +1025,23 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
         if (sil_rpc_get_int(p, "priority", 0, 2, &v, O, err) < 0)
             return -EINVAL;
         j->priority = (int)v;
+    }
+    /* spec: "off", or the tokens to draft a step; needs the daemon's draft model */
+    const msgpack_object *spec = sil_rpc_map_get(p, "spec");
+    if (spec && spec->type == MSGPACK_OBJECT_STR) {
+        if (spec->via.str.size != 3 || memcmp(spec->via.str.ptr, "off", 3) != 0)
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                                  "spec: expected \"off\" or a depth in [1, %d]",
+                                  SIL_CONFIG_SPEC_DEPTH_MAX);
+        j->spec = -1;
+    } else if (spec && spec->type != MSGPACK_OBJECT_NIL) {
+        int64_t v;
+        if (sil_rpc_get_int(p, "spec", 1, SIL_CONFIG_SPEC_DEPTH_MAX, &v, O, err) < 0)
+            return -EINVAL;
+        if (cfg->spec != SIL_SPEC_DRAFT)
+            return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
+                                  "spec: siliceod runs without a draft model (spec = off)");
+        j->spec = (int32_t)v;
     }
     int64_t level = 0;
     if (sil_rpc_get_int(p, "priority_level", SIL_PRIO_LEVEL_MIN, SIL_PRIO_LEVEL_MAX, &level, O,

@@ -63,6 +63,7 @@ void sil_job_req_free(struct sil_job_req *r)
 void sil_job_free(struct sil_worker *w, struct job *j)
 {
     atomic_fetch_sub(&w->n_jobs, 1);
+    sil_job_spec_drop(w, j);
     free(j->oom);
     sil_sampler_free(j->smp);
     sil_genctl_free(j->gc);
@@ -207,6 +208,7 @@ static double ms(double a, double b) { return a > 0 && b >= a ? (b - a) * 1e3 : 
 void sil_job_finish(struct sil_worker *w, struct job *j, enum sil_stop_reason why, const char *errmsg)
 {
     j->t_end = now_s();
+    sil_job_spec_drop(w, j); /* the draft's sequence is free before the stats are published */
     struct sil_genctl_out tail = { 0 };
     int reason = why;
     if (j->gc) {
@@ -537,6 +539,7 @@ static void job_preempt(struct sil_worker *w, struct job *j, const char *why)
         j->fill = j->replay.p;
         j->n_fill = j->replay.n;
     }
+    sil_job_spec_drop(w, j);
     sil_seq_free(w->e, j->seq);
     j->seq = -1;
     if (j->sess)
@@ -639,14 +642,15 @@ static void running_finish(struct sil_worker *w, struct job *j, enum sil_stop_re
     sil_job_finish(w, j, why, msg);
 }
 
-/* Streams the text of one new token and applies the generation controls. */
-static void job_token(struct sil_worker *w, struct job *j, int32_t id)
+/* Streams the text of one new token and applies the generation controls. false when the job
+ * finished (it is freed). */
+static bool job_token(struct sil_worker *w, struct job *j, int32_t id)
 {
     if (!j->t_first)
         j->t_first = now_s();
     if (tokvec_push(&j->gen, &id, 1)) {
         running_finish(w, j, SIL_STOP_ERROR, "out of memory");
-        return;
+        return false;
     }
     w->local.tokens_generated++;
     if (sil_vocab_is_eog(w->v, id)) {
@@ -657,7 +661,7 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
             sil_post(w, j->r.conn_id, j->r.msgid, false);
         }
         running_finish(w, j, SIL_STOP_EOS, NULL);
-        return;
+        return false;
     }
     /* The detokenizer gives whole characters (an incomplete one waits for the next token) but
      * passes invalid bytes on: those become U+FFFD here, before the generation controls, so stop
@@ -699,10 +703,11 @@ static void job_token(struct sil_worker *w, struct job *j, int32_t id)
     }
     if (why != SIL_STOP_NONE) {
         running_finish(w, j, why, msg);
-        return;
+        return false;
     }
     j->pending = id;
     j->decoding = true;
+    return true;
 }
 
 /* A failed evaluation fails the requests whose rows the engine marked (row_status), or every
@@ -776,15 +781,190 @@ static bool out_of_space(const struct sil_worker *w, int n, int rc)
     return false;
 }
 
-/* One scheduler step: a decode row for every decoding request, then prompt chunks under the
- * prefill budget, given out by priority (schedpolicy.h). */
+
+/* ---- speculative decoding ---------------------------------------------------------------------- */
+
+/* While no one-token step has been timed, every this many steps of a speculating request is a
+ * plain one, so there is a figure to compare with. */
+#define SPEC_PROBE_EVERY 8
+
+void sil_job_spec_drop(struct sil_worker *w, struct job *j)
+{
+    if (!j->spec)
+        return;
+    sil_spec_free(j->spec);
+    free(j->spec);
+    j->spec = NULL;
+    if (w->draft && j->dseq >= 0) {
+        sil_seq_free(w->draft, j->dseq);
+        w->draft_seqs--;
+    }
+    j->dseq = -1;
+}
+
+void sil_spec_check(struct sil_worker *w)
+{
+    w->spec_ok = false;
+    if (!w->draft || !w->e)
+        return;
+    struct sil_error err = { 0 };
+    if (sil_spec_vocab_check(sil_engine_vocab(w->e), sil_engine_vocab(w->draft), &err) < 0) {
+        sil_notice("speculative decoding off for %s: %s", sil_engine_info(w->e)->path, err.msg);
+        return;
+    }
+    w->spec_ok = true;
+}
+
+/* The depth the job drafts at most: its own, else the daemon's; 0 when it does not speculate. */
+static int32_t job_spec_max(const struct sil_worker *w, const struct job *j)
+{
+    if (!w->draft || !w->spec_ok || j->r.spec < 0)
+        return 0;
+    return j->r.spec > 0 ? j->r.spec : w->spec_depth;
+}
+
+/* Tokens a step of j may emit (the verified chain and the target's own token after it), within
+ * its depth and the thinking budget: genctl forces think-close when reasoning reaches
+ * max_thinking_tokens, and a chain must end right before that point for the forced token to
+ * come where plain decoding puts it. Stop strings, EOS and the answer budget end the request
+ * at a token, after which nothing more of the chain is used. */
+static int32_t job_spec_out(const struct job *j)
+{
+    int32_t out = j->spec_depth + 1;
+    const struct sil_genctl_params *c = &j->r.ctl;
+    if (c->max_thinking_tokens >= 0 && c->think_close >= 0) {
+        const int32_t left = sil_genctl_in_reasoning(j->gc)
+                                 ? c->max_thinking_tokens - sil_genctl_n_reasoning_tokens(j->gc)
+                                 : c->max_thinking_tokens + 1; /* think-open, then the budget */
+        if (left < out)
+            out = left < 1 ? 1 : left;
+    }
+    return out;
+}
+
+/* One speculative step for a decoding job: the draft proposes, the target verifies, and the
+ * tokens that come out are streamed as plain decoding streams them. Returns true when the job's
+ * token(s) of this step were produced so (it may have finished: do not touch j then), false
+ * when it decodes plainly this step (nothing changed). */
+static bool job_spec_step(struct sil_worker *w, struct job *j)
+{
+    struct sil_error err = { 0 };
+    if (!j->spec) {
+        int dseq = sil_seq_create(w->draft, &err);
+        if (dseq < 0) {
+            sil_debug("request %u: no draft sequence: %s", j->r.msgid, err.msg);
+            return false;
+        }
+        w->draft_seqs++;
+        j->dseq = dseq;
+        j->spec = calloc(1, sizeof(*j->spec));
+        if (!j->spec || sil_spec_init(j->spec, w->e, j->seq, w->draft, dseq, j->spec_max, &err) < 0) {
+            sil_info("request %u: speculation off: %s", j->r.msgid, j->spec ? err.msg : "out of memory");
+            free(j->spec);
+            j->spec = NULL;
+            sil_seq_free(w->draft, dseq);
+            w->draft_seqs--;
+            j->dseq = -1;
+            j->spec_stopped = true;
+            return false;
+        }
+    }
+    /* hist: what the sequence holds and the pending token, one array (room made, n unchanged) */
+    if (tokvec_push(&j->ctx, &j->pending, 1))
+        return false;
+    j->ctx.n--;
+    int32_t out[SIL_SPEC_DEPTH_MAX + 1];
+    struct sil_spec *sp = j->spec;
+    sp->depth = j->spec_depth;
+    const struct sil_spec_stats before = sp->stats;
+    const double t0 = now_s();
+    const int k = sil_spec_step(sp, j->ctx.p, (int32_t)j->ctx.n + 1, job_spec_out(j), out, &err);
+    const double dt = now_s() - t0;
+    w->local.eval_seconds += dt;
+    if (k < 0) {
+        /* both sequences are as they were: plain decoding from here on */
+        sil_info("request %u: speculation off after a failed step: %s", j->r.msgid, err.msg);
+        j->spec_stopped = true;
+        sil_job_spec_drop(w, j);
+        return false;
+    }
+    const int32_t drafted = (int32_t)(sp->stats.drafted - before.drafted),
+                  accepted = (int32_t)(sp->stats.accepted - before.accepted);
+    w->local.spec_steps++;
+    w->local.spec_drafted += (uint64_t)drafted;
+    w->local.spec_accepted += (uint64_t)accepted;
+    w->local.spec_emitted += (uint64_t)k;
+    w->local.spec_draft_s += sp->stats.draft_s - before.draft_s;
+    w->local.spec_verify_s += sp->stats.verify_s - before.verify_s;
+    w->local.spec_commit_s += sp->stats.commit_s - before.commit_s;
+    j->spec_steps++;
+    j->spec_emitted += (uint64_t)k;
+    j->spec_s += dt;
+    /* each token as a decode row would give it: the one before it joins the context */
+    for (int i = 0; i < k; i++) {
+        if (tokvec_push(&j->ctx, &j->pending, 1)) {
+            running_finish(w, j, SIL_STOP_ERROR, "out of memory");
+            return true;
+        }
+        if (!job_token(w, j, out[i]))
+            return true;
+    }
+    return true;
+}
+
+/* The speculative steps of this scheduler step, for the decoding jobs that speculate: none when
+ * more than SIL_SPEC_MAX_ROWS requests decode. Marks the jobs it served (spec_ran). */
+static void spec_steps(struct sil_worker *w)
+{
+    if (!w->draft || !w->spec_ok)
+        return;
+    int n_dec = 0;
+    for (struct job *j = w->running; j; j = j->next)
+        n_dec += j->decoding && !j->cancelled;
+    for (struct job *j = w->running, *next; j; j = next) {
+        next = j->next;
+        j->spec_ran = false;
+        if (!j->decoding || j->cancelled || j->spec_stopped)
+            continue;
+        if (!j->spec_max) {
+            j->spec_max = job_spec_max(w, j);
+            j->spec_depth = j->spec_max;
+            if (!j->spec_max)
+                j->spec_stopped = true; /* never speculates */
+        }
+        if (j->spec_stopped)
+            continue;
+        if (n_dec > SIL_SPEC_MAX_ROWS) {
+            w->local.spec_batch_skips++;
+            continue;
+        }
+        /* greedy requests only (plain greedy: the argmax of the raw logits); a forced token
+         * goes as a decode row */
+        if (!sil_sampler_plain_greedy(j->smp) || sil_genctl_forced(j->gc) >= 0)
+            continue;
+        /* the first decode step, and a probe now and then while no one-token step is timed,
+         * go plainly */
+        j->spec_dec_steps++;
+        if (j->spec_dec_steps == 1 ||
+            (w->cost.t_dec[1] <= 0 && j->spec_dec_steps % SPEC_PROBE_EVERY == 0))
+            continue;
+        j->spec_ran = true;
+        if (!job_spec_step(w, j))
+            j->spec_ran = false;
+    }
+}
+
+/* One scheduler step: the speculative steps (spec_steps), then a decode row for every other
+ * decoding request and prompt chunks under the prefill budget, given out by priority
+ * (schedpolicy.h). */
 void sil_step(struct sil_worker *w)
 {
     int n = 0, n_logits = 0, n_dec = 0;
     int dec_cls = SIL_PRIO_BATCH + 1, pre_cls = SIL_PRIO_BATCH + 1; /* most urgent of each */
+    spec_steps(w);
     for (struct job *j = w->running; j; j = j->next) {
         j->logit_row = -1;
-        if (j->decoding && n < w->n_batch_max) {
+        if (j->decoding && !j->spec_ran && n < w->n_batch_max) {
             if (j->r.priority < dec_cls)
                 dec_cls = j->r.priority;
             w->b_tok[n] = j->pending;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/spec.h"
 #include "daemon/log.h"
 #include "daemon/modelwatch.h"
 #include "daemon/server_impl.h"
@@ -354,6 +355,57 @@ static void preload_progress(int64_t done, int64_t total, void *user)
                (long long)total);
 }
 
+/* spec = draft: the draft model, opened as the served model is (threads, backend, context, KV
+ * type) with a sequence for each request that may run, its own KV and recurrent state, and no
+ * caches of its own (no prefix cache, host tier, heat map). Its vocabulary is checked against
+ * the default model here (a mismatch is an error at start), and by the worker against every
+ * model loaded later (a mismatch there only turns speculation off for that model). */
+static int open_draft(struct server *s, struct sil_error *err)
+{
+    const struct sil_config *cfg = s->cfg;
+    struct stat st;
+    if (stat(cfg->draft_model, &st) < 0)
+        return sil_errorf(err, -errno, "cannot load the draft model: %s: %s", cfg->draft_model,
+                          strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return sil_errorf(err, -EINVAL, "cannot load the draft model: %s: not a regular file",
+                          cfg->draft_model);
+    struct sil_engine_params ep;
+    sil_engine_params_default(&ep);
+    ep.model_path = cfg->draft_model;
+    ep.n_threads = cfg->threads;
+    ep.backend = cfg->backend;
+    ep.n_ctx = cfg->ctx;
+    ep.kv_type = cfg->kv_type;
+    ep.host_budget_off = true;
+    ep.n_seq_max = cfg->max_running;
+    ep.n_batch_max = cfg->prefill_chunk + cfg->max_running;
+    ep.progress = load_progress;
+    sil_info("loading the draft model %s", cfg->draft_model);
+    int rc = sil_engine_open(&s->draft, &ep, err);
+    if (rc < 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return sil_errorf(err, rc, "cannot load the draft model: %s", why);
+    }
+    if (cfg->spec_depth >= sil_engine_n_batch_max(s->draft))
+        return sil_errorf(err, -EINVAL, "spec_tree: depth %d is not below the draft's batch of %d",
+                          cfg->spec_depth, sil_engine_n_batch_max(s->draft));
+    const struct sil_model_info *di = sil_engine_info(s->draft);
+    sil_info("draft model %s (%s, %d layers) on %s, chains of %d tokens", di->name,
+             di->arch_name, di->n_layer, di->backend, cfg->spec_depth);
+    if (s->engine) {
+        rc = sil_spec_vocab_check(sil_engine_vocab(s->engine), sil_engine_vocab(s->draft), err);
+        if (rc < 0) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return sil_errorf(err, rc, "the draft model %s cannot draft for %s: %s",
+                              cfg->draft_model, sil_engine_info(s->engine)->path, why);
+        }
+    }
+    return 0;
+}
+
 /* Creates the socket's directory (0750) when missing; the default ones are ours to fix up. */
 /* The socket's directory must be the daemon's user's or root's, and nobody else may write
  * there but under the sticky bit (as /tmp): another user who made it first (the per-user
@@ -524,7 +576,11 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map);
         s->heat_init = true;
         struct sil_error err = { 0 };
-        if (sil_worker_start(&s->worker, NULL, cfg, &s->heat, &err) < 0) {
+        if (cfg->spec == SIL_SPEC_DRAFT && open_draft(s, &err) < 0) {
+            sil_err("%s", err.msg);
+            goto out;
+        }
+        if (sil_worker_start(&s->worker, NULL, s->draft, cfg, &s->heat, &err) < 0) {
             sil_err("%s", err.msg);
             goto out;
         }
@@ -584,7 +640,12 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
         s->heat_init = true;
         sil_heatkeep_load(&s->heat, s->engine, preload_progress, NULL);
-        if (sil_worker_start(&s->worker, s->engine, cfg, &s->heat, &err) < 0) {
+        if (cfg->spec == SIL_SPEC_DRAFT && open_draft(s, &err) < 0) {
+            sil_err("%s", err.msg);
+            sd_notifyf(0, "STATUS=%s", err.msg);
+            goto out;
+        }
+        if (sil_worker_start(&s->worker, s->engine, s->draft, cfg, &s->heat, &err) < 0) {
             sil_err("%s", err.msg);
             goto out;
         }
@@ -646,6 +707,8 @@ out:
     sil_modelwatch_free(s->watch);
     if (s->engine)
         sil_engine_close(s->engine);
+    if (s->draft)
+        sil_engine_close(s->draft);
     if (s->heat_init) sil_heatkeep_destroy(&s->heat);
     sd_event_source_disable_unref(s->listen_src);
     sd_event_source_disable_unref(s->worker_src);

@@ -99,6 +99,9 @@ struct server {
     bool activated;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     struct sil_engine *engine;
+    /* The draft model of speculative decoding (spec = draft), NULL when off; the worker's
+     * thread evaluates it, the loop only reads its info. */
+    struct sil_engine *draft;
     const struct sil_vocab *vocab;
     struct sil_worker *worker;
     struct sil_modelwatch *watch;

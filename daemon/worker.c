@@ -430,6 +430,11 @@ static void do_reload(struct sil_worker *w)
     w->logits = logits;
     w->damaged = false;
     w->cost = (struct sil_sched_cost){ 0 }; /* another model, other step times */
+    /* the speculative figures are the model's */
+    w->local.spec_steps = w->local.spec_drafted = w->local.spec_accepted = 0;
+    w->local.spec_emitted = w->local.spec_stopped = w->local.spec_batch_skips = 0;
+    w->local.spec_draft_s = w->local.spec_verify_s = w->local.spec_commit_s = 0;
+    sil_spec_check(w);
     sil_engine_set_eval_progress(ne, eval_progress, w);
     sil_notice("model %s %s in %.2f s", sil_engine_info(ne)->path, old ? "reloaded" : "loaded",
                now_s() - t0);
@@ -513,6 +518,15 @@ void sil_publish_stats(struct sil_worker *w)
     w->local.running = w->n_running;
     w->local.queued = w->n_queued;
     w->local.sessions = w->n_sessions;
+    w->local.spec_on = w->draft && w->spec_ok;
+    w->local.spec_t_one = w->cost.t_dec[1];
+    w->local.draft_seqs = w->draft_seqs;
+    if (w->draft) {
+        struct sil_kv_info dk;
+        sil_engine_kv_info(w->draft, &dk);
+        w->local.draft_kv_blocks = dk.n_blocks;
+        w->local.draft_kv_free = dk.n_free;
+    }
     w->local.session_bytes = sb;
     struct sil_prefix_stats ps;
     sil_engine_prefix_stats(w->e, &ps);
@@ -698,6 +712,7 @@ int sil_worker_submit(struct sil_worker *w, struct sil_job_req *req)
     j->r.ctl.stop = j->r.stop_ptrs;
     free(req);
     j->seq = -1;
+    j->dseq = -1;
     j->oom = oom;
     m->job = j;
     atomic_fetch_add(&w->n_jobs, 1);
@@ -857,8 +872,9 @@ bool sil_worker_alive(struct sil_worker *w, uint64_t max_age_usec, double *age_s
     return idle || age <= (int64_t)max_age_usec * 1000;
 }
 
-int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct sil_config *cfg,
-                     struct sil_heatkeep *heat, struct sil_error *err)
+int sil_worker_start(struct sil_worker **out, struct sil_engine *e, struct sil_engine *draft,
+                     const struct sil_config *cfg, struct sil_heatkeep *heat,
+                     struct sil_error *err)
 {
     struct sil_worker *w = calloc(1, sizeof(*w));
     if (!w)
@@ -867,6 +883,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->e = e;
+    w->draft = draft;
+    w->spec_depth = cfg->spec_depth;
     w->heat = heat;
     w->v = e ? sil_engine_vocab(e) : NULL;
     w->n_vocab = e ? sil_vocab_n_tokens(w->v) : 1;
@@ -906,6 +924,8 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct
     w->s_idx = calloc(w->max_running, sizeof(*w->s_idx));
     w->s_take = calloc(w->max_running, sizeof(*w->s_take));
     if (e) sil_engine_set_eval_progress(e, eval_progress, w);
+    if (draft) sil_engine_set_eval_progress(draft, eval_progress, w);
+    sil_spec_check(w);
     w->logits = calloc((size_t)w->max_running * w->n_vocab, sizeof(float));
     if (w->efd < 0 || !w->b_tok || !w->b_pos || !w->b_seq || !w->b_want || !w->b_status ||
         !w->b_pick ||

@@ -24,6 +24,14 @@
 #define SIL_SESSION_NAME_MAX 128
 #define SIL_LOGIT_BIAS_MAX 1024 /* entries in a request's logit_bias */
 
+/* Speculation is skipped in a step with more decoding requests than this. Each speculating
+ * request verifies its chain in a batch of its own (depth + 1 rows) beside the shared decode
+ * step, so k of them cost k passes over the weights where plain decoding costs one shared pass;
+ * and a shared pass amortizes well: on the 35B MoE shape (H100) one decode row takes 2.52 ms and
+ * eight 6.86 ms, 0.86 ms a row. Past about four rows the shared step already gives what a chain
+ * would, and separate verify passes only add weight reads. */
+#define SIL_SPEC_MAX_ROWS 4
+
 enum sil_priority { SIL_PRIO_INTERACTIVE = 0, SIL_PRIO_NORMAL = 1, SIL_PRIO_BATCH = 2 };
 
 /* A generate or chat request, prepared by the loop (prompt tokenized, params checked). */
@@ -51,6 +59,9 @@ struct sil_job_req {
     bool progress;      /* send "progress" notifications while the prompt is evaluated */
     int priority;       /* enum sil_priority: the class */
     int priority_level; /* within the class, SIL_PRIO_LEVEL_MIN..MAX (schedpolicy.h), lower first */
+    /* Speculative decoding: 0 the daemon's (spec_tree, when a draft model is set), -1 none, else
+     * the tokens to draft a step (1..SIL_CONFIG_SPEC_DEPTH_MAX) */
+    int32_t spec;
 };
 
 /* Figures the loop reports in status / metrics (a consistent snapshot). */
@@ -73,6 +84,17 @@ struct sil_worker_stats {
     int32_t ecache_slots;
     const char *ecache_mode, *ecache_policy;
     struct sil_ecache_stats ecache;
+    /* Speculative decoding with the model in use (reset when another is loaded): whether a
+     * draft model serves it, speculative steps, drafts proposed and accepted, tokens they
+     * emitted, and the seconds of their drafting, verify passes and commits; one-token decode
+     * steps timed for comparison (t_one: their mean seconds, 0 = none yet); requests that
+     * stopped speculating because it did not pay, and request steps decoded plainly because the
+     * batch was large. The draft's live sequences and its KV pool (blocks, free). */
+    bool spec_on;
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted;
+    double spec_draft_s, spec_verify_s, spec_commit_s, spec_t_one;
+    uint64_t spec_stopped, spec_batch_skips;
+    int32_t draft_seqs, draft_kv_blocks, draft_kv_free;
 };
 
 /* Outbox messages that are news about the model rather than bytes for a client. */
@@ -103,8 +125,12 @@ struct sil_worker;
  * (may be NULL) periodically, at shutdown and around a reload, and loads it into a reloaded
  * engine. */
 struct sil_heatkeep;
-int sil_worker_start(struct sil_worker **out, struct sil_engine *e, const struct sil_config *cfg,
-                     struct sil_heatkeep *heat, struct sil_error *err);
+/* draft (may be NULL): the draft model of speculative decoding, used by the worker thread only
+ * from now on and closed by the caller after sil_worker_free; it drafts for every model whose
+ * vocabulary it shares. */
+int sil_worker_start(struct sil_worker **out, struct sil_engine *e, struct sil_engine *draft,
+                     const struct sil_config *cfg, struct sil_heatkeep *heat,
+                     struct sil_error *err);
 /* Joins the thread (after sil_worker_shutdown and the stopped message) and frees everything. */
 void sil_worker_free(struct sil_worker *w);
 int sil_worker_eventfd(const struct sil_worker *w);

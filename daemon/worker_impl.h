@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "daemon/engine/spec.h"
 #include "daemon/schedpolicy.h"
 #include "daemon/sessfile.h"
 #include "daemon/worker.h"
@@ -78,6 +79,18 @@ struct job {
     /* Its final response when memory runs out: allocated with the job, so the loop always learns
      * the request ended (the client gets error 10, not silence). NULL once used. */
     struct sil_outmsg *oom;
+    /* Speculative decoding (scheduler.c): the chain state with the draft's sequence (NULL until
+     * its first speculative step, dropped with the target's sequence), the depth it may draft
+     * (its own or the daemon's) and the one it drafts now (adaptive), its acceptance as a
+     * moving average, its counters, and whether it stopped (speculation did not pay). */
+    struct sil_spec *spec;
+    int dseq;
+    int32_t spec_max, spec_depth;
+    double spec_acc;
+    uint64_t spec_steps, spec_emitted, spec_dec_steps;
+    double spec_s;
+    bool spec_stopped;
+    bool spec_ran; /* this step's token came from a speculative step */
 };
 
 enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP, IN_DAMAGED, IN_RELOAD,
@@ -125,6 +138,12 @@ struct sil_worker {
     int max_sessions_limit;
     /* Engine thread only. */
     struct sil_engine *e;
+    /* The draft model (NULL: none), whether it can draft for e (the same vocabulary), the
+     * depth requests get by default, and its live sequences. */
+    struct sil_engine *draft;
+    bool spec_ok;
+    int32_t spec_depth;
+    int32_t draft_seqs;
     const struct sil_vocab *v;
     int32_t n_vocab, n_ctx;
     int max_running, prefill_chunk, prefill_budget, n_batch_max;
@@ -237,7 +256,12 @@ void sil_list_remove(struct job **head, struct job *j);
 void sil_list_append(struct job **head, struct job *j);
 /* Moves queued jobs to running while sequences and max_running allow. */
 void sil_admit(struct sil_worker *w);
-/* One scheduler step: decode rows for every decoding request, then prompt chunks. */
+/* One scheduler step: speculative steps for the requests that speculate, decode rows for every
+ * other decoding request, then prompt chunks. */
 void sil_step(struct sil_worker *w);
+/* The job's speculative state and draft sequence go (its target sequence is left alone). */
+void sil_job_spec_drop(struct sil_worker *w, struct job *j);
+/* Whether w->draft can draft for w->e (logs why not); sets w->spec_ok. */
+void sil_spec_check(struct sil_worker *w);
 
 #endif

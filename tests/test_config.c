@@ -227,6 +227,71 @@ static void test_flags_override_file(void **state)
     assert_true(c.no_model);
 }
 
+/* Speculative decoding: spec, draft_model and spec_tree from the file and the flags, each value
+ * checked; spec = draft without a draft model is an error; none of them changes live. */
+static void test_spec_keys(void **state)
+{
+    struct sil_config c;
+    struct sil_cli cli;
+    struct sil_error err = { 0 };
+    sil_config_defaults(&c);
+    assert_int_equal(c.spec, SIL_SPEC_OFF);
+    assert_int_equal(c.spec_depth, 4);
+    const char *p = write_file("spec.conf", "model = /m.gguf\nspec = draft\ndraft_model = /d.gguf\n"
+                                            "spec_tree = 1x8\n");
+    char path[128];
+    snprintf(path, sizeof path, "%s", p);
+    char *argv[] = { "siliceod", "--config", path, NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 3, argv, &err), 0);
+    assert_int_equal(c.spec, SIL_SPEC_DRAFT);
+    assert_string_equal(c.draft_model, "/d.gguf");
+    assert_int_equal(c.spec_depth, 8);
+    char *flags[] = { "siliceod", "--config", path, "--spec-tree", "1x2", "--draft-model", "/e.gguf",
+                      "--spec", "off", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 9, flags, &err), 0);
+    assert_int_equal(c.spec, SIL_SPEC_OFF);
+    assert_string_equal(c.draft_model, "/e.gguf");
+    assert_int_equal(c.spec_depth, 2);
+
+    static const char *const bad[][2] = {
+        { "spec", "mtp" },       { "spec", "on" },        { "spec", "" },
+        { "spec_tree", "2x4" },  { "spec_tree", "1x0" },  { "spec_tree", "1x65" },
+        { "spec_tree", "1x" },   { "spec_tree", "x4" },   { "spec_tree", "1x4x" },
+        { "spec_tree", "-1x4" }, { "spec_tree", "1x-4" }, { "spec_tree", "1x99999999999999999999" },
+        { "spec_tree", "4" },    { "spec_tree", "1x4 4" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "model = /m.gguf\n%s = %s\n", bad[i][0], bad[i][1]);
+        const char *q = write_file("bad.conf", text);
+        assert_int_equal(sil_config_load_file(&c, q, &err), -EINVAL);
+        assert_non_null(strstr(err.msg, bad[i][0]));
+    }
+    int32_t d = 0;
+    char why[128];
+    assert_int_equal(sil_parse_spec_tree("1x64", &d, why, sizeof why), 0);
+    assert_int_equal(d, 64);
+    assert_int_equal(sil_parse_spec_tree("2x4", &d, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "not supported yet"));
+
+    const char *q = write_file("nodraft.conf", "model = /m.gguf\nspec = draft\n");
+    snprintf(path, sizeof path, "%s", q);
+    char *nodraft[] = { "siliceod", "--config", path, NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 3, nodraft, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "draft model"));
+
+    struct sil_config a, b;
+    sil_config_defaults(&a);
+    sil_config_defaults(&b);
+    b.spec = SIL_SPEC_DRAFT;
+    strcpy(b.draft_model, "/d.gguf");
+    b.spec_depth = 6;
+    char changed[256];
+    sil_config_apply_live(&a, &b, changed, sizeof changed);
+    assert_string_equal(changed, "spec, draft_model, spec_tree");
+    assert_int_equal(a.spec, SIL_SPEC_OFF);
+}
+
 static void test_live_reload(void **state)
 {
     struct sil_config a, b;
@@ -476,6 +541,7 @@ int main(void)
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_flags_override_file),
         cmocka_unit_test(test_live_reload),
+        cmocka_unit_test(test_spec_keys),
         cmocka_unit_test(test_state_keys),
         cmocka_unit_test(test_host_budget),
         cmocka_unit_test(test_cuda_options),

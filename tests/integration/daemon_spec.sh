@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# siliceod --spec draft: greedy answers identical token for token to a daemon without a draft
+# model, on a hybrid MoE model drafting for itself and drafted by another quantization, and on an
+# attention-only model; per-request spec (off, a depth; bad values are error 4); status and
+# metrics carry the figures; a cancelled speculative request frees its sequences and KV; bad
+# settings (no draft model, a tree, mtp, another vocabulary) stop the daemon with a message.
+. "$(dirname "$0")/lib.bash"
+M=$SHARED/refdata/models
+need_refdata "$M/qwen35moe-tiny-Q4_K_M.gguf" "$M/qwen35moe-tiny-F16.gguf" "$M/qwen3-tiny-Q8_0.gguf"
+for pair in qwen35moe-tiny-Q4_K_M:qwen35moe-tiny-Q4_K_M:all qwen35moe-tiny-Q4_K_M:qwen35moe-tiny-F16:any \
+    qwen3-tiny-Q8_0:qwen3-tiny-Q8_0:all; do
+    IFS=: read -r target draft mode <<<"$pair"
+    echo "== $target drafted by $draft"
+    write_conf "threads = 2" "prefix_cache = off"
+    start_daemon --model "$M/$target.gguf"
+    python3 "$HERE/spec_tests.py" plain "$T/plain.json"
+    stop_daemon
+    write_conf "threads = 2" "prefix_cache = off" "spec = draft" "draft_model = $M/$draft.gguf"
+    start_daemon --model "$M/$target.gguf" --spec-tree 1x4
+    python3 "$HERE/spec_tests.py" spec "$T/plain.json" "$mode"
+    stop_daemon
+done
+
+# bad settings: the daemon does not start, and says why
+bad() { # expected-message flags...
+    local want=$1
+    shift
+    set +e
+    timeout 60 "$SIL_BUILD/bin/siliceod" --config "$T/siliceod.conf" --socket "$SILICEO_SOCKET" \
+        --model "$M/qwen3-tiny-Q8_0.gguf" "$@" >"$T/bad.log" 2>&1
+    local rc=$?
+    set -e
+    [ $rc != 0 ] || fail "siliceod $* started"
+    grep -q -- "$want" "$T/bad.log" || fail "message for $*: $(cat "$T/bad.log")"
+    echo "ok: $* refused: $want"
+}
+write_conf "threads = 2"
+bad "needs a draft model" --spec draft
+bad "wider than 1 are not supported" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 2x4
+bad "depth outside" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 1x65
+bad "expected WIDTHxDEPTH" --spec-tree 1x
+bad "mtp is not supported yet" --spec mtp
+bad "expected off or draft" --spec yes
+bad "cannot load the draft model" --spec draft --draft-model "$T/nope.gguf"
+"$SIL_BUILD/bin/sil-mkmodel" --arch qwen3 --layers 1 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 \
+    --ffn 128 --vocab 600 --type q8_0 --quiet --out "$T/v600.gguf" || fail "sil-mkmodel"
+bad "cannot draft for .*600 tokens" --spec draft --draft-model "$T/v600.gguf"
+write_conf "threads = 2" "spec_tree = 3x2"
+bad "spec_tree: token trees wider than 1" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf"
+"$SIL_BUILD/bin/siliceod" --help | grep -q -- "--spec-tree 1xDEPTH" || fail "--help lists --spec-tree"

@@ -1,0 +1,168 @@
+"""Speculative decoding through a running siliceod (daemon_spec.sh). `plain PATH` records greedy
+answers of a daemon without a draft model (and checks that spec is refused there); `spec PATH
+MODE` checks that a daemon with one gives the same tokens (alone, side by side, per-request depths,
+spec "off", a batch too large to speculate), that status and metrics carry the figures (MODE all:
+every draft accepted, the target drafting for itself), that bad spec values are error 4, and that
+a speculative request cancelled mid-stream leaves the engine state as it found it."""
+import json
+import random
+import sys
+import threading
+import time
+
+from siltest import Client, check
+
+GREEDY = {"temperature": 0, "grace_tokens": 0, "max_tokens": 24, "add_bos": False}
+rnd = random.Random(40)
+PROMPTS = [[rnd.randrange(3, 400) for _ in range(n)] for n in (5, 17, 40, 70)]
+
+
+def gen(c, ids, **kw):
+    return c.ok("generate", dict(GREEDY, prompt_tokens=ids, **kw))[0]
+
+
+def plain(path):
+    c = Client()
+    check(c.ok("status")[0]["speculative"] is None, "status: speculative is nil without a draft model")
+    err, _, _ = c.call("generate", dict(GREEDY, prompt_tokens=PROMPTS[0], spec=2))
+    check(err is not None and err["code"] == 4 and "draft model" in err["message"],
+          "spec with no draft model: error 4 (%r)" % err)
+    check(gen(c, PROMPTS[0], spec="off")["n_generated"] > 0, "spec off is accepted without a draft model")
+    out = [gen(c, p)["tokens"] for p in PROMPTS]
+    with open(path, "w") as f:
+        json.dump(out, f)
+
+
+def spec_status(c):
+    return c.ok("status")[0]["speculative"]
+
+
+def concurrent(ids_list, **kw):
+    res = [None] * len(ids_list)
+
+    def run(i):
+        res[i] = gen(Client(), ids_list[i], **kw)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(ids_list))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return res
+
+
+def spec(path, mode):
+    with open(path) as f:
+        want = json.load(f)
+    c = Client()
+    s0 = spec_status(c)
+    check(s0 is not None and s0["mode"] == "draft" and s0["active"] is True and s0["tree"] == "1x4",
+          "status: a draft model is active, 1x4 (%r)" % s0)
+    check(s0["max_rows"] == 4, "status: speculation stops past 4 decoding requests")
+    check(s0["steps"] == 0 and s0["drafted"] == 0 and s0["draft_state"]["sequences"] == 0,
+          "status: nothing speculated yet")
+
+    for i, p in enumerate(PROMPTS):
+        r = gen(c, p)
+        check(r["tokens"] == want[i], "prompt %d: the tokens of plain greedy decoding" % i)
+    s1 = spec_status(c)
+    check(s1["steps"] > 0 and s1["drafted"] > 0 and s1["emitted"] == s1["accepted"] + s1["steps"],
+          "status: speculative steps ran, emitted = accepted + steps (%r)" % s1)
+    check(s1["accepted"] <= s1["drafted"] <= 4 * s1["steps"], "status: accepted <= drafted <= 4 a step")
+    check(abs(s1["acceptance_rate"] - s1["accepted"] / s1["drafted"]) < 1e-9, "status: acceptance_rate")
+    check(abs(s1["tokens_per_step"] - s1["emitted"] / s1["steps"]) < 1e-9, "status: tokens_per_step")
+    check(s1["verify_step_ms"] > 0 and s1["draft_step_ms"] > 0, "status: verify and draft times")
+    check(s1["one_token_step_ms"] > 0 and s1["verify_vs_one_token"] > 0,
+          "status: the verify step against a one-token step (%.3f ms vs %.3f ms)"
+          % (s1["verify_step_ms"], s1["one_token_step_ms"]))
+    if mode == "all":
+        check(s1["accepted"] == s1["drafted"], "the target drafting for itself: every draft accepted")
+    print("acceptance %.1f%%, %.2f tokens a step, verify %.3f ms against %.3f ms a token" %
+          (100 * s1["acceptance_rate"], s1["tokens_per_step"], s1["verify_step_ms"], s1["one_token_step_ms"]))
+
+    # per request: off speculates nothing; a depth of its own drafts at most that
+    r = gen(c, PROMPTS[1], spec="off")
+    s2 = spec_status(c)
+    check(r["tokens"] == want[1] and s2["steps"] == s1["steps"], "spec off: no speculative step, same tokens")
+    r = gen(c, PROMPTS[2], spec=1)
+    s3 = spec_status(c)
+    check(r["tokens"] == want[2] and s3["drafted"] - s2["drafted"] <= s3["steps"] - s2["steps"],
+          "spec 1: one draft a step at most, same tokens")
+    r = gen(c, PROMPTS[3], spec=12)
+    check(r["tokens"] == want[3], "spec 12: same tokens")
+
+    # side by side: each request its own draft sequence
+    res = concurrent(PROMPTS[:3])
+    check([r["tokens"] for r in res] == want[:3], "three requests at once: plain greedy's tokens")
+    # more requests than speculate at once: plain decoding steps, same tokens
+    s4 = spec_status(c)
+    ids = PROMPTS + [p[::-1] for p in PROMPTS[:2]]
+    res = concurrent(ids)
+    check([r["tokens"] for r in res[:4]] == want, "six requests at once: plain greedy's tokens")
+    s5 = spec_status(c)
+    check(s5["batch_skips"] > s4["batch_skips"], "six requests decoding: steps taken plainly (%d)"
+          % (s5["batch_skips"] - s4["batch_skips"]))
+
+    # bad values: error 4, the daemon lives
+    for bad in ("on", "draft", "", 0, -1, 65, 1.5, [], {}, True):
+        err, _, _ = c.call("generate", dict(GREEDY, prompt_tokens=PROMPTS[0], spec=bad))
+        check(err is not None and err["code"] == 4 and "spec" in err["message"],
+              "spec=%r: error 4 (%s)" % (bad, err and err["message"]))
+        err, _, _ = c.call("chat", {"messages": [{"role": "user", "content": "hi"}], "spec": bad,
+                                    "max_tokens": 2})
+        check(err is not None and err["code"] == 4, "chat spec=%r: error 4" % (bad,))
+    r, _ = c.ok("chat", {"messages": [{"role": "user", "content": "hi"}], "spec": 3, "max_tokens": 4,
+                         "temperature": 0})
+    check(r["n_generated"] > 0, "chat with spec 3 answers")
+    check(gen(c, PROMPTS[0])["tokens"] == want[0], "the daemon lives on after bad values")
+
+    # metrics: Prometheus text and the map
+    m = c.ok("metrics")[0]["metrics"]
+    st = spec_status(c)
+    check(m["siliceo_spec_steps_total"] == st["steps"] and m["siliceo_spec_accepted_tokens_total"] == st["accepted"]
+          and m["siliceo_spec_drafted_tokens_total"] == st["drafted"], "metrics: steps, drafted, accepted as status")
+    check(abs(m["siliceo_spec_acceptance_ratio"] - st["acceptance_rate"]) < 1e-9, "metrics: acceptance ratio")
+    check(m["siliceo_spec_verify_cost_ratio"] > 0 and m["siliceo_spec_tokens_per_step"] >= 1,
+          "metrics: verify cost against a one-token step, tokens a step")
+    text = c.ok("metrics", {"format": "prometheus"})[0]["text"]
+    for name, kind in (("siliceo_spec_steps_total", "counter"), ("siliceo_spec_drafted_tokens_total", "counter"),
+                       ("siliceo_spec_accepted_tokens_total", "counter"), ("siliceo_spec_acceptance_ratio", "gauge"),
+                       ("siliceo_spec_tokens_per_step", "gauge"), ("siliceo_spec_verify_cost_ratio", "gauge"),
+                       ("siliceo_spec_verify_seconds_total", "counter"), ("siliceo_spec_draft_sequences", "gauge")):
+        check("# TYPE %s %s\n" % (name, kind) in text and "# HELP %s " % name in text,
+              "prometheus text has HELP and TYPE for %s" % name)
+    check("\nsiliceo_spec_steps_total %d\n" % st["steps"] in text, "prometheus: siliceo_spec_steps_total")
+
+    # cancelled mid-stream: every sequence and KV block back as before
+    base = c.ok("status")[0]
+    mid = c.send("generate", dict(GREEDY, prompt_tokens=PROMPTS[3], max_tokens=400))
+    seen = []
+    while len(seen) < 6:
+        msg = c.read()
+        if msg[0] == 2 and msg[2][0].get("id") == mid:
+            seen.append(msg)
+        elif msg[0] == 1:
+            break
+    during = spec_status(c)
+    c.send("cancel", {"id": mid})
+    err, res, _ = c.wait(mid)
+    check(err is None and res["stop_reason"] in ("cancelled", "eos"), "cancelled mid-stream (%s)"
+          % (res or err))
+    after = c.ok("status")[0]
+    for _ in range(50):
+        if after["queue"]["running"] == 0:
+            break
+        time.sleep(0.1)
+        after = c.ok("status")[0]
+    check(during["draft_state"]["sequences"] == 1 or res["stop_reason"] != "cancelled",
+          "while it ran it held a draft sequence")
+    check(after["queue"]["running"] == 0 and after["memory"]["kv"] == base["memory"]["kv"],
+          "after the cancel: no request runs, the KV state is what it was (%d, %d)"
+          % (after["memory"]["kv"], base["memory"]["kv"]))
+    a, b = after["speculative"]["draft_state"], base["speculative"]["draft_state"]
+    check(a["sequences"] == 0 and a["kv_blocks_free"] == b["kv_blocks_free"] == a["kv_blocks"],
+          "after the cancel: the draft holds no sequence and every KV block is free (%r)" % a)
+
+
+if __name__ == "__main__":
+    {"plain": lambda: plain(sys.argv[2]), "spec": lambda: spec(sys.argv[2], sys.argv[3])}[sys.argv[1]]()
