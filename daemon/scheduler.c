@@ -849,6 +849,14 @@ static int32_t job_spec_out(const struct job *j)
 static bool job_spec_step(struct sil_worker *w, struct job *j)
 {
     struct sil_error err = { 0 };
+    if (!sil_sampler_plain_greedy(j->smp) && !j->dsmp) {
+        struct sil_sampler_params dp = j->r.sampling;
+        dp.seed = sil_sampler_seed(j->smp) ^ 0x9e3779b97f4a7c15ull;
+        if (!dp.seed)
+            dp.seed = 1;
+        if (!(j->dsmp = sil_sampler_new(&dp, w->n_vocab)))
+            return false;
+    }
     if (!j->spec) {
         int dseq = sil_seq_create(w->draft, &err);
         if (dseq < 0) {
@@ -878,7 +886,12 @@ static bool job_spec_step(struct sil_worker *w, struct job *j)
     sp->depth = j->spec_depth;
     const struct sil_spec_stats before = sp->stats;
     const double t0 = now_s();
-    const int k = sil_spec_step(sp, j->ctx.p, (int32_t)j->ctx.n + 1, job_spec_out(j), out, &err);
+    /* plain greedy: the argmax of every row, no logits to the host; else speculative sampling
+     * with the request's sampler settings on both models */
+    const int k = sil_sampler_plain_greedy(j->smp)
+                      ? sil_spec_step(sp, j->ctx.p, (int32_t)j->ctx.n + 1, job_spec_out(j), out, &err)
+                      : sil_spec_step_sampled(sp, j->ctx.p, (int32_t)j->ctx.n + 1, job_spec_out(j),
+                                              j->smp, j->dsmp, out, &err);
     const double dt = now_s() - t0;
     w->local.eval_seconds += dt;
     if (k < 0) {
@@ -938,9 +951,8 @@ static void spec_steps(struct sil_worker *w)
             w->local.spec_batch_skips++;
             continue;
         }
-        /* greedy requests only (plain greedy: the argmax of the raw logits); a forced token
-         * goes as a decode row */
-        if (!sil_sampler_plain_greedy(j->smp) || sil_genctl_forced(j->gc) >= 0)
+        /* a forced token goes as a decode row */
+        if (sil_genctl_forced(j->gc) >= 0)
             continue;
         /* the first decode step, and a probe now and then while no one-token step is timed,
          * go plainly */

@@ -319,8 +319,10 @@ static int32_t top_p_cut(struct sil_sampler *s, int32_t n, float maxl, int sorte
     return a + m; /* rounding: the bucket sums said the mass is reached within bucket b */
 }
 
-int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int32_t *history,
-                           size_t n_history)
+/* Steps 0 to 3 of the chain: the survivors in c[0..n), returned, with the largest logit in
+ * *maxl; 0 when the pick is the argmax *best (greedy, or no finite logit). */
+static int32_t chain(struct sil_sampler *s, const float *logits, const int32_t *history,
+                     size_t n_history, float *maxl_out, int32_t *best_out)
 {
     const int32_t nv = s->n_vocab;
     struct cand *c = s->cand;
@@ -342,8 +344,10 @@ int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int
             maxl = c[i].logit;
             best = i;
         }
+    *best_out = best;
+    *maxl_out = maxl;
     if (!(s->p.temperature > 0.0f) || maxl == -INFINITY || maxl == INFINITY)
-        return best;
+        return 0;
 
     int32_t n = nv;     /* survivors: c[0..n) */
     int sorted = 0;     /* c[0..n) best first */
@@ -373,6 +377,18 @@ int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int
         }
     }
 
+    return n;
+}
+
+int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int32_t *history,
+                           size_t n_history)
+{
+    struct cand *c = s->cand;
+    float maxl;
+    int32_t best;
+    const int32_t n = chain(s, logits, history, n_history, &maxl, &best);
+    if (n == 0)
+        return best;
     const double inv_t = 1.0 / s->p.temperature;
     double z = 0.0;
     for (int32_t i = 0; i < n; i++)
@@ -388,4 +404,51 @@ int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int
         if (c[i].logit > -INFINITY)
             return c[i].id;
     return c[0].id;
+}
+
+void sil_sampler_probs(struct sil_sampler *s, const float *logits, const int32_t *history,
+                       size_t n_history, float *probs)
+{
+    struct cand *c = s->cand;
+    float maxl;
+    int32_t best;
+    const int32_t n = chain(s, logits, history, n_history, &maxl, &best);
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    if (n == 0) {
+        probs[best] = 1.0f;
+        return;
+    }
+    const double inv_t = 1.0 / s->p.temperature;
+    double z = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        z += exp(((double)c[i].logit - maxl) * inv_t);
+    for (int32_t i = 0; i < n; i++)
+        probs[c[i].id] = (float)(exp(((double)c[i].logit - maxl) * inv_t) / z);
+}
+
+double sil_sampler_uniform(struct sil_sampler *s)
+{
+    return rng_uniform(s->rng);
+}
+
+int32_t sil_sampler_draw(struct sil_sampler *s, const float *w)
+{
+    const int32_t nv = s->n_vocab;
+    double z = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < nv; i++)
+        if (w[i] > 0.0f) {
+            z += w[i];
+            last = i;
+        }
+    if (last < 0)
+        return -1;
+    double u = rng_uniform(s->rng) * z;
+    for (int32_t i = 0; i < nv; i++)
+        if (w[i] > 0.0f) {
+            u -= w[i];
+            if (u < 0.0)
+                return i;
+        }
+    return last; /* rounding left u a hair above zero */
 }

@@ -38,6 +38,16 @@ uint64_t sil_sampler_seed(const struct sil_sampler *s); /* the seed in use */
 /* Picks a token from logits[n_vocab] (not modified) given the tokens generated/seen so far. */
 int32_t sil_sampler_sample(struct sil_sampler *s, const float *logits, const int32_t *history,
                            size_t n_history);
+/* The distribution sil_sampler_sample draws from for these inputs, over the whole vocabulary:
+ * probs[n_vocab] gets each token's probability after the bias, penalties, top-k, top-p, min-p
+ * and temperature (0 for the tokens they drop); greedy gives 1 at the argmax. Draws nothing. */
+void sil_sampler_probs(struct sil_sampler *s, const float *logits, const int32_t *history,
+                       size_t n_history, float *probs);
+/* A token drawn from weights w[n_vocab] (>= 0, not necessarily summing to 1) with the sampler's
+ * generator; -1 when every weight is 0. */
+int32_t sil_sampler_draw(struct sil_sampler *s, const float *w);
+/* A number uniform in [0, 1) from the sampler's generator. */
+double sil_sampler_uniform(struct sil_sampler *s);
 /* 1 when every pick is the argmax of the logits as they come (greedy, no bias or penalty that
  * could change it): the caller may then take the engine's argmax instead of the logits. */
 int sil_sampler_plain_greedy(const struct sil_sampler *s);

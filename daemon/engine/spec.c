@@ -79,6 +79,11 @@ void sil_spec_free(struct sil_spec *s)
     free(s->am);
     free(s->dtok);
     free(s->want);
+    free(s->q);
+    free(s->lg);
+    free(s->p);
+    free(s->scratch);
+    free(s->hbuf);
     memset(s, 0, sizeof(*s));
 }
 
@@ -181,6 +186,178 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
     if (rc < 0) return rc;
     memcpy(out, dr, sizeof(int32_t) * (size_t)m);
     out[m] = s->am[m];
+    s->stats.steps++;
+    s->stats.drafted += (uint64_t)n;
+    s->stats.accepted += (uint64_t)m;
+    s->stats.emitted += (uint64_t)m + 1;
+    return m + 1;
+}
+
+int32_t sil_spec_accept(const float *p, const float *q, int32_t n, int32_t x,
+                        struct sil_sampler *rng, float *scratch, bool *accepted)
+{
+    const double u = sil_sampler_uniform(rng);
+    /* u < p/q, written so q(x) = 0 (a draw q cannot give) never divides */
+    if ((double)p[x] > 0 && u * (double)q[x] < (double)p[x]) {
+        *accepted = true;
+        return x;
+    }
+    *accepted = false;
+    for (int32_t i = 0; i < n; i++)
+        scratch[i] = p[i] > q[i] ? p[i] - q[i] : 0.0f;
+    int32_t t = sil_sampler_draw(rng, scratch);
+    return t >= 0 ? t : sil_sampler_draw(rng, p);
+}
+
+/* The sampled step's buffers for n_hist tokens of history: -ENOMEM. */
+static int sampled_buffers(struct sil_spec *s, int32_t n_hist, struct sil_error *err)
+{
+    const size_t nv = (size_t)sil_engine_info(s->target)->n_vocab, d = (size_t)s->n_rows_max;
+    if (!s->q) {
+        s->q = malloc(sizeof(float) * nv * d);
+        s->lg = malloc(sizeof(float) * nv * d);
+        s->p = malloc(sizeof(float) * nv);
+        s->scratch = malloc(sizeof(float) * nv);
+        if (!s->q || !s->lg || !s->p || !s->scratch)
+            return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    }
+    const size_t need = (size_t)n_hist + d + 1;
+    if (need > s->hcap) {
+        int32_t *h = realloc(s->hbuf, sizeof(int32_t) * (need + need / 2));
+        if (!h) return sil_errorf(err, -ENOMEM, "spec: out of memory");
+        s->hbuf = h;
+        s->hcap = need + need / 2;
+    }
+    return 0;
+}
+
+/* Evaluates one row tok of seq at position pos with its logits into lg. */
+static int eval_row_logits(struct sil_spec *s, struct sil_engine *e, int seq, int32_t tok,
+                           int32_t pos, float *lg, struct sil_error *err)
+{
+    s->tok[0] = tok;
+    s->pos[0] = pos;
+    s->seq[0] = seq;
+    s->want[0] = true;
+    const struct sil_batch b = {1, s->tok, s->pos, s->seq, s->want};
+    return sil_engine_eval_out(e, &b, lg, NULL, NULL, err);
+}
+
+/* The draft's sampled proposals d[0, n) and their distributions q[i]: as draft_chain, each row
+ * with its logits, each draft drawn from the distribution dsmp makes of them (the history being
+ * hbuf: hist, then the drafts so far). */
+static int draft_chain_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t n,
+                               struct sil_sampler *dsmp, int32_t *d, struct sil_error *err)
+{
+    struct sil_engine *e = s->draft;
+    const size_t nv = (size_t)sil_engine_info(e)->n_vocab;
+    const int32_t bmax = sil_engine_n_batch_max(e);
+    int32_t at = sil_seq_len(e, s->dseq);
+    while (at < n_hist - 1) {
+        const int32_t k = n_hist - 1 - at < bmax ? n_hist - 1 - at : bmax;
+        int rc = eval_rows(s, e, s->dseq, hist + at, k, at, false, &d[0], err);
+        if (rc < 0) return rc;
+        at += k;
+    }
+    int rc = sil_seq_spec_begin(e, s->dseq, err);
+    if (rc < 0) return rc;
+    for (int32_t i = 0; i < n && rc == 0; i++) {
+        float *q = s->q + (size_t)i * nv;
+        rc = eval_row_logits(s, e, s->dseq, i == 0 ? hist[n_hist - 1] : d[i - 1], n_hist - 1 + i,
+                             s->scratch, err);
+        if (rc == 0) {
+            sil_sampler_probs(dsmp, s->scratch, s->hbuf, (size_t)(n_hist + i), q);
+            d[i] = sil_sampler_draw(dsmp, q);
+            s->hbuf[n_hist + i] = d[i];
+        }
+    }
+    if (rc < 0) {
+        struct sil_error ignored = {0};
+        sil_seq_spec_commit(e, s->dseq, n_hist - 1, &ignored);
+    }
+    return rc;
+}
+
+int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
+                          struct sil_sampler *tsmp, struct sil_sampler *dsmp, int32_t *out,
+                          struct sil_error *err)
+{
+    if (!s->target || !hist || !out || !tsmp || !dsmp || n_hist < 1 || max_out < 1)
+        return sil_errorf(err, -EINVAL, "spec: a step needs tokens, samplers and room for one out");
+    struct sil_engine *t = s->target, *d = s->draft;
+    const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
+    if (tlen != n_hist - 1 || dlen > n_hist - 1)
+        return sil_errorf(err, -EINVAL,
+                          "spec: the target holds %d positions and the draft %d of %d tokens", tlen,
+                          dlen, n_hist);
+    int rc = sampled_buffers(s, n_hist, err);
+    if (rc < 0) return rc;
+    /* drafts this step: as sil_spec_step */
+    int32_t n = s->depth;
+    if (n > max_out - 1) n = max_out - 1;
+    if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
+    if (n > sil_engine_n_ctx(d) - n_hist + 1) n = sil_engine_n_ctx(d) - n_hist + 1;
+    if (n < 0) n = 0;
+    const size_t nv = (size_t)sil_engine_info(t)->n_vocab;
+    memcpy(s->hbuf, hist, sizeof(int32_t) * (size_t)n_hist);
+
+    double t0 = now_s();
+    int32_t *dr = s->dtok;
+    if (n > 0) {
+        rc = draft_chain_sampled(s, hist, n_hist, n, dsmp, dr, err);
+        if (rc < 0) return rc;
+    }
+    const double t1 = now_s();
+    s->stats.draft_s += t1 - t0;
+
+    /* the verify pass: the last token and the drafts, with the logits of every row */
+    rc = sil_seq_spec_begin(t, s->tseq, err);
+    if (rc == 0) {
+        s->tok[0] = hist[n_hist - 1];
+        memcpy(s->tok + 1, dr, sizeof(int32_t) * (size_t)n);
+        for (int32_t i = 0; i <= n; i++) {
+            s->pos[i] = n_hist - 1 + i;
+            s->seq[i] = s->tseq;
+            s->want[i] = true;
+        }
+        const struct sil_batch b = {n + 1, s->tok, s->pos, s->seq, s->want};
+        rc = sil_engine_eval_out(t, &b, s->lg, NULL, NULL, err);
+    }
+    const double t2 = now_s();
+    s->stats.verify_s += t2 - t1;
+    struct sil_error ignored = {0};
+    if (rc < 0) {
+        sil_seq_spec_commit(t, s->tseq, n_hist - 1, &ignored);
+        if (n > 0) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
+        return rc;
+    }
+    /* the acceptance rule, draft by draft, on the target's distribution after each prefix */
+    int32_t m = 0, last = -1;
+    for (; m <= n; m++) {
+        sil_sampler_probs(tsmp, s->lg + (size_t)m * nv, s->hbuf, (size_t)(n_hist + m), s->p);
+        if (m == n) {
+            last = sil_sampler_draw(tsmp, s->p); /* every draft accepted: the bonus */
+            break;
+        }
+        bool ok;
+        const int32_t x = sil_spec_accept(s->p, s->q + (size_t)m * nv, (int32_t)nv, dr[m], tsmp,
+                                          s->scratch, &ok);
+        if (!ok) {
+            last = x;
+            break;
+        }
+    }
+    if (last < 0) last = 0; /* unreachable: p always has mass */
+    rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
+    if (n > 0) {
+        const int32_t keep = rc < 0 ? n_hist - 1 : n_hist + (m < n - 1 ? m : n - 1);
+        const int drc = sil_seq_spec_commit(d, s->dseq, keep, rc < 0 ? &ignored : err);
+        if (rc == 0) rc = drc;
+    }
+    s->stats.commit_s += now_s() - t2;
+    if (rc < 0) return rc;
+    memcpy(out, dr, sizeof(int32_t) * (size_t)m);
+    out[m] = last;
     s->stats.steps++;
     s->stats.drafted += (uint64_t)n;
     s->stats.accepted += (uint64_t)m;

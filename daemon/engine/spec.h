@@ -46,6 +46,12 @@ struct sil_spec {
     int32_t *tok, *pos, *seq, *am, *dtok;
     bool *want;
     int32_t n_rows_max;
+    /* sil_spec_step_sampled's buffers, made at its first call: the draft's distributions
+     * q[depth][n_vocab], the target's logits lg[depth + 1][n_vocab] and one distribution p, a
+     * scratch row, and the history with the drafts (hist[hcap]) */
+    float *q, *lg, *p, *scratch;
+    int32_t *hbuf;
+    size_t hcap;
 };
 
 /* target/tseq: the model whose greedy tokens come out; draft/dseq: the one that proposes
@@ -65,5 +71,26 @@ void sil_spec_free(struct sil_spec *s);
  * again. */
 int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
                   int32_t *out, struct sil_error *err);
+
+/* Speculative sampling (Leviathan et al., Chen et al.): the target's distribution p and the
+ * draft's q over n tokens, and x, a token the draft drew from q. x is accepted with probability
+ * min(1, p(x) / q(x)) (rng's uniform draw); otherwise a token is drawn from max(0, p - q)
+ * normalized (from p if that is all zero, which exact arithmetic never gives). So the token
+ * returned follows p whatever q is. *accepted says which; scratch holds n floats. */
+int32_t sil_spec_accept(const float *p, const float *q, int32_t n, int32_t x,
+                        struct sil_sampler *rng, float *scratch, bool *accepted);
+
+/* sil_spec_step for a sampled request: the draft draws each draft token from its distribution
+ * under dsmp's settings, the target's distributions come from tsmp (the same settings: bias,
+ * penalties over hist and the drafts before, top-k, top-p, min-p, temperature), and each draft
+ * goes through sil_spec_accept in order; the first rejection gives the replacement token and ends
+ * the step, and a chain accepted whole gets a bonus token drawn from the target's distribution
+ * after it. The tokens that come out follow the target's sampling distribution, token after
+ * token, as sil_sampler_sample would draw them (not the same draws). With temperature <= 0 the
+ * distributions are one-hot and the step gives greedy decoding's tokens. Same contract for the
+ * sequences and errors as sil_spec_step, plus -ENOMEM. */
+int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
+                          struct sil_sampler *tsmp, struct sil_sampler *dsmp, int32_t *out,
+                          struct sil_error *err);
 
 #endif
