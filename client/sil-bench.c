@@ -872,6 +872,44 @@ int main(int argc, char **argv)
         }
         sil_rpc_client_close(&c);
     }
+    /* Speculative decoding, while the daemon has a draft model: its counters over the runs
+     * (status keeps totals; the verify and draft times are averages a step, so their totals are
+     * average x steps). */
+    const msgpack_object *sp0 = stp ? sil_rpc_map_get(stp, "speculative") : NULL;
+    if (rc == 0 && !o.overhead && sp0 && sp0->type == MSGPACK_OBJECT_MAP &&
+        sil_client_connect(&c, o.socket, (int)(o.timeout_s * 1000), &e) == 0) {
+        const msgpack_object *st2 = NULL;
+        if (sil_rpc_client_call0(&c, "status", NULL, NULL, &st2, &e) == 0) {
+            const msgpack_object *sp = sil_rpc_map_get(st2, "speculative");
+#define DELTA(k) ((double)(sil_rpc_map_int(sp, k, 0) - sil_rpc_map_int(sp0, k, 0)))
+#define TOTAL(m, k) (sil_rpc_map_double(m, k, 0) * (double)sil_rpc_map_int(m, "steps", 0))
+            const double steps = DELTA("steps"), drafted = DELTA("drafted"),
+                         accepted = DELTA("accepted"), emitted = DELTA("emitted");
+            char tree[32], cfg[96];
+            sil_rpc_map_str(sp, "tree", tree, sizeof(tree), "?");
+            snprintf(cfg, sizeof(cfg), "spec,draft,%s", tree);
+            const double t_one = sil_rpc_map_double(sp, "one_token_step_ms", 0);
+            if (steps > 0) {
+                const double verify_ms =
+                    (TOTAL(sp, "verify_step_ms") - TOTAL(sp0, "verify_step_ms")) / steps;
+                record("spec_acceptance", "ratio", cfg, drafted > 0 ? accepted / drafted : 0);
+                record("spec_accepted_per_step", "tokens", cfg, accepted / steps);
+                record("spec_tokens_per_step", "tokens", cfg, emitted / steps);
+                record("spec_verify_step", "ms", cfg, verify_ms);
+                if (t_one > 0) record("spec_verify_vs_one", "ratio", cfg, verify_ms / t_one);
+                printf("speculative decoding (%s): %.0f steps, %.0f of %.0f drafts accepted "
+                       "(%.1f%%), %.2f accepted and %.2f tokens a step, verify step %.3f ms "
+                       "against %.3f ms for one token\n",
+                       tree, steps, accepted, drafted, drafted > 0 ? 100 * accepted / drafted : 0,
+                       accepted / steps, emitted / steps, verify_ms, t_one);
+            } else {
+                printf("speculative decoding (%s): no speculative step over the runs\n", tree);
+            }
+#undef TOTAL
+#undef DELTA
+        }
+        sil_rpc_client_close(&c);
+    }
     if (rc == 0) {
         for (int i = 0; i < n_results; i++) {
             double mn, mx, med = median(&results[i].s, &mn, &mx);

@@ -784,8 +784,16 @@ static bool out_of_space(const struct sil_worker *w, int n, int rc)
 
 /* ---- speculative decoding ---------------------------------------------------------------------- */
 
+/* Adaptive depth: the acceptance's moving average (weight of a step) below which the depth
+ * shrinks by one, and above which it grows back by one, up to the request's. */
+#define SPEC_ACC_ALPHA 0.3
+#define SPEC_ACC_LOW 0.4
+#define SPEC_ACC_HIGH 0.75
+/* A request stops speculating when, after this many speculative steps, its tokens a second are
+ * fewer than one-token decode steps give (1 / their measured time). */
+#define SPEC_JUDGE_STEPS 8
 /* While no one-token step has been timed, every this many steps of a speculating request is a
- * plain one, so there is a figure to compare with. */
+ * plain one, so there is a figure to judge by. */
 #define SPEC_PROBE_EVERY 8
 
 void sil_job_spec_drop(struct sil_worker *w, struct job *j)
@@ -840,6 +848,32 @@ static int32_t job_spec_out(const struct job *j)
             out = left < 1 ? 1 : left;
     }
     return out;
+}
+
+/* After a speculative step: the acceptance's moving average moves the depth, and after
+ * SPEC_JUDGE_STEPS steps a request whose speculative tokens a second fall below what one-token
+ * steps give stops speculating. */
+static void job_spec_adapt(struct sil_worker *w, struct job *j, int32_t drafted, int32_t accepted)
+{
+    if (drafted > 0) {
+        const double a = (double)accepted / drafted;
+        j->spec_acc = j->spec_steps == 1 ? a : (1 - SPEC_ACC_ALPHA) * j->spec_acc + SPEC_ACC_ALPHA * a;
+        if (j->spec_acc < SPEC_ACC_LOW && j->spec_depth > 1)
+            j->spec_depth--;
+        else if (j->spec_acc > SPEC_ACC_HIGH && j->spec_depth < j->spec_max)
+            j->spec_depth++;
+    }
+    const double t_one = w->cost.t_dec[1];
+    if (j->spec_steps >= SPEC_JUDGE_STEPS && t_one > 0 && j->spec_s > 0 &&
+        (double)j->spec_emitted / j->spec_s < 1.0 / t_one) {
+        j->spec_stopped = true;
+        w->local.spec_stopped++;
+        sil_info("request %u: speculation stopped, %.1f tokens/s against %.1f plain "
+                 "(acceptance %.0f%%, depth %d)",
+                 j->r.msgid, j->spec_emitted / j->spec_s, 1.0 / t_one, 100 * j->spec_acc,
+                 j->spec_depth);
+        sil_job_spec_drop(w, j);
+    }
 }
 
 /* One speculative step for a decoding job: the draft proposes, the target verifies, and the
@@ -922,6 +956,7 @@ static bool job_spec_step(struct sil_worker *w, struct job *j)
         if (!job_token(w, j, out[i]))
             return true;
     }
+    job_spec_adapt(w, j, drafted, accepted);
     return true;
 }
 

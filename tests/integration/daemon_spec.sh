@@ -18,6 +18,24 @@ for pair in qwen35moe-tiny-Q4_K_M:qwen35moe-tiny-Q4_K_M:all qwen35moe-tiny-Q4_K_
     write_conf "threads = 2" "prefix_cache = off" "spec = draft" "draft_model = $M/$draft.gguf"
     start_daemon --model "$M/$target.gguf" --spec-tree 1x4
     python3 "$HERE/spec_tests.py" spec "$T/plain.json" "$mode"
+    if [ "$mode" = all ]; then
+        # sil-bench reports the daemon's speculative figures over its runs
+        "$SIL_BUILD/bin/sil-bench" -p 8 -n 12 -r 2 -c 1 -o "$T/bench.json" >"$T/bench.out" ||
+            fail "sil-bench: $(cat "$T/bench.out")"
+        grep -q "^speculative decoding (1x4): .* drafts accepted (100.0%), .* verify step .* ms against" \
+            "$T/bench.out" || fail "sil-bench output: $(cat "$T/bench.out")"
+        python3 - "$T/bench.json" <<'PY' || fail "sil-bench JSON: spec figures"
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = {r["metric"] for r in d["results"]}
+for m in ("spec_acceptance", "spec_tokens_per_step", "spec_accepted_per_step", "spec_verify_step",
+          "spec_verify_vs_one"):
+    assert m in names, (m, sorted(names))
+acc = [r for r in d["results"] if r["metric"] == "spec_acceptance"][0]
+assert acc["value"] == 1.0 and acc["config"] == "spec,draft,1x4", acc
+PY
+        echo "ok: sil-bench reports acceptance, tokens a step and the verify step's cost"
+    fi
     stop_daemon
 done
 
