@@ -74,9 +74,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
 
 #include "kernels/cpu/quants.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_fwd.h"
 #include "kernels/vec.h"
-
-extern const unsigned char sil_cuda_fwd_fatbin[];
 
 const char *sil_engine_backends(void)
 {
@@ -84,52 +83,6 @@ const char *sil_engine_backends(void)
     if (!text[0]) snprintf(text, sizeof text, "cpu, cuda (%s)", sil_cuda_fatbin_archs());
     return text;
 }
-
-enum {
-    F_GATHER,
-    F_QK_PREP,
-    F_ATTEND,
-    F_CONV1D,
-    F_DELTA_NET,
-    F_GATE_ADD,
-    F_MOE_COMBINE,
-    F_ADD_RMSNORM_Q8,
-    F_DELTA_RULE,
-    F_GATED_NORM_Q8,
-    F_ATTEND_PART,
-    F_ATTEND_COMBINE,
-    F_ATTEND_PART_GQA,
-    F_QK_PREP_H, /* the four above that touch the KV cache, F16 KV */
-    F_ATTEND_H,
-    F_ATTEND_PART_H,
-    F_ATTEND_PART_GQA_H,
-    F_QK_PREP_Q8, /* q8_0 KV (KV8) */
-    F_ATTEND_Q8,
-    F_ATTEND_PART_Q8,
-    F_ATTEND_PART_GQA_Q8,
-    F_QK_PREP_Q4, /* q4_0 KV (KV4) */
-    F_ATTEND_Q4,
-    F_ATTEND_PART_Q4,
-    F_ATTEND_PART_GQA_Q4,
-    F_COUNT
-};
-static const char *const f_names[F_COUNT] = {
-    "sil_fwd_gather_rows", "sil_fwd_qk_prep",       "sil_fwd_attend",      "sil_fwd_conv1d",
-    "sil_fwd_delta_net",   "sil_fwd_gate_add",      "sil_fwd_moe_combine", "sil_fwd_add_rmsnorm_q8",
-    "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8", "sil_fwd_attend_part", "sil_fwd_attend_combine",
-    "sil_fwd_attend_part_gqa", "sil_fwd_qk_prep_h", "sil_fwd_attend_h", "sil_fwd_attend_part_h",
-    "sil_fwd_attend_part_gqa_h", "sil_fwd_qk_prep_q8", "sil_fwd_attend_q8",
-    "sil_fwd_attend_part_q8", "sil_fwd_attend_part_gqa_q8", "sil_fwd_qk_prep_q4",
-    "sil_fwd_attend_q4", "sil_fwd_attend_part_q4", "sil_fwd_attend_part_gqa_q4",
-};
-/* The four kernels that touch the KV cache, for each KV type. */
-enum { KV_QK_PREP, KV_ATTEND, KV_PART, KV_PART_GQA };
-static const int kv_fns[][4] = {
-    [SIL_KV_F32] = {F_QK_PREP, F_ATTEND, F_ATTEND_PART, F_ATTEND_PART_GQA},
-    [SIL_KV_F16] = {F_QK_PREP_H, F_ATTEND_H, F_ATTEND_PART_H, F_ATTEND_PART_GQA_H},
-    [SIL_KV_Q8_0] = {F_QK_PREP_Q8, F_ATTEND_Q8, F_ATTEND_PART_Q8, F_ATTEND_PART_GQA_Q8},
-    [SIL_KV_Q4_0] = {F_QK_PREP_Q4, F_ATTEND_Q4, F_ATTEND_PART_Q4, F_ATTEND_PART_GQA_Q4},
-};
 
 #define MB SIL_CUDA_MAX_BATCH
 /* Decode rows up to which a matvec set does the delta net's conv1d in its launch. Above it the
@@ -139,7 +92,10 @@ static const int kv_fns[][4] = {
  * 8 1174.2 / 1192.8). */
 #define CONV_FUSE_ROWS 4
 #define SCORES_MAX ((uint64_t)256 << 20) /* prefill attention's scores buffer */
-_Static_assert(SIL_KV_BLOCK == 64, "fwd.cu's FWD_KV_BLOCK is 64 positions");
+_Static_assert(SIL_KV_BLOCK == SIL_CUDA_KV_BLOCK, "fwd.cu's FWD_KV_BLOCK is SIL_KV_BLOCK");
+_Static_assert(SIL_KV_F32 == (int)SIL_CUDA_KV_F32 && SIL_KV_F16 == (int)SIL_CUDA_KV_F16 &&
+                   SIL_KV_Q8_0 == (int)SIL_CUDA_KV_Q8_0 && SIL_KV_Q4_0 == (int)SIL_CUDA_KV_Q4_0,
+               "the KV types are numbered alike");
 #define DN_DONE_HEADS 1024 /* value heads the fused delta-rule + gated norm takes */
 #define N_GRAPHS 16
 
@@ -167,8 +123,7 @@ struct cuda_backend {
     struct sil_backend base;
     struct sil_cuda_config c;
     struct sil_cuda *cu;
-    struct sil_cuda_module *mod;
-    void *fn[F_COUNT];
+    struct sil_cuda_fwd *fwd; /* fwd.cu's kernels */
     int rc;
     struct sil_error err;
     uint64_t used, budget; /* device bytes taken, the cap (the budget less ctx_bytes) */
@@ -378,17 +333,6 @@ static int dalloc(struct cuda_backend *b, size_t bytes, sil_cuda_ptr *out, struc
     return 0;
 }
 
-static int launch(struct cuda_backend *b, int f, unsigned gx, unsigned gy, void **p)
-{
-    if (gx == 0 || gy == 0) return 0;
-    return sil_cuda_launch(b->cu, b->fn[f], f_names[f], gx, gy, 1, 128, NULL, p, &b->err);
-}
-
-static unsigned cdiv(int64_t a, int64_t b)
-{
-    return (unsigned)((a + b - 1) / b);
-}
-
 /* ---- matmul ----------------------------------------------------------------------------- */
 
 static int view(const struct sil_weight *w, int64_t rows, struct sil_cuda_weight *cw,
@@ -482,12 +426,9 @@ static void mm_chunks(struct cuda_backend *b, struct sil_act x, const struct sil
 static void launch_norm(struct cuda_backend *b, struct sil_act x, sil_cuda_ptr d, struct sil_act y,
                         sil_cuda_ptr w, float eps)
 {
-    sil_cuda_ptr xp = dp(x.data), yp = dp(y.data), q8 = b->q8;
-    int64_t n = x.width, nblocks = x.rows * x.width / 32;
-    void *p[] = {&xp, &d, &yp, &w, &n, &eps, &q8, &nblocks};
-    const unsigned threads = (unsigned)sil_cuda_rmsnorm_threads(n);
-    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ADD_RMSNORM_Q8], f_names[F_ADD_RMSNORM_Q8],
-                               (unsigned)x.rows, 1, 1, threads, NULL, p, &b->err)))
+    const sil_cuda_ptr yp = dp(y.data);
+    if (!ok(b, sil_cuda_fwd_add_rmsnorm_q8(b->cu, b->fwd, dp(x.data), d, yp, w, x.rows, x.width,
+                                           eps, b->q8, x.rows * x.width / 32, NULL, &b->err)))
         return;
     b->q8_src = yp;
     b->q8_n = x.rows;
@@ -789,10 +730,8 @@ static void cuda_copy_rows(struct sil_backend *be, struct sil_act y, struct sil_
         rp = b->rows;
     }
     if (b->mode == PASS_REPLAY) return;
-    sil_cuda_ptr yp = dp(y.data), xp = dp(x.data);
-    int64_t width = y.width;
-    void *p[] = {&yp, &y.ld, &xp, &x.ld, &rp, &width};
-    ok(b, launch(b, F_GATHER, (unsigned)y.rows, 1, p));
+    ok(b, sil_cuda_fwd_gather_rows(b->cu, b->fwd, dp(y.data), y.ld, dp(x.data), x.ld, rp, y.width,
+                                   y.rows, NULL, &b->err));
 }
 
 /* The rows launch_norm takes: contiguous, whole q8 blocks, within the q8 buffer. */
@@ -899,21 +838,38 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     }
     const uint64_t layer = (uint64_t)a->layer * (uint64_t)(b->kv_nb * SIL_KV_BLOCK) *
                            sil_kv_type_bytes(b->c.kv_type, b->c.kv_dim);
-    const int *kf = kv_fns[b->c.kv_type];
-    sil_cuda_ptr kc = b->kv_k + layer, vc = b->kv_v + layer;
-    sil_cuda_ptr q = dp(a->q.data), k = dp(a->k.data), v = dp(a->v.data), o = dp(a->o.data);
-    sil_cuda_ptr qn = dp(a->q_norm->data), kn = dp(a->k_norm->data);
-    int q_stride = a->gated ? 2 * hd : hd, n_head = a->n_head, n_kv = a->n_head_kv;
-    int n_rot = a->n_rot, n_ctx = (int)b->c.n_ctx, gated = a->gated;
-    float fb = a->rope_freq_base, eps = a->eps;
-    int64_t ldq = a->q.ld, ldk = a->k.ld, ldv = a->v.ld, ldo = a->o.ld;
-    int hdi = hd;
-    int bps = b->kv_bps;
-    void *p1[] = {&q,      &ldq,    &q_stride, &k,   &ldk,   &v,  &ldv, &qn, &kn, &b->pos,
-                  &b->seq, &n_head, &n_kv,     &hdi, &n_rot, &fb, &eps, &kc, &vc, &n_ctx,
-                  &b->btab, &bps};
-    if (!ok(b, launch(b, kf[KV_QK_PREP], (unsigned)(n_head + n_kv), (unsigned)ub->n, p1)))
-        return;
+    const struct sil_cuda_attn at = {
+        .q = dp(a->q.data),
+        .k = dp(a->k.data),
+        .v = dp(a->v.data),
+        .o = dp(a->o.data),
+        .ldq = a->q.ld,
+        .ldk = a->k.ld,
+        .ldv = a->v.ld,
+        .ldo = a->o.ld,
+        .q_stride = a->gated ? 2 * hd : hd,
+        .q_norm = dp(a->q_norm->data),
+        .k_norm = dp(a->k_norm->data),
+        .pos = b->pos,
+        .seq = b->seq,
+        .n_head = a->n_head,
+        .n_head_kv = a->n_head_kv,
+        .head_dim = hd,
+        .n_rot = a->n_rot,
+        .n_ctx = (int)b->c.n_ctx,
+        .gated = a->gated,
+        .freq_base = a->rope_freq_base,
+        .eps = a->eps,
+        .kv = (enum sil_cuda_kv)b->c.kv_type,
+        .kc = b->kv_k + layer,
+        .vc = b->kv_v + layer,
+        .btab = b->btab,
+        .bps = b->kv_bps,
+    };
+    const int n_head = at.n_head, n_kv = at.n_head_kv;
+    const sil_cuda_ptr o = at.o;
+    const int64_t ldo = at.ldo;
+    if (!ok(b, sil_cuda_fwd_qk_prep(b->cu, b->fwd, &at, ub->n, NULL, &b->err))) return;
     /* decode: the context split over attn_split blocks a head, then merged; prefill rows too,
      * MB a launch, where SIL_CUDA_PREFILL_SPLIT asks for it and the ubatch reaches that far */
     const bool part_ok = b->attn_part && hd == b->c.head_dim;
@@ -921,44 +877,29 @@ static void cuda_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     if (part_ok && !split && b->split_from > 0)
         for (int32_t i = 0; i < ub->n && !split; i++)
             split = ub->pos[i] >= b->split_from;
-    sil_cuda_ptr part = b->attn_part;
-    int nz = b->attn_split;
+    const int nz = b->attn_split;
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
-    const int f = kf[gqa ? KV_PART_GQA : KV_PART];
     /* the rows in launches: MB for the split, else as many as the scores buffer holds */
     const int64_t step = split ? MB : b->scores_rows;
     for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += step) {
         const int64_t n = ub->n - r0 < step ? ub->n - r0 : step;
-        sil_cuda_ptr qr = q + (uint64_t)(r0 * ldq) * 4, orr = o + (uint64_t)(r0 * ldo) * 4;
-        sil_cuda_ptr pr = b->pos + (uint64_t)r0 * 4, sr = b->seq + (uint64_t)r0 * 4;
         if (!split) {
-            void *pc[] = {&qr,     &ldq,    &q_stride, &orr,      &ldo, &kc,    &vc,       &pr,
-                          &sr,     &n_head, &n_kv,     &hdi,      &n_ctx, &b->btab, &bps, &gated,
-                          &b->scores};
-            ok(b, launch(b, kf[KV_ATTEND], (unsigned)n_head, (unsigned)n, pc));
+            ok(b, sil_cuda_fwd_attend(b->cu, b->fwd, &at, r0, n, b->scores, NULL, &b->err));
             continue;
         }
-        void *p3[] = {&qr,     &ldq,  &q_stride, &kc,    &vc,      &pr,  &sr,
-                      &n_head, &n_kv, &hdi,      &n_ctx, &b->btab, &bps, &part};
-        /* the grouped kernel: a warp per query head of the KV head (GQA_MAX 8 warps) */
-        if (!ok(b, sil_cuda_launch(b->cu, b->fn[f], f_names[f], (unsigned)(gqa ? n_kv : n_head),
-                                   (unsigned)n, (unsigned)nz, gqa ? 256 : 128, NULL, p3,
-                                   &b->err)))
+        if (!ok(b, sil_cuda_fwd_attend_part(b->cu, b->fwd, &at, r0, n, nz, gqa, b->attn_part,
+                                            NULL, &b->err)))
             return;
         /* one launch for the ubatch: the merge also writes the q8 of o that the output
          * projection reads (its blocks are the merge's 32-column blocks) */
         const int64_t width = (int64_t)n_head * hd;
         const bool q8o = !b->no_attn_q8 && n == ub->n && hd % 32 == 0 && ldo == width &&
                          width <= b->c.k_max;
-        sil_cuda_ptr q8 = q8o ? b->q8 : 0;
-        int64_t nblocks = q8o ? n * width / 32 : 0;
-        void *p4[] = {&qr,     &ldq, &q_stride, &orr,   &ldo, &part,
-                      &nz,     &n_head, &hdi,   &gated, &q8,  &nblocks};
-        if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_ATTEND_COMBINE], f_names[F_ATTEND_COMBINE],
-                                   (unsigned)n_head, (unsigned)n, (unsigned)cdiv(hd, 32), 128,
-                                   NULL, p4, &b->err)))
+        if (!ok(b, sil_cuda_fwd_attend_combine(b->cu, b->fwd, &at, r0, n, nz, b->attn_part,
+                                               q8o ? b->q8 : 0, q8o ? n * width / 32 : 0, NULL,
+                                               &b->err)))
             return;
         if (q8o) {
             atomic_fetch_add_explicit(&b->fused[1], 1, memory_order_relaxed);
@@ -1036,13 +977,10 @@ static void cuda_conv1d(struct sil_backend *be, const struct sil_ubatch *ub,
         fail(b, -EINVAL, "conv1d kernel longer than 9 taps");
         return;
     }
-    sil_cuda_ptr x = dp(a->qkv_mixed.data), out = dp(a->conv_out.data), w = dp(a->conv1d->data);
-    int K = p->conv_kernel;
-    int64_t cd = sil_delta_net_conv_dim(p), off = a->state.offset;
-    int64_t ldx = a->qkv_mixed.ld, ldo = a->conv_out.ld;
-    void *pp[] = {&x,  &ldx,          &out,        &ldo,          &w,  &K,
-                  &cd, &b->run_start, &b->run_seq, &b->state_tab, &off};
-    ok(b, launch(b, F_CONV1D, cdiv(cd, 128), (unsigned)ub->n_runs, pp));
+    ok(b, sil_cuda_fwd_conv1d(b->cu, b->fwd, dp(a->qkv_mixed.data), a->qkv_mixed.ld,
+                              dp(a->conv_out.data), a->conv_out.ld, dp(a->conv1d->data),
+                              p->conv_kernel, sil_delta_net_conv_dim(p), b->run_start, b->run_seq,
+                              b->state_tab, a->state.offset, ub->n_runs, NULL, &b->err));
 }
 
 /* The matvec set with the conv1d in its launch where conv_in_set takes the shape; else the
@@ -1068,40 +1006,51 @@ static void cuda_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
         fail(b, -EINVAL, "delta-net head dims above 1024");
         return;
     }
-    sil_cuda_ptr conv = dp(a->conv_out.data), z = dp(a->z.data), al = dp(a->alpha.data);
-    sil_cuda_ptr be_ = dp(a->beta.data), out = dp(a->out.data);
-    sil_cuda_ptr sa = dp(a->a->data), dt = dp(a->dt_bias->data), nw = dp(a->norm->data);
-    int nk = p->n_k_heads, nv = p->n_v_heads, dk = p->head_k_dim, dv = p->head_v_dim;
-    float eps = p->eps;
-    int64_t off = a->state.offset, ssm_off = sil_delta_net_conv_floats(p);
-    int64_t ldc = a->conv_out.ld, ldz = a->z.ld, lda = a->alpha.ld, ldb = a->beta.ld;
-    int64_t ldo = a->out.ld;
-    void *pp[] = {&conv, &ldc,    &z,   &ldz, &al,           &lda,        &be_,
-                  &ldb,  &out,    &ldo, &sa,  &dt,           &nw,         &nk,
-                  &nv,   &dk,     &dv,  &eps, &b->run_start, &b->run_seq, &b->state_tab,
-                  &off,  &ssm_off};
+    const struct sil_cuda_dn d = {
+        .conv = dp(a->conv_out.data),
+        .z = dp(a->z.data),
+        .alpha = dp(a->alpha.data),
+        .beta = dp(a->beta.data),
+        .out = dp(a->out.data),
+        .ldc = a->conv_out.ld,
+        .ldz = a->z.ld,
+        .lda = a->alpha.ld,
+        .ldb = a->beta.ld,
+        .ldo = a->out.ld,
+        .a = dp(a->a->data),
+        .dt_bias = dp(a->dt_bias->data),
+        .norm = dp(a->norm->data),
+        .nk = p->n_k_heads,
+        .nv = p->n_v_heads,
+        .dk = p->head_k_dim,
+        .dv = p->head_v_dim,
+        .eps = p->eps,
+        .run_start = b->run_start,
+        .run_seq = b->run_seq,
+        .state_tab = b->state_tab,
+        .offset = a->state.offset,
+        .ssm_offset = sil_delta_net_conv_floats(p),
+    };
+    const int nv = d.nv, dk = d.dk, dv = d.dv;
+    const sil_cuda_ptr out = d.out;
     if (dk % 32 != 0 || dk > 256) {
-        ok(b, launch(b, F_DELTA_NET, (unsigned)nv, (unsigned)ub->n_runs, pp));
+        ok(b, sil_cuda_fwd_delta_net(b->cu, b->fwd, &d, ub->n_runs, NULL, &b->err));
         return;
     }
     /* state rows over blocks (8 a block), then the gated norm with its q8 blocks: in decode
      * the last block of each head runs it (dn_done counts them), in prefill its own launch */
     const int64_t width = (int64_t)nv * dv, n = ub->n;
-    const bool q = ldo == width && dv % 32 == 0 && width <= b->c.k_max &&
+    const bool q = d.ldo == width && dv % 32 == 0 && width <= b->c.k_max &&
                    n <= (b->c.ub_max > MB ? b->c.ub_max : MB);
-    sil_cuda_ptr q8 = q ? b->q8 : 0;
-    int64_t nblocks = q ? n * width / 32 : 0;
+    const sil_cuda_ptr q8 = q ? b->q8 : 0;
+    const int64_t nblocks = q ? n * width / 32 : 0;
     const bool fuse = !b->no_dn_fuse && b->dn_done && n <= MB && nv <= DN_DONE_HEADS;
-    sil_cuda_ptr done = fuse ? b->dn_done : 0;
-    void *pr[] = {&conv,    &ldc,          &al,         &lda,          &be_, &ldb,     &out,
-                  &ldo,     &sa,           &dt,         &nk,           &dk,  &dv,      &eps,
-                  &b->run_start, &b->run_seq, &b->state_tab, &off,     &ssm_off,     &done,
-                  &z,       &ldz,          &nw,         &q8,           &nblocks};
-    if (!ok(b, sil_cuda_launch(b->cu, b->fn[F_DELTA_RULE], f_names[F_DELTA_RULE], (unsigned)nv,
-                               (unsigned)ub->n_runs, cdiv(dv, 8), 128, NULL, pr, &b->err)))
+    if (!ok(b, sil_cuda_fwd_delta_rule(b->cu, b->fwd, &d, ub->n_runs, fuse ? b->dn_done : 0, q8,
+                                       nblocks, NULL, &b->err)))
         return;
-    void *pn[] = {&out, &ldo, &z, &ldz, &nw, &dv, &eps, &q8, &nblocks};
-    if (!fuse && !ok(b, launch(b, F_GATED_NORM_Q8, (unsigned)nv, (unsigned)n, pn))) return;
+    if (!fuse && !ok(b, sil_cuda_fwd_gated_norm_q8(b->cu, b->fwd, &d, n, q8, nblocks, NULL,
+                                                   &b->err)))
+        return;
     if (!q) return;
     b->q8_src = out;
     b->q8_n = n;
@@ -1316,9 +1265,8 @@ static void shared_and_sum(struct cuda_backend *b, struct sil_act x, const struc
     const struct sil_mm_out d = {pl->sh_down, out};
     mm_chunks(b, (struct sil_act){(void *)(uintptr_t)b->sh_gate, x.rows, S, S}, &d, 1);
     if (b->rc) return;
-    int64_t ldr = E;
-    void *p[] = {&outp, &out.ld, &b->sh_logit, &b->routed, &ldr, (void *)&E};
-    ok(b, launch(b, F_GATE_ADD, cdiv(E, 128), (unsigned)x.rows, p));
+    ok(b, sil_cuda_fwd_gate_add(b->cu, b->fwd, outp, out.ld, b->sh_logit, b->routed, E, E, x.rows,
+                                NULL, &b->err));
 }
 
 /* Quantized experts: the fused kernels over the stacked tensors, 8 rows at a time. */
@@ -1437,14 +1385,14 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
         !ok(b, sil_cuda_upload(b->cu, b->pair_of, pl->pair_of, sizeof(int32_t) * (size_t)P, NULL,
                                &b->err)))
         return;
-    sil_cuda_ptr xp = dp(x.data);
-    int64_t ldx = E, ldg = E;
+    const sil_cuda_ptr xp = dp(x.data);
     for (int a = 0; a < pl->n_active && b->rc == 0; a++) {
         for (int32_t j0 = pl->pair_start[a]; j0 < pl->pair_start[a + 1] && b->rc == 0; j0 += MB) {
             const int32_t cnt = pl->pair_start[a + 1] - j0 < MB ? pl->pair_start[a + 1] - j0 : MB;
-            sil_cuda_ptr rows = b->pair_row + (uint64_t)j0 * 4;
-            void *p[] = {&b->x_g, &ldg, &xp, &ldx, &rows, (void *)&E};
-            if (!ok(b, launch(b, F_GATHER, (unsigned)cnt, 1, p))) return;
+            if (!ok(b, sil_cuda_fwd_gather_rows(b->cu, b->fwd, b->x_g, E, xp, E,
+                                                b->pair_row + (uint64_t)j0 * 4, E, cnt, NULL,
+                                                &b->err)))
+                return;
             const struct sil_mm_out gu[] = {
                 {&pl->gate[a],
                  {(void *)(uintptr_t)(b->h_gate + (uint64_t)(j0 * F) * 4), cnt, F, F}},
@@ -1465,9 +1413,8 @@ static void moe_generic(struct cuda_backend *b, struct sil_act x, const struct s
             &d, 1);
     }
     if (b->rc) return;
-    int64_t ldo = E;
-    void *p[] = {&b->routed, &ldo, &b->d_pair, &b->pair_of, &b->wts, (void *)&K, (void *)&E};
-    ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
+    ok(b, sil_cuda_fwd_moe_combine(b->cu, b->fwd, b->routed, E, b->d_pair, b->pair_of, b->wts, K,
+                                   E, pl->n_rows, NULL, &b->err));
 }
 
 /* Prefill (more rows than a decode batch), quantized experts: each active expert's matrices
@@ -1516,11 +1463,10 @@ static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct s
                !ok(b, view(pl->up_exps, F, &u, &b->err)) ||
                !ok(b, view(pl->down_exps, pl->down_exps->rows, &d, &b->err)))
         return;
-    sil_cuda_ptr xp = dp(x.data), xg = b->x_pair, rows = b->pair_row;
-    int64_t ldx = E, ldg = E;
-    void *pg[] = {&xg, &ldg, &xp, &ldx, &rows, (void *)&E};
+    const sil_cuda_ptr xg = b->x_pair;
     const sil_cuda_ptr gm = b->grp, gs = b->grp + (uint64_t)X * 4;
-    if (!ok(b, launch(b, F_GATHER, (unsigned)P, 1, pg)) ||
+    if (!ok(b, sil_cuda_fwd_gather_rows(b->cu, b->fwd, xg, E, dp(x.data), E, b->pair_row, E, P,
+                                        NULL, &b->err)) ||
         !ok(b, sil_cuda_quantize_q8(b->cu, xg, P, E, b->q8p, NULL, &b->err)) ||
         !ok(b, sil_cuda_matmul_grouped(b->cu, &g, sg, b->q8p, (int)P, gm, gs, A, max_rows,
                                        b->h_gate, F, NULL, &b->err)) ||
@@ -1531,9 +1477,8 @@ static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct s
         !ok(b, sil_cuda_matmul_grouped(b->cu, &d, sd, b->q8p, (int)P, gm, gs, A, max_rows,
                                        b->d_pair, E, NULL, &b->err)))
         return;
-    int64_t ldo = E;
-    void *p[] = {&b->routed, &ldo, &b->d_pair, &b->pair_of, &b->wts, (void *)&K, (void *)&E};
-    ok(b, launch(b, F_MOE_COMBINE, cdiv(E, 128), (unsigned)pl->n_rows, p));
+    ok(b, sil_cuda_fwd_moe_combine(b->cu, b->fwd, b->routed, E, b->d_pair, b->pair_of, b->wts, K,
+                                   E, pl->n_rows, NULL, &b->err));
 }
 
 /* Slot experts (the plan's handles name slots): their slot numbers per (row, k) replace the
@@ -2248,7 +2193,7 @@ static void cuda_free(struct sil_backend *be)
         free(b->hblk);
         for (int i = 0; i < b->n_allocs; i++)
             sil_cuda_release(b->cu, b->allocs[i]);
-        sil_cuda_module_unload(b->cu, b->mod);
+        sil_cuda_fwd_unload(b->cu, b->fwd);
         sil_cuda_free(b->cu);
     }
     free(b->allocs);
@@ -2565,9 +2510,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
     size_t free_b = 0, total_b = 0;
     /* the kernels first: their code and local memory count with the context below */
-    rc = sil_cuda_module_load(b->cu, sil_cuda_fwd_fatbin, &b->mod, err);
-    for (int i = 0; rc == 0 && i < F_COUNT; i++)
-        rc = sil_cuda_module_function(b->cu, b->mod, f_names[i], &b->fn[i], err);
+    rc = sil_cuda_fwd_load(b->cu, &b->fwd, err);
     if (rc == 0) rc = sil_cuda_mem_info(b->cu, &free_b, &total_b, err);
     const struct sil_cuda_info *in = sil_cuda_get_info(b->cu);
     /* The budget counts the device memory in use as the backend opens (the CUDA context and the
