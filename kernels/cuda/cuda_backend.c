@@ -136,21 +136,18 @@ enum {
     MV_BF16,
     MV_COUNT
 };
-static const char *const mv_names[MV_COUNT] = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K",
-                                               "q5_K", "q6_K", "f32",  "f16",  "bf16"};
-/* kernel names in profiles */
-static const char *const mv_what[MV_COUNT] = {
-    "matvec q4_0", "matvec q4_1", "matvec q5_0", "matvec q5_1", "matvec q8_0", "matvec q4_K",
-    "matvec q5_K", "matvec q6_K", "matvec f32",  "matvec f16",  "matvec bf16"};
-static const char *const mm_what[MV_COUNT] = {
-    "matmul q4_0", "matmul q4_1", "matmul q5_0", "matmul q5_1", "matmul q8_0", "matmul q4_K",
-    "matmul q5_K", "matmul q6_K", "matmul f32",  "matmul f16",  "matmul bf16"};
-static const char *const gu_what[MV_F32] = {
-    "moe_gate_up q4_0", "moe_gate_up q4_1", "moe_gate_up q5_0", "moe_gate_up q5_1",
-    "moe_gate_up q8_0", "moe_gate_up q4_K", "moe_gate_up q5_K", "moe_gate_up q6_K"};
-static const char *const dn_what[MV_F32] = {"moe_down q4_0", "moe_down q4_1", "moe_down q5_0",
-                                            "moe_down q5_1", "moe_down q8_0", "moe_down q4_K",
-                                            "moe_down q5_K", "moe_down q6_K"};
+/* The types of each slot: kernel names carry the type's name from the type-traits table
+ * (sil_type_name: "sil_mmvq_q4_K_1"), and so do profiles ("matvec q4_K"). */
+static const int mv_types[MV_COUNT] = {
+    [MV_Q4_0] = SIL_TYPE_Q4_0, [MV_Q4_1] = SIL_TYPE_Q4_1, [MV_Q5_0] = SIL_TYPE_Q5_0,
+    [MV_Q5_1] = SIL_TYPE_Q5_1, [MV_Q8_0] = SIL_TYPE_Q8_0, [MV_Q4_K] = SIL_TYPE_Q4_K,
+    [MV_Q5_K] = SIL_TYPE_Q5_K, [MV_Q6_K] = SIL_TYPE_Q6_K, [MV_F32] = SIL_TYPE_F32,
+    [MV_F16] = SIL_TYPE_F16,   [MV_BF16] = SIL_TYPE_BF16};
+/* what profiles and errors call a slot's kernels: "matvec q4_K", ... (the MoE kernels are
+ * quantized slots only) */
+enum { W_MATVEC, W_MATMUL, W_GATE_UP, W_DOWN, W_COUNT };
+static const char *const w_kinds[W_COUNT] = {"matvec", "matmul", "moe_gate_up", "moe_down"};
+#define WHAT_MAX 24
 enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_COUNT };
 static const char *const k_names[K_COUNT] = {
     "sil_quantize_q8_1", "sil_rmsnorm_f32",     "sil_add_f32",    "sil_swiglu_f32",
@@ -176,6 +173,7 @@ struct sil_cuda {
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
     CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
+    char what[W_COUNT][MV_COUNT][WHAT_MAX]; /* w_kinds[k] and the slot's type name */
     int mma_best, mma_sm; /* the newest mma path this module runs on the device; the one used */
     struct sil_cuda_info info;
     /* per-kernel profile (sil_cuda_profile): every launch timed between two events */
@@ -287,6 +285,12 @@ static int set_prefetch_flag(struct sil_cuda *cu, CUmodule mod, struct sil_error
 static int load_functions(struct sil_cuda *cu, struct sil_error *err)
 {
     char name[64];
+    const char *mv_names[MV_COUNT];
+    for (int t = 0; t < MV_COUNT; t++) {
+        mv_names[t] = sil_type_name(mv_types[t]);
+        for (int k = 0; k < W_COUNT; k++)
+            snprintf(cu->what[k][t], WHAT_MAX, "%s %s", w_kinds[k], mv_names[t]);
+    }
     for (int t = 0; t < MV_COUNT; t++)
         for (int n = 1; n <= SIL_CUDA_MAX_BATCH; n++) {
             snprintf(name, sizeof name, "sil_%s_%s_%d", t >= MV_F32 ? "mmvf" : "mmvq", mv_names[t],
@@ -653,32 +657,9 @@ int sil_cuda_event_elapsed(struct sil_cuda *cu, struct sil_cuda_event *start,
 
 static int mv_slot(int type)
 {
-    switch (type) {
-    case SIL_TYPE_Q4_0:
-        return MV_Q4_0;
-    case SIL_TYPE_Q4_1:
-        return MV_Q4_1;
-    case SIL_TYPE_Q5_0:
-        return MV_Q5_0;
-    case SIL_TYPE_Q5_1:
-        return MV_Q5_1;
-    case SIL_TYPE_Q8_0:
-        return MV_Q8_0;
-    case SIL_TYPE_Q4_K:
-        return MV_Q4_K;
-    case SIL_TYPE_Q5_K:
-        return MV_Q5_K;
-    case SIL_TYPE_Q6_K:
-        return MV_Q6_K;
-    case SIL_TYPE_F32:
-        return MV_F32;
-    case SIL_TYPE_F16:
-        return MV_F16;
-    case SIL_TYPE_BF16:
-        return MV_BF16;
-    default:
-        return -1;
-    }
+    for (int t = 0; t < MV_COUNT; t++)
+        if (mv_types[t] == type) return t;
+    return -1;
 }
 
 bool sil_cuda_type_supported(int type)
@@ -936,7 +917,7 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
         int vec = mmvf_vec(w, x);
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &vec, &x, &y, &ldy};
         cu->prof_bytes = w->bytes;
-        return launch(cu, cu->mv[slot][n - 1], mv_what[slot], g, 1, 128, s, p, err);
+        return launch(cu, cu->mv[slot][n - 1], cu->what[W_MATVEC][slot], g, 1, 128, s, p, err);
     }
     if (!q8)
         return set_err(err, -EINVAL, "cuda: matvec on %s needs the q8 input",
@@ -944,7 +925,7 @@ int sil_cuda_matvec(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
     int units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
     void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &y, &ldy};
     cu->prof_bytes = w->bytes;
-    return launch(cu, cu->mv[slot][n - 1], mv_what[slot], g, 1, 128, s, p, err);
+    return launch(cu, cu->mv[slot][n - 1], cu->what[W_MATVEC][slot], g, 1, 128, s, p, err);
 }
 
 /* The kernel's struct sil_mv_set (mmvq.cuh), field for field. */
@@ -1031,7 +1012,8 @@ static int matvec_set(struct sil_cuda *cu, const struct sil_cuda_weight *const *
     if (mixed)
         return launch(cu, cu->mvx[n - 1], "matvec set mixed", (unsigned)blocks, 1, 128, s, p,
                       err);
-    return launch(cu, cu->mvm[slot][n - 1], mv_what[slot], (unsigned)blocks, 1, 128, s, p, err);
+    return launch(cu, cu->mvm[slot][n - 1], cu->what[W_MATVEC][slot], (unsigned)blocks, 1, 128, s,
+                  p, err);
 }
 
 int sil_cuda_matvec_multi(struct sil_cuda *cu, const struct sil_cuda_weight *const *w, int nw,
@@ -1089,7 +1071,8 @@ int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
         int64_t cols = w->cols;
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &x, &n, &y, &ldy};
         cu->prof_bytes = w->bytes;
-        return cu_launch(cu, cu->mmf[slot - MV_F32], mm_what[slot], gx, gy, 1, 256, s, p, err);
+        return cu_launch(cu, cu->mmf[slot - MV_F32], cu->what[W_MATMUL][slot], gx, gy, 1, 256, s, p,
+                         err);
     } else {
         if (!q8)
             return set_err(err, -EINVAL, "cuda: matmul on %s needs the q8 input",
@@ -1097,8 +1080,8 @@ int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
         int units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &units, &q8, &n, &y, &ldy};
         cu->prof_bytes = w->bytes;
-        return cu_launch(cu, cu->mmq[slot][cu->mma_sm >= 80], mm_what[slot], gx, gy, 1, 128, s, p,
-                         err);
+        return cu_launch(cu, cu->mmq[slot][cu->mma_sm >= 80], cu->what[W_MATMUL][slot], gx, gy, 1,
+                         128, s, p, err);
     }
 }
 
@@ -1120,7 +1103,7 @@ int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w
     void *p[] = {(void *)&w->data, &mb,      &row_bytes, &rows, &units, &q8,
                  &a_rows,          &grp_mat, &grp_start, &y,    &ldy};
     cu->prof_bytes = w->bytes * (uint64_t)n_groups;
-    return cu_launch(cu, cu->mmq_grp[slot][cu->mma_sm >= 80], mm_what[slot], gx, gy,
+    return cu_launch(cu, cu->mmq_grp[slot][cu->mma_sm >= 80], cu->what[W_MATMUL][slot], gx, gy,
                      (unsigned)n_groups, 128, s, p, err);
 }
 
@@ -1271,7 +1254,8 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
     if (!moe_host_ok(gate, up))
-        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
+        return set_err(err, -EINVAL,
+                       "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
     if (done && (n_ff % 32 != 0 || !h8))
@@ -1299,7 +1283,7 @@ int sil_cuda_moe_gate_up(struct sil_cuda *cu, const struct sil_cuda_weight *gate
                  &done};
     /* bytes: k experts a token at most (fewer when tokens share one) */
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)k * 2 * (uint64_t)n_ff * row_bytes;
-    return launch(cu, cu->moe_gate_up[slot], gu_what[slot], (unsigned)((n_ff + 3) / 4),
+    return launch(cu, cu->moe_gate_up[slot], cu->what[W_GATE_UP][slot], (unsigned)((n_ff + 3) / 4),
                   (unsigned)(n_tok * k), 128, s, p, err);
 }
 
@@ -1320,7 +1304,8 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
     if (!moe_host_ok(down, NULL))
-        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
+        return set_err(err, -EINVAL,
+                       "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
     void *p[] = {(void *)&down->data,
@@ -1340,7 +1325,7 @@ int sil_cuda_moe_down(struct sil_cuda *cu, const struct sil_cuda_weight *down, i
                  &k,
                  &y};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)k * (uint64_t)n_embd * row_bytes;
-    return launch(cu, cu->moe_down[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+    return launch(cu, cu->moe_down[slot], cu->what[W_DOWN][slot], (unsigned)((n_embd + 3) / 4),
                   (unsigned)n_tok, 128, s, p, err);
 }
 
@@ -1359,7 +1344,8 @@ static int gate_up_sh_launch(struct sil_cuda *cu, CUfunction f, const char *what
     uint64_t row_bytes = gate->row_bytes;
     uint64_t stride = gate->mat_stride ? gate->mat_stride : (uint64_t)n_ff * row_bytes;
     if (!moe_host_ok(gate, up))
-        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
+        return set_err(err, -EINVAL,
+                       "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = gate->host_stride;
     int nslot = gate->n_slot;
     if (done && (n_ff % 32 != 0 || !h8))
@@ -1398,9 +1384,10 @@ int sil_cuda_moe_gate_up_shared(struct sil_cuda *cu, const struct sil_cuda_weigh
                        "cuda: moe gate/up + shared of %lld rows over %d experts, %d x %d",
                        (long long)gate->rows, n_expert, n_tok, k);
     /* bytes: k + 1 experts a token at most (fewer when tokens share one) */
-    return gate_up_sh_launch(cu, cu->moe_gate_up_sh[slot], gu_what[slot], gate, up, sh_gate->data,
-                             sh_up->data, n_expert, q8, n_tok, ids, k, k + 1, x, gate_inp,
-                             sh_logit, h, h8, done, (uint64_t)n_tok * (uint64_t)(k + 1), s, err);
+    return gate_up_sh_launch(cu, cu->moe_gate_up_sh[slot], cu->what[W_GATE_UP][slot], gate, up,
+                             sh_gate->data, sh_up->data, n_expert, q8, n_tok, ids, k, k + 1, x,
+                             gate_inp, sh_logit, h, h8, done, (uint64_t)n_tok * (uint64_t)(k + 1),
+                             s, err);
 }
 
 int sil_cuda_rmsnorm_threads(int64_t n)
@@ -1436,7 +1423,8 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
     uint64_t row_bytes = down->row_bytes;
     uint64_t stride = down->mat_stride ? down->mat_stride : (uint64_t)n_embd * row_bytes;
     if (!moe_host_ok(down, NULL))
-        return set_err(err, -EINVAL, "cuda: moe slots read in place without a slot table or host memory");
+        return set_err(err, -EINVAL,
+                       "cuda: moe slots read in place without a slot table or host memory");
     uint64_t hstride = down->host_stride;
     int nslot = down->n_slot;
     void *p[] = {(void *)&down->data,
@@ -1458,7 +1446,7 @@ int sil_cuda_moe_down_shared(struct sil_cuda *cu, const struct sil_cuda_weight *
                  &k,
                  &y};
     cu->prof_bytes = (uint64_t)n_tok * (uint64_t)(k + 1) * (uint64_t)n_embd * row_bytes;
-    return launch(cu, cu->moe_down_sh[slot], dn_what[slot], (unsigned)((n_embd + 3) / 4),
+    return launch(cu, cu->moe_down_sh[slot], cu->what[W_DOWN][slot], (unsigned)((n_embd + 3) / 4),
                   (unsigned)n_tok, 128, s, p, err);
 }
 
