@@ -12,7 +12,7 @@
  *      TOL (the reference data's rule), and CUDA against CPU within 2 * TOL (both are held to
  *      TOL against the same reference, so they may differ by twice that); on a model with
  *      experts a CUDA prompt outside them passes only as a routing near-tie: CUDA's choices
- *      (a route trace) replayed on the CPU backend (route_replay) give CUDA's logits within
+ *      (a route trace) replayed on the CPU backend (route_obs.h) give CUDA's logits within
  *      2 * TOL, and those the CPU would not have taken are at most NEAR_TIE_MAX, each within
  *      NEAR_TIE_GAP of its own k-th choice in ln p;
  *   2. 16 greedy tokens from prompt 2: identical to the CPU's at every step whose CPU top-2
@@ -131,6 +131,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gguf.h"
+#include "daemon/engine/route_obs.h"
 #include "kernels/cpu/quants.h"
 #include "tests/testutil.h"
 
@@ -791,11 +792,17 @@ static int routing_explains(const char *model, const int32_t *ids, int n, int V,
     struct sil_error err = {0};
     struct sil_engine_params p;
     base_params(&p, model, "cuda");
-    p.route_trace = trace;
+    struct sil_route_obs *tw = NULL, *rp = NULL; /* the trace written, the replay */
     struct sil_engine *e = NULL;
     int sq, good = 0;
     float dt = -1.0f, dr = -1.0f;
-    struct sil_engine_stats st = {0};
+    struct sil_route_obs_stats st = {0};
+    if (sil_route_obs_create(&tw, trace, NULL, &err) < 0 ||
+        sil_route_obs_create(&rp, NULL, trace, &err) < 0) {
+        fprintf(stderr, "%s: routing: %s\n", model, err.msg);
+        goto out;
+    }
+    p.observer = sil_route_obs_observer(tw);
     if (sil_engine_open(&e, &p, &err) < 0 || prefill(e, ids, n, buf, &sq) < 0) {
         fprintf(stderr, "%s: cuda with a route trace: %s\n", model, err.msg);
         goto out;
@@ -803,14 +810,19 @@ static int routing_explains(const char *model, const int32_t *ids, int n, int V,
     dt = max_diff(buf, lg, V); /* the traced run against the default one */
     sil_engine_close(e);
     e = NULL;
+    if (sil_route_obs_free(tw, &err) < 0) {
+        tw = NULL;
+        fprintf(stderr, "%s: the route trace: %s\n", model, err.msg);
+        goto out;
+    }
+    tw = NULL;
     p.backend = "cpu";
-    p.route_trace = NULL;
-    p.route_replay = trace;
+    p.observer = sil_route_obs_observer(rp);
     if (sil_engine_open(&e, &p, &err) < 0 || prefill(e, ids, n, buf, &sq) < 0) {
         fprintf(stderr, "%s: cpu replaying the cuda routing: %s\n", model, err.msg);
         goto out;
     }
-    sil_engine_stats(e, &st);
+    sil_route_obs_stats(rp, &st);
     dr = max_diff(buf, lg, V);
     good = dr <= tol && st.replay_changed >= 1 && st.replay_changed <= NEAR_TIE_MAX &&
            st.replay_gap <= NEAR_TIE_GAP;
@@ -823,6 +835,8 @@ out:
            (double)NEAR_TIE_GAP, (double)dr, (double)tol,
            good ? "a routing near-tie, explained" : "not explained");
     sil_engine_close(e);
+    sil_route_obs_free(tw, &err);
+    sil_route_obs_free(rp, &err);
     tu_tmpdir_remove(tdir);
     free(trace);
     free(tdir);

@@ -20,6 +20,7 @@
 #include "daemon/engine/expert_cache.h"
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/kv_cache.h"
+#include "daemon/engine/route_obs.h"
 #include "daemon/engine/route_trace.h"
 #include "daemon/engine/state_ckpt.h"
 #include "tests/testutil.h"
@@ -1382,18 +1383,21 @@ static void test_prefix_cow(void **state)
     }
 }
 
-/* Route replay (sil_engine_params.route_replay): a CPU trace of a prefill replayed on the same
+/* Route replay (route_obs.h, an engine observer): a CPU trace of a prefill replayed on the same
  * tokens gives its logits bit for bit with no choice changed; one choice swapped for an expert
  * outside the row's top-k is counted with a positive gap and changes the logits of that row,
  * not of the rows before it; a row repeating an expert, a trace that ends early or is of another
  * shape, and a model without experts are errors. */
+static struct sil_route_obs *route_obs; /* open_route's, kept until the next one */
+
 static struct sil_engine *open_route(const char *model, const char *trace, const char *replay,
                                      struct sil_error *err)
 {
     struct sil_engine_params p;
     small_params(&p, 2, 64);
-    p.route_trace = trace;
-    p.route_replay = replay;
+    assert_int_equal(sil_route_obs_free(route_obs, err), 0); /* its engine is closed */
+    assert_int_equal(sil_route_obs_create(&route_obs, trace, replay, err), 0);
+    p.observer = sil_route_obs_observer(route_obs);
     struct sil_engine *e = NULL;
     return tu_open_refdata_engine(&e, model, &p, err) < 0 ? NULL : e;
 }
@@ -1457,14 +1461,16 @@ static void test_route_replay(void **state)
     float *la = malloc(sizeof(float) * 9 * (size_t)V), *lb = malloc(sizeof(float) * 9 * (size_t)V);
     prefill(e, ids, 9, la);
     sil_engine_close(e);
+    assert_int_equal(sil_route_obs_free(route_obs, &err), 0); /* the trace written whole */
+    route_obs = NULL;
     copy_trace(t1, t2, -1, swap_one);
     copy_trace(t1, t3, -1, repeat_one);
     copy_trace(t1, t4, L - 1, NULL);
 
-    struct sil_engine_stats st;
+    struct sil_route_obs_stats st;
     if (!(e = open_route(model, NULL, t1, &err))) fail_msg("open: %s", err.msg);
     prefill(e, ids, 9, lb);
-    sil_engine_stats(e, &st);
+    sil_route_obs_stats(route_obs, &st);
     assert_memory_equal(la, lb, sizeof(float) * 9 * (size_t)V);
     assert_true(st.replay_records == (uint64_t)L && st.replay_changed == 0 &&
                 st.replay_gap == 0.0f);
@@ -1472,7 +1478,7 @@ static void test_route_replay(void **state)
 
     if (!(e = open_route(model, NULL, t2, &err))) fail_msg("open: %s", err.msg);
     prefill(e, ids, 9, lb);
-    sil_engine_stats(e, &st);
+    sil_route_obs_stats(route_obs, &st);
     /* the swapped choice, and any of the later layers' recorded choices of rows 4-8 that the
      * swap moved out of their top-k */
     assert_true(st.replay_changed >= 1 && st.replay_gap > 0.0f);
@@ -1504,10 +1510,99 @@ static void test_route_replay(void **state)
     assert_null(open_route(model, NULL, t4, &err));
     assert_non_null(strstr(err.msg, "a trace of"));
     assert_null(open_route("qwen3-tiny-Q8_0", NULL, t1, &err));
+    sil_route_obs_free(route_obs, &err);
+    route_obs = NULL;
     free(la);
     free(lb);
     tu_tmpdir_remove(dir);
     free(dir);
+}
+
+/* An engine observer (engine.h) that counts what it is shown. */
+struct route_count {
+    int32_t n_layer, n_used, n_expert;
+    int64_t passes, pass_rows, events, bad;
+    int64_t choices[64]; /* per layer: rows x experts a row */
+};
+
+static int count_open(void *user, const struct sil_model_info *info, struct sil_error *err)
+{
+    struct route_count *c = user;
+    c->n_layer = info->n_layer;
+    c->n_used = info->n_expert_used;
+    c->n_expert = info->n_expert;
+    return info->n_layer <= 64 ? 0 : sil_errorf(err, -EINVAL, "too many layers to count");
+}
+
+static void count_pass(void *user, int32_t n_rows)
+{
+    struct route_count *c = user;
+    c->passes++;
+    c->pass_rows += n_rows;
+}
+
+static void count_route(void *user, const struct sil_route_event *ev)
+{
+    struct route_count *c = user;
+    c->events++;
+    c->choices[ev->layer] += (int64_t)ev->n_rows * ev->n_used;
+    bool good = ev->layer >= 0 && ev->layer < c->n_layer && ev->n_used == c->n_used &&
+                ev->weight && !ev->forced && ev->n_active > 0 &&
+                ev->active_start[ev->n_active] == ev->n_rows * ev->n_used;
+    for (int32_t i = 0; i < ev->n_rows * ev->n_used; i++)
+        good = good && ev->expert[i] >= 0 && ev->expert[i] < c->n_expert;
+    c->bad += !good;
+}
+
+/* An observer registered at open is shown each MoE layer's routing once a pass, n_rows x top-k
+ * choices, and changes no logit; an engine without one shows it nothing. */
+static void test_observer(void **state)
+{
+    (void)state;
+    const char *model = "qwen35moe-tiny-Q8_0";
+    const int32_t ids[9] = {508, 355, 261, 198, 39, 301, 385, 11, 305};
+    struct route_count c = {0};
+    const struct sil_engine_observer obs = {
+        .user = &c,
+        .on_open = count_open,
+        .on_pass_begin = count_pass,
+        .on_route = count_route,
+    };
+    struct sil_engine_params p;
+    small_params(&p, 1, 64);
+    p.observer = &obs;
+    struct sil_engine *e = NULL, *plain = NULL;
+    struct sil_error err = {0};
+    if (tu_open_refdata_engine(&e, model, &p, &err) < 0) fail_msg("open: %s", err.msg);
+    small_params(&p, 1, 64);
+    if (tu_open_refdata_engine(&plain, model, &p, &err) < 0) fail_msg("open: %s", err.msg);
+    const int32_t V = sil_engine_info(e)->n_vocab, L = sil_engine_info(e)->n_layer;
+    const int32_t K = sil_engine_info(e)->n_expert_used;
+    assert_true(c.n_layer == L && K > 0 && c.events == 0);
+
+    float *la = malloc(sizeof(float) * 10 * (size_t)V);
+    float *lb = malloc(sizeof(float) * 10 * (size_t)V);
+    const int seq = prefill(e, ids, 9, la); /* one pass of 9 rows */
+    assert_true(c.passes == 1 && c.pass_rows == 9 && c.events == L && c.bad == 0);
+    for (int32_t il = 0; il < L; il++) /* every layer of this model has experts */
+        assert_int_equal(c.choices[il], 9 * K);
+    int32_t t = 7, pos = 9, sq = seq;
+    struct sil_batch one = {1, &t, &pos, &sq, NULL};
+    assert_int_equal(sil_engine_eval(e, &one, la + 9 * (size_t)V, &err), 0);
+    assert_true(c.passes == 2 && c.pass_rows == 10 && c.events == 2 * L && c.bad == 0);
+    for (int32_t il = 0; il < L; il++)
+        assert_int_equal(c.choices[il], 10 * K);
+
+    const struct route_count before = c;
+    const int seq2 = prefill(plain, ids, 9, lb);
+    sq = seq2;
+    assert_int_equal(sil_engine_eval(plain, &one, lb + 9 * (size_t)V, &err), 0);
+    assert_memory_equal(&before, &c, sizeof c);
+    assert_memory_equal(la, lb, sizeof(float) * 10 * (size_t)V);
+    sil_engine_close(e);
+    sil_engine_close(plain);
+    free(la);
+    free(lb);
 }
 
 int main(void)
@@ -1536,6 +1631,7 @@ int main(void)
         cmocka_unit_test(test_stats_expert_bytes),
         cmocka_unit_test(test_heat_map),
         cmocka_unit_test(test_route_replay),
+        cmocka_unit_test(test_observer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 #include "daemon/engine/expert_cache.h"
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/route_obs.h"
 #include "daemon/engine/route_trace.h"
 #include "tests/testutil.h"
 
@@ -889,10 +890,14 @@ static float *run_engine(const char *model, const char *trace, int32_t slots,
     p.n_threads = 2;
     p.n_seq_max = 1;
     p.n_batch_max = 16;
-    p.route_trace = trace;
     p.ecache_sim_slots = slots;
     struct sil_engine *e = NULL;
     struct sil_error err = {0};
+    struct sil_route_obs *ro = NULL;
+    if (trace) {
+        assert_int_equal(sil_route_obs_create(&ro, trace, NULL, &err), 0);
+        p.observer = sil_route_obs_observer(ro);
+    }
     assert_int_equal(sil_engine_open(&e, &p, &err), 0);
     const int32_t V = sil_engine_info(e)->n_vocab;
     *n_layer = sil_engine_info(e)->n_layer;
@@ -920,6 +925,7 @@ static float *run_engine(const char *model, const char *trace, int32_t slots,
     }
     sil_engine_stats(e, st);
     sil_engine_close(e);
+    assert_int_equal(sil_route_obs_free(ro, &err), 0);
     return logits;
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/route_obs.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/size.h"
 #include "daemon/engine/spec.h"
@@ -376,11 +377,16 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     if (o->passes && parse_int("--passes", o->passes, 1, 1000, &n_passes) < 0) return 2;
     if (o->vram_budget && parse_size("--vram-budget", o->vram_budget, &p.vram_budget) < 0) return 2;
     if (o->host_budget && parse_host_budget(o->host_budget, &p) < 0) return 2;
-    p.route_trace = o->route_trace;
-    p.route_replay = o->route_replay;
     p.ecache_sim_slots = (int32_t)ecache_slots;
     p.ecache_sim_policy = o->ecache_policy;
     p.heat_map = o->heat_map != NULL;
+    struct sil_route_obs *ro = NULL; /* the trace written and the one routed with */
+    if ((o->route_trace || o->route_replay) &&
+        sil_route_obs_create(&ro, o->route_trace, o->route_replay, &err) < 0) {
+        fprintf(stderr, "sil-eval: %s\n", err.msg);
+        return 1;
+    }
+    p.observer = ro ? sil_route_obs_observer(ro) : NULL;
     struct sil_engine *e = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -389,6 +395,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     int rc = 1;
     if (sil_engine_open(&e, &p, &err) < 0) {
         fprintf(stderr, "sil-eval: %s\n", err.msg);
+        sil_route_obs_free(ro, &err);
         return 1;
     }
     struct sil_engine *de = NULL; /* the draft model's engine (--spec draft) */
@@ -545,6 +552,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     }
     struct sil_engine_stats st;
     sil_engine_stats(e, &st);
+    struct sil_route_obs_stats rs = {0};
+    if (ro) sil_route_obs_stats(ro, &rs);
     struct sil_engine_device dev;
     const bool on_dev = sil_engine_device(e, &dev) == 0;
     const char *ecm = sil_engine_ecache_mode(e);
@@ -621,8 +630,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (o->route_replay)
             printf(", \"route_replay\": {\"records\": %llu, \"changed\": %llu, "
                    "\"max_gap\": %.6g}",
-                   (unsigned long long)st.replay_records, (unsigned long long)st.replay_changed,
-                   (double)st.replay_gap);
+                   (unsigned long long)rs.replay_records, (unsigned long long)rs.replay_changed,
+                   (double)rs.replay_gap);
         if (o->heat_map)
             printf(", \"heat_map\": {\"loaded\": \"%s\", \"hot\": %lld, \"tokens\": %llu, "
                    "\"preloaded\": %lld, \"preload_s\": %.3f, \"saved\": %s}",
@@ -728,8 +737,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (o->route_replay)
             printf("route replay: %llu records, %llu choices outside the top-k, largest gap "
                    "%.4g (ln p)\n",
-                   (unsigned long long)st.replay_records, (unsigned long long)st.replay_changed,
-                   (double)st.replay_gap);
+                   (unsigned long long)rs.replay_records, (unsigned long long)rs.replay_changed,
+                   (double)rs.replay_gap);
         if (o->heat_map)
             printf("expert heat map: %s at start (%lld preloaded), %s at the end\n", hr.loaded,
                    (long long)hr.r.placed, hr.saved ? "saved" : "not saved");
@@ -762,5 +771,6 @@ out:
     free(sr.greedy);
     sil_engine_close(de);
     sil_engine_close(e);
+    if (sil_route_obs_free(ro, &err) < 0) fprintf(stderr, "sil-eval: %s\n", err.msg);
     return rc;
 }

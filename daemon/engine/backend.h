@@ -169,7 +169,7 @@ struct sil_moe_plan {
     int32_t layer; /* the model layer (set before route) */
     /* Optional (NULL: each row's top-k): route with these choices instead, [n_rows * n_used]
      * distinct ids a row in slot order, weighted by their router probabilities as the top-k
-     * would be (a replayed trace, sil_engine_params.route_replay; the CPU backend only). The
+     * would be (an observer's choose, engine.h: a replayed trace; the CPU backend only). The
      * route then reports how far they are from its own top-k: force_changed, the choices outside
      * it; force_gap, the largest ln(p of its own k-th / p of a choice outside it) (0: none);
      * force_bad, choices it cannot take (out of range or repeated in a row). */

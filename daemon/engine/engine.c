@@ -74,6 +74,7 @@ struct sil_engine {
      * and how it was shared out */
     uint64_t hp_budget, hp_fixed, hp_want[SIL_HOST_N_CACHE];
     struct sil_host_plan hp;
+    const struct sil_engine_observer *observer; /* sil_engine_params.observer, once opened */
 };
 
 void sil_engine_params_default(struct sil_engine_params *p)
@@ -81,78 +82,63 @@ void sil_engine_params_default(struct sil_engine_params *p)
     memset(p, 0, sizeof(*p));
 }
 
-/* The expert plan observer, when a trace, a simulated cache or a heat map is asked for. The
- * simulated cache runs on the CPU only; a trace on any backend, on a device with every expert
- * resident (it is opened with its routing brought to the host, so every plan reaches it in
- * order); a heat map is kept on any backend from the plans that reach the host. */
+/* The engine's own observer of the expert plans (expert_obs.h), when a simulated cache or a heat
+ * map is asked for. The simulated cache runs on the CPU only; a heat map is kept on any backend
+ * from the plans that reach the host. */
 static int open_obs(struct sil_engine *e, const struct sil_engine_params *p,
                     struct sil_error *err)
 {
-    if (!p->route_trace && (p->ecache_sim_slots <= 0 || p->ecache_sim_soft)) {
+    if (p->ecache_sim_slots <= 0 || p->ecache_sim_soft) {
         if (!e->model->traits->moe || (!p->heat_map && p->ecache_sim_slots <= 0)) return 0;
     } else if (!e->model->traits->moe)
         return sil_errorf(err, -EINVAL, "engine: %s has no experts to trace or cache",
                           e->info.arch_name);
     const bool cpu = strcmp(e->f.be->ops->name, "cpu") == 0;
     int32_t sim_slots = p->ecache_sim_slots;
-    if (!cpu && sim_slots > 0 && p->ecache_sim_soft && !p->route_trace) {
+    if (!cpu && sim_slots > 0 && p->ecache_sim_soft) {
         sim_slots = 0;
         if (!p->heat_map) return 0;
     }
     if (!cpu && sim_slots > 0)
         return sil_errorf(err, -ENOTSUP, "engine: the simulated expert cache runs on the CPU "
                                          "backend only");
-    /* a pass that reads misses in place keeps its routing on the device and shows it to the
-     * cache after the pass: a trace would not have the evaluation's order */
-    if (!cpu && p->route_trace && e->f.ecache)
-        return sil_errorf(err, -ENOTSUP, "engine: a route trace on the %s backend needs every "
-                                         "expert resident (this budget keeps them in slots)",
-                          e->f.be->ops->name);
     const struct sil_layer_weights *w = &e->f.lw[0];
     struct sil_expert_obs_config c = {
         .n_layer = e->model->hp.n_layer,
         .n_expert = e->model->hp.n_expert,
         .n_used = e->model->hp.n_expert_used,
-        .trace_path = p->route_trace,
         .sim_slots = sim_slots > 0 ? sim_slots : -1,
         .sim_policy = p->ecache_sim_policy,
         .expert_bytes =
             w->ffn_gate_exps.mat_bytes + w->ffn_up_exps.mat_bytes + w->ffn_down_exps.mat_bytes,
         .heat = p->heat_map,
     };
-    return sil_expert_obs_open(&e->f.obs, &c, err);
+    int rc = sil_expert_obs_open(&e->f.obs, &c, err);
+    if (rc == 0 && e->f.obs) e->f.observer[e->f.n_observer++] = sil_expert_obs_observer(e->f.obs);
+    return rc;
 }
 
-/* The route trace a replay reads (sil_engine_params.route_replay), of this model's shape. */
-static int open_replay(struct sil_engine *e, const struct sil_engine_params *p,
-                       struct sil_error *err)
+/* The observer registered at open (sil_engine_params.observer), where it can see what it asks. */
+static int open_observer(struct sil_engine *e, const struct sil_engine_params *p,
+                         struct sil_error *err)
 {
-    if (!p->route_replay) return 0;
-    const struct sil_hparams *hp = &e->model->hp;
-    if (!e->model->traits->moe)
-        return sil_errorf(err, -EINVAL, "engine: %s has no experts to route", e->info.arch_name);
-    if (strcmp(e->f.be->ops->name, "cpu") != 0)
-        return sil_errorf(err, -ENOTSUP, "engine: route replay runs on the CPU backend only");
-    struct sil_route_trace *t = calloc(1, sizeof *t);
-    e->f.replay_sel =
-        malloc(sizeof(int32_t) * SIL_ROUTE_TRACE_MAX_ROWS * (size_t)hp->n_expert_used);
-    if (!t || !e->f.replay_sel) {
-        free(t);
-        return sil_errorf(err, -ENOMEM, "engine: out of memory");
-    }
-    int rc = sil_route_trace_open(t, p->route_replay, err);
-    if (rc < 0) {
-        free(t);
-        return rc;
-    }
-    e->f.replay = t;
-    if (t->n_layer != (uint32_t)hp->n_layer || t->n_expert != (uint32_t)hp->n_expert ||
-        t->n_used != (uint32_t)hp->n_expert_used)
-        return sil_errorf(err, -EINVAL,
-                          "%s: a trace of %u layers, %u experts, %u a row; the model has %d, "
-                          "%d, %d",
-                          p->route_replay, t->n_layer, t->n_expert, t->n_used, hp->n_layer,
-                          hp->n_expert, hp->n_expert_used);
+    const struct sil_engine_observer *o = p->observer;
+    if (!o) return 0;
+    const bool cpu = strcmp(e->f.be->ops->name, "cpu") == 0;
+    if (!cpu && o->choose)
+        return sil_errorf(err, -ENOTSUP, "engine: routes chosen by an observer (a route "
+                                         "replay) run on the CPU backend only");
+    /* a pass that reads misses in place keeps its routing on the device and shows it to the
+     * cache after the pass: an observer would not see the evaluation's order */
+    if (!cpu && o->host_routes && e->f.ecache)
+        return sil_errorf(err, -ENOTSUP, "engine: a route trace on the %s backend needs every "
+                                         "expert resident (this budget keeps them in slots)",
+                          e->f.be->ops->name);
+    int rc = o->on_open ? o->on_open(o->user, &e->info, err) : 0;
+    if (rc < 0) return rc;
+    if (o->on_route) e->f.observer[e->f.n_observer++] = o;
+    if (o->choose) e->f.chooser = o;
+    e->observer = o;
     return 0;
 }
 
@@ -410,7 +396,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
                      scratch,
         .kv_type = kv_type,
         .kv_blocks = e->dev_kv_blocks,
-        .host_route = p->route_trace != NULL, /* a trace sees every layer's choices */
+        .host_route = p->observer && p->observer->host_routes, /* every layer's choices */
         .host_tier = e->tier_want,
         .opt = p->cuda,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
@@ -848,7 +834,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         goto fail;
     if ((rc = open_obs(e, p, err)) < 0)
         goto fail;
-    if ((rc = open_replay(e, p, err)) < 0)
+    if ((rc = open_observer(e, p, err)) < 0)
         goto fail;
     if ((rc = open_kv(e, p, err)) < 0)
         goto fail;
@@ -890,17 +876,8 @@ void sil_engine_close(struct sil_engine *e)
     free(e->prefix_blocks);
     sil_kv_free(e->f.kv);
     sil_ckpt_free(e->ckpt);
-    struct sil_error oerr = {0};
-    if (sil_expert_obs_close(e->f.obs, &oerr) < 0)
-        fprintf(stderr, "siliceo: %s\n", oerr.msg);
+    sil_expert_obs_close(e->f.obs);
     e->f.obs = NULL;
-    if (e->f.replay) {
-        sil_route_trace_close(e->f.replay, &oerr); /* read only: nothing to report */
-        free(e->f.replay);
-        e->f.replay = NULL;
-    }
-    free(e->f.replay_sel);
-    e->f.replay_sel = NULL;
     sil_ecache_free(e->f.ecache);
     free(e->f.ecache_res);
     free(e->f.ecache_uses);
@@ -1343,7 +1320,11 @@ static struct sil_ubatch make_ubatch(struct sil_engine *e, int32_t r0, int32_t n
 /* After a pass: 0, or its error (1: the model is damaged by a fault on the mapping). */
 static int after_pass(struct sil_engine *e, struct sil_error *err)
 {
-    if (e->f.replay_err) return sil_errorf(err, e->f.replay_err, "%s", e->f.replay_msg);
+    const struct sil_engine_observer *o = e->observer;
+    if (o && o->on_pass_end) {
+        const int rc = o->on_pass_end(o->user, err);
+        if (rc < 0) return rc;
+    }
     if (e->f.xs_err) { /* a read of the file failed: as a fault on the mapping, for good */
         atomic_store(&e->damaged, true);
         return sil_errorf(err, -EIO, "%s", e->f.xs_msg);
@@ -1354,6 +1335,12 @@ static int after_pass(struct sil_engine *e, struct sil_error *err)
     if (rc < 0) return sil_mapguard_faults(e->guard_slot, NULL) > 0 ? 1 : rc;
     if (e->eval_progress) e->eval_progress(e->eval_progress_user);
     return 0;
+}
+
+static void pass_begin(struct sil_engine *e, int32_t n_rows)
+{
+    const struct sil_engine_observer *o = e->observer;
+    if (o && o->on_pass_begin) o->on_pass_begin(o->user, n_rows);
 }
 
 static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t *argmax,
@@ -1372,6 +1359,7 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t 
     const bool by_layer = e->f.n_lm > 0 && n > step;
     for (int32_t r0 = 0; r0 < n;) {
         if (atomic_load(&e->damaged)) return 1;
+        const int32_t r_pass = r0;
         if (by_layer) {
             int k = 0;
             for (; k < e->f.n_lm && r0 < n; k++) {
@@ -1381,11 +1369,13 @@ static int run_ubatches(struct sil_engine *e, int32_t n, float *logits, int32_t 
             }
             for (int j = 0; j < k; j++)
                 e->lm_ub[j].layered = k > 1;
+            pass_begin(e, r0 - r_pass);
             sil_forward_layers(&e->f, e->lm_ub, k, logits, argmax);
         } else {
             const int32_t len = n - r0 < step ? n - r0 : step;
             struct sil_ubatch ub = make_ubatch(e, r0, len, e->run_start, head_out);
             r0 += len;
+            pass_begin(e, len);
             sil_forward(&e->f, &ub, logits, argmax);
         }
         const int rc = after_pass(e, err);
@@ -1542,9 +1532,6 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
     out->ecache_misses = s.misses;
     out->ecache_evictions = s.evictions;
     out->ecache_bytes_streamed = s.bytes_streamed;
-    out->replay_records = e->f.replay_records;
-    out->replay_changed = e->f.replay_changed;
-    out->replay_gap = e->f.replay_gap;
 }
 
 uint64_t sil_engine_heat_model_id(const struct sil_engine *e)

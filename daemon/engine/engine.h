@@ -29,6 +29,50 @@
 
 enum sil_arch { SIL_ARCH_QWEN35MOE, SIL_ARCH_QWEN35, SIL_ARCH_QWEN3MOE, SIL_ARCH_QWEN3, SIL_ARCH_COUNT };
 
+/* What one MoE layer routed to, as an observer sees it (engine thread; valid for the call). */
+struct sil_route_event {
+    int32_t layer, n_rows, n_used;
+    const int32_t *expert; /* [n_rows * n_used] the expert of each (row, slot) */
+    const float *weight;   /* [n_rows * n_used] its router weight; NULL when seen after a pass */
+    /* the distinct experts in the order the layer runs them, and their (row, slot) pairs:
+     * active[a]'s are [active_start[a], active_start[a + 1]) */
+    int32_t n_active;
+    const int32_t *active, *active_start;
+    /* when the observer's choose gave this layer's choices: those outside the engine's own
+     * top-k, the largest ln(p of its own k-th / p of such a choice) (0: none), and whether one
+     * could not be taken (out of range or repeated in a row) */
+    bool forced;
+    int32_t forced_changed;
+    float forced_gap;
+    bool forced_bad;
+};
+
+/* An observer of the engine's routing, for tests and benchmarks (route tracing and replay,
+ * route_obs.h): registered at open (sil_engine_params.observer) and called on the engine thread
+ * from sil_engine_open and sil_engine_eval. Any callback may be NULL. A layer whose routing
+ * stays on the device (CUDA, every expert resident) reaches on_route after its pass when the
+ * expert cache needs it, else not at all, unless host_routes. With no observer the MoE layers
+ * do nothing more than a NULL check. */
+struct sil_model_info;
+struct sil_engine_observer {
+    void *user;
+    /* Every MoE layer's choices reach on_route, in evaluation order: on CUDA the routing is
+     * then brought to the host, and every expert must be resident (-ENOTSUP at open). */
+    bool host_routes;
+    /* At open, the model and backend known: 0, or -errno with err filled (the open fails). */
+    int (*on_open)(void *user, const struct sil_model_info *info, struct sil_error *err);
+    /* A forward pass of n_rows rows starts (one micro-batch; with the host tier, several run
+     * layer by layer). */
+    void (*on_pass_begin)(void *user, int32_t n_rows);
+    /* The choices [n_rows * n_used] (distinct ids a row, in slot order) to route layer with
+     * instead of the top-k, each weighted by the router's probability; NULL: the top-k. Read
+     * until on_route. CPU backend only (-ENOTSUP at open elsewhere). */
+    const int32_t *(*choose)(void *user, int32_t layer, int32_t n_rows);
+    void (*on_route)(void *user, const struct sil_route_event *ev);
+    /* The pass ended: 0, or -errno with err filled to fail the evaluation. */
+    int (*on_pass_end)(void *user, struct sil_error *err);
+};
+
 struct sil_engine_params {
     const char *model_path;
     int n_threads;        /* 0 = number of online CPUs */
@@ -45,20 +89,10 @@ struct sil_engine_params {
      * layer by layer: each layer's experts are read once for all of them. */
     int32_t n_ubatch;
     bool exact;           /* weights dequantized to F32, F32 activations (reference mode) */
-    /* Benchmarks and tests: write every MoE layer's routing to this trace file (route_trace.h;
-     * on CUDA the routing is then brought to the host, and every expert must be resident),
-     * and/or look each plan up in a simulated expert cache of this many slots (CPU backend;
-     * 0: none) and policy (NULL: the measured best, lfu), whose counters sil_engine_stats
-     * reports. Neither changes a logit. The policy is also the device cache's where the CUDA
-     * backend keeps experts in slots (an unknown name is then an error). */
-    const char *route_trace;
-    /* Tests and diagnostics (CPU backend, models with experts): route every MoE layer with the
-     * choices of this route trace, record by record in evaluation order (the trace of the
-     * same evaluations, from another backend or run: siliceo's route_trace), each choice
-     * weighted by this engine's router probabilities; sil_engine_stats says how far they were
-     * from its own top-k. A record that does not fit (another layer or row count, the trace
-     * ended) fails that evaluation and every later one with -EINVAL. NULL: the top-k. */
-    const char *route_replay;
+    /* Look each MoE plan up in a simulated expert cache of this many slots (CPU backend; 0:
+     * none) and policy (NULL: the measured best, lfu), whose counters sil_engine_stats reports
+     * (siliceod.conf(5) ecache_slots). It changes no logit. The policy is also the device cache's
+     * where the CUDA backend keeps experts in slots (an unknown name is then an error). */
     int32_t ecache_sim_slots;
     const char *ecache_sim_policy;
     /* No simulated cache where it cannot run (another backend than the CPU, a model without
@@ -104,6 +138,10 @@ struct sil_engine_params {
      * each element times 1 + r or 1 - r (0: none). */
     const char *cpu_profile;
     float test_attn_noise;
+    /* Tests and benchmarks: an observer of the MoE layers' routing (struct
+     * sil_engine_observer, e.g. route_obs.h's trace and replay), or NULL. It outlives the
+     * engine. */
+    const struct sil_engine_observer *observer;
 };
 void sil_engine_params_default(struct sil_engine_params *p);
 /* Sets one of the CUDA backend's user options by its siliceod.conf(5) key: cuda_graphs (on,
@@ -313,10 +351,6 @@ struct sil_engine_stats {
     uint64_t n_layered; /* of the micro-batches, those run layer by layer with others */
     /* the simulated expert cache (sil_engine_params.ecache_sim_slots), zero without one */
     uint64_t ecache_hits, ecache_misses, ecache_evictions, ecache_bytes_streamed;
-    /* route_replay: the records replayed, the choices among them outside the engine's own
-     * top-k, and the largest ln(p of its own k-th choice / p of such a choice) (0: none) */
-    uint64_t replay_records, replay_changed;
-    float replay_gap;
 };
 void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out);
 

@@ -5,14 +5,12 @@
 #include <string.h>
 
 #include "daemon/engine/expert_obs.h"
-#include "daemon/engine/route_trace.h"
 
 struct sil_expert_obs {
     struct sil_ecache *cache; /* the simulated cache, or NULL */
     struct sil_ecache *heat;  /* no slots, for its heat map only: when asked and no cache */
     int pol;
-    bool tracing;
-    struct sil_route_trace trace;
+    struct sil_engine_observer observer;
     int32_t n_slot;               /* of the simulated cache */
     int32_t *uses;                /* [n_expert] rows of each active expert */
     struct sil_ecache_entry *res; /* [n_expert] */
@@ -58,28 +56,27 @@ int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs
             o->n_slot = k.n_slot;
         }
     }
-    if (c->trace_path) {
-        rc = sil_route_trace_create(&o->trace, c->trace_path, (uint32_t)c->n_layer,
-                                    (uint32_t)c->n_expert, (uint32_t)c->n_used, err);
-        if (rc < 0) goto fail;
-        o->tracing = true;
-    }
     *out = o;
     return 0;
 fail:
-    sil_expert_obs_close(o, NULL);
+    sil_expert_obs_close(o);
     return rc;
 }
 
-void sil_expert_obs_plan(struct sil_expert_obs *o, int32_t layer, const struct sil_moe_plan *p)
+static void on_route(void *user, const struct sil_route_event *ev)
 {
-    if (o->tracing)
-        sil_route_trace_write(&o->trace, (uint32_t)layer, (uint32_t)p->n_rows, p->sel_expert);
+    struct sil_expert_obs *o = user;
     struct sil_ecache *c = o->cache ? o->cache : o->heat;
     if (!c) return;
-    for (int32_t a = 0; a < p->n_active; a++)
-        o->uses[a] = p->pair_start[a + 1] - p->pair_start[a];
-    sil_ecache_lookup(c, layer, p->expert, o->uses, p->n_active, o->res);
+    for (int32_t a = 0; a < ev->n_active; a++)
+        o->uses[a] = ev->active_start[a + 1] - ev->active_start[a];
+    sil_ecache_lookup(c, ev->layer, ev->active, o->uses, ev->n_active, o->res);
+}
+
+const struct sil_engine_observer *sil_expert_obs_observer(struct sil_expert_obs *o)
+{
+    o->observer = (struct sil_engine_observer){.user = o, .on_route = on_route};
+    return &o->observer;
 }
 
 void sil_expert_obs_layer_stats(const struct sil_expert_obs *o, int32_t layer,
@@ -136,14 +133,12 @@ void sil_expert_obs_stats(const struct sil_expert_obs *o, struct sil_ecache_stat
         memset(out, 0, sizeof(*out));
 }
 
-int sil_expert_obs_close(struct sil_expert_obs *o, struct sil_error *err)
+void sil_expert_obs_close(struct sil_expert_obs *o)
 {
-    if (!o) return 0;
-    int rc = o->tracing ? sil_route_trace_close(&o->trace, err) : 0;
+    if (!o) return;
     sil_ecache_free(o->cache);
     sil_ecache_free(o->heat);
     free(o->uses);
     free(o->res);
     free(o);
-    return rc;
 }

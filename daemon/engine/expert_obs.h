@@ -1,11 +1,12 @@
-/* Watching the expert plans of the engine (off unless asked for): each MoE layer's plan is
- * written to a routing trace (route_trace.h), and/or looked up in a simulated expert cache of a
- * given size and policy, whose hit rates sil_engine_stats reports, and/or counted in a heat map
- * (the decayed use of every expert; the simulated cache's own when there is one, else a cache of
- * no slots kept only for its heat). Only host-routed plans are seen: a plan whose routing stays
- * on the device (CUDA) never reaches the observer. Nothing here changes a plan:
- * the weight handles keep pointing where they did, so logits are the same with it on or off.
- * Ownership: the observer owns its cache, its trace file and its scratch; one thread (the
+/* The engine's own observer of its expert plans (struct sil_engine_observer, off unless asked
+ * for): each MoE layer's plan is looked up in a simulated expert cache of a given size and
+ * policy, whose hit rates sil_engine_stats reports, and/or counted in a heat map (the decayed
+ * use of every expert; the simulated cache's own when there is one, else a cache of no slots
+ * kept only for its heat). Only host-routed plans are seen: a plan whose routing stays on the
+ * device (CUDA) never reaches the observer. Nothing here changes a plan: the weight handles
+ * keep pointing where they did, so logits are the same with it on or off. Route traces are
+ * another observer's (route_obs.h).
+ * Ownership: the observer owns its cache and its scratch; one thread (the
  * engine's) at a time. */
 #ifndef SIL_EXPERT_OBS_H
 #define SIL_EXPERT_OBS_H
@@ -13,12 +14,12 @@
 #include <stdint.h>
 
 #include "daemon/engine/backend.h"
+#include "daemon/engine/engine.h"
 #include "daemon/engine/expert_cache.h"
 #include "kernels/error.h"
 
 struct sil_expert_obs_config {
     int32_t n_layer, n_expert, n_used;
-    const char *trace_path; /* NULL: no trace */
     int32_t sim_slots;      /* < 0: no simulated cache */
     const char *sim_policy; /* NULL: SIL_ECACHE_DEFAULT */
     uint64_t expert_bytes;  /* gate + up + down of one expert */
@@ -29,8 +30,9 @@ struct sil_expert_obs;
 
 int sil_expert_obs_open(struct sil_expert_obs **out, const struct sil_expert_obs_config *c,
                         struct sil_error *err);
-/* One layer's plan, after it is built and before the experts run. Never allocates. */
-void sil_expert_obs_plan(struct sil_expert_obs *o, int32_t layer, const struct sil_moe_plan *p);
+/* The observer to show every layer's plan to, after it is built and before the experts run
+ * (its on_route never allocates); it lives as long as o. */
+const struct sil_engine_observer *sil_expert_obs_observer(struct sil_expert_obs *o);
 /* The simulated cache's counters (all zero without one). */
 void sil_expert_obs_stats(const struct sil_expert_obs *o, struct sil_ecache_stats *out);
 /* Per layer (layer -1: all) and the slots of the simulated cache (0 without one). */
@@ -48,7 +50,7 @@ bool sil_expert_obs_heat_import(struct sil_expert_obs *o, const float *heat);
 /* Places (layer, expert) in the simulated cache (sil_ecache_preload): the slot or -errno;
  * -ENODEV without a simulated cache. */
 int sil_expert_obs_preload(struct sil_expert_obs *o, int32_t layer, int32_t expert);
-/* Closes the trace (its first write error, or 0) and frees everything; o may be NULL. */
-int sil_expert_obs_close(struct sil_expert_obs *o, struct sil_error *err);
+/* Frees everything; o may be NULL. */
+void sil_expert_obs_close(struct sil_expert_obs *o);
 
 #endif

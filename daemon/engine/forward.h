@@ -11,12 +11,12 @@
 
 #include "daemon/engine/backend.h"
 #include "daemon/engine/delta_net.h"
+#include "daemon/engine/engine.h"
 #include "daemon/engine/expert_cache.h"
 #include "daemon/engine/expert_obs.h"
 #include "daemon/engine/expert_store.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
-#include "daemon/engine/route_trace.h"
 
 /* Handles of one block's weights, named as struct sil_layer names the tensors; zeroed (data
  * NULL) where the architecture or layer kind has none. */
@@ -70,7 +70,12 @@ struct sil_fwd {
      * weight bytes the MoE layers' plans named (each active expert's matrices once a layer) */
     uint64_t n_ubatch, n_rows, expert_bytes;
     uint64_t n_layered; /* micro-batches run by sil_forward_layers with others */
-    struct sil_expert_obs *obs; /* NULL, or shown every MoE plan (expert_obs.h) */
+    struct sil_expert_obs *obs; /* NULL, or the heat map and simulated cache (expert_obs.h) */
+    /* what every MoE plan is shown to (sil_fwd_observe): obs's observer and the one registered
+     * at open; chooser: the registered one when it chooses the routes (engine.h) */
+    const struct sil_engine_observer *observer[2];
+    int n_observer;
+    const struct sil_engine_observer *chooser;
     /* NULL, or the slots of a backend whose experts do not all fit (expert_cache.h): each MoE
      * plan's experts get slots, misses copied in (fill_slot); [n_expert] scratch for a lookup */
     struct sil_ecache *ecache;
@@ -88,16 +93,6 @@ struct sil_fwd {
     const void **xs_ptr;
     int xs_err;
     char xs_msg[200];
-    /* NULL, or a route trace whose records route the MoE layers in their order (the engine's
-     * route_replay; CPU backend): replay_sel holds a record; replay_err the first record that
-     * did not fit (sticky, -EINVAL, replay_msg says why); the choices replayed, those outside
-     * the backend's own top-k and the largest ln-probability gap of those (backend.h) */
-    struct sil_route_trace *replay;
-    int32_t *replay_sel;
-    int replay_err;
-    char replay_msg[192];
-    uint64_t replay_records, replay_changed;
-    float replay_gap;
 };
 
 /* A block's arena: all of the scratch area, nothing taken yet. */

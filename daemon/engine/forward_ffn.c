@@ -147,26 +147,27 @@ static void assign_slots(struct sil_fwd *f, int il, struct sil_moe_plan *p)
     }
 }
 
-/* The next replayed record for layer il's rows, or NULL (the top-k) once one did not fit. */
-static const int32_t *replay_next(struct sil_fwd *f, int il, int64_t rows)
+/* Shows layer il's plan to the observers (engine.h); nothing without one. weight: the plan's
+ * router weights, NULL when they stayed on the device. */
+static void observe(struct sil_fwd *f, int il, const struct sil_moe_plan *p, const float *weight)
 {
-    if (f->replay_err) return NULL;
-    uint32_t layer = 0, n = 0;
-    struct sil_error err = {0};
-    const int rc = sil_route_trace_read(f->replay, &layer, &n, f->replay_sel, &err);
-    if (rc == 1 && (int)layer == il && (int64_t)n == rows) return f->replay_sel;
-    f->replay_err = -EINVAL;
-    if (rc < 0)
-        snprintf(f->replay_msg, sizeof f->replay_msg, "route replay: %.160s", err.msg);
-    else if (rc == 0)
-        snprintf(f->replay_msg, sizeof f->replay_msg,
-                 "route replay: the trace ended before layer %d of this evaluation", il);
-    else
-        snprintf(f->replay_msg, sizeof f->replay_msg,
-                 "route replay: record %llu is layer %u with %u rows, this evaluation routes "
-                 "layer %d with %lld",
-                 (unsigned long long)f->replay_records + 1, layer, n, il, (long long)rows);
-    return NULL;
+    if (f->n_observer == 0) return;
+    const struct sil_route_event ev = {
+        .layer = il,
+        .n_rows = p->n_rows,
+        .n_used = p->n_used,
+        .expert = p->sel_expert,
+        .weight = weight,
+        .n_active = p->n_active,
+        .active = p->expert,
+        .active_start = p->pair_start,
+        .forced = p->force_sel != NULL,
+        .forced_changed = p->force_changed,
+        .forced_gap = p->force_gap,
+        .forced_bad = p->force_bad,
+    };
+    for (int i = 0; i < f->n_observer; i++)
+        if (f->observer[i]->on_route) f->observer[i]->on_route(f->observer[i]->user, &ev);
 }
 
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
@@ -184,7 +185,8 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
     plan->sh_down = shexp ? &w->ffn_down_shexp : NULL;
     plan->device_routed = false;
     plan->layer = il;
-    plan->force_sel = f->replay ? replay_next(f, il, cur.rows) : NULL;
+    plan->force_sel =
+        f->chooser ? f->chooser->choose(f->chooser->user, il, (int32_t)cur.rows) : NULL;
     plan->force_changed = 0;
     plan->force_gap = 0.0f;
     plan->force_bad = false;
@@ -196,23 +198,11 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
         if (norm) sil_fwd_add_norm(f, cur, norm->x, norm->d, norm->w, norm->eps);
         SIL_OP(f, route, cur, &w->ffn_gate_inp, K, plan);
     }
-    if (plan->force_sel) {
-        f->replay_records++;
-        f->replay_changed += (uint64_t)plan->force_changed;
-        if (plan->force_gap > f->replay_gap) f->replay_gap = plan->force_gap;
-        if (plan->force_bad && !f->replay_err) {
-            f->replay_err = -EINVAL;
-            snprintf(f->replay_msg, sizeof f->replay_msg,
-                     "route replay: record %llu (layer %d) repeats an expert in a row",
-                     (unsigned long long)f->replay_records, il);
-        }
-    }
     if (plan->device_routed) {
         plan->n_active = 0; /* the choices stay on the device: not counted in expert_bytes */
     } else {
         moe_plan(f, w, plan);
-        if (f->obs)
-            sil_expert_obs_plan(f->obs, il, plan);
+        observe(f, il, plan, plan->sel_weight);
         if (f->ecache) {
             assign_slots(f, il, plan);
         } else if (f->xstore) {
@@ -254,7 +244,7 @@ void sil_fwd_moe_deferred(struct sil_fwd *f)
         plan->down_exps = &w->ffn_down_exps;
         memcpy(plan->sel_expert, ids, sizeof(int32_t) * (size_t)n * (size_t)K);
         moe_plan(f, w, plan);
-        if (f->obs) sil_expert_obs_plan(f->obs, il, plan);
+        observe(f, il, plan, NULL);
         sil_ecache_set_admission(f->ecache, 1);
         assign_slots(f, il, plan);
         sil_ecache_set_admission(f->ecache, 0);
