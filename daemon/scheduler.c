@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "daemon/log.h"
+#include "daemon/testhooks.h"
 #include "daemon/utf8.h"
 #include "daemon/worker_impl.h"
 #include "kernels/vec.h"
@@ -728,46 +729,6 @@ static void eval_failed(struct sil_worker *w, int n, const char *why)
     }
 }
 
-/* Test hook (SILICEOD_TEST_HOOKS stall_ms=N): the engine thread stops for N ms before an
- * evaluation that has prompt rows, without a heartbeat, as a hung engine would. */
-static void test_stall(struct sil_worker *w)
-{
-    if (w->test_stall_ms <= 0) return;
-    bool prefill = false;
-    for (struct job *j = w->running; j; j = j->next)
-        prefill |= !j->decoding;
-    if (prefill) {
-        struct timespec ts = {w->test_stall_ms / 1000, (w->test_stall_ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* Test hook (SILICEOD_TEST_HOOKS kv_tokens=N): an engine with room for N positions over all
- * sequences. Rows past it fail their sequence with -ENOBUFS, as the paged cache out of blocks does,
- * and the batch is not evaluated (every sequence stays as it was). */
-static bool test_kv_full(struct sil_worker *w, int n, struct sil_error *err)
-{
-    if (w->test_kv_tokens <= 0)
-        return false;
-    int64_t used = 0;
-    for (struct job *j = w->running; j; j = j->next)
-        used += (int64_t)j->ctx.n;
-    bool full = false;
-    for (int r = 0; r < n; r++)
-        w->b_status[r] = 0;
-    for (int r = 0; r < n; r++)
-        if (++used > w->test_kv_tokens) {
-            full = true;
-            for (int k = 0; k < n; k++)
-                if (w->b_seq[k] == w->b_seq[r])
-                    w->b_status[k] = -ENOBUFS;
-        }
-    if (full)
-        sil_errorf(err, -ENOBUFS, "no KV space for the batch (test hook kv_tokens=%d)",
-                   w->test_kv_tokens);
-    return full;
-}
-
 /* The engine had no space for some sequence (paged KV out of blocks, device memory). */
 static bool out_of_space(const struct sil_worker *w, int n, int rc)
 {
@@ -1082,9 +1043,9 @@ void sil_step(struct sil_worker *w)
     for (struct job *g = w->running; g && greedy; g = g->next)
         if (g->logit_row >= 0)
             greedy = sil_genctl_forced(g->gc) >= 0 || sil_sampler_plain_greedy(g->smp);
-    test_stall(w);
+    sil_test_stall(w);
     double t0 = now_s();
-    int rc = test_kv_full(w, n, &err)
+    int rc = sil_test_kv_full(w, n, &err)
                  ? -ENOBUFS
                  : sil_engine_eval_out(w->e, &batch, greedy ? NULL : w->logits,
                                        greedy ? w->b_pick : NULL, w->b_status, &err);
