@@ -50,9 +50,10 @@ struct sil_route_event {
 /* An observer of the engine's routing, for tests and benchmarks (route tracing and replay,
  * route_obs.h): registered at open (sil_engine_params.observer) and called on the engine thread
  * from sil_engine_open and sil_engine_eval. Any callback may be NULL. A layer whose routing
- * stays on the device (CUDA, every expert resident) reaches on_route after its pass when the
- * expert cache needs it, else not at all, unless host_routes. With no observer the MoE layers
- * do nothing more than a NULL check. */
+ * stays on the device (CUDA) reaches on_route after its pass where the device's expert cache
+ * needs it, else not at all, unless host_routes. The engine's own heat map and
+ * simulated cache (heat_map, ecache_sim_slots) watch the plans through the same interface. With
+ * no observer the MoE layers only test that there is none. */
 struct sil_model_info;
 struct sil_engine_observer {
     void *user;

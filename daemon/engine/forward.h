@@ -71,7 +71,7 @@ struct sil_fwd {
     uint64_t n_ubatch, n_rows, expert_bytes;
     uint64_t n_layered; /* micro-batches run by sil_forward_layers with others */
     struct sil_expert_obs *obs; /* NULL, or the heat map and simulated cache (expert_obs.h) */
-    /* what every MoE plan is shown to (sil_fwd_observe): obs's observer and the one registered
+    /* what every MoE plan is shown to (forward_ffn.c): obs's observer and the one registered
      * at open; chooser: the registered one when it chooses the routes (engine.h) */
     const struct sil_engine_observer *observer[2];
     int n_observer;
