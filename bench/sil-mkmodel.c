@@ -40,6 +40,8 @@ static void usage(FILE *f)
         "head\n"
         "  --ctx N               training context length written to the file\n"
         "  --tied | --untied     output head tied to the token embedding or not\n"
+        "  --mtp                 one MTP (next-token prediction) layer after the blocks, as\n"
+        "                        Qwen3.5 files carry it (nextn_predict_layers, blk.N.nextn.*)\n"
         "\n"
         "vocab:\n"
         "  --vocab N             synthetic byte-level BPE vocab of N tokens: 256 byte tokens,\n"
@@ -82,7 +84,7 @@ static void usage(FILE *f)
 enum {
     O_PRESET = 256, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV, O_HEAD_DIM, O_FFN, O_EXPERTS, O_USED,
     O_EXP_FFN, O_SH_FFN, O_DN_K, O_DN_V, O_DN_DIM, O_DN_CONV, O_FAI, O_ROPE_BASE, O_ROPE_PARTIAL,
-    O_CTX, O_TIED, O_UNTIED, O_VOCAB, O_VOCAB_FROM, O_PRE, O_TYPE, O_OVERRIDE, O_SKEW, O_SEED, O_OUT,
+    O_CTX, O_TIED, O_UNTIED, O_MTP, O_VOCAB, O_VOCAB_FROM, O_PRE, O_TYPE, O_OVERRIDE, O_SKEW, O_SEED, O_OUT,
     O_THREADS, O_NAME, O_EXACT, O_WEIGHTS, O_DRY, O_QUIET, O_LIST, O_HELP, O_VERSION,
 };
 
@@ -94,7 +96,7 @@ static const struct option opts[] = {
     {"dn-key-heads", 1, 0, O_DN_K}, {"dn-value-heads", 1, 0, O_DN_V}, {"dn-head-dim", 1, 0, O_DN_DIM},
     {"dn-conv", 1, 0, O_DN_CONV}, {"full-attn-interval", 1, 0, O_FAI}, {"rope-base", 1, 0, O_ROPE_BASE},
     {"rope-partial", 1, 0, O_ROPE_PARTIAL}, {"ctx", 1, 0, O_CTX}, {"tied", 0, 0, O_TIED},
-    {"untied", 0, 0, O_UNTIED}, {"vocab", 1, 0, O_VOCAB}, {"vocab-from", 1, 0, O_VOCAB_FROM},
+    {"untied", 0, 0, O_UNTIED}, {"mtp", 0, 0, O_MTP}, {"vocab", 1, 0, O_VOCAB}, {"vocab-from", 1, 0, O_VOCAB_FROM},
     {"pre", 1, 0, O_PRE}, {"type", 1, 0, O_TYPE}, {"type-override", 1, 0, O_OVERRIDE},
     {"skew", 1, 0, O_SKEW}, {"seed", 1, 0, O_SEED}, {"out", 1, 0, O_OUT}, {"threads", 1, 0, O_THREADS},
     {"name", 1, 0, O_NAME}, {"exact-quant", 0, 0, O_EXACT}, {"dry-run", 0, 0, O_DRY}, {"quiet", 0, 0, O_QUIET},
@@ -223,6 +225,7 @@ static int mkmodel(int argc, char **argv, char **overrides, struct setting *set)
         switch (set[i].opt) {
         case O_TIED: hp->tied = true; continue;
         case O_UNTIED: hp->tied = false; continue;
+        case O_MTP: hp->n_nextn = 1; continue;
         case O_ROPE_BASE: rc = parse_float("--rope-base", set[i].val, &hp->rope_base); break;
         case O_ROPE_PARTIAL: rc = parse_float("--rope-partial", set[i].val, &hp->rope_partial); break;
         default: rc = parse_int(flag, set[i].val, &v); break;

@@ -242,8 +242,16 @@ int sil_mk_build_tensors(struct sil_mk_model *m, struct sil_error *err)
 
     int il = -1;
     add(&l, -1, "token_embd", W, 2, d, hp->n_vocab, 1, SIL_MK_INIT_EMBD, 0);
-    for (il = 0; il < hp->n_layer; il++) {
-        bool recurrent = qwen35 && (il + 1) % hp->full_attn_interval != 0;
+    /* An MTP layer (llama.cpp's nextn naming) is block n_layer: a full-attention block of the
+     * architecture plus its stem (enorm, hnorm, eh_proj) and head norm. */
+    for (il = 0; il < hp->n_layer + hp->n_nextn; il++) {
+        bool recurrent = qwen35 && il < hp->n_layer && (il + 1) % hp->full_attn_interval != 0;
+        if (il >= hp->n_layer) {
+            MAT2("nextn.eh_proj", 2 * d, d, 0);
+            NORM("nextn.enorm", d);
+            NORM("nextn.hnorm", d);
+            NORM("nextn.shared_head_norm", d);
+        }
         NORM("attn_norm", d);
         if (recurrent) {
             MAT2("attn_qkv", d, 2 * key_dim + value_dim, SIL_MK_IN_EMBD);

@@ -107,7 +107,8 @@ static void build_kv(struct kvs *k, const struct sil_mk_model *m)
     kv_str(k, "general.architecture", k->arch);
     kv_str(k, "general.type", "model");
     kv_str(k, "general.name", m->name ? m->name : "sil-mkmodel synthetic");
-    kv_u32(k, "block_count", hp->n_layer);
+    kv_u32(k, "block_count", hp->n_layer + hp->n_nextn); /* the MTP layers count as blocks */
+    if (hp->n_nextn > 0) kv_u32(k, "nextn_predict_layers", hp->n_nextn);
     kv_u32(k, "context_length", hp->n_ctx_train);
     kv_u32(k, "embedding_length", hp->n_embd);
     if (!moe || hp->arch == SIL_MK_QWEN3MOE)

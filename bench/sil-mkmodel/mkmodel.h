@@ -34,6 +34,7 @@ struct sil_mk_hparams {
     int64_t n_ctx_train;
     float rope_base, rope_partial, rms_eps;
     bool tied;                           /* output head tied to token_embd (no output.weight) */
+    int64_t n_nextn;                     /* MTP (nextn) layers after the trunk: 0 or 1 */
     int64_t n_vocab;                     /* set from the vocab */
 };
 

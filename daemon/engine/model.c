@@ -95,6 +95,12 @@ static int load_hparams(struct loader *L)
     U32("context_length", n_ctx_train, -1, 1, INT32_MAX);
     U32("embedding_length", n_embd, -1, 1, 65536);
     U32("block_count", n_layer, -1, 1, SIL_MAX_LAYERS);
+    /* llama.cpp's converters count the MTP layers in block_count (the trunk is the rest) */
+    U32("nextn_predict_layers", n_nextn, 0, 0, hp->n_layer - 1);
+    if (hp->n_nextn > 1)
+        return sil_errorf(L->err, -ENOTSUP, "%s: key '%s.nextn_predict_layers' = %d: one MTP layer is supported",
+                          L->path, L->arch, hp->n_nextn);
+    hp->n_layer -= hp->n_nextn;
     U32("attention.head_count", n_head, -1, 1, 1024);
     U32("attention.head_count_kv", n_head_kv, hp->n_head, 1, 1024);
     U32("attention.key_length", n_embd_head_k, hp->n_embd / hp->n_head, 1, 1024);
@@ -223,6 +229,36 @@ static int check_fused(struct loader *L, int il, const char *fused, const char *
     return 0;
 }
 
+/* The MTP layer's stem and head (struct sil_nextn). A file that declares the layer carries all
+ * of it: a missing or misshapen tensor is an error, as in the trunk, rather than a layer
+ * silently dropped (a broken conversion should not pass for a model without MTP). */
+static int bind_nextn(struct loader *L)
+{
+    struct sil_model *m = L->m;
+    struct sil_nextn *n = &m->nextn;
+    const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    const int il = m->hp.n_layer;
+    char name[128];
+    int rc;
+#define NX(field, what, ne0, ne1, required, f32)                                                   \
+    do {                                                                                           \
+        snprintf(name, sizeof(name), "blk.%d.nextn.%s", il, what);                                 \
+        if ((rc = bind(L, &n->field, name, ne0, ne1, 0, required, f32)) < 0)                      \
+            return rc;                                                                             \
+    } while (0)
+    NX(eh_proj, "eh_proj.weight", 2 * E, E, true, false);
+    NX(enorm, "enorm.weight", E, 0, true, true);
+    NX(hnorm, "hnorm.weight", E, 0, true, true);
+    NX(shared_head_norm, "shared_head_norm.weight", E, 0, false, true);
+    NX(embed_tokens, "embed_tokens.weight", E, V, false, false);
+    NX(shared_head_head, "shared_head_head.weight", E, V, false, false);
+#undef NX
+    if (!n->shared_head_norm) n->shared_head_norm = m->output_norm;
+    if (!n->embed_tokens) n->embed_tokens = m->tok_embd;
+    if (!n->shared_head_head) n->shared_head_head = m->output;
+    return 0;
+}
+
 static int bind_tensors(struct loader *L)
 {
     struct sil_model *m = L->m;
@@ -243,9 +279,14 @@ static int bind_tensors(struct loader *L)
     if (m->tied_output)
         m->output = m->tok_embd;
     int ia = 0, ir = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
+    for (int il = 0; il < hp->n_layer + hp->n_nextn; il++) {
         struct sil_layer *l = &m->layers[il];
         l->attn_index = l->recr_index = -1;
+        if (il == hp->n_layer) { /* the MTP block: full attention, its own KV (layer 0 there) */
+            if ((rc = bind_nextn(L)) < 0)
+                return rc;
+            ia = 0;
+        }
         B(&l->attn_norm, il, "attn_norm.weight", E, 0, 0, true);
         B(&l->ffn_norm, il, t->post_attn_norm ? "post_attention_norm.weight" : "ffn_norm.weight", E, 0, 0, true);
         if (hp->recurrent[il]) {
@@ -387,7 +428,7 @@ static int model_from_gguf(struct sil_model **out, struct sil_gguf *g, const cha
         sil_model_free(m);
         return rc;
     }
-    m->layers = calloc((size_t)m->hp.n_layer, sizeof(*m->layers));
+    m->layers = calloc((size_t)(m->hp.n_layer + m->hp.n_nextn), sizeof(*m->layers));
     if (!m->layers) {
         sil_model_free(m);
         return sil_errorf(err, -ENOMEM, "%s: out of memory", path);
@@ -474,6 +515,9 @@ void sil_model_print(const struct sil_model *m, FILE *out)
     } else {
         fprintf(out, "FFN:             %d\n", hp->n_ff);
     }
+    if (hp->n_nextn > 0)
+        fprintf(out, "MTP layer:       block %d (nextn: full attention, %s)\n", hp->n_layer,
+                m->traits->moe ? "experts" : "dense FFN");
     fprintf(out, "rms eps:         %g\n", (double)hp->rms_eps);
     fprintf(out, "output head:     %s\n", m->tied_output ? "tied to token_embd" : "output.weight");
     fprintf(out, "tensors:         %" PRId64 "\n", sil_gguf_n_tensors(m->gguf));
@@ -488,7 +532,8 @@ void sil_model_print(const struct sil_model *m, FILE *out)
             mib(in->routed_expert_bytes));
     fprintf(out, "backbone:        %" PRIu64 " (%.1f MiB)\n", in->backbone_bytes, mib(in->backbone_bytes));
     if (m->traits->moe && hp->n_expert > 0) {
-        uint64_t per = in->routed_expert_bytes / ((uint64_t)hp->n_expert * (uint64_t)hp->n_layer);
+        uint64_t per = in->routed_expert_bytes /
+                       ((uint64_t)hp->n_expert * (uint64_t)(hp->n_layer + hp->n_nextn));
         fprintf(out, "bytes/expert:    %" PRIu64 " (gate+up+down of one expert in one layer)\n", per);
     }
 }

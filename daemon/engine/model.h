@@ -43,6 +43,9 @@ struct sil_hparams {
     int32_t full_attn_interval;
     bool recurrent[SIL_MAX_LAYERS];        /* layer il is a gated delta-net layer */
     int32_t n_layer_attn, n_layer_recr;
+    /* MTP (next-token prediction) layers after the trunk ({arch}.nextn_predict_layers, 0 or 1):
+     * block_count counts them, n_layer does not */
+    int32_t n_nextn;
 };
 
 /* Tensors of one block; NULL where the architecture or layer kind has none. */
@@ -63,6 +66,15 @@ struct sil_layer {
     int32_t recr_index; /* index among delta-net layers (recurrent state) or -1 */
 };
 
+/* The MTP layer's own tensors (llama.cpp's names, blk.{n_layer}.nextn.*): h' = eh_proj
+ * [enorm(embed(next token)), hnorm(h)], then layers[n_layer] (a full-attention block), then
+ * shared_head_norm and the head. embed_tokens, shared_head_head and shared_head_norm may be
+ * absent (Qwen3.5 files leave them to token_embd, output and output_norm): bound to those. */
+struct sil_nextn {
+    const struct sil_gguf_tensor *eh_proj, *enorm, *hnorm, *shared_head_norm;
+    const struct sil_gguf_tensor *embed_tokens, *shared_head_head;
+};
+
 struct sil_model {
     struct sil_gguf *gguf;
     enum sil_arch arch;
@@ -70,7 +82,8 @@ struct sil_model {
     struct sil_hparams hp;
     const struct sil_gguf_tensor *tok_embd, *output_norm, *output; /* output may be tok_embd */
     bool tied_output;
-    struct sil_layer *layers; /* [n_layer] */
+    struct sil_layer *layers; /* [n_layer + n_nextn]: the trunk, then the MTP block */
+    struct sil_nextn nextn;   /* when hp.n_nextn > 0 */
     struct sil_model_info info;
     char name[128];
     int type_hist[SIL_TYPE_COUNT]; /* tensors per type */
