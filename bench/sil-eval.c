@@ -100,7 +100,7 @@ static const struct opt_def {
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
     {"--spec", OPT_STR, offsetof(struct opts, spec), "MODE",
-     "speculative decoding after the plain decode: off (default) or draft"},
+     "speculative decoding after the plain decode: off (default), draft or mtp"},
     {"--draft-model", OPT_STR, offsetof(struct opts, draft_model), "FILE",
      "the draft model of --spec draft (the target's vocabulary)"},
     {"--spec-tree", OPT_STR, offsetof(struct opts, spec_tree), "WxD",
@@ -117,7 +117,7 @@ static void usage(FILE *f)
                "       sil-eval --model FILE (--tokens IDS | --prompt TEXT | --tokenize-file FILE)\n"
                "                [--n-predict N] [--logits last|all|none] [--threads N] [--exact] "
                "[--kv-type TYPE] [--json]\n"
-               "                [--spec off|draft --draft-model FILE [--spec-tree 1xDEPTH]]\n"
+               "                [--spec off|draft|mtp [--draft-model FILE] [--spec-tree 1xDEPTH]]\n"
                "\noptions:\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         char left[64];

@@ -270,9 +270,12 @@ static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *i
         goto out;
     }
     const int ts = prefill_quiet(t, ids, n_ids - 1, pos, seqs, want);
-    const int ds = ts < 0 ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
-    if (ts < 0 || ds < 0) goto out;
-    if ((rc = sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err)) < 0) {
+    const int ds = ts < 0 || !d ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
+    if (ts < 0 || (d && ds < 0)) goto out;
+    /* no draft model: the target's MTP layer drafts */
+    rc = d ? sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err)
+           : sil_spec_init_mtp(&sp, t, ts, (int32_t)r->depth, &err);
+    if (rc < 0) {
         fprintf(stderr, "sil-eval: %s\n", err.msg);
         goto out;
     }
@@ -320,24 +323,28 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     const bool all = strcmp(mode, "all") == 0;
     struct spec_run sr = {.depth = 4, .diverged = -1};
     const bool spec = o->spec && strcmp(o->spec, "off") != 0;
-    if (spec && strcmp(o->spec, "draft") != 0) {
-        fprintf(stderr, strcmp(o->spec, "mtp") == 0
-                            ? "sil-eval: --spec mtp is not supported yet; use --spec draft\n"
-                            : "sil-eval: --spec must be off or draft\n");
+    const bool mtp = spec && strcmp(o->spec, "mtp") == 0; /* the target's own MTP layer drafts */
+    const char *spec_mode = mtp ? "mtp" : "draft";
+    if (spec && !mtp && strcmp(o->spec, "draft") != 0) {
+        fprintf(stderr, "sil-eval: --spec must be off, draft or mtp\n");
         return 2;
     }
-    if (spec && !o->draft_model) {
+    if (spec && !mtp && !o->draft_model) {
         fprintf(stderr, "sil-eval: --spec draft needs --draft-model FILE\n");
         return 2;
     }
+    if (mtp && o->draft_model) {
+        fprintf(stderr, "sil-eval: --draft-model goes with --spec draft, not mtp\n");
+        return 2;
+    }
     if (!spec && (o->draft_model || o->spec_tree)) {
-        fprintf(stderr, "sil-eval: --draft-model and --spec-tree need --spec draft\n");
+        fprintf(stderr, "sil-eval: --draft-model and --spec-tree need --spec draft or mtp\n");
         return 2;
     }
     if (o->spec_tree && parse_tree(o->spec_tree, &sr.depth) < 0)
         return 2;
     if (spec && n_predict < 1) {
-        fprintf(stderr, "sil-eval: --spec draft needs --n-predict N (N >= 1)\n");
+        fprintf(stderr, "sil-eval: --spec %s needs --n-predict N (N >= 1)\n", spec_mode);
         return 2;
     }
     if (!!o->tokens + !!o->prompt + !!o->tokenize_file != 1) {
@@ -399,7 +406,13 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         return 1;
     }
     struct sil_engine *de = NULL; /* the draft model's engine (--spec draft) */
-    if (spec) {
+    if (mtp && !sil_engine_has_mtp(e)) {
+        fprintf(stderr, "sil-eval: --spec mtp: %s has no MTP layer (or not on the %s backend)\n",
+                o->model, sil_engine_info(e)->backend);
+        sil_engine_close(e);
+        return 1;
+    }
+    if (spec && !mtp) {
         struct sil_engine_params dp;
         sil_engine_params_default(&dp);
         dp.model_path = o->draft_model;
@@ -675,8 +688,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (spec) {
             /* per step: drafts accepted, tokens out (accepted + one), and the verify pass's time
              * against one plain decode step (the last pass's) */
-            printf(", \"spec\": {\"mode\": \"draft\", \"draft_model\": ");
-            print_json_str(o->draft_model);
+            printf(", \"spec\": {\"mode\": \"%s\", \"draft_model\": ", spec_mode);
+            if (mtp)
+                printf("null");
+            else
+                print_json_str(o->draft_model);
             printf(", \"tree\": \"1x%ld\", \"depth\": %ld, \"greedy\": [", sr.depth, sr.depth);
             for (long i = 0; i < n_predict; i++)
                 printf(i ? ", %d" : "%d", sr.greedy[i]);
@@ -746,10 +762,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             printf("spec greedy:");
             for (long i = 0; i < n_predict; i++)
                 printf(" %d", sr.greedy[i]);
-            printf("\nspec (draft, 1x%ld): %llu steps, %llu of %llu drafts accepted (%.1f%%), "
+            printf("\nspec (%s, 1x%ld): %llu steps, %llu of %llu drafts accepted (%.1f%%), "
                    "%.2f tokens a step; verify step %.3f ms vs one-token step %.3f ms; decode "
                    "%.2f tok/s vs plain %.2f tok/s; %s plain greedy decoding\n",
-                   sr.depth, (unsigned long long)ss->steps, (unsigned long long)ss->accepted,
+                   spec_mode, sr.depth, (unsigned long long)ss->steps,
+                   (unsigned long long)ss->accepted,
                    (unsigned long long)ss->drafted,
                    ss->drafted ? 100.0 * (double)ss->accepted / (double)ss->drafted : 0.0,
                    (double)ss->emitted / ss_steps, 1e3 * ss->verify_s / ss_steps,

@@ -875,6 +875,7 @@ void sil_engine_close(struct sil_engine *e)
     sil_prefix_free(e->prefix);
     free(e->prefix_blocks);
     sil_kv_free(e->f.kv);
+    sil_kv_free(e->f.mtp_kv);
     sil_ckpt_free(e->ckpt);
     sil_expert_obs_close(e->f.obs);
     e->f.obs = NULL;
@@ -957,6 +958,7 @@ void sil_seq_free(struct sil_engine *e, int seq)
     if (!seq_ok(e, seq))
         return;
     sil_kv_seq_release(e->f.kv, seq);
+    if (e->f.mtp_kv) sil_kv_seq_release(e->f.mtp_kv, seq);
     sil_ckpt_clear(e->ckpt, seq);
     e->spec[seq].open = false;
     e->seq_live[seq] = false;
@@ -1788,4 +1790,109 @@ void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tie
     out->bytes_read = st.bytes_read;
     out->reads = st.reads;
     out->wait_s = st.wait_s;
+}
+
+/* ---- MTP drafting ------------------------------------------------------------------------- */
+
+bool sil_engine_has_mtp(const struct sil_engine *e)
+{
+    return e->model->hp.n_nextn > 0 && strcmp(e->f.be->ops->name, "cpu") == 0;
+}
+
+int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, int32_t *argmax,
+                           float *hidden, struct sil_error *err)
+{
+    if (!sil_engine_has_mtp(e))
+        return sil_errorf(err, -ENOTSUP, "engine: %s has no MTP layer on this backend",
+                          e->info.path);
+    if (!argmax || !hidden)
+        return sil_errorf(err, -EINVAL, "engine: no argmax or hidden buffer");
+    e->f.hidden = hidden;
+    const int rc = sil_engine_eval_out(e, b, NULL, argmax, NULL, err);
+    e->f.hidden = NULL;
+    return rc;
+}
+
+/* The MTP layer's KV: one layer beside the sequences', made at first use. */
+static int mtp_kv_open(struct sil_engine *e, struct sil_error *err)
+{
+    if (e->f.mtp_kv) return 0;
+    const struct sil_hparams *hp = &e->model->hp;
+    struct sil_kv_config c = {
+        .n_layer = 1,
+        .n_seq_max = e->n_seq_max,
+        .n_ctx = e->n_ctx,
+        .n_embd_k = hp->n_head_kv * hp->n_embd_head_k,
+        .n_embd_v = hp->n_head_kv * hp->n_embd_head_v,
+        .head_dim = hp->n_embd_head_k,
+        .type = e->kv_type,
+    };
+    return sil_kv_create(&e->f.mtp_kv, &c, err);
+}
+
+int sil_seq_mtp_eval(struct sil_engine *e, int seq, int32_t n, const int32_t *token, int32_t pos0,
+                     const float *hidden_in, int32_t *argmax, float *hidden_out,
+                     struct sil_error *err)
+{
+    if (!sil_engine_has_mtp(e))
+        return sil_errorf(err, -ENOTSUP, "engine: %s has no MTP layer on this backend",
+                          e->info.path);
+    if (!seq_ok(e, seq))
+        return sil_errorf(err, -EINVAL, "engine: sequence %d is not live", seq);
+    if (n < 1 || !token || !hidden_in || !argmax || !hidden_out)
+        return sil_errorf(err, -EINVAL, "engine: an MTP evaluation needs rows and buffers");
+    if (atomic_load(&e->damaged)) return damaged_error(e, NULL, NULL, err);
+    for (int32_t i = 0; i < n; i++)
+        if (token[i] < 0 || token[i] >= e->model->hp.n_vocab)
+            return sil_errorf(err, -EINVAL, "engine: MTP row %d: token %d outside [0, %d)", i,
+                              token[i], e->model->hp.n_vocab);
+    int rc = mtp_kv_open(e, err);
+    if (rc < 0) return rc;
+    struct sil_kv_cache *kv = e->f.mtp_kv;
+    const int32_t held = sil_kv_seq_len(kv, seq);
+    if (pos0 < 0 || pos0 > held)
+        return sil_errorf(err, -EINVAL, "engine: MTP rows of sequence %d from %d, it holds %d",
+                          seq, pos0, held);
+    if (pos0 + n > e->n_ctx)
+        return sil_errorf(err, -ENOSPC, "engine: MTP position %d beyond the context (%d)",
+                          pos0 + n - 1, e->n_ctx);
+    sil_kv_seq_trim(kv, seq, pos0);
+    if ((rc = sil_kv_seq_reserve(kv, seq, pos0 + n, err)) < 0) return rc;
+
+    const int64_t E = e->model->hp.n_embd;
+    struct sil_mapguard_point pt;
+    sil_mapguard_push(&pt);
+    if (sigsetjmp(pt.jb, 0)) {
+        sil_kv_seq_trim(kv, seq, pos0);
+        return damaged_error(e, NULL, NULL, err);
+    }
+    for (int32_t r0 = 0; r0 < n && rc == 0;) {
+        const int32_t len = n - r0 < e->f.ub_max ? n - r0 : e->f.ub_max;
+        for (int32_t i = 0; i < len; i++) {
+            e->p_token[i] = token[r0 + i];
+            e->p_pos[i] = pos0 + r0 + i;
+            e->p_seq[i] = seq;
+            e->p_out[i] = i;
+        }
+        e->run_start[0] = 0;
+        e->run_start[1] = len;
+        const struct sil_ubatch ub = {
+            .n = len,
+            .token = e->p_token,
+            .pos = e->p_pos,
+            .seq = e->p_seq,
+            .out_row = e->p_out,
+            .n_runs = 1,
+            .run_start = e->run_start,
+            .kv = kv,
+            .head_out = SIL_HEAD_ARGMAX,
+        };
+        sil_forward_mtp(&e->f, &ub, hidden_in + r0 * E, argmax + r0, hidden_out + r0 * E);
+        rc = after_pass(e, err);
+        r0 += len;
+    }
+    sil_mapguard_pop(&pt);
+    if (rc != 0) sil_kv_seq_trim(kv, seq, pos0);
+    if (rc > 0) return damaged_error(e, NULL, NULL, err);
+    return rc;
 }

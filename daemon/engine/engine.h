@@ -335,6 +335,24 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
 int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *logits,
                         int32_t *argmax, int *row_status, struct sil_error *err);
 
+/* MTP drafting: the next-token prediction layer some files carry (Qwen3.5's nextn layer,
+ * forward_mtp.c has its math), on the CPU backend. Whether the engine can run it. */
+bool sil_engine_has_mtp(const struct sil_engine *e);
+/* sil_engine_eval_out (greedy ids only) that also writes, for the k-th row wanting logits, the
+ * target's hidden state after its output norm to hidden[k * n_embd, (k + 1) * n_embd): what
+ * the MTP layer reads. -ENOTSUP without the MTP layer. */
+int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, int32_t *argmax,
+                           float *hidden, struct sil_error *err);
+/* The MTP layer for sequence seq, with a KV of its own (freed with the sequence), in its own
+ * positions: those below pos0 are kept (pos0 <= what it holds), the rest dropped, and row i goes
+ * at pos0 + i, reading hidden_in[i] (n_embd floats: the target's hidden state at some position
+ * t, or the layer's own hidden_out of the row before) and token[i] (the token after t). Writes
+ * the token it predicts after token[i] to argmax[i] and its hidden state to hidden_out[i]. On
+ * error (-EINVAL, -ENOSPC, -ENOBUFS, -ENOMEM, -EIO) it holds the positions below pos0. */
+int sil_seq_mtp_eval(struct sil_engine *e, int seq, int32_t n, const int32_t *token, int32_t pos0,
+                     const float *hidden_in, int32_t *argmax, float *hidden_out,
+                     struct sil_error *err);
+
 /* fn (may be NULL) is called on the evaluating thread after each micro-batch of sil_engine_eval,
  * so a watchdog sees progress inside a long evaluation. */
 void sil_engine_set_eval_progress(struct sil_engine *e, void (*fn)(void *user), void *user);

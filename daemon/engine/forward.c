@@ -154,9 +154,18 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
     f->tok_embd = weight(m->tok_embd);
     f->output_norm = weight(m->output_norm);
     f->output = weight(m->output);
-    f->lw = xcalloc((size_t)hp->n_layer, sizeof(*f->lw), &fail);
-    for (int il = 0; f->lw && il < hp->n_layer; il++)
+    f->lw = xcalloc((size_t)(hp->n_layer + hp->n_nextn), sizeof(*f->lw), &fail);
+    for (int il = 0; f->lw && il < hp->n_layer + hp->n_nextn; il++)
         bind_layer(&f->lw[il], &m->layers[il]);
+    if (hp->n_nextn > 0) {
+        f->mtp_eh_proj = weight(m->nextn.eh_proj);
+        f->mtp_enorm = weight(m->nextn.enorm);
+        f->mtp_hnorm = weight(m->nextn.hnorm);
+        f->mtp_head_norm = weight(m->nextn.shared_head_norm);
+        f->mtp_embd = weight(m->nextn.embed_tokens);
+        f->mtp_head = weight(m->nextn.shared_head_head);
+        f->mtp_cat = act(f, U, 2 * E, &fail);
+    }
 
     f->x = act(f, U, E, &fail);
     f->cur = act(f, U, E, &fail);
@@ -170,7 +179,7 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
     }
     f->out = act(f, U, E, &fail);
     f->scratch_bytes = 0;
-    if (hp->n_layer_attn > 0)
+    if (hp->n_layer_attn > 0 || hp->n_nextn > 0)
         f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_attention_scratch(f));
     if (hp->n_layer_recr > 0)
         f->scratch_bytes = max_size(f->scratch_bytes, sil_fwd_delta_net_scratch(f));
@@ -309,6 +318,10 @@ static void finish(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits
     else
         sil_fwd_ffn(f, &last, il, NULL, cur, out);
     sil_fwd_add_norm(f, cur, x, out, &f->output_norm, eps);
+    if (f->hidden) /* host activations (the engine asks for them on the CPU only) */
+        for (int32_t j = 0; j < last.n; j++)
+            memcpy(f->hidden + (int64_t)last.out_row[j] * m->hp.n_embd,
+                   (const float *)cur.data + j * cur.ld, sizeof(float) * (size_t)m->hp.n_embd);
     /* keep_output_rows left only the rows that want logits, cur their output norm */
     SIL_OP(f, head, cur, &f->output, last.out_row, logits, argmax);
     sil_fwd_moe_deferred(f);

@@ -93,6 +93,14 @@ struct sil_fwd {
     const void **xs_ptr;
     int xs_err;
     char xs_msg[200];
+    /* The MTP layer (models with one): its stem and head weights (lw[n_layer] has its block),
+     * its own KV cache (one layer; the engine makes it at first use) and the [ub_max, 2 n_embd]
+     * input of eh_proj. hidden: NULL, or host rows [rows wanting logits][n_embd] that a pass
+     * fills with the output norm's rows, what the MTP layer reads (host activations only). */
+    struct sil_weight mtp_eh_proj, mtp_enorm, mtp_hnorm, mtp_head_norm, mtp_embd, mtp_head;
+    struct sil_kv_cache *mtp_kv;
+    struct sil_act mtp_cat;
+    float *hidden;
 };
 
 /* A block's arena: all of the scratch area, nothing taken yet. */
@@ -127,6 +135,13 @@ void sil_forward(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits, 
  * layered (set it when n_ub > 1). */
 void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_ub, float *logits,
                         int32_t *argmax);
+
+/* The MTP layer over ub (forward_mtp.c; host activations, ub->kv the MTP cache): row i reads
+ * the hidden row h_in[i] (a pass's output-norm row, or the MTP layer's own h_out) and its next
+ * token ub->token[i]; writes the greedy token it predicts after that to argmax[i] and its own
+ * hidden row to h_out[i] ([n, n_embd], for the next draft). */
+void sil_forward_mtp(struct sil_fwd *f, const struct sil_ubatch *ub, const float *h_in,
+                     int32_t *argmax, float *h_out);
 
 /* x += d, then y = rmsnorm(x) * w: one op where the backend has add_rmsnorm. */
 void sil_fwd_add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, struct sil_act d,

@@ -84,6 +84,11 @@ void sil_spec_free(struct sil_spec *s)
     free(s->p);
     free(s->scratch);
     free(s->hbuf);
+    free(s->hid);
+    free(s->hin);
+    free(s->hout);
+    free(s->mtok);
+    free(s->mam);
     memset(s, 0, sizeof(*s));
 }
 
@@ -128,11 +133,147 @@ static int draft_chain(struct sil_spec *s, const int32_t *hist, int32_t n_hist, 
     return rc;
 }
 
+int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
+                      struct sil_error *err)
+{
+    memset(s, 0, sizeof(*s));
+    if (!target) return sil_errorf(err, -EINVAL, "spec: no target engine");
+    if (!sil_engine_has_mtp(target))
+        return sil_errorf(err, -ENOTSUP, "spec: %s has no MTP layer to draft with (or not on "
+                                         "this backend)", sil_engine_info(target)->path);
+    if (depth < 1 || depth > SIL_SPEC_DEPTH_MAX || depth >= sil_engine_n_batch_max(target))
+        return sil_errorf(err, -EINVAL, "spec: depth %d outside [1, %d] or beyond a batch", depth,
+                          SIL_SPEC_DEPTH_MAX);
+    s->target = target;
+    s->tseq = tseq;
+    s->depth = depth;
+    s->mtp = true;
+    const size_t n = (size_t)depth + 1, E = (size_t)sil_engine_info(target)->n_embd;
+    s->n_rows_max = (int32_t)n;
+    s->tok = malloc(sizeof(int32_t) * n);
+    s->pos = malloc(sizeof(int32_t) * n);
+    s->seq = malloc(sizeof(int32_t) * n);
+    s->am = malloc(sizeof(int32_t) * n);
+    s->dtok = malloc(sizeof(int32_t) * n);
+    s->want = malloc(sizeof(bool) * n);
+    s->mtok = malloc(sizeof(int32_t) * n);
+    s->mam = malloc(sizeof(int32_t) * n);
+    s->hid = malloc(sizeof(float) * n * E);
+    s->hin = malloc(sizeof(float) * n * E);
+    s->hout = malloc(sizeof(float) * n * E);
+    if (!s->tok || !s->pos || !s->seq || !s->am || !s->dtok || !s->want || !s->mtok || !s->mam ||
+        !s->hid || !s->hin || !s->hout) {
+        sil_spec_free(s);
+        return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    }
+    return 0;
+}
+
+/* The MTP layer's proposals d[0, n) after hist (the target holds hist but its last token, L
+ * positions): the catch-up rows c .. L - 1 (each the target's hidden state at p with token
+ * p + 1; the last one, at L - 1 with the last token, proposes d[0]), then one row per draft. */
+static int mtp_chain(struct sil_spec *s, const int32_t *hist, int32_t L, int32_t n, int32_t *d,
+                     struct sil_error *err)
+{
+    struct sil_engine *t = s->target;
+    const int64_t E = sil_engine_info(t)->n_embd;
+    const int32_t c = s->mbase + s->mlen, k = L - c;
+    for (int32_t i = 0; i < k; i++) {
+        s->mtok[i] = hist[c + i + 1];
+        memcpy(s->hin + i * E, s->hid + (int64_t)(c + i - s->hpos) * E, sizeof(float) * (size_t)E);
+    }
+    int rc = sil_seq_mtp_eval(t, s->tseq, k, s->mtok, c - s->mbase, s->hin, s->mam, s->hout, err);
+    if (rc < 0) return rc;
+    s->mlen = L - s->mbase; /* the catch-up rows are the target's: kept */
+    d[0] = s->mam[k - 1];
+    /* each draft row reads the hidden state of the row before */
+    memcpy(s->hin, s->hout + (k - 1) * E, sizeof(float) * (size_t)E);
+    for (int32_t i = 1; i < n; i++) {
+        rc = sil_seq_mtp_eval(t, s->tseq, 1, &d[i - 1], L + i - 1 - s->mbase, s->hin, &d[i],
+                              s->hout, err);
+        if (rc < 0) return rc;
+        memcpy(s->hin, s->hout, sizeof(float) * (size_t)E);
+    }
+    return 0;
+}
+
+static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
+                    int32_t *out, struct sil_error *err)
+{
+    struct sil_engine *t = s->target;
+    const int32_t L = n_hist - 1;
+    if (sil_seq_len(t, s->tseq) != L)
+        return sil_errorf(err, -EINVAL, "spec: the target holds %d positions of %d tokens",
+                          sil_seq_len(t, s->tseq), n_hist);
+    int32_t n = s->depth;
+    if (n > max_out - 1) n = max_out - 1;
+    if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
+    if (n < 0) n = 0;
+    /* drafting needs the target's hidden state at L - 1 (the last pass) and the MTP layer's
+     * entries up to where those start; otherwise this step only verifies and starts over */
+    const bool cont = s->hn > 0 && s->hpos + s->hn == L && s->mbase + s->mlen >= s->hpos &&
+                      s->mbase + s->mlen < L;
+    if (!cont) n = 0;
+
+    double t0 = now_s();
+    int32_t *dr = s->dtok;
+    if (n > 0) {
+        int rc = mtp_chain(s, hist, L, n, dr, err);
+        if (rc < 0) return rc;
+    }
+    const double t1 = now_s();
+    s->stats.draft_s += t1 - t0;
+
+    int rc = sil_seq_spec_begin(t, s->tseq, err);
+    if (rc == 0) {
+        s->tok[0] = hist[L];
+        memcpy(s->tok + 1, dr, sizeof(int32_t) * (size_t)n);
+        for (int32_t i = 0; i <= n; i++) {
+            s->pos[i] = L + i;
+            s->seq[i] = s->tseq;
+            s->want[i] = true;
+        }
+        const struct sil_batch b = {n + 1, s->tok, s->pos, s->seq, s->want};
+        rc = sil_engine_eval_hidden(t, &b, s->am, s->hid, err);
+    }
+    const double t2 = now_s();
+    s->stats.verify_s += t2 - t1;
+    struct sil_error ignored = {0};
+    if (rc < 0) {
+        sil_seq_spec_commit(t, s->tseq, L, &ignored);
+        s->hn = 0; /* hid is spoilt: the next step starts over */
+        return rc;
+    }
+    int32_t m = 0;
+    while (m < n && dr[m] == s->am[m])
+        m++;
+    rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
+    s->stats.commit_s += now_s() - t2;
+    if (rc < 0) {
+        s->hn = 0;
+        return rc;
+    }
+    if (!cont) { /* the MTP layer starts at L, the first position with a hidden state */
+        s->mbase = L;
+        s->mlen = 0;
+    }
+    s->hpos = L;
+    s->hn = m + 1;
+    memcpy(out, dr, sizeof(int32_t) * (size_t)m);
+    out[m] = s->am[m];
+    s->stats.steps++;
+    s->stats.drafted += (uint64_t)n;
+    s->stats.accepted += (uint64_t)m;
+    s->stats.emitted += (uint64_t)m + 1;
+    return m + 1;
+}
+
 int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
                   int32_t *out, struct sil_error *err)
 {
     if (!s->target || !hist || !out || n_hist < 1 || max_out < 1)
         return sil_errorf(err, -EINVAL, "spec: a step needs tokens and room for one out");
+    if (s->mtp) return mtp_step(s, hist, n_hist, max_out, out, err);
     struct sil_engine *t = s->target, *d = s->draft;
     const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
     if (tlen != n_hist - 1 || dlen > n_hist - 1)
@@ -284,6 +425,8 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
 {
     if (!s->target || !hist || !out || !tsmp || !dsmp || n_hist < 1 || max_out < 1)
         return sil_errorf(err, -EINVAL, "spec: a step needs tokens, samplers and room for one out");
+    if (s->mtp)
+        return sil_errorf(err, -ENOTSUP, "spec: MTP drafting is greedy only for now");
     struct sil_engine *t = s->target, *d = s->draft;
     const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
     if (tlen != n_hist - 1 || dlen > n_hist - 1)

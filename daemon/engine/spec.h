@@ -52,6 +52,15 @@ struct sil_spec {
     float *q, *lg, *p, *scratch;
     int32_t *hbuf;
     size_t hcap;
+    /* MTP drafting (sil_spec_init_mtp; draft NULL): the target's MTP layer holds entries for
+     * target positions [mbase, mbase + mlen) (its own positions from 0); hid holds the target's
+     * hidden states of the last verify pass ([depth + 1][n_embd]), rows for positions
+     * [hpos, hpos + hn); hin / hout [depth + 1][n_embd] and mtok / mam [depth + 1] the MTP
+     * layer's rows */
+    bool mtp;
+    int32_t mbase, mlen, hpos, hn;
+    float *hid, *hin, *hout;
+    int32_t *mtok, *mam;
 };
 
 /* target/tseq: the model whose greedy tokens come out; draft/dseq: the one that proposes
@@ -60,6 +69,14 @@ struct sil_spec {
 int sil_spec_init(struct sil_spec *s, struct sil_engine *target, int tseq, struct sil_engine *draft,
                   int dseq, int32_t depth, struct sil_error *err);
 void sil_spec_free(struct sil_spec *s);
+/* The same with the target's own MTP layer as the drafter (sil_engine_has_mtp): per step the
+ * layer catches up on the positions the last verify pass kept, from the target's hidden states
+ * there, then proposes depth tokens one row at a time, each from the hidden state of the row
+ * before (Qwen3.5's recursive MTP). The first step of a sequence has no hidden state to start
+ * from and drafts nothing. sil_spec_step only (greedy): sil_spec_step_sampled is -ENOTSUP.
+ * -EINVAL, -ENOTSUP (no MTP layer), -ENOMEM. */
+int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
+                      struct sil_error *err);
 
 /* One step. hist[0, n_hist) are the tokens so far (prompt and output); the target's sequence
  * holds hist[0, n_hist - 1) (the last token is not evaluated yet) and the draft's any prefix of
