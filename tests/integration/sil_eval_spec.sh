@@ -100,11 +100,11 @@ usage "trees (width > 1) are not supported yet" "${B[@]}" "${D[@]}" --spec-tree 
 usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x
 usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x0
 usage "depth at most" "${B[@]}" "${D[@]}" --spec-tree 1x65
-usage "--spec mtp is not supported yet" "${B[@]}" --spec mtp
-usage "--spec must be off or draft" "${B[@]}" --spec tree
+usage "--draft-model goes with --spec draft, not mtp" "${B[@]}" "${D[@]}" --spec mtp
+usage "--spec must be off, draft or mtp" "${B[@]}" --spec tree
 usage "needs --draft-model" "${B[@]}" --spec draft
-usage "need --spec draft" "${B[@]}" --draft-model "$M/qwen3-tiny-Q8_0.gguf"
-usage "need --spec draft" "${B[@]}" --spec off --spec-tree 1x4
+usage "need --spec draft or mtp" "${B[@]}" --draft-model "$M/qwen3-tiny-Q8_0.gguf"
+usage "need --spec draft or mtp" "${B[@]}" --spec off --spec-tree 1x4
 usage "needs --n-predict" --model "$M/qwen3-tiny-Q8_0.gguf" --tokens 1,2,3 "${D[@]}"
 usage "need a prompt" --model "$M/qwen3-tiny-Q8_0.gguf" "${D[@]}"
 "$E" --help | grep -q -- "--draft-model" || fail "--help lists --draft-model"
@@ -121,4 +121,23 @@ for v in "v600.gguf:has 600 tokens, the target's 512" "v512.gguf:token 257 diffe
     [ $rc = 1 ] || fail "exit $rc (want 1) for the draft ${v%%:*}"
     grep -q "draft model .*${v%%:*}: .*${v#*:}" "$T/err" || fail "message for ${v%%:*}: $(cat "$T/err")"
 done
-echo "ok: trees, mtp, missing or stray options are usage errors; another vocabulary is an error"
+echo "ok: trees, missing or stray options are usage errors; another vocabulary is an error"
+
+# the model's own MTP layer drafts: plain greedy's tokens, acceptance reported; a model
+# without one is an error
+"$MK" --arch qwen35moe --mtp --vocab 512 --type q8_0 --quiet --out "$T/mtp.gguf" || fail "sil-mkmodel --mtp"
+"$E" --model "$T/mtp.gguf" --tokens 5,6,7,8 --n-predict 24 --threads 2 --spec mtp --spec-tree 1x3 \
+    --json >"$T/mtp.json" 2>"$T/err" || fail "--spec mtp: $(cat "$T/err")"
+python3 - "$T/mtp.json" <<'PY' || fail "--spec mtp output"
+import json, sys
+s = json.load(open(sys.argv[1]))["spec"]
+assert s["mode"] == "mtp" and s["draft_model"] is None, s
+assert s["identical"] is True, s
+assert s["drafted"] > 0 and 0 <= s["accepted"] <= s["drafted"], s
+assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["tokens_per_step"] >= 1.0, s
+PY
+"$E" "${B[@]}" --spec mtp >/dev/null 2>"$T/err"
+rc=$?
+[ $rc = 1 ] || fail "exit $rc (want 1) for --spec mtp without an MTP layer"
+grep -q "has no MTP layer" "$T/err" || fail "message: $(cat "$T/err")"
+echo "ok: --spec mtp drafts with the model's MTP layer, plain greedy's tokens"
