@@ -32,17 +32,19 @@ void sil_forward_mtp(struct sil_fwd *f, const struct sil_ubatch *ub, const float
     struct sil_act e_half = {cat.data, n, E, cat.ld};
     struct sil_act h_half = {(float *)cat.data + E, n, E, cat.ld};
 
-    /* the trunk's expert cache, host tier, observers and replay know n_layer layers: the MTP
+    /* the trunk's expert cache, host tier, observers and a route chooser know n_layer layers: the MTP
      * block reads its experts in place and is seen by none of them */
     struct sil_expert_obs *obs = f->obs;
     struct sil_ecache *ecache = f->ecache;
     struct sil_xstore *xstore = f->xstore;
-    struct sil_route_trace *replay = f->replay;
+    const struct sil_engine_observer *chooser = f->chooser;
+    const int n_observer = f->n_observer;
     struct sil_kv_cache *kv = f->kv;
     f->obs = NULL;
     f->ecache = NULL;
     f->xstore = NULL;
-    f->replay = NULL;
+    f->chooser = NULL;
+    f->n_observer = 0;
     f->kv = f->mtp_kv;
 
     if (f->be->ops->begin) SIL_OP(f, begin, ub);
@@ -70,6 +72,7 @@ void sil_forward_mtp(struct sil_fwd *f, const struct sil_ubatch *ub, const float
     f->obs = obs;
     f->ecache = ecache;
     f->xstore = xstore;
-    f->replay = replay;
+    f->chooser = chooser;
+    f->n_observer = n_observer;
     f->kv = kv;
 }
