@@ -1,6 +1,6 @@
 // Every CUDA kernel of the backend, in one translation unit so that nvcc makes one fatbin.
 // Entry points are extern "C" so the host finds them by name (cuModuleGetFunction); the names
-// and parameter lists are the contract with cuda_backend.c. Baseline is sm_75: dp4a, shuffles.
+// and parameter lists are the contract with cuda_ops.c. Baseline is sm_75: dp4a, shuffles.
 #include <cuda_fp16.h>
 #include <stdint.h>
 

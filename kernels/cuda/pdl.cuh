@@ -1,5 +1,5 @@
 // Programmatic dependent launch (sm_90 and newer, SASS only). The host launches kernels so that
-// the next kernel of a stream may start while this one runs (cuda_backend.c, cu_launch); every
+// the next kernel of a stream may start while this one runs (cuda_launch.c, sil_cu_launch); every
 // kernel therefore begins with SIL_PDL_ENTRY() before it touches memory: wait for the previous
 // kernel of the stream to finish and its writes to be visible, then let the next one be
 // scheduled. The next kernel's launch and block start-up overlap this one's work; what any
