@@ -230,12 +230,7 @@ static void cuda_free(struct sil_backend *be)
         sil_cuda_host_release(b->cu, b->h_meta);
         sil_cuda_host_release(b->cu, b->h_logits);
         sil_cuda_host_release(b->cu, b->h_am);
-        sil_cuda_host_release(b->cu, b->stage);
-        for (int i = 0; b->pinned && i < b->n_rng; i++)
-            sil_cuda_host_unregister(b->cu, (void *)b->rng[i].lo);
-        while (b->n_hblk > 0) /* the engine frees its host tier first; this is a safety net */
-            sil_cb_host_free(be, (void *)b->hblk[0].lo);
-        free(b->hblk);
+        sil_cuda_slots_free(&b->es);
         for (int i = 0; i < b->n_allocs; i++)
             sil_cuda_release(b->cu, b->allocs[i]);
         sil_cuda_fwd_unload(b->cu, b->fwd);
@@ -244,11 +239,7 @@ static void cuda_free(struct sil_backend *be)
     free(b->allocs);
     free(b->tmp);
     free(b->slot_ids);
-    free(b->rng);
-    free(b->rng_dev);
-    free(b->zc_htab);
     free(b->zc_rows);
-    free(b->slot_key);
     sil_host_experts_free(b->hx);
     free(b->jobs);
     free(b->h_wts);
@@ -268,10 +259,10 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->scratch_bytes = b->used - b->weight_bytes - b->kv_bytes;
     d->budget_bytes = b->budget ? b->budget + b->ctx_bytes : 0;
     d->context_bytes = b->ctx_bytes;
-    d->pinned_bytes = b->pinned_bytes;
-    d->h2d_gbs = b->h2d_gbs;
-    d->slot_bytes_in = atomic_load_explicit(&b->slot_bytes_in, memory_order_relaxed);
-    d->slot_fills = atomic_load_explicit(&b->slot_fills, memory_order_relaxed);
+    d->pinned_bytes = b->es.pinned_bytes;
+    d->h2d_gbs = b->es.h2d_gbs;
+    d->slot_bytes_in = atomic_load_explicit(&b->es.bytes_in, memory_order_relaxed);
+    d->slot_fills = atomic_load_explicit(&b->es.fills, memory_order_relaxed);
     d->zero_copy = b->zc;
     d->zero_copy_passes = atomic_load_explicit(&b->zc_passes, memory_order_relaxed);
     d->cpu_misses = sil_cb_cpu_misses(be);
@@ -346,6 +337,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         free(b);
         return rc;
     }
+    sil_cuda_slots_init(&b->es, b->cu);
     const int64_t U = c->ub_max, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
     const int64_t X = c->n_expert, E = c->n_embd, S = c->n_ff_shexp, F = c->n_ff_exp;
     const uint64_t f4 = sizeof(float);
@@ -438,9 +430,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     /* the routed experts do not all fit: the backbone resident, the rest of the budget slots */
     const uint64_t limit = budget ? budget : (uint64_t)free_b;
     /* each slot matrix rounded up to 256 bytes, as the pools lay them out */
-    const uint64_t slot_bytes = ((c->slot_gate + 255) & ~(uint64_t)255) +
-                                ((c->slot_up + 255) & ~(uint64_t)255) +
-                                ((c->slot_down + 255) & ~(uint64_t)255);
+    const uint64_t slot_bytes = sil_cuda_slot_bytes(c->slot_gate) +
+                                sil_cuda_slot_bytes(c->slot_up) + sil_cuda_slot_bytes(c->slot_down);
     int64_t n_slots = 0;
     /* tests: slots N puts the routed experts in N slots even when they would fit */
     const int64_t forced = c->opt.slots;
@@ -537,30 +528,19 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         rc = sil_cb_dalloc(b, bufs[i].bytes, bufs[i].p, err);
     b->attn_split = attn_split;
     if (rc == 0 && n_slots > 0) {
-        b->n_slots = (int32_t)n_slots;
-        b->slot_g = (c->slot_gate + 255) & ~(uint64_t)255;
-        b->slot_u = (c->slot_up + 255) & ~(uint64_t)255;
-        b->slot_d = (c->slot_down + 255) & ~(uint64_t)255;
-        rc = sil_cb_dalloc(b, (size_t)(b->slot_g * (uint64_t)n_slots), &b->pool_g, err);
+        struct sil_cuda_slots *es = &b->es;
+        sil_cuda_slots_layout(es, (int32_t)n_slots, c->slot_gate, c->slot_up, c->slot_down);
+        rc = sil_cb_dalloc(b, (size_t)(es->slot_g * (uint64_t)n_slots), &es->pool_g, err);
         if (rc == 0)
-            rc = sil_cb_dalloc(b, (size_t)(b->slot_u * (uint64_t)n_slots), &b->pool_u, err);
+            rc = sil_cb_dalloc(b, (size_t)(es->slot_u * (uint64_t)n_slots), &es->pool_u, err);
         if (rc == 0)
-            rc = sil_cb_dalloc(b, (size_t)(b->slot_d * (uint64_t)n_slots), &b->pool_d, err);
-        b->stage_bytes = 64u << 20;
-        if (b->stage_bytes < 2 * slot_bytes) b->stage_bytes = 2 * slot_bytes;
-        if (rc == 0) rc = sil_cuda_host_alloc(b->cu, b->stage_bytes, (void **)&b->stage, err);
-        /* path (b)'s table (every expert in place until filled) and choices */
+            rc = sil_cb_dalloc(b, (size_t)(es->slot_d * (uint64_t)n_slots), &es->pool_d, err);
+        /* the staging ring, path (b)'s table (every expert in place until filled) and choices */
         const size_t nkeys = (size_t)(c->n_layer * X);
-        b->zc_htab = malloc(sizeof(int32_t) * (nkeys ? nkeys : 1));
+        if (rc == 0) rc = sil_cuda_slots_open(es, (int64_t)nkeys, err);
         b->zc_rows = calloc((size_t)c->n_layer + 1, sizeof(int32_t));
-        b->slot_key = malloc(sizeof(int32_t) * (size_t)n_slots);
-        if (rc == 0 && (!b->zc_htab || !b->zc_rows || !b->slot_key))
-            rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
-        for (size_t i = 0; rc == 0 && i < nkeys; i++)
-            b->zc_htab[i] = -1;
-        for (int64_t i = 0; rc == 0 && i < n_slots; i++)
-            b->slot_key[i] = -1;
-        if (rc == 0) rc = sil_cb_dalloc(b, sizeof(int32_t) * (nkeys ? nkeys : 1), &b->zc_tab, err);
+        if (rc == 0 && !b->zc_rows) rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        if (rc == 0) rc = sil_cb_dalloc(b, sizeof(int32_t) * (nkeys ? nkeys : 1), &es->tab, err);
         if (rc == 0)
             rc = sil_cb_dalloc(b, sizeof(int32_t) * (size_t)(c->n_layer * MB * K) + 4, &b->zc_ids,
                                err);
@@ -568,12 +548,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
             rc = sil_cuda_host_alloc(b->cu, sizeof(int32_t) * (size_t)(c->n_layer * MB * K) + 4,
                                      (void **)&b->zc_hids, err);
         /* zeroed, so a slot id given to a pair of weight 0 reads finite numbers */
-        if (rc == 0)
-            rc = sil_cuda_memset(b->cu, b->pool_g, 0, b->slot_g * (uint64_t)n_slots, NULL, err);
-        if (rc == 0)
-            rc = sil_cuda_memset(b->cu, b->pool_u, 0, b->slot_u * (uint64_t)n_slots, NULL, err);
-        if (rc == 0)
-            rc = sil_cuda_memset(b->cu, b->pool_d, 0, b->slot_d * (uint64_t)n_slots, NULL, err);
+        if (rc == 0) rc = sil_cuda_slots_zero(es, err);
         /* path (c): cpu_misses N (tests, benchmarks) takes up to N misses of each decode layer
          * to the CPU; else the share is chosen at placed() from the host's and the link's
          * measured speeds (or given, cpu_share); cpu_off turns it off. Asking for reads in
@@ -635,12 +610,12 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         const struct sil_cuda_options *o = &c->opt;
         b->graphs = !o->no_graphs;
         b->host_route = c->host_route || o->host_route;
-        b->h2d_cap = o->h2d_cap_gbs > 0 ? o->h2d_cap_gbs * 1e9 : 0.0;
-        if (b->h2d_cap > 0 && b->n_slots > 0)
+        b->es.h2d_cap = o->h2d_cap_gbs > 0 ? o->h2d_cap_gbs * 1e9 : 0.0;
+        if (b->es.h2d_cap > 0 && b->es.n > 0)
             fprintf(stderr,
                     "siliceo: cuda backend: expert copies capped at %.2f GB/s "
                     "(SIL_BENCH_H2D_GBS, a benchmark setting)\n",
-                    b->h2d_cap / 1e9);
+                    b->es.h2d_cap / 1e9);
         b->no_shared_fuse = o->no_shared_fuse;
         b->no_norm_router = o->no_norm_router;
         b->no_attn_q8 = o->no_attn_q8;

@@ -177,14 +177,11 @@ void sil_cb_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     b->meta_ok = true; /* staged; copied up by get_rows */
     /* path (b) for decode passes that end in logits (the choices come down with them) */
     b->zc_pass = b->zc && !ub->layered && ub->n <= MB && n_keep >= 1;
-    if (b->zc_pass && b->zc_dirty) {
+    if (b->zc_pass && b->es.dirty) {
         /* from pageable memory: the copy is taken before this returns, then ordered before
          * the pass on the stream */
-        if (!ok(b, sil_cuda_upload(b->cu, b->zc_tab, b->zc_htab,
-                                   sizeof(int32_t) * (size_t)(b->c.n_layer * b->c.n_expert), NULL,
-                                   &b->err)))
-            return;
-        b->zc_dirty = false;
+        if (!ok(b, sil_cuda_slots_table_upload(&b->es, &b->err))) return;
+        b->es.dirty = false;
     }
     if (b->prof_path && !b->prof_done &&
         (b->prof_rows > 1 ? ub->n == b->prof_rows : ub->n == 1 && ub->pos[0] >= 16)) {
@@ -197,7 +194,7 @@ void sil_cb_begin(struct sil_backend *be, const struct sil_ubatch *ub)
     if (!g) return;
     g->used = ++b->clock;
     b->cur = g;
-    b->segmented = b->n_slots > 0 && !b->zc_pass;
+    b->segmented = b->es.n > 0 && !b->zc_pass;
     if (g->g || g->n_seg > 0) {
         b->mode = PASS_REPLAY;
     } else if (g->seen >= 1 && g->capturable) {

@@ -3,8 +3,8 @@
  * backend_cuda_ops.c: matmul, norms, element-wise ops, attention, the delta net;
  * backend_cuda_moe.c: routing and the MoE paths (fused, grouped, per expert, from slots);
  * backend_cuda_graph.c: passes (their staged inputs), graph capture and replay, the head;
- * backend_cuda_slots.c: placement, expert slots and the copies into them, pinned host memory,
- * the host's share of misses.
+ * backend_cuda_slots.c: placement and the policy of expert slots (what is pinned, reads in
+ * place, the host's share of misses) over their mechanism in kernels/cuda/cuda_slots.h.
  * backend.h is the contract; this header is included only where SIL_HAVE_CUDA is defined. */
 #ifndef SIL_BACKEND_CUDA_IMPL_H
 #define SIL_BACKEND_CUDA_IMPL_H
@@ -20,6 +20,7 @@
 #include "kernels/cpu/quants.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_fwd.h"
+#include "kernels/cuda/cuda_slots.h"
 
 #define MB SIL_CUDA_MAX_BATCH
 /* Decode rows up to which a matvec set does the delta net's conv1d in its launch. Above it the
@@ -139,30 +140,11 @@ struct cuda_backend {
     int32_t *h_ids; /* pinned [ub_max * K] router choices, then [ub_max * K] their weights */
     uint64_t clock;
     uint64_t n_replays, n_captures;
-    /* expert slots (the routed experts did not all fit): n_slots gate, up and down matrices,
-     * slot_g/u/d bytes apart; copies into them go through the pinned staging ring */
-    int32_t n_slots;
-    sil_cuda_ptr pool_g, pool_u, pool_d;
-    uint64_t slot_g, slot_u, slot_d;
-    uint8_t *stage;
-    size_t stage_bytes, stage_used;
-    /* read by status from other threads (cuda_device) while the engine thread adds */
-    _Atomic uint64_t slot_fills, slot_bytes_in;
-    /* the routed stacks' bytes in the mmap (noted at place), pinned at placed() when they can
-     * be: misses are then copied straight from the mapping, else staged through the ring */
-    struct host_range {
-        uintptr_t lo, hi;
-    } * rng;
-    int n_rng;
-    size_t cap_rng;
-    bool pinned;
-    uint64_t pinned_bytes;
-    double h2d_gbs;
-    /* pinned host blocks handed out by host_alloc (the engine's host tier of experts): a miss
-     * whose handle points into one is one DMA, like the pinned mapping */
-    struct host_range *hblk;
-    int n_hblk;
-    size_t cap_hblk;
+    /* expert slots (the routed experts did not all fit; es.n 0 otherwise), their pools, the
+     * routed stacks' ranges in the mmap (noted at place, pinned at placed() when they can be:
+     * misses are then copied straight from the mapping, else staged through the ring), pinned
+     * host blocks of the engine's host tier, and the slot table of path (b) (kernels/cuda) */
+    struct sil_cuda_slots es;
     /* miss path (c), SIL_CUDA_CPU_MISSES=N: up to N misses of each decode layer computed on the
      * host from the mapping while the rest stream; the MoE input comes down with the router's
      * choices (h_x), the host's sum goes up (h_y -> cpu_y) and is added to the layer's output */
@@ -180,26 +162,21 @@ struct cuda_backend {
     float *h_wts;
     int32_t *slot_ids; /* host [ub_max * K] */
     /* miss path (b), cuda_zero_copy: a decode pass routes on the device and stays one
-     * graph. Expert e of layer l is slot zc_tab[l][e] when resident, else its matrices are read
-     * in place from the pinned mapping over the bus (rng_dev: each pinned range's device
+     * graph. Expert e of layer l is slot es.tab[l][e] when resident, else its matrices are read
+     * in place from the pinned mapping over the bus (es.rng_dev: each pinned range's device
      * address). Every layer's choices come down with the logits (zc_ids -> zc_hids), and the
      * engine's cache sees them after the pass (routes), filling what its admission lets in
-     * before the next pass; the table goes up at the next pass's begin when it changed. */
-    bool zc, zc_pass, zc_dirty;
+     * before the next pass; the table (es.htab, es.tab) goes up at the next pass's begin when it
+     * changed. */
+    bool zc, zc_pass;
     _Atomic uint64_t zc_passes;
     /* launches issued with a fusion (graph replays not counted): [0] conv1d in the matvec set,
      * [1] attention's merge with o's q8, [2] the router with its norm */
     _Atomic uint64_t fused[3];
     _Atomic uint64_t host_experts; /* miss path (c): experts the host computed since open */
-    sil_cuda_ptr zc_tab, zc_ids;
-    int32_t *zc_htab;  /* host [n_layer][n_expert] copy of the table */
-    int32_t *zc_hids;  /* pinned [n_layer][MB * K] */
-    int32_t *zc_rows;  /* [n_layer] rows whose choices zc_hids holds, 0: none */
-    int32_t *slot_key; /* [n_slots] layer * n_expert + expert a slot holds, or -1 */
-    sil_cuda_ptr *rng_dev;
-    /* benchmarks only (SIL_BENCH_H2D_GBS): expert copies are issued no faster than this many
-     * bytes a second, to measure a slower link (PCIe 3) on a fast one */
-    double h2d_cap, h2d_next;
+    sil_cuda_ptr zc_ids;
+    int32_t *zc_hids; /* pinned [n_layer][MB * K] */
+    int32_t *zc_rows; /* [n_layer] rows whose choices zc_hids holds, 0: none */
     /* q8 holds the quantized rows of q8_src ([q8_n][q8_k]) until an op may write them */
     sil_cuda_ptr q8_src;
     int64_t q8_n, q8_k;
@@ -325,7 +302,6 @@ void sil_cb_head(struct sil_backend *be, struct sil_act x, const struct sil_weig
                  const int32_t *out_rows, float *logits, int32_t *argmax);
 
 /* backend_cuda_slots.c */
-sil_cuda_ptr sil_cb_host_dev(const struct cuda_backend *b, const void *p);
 int sil_cb_place(struct sil_backend *be, struct sil_weight *w, bool release_host,
                  struct sil_error *err);
 int sil_cb_placed(struct sil_backend *be, struct sil_error *err);

@@ -235,10 +235,10 @@ static bool host_views(struct cuda_backend *b, const struct sil_moe_plan *pl, si
                        struct sil_cuda_weight *g, struct sil_cuda_weight *u,
                        struct sil_cuda_weight *d)
 {
-    const int n_slot = (int)b->n_slots;
-    g->host = sil_cb_host_dev(b, pl->gate_exps->data);
-    u->host = sil_cb_host_dev(b, pl->up_exps->data);
-    d->host = sil_cb_host_dev(b, pl->down_exps->data);
+    const int n_slot = (int)b->es.n;
+    g->host = sil_cuda_slots_host_dev(&b->es, pl->gate_exps->data);
+    u->host = sil_cuda_slots_host_dev(&b->es, pl->up_exps->data);
+    d->host = sil_cuda_slots_host_dev(&b->es, pl->down_exps->data);
     g->host_stride = pl->gate_exps->mat_bytes;
     u->host_stride = pl->up_exps->mat_bytes;
     d->host_stride = pl->down_exps->mat_bytes;
@@ -258,22 +258,23 @@ static bool moe_fused(struct cuda_backend *b, struct sil_act x, const struct sil
     const int64_t E = x.width;
     const bool sh = shared_fusable(b, pl, E);
     /* path (b): the router's expert ids stay as they are, the kernels look them up */
-    const bool zc = b->n_slots > 0 && pl->device_routed && b->zc_pass;
+    const bool zc = b->es.n > 0 && pl->device_routed && b->zc_pass;
     const sil_cuda_ptr ids0 = zc ? zc_ids_of(b, pl->layer) : b->ids;
     struct sil_cuda_weight g = {0}, u = {0}, d = {0}, sg, su, sd;
-    if (b->n_slots > 0) {
+    if (b->es.n > 0) {
         /* the slot pools as stacks of n_slots matrices, b->ids holding slot numbers */
         const int64_t F = pl->gate_exps->rows, R = pl->down_exps->rows;
-        if (!ok(b, sil_cuda_weight_view(pl->gate_exps->type, F * X, E, b->pool_g, &g, &b->err)) ||
-            !ok(b, sil_cuda_weight_view(pl->up_exps->type, F * X, E, b->pool_u, &u, &b->err)) ||
-            !ok(b, sil_cuda_weight_view(pl->down_exps->type, R * X, pl->down_exps->cols, b->pool_d,
-                                        &d, &b->err)))
+        if (!ok(b,
+                sil_cuda_weight_view(pl->gate_exps->type, F * X, E, b->es.pool_g, &g, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->up_exps->type, F * X, E, b->es.pool_u, &u, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->down_exps->type, R * X, pl->down_exps->cols,
+                                        b->es.pool_d, &d, &b->err)))
             return false;
-        g.mat_stride = b->slot_g;
-        u.mat_stride = b->slot_u;
-        d.mat_stride = b->slot_d;
+        g.mat_stride = b->es.slot_g;
+        u.mat_stride = b->es.slot_u;
+        d.mat_stride = b->es.slot_d;
         /* path (b): slots where the table says, the mapping in place elsewhere */
-        if (zc && !host_views(b, pl, b->zc_tab + (uint64_t)pl->layer * (uint64_t)X * 4, &g, &u,
+        if (zc && !host_views(b, pl, b->es.tab + (uint64_t)pl->layer * (uint64_t)X * 4, &g, &u,
                               &d))
             return false;
     } else if (!ok(b, sil_cb_view(pl->gate_exps, pl->gate_exps->rows * X, &g, &b->err)) ||
@@ -394,14 +395,14 @@ static void moe_grouped(struct cuda_backend *b, struct sil_act x, const struct s
            sd = pl->down_exps->mat_bytes;
     if (slots) {
         const int64_t R = pl->down_exps->rows;
-        if (!ok(b, sil_cuda_weight_view(pl->gate_exps->type, F, E, b->pool_g, &g, &b->err)) ||
-            !ok(b, sil_cuda_weight_view(pl->up_exps->type, F, E, b->pool_u, &u, &b->err)) ||
-            !ok(b, sil_cuda_weight_view(pl->down_exps->type, R, pl->down_exps->cols, b->pool_d, &d,
-                                        &b->err)))
+        if (!ok(b, sil_cuda_weight_view(pl->gate_exps->type, F, E, b->es.pool_g, &g, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->up_exps->type, F, E, b->es.pool_u, &u, &b->err)) ||
+            !ok(b, sil_cuda_weight_view(pl->down_exps->type, R, pl->down_exps->cols, b->es.pool_d,
+                                        &d, &b->err)))
             return;
-        sg = b->slot_g;
-        su = b->slot_u;
-        sd = b->slot_d;
+        sg = b->es.slot_g;
+        su = b->es.slot_u;
+        sd = b->es.slot_d;
     } else if (!ok(b, sil_cb_view(pl->gate_exps, F, &g, &b->err)) ||
                !ok(b, sil_cb_view(pl->up_exps, F, &u, &b->err)) ||
                !ok(b, sil_cb_view(pl->down_exps, pl->down_exps->rows, &d, &b->err)))
@@ -470,9 +471,9 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
         for (int a = 0; a < pl->n_active; a++) {
             const uint64_t slot = (uint64_t)(uintptr_t)pl->gate[a].data;
             pl->gate[a].loc = pl->up[a].loc = pl->down[a].loc = SIL_WEIGHT_DEVICE;
-            pl->gate[a].data = (const void *)(uintptr_t)(b->pool_g + slot * b->slot_g);
-            pl->up[a].data = (const void *)(uintptr_t)(b->pool_u + slot * b->slot_u);
-            pl->down[a].data = (const void *)(uintptr_t)(b->pool_d + slot * b->slot_d);
+            pl->gate[a].data = (const void *)(uintptr_t)(b->es.pool_g + slot * b->es.slot_g);
+            pl->up[a].data = (const void *)(uintptr_t)(b->es.pool_u + slot * b->es.slot_u);
+            pl->down[a].data = (const void *)(uintptr_t)(b->es.pool_d + slot * b->es.slot_d);
         }
         moe_generic(b, x, pl);
         if (b->rc == 0) shared_and_sum(b, x, pl, out);
@@ -508,7 +509,7 @@ static void moe_slots(struct cuda_backend *b, struct sil_act x, const struct sil
     sil_cb_seg_begin(b);
     if (b->mode != PASS_REPLAY) {
         if (b->rc) return;
-        if (!moe_fused(b, x, pl, b->n_slots, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
+        if (!moe_fused(b, x, pl, b->es.n, out) && b->rc == 0) shared_and_sum(b, x, pl, out);
     }
     if (!cpu || b->rc) return;
     /* path (c): the device part runs (the segment is cut here in every decode pass, so the
@@ -542,7 +543,7 @@ void sil_cb_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_p
     struct cuda_backend *b = cb(be);
     if (b->seg_gap) {
         /* a segmented pass: slot ids up, then the next segment starts with these experts */
-        if (b->rc == 0 && x.rows > 0 && pl->n_active > 0 && b->n_slots > 0)
+        if (b->rc == 0 && x.rows > 0 && pl->n_active > 0 && b->es.n > 0)
             moe_slots(b, x, pl, out);
         else
             sil_cb_seg_begin(b);
@@ -554,7 +555,7 @@ void sil_cb_moe(struct sil_backend *be, struct sil_act x, const struct sil_moe_p
         fail(b, -EINVAL, "moe rows are not contiguous");
         return;
     }
-    if (pl->n_active > 0 && b->n_slots > 0) {
+    if (pl->n_active > 0 && b->es.n > 0) {
         moe_slots(b, x, pl, out);
         return;
     }
