@@ -29,6 +29,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_fwd.h"
 
 extern const unsigned char sil_cuda_fatbin[];
 extern const uint64_t sil_cuda_fatbin_size;
@@ -857,8 +858,6 @@ static void test_matvec_set(struct sil_cuda *cu)
           "matvec set of 0 weights refused: %s", err.msg);
 }
 
-extern const unsigned char sil_cuda_fwd_fatbin[];
-
 /* Two buffers of bytes on the device the same. */
 static bool dev_same(struct sil_cuda *cu, sil_cuda_ptr a, sil_cuda_ptr b, size_t bytes)
 {
@@ -876,10 +875,8 @@ static bool dev_same(struct sil_cuda *cu, sil_cuda_ptr a, sil_cuda_ptr b, size_t
  * the fused router: x, y, y's q8 blocks, logits, ids and weights bit for bit, for widths of
  * each of the norm's block sizes (128, 512 and 1024 threads), whole or not; twice in a row (the
  * counter comes back to zero). Refused for rows of part of a q8 block or above 4096. */
-static void test_router_norm(struct sil_cuda *cu, struct sil_cuda_module *fm)
+static void test_router_norm(struct sil_cuda *cu, const struct sil_cuda_fwd *fwd)
 {
-    void *fn = NULL;
-    CK(sil_cuda_module_function(cu, fm, "sil_fwd_add_rmsnorm_q8", &fn, &err));
     static const int widths[] = {256, 896, 1056, 1536, 2048, 4096, 100, 4128};
     const int X = 256, K = 8;
     for (size_t t = 0; t < sizeof widths / sizeof widths[0]; t++) {
@@ -917,10 +914,8 @@ static void test_router_norm(struct sil_cuda *cu, struct sil_cuda_module *fm)
             CK(sil_cuda_memset(cu, qb, 0x55, qbytes, NULL, &err)); /* what it leaves shows */
             CK(sil_cuda_memset(cu, yb, 0x55, sizeof(float) * n, NULL, &err));
             CK(sil_cuda_memset(cu, ib, 0xff, sizeof(int32_t) * K, NULL, &err));
-            int64_t nn = n, nblocks = n / 32;
-            void *p[] = {&xa, &dd, &ya, &dn, &nn, &eps, &qa, &nblocks};
-            CK(sil_cuda_launch(cu, fn, "add + rmsnorm + q8", 1, 1, 1,
-                               (unsigned)sil_cuda_rmsnorm_threads(n), NULL, p, &err));
+            CK(sil_cuda_fwd_add_rmsnorm_q8(cu, fwd, xa, dd, ya, dn, 1, n, eps, qa, n / 32, NULL,
+                                           &err));
             CK(sil_cuda_router_fused(cu, &w, ya, 1, la, K, ia, wa, done, NULL, &err));
             const struct sil_cuda_norm_in nt = {xb, dn, yb, qb, done, eps};
             CK(sil_cuda_router_norm(cu, &w, dd, &nt, lb, K, ib, wb, NULL, &err));
@@ -955,10 +950,8 @@ static void test_router_norm(struct sil_cuda *cu, struct sil_cuda_module *fm)
  * (sil_cuda_matvec_multi_conv) against the set, then the engine's conv1d kernel (fwd.cu): every
  * output, the conv's output and the conv states bit for bit, batch 1 to 8 (a run a row, two
  * sequences' states interleaved with others), conv kernels of 4 and 3 taps, types mixed. */
-static void test_matvec_conv(struct sil_cuda *cu, struct sil_cuda_module *fm)
+static void test_matvec_conv(struct sil_cuda *cu, const struct sil_cuda_fwd *fwd)
 {
-    void *fn = NULL;
-    CK(sil_cuda_module_function(cu, fm, "sil_fwd_conv1d", &fn, &err));
     const int types[4] = {SIL_TYPE_Q6_K, SIL_TYPE_Q4_K, SIL_TYPE_Q8_0, SIL_TYPE_Q4_K};
     const int rows[4] = {200, 64, 9, 9}; /* cd = 200 */
     const int64_t cols = 256, cd = 200;
@@ -1009,11 +1002,8 @@ static void test_matvec_conv(struct sil_cuda *cu, struct sil_cuda_module *fm)
             CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(n, cols), &q8, &err));
             CK(sil_cuda_quantize_q8(cu, xd, n, cols, q8, NULL, &err));
             CK(sil_cuda_matvec_multi(cu, wp, 4, q8, n, ya, ld, NULL, &err));
-            int KK = K;
-            int64_t ldx = ld[0], cdd = cd, offv = off;
-            void *p[] = {&ya[0], &ldx, &oa, (void *)&ldo, &cwd, &KK, &cdd, &rs, &rq, &tad, &offv};
-            CK(sil_cuda_launch(cu, fn, "conv1d", (unsigned)((cd + 127) / 128), (unsigned)n, 1, 128,
-                               NULL, p, &err));
+            CK(sil_cuda_fwd_conv1d(cu, fwd, ya[0], ld[0], oa, ldo, cwd, K, cd, rs, rq, tad, off,
+                                   n, NULL, &err));
             const struct sil_cuda_conv_ep ep = {ob, ldo, cwd, rq, tbd, off, K};
             CK(sil_cuda_matvec_multi_conv(cu, wp, 4, q8, n, yb, ld, &ep, NULL, &err));
             for (int k = 0; k < 4; k++)
@@ -1080,12 +1070,12 @@ int main(void)
     test_router(cu);
     test_router_fused(cu);
     {
-        struct sil_cuda_module *fm = NULL;
-        CK(sil_cuda_module_load(cu, sil_cuda_fwd_fatbin, &fm, &err));
-        if (fm) {
-            test_router_norm(cu, fm);
-            test_matvec_conv(cu, fm);
-            sil_cuda_module_unload(cu, fm);
+        struct sil_cuda_fwd *fwd = NULL;
+        CK(sil_cuda_fwd_load(cu, &fwd, &err));
+        if (fwd) {
+            test_router_norm(cu, fwd);
+            test_matvec_conv(cu, fwd);
+            sil_cuda_fwd_unload(cu, fwd);
         }
     }
     test_argmax(cu);
