@@ -4,8 +4,12 @@
  * to the byte bound of the same steps: the weight bytes a step must read (the backbone without
  * the embedding table, N embedding rows, and the routed experts the step's routing touched, as
  * the engine counted them) over the streaming read bandwidth measured just before, in the same
- * process with the same thread count. Prints one JSON object per (run, N) on stdout;
- * bench/run-batch.sh assembles the results file. */
+ * process with the same thread count. With --spec draft or mtp, the same N sequences then decode
+ * the same tokens again by speculative decoding (a chain, each sequence its own steps, as
+ * siliceod runs them), with the drafts accepted and the verify pass's cost against a one-token
+ * step. Prints one JSON object per (run, N) on stdout, and with --spec one more for the
+ * speculative decode; bench/run-batch.sh assembles the results file. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,6 +23,7 @@
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/size.h"
+#include "daemon/engine/spec.h"
 
 #define PROG "sil-batchbench"
 #define MAX_STREAMS 64
@@ -71,6 +76,8 @@ struct bufs {
     float *logits;
     bool host_pick; /* --pick host: every row's logits to the host, argmax there */
     double eval_s;  /* seconds inside the engine during decode_steps */
+    int32_t *gen;   /* [MAX_STREAMS][n_gen]: each sequence's tokens after its first (--spec) */
+    int n_gen_max;
 };
 
 /* The timed part: n_gen steps of ns rows, each row's next token its argmax. Not inlined, so a
@@ -90,9 +97,17 @@ __attribute__((noinline)) static int decode_steps(struct sil_engine *e, struct b
         for (int s = 0; s < ns; s++) {
             b->tok[s] = b->host_pick ? sil_argmax(b->logits + (size_t)s * V, V) : b->am[s];
             b->pos[s]++;
+            if (b->gen && step < b->n_gen_max)
+                b->gen[(size_t)s * (size_t)b->n_gen_max + step] = b->tok[s];
         }
     }
     return 0;
+}
+
+/* Token i of sequence s's prompt. */
+static int32_t prompt_token(int32_t V, int s, int i)
+{
+    return 100 + (i * 37 + s * 1009) % (V > 20100 ? 20000 : V - 100);
 }
 
 /* One measurement: ns sequences prefilled with n_prompt tokens each, then n_gen decode steps of
@@ -109,7 +124,7 @@ static int run_one(struct sil_engine *e, struct bufs *b, int ns, int n_prompt, i
     }
     for (int s = 0; s < ns; s++) { /* prompts differ per sequence, so the routing does too */
         for (int i = 0; i < n_prompt; i++) {
-            b->tok[i] = 100 + (i * 37 + s * 1009) % (V > 20100 ? 20000 : V - 100);
+            b->tok[i] = prompt_token(V, s, i);
             b->pos[i] = i;
             b->seq[i] = b->seqs[s];
         }
@@ -138,12 +153,171 @@ out:
     return rc;
 }
 
+/* ---- speculative decoding ----------------------------------------------------------------- */
+
+enum spec_mode { SPEC_OFF, SPEC_DRAFT, SPEC_MTP };
+
+/* --spec-tree WIDTHxDEPTH: chains (width 1) only, as sil-eval. 0 or -EINVAL (message printed). */
+static int parse_tree(const char *s, int32_t *depth)
+{
+    char *x, *end;
+    errno = 0;
+    const long w = strtol(s, &x, 10);
+    if (errno || x == s || *x != 'x') goto bad;
+    const long d = strtol(x + 1, &end, 10);
+    if (errno || end == x + 1 || *end || w < 1 || d < 1) goto bad;
+    if (w != 1) {
+        fprintf(stderr,
+                PROG ": --spec-tree %s: token trees (width > 1) are not supported yet; "
+                     "use a chain, 1xDEPTH\n",
+                s);
+        return -EINVAL;
+    }
+    if (d > SIL_SPEC_DEPTH_MAX) {
+        fprintf(stderr, PROG ": --spec-tree %s: depth at most %d\n", s, SIL_SPEC_DEPTH_MAX);
+        return -EINVAL;
+    }
+    *depth = (int32_t)d;
+    return 0;
+bad:
+    fprintf(stderr, PROG ": --spec-tree '%s' is not WIDTHxDEPTH (such as 1x4)\n", s);
+    return -EINVAL;
+}
+
+static void print_json_str(const char *s)
+{
+    if (!s) {
+        fputs("null", stdout);
+        return;
+    }
+    putchar('"');
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+    putchar('"');
+}
+
+/* What a speculative measurement gives: the counters of every sequence added up, the seconds
+ * of the whole decode, and whether every sequence's tokens were those of the plain decode. */
+struct spec_result {
+    struct sil_spec_stats st;
+    double decode_s;
+    bool identical;
+};
+
+/* Evaluates prompt_token(s, 0 .. n_prompt) in seq of e; the argmax of the last row into *first
+ * (may be NULL). */
+static int prefill(struct sil_engine *e, struct bufs *b, int seq, int s, int n_prompt,
+                   int32_t *first, struct sil_error *err)
+{
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    for (int i = 0; i < n_prompt; i++) {
+        b->tok[i] = prompt_token(V, s, i);
+        b->pos[i] = i;
+        b->seq[i] = seq;
+    }
+    const struct sil_batch bt = {n_prompt, b->tok, b->pos, b->seq, NULL};
+    int32_t am;
+    const int rc = sil_engine_eval_out(e, &bt, NULL, &am, NULL, err);
+    if (rc == 0 && first) *first = am;
+    return rc;
+}
+
+/* The speculative measurement: ns sequences of e prefilled as run_one's (and the draft's, de,
+ * when there is one, outside the timing), then n_gen tokens each by speculative steps of at
+ * most depth drafts, the sequences taking turns a step each; their tokens are checked against
+ * the plain decode's in b->gen. */
+static int run_spec(struct sil_engine *e, struct sil_engine *de, struct bufs *b, int ns,
+                    int n_prompt, int n_gen, int32_t depth, struct spec_result *res)
+{
+    struct sil_error err = {0};
+    struct sil_spec sp[MAX_STREAMS];
+    int tseq[MAX_STREAMS], dseq[MAX_STREAMS];
+    int32_t nh[MAX_STREAMS];
+    const int32_t n_all = n_prompt + 1 + n_gen; /* prompt, the prefill's token, the decode's */
+    int32_t *hist = malloc(sizeof(int32_t) * (size_t)n_all * (size_t)ns);
+    int rc = -1, made = 0, dmade = 0, inited = 0;
+    memset(res, 0, sizeof(*res));
+    memset(sp, 0, sizeof(sp));
+    if (!hist) {
+        snprintf(err.msg, sizeof(err.msg), "out of memory");
+        goto out;
+    }
+    for (; made < ns; made++) {
+        tseq[made] = sil_seq_create(e, &err);
+        if (tseq[made] < 0) goto out;
+    }
+    for (; de && dmade < ns; dmade++) {
+        dseq[dmade] = sil_seq_create(de, &err);
+        if (dseq[dmade] < 0) goto out;
+    }
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    for (int s = 0; s < ns; s++) {
+        int32_t *h = hist + (size_t)s * (size_t)n_all;
+        for (int i = 0; i < n_prompt; i++)
+            h[i] = prompt_token(V, s, i);
+        if (prefill(e, b, tseq[s], s, n_prompt, &h[n_prompt], &err) < 0) goto out;
+        if (de && prefill(de, b, dseq[s], s, n_prompt, NULL, &err) < 0) goto out;
+        nh[s] = n_prompt + 1;
+    }
+    for (; inited < ns; inited++) {
+        const int s = inited;
+        if ((de ? sil_spec_init(&sp[s], e, tseq[s], de, dseq[s], depth, &err)
+                : sil_spec_init_mtp(&sp[s], e, tseq[s], depth, &err)) < 0)
+            goto out;
+    }
+    const double t0 = sil_bench_now();
+    for (bool more = true; more;) {
+        more = false;
+        for (int s = 0; s < ns; s++) {
+            if (nh[s] >= n_all) continue;
+            int32_t *h = hist + (size_t)s * (size_t)n_all;
+            const int k = sil_spec_step(&sp[s], h, nh[s], n_all - nh[s], h + nh[s], &err);
+            if (k < 0) goto out;
+            nh[s] += k;
+            more |= nh[s] < n_all;
+        }
+    }
+    res->decode_s = sil_bench_now() - t0;
+    res->identical = true;
+    for (int s = 0; s < ns; s++) {
+        const struct sil_spec_stats *st = &sp[s].stats;
+        res->st.steps += st->steps;
+        res->st.drafted += st->drafted;
+        res->st.accepted += st->accepted;
+        res->st.emitted += st->emitted;
+        res->st.draft_s += st->draft_s;
+        res->st.verify_s += st->verify_s;
+        res->st.commit_s += st->commit_s;
+        const int32_t *h = hist + (size_t)s * (size_t)n_all + n_prompt + 1;
+        if (memcmp(h, b->gen + (size_t)s * (size_t)b->n_gen_max, sizeof(int32_t) * (size_t)n_gen))
+            res->identical = false;
+    }
+    rc = 0;
+out:
+    if (rc < 0) fprintf(stderr, PROG ": speculative decoding: %s\n", err.msg);
+    for (int s = 0; s < inited; s++)
+        sil_spec_free(&sp[s]);
+    for (int s = 0; s < made; s++)
+        sil_seq_free(e, tseq[s]);
+    for (int s = 0; s < dmade; s++)
+        sil_seq_free(de, dseq[s]);
+    free(hist);
+    return rc;
+}
+
 static void usage(FILE *f)
 {
     fprintf(
         f,
         "usage: " PROG " --model FILE [--threads N] [--streams LIST] [--prompt N] [--gen N]\n"
         "                      [--runs N] [--mib N]\n"
+        "                      [--spec off|draft|mtp [--draft-model FILE] [--spec-tree 1xDEPTH]]\n"
         "\n"
         "Aggregate decode tok/s of N sequences decoding in one eval per step, for each N,\n"
         "next to the byte bound of the same steps. One JSON object per line on stdout.\n"
@@ -162,6 +336,11 @@ static void usage(FILE *f)
         "  --bw-gbs F      the bandwidth the byte bound divides by, in GB/s, instead of the\n"
         "                  host read bandwidth measured before each figure (a device's, measured\n"
         "                  elsewhere in the same run); needed with --backend cuda\n"
+        "  --spec MODE     after each plain figure, the same tokens by speculative decoding:\n"
+        "                  off (default), draft (--draft-model drafts) or mtp (the model's own\n"
+        "                  MTP layer drafts)\n"
+        "  --draft-model FILE the draft model of --spec draft (the model's vocabulary)\n"
+        "  --spec-tree WxD drafts a step: 1xDEPTH, a chain (default 1x4)\n"
         "  --help, --version\n");
 }
 
@@ -173,6 +352,7 @@ int main(int argc, char **argv)
     double bw_given = 0;
     uint64_t budget = 0;
     bool host_pick = false;
+    const char *spec_arg = NULL, *draft_model = NULL, *spec_tree = NULL;
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -187,6 +367,9 @@ int main(int argc, char **argv)
         {"vram-budget", required_argument, 0, 'v'},
         {"bw-gbs", required_argument, 0, 'w'},
         {"pick", required_argument, 0, 'P'},
+        {"spec", required_argument, 0, 'S'},
+        {"draft-model", required_argument, 0, 'D'},
+        {"spec-tree", required_argument, 0, 'T'},
         {0, 0, 0, 0},
     };
     int c;
@@ -234,6 +417,15 @@ int main(int argc, char **argv)
             }
             host_pick = strcmp(optarg, "host") == 0;
             break;
+        case 'S':
+            spec_arg = optarg;
+            break;
+        case 'D':
+            draft_model = optarg;
+            break;
+        case 'T':
+            spec_tree = optarg;
+            break;
         case 'w':
             r = sil_bench_parse_double(PROG, "--bw-gbs", optarg, 0.001, 1e6, &bw_given);
             break;
@@ -267,6 +459,31 @@ int main(int argc, char **argv)
         usage(stderr);
         return SIL_BENCH_EXIT_USAGE;
     }
+    enum spec_mode spec = SPEC_OFF;
+    int32_t depth = 4;
+    if (spec_arg && strcmp(spec_arg, "off") != 0) {
+        if (strcmp(spec_arg, "draft") == 0) {
+            spec = SPEC_DRAFT;
+        } else if (strcmp(spec_arg, "mtp") == 0) {
+            spec = SPEC_MTP;
+        } else {
+            fprintf(stderr, PROG ": --spec must be off, draft or mtp\n");
+            return SIL_BENCH_EXIT_USAGE;
+        }
+    }
+    if (spec == SPEC_DRAFT && !draft_model) {
+        fprintf(stderr, PROG ": --spec draft needs --draft-model FILE\n");
+        return SIL_BENCH_EXIT_USAGE;
+    }
+    if (spec == SPEC_MTP && draft_model) {
+        fprintf(stderr, PROG ": --draft-model goes with --spec draft, not mtp\n");
+        return SIL_BENCH_EXIT_USAGE;
+    }
+    if (spec == SPEC_OFF && (draft_model || spec_tree)) {
+        fprintf(stderr, PROG ": --draft-model and --spec-tree need --spec draft or mtp\n");
+        return SIL_BENCH_EXIT_USAGE;
+    }
+    if (spec_tree && parse_tree(spec_tree, &depth) < 0) return SIL_BENCH_EXIT_USAGE;
     if (strcmp(backend, "cpu") != 0 && bw_given <= 0) {
         fprintf(stderr, PROG ": --backend %s needs --bw-gbs (the device's bandwidth)\n", backend);
         return SIL_BENCH_EXIT_USAGE;
@@ -280,8 +497,11 @@ int main(int argc, char **argv)
     p.model_path = model;
     p.n_threads = (int)threads;
     p.n_seq_max = ns_max;
-    p.n_ctx = (int32_t)(n_prompt + (n_gen > WARMUP_STEPS ? n_gen : WARMUP_STEPS) + 1);
+    /* a verify pass may run depth positions past the last token kept */
+    p.n_ctx = (int32_t)(n_prompt + (n_gen > WARMUP_STEPS ? n_gen : WARMUP_STEPS) + 1 +
+                        (spec ? depth + 1 : 0));
     p.n_batch_max = (int32_t)(n_prompt > ns_max ? n_prompt : ns_max);
+    if (spec && p.n_batch_max < depth + 1) p.n_batch_max = depth + 1;
     p.backend = backend;
     p.vram_budget = budget;
     struct sil_error err = {0};
@@ -290,10 +510,40 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": %s\n", err.msg);
         return SIL_BENCH_EXIT_ERROR;
     }
+    struct sil_engine *de = NULL; /* the draft model's engine (--spec draft) */
+    if (spec == SPEC_MTP && !sil_engine_has_mtp(e)) {
+        fprintf(stderr, PROG ": --spec mtp: %s has no MTP layer (or not on the %s backend)\n",
+                model, sil_engine_info(e)->backend);
+        sil_engine_close(e);
+        return SIL_BENCH_EXIT_ERROR;
+    }
+    if (spec == SPEC_DRAFT) {
+        struct sil_engine_params dp;
+        sil_engine_params_default(&dp);
+        sil_dev_switches_read(&dp);
+        dp.model_path = draft_model;
+        dp.n_threads = p.n_threads;
+        dp.backend = p.backend;
+        dp.vram_budget = p.vram_budget;
+        dp.n_ctx = p.n_ctx;
+        dp.n_seq_max = p.n_seq_max;
+        dp.n_batch_max = (int32_t)(n_prompt > depth + 1 ? n_prompt : depth + 1);
+        if (sil_engine_open(&de, &dp, &err) < 0 ||
+            sil_spec_vocab_check(sil_engine_vocab(e), sil_engine_vocab(de), &err) < 0) {
+            fprintf(stderr, PROG ": draft model %s: %s\n", draft_model, err.msg);
+            sil_engine_close(de);
+            sil_engine_close(e);
+            return SIL_BENCH_EXIT_ERROR;
+        }
+    }
     const size_t bw_bytes = (size_t)mib << 20;
     const int32_t V = sil_engine_info(e)->n_vocab;
     struct bufs b = {0};
     b.host_pick = host_pick;
+    if (spec) {
+        b.n_gen_max = (int)n_gen;
+        b.gen = malloc(sizeof(int32_t) * (size_t)n_gen * MAX_STREAMS);
+    }
     const size_t rows = (size_t)p.n_batch_max;
     b.tok = calloc(rows, sizeof(int32_t));
     b.pos = calloc(rows, sizeof(int32_t));
@@ -301,7 +551,7 @@ int main(int argc, char **argv)
     b.logits = malloc(sizeof(float) * (size_t)V * (size_t)ns_max);
     uint8_t *bw_buf = aligned_alloc(64, bw_bytes);
     int rc = SIL_BENCH_EXIT_ERROR;
-    if (!b.tok || !b.pos || !b.seq || !b.logits || !bw_buf) {
+    if (!b.tok || !b.pos || !b.seq || !b.logits || !bw_buf || (spec && !b.gen)) {
         fprintf(stderr, PROG ": out of memory\n");
         goto out;
     }
@@ -309,7 +559,14 @@ int main(int argc, char **argv)
     /* warm-up: the model's pages into the page cache, the pool's threads started */
     double tok_s, eb, cpu_ms;
     if (run_one(e, &b, 1, (int)n_prompt, WARMUP_STEPS, &tok_s, &eb, &cpu_ms) < 0) goto out;
-    for (int r = 0; r < runs; r++)
+    for (int r = 0; r < runs; r++) {
+        /* with --spec, the one-token step the verify pass is set against: one row of one
+         * sequence, timed inside the engine, in this run */
+        double one_ms = 0;
+        if (spec) {
+            if (run_one(e, &b, 1, (int)n_prompt, (int)n_gen, &tok_s, &eb, &cpu_ms) < 0) goto out;
+            one_ms = b.eval_s * 1e3 / (double)n_gen;
+        }
         for (int i = 0; i < n_ns; i++) {
             const double bw =
                 bw_given > 0 ? bw_given : sil_bench_read_bw(bw_buf, bw_bytes, (int)threads);
@@ -333,7 +590,37 @@ int main(int argc, char **argv)
                    host_pick ? "host" : "device", b.eval_s * 1e3 / (double)n_gen,
                    1e3 * ns[i] / tok_s);
             fflush(stdout);
+            if (!spec) continue;
+            const double plain_tok_s = tok_s;
+            struct spec_result sr;
+            if (run_spec(e, de, &b, ns[i], (int)n_prompt, (int)n_gen, depth, &sr) < 0) goto out;
+            const struct sil_spec_stats *ss = &sr.st;
+            const double steps = ss->steps ? (double)ss->steps : 1.0;
+            const double spec_tok_s = sr.decode_s > 0 ? (double)ns[i] * n_gen / sr.decode_s : 0.0;
+            const double verify_ms = 1e3 * ss->verify_s / steps;
+            printf("{\"run\": %d, \"backend\": \"%s\", \"streams\": %d, \"threads\": %d, "
+                   "\"prompt\": %d, \"gen\": %d, \"spec\": {\"mode\": \"%s\", \"draft_model\": ",
+                   r + 1, sil_engine_info(e)->backend, ns[i], (int)threads, (int)n_prompt,
+                   (int)n_gen, spec == SPEC_MTP ? "mtp" : "draft");
+            print_json_str(spec == SPEC_DRAFT ? draft_model : NULL);
+            printf(", \"tree\": \"1x%d\", \"depth\": %d, \"identical\": %s, \"steps\": %llu, "
+                   "\"drafted\": %llu, \"accepted\": %llu, \"emitted\": %llu, "
+                   "\"acceptance_rate\": %.4f, \"accepted_per_step\": %.4f, "
+                   "\"tokens_per_step\": %.4f, \"verify_step_ms\": %.4f, "
+                   "\"one_token_step_ms\": %.4f, \"verify_vs_one_token\": %.4f, "
+                   "\"draft_ms_per_step\": %.4f, \"commit_ms_per_step\": %.4f}, "
+                   "\"decode_tok_s\": %.3f, \"plain_decode_tok_s\": %.3f, \"speedup\": %.4f}\n",
+                   (int)depth, (int)depth, sr.identical ? "true" : "false",
+                   (unsigned long long)ss->steps, (unsigned long long)ss->drafted,
+                   (unsigned long long)ss->accepted, (unsigned long long)ss->emitted,
+                   ss->drafted ? (double)ss->accepted / (double)ss->drafted : 0.0,
+                   (double)ss->accepted / steps, (double)ss->emitted / steps, verify_ms, one_ms,
+                   one_ms > 0 ? verify_ms / one_ms : 0.0, 1e3 * ss->draft_s / steps,
+                   1e3 * ss->commit_s / steps, spec_tok_s, plain_tok_s,
+                   plain_tok_s > 0 ? spec_tok_s / plain_tok_s : 0.0);
+            fflush(stdout);
         }
+    }
     rc = 0;
 out:
     free(bw_buf);
@@ -341,6 +628,8 @@ out:
     free(b.pos);
     free(b.seq);
     free(b.logits);
+    free(b.gen);
+    sil_engine_close(de);
     sil_engine_close(e);
     return rc;
 }
