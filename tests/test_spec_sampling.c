@@ -6,7 +6,9 @@
  * under temperature, top-k, top-p and min-p; greedy settings give the argmax. On a tiny model
  * drafted by another, the first token of a sampled speculative step follows the target's
  * sampling distribution at that position (drafted by the same file in reference mode with KV4,
- * which accepts some drafts), and a model drafting for itself has every draft accepted.
+ * which accepts some drafts), and a model drafting for itself has every draft accepted. The same
+ * holds with the model's own MTP layer drafting (a sil-mkmodel --mtp model), from a position where
+ * the layer has the target's hidden state to start from.
  *
  * The bound: Pearson's chi-square of the counts against the expected ones, with a fixed seed,
  * below the 0.999 quantile of the chi-square law with (cells - 1) degrees of freedom (cells
@@ -23,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "bench/sil-mkmodel/mkmodel.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/spec.h"
@@ -342,6 +345,120 @@ static void test_model(void **state)
     sil_engine_close(t);
 }
 
+/* A tiny qwen35moe model with an MTP layer at path (sil-mkmodel --mtp, seeded). */
+static void write_mtp_model(const char *path)
+{
+    struct sil_mk_model m;
+    struct sil_error err = {0};
+    memset(&m, 0, sizeof(m));
+    sil_mk_arch_defaults(SIL_MK_QWEN35MOE, &m.hp);
+    m.hp.n_nextn = 1;
+    m.seed = 11;
+    m.recipe = SIL_MK_Q8_0;
+    assert_int_equal(sil_mk_vocab_synthetic(&m.vocab, 512, 11, &err), 0);
+    m.hp.n_vocab = m.vocab.n;
+    int rc = sil_mk_check_hparams(&m.hp, &err);
+    if (!rc) rc = sil_mk_build_tensors(&m, &err);
+    if (!rc) rc = sil_mk_assign_types(&m, NULL, 0, &err);
+    if (!rc) rc = sil_mk_write(&m, path, 2, false, &err);
+    if (rc) fail_msg("%s", err.msg);
+    sil_mk_model_free(&m);
+}
+
+/* MTP drafting, sampled: from a position where the MTP layer has the target's hidden state (after
+ * one step), the first token of a sampled speculative step follows the target's sampling
+ * distribution there, drafts are made every step and some, not all, are accepted. Each trial
+ * puts the target back (a recurrent-state checkpoint) and the drafter's state as it was. */
+static void test_mtp(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir_create();
+    assert_non_null(dir);
+    char *path = tu_path_join(dir, "mtp.gguf");
+    write_mtp_model(path);
+    struct sil_engine_params ep;
+    sil_engine_params_default(&ep);
+    ep.model_path = path;
+    ep.n_threads = 2;
+    ep.n_seq_max = 2;
+    ep.n_ctx = 128;
+    ep.n_batch_max = 64;
+    struct sil_error err = {0};
+    struct sil_engine *t = NULL;
+    if (sil_engine_open(&t, &ep, &err) < 0) fail_msg("open: %s", err.msg);
+    assert_true(sil_engine_has_mtp(t));
+    const int32_t nv = sil_engine_info(t)->n_vocab, E = sil_engine_info(t)->n_embd;
+    enum { NP = 8, TRIALS = 3000, DEPTH = 3 };
+    int32_t hist[NP + 1 + DEPTH + 1];
+    for (int32_t i = 0; i < NP; i++)
+        hist[i] = 20 + (int32_t)(((uint32_t)i * 7919u + 13u) % 480u);
+    const int ts = sil_seq_create(t, &err);
+    assert_true(ts >= 0);
+    int32_t pos[NP + 1], sq[NP + 1];
+    for (int32_t i = 0; i < NP + 1; i++) {
+        pos[i] = i;
+        sq[i] = ts;
+    }
+    float *lg = malloc(sizeof(float) * (size_t)nv), *p = malloc(sizeof(float) * (size_t)nv);
+    const struct sil_batch b = {NP - 1, hist, pos, sq, NULL};
+    assert_int_equal(sil_engine_eval(t, &b, lg, &err), 0);
+    struct sil_spec s;
+    assert_int_equal(sil_spec_init_mtp(&s, t, ts, DEPTH, &err), 0);
+    /* the first step drafts nothing and gives the layer the hidden state to start from */
+    assert_int_equal(sil_spec_step(&s, hist, NP, 1, hist + NP, &err), 1);
+    assert_int_equal(s.stats.drafted, 0);
+    assert_int_equal(sil_seq_len(t, ts), NP);
+    assert_int_equal(sil_seq_checkpoint(t, ts, 1, &err), 0);
+    const struct sil_spec saved = s;
+    float *hid = malloc(sizeof(float) * (size_t)E * (size_t)s.hn);
+    memcpy(hid, s.hid, sizeof(float) * (size_t)E * (size_t)s.hn);
+
+    struct sil_sampler *tsmp = sampler(1.5f, 0, 1.0f, 0.0f, 61, nv),
+                       *dsmp = sampler(1.5f, 0, 1.0f, 0.0f, 62, nv);
+    /* the target's distribution after hist[0, NP + 1) */
+    const int ps = sil_seq_create(t, &err);
+    for (int32_t i = 0; i < NP + 1; i++)
+        sq[i] = ps;
+    const struct sil_batch pb = {NP + 1, hist, pos, sq, NULL};
+    assert_int_equal(sil_engine_eval(t, &pb, lg, &err), 0);
+    sil_seq_free(t, ps);
+    sil_sampler_probs(tsmp, lg, hist, NP + 1, p);
+    uint64_t *counts = calloc((size_t)nv, sizeof(uint64_t));
+    int32_t out[DEPTH + 1];
+    for (int i = 0; i < TRIALS; i++) {
+        s.mbase = saved.mbase;
+        s.mlen = saved.mlen;
+        s.hpos = saved.hpos;
+        s.hn = saved.hn;
+        memcpy(s.hid, hid, sizeof(float) * (size_t)E * (size_t)s.hn);
+        const int k = sil_spec_step_sampled(&s, hist, NP + 1, DEPTH + 1, tsmp, dsmp, out, &err);
+        if (k < 1) fail_msg("step: %s", err.msg);
+        counts[out[0]]++;
+        assert_int_equal(sil_seq_truncate(t, ts, NP, &err), 0);
+    }
+    double *pd = malloc(sizeof(double) * (size_t)nv);
+    for (int32_t i = 0; i < nv; i++)
+        pd[i] = p[i];
+    printf("MTP drafting: %llu of %llu drafts accepted\n", (unsigned long long)s.stats.accepted,
+           (unsigned long long)s.stats.drafted);
+    expect_fit("tiny MTP model drafting for itself, the first token", counts, pd, nv, TRIALS);
+    assert_int_equal(s.stats.drafted, (uint64_t)TRIALS * DEPTH);
+    assert_true(s.stats.accepted > 0 && s.stats.accepted < s.stats.drafted);
+    free(pd);
+    free(counts);
+    free(p);
+    free(lg);
+    free(hid);
+    sil_sampler_free(tsmp);
+    sil_sampler_free(dsmp);
+    sil_spec_free(&s);
+    sil_seq_free(t, ts);
+    sil_engine_close(t);
+    tu_tmpdir_remove(dir);
+    free(dir);
+    free(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_chain),
         cmocka_unit_test(test_sampler_probs),
         cmocka_unit_test(test_model),
+        cmocka_unit_test(test_mtp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

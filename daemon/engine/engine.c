@@ -1799,16 +1799,16 @@ bool sil_engine_has_mtp(const struct sil_engine *e)
     return e->model->hp.n_nextn > 0 && strcmp(e->f.be->ops->name, "cpu") == 0;
 }
 
-int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, int32_t *argmax,
-                           float *hidden, struct sil_error *err)
+int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                           int32_t *argmax, float *hidden, struct sil_error *err)
 {
     if (!sil_engine_has_mtp(e))
         return sil_errorf(err, -ENOTSUP, "engine: %s has no MTP layer on this backend",
                           e->info.path);
-    if (!argmax || !hidden)
-        return sil_errorf(err, -EINVAL, "engine: no argmax or hidden buffer");
+    if ((!logits && !argmax) || !hidden)
+        return sil_errorf(err, -EINVAL, "engine: no logits, argmax or hidden buffer");
     e->f.hidden = hidden;
-    const int rc = sil_engine_eval_out(e, b, NULL, argmax, NULL, err);
+    const int rc = sil_engine_eval_out(e, b, logits, argmax, NULL, err);
     e->f.hidden = NULL;
     return rc;
 }
@@ -1834,12 +1834,20 @@ int sil_seq_mtp_eval(struct sil_engine *e, int seq, int32_t n, const int32_t *to
                      const float *hidden_in, int32_t *argmax, float *hidden_out,
                      struct sil_error *err)
 {
+    if (!argmax) return sil_errorf(err, -EINVAL, "engine: an MTP evaluation needs rows and buffers");
+    return sil_seq_mtp_eval_out(e, seq, n, token, pos0, hidden_in, NULL, argmax, hidden_out, err);
+}
+
+int sil_seq_mtp_eval_out(struct sil_engine *e, int seq, int32_t n, const int32_t *token,
+                         int32_t pos0, const float *hidden_in, float *logits, int32_t *argmax,
+                         float *hidden_out, struct sil_error *err)
+{
     if (!sil_engine_has_mtp(e))
         return sil_errorf(err, -ENOTSUP, "engine: %s has no MTP layer on this backend",
                           e->info.path);
     if (!seq_ok(e, seq))
         return sil_errorf(err, -EINVAL, "engine: sequence %d is not live", seq);
-    if (n < 1 || !token || !hidden_in || !argmax || !hidden_out)
+    if (n < 1 || !token || !hidden_in || (!argmax && !logits) || !hidden_out)
         return sil_errorf(err, -EINVAL, "engine: an MTP evaluation needs rows and buffers");
     if (atomic_load(&e->damaged)) return damaged_error(e, NULL, NULL, err);
     for (int32_t i = 0; i < n; i++)
@@ -1885,9 +1893,11 @@ int sil_seq_mtp_eval(struct sil_engine *e, int seq, int32_t n, const int32_t *to
             .n_runs = 1,
             .run_start = e->run_start,
             .kv = kv,
-            .head_out = SIL_HEAD_ARGMAX,
+            .head_out = (logits ? SIL_HEAD_LOGITS : 0u) | (argmax ? SIL_HEAD_ARGMAX : 0u),
         };
-        sil_forward_mtp(&e->f, &ub, hidden_in + r0 * E, argmax + r0, hidden_out + r0 * E);
+        sil_forward_mtp(&e->f, &ub, hidden_in + r0 * E,
+                        logits ? logits + (int64_t)r0 * e->model->hp.n_vocab : NULL,
+                        argmax ? argmax + r0 : NULL, hidden_out + r0 * E);
         rc = after_pass(e, err);
         r0 += len;
     }

@@ -338,11 +338,12 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
 /* MTP drafting: the next-token prediction layer some files carry (Qwen3.5's nextn layer,
  * forward_mtp.c has its math), on the CPU backend. Whether the engine can run it. */
 bool sil_engine_has_mtp(const struct sil_engine *e);
-/* sil_engine_eval_out (greedy ids only) that also writes, for the k-th row wanting logits, the
- * target's hidden state after its output norm to hidden[k * n_embd, (k + 1) * n_embd): what
- * the MTP layer reads. -ENOTSUP without the MTP layer. */
-int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, int32_t *argmax,
-                           float *hidden, struct sil_error *err);
+/* sil_engine_eval_out (logits and/or greedy ids, one of them at least) that also writes, for
+ * the k-th row wanting logits, the target's hidden state after its output norm to
+ * hidden[k * n_embd, (k + 1) * n_embd): what the MTP layer reads. -ENOTSUP without the MTP
+ * layer. */
+int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                           int32_t *argmax, float *hidden, struct sil_error *err);
 /* The MTP layer for sequence seq, with a KV of its own (freed with the sequence), in its own
  * positions: those below pos0 are kept (pos0 <= what it holds), the rest dropped, and row i goes
  * at pos0 + i, reading hidden_in[i] (n_embd floats: the target's hidden state at some position
@@ -352,6 +353,11 @@ int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, int3
 int sil_seq_mtp_eval(struct sil_engine *e, int seq, int32_t n, const int32_t *token, int32_t pos0,
                      const float *hidden_in, int32_t *argmax, float *hidden_out,
                      struct sil_error *err);
+/* The same with the layer's logits of every row to logits[i * n_vocab, (i + 1) * n_vocab) (a
+ * sampled draft's distribution); logits or argmax may be NULL, not both. */
+int sil_seq_mtp_eval_out(struct sil_engine *e, int seq, int32_t n, const int32_t *token,
+                         int32_t pos0, const float *hidden_in, float *logits, int32_t *argmax,
+                         float *hidden_out, struct sil_error *err);
 
 /* fn (may be NULL) is called on the evaluating thread after each micro-batch of sil_engine_eval,
  * so a watchdog sees progress inside a long evaluation. */

@@ -138,10 +138,11 @@ void sil_forward_layers(struct sil_fwd *f, const struct sil_ubatch *ubs, int n_u
 
 /* The MTP layer over ub (forward_mtp.c; host activations, ub->kv the MTP cache): row i reads
  * the hidden row h_in[i] (a pass's output-norm row, or the MTP layer's own h_out) and its next
- * token ub->token[i]; writes the greedy token it predicts after that to argmax[i] and its own
- * hidden row to h_out[i] ([n, n_embd], for the next draft). */
+ * token ub->token[i]; writes its logits for the token after that to logits[i] (n_vocab floats,
+ * when logits is not NULL), the greedy one to argmax[i] (when not NULL; one of the two at
+ * least) and its own hidden row to h_out[i] ([n, n_embd], for the next draft). */
 void sil_forward_mtp(struct sil_fwd *f, const struct sil_ubatch *ub, const float *h_in,
-                     int32_t *argmax, float *h_out);
+                     float *logits, int32_t *argmax, float *h_out);
 
 /* x += d, then y = rmsnorm(x) * w: one op where the backend has add_rmsnorm. */
 void sil_fwd_add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, struct sil_act d,

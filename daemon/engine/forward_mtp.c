@@ -7,7 +7,7 @@
  *   u += attention(rmsnorm(u) * attn_norm)    a full-attention block of the architecture,
  *   u += ffn_or_moe(rmsnorm(u) * ffn_norm)    with a KV cache of its own
  *   g  = rmsnorm(u) * shared_head_norm        the layer's hidden state, read by the next draft
- *   x_{t+2} = argmax(output g)
+ *   x_{t+2} = argmax(output g)                (or drawn from softmax(output g) when sampling)
  *
  * h_t is the target's last hidden state after its output norm (what its head reads). The MTP
  * row of position t sits at position t: tokens shift by one, hidden states and positions do
@@ -17,7 +17,7 @@
 #include "daemon/engine/forward.h"
 
 void sil_forward_mtp(struct sil_fwd *f, const struct sil_ubatch *ub, const float *h_in,
-                     int32_t *argmax, float *h_out)
+                     float *logits, int32_t *argmax, float *h_out)
 {
     const struct sil_model *m = f->model;
     const float eps = m->hp.rms_eps;
@@ -67,7 +67,7 @@ void sil_forward_mtp(struct sil_fwd *f, const struct sil_ubatch *ub, const float
         memcpy(h_out + i * E, (const float *)cur.data + i * cur.ld, sizeof(float) * (size_t)E);
         f->keep_out[i] = i;
     }
-    SIL_OP(f, head, cur, &f->mtp_head, f->keep_out, NULL, argmax);
+    SIL_OP(f, head, cur, &f->mtp_head, f->keep_out, logits, argmax);
 
     f->obs = obs;
     f->ecache = ecache;

@@ -169,6 +169,68 @@ int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, i
     return 0;
 }
 
+int32_t sil_spec_accept(const float *p, const float *q, int32_t n, int32_t x,
+                        struct sil_sampler *rng, float *scratch, bool *accepted)
+{
+    const double u = sil_sampler_uniform(rng);
+    /* u < p/q, written so q(x) = 0 (a draw q cannot give) never divides */
+    if ((double)p[x] > 0 && u * (double)q[x] < (double)p[x]) {
+        *accepted = true;
+        return x;
+    }
+    *accepted = false;
+    for (int32_t i = 0; i < n; i++)
+        scratch[i] = p[i] > q[i] ? p[i] - q[i] : 0.0f;
+    int32_t t = sil_sampler_draw(rng, scratch);
+    return t >= 0 ? t : sil_sampler_draw(rng, p);
+}
+
+/* The acceptance rule, draft by draft, on the target's logits lg[i] after each prefix (the
+ * history being hbuf: hist, then the drafts), the draft's distributions in q: *m gets the
+ * number of drafts dr[0, n) accepted; returns the token after them, the replacement of the
+ * first one rejected or, when all were accepted, a bonus drawn from the target's distribution. */
+static int32_t accept_drafts(struct sil_spec *s, struct sil_sampler *tsmp, int32_t n_hist,
+                             int32_t n, const int32_t *dr, int32_t *m)
+{
+    const size_t nv = (size_t)sil_engine_info(s->target)->n_vocab;
+    for (int32_t i = 0; i <= n; i++) {
+        *m = i;
+        sil_sampler_probs(tsmp, s->lg + (size_t)i * nv, s->hbuf, (size_t)(n_hist + i), s->p);
+        if (i == n) {
+            /* every draft accepted: the bonus (p always has mass) */
+            const int32_t t = sil_sampler_draw(tsmp, s->p);
+            return t >= 0 ? t : 0;
+        }
+        bool ok;
+        const int32_t x =
+            sil_spec_accept(s->p, s->q + (size_t)i * nv, (int32_t)nv, dr[i], tsmp, s->scratch, &ok);
+        if (!ok) return x;
+    }
+    return 0; /* unreachable */
+}
+
+/* The sampled step's buffers for n_hist tokens of history: -ENOMEM. */
+static int sampled_buffers(struct sil_spec *s, int32_t n_hist, struct sil_error *err)
+{
+    const size_t nv = (size_t)sil_engine_info(s->target)->n_vocab, d = (size_t)s->n_rows_max;
+    if (!s->q) {
+        s->q = malloc(sizeof(float) * nv * d);
+        s->lg = malloc(sizeof(float) * nv * d);
+        s->p = malloc(sizeof(float) * nv);
+        s->scratch = malloc(sizeof(float) * nv);
+        if (!s->q || !s->lg || !s->p || !s->scratch)
+            return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    }
+    const size_t need = (size_t)n_hist + d + 1;
+    if (need > s->hcap) {
+        int32_t *h = realloc(s->hbuf, sizeof(int32_t) * (need + need / 2));
+        if (!h) return sil_errorf(err, -ENOMEM, "spec: out of memory");
+        s->hbuf = h;
+        s->hcap = need + need / 2;
+    }
+    return 0;
+}
+
 /* The MTP layer's proposals d[0, n) after hist (the target holds hist but its last token, L
  * positions): the catch-up rows c .. L - 1 (each the target's hidden state at p with token
  * p + 1; the last one, at L - 1 with the last token, proposes d[0]), then one row per draft. */
@@ -197,8 +259,46 @@ static int mtp_chain(struct sil_spec *s, const int32_t *hist, int32_t L, int32_t
     return 0;
 }
 
+/* mtp_chain for a sampled request: each draft is drawn from the distribution dsmp makes of the
+ * MTP layer's logits (q[i], the history being hbuf: hist, then the drafts so far); lg holds the
+ * catch-up rows' logits for a while. */
+static int mtp_chain_sampled(struct sil_spec *s, const int32_t *hist, int32_t L, int32_t n,
+                             struct sil_sampler *dsmp, int32_t *d, struct sil_error *err)
+{
+    struct sil_engine *t = s->target;
+    const int64_t E = sil_engine_info(t)->n_embd;
+    const size_t nv = (size_t)sil_engine_info(t)->n_vocab;
+    const int32_t c = s->mbase + s->mlen, k = L - c;
+    for (int32_t i = 0; i < k; i++) {
+        s->mtok[i] = hist[c + i + 1];
+        memcpy(s->hin + i * E, s->hid + (int64_t)(c + i - s->hpos) * E, sizeof(float) * (size_t)E);
+    }
+    int rc = sil_seq_mtp_eval_out(t, s->tseq, k, s->mtok, c - s->mbase, s->hin, s->lg, NULL,
+                                  s->hout, err);
+    if (rc < 0) return rc;
+    s->mlen = L - s->mbase;
+    const float *row = s->lg + (size_t)(k - 1) * nv;
+    memcpy(s->hin, s->hout + (k - 1) * E, sizeof(float) * (size_t)E);
+    for (int32_t i = 0; i < n; i++) {
+        if (i > 0) {
+            rc = sil_seq_mtp_eval_out(t, s->tseq, 1, &d[i - 1], L + i - 1 - s->mbase, s->hin, s->lg,
+                                      NULL, s->hout, err);
+            if (rc < 0) return rc;
+            memcpy(s->hin, s->hout, sizeof(float) * (size_t)E);
+            row = s->lg;
+        }
+        float *q = s->q + (size_t)i * nv;
+        sil_sampler_probs(dsmp, row, s->hbuf, (size_t)(L + 1 + i), q);
+        d[i] = sil_sampler_draw(dsmp, q);
+        s->hbuf[L + 1 + i] = d[i];
+    }
+    return 0;
+}
+
+/* One MTP step, greedy (tsmp NULL) or sampled (tsmp and dsmp, the buffers made). */
 static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
-                    int32_t *out, struct sil_error *err)
+                    struct sil_sampler *tsmp, struct sil_sampler *dsmp, int32_t *out,
+                    struct sil_error *err)
 {
     struct sil_engine *t = s->target;
     const int32_t L = n_hist - 1;
@@ -217,8 +317,10 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
 
     double t0 = now_s();
     int32_t *dr = s->dtok;
+    if (tsmp) memcpy(s->hbuf, hist, sizeof(int32_t) * (size_t)n_hist);
     if (n > 0) {
-        int rc = mtp_chain(s, hist, L, n, dr, err);
+        int rc = tsmp ? mtp_chain_sampled(s, hist, L, n, dsmp, dr, err)
+                      : mtp_chain(s, hist, L, n, dr, err);
         if (rc < 0) return rc;
     }
     const double t1 = now_s();
@@ -234,7 +336,8 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
             s->want[i] = true;
         }
         const struct sil_batch b = {n + 1, s->tok, s->pos, s->seq, s->want};
-        rc = sil_engine_eval_hidden(t, &b, s->am, s->hid, err);
+        /* greedy: the argmax of every row; sampled: the logits, the drafts' acceptance */
+        rc = sil_engine_eval_hidden(t, &b, tsmp ? s->lg : NULL, tsmp ? NULL : s->am, s->hid, err);
     }
     const double t2 = now_s();
     s->stats.verify_s += t2 - t1;
@@ -244,9 +347,14 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
         s->hn = 0; /* hid is spoilt: the next step starts over */
         return rc;
     }
-    int32_t m = 0;
-    while (m < n && dr[m] == s->am[m])
-        m++;
+    int32_t m = 0, last;
+    if (tsmp) {
+        last = accept_drafts(s, tsmp, n_hist, n, dr, &m);
+    } else {
+        while (m < n && dr[m] == s->am[m])
+            m++;
+        last = s->am[m];
+    }
     rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
     s->stats.commit_s += now_s() - t2;
     if (rc < 0) {
@@ -260,7 +368,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
     s->hpos = L;
     s->hn = m + 1;
     memcpy(out, dr, sizeof(int32_t) * (size_t)m);
-    out[m] = s->am[m];
+    out[m] = last;
     s->stats.steps++;
     s->stats.drafted += (uint64_t)n;
     s->stats.accepted += (uint64_t)m;
@@ -273,7 +381,7 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
 {
     if (!s->target || !hist || !out || n_hist < 1 || max_out < 1)
         return sil_errorf(err, -EINVAL, "spec: a step needs tokens and room for one out");
-    if (s->mtp) return mtp_step(s, hist, n_hist, max_out, out, err);
+    if (s->mtp) return mtp_step(s, hist, n_hist, max_out, NULL, NULL, out, err);
     struct sil_engine *t = s->target, *d = s->draft;
     const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
     if (tlen != n_hist - 1 || dlen > n_hist - 1)
@@ -334,44 +442,6 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
     return m + 1;
 }
 
-int32_t sil_spec_accept(const float *p, const float *q, int32_t n, int32_t x,
-                        struct sil_sampler *rng, float *scratch, bool *accepted)
-{
-    const double u = sil_sampler_uniform(rng);
-    /* u < p/q, written so q(x) = 0 (a draw q cannot give) never divides */
-    if ((double)p[x] > 0 && u * (double)q[x] < (double)p[x]) {
-        *accepted = true;
-        return x;
-    }
-    *accepted = false;
-    for (int32_t i = 0; i < n; i++)
-        scratch[i] = p[i] > q[i] ? p[i] - q[i] : 0.0f;
-    int32_t t = sil_sampler_draw(rng, scratch);
-    return t >= 0 ? t : sil_sampler_draw(rng, p);
-}
-
-/* The sampled step's buffers for n_hist tokens of history: -ENOMEM. */
-static int sampled_buffers(struct sil_spec *s, int32_t n_hist, struct sil_error *err)
-{
-    const size_t nv = (size_t)sil_engine_info(s->target)->n_vocab, d = (size_t)s->n_rows_max;
-    if (!s->q) {
-        s->q = malloc(sizeof(float) * nv * d);
-        s->lg = malloc(sizeof(float) * nv * d);
-        s->p = malloc(sizeof(float) * nv);
-        s->scratch = malloc(sizeof(float) * nv);
-        if (!s->q || !s->lg || !s->p || !s->scratch)
-            return sil_errorf(err, -ENOMEM, "spec: out of memory");
-    }
-    const size_t need = (size_t)n_hist + d + 1;
-    if (need > s->hcap) {
-        int32_t *h = realloc(s->hbuf, sizeof(int32_t) * (need + need / 2));
-        if (!h) return sil_errorf(err, -ENOMEM, "spec: out of memory");
-        s->hbuf = h;
-        s->hcap = need + need / 2;
-    }
-    return 0;
-}
-
 /* Evaluates one row tok of seq at position pos with its logits into lg. */
 static int eval_row_logits(struct sil_spec *s, struct sil_engine *e, int seq, int32_t tok,
                            int32_t pos, float *lg, struct sil_error *err)
@@ -425,23 +495,21 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
 {
     if (!s->target || !hist || !out || !tsmp || !dsmp || n_hist < 1 || max_out < 1)
         return sil_errorf(err, -EINVAL, "spec: a step needs tokens, samplers and room for one out");
-    if (s->mtp)
-        return sil_errorf(err, -ENOTSUP, "spec: MTP drafting is greedy only for now");
+    int rc = sampled_buffers(s, n_hist, err);
+    if (rc < 0) return rc;
+    if (s->mtp) return mtp_step(s, hist, n_hist, max_out, tsmp, dsmp, out, err);
     struct sil_engine *t = s->target, *d = s->draft;
     const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
     if (tlen != n_hist - 1 || dlen > n_hist - 1)
         return sil_errorf(err, -EINVAL,
                           "spec: the target holds %d positions and the draft %d of %d tokens", tlen,
                           dlen, n_hist);
-    int rc = sampled_buffers(s, n_hist, err);
-    if (rc < 0) return rc;
     /* drafts this step: as sil_spec_step */
     int32_t n = s->depth;
     if (n > max_out - 1) n = max_out - 1;
     if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
     if (n > sil_engine_n_ctx(d) - n_hist + 1) n = sil_engine_n_ctx(d) - n_hist + 1;
     if (n < 0) n = 0;
-    const size_t nv = (size_t)sil_engine_info(t)->n_vocab;
     memcpy(s->hbuf, hist, sizeof(int32_t) * (size_t)n_hist);
 
     double t0 = now_s();
@@ -474,23 +542,8 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
         if (n > 0) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
         return rc;
     }
-    /* the acceptance rule, draft by draft, on the target's distribution after each prefix */
-    int32_t m = 0, last = -1;
-    for (; m <= n; m++) {
-        sil_sampler_probs(tsmp, s->lg + (size_t)m * nv, s->hbuf, (size_t)(n_hist + m), s->p);
-        if (m == n) {
-            last = sil_sampler_draw(tsmp, s->p); /* every draft accepted: the bonus */
-            break;
-        }
-        bool ok;
-        const int32_t x = sil_spec_accept(s->p, s->q + (size_t)m * nv, (int32_t)nv, dr[m], tsmp,
-                                          s->scratch, &ok);
-        if (!ok) {
-            last = x;
-            break;
-        }
-    }
-    if (last < 0) last = 0; /* unreachable: p always has mass */
+    int32_t m;
+    const int32_t last = accept_drafts(s, tsmp, n_hist, n, dr, &m);
     rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
     if (n > 0) {
         const int32_t keep = rc < 0 ? n_hist - 1 : n_hist + (m < n - 1 ? m : n - 1);

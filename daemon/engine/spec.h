@@ -47,8 +47,9 @@ struct sil_spec {
     bool *want;
     int32_t n_rows_max;
     /* sil_spec_step_sampled's buffers, made at its first call: the draft's distributions
-     * q[depth][n_vocab], the target's logits lg[depth + 1][n_vocab] and one distribution p, a
-     * scratch row, and the history with the drafts (hist[hcap]) */
+     * q[depth][n_vocab], the target's logits lg[depth + 1][n_vocab] (while the MTP layer drafts,
+     * its catch-up rows' logits first) and one distribution p, a scratch row, and the history
+     * with the drafts (hist[hcap]) */
     float *q, *lg, *p, *scratch;
     int32_t *hbuf;
     size_t hcap;
@@ -73,7 +74,8 @@ void sil_spec_free(struct sil_spec *s);
  * layer catches up on the positions the last verify pass kept, from the target's hidden states
  * there, then proposes depth tokens one row at a time, each from the hidden state of the row
  * before (Qwen3.5's recursive MTP). The first step of a sequence has no hidden state to start
- * from and drafts nothing. sil_spec_step only (greedy): sil_spec_step_sampled is -ENOTSUP.
+ * from and drafts nothing. Greedy (sil_spec_step) or sampled (sil_spec_step_sampled: the
+ * layer's logits under dsmp's settings are the draft's distribution).
  * -EINVAL, -ENOTSUP (no MTP layer), -ENOMEM. */
 int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
                       struct sil_error *err);
@@ -97,8 +99,8 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
 int32_t sil_spec_accept(const float *p, const float *q, int32_t n, int32_t x,
                         struct sil_sampler *rng, float *scratch, bool *accepted);
 
-/* sil_spec_step for a sampled request: the draft draws each draft token from its distribution
- * under dsmp's settings, the target's distributions come from tsmp (the same settings: bias,
+/* sil_spec_step for a sampled request: the drafter (the draft model or the MTP layer) draws
+ * each draft token from its distribution under dsmp's settings, the target's distributions come from tsmp (the same settings: bias,
  * penalties over hist and the drafts before, top-k, top-p, min-p, temperature), and each draft
  * goes through sil_spec_accept in order; the first rejection gives the replacement token and ends
  * the step, and a chain accepted whole gets a bonus token drawn from the target's distribution
