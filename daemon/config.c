@@ -345,9 +345,10 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
             c->spec = SIL_SPEC_OFF;
         else if (strcmp(val, "draft") == 0)
             c->spec = SIL_SPEC_DRAFT;
+        else if (strcmp(val, "mtp") == 0)
+            c->spec = SIL_SPEC_MTP;
         else {
-            snprintf(why, why_size, "expected off or draft%s",
-                     strcmp(val, "mtp") == 0 ? " (mtp is not supported yet)" : "");
+            snprintf(why, why_size, "expected off, draft or mtp");
             return -EINVAL;
         }
         return 0;
@@ -778,7 +779,7 @@ void sil_usage(FILE *f)
           "                [--state-dir DIR] [--cuda-graphs on|off]\n"
           "                [--cuda-zero-copy on|off] [--cuda-pin auto|on|off]\n"
           "                [--cuda-cpu-share auto|off|SHARE]\n"
-          "                [--spec off|draft] [--draft-model FILE] [--spec-tree 1xDEPTH]\n"
+          "                [--spec off|draft|mtp] [--draft-model FILE] [--spec-tree 1xDEPTH]\n"
           "       siliceod --no-model [--socket PATH]   (protocol diagnostics only)\n"
           "       siliceod --inspect FILE\n"
           "       siliceod --help | --version\n"
@@ -818,8 +819,9 @@ void sil_usage(FILE *f)
           "      --cuda-cpu-share auto|off|SHARE  share in [0, 1] of each decode layer's\n"
           "                          expert misses computed on the CPU (default auto: from\n"
           "                          the measured host and link speeds)\n"
-          "      --spec off|draft    speculative decoding: a draft model proposes tokens the\n"
-          "                          model verifies in one batch (default off)\n"
+          "      --spec off|draft|mtp  speculative decoding: a draft model (draft) or the\n"
+          "                          model's own MTP layer (mtp) proposes tokens the model\n"
+          "                          verifies in one batch (default off)\n"
           "      --draft-model FILE  the draft model (the same vocabulary as every model\n"
           "                          served)\n"
           "      --spec-tree 1xDEPTH the tokens drafted a step, 1 to 64 (default 1x4)\n"

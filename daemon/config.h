@@ -21,7 +21,7 @@
 #define SIL_DEFAULT_CONFIG "/etc/siliceo/siliceod.conf"
 #define SIL_CONFIG_MAX_IDS 32
 
-enum sil_spec_mode { SIL_SPEC_OFF = 0, SIL_SPEC_DRAFT = 1 };
+enum sil_spec_mode { SIL_SPEC_OFF = 0, SIL_SPEC_DRAFT = 1, SIL_SPEC_MTP = 2 };
 /* The deepest chain siliceod drafts (spec.h's SIL_SPEC_DEPTH_MAX). */
 #define SIL_CONFIG_SPEC_DEPTH_MAX 64
 
@@ -91,10 +91,11 @@ struct sil_config {
     /* The CUDA backend's user options (cuda_graphs, cuda_zero_copy, cuda_pin, cuda_cpu_share);
      * all zero: the defaults. Its other fields are never set from the config. */
     struct sil_cuda_options cuda;
-    /* Speculative decoding (spec.h): off or a draft model (draft_model, opened beside every
-     * model served, with the same vocabulary) drafting chains of spec_depth tokens; requests
-     * may ask for another depth or none (generate's spec). */
-    int spec;                      /* SIL_SPEC_OFF or SIL_SPEC_DRAFT */
+    /* Speculative decoding (spec.h): off, a draft model (draft_model, opened beside every
+     * model served, with the same vocabulary) or the served model's own MTP layer drafting
+     * chains of spec_depth tokens; requests may ask for another depth or none (generate's
+     * spec). */
+    int spec;                      /* SIL_SPEC_OFF, SIL_SPEC_DRAFT or SIL_SPEC_MTP */
     char draft_model[PATH_MAX];
     int32_t spec_depth;            /* from spec_tree = 1xDEPTH */
     int log_level;

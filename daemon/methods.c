@@ -281,21 +281,29 @@ static void pack_heat_map(struct server *s, msgpack_packer *pk)
         msgpack_pack_nil(pk);
 }
 
-/* Speculative decoding with the model in use; nil when siliceod has no draft model. */
+/* Speculative decoding with the model in use; nil when siliceod runs without it (spec = off). */
 static void pack_spec(struct server *s, msgpack_packer *pk, const struct sil_worker_stats *st)
 {
     sil_rpc_pack_cstr(pk, "speculative");
-    if (!s->draft) {
+    const bool mtp = s->cfg->spec == SIL_SPEC_MTP;
+    if (!s->draft && !mtp) {
         msgpack_pack_nil(pk);
         return;
     }
-    const struct sil_model_info *di = sil_engine_info(s->draft);
+    const struct sil_model_info *di = s->draft ? sil_engine_info(s->draft) : NULL;
     const double steps = (double)st->spec_steps;
     msgpack_pack_map(pk, 20);
-    sil_rpc_kv_str(pk, "mode", "draft");
-    sil_utf8_pack_kv(pk, "draft_model", di->path, strlen(di->path)); /* a path is bytes */
-    sil_rpc_kv_str(pk, "draft_arch", di->arch_name);
-    /* false when the model in use has another vocabulary: nothing speculates */
+    sil_rpc_kv_str(pk, "mode", mtp ? "mtp" : "draft");
+    /* the model's own MTP layer drafts: no draft model */
+    if (mtp) {
+        sil_rpc_kv_nil(pk, "draft_model");
+        sil_rpc_kv_nil(pk, "draft_arch");
+    } else {
+        sil_utf8_pack_kv(pk, "draft_model", di->path, strlen(di->path)); /* a path is bytes */
+        sil_rpc_kv_str(pk, "draft_arch", di->arch_name);
+    }
+    /* false when the model in use has another vocabulary (or, mtp, no MTP layer): nothing
+     * speculates */
     sil_rpc_kv_bool(pk, "active", st->spec_on);
     char tree[32];
     snprintf(tree, sizeof tree, "1x%d", (int)s->cfg->spec_depth);
@@ -714,7 +722,7 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     const double sp_verify = sp_steps > 0 ? st.spec_verify_s / sp_steps : 0;
     const struct metric ms[] = {
         {"siliceo_spec_active", "1 while the draft model drafts for the model in use (the same "
-         "vocabulary).", false, st.spec_on},
+         "vocabulary) or, with spec = mtp, its MTP layer does.", false, st.spec_on},
         {"siliceo_spec_steps_total", "Speculative steps (a draft chain verified in one batch).",
          true, (double)st.spec_steps},
         {"siliceo_spec_drafted_tokens_total", "Draft tokens proposed.", true,
@@ -749,7 +757,7 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
     };
     const int nx = ec_on ? (int)(sizeof mx / sizeof *mx) : 0,
               nh = hv.on ? (int)(sizeof mh / sizeof *mh) : 0,
-              nsp = s->draft ? (int)(sizeof ms / sizeof *ms) : 0;
+              nsp = s->draft || s->cfg->spec == SIL_SPEC_MTP ? (int)(sizeof ms / sizeof *ms) : 0;
     const bool device = ec_on && st.ecache_mode && strcmp(st.ecache_mode, "device") == 0;
     char names[sizeof mx / sizeof *mx][96], helps[sizeof mx / sizeof *mx][192];
     struct metric all[sizeof mt / sizeof *mt + sizeof mx / sizeof *mx + sizeof mh / sizeof *mh +
@@ -1038,9 +1046,10 @@ static int read_gen_params(struct server *s, const msgpack_object *p, struct sil
         int64_t v;
         if (sil_rpc_get_int(p, "spec", 1, SIL_CONFIG_SPEC_DEPTH_MAX, &v, O, err) < 0)
             return -EINVAL;
-        if (cfg->spec != SIL_SPEC_DRAFT)
+        if (cfg->spec == SIL_SPEC_OFF)
             return sil_rpc_errorf(err, -EINVAL, SIL_RPC_E_INVALID_PARAMS,
-                                  "spec: siliceod runs without a draft model (spec = off)");
+                                  "spec: siliceod runs without a draft model or MTP drafting "
+                                  "(spec = off)");
         j->spec = (int32_t)v;
     }
     int64_t level = 0;

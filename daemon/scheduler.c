@@ -774,6 +774,14 @@ void sil_job_spec_drop(struct sil_worker *w, struct job *j)
 void sil_spec_check(struct sil_worker *w)
 {
     w->spec_ok = false;
+    if (w->spec_mtp && w->e) {
+        /* the MTP layer of each model served; one without it decodes plainly */
+        w->spec_ok = sil_engine_has_mtp(w->e);
+        if (!w->spec_ok)
+            sil_notice("speculative decoding off for %s: no MTP layer (or not on the %s backend)",
+                       sil_engine_info(w->e)->path, sil_engine_info(w->e)->backend);
+        return;
+    }
     if (!w->draft || !w->e)
         return;
     struct sil_error err = { 0 };
@@ -787,7 +795,7 @@ void sil_spec_check(struct sil_worker *w)
 /* The depth the job drafts at most: its own, else the daemon's; 0 when it does not speculate. */
 static int32_t job_spec_max(const struct sil_worker *w, const struct job *j)
 {
-    if (!w->draft || !w->spec_ok || j->r.spec < 0)
+    if (!w->spec_ok || j->r.spec < 0)
         return 0;
     return j->r.spec > 0 ? j->r.spec : w->spec_depth;
 }
@@ -851,6 +859,17 @@ static bool job_spec_step(struct sil_worker *w, struct job *j)
             dp.seed = 1;
         if (!(j->dsmp = sil_sampler_new(&dp, w->n_vocab)))
             return false;
+    }
+    if (!j->spec && w->spec_mtp) {
+        /* the model's MTP layer drafts, in the request's own sequence */
+        j->spec = calloc(1, sizeof(*j->spec));
+        if (!j->spec || sil_spec_init_mtp(j->spec, w->e, j->seq, j->spec_max, &err) < 0) {
+            sil_info("request %u: speculation off: %s", j->r.msgid, j->spec ? err.msg : "out of memory");
+            free(j->spec);
+            j->spec = NULL;
+            j->spec_stopped = true;
+            return false;
+        }
     }
     if (!j->spec) {
         int dseq = sil_seq_create(w->draft, &err);
@@ -925,7 +944,7 @@ static bool job_spec_step(struct sil_worker *w, struct job *j)
  * more than SIL_SPEC_MAX_ROWS requests decode. Marks the jobs it served (spec_ran). */
 static void spec_steps(struct sil_worker *w)
 {
-    if (!w->draft || !w->spec_ok)
+    if (!w->spec_ok)
         return;
     int n_dec = 0;
     for (struct job *j = w->running; j; j = j->next)

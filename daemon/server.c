@@ -406,6 +406,28 @@ static int open_draft(struct server *s, struct sil_error *err)
     return 0;
 }
 
+/* spec = mtp: the model served at start must carry an MTP layer the backend can run, and a
+ * chain must fit its batch. Models loaded later without one decode plainly (the worker says
+ * so). */
+static int check_mtp(struct server *s, struct sil_error *err)
+{
+    const struct sil_config *cfg = s->cfg;
+    const struct sil_model_info *info = sil_engine_info(s->engine);
+    if (!sil_engine_has_mtp(s->engine))
+        return sil_errorf(err, -EINVAL,
+                          "spec = mtp: %s has no MTP layer to draft with (or the %s backend "
+                          "cannot run it); use spec = draft with a draft model, or spec = off",
+                          info->path, info->backend);
+    if (cfg->spec_depth >= sil_engine_n_batch_max(s->engine))
+        return sil_errorf(err, -EINVAL, "spec_tree: depth %d is not below the model's batch of %d",
+                          cfg->spec_depth, sil_engine_n_batch_max(s->engine));
+    if (cfg->draft_model[0])
+        sil_notice("spec = mtp: the draft model %s is not used", cfg->draft_model);
+    sil_info("speculative decoding with the MTP layer of %s, chains of %d tokens", info->name,
+             cfg->spec_depth);
+    return 0;
+}
+
 /* Creates the socket's directory (0750) when missing; the default ones are ours to fix up. */
 /* The socket's directory must be the daemon's user's or root's, and nobody else may write
  * there but under the sticky bit (as /tmp): another user who made it first (the per-user
@@ -640,7 +662,8 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
         s->heat_init = true;
         sil_heatkeep_load(&s->heat, s->engine, preload_progress, NULL);
-        if (cfg->spec == SIL_SPEC_DRAFT && open_draft(s, &err) < 0) {
+        if ((cfg->spec == SIL_SPEC_DRAFT && open_draft(s, &err) < 0) ||
+            (cfg->spec == SIL_SPEC_MTP && check_mtp(s, &err) < 0)) {
             sil_err("%s", err.msg);
             sd_notifyf(0, "STATUS=%s", err.msg);
             goto out;

@@ -518,7 +518,7 @@ void sil_publish_stats(struct sil_worker *w)
     w->local.running = w->n_running;
     w->local.queued = w->n_queued;
     w->local.sessions = w->n_sessions;
-    w->local.spec_on = w->draft && w->spec_ok;
+    w->local.spec_on = w->spec_ok;
     w->local.spec_t_one = w->cost.t_dec[1];
     w->local.draft_seqs = w->draft_seqs;
     if (w->draft) {
@@ -885,6 +885,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, struct sil_e
     w->e = e;
     w->draft = draft;
     w->spec_depth = cfg->spec_depth;
+    w->spec_mtp = cfg->spec == SIL_SPEC_MTP;
     w->heat = heat;
     w->v = e ? sil_engine_vocab(e) : NULL;
     w->n_vocab = e ? sil_vocab_n_tokens(w->v) : 1;

@@ -139,9 +139,11 @@ struct sil_worker {
     int max_sessions_limit;
     /* Engine thread only. */
     struct sil_engine *e;
-    /* The draft model (NULL: none), whether it can draft for e (the same vocabulary), the
-     * depth requests get by default, and its live sequences. */
+    /* The draft model (NULL: none) or, with spec_mtp, e's own MTP layer drafting; whether
+     * speculation can run for e (the draft's vocabulary is e's, or e has an MTP layer), the
+     * depth requests get by default, and the draft's live sequences. */
     struct sil_engine *draft;
+    bool spec_mtp;
     bool spec_ok;
     int32_t spec_depth;
     int32_t draft_seqs;
@@ -262,7 +264,8 @@ void sil_admit(struct sil_worker *w);
 void sil_step(struct sil_worker *w);
 /* The job's speculative state and draft sequence go (its target sequence is left alone). */
 void sil_job_spec_drop(struct sil_worker *w, struct job *j);
-/* Whether w->draft can draft for w->e (logs why not); sets w->spec_ok. */
+/* Whether w->draft, or with spec_mtp w->e's MTP layer, can draft for w->e (logs why not); sets
+ * w->spec_ok. */
 void sil_spec_check(struct sil_worker *w);
 
 #endif

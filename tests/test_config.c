@@ -228,7 +228,8 @@ static void test_flags_override_file(void **state)
 }
 
 /* Speculative decoding: spec, draft_model and spec_tree from the file and the flags, each value
- * checked; spec = draft without a draft model is an error; none of them changes live. */
+ * checked; spec = draft without a draft model is an error, spec = mtp needs none; none of them
+ * changes live. */
 static void test_spec_keys(void **state)
 {
     struct sil_config c;
@@ -252,9 +253,19 @@ static void test_spec_keys(void **state)
     assert_int_equal(c.spec, SIL_SPEC_OFF);
     assert_string_equal(c.draft_model, "/e.gguf");
     assert_int_equal(c.spec_depth, 2);
+    const char *mq = write_file("mtp.conf", "model = /m.gguf\nspec = mtp\n");
+    char mpath[128];
+    snprintf(mpath, sizeof mpath, "%s", mq);
+    char *mtp[] = { "siliceod", "--config", mpath, NULL };
+    sil_config_defaults(&c);
+    assert_int_equal(sil_config_from_args(&c, &cli, 3, mtp, &err), 0);
+    assert_int_equal(c.spec, SIL_SPEC_MTP);
+    char *mtpflag[] = { "siliceod", "--config", path, "--spec", "mtp", NULL };
+    assert_int_equal(sil_config_from_args(&c, &cli, 5, mtpflag, &err), 0);
+    assert_int_equal(c.spec, SIL_SPEC_MTP);
 
     static const char *const bad[][2] = {
-        { "spec", "mtp" },       { "spec", "on" },        { "spec", "" },
+        { "spec", "MTP" },       { "spec", "on" },        { "spec", "" },
         { "spec_tree", "2x4" },  { "spec_tree", "1x0" },  { "spec_tree", "1x65" },
         { "spec_tree", "1x" },   { "spec_tree", "x4" },   { "spec_tree", "1x4x" },
         { "spec_tree", "-1x4" }, { "spec_tree", "1x-4" }, { "spec_tree", "1x99999999999999999999" },

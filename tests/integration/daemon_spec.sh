@@ -3,7 +3,9 @@
 # model, on a hybrid MoE model drafting for itself and drafted by another quantization, and on an
 # attention-only model; per-request spec (off, a depth; bad values are error 4); status and
 # metrics carry the figures; a cancelled speculative request frees its sequences and KV; bad
-# settings (no draft model, a tree, mtp, another vocabulary) stop the daemon with a message.
+# settings (no draft model, a tree, another vocabulary, mtp on a model without the layer) stop the
+# daemon with a message. siliceod --spec mtp (spec = mtp): a sil-mkmodel --mtp model drafting with
+# its own MTP layer gives the answers of a daemon without speculation.
 . "$(dirname "$0")/lib.bash"
 M=$SHARED/refdata/models
 need_refdata "$M/qwen35moe-tiny-Q4_K_M.gguf" "$M/qwen35moe-tiny-F16.gguf" "$M/qwen3-tiny-Q8_0.gguf"
@@ -39,6 +41,23 @@ PY
     stop_daemon
 done
 
+echo "== a model's own MTP layer drafting"
+"$SIL_BUILD/bin/sil-mkmodel" --arch qwen35moe --mtp --vocab 512 --type q8_0 --quiet --out "$T/mtp.gguf" ||
+    fail "sil-mkmodel --mtp"
+write_conf "threads = 2" "prefix_cache = off"
+start_daemon --model "$T/mtp.gguf"
+python3 "$HERE/spec_tests.py" plain "$T/plain.json"
+stop_daemon
+write_conf "threads = 2" "prefix_cache = off" "spec = mtp" "spec_tree = 1x3"
+start_daemon --model "$T/mtp.gguf"
+python3 "$HERE/spec_tests.py" mtp "$T/plain.json"
+stop_daemon
+write_conf "threads = 2" "prefix_cache = off"
+start_daemon --model "$T/mtp.gguf" --spec mtp --spec-tree 1x3
+python3 "$HERE/spec_tests.py" mtp "$T/plain.json"
+stop_daemon
+echo "ok: spec = mtp and --spec mtp: the MTP layer drafts, plain greedy's answers"
+
 # bad settings: the daemon does not start, and says why
 bad() { # expected-message flags...
     local want=$1
@@ -57,8 +76,8 @@ bad "needs a draft model" --spec draft
 bad "wider than 1 are not supported" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 2x4
 bad "depth outside" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 1x65
 bad "expected WIDTHxDEPTH" --spec-tree 1x
-bad "mtp is not supported yet" --spec mtp
-bad "expected off or draft" --spec yes
+bad "spec = mtp: .*qwen3-tiny-Q8_0.gguf has no MTP layer" --spec mtp
+bad "expected off, draft or mtp" --spec yes
 bad "cannot load the draft model" --spec draft --draft-model "$T/nope.gguf"
 "$SIL_BUILD/bin/sil-mkmodel" --arch qwen3 --layers 1 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 \
     --ffn 128 --vocab 600 --type q8_0 --quiet --out "$T/v600.gguf" || fail "sil-mkmodel"

@@ -3,7 +3,10 @@ answers of a daemon without a draft model (and checks that spec is refused there
 MODE` checks that a daemon with one gives the same tokens (alone, side by side, per-request depths,
 spec "off", a batch too large to speculate), that status and metrics carry the figures (MODE all:
 every draft accepted, the target drafting for itself), that bad spec values are error 4, and that
-a speculative request cancelled mid-stream leaves the engine state as it found it."""
+a speculative request cancelled mid-stream leaves the engine state as it found it. `mtp PATH`: a
+daemon whose model's own MTP layer drafts (spec = mtp) gives the tokens of PATH's daemon without
+speculation, alone and side by side, with per-request depths and spec "off", and speculates for
+sampled requests; status and metrics say mtp."""
 import json
 import random
 import sys
@@ -198,5 +201,51 @@ def spec(path, mode):
           "after the cancel: the draft holds no sequence and every KV block is free (%r)" % a)
 
 
+def mtp(path):
+    with open(path) as f:
+        want = json.load(f)
+    c = Client()
+    s0 = spec_status(c)
+    check(s0 is not None and s0["mode"] == "mtp" and s0["active"] is True and s0["tree"] == "1x3"
+          and s0["draft_model"] is None and s0["draft_arch"] is None,
+          "status: the MTP layer drafts, 1x3, no draft model (%r)" % s0)
+    for i, p in enumerate(PROMPTS):
+        check(gen(c, p)["tokens"] == want[i], "prompt %d: the tokens of plain greedy decoding" % i)
+    s1 = spec_status(c)
+    check(s1["steps"] > 0 and s1["drafted"] > 0 and s1["emitted"] == s1["accepted"] + s1["steps"],
+          "status: speculative steps drafted by the MTP layer, emitted = accepted + steps (%r)" % s1)
+    check(s1["accepted"] <= s1["drafted"] <= 3 * s1["steps"], "status: accepted <= drafted <= 3 a step")
+    check(s1["draft_state"]["sequences"] == 0, "status: no draft sequences with mtp")
+    print("mtp: %d of %d drafts accepted, %.2f tokens a step" % (s1["accepted"], s1["drafted"],
+                                                                  s1["tokens_per_step"]))
+    r = gen(c, PROMPTS[1], spec="off")
+    s2 = spec_status(c)
+    check(r["tokens"] == want[1] and s2["steps"] == s1["steps"], "spec off: no speculative step, same tokens")
+    r = gen(c, PROMPTS[2], spec=1)
+    s3 = spec_status(c)
+    check(r["tokens"] == want[2] and 0 < s3["drafted"] - s2["drafted"] <= s3["steps"] - s2["steps"],
+          "spec 1: one draft a step at most, same tokens")
+    check(gen(c, PROMPTS[3], spec=12)["tokens"] == want[3], "spec 12: same tokens")
+    r = gen(c, PROMPTS[1], repeat_penalty=1.3)
+    s4 = spec_status(c)
+    check(r["tokens"] == want[4] and s4["steps"] > s3["steps"],
+          "greedy with a repetition penalty: MTP speculative sampling, plain decoding's tokens")
+    r = gen(c, PROMPTS[2], temperature=0.8, seed=7, max_tokens=32)
+    s5 = spec_status(c)
+    check(r["n_generated"] > 0 and s5["drafted"] > s4["drafted"],
+          "a sampled request speculates with the MTP layer (%d drafts)" % (s5["drafted"] - s4["drafted"]))
+    res = concurrent(PROMPTS[:3])
+    check([r["tokens"] for r in res] == want[:3], "three requests at once: plain greedy's tokens")
+    for bad in ("on", 0, 65, True):
+        err, _, _ = c.call("generate", dict(GREEDY, prompt_tokens=PROMPTS[0], spec=bad))
+        check(err is not None and err["code"] == 4, "spec=%r: error 4" % (bad,))
+    m = c.ok("metrics")[0]["metrics"]
+    st = spec_status(c)
+    check(m["siliceo_spec_active"] == 1 and m["siliceo_spec_steps_total"] == st["steps"],
+          "metrics: active, steps as status")
+    check(gen(c, PROMPTS[0])["tokens"] == want[0], "the daemon lives on")
+
+
 if __name__ == "__main__":
-    {"plain": lambda: plain(sys.argv[2]), "spec": lambda: spec(sys.argv[2], sys.argv[3])}[sys.argv[1]]()
+    {"plain": lambda: plain(sys.argv[2]), "spec": lambda: spec(sys.argv[2], sys.argv[3]),
+     "mtp": lambda: mtp(sys.argv[2])}[sys.argv[1]]()
