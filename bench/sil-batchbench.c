@@ -294,6 +294,9 @@ static int run_spec(struct sil_engine *e, struct sil_engine *de, struct bufs *b,
         res->st.draft_s += st->draft_s;
         res->st.verify_s += st->verify_s;
         res->st.commit_s += st->commit_s;
+        res->st.moe_layers += st->moe_layers;
+        res->st.expert_union += st->expert_union;
+        res->st.expert_pairs += st->expert_pairs;
         const int32_t *h = hist + (size_t)s * (size_t)n_all + n_prompt + 1;
         if (memcmp(h, b->gen + (size_t)s * (size_t)b->n_gen_max, sizeof(int32_t) * (size_t)n_gen))
             res->identical = false;
@@ -608,7 +611,9 @@ int main(int argc, char **argv)
                    "\"acceptance_rate\": %.4f, \"accepted_per_step\": %.4f, "
                    "\"tokens_per_step\": %.4f, \"verify_step_ms\": %.4f, "
                    "\"one_token_step_ms\": %.4f, \"verify_vs_one_token\": %.4f, "
-                   "\"draft_ms_per_step\": %.4f, \"commit_ms_per_step\": %.4f}, "
+                   "\"draft_ms_per_step\": %.4f, \"commit_ms_per_step\": %.4f, "
+                   "\"moe_layers\": %llu, \"expert_union_per_layer\": %.4f, "
+                   "\"expert_pairs_per_layer\": %.4f}, "
                    "\"decode_tok_s\": %.3f, \"plain_decode_tok_s\": %.3f, \"speedup\": %.4f}\n",
                    (int)depth, (int)depth, sr.identical ? "true" : "false",
                    (unsigned long long)ss->steps, (unsigned long long)ss->drafted,
@@ -616,7 +621,10 @@ int main(int argc, char **argv)
                    ss->drafted ? (double)ss->accepted / (double)ss->drafted : 0.0,
                    (double)ss->accepted / steps, (double)ss->emitted / steps, verify_ms, one_ms,
                    one_ms > 0 ? verify_ms / one_ms : 0.0, 1e3 * ss->draft_s / steps,
-                   1e3 * ss->commit_s / steps, spec_tok_s, plain_tok_s,
+                   1e3 * ss->commit_s / steps, (unsigned long long)ss->moe_layers,
+                   ss->moe_layers ? (double)ss->expert_union / (double)ss->moe_layers : 0.0,
+                   ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0,
+                   spec_tok_s, plain_tok_s,
                    plain_tok_s > 0 ? spec_tok_s / plain_tok_s : 0.0);
             fflush(stdout);
         }

@@ -292,7 +292,7 @@ static void pack_spec(struct server *s, msgpack_packer *pk, const struct sil_wor
     }
     const struct sil_model_info *di = s->draft ? sil_engine_info(s->draft) : NULL;
     const double steps = (double)st->spec_steps;
-    msgpack_pack_map(pk, 20);
+    msgpack_pack_map(pk, 23);
     sil_rpc_kv_str(pk, "mode", mtp ? "mtp" : "draft");
     /* the model's own MTP layer drafts: no draft model */
     if (mtp) {
@@ -324,6 +324,14 @@ static void pack_spec(struct server *s, msgpack_packer *pk, const struct sil_wor
     sil_rpc_kv_double(pk, "one_token_step_ms", st->spec_t_one * 1e3);
     sil_rpc_kv_double(pk, "verify_vs_one_token",
                       st->spec_t_one > 0 ? verify_ms / (st->spec_t_one * 1e3) : 0);
+    /* per MoE layer of a verify pass: the distinct experts its rows chose (each read once)
+     * beside rows x top-k */
+    const double ml = (double)st->spec_moe_layers;
+    sil_rpc_kv_uint(pk, "moe_layers", st->spec_moe_layers);
+    sil_rpc_kv_double(pk, "expert_union_per_layer",
+                      ml > 0 ? (double)st->spec_expert_union / ml : 0);
+    sil_rpc_kv_double(pk, "expert_pairs_per_layer",
+                      ml > 0 ? (double)st->spec_expert_pairs / ml : 0);
     sil_rpc_kv_uint(pk, "stopped_requests", st->spec_stopped);
     sil_rpc_kv_uint(pk, "batch_skips", st->spec_batch_skips);
     /* the draft's engine state: live sequences, KV blocks free of the pool's */
@@ -747,6 +755,14 @@ static int m_metrics(struct conn *c, const struct sil_rpc_msg *m)
         {"siliceo_spec_verify_cost_ratio", "A verify pass's time against a one-token decode "
          "step (0 before both are timed).", false,
          st.spec_t_one > 0 ? sp_verify / st.spec_t_one : 0},
+        {"siliceo_spec_verify_moe_layers_total", "MoE layers of verify passes whose routing "
+         "the host saw.", true, (double)st.spec_moe_layers},
+        {"siliceo_spec_verify_expert_union_per_layer", "Distinct experts a verify pass's MoE "
+         "layer read, on average (0 before any).", false,
+         st.spec_moe_layers ? (double)st.spec_expert_union / (double)st.spec_moe_layers : 0},
+        {"siliceo_spec_verify_expert_pairs_per_layer", "Rows times top-k of a verify pass's MoE "
+         "layer, on average (0 before any).", false,
+         st.spec_moe_layers ? (double)st.spec_expert_pairs / (double)st.spec_moe_layers : 0},
         {"siliceo_spec_stopped_requests_total", "Requests that stopped speculating because it "
          "did not pay.", true, (double)st.spec_stopped},
         {"siliceo_spec_batch_skips_total", "Request steps decoded plainly because more than "

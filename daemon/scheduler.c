@@ -924,6 +924,9 @@ static bool job_spec_step(struct sil_worker *w, struct job *j)
     w->local.spec_draft_s += sp->stats.draft_s - before.draft_s;
     w->local.spec_verify_s += sp->stats.verify_s - before.verify_s;
     w->local.spec_commit_s += sp->stats.commit_s - before.commit_s;
+    w->local.spec_moe_layers += sp->stats.moe_layers - before.moe_layers;
+    w->local.spec_expert_union += sp->stats.expert_union - before.expert_union;
+    w->local.spec_expert_pairs += sp->stats.expert_pairs - before.expert_pairs;
     j->spec_steps++;
     j->spec_emitted += (uint64_t)k;
     j->spec_s += dt;

@@ -434,6 +434,7 @@ static void do_reload(struct sil_worker *w)
     w->local.spec_steps = w->local.spec_drafted = w->local.spec_accepted = 0;
     w->local.spec_emitted = w->local.spec_stopped = w->local.spec_batch_skips = 0;
     w->local.spec_draft_s = w->local.spec_verify_s = w->local.spec_commit_s = 0;
+    w->local.spec_moe_layers = w->local.spec_expert_union = w->local.spec_expert_pairs = 0;
     sil_spec_check(w);
     sil_engine_set_eval_progress(ne, eval_progress, w);
     sil_notice("model %s %s in %.2f s", sil_engine_info(ne)->path, old ? "reloaded" : "loaded",

@@ -94,6 +94,9 @@ struct sil_worker_stats {
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted;
     double spec_draft_s, spec_verify_s, spec_commit_s, spec_t_one;
     uint64_t spec_stopped, spec_batch_skips;
+    /* the verify passes' MoE layers, and summed over them the union of their rows' experts and
+     * rows x top-k (struct sil_spec_stats) */
+    uint64_t spec_moe_layers, spec_expert_union, spec_expert_pairs;
     int32_t draft_seqs, draft_kv_blocks, draft_kv_free;
 };
 

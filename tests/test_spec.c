@@ -341,6 +341,104 @@ static void test_other_drafter(void **state)
     }
 }
 
+/* What the route observer saw of the target's MoE layers: layers, and summed over them the
+ * distinct experts of the event's (row, slot) pairs, the event's own n_active, and the pairs;
+ * bad: an event whose union is not within [top-k, pairs] or differs from its n_active. */
+struct route_count {
+    uint64_t layers, distinct, active, pairs;
+    int bad;
+};
+
+static void count_route(void *user, const struct sil_route_event *ev)
+{
+    struct route_count *c = user;
+    bool seen[1024] = {false};
+    int64_t distinct = 0;
+    const int64_t pairs = (int64_t)ev->n_rows * ev->n_used;
+    for (int64_t q = 0; q < pairs; q++) {
+        const int32_t x = ev->expert[q];
+        if (x < 0 || x >= 1024) {
+            c->bad++;
+            continue;
+        }
+        distinct += !seen[x];
+        seen[x] = true;
+    }
+    if (distinct < ev->n_used || distinct > pairs || distinct != ev->n_active) c->bad++;
+    c->layers++;
+    c->distinct += (uint64_t)distinct;
+    c->active += (uint64_t)ev->n_active;
+    c->pairs += (uint64_t)pairs;
+}
+
+/* MoE-aware verification reporting: the spec counters of the verify passes (the union of the
+ * experts per MoE layer beside rows x top-k) equal what the route events of those passes show,
+ * per layer between top-k and the pairs. The drafter is another engine, so the target's only
+ * passes in the steps are the verify passes (attention-only qwen3moe: commits recompute
+ * nothing); on qwen35moe the commits' recompute passes come on top, so there the counters are
+ * held to the bounds and to at most what the events saw. */
+static void test_expert_union(void **state)
+{
+    (void)state;
+    enum { NP = 12, N = 40, DEPTH = 4 };
+    const char *const moe[] = {"qwen3moe-tiny-Q4_K_M", "qwen35moe-tiny-Q4_K_M"};
+    int32_t prompt[NP];
+    make_ids(prompt, NP);
+    for (int a = 0; a < 2; a++) {
+        struct route_count rc = {0};
+        const struct sil_engine_observer obs = {.user = &rc, .on_route = count_route};
+        struct sil_engine_params p;
+        sil_engine_params_default(&p);
+        p.n_threads = 2;
+        p.n_seq_max = 2;
+        p.n_ctx = 256;
+        p.observer = &obs;
+        struct sil_error err = {0};
+        struct sil_engine *t = NULL;
+        if (tu_open_refdata_engine(&t, moe[a], &p, &err) < 0)
+            fail_msg("open %s: %s", moe[a], err.msg);
+        /* the perturbed drafter: some drafts rejected, so verify passes of several lengths */
+        struct sil_engine *d = open_eng(moe[a], 1, 512, true, "q4_0");
+        const int K = sil_engine_info(t)->n_expert_used;
+        int ts = new_seq(t), ds = new_seq(d);
+        struct sil_spec sp;
+        if (sil_spec_init(&sp, t, ts, d, ds, DEPTH, &err) < 0) fail_msg("init: %s", err.msg);
+        int32_t hist[NP + N + DEPTH + 2];
+        memcpy(hist, prompt, sizeof(prompt));
+        eval_ids(t, ts, prompt, NP - 1, NULL);
+        const struct route_count before = rc;
+        int32_t nh = NP;
+        while (nh < NP + N) {
+            const int k = sil_spec_step(&sp, hist, nh, NP + N - nh, hist + nh, &err);
+            if (k < 0) fail_msg("step: %s", err.msg);
+            nh += k;
+        }
+        const struct sil_spec_stats *st = &sp.stats;
+        printf("%s: %llu verify MoE layers, %.2f experts a layer of %.2f rows x top-%d\n", moe[a],
+               (unsigned long long)st->moe_layers,
+               (double)st->expert_union / (double)st->moe_layers,
+               (double)st->expert_pairs / (double)st->moe_layers, K);
+        assert_int_equal(rc.bad, 0);
+        assert_true(st->moe_layers > 0 && st->moe_layers % (uint64_t)st->steps == 0);
+        assert_true(st->expert_union >= (uint64_t)K * st->moe_layers);
+        assert_true(st->expert_union <= st->expert_pairs);
+        assert_true(st->expert_union < st->expert_pairs); /* rows of a pass share experts */
+        const uint64_t layers = rc.layers - before.layers, distinct = rc.distinct - before.distinct,
+                       pairs = rc.pairs - before.pairs;
+        if (!sil_engine_recurrent(t)) {
+            assert_int_equal(st->moe_layers, layers);
+            assert_int_equal(st->expert_union, distinct);
+            assert_int_equal(st->expert_pairs, pairs);
+        } else {
+            assert_true(st->moe_layers <= layers && st->expert_union <= distinct &&
+                        st->expert_pairs <= pairs);
+        }
+        sil_spec_free(&sp);
+        sil_engine_close(d);
+        sil_engine_close(t);
+    }
+}
+
 /* The vocabulary check: a vocabulary matches itself; two different ones (the real Qwen3 and
  * Llama 3 tokenizers, and the tiny one) do not; a draft step with bad arguments is -EINVAL. */
 static void test_vocab_check(void **state)
@@ -397,7 +495,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_commit_exact), cmocka_unit_test(test_window_errors),
         cmocka_unit_test(test_self_draft),   cmocka_unit_test(test_other_drafter),
-        cmocka_unit_test(test_vocab_check),
+        cmocka_unit_test(test_vocab_check),  cmocka_unit_test(test_expert_union),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

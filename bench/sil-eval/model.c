@@ -702,7 +702,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    "\"verify_step_ms\": %.4f, \"one_token_step_ms\": %.4f, "
                    "\"verify_vs_one_token\": %.4f, \"draft_ms_per_step\": %.4f, "
                    "\"commit_ms_per_step\": %.4f, \"decode_tok_s\": %.3f, "
-                   "\"plain_decode_tok_s\": %.3f, \"speedup\": %.4f}",
+                   "\"plain_decode_tok_s\": %.3f, \"speedup\": %.4f, "
+                   "\"moe_layers\": %llu, \"expert_union_per_layer\": %.4f, "
+                   "\"expert_pairs_per_layer\": %.4f}",
                    sr.diverged < 0 ? "true" : "false", (unsigned long long)ss->steps,
                    (unsigned long long)ss->drafted, (unsigned long long)ss->accepted,
                    (unsigned long long)ss->emitted,
@@ -714,7 +716,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    sr.decode_s > 0 ? (double)n_predict / sr.decode_s : 0.0, plain_tok_s,
                    sr.decode_s > 0 && plain_tok_s > 0
                        ? (double)n_predict / sr.decode_s / plain_tok_s
-                       : 0.0);
+                       : 0.0,
+                   (unsigned long long)ss->moe_layers,
+                   ss->moe_layers ? (double)ss->expert_union / (double)ss->moe_layers : 0.0,
+                   ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0);
         }
         printf("}\n");
     } else {

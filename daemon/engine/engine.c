@@ -1525,6 +1525,9 @@ void sil_engine_stats(const struct sil_engine *e, struct sil_engine_stats *out)
     out->n_ubatch = e->f.n_ubatch;
     out->n_rows = e->f.n_rows;
     out->n_layered = e->f.n_layered;
+    out->moe_plans = e->f.moe_plans;
+    out->moe_experts = e->f.moe_experts;
+    out->moe_pairs = e->f.moe_pairs;
     out->expert_bytes = e->f.expert_bytes;
     struct sil_ecache_stats s;
     sil_expert_obs_stats(e->f.obs, &s);

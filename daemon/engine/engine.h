@@ -374,6 +374,10 @@ bool sil_engine_damaged(const struct sil_engine *e);
 struct sil_engine_stats {
     uint64_t n_ubatch, n_rows, expert_bytes;
     uint64_t n_layered; /* of the micro-batches, those run layer by layer with others */
+    /* MoE layers whose routing the host saw (each a layer of one micro-batch; on CUDA those
+     * routed on the device are not counted): how many, and summed over them the distinct
+     * experts (each read and multiplied once for all its rows) and the rows x top-k pairs */
+    uint64_t moe_plans, moe_experts, moe_pairs;
     /* the simulated expert cache (sil_engine_params.ecache_sim_slots), zero without one */
     uint64_t ecache_hits, ecache_misses, ecache_evictions, ecache_bytes_streamed;
 };

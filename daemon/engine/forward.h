@@ -70,6 +70,9 @@ struct sil_fwd {
      * weight bytes the MoE layers' plans named (each active expert's matrices once a layer) */
     uint64_t n_ubatch, n_rows, expert_bytes;
     uint64_t n_layered; /* micro-batches run by sil_forward_layers with others */
+    /* host-routed MoE plans since open: how many (a layer of a pass each), their distinct
+     * experts and their (row, slot) pairs, summed */
+    uint64_t moe_plans, moe_experts, moe_pairs;
     struct sil_expert_obs *obs; /* NULL, or the heat map and simulated cache (expert_obs.h) */
     /* what every MoE plan is shown to (forward_ffn.c): obs's observer and the one registered
      * at open; chooser: the registered one when it chooses the routes (engine.h) */

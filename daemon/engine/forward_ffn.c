@@ -213,6 +213,9 @@ void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
         for (int a = 0; a < plan->n_active; a++)
             f->expert_bytes +=
                 plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
+        f->moe_plans++;
+        f->moe_experts += (uint64_t)plan->n_active;
+        f->moe_pairs += (uint64_t)plan->n_rows * (uint64_t)plan->n_used;
     }
     SIL_OP(f, moe, cur, plan, out);
 }
@@ -251,5 +254,8 @@ void sil_fwd_moe_deferred(struct sil_fwd *f)
         for (int a = 0; a < plan->n_active; a++)
             f->expert_bytes +=
                 plan->gate[a].mat_bytes + plan->up[a].mat_bytes + plan->down[a].mat_bytes;
+        f->moe_plans++;
+        f->moe_experts += (uint64_t)plan->n_active;
+        f->moe_pairs += (uint64_t)plan->n_rows * (uint64_t)plan->n_used;
     }
 }

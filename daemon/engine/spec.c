@@ -13,6 +13,21 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The target's MoE counters before a verify pass (mark) and what the pass added (count). */
+static void moe_mark(const struct sil_spec *s, struct sil_engine_stats *at)
+{
+    sil_engine_stats(s->target, at);
+}
+
+static void moe_count(struct sil_spec *s, const struct sil_engine_stats *at)
+{
+    struct sil_engine_stats now;
+    sil_engine_stats(s->target, &now);
+    s->stats.moe_layers += now.moe_plans - at->moe_plans;
+    s->stats.expert_union += now.moe_experts - at->moe_experts;
+    s->stats.expert_pairs += now.moe_pairs - at->moe_pairs;
+}
+
 int sil_spec_vocab_check(const struct sil_vocab *target, const struct sil_vocab *draft,
                          struct sil_error *err)
 {
@@ -326,6 +341,8 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
     const double t1 = now_s();
     s->stats.draft_s += t1 - t0;
 
+    struct sil_engine_stats at;
+    moe_mark(s, &at);
     int rc = sil_seq_spec_begin(t, s->tseq, err);
     if (rc == 0) {
         s->tok[0] = hist[L];
@@ -339,6 +356,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
         /* greedy: the argmax of every row; sampled: the logits, the drafts' acceptance */
         rc = sil_engine_eval_hidden(t, &b, tsmp ? s->lg : NULL, tsmp ? NULL : s->am, s->hid, err);
     }
+    moe_count(s, &at);
     const double t2 = now_s();
     s->stats.verify_s += t2 - t1;
     struct sil_error ignored = {0};
@@ -406,12 +424,15 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
     s->stats.draft_s += t1 - t0;
 
     /* the verify pass: the last token and the drafts, the target's greedy pick after each */
+    struct sil_engine_stats at;
+    moe_mark(s, &at);
     int rc = sil_seq_spec_begin(t, s->tseq, err);
     if (rc == 0) {
         s->tok[0] = hist[n_hist - 1];
         memcpy(s->tok + 1, dr, sizeof(int32_t) * (size_t)n);
         rc = eval_rows(s, t, s->tseq, s->tok, n + 1, n_hist - 1, true, s->am, err);
     }
+    moe_count(s, &at);
     const double t2 = now_s();
     s->stats.verify_s += t2 - t1;
     int32_t m = 0;
@@ -522,6 +543,8 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
     s->stats.draft_s += t1 - t0;
 
     /* the verify pass: the last token and the drafts, with the logits of every row */
+    struct sil_engine_stats at;
+    moe_mark(s, &at);
     rc = sil_seq_spec_begin(t, s->tseq, err);
     if (rc == 0) {
         s->tok[0] = hist[n_hist - 1];
@@ -534,6 +557,7 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
         const struct sil_batch b = {n + 1, s->tok, s->pos, s->seq, s->want};
         rc = sil_engine_eval_out(t, &b, s->lg, NULL, NULL, err);
     }
+    moe_count(s, &at);
     const double t2 = now_s();
     s->stats.verify_s += t2 - t1;
     struct sil_error ignored = {0};

@@ -35,6 +35,11 @@ int sil_spec_vocab_check(const struct sil_vocab *target, const struct sil_vocab 
 struct sil_spec_stats {
     uint64_t steps, drafted, accepted, emitted;
     double draft_s, verify_s, commit_s;
+    /* The verify passes' MoE layers (those whose routing the host saw, sil_engine_stats): how
+     * many, and summed over them the union of the rows' experts (each read and multiplied once
+     * for every row that chose it) and rows x top-k. union / layers beside pairs / layers is
+     * what verifying many rows at once saves on expert reads. */
+    uint64_t moe_layers, expert_union, expert_pairs;
 };
 
 struct sil_spec {
