@@ -81,6 +81,15 @@ struct sil_mm_out {
     struct sil_act y;
 };
 
+/* A token tree's row (sil_batch.parent): rope at rope_pos (its depth below the sequence), and
+ * it sees the KV positions below lo and those of [lo, lo + 64) whose bit is set in mask (its
+ * ancestors and itself). A row outside any tree in a ubatch with some: rope_pos = its position,
+ * lo = position + 1, mask 0. */
+struct sil_tree_row {
+    int32_t rope_pos, lo;
+    uint64_t mask;
+};
+
 /* A ubatch: rows (token, position, sequence) grouped by sequence, each sequence's rows in
  * position order; runs of one sequence are rows [run_start[i], run_start[i+1]). */
 struct sil_kv_cache;
@@ -88,6 +97,9 @@ struct sil_ubatch {
     int32_t n;
     const int32_t *token, *pos, *seq;
     const int32_t *out_row; /* logits row for this row, or -1 */
+    /* NULL, or per row what a token tree lets it see (the CPU backend's attention only; the
+     * engine gives trees to no other backend and no model with recurrent layers) */
+    const struct sil_tree_row *tree;
     int32_t n_runs;
     const int32_t *run_start;
     /* the KV block tables of the sequences (kv_cache.h; positions reserved before the pass), or
@@ -107,7 +119,8 @@ struct sil_ubatch {
 /* Full attention of one layer over the KV layout (kv_cache.h). Per row i and head h:
  * q_h, k_h = rmsnorm(.) * q_norm / k_norm, NeoX rope on the first n_rot dims at pos[i];
  * K, V of the row stored at (layer, seq[i], pos[i]); o_h = softmax(q_h K^T / sqrt(hd)) V over
- * positions 0..pos[i] of seq[i] with kv head h / (n_head / n_head_kv); gated: o_h *= sigmoid(g_h)
+ * positions 0..pos[i] of seq[i] with kv head h / (n_head / n_head_kv); gated: o_h *= sigmoid(g_h).
+ * With ub->tree: rope at tree[i].rope_pos, and only the positions the row's tree entry shows.
  * where q holds per head [q_h, g_h]. q and k are overwritten (normed and rotated). */
 struct sil_attn_args {
     int n_head, n_head_kv, head_dim, n_rot;

@@ -373,16 +373,17 @@ static void qk_prep(void *arg, long lo, long hi, int ith)
     (void)ith;
     for (long i = lo; i < hi; i++) {
         const int32_t pos = t->ub->pos[i], seq = t->ub->seq[i];
+        const int32_t rp = t->ub->tree ? t->ub->tree[i].rope_pos : pos; /* a tree node: depth */
         float *q = rowp(a->q, i);
         for (int h = 0; h < a->n_head; h++) {
             float *qh = q + h * t->q_stride;
             sil_rmsnorm(qh, qh, qn, hd, a->eps);
-            sil_rope_neox(qh, 1, hd, a->n_rot, pos, a->rope_freq_base);
+            sil_rope_neox(qh, 1, hd, a->n_rot, rp, a->rope_freq_base);
         }
         float *k = rowp(a->k, i);
         for (int h = 0; h < nkv; h++)
             sil_rmsnorm(k + h * hd, k + h * hd, kn, hd, a->eps);
-        sil_rope_neox(k, nkv, hd, a->n_rot, pos, a->rope_freq_base);
+        sil_rope_neox(k, nkv, hd, a->n_rot, rp, a->rope_freq_base);
         t->to_kv(k, sil_kv_k(a->kv, a->layer, seq, pos), (int64_t)nkv * hd);
         t->to_kv(rowp(a->v, i), sil_kv_v(a->kv, a->layer, seq, pos), (int64_t)nkv * hd);
     }
@@ -403,19 +404,21 @@ static int32_t attn_splits(int32_t n)
     return (n + ATTN_SPAN - 1) / ATTN_SPAN;
 }
 
-/* One (row, head): its query (quantized into qq when the kernels want it), KV head, table. */
+/* One (row, head): its query (quantized into qq when the kernels want it), KV head, table, and
+ * for a token tree's row the positions it sees (struct sil_tree_row; NULL: all). */
 struct attn_head {
     const float *q;
     const void *qq;
     int kvh;
     const int32_t *table;
+    const struct sil_tree_row *tree;
 };
 
 static struct attn_head attn_head_of(const struct attn_task *t, long i, int h, uint8_t *qq)
 {
     const struct sil_attn_args *a = t->a;
     struct attn_head ah = {rowp(a->q, i) + h * t->q_stride, qq, h / (a->n_head / a->n_head_kv),
-                           NULL};
+                           NULL, t->ub->tree ? &t->ub->tree[i] : NULL};
     int32_t nb;
     ah.table = sil_kv_seq_table(a->kv, t->ub->seq[i], &nb);
     if (t->kk->q8_query) sil_type_traits(SIL_TYPE_Q8_0)->from_float(ah.q, qq, a->head_dim);
@@ -486,7 +489,27 @@ static void attend_pairs(const struct attn_task *t, const struct attn_head *ah, 
     for (int j = 0; j < np; j++) {
         float *scj = sc + (int64_t)j * ATTN_SPAN;
         acc[j] = dst[j];
+        /* a tree's row: the positions it does not see score -inf, so they weigh exactly 0 and
+         * the sums over those it sees are a plain row's of its path, term for term */
+        bool none = false;
+        if (ah[j].tree && p0 < n[j]) {
+            const struct sil_tree_row *tr = ah[j].tree;
+            int32_t seen = tr->lo > p0 ? (tr->lo < p1[j] ? tr->lo : p1[j]) - p0 : 0;
+            for (int32_t p = tr->lo > p0 ? tr->lo : p0; p < p1[j]; p++) {
+                const int32_t d = p - tr->lo;
+                if (d < 64 && (tr->mask >> d) & 1u)
+                    seen++;
+                else
+                    scj[p - p0] = -INFINITY;
+            }
+            none = seen == 0;
+        }
         if (p0 >= n[j]) {
+            acc[j] = NULL;
+        } else if (none) { /* a split of none but hidden positions: nothing to add */
+            dst[j][0] = -INFINITY;
+            dst[j][1] = 0.0f;
+            memset(dst[j] + 2, 0, sizeof(float) * (size_t)hd);
             acc[j] = NULL;
         } else if (n[j] <= ATTN_SPAN) {
             sil_softmax(scj, n[j]);

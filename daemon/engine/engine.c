@@ -32,6 +32,7 @@
  * begin and kept with the slot. */
 struct spec_window {
     bool open;
+    bool tree; /* it holds a token tree's rows (sil_batch.parent): nothing may follow them */
     int32_t pos;
     int32_t *tok; /* [n_batch_max] */
     float *state; /* [n_layer_recr * dn_state_floats] */
@@ -58,6 +59,10 @@ struct sil_engine {
     int32_t *next_pos;                        /* [n_seq_max] */
     int32_t *seq_count, *seq_off;             /* [n_seq_max + 1] */
     int32_t *p_token, *p_pos, *p_seq, *p_out; /* [n_batch_max] rows grouped by sequence */
+    /* a batch with a token tree (sil_batch.parent): each row's tree entry, in batch order (b_tree)
+     * and grouped like p_token (p_tree) */
+    struct sil_tree_row *b_tree, *p_tree;
+    bool tree_batch;
     int32_t *run_start;                       /* [n_batch_max + UBATCH_MAX_DEV + 2] */
     struct sil_ubatch *lm_ub;                 /* [f.n_lm] sil_forward_layers' micro-batches */
     int guard_slot;                           /* the mapping's mapguard slot, or -1 */
@@ -203,6 +208,8 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     e->p_pos = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
     e->p_seq = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
     e->p_out = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
+    e->b_tree = xcalloc((size_t)e->n_batch_max, sizeof(struct sil_tree_row), &fail);
+    e->p_tree = xcalloc((size_t)e->n_batch_max, sizeof(struct sil_tree_row), &fail);
     /* one micro-batch's runs at a time, or (sil_forward_layers) each micro-batch's at its
      * first row's index plus its own: at most n_batch_max + n_lm + 1 */
     e->run_start = xcalloc((size_t)e->n_batch_max + UBATCH_MAX_DEV + 2, sizeof(int32_t), &fail);
@@ -1098,9 +1105,12 @@ int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
         memcpy(w->state, e->f.recr_state[seq], sizeof(float) * (size_t)nrs);
     }
     w->open = true;
+    w->tree = false;
     w->pos = e->seq_len[seq];
     return 0;
 }
+
+static int spec_cut(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err);
 
 int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err)
 {
@@ -1116,6 +1126,15 @@ int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil
     w->open = false;
     if (n_pos == e->seq_len[seq])
         return 0;
+    return spec_cut(e, seq, n_pos, err);
+}
+
+/* The window's rows w->tok[0, n_pos - w->pos) kept at [w->pos, n_pos), the rest dropped: the
+ * KV rows are in place (attention-only) or the kept rows are evaluated again from the state at
+ * the window's start (recurrent layers). */
+static int spec_cut(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err)
+{
+    struct spec_window *w = &e->spec[seq];
     sil_ckpt_drop_after(e->ckpt, seq, n_pos);
     const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
     if (nrs == 0) {
@@ -1140,6 +1159,43 @@ int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil
     }
     const struct sil_batch b = {n, w->tok, e->spec_pos_rows, e->spec_seq_rows, e->spec_want_rows};
     return sil_engine_eval_out(e, &b, NULL, NULL, NULL, err);
+}
+
+int sil_seq_spec_commit_path(struct sil_engine *e, int seq, const int32_t *keep, int32_t n,
+                             struct sil_error *err)
+{
+    if (!seq_ok(e, seq))
+        return sil_errorf(err, -EINVAL, "engine: sequence %d is not live", seq);
+    struct spec_window *w = &e->spec[seq];
+    if (!w->open)
+        return sil_errorf(err, -EINVAL, "engine: sequence %d has no verification window", seq);
+    const int32_t len = e->seq_len[seq] - w->pos;
+    for (int32_t k = 0; k < n; k++)
+        if (!keep || keep[k] < k || keep[k] >= len || (k > 0 && keep[k] <= keep[k - 1]))
+            return sil_errorf(err, -EINVAL,
+                              "engine: sequence %d: the rows to keep must rise within the "
+                              "window's %d",
+                              seq, len);
+    if (n < 0)
+        return sil_errorf(err, -EINVAL, "engine: sequence %d: %d rows to keep", seq, n);
+    int32_t k0 = 0; /* the rows already in place */
+    while (k0 < n && keep[k0] == k0)
+        k0++;
+    if (k0 == n) return sil_seq_spec_commit(e, seq, w->pos + n, err);
+    w->open = false;
+    const bool recr = e->model->hp.n_layer_recr > 0;
+    for (int32_t k = k0; k < n; k++) {
+        w->tok[k] = w->tok[keep[k]];
+        /* keep[k] > k: the node's KV row to its place on the path (its rope already is) */
+        if (!recr) sil_kv_seq_move(e->f.kv, seq, w->pos + k, w->pos + keep[k]);
+    }
+    if (!recr) {
+        sil_ckpt_drop_after(e->ckpt, seq, w->pos + n);
+        sil_kv_seq_trim(e->f.kv, seq, w->pos + n);
+        e->seq_len[seq] = w->pos + n;
+        return 0;
+    }
+    return spec_cut(e, seq, w->pos + n, err);
 }
 
 /* ---- prefix cache ------------------------------------------------------------------------- */
@@ -1308,6 +1364,7 @@ static struct sil_ubatch make_ubatch(struct sil_engine *e, int32_t r0, int32_t n
     ub.pos = e->p_pos + r0;
     ub.seq = e->p_seq + r0;
     ub.out_row = e->p_out + r0;
+    ub.tree = e->tree_batch ? e->p_tree + r0 : NULL;
     ub.n_runs = 0;
     for (int32_t i = 0; i < ub.n; i++)
         if (i == 0 || ub.seq[i] != ub.seq[i - 1]) run_start[ub.n_runs++] = i;
@@ -1401,6 +1458,45 @@ static int kv_device_copies(struct sil_engine *e, struct sil_error *err)
     return 0;
 }
 
+bool sil_engine_has_tree(const struct sil_engine *e)
+{
+    return strcmp(e->info.backend, "cpu") == 0 && e->model->hp.n_layer_recr == 0;
+}
+
+/* Row i of a batch with parents (its position checked): its tree entry in b_tree. A root or a
+ * row outside a tree (parent -1) sees every position before it; inside its sequence's open
+ * window, as bits from the window's start so children can inherit them. A child sees its
+ * parent's positions and its own, at rope position parent's + 1. */
+static int tree_row(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
+                    int32_t i, struct sil_error *err)
+{
+    const int32_t s = b->seq[i], pos = b->pos[i], j = parent[i];
+    const struct spec_window *w = &e->spec[s];
+    const int32_t d = w->open ? pos - w->pos : -1;
+    if (j < 0) {
+        if (w->open && w->tree)
+            return sil_errorf(err, -EINVAL,
+                              "engine: batch row %d: sequence %d's window holds a token tree", i,
+                              s);
+        e->b_tree[i] = d >= 0 && d < 64
+                           ? (struct sil_tree_row){pos, w->pos, (d == 63 ? 0 : (1ull << (d + 1))) - 1}
+                           : (struct sil_tree_row){pos, pos + 1, 0};
+        return 0;
+    }
+    if (j >= i || b->seq[j] != s)
+        return sil_errorf(err, -EINVAL,
+                          "engine: batch row %d: parent %d is not an earlier row of sequence %d", i,
+                          j, s);
+    if (d < 0 || d >= 64 || e->b_tree[j].lo != w->pos)
+        return sil_errorf(err, -EINVAL,
+                          "engine: batch row %d: a token tree's node must lie in the first 64 "
+                          "positions of its sequence's verification window",
+                          i);
+    e->b_tree[i] = (struct sil_tree_row){e->b_tree[j].rope_pos + 1, w->pos,
+                                         e->b_tree[j].mask | 1ull << d};
+    return 0;
+}
+
 int sil_engine_eval(struct sil_engine *e, const struct sil_batch *b, float *logits, struct sil_error *err)
 {
     return sil_engine_eval_rows(e, b, logits, NULL, err);
@@ -1412,8 +1508,24 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
     return sil_engine_eval_out(e, b, logits, NULL, st, err);
 }
 
+static int eval_batch(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
+                      float *logits, int32_t *argmax, int *st, struct sil_error *err);
+
 int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *logits,
                         int32_t *argmax, int *st, struct sil_error *err)
+{
+    return eval_batch(e, b, NULL, logits, argmax, st, err);
+}
+
+int sil_engine_eval_tree(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
+                         float *logits, int32_t *argmax, struct sil_error *err)
+{
+    if (!parent) return sil_errorf(err, -EINVAL, "engine: a token tree without parents");
+    return eval_batch(e, b, parent, logits, argmax, NULL, err);
+}
+
+static int eval_batch(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
+                      float *logits, int32_t *argmax, int *st, struct sil_error *err)
 {
     if (!b || b->n < 0 || b->n > e->n_batch_max) {
         if (b && b->n > 0 && b->token && b->seq) fail_rows(b, st, -1, -EINVAL);
@@ -1426,6 +1538,17 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
     if (st) memset(st, 0, sizeof(int) * (size_t)b->n);
     if (atomic_load(&e->damaged)) return damaged_error(e, b, st, err);
     const int32_t n = b->n, V = e->model->hp.n_vocab;
+    e->tree_batch = false;
+    if (parent)
+        for (int32_t i = 0; i < n; i++)
+            e->tree_batch = e->tree_batch || parent[i] >= 0;
+    if (e->tree_batch && !sil_engine_has_tree(e)) {
+        fail_rows(b, st, -1, -ENOTSUP);
+        return sil_errorf(err, -ENOTSUP,
+                          "engine: token trees need the CPU backend and a model without "
+                          "recurrent layers (%s on %s)",
+                          e->info.arch_name, e->info.backend);
+    }
     /* Validate everything before touching any state: an error leaves sequences unchanged. */
     for (int s = 0; s < e->n_seq_max; s++)
         e->next_pos[s] = e->seq_len[s];
@@ -1451,6 +1574,10 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
                             "engine: batch row %d: sequence %d's verification window is full "
                             "(%d rows)",
                             i, s, e->n_batch_max);
+        if (rc == 0 && parent) rc = tree_row(e, b, parent, i, err);
+        else if (rc == 0 && e->spec[s].open && e->spec[s].tree)
+            rc = sil_errorf(err, -EINVAL,
+                            "engine: batch row %d: sequence %d's window holds a token tree", i, s);
         if (rc < 0) {
             fail_rows(b, st, s, rc);
             return rc;
@@ -1471,6 +1598,7 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
         e->p_pos[at] = b->pos[i];
         e->p_seq[at] = s;
         e->p_out[at] = want ? n_out++ : -1;
+        if (e->tree_batch) e->p_tree[at] = e->b_tree[i];
     }
     if (n_out > 0 && !logits && !argmax) {
         fail_rows(b, st, -1, -EINVAL);
@@ -1511,6 +1639,13 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
          * end at seq_off[s]) */
         struct spec_window *w = &e->spec[s];
         if (w->open && e->seq_count[s] > 0) {
+            /* a row that does not see every position of the window before it is a tree's */
+            for (int32_t r = e->seq_off[s] - e->seq_count[s]; e->tree_batch && r < e->seq_off[s];
+                 r++) {
+                const int32_t d = e->p_pos[r] - w->pos;
+                const uint64_t all = d >= 63 ? ~0ull : (1ull << (d + 1)) - 1;
+                w->tree = w->tree || (e->p_tree[r].lo == w->pos && e->p_tree[r].mask != all);
+            }
             memcpy(w->tok + (e->seq_len[s] - w->pos),
                    e->p_token + e->seq_off[s] - e->seq_count[s],
                    sizeof(int32_t) * (size_t)e->seq_count[s]);

@@ -9,8 +9,8 @@
  * Room for what comes next: the KV cache (kv_cache.h) is paged with reference-counted blocks the
  * prefix cache (prefix_cache.h, sil_seq_prefix_*) shares across sequences; a batch row carries its
  * sequence so decode of N sequences is one call; speculative decoding verifies a chain of draft
- * tokens in one batch and keeps the accepted prefix (sil_seq_spec_*); token trees will add an
- * ancestor mask to struct sil_batch; a backend other than the CPU (CUDA) is chosen with
+ * tokens in one batch and keeps the accepted prefix (sil_seq_spec_*), or a token tree whose
+ * rows see their ancestors only (sil_batch.parent) and keeps its accepted path; a backend other than the CPU (CUDA) is chosen with
  * sil_engine_params.backend. */
 #ifndef SIL_ENGINE_H
 #define SIL_ENGINE_H
@@ -254,6 +254,15 @@ int sil_seq_n_checkpoints(const struct sil_engine *e, int seq);
  * -ENOMEM. */
 int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err);
 int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err);
+/* The same for a token tree's verification (sil_engine_eval_tree): keeps the window's rows
+ * keep[0, n) (offsets from its start, rising; a path from the root) at the window's first n
+ * positions and drops the rest at once, KV blocks back to the pool. The kept rows' KV rows move
+ * to their places (their rope is their depth already), so the logits that follow are those of a
+ * sequence that only ever evaluated the path, bit for bit on f32 KV (kv_cache.h's types keep
+ * rows whole, so any KV type gives the same). Recurrent models evaluate the path again, as a
+ * commit does. Errors as sil_seq_spec_commit. */
+int sil_seq_spec_commit_path(struct sil_engine *e, int seq, const int32_t *keep, int32_t n,
+                             struct sil_error *err);
 /* Bytes of state (KV + recurrent + checkpoints) the sequence holds now. */
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
 
@@ -334,6 +343,20 @@ int sil_engine_eval_rows(struct sil_engine *e, const struct sil_batch *b, float 
  * logits crossing to the host. */
 int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *logits,
                         int32_t *argmax, int *row_status, struct sil_error *err);
+
+/* Token trees (speculative verification of several drafts at once): sil_engine_eval_out where
+ * parent[i] is -1 (row i follows its sequence as usual) or an earlier row of this batch and of
+ * the same sequence, its parent in a tree. A tree's node takes the next free position (so a
+ * tree's rows lie one after another) but attends only to the positions before the tree and to
+ * its ancestors and itself, with rope at its depth (its parent's + 1), so its logits are those
+ * of a sequence made of its path. A tree lies in the first 64 positions of its sequence's open
+ * verification window (sil_seq_spec_begin) and is its last rows until sil_seq_spec_commit_path
+ * keeps a path. CPU backend, models without recurrent layers (sil_engine_has_tree), else
+ * -ENOTSUP; a parent that breaks these rules is -EINVAL. */
+int sil_engine_eval_tree(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
+                         float *logits, int32_t *argmax, struct sil_error *err);
+/* Whether sil_engine_eval_tree can run here. */
+bool sil_engine_has_tree(const struct sil_engine *e);
 
 /* MTP drafting: the next-token prediction layer some files carry (Qwen3.5's nextn layer,
  * forward_mtp.c has its math), on the CPU backend. Whether the engine can run it. */

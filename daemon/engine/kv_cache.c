@@ -412,6 +412,14 @@ void *sil_kv_v(const struct sil_kv_cache *kv, int layer, int seq, int32_t pos)
     return (char *)sil_kv_block_v(kv, layer, b) + (size_t)(pos % SIL_KV_BLOCK) * kv->row_v;
 }
 
+void sil_kv_seq_move(struct sil_kv_cache *kv, int seq, int32_t dst, int32_t src)
+{
+    for (int l = 0; l < kv->c.n_layer; l++) {
+        memcpy(sil_kv_k(kv, l, seq, dst), sil_kv_k(kv, l, seq, src), kv->row_k);
+        memcpy(sil_kv_v(kv, l, seq, dst), sil_kv_v(kv, l, seq, src), kv->row_v);
+    }
+}
+
 /* ---- sequences --------------------------------------------------------------------------------
  */
 

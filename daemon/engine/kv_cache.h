@@ -104,6 +104,11 @@ void *sil_kv_block_v(const struct sil_kv_cache *kv, int layer, int32_t block);
 void *sil_kv_k(const struct sil_kv_cache *kv, int layer, int seq, int32_t pos);
 void *sil_kv_v(const struct sil_kv_cache *kv, int layer, int seq, int32_t pos);
 
+/* Copies the rows of position src to position dst of seq (both below its length; dst's block
+ * held by seq alone) in every layer, K and V: a token tree's accepted node moved to the position
+ * its path gives it. No-op for a cache without layers. */
+void sil_kv_seq_move(struct sil_kv_cache *kv, int seq, int32_t dst, int32_t src);
+
 /* Bytes a sequence of n_pos positions holds: whole blocks. */
 uint64_t sil_kv_seq_bytes(const struct sil_kv_cache *kv, int32_t n_pos);
 

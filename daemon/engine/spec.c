@@ -69,6 +69,7 @@ int sil_spec_init(struct sil_spec *s, struct sil_engine *target, int tseq, struc
     s->tseq = tseq;
     s->dseq = dseq;
     s->depth = depth;
+    s->width = 1;
     /* rows of a verify batch (depth + 1) or of a draft catch-up (the draft's batch) */
     const int32_t n =
         sil_engine_n_batch_max(draft) > depth + 1 ? sil_engine_n_batch_max(draft) : depth + 1;
@@ -104,6 +105,10 @@ void sil_spec_free(struct sil_spec *s)
     free(s->hout);
     free(s->mtok);
     free(s->mam);
+    free(s->par);
+    free(s->tt);
+    free(s->keep);
+    free(s->dlg);
     memset(s, 0, sizeof(*s));
 }
 
@@ -162,6 +167,7 @@ int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, i
     s->target = target;
     s->tseq = tseq;
     s->depth = depth;
+    s->width = 1;
     s->mtp = true;
     const size_t n = (size_t)depth + 1, E = (size_t)sil_engine_info(target)->n_embd;
     s->n_rows_max = (int32_t)n;
@@ -394,6 +400,175 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
     return m + 1;
 }
 
+int sil_spec_set_width(struct sil_spec *s, int32_t width, struct sil_error *err)
+{
+    if (width == 1) {
+        s->width = 1;
+        return 0;
+    }
+    if (s->mtp || !sil_engine_has_tree(s->target))
+        return sil_errorf(err, -ENOTSUP,
+                          "spec: token trees (width %d) need a draft model and a target on the "
+                          "CPU backend without recurrent layers (%s on %s%s)",
+                          width, sil_engine_info(s->target)->arch_name,
+                          sil_engine_info(s->target)->backend, s->mtp ? ", MTP drafting" : "");
+    const int64_t rows = 1 + (int64_t)width * s->depth;
+    if (width < 1 || rows > SIL_SPEC_TREE_ROWS || rows > sil_engine_n_batch_max(s->target))
+        return sil_errorf(err, -EINVAL, "spec: a tree of %dx%d has %lld rows (at most %d)", width,
+                          s->depth, (long long)rows, SIL_SPEC_TREE_ROWS);
+    const size_t n = (size_t)rows, nv = (size_t)sil_engine_info(s->target)->n_vocab;
+    if ((int32_t)n > s->n_rows_max) {
+        int32_t *tok = realloc(s->tok, sizeof(int32_t) * n);
+        if (tok) s->tok = tok;
+        int32_t *pos = realloc(s->pos, sizeof(int32_t) * n);
+        if (pos) s->pos = pos;
+        int32_t *seq = realloc(s->seq, sizeof(int32_t) * n);
+        if (seq) s->seq = seq;
+        int32_t *am = realloc(s->am, sizeof(int32_t) * n);
+        if (am) s->am = am;
+        bool *want = realloc(s->want, sizeof(bool) * n);
+        if (want) s->want = want;
+        if (!tok || !pos || !seq || !am || !want)
+            return sil_errorf(err, -ENOMEM, "spec: out of memory");
+        s->n_rows_max = (int32_t)n;
+    }
+    free(s->par);
+    free(s->tt);
+    free(s->keep);
+    free(s->dlg);
+    s->par = malloc(sizeof(int32_t) * n);
+    s->tt = malloc(sizeof(int32_t) * n);
+    s->keep = malloc(sizeof(int32_t) * ((size_t)s->depth + 1));
+    s->dlg = malloc(sizeof(float) * nv);
+    if (!s->par || !s->tt || !s->keep || !s->dlg)
+        return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    s->width = width;
+    return 0;
+}
+
+/* The w most likely tokens of lg[n] (ties to the lower id), most likely first. */
+static void top_tokens(const float *lg, int32_t n, int32_t w, int32_t *out)
+{
+    for (int32_t k = 0; k < w; k++) {
+        int32_t best = -1;
+        for (int32_t v = 0; v < n; v++) {
+            bool taken = false;
+            for (int32_t q = 0; q < k && !taken; q++)
+                taken = out[q] == v;
+            if (!taken && (best < 0 || lg[v] > lg[best])) best = v;
+        }
+        out[k] = best;
+    }
+}
+
+/* The draft's tree tt[j * n + i] (branch j, depth i): catch up on hist, evaluate its last
+ * token (kept: it is history), take its w most likely next tokens, and below each the draft's
+ * greedy chain of n - 1, each in a verification window taken back after it. */
+static int draft_tree(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t w,
+                      int32_t n, struct sil_error *err)
+{
+    struct sil_engine *e = s->draft;
+    const int32_t bmax = sil_engine_n_batch_max(e);
+    int32_t at = sil_seq_len(e, s->dseq), am;
+    while (at < n_hist - 1) {
+        const int32_t k = n_hist - 1 - at < bmax ? n_hist - 1 - at : bmax;
+        int rc = eval_rows(s, e, s->dseq, hist + at, k, at, false, &am, err);
+        if (rc < 0) return rc;
+        at += k;
+    }
+    s->tok[0] = hist[n_hist - 1];
+    s->pos[0] = n_hist - 1;
+    s->seq[0] = s->dseq;
+    s->want[0] = true;
+    const struct sil_batch b = {1, s->tok, s->pos, s->seq, s->want};
+    int rc = sil_engine_eval_out(e, &b, s->dlg, NULL, NULL, err);
+    if (rc < 0) return rc;
+    int32_t first[SIL_SPEC_TREE_ROWS];
+    top_tokens(s->dlg, sil_engine_info(e)->n_vocab, w, first);
+    for (int32_t j = 0; j < w; j++) {
+        int32_t *br = s->tt + (size_t)j * (size_t)n;
+        br[0] = first[j];
+        if (n == 1) continue;
+        rc = sil_seq_spec_begin(e, s->dseq, err);
+        for (int32_t i = 1; i < n && rc == 0; i++)
+            rc = eval_rows(s, e, s->dseq, &br[i - 1], 1, n_hist + i - 1, false, &br[i], err);
+        struct sil_error ignored = {0};
+        const int crc = sil_seq_spec_commit(e, s->dseq, n_hist, rc < 0 ? &ignored : err);
+        if (rc == 0) rc = crc;
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+/* A greedy step verifying the draft's tree of w x n (w > 1). */
+static int tree_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t w,
+                     int32_t n, int32_t *out, struct sil_error *err)
+{
+    struct sil_engine *t = s->target;
+    const double t0 = now_s();
+    int rc = draft_tree(s, hist, n_hist, w, n, err);
+    if (rc < 0) return rc;
+    const double t1 = now_s();
+    s->stats.draft_s += t1 - t0;
+
+    /* the root (the last token), then each branch's nodes one after another */
+    const int32_t rows = 1 + w * n, L = n_hist - 1;
+    s->tok[0] = hist[L];
+    s->par[0] = -1;
+    for (int32_t j = 0; j < w; j++)
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t r = 1 + j * n + i;
+            s->tok[r] = s->tt[j * n + i];
+            s->par[r] = i == 0 ? 0 : r - 1;
+        }
+    for (int32_t r = 0; r < rows; r++) {
+        s->pos[r] = L + r;
+        s->seq[r] = s->tseq;
+        s->want[r] = true;
+    }
+    struct sil_engine_stats at;
+    moe_mark(s, &at);
+    rc = sil_seq_spec_begin(t, s->tseq, err);
+    if (rc == 0) {
+        const struct sil_batch b = {rows, s->tok, s->pos, s->seq, s->want};
+        rc = sil_engine_eval_tree(t, &b, s->par, NULL, s->am, err);
+    }
+    moe_count(s, &at);
+    const double t2 = now_s();
+    s->stats.verify_s += t2 - t1;
+    if (rc < 0) {
+        struct sil_error ignored = {0};
+        sil_seq_spec_commit(t, s->tseq, L, &ignored);
+        return rc;
+    }
+    /* the branch that starts with the target's choice after the root (the first level's
+     * tokens differ), followed while its drafts are the target's choices */
+    int32_t m = 0, r = 0, jb = -1;
+    for (int32_t j = 0; j < w && jb < 0; j++)
+        if (s->tt[j * n] == s->am[0]) jb = j;
+    s->keep[0] = 0;
+    if (jb >= 0) {
+        r = 1 + jb * n;
+        s->keep[++m] = r;
+        while (m < n && s->tt[jb * n + m] == s->am[r]) {
+            r++;
+            s->keep[++m] = r;
+        }
+    }
+    const int32_t last = s->am[r];
+    rc = sil_seq_spec_commit_path(t, s->tseq, s->keep, m + 1, err);
+    s->stats.commit_s += now_s() - t2;
+    if (rc < 0) return rc;
+    for (int32_t i = 0; i < m; i++)
+        out[i] = s->tt[jb * n + i];
+    out[m] = last;
+    s->stats.steps++;
+    s->stats.drafted += (uint64_t)(w * n);
+    s->stats.accepted += (uint64_t)m;
+    s->stats.emitted += (uint64_t)m + 1;
+    return m + 1;
+}
+
 int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32_t max_out,
                   int32_t *out, struct sil_error *err)
 {
@@ -413,6 +588,11 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
     if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
     if (n > sil_engine_n_ctx(d) - n_hist + 1) n = sil_engine_n_ctx(d) - n_hist + 1;
     if (n < 0) n = 0;
+    /* a tree: its nodes take positions up to n_hist - 1 + w * n of the target's context */
+    int32_t w = s->width;
+    while (w > 1 && n > 0 && (int64_t)n_hist - 1 + (int64_t)w * n >= sil_engine_n_ctx(t))
+        w--;
+    if (w > 1 && n > 0) return tree_step(s, hist, n_hist, w, n, out, err);
 
     double t0 = now_s();
     int32_t *dr = s->dtok;

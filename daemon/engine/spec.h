@@ -46,6 +46,12 @@ struct sil_spec {
     struct sil_engine *target, *draft;
     int tseq, dseq;
     int32_t depth;
+    /* a token tree's width (sil_spec_set_width; 1: a chain), its parents, drafts and the
+     * draft's logits of the first level: par [1 + width * depth], tt [width * depth], dlg
+     * [n_vocab], keep [depth + 1] */
+    int32_t width;
+    int32_t *par, *tt, *keep;
+    float *dlg;
     struct sil_spec_stats stats;
     /* row buffers: [depth + 1] for a verify batch, [n_batch_max of the draft] for a catch-up */
     int32_t *tok, *pos, *seq, *am, *dtok;
@@ -84,6 +90,19 @@ void sil_spec_free(struct sil_spec *s);
  * -EINVAL, -ENOTSUP (no MTP layer), -ENOMEM. */
 int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
                       struct sil_error *err);
+
+/* The largest tree: 1 + width x depth rows (sil_engine_eval_tree's 64 positions). */
+#define SIL_SPEC_TREE_ROWS 64
+
+/* Greedy steps of a draft-model spec verify a token tree of width x depth: the draft's width
+ * most likely tokens after the last one, each followed by the draft's greedy chain of depth - 1,
+ * all in one verify pass (sil_engine_eval_tree: each node sees its ancestors only); the longest
+ * path the target's greedy choices agree with is kept (sil_seq_spec_commit_path), so the tokens
+ * stay plain greedy decoding's. Width 1 is the chain. Sampled steps still draft a chain.
+ * -ENOTSUP where the target cannot verify trees (sil_engine_has_tree: the CPU backend, a model
+ * without recurrent layers) or the MTP layer drafts; -EINVAL beyond SIL_SPEC_TREE_ROWS or a
+ * batch; -ENOMEM. */
+int sil_spec_set_width(struct sil_spec *s, int32_t width, struct sil_error *err);
 
 /* One step. hist[0, n_hist) are the tokens so far (prompt and output); the target's sequence
  * holds hist[0, n_hist - 1) (the last token is not evaluated yet) and the draft's any prefix of
