@@ -104,7 +104,7 @@ static const struct opt_def {
     {"--draft-model", OPT_STR, offsetof(struct opts, draft_model), "FILE",
      "the draft model of --spec draft (the target's vocabulary)"},
     {"--spec-tree", OPT_STR, offsetof(struct opts, spec_tree), "WxD",
-     "drafts a step: 1xDEPTH, a chain (default 1x4)"},
+     "drafts a step: 1xDEPTH, a chain (default 1x4), or a tree WIDTHxDEPTH"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
     {"--version", OPT_FLAG, offsetof(struct opts, version), NULL, "show the version and exit"},
 };
@@ -117,7 +117,7 @@ static void usage(FILE *f)
                "       sil-eval --model FILE (--tokens IDS | --prompt TEXT | --tokenize-file FILE)\n"
                "                [--n-predict N] [--logits last|all|none] [--threads N] [--exact] "
                "[--kv-type TYPE] [--json]\n"
-               "                [--spec off|draft|mtp [--draft-model FILE] [--spec-tree 1xDEPTH]]\n"
+               "                [--spec off|draft|mtp [--draft-model FILE] [--spec-tree WxDEPTH]]\n"
                "\noptions:\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         char left[64];

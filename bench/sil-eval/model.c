@@ -199,8 +199,9 @@ static void heat_start(struct sil_engine *e, const char *path, struct heat_run *
             (long long)hr->r.placed, hr->preload_s);
 }
 
-/* --spec-tree WIDTHxDEPTH: only chains (width 1) so far. */
-static int parse_tree(const char *s, long *depth)
+/* --spec-tree WIDTHxDEPTH: a chain (width 1) or a token tree of at most SIL_SPEC_TREE_ROWS
+ * rows (whether the models can verify one is known once they are open). */
+static int parse_tree(const char *s, long *width, long *depth)
 {
     char *x, *end;
     errno = 0;
@@ -208,15 +209,16 @@ static int parse_tree(const char *s, long *depth)
     if (errno || x == s || *x != 'x') goto bad;
     const long d = strtol(x + 1, &end, 10);
     if (errno || end == x + 1 || *end || w < 1 || d < 1) goto bad;
-    if (w != 1) {
-        fprintf(stderr, "sil-eval: --spec-tree %s: token trees (width > 1) are not supported yet; "
-                        "use a chain, 1xDEPTH\n", s);
+    if (w > 1 && 1 + w * d > SIL_SPEC_TREE_ROWS) {
+        fprintf(stderr, "sil-eval: --spec-tree %s: a tree has at most %d rows (1 + width x depth)\n",
+                s, SIL_SPEC_TREE_ROWS);
         return -EINVAL;
     }
     if (d > SIL_SPEC_DEPTH_MAX) {
         fprintf(stderr, "sil-eval: --spec-tree %s: depth at most %d\n", s, SIL_SPEC_DEPTH_MAX);
         return -EINVAL;
     }
+    *width = w;
     *depth = d;
     return 0;
 bad:
@@ -226,7 +228,7 @@ bad:
 
 /* --spec draft: the greedy tokens again by speculative decoding, target t drafted by d. */
 struct spec_run {
-    long depth;
+    long width, depth;
     struct sil_spec_stats st;
     int32_t *greedy; /* [n_predict] */
     double decode_s;
@@ -275,6 +277,7 @@ static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *i
     /* no draft model: the target's MTP layer drafts */
     rc = d ? sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err)
            : sil_spec_init_mtp(&sp, t, ts, (int32_t)r->depth, &err);
+    if (rc == 0 && r->width > 1) rc = sil_spec_set_width(&sp, (int32_t)r->width, &err);
     if (rc < 0) {
         fprintf(stderr, "sil-eval: %s\n", err.msg);
         goto out;
@@ -321,7 +324,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         return 2;
     }
     const bool all = strcmp(mode, "all") == 0;
-    struct spec_run sr = {.depth = 4, .diverged = -1};
+    struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1};
     const bool spec = o->spec && strcmp(o->spec, "off") != 0;
     const bool mtp = spec && strcmp(o->spec, "mtp") == 0; /* the target's own MTP layer drafts */
     const char *spec_mode = mtp ? "mtp" : "draft";
@@ -341,7 +344,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         fprintf(stderr, "sil-eval: --draft-model and --spec-tree need --spec draft or mtp\n");
         return 2;
     }
-    if (o->spec_tree && parse_tree(o->spec_tree, &sr.depth) < 0)
+    if (o->spec_tree && parse_tree(o->spec_tree, &sr.width, &sr.depth) < 0)
         return 2;
     if (spec && n_predict < 1) {
         fprintf(stderr, "sil-eval: --spec %s needs --n-predict N (N >= 1)\n", spec_mode);
@@ -693,7 +696,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                 printf("null");
             else
                 print_json_str(o->draft_model);
-            printf(", \"tree\": \"1x%ld\", \"depth\": %ld, \"greedy\": [", sr.depth, sr.depth);
+            printf(", \"tree\": \"%ldx%ld\", \"width\": %ld, \"depth\": %ld, \"greedy\": [",
+                   sr.width, sr.depth, sr.width, sr.depth);
             for (long i = 0; i < n_predict; i++)
                 printf(i ? ", %d" : "%d", sr.greedy[i]);
             printf("], \"identical\": %s, \"steps\": %llu, \"drafted\": %llu, "
@@ -767,10 +771,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             printf("spec greedy:");
             for (long i = 0; i < n_predict; i++)
                 printf(" %d", sr.greedy[i]);
-            printf("\nspec (%s, 1x%ld): %llu steps, %llu of %llu drafts accepted (%.1f%%), "
+            printf("\nspec (%s, %ldx%ld): %llu steps, %llu of %llu drafts accepted (%.1f%%), "
                    "%.2f tokens a step; verify step %.3f ms vs one-token step %.3f ms; decode "
                    "%.2f tok/s vs plain %.2f tok/s; %s plain greedy decoding\n",
-                   spec_mode, sr.depth, (unsigned long long)ss->steps,
+                   spec_mode, sr.width, sr.depth, (unsigned long long)ss->steps,
                    (unsigned long long)ss->accepted,
                    (unsigned long long)ss->drafted,
                    ss->drafted ? 100.0 * (double)ss->accepted / (double)ss->drafted : 0.0,

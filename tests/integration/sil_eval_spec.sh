@@ -3,8 +3,9 @@
 # gives plain greedy decoding's tokens, with the target drafting for itself (every draft
 # accepted) and with other drafters (the F16 file drafted by its Q4_K_M quantization and back,
 # the other architectures, a small seeded model of the same vocabulary from sil-mkmodel); the
-# JSON's figures agree with each other; drafts of another vocabulary, trees wider than 1 and
-# --spec mtp are clear errors. Acceptance figures are printed.
+# JSON's figures agree with each other; token trees (WIDTHxDEPTH) give the same tokens on the
+# attention-only architectures and are a clear error on the hybrid ones; drafts of another
+# vocabulary are a clear error. Acceptance figures are printed.
 set -u
 . "$(dirname "$0")/lib.bash"
 set +e
@@ -32,13 +33,15 @@ s = d["spec"]
 assert s["greedy"] == d["greedy"] and s["identical"] is True, (s["greedy"], d["greedy"])
 assert len(s["greedy"]) == 48
 assert s["emitted"] == 48 and s["emitted"] == s["accepted"] + s["steps"], s
-assert s["accepted"] <= s["drafted"] <= s["steps"] * s["depth"], s
+assert s["accepted"] <= s["drafted"] <= s["steps"] * s["depth"] * s["width"], s
 assert abs(s["acceptance_rate"] - s["accepted"] / s["drafted"]) < 1e-4, s
 assert abs(s["accepted_per_step"] - s["accepted"] / s["steps"]) < 1e-4, s
 assert abs(s["tokens_per_step"] - s["emitted"] / s["steps"]) < 1e-4, s
 assert s["verify_step_ms"] > 0 and s["one_token_step_ms"] > 0 and s["verify_vs_one_token"] > 0, s
-assert s["tree"] == "1x%d" % s["depth"], s
-if mode == "all":
+assert s["tree"] == "%dx%d" % (s["width"], s["depth"]), s
+if mode == "all" and s["width"] > 1:  # a whole branch a step but near the end
+    assert s["accepted"] >= s["steps"] * s["depth"] - s["depth"], s
+elif mode == "all":
     assert s["accepted"] == s["drafted"] and s["acceptance_rate"] == 1.0, s
 elif mode == "some":
     assert 0 < s["accepted"] < s["drafted"], s
@@ -57,6 +60,26 @@ check "$T/d1.json" "qwen3-tiny-Q8_0 drafting for itself (1x1)" all
 run "$M/qwen35-tiny-Q4_K_M.gguf" "$M/qwen35-tiny-Q4_K_M.gguf" 1x16 "$T/d16.json"
 check "$T/d16.json" "qwen35-tiny-Q4_K_M drafting for itself (1x16)" all
 echo "ok: every architecture drafting for itself: every draft accepted, plain greedy's tokens"
+
+# token trees: the attention-only architectures verify them, with plain greedy's tokens
+for a in qwen3moe-tiny-Q4_K_M qwen3-tiny-Q8_0; do
+    for tree in 2x3 3x2 4x4; do
+        run "$M/$a.gguf" "$M/$a.gguf" $tree "$T/tree.json"
+        check "$T/tree.json" "$a drafting for itself ($tree)" all
+    done
+    o=qwen3moe-tiny-Q4_K_M
+    [ $a = $o ] && o=qwen3-tiny-Q8_0
+    run "$M/$a.gguf" "$M/$o.gguf" 2x3 "$T/tree.json"
+    check "$T/tree.json" "$a drafted by $o (2x3)" any
+done
+for a in qwen35moe-tiny-Q4_K_M qwen35-tiny-Q4_K_M; do
+    "$E" --model "$M/$a.gguf" --tokens 1,2,3 --n-predict 8 --threads 2 --spec draft \
+        --draft-model "$M/$a.gguf" --spec-tree 2x3 >/dev/null 2>"$T/err"
+    rc=$?
+    [ $rc = 1 ] || fail "$a --spec-tree 2x3: exit $rc (want 1)"
+    grep -q "token trees (width 2) need" "$T/err" || fail "$a --spec-tree 2x3: $(cat "$T/err")"
+done
+echo "ok: token trees give plain greedy's tokens (qwen3, qwen3moe) or a clear error (qwen35*)"
 
 run "$M/qwen35moe-tiny-F16.gguf" "$M/qwen35moe-tiny-Q4_K_M.gguf" 1x4 "$T/f16.json"
 check "$T/f16.json" "qwen35moe-tiny-F16 drafted by its Q4_K_M" some
@@ -96,7 +119,7 @@ usage() { # expected-message args...
 }
 B=(--model "$M/qwen3-tiny-Q8_0.gguf" --tokens 1,2,3 --n-predict 8)
 D=(--spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf")
-usage "trees (width > 1) are not supported yet" "${B[@]}" "${D[@]}" --spec-tree 2x4
+usage "at most 64 rows" "${B[@]}" "${D[@]}" --spec-tree 8x8
 usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x
 usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x0
 usage "depth at most" "${B[@]}" "${D[@]}" --spec-tree 1x65
@@ -121,7 +144,7 @@ for v in "v600.gguf:has 600 tokens, the target's 512" "v512.gguf:token 257 diffe
     [ $rc = 1 ] || fail "exit $rc (want 1) for the draft ${v%%:*}"
     grep -q "draft model .*${v%%:*}: .*${v#*:}" "$T/err" || fail "message for ${v%%:*}: $(cat "$T/err")"
 done
-echo "ok: trees, missing or stray options are usage errors; another vocabulary is an error"
+echo "ok: oversized trees, missing or stray options are usage errors; another vocabulary is an error"
 
 # the model's own MTP layer drafts: plain greedy's tokens, acceptance reported; a model
 # without one is an error
