@@ -67,6 +67,7 @@ void sil_job_free(struct sil_worker *w, struct job *j)
     sil_job_spec_drop(w, j);
     free(j->oom);
     sil_sampler_free(j->smp);
+    sil_sampler_free(j->dsmp);
     sil_genctl_free(j->gc);
     free(j->ctx.p);
     free(j->gen.p);

@@ -85,7 +85,9 @@ struct job {
      * moving average, its counters, and whether it stopped (speculation did not pay). */
     struct sil_spec *spec;
     int dseq;
-    struct sil_sampler *dsmp; /* the draft's draws: the request's settings, a seed of its own */
+    /* the draft's draws: the request's settings, a seed of its own; made at the first sampled
+     * speculative step, kept while speculation stops and resumes, freed with the job */
+    struct sil_sampler *dsmp;
     int32_t spec_max, spec_depth;
     double spec_acc;
     uint64_t spec_steps, spec_emitted, spec_dec_steps;

@@ -2,7 +2,8 @@
 # siliceod --spec draft: greedy answers identical token for token to a daemon without a draft
 # model, on a hybrid MoE model drafting for itself and drafted by another quantization, and on an
 # attention-only model; per-request spec (off, a depth; bad values are error 4); status and
-# metrics carry the figures; a cancelled speculative request frees its sequences and KV; bad
+# metrics carry the figures; a cancelled speculative request frees its sequences and KV, and 200
+# sampled speculative requests (half of them disconnected) leave the heap as it was; bad
 # settings (no draft model, a tree, another vocabulary, mtp on a model without the layer) stop the
 # daemon with a message. siliceod --spec mtp (spec = mtp): a sil-mkmodel --mtp model drafting with
 # its own MTP layer gives the answers of a daemon without speculation.
@@ -21,6 +22,7 @@ for pair in qwen35moe-tiny-Q4_K_M:qwen35moe-tiny-Q4_K_M:all qwen35moe-tiny-Q4_K_
     start_daemon --model "$M/$target.gguf" --spec-tree 1x4
     python3 "$HERE/spec_tests.py" spec "$T/plain.json" "$mode"
     if [ "$mode" = all ]; then
+        python3 "$HERE/spec_tests.py" churn 200
         # sil-bench reports the daemon's speculative figures over its runs
         "$SIL_BUILD/bin/sil-bench" -p 8 -n 12 -r 2 -c 1 -o "$T/bench.json" >"$T/bench.out" ||
             fail "sil-bench: $(cat "$T/bench.out")"

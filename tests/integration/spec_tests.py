@@ -6,7 +6,8 @@ every draft accepted, the target drafting for itself), that bad spec values are 
 a speculative request cancelled mid-stream leaves the engine state as it found it. `mtp PATH`: a
 daemon whose model's own MTP layer drafts (spec = mtp) gives the tokens of PATH's daemon without
 speculation, alone and side by side, with per-request depths and spec "off", and speculates for
-sampled requests; status and metrics say mtp."""
+sampled requests; status and metrics say mtp. `churn N`: N sampled requests that speculate, half
+of them ended by a disconnect, leave the heap and the draft's sequences as they were."""
 import json
 import random
 import sys
@@ -246,6 +247,50 @@ def mtp(path):
     check(gen(c, PROMPTS[0])["tokens"] == want[0], "the daemon lives on")
 
 
+def churn(n):
+    """n sampled requests that speculate, every other one ended by its client's disconnect: the
+    heap comes back to where it was and the draft holds no sequence. A draft sampler kept past its
+    request (about 14 KiB with a 512-token vocabulary) grows the heap by n times that."""
+    c = Client()
+
+    def settle():
+        for _ in range(100):
+            st = c.ok("status")[0]
+            if st["queue"]["running"] == 0 and st["queue"]["queued"] == 0:
+                return st
+            time.sleep(0.1)
+        return st
+
+    def one(i, disconnect):
+        k = Client()
+        mid = k.send("generate", dict(GREEDY, prompt_tokens=PROMPTS[i % 3], temperature=0.8, seed=i + 1,
+                                      max_tokens=16))
+        if disconnect:  # after a few tokens, mid-stream
+            for _ in range(3):
+                msg = k.read()
+                if msg is None or msg[0] != 2:
+                    break
+        else:
+            err, _, _ = k.wait(mid)
+            if err is not None:
+                check(False, "sampled request %d answers (%r)" % (i, err))
+        k.close()
+
+    for i in range(20):
+        one(i, i % 2 == 1)
+    base = settle()
+    for i in range(n):
+        one(i, i % 2 == 1)
+    after = settle()
+    steps = after["speculative"]["steps"] - base["speculative"]["steps"]
+    check(steps >= n // 2, "the sampled requests speculated (%d steps)" % steps)
+    check(after["queue"]["running"] == 0 and after["speculative"]["draft_state"]["sequences"] == 0,
+          "after %d sampled requests: none runs, the draft holds no sequence" % n)
+    h0, h1 = base["memory"]["heap"], after["memory"]["heap"]
+    check(h1 - h0 < 256 << 10, "heap flat over %d sampled speculative requests (%d -> %d KiB)"
+          % (n, h0 >> 10, h1 >> 10))
+
+
 if __name__ == "__main__":
     {"plain": lambda: plain(sys.argv[2]), "spec": lambda: spec(sys.argv[2], sys.argv[3]),
-     "mtp": lambda: mtp(sys.argv[2])}[sys.argv[1]]()
+     "mtp": lambda: mtp(sys.argv[2]), "churn": lambda: churn(int(sys.argv[2]))}[sys.argv[1]]()
