@@ -93,6 +93,6 @@ rc=0
 rc=0
 "$BIN/sil-bench" --reuse-prompt --protocol-overhead >"$T/out" 2>"$T/err" || rc=$?
 [ "$rc" = 2 ] && grep -q "reuse-prompt is for generation" "$T/err" || fail "--reuse-prompt --protocol-overhead: $rc $(cat "$T/err")"
-"$BIN/sil-bench" --help | grep -q -- "--reuse-prompt" || fail "--help lacks --reuse-prompt"
+grep -q -- "--reuse-prompt" <<<"$("$BIN/sil-bench" --help)" || fail "--help lacks --reuse-prompt"
 echo "ok: a run the context cannot hold is refused with the figures, before any request"
 stop_daemon

@@ -23,7 +23,7 @@ rc=0; "$SIL_BUILD/bin/siliceod" --config "$T/siliceod.conf" --socket "$T/junk.so
 [ "$rc" -eq 1 ] || fail "bad model: exit $rc, expected 1"
 ! grep -q listening "$T/o" || fail "bad model: 'listening' printed before the model was checked: $(cat "$T/o")"
 [ ! -e "$T/junk.sock" ] || fail "bad model: the socket was created"
-"$SIL_BUILD/bin/siliceod" --help | grep -q SILICEO_SOCKET || fail "--help does not mention SILICEO_SOCKET"
+grep -q SILICEO_SOCKET <<<"$("$SIL_BUILD/bin/siliceod" --help)" || fail "--help does not mention SILICEO_SOCKET"
 echo "ok: exit statuses 2 (usage) and 1 (config, model), no 'listening' before the model, --help names SILICEO_SOCKET"
 
 write_conf "threads = 2" "max_queue = 4" "max_running = 2" "max_output = 256K" "message_timeout = 2" \

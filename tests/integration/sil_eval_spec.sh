@@ -130,8 +130,8 @@ usage "need --spec draft or mtp" "${B[@]}" --draft-model "$M/qwen3-tiny-Q8_0.ggu
 usage "need --spec draft or mtp" "${B[@]}" --spec off --spec-tree 1x4
 usage "needs --n-predict" --model "$M/qwen3-tiny-Q8_0.gguf" --tokens 1,2,3 "${D[@]}"
 usage "need a prompt" --model "$M/qwen3-tiny-Q8_0.gguf" "${D[@]}"
-"$E" --help | grep -q -- "--draft-model" || fail "--help lists --draft-model"
-"$E" --help | grep -q -- "--spec-tree" || fail "--help lists --spec-tree"
+grep -q -- "--draft-model" <<<"$("$E" --help)" || fail "--help lists --draft-model"
+grep -q -- "--spec-tree" <<<"$("$E" --help)" || fail "--help lists --spec-tree"
 
 "$MK" --arch qwen3 --layers 1 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 600 \
     --type q8_0 --quiet --out "$T/v600.gguf" || fail "sil-mkmodel"

@@ -28,7 +28,7 @@ printf '<|im_start|>user\nhi<|im_end|>' >"$T/p.txt"
 [ "$("$E" --model "$V" --tokenize-file "$T/empty.txt" --json)" = '{"ids": []}' ] || fail "empty file"
 echo "ok: output formats, special tokens only with --parse-special, empty input"
 
-"$E" --help | grep -q -- --tokenize-file || fail "--help lists --tokenize-file"
+grep -q -- --tokenize-file <<<"$("$E" --help)" || fail "--help lists --tokenize-file"
 "$E" --version | grep -q '^sil-eval ' || fail "--version"
 "$E" --version | grep -qE '^backends: cpu(, cuda \(sm_[0-9]+| \(built without CUDA\))' || fail "--version lists the backends"
 "$E" --no-such-option >/dev/null 2>"$T/err"; [ $? = 2 ] || fail "unknown option exit status"
