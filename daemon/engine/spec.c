@@ -112,18 +112,112 @@ void sil_spec_free(struct sil_spec *s)
     memset(s, 0, sizeof(*s));
 }
 
-/* Evaluates n rows tok[] of seq from position p0; the argmax of the last row (or of every row
- * when all) into am. */
-static int eval_rows(struct sil_spec *s, struct sil_engine *e, int seq, const int32_t *tok,
-                     int32_t n, int32_t p0, bool all, int32_t *am, struct sil_error *err)
+/* Rows [0, n) of the batch arrays: seq at positions p0 .. p0 + n - 1, every row's output
+ * wanted (all) or the last one's only. */
+static void set_rows(struct sil_spec *s, int seq, int32_t n, int32_t p0, bool all)
 {
     for (int32_t i = 0; i < n; i++) {
         s->pos[i] = p0 + i;
         s->seq[i] = seq;
         s->want[i] = all || i == n - 1;
     }
+}
+
+/* Evaluates n rows tok[] of seq from position p0; the argmax of the last row (or of every row
+ * when all) into am. */
+static int eval_rows(struct sil_spec *s, struct sil_engine *e, int seq, const int32_t *tok,
+                     int32_t n, int32_t p0, bool all, int32_t *am, struct sil_error *err)
+{
+    set_rows(s, seq, n, p0, all);
     const struct sil_batch b = {n, tok, s->pos, s->seq, s->want};
     return sil_engine_eval_out(e, &b, NULL, am, NULL, err);
+}
+
+/* Evaluates one row tok of seq at position pos with its logits into lg. */
+static int eval_row_logits(struct sil_spec *s, struct sil_engine *e, int seq, int32_t tok,
+                           int32_t pos, float *lg, struct sil_error *err)
+{
+    s->tok[0] = tok;
+    set_rows(s, seq, 1, pos, true);
+    const struct sil_batch b = {1, s->tok, s->pos, s->seq, s->want};
+    return sil_engine_eval_out(e, &b, lg, NULL, NULL, err);
+}
+
+/* The draft catches up on hist but its last token, a batch at a time. */
+static int draft_catch_up(struct sil_spec *s, const int32_t *hist, int32_t n_hist,
+                          struct sil_error *err)
+{
+    struct sil_engine *e = s->draft;
+    const int32_t bmax = sil_engine_n_batch_max(e);
+    int32_t at = sil_seq_len(e, s->dseq), am;
+    while (at < n_hist - 1) {
+        const int32_t k = n_hist - 1 - at < bmax ? n_hist - 1 - at : bmax;
+        int rc = eval_rows(s, e, s->dseq, hist + at, k, at, false, &am, err);
+        if (rc < 0) return rc;
+        at += k;
+    }
+    return 0;
+}
+
+/* How many drafts a step makes: within depth, what may come out, and the contexts (the target
+ * evaluates positions up to n_hist - 1 + n, a draft model up to n_hist - 2 + n). */
+static int32_t step_drafts(const struct sil_spec *s, int32_t n_hist, int32_t max_out)
+{
+    int32_t n = s->depth;
+    if (n > max_out - 1) n = max_out - 1;
+    if (n > sil_engine_n_ctx(s->target) - n_hist) n = sil_engine_n_ctx(s->target) - n_hist;
+    if (s->draft && n > sil_engine_n_ctx(s->draft) - n_hist + 1)
+        n = sil_engine_n_ctx(s->draft) - n_hist + 1;
+    return n < 0 ? 0 : n;
+}
+
+/* A draft model's step: the target holds hist but its last token, the draft no more; returns
+ * the drafts this step makes, or -EINVAL. */
+static int32_t chain_drafts(const struct sil_spec *s, int32_t n_hist, int32_t max_out,
+                            struct sil_error *err)
+{
+    const int32_t tlen = sil_seq_len(s->target, s->tseq), dlen = sil_seq_len(s->draft, s->dseq);
+    if (tlen != n_hist - 1 || dlen > n_hist - 1)
+        return sil_errorf(err, -EINVAL,
+                          "spec: the target holds %d positions and the draft %d of %d tokens", tlen,
+                          dlen, n_hist);
+    return step_drafts(s, n_hist, max_out);
+}
+
+/* After a draft model's verify pass (rc its result) of n drafts, m of them accepted: the
+ * target keeps the last token and the accepted drafts, the draft the accepted ones it
+ * evaluated (it never evaluated the last draft); on an error both keep hist but its last
+ * token. */
+static int chain_commit(struct sil_spec *s, int rc, int32_t n_hist, int32_t n, int32_t m,
+                        struct sil_error *err)
+{
+    struct sil_engine *t = s->target, *d = s->draft;
+    struct sil_error ignored = {0};
+    if (rc < 0) {
+        sil_seq_spec_commit(t, s->tseq, n_hist - 1, &ignored);
+        if (n > 0) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
+        return rc;
+    }
+    rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
+    if (n > 0) {
+        const int32_t keep = rc < 0 ? n_hist - 1 : n_hist + (m < n - 1 ? m : n - 1);
+        const int drc = sil_seq_spec_commit(d, s->dseq, keep, rc < 0 ? &ignored : err);
+        if (rc == 0) rc = drc;
+    }
+    return rc;
+}
+
+/* A step's tokens out: the m accepted drafts dr, then last; its counts. */
+static int32_t step_out(struct sil_spec *s, const int32_t *dr, int32_t drafted, int32_t m,
+                        int32_t last, int32_t *out)
+{
+    memcpy(out, dr, sizeof(int32_t) * (size_t)m);
+    out[m] = last;
+    s->stats.steps++;
+    s->stats.drafted += (uint64_t)drafted;
+    s->stats.accepted += (uint64_t)m;
+    s->stats.emitted += (uint64_t)m + 1;
+    return m + 1;
 }
 
 /* The draft's proposals d[0, n): catch up on hist but its last token, then, in a verification
@@ -133,15 +227,9 @@ static int draft_chain(struct sil_spec *s, const int32_t *hist, int32_t n_hist, 
                        int32_t *d, struct sil_error *err)
 {
     struct sil_engine *e = s->draft;
-    const int32_t bmax = sil_engine_n_batch_max(e);
-    int32_t at = sil_seq_len(e, s->dseq);
-    while (at < n_hist - 1) {
-        const int32_t k = n_hist - 1 - at < bmax ? n_hist - 1 - at : bmax;
-        int rc = eval_rows(s, e, s->dseq, hist + at, k, at, false, &d[0], err);
-        if (rc < 0) return rc;
-        at += k;
-    }
-    int rc = sil_seq_spec_begin(e, s->dseq, err);
+    int rc = draft_catch_up(s, hist, n_hist, err);
+    if (rc < 0) return rc;
+    rc = sil_seq_spec_begin(e, s->dseq, err);
     if (rc < 0) return rc;
     rc = eval_rows(s, e, s->dseq, &hist[n_hist - 1], 1, n_hist - 1, false, &d[0], err);
     for (int32_t i = 1; i < n && rc == 0; i++)
@@ -326,10 +414,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
     if (sil_seq_len(t, s->tseq) != L)
         return sil_errorf(err, -EINVAL, "spec: the target holds %d positions of %d tokens",
                           sil_seq_len(t, s->tseq), n_hist);
-    int32_t n = s->depth;
-    if (n > max_out - 1) n = max_out - 1;
-    if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
-    if (n < 0) n = 0;
+    int32_t n = step_drafts(s, n_hist, max_out);
     /* drafting needs the target's hidden state at L - 1 (the last pass) and the MTP layer's
      * entries up to where those start; otherwise this step only verifies and starts over */
     const bool cont = s->hn > 0 && s->hpos + s->hn == L && s->mbase + s->mlen >= s->hpos &&
@@ -353,11 +438,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
     if (rc == 0) {
         s->tok[0] = hist[L];
         memcpy(s->tok + 1, dr, sizeof(int32_t) * (size_t)n);
-        for (int32_t i = 0; i <= n; i++) {
-            s->pos[i] = L + i;
-            s->seq[i] = s->tseq;
-            s->want[i] = true;
-        }
+        set_rows(s, s->tseq, n + 1, L, true);
         const struct sil_batch b = {n + 1, s->tok, s->pos, s->seq, s->want};
         /* greedy: the argmax of every row; sampled: the logits, the drafts' acceptance */
         rc = sil_engine_eval_hidden(t, &b, tsmp ? s->lg : NULL, tsmp ? NULL : s->am, s->hid, err);
@@ -391,13 +472,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
     }
     s->hpos = L;
     s->hn = m + 1;
-    memcpy(out, dr, sizeof(int32_t) * (size_t)m);
-    out[m] = last;
-    s->stats.steps++;
-    s->stats.drafted += (uint64_t)n;
-    s->stats.accepted += (uint64_t)m;
-    s->stats.emitted += (uint64_t)m + 1;
-    return m + 1;
+    return step_out(s, dr, n, m, last, out);
 }
 
 int sil_spec_set_width(struct sil_spec *s, int32_t width, struct sil_error *err)
@@ -468,20 +543,9 @@ static int draft_tree(struct sil_spec *s, const int32_t *hist, int32_t n_hist, i
                       int32_t n, struct sil_error *err)
 {
     struct sil_engine *e = s->draft;
-    const int32_t bmax = sil_engine_n_batch_max(e);
-    int32_t at = sil_seq_len(e, s->dseq), am;
-    while (at < n_hist - 1) {
-        const int32_t k = n_hist - 1 - at < bmax ? n_hist - 1 - at : bmax;
-        int rc = eval_rows(s, e, s->dseq, hist + at, k, at, false, &am, err);
-        if (rc < 0) return rc;
-        at += k;
-    }
-    s->tok[0] = hist[n_hist - 1];
-    s->pos[0] = n_hist - 1;
-    s->seq[0] = s->dseq;
-    s->want[0] = true;
-    const struct sil_batch b = {1, s->tok, s->pos, s->seq, s->want};
-    int rc = sil_engine_eval_out(e, &b, s->dlg, NULL, NULL, err);
+    int rc = draft_catch_up(s, hist, n_hist, err);
+    if (rc < 0) return rc;
+    rc = eval_row_logits(s, e, s->dseq, hist[n_hist - 1], n_hist - 1, s->dlg, err);
     if (rc < 0) return rc;
     int32_t first[SIL_SPEC_TREE_ROWS];
     top_tokens(s->dlg, sil_engine_info(e)->n_vocab, w, first);
@@ -521,11 +585,7 @@ static int tree_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, in
             s->tok[r] = s->tt[j * n + i];
             s->par[r] = i == 0 ? 0 : r - 1;
         }
-    for (int32_t r = 0; r < rows; r++) {
-        s->pos[r] = L + r;
-        s->seq[r] = s->tseq;
-        s->want[r] = true;
-    }
+    set_rows(s, s->tseq, rows, L, true);
     struct sil_engine_stats at;
     moe_mark(s, &at);
     rc = sil_seq_spec_begin(t, s->tseq, err);
@@ -575,19 +635,9 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
     if (!s->target || !hist || !out || n_hist < 1 || max_out < 1)
         return sil_errorf(err, -EINVAL, "spec: a step needs tokens and room for one out");
     if (s->mtp) return mtp_step(s, hist, n_hist, max_out, NULL, NULL, out, err);
-    struct sil_engine *t = s->target, *d = s->draft;
-    const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
-    if (tlen != n_hist - 1 || dlen > n_hist - 1)
-        return sil_errorf(err, -EINVAL,
-                          "spec: the target holds %d positions and the draft %d of %d tokens", tlen,
-                          dlen, n_hist);
-    /* drafts this step: within depth, what may come out, and both contexts (the target
-     * evaluates positions up to n_hist - 1 + n, the draft up to n_hist - 2 + n) */
-    int32_t n = s->depth;
-    if (n > max_out - 1) n = max_out - 1;
-    if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
-    if (n > sil_engine_n_ctx(d) - n_hist + 1) n = sil_engine_n_ctx(d) - n_hist + 1;
-    if (n < 0) n = 0;
+    struct sil_engine *t = s->target;
+    const int32_t n = chain_drafts(s, n_hist, max_out, err);
+    if (n < 0) return n;
     /* a tree: its nodes take positions up to n_hist - 1 + w * n of the target's context */
     int32_t w = s->width;
     while (w > 1 && n > 0 && (int64_t)n_hist - 1 + (int64_t)w * n >= sil_engine_n_ctx(t))
@@ -618,41 +668,10 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
     int32_t m = 0;
     while (rc == 0 && m < n && dr[m] == s->am[m])
         m++;
-    /* the target keeps the last token and the accepted drafts; the draft the accepted ones it
-     * evaluated (it never evaluated the last draft) */
-    struct sil_error ignored = {0};
-    if (rc < 0) {
-        sil_seq_spec_commit(t, s->tseq, n_hist - 1, &ignored);
-        if (n > 0) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
-        return rc;
-    }
-    rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
-    if (n > 0) {
-        const int32_t keep = rc < 0 ? n_hist - 1 : n_hist + (m < n - 1 ? m : n - 1);
-        const int drc = sil_seq_spec_commit(d, s->dseq, keep, rc < 0 ? &ignored : err);
-        if (rc == 0) rc = drc;
-    }
+    rc = chain_commit(s, rc, n_hist, n, m, err);
     s->stats.commit_s += now_s() - t2;
     if (rc < 0) return rc;
-    memcpy(out, dr, sizeof(int32_t) * (size_t)m);
-    out[m] = s->am[m];
-    s->stats.steps++;
-    s->stats.drafted += (uint64_t)n;
-    s->stats.accepted += (uint64_t)m;
-    s->stats.emitted += (uint64_t)m + 1;
-    return m + 1;
-}
-
-/* Evaluates one row tok of seq at position pos with its logits into lg. */
-static int eval_row_logits(struct sil_spec *s, struct sil_engine *e, int seq, int32_t tok,
-                           int32_t pos, float *lg, struct sil_error *err)
-{
-    s->tok[0] = tok;
-    s->pos[0] = pos;
-    s->seq[0] = seq;
-    s->want[0] = true;
-    const struct sil_batch b = {1, s->tok, s->pos, s->seq, s->want};
-    return sil_engine_eval_out(e, &b, lg, NULL, NULL, err);
+    return step_out(s, dr, n, m, s->am[m], out);
 }
 
 /* The draft's sampled proposals d[0, n) and their distributions q[i]: as draft_chain, each row
@@ -663,15 +682,9 @@ static int draft_chain_sampled(struct sil_spec *s, const int32_t *hist, int32_t 
 {
     struct sil_engine *e = s->draft;
     const size_t nv = (size_t)sil_engine_info(e)->n_vocab;
-    const int32_t bmax = sil_engine_n_batch_max(e);
-    int32_t at = sil_seq_len(e, s->dseq);
-    while (at < n_hist - 1) {
-        const int32_t k = n_hist - 1 - at < bmax ? n_hist - 1 - at : bmax;
-        int rc = eval_rows(s, e, s->dseq, hist + at, k, at, false, &d[0], err);
-        if (rc < 0) return rc;
-        at += k;
-    }
-    int rc = sil_seq_spec_begin(e, s->dseq, err);
+    int rc = draft_catch_up(s, hist, n_hist, err);
+    if (rc < 0) return rc;
+    rc = sil_seq_spec_begin(e, s->dseq, err);
     if (rc < 0) return rc;
     for (int32_t i = 0; i < n && rc == 0; i++) {
         float *q = s->q + (size_t)i * nv;
@@ -699,18 +712,9 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
     int rc = sampled_buffers(s, n_hist, err);
     if (rc < 0) return rc;
     if (s->mtp) return mtp_step(s, hist, n_hist, max_out, tsmp, dsmp, out, err);
-    struct sil_engine *t = s->target, *d = s->draft;
-    const int32_t tlen = sil_seq_len(t, s->tseq), dlen = sil_seq_len(d, s->dseq);
-    if (tlen != n_hist - 1 || dlen > n_hist - 1)
-        return sil_errorf(err, -EINVAL,
-                          "spec: the target holds %d positions and the draft %d of %d tokens", tlen,
-                          dlen, n_hist);
-    /* drafts this step: as sil_spec_step */
-    int32_t n = s->depth;
-    if (n > max_out - 1) n = max_out - 1;
-    if (n > sil_engine_n_ctx(t) - n_hist) n = sil_engine_n_ctx(t) - n_hist;
-    if (n > sil_engine_n_ctx(d) - n_hist + 1) n = sil_engine_n_ctx(d) - n_hist + 1;
-    if (n < 0) n = 0;
+    struct sil_engine *t = s->target;
+    const int32_t n = chain_drafts(s, n_hist, max_out, err);
+    if (n < 0) return n;
     memcpy(s->hbuf, hist, sizeof(int32_t) * (size_t)n_hist);
 
     double t0 = now_s();
@@ -729,38 +733,17 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
     if (rc == 0) {
         s->tok[0] = hist[n_hist - 1];
         memcpy(s->tok + 1, dr, sizeof(int32_t) * (size_t)n);
-        for (int32_t i = 0; i <= n; i++) {
-            s->pos[i] = n_hist - 1 + i;
-            s->seq[i] = s->tseq;
-            s->want[i] = true;
-        }
+        set_rows(s, s->tseq, n + 1, n_hist - 1, true);
         const struct sil_batch b = {n + 1, s->tok, s->pos, s->seq, s->want};
         rc = sil_engine_eval_out(t, &b, s->lg, NULL, NULL, err);
     }
     moe_count(s, &at);
     const double t2 = now_s();
     s->stats.verify_s += t2 - t1;
-    struct sil_error ignored = {0};
-    if (rc < 0) {
-        sil_seq_spec_commit(t, s->tseq, n_hist - 1, &ignored);
-        if (n > 0) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
-        return rc;
-    }
-    int32_t m;
-    const int32_t last = accept_drafts(s, tsmp, n_hist, n, dr, &m);
-    rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
-    if (n > 0) {
-        const int32_t keep = rc < 0 ? n_hist - 1 : n_hist + (m < n - 1 ? m : n - 1);
-        const int drc = sil_seq_spec_commit(d, s->dseq, keep, rc < 0 ? &ignored : err);
-        if (rc == 0) rc = drc;
-    }
+    int32_t m = 0, last = 0;
+    if (rc == 0) last = accept_drafts(s, tsmp, n_hist, n, dr, &m);
+    rc = chain_commit(s, rc, n_hist, n, m, err);
     s->stats.commit_s += now_s() - t2;
     if (rc < 0) return rc;
-    memcpy(out, dr, sizeof(int32_t) * (size_t)m);
-    out[m] = last;
-    s->stats.steps++;
-    s->stats.drafted += (uint64_t)n;
-    s->stats.accepted += (uint64_t)m;
-    s->stats.emitted += (uint64_t)m + 1;
-    return m + 1;
+    return step_out(s, dr, n, m, last, out);
 }
