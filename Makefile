@@ -237,7 +237,7 @@ endef
 $(foreach c,$(CLIENTS),$(eval $(call client_bin,$(c))))
 
 define bench_bin
-$(B)/bin/$(1): $(call obj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(ENGINE_LIBS) $(LIB_BENCH)
+$(B)/bin/$(1): $(call obj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(LIB_BENCH) $(ENGINE_LIBS)
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
 endef
@@ -322,7 +322,7 @@ $(ASAN_B)/bin/$(1): $(call aobj,client/$(1).c $(wildcard client/$(1)/*.c)) $(A_L
 endef
 $(foreach c,$(CLIENTS),$(eval $(call asan_client_bin,$(c))))
 define asan_bench_bin
-$(ASAN_B)/bin/$(1): $(call aobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS) $(A_LIB_BENCH)
+$(ASAN_B)/bin/$(1): $(call aobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(A_LIB_BENCH) $(A_LIB_ENGINE) $(A_LIB_CUDA) $(A_LIB_KERNELS)
 	@mkdir -p $$(dir $$@)
 	$$(ASAN_CC) $$(ASAN_FLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
 endef
@@ -374,7 +374,7 @@ $(TSAN_B)/bin/$(1): $(call tobj,client/$(1).c $(wildcard client/$(1)/*.c)) $(T_L
 endef
 $(foreach c,$(CLIENTS),$(eval $(call tsan_client_bin,$(c))))
 define tsan_bench_bin
-$(TSAN_B)/bin/$(1): $(call tobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(T_LIB_ENGINE) $(T_LIB_CUDA) $(T_LIB_KERNELS) $(T_LIB_BENCH)
+$(TSAN_B)/bin/$(1): $(call tobj,bench/$(1).c $(wildcard bench/$(1)/*.c)) $(T_LIB_BENCH) $(T_LIB_ENGINE) $(T_LIB_CUDA) $(T_LIB_KERNELS)
 	@mkdir -p $$(dir $$@)
 	$$(TSAN_CC) $$(TSAN_FLAGS) -o $$@ $$^ $$(LDLIBS_ENGINE)
 endef

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "bench/common/common.h"
+#include "bench/common/spec.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/sampler.h"
@@ -154,53 +155,6 @@ out:
 }
 
 /* ---- speculative decoding ----------------------------------------------------------------- */
-
-enum spec_mode { SPEC_OFF, SPEC_DRAFT, SPEC_MTP };
-
-/* --spec-tree WIDTHxDEPTH: chains (width 1) only, as sil-eval. 0 or -EINVAL (message printed). */
-static int parse_tree(const char *s, int32_t *depth)
-{
-    char *x, *end;
-    errno = 0;
-    const long w = strtol(s, &x, 10);
-    if (errno || x == s || *x != 'x') goto bad;
-    const long d = strtol(x + 1, &end, 10);
-    if (errno || end == x + 1 || *end || w < 1 || d < 1) goto bad;
-    if (w != 1) {
-        fprintf(stderr,
-                PROG ": --spec-tree %s: token trees (width > 1) are not supported yet; "
-                     "use a chain, 1xDEPTH\n",
-                s);
-        return -EINVAL;
-    }
-    if (d > SIL_SPEC_DEPTH_MAX) {
-        fprintf(stderr, PROG ": --spec-tree %s: depth at most %d\n", s, SIL_SPEC_DEPTH_MAX);
-        return -EINVAL;
-    }
-    *depth = (int32_t)d;
-    return 0;
-bad:
-    fprintf(stderr, PROG ": --spec-tree '%s' is not WIDTHxDEPTH (such as 1x4)\n", s);
-    return -EINVAL;
-}
-
-static void print_json_str(const char *s)
-{
-    if (!s) {
-        fputs("null", stdout);
-        return;
-    }
-    putchar('"');
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            printf("\\%c", *c);
-        else if (*c < 0x20)
-            printf("\\u%04x", *c);
-        else
-            putchar(*c);
-    }
-    putchar('"');
-}
 
 /* What a speculative measurement gives: the counters of every sequence added up, the seconds
  * of the whole decode, and whether every sequence's tokens were those of the plain decode. */
@@ -462,31 +416,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return SIL_BENCH_EXIT_USAGE;
     }
-    enum spec_mode spec = SPEC_OFF;
-    int32_t depth = 4;
-    if (spec_arg && strcmp(spec_arg, "off") != 0) {
-        if (strcmp(spec_arg, "draft") == 0) {
-            spec = SPEC_DRAFT;
-        } else if (strcmp(spec_arg, "mtp") == 0) {
-            spec = SPEC_MTP;
-        } else {
-            fprintf(stderr, PROG ": --spec must be off, draft or mtp\n");
-            return SIL_BENCH_EXIT_USAGE;
-        }
-    }
-    if (spec == SPEC_DRAFT && !draft_model) {
-        fprintf(stderr, PROG ": --spec draft needs --draft-model FILE\n");
+    enum sil_bench_spec spec;
+    long width = 1, tree_depth = 4; /* chains (width 1) only, as sil-eval's */
+    if (sil_bench_spec_mode(PROG, spec_arg, draft_model, spec_tree, &spec) < 0 ||
+        (spec_tree && sil_bench_spec_tree(PROG, spec_tree, false, &width, &tree_depth) < 0))
         return SIL_BENCH_EXIT_USAGE;
-    }
-    if (spec == SPEC_MTP && draft_model) {
-        fprintf(stderr, PROG ": --draft-model goes with --spec draft, not mtp\n");
-        return SIL_BENCH_EXIT_USAGE;
-    }
-    if (spec == SPEC_OFF && (draft_model || spec_tree)) {
-        fprintf(stderr, PROG ": --draft-model and --spec-tree need --spec draft or mtp\n");
-        return SIL_BENCH_EXIT_USAGE;
-    }
-    if (spec_tree && parse_tree(spec_tree, &depth) < 0) return SIL_BENCH_EXIT_USAGE;
+    const int32_t depth = (int32_t)tree_depth;
     if (strcmp(backend, "cpu") != 0 && bw_given <= 0) {
         fprintf(stderr, PROG ": --backend %s needs --bw-gbs (the device's bandwidth)\n", backend);
         return SIL_BENCH_EXIT_USAGE;
@@ -513,31 +448,20 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": %s\n", err.msg);
         return SIL_BENCH_EXIT_ERROR;
     }
-    struct sil_engine *de = NULL; /* the draft model's engine (--spec draft) */
-    if (spec == SPEC_MTP && !sil_engine_has_mtp(e)) {
-        fprintf(stderr, PROG ": --spec mtp: %s has no MTP layer (or not on the %s backend)\n",
-                model, sil_engine_info(e)->backend);
+    struct sil_engine *de; /* the draft model's engine (--spec draft) */
+    struct sil_engine_params dp;
+    sil_engine_params_default(&dp);
+    sil_dev_switches_read(&dp);
+    dp.model_path = draft_model;
+    dp.n_threads = p.n_threads;
+    dp.backend = p.backend;
+    dp.vram_budget = p.vram_budget;
+    dp.n_ctx = p.n_ctx;
+    dp.n_seq_max = p.n_seq_max;
+    dp.n_batch_max = (int32_t)(n_prompt > depth + 1 ? n_prompt : depth + 1);
+    if (sil_bench_spec_drafter(PROG, spec, e, model, &dp, &de) < 0) {
         sil_engine_close(e);
         return SIL_BENCH_EXIT_ERROR;
-    }
-    if (spec == SPEC_DRAFT) {
-        struct sil_engine_params dp;
-        sil_engine_params_default(&dp);
-        sil_dev_switches_read(&dp);
-        dp.model_path = draft_model;
-        dp.n_threads = p.n_threads;
-        dp.backend = p.backend;
-        dp.vram_budget = p.vram_budget;
-        dp.n_ctx = p.n_ctx;
-        dp.n_seq_max = p.n_seq_max;
-        dp.n_batch_max = (int32_t)(n_prompt > depth + 1 ? n_prompt : depth + 1);
-        if (sil_engine_open(&de, &dp, &err) < 0 ||
-            sil_spec_vocab_check(sil_engine_vocab(e), sil_engine_vocab(de), &err) < 0) {
-            fprintf(stderr, PROG ": draft model %s: %s\n", draft_model, err.msg);
-            sil_engine_close(de);
-            sil_engine_close(e);
-            return SIL_BENCH_EXIT_ERROR;
-        }
     }
     const size_t bw_bytes = (size_t)mib << 20;
     const int32_t V = sil_engine_info(e)->n_vocab;
@@ -604,8 +528,8 @@ int main(int argc, char **argv)
             printf("{\"run\": %d, \"backend\": \"%s\", \"streams\": %d, \"threads\": %d, "
                    "\"prompt\": %d, \"gen\": %d, \"spec\": {\"mode\": \"%s\", \"draft_model\": ",
                    r + 1, sil_engine_info(e)->backend, ns[i], (int)threads, (int)n_prompt,
-                   (int)n_gen, spec == SPEC_MTP ? "mtp" : "draft");
-            print_json_str(spec == SPEC_DRAFT ? draft_model : NULL);
+                   (int)n_gen, spec == SIL_BENCH_SPEC_MTP ? "mtp" : "draft");
+            sil_bench_print_json_str(spec == SIL_BENCH_SPEC_DRAFT ? draft_model : NULL);
             printf(", \"tree\": \"1x%d\", \"depth\": %d, \"identical\": %s, \"steps\": %llu, "
                    "\"drafted\": %llu, \"accepted\": %llu, \"emitted\": %llu, "
                    "\"acceptance_rate\": %.4f, \"accepted_per_step\": %.4f, "

@@ -61,3 +61,21 @@ struct sil_bench_stat sil_bench_summarize(double *v, int n)
     qsort(v, (size_t)n, sizeof(*v), cmp_double);
     return (struct sil_bench_stat){v[n / 2], v[0], v[n - 1]};
 }
+
+void sil_bench_print_json_str(const char *s)
+{
+    if (!s) {
+        fputs("null", stdout);
+        return;
+    }
+    putchar('"');
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+    putchar('"');
+}

@@ -1,6 +1,6 @@
 /* Code shared by the bench tools (sil-mkmodel, sil-qbench, sil-tokbench): strict command-line
- * numbers, the version line, a monotonic clock, run statistics and a read-bandwidth probe.
- * Links nothing but libc. */
+ * numbers, the version line, a JSON string, a monotonic clock, run statistics and a read-bandwidth
+ * probe. Links nothing but libc. */
 #ifndef SIL_BENCH_COMMON_H
 #define SIL_BENCH_COMMON_H
 
@@ -22,6 +22,9 @@ int sil_bench_parse_double(const char *prog, const char *flag, const char *s, do
 
 /* "prog VERSION" on stdout. */
 void sil_bench_version(const char *prog);
+
+/* s as a JSON string on stdout, null for NULL. */
+void sil_bench_print_json_str(const char *s);
 
 /* Monotonic seconds. */
 double sil_bench_now(void);

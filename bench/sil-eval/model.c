@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/common/common.h"
+#include "bench/common/spec.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/route_obs.h"
 #include "daemon/engine/sampler.h"
@@ -62,25 +64,6 @@ static int parse_host_budget(const char *s, struct sil_engine_params *p)
         return -1;
     }
     return 0;
-}
-
-/* s as a JSON string, null for NULL. */
-static void print_json_str(const char *s)
-{
-    if (!s) {
-        fputs("null", stdout);
-        return;
-    }
-    putchar('"');
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            printf("\\%c", *c);
-        else if (*c < 0x20)
-            printf("\\u%04x", *c);
-        else
-            putchar(*c);
-    }
-    putchar('"');
 }
 
 static int parse_tokens(const char *s, int32_t **ids, size_t *n)
@@ -199,33 +182,6 @@ static void heat_start(struct sil_engine *e, const char *path, struct heat_run *
             (long long)hr->r.placed, hr->preload_s);
 }
 
-/* --spec-tree WIDTHxDEPTH: a chain (width 1) or a token tree of at most SIL_SPEC_TREE_ROWS
- * rows (whether the models can verify one is known once they are open). */
-static int parse_tree(const char *s, long *width, long *depth)
-{
-    char *x, *end;
-    errno = 0;
-    const long w = strtol(s, &x, 10);
-    if (errno || x == s || *x != 'x') goto bad;
-    const long d = strtol(x + 1, &end, 10);
-    if (errno || end == x + 1 || *end || w < 1 || d < 1) goto bad;
-    if (w > 1 && 1 + w * d > SIL_SPEC_TREE_ROWS) {
-        fprintf(stderr, "sil-eval: --spec-tree %s: a tree has at most %d rows (1 + width x depth)\n",
-                s, SIL_SPEC_TREE_ROWS);
-        return -EINVAL;
-    }
-    if (d > SIL_SPEC_DEPTH_MAX) {
-        fprintf(stderr, "sil-eval: --spec-tree %s: depth at most %d\n", s, SIL_SPEC_DEPTH_MAX);
-        return -EINVAL;
-    }
-    *width = w;
-    *depth = d;
-    return 0;
-bad:
-    fprintf(stderr, "sil-eval: --spec-tree '%s' is not WIDTHxDEPTH (such as 1x4)\n", s);
-    return -EINVAL;
-}
-
 /* --spec draft: the greedy tokens again by speculative decoding, target t drafted by d. */
 struct spec_run {
     long width, depth;
@@ -325,27 +281,14 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     }
     const bool all = strcmp(mode, "all") == 0;
     struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1};
-    const bool spec = o->spec && strcmp(o->spec, "off") != 0;
-    const bool mtp = spec && strcmp(o->spec, "mtp") == 0; /* the target's own MTP layer drafts */
+    enum sil_bench_spec spec_as;
+    if (sil_bench_spec_mode("sil-eval", o->spec, o->draft_model, o->spec_tree, &spec_as) < 0 ||
+        (o->spec_tree &&
+         sil_bench_spec_tree("sil-eval", o->spec_tree, true, &sr.width, &sr.depth) < 0))
+        return 2;
+    const bool spec = spec_as != SIL_BENCH_SPEC_OFF;
+    const bool mtp = spec_as == SIL_BENCH_SPEC_MTP; /* the target's own MTP layer drafts */
     const char *spec_mode = mtp ? "mtp" : "draft";
-    if (spec && !mtp && strcmp(o->spec, "draft") != 0) {
-        fprintf(stderr, "sil-eval: --spec must be off, draft or mtp\n");
-        return 2;
-    }
-    if (spec && !mtp && !o->draft_model) {
-        fprintf(stderr, "sil-eval: --spec draft needs --draft-model FILE\n");
-        return 2;
-    }
-    if (mtp && o->draft_model) {
-        fprintf(stderr, "sil-eval: --draft-model goes with --spec draft, not mtp\n");
-        return 2;
-    }
-    if (!spec && (o->draft_model || o->spec_tree)) {
-        fprintf(stderr, "sil-eval: --draft-model and --spec-tree need --spec draft or mtp\n");
-        return 2;
-    }
-    if (o->spec_tree && parse_tree(o->spec_tree, &sr.width, &sr.depth) < 0)
-        return 2;
     if (spec && n_predict < 1) {
         fprintf(stderr, "sil-eval: --spec %s needs --n-predict N (N >= 1)\n", spec_mode);
         return 2;
@@ -408,31 +351,20 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         sil_route_obs_free(ro, &err);
         return 1;
     }
-    struct sil_engine *de = NULL; /* the draft model's engine (--spec draft) */
-    if (mtp && !sil_engine_has_mtp(e)) {
-        fprintf(stderr, "sil-eval: --spec mtp: %s has no MTP layer (or not on the %s backend)\n",
-                o->model, sil_engine_info(e)->backend);
+    struct sil_engine *de; /* the draft model's engine (--spec draft) */
+    struct sil_engine_params dp;
+    sil_engine_params_default(&dp);
+    dp.model_path = o->draft_model;
+    dp.n_threads = p.n_threads;
+    dp.backend = p.backend;
+    dp.exact = p.exact;
+    dp.kv_type = p.kv_type;
+    dp.n_ctx = sil_engine_n_ctx(e);
+    dp.n_seq_max = 1;
+    dp.n_batch_max = PREFILL_BATCH;
+    if (sil_bench_spec_drafter("sil-eval", spec_as, e, o->model, &dp, &de) < 0) {
         sil_engine_close(e);
         return 1;
-    }
-    if (spec && !mtp) {
-        struct sil_engine_params dp;
-        sil_engine_params_default(&dp);
-        dp.model_path = o->draft_model;
-        dp.n_threads = p.n_threads;
-        dp.backend = p.backend;
-        dp.exact = p.exact;
-        dp.kv_type = p.kv_type;
-        dp.n_ctx = sil_engine_n_ctx(e);
-        dp.n_seq_max = 1;
-        dp.n_batch_max = PREFILL_BATCH;
-        if (sil_engine_open(&de, &dp, &err) < 0 ||
-            sil_spec_vocab_check(sil_engine_vocab(e), sil_engine_vocab(de), &err) < 0) {
-            fprintf(stderr, "sil-eval: draft model %s: %s\n", o->draft_model, err.msg);
-            sil_engine_close(de);
-            sil_engine_close(e);
-            return 1;
-        }
     }
     struct heat_run hr = {.loaded = "none"};
     if (o->heat_map) heat_start(e, o->heat_map, &hr);
@@ -624,10 +556,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)st.ecache_bytes_streamed);
         printf(", \"host_tier\": {\"on\": %s, \"budget\": %llu, \"budget_from\": ",
                ht.on ? "true" : "false", (unsigned long long)ht.budget);
-        print_json_str(ht.budget_from[0] ? ht.budget_from : NULL);
+        sil_bench_print_json_str(ht.budget_from[0] ? ht.budget_from : NULL);
         printf(", \"slots\": %d, \"slot_bytes\": %llu, \"io\": ", (int)ht.n_slot,
                (unsigned long long)ht.slot_bytes);
-        print_json_str(ht.io);
+        sil_bench_print_json_str(ht.io);
         printf(", \"hits\": %llu, \"misses\": %llu, \"bytes_read\": %llu, \"reads\": %llu, "
                "\"wait_s\": %.6f}",
                (unsigned long long)ht.hits, (unsigned long long)ht.misses,
@@ -695,7 +627,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             if (mtp)
                 printf("null");
             else
-                print_json_str(o->draft_model);
+                sil_bench_print_json_str(o->draft_model);
             printf(", \"tree\": \"%ldx%ld\", \"width\": %ld, \"depth\": %ld, \"greedy\": [",
                    sr.width, sr.depth, sr.width, sr.depth);
             for (long i = 0; i < n_predict; i++)

@@ -1,0 +1,28 @@
+/* The speculative-decoding options sil-eval and sil-batchbench share: --spec off|draft|mtp,
+ * --draft-model FILE, --spec-tree WIDTHxDEPTH, and the drafter they name. Links the engine. */
+#ifndef SIL_BENCH_SPEC_H
+#define SIL_BENCH_SPEC_H
+
+#include <stdbool.h>
+
+#include "daemon/engine/engine.h"
+
+enum sil_bench_spec { SIL_BENCH_SPEC_OFF, SIL_BENCH_SPEC_DRAFT, SIL_BENCH_SPEC_MTP };
+
+/* The mode --spec names (NULL: off), checked against --draft-model and --spec-tree (NULL when
+ * not given): 0, or -EINVAL with "prog: why" printed on stderr. */
+int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_model,
+                        const char *spec_tree, enum sil_bench_spec *mode);
+
+/* --spec-tree WIDTHxDEPTH: a chain (width 1), or with trees a token tree of at most
+ * SIL_SPEC_TREE_ROWS rows; depth at most SIL_SPEC_DEPTH_MAX. 0, or -EINVAL (message printed). */
+int sil_bench_spec_tree(const char *prog, const char *s, bool trees, long *width, long *depth);
+
+/* The drafter of mode for target e (opened from model): with mtp, e's own MTP layer (*de NULL);
+ * with draft, the draft model dp->model_path opened with dp into *de, its vocabulary the
+ * target's. 0, or a negative errno with "prog: why" printed and nothing left open but e. */
+int sil_bench_spec_drafter(const char *prog, enum sil_bench_spec mode, struct sil_engine *e,
+                           const char *model, const struct sil_engine_params *dp,
+                           struct sil_engine **de);
+
+#endif
