@@ -12,10 +12,10 @@
 
 #include <cmocka.h>
 
-#include "bench/sil-mkmodel/mkmodel.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/spec.h"
 #include "tests/testutil.h"
+#include "tests/testutil_mkmodel.h"
 
 static char *tmpdir;
 
@@ -23,23 +23,8 @@ static char *tmpdir;
 static char *write_model(int arch, bool mtp, const char *name,
                          void (*edit)(struct sil_mk_model *m))
 {
-    struct sil_mk_model m;
-    struct sil_error err = {0};
-    memset(&m, 0, sizeof(m));
-    sil_mk_arch_defaults(arch, &m.hp);
-    m.hp.n_nextn = mtp ? 1 : 0;
-    m.seed = 7;
-    m.recipe = SIL_MK_Q8_0;
-    assert_int_equal(sil_mk_vocab_synthetic(&m.vocab, 512, 7, &err), 0);
-    m.hp.n_vocab = m.vocab.n;
-    int rc = sil_mk_check_hparams(&m.hp, &err);
-    if (!rc) rc = sil_mk_build_tensors(&m, &err);
-    if (!rc && edit) edit(&m);
-    if (!rc) rc = sil_mk_assign_types(&m, NULL, 0, &err);
     char *path = tu_path_join(tmpdir, name);
-    if (!rc) rc = sil_mk_write(&m, path, 2, false, &err);
-    if (rc) fail_msg("%s: %s", name, err.msg);
-    sil_mk_model_free(&m);
+    tu_mk_write_tiny(path, arch, mtp ? 1 : 0, 7, edit);
     return path;
 }
 

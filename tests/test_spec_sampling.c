@@ -25,11 +25,11 @@
 
 #include <cmocka.h>
 
-#include "bench/sil-mkmodel/mkmodel.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/spec.h"
 #include "tests/testutil.h"
+#include "tests/testutil_mkmodel.h"
 
 /* The 0.999 quantile of chi-square with k degrees of freedom (Wilson-Hilferty; within 1% for
  * k >= 3). */
@@ -345,26 +345,6 @@ static void test_model(void **state)
     sil_engine_close(t);
 }
 
-/* A tiny qwen35moe model with an MTP layer at path (sil-mkmodel --mtp, seeded). */
-static void write_mtp_model(const char *path)
-{
-    struct sil_mk_model m;
-    struct sil_error err = {0};
-    memset(&m, 0, sizeof(m));
-    sil_mk_arch_defaults(SIL_MK_QWEN35MOE, &m.hp);
-    m.hp.n_nextn = 1;
-    m.seed = 11;
-    m.recipe = SIL_MK_Q8_0;
-    assert_int_equal(sil_mk_vocab_synthetic(&m.vocab, 512, 11, &err), 0);
-    m.hp.n_vocab = m.vocab.n;
-    int rc = sil_mk_check_hparams(&m.hp, &err);
-    if (!rc) rc = sil_mk_build_tensors(&m, &err);
-    if (!rc) rc = sil_mk_assign_types(&m, NULL, 0, &err);
-    if (!rc) rc = sil_mk_write(&m, path, 2, false, &err);
-    if (rc) fail_msg("%s", err.msg);
-    sil_mk_model_free(&m);
-}
-
 /* MTP drafting, sampled: from a position where the MTP layer has the target's hidden state (after
  * one step), the first token of a sampled speculative step follows the target's sampling
  * distribution there, drafts are made every step and some, not all, are accepted. Each trial
@@ -375,7 +355,7 @@ static void test_mtp(void **state)
     char *dir = tu_tmpdir_create();
     assert_non_null(dir);
     char *path = tu_path_join(dir, "mtp.gguf");
-    write_mtp_model(path);
+    tu_mk_write_tiny(path, SIL_MK_QWEN35MOE, 1, 11, NULL); /* a qwen35moe with an MTP layer */
     struct sil_engine_params ep;
     sil_engine_params_default(&ep);
     ep.model_path = path;
