@@ -160,23 +160,29 @@ static uint64_t dev_kv_block_bytes(const struct sil_engine *e)
            sil_kv_type_bytes(e->kv_type, (int64_t)hp->n_head_kv * hp->n_embd_head_k);
 }
 
-/* The KV pool. A device backend keeps its own KV layout: the host cache then only keeps the
- * block tables (no layers, no memory). */
-static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
+/* A KV pool of n_layer layers of the model's KV heads, for e's sequences and context. */
+static struct sil_kv_config kv_config(const struct sil_engine *e, int32_t n_layer)
 {
     const struct sil_hparams *hp = &e->model->hp;
-    const bool host = strcmp(e->f.be->ops->name, "cpu") == 0;
-    struct sil_kv_config c = {
-        .n_layer = host ? hp->n_layer_attn : 0,
+    return (struct sil_kv_config){
+        .n_layer = n_layer,
         .n_seq_max = e->n_seq_max,
         .n_ctx = e->n_ctx,
         .n_embd_k = hp->n_head_kv * hp->n_embd_head_k,
         .n_embd_v = hp->n_head_kv * hp->n_embd_head_v,
         .head_dim = hp->n_embd_head_k,
         .type = e->kv_type,
-        .budget = p->kv_budget,
-        .n_blocks = host ? 0 : (int32_t)e->dev_kv_blocks,
     };
+}
+
+/* The KV pool. A device backend keeps its own KV layout: the host cache then only keeps the
+ * block tables (no layers, no memory). */
+static int open_kv(struct sil_engine *e, const struct sil_engine_params *p, struct sil_error *err)
+{
+    const bool host = strcmp(e->f.be->ops->name, "cpu") == 0;
+    struct sil_kv_config c = kv_config(e, host ? e->model->hp.n_layer_attn : 0);
+    c.budget = p->kv_budget;
+    c.n_blocks = host ? 0 : (int32_t)e->dev_kv_blocks;
     return sil_kv_create(&e->f.kv, &c, err);
 }
 
@@ -1955,16 +1961,7 @@ int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, floa
 static int mtp_kv_open(struct sil_engine *e, struct sil_error *err)
 {
     if (e->f.mtp_kv) return 0;
-    const struct sil_hparams *hp = &e->model->hp;
-    struct sil_kv_config c = {
-        .n_layer = 1,
-        .n_seq_max = e->n_seq_max,
-        .n_ctx = e->n_ctx,
-        .n_embd_k = hp->n_head_kv * hp->n_embd_head_k,
-        .n_embd_v = hp->n_head_kv * hp->n_embd_head_v,
-        .head_dim = hp->n_embd_head_k,
-        .type = e->kv_type,
-    };
+    const struct sil_kv_config c = kv_config(e, 1);
     return sil_kv_create(&e->f.mtp_kv, &c, err);
 }
 
