@@ -81,16 +81,8 @@ local function main()
   out:write(string.format('%d %d\n', said, total))
   out:close()
 end
-local ok, err = pcall(main)
-if not ok then
-  io.stderr:write(tostring(err) .. '\n')
-  vim.cmd('cquit')
-end
-vim.cmd('qall!')
 LUA
-    NV_TURNS=$N NV_OUT=$T/nv.res timeout 300 nvim --headless -u NONE \
-        --cmd "set rtp^=$ROOT/contrib/nvim" -c "runtime plugin/siliceo.lua" -c "luafile $T/nv.lua" \
-        >"$T/nv.out" 2>&1 || fail "Neovim plugin: $(cat "$T/nv.out")"
+    NV_TURNS=$N NV_OUT=$T/nv.res nvim_lua "$T/nv.lua" 300 || fail "Neovim plugin: $(cat "$T/nv.lua.out")"
     read -r said total <"$T/nv.res"
     echo "ok: the Neovim plugin said $said times that messages were dropped ($total in all), and the session kept the rest"
 }

@@ -136,17 +136,10 @@ local function main()
   out:write(first .. '\n' .. second .. '\n')
   out:close()
 end
-local ok, err = pcall(main)
-if not ok then
-  io.stderr:write(tostring(err) .. '\n')
-  vim.cmd('cquit')
-end
-vim.cmd('qall!')
 LUA
     context e >"$T/e.txt" # words of its own: nothing of it is in the prefix cache
-    NV_CONTEXT=$T/e.txt NV_OUT=$T/nv.res timeout 120 nvim --headless -u NONE \
-        --cmd "set rtp^=$ROOT/contrib/nvim" -c "runtime plugin/siliceo.lua" -c "luafile $T/nv.lua" \
-        >"$T/nv.out" 2>&1 || fail "Neovim plugin progress: $(cat "$T/nv.out")"
+    NV_CONTEXT=$T/e.txt NV_OUT=$T/nv.res nvim_lua "$T/nv.lua" 120 ||
+        fail "Neovim plugin progress: $(cat "$T/nv.lua.out")"
     echo "ok: the Neovim plugin shows '$(head -1 "$T/nv.res")', then '$(tail -1 "$T/nv.res")', gone with the answer"
 else
     echo "skip: nvim not installed (the Neovim plugin's progress)"

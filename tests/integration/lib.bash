@@ -100,3 +100,19 @@ tty_run() {
     $TM new-window -d -n "$1" "env HOME=$T/home XDG_STATE_HOME=$T/state LANG=C.UTF-8 TERM=xterm \
         $2; echo EXIT=\$?; sleep 600"
 }
+
+# nvim_lua SCRIPT SECONDS: the Lua file SCRIPT, which defines main(), run by a headless Neovim
+# with the siliceo plugin loaded; an error in main, or the time running out, is a non-zero status.
+# Neovim's output goes to SCRIPT.out.
+nvim_lua() {
+    cat >>"$1" <<'LUA'
+local ok, err = pcall(main)
+if not ok then
+  io.stderr:write(tostring(err) .. '\n')
+  vim.cmd('cquit')
+end
+vim.cmd('qall!')
+LUA
+    timeout "$2" nvim --headless -u NONE --cmd "set rtp^=$ROOT/contrib/nvim" \
+        -c "runtime plugin/siliceo.lua" -c "luafile $1" >"$1.out" 2>&1
+}
