@@ -259,6 +259,17 @@ void sil_fwd_add_norm(struct sil_fwd *f, struct sil_act y, struct sil_act x, str
     }
 }
 
+void sil_fwd_ffn_add_norm(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
+                          const struct sil_fwd_norm *norm, struct sil_act x, struct sil_act cur,
+                          struct sil_act out, const struct sil_weight *next)
+{
+    if (f->model->traits->moe)
+        sil_fwd_moe(f, ub, il, norm, cur, out);
+    else
+        sil_fwd_ffn(f, ub, il, norm, cur, out);
+    sil_fwd_add_norm(f, cur, x, out, next, f->model->hp.rms_eps);
+}
+
 /* The embedding rows of the ubatch into x, and the first block's norm into cur. */
 static void embed(struct sil_fwd *f, const struct sil_ubatch *ub)
 {
@@ -286,11 +297,7 @@ static void layer(struct sil_fwd *f, const struct sil_ubatch *ub, int il)
         sil_fwd_attention(f, ub, il, cur, out);
     /* x += out, cur = rmsnorm(x) * ffn_norm, in the block (a MoE router may take the norm) */
     const struct sil_fwd_norm ffn_in = {x, out, &w->ffn_norm, eps};
-    if (m->traits->moe)
-        sil_fwd_moe(f, ub, il, &ffn_in, cur, out);
-    else
-        sil_fwd_ffn(f, ub, il, &ffn_in, cur, out);
-    sil_fwd_add_norm(f, cur, x, out, &f->lw[il + 1].attn_norm, eps);
+    sil_fwd_ffn_add_norm(f, ub, il, &ffn_in, x, cur, out, &f->lw[il + 1].attn_norm);
 }
 
 /* The last layer (its FFN only on the rows that want logits) and the head. */
@@ -313,11 +320,7 @@ static void finish(struct sil_fwd *f, const struct sil_ubatch *ub, float *logits
     cur = sil_act_rows(f->cur, 0, last.n);
     out = sil_act_rows(f->out, 0, last.n);
     SIL_OP(f, rmsnorm, cur, x, &w->ffn_norm, eps);
-    if (m->traits->moe)
-        sil_fwd_moe(f, &last, il, NULL, cur, out);
-    else
-        sil_fwd_ffn(f, &last, il, NULL, cur, out);
-    sil_fwd_add_norm(f, cur, x, out, &f->output_norm, eps);
+    sil_fwd_ffn_add_norm(f, &last, il, NULL, x, cur, out, &f->output_norm);
     if (f->hidden) /* host activations (the engine asks for them on the CPU only) */
         for (int32_t j = 0; j < last.n; j++)
             memcpy(f->hidden + (int64_t)last.out_row[j] * m->hp.n_embd,

@@ -173,6 +173,11 @@ void sil_fwd_ffn(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
 size_t sil_fwd_ffn_scratch(const struct sil_fwd *f);
 void sil_fwd_moe(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
                  const struct sil_fwd_norm *norm, struct sil_act cur, struct sil_act out);
+/* Layer il's FFN block (the MoE one or the dense one, taking norm as they do) on cur into out,
+ * then x += out and cur = rmsnorm(x) * next: what the next block, or the head, reads. */
+void sil_fwd_ffn_add_norm(struct sil_fwd *f, const struct sil_ubatch *ub, int il,
+                          const struct sil_fwd_norm *norm, struct sil_act x, struct sil_act cur,
+                          struct sil_act out, const struct sil_weight *next);
 /* After a pass's head: the routing a device-routed pass over expert slots kept (backend op
  * routes) goes through the expert cache. */
 void sil_fwd_moe_deferred(struct sil_fwd *f);

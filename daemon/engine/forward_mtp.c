@@ -58,11 +58,7 @@ void sil_forward_mtp(struct sil_fwd *f, const struct sil_ubatch *ub, const float
     SIL_OP(f, rmsnorm, cur, x, &w->attn_norm, eps);
     sil_fwd_attention(f, ub, il, cur, out);
     const struct sil_fwd_norm ffn_in = {x, out, &w->ffn_norm, eps};
-    if (m->traits->moe)
-        sil_fwd_moe(f, ub, il, &ffn_in, cur, out);
-    else
-        sil_fwd_ffn(f, ub, il, &ffn_in, cur, out);
-    sil_fwd_add_norm(f, cur, x, out, &f->mtp_head_norm, eps);
+    sil_fwd_ffn_add_norm(f, ub, il, &ffn_in, x, cur, out, &f->mtp_head_norm);
     for (int32_t i = 0; i < n; i++) {
         memcpy(h_out + i * E, (const float *)cur.data + i * cur.ld, sizeof(float) * (size_t)E);
         f->keep_out[i] = i;
