@@ -1,9 +1,11 @@
 /* Token-tree verification (engine.h's sil_engine_eval_tree and sil_seq_spec_commit_path,
- * spec.h's sil_spec_set_width) on the attention-only reference models: a tree node's logits are
- * bit-identical to those of a plain sequence made of its path (f32 KV, one attention split),
- * a committed path leaves the sequence bit-identical to one that only evaluated it with the
- * rejected nodes' KV blocks back in the pool, the tree's bad uses are errors, and tree steps
- * give plain greedy decoding's tokens. */
+ * spec.h's sil_spec_set_width) on every reference architecture, the attention-only ones and the
+ * hybrids whose branches fork the delta net's recurrent state: a tree node's logits are
+ * bit-identical to those of a plain sequence made of its path (f32 KV, one attention split;
+ * the delta net gives the same bits whatever the split of a path's rows), also with several
+ * sequences' trees in one batch across micro-batches, a committed path leaves the sequence
+ * bit-identical to one that only evaluated it with the rejected nodes' KV blocks back in the
+ * pool, the tree's bad uses are errors, and tree steps give plain greedy decoding's tokens. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,7 +20,8 @@
 #include "daemon/engine/spec.h"
 #include "tests/testutil.h"
 
-static const char *const tree_archs[] = {"qwen3moe-tiny-Q4_K_M", "qwen3-tiny-Q8_0"};
+static const char *const tree_archs[] = {"qwen3moe-tiny-Q4_K_M", "qwen3-tiny-Q8_0",
+                                         "qwen35-tiny-Q4_K_M", "qwen35moe-tiny-Q4_K_M"};
 #define N_TREE (sizeof(tree_archs) / sizeof(tree_archs[0]))
 
 static struct sil_engine *open_eng(const char *model, int n_seq, bool exact, const char *kv)
@@ -127,6 +130,9 @@ static void test_tree_logits_and_commit(void **state)
             const int32_t next = 99;
             assert_int_equal(eval_rows(e, s, &next, 1, NULL, x, &err), 0);
             int r = new_seq(e);
+            /* the recurrent state's bytes (0 attention-only): s also keeps its window's and
+             * its tree's branch point's */
+            const uint64_t rs = sil_seq_memory(e, r);
             assert_int_equal(eval_rows(e, r, prompt, 64, NULL, NULL, &err), 0);
             assert_int_equal(eval_rows(e, r, prompt + 64, NP - 64, NULL, NULL, &err), 0);
             const int32_t path[4] = {tok[0], tok[keep[1]], tok[keep[2]], next};
@@ -135,7 +141,7 @@ static void test_tree_logits_and_commit(void **state)
             if (memcmp(x, y, sizeof(float) * V))
                 fail_msg("%s: after committing branch %d the logits differ from its path's",
                          tree_archs[a], keep_j);
-            assert_int_equal(sil_seq_memory(e, s), sil_seq_memory(e, r));
+            assert_int_equal(sil_seq_memory(e, s), sil_seq_memory(e, r) + 2 * rs);
             sil_seq_free(e, r);
             sil_seq_free(e, s);
             struct sil_kv_info ki;
@@ -150,8 +156,86 @@ static void test_tree_logits_and_commit(void **state)
     }
 }
 
+/* Several sequences' trees in one batch, after a plain sequence's rows, so that a tree spans
+ * two micro-batches (cut inside a branch, or just before one starts): each node's logits are
+ * those of its tree evaluated alone. */
+static void test_tree_batches(void **state)
+{
+    (void)state;
+    enum { BW = 7, BD = 9, BR = 1 + BW * BD, NB = 20 };
+    int32_t tok[BR], par[BR], prompt[2][NB], plain[40];
+    tok[0] = 7;
+    par[0] = -1;
+    for (int32_t j = 0; j < BW; j++)
+        for (int32_t i = 0; i < BD; i++) {
+            const int32_t r = 1 + j * BD + i;
+            tok[r] = 20 + 31 * j + 5 * i;
+            par[r] = i == 0 ? 0 : r - 1;
+        }
+    make_ids(prompt[0], NB);
+    make_ids(prompt[1], NB);
+    for (int32_t i = 0; i < NB; i++)
+        prompt[1][i] = 1 + (prompt[1][i] * 3) % 500;
+    make_ids(plain, 40);
+    struct sil_error err = {0};
+    for (size_t a = 0; a < N_TREE; a++) {
+        struct sil_engine *e = open_eng(tree_archs[a], 6, false, NULL);
+        const size_t V = (size_t)sil_engine_info(e)->n_vocab;
+        float *alone = malloc(sizeof(float) * V * BR * 2), *both = malloc(sizeof(float) * V * BR * 2);
+        int ts[2];
+        for (int k = 0; k < 2; k++) {
+            ts[k] = new_seq(e);
+            assert_int_equal(eval_rows(e, ts[k], prompt[k], NB, NULL, NULL, &err), 0);
+            assert_int_equal(sil_seq_spec_begin(e, ts[k], &err), 0);
+            if (eval_rows(e, ts[k], tok, BR, par, alone + (size_t)k * BR * V, &err) < 0)
+                fail_msg("%s: tree: %s", tree_archs[a], err.msg);
+            sil_seq_free(e, ts[k]);
+        }
+        /* 30 plain rows: micro-batch 128 cuts the second tree in a branch; 27: before one */
+        for (int32_t na = 27; na <= 30; na += 3) {
+            int32_t bt[40 + 2 * BR], bp[40 + 2 * BR], bs[40 + 2 * BR], bpar[40 + 2 * BR];
+            bool bw[40 + 2 * BR];
+            int ps = new_seq(e);
+            for (int32_t i = 0; i < na; i++) {
+                bt[i] = plain[i];
+                bp[i] = i;
+                bs[i] = ps;
+                bpar[i] = -1;
+                bw[i] = false;
+            }
+            for (int k = 0; k < 2; k++) {
+                ts[k] = new_seq(e);
+                assert_int_equal(eval_rows(e, ts[k], prompt[k], NB, NULL, NULL, &err), 0);
+                assert_int_equal(sil_seq_spec_begin(e, ts[k], &err), 0);
+                for (int32_t r = 0; r < BR; r++) {
+                    const int32_t i = na + k * BR + r;
+                    bt[i] = tok[r];
+                    bp[i] = NB + r;
+                    bs[i] = ts[k];
+                    bpar[i] = par[r] < 0 ? -1 : na + k * BR + par[r];
+                    bw[i] = true;
+                }
+            }
+            const struct sil_batch b = {na + 2 * BR, bt, bp, bs, bw};
+            if (sil_engine_eval_tree(e, &b, bpar, both, NULL, &err) < 0)
+                fail_msg("%s: trees: %s", tree_archs[a], err.msg);
+            for (int32_t r = 0; r < 2 * BR; r++)
+                if (memcmp(alone + (size_t)r * V, both + (size_t)r * V, sizeof(float) * V))
+                    fail_msg("%s, %d plain rows: tree %d's row %d differs from its tree's alone",
+                             tree_archs[a], na, r / BR, r % BR);
+            for (int k = 0; k < 2; k++)
+                sil_seq_free(e, ts[k]);
+            sil_seq_free(e, ps);
+        }
+        free(alone);
+        free(both);
+        sil_engine_close(e);
+    }
+}
+
 /* Bad uses: outside a window, a parent of another sequence or a later row, a plain row after a
- * tree in its window, a path that does not rise; models with recurrent layers refuse trees. */
+ * tree in its window, a path that does not rise; models with recurrent layers refuse a tree
+ * that branches at two nodes, and take one that branches at one. */
 static void test_tree_errors(void **state)
 {
     (void)state;
@@ -181,15 +265,26 @@ static void test_tree_errors(void **state)
     sil_engine_close(e);
 
     struct sil_engine *h = open_eng("qwen35-tiny-Q4_K_M", 2, false, NULL);
-    assert_false(sil_engine_has_tree(h));
+    assert_true(sil_engine_has_tree(h));
     s = new_seq(h);
     assert_int_equal(eval_rows(h, s, prompt, 8, NULL, NULL, &err), 0);
     assert_int_equal(sil_seq_spec_begin(h, s, &err), 0);
-    assert_int_equal(eval_rows(h, s, tok, ROWS, par, NULL, &err), -ENOTSUP);
+    /* branches at the root and at row 1 */
+    const int32_t two[5] = {-1, 0, 1, 1, 0};
+    assert_int_equal(eval_rows(h, s, tok, 5, two, NULL, &err), -ENOTSUP);
+    assert_non_null(strstr(err.msg, "branch at one node"));
+    assert_int_equal(sil_seq_len(h, s), 8);
+    /* at row 1 only, its first child next: fine */
+    const int32_t one[5] = {-1, 0, 1, 1, 3};
+    assert_int_equal(eval_rows(h, s, tok, 5, one, NULL, &err), 0);
+    assert_int_equal(eval_rows(h, s, tok, 1, NULL, NULL, &err), -EINVAL); /* after a tree */
+    const int32_t path[3] = {0, 1, 3};
+    assert_int_equal(sil_seq_spec_commit_path(h, s, path, 3, &err), 0);
+    assert_int_equal(sil_seq_len(h, s), 11);
     struct sil_spec sp;
     int ds = new_seq(h);
     assert_int_equal(sil_spec_init(&sp, h, s, h, ds, 3, &err), 0);
-    assert_int_equal(sil_spec_set_width(&sp, 2, &err), -ENOTSUP);
+    assert_int_equal(sil_spec_set_width(&sp, 2, &err), 0);
     assert_int_equal(sil_spec_set_width(&sp, 1, &err), 0);
     sil_spec_free(&sp);
     sil_engine_close(h);
@@ -292,6 +387,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tree_logits_and_commit),
+        cmocka_unit_test(test_tree_batches),
         cmocka_unit_test(test_tree_errors),
         cmocka_unit_test(test_tree_greedy),
     };

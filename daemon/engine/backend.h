@@ -84,10 +84,16 @@ struct sil_mm_out {
 /* A token tree's row (sil_batch.parent): rope at rope_pos (its depth below the sequence), and
  * it sees the KV positions below lo and those of [lo, lo + 64) whose bit is set in mask (its
  * ancestors and itself). A row outside any tree in a ubatch with some: rope_pos = its position,
- * lo = position + 1, mask 0. */
+ * lo = position + 1, mask 0. On models with recurrent layers, fork (enum sil_tree_fork) marks
+ * the one row of a sequence where its tree branches and the rows that start its branches. */
+enum sil_tree_fork {
+    SIL_TREE_SAVE = 1,    /* the recurrent state after this row is where the branches start */
+    SIL_TREE_RESTORE = 2, /* a branch starts here: the recurrent state before it is that one */
+};
 struct sil_tree_row {
     int32_t rope_pos, lo;
     uint64_t mask;
+    uint8_t fork;
 };
 
 /* A ubatch: rows (token, position, sequence) grouped by sequence, each sequence's rows in
@@ -97,8 +103,9 @@ struct sil_ubatch {
     int32_t n;
     const int32_t *token, *pos, *seq;
     const int32_t *out_row; /* logits row for this row, or -1 */
-    /* NULL, or per row what a token tree lets it see (the CPU backend's attention only; the
-     * engine gives trees to no other backend and no model with recurrent layers) */
+    /* NULL, or per row what a token tree lets it see (the CPU backend's attention) and where
+     * its branches fork the recurrent state (forward_delta.c); the engine gives trees to no
+     * other backend */
     const struct sil_tree_row *tree;
     int32_t n_runs;
     const int32_t *run_start;

@@ -63,6 +63,9 @@ struct sil_engine {
      * and grouped like p_token (p_tree) */
     struct sil_tree_row *b_tree, *p_tree;
     bool tree_batch;
+    /* [n_seq_max] while a tree batch is checked (models with recurrent layers): each
+     * sequence's last row so far and the row its branches fork at (-1: none) */
+    int32_t *tree_prev, *tree_fork;
     int32_t *run_start;                       /* [n_batch_max + UBATCH_MAX_DEV + 2] */
     struct sil_ubatch *lm_ub;                 /* [f.n_lm] sil_forward_layers' micro-batches */
     int guard_slot;                           /* the mapping's mapguard slot, or -1 */
@@ -216,6 +219,9 @@ static int alloc_scratch(struct sil_engine *e, struct sil_error *err)
     e->p_out = xcalloc((size_t)e->n_batch_max, sizeof(int32_t), &fail);
     e->b_tree = xcalloc((size_t)e->n_batch_max, sizeof(struct sil_tree_row), &fail);
     e->p_tree = xcalloc((size_t)e->n_batch_max, sizeof(struct sil_tree_row), &fail);
+    e->tree_prev = xcalloc((size_t)e->n_seq_max, sizeof(int32_t), &fail);
+    e->tree_fork = xcalloc((size_t)e->n_seq_max, sizeof(int32_t), &fail);
+    f->fork_state = xcalloc((size_t)e->n_seq_max, sizeof(float *), &fail);
     /* one micro-batch's runs at a time, or (sil_forward_layers) each micro-batch's at its
      * first row's index plus its own: at most n_batch_max + n_lm + 1 */
     e->run_start = xcalloc((size_t)e->n_batch_max + UBATCH_MAX_DEV + 2, sizeof(int32_t), &fail);
@@ -230,7 +236,8 @@ static void free_scratch(struct sil_engine *e)
     struct sil_fwd *f = &e->f;
     void *ptrs[] = {f->dn,      e->seq_live, e->seq_len, e->next_pos, e->seq_count, e->seq_off,
                     e->p_token, e->p_pos,    e->p_seq,   e->p_out,    e->run_start,
-                    e->spec_pos_rows, e->spec_seq_rows, e->spec_want_rows};
+                    e->spec_pos_rows, e->spec_seq_rows, e->spec_want_rows, e->b_tree,
+                    e->p_tree, e->tree_prev, e->tree_fork};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
         free(ptrs[i]);
     if (e->spec)
@@ -243,6 +250,10 @@ static void free_scratch(struct sil_engine *e)
         for (int s = 0; s < e->n_seq_max; s++)
             free(f->recr_state[s]);
     free(f->recr_state);
+    if (f->fork_state)
+        for (int s = 0; s < e->n_seq_max; s++)
+            free(f->fork_state[s]);
+    free(f->fork_state);
 }
 
 static int bind_delta_net(struct sil_engine *e, struct sil_error *err)
@@ -1063,7 +1074,10 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
            sil_ckpt_bytes(e->ckpt, seq) +
            (e->spec[seq].state ? (uint64_t)e->model->hp.n_layer_recr *
                                      (uint64_t)e->f.dn_state_floats * sizeof(float)
-                               : 0);
+                               : 0) +
+           (e->f.fork_state[seq] ? (uint64_t)e->model->hp.n_layer_recr *
+                                       (uint64_t)e->f.dn_state_floats * sizeof(float)
+                                 : 0);
 }
 
 /* ---- speculative verification --------------------------------------------------------------
@@ -1466,15 +1480,40 @@ static int kv_device_copies(struct sil_engine *e, struct sil_error *err)
 
 bool sil_engine_has_tree(const struct sil_engine *e)
 {
-    return strcmp(e->info.backend, "cpu") == 0 && e->model->hp.n_layer_recr == 0;
+    return strcmp(e->info.backend, "cpu") == 0;
 }
+
+static int tree_entry(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
+                      int32_t i, struct sil_error *err);
 
 /* Row i of a batch with parents (its position checked): its tree entry in b_tree. A root or a
  * row outside a tree (parent -1) sees every position before it; inside its sequence's open
  * window, as bits from the window's start so children can inherit them. A child sees its
- * parent's positions and its own, at rope position parent's + 1. */
+ * parent's positions and its own, at rope position parent's + 1. With recurrent layers a row
+ * whose parent is not its sequence's row before it starts a branch, from the state after that
+ * parent (struct sil_tree_row.fork): one such branch point a sequence, else -ENOTSUP. */
 static int tree_row(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
                     int32_t i, struct sil_error *err)
+{
+    int rc = tree_entry(e, b, parent, i, err);
+    if (rc < 0 || e->model->hp.n_layer_recr == 0) return rc;
+    const int32_t s = b->seq[i], j = parent[i];
+    if (j >= 0 && j != e->tree_prev[s]) {
+        if (e->tree_fork[s] >= 0 && e->tree_fork[s] != j)
+            return sil_errorf(err, -ENOTSUP,
+                              "engine: batch row %d: a model with recurrent layers takes trees "
+                              "that branch at one node (rows %d and %d branch)",
+                              i, e->tree_fork[s], j);
+        e->tree_fork[s] = j;
+        e->b_tree[j].fork |= SIL_TREE_SAVE;
+        e->b_tree[i].fork |= SIL_TREE_RESTORE;
+    }
+    e->tree_prev[s] = i;
+    return 0;
+}
+
+static int tree_entry(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
+                      int32_t i, struct sil_error *err)
 {
     const int32_t s = b->seq[i], pos = b->pos[i], j = parent[i];
     const struct spec_window *w = &e->spec[s];
@@ -1485,8 +1524,8 @@ static int tree_row(struct sil_engine *e, const struct sil_batch *b, const int32
                               "engine: batch row %d: sequence %d's window holds a token tree", i,
                               s);
         e->b_tree[i] = d >= 0 && d < 64
-                           ? (struct sil_tree_row){pos, w->pos, (d == 63 ? 0 : (1ull << (d + 1))) - 1}
-                           : (struct sil_tree_row){pos, pos + 1, 0};
+                           ? (struct sil_tree_row){pos, w->pos, (d == 63 ? 0 : (1ull << (d + 1))) - 1, 0}
+                           : (struct sil_tree_row){pos, pos + 1, 0, 0};
         return 0;
     }
     if (j >= i || b->seq[j] != s)
@@ -1499,7 +1538,7 @@ static int tree_row(struct sil_engine *e, const struct sil_batch *b, const int32
                           "positions of its sequence's verification window",
                           i);
     e->b_tree[i] = (struct sil_tree_row){e->b_tree[j].rope_pos + 1, w->pos,
-                                         e->b_tree[j].mask | 1ull << d};
+                                         e->b_tree[j].mask | 1ull << d, 0};
     return 0;
 }
 
@@ -1550,11 +1589,11 @@ static int eval_batch(struct sil_engine *e, const struct sil_batch *b, const int
             e->tree_batch = e->tree_batch || parent[i] >= 0;
     if (e->tree_batch && !sil_engine_has_tree(e)) {
         fail_rows(b, st, -1, -ENOTSUP);
-        return sil_errorf(err, -ENOTSUP,
-                          "engine: token trees need the CPU backend and a model without "
-                          "recurrent layers (%s on %s)",
+        return sil_errorf(err, -ENOTSUP, "engine: token trees need the CPU backend (%s on %s)",
                           e->info.arch_name, e->info.backend);
     }
+    for (int s = 0; e->tree_batch && s < e->n_seq_max; s++)
+        e->tree_prev[s] = e->tree_fork[s] = -1;
     /* Validate everything before touching any state: an error leaves sequences unchanged. */
     for (int s = 0; s < e->n_seq_max; s++)
         e->next_pos[s] = e->seq_len[s];
@@ -1591,6 +1630,14 @@ static int eval_batch(struct sil_engine *e, const struct sil_batch *b, const int
         e->next_pos[s]++;
         e->seq_count[s]++;
     }
+    /* a tree that forks a recurrent state: room for the state at its branch point */
+    const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
+    for (int s = 0; e->tree_batch && nrs > 0 && s < e->n_seq_max; s++)
+        if (e->tree_fork[s] >= 0 && !e->f.fork_state[s] &&
+            !(e->f.fork_state[s] = malloc(sizeof(float) * (size_t)nrs))) {
+            fail_rows(b, st, s, -ENOMEM);
+            return sil_errorf(err, -ENOMEM, "engine: out of memory for a token tree's state");
+        }
     /* Rows grouped by sequence (stable), with the logits row each one writes. */
     e->seq_off[0] = 0;
     for (int s = 0; s < e->n_seq_max; s++)

@@ -10,8 +10,8 @@
  * prefix cache (prefix_cache.h, sil_seq_prefix_*) shares across sequences; a batch row carries its
  * sequence so decode of N sequences is one call; speculative decoding verifies a chain of draft
  * tokens in one batch and keeps the accepted prefix (sil_seq_spec_*), or a token tree whose
- * rows see their ancestors only (sil_batch.parent) and keeps its accepted path; a backend other than the CPU (CUDA) is chosen with
- * sil_engine_params.backend. */
+ * rows see their ancestors only (sil_batch.parent) and keeps its accepted path; a backend other
+ * than the CPU (CUDA) is chosen with sil_engine_params.backend. */
 #ifndef SIL_ENGINE_H
 #define SIL_ENGINE_H
 
@@ -351,8 +351,12 @@ int sil_engine_eval_out(struct sil_engine *e, const struct sil_batch *b, float *
  * its ancestors and itself, with rope at its depth (its parent's + 1), so its logits are those
  * of a sequence made of its path. A tree lies in the first 64 positions of its sequence's open
  * verification window (sil_seq_spec_begin) and is its last rows until sil_seq_spec_commit_path
- * keeps a path. CPU backend, models without recurrent layers (sil_engine_has_tree), else
- * -ENOTSUP; a parent that breaks these rules is -EINVAL. */
+ * keeps a path. On models with recurrent layers a row whose parent is not its sequence's row
+ * before it starts a branch from the recurrent state after that parent (kept aside during the
+ * pass, in a buffer of the sequence's size made at its first such tree and kept with its slot,
+ * sil_seq_memory counts it), so its logits are still its path's, bit for bit; all of a
+ * sequence's branches must start at one node (a root with chains below it), else -ENOTSUP. CPU
+ * backend (sil_engine_has_tree), else -ENOTSUP; a parent that breaks these rules is -EINVAL. */
 int sil_engine_eval_tree(struct sil_engine *e, const struct sil_batch *b, const int32_t *parent,
                          float *logits, int32_t *argmax, struct sil_error *err);
 /* Whether sil_engine_eval_tree can run here. */

@@ -202,6 +202,7 @@ int sil_fwd_open(struct sil_fwd *f, struct sil_error *err)
     }
     f->keep_rows = xcalloc((size_t)U, sizeof(int32_t), &fail);
     f->keep_out = xcalloc((size_t)U, sizeof(int32_t), &fail);
+    f->tree_runs = xcalloc((size_t)U + 1, sizeof(int32_t), &fail);
     if (fail || (f->scratch_bytes > 0 && !f->scratch))
         return sil_errorf(err, -ENOMEM, "%s: out of memory for activations", m->info.path);
     return 0;
@@ -215,13 +216,14 @@ void sil_fwd_close(struct sil_fwd *f)
     f->lm_x = f->lm_cur = NULL;
     void *ptrs[] = {f->lw,        p->sel_expert, p->sel_weight,   p->expert,     p->pair_start,
                     p->pair_row,  p->pair_of,    p->gate,         p->up,         p->down,
-                    f->keep_rows, f->keep_out,   f->expert_pairs, f->expert_next};
+                    f->keep_rows, f->keep_out,   f->expert_pairs, f->expert_next,
+                    f->tree_runs};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
         free(ptrs[i]);
     /* open may run again (another backend) */
     f->lw = NULL;
     memset(p, 0, sizeof(*p));
-    f->keep_rows = f->keep_out = f->expert_pairs = f->expert_next = NULL;
+    f->keep_rows = f->keep_out = f->expert_pairs = f->expert_next = f->tree_runs = NULL;
 }
 
 /* After the last layer's mixer only rows that want logits matter: the last FFN runs on them

@@ -45,6 +45,10 @@ struct sil_fwd {
     /* per-sequence state, owned by the engine */
     struct sil_kv_cache *kv;
     float **recr_state;              /* [seq] -> n_layer_recr * dn_state_floats floats */
+    /* [seq] -> as recr_state, or NULL: the state at a token tree's branch point, kept while
+     * its branches run (struct sil_tree_row.fork; the engine makes it before such a pass) */
+    float **fork_state;
+    int32_t *tree_runs; /* [ub_max + 1] the runs of a part of a ubatch (forward_delta.c) */
     struct sil_delta_net_params *dn; /* [n_layer_recr] */
     int64_t dn_state_floats;
 

@@ -5,7 +5,10 @@
  *   o = delta_net(qkv_mixed, z, alpha_raw, beta; the sequence's conv + SSM state)
  *   out = Wssm_out o
  * Each sequence's rows run in order through its own state; the backend spreads the conv
- * channels, then the value heads, of all sequences in the ubatch over its threads. */
+ * channels, then the value heads, of all sequences in the ubatch over its threads. A token
+ * tree's branches each start from the state after their branch point (tree_recurrence). */
+#include <string.h>
+
 #include "daemon/engine/forward.h"
 
 /* Block-local activations of n rows. */
@@ -39,6 +42,61 @@ size_t sil_fwd_delta_net_scratch(const struct sil_fwd *f)
     return ar.used;
 }
 
+/* Whether the ubatch holds a token tree that forks a recurrent state. */
+static bool tree_forks(const struct sil_ubatch *ub)
+{
+    for (int32_t i = 0; ub->tree && i < ub->n; i++)
+        if (ub->tree[i].fork) return true;
+    return false;
+}
+
+/* conv1d and delta_net of a ubatch with a token tree: its rows in parts, cut after each branch
+ * point (this layer's state of its sequence copied aside) and before each row that starts a
+ * branch (that copy restored), so every part follows one path and each row's state is that of
+ * its path. The parts run one after another (a sequence's state is shared), each spread over
+ * the threads as a ubatch is; the projections around them still see all rows at once. The
+ * delta net gives the same state and outputs whatever the split of a path's rows
+ * (delta_net.h), so a node's rows are bit-identical to its path evaluated alone. */
+static void tree_recurrence(struct sil_fwd *f, const struct sil_ubatch *ub,
+                            const struct sil_delta_net_args *a)
+{
+    const int64_t off = a->state.offset;
+    const size_t bytes = sizeof(float) * (size_t)f->dn_state_floats;
+    for (int32_t r0 = 0; r0 < ub->n;) {
+        int32_t r1 = r0 + 1;
+        while (r1 < ub->n && !(ub->tree[r1 - 1].fork & SIL_TREE_SAVE) &&
+               !(ub->tree[r1].fork & SIL_TREE_RESTORE))
+            r1++;
+        const int32_t n = r1 - r0, s0 = ub->seq[r0], s1 = ub->seq[r1 - 1];
+        if (ub->tree[r0].fork & SIL_TREE_RESTORE)
+            memcpy(f->recr_state[s0] + off, f->fork_state[s0] + off, bytes);
+        struct sil_ubatch part = *ub;
+        part.n = n;
+        part.token += r0;
+        part.pos += r0;
+        part.seq += r0;
+        part.out_row += r0;
+        part.tree += r0;
+        part.n_runs = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (i == 0 || part.seq[i] != part.seq[i - 1]) f->tree_runs[part.n_runs++] = i;
+        f->tree_runs[part.n_runs] = n;
+        part.run_start = f->tree_runs;
+        struct sil_delta_net_args pa = *a;
+        pa.qkv_mixed = sil_act_rows(a->qkv_mixed, r0, n);
+        pa.conv_out = sil_act_rows(a->conv_out, r0, n);
+        pa.z = sil_act_rows(a->z, r0, n);
+        pa.alpha = sil_act_rows(a->alpha, r0, n);
+        pa.beta = sil_act_rows(a->beta, r0, n);
+        pa.out = sil_act_rows(a->out, r0, n);
+        SIL_OP(f, conv1d, &part, &pa);
+        SIL_OP(f, delta_net, &part, &pa);
+        if (ub->tree[r1 - 1].fork & SIL_TREE_SAVE)
+            memcpy(f->fork_state[s1] + off, f->recr_state[s1] + off, bytes);
+        r0 = r1;
+    }
+}
+
 void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, struct sil_act cur,
                        struct sil_act out)
 {
@@ -69,6 +127,12 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, s
         .out = t.o,
     };
     /* the projections and the conv in one launch where the backend has it */
+    if (tree_forks(ub)) {
+        SIL_OP(f, matmul, cur, in, n_in);
+        tree_recurrence(f, ub, &a);
+        SIL_MATMUL(f, t.o, {&w->ssm_out, out});
+        return;
+    }
     if (f->be->ops->matmul_conv1d) {
         SIL_OP(f, matmul_conv1d, ub, cur, in, n_in, &a);
     } else {

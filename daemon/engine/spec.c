@@ -484,7 +484,7 @@ int sil_spec_set_width(struct sil_spec *s, int32_t width, struct sil_error *err)
     if (s->mtp || !sil_engine_has_tree(s->target))
         return sil_errorf(err, -ENOTSUP,
                           "spec: token trees (width %d) need a draft model and a target on the "
-                          "CPU backend without recurrent layers (%s on %s%s)",
+                          "CPU backend (%s on %s%s)",
                           width, sil_engine_info(s->target)->arch_name,
                           sil_engine_info(s->target)->backend, s->mtp ? ", MTP drafting" : "");
     const int64_t rows = 1 + (int64_t)width * s->depth;

@@ -99,9 +99,10 @@ int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, i
  * all in one verify pass (sil_engine_eval_tree: each node sees its ancestors only); the longest
  * path the target's greedy choices agree with is kept (sil_seq_spec_commit_path), so the tokens
  * stay plain greedy decoding's. Width 1 is the chain. Sampled steps still draft a chain.
- * -ENOTSUP where the target cannot verify trees (sil_engine_has_tree: the CPU backend, a model
- * without recurrent layers) or the MTP layer drafts; -EINVAL beyond SIL_SPEC_TREE_ROWS or a
- * batch; -ENOMEM. */
+ * On models with recurrent layers every branch starts from the state after the root (one
+ * verify pass still; engine.h) and the kept path is evaluated again at the commit, as a chain's.
+ * -ENOTSUP where the target cannot verify trees (sil_engine_has_tree: the CPU backend) or the
+ * MTP layer drafts; -EINVAL beyond SIL_SPEC_TREE_ROWS or a batch; -ENOMEM. */
 int sil_spec_set_width(struct sil_spec *s, int32_t width, struct sil_error *err);
 
 /* One step. hist[0, n_hist) are the tokens so far (prompt and output); the target's sequence

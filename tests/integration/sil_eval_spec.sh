@@ -3,9 +3,10 @@
 # gives plain greedy decoding's tokens, with the target drafting for itself (every draft
 # accepted) and with other drafters (the F16 file drafted by its Q4_K_M quantization and back,
 # the other architectures, a small seeded model of the same vocabulary from sil-mkmodel); the
-# JSON's figures agree with each other; token trees (WIDTHxDEPTH) give the same tokens on the
-# attention-only architectures and are a clear error on the hybrid ones; drafts of another
-# vocabulary are a clear error. Acceptance figures are printed.
+# JSON's figures agree with each other; token trees (WIDTHxDEPTH) give the same tokens on every
+# architecture (the hybrids' branches fork the recurrent state), and are a clear error with the
+# MTP layer drafting; drafts of another vocabulary are a clear error. Acceptance figures are
+# printed.
 set -u
 . "$(dirname "$0")/lib.bash"
 set +e
@@ -61,25 +62,24 @@ run "$M/qwen35-tiny-Q4_K_M.gguf" "$M/qwen35-tiny-Q4_K_M.gguf" 1x16 "$T/d16.json"
 check "$T/d16.json" "qwen35-tiny-Q4_K_M drafting for itself (1x16)" all
 echo "ok: every architecture drafting for itself: every draft accepted, plain greedy's tokens"
 
-# token trees: the attention-only architectures verify them, with plain greedy's tokens
-for a in qwen3moe-tiny-Q4_K_M qwen3-tiny-Q8_0; do
+# token trees: every architecture verifies them, with plain greedy's tokens
+for a in $ARCHS; do
     for tree in 2x3 3x2 4x4; do
         run "$M/$a.gguf" "$M/$a.gguf" $tree "$T/tree.json"
         check "$T/tree.json" "$a drafting for itself ($tree)" all
     done
-    o=qwen3moe-tiny-Q4_K_M
-    [ $a = $o ] && o=qwen3-tiny-Q8_0
+    case $a in
+    qwen3moe*) o=qwen3-tiny-Q8_0 ;;
+    qwen3-*) o=qwen3moe-tiny-Q4_K_M ;;
+    qwen35moe*) o=qwen35-tiny-Q4_K_M ;;
+    *) o=qwen35moe-tiny-Q4_K_M ;;
+    esac
     run "$M/$a.gguf" "$M/$o.gguf" 2x3 "$T/tree.json"
     check "$T/tree.json" "$a drafted by $o (2x3)" any
 done
-for a in qwen35moe-tiny-Q4_K_M qwen35-tiny-Q4_K_M; do
-    "$E" --model "$M/$a.gguf" --tokens 1,2,3 --n-predict 8 --threads 2 --spec draft \
-        --draft-model "$M/$a.gguf" --spec-tree 2x3 >/dev/null 2>"$T/err"
-    rc=$?
-    [ $rc = 1 ] || fail "$a --spec-tree 2x3: exit $rc (want 1)"
-    grep -q "token trees (width 2) need" "$T/err" || fail "$a --spec-tree 2x3: $(cat "$T/err")"
-done
-echo "ok: token trees give plain greedy's tokens (qwen3, qwen3moe) or a clear error (qwen35*)"
+run "$M/qwen35moe-tiny-F16.gguf" "$M/qwen35moe-tiny-Q4_K_M.gguf" 3x3 "$T/tree.json"
+check "$T/tree.json" "qwen35moe-tiny-F16 drafted by its Q4_K_M (3x3)" some
+echo "ok: token trees give plain greedy's tokens on every architecture"
 
 run "$M/qwen35moe-tiny-F16.gguf" "$M/qwen35moe-tiny-Q4_K_M.gguf" 1x4 "$T/f16.json"
 check "$T/f16.json" "qwen35moe-tiny-F16 drafted by its Q4_K_M" some
@@ -163,4 +163,9 @@ PY
 rc=$?
 [ $rc = 1 ] || fail "exit $rc (want 1) for --spec mtp without an MTP layer"
 grep -q "has no MTP layer" "$T/err" || fail "message: $(cat "$T/err")"
+"$E" --model "$T/mtp.gguf" --tokens 5,6,7,8 --n-predict 8 --threads 2 --spec mtp --spec-tree 2x3 \
+    >/dev/null 2>"$T/err"
+rc=$?
+[ $rc = 1 ] || fail "exit $rc (want 1) for --spec mtp --spec-tree 2x3"
+grep -q "token trees (width 2) need a draft model" "$T/err" || fail "message: $(cat "$T/err")"
 echo "ok: --spec mtp drafts with the model's MTP layer, plain greedy's tokens"
