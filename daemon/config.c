@@ -48,10 +48,12 @@ void sil_config_defaults(struct sil_config *c)
     c->heat_map = true;
     c->heat_save_interval = 300;
     c->spec = SIL_SPEC_OFF;
+    c->spec_width = 1;
     c->spec_depth = 4;
 }
 
-int sil_parse_spec_tree(const char *s, int32_t *depth, char *why, size_t why_size)
+int sil_parse_spec_tree(const char *s, int32_t *width, int32_t *depth, char *why,
+                        size_t why_size)
 {
     char *end;
     errno = 0;
@@ -67,14 +69,16 @@ int sil_parse_spec_tree(const char *s, int32_t *depth, char *why, size_t why_siz
         snprintf(why, why_size, "expected WIDTHxDEPTH, a chain being 1xDEPTH (e.g. 1x4)");
         return -EINVAL;
     }
-    if (w != 1) {
-        snprintf(why, why_size, "token trees wider than 1 are not supported yet: give 1xDEPTH");
-        return -EINVAL;
-    }
     if (n < 1 || n > SIL_CONFIG_SPEC_DEPTH_MAX) {
         snprintf(why, why_size, "depth outside [1, %d]", SIL_CONFIG_SPEC_DEPTH_MAX);
         return -EINVAL;
     }
+    if (w > 1 && (w > SIL_CONFIG_SPEC_TREE_ROWS || 1 + w * n > SIL_CONFIG_SPEC_TREE_ROWS)) {
+        snprintf(why, why_size, "a tree of %ldx%ld has more than %d rows (1 + WIDTH x DEPTH)",
+                 w, n, SIL_CONFIG_SPEC_TREE_ROWS);
+        return -EINVAL;
+    }
+    *width = (int32_t)w;
     *depth = (int32_t)n;
     return 0;
 }
@@ -356,7 +360,7 @@ static int set_key(struct sil_config *c, const char *key, const char *val, char 
     if (strcmp(key, "draft_model") == 0)
         return set_str(c->draft_model, sizeof c->draft_model, val, why, why_size);
     if (strcmp(key, "spec_tree") == 0)
-        return sil_parse_spec_tree(val, &c->spec_depth, why, why_size);
+        return sil_parse_spec_tree(val, &c->spec_width, &c->spec_depth, why, why_size);
     if (strcmp(key, "log_level") == 0) {
         int l = sil_parse_log_level(val);
         if (l < 0) {
@@ -742,7 +746,7 @@ void sil_config_apply_live(struct sil_config *dst, const struct sil_config *src,
            "cuda_cpu_share")
     STATIC(dst->spec != src->spec, "spec")
     STATIC(strcmp(dst->draft_model, src->draft_model), "draft_model")
-    STATIC(dst->spec_depth != src->spec_depth, "spec_tree")
+    STATIC(dst->spec_depth != src->spec_depth || dst->spec_width != src->spec_width, "spec_tree")
 #undef STATIC
     if (n >= size && size > 4)
         strcpy(changed_static + size - 4, "...");
@@ -779,7 +783,8 @@ void sil_usage(FILE *f)
           "                [--state-dir DIR] [--cuda-graphs on|off]\n"
           "                [--cuda-zero-copy on|off] [--cuda-pin auto|on|off]\n"
           "                [--cuda-cpu-share auto|off|SHARE]\n"
-          "                [--spec off|draft|mtp] [--draft-model FILE] [--spec-tree 1xDEPTH]\n"
+          "                [--spec off|draft|mtp] [--draft-model FILE]\n"
+          "                [--spec-tree WIDTHxDEPTH]\n"
           "       siliceod --no-model [--socket PATH]   (protocol diagnostics only)\n"
           "       siliceod --inspect FILE\n"
           "       siliceod --help | --version\n"
@@ -824,7 +829,10 @@ void sil_usage(FILE *f)
           "                          verifies in one batch (default off)\n"
           "      --draft-model FILE  the draft model (the same vocabulary as every model\n"
           "                          served)\n"
-          "      --spec-tree 1xDEPTH the tokens drafted a step, 1 to 64 (default 1x4)\n"
+          "      --spec-tree WIDTHxDEPTH  the tokens drafted a step: a chain of DEPTH\n"
+          "                          (1 to 64, default 1x4) or, with a draft model on the\n"
+          "                          CPU backend, a tree of WIDTH such chains (at most 64\n"
+          "                          rows, 1 + WIDTH x DEPTH)\n"
           "      --state-dir DIR     where heat maps and saved sessions are kept\n"
           "                          (default: $STATE_DIRECTORY, /var/lib/siliceo for\n"
           "                          root, else $XDG_STATE_HOME/siliceo or\n"

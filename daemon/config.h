@@ -22,8 +22,10 @@
 #define SIL_CONFIG_MAX_IDS 32
 
 enum sil_spec_mode { SIL_SPEC_OFF = 0, SIL_SPEC_DRAFT = 1, SIL_SPEC_MTP = 2 };
-/* The deepest chain siliceod drafts (spec.h's SIL_SPEC_DEPTH_MAX). */
+/* The deepest chain siliceod drafts (spec.h's SIL_SPEC_DEPTH_MAX), and the most rows of a token
+ * tree, 1 + WIDTH x DEPTH (spec.h's SIL_SPEC_TREE_ROWS). */
 #define SIL_CONFIG_SPEC_DEPTH_MAX 64
+#define SIL_CONFIG_SPEC_TREE_ROWS 64
 
 enum sil_log_level { SIL_LOG_ERR = 3, SIL_LOG_WARNING = 4, SIL_LOG_NOTICE = 5, SIL_LOG_INFO = 6, SIL_LOG_DEBUG = 7 };
 
@@ -93,11 +95,11 @@ struct sil_config {
     struct sil_cuda_options cuda;
     /* Speculative decoding (spec.h): off, a draft model (draft_model, opened beside every
      * model served, with the same vocabulary) or the served model's own MTP layer drafting
-     * chains of spec_depth tokens; requests may ask for another depth or none (generate's
-     * spec). */
+     * chains of spec_depth tokens, or (a draft model, spec_width > 1) token trees of
+     * spec_width chains; requests may ask for another depth or none (generate's spec). */
     int spec;                      /* SIL_SPEC_OFF, SIL_SPEC_DRAFT or SIL_SPEC_MTP */
     char draft_model[PATH_MAX];
-    int32_t spec_depth;            /* from spec_tree = 1xDEPTH */
+    int32_t spec_width, spec_depth; /* from spec_tree = WIDTHxDEPTH */
     int log_level;
     bool foreground;
     bool no_model;              /* --no-model: protocol-only diagnostics (debug.stream) */
@@ -138,9 +140,11 @@ int sil_config_make_state_dir(const struct sil_config *c, char *out, size_t size
                               size_t note_n);
 
 int sil_parse_log_level(const char *s); /* -EINVAL for an unknown name */
-/* A --spec-tree value, WIDTHxDEPTH: only chains (width 1) with depth 1..SIL_CONFIG_SPEC_DEPTH_MAX;
- * -EINVAL with why filled otherwise. */
-int sil_parse_spec_tree(const char *s, int32_t *depth, char *why, size_t why_size);
+/* A --spec-tree value, WIDTHxDEPTH: a chain (width 1) or a token tree, depth
+ * 1..SIL_CONFIG_SPEC_DEPTH_MAX and a tree's 1 + width x depth at most SIL_CONFIG_SPEC_TREE_ROWS; -EINVAL
+ * with why filled otherwise (width and depth then unchanged). */
+int sil_parse_spec_tree(const char *s, int32_t *width, int32_t *depth, char *why,
+                        size_t why_size);
 const char *sil_log_level_name(int level);
 
 void sil_usage(FILE *f);

@@ -306,7 +306,7 @@ static void pack_spec(struct server *s, msgpack_packer *pk, const struct sil_wor
     }
     const struct sil_model_info *di = s->draft ? sil_engine_info(s->draft) : NULL;
     const double steps = (double)st->spec_steps;
-    msgpack_pack_map(pk, 23);
+    msgpack_pack_map(pk, 25);
     sil_rpc_kv_str(pk, "mode", mtp ? "mtp" : "draft");
     /* the model's own MTP layer drafts: no draft model */
     if (mtp) {
@@ -319,9 +319,13 @@ static void pack_spec(struct server *s, msgpack_packer *pk, const struct sil_wor
     /* false when the model in use has another vocabulary (or, mtp, no MTP layer): nothing
      * speculates */
     sil_rpc_kv_bool(pk, "active", st->spec_on);
+    /* the configured tree, and the width the model in use drafts greedy requests with (1 where
+     * it verifies chains only) and the default depth */
     char tree[32];
-    snprintf(tree, sizeof tree, "1x%d", (int)s->cfg->spec_depth);
+    snprintf(tree, sizeof tree, "%dx%d", (int)s->cfg->spec_width, (int)s->cfg->spec_depth);
     sil_rpc_kv_str(pk, "tree", tree);
+    sil_rpc_kv_int(pk, "width", st->spec_width);
+    sil_rpc_kv_int(pk, "depth", s->cfg->spec_depth);
     sil_rpc_kv_int(pk, "max_rows", SIL_SPEC_MAX_ROWS);
     sil_rpc_kv_uint(pk, "steps", st->spec_steps);
     sil_rpc_kv_uint(pk, "drafted", st->spec_drafted);

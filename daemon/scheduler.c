@@ -775,6 +775,7 @@ void sil_job_spec_drop(struct sil_worker *w, struct job *j)
 void sil_spec_check(struct sil_worker *w)
 {
     w->spec_ok = false;
+    w->spec_width_ok = 1;
     if (w->spec_mtp && w->e) {
         /* the MTP layer of each model served; one without it decodes plainly */
         w->spec_ok = sil_engine_has_mtp(w->e);
@@ -791,6 +792,13 @@ void sil_spec_check(struct sil_worker *w)
         return;
     }
     w->spec_ok = true;
+    /* a model loaded by name that cannot verify trees drafts chains (the one served at start
+     * was checked by the server) */
+    if (w->spec_width > 1 && !sil_engine_has_tree(w->e))
+        sil_notice("token trees off for %s: the %s backend verifies chains only (1x%d)",
+                   sil_engine_info(w->e)->path, sil_engine_info(w->e)->backend, w->spec_depth);
+    else
+        w->spec_width_ok = w->spec_width;
 }
 
 /* The depth the job drafts at most: its own, else the daemon's; 0 when it does not speculate. */
@@ -799,6 +807,17 @@ static int32_t job_spec_max(const struct sil_worker *w, const struct job *j)
     if (!w->spec_ok || j->r.spec < 0)
         return 0;
     return j->r.spec > 0 ? j->r.spec : w->spec_depth;
+}
+
+/* The width of the job's trees at most: the model's, narrowed so that 1 + width x depth rows
+ * fit a tree and a batch (a request's own depth may be deeper than the daemon's). */
+static int32_t job_spec_wmax(const struct sil_worker *w, const struct job *j)
+{
+    int32_t wd = w->spec_width_ok;
+    while (wd > 1 && (1 + wd * j->spec_max > SIL_SPEC_TREE_ROWS ||
+                      1 + wd * j->spec_max > sil_engine_n_batch_max(w->e)))
+        wd--;
+    return wd;
 }
 
 /* Tokens a step of j may emit (the verified chain and the target's own token after it), within
@@ -820,18 +839,28 @@ static int32_t job_spec_out(const struct job *j)
     return out;
 }
 
-/* After a speculative step: the acceptance's moving average moves the depth, and after
+/* After a speculative step: the acceptance's moving average moves the tree, and after
  * SPEC_JUDGE_STEPS steps a request whose speculative tokens a second fall below what one-token
- * steps give stops speculating. */
-static void job_spec_adapt(struct sil_worker *w, struct job *j, int32_t drafted, int32_t accepted)
+ * steps give stops speculating. A tree's acceptance is the share of one branch's drafts
+ * accepted (width rows drafted at each depth, one path kept). Low, the width shrinks first (a
+ * narrower tree costs fewer rows for the same depth), then the depth; high, the depth grows back
+ * first, then the width. */
+static void job_spec_adapt(struct sil_worker *w, struct job *j, int32_t drafted, int32_t accepted,
+                           int32_t width)
 {
     if (drafted > 0) {
-        const double a = (double)accepted / drafted;
+        double a = (double)accepted * width / drafted;
+        if (a > 1)
+            a = 1;
         j->spec_acc = j->spec_steps == 1 ? a : (1 - SPEC_ACC_ALPHA) * j->spec_acc + SPEC_ACC_ALPHA * a;
-        if (j->spec_acc < SPEC_ACC_LOW && j->spec_depth > 1)
+        if (j->spec_acc < SPEC_ACC_LOW && j->spec_width > 1)
+            j->spec_width--;
+        else if (j->spec_acc < SPEC_ACC_LOW && j->spec_depth > 1)
             j->spec_depth--;
         else if (j->spec_acc > SPEC_ACC_HIGH && j->spec_depth < j->spec_max)
             j->spec_depth++;
+        else if (j->spec_acc > SPEC_ACC_HIGH && j->spec_width < j->spec_wmax)
+            j->spec_width++;
     }
     const double t_one = w->cost.t_dec[1];
     if (j->spec_steps >= SPEC_JUDGE_STEPS && t_one > 0 && j->spec_s > 0 &&
@@ -839,9 +868,9 @@ static void job_spec_adapt(struct sil_worker *w, struct job *j, int32_t drafted,
         j->spec_stopped = true;
         w->local.spec_stopped++;
         sil_info("request %u: speculation stopped, %.1f tokens/s against %.1f plain "
-                 "(acceptance %.0f%%, depth %d)",
+                 "(acceptance %.0f%%, tree %dx%d)",
                  j->r.msgid, j->spec_emitted / j->spec_s, 1.0 / t_one, 100 * j->spec_acc,
-                 j->spec_depth);
+                 j->spec_width, j->spec_depth);
         sil_job_spec_drop(w, j);
     }
 }
@@ -898,7 +927,18 @@ static bool job_spec_step(struct sil_worker *w, struct job *j)
     j->ctx.n--;
     int32_t out[SIL_SPEC_DEPTH_MAX + 1];
     struct sil_spec *sp = j->spec;
+    if (sp->width != j->spec_width) {
+        /* its buffers made for the deepest tree the job may draft */
+        sp->depth = j->spec_max;
+        if (sil_spec_set_width(sp, j->spec_width, &err) < 0) {
+            sil_info("request %u: chains instead of trees: %s", j->r.msgid, err.msg);
+            j->spec_wmax = j->spec_width = 1;
+            sil_spec_set_width(sp, 1, &err);
+        }
+    }
     sp->depth = j->spec_depth;
+    /* greedy steps verify the tree, sampled ones a chain (spec.h) */
+    const int32_t width = sil_sampler_plain_greedy(j->smp) ? sp->width : 1;
     const struct sil_spec_stats before = sp->stats;
     const double t0 = now_s();
     /* plain greedy: the argmax of every row, no logits to the host; else speculative sampling
@@ -940,7 +980,7 @@ static bool job_spec_step(struct sil_worker *w, struct job *j)
         if (!job_token(w, j, out[i]))
             return true;
     }
-    job_spec_adapt(w, j, drafted, accepted);
+    job_spec_adapt(w, j, drafted, accepted, width);
     return true;
 }
 
@@ -961,6 +1001,8 @@ static void spec_steps(struct sil_worker *w)
         if (!j->spec_max) {
             j->spec_max = job_spec_max(w, j);
             j->spec_depth = j->spec_max;
+            j->spec_wmax = j->spec_width =
+                sil_sampler_plain_greedy(j->smp) ? job_spec_wmax(w, j) : 1;
             if (!j->spec_max)
                 j->spec_stopped = true; /* never speculates */
         }

@@ -392,8 +392,30 @@ static int open_draft(struct server *s, struct sil_error *err)
         return sil_errorf(err, -EINVAL, "spec_tree: depth %d is not below the draft's batch of %d",
                           cfg->spec_depth, sil_engine_n_batch_max(s->draft));
     const struct sil_model_info *di = sil_engine_info(s->draft);
-    sil_info("draft model %s (%s, %d layers) on %s, chains of %d tokens", di->name,
-             di->arch_name, di->n_layer, di->backend, cfg->spec_depth);
+    if (cfg->spec_width > 1)
+        sil_info("draft model %s (%s, %d layers) on %s, token trees of %d chains of %d tokens",
+                 di->name, di->arch_name, di->n_layer, di->backend, cfg->spec_width,
+                 cfg->spec_depth);
+    else
+        sil_info("draft model %s (%s, %d layers) on %s, chains of %d tokens", di->name,
+                 di->arch_name, di->n_layer, di->backend, cfg->spec_depth);
+    /* a tree: the model served at start must verify trees in a batch (later ones that cannot
+     * draft chains, the worker says so) */
+    if (s->engine && cfg->spec_width > 1) {
+        const struct sil_model_info *info = sil_engine_info(s->engine);
+        if (!sil_engine_has_tree(s->engine))
+            return sil_errorf(err, -EINVAL,
+                              "spec_tree = %dx%d: token trees need the CPU backend (%s runs on "
+                              "%s); give 1x%d",
+                              cfg->spec_width, cfg->spec_depth, info->path, info->backend,
+                              cfg->spec_depth);
+        if (1 + cfg->spec_width * cfg->spec_depth > sil_engine_n_batch_max(s->engine))
+            return sil_errorf(err, -EINVAL,
+                              "spec_tree = %dx%d: %d rows do not fit the model's batch of %d",
+                              cfg->spec_width, cfg->spec_depth,
+                              1 + cfg->spec_width * cfg->spec_depth,
+                              sil_engine_n_batch_max(s->engine));
+    }
     if (s->engine) {
         rc = sil_spec_vocab_check(sil_engine_vocab(s->engine), sil_engine_vocab(s->draft), err);
         if (rc < 0) {
@@ -421,6 +443,11 @@ static int check_mtp(struct server *s, struct sil_error *err)
     if (cfg->spec_depth >= sil_engine_n_batch_max(s->engine))
         return sil_errorf(err, -EINVAL, "spec_tree: depth %d is not below the model's batch of %d",
                           cfg->spec_depth, sil_engine_n_batch_max(s->engine));
+    if (cfg->spec_width > 1)
+        return sil_errorf(err, -EINVAL,
+                          "spec_tree = %dx%d: the MTP layer drafts chains only; give 1x%d or "
+                          "spec = draft",
+                          cfg->spec_width, cfg->spec_depth, cfg->spec_depth);
     if (cfg->draft_model[0])
         sil_notice("spec = mtp: the draft model %s is not used", cfg->draft_model);
     sil_info("speculative decoding with the MTP layer of %s, chains of %d tokens", info->name,

@@ -520,6 +520,7 @@ void sil_publish_stats(struct sil_worker *w)
     w->local.queued = w->n_queued;
     w->local.sessions = w->n_sessions;
     w->local.spec_on = w->spec_ok;
+    w->local.spec_width = w->spec_width_ok;
     w->local.spec_t_one = w->cost.t_dec[1];
     w->local.draft_seqs = w->draft_seqs;
     if (w->draft) {
@@ -886,6 +887,7 @@ int sil_worker_start(struct sil_worker **out, struct sil_engine *e, struct sil_e
     w->e = e;
     w->draft = draft;
     w->spec_depth = cfg->spec_depth;
+    w->spec_width = cfg->spec_width;
     w->spec_mtp = cfg->spec == SIL_SPEC_MTP;
     w->heat = heat;
     w->v = e ? sil_engine_vocab(e) : NULL;

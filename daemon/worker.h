@@ -89,8 +89,10 @@ struct sil_worker_stats {
      * emitted, and the seconds of their drafting, verify passes and commits; one-token decode
      * steps timed for comparison (t_one: their mean seconds, 0 = none yet); requests that
      * stopped speculating because it did not pay, and request steps decoded plainly because the
-     * batch was large. The draft's live sequences and its KV pool (blocks, free). */
+     * batch was large. The draft's live sequences and its KV pool (blocks, free). The width of
+     * the trees greedy requests draft with it (spec_tree's, or 1 where it verifies chains only). */
     bool spec_on;
+    int32_t spec_width;
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted;
     double spec_draft_s, spec_verify_s, spec_commit_s, spec_t_one;
     uint64_t spec_stopped, spec_batch_skips;

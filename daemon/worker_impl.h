@@ -81,14 +81,16 @@ struct job {
     struct sil_outmsg *oom;
     /* Speculative decoding (scheduler.c): the chain state with the draft's sequence (NULL until
      * its first speculative step, dropped with the target's sequence), the depth it may draft
-     * (its own or the daemon's) and the one it drafts now (adaptive), its acceptance as a
-     * moving average, its counters, and whether it stopped (speculation did not pay). */
+     * (its own or the daemon's) and the one it drafts now (adaptive), the same for the width of
+     * its token trees (1: chains), its acceptance as a moving average, its counters, and
+     * whether it stopped (speculation did not pay). */
     struct sil_spec *spec;
     int dseq;
     /* the draft's draws: the request's settings, a seed of its own; made at the first sampled
      * speculative step, kept while speculation stops and resumes, freed with the job */
     struct sil_sampler *dsmp;
     int32_t spec_max, spec_depth;
+    int32_t spec_wmax, spec_width;
     double spec_acc;
     uint64_t spec_steps, spec_emitted, spec_dec_steps;
     double spec_s;
@@ -143,11 +145,13 @@ struct sil_worker {
     struct sil_engine *e;
     /* The draft model (NULL: none) or, with spec_mtp, e's own MTP layer drafting; whether
      * speculation can run for e (the draft's vocabulary is e's, or e has an MTP layer), the
-     * depth requests get by default, and the draft's live sequences. */
+     * depth requests get by default, the width of the trees (spec_tree; 1: chains) and the one
+     * e takes (1 where it cannot verify trees), and the draft's live sequences. */
     struct sil_engine *draft;
     bool spec_mtp;
     bool spec_ok;
     int32_t spec_depth;
+    int32_t spec_width, spec_width_ok;
     int32_t draft_seqs;
     const struct sil_vocab *v;
     int32_t n_vocab, n_ctx;

@@ -238,8 +238,9 @@ static void test_spec_keys(void **state)
     sil_config_defaults(&c);
     assert_int_equal(c.spec, SIL_SPEC_OFF);
     assert_int_equal(c.spec_depth, 4);
+    assert_int_equal(c.spec_width, 1);
     const char *p = write_file("spec.conf", "model = /m.gguf\nspec = draft\ndraft_model = /d.gguf\n"
-                                            "spec_tree = 1x8\n");
+                                            "spec_tree = 2x8\n");
     char path[128];
     snprintf(path, sizeof path, "%s", p);
     char *argv[] = { "siliceod", "--config", path, NULL };
@@ -247,12 +248,14 @@ static void test_spec_keys(void **state)
     assert_int_equal(c.spec, SIL_SPEC_DRAFT);
     assert_string_equal(c.draft_model, "/d.gguf");
     assert_int_equal(c.spec_depth, 8);
+    assert_int_equal(c.spec_width, 2);
     char *flags[] = { "siliceod", "--config", path, "--spec-tree", "1x2", "--draft-model", "/e.gguf",
                       "--spec", "off", NULL };
     assert_int_equal(sil_config_from_args(&c, &cli, 9, flags, &err), 0);
     assert_int_equal(c.spec, SIL_SPEC_OFF);
     assert_string_equal(c.draft_model, "/e.gguf");
     assert_int_equal(c.spec_depth, 2);
+    assert_int_equal(c.spec_width, 1);
     const char *mq = write_file("mtp.conf", "model = /m.gguf\nspec = mtp\n");
     char mpath[128];
     snprintf(mpath, sizeof mpath, "%s", mq);
@@ -266,7 +269,8 @@ static void test_spec_keys(void **state)
 
     static const char *const bad[][2] = {
         { "spec", "MTP" },       { "spec", "on" },        { "spec", "" },
-        { "spec_tree", "2x4" },  { "spec_tree", "1x0" },  { "spec_tree", "1x65" },
+        { "spec_tree", "8x8" },  { "spec_tree", "1x0" },  { "spec_tree", "1x65" },
+        { "spec_tree", "0x4" },  { "spec_tree", "64x1" }, { "spec_tree", "99999999999x1" },
         { "spec_tree", "1x" },   { "spec_tree", "x4" },   { "spec_tree", "1x4x" },
         { "spec_tree", "-1x4" }, { "spec_tree", "1x-4" }, { "spec_tree", "1x99999999999999999999" },
         { "spec_tree", "4" },    { "spec_tree", "1x4 4" },
@@ -278,12 +282,21 @@ static void test_spec_keys(void **state)
         assert_int_equal(sil_config_load_file(&c, q, &err), -EINVAL);
         assert_non_null(strstr(err.msg, bad[i][0]));
     }
-    int32_t d = 0;
+    int32_t wd = 0, d = 0;
     char why[128];
-    assert_int_equal(sil_parse_spec_tree("1x64", &d, why, sizeof why), 0);
+    assert_int_equal(sil_parse_spec_tree("1x64", &wd, &d, why, sizeof why), 0);
+    assert_int_equal(wd, 1);
     assert_int_equal(d, 64);
-    assert_int_equal(sil_parse_spec_tree("2x4", &d, why, sizeof why), -EINVAL);
-    assert_non_null(strstr(why, "not supported yet"));
+    assert_int_equal(sil_parse_spec_tree("2x3", &wd, &d, why, sizeof why), 0);
+    assert_int_equal(wd, 2);
+    assert_int_equal(d, 3);
+    assert_int_equal(sil_parse_spec_tree("63x1", &wd, &d, why, sizeof why), 0);
+    assert_int_equal(wd, 63);
+    assert_int_equal(sil_parse_spec_tree("9x7", &wd, &d, why, sizeof why), 0);
+    assert_int_equal(sil_parse_spec_tree("8x8", &wd, &d, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "more than 64 rows"));
+    assert_int_equal(wd, 9);
+    assert_int_equal(d, 7);
 
     const char *q = write_file("nodraft.conf", "model = /m.gguf\nspec = draft\n");
     snprintf(path, sizeof path, "%s", q);
@@ -297,6 +310,7 @@ static void test_spec_keys(void **state)
     b.spec = SIL_SPEC_DRAFT;
     strcpy(b.draft_model, "/d.gguf");
     b.spec_depth = 6;
+    b.spec_width = 2;
     char changed[256];
     sil_config_apply_live(&a, &b, changed, sizeof changed);
     assert_string_equal(changed, "spec, draft_model, spec_tree");

@@ -4,9 +4,11 @@
 # attention-only model; per-request spec (off, a depth; bad values are error 4); status and
 # metrics carry the figures; a cancelled speculative request frees its sequences and KV, and 200
 # sampled speculative requests (half of them disconnected) leave the heap as it was; bad
-# settings (no draft model, a tree, another vocabulary, mtp on a model without the layer) stop the
-# daemon with a message. siliceod --spec mtp (spec = mtp): a sil-mkmodel --mtp model drafting with
-# its own MTP layer gives the answers of a daemon without speculation.
+# settings (no draft model, a tree too large, a tree with MTP drafting, another vocabulary, mtp
+# on a model without the layer) stop the daemon with a message. Token trees (spec_tree = 2x3,
+# --spec-tree 2x3) give the answers of a daemon without speculation on an attention-only and a
+# hybrid model. siliceod --spec mtp (spec = mtp): a sil-mkmodel --mtp model drafting with its own
+# MTP layer gives the answers of a daemon without speculation.
 . "$(dirname "$0")/lib.bash"
 M=$SHARED/refdata/models
 need_refdata "$M/qwen35moe-tiny-Q4_K_M.gguf" "$M/qwen35moe-tiny-F16.gguf" "$M/qwen3-tiny-Q8_0.gguf"
@@ -43,6 +45,28 @@ PY
     stop_daemon
 done
 
+echo "== token trees"
+for run in qwen3-tiny-Q8_0:qwen3-tiny-Q8_0:all:conf qwen35moe-tiny-Q4_K_M:qwen35moe-tiny-Q4_K_M:all:flag \
+    qwen35moe-tiny-Q4_K_M:qwen35moe-tiny-F16:any:flag; do
+    IFS=: read -r target draft mode how <<<"$run"
+    echo "== $target drafted by $draft, a 2x3 tree ($how)"
+    write_conf "threads = 2" "prefix_cache = off"
+    start_daemon --model "$M/$target.gguf"
+    python3 "$HERE/spec_tests.py" plain "$T/plain.json"
+    stop_daemon
+    if [ $how = conf ]; then
+        write_conf "threads = 2" "prefix_cache = off" "spec = draft" "draft_model = $M/$draft.gguf" \
+            "spec_tree = 2x3"
+        start_daemon --model "$M/$target.gguf"
+    else
+        write_conf "threads = 2" "prefix_cache = off"
+        start_daemon --model "$M/$target.gguf" --spec draft --draft-model "$M/$draft.gguf" --spec-tree 2x3
+    fi
+    python3 "$HERE/spec_tests.py" tree "$T/plain.json" 2x3 "$mode"
+    stop_daemon
+done
+echo "ok: 2x3 trees: plain greedy's answers on qwen3 and qwen35moe"
+
 echo "== a model's own MTP layer drafting"
 "$SIL_BUILD/bin/sil-mkmodel" --arch qwen35moe --mtp --vocab 512 --type q8_0 --quiet --out "$T/mtp.gguf" ||
     fail "sil-mkmodel --mtp"
@@ -75,7 +99,8 @@ bad() { # expected-message flags...
 }
 write_conf "threads = 2"
 bad "needs a draft model" --spec draft
-bad "wider than 1 are not supported" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 2x4
+bad "a tree of 8x8 has more than 64 rows" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 8x8
+bad "expected WIDTHxDEPTH" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 0x3
 bad "depth outside" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf" --spec-tree 1x65
 bad "expected WIDTHxDEPTH" --spec-tree 1x
 bad "spec = mtp: .*qwen3-tiny-Q8_0.gguf has no MTP layer" --spec mtp
@@ -84,6 +109,9 @@ bad "cannot load the draft model" --spec draft --draft-model "$T/nope.gguf"
 "$SIL_BUILD/bin/sil-mkmodel" --arch qwen3 --layers 1 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 \
     --ffn 128 --vocab 600 --type q8_0 --quiet --out "$T/v600.gguf" || fail "sil-mkmodel"
 bad "cannot draft for .*600 tokens" --spec draft --draft-model "$T/v600.gguf"
-write_conf "threads = 2" "spec_tree = 3x2"
-bad "spec_tree: token trees wider than 1" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf"
-grep -q -- "--spec-tree 1xDEPTH" <<<"$("$SIL_BUILD/bin/siliceod" --help)" || fail "--help lists --spec-tree"
+write_conf "threads = 2" "spec_tree = 9x9"
+bad "spec_tree: a tree of 9x9 has more than 64 rows" --spec draft --draft-model "$M/qwen3-tiny-Q8_0.gguf"
+write_conf "threads = 2" "spec_tree = 2x3"
+bad "spec_tree = 2x3: the MTP layer drafts chains only" --model "$T/mtp.gguf" --spec mtp
+"$SIL_BUILD/bin/siliceod" --help >"$T/help.txt" || fail "siliceod --help"
+grep -q -- "--spec-tree WIDTHxDEPTH" "$T/help.txt" || fail "--help lists --spec-tree"

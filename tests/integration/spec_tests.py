@@ -6,7 +6,9 @@ every draft accepted, the target drafting for itself), that bad spec values are 
 a speculative request cancelled mid-stream leaves the engine state as it found it. `mtp PATH`: a
 daemon whose model's own MTP layer drafts (spec = mtp) gives the tokens of PATH's daemon without
 speculation, alone and side by side, with per-request depths and spec "off", and speculates for
-sampled requests; status and metrics say mtp. `churn N`: N sampled requests that speculate, half
+sampled requests; status and metrics say mtp. `tree PATH WxD MODE`: a daemon drafting token trees
+of WxD (its width in status) gives PATH's tokens, alone, side by side, with per-request depths
+and spec "off" (MODE all: the target drafts for itself, a whole branch a step). `churn N`: N sampled requests that speculate, half
 of them ended by a disconnect, leave the heap and the draft's sequences as they were."""
 import json
 import random
@@ -247,6 +249,37 @@ def mtp(path):
     check(gen(c, PROMPTS[0])["tokens"] == want[0], "the daemon lives on")
 
 
+def tree(path, shape, mode):
+    with open(path) as f:
+        want = json.load(f)
+    width, depth = (int(x) for x in shape.split("x"))
+    c = Client()
+    s0 = spec_status(c)
+    check(s0 is not None and s0["active"] is True and s0["tree"] == shape and s0["width"] == width
+          and s0["depth"] == depth, "status: a tree of %s, width %d (%r)" % (shape, width, s0))
+    for i, p in enumerate(PROMPTS):
+        check(gen(c, p)["tokens"] == want[i], "%s, prompt %d: the tokens of plain greedy decoding"
+              % (shape, i))
+    s1 = spec_status(c)
+    check(s1["steps"] > 0 and s1["emitted"] == s1["accepted"] + s1["steps"],
+          "status: speculative steps, emitted = accepted + steps (%r)" % s1)
+    check(s1["accepted"] <= depth * s1["steps"] and s1["drafted"] <= width * depth * s1["steps"],
+          "status: at most one branch accepted and width x depth drafted a step")
+    if mode == "all":
+        check(s1["accepted"] >= s1["steps"] * depth // 2,
+              "drafting for itself: most of a branch accepted a step (%r)" % s1)
+    print("tree %s: %d of %d drafts accepted, %.2f tokens a step, verify %.3f ms vs one token "
+          "%.3f ms" % (shape, s1["accepted"], s1["drafted"], s1["tokens_per_step"],
+                       s1["verify_step_ms"], s1["one_token_step_ms"]))
+    for i, kw in enumerate(({"spec": "off"}, {"spec": 1}, {"spec": 12}, {"spec": 40})):
+        p = PROMPTS[1 + i % 3]
+        check(gen(c, p, **kw)["tokens"] == want[1 + i % 3], "%r: the same tokens" % kw)
+    check(gen(c, PROMPTS[1], repeat_penalty=1.3)["tokens"] == want[4],
+          "greedy with a repetition penalty (sampled chains): plain decoding's tokens")
+    res = concurrent(PROMPTS[:3])
+    check([r["tokens"] for r in res] == want[:3], "three requests at once: plain greedy's tokens")
+
+
 def churn(n):
     """n sampled requests that speculate, every other one ended by its client's disconnect: the
     heap comes back to where it was and the draft holds no sequence. A draft sampler kept past its
@@ -293,4 +326,5 @@ def churn(n):
 
 if __name__ == "__main__":
     {"plain": lambda: plain(sys.argv[2]), "spec": lambda: spec(sys.argv[2], sys.argv[3]),
-     "mtp": lambda: mtp(sys.argv[2]), "churn": lambda: churn(int(sys.argv[2]))}[sys.argv[1]]()
+     "mtp": lambda: mtp(sys.argv[2]), "churn": lambda: churn(int(sys.argv[2])),
+     "tree": lambda: tree(sys.argv[2], sys.argv[3], sys.argv[4])}[sys.argv[1]]()
