@@ -5,10 +5,10 @@
  * the embedding table, N embedding rows, and the routed experts the step's routing touched, as
  * the engine counted them) over the streaming read bandwidth measured just before, in the same
  * process with the same thread count. With --spec draft or mtp, the same N sequences then decode
- * the same tokens again by speculative decoding (a chain, each sequence its own steps, as
- * siliceod runs them), with the drafts accepted and the verify pass's cost against a one-token
- * step. Prints one JSON object per (run, N) on stdout, and with --spec one more for the
- * speculative decode; bench/run-batch.sh assembles the results file. */
+ * the same tokens again by speculative decoding (a chain or, with a draft model, a token tree,
+ * each sequence its own steps, as siliceod runs them), with the drafts accepted and the verify
+ * pass's cost against a one-token step. Prints one JSON object per (run, N) on stdout, and with
+ * --spec one more for the speculative decode; bench/run-batch.sh assembles the results file. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
@@ -183,11 +183,11 @@ static int prefill(struct sil_engine *e, struct bufs *b, int seq, int s, int n_p
 }
 
 /* The speculative measurement: ns sequences of e prefilled as run_one's (and the draft's, de,
- * when there is one, outside the timing), then n_gen tokens each by speculative steps of at
- * most depth drafts, the sequences taking turns a step each; their tokens are checked against
- * the plain decode's in b->gen. */
+ * when there is one, outside the timing), then n_gen tokens each by speculative steps of a
+ * width x depth tree of drafts (width 1: a chain), the sequences taking turns a step each;
+ * their tokens are checked against the plain decode's in b->gen. */
 static int run_spec(struct sil_engine *e, struct sil_engine *de, struct bufs *b, int ns,
-                    int n_prompt, int n_gen, int32_t depth, struct spec_result *res)
+                    int n_prompt, int n_gen, int32_t width, int32_t depth, struct spec_result *res)
 {
     struct sil_error err = {0};
     struct sil_spec sp[MAX_STREAMS];
@@ -219,11 +219,12 @@ static int run_spec(struct sil_engine *e, struct sil_engine *de, struct bufs *b,
         if (de && prefill(de, b, dseq[s], s, n_prompt, NULL, &err) < 0) goto out;
         nh[s] = n_prompt + 1;
     }
-    for (; inited < ns; inited++) {
-        const int s = inited;
+    for (int s = 0; s < ns; s++) {
         if ((de ? sil_spec_init(&sp[s], e, tseq[s], de, dseq[s], depth, &err)
                 : sil_spec_init_mtp(&sp[s], e, tseq[s], depth, &err)) < 0)
             goto out;
+        inited++;
+        if (width > 1 && sil_spec_set_width(&sp[s], width, &err) < 0) goto out;
     }
     const double t0 = sil_bench_now();
     for (bool more = true; more;) {
@@ -274,7 +275,7 @@ static void usage(FILE *f)
         f,
         "usage: " PROG " --model FILE [--threads N] [--streams LIST] [--prompt N] [--gen N]\n"
         "                      [--runs N] [--mib N]\n"
-        "                      [--spec off|draft|mtp [--draft-model FILE] [--spec-tree 1xDEPTH]]\n"
+        "                      [--spec off|draft|mtp [--draft-model FILE] [--spec-tree WxD]]\n"
         "\n"
         "Aggregate decode tok/s of N sequences decoding in one eval per step, for each N,\n"
         "next to the byte bound of the same steps. One JSON object per line on stdout.\n"
@@ -297,7 +298,8 @@ static void usage(FILE *f)
         "                  off (default), draft (--draft-model drafts) or mtp (the model's own\n"
         "                  MTP layer drafts)\n"
         "  --draft-model FILE the draft model of --spec draft (the model's vocabulary)\n"
-        "  --spec-tree WxD drafts a step: 1xDEPTH, a chain (default 1x4)\n"
+        "  --spec-tree WxD drafts a step: 1xDEPTH, a chain (default 1x4), or with --spec\n"
+        "                  draft a token tree, WIDTH x DEPTH drafts (1 + W x D <= 64)\n"
         "  --help, --version\n");
 }
 
@@ -417,11 +419,17 @@ int main(int argc, char **argv)
         return SIL_BENCH_EXIT_USAGE;
     }
     enum sil_bench_spec spec;
-    long width = 1, tree_depth = 4; /* chains (width 1) only, as sil-eval's */
+    long tree_width = 1, tree_depth = 4;
     if (sil_bench_spec_mode(PROG, spec_arg, draft_model, spec_tree, &spec) < 0 ||
-        (spec_tree && sil_bench_spec_tree(PROG, spec_tree, false, &width, &tree_depth) < 0))
+        (spec_tree && sil_bench_spec_tree(PROG, spec_tree, &tree_width, &tree_depth) < 0))
         return SIL_BENCH_EXIT_USAGE;
-    const int32_t depth = (int32_t)tree_depth;
+    if (spec == SIL_BENCH_SPEC_MTP && tree_width > 1) {
+        fprintf(stderr, PROG ": --spec-tree %s: the MTP layer drafts chains only; use 1x%ld\n",
+                spec_tree, tree_depth);
+        return SIL_BENCH_EXIT_USAGE;
+    }
+    const int32_t width = (int32_t)tree_width, depth = (int32_t)tree_depth;
+    const int32_t spec_rows = 1 + width * depth; /* a verify pass's rows, the last token's too */
     if (strcmp(backend, "cpu") != 0 && bw_given <= 0) {
         fprintf(stderr, PROG ": --backend %s needs --bw-gbs (the device's bandwidth)\n", backend);
         return SIL_BENCH_EXIT_USAGE;
@@ -435,11 +443,11 @@ int main(int argc, char **argv)
     p.model_path = model;
     p.n_threads = (int)threads;
     p.n_seq_max = ns_max;
-    /* a verify pass may run depth positions past the last token kept */
+    /* a verify pass may run width x depth positions past the last token kept */
     p.n_ctx = (int32_t)(n_prompt + (n_gen > WARMUP_STEPS ? n_gen : WARMUP_STEPS) + 1 +
-                        (spec ? depth + 1 : 0));
+                        (spec ? spec_rows : 0));
     p.n_batch_max = (int32_t)(n_prompt > ns_max ? n_prompt : ns_max);
-    if (spec && p.n_batch_max < depth + 1) p.n_batch_max = depth + 1;
+    if (spec && p.n_batch_max < spec_rows) p.n_batch_max = spec_rows;
     p.backend = backend;
     p.vram_budget = budget;
     struct sil_error err = {0};
@@ -458,7 +466,16 @@ int main(int argc, char **argv)
     dp.vram_budget = p.vram_budget;
     dp.n_ctx = p.n_ctx;
     dp.n_seq_max = p.n_seq_max;
-    dp.n_batch_max = (int32_t)(n_prompt > depth + 1 ? n_prompt : depth + 1);
+    dp.n_batch_max = (int32_t)(n_prompt > spec_rows ? n_prompt : spec_rows);
+    /* trees need a target that verifies them (known before any figure is measured) */
+    if (spec && width > 1 && !sil_engine_has_tree(e)) {
+        fprintf(stderr,
+                PROG ": --spec-tree %dx%d: token trees need the CPU backend (%s runs on %s); "
+                     "use 1x%d\n",
+                (int)width, (int)depth, model, sil_engine_info(e)->backend, (int)depth);
+        sil_engine_close(e);
+        return SIL_BENCH_EXIT_ERROR;
+    }
     if (sil_bench_spec_drafter(PROG, spec, e, model, &dp, &de) < 0) {
         sil_engine_close(e);
         return SIL_BENCH_EXIT_ERROR;
@@ -520,7 +537,8 @@ int main(int argc, char **argv)
             if (!spec) continue;
             const double plain_tok_s = tok_s;
             struct spec_result sr;
-            if (run_spec(e, de, &b, ns[i], (int)n_prompt, (int)n_gen, depth, &sr) < 0) goto out;
+            if (run_spec(e, de, &b, ns[i], (int)n_prompt, (int)n_gen, width, depth, &sr) < 0)
+                goto out;
             const struct sil_spec_stats *ss = &sr.st;
             const double steps = ss->steps ? (double)ss->steps : 1.0;
             const double spec_tok_s = sr.decode_s > 0 ? (double)ns[i] * n_gen / sr.decode_s : 0.0;
@@ -530,8 +548,8 @@ int main(int argc, char **argv)
                    r + 1, sil_engine_info(e)->backend, ns[i], (int)threads, (int)n_prompt,
                    (int)n_gen, spec == SIL_BENCH_SPEC_MTP ? "mtp" : "draft");
             sil_bench_print_json_str(spec == SIL_BENCH_SPEC_DRAFT ? draft_model : NULL);
-            printf(", \"tree\": \"1x%d\", \"depth\": %d, \"identical\": %s, \"steps\": %llu, "
-                   "\"drafted\": %llu, \"accepted\": %llu, \"emitted\": %llu, "
+            printf(", \"tree\": \"%dx%d\", \"width\": %d, \"depth\": %d, \"identical\": %s, "
+                   "\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, \"emitted\": %llu, "
                    "\"acceptance_rate\": %.4f, \"accepted_per_step\": %.4f, "
                    "\"tokens_per_step\": %.4f, \"verify_step_ms\": %.4f, "
                    "\"one_token_step_ms\": %.4f, \"verify_vs_one_token\": %.4f, "
@@ -539,7 +557,7 @@ int main(int argc, char **argv)
                    "\"moe_layers\": %llu, \"expert_union_per_layer\": %.4f, "
                    "\"expert_pairs_per_layer\": %.4f}, "
                    "\"decode_tok_s\": %.3f, \"plain_decode_tok_s\": %.3f, \"speedup\": %.4f}\n",
-                   (int)depth, (int)depth, sr.identical ? "true" : "false",
+                   (int)width, (int)depth, (int)width, (int)depth, sr.identical ? "true" : "false",
                    (unsigned long long)ss->steps, (unsigned long long)ss->drafted,
                    (unsigned long long)ss->accepted, (unsigned long long)ss->emitted,
                    ss->drafted ? (double)ss->accepted / (double)ss->drafted : 0.0,
@@ -548,8 +566,7 @@ int main(int argc, char **argv)
                    1e3 * ss->commit_s / steps, (unsigned long long)ss->moe_layers,
                    ss->moe_layers ? (double)ss->expert_union / (double)ss->moe_layers : 0.0,
                    ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0,
-                   spec_tok_s, plain_tok_s,
-                   plain_tok_s > 0 ? spec_tok_s / plain_tok_s : 0.0);
+                   spec_tok_s, plain_tok_s, plain_tok_s > 0 ? spec_tok_s / plain_tok_s : 0.0);
             fflush(stdout);
         }
     }

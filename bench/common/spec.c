@@ -36,7 +36,7 @@ int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_mo
     return 0;
 }
 
-int sil_bench_spec_tree(const char *prog, const char *s, bool trees, long *width, long *depth)
+int sil_bench_spec_tree(const char *prog, const char *s, long *width, long *depth)
 {
     char *x, *end;
     errno = 0;
@@ -44,13 +44,6 @@ int sil_bench_spec_tree(const char *prog, const char *s, bool trees, long *width
     if (errno || x == s || *x != 'x') goto bad;
     const long d = strtol(x + 1, &end, 10);
     if (errno || end == x + 1 || *end || w < 1 || d < 1) goto bad;
-    if (w > 1 && !trees) {
-        fprintf(stderr,
-                "%s: --spec-tree %s: token trees (width > 1) are not supported yet; "
-                "use a chain, 1xDEPTH\n",
-                prog, s);
-        return -EINVAL;
-    }
     if (w > 1 && 1 + w * d > SIL_SPEC_TREE_ROWS) {
         fprintf(stderr, "%s: --spec-tree %s: a tree has at most %d rows (1 + width x depth)\n",
                 prog, s, SIL_SPEC_TREE_ROWS);

@@ -3,8 +3,6 @@
 #ifndef SIL_BENCH_SPEC_H
 #define SIL_BENCH_SPEC_H
 
-#include <stdbool.h>
-
 #include "daemon/engine/engine.h"
 
 enum sil_bench_spec { SIL_BENCH_SPEC_OFF, SIL_BENCH_SPEC_DRAFT, SIL_BENCH_SPEC_MTP };
@@ -14,9 +12,9 @@ enum sil_bench_spec { SIL_BENCH_SPEC_OFF, SIL_BENCH_SPEC_DRAFT, SIL_BENCH_SPEC_M
 int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_model,
                         const char *spec_tree, enum sil_bench_spec *mode);
 
-/* --spec-tree WIDTHxDEPTH: a chain (width 1), or with trees a token tree of at most
- * SIL_SPEC_TREE_ROWS rows; depth at most SIL_SPEC_DEPTH_MAX. 0, or -EINVAL (message printed). */
-int sil_bench_spec_tree(const char *prog, const char *s, bool trees, long *width, long *depth);
+/* --spec-tree WIDTHxDEPTH: a chain (width 1) or a token tree of at most SIL_SPEC_TREE_ROWS
+ * rows; depth at most SIL_SPEC_DEPTH_MAX. 0, or -EINVAL (message printed). */
+int sil_bench_spec_tree(const char *prog, const char *s, long *width, long *depth);
 
 /* The drafter of mode for target e (opened from model): with mtp, e's own MTP layer (*de NULL);
  * with draft, the draft model dp->model_path opened with dp into *de, its vocabulary the

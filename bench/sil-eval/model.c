@@ -284,7 +284,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     enum sil_bench_spec spec_as;
     if (sil_bench_spec_mode("sil-eval", o->spec, o->draft_model, o->spec_tree, &spec_as) < 0 ||
         (o->spec_tree &&
-         sil_bench_spec_tree("sil-eval", o->spec_tree, true, &sr.width, &sr.depth) < 0))
+         sil_bench_spec_tree("sil-eval", o->spec_tree, &sr.width, &sr.depth) < 0))
         return 2;
     const bool spec = spec_as != SIL_BENCH_SPEC_OFF;
     const bool mtp = spec_as == SIL_BENCH_SPEC_MTP; /* the target's own MTP layer drafts */

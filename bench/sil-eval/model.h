@@ -27,7 +27,7 @@ struct sil_eval_model_opts {
     /* the CUDA backend's user options, as siliceod.conf(5) takes them; NULL = the default */
     const char *cuda_graphs, *cuda_zero_copy, *cuda_pin, *cuda_cpu_share;
     /* speculative decoding after the plain decode, compared with it: off (NULL) or draft, the
-     * draft model's file, and the tree (1xDEPTH: a chain; wider trees are not supported yet) */
+     * draft model's file, and the tree (WIDTHxDEPTH; 1xDEPTH: a chain) */
     const char *spec, *draft_model, *spec_tree;
 };
 
