@@ -135,8 +135,16 @@ def spec(path, mode):
     acc = (a1["accepted"] - a0["accepted"]) / drafted if drafted else 0
     print("a long request: %d speculative steps, %d drafts (%.1f%% accepted), stopped %d" %
           (steps, drafted, 100 * acc, a1["stopped_requests"] - a0["stopped_requests"]))
-    check(a1["stopped_requests"] == a0["stopped_requests"] + 1 and 8 <= steps < r["n_generated"],
-          "a request where speculation does not pay stops after 8 steps and decodes plainly")
+    stopped = a1["stopped_requests"] - a0["stopped_requests"]
+    if mode == "all":
+        # the target drafting for itself: a step of D drafts and a verify costs about the D + 1
+        # one-token steps it replaces, so whether it pays is for the timings (sanitizers and load
+        # turn it either way); only the rule's floor of 8 judged steps is checked here
+        check(stopped == 0 or 8 <= steps < r["n_generated"],
+              "a request drafting for itself stops speculating, if at all, after 8 steps")
+    else:
+        check(stopped == 1 and 8 <= steps < r["n_generated"],
+              "a request where speculation does not pay stops after 8 steps and decodes plainly")
     if mode == "all":
         check(drafted == 4 * steps, "full acceptance keeps the depth at 4")
     elif acc < 0.4:
