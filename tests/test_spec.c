@@ -19,34 +19,11 @@
 #include "daemon/engine/spec.h"
 #include "daemon/engine/tokenizer.h"
 #include "tests/testutil.h"
+#include "tests/testutil_spec.h"
 
 static const char *const archs[] = {"qwen35moe-tiny-Q4_K_M", "qwen35-tiny-Q4_K_M",
                                     "qwen3moe-tiny-Q4_K_M", "qwen3-tiny-Q8_0"};
 #define N_ARCH (sizeof(archs) / sizeof(archs[0]))
-
-static struct sil_engine *open_eng(const char *model, int n_seq, int32_t n_batch, bool exact,
-                                   const char *kv_type)
-{
-    struct sil_engine_params p;
-    sil_engine_params_default(&p);
-    p.n_threads = 2;
-    p.n_seq_max = n_seq;
-    p.n_ctx = 256;
-    p.n_batch_max = n_batch;
-    p.exact = exact;
-    p.kv_type = kv_type;
-    struct sil_error err = {0};
-    struct sil_engine *e = NULL;
-    if (tu_open_refdata_engine(&e, model, &p, &err) < 0) fail_msg("open %s: %s", model, err.msg);
-    return e;
-}
-
-/* A fixed token list of the tiny vocabulary (no special tokens). */
-static void make_ids(int32_t *ids, int32_t n)
-{
-    for (int32_t i = 0; i < n; i++)
-        ids[i] = 1 + (int32_t)(((uint32_t)i * 7919u + 13u) % 500u);
-}
 
 /* Evaluates ids[0, n) of seq from its end; logits of every row into lg when not NULL. */
 static void eval_ids(struct sil_engine *e, int seq, const int32_t *ids, int32_t n, float *lg)
@@ -84,9 +61,9 @@ static void test_commit_exact(void **state)
     static const int32_t keep[] = {2, 0, 6, 1, 4, 3, 5};
     enum { NW = sizeof(keep) / sizeof(keep[0]) };
     int32_t ids[P0 + NW * K + 8];
-    make_ids(ids, P0 + NW * K + 8);
+    tu_spec_ids(ids, P0 + NW * K + 8);
     for (size_t a = 0; a < N_ARCH; a++) {
-        struct sil_engine *e = open_eng(archs[a], 2, 512, false, NULL);
+        struct sil_engine *e = tu_spec_engine(archs[a], 2, 512, false, NULL);
         const int32_t V = sil_engine_info(e)->n_vocab;
         struct sil_error err = {0};
         float *wl = malloc(sizeof(float) * (size_t)V * K),
@@ -144,9 +121,9 @@ static void test_window_errors(void **state)
 {
     (void)state;
     int32_t ids[40];
-    make_ids(ids, 40);
+    tu_spec_ids(ids, 40);
     for (size_t a = 0; a < N_ARCH; a += 3) { /* a hybrid and an attention-only model */
-        struct sil_engine *e = open_eng(archs[a], 2, 8, false, NULL);
+        struct sil_engine *e = tu_spec_engine(archs[a], 2, 8, false, NULL);
         struct sil_error err = {0};
         int s = new_seq(e);
         assert_int_equal(sil_seq_spec_commit(e, s, 0, &err), -EINVAL); /* no window */
@@ -272,9 +249,9 @@ static void test_self_draft(void **state)
     (void)state;
     enum { NP = 12, N = 40, DEPTH = 4 };
     int32_t prompt[NP], plain[N + 1], got[N + 1];
-    make_ids(prompt, NP);
+    tu_spec_ids(prompt, NP);
     for (size_t a = 0; a < N_ARCH; a++) {
-        struct sil_engine *e = open_eng(archs[a], 3, 512, false, NULL);
+        struct sil_engine *e = tu_spec_engine(archs[a], 3, 512, false, NULL);
         plain_greedy(e, prompt, NP, N, plain);
         struct spec_run r;
         spec_greedy(e, e, DEPTH, prompt, NP, N, got, &r);
@@ -298,9 +275,9 @@ static void test_other_drafter(void **state)
     (void)state;
     enum { NP = 12, N = 48, DEPTH = 4 };
     int32_t prompt[NP], plain[N + 1], got[N + 1];
-    make_ids(prompt, NP);
+    tu_spec_ids(prompt, NP);
     for (size_t a = 0; a < N_ARCH; a++) {
-        struct sil_engine *t = open_eng(archs[a], 2, 512, false, NULL);
+        struct sil_engine *t = tu_spec_engine(archs[a], 2, 512, false, NULL);
         plain_greedy(t, prompt, NP, N, plain);
         struct {
             const char *model;
@@ -313,7 +290,7 @@ static void test_other_drafter(void **state)
         uint64_t acc = 0, drafted = 0;
         int partial = 0;
         for (size_t k = 0; k < sizeof(dr) / sizeof(dr[0]); k++) {
-            struct sil_engine *d = open_eng(dr[k].model, 1, 512, dr[k].exact, dr[k].kv);
+            struct sil_engine *d = tu_spec_engine(dr[k].model, 1, 512, dr[k].exact, dr[k].kv);
             struct spec_run r;
             spec_greedy(t, d, DEPTH, prompt, NP, N, got, &r);
             char what[160];
@@ -383,7 +360,7 @@ static void test_expert_union(void **state)
     enum { NP = 12, N = 40, DEPTH = 4 };
     const char *const moe[] = {"qwen3moe-tiny-Q4_K_M", "qwen35moe-tiny-Q4_K_M"};
     int32_t prompt[NP];
-    make_ids(prompt, NP);
+    tu_spec_ids(prompt, NP);
     for (int a = 0; a < 2; a++) {
         struct route_count rc = {0};
         const struct sil_engine_observer obs = {.user = &rc, .on_route = count_route};
@@ -398,7 +375,7 @@ static void test_expert_union(void **state)
         if (tu_open_refdata_engine(&t, moe[a], &p, &err) < 0)
             fail_msg("open %s: %s", moe[a], err.msg);
         /* the perturbed drafter: some drafts rejected, so verify passes of several lengths */
-        struct sil_engine *d = open_eng(moe[a], 1, 512, true, "q4_0");
+        struct sil_engine *d = tu_spec_engine(moe[a], 1, 512, true, "q4_0");
         const int K = sil_engine_info(t)->n_expert_used;
         int ts = new_seq(t), ds = new_seq(d);
         struct sil_spec sp;
@@ -457,7 +434,7 @@ static void test_vocab_check(void **state)
     assert_int_equal(sil_spec_vocab_check(v[0], v[0], &err), 0);
     assert_int_equal(sil_spec_vocab_check(v[0], v[1], &err), -EINVAL);
     assert_non_null(strstr(err.msg, "vocabulary"));
-    struct sil_engine *e = open_eng(archs[3], 2, 512, false, NULL);
+    struct sil_engine *e = tu_spec_engine(archs[3], 2, 512, false, NULL);
     assert_int_equal(sil_spec_vocab_check(v[0], sil_engine_vocab(e), &err), -EINVAL);
     struct sil_spec sp;
     assert_int_equal(sil_spec_init(&sp, e, 0, e, 0, 4, &err), -EINVAL); /* one sequence */

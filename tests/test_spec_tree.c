@@ -19,31 +19,11 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/spec.h"
 #include "tests/testutil.h"
+#include "tests/testutil_spec.h"
 
 static const char *const tree_archs[] = {"qwen3moe-tiny-Q4_K_M", "qwen3-tiny-Q8_0",
                                          "qwen35-tiny-Q4_K_M", "qwen35moe-tiny-Q4_K_M"};
 #define N_TREE (sizeof(tree_archs) / sizeof(tree_archs[0]))
-
-static struct sil_engine *open_eng(const char *model, int n_seq, bool exact, const char *kv)
-{
-    struct sil_engine_params p;
-    sil_engine_params_default(&p);
-    p.n_threads = 2;
-    p.n_seq_max = n_seq;
-    p.n_ctx = 256;
-    p.exact = exact;
-    p.kv_type = kv;
-    struct sil_error err = {0};
-    struct sil_engine *e = NULL;
-    if (tu_open_refdata_engine(&e, model, &p, &err) < 0) fail_msg("open %s: %s", model, err.msg);
-    return e;
-}
-
-static void make_ids(int32_t *ids, int32_t n)
-{
-    for (int32_t i = 0; i < n; i++)
-        ids[i] = 1 + (int32_t)(((uint32_t)i * 7919u + 13u) % 500u);
-}
 
 static int new_seq(struct sil_engine *e)
 {
@@ -94,11 +74,11 @@ static void test_tree_logits_and_commit(void **state)
 {
     (void)state;
     int32_t prompt[NP], tok[ROWS], par[ROWS];
-    make_ids(prompt, NP);
+    tu_spec_ids(prompt, NP);
     tree_of(tok, par);
     struct sil_error err = {0};
     for (size_t a = 0; a < N_TREE; a++) {
-        struct sil_engine *e = open_eng(tree_archs[a], 3, false, NULL);
+        struct sil_engine *e = tu_spec_engine(tree_archs[a], 3, 0, false, NULL);
         const size_t V = (size_t)sil_engine_info(e)->n_vocab;
         float *lt = malloc(sizeof(float) * V * ROWS), *lp = malloc(sizeof(float) * V * (D + 1)),
               *x = malloc(sizeof(float) * V), *y = malloc(sizeof(float) * V);
@@ -172,14 +152,14 @@ static void test_tree_batches(void **state)
             tok[r] = 20 + 31 * j + 5 * i;
             par[r] = i == 0 ? 0 : r - 1;
         }
-    make_ids(prompt[0], NB);
-    make_ids(prompt[1], NB);
+    tu_spec_ids(prompt[0], NB);
+    tu_spec_ids(prompt[1], NB);
     for (int32_t i = 0; i < NB; i++)
         prompt[1][i] = 1 + (prompt[1][i] * 3) % 500;
-    make_ids(plain, 40);
+    tu_spec_ids(plain, 40);
     struct sil_error err = {0};
     for (size_t a = 0; a < N_TREE; a++) {
-        struct sil_engine *e = open_eng(tree_archs[a], 6, false, NULL);
+        struct sil_engine *e = tu_spec_engine(tree_archs[a], 6, 0, false, NULL);
         const size_t V = (size_t)sil_engine_info(e)->n_vocab;
         float *alone = malloc(sizeof(float) * V * BR * 2), *both = malloc(sizeof(float) * V * BR * 2);
         int ts[2];
@@ -241,9 +221,9 @@ static void test_tree_errors(void **state)
     (void)state;
     int32_t tok[ROWS], par[ROWS], prompt[8];
     tree_of(tok, par);
-    make_ids(prompt, 8);
+    tu_spec_ids(prompt, 8);
     struct sil_error err = {0};
-    struct sil_engine *e = open_eng(tree_archs[1], 2, false, NULL);
+    struct sil_engine *e = tu_spec_engine(tree_archs[1], 2, 0, false, NULL);
     int s = new_seq(e);
     assert_int_equal(eval_rows(e, s, prompt, 8, NULL, NULL, &err), 0);
     assert_int_equal(eval_rows(e, s, tok, ROWS, par, NULL, &err), -EINVAL); /* no window */
@@ -264,7 +244,7 @@ static void test_tree_errors(void **state)
     assert_int_equal(eval_rows(e, s, tok, 1, NULL, NULL, &err), 0); /* plain again */
     sil_engine_close(e);
 
-    struct sil_engine *h = open_eng("qwen35-tiny-Q4_K_M", 2, false, NULL);
+    struct sil_engine *h = tu_spec_engine("qwen35-tiny-Q4_K_M", 2, 0, false, NULL);
     assert_true(sil_engine_has_tree(h));
     s = new_seq(h);
     assert_int_equal(eval_rows(h, s, prompt, 8, NULL, NULL, &err), 0);
@@ -315,11 +295,11 @@ static void test_tree_greedy(void **state)
     (void)state;
     enum { P = 12, N = 40 };
     int32_t prompt[P], plain[N], hist[P + N + 64];
-    make_ids(prompt, P);
+    tu_spec_ids(prompt, P);
     const int32_t shapes[][2] = {{2, 3}, {3, 2}, {4, 4}};
     struct sil_error err = {0};
     for (size_t a = 0; a < N_TREE; a++) {
-        struct sil_engine *t = open_eng(tree_archs[a], 2, false, NULL);
+        struct sil_engine *t = tu_spec_engine(tree_archs[a], 2, 0, false, NULL);
         plain_greedy(t, prompt, P, N, plain);
         const struct {
             const char *model;
@@ -329,7 +309,7 @@ static void test_tree_greedy(void **state)
                   {tree_archs[a], true, "q4_0"},
                   {tree_archs[(a + 1) % N_TREE], false, NULL}};
         for (size_t k = 0; k < 3; k++) {
-            struct sil_engine *d = open_eng(dr[k].model, 1, dr[k].exact, dr[k].kv);
+            struct sil_engine *d = tu_spec_engine(dr[k].model, 1, 0, dr[k].exact, dr[k].kv);
             for (size_t sh = 0; sh < 3; sh++) {
                 int ts = new_seq(t), ds = new_seq(d);
                 struct sil_spec sp;
