@@ -25,11 +25,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_fwd.h"
+#include "kernels/cuda/cuda_slots.h"
 
 extern const unsigned char sil_cuda_fatbin[];
 extern const uint64_t sil_cuda_fatbin_size;
@@ -1033,6 +1035,67 @@ static void test_matvec_conv(struct sil_cuda *cu, const struct sil_cuda_fwd *fwd
         sil_cuda_weight_free(cu, &w[k]);
 }
 
+/* The mapping's ranges pinned in pieces: split at the piece bounds, device addresses that run on
+ * across them, a time limit that gives up and unpins everything (a second pin then works, so
+ * nothing stayed registered), and no limit that pins it all. */
+static void test_pin_pieces(struct sil_cuda *cu)
+{
+    const size_t piece = (size_t)SIL_CUDA_PIN_PIECE_MIB << 20, big = 2 * piece + piece / 2;
+    uint8_t *m = mmap(NULL, big + (2u << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (m == MAP_FAILED) {
+        check(false, "pin pieces: mmap");
+        return;
+    }
+    memset(m, 1, big + (2u << 20));
+    struct sil_cuda_slots s;
+    memset(&s, 0, sizeof s);
+    sil_cuda_slots_init(&s, cu);
+    /* a range of 2.5 pieces and a separate one of a page, one page apart */
+    const size_t pg = 4096;
+    check(sil_cuda_slots_add_range(&s, m, big) == 0 &&
+              sil_cuda_slots_add_range(&s, m + big + pg, 100) == 0,
+          "pin pieces: ranges added");
+    const uint64_t total = sil_cuda_slots_merge_ranges(&s);
+    check(s.n_rng == 2 && total == big + pg, "pin pieces: 2 ranges of %zu bytes (%d, %llu)",
+          big + pg, s.n_rng, (unsigned long long)total);
+    double took = -1;
+    struct sil_error e = {0};
+    int rc = sil_cuda_slots_pin(&s, total, 1e-9, &took, &e);
+    check(rc == -ETIMEDOUT && !s.pinned && took >= 0 && strstr(e.msg, "pinned in"),
+          "pin pieces: a time limit passed gives up: %d %s", rc, e.msg);
+    check(s.n_rng == 4 && s.rng[0].hi - s.rng[0].lo == piece && s.rng[1].lo == s.rng[0].hi &&
+              s.rng[2].hi - s.rng[2].lo == piece / 2 && s.rng[3].lo == (uintptr_t)m + big + pg,
+          "pin pieces: split into 3 pieces and the small range (%d)", s.n_rng);
+    memset(&e, 0, sizeof e);
+    rc = sil_cuda_slots_pin(&s, total, 0, &took, &e);
+    check(rc == 0 && s.pinned && s.pinned_bytes == total && s.stage == NULL,
+          "pin pieces: pinned without a limit after giving up (%d %s)", rc, e.msg);
+    if (rc == 0) {
+        rc = sil_cuda_slots_map_ranges(&s);
+        check(rc == 0, "pin pieces: device addresses (%d)", rc);
+        /* a matrix across the first piece bound, read back through its device address */
+        const size_t off = piece - 512;
+        for (size_t i = 0; i < 1024; i++)
+            m[off + i] = (uint8_t)(i * 7 + 3);
+        const sil_cuda_ptr d = sil_cuda_slots_host_dev(&s, m + off);
+        sil_cuda_ptr buf = 0;
+        uint8_t back[1024];
+        memset(back, 0, sizeof back);
+        if (rc == 0 && d && sil_cuda_alloc(cu, sizeof back, &buf, &err) == 0) {
+            check(sil_cuda_copy_d2d(cu, buf, d, sizeof back, NULL, &err) == 0, "pin pieces: d2d");
+            get(cu, back, buf, sizeof back);
+            check(memcmp(back, m + off, sizeof back) == 0,
+                  "pin pieces: bytes across a piece bound read in place");
+            sil_cuda_release(cu, buf);
+        } else {
+            check(false, "pin pieces: no device address for the mapping");
+        }
+    }
+    sil_cuda_slots_free(&s); /* unpins every piece */
+    munmap(m, big + (2u << 20));
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1062,6 +1125,7 @@ int main(void)
            in->pdl ? "programmatic dependent launch" : "plain launches",
            in->l2_prefetch ? " with L2 prefetch" : "");
     test_bad_args(cu);
+    test_pin_pieces(cu);
     test_matvec(cu);
     test_matvec_set(cu);
     test_rmsnorm(cu);

@@ -192,9 +192,9 @@ static void choose_host_share_mapped(struct cuda_backend *b)
     choose_host_share(b, m[0], m[1], m[2], n, "the mapping");
 }
 
-/* cuda_pin = auto pins the mapping's pages only where the probe (sil_cuda_slots_pin_probe)
- * projects all of them pinned within PIN_MAX_S: some kernels pin pages of a file mapping at a
- * crawl, which would hold the start up for minutes. */
+/* cuda_pin = auto gives up pinning the mapping's pages (and stages misses) once all of them
+ * would take over PIN_MAX_S: some kernels pin pages of a file mapping at a crawl, which would
+ * hold the start up for minutes. */
 #define PIN_MAX_S 60.0
 
 int sil_cb_placed(struct sil_backend *be, struct sil_error *err)
@@ -215,30 +215,20 @@ int sil_cb_placed(struct sil_backend *be, struct sil_error *err)
                 "siliceo: cuda backend: the routed experts (%.2f GiB) are not pinned: the host "
                 "has %.2f GiB available; misses are staged through a pinned buffer\n",
                 (double)total / (double)(1u << 30), (double)avail / (double)(1u << 30));
-    bool want_pin = fits && pin != SIL_CUDA_PIN_OFF;
-    double projected = 0;
-    /* cuda_pin = on: pinned however slowly (the probe not asked) */
-    if (want_pin && pin == SIL_CUDA_PIN_AUTO &&
-        (projected = sil_cuda_slots_pin_probe(&b->es, total)) > PIN_MAX_S) {
-        want_pin = false;
-        fprintf(stderr,
-                "siliceo: cuda backend: the routed experts (%.2f GiB) are not pinned: at the rate "
-                "their first %d MiB pinned, all of them would take %.0f s (this kernel pins pages "
-                "of a file mapping slowly); misses are staged through a pinned buffer\n",
-                (double)total / (double)(1u << 30), SIL_CUDA_PIN_PROBE_MIB, projected);
-    }
-    if (want_pin) {
-        const double t0 = now_s();
+    if (fits && pin != SIL_CUDA_PIN_OFF) {
+        double took = 0;
         struct sil_error e = {0};
-        if (sil_cuda_slots_pin(&b->es, total, &e) == 0) {
+        /* cuda_pin = on: pinned however slowly */
+        if (sil_cuda_slots_pin(&b->es, total, pin == SIL_CUDA_PIN_AUTO ? PIN_MAX_S : 0, &took,
+                               &e) == 0) {
             fprintf(stderr, "siliceo: cuda backend: %.2f GiB of routed experts pinned in %.1f s\n",
-                    (double)total / (double)(1u << 30), now_s() - t0);
+                    (double)total / (double)(1u << 30), took);
             zc_enable(b);
         } else {
             fprintf(stderr,
-                    "siliceo: cuda backend: the routed experts could not be pinned (%s); "
+                    "siliceo: cuda backend: the routed experts are not pinned (%s, after %.1f s); "
                     "misses are staged through a pinned buffer\n",
-                    e.msg);
+                    e.msg, took);
         }
     }
     /* bandwidth: up to 256 MiB from the start of the experts' memory (pinned or staged) */

@@ -109,33 +109,59 @@ uint64_t sil_cuda_slots_merge_ranges(struct sil_cuda_slots *s)
     return total;
 }
 
-/* Some kernels pin pages of a file mapping at a crawl (measured: 18 GiB not pinned in 120 s, all
- * of it system time in minor faults, the file in the page cache); elsewhere the same 18 GiB
- * pinned in 10-17 s. The probe lets the caller see which before it commits to all of it. */
-double sil_cuda_slots_pin_probe(const struct sil_cuda_slots *s, uint64_t total)
+/* Some kernels pin pages of a file mapping at a crawl (measured: 18 GiB not pinned in 120 s, and
+ * 2 GB of it read in 60 s with the page cache dropped, all of it system time in minor faults,
+ * while the first 64 MiB pinned at a rate that projected under a minute); elsewhere the same
+ * 18 GiB pinned in 10-17 s. So the pins go in pieces, each judged on the rate so far. */
+static int split_ranges(struct sil_cuda_slots *s)
 {
-    const uintptr_t lo = s->rng[0].lo;
-    uint64_t bytes = s->rng[0].hi - lo;
-    if (bytes > (uint64_t)SIL_CUDA_PIN_PROBE_MIB << 20)
-        bytes = (uint64_t)SIL_CUDA_PIN_PROBE_MIB << 20;
-    const double t0 = now_s();
-    struct sil_error e = {0};
-    if (sil_cuda_host_register(s->cu, (void *)lo, bytes, &e) < 0) return 0;
-    const double took = now_s() - t0;
-    sil_cuda_host_unregister(s->cu, (void *)lo);
-    return bytes ? took * (double)total / (double)bytes : 0;
+    const uintptr_t piece = (uintptr_t)SIL_CUDA_PIN_PIECE_MIB << 20;
+    size_t n = 0;
+    for (int i = 0; i < s->n_rng; i++)
+        n += (size_t)((s->rng[i].hi - s->rng[i].lo + piece - 1) / piece);
+    if (n == (size_t)s->n_rng) return 0;
+    struct sil_cuda_host_range *r = malloc(n * sizeof(*r));
+    if (!r) return -ENOMEM;
+    size_t k = 0;
+    for (int i = 0; i < s->n_rng; i++)
+        for (uintptr_t lo = s->rng[i].lo; lo < s->rng[i].hi; lo += piece)
+            r[k++] = (struct sil_cuda_host_range){
+                lo, s->rng[i].hi - lo > piece ? lo + piece : s->rng[i].hi};
+    free(s->rng);
+    s->rng = r;
+    s->n_rng = (int)n;
+    s->cap_rng = n;
+    return 0;
 }
 
-int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, struct sil_error *err)
+int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, double max_s, double *took_s,
+                       struct sil_error *err)
 {
-    int i = 0, rc = 0;
+    const double t0 = now_s();
+    *took_s = 0;
+    int rc = split_ranges(s);
+    if (rc < 0) return sil_errorf(err, rc, "out of memory");
+    int i = 0;
+    uint64_t done = 0;
     for (; i < s->n_rng; i++) {
         rc = sil_cuda_host_register(s->cu, (void *)s->rng[i].lo, s->rng[i].hi - s->rng[i].lo, err);
         if (rc < 0) break;
+        done += s->rng[i].hi - s->rng[i].lo;
+        const double t = now_s() - t0;
+        if (max_s > 0 && done < total && (t > max_s || t * (double)total / (double)done > max_s)) {
+            rc = sil_errorf(err, -ETIMEDOUT,
+                            "%.2f of %.2f GiB pinned in %.1f s, all of it would take %.0f s, over "
+                            "the %.0f s allowed (this kernel pins pages of a file mapping slowly)",
+                            (double)done / (double)(1u << 30), (double)total / (double)(1u << 30),
+                            t, t * (double)total / (double)done, max_s);
+            i++;
+            break;
+        }
     }
-    if (i < s->n_rng) {
+    if (rc < 0) {
         while (i-- > 0)
             sil_cuda_host_unregister(s->cu, (void *)s->rng[i].lo);
+        *took_s = now_s() - t0;
         return rc;
     }
     s->pinned = true;
@@ -144,6 +170,7 @@ int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, struct sil_erro
     sil_cuda_host_release(s->cu, s->stage);
     s->stage = NULL;
     s->stage_bytes = 0;
+    *took_s = now_s() - t0;
     return 0;
 }
 
@@ -154,6 +181,11 @@ int sil_cuda_slots_map_ranges(struct sil_cuda_slots *s)
     for (int i = 0; rc == 0 && i < s->n_rng; i++) {
         struct sil_error e = {0};
         if (sil_cuda_host_device_ptr(s->cu, (void *)s->rng[i].lo, &s->rng_dev[i], &e) < 0)
+            rc = -EFAULT;
+        /* pieces of one range (touching): a matrix may span them, so their device addresses
+         * must run on as the host's do */
+        else if (i > 0 && s->rng[i].lo == s->rng[i - 1].hi &&
+                 s->rng_dev[i] - s->rng_dev[i - 1] != s->rng[i].lo - s->rng[i - 1].lo)
             rc = -EFAULT;
     }
     if (rc < 0) {

@@ -29,8 +29,8 @@
 
 #include "kernels/cuda/cuda_backend.h"
 
-/* How much of the first range the pin probe pins (sil_cuda_slots_pin_probe). */
-#define SIL_CUDA_PIN_PROBE_MIB 64
+/* The pieces the ranges are pinned in (sil_cuda_slots_pin). */
+#define SIL_CUDA_PIN_PIECE_MIB 128
 
 /* [lo, hi) of host memory, page-aligned where it is a range of the mapping. */
 struct sil_cuda_host_range {
@@ -119,18 +119,18 @@ int sil_cuda_slots_add_range(struct sil_cuda_slots *s, const void *p, size_t byt
 /* Sorts the ranges and merges those that share or touch a page; their total bytes. */
 uint64_t sil_cuda_slots_merge_ranges(struct sil_cuda_slots *s);
 
-/* How long pinning `total` bytes would take, in seconds, projected from pinning (then unpinning)
- * the first SIL_CUDA_PIN_PROBE_MIB of the first range; 0 when the driver refuses even that (the
- * pin itself then says why). Needs a range. */
-double sil_cuda_slots_pin_probe(const struct sil_cuda_slots *s, uint64_t total);
-
-/* Pins every range (read-only, with device addresses); `total` is their bytes. On success the
- * staging ring is given back (copies from the ranges are one DMA each); on failure the ranges
- * pinned so far are unpinned again and the driver's error returned. */
-int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, struct sil_error *err);
+/* Pins every range (read-only, with device addresses) in pieces of SIL_CUDA_PIN_PIECE_MIB,
+ * splitting the ranges at the pieces' bounds; `total` is their bytes. With max_s > 0 it gives
+ * up (-ETIMEDOUT) as soon as the time taken, or the time projected for all of it from the rate
+ * so far, passes max_s: some kernels pin pages of a file mapping at a crawl. On success the
+ * staging ring is given back (copies from the ranges are one DMA each); on failure the pieces
+ * pinned so far are unpinned again and the error returned; *took_s is the time spent. */
+int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, double max_s, double *took_s,
+                       struct sil_error *err);
 
 /* The device address of every pinned range (rng_dev), for reads in place: -ENOMEM, or -EFAULT
- * when a range has none (rng_dev is then NULL). Needs the ranges pinned. */
+ * when a range has none or the pieces of one range have no contiguous device addresses (a
+ * matrix may span two pieces; rng_dev is then NULL). Needs the ranges pinned. */
 int sil_cuda_slots_map_ranges(struct sil_cuda_slots *s);
 
 /* The device address of host pointer p in the mapped ranges, 0 when it is not in them. */
