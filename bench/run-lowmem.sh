@@ -220,7 +220,7 @@ phase_prep() {
         echo "disk_read_s=$s"
         echo "disk_gbs_1=$g1"
         echo "disk_gbs_4=$g4"
-        echo "disk_gbs=$(awk -v a="$g1" -v c="$g4" 'BEGIN { printf "%.3f", a > c ? a : c }')"
+        echo "disk_gbs=$(awk -v a="$g1" -v c="$g4" 'BEGIN { printf "%.3f", (a > c ? a : c) }')"
         echo "disk_devs=$(disk_devs | tr '\n' ' ')"
         echo "commit=$(git rev-parse --short HEAD 2> /dev/null)"
     } > "$OUTDIR/prep.txt"
