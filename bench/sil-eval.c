@@ -90,8 +90,8 @@ static const struct opt_def {
      "with experts in slots, decode reads the missing ones in place from pinned host memory "
      "(default off)"},
     {"--cuda-pin", OPT_STR, offsetof(struct opts, cuda_pin), "auto|on|off",
-     "pin the model file's expert pages for copies into slots (auto, the default: when they fit "
-     "and pin fast)"},
+     "where misses are copied from when the experts fit the host budget (auto, the default: a "
+     "host tier of all of them read at start; on: the file's pages pinned; off: staged)"},
     {"--cuda-cpu-share", OPT_STR, offsetof(struct opts, cuda_cpu_share), "SHARE",
      "the share of each decode layer's expert misses computed on the CPU: auto (the "
      "default: from the measured speeds), off, or a number in [0, 1]"},

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
@@ -76,6 +77,9 @@ struct sil_engine {
     /* the routed experts' host tier: wanted (the experts the backend reads from the host do not
      * fit the budget), the budget and what chose it */
     bool tier_want;
+    /* the experts fit whole, on a device with expert slots: a host tier of all of them
+     * (pinned, read once at open with direct reads) instead of pinning the mapping */
+    bool tier_full;
     uint64_t tier_budget, tier_min;
     char tier_from[48];
     /* the one host budget (hostmem.h), what is held whatever the plan, what each cache wanted,
@@ -421,7 +425,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .kv_type = kv_type,
         .kv_blocks = e->dev_kv_blocks,
         .host_route = p->observer && p->observer->host_routes, /* every layer's choices */
-        .host_tier = e->tier_want,
+        .host_tier = e->tier_want || e->tier_full,
         .opt = p->cuda,
         .weight_bytes = e->info.routed_expert_bytes + e->info.backbone_bytes,
     };
@@ -581,6 +585,9 @@ static int tier_plan(struct sil_engine *e, const struct sil_engine_params *p, bo
     const int rc = sil_host_plan(&in, &e->hp);
     e->tier_want = experts && e->hp.tier;
     e->tier_budget = e->hp.experts;
+    /* Pinning the file mapping's pages instead (cuda_pin = on) hung on a host kernel: its first
+     * cuMemHostRegister never returned (all system time in minor faults) */
+    e->tier_full = rc == 0 && !cpu && experts && !e->hp.tier && p->cuda.pin == SIL_CUDA_PIN_AUTO;
     if (rc == 0) return 0;
     char what[160] = "", b[4][24];
     if (in.experts_min)
@@ -643,6 +650,43 @@ static void close_host_tier(struct sil_fwd *f)
     f->xs_ptr = NULL;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A tier of all the experts (tier_full): every one read into its slot now, a layer a batch, so
+ * that no miss waits on the disk and the mapping's expert pages are never touched. */
+static int tier_read_all(struct sil_engine *e, int32_t n_moe, struct sil_error *err)
+{
+    const struct sil_hparams *hp = &e->model->hp;
+    const int32_t X = hp->n_expert;
+    int32_t *keys = malloc((size_t)X * sizeof(int32_t));
+    if (!keys) return sil_errorf(err, -ENOMEM, "engine: out of memory");
+    const double t0 = now_s();
+    int64_t placed = 0;
+    int rc = 0;
+    for (int32_t l = 0; l < hp->n_layer && rc == 0; l++) {
+        for (int32_t x = 0; x < X; x++)
+            keys[x] = l * X + x;
+        const int64_t got = sil_xstore_preload(e->f.xstore, keys, X, err);
+        if (got < 0) rc = (int)got;
+        else placed += got;
+    }
+    free(keys);
+    if (rc < 0) return rc;
+    struct sil_xstore_stats st;
+    sil_xstore_stats(e->f.xstore, &st);
+    const double s = now_s() - t0;
+    char b[24];
+    fprintf(stderr, "siliceo: host tier: %lld experts of %d layers read in %.1f s (%s, %.2f GB/s)\n",
+            (long long)placed, n_moe, s, sil_size_str(st.bytes_read, b, 24),
+            s > 0 ? (double)st.bytes_read / s / 1e9 : 0.0);
+    return 0;
+}
+
 /* The backend's host path (decode misses computed on the CPU) measured where its misses now
  * come from: up to HOST_PROBE experts of the first MoE layer read into the host tier's slots
  * (n 0: the tier is gone, no host path). The expert cache then takes the new share. */
@@ -691,8 +735,8 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
     const bool slots = f->be->ops->expert_slots && f->be->ops->expert_slots(f->be) > 0;
-    if (!e->tier_want || (strcmp(f->be->ops->name, "cpu") != 0 && !slots)) {
-        e->tier_want = false;
+    if (!(e->tier_want || e->tier_full) || (strcmp(f->be->ops->name, "cpu") != 0 && !slots)) {
+        e->tier_want = e->tier_full = false;
         return 0;
     }
     struct sil_xstore_mat *mat = NULL;
@@ -707,7 +751,7 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
     const uint64_t sb = sil_xstore_slot_bytes(&c);
     const uint64_t all = (uint64_t)n_moe * (uint64_t)hp->n_expert;
     const uint64_t n = sb ? e->tier_budget / sb : 0;
-    c.n_slot = (int32_t)(n < all ? n : all);
+    c.n_slot = (int32_t)(n < all && !e->tier_full ? n : all);
     const int32_t min = sil_xstore_min_slots(&c);
     int rc = 0;
     if (c.n_slot < min) /* tier_plan gave the tier at least its minimum */
@@ -736,16 +780,22 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
         close(fd);
     }
+    if (e->tier_full && (rc = tier_read_all(e, n_moe, err)) < 0) {
+        close_host_tier(f);
+        return rc;
+    }
     tier_measure_host(e, true);
     struct sil_xstore_stats st;
     sil_xstore_stats(f->xstore, &st);
     char b[4][24];
     fprintf(stderr,
             "siliceo: host tier: %s of routed experts, %d slots of %s (%s of a host budget of %s, "
-            "%s) hold some, the rest is read from the file (%s reads)\n",
+            "%s) hold %s (%s reads)\n",
             sil_size_str(e->info.routed_expert_bytes, b[0], 24), st.n_slot,
             sil_size_str(st.slot_bytes, b[1], 24), sil_size_str(e->tier_budget, b[2], 24),
-            sil_size_str(e->hp_budget, b[3], 24), e->tier_from, st.io);
+            sil_size_str(e->hp_budget, b[3], 24), e->tier_from,
+            e->tier_full ? "all of them, read at open" : "some, the rest is read from the file",
+            st.io);
     return 0;
 }
 

@@ -13,7 +13,9 @@
 #include <stdint.h>
 
 enum sil_cuda_pin {
-    SIL_CUDA_PIN_AUTO, /* when the experts fit 3/4 of the available host memory and pin fast */
+    SIL_CUDA_PIN_AUTO, /* the engine's host tier of all the experts when they fit its budget;
+                        * with no budget, pinned when they fit 3/4 of the available host
+                        * memory and pin fast */
     SIL_CUDA_PIN_ON,   /* when they fit, however slowly this kernel pins a file mapping */
     SIL_CUDA_PIN_OFF,  /* never: misses staged through a pinned buffer */
 };
