@@ -56,6 +56,7 @@
 #              WORK (default /tmp/lowmem), OUTDIR (raw outputs, default WORK/out),
 #              COMMIT (report: the commit measured, default git rev-parse --short HEAD),
 #              BASE_COMMIT (report: the commit BASE_B was built from; its runs' config build=),
+#              DATE (report: when it was measured, ISO 8601; default now),
 #              CACHE=warm (ours, prompt4k, cpu: read MODEL into the page cache before each run
 #              instead of dropping it, as a host with the RAM keeps the file; config
 #              page_cache=warm),
@@ -797,8 +798,11 @@ for m in runs:
                 t = (t_disk or 0) + (t_h2d or 0)
                 parts = []
                 if t_disk is not None:
-                    parts.append("disk bytes per token (%s, %.1f MB) / %.2f GB/s (dd iflag=direct, the better of one reader and four, prep)"
-                                 % (dsrc, dbt / 1e6, disk_gbs))
+                    parts.append("disk bytes per token (%s, %.1f MB) / %.2f GB/s (dd iflag=direct%s, prep)"
+                                 % (dsrc, dbt / 1e6, disk_gbs,
+                                    ", the better of one reader (%s) and four (%s)"
+                                    % (prep["disk_gbs_1"], prep["disk_gbs_4"])
+                                    if prep.get("disk_gbs_4") else ", one reader"))
                 else:
                     parts.append("disk term left out (no per-pass disk reads in sil-eval's JSON)")
                 if t_h2d is not None:
@@ -863,6 +867,18 @@ for m in runs:
 for h in sorted(missing):
     notes.append("sil-eval's JSON had no %s in some runs: the figures that need it are left out" % h)
 
+# llama.cpp's figures that no run of ours in this OUTDIR was compared with: kept in the notes
+used = {(peer_kind[m.get("kind")], m.get("hold", "none")) for m in runs
+        if m.get("kind") in peer_kind and not failed(m)}
+peer_txt = []
+for kind in sorted(peers):
+    for hold, (pp, tg, desc) in sorted(peers[kind].items()):
+        if (kind, hold) in used or (pp is None and tg is None):
+            continue
+        figs = ", ".join(x for x in ("prefill %.2f tok/s" % pp if pp is not None else None,
+                                      "decode %.2f tok/s" % tg if tg is not None else None) if x)
+        peer_txt.append("%s at hold %s: %s (%s)" % (kind, hold, figs, desc))
+
 holds = sorted({m.get("hold") for m in runs if m.get("hold") not in (None, "none")})
 hold_txt = []
 for h in holds:
@@ -893,9 +909,11 @@ head = ("Issue 37: the 35B-A3B file on a host whose MemAvailable is held below i
         "plus VRAM-miss bytes per token / the H2D GB/s sil-eval measured at open, in series." % (budget, threads))
 if hold_txt:
     head += " Holds: " + "; ".join(hold_txt) + "."
+if peer_txt:
+    head += " llama.cpp with no run of ours at its hold in this call: " + "; ".join(peer_txt) + "."
 doc = {
     "benchmark": "lowmem-35b",
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "date": os.environ.get("DATE") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "commit": commit,
     "command": command,
     "machine": machine,
