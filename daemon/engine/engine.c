@@ -659,7 +659,8 @@ static double now_s(void)
 
 /* A tier of all the experts (tier_full): every one read into its slot now, a layer a batch, so
  * that no miss waits on the disk and the mapping's expert pages are never touched. */
-static int tier_read_all(struct sil_engine *e, int32_t n_moe, struct sil_error *err)
+static int tier_read_all(struct sil_engine *e, const struct sil_engine_params *p, int32_t n_moe,
+                         struct sil_error *err)
 {
     const struct sil_hparams *hp = &e->model->hp;
     const int32_t X = hp->n_expert;
@@ -674,6 +675,11 @@ static int tier_read_all(struct sil_engine *e, int32_t n_moe, struct sil_error *
         const int64_t got = sil_xstore_preload(e->f.xstore, keys, X, err);
         if (got < 0) rc = (int)got;
         else placed += got;
+        /* the load's progress: 0.7 once the vocabulary is in, 0.95 when all are read */
+        if (rc == 0 && p->progress &&
+            !p->progress(0.7f + 0.25f * (float)(l + 1) / (float)hp->n_layer,
+                         "reading the routed experts into the host tier", p->progress_user))
+            rc = sil_errorf(err, -ECANCELED, "%s: load stopped", p->model_path);
     }
     free(keys);
     if (rc < 0) return rc;
@@ -730,7 +736,8 @@ static void tier_measure_host(struct sil_engine *e, bool on)
 /* The host tier, once the backend is open and placed: slots for what the budget holds, read
  * from the file the model was loaded from. A budget under the tier's minimum is an error that
  * gives it. */
-static int open_host_tier(struct sil_engine *e, struct sil_error *err)
+static int open_host_tier(struct sil_engine *e, const struct sil_engine_params *p,
+                          struct sil_error *err)
 {
     struct sil_fwd *f = &e->f;
     const struct sil_hparams *hp = &e->model->hp;
@@ -780,7 +787,7 @@ static int open_host_tier(struct sil_engine *e, struct sil_error *err)
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
         close(fd);
     }
-    if (e->tier_full && (rc = tier_read_all(e, n_moe, err)) < 0) {
+    if (e->tier_full && (rc = tier_read_all(e, p, n_moe, err)) < 0) {
         close_host_tier(f);
         return rc;
     }
@@ -904,7 +911,7 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
         goto fail;
     e->info.backend = f->be->ops->name;
     plan_say(e);
-    if ((rc = open_host_tier(e, err)) < 0)
+    if ((rc = open_host_tier(e, p, err)) < 0)
         goto fail;
     if ((rc = open_obs(e, p, err)) < 0)
         goto fail;
