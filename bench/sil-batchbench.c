@@ -452,31 +452,35 @@ int main(int argc, char **argv)
     p.vram_budget = budget;
     struct sil_error err = {0};
     struct sil_engine *e;
-    if (sil_engine_open(&e, &p, &err) < 0) {
-        fprintf(stderr, PROG ": %s\n", err.msg);
-        return SIL_BENCH_EXIT_ERROR;
-    }
-    struct sil_engine *de; /* the draft model's engine (--spec draft) */
+    /* the draft model first (--spec draft), whole: on a device it takes its part of
+     * --vram-budget and the target the rest */
+    struct sil_engine *de; /* the draft model's engine */
     struct sil_engine_params dp;
     sil_engine_params_default(&dp);
     sil_dev_switches_read(&dp);
     dp.model_path = draft_model;
     dp.n_threads = p.n_threads;
     dp.backend = p.backend;
-    dp.vram_budget = p.vram_budget;
     dp.n_ctx = p.n_ctx;
     dp.n_seq_max = p.n_seq_max;
     dp.n_batch_max = (int32_t)(n_prompt > spec_rows ? n_prompt : spec_rows);
+    if (sil_bench_spec_draft_first(PROG, spec, &dp, &p, &de) < 0) return SIL_BENCH_EXIT_ERROR;
+    if (sil_engine_open(&e, &p, &err) < 0) {
+        fprintf(stderr, PROG ": %s\n", err.msg);
+        sil_engine_close(de);
+        return SIL_BENCH_EXIT_ERROR;
+    }
     /* trees need a target that verifies them (known before any figure is measured) */
     if (spec && width > 1 && !sil_engine_has_tree(e)) {
         fprintf(stderr,
                 PROG ": --spec-tree %dx%d: token trees need the CPU backend (%s runs on %s); "
                      "use 1x%d\n",
                 (int)width, (int)depth, model, sil_engine_info(e)->backend, (int)depth);
+        sil_engine_close(de);
         sil_engine_close(e);
         return SIL_BENCH_EXIT_ERROR;
     }
-    if (sil_bench_spec_drafter(PROG, spec, e, model, &dp, &de) < 0) {
+    if (sil_bench_spec_check(PROG, spec, e, model, &de) < 0) {
         sil_engine_close(e);
         return SIL_BENCH_EXIT_ERROR;
     }

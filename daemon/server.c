@@ -5,6 +5,7 @@
  *
  * Ownership: sil_daemon_run owns the server, the engine and the worker, and frees them (and any
  * connection left) before it returns. */
+#include "daemon/engine/size.h"
 #include "daemon/server.h"
 
 #include <errno.h>
@@ -100,6 +101,7 @@ void sil_server_engine_params(const struct server *s, struct sil_engine_params *
     ep->n_threads = cfg->threads;
     ep->backend = cfg->backend;
     ep->vram_budget = cfg->vram_budget;
+    ep->vram_reserved = cfg->vram_budget ? s->draft_vram : 0;
     ep->host_budget = cfg->host_budget;
     ep->host_budget_off = cfg->host_budget_off;
     ep->n_ctx = cfg->ctx;
@@ -355,11 +357,13 @@ static void preload_progress(int64_t done, int64_t total, void *user)
                (long long)total);
 }
 
-/* spec = draft: the draft model, opened as the served model is (threads, backend, context, KV
- * type) with a sequence for each request that may run, its own KV and recurrent state, and no
- * caches of its own (no prefix cache, host tier, heat map). Its vocabulary is checked against
- * the default model here (a mismatch is an error at start), and by the worker against every
- * model loaded later (a mismatch there only turns speculation off for that model). */
+/* spec = draft: the draft model, opened before any served model, as they are (threads, backend,
+ * context, KV type) with a sequence for each request that may run, its own KV and recurrent
+ * state, and no caches of its own (no prefix cache, host tier, heat map). On a device its
+ * memory is part of vram_budget: the served models get the rest. Its vocabulary is checked
+ * against the default model once that is loaded (draft_fits: a mismatch is an error at start),
+ * and by the worker against every model loaded later (a mismatch there only turns speculation
+ * off for that model). */
 static int open_draft(struct server *s, struct sil_error *err)
 {
     const struct sil_config *cfg = s->cfg;
@@ -391,6 +395,17 @@ static int open_draft(struct server *s, struct sil_error *err)
     if (cfg->spec_depth >= sil_engine_n_batch_max(s->draft))
         return sil_errorf(err, -EINVAL, "spec_tree: depth %d is not below the draft's batch of %d",
                           cfg->spec_depth, sil_engine_n_batch_max(s->draft));
+    s->draft_vram = sil_engine_device_bytes(s->draft);
+    char b[2][24];
+    if (cfg->vram_budget && s->draft_vram >= cfg->vram_budget)
+        return sil_errorf(err, -ENOMEM,
+                          "vram_budget %s: the draft model %s takes %s of it, nothing is left for "
+                          "the model served",
+                          sil_size_str(cfg->vram_budget, b[0], 24), cfg->draft_model,
+                          sil_size_str(s->draft_vram, b[1], 24));
+    if (cfg->vram_budget && s->draft_vram)
+        sil_info("the draft model takes %s of vram_budget %s; the model served gets the rest",
+                 sil_size_str(s->draft_vram, b[0], 24), sil_size_str(cfg->vram_budget, b[1], 24));
     const struct sil_model_info *di = sil_engine_info(s->draft);
     if (cfg->spec_width > 1)
         sil_info("draft model %s (%s, %d layers) on %s, token trees of %d chains of %d tokens",
@@ -399,6 +414,14 @@ static int open_draft(struct server *s, struct sil_error *err)
     else
         sil_info("draft model %s (%s, %d layers) on %s, chains of %d tokens", di->name,
                  di->arch_name, di->n_layer, di->backend, cfg->spec_depth);
+    return 0;
+}
+
+/* The draft model against the default model, once both are loaded. */
+static int draft_fits(struct server *s, struct sil_error *err)
+{
+    const struct sil_config *cfg = s->cfg;
+    int rc = 0;
     /* a tree: the model served at start must verify trees in a batch (later ones that cannot
      * draft chains, the worker says so) */
     if (s->engine && cfg->spec_width > 1) {
@@ -634,10 +657,16 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
             goto out;
         }
     } else if (!cfg->no_model) {
+        struct sil_error err = { 0 };
+        /* the draft first: on a device the model gets what of vram_budget it leaves */
+        if (cfg->spec == SIL_SPEC_DRAFT && open_draft(s, &err) < 0) {
+            sil_err("%s", err.msg);
+            sd_notifyf(0, "STATUS=%s", err.msg);
+            goto out;
+        }
         struct sil_engine_params ep;
         sil_server_engine_params(s, &ep, cfg->model);
         ep.progress = load_progress;
-        struct sil_error err = { 0 };
         sil_info("loading the model %s", cfg->model);
         sd_notifyf(0, "STATUS=loading model %s", cfg->model);
         double t0 = now_s();
@@ -689,7 +718,7 @@ int sil_daemon_run(struct sil_config *cfg, int argc, char *const *argv)
         sil_heatkeep_init(&s->heat, cfg, cfg->heat_map && info->n_expert > 0);
         s->heat_init = true;
         sil_heatkeep_load(&s->heat, s->engine, preload_progress, NULL);
-        if ((cfg->spec == SIL_SPEC_DRAFT && open_draft(s, &err) < 0) ||
+        if ((cfg->spec == SIL_SPEC_DRAFT && draft_fits(s, &err) < 0) ||
             (cfg->spec == SIL_SPEC_MTP && check_mtp(s, &err) < 0)) {
             sil_err("%s", err.msg);
             sd_notifyf(0, "STATUS=%s", err.msg);

@@ -102,6 +102,9 @@ struct server {
     /* The draft model of speculative decoding (spec = draft), NULL when off; the worker's
      * thread evaluates it, the loop only reads its info. */
     struct sil_engine *draft;
+    /* the device memory the draft model took: part of vram_budget, which every model served
+     * then shares with it (sil_server_engine_params) */
+    uint64_t draft_vram;
     const struct sil_vocab *vocab;
     struct sil_worker *worker;
     struct sil_modelwatch *watch;

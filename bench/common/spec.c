@@ -61,22 +61,45 @@ bad:
     return -EINVAL;
 }
 
-int sil_bench_spec_drafter(const char *prog, enum sil_bench_spec mode, struct sil_engine *e,
-                           const char *model, const struct sil_engine_params *dp,
-                           struct sil_engine **de)
+int sil_bench_spec_draft_first(const char *prog, enum sil_bench_spec mode,
+                               const struct sil_engine_params *dp, struct sil_engine_params *p,
+                               struct sil_engine **de)
 {
     *de = NULL;
+    if (mode != SIL_BENCH_SPEC_DRAFT) return 0;
+    struct sil_error err = {0};
+    int rc = sil_engine_open(de, dp, &err);
+    if (rc < 0) {
+        fprintf(stderr, "%s: draft model %s: %s\n", prog, dp->model_path, err.msg);
+        *de = NULL;
+        return rc;
+    }
+    const uint64_t took = sil_engine_device_bytes(*de);
+    if (p->vram_budget && took >= p->vram_budget) {
+        fprintf(stderr, "%s: --vram-budget of %llu MiB: the draft model %s takes %llu MiB of it\n",
+                prog, (unsigned long long)(p->vram_budget >> 20), dp->model_path,
+                (unsigned long long)(took >> 20));
+        sil_engine_close(*de);
+        *de = NULL;
+        return -ENOMEM;
+    }
+    p->vram_reserved = p->vram_budget ? took : 0;
+    return 0;
+}
+
+int sil_bench_spec_check(const char *prog, enum sil_bench_spec mode, struct sil_engine *e,
+                         const char *model, struct sil_engine **de)
+{
     if (mode == SIL_BENCH_SPEC_MTP && !sil_engine_has_mtp(e)) {
         fprintf(stderr, "%s: --spec mtp: %s has no MTP layer (or not on the %s backend)\n", prog,
                 model, sil_engine_info(e)->backend);
         return -ENOTSUP;
     }
-    if (mode != SIL_BENCH_SPEC_DRAFT) return 0;
+    if (mode != SIL_BENCH_SPEC_DRAFT || !*de) return 0;
     struct sil_error err = {0};
-    int rc = sil_engine_open(de, dp, &err);
-    if (rc == 0) rc = sil_spec_vocab_check(sil_engine_vocab(e), sil_engine_vocab(*de), &err);
+    const int rc = sil_spec_vocab_check(sil_engine_vocab(e), sil_engine_vocab(*de), &err);
     if (rc < 0) {
-        fprintf(stderr, "%s: draft model %s: %s\n", prog, dp->model_path, err.msg);
+        fprintf(stderr, "%s: draft model %s: %s\n", prog, sil_engine_info(*de)->path, err.msg);
         sil_engine_close(*de);
         *de = NULL;
     }

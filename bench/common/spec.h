@@ -16,11 +16,18 @@ int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_mo
  * rows; depth at most SIL_SPEC_DEPTH_MAX. 0, or -EINVAL (message printed). */
 int sil_bench_spec_tree(const char *prog, const char *s, long *width, long *depth);
 
-/* The drafter of mode for target e (opened from model): with mtp, e's own MTP layer (*de NULL);
- * with draft, the draft model dp->model_path opened with dp into *de, its vocabulary the
- * target's. 0, or a negative errno with "prog: why" printed and nothing left open but e. */
-int sil_bench_spec_drafter(const char *prog, enum sil_bench_spec mode, struct sil_engine *e,
-                           const char *model, const struct sil_engine_params *dp,
-                           struct sil_engine **de);
+/* With draft, the draft model dp->model_path opened with dp into *de before the target, so that
+ * on a device its memory is part of the target's vram budget: p->vram_reserved is set to what it
+ * took (when p has a budget, which must exceed it). *de NULL for other modes. 0, or a negative
+ * errno with "prog: why" printed and nothing left open. */
+int sil_bench_spec_draft_first(const char *prog, enum sil_bench_spec mode,
+                               const struct sil_engine_params *dp, struct sil_engine_params *p,
+                               struct sil_engine **de);
+
+/* Once the target e (opened from model) is open: with mtp, e has its MTP layer; with draft, *de
+ * shares e's vocabulary. 0, or a negative errno with "prog: why" printed and *de closed (set
+ * NULL); e is the caller's. */
+int sil_bench_spec_check(const char *prog, enum sil_bench_spec mode, struct sil_engine *e,
+                         const char *model, struct sil_engine **de);
 
 #endif

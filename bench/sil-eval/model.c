@@ -346,12 +346,8 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     float *logits = NULL;
     int32_t *greedy = NULL;
     int rc = 1;
-    if (sil_engine_open(&e, &p, &err) < 0) {
-        fprintf(stderr, "sil-eval: %s\n", err.msg);
-        sil_route_obs_free(ro, &err);
-        return 1;
-    }
-    struct sil_engine *de; /* the draft model's engine (--spec draft) */
+    /* the draft model first (--spec draft): on a device it takes its part of --vram-budget */
+    struct sil_engine *de; /* the draft model's engine */
     struct sil_engine_params dp;
     sil_engine_params_default(&dp);
     dp.model_path = o->draft_model;
@@ -359,11 +355,22 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     dp.backend = p.backend;
     dp.exact = p.exact;
     dp.kv_type = p.kv_type;
-    dp.n_ctx = sil_engine_n_ctx(e);
+    dp.n_ctx = p.n_ctx;
     dp.n_seq_max = 1;
     dp.n_batch_max = PREFILL_BATCH;
-    if (sil_bench_spec_drafter("sil-eval", spec_as, e, o->model, &dp, &de) < 0) {
+    if (sil_bench_spec_draft_first("sil-eval", spec_as, &dp, &p, &de) < 0) {
+        sil_route_obs_free(ro, &err);
+        return 1;
+    }
+    if (sil_engine_open(&e, &p, &err) < 0) {
+        fprintf(stderr, "sil-eval: %s\n", err.msg);
+        sil_engine_close(de);
+        sil_route_obs_free(ro, &err);
+        return 1;
+    }
+    if (sil_bench_spec_check("sil-eval", spec_as, e, o->model, &de) < 0) {
         sil_engine_close(e);
+        sil_route_obs_free(ro, &err);
         return 1;
     }
     struct heat_run hr = {.loaded = "none"};

@@ -364,6 +364,9 @@ int sil_backend_cpu_create(struct sil_backend **out, const struct sil_cpu_config
 struct sil_cuda_config {
     int ordinal;
     uint64_t vram_budget; /* 0: all free device memory */
+    /* device memory other engines of this process hold (a draft model), counted in vram_budget
+     * and left out of what is measured in use at open */
+    uint64_t vram_reserved;
     int64_t k_max, ub_max, n_ctx, n_seq_max;
     int64_t n_embd, n_vocab, n_head, n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     int64_t n_layer_attn, kv_dim, head_dim, recr_floats;

@@ -258,7 +258,8 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->kv_bytes = b->kv_bytes;
     d->scratch_bytes = b->used - b->weight_bytes - b->kv_bytes;
     d->budget_bytes = b->budget ? b->budget + b->ctx_bytes : 0;
-    d->context_bytes = b->ctx_bytes;
+    d->reserved_bytes = b->reserved;
+    d->context_bytes = b->ctx_bytes - b->reserved;
     d->pinned_bytes = b->es.pinned_bytes;
     d->h2d_gbs = b->es.h2d_gbs;
     d->slot_bytes_in = atomic_load_explicit(&b->es.bytes_in, memory_order_relaxed);
@@ -411,14 +412,21 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
      * loaded kernels, up to 1 GiB), so that a budget of a card's size leaves what such a card
      * would have. */
     uint64_t ctx_bytes = rc == 0 && total_b > free_b ? (uint64_t)(total_b - free_b) : 0;
+    /* what other engines of this process hold (a draft model) is theirs, not the context's */
+    const uint64_t reserved = c->vram_budget ? c->vram_reserved : 0;
+    ctx_bytes = ctx_bytes > reserved ? ctx_bytes - reserved : 0;
     if (ctx_bytes > (1u << 30)) ctx_bytes = 1u << 30;
     b->ctx_bytes = c->vram_budget ? ctx_bytes : 0;
-    if (rc == 0 && c->vram_budget && c->vram_budget <= ctx_bytes + (256u << 20))
+    b->reserved = reserved;
+    if (rc == 0 && c->vram_budget && c->vram_budget <= reserved + ctx_bytes + (256u << 20))
         rc = sil_errorf(err, -ENOMEM,
                         "cuda backend: --vram-budget of %llu MiB leaves nothing beside the "
-                        "%llu MiB the device context takes",
+                        "%llu MiB the device context takes%s",
                         (unsigned long long)(c->vram_budget >> 20),
-                        (unsigned long long)(ctx_bytes >> 20));
+                        (unsigned long long)(ctx_bytes >> 20),
+                        reserved ? " and what the draft model holds" : "");
+    if (reserved && rc == 0)
+        b->ctx_bytes += reserved; /* the budget's cap below leaves it out */
     /* and what the driver takes later, as kernels first run (local memory) and graphs are made:
      * 177 MiB past the budget on an H200 before this was kept back, and with 192 MiB kept back
      * 17 MiB past after decode graphs of 1 to 16 rows (nvidia-smi) */
@@ -473,7 +481,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                         (unsigned long long)((st + scratch + c->act_bytes) >> 20),
                         (unsigned long long)(ctx_bytes >> 20),
                         (unsigned long long)(c->vram_budget >> 20),
-                        (unsigned long long)((need + ctx_bytes + (1u << 20) - 1) >> 20));
+                        (unsigned long long)((need + ctx_bytes + reserved + (1u << 20) - 1) >> 20));
     else if (rc == 0 && need > free_b)
         rc = sil_errorf(err, -ENOMEM,
                         "cuda backend: the model needs %llu MiB of device memory, %s has %llu MiB "

@@ -66,6 +66,7 @@ struct cuda_backend {
     struct sil_error err;
     uint64_t used, budget; /* device bytes taken, the cap (the budget less ctx_bytes) */
     uint64_t ctx_bytes;    /* device memory in use at open, counted in --vram-budget */
+    uint64_t reserved;     /* other engines' share of --vram-budget (vram_reserved) */
     uint64_t weight_bytes, kv_bytes;
     /* device allocations, freed with the backend */
     sil_cuda_ptr *allocs;

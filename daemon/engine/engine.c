@@ -402,6 +402,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
     struct sil_cuda_config c = {
         .ordinal = 0,
         .vram_budget = p->vram_budget,
+        .vram_reserved = p->vram_reserved,
         .k_max = k_max_of(e),
         .ub_max = f->ub_max,
         .n_ctx = f->n_ctx,
@@ -987,6 +988,13 @@ int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d)
     if (!e->f.be || !e->f.be->ops->device) return -ENODEV;
     e->f.be->ops->device(e->f.be, d);
     return 0;
+}
+
+uint64_t sil_engine_device_bytes(const struct sil_engine *e)
+{
+    struct sil_engine_device d;
+    if (sil_engine_device(e, &d) < 0) return 0;
+    return d.weight_bytes + d.kv_bytes + d.scratch_bytes;
 }
 
 const struct sil_vocab *sil_engine_vocab(const struct sil_engine *e)

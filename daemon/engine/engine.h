@@ -79,6 +79,9 @@ struct sil_engine_params {
     int n_threads;        /* 0 = number of online CPUs */
     const char *backend;  /* "cpu", "cuda" or "auto" (NULL = cpu, the reference) */
     uint64_t vram_budget; /* bytes; 0 = no limit (CUDA only) */
+    /* bytes of the device other engines of this process hold (a draft model opened first), part
+     * of vram_budget: this engine gets the rest (CUDA only) */
+    uint64_t vram_reserved;
     int32_t n_ctx;        /* max positions per sequence; 0 = min(model context, 4096) */
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
     int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
@@ -196,6 +199,7 @@ struct sil_engine_device {
      * host-to-device bandwidth measured from it at open (GB/s, 0 when not measured), bytes
      * copied into slots and copies made since open */
     uint64_t context_bytes; /* in use at open (the context), counted in budget_bytes */
+    uint64_t reserved_bytes; /* other engines' share of budget_bytes (vram_reserved) */
     uint64_t pinned_bytes;
     double h2d_gbs;
     uint64_t slot_bytes_in, slot_fills;
@@ -218,6 +222,9 @@ struct sil_engine_device {
 };
 /* 0 with *d filled on a device backend; -ENODEV on the CPU. */
 int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);
+/* The device memory the engine took (weights, KV, scratch; not the context), 0 on the CPU: what
+ * a draft model opened first reserves of the served model's vram_budget (vram_reserved). */
+uint64_t sil_engine_device_bytes(const struct sil_engine *e);
 const struct sil_vocab *sil_engine_vocab(const struct sil_engine *e);
 int32_t sil_engine_n_ctx(const struct sil_engine *e);
 /* The most rows one evaluation takes (n_batch_max, or n_batch_tier with the host tier on). */
