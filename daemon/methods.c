@@ -389,7 +389,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         char drv[32], cc[16];
         snprintf(drv, sizeof drv, "%d.%d", dev.driver_version / 1000, dev.driver_version % 1000 / 10);
         snprintf(cc, sizeof cc, "sm_%d%d", dev.cc_major, dev.cc_minor);
-        msgpack_pack_map(pk, 17);
+        msgpack_pack_map(pk, 18);
         sil_utf8_pack_kv(pk, "name", dev.name, strlen(dev.name));
         sil_rpc_kv_str(pk, "driver", drv);
         sil_rpc_kv_str(pk, "compute", cc);
@@ -397,6 +397,7 @@ static int m_status(struct conn *c, const struct sil_rpc_msg *m)
         sil_rpc_kv_uint(pk, "vram_kv", dev.kv_bytes);
         sil_rpc_kv_uint(pk, "vram_scratch", dev.scratch_bytes);
         sil_rpc_kv_uint(pk, "vram_budget", dev.budget_bytes);
+        sil_rpc_kv_uint(pk, "vram_draft", dev.reserved_bytes); /* the draft model's part of it */
         /* expert slots: the pinned host memory misses are copied from, the bandwidth measured
          * from it at open (GB/s), bytes and experts copied since */
         sil_rpc_kv_uint(pk, "pinned_bytes", dev.pinned_bytes);
