@@ -21,6 +21,7 @@ struct opts {
     bool parse_special;
     bool add_bos;
     bool json;
+    bool mtp_logits;
     bool help;
     bool version;
     /* model evaluation (bench/sil-eval/model.c) */
@@ -103,6 +104,8 @@ static const struct opt_def {
      "speculative decoding after the plain decode: off (default), draft or mtp"},
     {"--draft-model", OPT_STR, offsetof(struct opts, draft_model), "FILE",
      "the draft model of --spec draft (the target's vocabulary)"},
+    {"--mtp-logits", OPT_FLAG, offsetof(struct opts, mtp_logits), NULL,
+     "print the MTP layer's logits of every prompt position but the last (JSON), and stop"},
     {"--spec-tree", OPT_STR, offsetof(struct opts, spec_tree), "WxD",
      "drafts a step: 1xDEPTH, a chain (default 1x4), or a tree WIDTHxDEPTH"},
     {"--help", OPT_FLAG, offsetof(struct opts, help), NULL, "show this help and exit"},
@@ -312,6 +315,7 @@ int main(int argc, char **argv)
             .cuda_cpu_share = o.cuda_cpu_share,
             .exact = o.exact,
             .json = o.json,
+            .mtp_logits = o.mtp_logits,
             .parse_special = o.parse_special,
             .add_bos = o.add_bos,
             .ctx = o.ctx,

@@ -264,6 +264,64 @@ out:
     return rc;
 }
 
+/* --mtp-logits: the prompt through the trunk (its hidden states kept), then the MTP layer over
+ * rows 0..n-2 (row t: the hidden state at t, token t + 1), its logits printed as
+ * {"mtp_logits": [row 0's n_vocab floats, row 1's, ...]}. 0, or 1 with the reason printed. */
+static int mtp_logits_run(struct sil_engine *e, const int32_t *ids, size_t n)
+{
+    const struct sil_model_info *in = sil_engine_info(e);
+    const size_t V = (size_t)in->n_vocab, E = (size_t)in->n_embd;
+    struct sil_error err = {0};
+    if (!sil_engine_has_mtp(e)) {
+        fprintf(stderr, "sil-eval: --mtp-logits: %s has no MTP layer (or not on the %s backend)\n",
+                in->path, in->backend);
+        return 1;
+    }
+    if (n < 2 || n > (size_t)sil_engine_n_batch_max(e)) {
+        fprintf(stderr, "sil-eval: --mtp-logits: the prompt must have 2 to %d tokens (it has %zu)\n",
+                sil_engine_n_batch_max(e), n);
+        return 1;
+    }
+    int32_t *pos = malloc(sizeof(int32_t) * n), *seqs = malloc(sizeof(int32_t) * n);
+    int32_t *am = malloc(sizeof(int32_t) * n);
+    bool *want = malloc(sizeof(bool) * n);
+    float *hidden = malloc(sizeof(float) * n * E), *hout = malloc(sizeof(float) * n * E);
+    float *ml = malloc(sizeof(float) * (n - 1) * V);
+    int rc = 1, seq = -1;
+    if (!pos || !seqs || !am || !want || !hidden || !hout || !ml) {
+        fprintf(stderr, "sil-eval: out of memory\n");
+        goto done;
+    }
+    if ((seq = sil_seq_create(e, &err)) < 0) goto fail;
+    for (size_t i = 0; i < n; i++) {
+        pos[i] = (int32_t)i;
+        seqs[i] = seq;
+        want[i] = true;
+    }
+    struct sil_batch b = {(int32_t)n, (int32_t *)ids, pos, seqs, want};
+    if (sil_engine_eval_hidden(e, &b, NULL, am, hidden, &err) < 0 ||
+        sil_seq_mtp_eval_out(e, seq, (int32_t)(n - 1), ids + 1, 0, hidden, ml, NULL, hout, &err) < 0)
+        goto fail;
+    printf("{\"mtp_logits\": [");
+    for (size_t i = 0; i < (n - 1) * V; i++)
+        printf(i ? ", %.9g" : "%.9g", (double)ml[i]);
+    printf("]}\n");
+    rc = fflush(stdout) == 0 ? 0 : 1;
+    goto done;
+fail:
+    fprintf(stderr, "sil-eval: --mtp-logits: %s\n", err.msg);
+done:
+    if (seq >= 0) sil_seq_free(e, seq);
+    free(pos);
+    free(seqs);
+    free(am);
+    free(want);
+    free(hidden);
+    free(hout);
+    free(ml);
+    return rc;
+}
+
 int sil_eval_model(const struct sil_eval_model_opts *o)
 {
     long n_predict = 0, n_threads = 0, ecache_slots = 0;
@@ -406,6 +464,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     }
     if (n_ids == 0) {
         fprintf(stderr, "sil-eval: the prompt has no tokens\n");
+        goto out;
+    }
+    if (o->mtp_logits) {
+        rc = mtp_logits_run(e, ids, n_ids);
         goto out;
     }
     if ((int64_t)n_ids + n_predict > sil_engine_n_ctx(e)) {

@@ -19,6 +19,9 @@ struct sil_eval_model_opts {
     const char *ecache_policy; /* its policy, NULL = lru */
     const char *kv_type;       /* f16 | q8_0 | q4_0 | f32; NULL = the engine's default */
     bool exact, json, parse_special, add_bos;
+    /* the MTP layer's logits of every prompt position but the last (row t from the hidden state
+     * at t and token t + 1), printed as JSON instead of the usual run */
+    bool mtp_logits;
     const char *ctx; /* context length (default: the model's, at most 4096) */
     const char *vram_budget; /* device memory cap ("8G"), NULL = none */
     const char *host_budget; /* routed experts' host memory ("24G", auto, off), NULL = auto */

@@ -50,6 +50,7 @@ class Config:
     rms_eps: float = 1e-6
     tied: bool = False
     n_ctx_train: int = 4096
+    mtp: bool = False          # one MTP (next-token prediction) layer after the blocks
 
     @property
     def n_rot(self):
@@ -69,7 +70,8 @@ class Config:
                 "--dn-conv", str(self.ssm_d_conv),
                 "--full-attn-interval", str(self.full_attn_interval),
                 "--rope-base", repr(self.rope_base), "--rope-partial", repr(self.rope_partial),
-                "--ctx", str(self.n_ctx_train), "--tied" if self.tied else "--untied"]
+                "--ctx", str(self.n_ctx_train), "--tied" if self.tied else "--untied"] + (
+                    ["--mtp"] if self.mtp else [])
 
 
 PRESETS = {
@@ -79,6 +81,11 @@ PRESETS = {
     "tiny": Config(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, rope_partial=0.5,
                    n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, ssm_n_group=2,
                    ssm_dt_rank=4, ssm_d_state=16),
+    # a draft model for the demo model (speculative decoding): a quarter of its layers, half
+    # its width, the same tokenizer when trained with the same --vocab and --seed
+    "draft": Config(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_expert=4,
+                    n_expert_used=2, n_ff_exp=64, n_ff_shexp=128, ssm_n_group=2, ssm_dt_rank=4,
+                    ssm_d_state=32, full_attn_interval=2),
 }
 
 
@@ -117,10 +124,14 @@ class Qwen35Moe(nn.Module):
         self.shapes = {"token_embd.weight": (c.n_vocab, E), "output_norm.weight": (E,)}
         if not c.tied:
             self.shapes["output.weight"] = (c.n_vocab, E)
-        for il in range(c.n_layer):
+        # the MTP layer is block n_layer: its stem and head norm, then a full-attention block
+        for il in range(c.n_layer + (1 if c.mtp else 0)):
             p = f"blk.{il}."
             s = {"attn_norm.weight": (E,), "post_attention_norm.weight": (E,)}
-            if c.recurrent(il):
+            if il == c.n_layer:
+                s.update({"nextn.eh_proj.weight": (E, 2 * E), "nextn.enorm.weight": (E,),
+                          "nextn.hnorm.weight": (E,), "nextn.shared_head_norm.weight": (E,)})
+            if il < c.n_layer and c.recurrent(il):
                 s.update({"attn_qkv.weight": (2 * key_dim + value_dim, E),
                           "attn_gate.weight": (value_dim, E),
                           "ssm_conv1d.weight": (2 * key_dim + value_dim, c.ssm_d_conv),
@@ -262,9 +273,15 @@ class Qwen35Moe(nn.Module):
         self.last_routing = top_i
         return out + sh
 
-    def forward(self, tokens, routing=None):
+    def head(self):
+        c = self.cfg
+        return self.p("token_embd.weight") if c.tied else self.p("output.weight")
+
+    def forward(self, tokens, routing=None, mtp=False):
         """tokens [B, T] -> logits [B, T, n_vocab]; routing: a list that gets each layer's
-        top-k expert ids [B, T, k]."""
+        top-k expert ids [B, T, k]. mtp (a model with the MTP layer): also the MTP layer's
+        logits [B, T - 1, n_vocab], row t predicting token t + 2 from the hidden state at t and
+        token t + 1 (forward_mtp), returned as (logits, mtp_logits)."""
         c = self.cfg
         self.aux_loss = torch.zeros((), device=tokens.device)
         x = F.embedding(tokens, self.p("token_embd.weight"))
@@ -276,8 +293,26 @@ class Qwen35Moe(nn.Module):
             if routing is not None:
                 routing.append(self.last_routing)
         x = rmsnorm(x, self.p("output_norm.weight"), c.rms_eps)
-        out = self.p("token_embd.weight") if c.tied else self.p("output.weight")
-        return F.linear(x, out)
+        logits = F.linear(x, self.head())
+        if not mtp:
+            return logits
+        return logits, self.mtp_forward(x[:, :-1], tokens[:, 1:])
+
+    def mtp_forward(self, hidden, nxt):
+        """The MTP layer (forward_mtp.c): hidden [B, T, E], the trunk's state after its output
+        norm at t, and nxt [B, T], the token after t -> logits of the token after that. Its
+        attention runs over these T rows in their own positions 0..T-1."""
+        c = self.cfg
+        il = c.n_layer
+        p = f"blk.{il}."
+        e = rmsnorm(F.embedding(nxt, self.p("token_embd.weight")), self.p(p + "nextn.enorm.weight"),
+                    c.rms_eps)
+        h = rmsnorm(hidden, self.p(p + "nextn.hnorm.weight"), c.rms_eps)
+        u = F.linear(torch.cat([e, h], -1), self.p(p + "nextn.eh_proj.weight"))
+        u = u + self.attention(il, rmsnorm(u, self.p(p + "attn_norm.weight"), c.rms_eps))
+        u = u + self.moe(il, rmsnorm(u, self.p(p + "post_attention_norm.weight"), c.rms_eps))
+        g = rmsnorm(u, self.p(p + "nextn.shared_head_norm.weight"), c.rms_eps)
+        return F.linear(g, self.head())
 
 
 def delta_rule(q, k, v, g, beta):

@@ -7,7 +7,10 @@
 For each prompt, sil-eval --exact --logits all --json runs the GGUF and the PyTorch forward runs
 the checkpoint in float64 (a reference free of PyTorch's own float32 rounding); the check is
 max |engine - torch| <= tol * max(1, max |torch|) over every position and vocab entry. The
-greedy continuations are compared too. Exit status 0 = within tolerance, 1 = not.
+greedy continuations are compared too. A model with the MTP layer (--mtp with --random, or a
+checkpoint trained with it) also has that layer's logits compared (sil-eval --mtp-logits: row t
+from the hidden state at t and token t + 1), to the same tolerance. Exit status 0 = within
+tolerance, 1 = not.
 """
 
 import argparse
@@ -36,6 +39,23 @@ def sil_eval(gguf, ids, n_predict, exact=True, threads=2, logits="all"):
         cmd.append("--exact")
     r = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(r.stdout)
+
+
+def compare_mtp(m64, gguf, ids, tol):
+    """The MTP layer's logits of one prompt, engine (exact) against PyTorch float64."""
+    cmd = [os.path.join(BIN, "sil-eval"), "--model", gguf, "--tokens", ",".join(map(str, ids)),
+           "--mtp-logits", "--exact", "--threads", "2"]
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    eng = torch.tensor(json.loads(r.stdout)["mtp_logits"], dtype=torch.float64)
+    with torch.no_grad():
+        ref = m64(torch.tensor([ids]), mtp=True)[1][0]
+    eng = eng.view(ref.shape)
+    diff = (eng - ref).abs().max().item()
+    scale = max(1.0, ref.abs().max().item())
+    good = diff <= tol * scale
+    print(f"{'ok' if good else 'FAIL'}: MTP layer, {len(ids) - 1} rows, max|diff| {diff:.3g} "
+          f"(scale {scale:.3g}, tol {tol * scale:.3g})")
+    return good
 
 
 def torch_greedy(model, ids, n):
@@ -89,6 +109,8 @@ def compare(model, tok, gguf, prompts, n_predict, tol, exact=True):
         print(f"{'ok' if good and same else 'FAIL'}: {len(ids)} tokens, max|diff| {diff:.3g} "
               f"(scale {scale:.3g}, tol {tol * scale:.3g}), greedy {n_predict} tokens "
               f"{'equal' if same else 'DIFFER: ' + str(greedy) + ' vs ' + str(r['greedy'])}")
+        if model.cfg.mtp and exact:
+            ok = compare_mtp(m64, gguf, ids, tol) and ok
     return ok
 
 
@@ -96,6 +118,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--random", action="store_true")
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--mtp", action="store_true", help="with --random: an MTP layer too")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ckpt")
     ap.add_argument("--gguf", help="an existing export (F32 or Q8_0) to compare instead")
@@ -112,7 +135,7 @@ def main():
             tok = bpe.train([e["prompt"] + e["completion"] for e in ex], 320)
             tok_path = os.path.join(tmp, "tokenizer.json")
             tok.save(tok_path)
-            cfg = dataclasses.replace(PRESETS[a.preset], n_vocab=len(tok))
+            cfg = dataclasses.replace(PRESETS[a.preset], n_vocab=len(tok), mtp=a.mtp)
             model = Qwen35Moe(cfg)
             model.init_weights(a.seed)
             # random weights at training init are near-silent; larger norms and gates make

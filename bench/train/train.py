@@ -1,6 +1,6 @@
 """Trains the small qwen35moe on the generated chat data.
 
-  train.py --out DIR [--preset demo|tiny] [--steps N] [--batch N] [--lr F] [--seed N]
+  train.py --out DIR [--preset demo|tiny|draft] [--mtp] [--steps N] [--batch N] [--lr F] [--seed N]
            [--time-budget SECONDS] [--device cuda|cpu]
 
 Writes into DIR: tokenizer.json, ckpt.pt (config, weights, seed, command), log.jsonl (one line
@@ -178,6 +178,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--aux", type=float, default=0.01, help="expert balance loss weight")
+    ap.add_argument("--mtp", action="store_true",
+                    help="an MTP layer too, trained to predict the token after next")
+    ap.add_argument("--mtp-weight", type=float, default=0.3, help="the MTP loss's weight")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--n-train", type=int, default=200000)
     ap.add_argument("--vocab", type=int, default=512)
@@ -207,7 +210,7 @@ def main():
     print(f"data: {len(train)} examples, vocab {len(tok)}, longest {max(len(e[0]) for e in enc)}"
           f" tokens, {time.time() - t0:.1f} s", flush=True)
 
-    cfg = dataclasses.replace(PRESETS[a.preset], n_vocab=len(tok))
+    cfg = dataclasses.replace(PRESETS[a.preset], n_vocab=len(tok), mtp=a.mtp)
     model = Qwen35Moe(cfg)
     model.init_weights(a.seed)
     model.to(dev)
@@ -247,10 +250,19 @@ def main():
         idx = [rng.randrange(len(enc)) for _ in range(a.batch)]
         x, y = batch_of(enc, idx, pad, dev)
         with autocast(dev):
-            logits = model(x)
+            if a.mtp:
+                logits, mlogits = model(x, mtp=True)
+            else:
+                logits = model(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1),
                                ignore_index=-100)
         total = loss + a.aux * model.aux_loss
+        if a.mtp:
+            # row t of the MTP layer predicts the token after t + 1: y shifted by one
+            y2 = y[:, 1:]
+            mloss = F.cross_entropy(mlogits.float().reshape(-1, mlogits.shape[-1]),
+                                    y2.reshape(-1), ignore_index=-100)
+            total = total + a.mtp_weight * mloss
         opt.zero_grad(set_to_none=True)
         total.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -258,12 +270,22 @@ def main():
         if step % a.log_every == 0 or step == a.steps - 1:
             r = {"step": step, "loss": loss.item(), "aux": model.aux_loss.item(),
                  "lr": lr, "grad_norm": gn.item(), "time_s": time.time() - t_train}
+            if a.mtp:
+                with torch.no_grad():
+                    m = y2 != -100
+                    r["mtp_loss"] = mloss.item()
+                    # how often the layer's first choice is the token after next: its
+                    # acceptance as a one-token drafter on the training batch
+                    r["mtp_top1"] = ((mlogits.argmax(-1) == y2) & m).sum().item() / max(
+                        1, m.sum().item())
             log.append(r)
             logf.write(json.dumps(r) + "\n")
             logf.flush()
             if step % (a.log_every * 10) == 0 or step == a.steps - 1:
                 print(f"step {step}: loss {r['loss']:.4f} lr {r['lr']:.2e} "
-                      f"{r['time_s']:.0f} s", flush=True)
+                      f"{r['time_s']:.0f} s" + (f" mtp loss {r['mtp_loss']:.4f} top-1 "
+                                                 f"{r['mtp_top1']:.3f}" if a.mtp else ""),
+                      flush=True)
         if a.time_budget and step >= a.warmup and progress(step) >= 1.0:
             print(f"time budget reached at step {step}", flush=True)
             break
@@ -297,6 +319,8 @@ def main():
         "seed": a.seed, "train_seconds": round(train_s, 1),
         "eval_seconds": round(time.time() - t_eval, 1),
         "final_loss": log[-1]["loss"] if log else None, "loss_plot": plotter,
+        "final_mtp_loss": log[-1].get("mtp_loss") if log else None,
+        "final_mtp_top1": log[-1].get("mtp_top1") if log else None,
         "heldout_accuracy": acc,
         "experts": lru_hit_rates(routing, cfg.n_layer, cfg.n_expert),
     }

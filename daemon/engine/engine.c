@@ -301,7 +301,9 @@ static int64_t k_max_of(const struct sil_engine *e)
     const int64_t zdim =
         hp->n_layer_recr > 0 ? (int64_t)e->f.dn[0].n_v_heads * e->f.dn[0].head_v_dim : 0;
     const int64_t ff = max64(hp->n_ff, hp->n_ff_shexp);
-    return max64(max64(hp->n_embd, hp->n_head * hp->n_embd_head_k),
+    /* the MTP layer's eh_proj reads the embedding and the hidden state side by side */
+    const int64_t mtp = hp->n_nextn > 0 ? 2 * (int64_t)hp->n_embd : 0;
+    return max64(max64(max64(hp->n_embd, hp->n_head * hp->n_embd_head_k), mtp),
                  max64(max64(ff, hp->n_ff_exp), zdim));
 }
 

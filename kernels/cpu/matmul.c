@@ -1,5 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/ops.h"
@@ -225,6 +227,13 @@ void sil_matmul(struct sil_threadpool *tp, const struct sil_mm_job *jobs, int n_
     t.chunk_start[0] = 0;
     int64_t work = 0, rows = 0, pairs = 0;
     for (int i = 0; i < n_jobs; i++) {
+        /* the scratch holds rows of k_max: a wider input is the caller's bug, which would
+         * otherwise write past it (an MTP layer's eh_proj once did, on a tiny model) */
+        if (jobs[i].in->k > k_max) {
+            fprintf(stderr, "sil_matmul: an input of %lld columns, the scratch is sized for %lld\n",
+                    (long long)jobs[i].in->k, (long long)k_max);
+            abort();
+        }
         /* a SwiGLU pair's chunk covers its rows of both matrices: twice the work a row */
         work += (jobs[i].w_up ? 2 : 1) * jobs[i].m * jobs[i].n_rows * jobs[i].in->k;
         rows += jobs[i].n_rows > 0 ? jobs[i].m : 0;

@@ -86,13 +86,20 @@ assert diff < 1e-10, diff
 print(f'ok: chunked delta rule = sequential (max diff {diff:.2g})')" || fail "chunked delta rule"
 "$PY" parity.py --random --n-prompts 3 --n-predict 4 >"$T/p1" 2>&1 || fail "random-weight parity: $(cat "$T/p1")"
 sed 's/^/random: /' "$T/p1" | grep -v sil-mkmodel
+"$PY" parity.py --random --mtp --n-prompts 2 --n-predict 3 >"$T/p1m" 2>&1 ||
+    fail "random-weight parity with the MTP layer: $(cat "$T/p1m")"
+grep -q "ok: MTP layer" "$T/p1m" || fail "the MTP layer was not compared: $(cat "$T/p1m")"
+sed 's/^/random mtp: /' "$T/p1m" | grep -v sil-mkmodel
+# trained with the MTP layer: its loss and the trunk's both fall, and the export carries it
 "$PY" train.py --out "$T/tr" --preset tiny --steps 12 --batch 8 --n-train 1500 --vocab 320 \
-    --warmup 4 --log-every 4 --no-eval >"$T/tr.log" 2>&1 || fail "training: $(tail "$T/tr.log")"
+    --warmup 4 --log-every 4 --no-eval --mtp >"$T/tr.log" 2>&1 || fail "training: $(tail "$T/tr.log")"
 "$PY" -c "
 import json; l=[json.loads(x) for x in open('$T/tr/log.jsonl')]
-assert l[-1]['loss'] < l[0]['loss'] - 0.5, l" || fail "loss did not fall in 12 steps: $(cat "$T/tr/log.jsonl")"
+assert l[-1]['loss'] < l[0]['loss'] - 0.5, l
+assert l[-1]['mtp_loss'] < l[0]['mtp_loss'] - 0.5, l" || fail "loss did not fall in 12 steps: $(cat "$T/tr/log.jsonl")"
 "$PY" parity.py --ckpt "$T/tr/ckpt.pt" --n-prompts 3 --n-predict 6 >"$T/p2" 2>&1 ||
     fail "trained-weight parity: $(cat "$T/p2")"
+grep -q "ok: MTP layer" "$T/p2" || fail "the trained MTP layer was not compared: $(cat "$T/p2")"
 sed 's/^/trained: /' "$T/p2" | grep -v sil-mkmodel
 "$PY" parity.py --ckpt "$T/tr/ckpt.pt" --type q8_0 --n-prompts 2 --n-predict 4 >"$T/p3" 2>&1 ||
     fail "Q8_0 parity: $(cat "$T/p3")"
