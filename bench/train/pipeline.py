@@ -51,6 +51,37 @@ def engine_answers(gguf, tok, examples, exact, n_predict=96):
         return list(ex.map(one, examples))
 
 
+def spec_eval(gguf, tok, examples, mode, draft=None, depth=4, n_predict=96, threads=2):
+    """Speculative decoding on the held-out questions, one sil-eval at a time (timed): the
+    drafts' acceptance, tokens a step, the answers identical to plain decoding, and the decode
+    speed against plain decoding in the same run (the median of the questions' ratios)."""
+    tot = {"questions": 0, "identical": 0, "steps": 0, "drafted": 0, "accepted": 0, "emitted": 0}
+    ratios = []
+    for e in examples:
+        cmd = [os.path.join(BIN, "sil-eval"), "--model", gguf,
+               "--tokens", ",".join(map(str, tok.encode(e["prompt"]))), "--logits", "none",
+               "--json", "--n-predict", str(n_predict), "--threads", str(threads),
+               "--spec", mode, "--spec-tree", f"1x{depth}"]
+        if draft:
+            cmd += ["--draft-model", draft]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        s = json.loads(r.stdout)["spec"] if r.stdout.strip() else None
+        if s is None:
+            raise RuntimeError(f"sil-eval --spec {mode} failed: {r.stderr[-400:]}")
+        tot["questions"] += 1
+        tot["identical"] += bool(s["identical"])
+        for k in ("steps", "drafted", "accepted", "emitted"):
+            tot[k] += s[k]
+        if s.get("speedup"):
+            ratios.append(s["speedup"])
+    tot["acceptance_rate"] = tot["accepted"] / max(1, tot["drafted"])
+    tot["tokens_per_step"] = tot["emitted"] / max(1, tot["steps"])
+    ratios.sort()
+    tot["speedup_median"] = ratios[len(ratios) // 2] if ratios else None
+    tot["depth"], tot["threads"] = depth, threads
+    return tot
+
+
 def score(examples, completions, torch_completions):
     per = {}
     for e, c, t in zip(examples, completions, torch_completions):
@@ -88,6 +119,11 @@ def main():
                     "and runs the Q8_0 and Q4_K_M files (output into the bundle's tar)")
     ap.add_argument("--engine-questions", type=int, default=200,
                     help="held-out questions the engine answers (spread over the families)")
+    ap.add_argument("--spec-questions", type=int, default=40,
+                    help="of those, how many are answered again with speculative decoding (the "
+                    "model's MTP layer when it has one, and --draft-model's), CPU, Q8_0")
+    ap.add_argument("--draft-model", help="a draft model's GGUF (the same tokenizer: train.py "
+                    "--preset draft with the same --vocab and --seed) to draft with")
     a, rest = ap.parse_known_args()
     # Before minutes of training: the tools the export and the checks need, and new enough.
     mk, ev = os.path.join(BIN, "sil-mkmodel"), os.path.join(BIN, "sil-eval")
@@ -143,6 +179,14 @@ def main():
         same = sum(f["same_as_torch"] for f in res[name].values())
         print(f"engine {name}: {tot}/{len(sel)} correct, {same}/{len(sel)} answers equal "
               f"PyTorch's", flush=True)
+    spec_sel = sel[:a.spec_questions]
+    for mode, draft in (("mtp", None), ("draft", a.draft_model)):
+        if not spec_sel or (mode == "mtp" and not model.cfg.mtp) or (mode == "draft" and not draft):
+            continue
+        res[f"spec_{mode}"] = s = spec_eval(files["q8_0"], tok, spec_sel, mode, draft)
+        print(f"engine q8_0 --spec {mode}: acceptance {s['acceptance_rate']:.3f}, "
+              f"{s['tokens_per_step']:.2f} tokens a step, {s['identical']}/{s['questions']} "
+              f"identical to plain decoding, median speed-up {s['speedup_median']}", flush=True)
     extra = []
     if a.llama_bench:
         for t in ("q8_0", "q4_k_m"):
@@ -167,7 +211,9 @@ def main():
             for f in ["tokenizer.json", "log.jsonl", "heldout_torch.jsonl"] + extra:
                 t.add(os.path.join(a.out, f), f)
     print(f"pipeline done in {res['seconds_total']:.0f} s: {a.out}", flush=True)
-    sys.exit(0 if ok_tok and ok_logits and ok_q8 else 1)
+    ok_spec = all(res[k]["identical"] == res[k]["questions"] for k in ("spec_mtp", "spec_draft")
+                  if k in res)
+    sys.exit(0 if ok_tok and ok_logits and ok_q8 and ok_spec else 1)
 
 
 if __name__ == "__main__":
