@@ -224,8 +224,9 @@ static void pack_host_tier(struct server *s, msgpack_packer *pk)
     }
     struct sil_engine_host_tier ht;
     sil_engine_host_tier(s->engine, &ht);
-    msgpack_pack_map(pk, 11);
+    msgpack_pack_map(pk, 12);
     sil_rpc_kv_bool(pk, "on", ht.on);
+    sil_rpc_kv_bool(pk, "full", ht.full);
     sil_rpc_kv_uint(pk, "budget", ht.budget);
     kv_text_or_nil(pk, "budget_from", ht.budget_from);
     sil_rpc_kv_int(pk, "slots", ht.n_slot);

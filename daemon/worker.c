@@ -330,12 +330,13 @@ void sil_model_damaged(struct sil_worker *w, const char *why)
     post_event(w, SIL_WORKER_EV_DAMAGED, msg, w->e, NULL);
 }
 
-/* Whether the engine reads its routed experts through the host tier (expert_store.h). */
+/* Whether the engine reads its routed experts from the file through the host tier
+ * (expert_store.h); a tier that holds them all reads nothing after open. */
 static bool tier_on(const struct sil_engine *e)
 {
     struct sil_engine_host_tier t;
     sil_engine_host_tier(e, &t);
-    return t.on;
+    return t.on && !t.full;
 }
 
 /* session_memory held to the idle sessions' share of the host budget (hostmem.h), which is

@@ -623,8 +623,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)st.ecache_hits, (unsigned long long)st.ecache_misses,
                    (unsigned long long)st.ecache_evictions,
                    (unsigned long long)st.ecache_bytes_streamed);
-        printf(", \"host_tier\": {\"on\": %s, \"budget\": %llu, \"budget_from\": ",
-               ht.on ? "true" : "false", (unsigned long long)ht.budget);
+        printf(", \"host_tier\": {\"on\": %s, \"full\": %s, \"budget\": %llu, \"budget_from\": ",
+               ht.on ? "true" : "false", ht.full ? "true" : "false",
+               (unsigned long long)ht.budget);
         sil_bench_print_json_str(ht.budget_from[0] ? ht.budget_from : NULL);
         printf(", \"slots\": %d, \"slot_bytes\": %llu, \"io\": ", (int)ht.n_slot,
                (unsigned long long)ht.slot_bytes);

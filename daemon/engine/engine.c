@@ -2040,6 +2040,7 @@ void sil_engine_host_tier(const struct sil_engine *e, struct sil_engine_host_tie
     struct sil_xstore_stats st;
     sil_xstore_stats(e->f.xstore, &st);
     out->on = true;
+    out->full = e->tier_full;
     out->n_slot = st.n_slot;
     out->slot_bytes = st.slot_bytes;
     out->io = st.io;

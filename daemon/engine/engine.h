@@ -481,6 +481,9 @@ void sil_engine_ecache_layer_stats(const struct sil_engine *e, int32_t layer,
  * off. */
 struct sil_engine_host_tier {
     bool on;
+    /* on, holding every routed expert (read once at open): nothing is read from the file after,
+     * and nothing is evicted (a device with expert slots whose experts fit the host budget) */
+    bool full;
     uint64_t budget;
     uint64_t min_bytes; /* the smallest budget the tier takes (one layer's every expert) */
     char budget_from[48];

@@ -38,9 +38,12 @@ def methods():
     check("device" in st and (st["device"] is None) == (st["backend"] == "cpu"),
           "status: device is nil exactly on the cpu backend")
     ht = st["host_tier"]
-    check(set(ht) == {"on", "budget", "budget_from", "slots", "slot_bytes", "io", "hits", "misses",
-                      "bytes_read", "reads", "wait_s"} and isinstance(ht["on"], bool),
+    check(set(ht) == {"on", "full", "budget", "budget_from", "slots", "slot_bytes", "io", "hits",
+                      "misses", "bytes_read", "reads", "wait_s"} and isinstance(ht["on"], bool)
+          and isinstance(ht["full"], bool) and (ht["on"] or not ht["full"]),
           "status: host_tier with its fields")
+    # a tier of every expert is for a device's slots only: the CPU backend reads its mapping
+    check(not (ht["full"] and st["backend"] == "cpu"), "status: no full host tier on the cpu")
     check(ht["on"] or (ht["slots"] == 0 and ht["io"] is None and ht["bytes_read"] == 0),
           "status: no host slots, io or reads while the host tier is off")
 

@@ -31,7 +31,7 @@ st = c.ok("status")[0]
 tier = st["host_tier"]
 hb = st["host_budget"]
 if want == "tier":
-    check(tier["on"] is True and tier["slots"] > 0, "status: the host tier is on (%s)" % tier)
+    check(tier["on"] is True and tier["full"] is False and tier["slots"] > 0, "status: the host tier is on, not full (%s)" % tier)
     check(hb["host_tier"] is True and hb["gave_way"] is True, "status: the caches gave way (%s)" % hb)
     check(hb["fixed"] + hb["experts"] + sum(hb[k]["limit"] for k in ("snapshots", "prefix_blocks", "sessions"))
           <= hb["budget"], "status: the plan is within the budget (%s)" % hb)

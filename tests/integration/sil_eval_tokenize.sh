@@ -86,10 +86,11 @@ PY
     /usr/bin/python3 - "$T" <<'PY' || fail "--host-budget output"
 import json, sys
 d = {k: json.load(open("%s/hb-%s.json" % (sys.argv[1], k))) for k in ("off", "auto", "64G", "none")}
-keys = {"on", "budget", "budget_from", "slots", "slot_bytes", "io", "hits", "misses", "bytes_read",
-        "reads", "wait_s"}
+keys = {"on", "full", "budget", "budget_from", "slots", "slot_bytes", "io", "hits", "misses",
+        "bytes_read", "reads", "wait_s"}
 for k, v in d.items():
     assert set(v["host_tier"]) == keys, (k, v["host_tier"])
+    assert v["host_tier"]["full"] is False, (k, v["host_tier"])  # the CPU reads its mapping
     assert v["greedy"] == d["off"]["greedy"], (k, v["greedy"], d["off"]["greedy"])
 # off: no tier; the tiny model's experts fit any budget here, so none is on
 assert d["off"]["host_tier"]["on"] is False and d["off"]["host_tier"]["hits"] == 0, d["off"]
