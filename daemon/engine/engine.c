@@ -37,6 +37,14 @@ struct spec_window {
     int32_t pos;
     int32_t *tok; /* [n_batch_max] */
     float *state; /* [n_layer_recr * dn_state_floats] */
+    /* the delta-net cores' inputs of the window's first cap_n rows, captured as they were
+     * evaluated (host backends): row r, recurrent layer l at cq[(r * n_recr + l) * conv_dim]
+     * and ca, cb[(r * n_recr + l) * n_v_heads]; room for cap_rows rows. With them a cut
+     * replays the cores from the window's state instead of evaluating the kept rows again. */
+    bool cap_ok;
+    int32_t cap_n, cap_rows;
+    float *cq, *ca, *cb;
+    float *rq, *ra, *rb, *rconv, *rz, *rout, *rscr; /* the replay's buffers, cap_rows rows */
 };
 
 struct sil_engine {
@@ -246,8 +254,11 @@ static void free_scratch(struct sil_engine *e)
         free(ptrs[i]);
     if (e->spec)
         for (int s = 0; s < e->n_seq_max; s++) {
-            free(e->spec[s].tok);
-            free(e->spec[s].state);
+            struct spec_window *w = &e->spec[s];
+            void *wp[] = {w->tok, w->state, w->cq, w->ca, w->cb, w->rq, w->ra, w->rb,
+                          w->rconv, w->rz, w->rout, w->rscr};
+            for (size_t i = 0; i < sizeof(wp) / sizeof(wp[0]); i++)
+                free(wp[i]);
         }
     free(e->spec);
     if (f->recr_state)
@@ -809,6 +820,9 @@ static int open_host_tier(struct sil_engine *e, const struct sil_engine_params *
     return 0;
 }
 
+static void spec_capture(void *user, const struct sil_ubatch *ub, int32_t l, struct sil_act qkv,
+                         struct sil_act alpha, struct sil_act beta);
+
 /* cpu, cuda (an error says why it cannot run) or auto (CUDA when it can hold the model, else
  * the CPU with one line on stderr saying why). */
 static int open_backend(struct sil_engine *e, const struct sil_engine_params *p, int n_threads,
@@ -913,6 +927,11 @@ int sil_engine_open(struct sil_engine **out, const struct sil_engine_params *p, 
     if ((rc = open_backend(e, p, nt, err)) < 0)
         goto fail;
     e->info.backend = f->be->ops->name;
+    /* host activations: a verification window's cut replays the delta-net cores */
+    if (strcmp(f->be->ops->name, "cpu") == 0 && hp->n_layer_recr > 0) {
+        f->dn_capture = spec_capture;
+        f->dn_capture_user = e;
+    }
     plan_say(e);
     if ((rc = open_host_tier(e, p, err)) < 0)
         goto fail;
@@ -1161,6 +1180,86 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
  * inside the delta-net ops, saves the recompute but needs a new contract from every backend's
  * conv1d and delta_net; it is worth it where the recompute measures expensive. */
 
+/* Rows a window captures at most (a chain of the deepest drafts and its last token). */
+#define SPEC_CAP_ROWS_MAX 128
+
+/* Room in window w's capture for row r, the buffers grown (their rows kept); false when there
+ * is none. */
+static bool cap_room(const struct sil_engine *e, struct spec_window *w, int32_t r)
+{
+    if (r < w->cap_rows) return true;
+    if (r >= SPEC_CAP_ROWS_MAX) return false;
+    const struct sil_delta_net_params *p = &e->f.dn[0];
+    const size_t L = (size_t)e->model->hp.n_layer_recr, cd = (size_t)sil_delta_net_conv_dim(p),
+                 nv = (size_t)p->n_v_heads, ov = nv * (size_t)p->head_v_dim;
+    size_t rows = w->cap_rows ? (size_t)w->cap_rows : 8;
+    while (rows <= (size_t)r)
+        rows *= 2;
+    const size_t hs = (size_t)sil_delta_net_head_scratch_floats(p, (int32_t)rows);
+    float **buf[] = {&w->cq, &w->ca, &w->cb, &w->rq, &w->ra, &w->rb, &w->rconv, &w->rz, &w->rout, &w->rscr};
+    const size_t n[] = {rows * L * cd, rows * L * nv, rows * L * nv, rows * cd, rows * nv,
+                        rows * nv, rows * cd, rows * ov, rows * ov, hs};
+    for (size_t i = 0; i < sizeof(n) / sizeof(n[0]); i++) {
+        float *q = realloc(*buf[i], n[i] * sizeof(float));
+        if (!q) return false; /* those grown so far are kept: a later call grows the rest */
+        *buf[i] = q;
+    }
+    memset(w->rz, 0, rows * ov * sizeof(float)); /* the gate's input: the outputs are dropped */
+    w->cap_rows = (int32_t)rows;
+    return true;
+}
+
+/* f->dn_capture (host backends): the delta-net cores' inputs of rows in open verification
+ * windows, by their place in the window. A tree's rows, a row out of order at the last
+ * recurrent layer or no room stops the window's capture (its cut then evaluates again). */
+static void spec_capture(void *user, const struct sil_ubatch *ub, int32_t l, struct sil_act qkv,
+                         struct sil_act alpha, struct sil_act beta)
+{
+    struct sil_engine *e = user;
+    const struct sil_delta_net_params *p = &e->f.dn[0];
+    const int64_t L = e->model->hp.n_layer_recr, cd = sil_delta_net_conv_dim(p),
+                  nv = p->n_v_heads;
+    for (int32_t i = 0; i < ub->n; i++) {
+        struct spec_window *w = &e->spec[ub->seq[i]];
+        if (!w->open || !w->cap_ok) continue;
+        const int32_t r = ub->pos[i] - w->pos;
+        if (e->tree_batch || r < 0 || !cap_room(e, w, r) || (l == L - 1 && r != w->cap_n)) {
+            w->cap_ok = false;
+            continue;
+        }
+        const int64_t at = (int64_t)r * L + l;
+        memcpy(w->cq + at * cd, (const float *)qkv.data + i * qkv.ld, sizeof(float) * (size_t)cd);
+        memcpy(w->ca + at * nv, (const float *)alpha.data + i * alpha.ld, sizeof(float) * (size_t)nv);
+        memcpy(w->cb + at * nv, (const float *)beta.data + i * beta.ld, sizeof(float) * (size_t)nv);
+        if (l == L - 1) w->cap_n++;
+    }
+}
+
+/* The window's first n rows' delta-net cores run again from the state at its start (restored
+ * by the caller) on their captured inputs: the recurrent state at the cut, as evaluating those
+ * rows again would leave it (the cores give the same bits however the rows are split), without
+ * their projections, attention and experts. */
+static void spec_replay(struct sil_engine *e, int seq, struct spec_window *w, int32_t n)
+{
+    const struct sil_fwd *f = &e->f;
+    const int64_t L = e->model->hp.n_layer_recr;
+    for (int64_t l = 0; l < L; l++) {
+        const struct sil_delta_net_params *p = &f->dn[l];
+        const int64_t cd = sil_delta_net_conv_dim(p), nv = p->n_v_heads;
+        for (int32_t r = 0; r < n; r++) {
+            const int64_t at = (int64_t)r * L + l;
+            memcpy(w->rq + r * cd, w->cq + at * cd, sizeof(float) * (size_t)cd);
+            memcpy(w->ra + r * nv, w->ca + at * nv, sizeof(float) * (size_t)nv);
+            memcpy(w->rb + r * nv, w->cb + at * nv, sizeof(float) * (size_t)nv);
+        }
+        struct sil_delta_net_state st;
+        sil_delta_net_state_bind(p, &st, f->recr_state[seq] + l * f->dn_state_floats);
+        sil_delta_net_conv(p, &st, n, w->rq, w->rconv, 0, cd);
+        sil_delta_net_heads(p, &st, n, w->rconv, w->rz, w->ra, w->rb, w->rout, 0, p->n_v_heads,
+                            w->rscr);
+    }
+}
+
 int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
 {
     if (!seq_ok(e, seq))
@@ -1194,6 +1293,8 @@ int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
     w->open = true;
     w->tree = false;
     w->pos = e->seq_len[seq];
+    w->cap_ok = e->f.dn_capture != NULL;
+    w->cap_n = 0;
     return 0;
 }
 
@@ -1231,13 +1332,20 @@ static int spec_cut(struct sil_engine *e, int seq, int32_t n_pos, struct sil_err
     }
     /* back to the window's start, then the kept rows again (see above) */
     memcpy(e->f.recr_state[seq], w->state, sizeof(float) * (size_t)nrs);
+    const int32_t n = n_pos - w->pos;
+    if (!w->tree && w->cap_ok && n <= w->cap_n) {
+        /* their inputs were captured: only the cores again, the KV rows kept in place */
+        spec_replay(e, seq, w, n);
+        sil_kv_seq_trim(e->f.kv, seq, n_pos);
+        e->seq_len[seq] = n_pos;
+        return 0;
+    }
     if (e->f.be->ops->state_write) {
         int rc = e->f.be->ops->state_write(e->f.be, seq, w->state, nrs, err);
         if (rc < 0) return rc;
     }
     sil_kv_seq_trim(e->f.kv, seq, w->pos);
     e->seq_len[seq] = w->pos;
-    const int32_t n = n_pos - w->pos;
     if (n == 0)
         return 0;
     for (int32_t i = 0; i < n; i++) {

@@ -51,6 +51,12 @@ struct sil_fwd {
     int32_t *tree_runs; /* [ub_max + 1] the runs of a part of a ubatch (forward_delta.c) */
     struct sil_delta_net_params *dn; /* [n_layer_recr] */
     int64_t dn_state_floats;
+    /* the engine's capture of the delta-net cores' inputs (engine.c: verification windows), or
+     * NULL: called by sil_fwd_delta_net with each micro-batch's projections, before the core
+     * runs; host memory backends only */
+    void (*dn_capture)(void *user, const struct sil_ubatch *ub, int32_t recr_index,
+                       struct sil_act qkv, struct sil_act alpha, struct sil_act beta);
+    void *dn_capture_user;
 
     struct sil_weight tok_embd, output_norm, output;
     struct sil_layer_weights *lw; /* [n_layer] */

@@ -129,6 +129,8 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, s
     /* the projections and the conv in one launch where the backend has it */
     if (tree_forks(ub)) {
         SIL_OP(f, matmul, cur, in, n_in);
+        if (f->dn_capture)
+            f->dn_capture(f->dn_capture_user, ub, l->recr_index, t.qkv_mixed, t.alpha, t.beta);
         tree_recurrence(f, ub, &a);
         SIL_MATMUL(f, t.o, {&w->ssm_out, out});
         return;
@@ -139,6 +141,8 @@ void sil_fwd_delta_net(struct sil_fwd *f, const struct sil_ubatch *ub, int il, s
         SIL_OP(f, matmul, cur, in, n_in);
         SIL_OP(f, conv1d, ub, &a);
     }
+    if (f->dn_capture)
+        f->dn_capture(f->dn_capture_user, ub, l->recr_index, t.qkv_mixed, t.alpha, t.beta);
     SIL_OP(f, delta_net, ub, &a);
     SIL_MATMUL(f, t.o, {&w->ssm_out, out});
 }
