@@ -1144,6 +1144,18 @@ int sil_seq_n_checkpoints(const struct sil_engine *e, int seq)
     return seq_ok(e, seq) ? sil_ckpt_count(e->ckpt, seq) : 0;
 }
 
+/* What window w's capture and replay buffers hold (cap_room sizes them). */
+static uint64_t spec_cap_bytes(const struct sil_engine *e, const struct spec_window *w)
+{
+    if (!w->cap_rows) return 0;
+    const struct sil_delta_net_params *p = &e->f.dn[0];
+    const uint64_t rows = (uint64_t)w->cap_rows, L = (uint64_t)e->model->hp.n_layer_recr,
+                   cd = (uint64_t)sil_delta_net_conv_dim(p), nv = (uint64_t)p->n_v_heads,
+                   ov = nv * (uint64_t)p->head_v_dim;
+    return sizeof(float) * (rows * L * (cd + 2 * nv) + rows * (2 * cd + 2 * nv + 2 * ov) +
+                            (uint64_t)sil_delta_net_head_scratch_floats(p, w->cap_rows));
+}
+
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
 {
     if (!seq_ok(e, seq))
@@ -1163,7 +1175,8 @@ uint64_t sil_seq_memory(const struct sil_engine *e, int seq)
                                : 0) +
            (e->f.fork_state[seq] ? (uint64_t)e->model->hp.n_layer_recr *
                                        (uint64_t)e->f.dn_state_floats * sizeof(float)
-                                 : 0);
+                                 : 0) +
+           spec_cap_bytes(e, &e->spec[seq]);
 }
 
 /* ---- speculative verification --------------------------------------------------------------

@@ -255,9 +255,11 @@ int sil_seq_n_checkpoints(const struct sil_engine *e, int seq);
  * logits that follow are bit-identical to those of a sequence that only ever evaluated the
  * kept rows. The commit closes the window; so do truncate, free and a begin on an open window
  * (which moves it to the end). A window holds at most sil_engine_n_batch_max rows (a row
- * beyond is -E2BIG). On models with recurrent layers, a commit that drops rows evaluates the
- * kept ones again from the window's start (engine.c says why); if that fails (-ENOBUFS, -EIO)
- * the sequence ends at the window's start, exact there. -EINVAL (no window, n_pos outside it),
+ * beyond is -E2BIG). On models with recurrent layers, a commit that drops rows goes back to the
+ * window's start and runs the delta-net cores again over the kept rows on their inputs as the
+ * pass captured them (the CPU backend), or evaluates the kept rows again (state on a device, a
+ * token tree, a window past 128 rows; engine.c says why); if that fails (-ENOBUFS, -EIO) the
+ * sequence ends at the window's start, exact there. -EINVAL (no window, n_pos outside it),
  * -ENOMEM. */
 int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err);
 int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil_error *err);
@@ -270,7 +272,8 @@ int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil
  * commit does. Errors as sil_seq_spec_commit. */
 int sil_seq_spec_commit_path(struct sil_engine *e, int seq, const int32_t *keep, int32_t n,
                              struct sil_error *err);
-/* Bytes of state (KV + recurrent + checkpoints) the sequence holds now. */
+/* Bytes of state (KV + recurrent + checkpoints + its verification window's buffers) the sequence
+ * holds now. */
 uint64_t sil_seq_memory(const struct sil_engine *e, int seq);
 
 /* The automatic prefix cache (prefix_cache.h): full KV blocks published by one sequence are
