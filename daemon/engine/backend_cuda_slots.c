@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/backend_cuda_impl.h"
+#include "kernels/clock.h"
 #include "daemon/engine/hostmem.h"
 
 /* Private read-only file mappings only: dropping their pages loses nothing (they are read
@@ -55,13 +56,6 @@ int sil_cb_place(struct sil_backend *be, struct sil_weight *w, bool release_host
     w->loc = SIL_WEIGHT_DEVICE;
     w->data = (const void *)(uintptr_t)d;
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Pins the routed stacks' pages (merged where they share or touch a page) so a miss is one DMA
@@ -126,12 +120,12 @@ static void choose_host_share(struct cuda_backend *b, const struct sil_weight *g
                 sb += g[x].mat_bytes + u[x].mat_bytes + d[x].mat_bytes;
                 b->jobs[j] = (struct sil_host_expert_job){0, 1.0f, &g[x], &u[x], &d[x]};
             }
-            const double t0 = now_s();
+            const double t0 = sil_now_s();
             if (sil_host_experts_run(b->hx, b->h_x, 1, b->jobs, K, b->h_y, &e) < 0) {
                 nt = 0;
                 break;
             }
-            const double t = now_s() - t0;
+            const double t = sil_now_s() - t0;
             if (s > 0 && t > 0) {
                 dt[nt++] = t;
                 bytes = sb; /* the sets are of one layer: the same bytes */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
+#include "kernels/clock.h"
 #include "daemon/engine/expert_heat.h"
 #include "daemon/engine/forward.h"
 #include "daemon/engine/hostmem.h"
@@ -664,13 +665,6 @@ static void close_host_tier(struct sil_fwd *f)
     f->xs_ptr = NULL;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* A tier of all the experts (tier_full): every one read into its slot now, a layer a batch, so
  * that no miss waits on the disk and the mapping's expert pages are never touched. */
 static int tier_read_all(struct sil_engine *e, const struct sil_engine_params *p, int32_t n_moe,
@@ -680,7 +674,7 @@ static int tier_read_all(struct sil_engine *e, const struct sil_engine_params *p
     const int32_t X = hp->n_expert;
     int32_t *keys = malloc((size_t)X * sizeof(int32_t));
     if (!keys) return sil_errorf(err, -ENOMEM, "engine: out of memory");
-    const double t0 = now_s();
+    const double t0 = sil_now_s();
     int64_t placed = 0;
     int rc = 0;
     for (int32_t l = 0; l < hp->n_layer && rc == 0; l++) {
@@ -699,7 +693,7 @@ static int tier_read_all(struct sil_engine *e, const struct sil_engine_params *p
     if (rc < 0) return rc;
     struct sil_xstore_stats st;
     sil_xstore_stats(e->f.xstore, &st);
-    const double s = now_s() - t0;
+    const double s = sil_now_s() - t0;
     char b[24];
     fprintf(stderr, "siliceo: host tier: %lld experts of %d layers read in %.1f s (%s, %.2f GB/s)\n",
             (long long)placed, n_moe, s, sil_size_str(st.bytes_read, b, 24),

@@ -1,17 +1,11 @@
 /* Speculative decoding with a draft model, a greedy chain (spec.h). */
 #include "daemon/engine/spec.h"
+#include "kernels/clock.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The target's MoE counters before a verify pass (mark) and what the pass added (count). */
 static void moe_mark(const struct sil_spec *s, struct sil_engine_stats *at)
@@ -421,7 +415,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
                       s->mbase + s->mlen < L;
     if (!cont) n = 0;
 
-    double t0 = now_s();
+    double t0 = sil_now_s();
     int32_t *dr = s->dtok;
     if (tsmp) memcpy(s->hbuf, hist, sizeof(int32_t) * (size_t)n_hist);
     if (n > 0) {
@@ -429,7 +423,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
                       : mtp_chain(s, hist, L, n, dr, err);
         if (rc < 0) return rc;
     }
-    const double t1 = now_s();
+    const double t1 = sil_now_s();
     s->stats.draft_s += t1 - t0;
 
     struct sil_engine_stats at;
@@ -444,7 +438,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
         rc = sil_engine_eval_hidden(t, &b, tsmp ? s->lg : NULL, tsmp ? NULL : s->am, s->hid, err);
     }
     moe_count(s, &at);
-    const double t2 = now_s();
+    const double t2 = sil_now_s();
     s->stats.verify_s += t2 - t1;
     struct sil_error ignored = {0};
     if (rc < 0) {
@@ -461,7 +455,7 @@ static int mtp_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int
         last = s->am[m];
     }
     rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
-    s->stats.commit_s += now_s() - t2;
+    s->stats.commit_s += sil_now_s() - t2;
     if (rc < 0) {
         s->hn = 0;
         return rc;
@@ -569,10 +563,10 @@ static int tree_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, in
                      int32_t n, int32_t *out, struct sil_error *err)
 {
     struct sil_engine *t = s->target;
-    const double t0 = now_s();
+    const double t0 = sil_now_s();
     int rc = draft_tree(s, hist, n_hist, w, n, err);
     if (rc < 0) return rc;
-    const double t1 = now_s();
+    const double t1 = sil_now_s();
     s->stats.draft_s += t1 - t0;
 
     /* the root (the last token), then each branch's nodes one after another */
@@ -594,7 +588,7 @@ static int tree_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, in
         rc = sil_engine_eval_tree(t, &b, s->par, NULL, s->am, err);
     }
     moe_count(s, &at);
-    const double t2 = now_s();
+    const double t2 = sil_now_s();
     s->stats.verify_s += t2 - t1;
     if (rc < 0) {
         struct sil_error ignored = {0};
@@ -617,7 +611,7 @@ static int tree_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, in
     }
     const int32_t last = s->am[r];
     rc = sil_seq_spec_commit_path(t, s->tseq, s->keep, m + 1, err);
-    s->stats.commit_s += now_s() - t2;
+    s->stats.commit_s += sil_now_s() - t2;
     if (rc < 0) return rc;
     for (int32_t i = 0; i < m; i++)
         out[i] = s->tt[jb * n + i];
@@ -644,13 +638,13 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
         w--;
     if (w > 1 && n > 0) return tree_step(s, hist, n_hist, w, n, out, err);
 
-    double t0 = now_s();
+    double t0 = sil_now_s();
     int32_t *dr = s->dtok;
     if (n > 0) {
         int rc = draft_chain(s, hist, n_hist, n, dr, err);
         if (rc < 0) return rc;
     }
-    const double t1 = now_s();
+    const double t1 = sil_now_s();
     s->stats.draft_s += t1 - t0;
 
     /* the verify pass: the last token and the drafts, the target's greedy pick after each */
@@ -663,13 +657,13 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
         rc = eval_rows(s, t, s->tseq, s->tok, n + 1, n_hist - 1, true, s->am, err);
     }
     moe_count(s, &at);
-    const double t2 = now_s();
+    const double t2 = sil_now_s();
     s->stats.verify_s += t2 - t1;
     int32_t m = 0;
     while (rc == 0 && m < n && dr[m] == s->am[m])
         m++;
     rc = chain_commit(s, rc, n_hist, n, m, err);
-    s->stats.commit_s += now_s() - t2;
+    s->stats.commit_s += sil_now_s() - t2;
     if (rc < 0) return rc;
     return step_out(s, dr, n, m, s->am[m], out);
 }
@@ -717,13 +711,13 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
     if (n < 0) return n;
     memcpy(s->hbuf, hist, sizeof(int32_t) * (size_t)n_hist);
 
-    double t0 = now_s();
+    double t0 = sil_now_s();
     int32_t *dr = s->dtok;
     if (n > 0) {
         rc = draft_chain_sampled(s, hist, n_hist, n, dsmp, dr, err);
         if (rc < 0) return rc;
     }
-    const double t1 = now_s();
+    const double t1 = sil_now_s();
     s->stats.draft_s += t1 - t0;
 
     /* the verify pass: the last token and the drafts, with the logits of every row */
@@ -738,12 +732,12 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
         rc = sil_engine_eval_out(t, &b, s->lg, NULL, NULL, err);
     }
     moe_count(s, &at);
-    const double t2 = now_s();
+    const double t2 = sil_now_s();
     s->stats.verify_s += t2 - t1;
     int32_t m = 0, last = 0;
     if (rc == 0) last = accept_drafts(s, tsmp, n_hist, n, dr, &m);
     rc = chain_commit(s, rc, n_hist, n, m, err);
-    s->stats.commit_s += now_s() - t2;
+    s->stats.commit_s += sil_now_s() - t2;
     if (rc < 0) return rc;
     return step_out(s, dr, n, m, last, out);
 }

@@ -2,6 +2,7 @@
  * the staging ring, the copies of an expert into its slot, and the slot table of reads in place.
  * Contract in cuda_slots.h. */
 #include "kernels/cuda/cuda_slots.h"
+#include "kernels/clock.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -11,13 +12,6 @@
 #include <unistd.h>
 
 #include "kernels/vec.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void sil_cuda_slots_init(struct sil_cuda_slots *s, struct sil_cuda *cu)
 {
@@ -137,7 +131,7 @@ static int split_ranges(struct sil_cuda_slots *s)
 int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, double max_s, double *took_s,
                        struct sil_error *err)
 {
-    const double t0 = now_s();
+    const double t0 = sil_now_s();
     *took_s = 0;
     int rc = split_ranges(s);
     if (rc < 0) return sil_errorf(err, rc, "out of memory");
@@ -147,7 +141,7 @@ int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, double max_s, d
         rc = sil_cuda_host_register(s->cu, (void *)s->rng[i].lo, s->rng[i].hi - s->rng[i].lo, err);
         if (rc < 0) break;
         done += s->rng[i].hi - s->rng[i].lo;
-        const double t = now_s() - t0;
+        const double t = sil_now_s() - t0;
         if (max_s > 0 && done < total && (t > max_s || t * (double)total / (double)done > max_s)) {
             rc = sil_errorf(err, -ETIMEDOUT,
                             "%.2f of %.2f GiB pinned in %.1f s, all of it would take %.0f s, over "
@@ -161,7 +155,7 @@ int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, double max_s, d
     if (rc < 0) {
         while (i-- > 0)
             sil_cuda_host_unregister(s->cu, (void *)s->rng[i].lo);
-        *took_s = now_s() - t0;
+        *took_s = sil_now_s() - t0;
         return rc;
     }
     s->pinned = true;
@@ -170,7 +164,7 @@ int sil_cuda_slots_pin(struct sil_cuda_slots *s, uint64_t total, double max_s, d
     sil_cuda_host_release(s->cu, s->stage);
     s->stage = NULL;
     s->stage_bytes = 0;
-    *took_s = now_s() - t0;
+    *took_s = sil_now_s() - t0;
     return 0;
 }
 
@@ -274,7 +268,7 @@ static int stage_copy(struct sil_cuda_slots *s, sil_cuda_ptr dst, const struct s
         s->stage_used = 0;
     }
     if (s->h2d_cap > 0) {
-        const double now = now_s();
+        const double now = sil_now_s();
         const double start = s->h2d_next > now ? s->h2d_next : now;
         if (start > now) {
             const double d = start - now;
