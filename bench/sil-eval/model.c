@@ -149,7 +149,7 @@ static void print_row(const float *x, int32_t n)
 {
     putchar('[');
     for (int32_t i = 0; i < n; i++)
-        printf(i ? ", %.8g" : "%.8g", (double)x[i]);
+        printf(i ? ", %.9g" : "%.9g", (double)x[i]);
     putchar(']');
 }
 
