@@ -420,7 +420,7 @@ int main(int argc, char **argv)
     }
     enum sil_bench_spec spec;
     long tree_width = 1, tree_depth = 4;
-    if (sil_bench_spec_mode(PROG, spec_arg, draft_model, spec_tree, &spec) < 0 ||
+    if (sil_bench_spec_mode(PROG, spec_arg, draft_model, spec_tree, false, &spec) < 0 ||
         (spec_tree && sil_bench_spec_tree(PROG, spec_tree, &tree_width, &tree_depth) < 0))
         return SIL_BENCH_EXIT_USAGE;
     if (spec == SIL_BENCH_SPEC_MTP && tree_width > 1) {

@@ -29,7 +29,7 @@ struct opts {
     const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes;
     const char *heat_map, *host_budget;
     const char *cuda_graphs, *cuda_zero_copy, *cuda_pin, *cuda_cpu_share;
-    const char *spec, *draft_model, *spec_tree;
+    const char *spec, *draft_model, *spec_tree, *oracle_p;
     bool exact;
 };
 
@@ -101,7 +101,10 @@ static const struct opt_def {
     {"--exact", OPT_FLAG, offsetof(struct opts, exact), NULL,
      "reference mode: weights dequantized to F32, F32 activations"},
     {"--spec", OPT_STR, offsetof(struct opts, spec), "MODE",
-     "speculative decoding after the plain decode: off (default), draft or mtp"},
+     "speculative decoding after the plain decode: off (default), draft, mtp or oracle"},
+    {"--oracle-p", OPT_STR, offsetof(struct opts, oracle_p), "P",
+     "--spec oracle (a benchmark drafter): the chance each draft is the plain decode's token "
+     "(default 0.8)"},
     {"--draft-model", OPT_STR, offsetof(struct opts, draft_model), "FILE",
      "the draft model of --spec draft (the target's vocabulary)"},
     {"--mtp-logits", OPT_FLAG, offsetof(struct opts, mtp_logits), NULL,
@@ -281,7 +284,8 @@ int main(int argc, char **argv)
         printf("sil-eval %s\nbackends: %s\n", SIL_VERSION, sil_engine_backends());
         return EXIT_SUCCESS;
     }
-    if ((o.draft_model || o.spec_tree || o.spec) && !(o.tokens || o.prompt || o.tokenize_file)) {
+    if ((o.draft_model || o.spec_tree || o.spec || o.oracle_p) &&
+        !(o.tokens || o.prompt || o.tokenize_file)) {
         fprintf(stderr, "sil-eval: --spec, --draft-model and --spec-tree need a prompt "
                         "(--tokens, --prompt or --tokenize-file) and --n-predict\n");
         return EXIT_USAGE;
@@ -322,6 +326,7 @@ int main(int argc, char **argv)
             .spec = o.spec,
             .draft_model = o.draft_model,
             .spec_tree = o.spec_tree,
+            .oracle_p = o.oracle_p,
         };
         return sil_eval_model(&mo);
     }

@@ -8,7 +8,7 @@
 #include "daemon/engine/spec.h"
 
 int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_model,
-                        const char *spec_tree, enum sil_bench_spec *mode)
+                        const char *spec_tree, bool with_oracle, enum sil_bench_spec *mode)
 {
     *mode = SIL_BENCH_SPEC_OFF;
     if (spec && strcmp(spec, "off") != 0) {
@@ -16,8 +16,11 @@ int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_mo
             *mode = SIL_BENCH_SPEC_DRAFT;
         } else if (strcmp(spec, "mtp") == 0) {
             *mode = SIL_BENCH_SPEC_MTP;
+        } else if (with_oracle && strcmp(spec, "oracle") == 0) {
+            *mode = SIL_BENCH_SPEC_ORACLE;
         } else {
-            fprintf(stderr, "%s: --spec must be off, draft or mtp\n", prog);
+            fprintf(stderr, "%s: --spec must be off, draft%s or mtp\n", prog,
+                    with_oracle ? ", oracle" : "");
             return -EINVAL;
         }
     }
@@ -25,12 +28,13 @@ int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_mo
         fprintf(stderr, "%s: --spec draft needs --draft-model FILE\n", prog);
         return -EINVAL;
     }
-    if (*mode == SIL_BENCH_SPEC_MTP && draft_model) {
-        fprintf(stderr, "%s: --draft-model goes with --spec draft, not mtp\n", prog);
+    if ((*mode == SIL_BENCH_SPEC_MTP || *mode == SIL_BENCH_SPEC_ORACLE) && draft_model) {
+        fprintf(stderr, "%s: --draft-model goes with --spec draft, not %s\n", prog, spec);
         return -EINVAL;
     }
     if (*mode == SIL_BENCH_SPEC_OFF && (draft_model || spec_tree)) {
-        fprintf(stderr, "%s: --draft-model and --spec-tree need --spec draft or mtp\n", prog);
+        fprintf(stderr, "%s: --draft-model and --spec-tree need --spec draft%s or mtp\n", prog,
+                with_oracle ? ", oracle" : "");
         return -EINVAL;
     }
     return 0;

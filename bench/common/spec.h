@@ -3,14 +3,19 @@
 #ifndef SIL_BENCH_SPEC_H
 #define SIL_BENCH_SPEC_H
 
+#include <stdbool.h>
+
 #include "daemon/engine/engine.h"
 
-enum sil_bench_spec { SIL_BENCH_SPEC_OFF, SIL_BENCH_SPEC_DRAFT, SIL_BENCH_SPEC_MTP };
+/* ORACLE: sil-eval's benchmark drafter (sil_spec_init_oracle), which knows the plain decode's
+ * tokens */
+enum sil_bench_spec { SIL_BENCH_SPEC_OFF, SIL_BENCH_SPEC_DRAFT, SIL_BENCH_SPEC_MTP, SIL_BENCH_SPEC_ORACLE };
 
 /* The mode --spec names (NULL: off), checked against --draft-model and --spec-tree (NULL when
- * not given): 0, or -EINVAL with "prog: why" printed on stderr. */
+ * not given): 0, or -EINVAL with "prog: why" printed on stderr. "oracle" only where
+ * with_oracle. */
 int sil_bench_spec_mode(const char *prog, const char *spec, const char *draft_model,
-                        const char *spec_tree, enum sil_bench_spec *mode);
+                        const char *spec_tree, bool with_oracle, enum sil_bench_spec *mode);
 
 /* --spec-tree WIDTHxDEPTH: a chain (width 1) or a token tree of at most SIL_SPEC_TREE_ROWS
  * rows; depth at most SIL_SPEC_DEPTH_MAX. 0, or -EINVAL (message printed). */

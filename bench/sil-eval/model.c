@@ -182,9 +182,13 @@ static void heat_start(struct sil_engine *e, const char *path, struct heat_run *
             (long long)hr->r.placed, hr->preload_s);
 }
 
-/* --spec draft: the greedy tokens again by speculative decoding, target t drafted by d. */
+/* --spec: the greedy tokens again by speculative decoding, target t drafted by d, by its MTP
+ * layer, or by the oracle (oref: the prompt and plain decoding's tokens; op its chance). */
 struct spec_run {
     long width, depth;
+    const int32_t *oref;
+    int32_t n_oref;
+    double op;
     struct sil_spec_stats st;
     int32_t *greedy; /* [n_predict] */
     double decode_s;
@@ -231,8 +235,10 @@ static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *i
     const int ds = ts < 0 || !d ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
     if (ts < 0 || (d && ds < 0)) goto out;
     /* no draft model: the target's MTP layer drafts */
-    rc = d ? sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err)
-           : sil_spec_init_mtp(&sp, t, ts, (int32_t)r->depth, &err);
+    rc = r->oref ? sil_spec_init_oracle(&sp, t, ts, (int32_t)r->depth, r->oref, r->n_oref, r->op,
+                                        1, &err)
+         : d     ? sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err)
+                 : sil_spec_init_mtp(&sp, t, ts, (int32_t)r->depth, &err);
     if (rc == 0 && r->width > 1) rc = sil_spec_set_width(&sp, (int32_t)r->width, &err);
     if (rc < 0) {
         fprintf(stderr, "sil-eval: %s\n", err.msg);
@@ -340,13 +346,30 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     const bool all = strcmp(mode, "all") == 0;
     struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1};
     enum sil_bench_spec spec_as;
-    if (sil_bench_spec_mode("sil-eval", o->spec, o->draft_model, o->spec_tree, &spec_as) < 0 ||
+    if (sil_bench_spec_mode("sil-eval", o->spec, o->draft_model, o->spec_tree, true, &spec_as) < 0 ||
         (o->spec_tree &&
          sil_bench_spec_tree("sil-eval", o->spec_tree, &sr.width, &sr.depth) < 0))
         return 2;
     const bool spec = spec_as != SIL_BENCH_SPEC_OFF;
     const bool mtp = spec_as == SIL_BENCH_SPEC_MTP; /* the target's own MTP layer drafts */
-    const char *spec_mode = mtp ? "mtp" : "draft";
+    const bool oracle = spec_as == SIL_BENCH_SPEC_ORACLE;
+    const char *spec_mode = mtp ? "mtp" : oracle ? "oracle" : "draft";
+    sr.op = 0.8;
+    if (o->oracle_p) {
+        char *end;
+        errno = 0;
+        sr.op = strtod(o->oracle_p, &end);
+        if (!oracle || errno || end == o->oracle_p || *end || !(sr.op >= 0.0 && sr.op <= 1.0)) {
+            fprintf(stderr, oracle ? "sil-eval: --oracle-p '%s' is not a number in [0, 1]\n"
+                                   : "sil-eval: --oracle-p goes with --spec oracle\n",
+                    o->oracle_p);
+            return 2;
+        }
+    }
+    if (oracle && sr.width > 1) {
+        fprintf(stderr, "sil-eval: --spec oracle drafts chains only (--spec-tree 1xDEPTH)\n");
+        return 2;
+    }
     if (spec && n_predict < 1) {
         fprintf(stderr, "sil-eval: --spec %s needs --n-predict N (N >= 1)\n", spec_mode);
         return 2;
@@ -551,7 +574,22 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     double plain_step_s = 0, plain_tok_s = ps[n_passes - 1].decode_tok_s;
     if (plain_tok_s > 0) plain_step_s = 1.0 / plain_tok_s;
     if (spec) {
-        if (run_spec(e, de, ids, n_ids, n_predict, &sr) < 0) goto out_pass;
+        int32_t *oref = NULL;
+        if (oracle) { /* the oracle knows the prompt and the plain decode's tokens */
+            oref = malloc(sizeof(int32_t) * (n_ids + (size_t)n_predict));
+            if (!oref) {
+                fprintf(stderr, "sil-eval: out of memory\n");
+                goto out_pass;
+            }
+            memcpy(oref, ids, sizeof(int32_t) * n_ids);
+            memcpy(oref + n_ids, greedy, sizeof(int32_t) * (size_t)n_predict);
+            sr.oref = oref;
+            sr.n_oref = (int32_t)(n_ids + (size_t)n_predict);
+        }
+        const int src = run_spec(e, de, ids, n_ids, n_predict, &sr);
+        free(oref);
+        sr.oref = NULL;
+        if (src < 0) goto out_pass;
         for (long i = 0; i < n_predict && sr.diverged < 0; i++)
             if (sr.greedy[i] != greedy[i]) sr.diverged = i;
         if (sr.diverged >= 0)
@@ -694,7 +732,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             /* per step: drafts accepted, tokens out (accepted + one), and the verify pass's time
              * against one plain decode step (the last pass's) */
             printf(", \"spec\": {\"mode\": \"%s\", \"draft_model\": ", spec_mode);
-            if (mtp)
+            if (oracle)
+                printf("null, \"oracle_p\": %.4g", sr.op);
+            else if (mtp)
                 printf("null");
             else
                 sil_bench_print_json_str(o->draft_model);

@@ -32,6 +32,7 @@ struct sil_eval_model_opts {
     /* speculative decoding after the plain decode, compared with it: off (NULL) or draft, the
      * draft model's file, and the tree (WIDTHxDEPTH; 1xDEPTH: a chain) */
     const char *spec, *draft_model, *spec_tree;
+    const char *oracle_p; /* --spec oracle: the chance a draft is right (NULL: 0.8) */
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

@@ -170,7 +170,8 @@ static int32_t step_drafts(const struct sil_spec *s, int32_t n_hist, int32_t max
 static int32_t chain_drafts(const struct sil_spec *s, int32_t n_hist, int32_t max_out,
                             struct sil_error *err)
 {
-    const int32_t tlen = sil_seq_len(s->target, s->tseq), dlen = sil_seq_len(s->draft, s->dseq);
+    const int32_t tlen = sil_seq_len(s->target, s->tseq),
+                  dlen = s->draft ? sil_seq_len(s->draft, s->dseq) : 0;
     if (tlen != n_hist - 1 || dlen > n_hist - 1)
         return sil_errorf(err, -EINVAL,
                           "spec: the target holds %d positions and the draft %d of %d tokens", tlen,
@@ -189,11 +190,11 @@ static int chain_commit(struct sil_spec *s, int rc, int32_t n_hist, int32_t n, i
     struct sil_error ignored = {0};
     if (rc < 0) {
         sil_seq_spec_commit(t, s->tseq, n_hist - 1, &ignored);
-        if (n > 0) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
+        if (n > 0 && d) sil_seq_spec_commit(d, s->dseq, n_hist - 1, &ignored);
         return rc;
     }
     rc = sil_seq_spec_commit(t, s->tseq, n_hist + m, err);
-    if (n > 0) {
+    if (n > 0 && d) {
         const int32_t keep = rc < 0 ? n_hist - 1 : n_hist + (m < n - 1 ? m : n - 1);
         const int drc = sil_seq_spec_commit(d, s->dseq, keep, rc < 0 ? &ignored : err);
         if (rc == 0) rc = drc;
@@ -270,6 +271,59 @@ int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, i
         return sil_errorf(err, -ENOMEM, "spec: out of memory");
     }
     return 0;
+}
+
+int sil_spec_init_oracle(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
+                         const int32_t *ref, int32_t n_ref, double p, uint64_t seed,
+                         struct sil_error *err)
+{
+    memset(s, 0, sizeof(*s));
+    if (!target || !ref || n_ref < 1) return sil_errorf(err, -EINVAL, "spec: no target or tokens");
+    if (!(p >= 0.0 && p <= 1.0))
+        return sil_errorf(err, -EINVAL, "spec: the oracle's chance %g is outside [0, 1]", p);
+    if (depth < 1 || depth > SIL_SPEC_DEPTH_MAX || depth >= sil_engine_n_batch_max(target))
+        return sil_errorf(err, -EINVAL, "spec: depth %d outside [1, %d] or beyond a batch", depth,
+                          SIL_SPEC_DEPTH_MAX);
+    s->target = target;
+    s->tseq = tseq;
+    s->depth = depth;
+    s->width = 1;
+    s->oracle = true;
+    s->oref = ref;
+    s->n_oref = n_ref;
+    s->op = p;
+    s->orng = seed ? seed : 0x9E3779B97F4A7C15ull;
+    const size_t n = (size_t)depth + 1;
+    s->n_rows_max = (int32_t)n;
+    s->tok = malloc(sizeof(int32_t) * n);
+    s->pos = malloc(sizeof(int32_t) * n);
+    s->seq = malloc(sizeof(int32_t) * n);
+    s->am = malloc(sizeof(int32_t) * n);
+    s->dtok = malloc(sizeof(int32_t) * n);
+    s->want = malloc(sizeof(bool) * n);
+    if (!s->tok || !s->pos || !s->seq || !s->am || !s->dtok || !s->want) {
+        sil_spec_free(s);
+        return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    }
+    return 0;
+}
+
+/* The oracle's drafts d[0, n) for history indexes n_hist .. n_hist + n - 1 (xorshift64*, its
+ * top 53 bits a uniform draw in [0, 1)). */
+static void oracle_chain(struct sil_spec *s, int32_t n_hist, int32_t n, int32_t *d)
+{
+    const int32_t nv = sil_engine_info(s->target)->n_vocab;
+    for (int32_t i = 0; i < n; i++) {
+        s->orng ^= s->orng >> 12;
+        s->orng ^= s->orng << 25;
+        s->orng ^= s->orng >> 27;
+        const double u = (double)((s->orng * 0x2545F4914F6CDD1Dull) >> 11) * 0x1.0p-53;
+        const int32_t at = n_hist + i;
+        if (at >= s->n_oref)
+            d[i] = 0;
+        else
+            d[i] = u < s->op ? s->oref[at] : (s->oref[at] + 1) % nv;
+    }
 }
 
 int32_t sil_spec_accept(const float *p, const float *q, int32_t n, int32_t x,
@@ -475,12 +529,13 @@ int sil_spec_set_width(struct sil_spec *s, int32_t width, struct sil_error *err)
         s->width = 1;
         return 0;
     }
-    if (s->mtp || !sil_engine_has_tree(s->target))
+    if (s->mtp || s->oracle || !sil_engine_has_tree(s->target))
         return sil_errorf(err, -ENOTSUP,
                           "spec: token trees (width %d) need a draft model and a target on the "
                           "CPU backend (%s on %s%s)",
                           width, sil_engine_info(s->target)->arch_name,
-                          sil_engine_info(s->target)->backend, s->mtp ? ", MTP drafting" : "");
+                          sil_engine_info(s->target)->backend,
+                          s->mtp ? ", MTP drafting" : s->oracle ? ", the oracle drafting" : "");
     const int64_t rows = 1 + (int64_t)width * s->depth;
     if (width < 1 || rows > SIL_SPEC_TREE_ROWS || rows > sil_engine_n_batch_max(s->target))
         return sil_errorf(err, -EINVAL, "spec: a tree of %dx%d has %lld rows (at most %d)", width,
@@ -640,7 +695,9 @@ int sil_spec_step(struct sil_spec *s, const int32_t *hist, int32_t n_hist, int32
 
     double t0 = sil_now_s();
     int32_t *dr = s->dtok;
-    if (n > 0) {
+    if (n > 0 && s->oracle) {
+        oracle_chain(s, n_hist, n, dr);
+    } else if (n > 0) {
         int rc = draft_chain(s, hist, n_hist, n, dr, err);
         if (rc < 0) return rc;
     }
@@ -706,6 +763,8 @@ int sil_spec_step_sampled(struct sil_spec *s, const int32_t *hist, int32_t n_his
     int rc = sampled_buffers(s, n_hist, err);
     if (rc < 0) return rc;
     if (s->mtp) return mtp_step(s, hist, n_hist, max_out, tsmp, dsmp, out, err);
+    if (s->oracle)
+        return sil_errorf(err, -ENOTSUP, "spec: the oracle drafts greedy steps only");
     struct sil_engine *t = s->target;
     const int32_t n = chain_drafts(s, n_hist, max_out, err);
     if (n < 0) return n;

@@ -71,6 +71,13 @@ struct sil_spec {
      * layer's rows */
     bool mtp;
     int32_t mbase, mlen, hpos, hn;
+    /* oracle drafting (sil_spec_init_oracle; draft NULL): the tokens it knows, the chance of
+     * proposing the right one, its generator's state */
+    bool oracle;
+    const int32_t *oref;
+    int32_t n_oref;
+    double op;
+    uint64_t orng;
     float *hid, *hin, *hout;
     int32_t *mtok, *mam;
 };
@@ -91,6 +98,19 @@ void sil_spec_free(struct sil_spec *s);
 int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
                       struct sil_error *err);
 
+/* A drafter for tests and benchmarks, no model: an oracle that knows the target's greedy
+ * continuation, ref[i] being the token at index i of the history (the prompt, then plain
+ * greedy decoding's tokens; n_ref of them, borrowed until sil_spec_free). Each draft of a step
+ * is ref's token at its index with probability p, else one surely wrong ((ref + 1) % n_vocab;
+ * past ref, token 0), the draws from a generator seeded with seed. What comes out is still the
+ * target's greedy decoding (the verify pass decides); the oracle shows what a drafter whose
+ * every draft is right with probability p gives, without a drafter's cost. Greedy chains only
+ * (sil_spec_step_sampled and trees: -ENOTSUP).
+ * -EINVAL (depth, p outside [0, 1], no ref), -ENOMEM. */
+int sil_spec_init_oracle(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
+                         const int32_t *ref, int32_t n_ref, double p, uint64_t seed,
+                         struct sil_error *err);
+
 /* The largest tree: 1 + width x depth rows (sil_engine_eval_tree's 64 positions). */
 #define SIL_SPEC_TREE_ROWS 64
 
@@ -102,7 +122,7 @@ int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, i
  * On models with recurrent layers every branch starts from the state after the root (one
  * verify pass still; engine.h) and the kept path is evaluated again at the commit, as a chain's.
  * -ENOTSUP where the target cannot verify trees (sil_engine_has_tree: the CPU backend) or the
- * MTP layer drafts; -EINVAL beyond SIL_SPEC_TREE_ROWS or a batch; -ENOMEM. */
+ * MTP layer or the oracle drafts; -EINVAL beyond SIL_SPEC_TREE_ROWS or a batch; -ENOMEM. */
 int sil_spec_set_width(struct sil_spec *s, int32_t width, struct sil_error *err);
 
 /* One step. hist[0, n_hist) are the tokens so far (prompt and output); the target's sequence

@@ -124,10 +124,10 @@ usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x
 usage "not WIDTHxDEPTH" "${B[@]}" "${D[@]}" --spec-tree 1x0
 usage "depth at most" "${B[@]}" "${D[@]}" --spec-tree 1x65
 usage "--draft-model goes with --spec draft, not mtp" "${B[@]}" "${D[@]}" --spec mtp
-usage "--spec must be off, draft or mtp" "${B[@]}" --spec tree
+usage "--spec must be off, draft, oracle or mtp" "${B[@]}" --spec tree
 usage "needs --draft-model" "${B[@]}" --spec draft
-usage "need --spec draft or mtp" "${B[@]}" --draft-model "$M/qwen3-tiny-Q8_0.gguf"
-usage "need --spec draft or mtp" "${B[@]}" --spec off --spec-tree 1x4
+usage "need --spec draft, oracle or mtp" "${B[@]}" --draft-model "$M/qwen3-tiny-Q8_0.gguf"
+usage "need --spec draft, oracle or mtp" "${B[@]}" --spec off --spec-tree 1x4
 usage "needs --n-predict" --model "$M/qwen3-tiny-Q8_0.gguf" --tokens 1,2,3 "${D[@]}"
 usage "need a prompt" --model "$M/qwen3-tiny-Q8_0.gguf" "${D[@]}"
 grep -q -- "--draft-model" <<<"$("$E" --help)" || fail "--help lists --draft-model"
@@ -169,3 +169,28 @@ rc=$?
 [ $rc = 1 ] || fail "exit $rc (want 1) for --spec mtp --spec-tree 2x3"
 grep -q "token trees (width 2) need a draft model" "$T/err" || fail "message: $(cat "$T/err")"
 echo "ok: --spec mtp drafts with the model's MTP layer, plain greedy's tokens"
+
+# the oracle (a benchmark drafter that knows plain decoding's tokens): each draft right with
+# probability --oracle-p; every p gives plain greedy's tokens, p = 1 accepts every draft and
+# p = 0 none; trees, a p outside [0, 1] and --oracle-p without it are usage errors
+for m in qwen3-tiny-Q8_0 qwen35moe-tiny-Q4_K_M; do
+    for p in 0 0.5 1; do
+        "$E" --model "$M/$m.gguf" --tokens 5,6,7,8 --n-predict 24 --threads 2 --spec oracle \
+            --oracle-p $p --spec-tree 1x3 --json >"$T/o.json" 2>"$T/err" || fail "--spec oracle: $(cat "$T/err")"
+        python3 - "$T/o.json" "$p" <<'PY' || fail "--spec oracle output, $m p=$p"
+import json, sys
+s, p = json.load(open(sys.argv[1]))["spec"], float(sys.argv[2])
+assert s["mode"] == "oracle" and s["oracle_p"] == p and s["identical"] is True, s
+assert s["drafted"] > 0, s
+if p == 1.0:
+    assert s["accepted"] == s["drafted"] and s["tokens_per_step"] > 3.5, s
+if p == 0.0:
+    assert s["accepted"] == 0 and s["tokens_per_step"] == 1.0, s
+PY
+    done
+done
+usage "drafts chains only" "${B[@]}" --spec oracle --spec-tree 2x2
+usage "not a number in \\[0, 1\\]" "${B[@]}" --spec oracle --oracle-p 1.5
+usage "--oracle-p goes with --spec oracle" "${B[@]}" --spec mtp --oracle-p 0.5
+usage "--draft-model goes with --spec draft, not oracle" "${B[@]}" "${D[@]}" --spec oracle
+echo "ok: --spec oracle: plain greedy's tokens at every p, all drafts at p = 1, none at p = 0"
