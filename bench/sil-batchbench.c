@@ -443,6 +443,7 @@ int main(int argc, char **argv)
     p.model_path = model;
     p.n_threads = (int)threads;
     p.n_seq_max = ns_max;
+    p.spec_states = spec ? 1 : 0; /* one step's window is open at a time */
     /* a verify pass may run width x depth positions past the last token kept */
     p.n_ctx = (int32_t)(n_prompt + (n_gen > WARMUP_STEPS ? n_gen : WARMUP_STEPS) + 1 +
                         (spec ? spec_rows : 0));

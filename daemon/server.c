@@ -102,6 +102,8 @@ void sil_server_engine_params(const struct server *s, struct sil_engine_params *
     ep->backend = cfg->backend;
     ep->vram_budget = cfg->vram_budget;
     ep->vram_reserved = cfg->vram_budget ? s->draft_vram : 0;
+    /* a speculative step opens and closes its window: one is open at a time */
+    ep->spec_states = cfg->spec != SIL_SPEC_OFF ? 1 : 0;
     ep->host_budget = cfg->host_budget;
     ep->host_budget_off = cfg->host_budget_off;
     ep->n_ctx = cfg->ctx;

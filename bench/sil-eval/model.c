@@ -404,6 +404,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
     p.exact = o->exact;
     p.kv_type = o->kv_type;
     p.n_seq_max = spec ? 2 : 1; /* the plain decode's sequence and the speculative one's */
+    p.spec_states = spec ? 1 : 0; /* a step's window keeps its start on the device */
     long n_ctx = 0;
     if (o->ctx && parse_int("--ctx", o->ctx, 1, 1 << 20, &n_ctx) < 0) return 2;
     p.n_ctx = (int32_t)n_ctx;

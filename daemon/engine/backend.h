@@ -203,6 +203,9 @@ struct sil_moe_plan {
 
 struct sil_backend;
 
+/* state_keep's operations */
+enum sil_state_keep { SIL_STATE_KEEP, SIL_STATE_BACK, SIL_STATE_DROP };
+
 struct sil_backend_ops {
     const char *name;
     void (*free)(struct sil_backend *be);
@@ -285,6 +288,14 @@ struct sil_backend_ops {
     int (*state_read)(struct sil_backend *be, int seq, float *dst, int64_t n, struct sil_error *err);
     int (*state_write)(struct sil_backend *be, int seq, const float *src, int64_t n,
                        struct sil_error *err);
+    /* Optional (NULL, or -ENOSPC: the engine keeps a verification window's starting state in
+     * host memory, through state_read and state_write). Sequence seq's recurrent state kept in
+     * the backend's own memory: SIL_STATE_KEEP copies it into a keep slot the sequence takes
+     * (or already holds); -ENOSPC when every slot is taken. SIL_STATE_BACK copies the kept
+     * state back (the slot stays the sequence's); SIL_STATE_DROP gives the slot back. Ordered
+     * with the passes before and after it. */
+    int (*state_keep)(struct sil_backend *be, int seq, enum sil_state_keep how,
+                      struct sil_error *err);
     /* Optional (NULL: KV rows live in the host cache, or blocks are never shared). Block src's
      * KV rows into block dst in every full-attention layer (a copy on write of a shared block,
      * kv_cache.h), ordered before the next pass. */
@@ -370,6 +381,9 @@ struct sil_cuda_config {
     int64_t k_max, ub_max, n_ctx, n_seq_max;
     int64_t n_embd, n_vocab, n_head, n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     int64_t n_layer_attn, kv_dim, head_dim, recr_floats;
+    /* recurrent states kept on the device for verification windows (state_keep's slots;
+     * sil_engine_params.spec_states), counted in vram_budget */
+    int64_t keep_states;
     uint64_t act_bytes, weight_bytes;
     /* of weight_bytes, the routed experts' (the slot pool takes their place when they do not
      * fit), and the largest gate, up and down matrix of one expert over the layers */

@@ -163,6 +163,36 @@ static int cuda_state_write(struct sil_backend *be, int seq, const float *src, i
     return rc < 0 ? rc : sil_cuda_sync(b->cu, NULL, err);
 }
 
+static int cuda_state_keep(struct sil_backend *be, int seq, enum sil_state_keep how,
+                           struct sil_error *err)
+{
+    struct cuda_backend *b = cb(be);
+    int rc = state_check(b, seq, b->c.recr_floats, err);
+    if (rc < 0) return rc;
+    int slot = -1, free_slot = -1;
+    for (int i = 0; i < (int)b->c.keep_states; i++) {
+        if (b->keep_owner[i] == seq) slot = i;
+        if (b->keep_owner[i] < 0 && free_slot < 0) free_slot = i;
+    }
+    if (how == SIL_STATE_DROP) {
+        if (slot >= 0) b->keep_owner[slot] = -1;
+        return 0;
+    }
+    if (how == SIL_STATE_KEEP && slot < 0) slot = free_slot;
+    if (slot < 0)
+        return sil_errorf(err, -ENOSPC, "cuda backend: %s", how == SIL_STATE_KEEP
+                                                                 ? "every kept state's slot is taken"
+                                                                 : "no kept state to put back");
+    const size_t bytes = (size_t)b->c.recr_floats * sizeof(float);
+    const sil_cuda_ptr live = b->state + (uint64_t)seq * bytes,
+                       kept = b->state_keep + (uint64_t)slot * bytes;
+    rc = how == SIL_STATE_KEEP ? sil_cuda_copy_d2d(b->cu, kept, live, bytes, NULL, err)
+                               : sil_cuda_copy_d2d(b->cu, live, kept, bytes, NULL, err);
+    if (rc < 0) return rc;
+    b->keep_owner[slot] = seq;
+    return 0;
+}
+
 static int cuda_kv_copy(struct sil_backend *be, int32_t dst, int32_t src, struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
@@ -237,6 +267,7 @@ static void cuda_free(struct sil_backend *be)
         sil_cuda_free(b->cu);
     }
     free(b->allocs);
+    free(b->keep_owner);
     free(b->tmp);
     free(b->slot_ids);
     free(b->zc_rows);
@@ -307,6 +338,7 @@ static const struct sil_backend_ops cuda_ops = {
     .status = cuda_status,
     .state_read = cuda_state_read,
     .state_write = cuda_state_write,
+    .state_keep = cuda_state_keep,
     .kv_copy = cuda_kv_copy,
     .device = cuda_device,
     .decode_rows_max = cuda_decode_rows_max,
@@ -348,7 +380,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const int64_t kv_pos = kv_nb * SIL_KV_BLOCK; /* the block pool's positions a layer */
     const uint64_t kv =
         2 * (uint64_t)(c->n_layer_attn * kv_pos) * sil_kv_type_bytes(c->kv_type, c->kv_dim);
-    const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4;
+    const uint64_t st_keep = (uint64_t)(c->keep_states * c->recr_floats) * f4;
+    const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4 + st_keep;
     const uint64_t q8 = max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max),
                               X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) +
                         256;
@@ -501,7 +534,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     } bufs[] = {
         {&b->kv_k, kv / 2},
         {&b->kv_v, kv / 2},
-        {&b->state, st},
+        {&b->state, st - st_keep},
+        {&b->state_keep, st_keep},
         {&b->state_tab, (uint64_t)c->n_seq_max * 8},
         {&b->q8, q8},
         {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 : 0},
@@ -534,6 +568,12 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     };
     for (size_t i = 0; rc == 0 && i < sizeof(bufs) / sizeof(bufs[0]); i++)
         rc = sil_cb_dalloc(b, bufs[i].bytes, bufs[i].p, err);
+    if (rc == 0 && c->keep_states > 0) {
+        b->keep_owner = malloc(sizeof(int32_t) * (size_t)c->keep_states);
+        if (!b->keep_owner) rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        for (int64_t i = 0; rc == 0 && i < c->keep_states; i++)
+            b->keep_owner[i] = -1;
+    }
     b->attn_split = attn_split;
     if (rc == 0 && n_slots > 0) {
         struct sil_cuda_slots *es = &b->es;

@@ -76,6 +76,8 @@ struct cuda_backend {
     sil_cuda_ptr kv_k, kv_v; /* [layer][seq][n_ctx][kv_dim] */
     sil_cuda_ptr state;      /* [seq][recr_floats] */
     sil_cuda_ptr state_tab;  /* [seq] float * */
+    sil_cuda_ptr state_keep; /* [keep slot][recr_floats]: verification windows' starts */
+    int32_t *keep_owner;     /* [c.keep_states]: the sequence holding each keep slot, -1 none */
     sil_cuda_ptr q8;         /* quantized matmul inputs */
     sil_cuda_ptr q8h;        /* quantized expert hidden rows */
     sil_cuda_ptr scores;     /* [scores_rows][n_head][n_ctx] */

@@ -38,6 +38,7 @@ struct spec_window {
     int32_t pos;
     int32_t *tok; /* [n_batch_max] */
     float *state; /* [n_layer_recr * dn_state_floats] */
+    bool dev_kept; /* the state at its start is kept by the backend instead (state_keep) */
     /* the delta-net cores' inputs of the window's first cap_n rows, captured as they were
      * evaluated (host backends): row r, recurrent layer l at cq[(r * n_recr + l) * conv_dim]
      * and ca, cb[(r * n_recr + l) * n_v_heads]; room for cap_rows rows. With them a cut
@@ -433,6 +434,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .kv_dim = (int64_t)hp->n_head_kv * hp->n_embd_head_k,
         .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
+        .keep_states = hp->n_layer_recr > 0 && p->spec_states > 0 ? p->spec_states : 0,
         /* x, cur, out and each layered micro-batch's x and cur */
         .act_bytes = (3 + 2 * (uint64_t)f->n_lm) * (uint64_t)f->ub_max * (uint64_t)hp->n_embd *
                          sizeof(float) +
@@ -1057,6 +1059,18 @@ static bool seq_ok(const struct sil_engine *e, int seq)
     return seq >= 0 && seq < e->n_seq_max && e->seq_live[seq];
 }
 
+/* Sequence seq's verification window closes: a start kept by the backend gives its slot back. */
+static void spec_close(struct sil_engine *e, int seq)
+{
+    struct spec_window *w = &e->spec[seq];
+    w->open = false;
+    if (w->dev_kept) {
+        struct sil_error ignored = {0};
+        e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_DROP, &ignored);
+        w->dev_kept = false;
+    }
+}
+
 void sil_seq_free(struct sil_engine *e, int seq)
 {
     if (!seq_ok(e, seq))
@@ -1064,7 +1078,7 @@ void sil_seq_free(struct sil_engine *e, int seq)
     sil_kv_seq_release(e->f.kv, seq);
     if (e->f.mtp_kv) sil_kv_seq_release(e->f.mtp_kv, seq);
     sil_ckpt_clear(e->ckpt, seq);
-    e->spec[seq].open = false;
+    spec_close(e, seq);
     e->seq_live[seq] = false;
     e->seq_len[seq] = 0;
 }
@@ -1081,7 +1095,7 @@ int sil_seq_truncate(struct sil_engine *e, int seq, int32_t n_pos, struct sil_er
     if (n_pos < 0 || n_pos > e->seq_len[seq])
         return sil_errorf(err, -EINVAL, "engine: cannot truncate sequence %d of length %d to %d", seq,
                           e->seq_len[seq], n_pos);
-    e->spec[seq].open = false;
+    spec_close(e, seq);
     if (n_pos == e->seq_len[seq])
         return 0;
     if (n_pos == 0) {
@@ -1290,7 +1304,12 @@ int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
             return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
         }
     }
-    if (nrs > 0) {
+    /* the state at the start: kept by the backend where it can (no copy over the bus), else
+     * here */
+    struct sil_error kept_err = {0};
+    w->dev_kept = nrs > 0 && e->f.be->ops->state_keep &&
+                  e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_KEEP, &kept_err) == 0;
+    if (nrs > 0 && !w->dev_kept) {
         if (e->f.be->ops->state_read) {
             int rc = e->f.be->ops->state_read(e->f.be, seq, e->f.recr_state[seq], nrs, err);
             if (rc < 0) return rc;
@@ -1318,9 +1337,11 @@ int sil_seq_spec_commit(struct sil_engine *e, int seq, int32_t n_pos, struct sil
         return sil_errorf(err, -EINVAL,
                           "engine: sequence %d: cannot keep %d positions of a window [%d, %d)",
                           seq, n_pos, w->pos, e->seq_len[seq]);
-    w->open = false;
-    if (n_pos == e->seq_len[seq])
+    if (n_pos == e->seq_len[seq]) {
+        spec_close(e, seq);
         return 0;
+    }
+    w->open = false;
     return spec_cut(e, seq, n_pos, err);
 }
 
@@ -1337,19 +1358,25 @@ static int spec_cut(struct sil_engine *e, int seq, int32_t n_pos, struct sil_err
         e->seq_len[seq] = n_pos;
         return 0;
     }
-    /* back to the window's start, then the kept rows again (see above) */
-    memcpy(e->f.recr_state[seq], w->state, sizeof(float) * (size_t)nrs);
     const int32_t n = n_pos - w->pos;
-    if (!w->tree && w->cap_ok && n <= w->cap_n) {
-        /* their inputs were captured: only the cores again, the KV rows kept in place */
-        spec_replay(e, seq, w, n);
-        sil_kv_seq_trim(e->f.kv, seq, n_pos);
-        e->seq_len[seq] = n_pos;
-        return 0;
-    }
-    if (e->f.be->ops->state_write) {
-        int rc = e->f.be->ops->state_write(e->f.be, seq, w->state, nrs, err);
+    if (w->dev_kept) { /* the backend puts its kept start back */
+        int rc = e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_BACK, err);
+        spec_close(e, seq);
         if (rc < 0) return rc;
+    } else {
+        /* back to the window's start, then the kept rows again (see above) */
+        memcpy(e->f.recr_state[seq], w->state, sizeof(float) * (size_t)nrs);
+        if (!w->tree && w->cap_ok && n <= w->cap_n) {
+            /* their inputs were captured: only the cores again, the KV rows kept in place */
+            spec_replay(e, seq, w, n);
+            sil_kv_seq_trim(e->f.kv, seq, n_pos);
+            e->seq_len[seq] = n_pos;
+            return 0;
+        }
+        if (e->f.be->ops->state_write) {
+            int rc = e->f.be->ops->state_write(e->f.be, seq, w->state, nrs, err);
+            if (rc < 0) return rc;
+        }
     }
     sil_kv_seq_trim(e->f.kv, seq, w->pos);
     e->seq_len[seq] = w->pos;

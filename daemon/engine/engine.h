@@ -82,6 +82,11 @@ struct sil_engine_params {
     /* bytes of the device other engines of this process hold (a draft model opened first), part
      * of vram_budget: this engine gets the rest (CUDA only) */
     uint64_t vram_reserved;
+    /* sequences whose verification windows (sil_seq_spec_begin) may keep their recurrent state
+     * on the device at once (a copy of the state each, taken from vram_budget); a window past
+     * them, or with 0, keeps it in host memory, which costs two copies over the bus a step
+     * (CUDA only; models with recurrent layers) */
+    int32_t spec_states;
     int32_t n_ctx;        /* max positions per sequence; 0 = min(model context, 4096) */
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
     int32_t n_batch_max;  /* max rows per sil_engine_eval; 0 = 512 */
