@@ -120,6 +120,11 @@
  *      then decode steps routed on the device with misses read in place from pinned host
  *      memory (graphs from the third step): the same kernels on the same bytes as everything
  *      resident, so the same logits at every step, bit for bit, and the cache saw misses.
+ *  30. speculative verification windows (sil_seq_spec_begin / commit) with the window's start
+ *      kept on the device (spec_states 1: the backend's state_keep) and in host memory (0):
+ *      prompt 2 half prefilled, a window of 4 rows cut to 2, a second window of 4 rows kept
+ *      whole, the next token's logits against the same tokens evaluated plainly: within
+ *      GPU_SELF_TOL (the cut evaluates its kept rows again in a batch of their own).
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -739,6 +744,61 @@ static int zero_copy_refused(const char *model, int n_expert)
     return !ok;
 }
 
+/* Check 30: a window of 4 rows of prompt 2 cut to 2, then one of 4 kept whole, and the next
+ * token, against the same positions evaluated plainly; with the start kept on the device
+ * (spec_states 1) and in host memory (0). 1 when it fails. */
+static int spec_windows(const char *model, const int32_t *p2, int n2, int V, float *la, float *lb)
+{
+    const int half = n2 / 2;
+    if (half < 1 || half + 7 > n2) {
+        printf("%s: check 30 needs a prompt of %d tokens or more: skipped\n", model, 2 * 7);
+        return 0;
+    }
+    int fails = 0;
+    for (int kept = 1; kept >= 0; kept--) {
+        struct sil_engine_params p;
+        base_params(&p, model, "cuda");
+        p.spec_states = kept;
+        struct sil_engine *e = NULL;
+        struct sil_error err = {0};
+        int sa = -1, sb = -1;
+        int rc = sil_engine_open(&e, &p, &err);
+        if (rc == 0) rc = prefill(e, p2, half, la, &sa) < 0 ? -1 : 0;
+        /* rows [half, half + 4) cut to 2, then [half + 2, half + 6) kept whole */
+        const int from[2] = {half, half + 2}, keep[2] = {2, 4};
+        for (int w = 0; w < 2 && rc == 0; w++) {
+            int32_t pos[4], seq[4];
+            for (int i = 0; i < 4; i++) {
+                pos[i] = from[w] + i;
+                seq[i] = sa;
+            }
+            const struct sil_batch b = {.n = 4, .token = p2 + from[w], .pos = pos, .seq = seq};
+            rc = sil_seq_spec_begin(e, sa, &err);
+            if (rc == 0) rc = sil_engine_eval(e, &b, la, &err);
+            if (rc == 0) rc = sil_seq_spec_commit(e, sa, from[w] + keep[w], &err);
+        }
+        if (rc == 0) rc = step(e, sa, p2[half + 6], la);
+        if (rc == 0) rc = prefill(e, p2, half + 6, lb, &sb) < 0 ? -1 : 0;
+        if (rc == 0) rc = step(e, sb, p2[half + 6], lb);
+        struct sil_engine_device dev;
+        const bool on_dev = e && sil_engine_device(e, &dev) == 0;
+        if (e) sil_engine_close(e);
+        if (rc < 0 || !on_dev) {
+            fprintf(stderr, "%s: check 30 (start kept %s): %s\n", model,
+                    kept ? "on the device" : "in host memory", rc < 0 ? err.msg : "not on a device");
+            fails++;
+            continue;
+        }
+        const float d = max_diff(la, lb, V);
+        printf("%s: verification windows (cut 4 -> 2, then 4 kept), start kept %s: max |diff| vs "
+               "plain = %.4g (tol %.0e) %s\n",
+               model, kept ? "on the device" : "in host memory", d, GPU_SELF_TOL,
+               d <= GPU_SELF_TOL ? "ok" : "FAIL");
+        fails += !(d <= GPU_SELF_TOL);
+    }
+    return fails;
+}
+
 static int argmax(const float *x, int n, float *margin)
 {
     int best = 0, second = -1;
@@ -1125,6 +1185,9 @@ int main(int argc, char **argv)
      * tier's engine runs them layer by layer */
     if (sil_engine_info(gpu)->n_expert > 0)
         fails += tier_vs_mapping(model, 0, 12, p2, n2, V, lg, alone);
+
+    /* 30. verification windows, their start kept on the device and in host memory */
+    fails += spec_windows(model, p2, n2, V, lg, alone);
 
     /* 18. the default grouped prefill products over the slot pools against everything resident */
     if (sil_engine_info(gpu)->n_expert > 0)
