@@ -14,7 +14,7 @@
 #           cuda=--backend:cuda
 #           eager=--backend:cuda:new%--cuda-graphs:new%off:base%SIL_CUDA_GRAPHS=0
 #           slots=--backend:cuda:SIL_CUDA_SLOTS=16
-# Environment: N (greedy steps, default 8), PROMPTS (default "A B C D"), OUT (keep the outputs
+# Environment: N (greedy steps, default 8), PROMPTS (default "A B C D"), KEEP (keep the outputs
 # here; default a temporary directory, removed), MOE_ONLY_MODES (modes run on MoE models only,
 # e.g. "slots": a dense model has no experts to put in slots).
 # Prints one line per run and a summary; exit 1 if any pair differs or a run failed.
@@ -25,7 +25,7 @@ shift 3
 N=${N:-8}
 PROMPTS=${PROMPTS:-A B C D}
 MOE_ONLY_MODES=${MOE_ONLY_MODES:-}
-tmp=${OUT:-}
+tmp=${KEEP:-}
 [ -n "$tmp" ] && mkdir -p "$tmp" || { tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT; }
 runs=0 same=0 bad=0
 
