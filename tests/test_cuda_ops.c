@@ -519,6 +519,19 @@ static void test_argmax(struct sil_cuda *cu)
         check(o == 999, "argmax of 3000 split over blocks: %d (want 999, the first maximum)", o);
         sil_cuda_release(cu, dy);
     }
+    /* the rows again after that launch of one row and few blocks (as a verify pass's rows
+     * after single decode steps): its partials must not count as a later row's */
+    {
+        CK(sil_cuda_memset(cu, dout, 0xff, sizeof(int32_t) * rows, NULL, &err));
+        CK(sil_cuda_argmax(cu, dx, rows, n, dout, scratch, NULL, &err));
+        int32_t out[4];
+        get(cu, out, dout, sizeof out);
+        bool ok = true;
+        for (int r = 0; r < rows; r++)
+            ok = ok && out[r] == cpu_argmax(x + r * n, n);
+        check(ok, "argmax %d x %lld after a launch of 1 x 3000: %d %d %d %d", rows, (long long)n,
+              out[0], out[1], out[2], out[3]);
+    }
     sil_cuda_release(cu, dx), sil_cuda_release(cu, dout), sil_cuda_release(cu, scratch);
     free(x);
 }

@@ -439,7 +439,8 @@ int sil_cuda_argmax(struct sil_cuda *cu, sil_cuda_ptr x, int rows, int64_t n, si
     /* blocks of a row: enough for 4 loads of each thread in flight, at most the scratch's */
     int64_t nb = (n + 4 * 256 - 1) / (4 * 256);
     if (nb > SIL_CUDA_ARGMAX_BLOCKS) nb = SIL_CUDA_ARGMAX_BLOCKS;
-    void *p[] = {&x, &n, &out, &scratch};
+    int ld = 1 + 2 * SIL_CUDA_ARGMAX_BLOCKS; /* SIL_CUDA_ARGMAX_SCRATCH's ints a row */
+    void *p[] = {&x, &n, &out, &scratch, &ld};
     return launch(cu, cu->k[K_ARGMAX], "argmax", (unsigned)nb, (unsigned)rows, 256, s, p, err);
 }
 

@@ -130,20 +130,22 @@ __device__ __forceinline__ int sil_block_argmax(float v, int idx, float *shv, in
 
 // The argmax of each row split over gridDim.x blocks (grid (blocks, rows)): block b scans
 // elements b * SIL_ROW_THREADS + tid + j * stride, four loads in flight, and leaves its best
-// (value, index) in scratch; the last block of the row (done[r] counts them, zero between
+// (value, index) in scratch; the last block of the row (done counts them, zero between
 // launches) merges them, ties to the lower index (a thread's candidate starts at (-inf,
-// INT_MAX); NaN never compares greater): the first largest, as on the CPU. scratch:
-// done [rows] int32, then value [rows][blocks] float, then index [rows][blocks] int32.
+// INT_MAX); NaN never compares greater): the first largest, as on the CPU. scratch: row r's
+// ld ints at r * ld, whatever the rows and blocks of a launch (so a launch of fewer rows or
+// blocks leaves no value where a later one counts): done int32, then value [blocks] float,
+// then index [blocks] int32 (ld >= 1 + 2 blocks).
 extern "C" __global__ void __launch_bounds__(SIL_ROW_THREADS)
-    sil_argmax_f32(const float *x, int64_t n, int32_t *out, int *scratch)
+    sil_argmax_f32(const float *x, int64_t n, int32_t *out, int *scratch, int ld)
 {
     SIL_PDL_ENTRY();
     __shared__ float shv[32];
     __shared__ int shi[32];
-    const int r = blockIdx.y, nb = gridDim.x, rows = gridDim.y;
-    int *done = scratch + r;
-    float *pv = (float *)(scratch + rows) + (int64_t)r * nb;
-    int *pi = scratch + rows + (int64_t)rows * nb + (int64_t)r * nb;
+    const int r = blockIdx.y, nb = gridDim.x;
+    int *done = scratch + (int64_t)r * ld;
+    float *pv = (float *)(done + 1);
+    int *pi = done + 1 + nb;
     const float *xr = x + (int64_t)r * n;
     const int64_t stride = (int64_t)nb * SIL_ROW_THREADS;
     float bv = -INFINITY;
