@@ -87,8 +87,10 @@
  *      splits such a batch of one row a sequence into micro-batches of 8) against each decoded
  *      alone: within 1e-3, in two micro-batches.
  *  20. the greedy pick on the device (sil_engine_eval_out): two groups of 8 sequences decode 6
- *      steps in graphs, one with logits and argmax, one with argmax alone; every pick equals
- *      the host's argmax of the logits, and the argmax-only group's picks the other's.
+ *      steps in graphs, one with logits and argmax, one with argmax alone, each step after a
+ *      pick of one row (a ninth sequence decoding alone, as a daemon's batch shrinks and
+ *      grows); every pick equals the host's argmax of the logits, and the argmax-only group's
+ *      picks the other's.
  *  21. prefill attention in launches of 3 rows (SIL_CUDA_SCORES_ROWS=3: the scores buffer is
  *      capped at 256 MiB, so a long context takes a ubatch's rows a few at a time) against one
  *      launch: bit for bit.
@@ -442,8 +444,13 @@ static int decode_pick(const char *model, const int32_t *p2, int n2, int V)
     struct sil_error err = {0};
     float *lg = malloc(sizeof(float) * (size_t)V * G), *one = malloc(sizeof(float) * V);
     int32_t tok[G], pos[G], sa[G], sb[G], am_a[G], am_b[G];
-    int rc = lg && one ? open_cuda_sized(&e, model, 64, 2 * G, 64, 0, &err) : -ENOMEM;
+    int rc = lg && one ? open_cuda_sized(&e, model, 64, 2 * G + 1, 64, 0, &err) : -ENOMEM;
     int n_a = 0, n_b = 0, bad_host = 0, bad_b = 0;
+    /* a sequence decoding alone before each step of G rows (the daemon's batch grows and
+     * shrinks): a pick of one row between picks of G must leave nothing the next counts */
+    int s1 = -1;
+    int32_t t1 = p2[2], p1 = 2;
+    if (rc == 0) rc = prefill(e, p2, 2, one, &s1);
     for (int k = 0; k < G && rc == 0; k++) {
         rc = prefill(e, p2, k + 2, one, &sa[k]);
         if (rc == 0) n_a++;
@@ -453,6 +460,12 @@ static int decode_pick(const char *model, const int32_t *p2, int n2, int V)
         pos[k] = k + 2;
     }
     for (int st = 0; st < N_PICK && rc == 0; st++) {
+        const struct sil_batch b1 = {.n = 1, .token = &t1, .pos = &p1, .seq = &s1};
+        int32_t am1 = -1;
+        rc = sil_engine_eval_out(e, &b1, NULL, &am1, NULL, &err);
+        t1 = am1 >= 0 && am1 < V ? am1 : 0;
+        p1++;
+        if (rc < 0) break;
         const struct sil_batch ba = {.n = G, .token = tok, .pos = pos, .seq = sa};
         const struct sil_batch bb = {.n = G, .token = tok, .pos = pos, .seq = sb};
         memset(am_a, 0xff, sizeof am_a);
@@ -473,14 +486,16 @@ static int decode_pick(const char *model, const int32_t *p2, int n2, int V)
         sil_seq_free(e, sa[k]);
     for (int k = 0; k < n_b; k++)
         sil_seq_free(e, sb[k]);
+    if (s1 >= 0) sil_seq_free(e, s1);
     int failed = 1;
     if (rc < 0) {
         fprintf(stderr, "%s: greedy pick on the device: %s\n", model,
                 err.msg[0] ? err.msg : "an evaluation failed (above)");
     } else {
         failed = bad_host != 0 || bad_b != 0;
-        printf("%s: cuda argmax on the device, %d steps of %d rows: %d picks differ from the "
-               "host's argmax of the logits, %d without logits differ (want 0, 0) %s\n",
+        printf("%s: cuda argmax on the device, %d steps of %d rows (each after a pick of one "
+               "row): %d picks differ from the host's argmax of the logits, %d without logits "
+               "differ (want 0, 0) %s\n",
                model, N_PICK, G, bad_host, bad_b, failed ? "FAIL" : "ok");
     }
     sil_engine_close(e);
