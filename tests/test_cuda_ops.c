@@ -476,6 +476,14 @@ static int32_t cpu_argmax(const float *x, int64_t n)
     return best;
 }
 
+/* Every row's pick out[r] is the CPU's argmax of x's row r. */
+static bool argmax_rows_ok(const int32_t *out, const float *x, int rows, int64_t n)
+{
+    for (int r = 0; r < rows; r++)
+        if (out[r] != cpu_argmax(x + r * n, n)) return false;
+    return true;
+}
+
 static void test_argmax(struct sil_cuda *cu)
 {
     const int rows = 4;
@@ -500,10 +508,7 @@ static void test_argmax(struct sil_cuda *cu)
         CK(sil_cuda_argmax(cu, dx, rows, n, dout, scratch, NULL, &err));
         int32_t out[4];
         get(cu, out, dout, sizeof out);
-        bool ok = true;
-        for (int r = 0; r < rows; r++)
-            ok = ok && out[r] == cpu_argmax(x + r * n, n);
-        check(ok && out[1] == 777 && out[2] == 9 && out[3] == 0,
+        check(argmax_rows_ok(out, x, rows, n) && out[1] == 777 && out[2] == 9 && out[3] == 0,
               "argmax %d x %lld (ties, NaN, all -inf), launch %d: %d %d %d %d", rows,
               (long long)n, pass + 1, out[0], out[1], out[2], out[3]);
     }
@@ -526,10 +531,7 @@ static void test_argmax(struct sil_cuda *cu)
         CK(sil_cuda_argmax(cu, dx, rows, n, dout, scratch, NULL, &err));
         int32_t out[4];
         get(cu, out, dout, sizeof out);
-        bool ok = true;
-        for (int r = 0; r < rows; r++)
-            ok = ok && out[r] == cpu_argmax(x + r * n, n);
-        check(ok, "argmax %d x %lld after a launch of 1 x 3000: %d %d %d %d", rows, (long long)n,
+        check(argmax_rows_ok(out, x, rows, n), "argmax %d x %lld after a launch of 1 x 3000: %d %d %d %d", rows, (long long)n,
               out[0], out[1], out[2], out[3]);
     }
     sil_cuda_release(cu, dx), sil_cuda_release(cu, dout), sil_cuda_release(cu, scratch);

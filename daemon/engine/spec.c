@@ -236,6 +236,33 @@ static int draft_chain(struct sil_spec *s, const int32_t *hist, int32_t n_hist, 
     return rc;
 }
 
+/* What every drafter without a draft model (the MTP layer, the oracle) sets: the target and
+ * its sequence, the depth (checked), a chain, and the row buffers of depth + 1 rows. */
+static int init_modelless(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
+                          struct sil_error *err)
+{
+    if (depth < 1 || depth > SIL_SPEC_DEPTH_MAX || depth >= sil_engine_n_batch_max(target))
+        return sil_errorf(err, -EINVAL, "spec: depth %d outside [1, %d] or beyond a batch", depth,
+                          SIL_SPEC_DEPTH_MAX);
+    s->target = target;
+    s->tseq = tseq;
+    s->depth = depth;
+    s->width = 1;
+    const size_t n = (size_t)depth + 1;
+    s->n_rows_max = (int32_t)n;
+    s->tok = malloc(sizeof(int32_t) * n);
+    s->pos = malloc(sizeof(int32_t) * n);
+    s->seq = malloc(sizeof(int32_t) * n);
+    s->am = malloc(sizeof(int32_t) * n);
+    s->dtok = malloc(sizeof(int32_t) * n);
+    s->want = malloc(sizeof(bool) * n);
+    if (!s->tok || !s->pos || !s->seq || !s->am || !s->dtok || !s->want) {
+        sil_spec_free(s);
+        return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    }
+    return 0;
+}
+
 int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
                       struct sil_error *err)
 {
@@ -244,29 +271,16 @@ int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, i
     if (!sil_engine_has_mtp(target))
         return sil_errorf(err, -ENOTSUP, "spec: %s has no MTP layer to draft with (or not on "
                                          "this backend)", sil_engine_info(target)->path);
-    if (depth < 1 || depth > SIL_SPEC_DEPTH_MAX || depth >= sil_engine_n_batch_max(target))
-        return sil_errorf(err, -EINVAL, "spec: depth %d outside [1, %d] or beyond a batch", depth,
-                          SIL_SPEC_DEPTH_MAX);
-    s->target = target;
-    s->tseq = tseq;
-    s->depth = depth;
-    s->width = 1;
+    int rc = init_modelless(s, target, tseq, depth, err);
+    if (rc < 0) return rc;
     s->mtp = true;
     const size_t n = (size_t)depth + 1, E = (size_t)sil_engine_info(target)->n_embd;
-    s->n_rows_max = (int32_t)n;
-    s->tok = malloc(sizeof(int32_t) * n);
-    s->pos = malloc(sizeof(int32_t) * n);
-    s->seq = malloc(sizeof(int32_t) * n);
-    s->am = malloc(sizeof(int32_t) * n);
-    s->dtok = malloc(sizeof(int32_t) * n);
-    s->want = malloc(sizeof(bool) * n);
     s->mtok = malloc(sizeof(int32_t) * n);
     s->mam = malloc(sizeof(int32_t) * n);
     s->hid = malloc(sizeof(float) * n * E);
     s->hin = malloc(sizeof(float) * n * E);
     s->hout = malloc(sizeof(float) * n * E);
-    if (!s->tok || !s->pos || !s->seq || !s->am || !s->dtok || !s->want || !s->mtok || !s->mam ||
-        !s->hid || !s->hin || !s->hout) {
+    if (!s->mtok || !s->mam || !s->hid || !s->hin || !s->hout) {
         sil_spec_free(s);
         return sil_errorf(err, -ENOMEM, "spec: out of memory");
     }
@@ -281,30 +295,13 @@ int sil_spec_init_oracle(struct sil_spec *s, struct sil_engine *target, int tseq
     if (!target || !ref || n_ref < 1) return sil_errorf(err, -EINVAL, "spec: no target or tokens");
     if (!(p >= 0.0 && p <= 1.0))
         return sil_errorf(err, -EINVAL, "spec: the oracle's chance %g is outside [0, 1]", p);
-    if (depth < 1 || depth > SIL_SPEC_DEPTH_MAX || depth >= sil_engine_n_batch_max(target))
-        return sil_errorf(err, -EINVAL, "spec: depth %d outside [1, %d] or beyond a batch", depth,
-                          SIL_SPEC_DEPTH_MAX);
-    s->target = target;
-    s->tseq = tseq;
-    s->depth = depth;
-    s->width = 1;
+    int rc = init_modelless(s, target, tseq, depth, err);
+    if (rc < 0) return rc;
     s->oracle = true;
     s->oref = ref;
     s->n_oref = n_ref;
     s->op = p;
     s->orng = seed ? seed : 0x9E3779B97F4A7C15ull;
-    const size_t n = (size_t)depth + 1;
-    s->n_rows_max = (int32_t)n;
-    s->tok = malloc(sizeof(int32_t) * n);
-    s->pos = malloc(sizeof(int32_t) * n);
-    s->seq = malloc(sizeof(int32_t) * n);
-    s->am = malloc(sizeof(int32_t) * n);
-    s->dtok = malloc(sizeof(int32_t) * n);
-    s->want = malloc(sizeof(bool) * n);
-    if (!s->tok || !s->pos || !s->seq || !s->am || !s->dtok || !s->want) {
-        sil_spec_free(s);
-        return sil_errorf(err, -ENOMEM, "spec: out of memory");
-    }
     return 0;
 }
 
