@@ -66,6 +66,8 @@ static int parse_host_budget(const char *s, struct sil_engine_params *p)
     return 0;
 }
 
+/* --tokens: ids and inclusive ranges A..B, comma-separated (1,5,7..9); at most TOKENS_MAX ids. */
+#define TOKENS_MAX (1 << 24)
 static int parse_tokens(const char *s, int32_t **ids, size_t *n)
 {
     size_t cap = 16, k = 0;
@@ -73,21 +75,32 @@ static int parse_tokens(const char *s, int32_t **ids, size_t *n)
     while (v && *s) {
         char *end;
         errno = 0;
-        long t = strtol(s, &end, 10);
-        if (errno || end == s || t < 0 || t > INT32_MAX || (*end && *end != ',')) {
-            fprintf(stderr, "sil-eval: --tokens: bad id list at '%s'\n", s);
+        long t = strtol(s, &end, 10), u = t;
+        bool ok = !errno && end != s && t >= 0 && t <= INT32_MAX;
+        if (ok && end[0] == '.' && end[1] == '.') {
+            const char *b = end + 2;
+            u = strtol(b, &end, 10);
+            ok = !errno && end != b && u >= t && u <= INT32_MAX;
+        }
+        ok = ok && (!*end || *end == ',') && (size_t)(u - t) < (size_t)TOKENS_MAX - k;
+        if (!ok) {
+            fprintf(stderr, "sil-eval: --tokens: bad id list at '%s' (ids and ranges A..B, A <= B, "
+                            "at most %d ids)\n",
+                    s, TOKENS_MAX);
             free(v);
             return -EINVAL;
         }
-        if (k == cap) {
-            int32_t *w = realloc(v, (cap *= 2) * sizeof(*v));
-            if (!w) {
-                free(v);
-                return -ENOMEM;
+        for (long x = t; x <= u; x++) {
+            if (k == cap) {
+                int32_t *w = realloc(v, (cap *= 2) * sizeof(*v));
+                if (!w) {
+                    free(v);
+                    return -ENOMEM;
+                }
+                v = w;
             }
-            v = w;
+            v[k++] = (int32_t)x;
         }
-        v[k++] = (int32_t)t;
         s = *end ? end + 1 : end;
     }
     if (!v)

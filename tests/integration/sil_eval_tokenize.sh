@@ -44,6 +44,17 @@ echo "ok: --help, --version, usage errors (2), bad files (1) with the file named
 # --passes: fresh sequences of one engine give the same tokens each pass; --vram-budget parsing
 M=$SHARED/refdata/models/qwen35moe-tiny-Q4_K_M.gguf
 if [ -f "$M" ]; then
+    # --tokens: ids and inclusive ranges; a bad range is a usage error naming where
+    "$E" --model "$M" --tokens 7,1..4,9 --logits none --json >"$T/rng.json" || fail "--tokens range"
+    /usr/bin/python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['tokens']; assert t == [7, 1, 2, 3, 4, 9], t" \
+        "$T/rng.json" || fail "--tokens 7,1..4,9 gave $(cat "$T/rng.json" | head -c 200)"
+    for bad in 4..1 1.. 1..x 1...3 0..99999999 1.5; do
+        "$E" --model "$M" --tokens "$bad" --logits none >/dev/null 2>"$T/err"
+        rc=$?
+        [ $rc = 2 ] || [ $rc = 1 ] || fail "--tokens $bad: exit $rc"
+        grep -q "bad id list at '$bad'" "$T/err" || fail "--tokens $bad: $(cat "$T/err")"
+    done
+    echo "ok: --tokens takes ids and ranges A..B; bad ranges are refused with where"
     "$E" --model "$M" --tokens 1,2,3,4,5 --n-predict 6 --passes 3 --logits none --json \
         --ecache-slots 16 >"$T/passes.json" || fail "--passes run"
     "$E" --model "$M" --tokens 1,2,3,4,5 --n-predict 6 --logits none --json >"$T/one.json" ||
