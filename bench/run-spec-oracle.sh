@@ -38,12 +38,10 @@ one() { # NAME BIN BUDGET-ARGS P DEPTH
         echo "run-spec-oracle: $name skipped (no time left)"
         return
     fi
-    local prompt
-    prompt=$(python3 -c "print(','.join(str(i) for i in range(1, 129)))")
     local s
     s=$(date +%s)
     # shellcheck disable=SC2086 # bud is a list of options
-    timeout "$TIMEOUT" "$bin" --model "$M" --tokens "$prompt" --n-predict 128 --passes 2 \
+    timeout "$TIMEOUT" "$bin" --model "$M" --tokens 1..128 --n-predict 128 --passes 2 \
         --backend cuda $bud --logits none --json --spec oracle --oracle-p "$p" --spec-tree "1x$d" \
         > "$OUTDIR/$name.json" 2> "$OUTDIR/$name.err"
     local rc=$? bl=none

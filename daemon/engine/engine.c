@@ -1289,8 +1289,6 @@ int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
     const int64_t nrs = (int64_t)e->model->hp.n_layer_recr * e->f.dn_state_floats;
     if (!w->tok && !(w->tok = malloc(sizeof(int32_t) * (size_t)e->n_batch_max)))
         return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
-    if (nrs > 0 && !w->state && !(w->state = malloc(sizeof(float) * (size_t)nrs)))
-        return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
     if (!e->spec_pos_rows) {
         e->spec_pos_rows = malloc(sizeof(int32_t) * (size_t)e->n_batch_max);
         e->spec_seq_rows = malloc(sizeof(int32_t) * (size_t)e->n_batch_max);
@@ -1310,11 +1308,15 @@ int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
     w->dev_kept = nrs > 0 && e->f.be->ops->state_keep &&
                   e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_KEEP, &kept_err) == 0;
     if (nrs > 0 && !w->dev_kept) {
+        if (!w->state && !(w->state = malloc(sizeof(float) * (size_t)nrs)))
+            return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
+        /* straight from the device where the state lives there, else the host's copy */
         if (e->f.be->ops->state_read) {
-            int rc = e->f.be->ops->state_read(e->f.be, seq, e->f.recr_state[seq], nrs, err);
+            int rc = e->f.be->ops->state_read(e->f.be, seq, w->state, nrs, err);
             if (rc < 0) return rc;
+        } else {
+            memcpy(w->state, e->f.recr_state[seq], sizeof(float) * (size_t)nrs);
         }
-        memcpy(w->state, e->f.recr_state[seq], sizeof(float) * (size_t)nrs);
     }
     w->open = true;
     w->tree = false;

@@ -1,5 +1,6 @@
 /* Speculative decoding with a draft model, a greedy chain (spec.h). */
 #include "daemon/engine/spec.h"
+#include "daemon/engine/sampler.h"
 #include "kernels/clock.h"
 
 #include <errno.h>
@@ -83,6 +84,7 @@ int sil_spec_init(struct sil_spec *s, struct sil_engine *target, int tseq, struc
 
 void sil_spec_free(struct sil_spec *s)
 {
+    sil_sampler_free(s->orng);
     free(s->tok);
     free(s->pos);
     free(s->seq);
@@ -301,20 +303,24 @@ int sil_spec_init_oracle(struct sil_spec *s, struct sil_engine *target, int tseq
     s->oref = ref;
     s->n_oref = n_ref;
     s->op = p;
-    s->orng = seed ? seed : 0x9E3779B97F4A7C15ull;
+    struct sil_sampler_params sp;
+    sil_sampler_params_default(&sp);
+    sp.seed = seed ? seed : 1; /* 0 would take one from the clock: the runs would not repeat */
+    s->orng = sil_sampler_new(&sp, sil_engine_info(target)->n_vocab);
+    if (!s->orng) {
+        sil_spec_free(s);
+        return sil_errorf(err, -ENOMEM, "spec: out of memory");
+    }
     return 0;
 }
 
-/* The oracle's drafts d[0, n) for history indexes n_hist .. n_hist + n - 1 (xorshift64*, its
- * top 53 bits a uniform draw in [0, 1)). */
+/* The oracle's drafts d[0, n) for history indexes n_hist .. n_hist + n - 1, a draw from its
+ * sampler's generator for each. */
 static void oracle_chain(struct sil_spec *s, int32_t n_hist, int32_t n, int32_t *d)
 {
     const int32_t nv = sil_engine_info(s->target)->n_vocab;
     for (int32_t i = 0; i < n; i++) {
-        s->orng ^= s->orng >> 12;
-        s->orng ^= s->orng << 25;
-        s->orng ^= s->orng >> 27;
-        const double u = (double)((s->orng * 0x2545F4914F6CDD1Dull) >> 11) * 0x1.0p-53;
+        const double u = sil_sampler_uniform(s->orng);
         const int32_t at = n_hist + i;
         if (at >= s->n_oref)
             d[i] = 0;

@@ -72,12 +72,12 @@ struct sil_spec {
     bool mtp;
     int32_t mbase, mlen, hpos, hn;
     /* oracle drafting (sil_spec_init_oracle; draft NULL): the tokens it knows, the chance of
-     * proposing the right one, its generator's state */
+     * proposing the right one, the sampler whose generator draws (owned) */
     bool oracle;
     const int32_t *oref;
     int32_t n_oref;
     double op;
-    uint64_t orng;
+    struct sil_sampler *orng;
     float *hid, *hin, *hout;
     int32_t *mtok, *mam;
 };
