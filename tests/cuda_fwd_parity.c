@@ -127,7 +127,8 @@
  *      prompt 2 half prefilled; a window's 4 rows with every row's logits (a verify pass)
  *      against the same rows decoded one at a time, within 0.25; that window cut to 2, a
  *      second window of 4 rows kept whole and the next token, bit for bit against the same
- *      rows given in the same batches plainly.
+ *      rows given in the same batches plainly; kept on the device, the cut ran the 2 rows'
+ *      delta-net cores again there (hybrid models), not the rows.
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -844,6 +845,9 @@ static int spec_windows(const char *model, const int32_t *p2, int n2, int V, flo
         if (rc == 0) rc = step(e, sc, p2[half + 6], lb);
         struct sil_engine_device dev;
         const bool on_dev = e && sil_engine_device(e, &dev) == 0;
+        /* kept on the device, the cut to 2 runs the rows' delta-net cores again there (the
+         * window kept whole needs no cut); in host memory it evaluates them again */
+        const uint64_t want_replays = kept && e && sil_engine_recurrent(e) ? 1 : 0;
         if (e) sil_engine_close(e);
         const char *where = kept ? "on the device" : "in host memory";
         if (rc < 0 || !on_dev) {
@@ -856,10 +860,13 @@ static int spec_windows(const char *model, const int32_t *p2, int n2, int V, flo
         printf("%s: a verify pass of 4 rows against single steps: max |diff| = %.4g (tol %.2g) %s; "
                "its greedy picks alone: %d of 4 its logits' argmax %s; windows cut 4 -> 2 then "
                "kept whole, start kept %s: max |diff| vs the same batches plainly = %.4g (want "
-               "0) %s\n",
+               "0) %s; cuts replayed on the device %llu (want %llu) %s\n",
                model, dv, VERIFY_TOL, dv <= VERIFY_TOL ? "ok" : "FAIL", picks,
-               picks == 4 ? "ok" : "FAIL", where, dc, dc == 0.0f ? "ok" : "FAIL");
-        fails += !(dv <= VERIFY_TOL) + (picks != 4) + !(dc == 0.0f);
+               picks == 4 ? "ok" : "FAIL", where, dc, dc == 0.0f ? "ok" : "FAIL",
+               (unsigned long long)dev.cut_replays, (unsigned long long)want_replays,
+               dev.cut_replays == want_replays ? "ok" : "FAIL");
+        fails += !(dv <= VERIFY_TOL) + (picks != 4) + !(dc == 0.0f) +
+                 (dev.cut_replays != want_replays);
     }
     free(rows);
     free(one);

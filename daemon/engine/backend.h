@@ -291,10 +291,14 @@ struct sil_backend_ops {
     /* Optional (NULL, or -ENOSPC: the engine keeps a verification window's starting state in
      * host memory, through state_read and state_write). Sequence seq's recurrent state kept in
      * the backend's own memory: SIL_STATE_KEEP copies it into a keep slot the sequence takes
-     * (or already holds); -ENOSPC when every slot is taken. SIL_STATE_BACK copies the kept
-     * state back (the slot stays the sequence's); SIL_STATE_DROP gives the slot back. Ordered
-     * with the passes before and after it. */
-    int (*state_keep)(struct sil_backend *be, int seq, enum sil_state_keep how,
+     * (or already holds), n the position the window starts at; -ENOSPC when every slot is
+     * taken. SIL_STATE_BACK copies the kept state back (the slot stays the sequence's) and
+     * returns 0; where the backend captured the delta-net cores' inputs of the window's first n
+     * rows in the passes since SIL_STATE_KEEP, it runs those cores again on the state put back
+     * and returns 1: the state is then the one at the window's start + n, as those passes left
+     * it (the same bits). SIL_STATE_DROP gives the slot back (n unused). Ordered with the passes
+     * before and after it. */
+    int (*state_keep)(struct sil_backend *be, int seq, enum sil_state_keep how, int32_t n,
                       struct sil_error *err);
     /* Optional (NULL: KV rows live in the host cache, or blocks are never shared). Block src's
      * KV rows into block dst in every full-attention layer (a copy on write of a shared block,
@@ -384,6 +388,10 @@ struct sil_cuda_config {
     /* recurrent states kept on the device for verification windows (state_keep's slots;
      * sil_engine_params.spec_states), counted in vram_budget */
     int64_t keep_states;
+    /* the delta net's shape (every recurrent layer's the same): a kept window's rows have their
+     * cores' inputs captured for SIL_STATE_BACK's replay (conv channels, value heads, their
+     * width); 0 layers: none */
+    int64_t n_layer_recr, dn_conv_dim, dn_v_heads, dn_head_v_dim;
     uint64_t act_bytes, weight_bytes;
     /* of weight_bytes, the routed experts' (the slot pool takes their place when they do not
      * fit), and the largest gate, up and down matrix of one expert over the layers */

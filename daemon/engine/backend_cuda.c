@@ -163,7 +163,47 @@ static int cuda_state_write(struct sil_backend *be, int seq, const float *src, i
     return rc < 0 ? rc : sil_cuda_sync(b->cu, NULL, err);
 }
 
-static int cuda_state_keep(struct sil_backend *be, int seq, enum sil_state_keep how,
+/* The first n rows of the window kept in slot `slot` run again from its start (put back by the
+ * caller): per recurrent layer, the conv over their captured qkv, then the delta rule over its
+ * output and their alpha and beta, as the passes ran them (one run of n tokens: the same sums
+ * in the same order, so the same state). 1 when done, 0 when the rows were not all captured. */
+static int keep_replay(struct cuda_backend *b, int seq, int slot, int32_t n, struct sil_error *err)
+{
+    const struct sil_cuda_config *c = &b->c;
+    if (!b->keep_l || n < 1 || n > MB || n > b->keep_rows[slot]) return 0;
+    for (int64_t l = 0; l < c->n_layer_recr; l++)
+        if (!b->keep_l[l].set) return 0;
+    const int32_t runs[3] = {0, n, seq}; /* run_start[2], run_seq[1] */
+    int rc = sil_cuda_upload(b->cu, b->keep_runs, runs, sizeof runs, NULL, err);
+    const int64_t cd = c->dn_conv_dim, nv = c->dn_v_heads, w = cd + 2 * nv;
+    const sil_cuda_ptr conv = b->keep_scr, out = b->keep_scr + (uint64_t)(MB * cd) * 4;
+    for (int64_t l = 0; rc == 0 && l < c->n_layer_recr; l++) {
+        const struct keep_layer *k = &b->keep_l[l];
+        const sil_cuda_ptr in =
+            b->keep_in + (uint64_t)(((l * c->keep_states) + slot) * MB * w) * sizeof(float);
+        struct sil_cuda_dn d = k->d;
+        rc = sil_cuda_fwd_conv1d(b->cu, b->fwd, in, w, conv, cd, k->conv_w, k->K, cd, b->keep_runs,
+                                 b->keep_runs + 8, b->state_tab, d.offset, 1, NULL, err);
+        d.conv = conv;
+        d.ldc = cd;
+        d.alpha = in + (uint64_t)cd * 4;
+        d.lda = w;
+        d.beta = in + (uint64_t)(cd + nv) * 4;
+        d.ldb = w;
+        d.out = d.z = out; /* the cores' output is not wanted: only the state */
+        d.ldo = d.ldz = nv * d.dv;
+        d.run_start = b->keep_runs;
+        d.run_seq = b->keep_runs + 8;
+        if (rc == 0)
+            rc = k->rule ? sil_cuda_fwd_delta_rule(b->cu, b->fwd, &d, 1, 0, 0, 0, NULL, err)
+                         : sil_cuda_fwd_delta_net(b->cu, b->fwd, &d, 1, NULL, err);
+    }
+    if (rc < 0) return rc;
+    atomic_fetch_add_explicit(&b->keep_replays, 1, memory_order_relaxed);
+    return 1;
+}
+
+static int cuda_state_keep(struct sil_backend *be, int seq, enum sil_state_keep how, int32_t n,
                            struct sil_error *err)
 {
     struct cuda_backend *b = cb(be);
@@ -190,7 +230,12 @@ static int cuda_state_keep(struct sil_backend *be, int seq, enum sil_state_keep 
                                : sil_cuda_copy_d2d(b->cu, live, kept, bytes, NULL, err);
     if (rc < 0) return rc;
     b->keep_owner[slot] = seq;
-    return 0;
+    if (how == SIL_STATE_KEEP) {
+        b->keep_pos[slot] = n;
+        b->keep_rows[slot] = b->keep_l ? 0 : -1;
+        return 0;
+    }
+    return n == 0 ? 1 : keep_replay(b, seq, slot, n, err);
 }
 
 static int cuda_kv_copy(struct sil_backend *be, int32_t dst, int32_t src, struct sil_error *err)
@@ -268,6 +313,9 @@ static void cuda_free(struct sil_backend *be)
     }
     free(b->allocs);
     free(b->keep_owner);
+    free(b->keep_pos);
+    free(b->keep_rows);
+    free(b->keep_l);
     free(b->tmp);
     free(b->slot_ids);
     free(b->zc_rows);
@@ -304,6 +352,7 @@ static void cuda_device(struct sil_backend *be, struct sil_engine_device *d)
     d->fused_conv = atomic_load_explicit(&b->fused[0], memory_order_relaxed);
     d->fused_attn_q8 = atomic_load_explicit(&b->fused[1], memory_order_relaxed);
     d->fused_norm_router = atomic_load_explicit(&b->fused[2], memory_order_relaxed);
+    d->cut_replays = atomic_load_explicit(&b->keep_replays, memory_order_relaxed);
 }
 
 static int32_t cuda_decode_rows_max(struct sil_backend *be)
@@ -380,8 +429,16 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     const int64_t kv_pos = kv_nb * SIL_KV_BLOCK; /* the block pool's positions a layer */
     const uint64_t kv =
         2 * (uint64_t)(c->n_layer_attn * kv_pos) * sil_kv_type_bytes(c->kv_type, c->kv_dim);
+    /* a kept window: its start, its rows' delta-net inputs, the replay's conv and rule output */
+    const int64_t keep_w = c->dn_conv_dim + 2 * c->dn_v_heads;
+    const bool keep_cap = c->keep_states > 0 && c->n_layer_recr > 0 && keep_w > 0;
+    const uint64_t keep_in =
+        keep_cap ? (uint64_t)(c->n_layer_recr * c->keep_states * MB * keep_w) * f4 : 0;
+    const uint64_t keep_scr =
+        keep_cap ? (uint64_t)(MB * (c->dn_conv_dim + c->dn_v_heads * c->dn_head_v_dim)) * f4 : 0;
     const uint64_t st_keep = (uint64_t)(c->keep_states * c->recr_floats) * f4;
-    const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4 + st_keep;
+    const uint64_t st = (uint64_t)(c->n_seq_max * c->recr_floats) * f4 + st_keep + keep_in +
+                        keep_scr + (keep_cap ? 16 : 0);
     const uint64_t q8 = max_u(sil_cuda_q8_bytes(U > MB ? U : MB, c->k_max),
                               X > 0 ? sil_cuda_q8_bytes(MB * K, F) : 0) +
                         256;
@@ -433,7 +490,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         part_bytes + grouped + q8 +
         (X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 + (uint64_t)(MB * (K + 1) * F) * f4 : 0) +
         (uint64_t)scores_rows * score_row + (uint64_t)(MB * c->n_vocab) * f4 +
-        (uint64_t)(U * E) * f4 + 6 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
+        (uint64_t)(U * E) * f4 + 7 * (uint64_t)(U + 1) * 4 + (uint64_t)c->n_seq_max * 8 + moe;
     /* each allocation rounds up to 256 bytes: a few MiB of slack covers it */
     uint64_t need = c->weight_bytes + kv + st + scratch + c->act_bytes + (8u << 20);
     size_t free_b = 0, total_b = 0;
@@ -522,11 +579,11 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
                         (unsigned long long)(need >> 20), in->name,
                         (unsigned long long)(free_b >> 20));
     b->budget = budget;
-    /* the staged block: embedding rows, then 5 int32 arrays of U (+1) */
+    /* the staged block: embedding rows, then 6 int32 arrays of U (+1) */
     const size_t ints_off = (size_t)(U * E) * sizeof(float);
     const int64_t bps = (c->n_ctx + SIL_KV_BLOCK - 1) / SIL_KV_BLOCK;
     const size_t meta_bytes =
-        ints_off + (size_t)(5 * U + 1 + (c->n_layer_attn > 0 ? c->n_seq_max * bps : 0)) *
+        ints_off + (size_t)(6 * U + 1 + (c->n_layer_attn > 0 ? c->n_seq_max * bps : 0)) *
                        sizeof(int32_t);
     struct {
         sil_cuda_ptr *p;
@@ -534,8 +591,11 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
     } bufs[] = {
         {&b->kv_k, kv / 2},
         {&b->kv_v, kv / 2},
-        {&b->state, st - st_keep},
+        {&b->state, st - st_keep - keep_in - keep_scr - (keep_cap ? 16 : 0)},
         {&b->state_keep, st_keep},
+        {&b->keep_in, keep_in},
+        {&b->keep_scr, keep_scr},
+        {&b->keep_runs, keep_cap ? 16 : 0},
         {&b->state_tab, (uint64_t)c->n_seq_max * 8},
         {&b->q8, q8},
         {&b->q8h, X > 0 ? sil_cuda_q8_bytes(MB * (K + 1), F) + 256 : 0},
@@ -570,9 +630,15 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         rc = sil_cb_dalloc(b, bufs[i].bytes, bufs[i].p, err);
     if (rc == 0 && c->keep_states > 0) {
         b->keep_owner = malloc(sizeof(int32_t) * (size_t)c->keep_states);
-        if (!b->keep_owner) rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
-        for (int64_t i = 0; rc == 0 && i < c->keep_states; i++)
+        b->keep_pos = calloc((size_t)c->keep_states, sizeof(int32_t));
+        b->keep_rows = calloc((size_t)c->keep_states, sizeof(int32_t));
+        if (keep_cap) b->keep_l = calloc((size_t)c->n_layer_recr, sizeof(struct keep_layer));
+        if (!b->keep_owner || !b->keep_pos || !b->keep_rows || (keep_cap && !b->keep_l))
+            rc = sil_errorf(err, -ENOMEM, "cuda backend: out of memory");
+        for (int64_t i = 0; rc == 0 && i < c->keep_states; i++) {
             b->keep_owner[i] = -1;
+            b->keep_rows[i] = -1;
+        }
     }
     b->attn_split = attn_split;
     if (rc == 0 && n_slots > 0) {
@@ -644,7 +710,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->h_run_start = hi + 2 * U;
         b->h_run_seq = hi + 3 * U + 1;
         b->h_keep = hi + 4 * U + 1;
-        b->h_btab = hi + 5 * U + 1;
+        b->h_cap = hi + 5 * U + 1;
+        b->h_btab = hi + 6 * U + 1;
         b->kv_bps = c->n_layer_attn > 0 ? (int32_t)bps : 0;
         b->kv_nb = (int32_t)kv_nb;
         b->pos = b->meta + ints_off;
@@ -652,7 +719,8 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->run_start = b->pos + (uint64_t)(2 * U) * 4;
         b->run_seq = b->pos + (uint64_t)(3 * U + 1) * 4;
         b->keep = b->pos + (uint64_t)(4 * U + 1) * 4;
-        b->btab = b->pos + (uint64_t)(5 * U + 1) * 4;
+        b->cap = b->pos + (uint64_t)(5 * U + 1) * 4;
+        b->btab = b->pos + (uint64_t)(6 * U + 1) * 4;
         b->meta_bytes = meta_bytes;
         b->ints_off = ints_off;
         const struct sil_cuda_options *o = &c->opt;

@@ -25,6 +25,22 @@ void sil_cb_stage(struct cuda_backend *b, const struct sil_ubatch *ub, int32_t *
     for (int32_t i = 0; i < ub->n; i++)
         if (ub->out_row[i] >= 0) b->h_keep[j++] = i;
     *n_keep = j;
+    /* rows of kept windows, in order from their start, to the capture of their delta-net
+     * inputs (keep_in's row slot * MB + r): a row out of order or in a tree ends the window's
+     * capture (its cut then evaluates the rows again); rows past the first MB are not taken */
+    for (int32_t i = 0; i < ub->n; i++) {
+        b->h_cap[i] = -1;
+        for (int32_t k = 0; b->keep_l && k < (int32_t)b->c.keep_states; k++) {
+            if (b->keep_owner[k] != ub->seq[i] || b->keep_rows[k] < 0) continue;
+            const int64_t r = (int64_t)ub->pos[i] - b->keep_pos[k];
+            if (!ub->tree && r == b->keep_rows[k] && r < MB) {
+                b->h_cap[i] = k * MB + (int32_t)r;
+                b->keep_rows[k]++;
+            } else if (ub->tree || r < b->keep_rows[k] || b->keep_rows[k] < MB) {
+                b->keep_rows[k] = -1;
+            } /* else a row past the first MB: not captured, the first MB still are */
+        }
+    }
     /* the block tables of the ubatch's sequences; without the engine's, blocks in order */
     const int32_t bps = b->kv_bps, nb = b->kv_nb;
     for (int32_t r = 0; r < ub->n_runs && bps > 0; r++) {

@@ -57,6 +57,16 @@ struct graph_slot {
 
 enum pass_mode { PASS_EAGER, PASS_CAPTURE, PASS_REPLAY };
 
+/* One recurrent layer as its delta_net op last ran it, for a kept window's replay: the conv's
+ * weights and state offset, the delta rule's arguments (their rows and runs set at replay) and
+ * which kernel ran it. */
+struct keep_layer {
+    bool set, rule;
+    sil_cuda_ptr conv_w;
+    int K;
+    struct sil_cuda_dn d;
+};
+
 struct cuda_backend {
     struct sil_backend base;
     struct sil_cuda_config c;
@@ -78,6 +88,16 @@ struct cuda_backend {
     sil_cuda_ptr state_tab;  /* [seq] float * */
     sil_cuda_ptr state_keep; /* [keep slot][recr_floats]: verification windows' starts */
     int32_t *keep_owner;     /* [c.keep_states]: the sequence holding each keep slot, -1 none */
+    /* A kept window's rows: the delta-net cores' inputs of its first MB rows captured by every
+     * recurrent layer's delta_net op (keep_in: [recurrent layer][keep slot][MB][cd + 2 nv]:
+     * qkv before the conv, alpha, beta; the rows' places come up with the ubatch, in cap), so
+     * SIL_STATE_BACK runs the conv and the delta rule of the rows it keeps again (into
+     * keep_scr) instead of the engine evaluating those rows again. keep_pos: the window's
+     * start; keep_rows: its rows captured so far, in order (-1: not capturable, a tree) */
+    sil_cuda_ptr keep_in, keep_scr, keep_runs; /* keep_runs: int32 {0, n, seq} */
+    int32_t *keep_pos, *keep_rows;
+    struct keep_layer *keep_l; /* [n_layer_recr]: each layer's weights, noted by delta_net */
+    _Atomic uint64_t keep_replays;
     sil_cuda_ptr q8;         /* quantized matmul inputs */
     sil_cuda_ptr q8h;        /* quantized expert hidden rows */
     sil_cuda_ptr scores;     /* [scores_rows][n_head][n_ctx] */
@@ -106,6 +126,8 @@ struct cuda_backend {
     void *h_meta;
     float *emb;
     int32_t *h_pos, *h_seq, *h_run_start, *h_run_seq, *h_keep;
+    int32_t *h_cap; /* [ub_max]: each row's place in keep_in's rows of a layer, -1 none */
+    sil_cuda_ptr cap;
     /* KV in blocks of SIL_KV_BLOCK positions: the pool holds n_seq_max * kv_bps blocks a layer;
      * a sequence's table [kv_bps] block ids (the engine's, kv_cache.h) in the staged block */
     int32_t kv_bps, kv_nb; /* table width, pool blocks */

@@ -415,6 +415,32 @@ void sil_cb_matmul_conv1d(struct sil_backend *be, const struct sil_ubatch *ub, s
     sil_cb_conv1d(be, ub, a);
 }
 
+/* A kept window's rows (h_cap, staged with the ubatch): this layer's delta-net inputs into
+ * keep_in, and the layer's weights noted for the replay (state_keep). Every pass of a backend
+ * with keep slots makes the launch, so a graph's shape does not depend on the windows open. */
+static void keep_capture(struct cuda_backend *b, const struct sil_ubatch *ub,
+                         const struct sil_delta_net_args *a, const struct sil_cuda_dn *d, bool rule)
+{
+    const struct sil_cuda_config *c = &b->c;
+    const int64_t per = sil_delta_net_state_floats(a->p), l = per > 0 ? a->state.offset / per : -1;
+    const int64_t cd = sil_delta_net_conv_dim(a->p);
+    if (!b->keep_l || l < 0 || l >= c->n_layer_recr || cd != c->dn_conv_dim ||
+        a->p->n_v_heads != c->dn_v_heads || a->p->head_v_dim != c->dn_head_v_dim ||
+        a->p->conv_kernel < 1 || a->p->conv_kernel > 9)
+        return;
+    struct keep_layer *k = &b->keep_l[l];
+    k->conv_w = dp(a->conv1d->data);
+    k->K = a->p->conv_kernel;
+    k->d = *d;
+    k->rule = rule;
+    k->set = true;
+    const int64_t w = cd + 2 * c->dn_v_heads;
+    const sil_cuda_ptr dst = b->keep_in + (uint64_t)(l * c->keep_states * MB * w) * sizeof(float);
+    ok(b, sil_cuda_fwd_dn_capture(b->cu, b->fwd, dp(a->qkv_mixed.data), a->qkv_mixed.ld,
+                                  dp(a->alpha.data), a->alpha.ld, dp(a->beta.data), a->beta.ld,
+                                  b->cap, ub->n, dst, cd, (int)c->dn_v_heads, NULL, &b->err));
+}
+
 void sil_cb_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
                       const struct sil_delta_net_args *a)
 {
@@ -453,6 +479,8 @@ void sil_cb_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
     };
     const int nv = d.nv, dk = d.dk, dv = d.dv;
     const sil_cuda_ptr out = d.out;
+    keep_capture(b, ub, a, &d, !(dk % 32 != 0 || dk > 256));
+    if (b->rc) return;
     if (dk % 32 != 0 || dk > 256) {
         ok(b, sil_cuda_fwd_delta_net(b->cu, b->fwd, &d, ub->n_runs, NULL, &b->err));
         return;

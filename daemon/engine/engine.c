@@ -435,6 +435,10 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
         .keep_states = hp->n_layer_recr > 0 && p->spec_states > 0 ? p->spec_states : 0,
+        .n_layer_recr = hp->n_layer_recr,
+        .dn_conv_dim = hp->n_layer_recr > 0 ? sil_delta_net_conv_dim(&f->dn[0]) : 0,
+        .dn_v_heads = hp->n_layer_recr > 0 ? f->dn[0].n_v_heads : 0,
+        .dn_head_v_dim = hp->n_layer_recr > 0 ? f->dn[0].head_v_dim : 0,
         /* x, cur, out and each layered micro-batch's x and cur */
         .act_bytes = (3 + 2 * (uint64_t)f->n_lm) * (uint64_t)f->ub_max * (uint64_t)hp->n_embd *
                          sizeof(float) +
@@ -1066,7 +1070,7 @@ static void spec_close(struct sil_engine *e, int seq)
     w->open = false;
     if (w->dev_kept) {
         struct sil_error ignored = {0};
-        e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_DROP, &ignored);
+        e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_DROP, 0, &ignored);
         w->dev_kept = false;
     }
 }
@@ -1306,7 +1310,8 @@ int sil_seq_spec_begin(struct sil_engine *e, int seq, struct sil_error *err)
      * here */
     struct sil_error kept_err = {0};
     w->dev_kept = nrs > 0 && e->f.be->ops->state_keep &&
-                  e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_KEEP, &kept_err) == 0;
+                  e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_KEEP, e->seq_len[seq],
+                                           &kept_err) == 0;
     if (nrs > 0 && !w->dev_kept) {
         if (!w->state && !(w->state = malloc(sizeof(float) * (size_t)nrs)))
             return sil_errorf(err, -ENOMEM, "engine: out of memory for a verification window");
@@ -1361,10 +1366,17 @@ static int spec_cut(struct sil_engine *e, int seq, int32_t n_pos, struct sil_err
         return 0;
     }
     const int32_t n = n_pos - w->pos;
-    if (w->dev_kept) { /* the backend puts its kept start back */
-        int rc = e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_BACK, err);
+    if (w->dev_kept) {
+        /* the backend puts its kept start back, and where it captured the kept rows' delta-net
+         * inputs runs their cores again: the state at the cut, the KV rows kept in place */
+        int rc = e->f.be->ops->state_keep(e->f.be, seq, SIL_STATE_BACK, n, err);
         spec_close(e, seq);
         if (rc < 0) return rc;
+        if (rc == 1) {
+            sil_kv_seq_trim(e->f.kv, seq, n_pos);
+            e->seq_len[seq] = n_pos;
+            return 0;
+        }
     } else {
         /* back to the window's start, then the kept rows again (see above) */
         memcpy(e->f.recr_state[seq], w->state, sizeof(float) * (size_t)nrs);

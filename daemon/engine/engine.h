@@ -224,6 +224,9 @@ struct sil_engine_device {
      * delta net's conv1d in the launch of its input's matvec set, attention's merge writing the
      * q8 of its output, a MoE's add + rmsnorm + q8 in its router */
     uint64_t fused_conv, fused_attn_q8, fused_norm_router;
+    /* verification windows cut by running their kept rows' delta-net cores again on the
+     * device (state_keep), not by evaluating those rows again */
+    uint64_t cut_replays;
 };
 /* 0 with *d filled on a device backend; -ENODEV on the CPU. */
 int sil_engine_device(const struct sil_engine *e, struct sil_engine_device *d);

@@ -18,12 +18,14 @@ enum {
     F_DELTA_RULE,
     F_GATED_NORM_Q8,
     F_ATTEND_COMBINE,
+    F_DN_CAPTURE,
     F_COUNT
 };
 static const char *const f_names[F_COUNT] = {
     "sil_fwd_gather_rows", "sil_fwd_conv1d",        "sil_fwd_delta_net",
     "sil_fwd_gate_add",    "sil_fwd_moe_combine",   "sil_fwd_add_rmsnorm_q8",
     "sil_fwd_delta_rule",  "sil_fwd_gated_norm_q8", "sil_fwd_attend_combine",
+    "sil_fwd_dn_capture",
 };
 /* The kernels that touch the KV cache, one entry point a KV type: the name, then the type's
  * suffix (fwd.cu's QK_PREP_ENTRY, ATTEND_ENTRY, PART_ENTRY and PART_GQA_ENTRY lines). */
@@ -184,6 +186,15 @@ int sil_cuda_fwd_conv1d(struct sil_cuda *cu, const struct sil_cuda_fwd *f, sil_c
     void *p[] = {&x,        &ldx,       &out,     &ldo,       &w,     &K,
                  &conv_dim, &run_start, &run_seq, &state_tab, &offset};
     return launch(cu, f, F_CONV1D, cdiv(conv_dim, 128), (unsigned)n_runs, p, s, err);
+}
+
+int sil_cuda_fwd_dn_capture(struct sil_cuda *cu, const struct sil_cuda_fwd *f, sil_cuda_ptr qkv,
+                            int64_t ldq, sil_cuda_ptr alpha, int64_t lda, sil_cuda_ptr beta,
+                            int64_t ldb, sil_cuda_ptr cap, int64_t rows, sil_cuda_ptr dst,
+                            int64_t cd, int nv, struct sil_cuda_stream *s, struct sil_error *err)
+{
+    void *p[] = {&qkv, &ldq, &alpha, &lda, &beta, &ldb, &cap, &dst, &cd, &nv};
+    return launch(cu, f, F_DN_CAPTURE, (unsigned)rows, 1, p, s, err);
 }
 
 int sil_cuda_fwd_delta_net(struct sil_cuda *cu, const struct sil_cuda_fwd *f,

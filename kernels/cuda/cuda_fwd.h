@@ -100,6 +100,12 @@ int sil_cuda_fwd_conv1d(struct sil_cuda *cu, const struct sil_cuda_fwd *f, sil_c
                         int64_t conv_dim, sil_cuda_ptr run_start, sil_cuda_ptr run_seq,
                         sil_cuda_ptr state_tab, int64_t offset, int32_t n_runs,
                         struct sil_cuda_stream *s, struct sil_error *err);
+/* Row i < rows of qkv (conv_dim cd), alpha and beta ([nv] each) copied to row cap[i] of dst
+ * ([][cd + 2 nv]) where cap[i] >= 0 (int32 on the device). None when rows is 0. */
+int sil_cuda_fwd_dn_capture(struct sil_cuda *cu, const struct sil_cuda_fwd *f, sil_cuda_ptr qkv,
+                            int64_t ldq, sil_cuda_ptr alpha, int64_t lda, sil_cuda_ptr beta,
+                            int64_t ldb, sil_cuda_ptr cap, int64_t rows, sil_cuda_ptr dst,
+                            int64_t cd, int nv, struct sil_cuda_stream *s, struct sil_error *err);
 /* The delta rule and the gated norm, a block per (value head, run), any dk, dv <= 1024. None
  * when n_runs is 0. */
 int sil_cuda_fwd_delta_net(struct sil_cuda *cu, const struct sil_cuda_fwd *f,

@@ -391,6 +391,28 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS)
         st[(int64_t)j * cd + c] = hist[j];
 }
 
+// The delta-net cores' inputs of row i (blockIdx.x) copied to row cap[i] of dst ([][cd + 2 nv]:
+// qkv before the conv, alpha, beta) where cap[i] >= 0: a kept verification window's rows, run
+// again from them when the window is cut (sil_fwd_conv1d, then the delta rule).
+extern "C" __global__ void __launch_bounds__(FWD_THREADS)
+    sil_fwd_dn_capture(const float *qkv, int64_t ldq, const float *alpha, int64_t lda,
+                       const float *beta, int64_t ldb, const int *cap, float *dst, int64_t cd,
+                       int nv)
+{
+    SIL_PDL_ENTRY();
+    const int i = blockIdx.x, to = cap[i];
+    if (to < 0) return;
+    const int64_t w = cd + 2 * (int64_t)nv;
+    float *d = dst + (int64_t)to * w;
+    const float *q = qkv + (int64_t)i * ldq;
+    for (int64_t c = threadIdx.x; c < cd; c += FWD_THREADS)
+        d[c] = q[c];
+    for (int c = threadIdx.x; c < nv; c += FWD_THREADS) {
+        d[cd + c] = alpha[(int64_t)i * lda + c];
+        d[cd + nv + c] = beta[(int64_t)i * ldb + c];
+    }
+}
+
 // The delta rule and gated RMSNorm for value head h (blockIdx.x) of run r (blockIdx.y), the
 // run's tokens in order. S_h [dv][dk] at seq_state[seq] + offset + (K-1)*cd + h*dv*dk.
 // A warp per row of S, lanes over dk; dk, dv <= 1024.
