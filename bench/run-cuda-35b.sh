@@ -14,7 +14,8 @@
 # of weights before the PDL wait), ours-fused (SIL_CUDA_GROUPED=0: prefill's expert
 # products through the fused decode kernels instead of grouped ones), ours-psplit /
 # ours-psplit2k (SIL_CUDA_PREFILL_SPLIT=1 / 2048: prefill attention through the decode kernels'
-# context split).
+# context split), ours-noflash (SIL_CUDA_NO_FLASH=1: prefill attention one block a row and head
+# instead of tiled on tensor cores).
 # usage: bench/run-cuda-35b.sh [LLAMA_BENCH|-] [OUTDIR]   (binaries from $B/bin; model in /tmp)
 set -u
 B=${B:-build}
@@ -50,6 +51,7 @@ for v in ${VARIANTS:-ours}; do
     ours-nogqa) set -- SIL_CUDA_NO_GQA=1 ;;
     ours-psplit) set -- SIL_CUDA_PREFILL_SPLIT=1 ;;
     ours-psplit2k) set -- SIL_CUDA_PREFILL_SPLIT=2048 ;;
+    ours-noflash) set -- SIL_CUDA_NO_FLASH=1 ;;
     ours-nofuse) set -- SIL_CUDA_NO_DN_FUSE=1 SIL_CUDA_NO_ROUTER_FUSE=1 SIL_CUDA_NO_H8_FUSE=1 ;;
     ours-nomix) set -- SIL_CUDA_NO_MV_MIX=1 ;;
     ours-noconv) set -- SIL_CUDA_NO_CONV_FUSE=1 ;;

@@ -91,16 +91,18 @@
  *      pick of one row (a ninth sequence decoding alone, as a daemon's batch shrinks and
  *      grows); every pick equals the host's argmax of the logits, and the argmax-only group's
  *      picks the other's.
- *  21. prefill attention in launches of 3 rows (SIL_CUDA_SCORES_ROWS=3: the scores buffer is
- *      capped at 256 MiB, so a long context takes a ubatch's rows a few at a time) against one
- *      launch: bit for bit.
+ *  21. prefill attention one block a row and head (SIL_CUDA_NO_FLASH=1) in launches of 3 rows
+ *      (SIL_CUDA_SCORES_ROWS=3: the scores buffer is capped at 256 MiB, so a long context takes
+ *      a ubatch's rows a few at a time) against one launch: bit for bit.
  *  22. the prefix cache over the device's KV blocks: a sequence reusing another's published
  *      128 positions (2 blocks, with the recurrent-state snapshot on hybrid models) gives its
  *      logits bit for bit; a cut into a shared block (to a checkpoint on hybrid models) makes
  *      the device copy it on write, and the logits after it equal those of a sequence that
  *      never shared, bit for bit.
+ *  31. prefill attention one block a row and head in float (SIL_CUDA_NO_FLASH=1) against the
+ *      default, tiled on f16 tensor cores (flash attention): within check 23's tolerance.
  *  23. prefill attention through the decode kernels' context split (SIL_CUDA_PREFILL_SPLIT=1,
- *      8 rows a launch) against one block a (row, head): within 1e-3 (the softmax is merged
+ *      8 rows a launch) against the tiled kernel: within 1e-3 (the softmax is merged
  *      over chunks in another order), or within twice the logits' move on the CPU backend for
  *      attention outputs off by 1e-6 relative (SIL_TEST_ATTN_NOISE), where that is more: a
  *      model whose 8-bit activation rounding turns ulp changes into flips moves that much.
@@ -1324,13 +1326,23 @@ int main(int argc, char **argv)
     /* 22. the prefix cache over the device's KV blocks, and a copy on write */
     fails += prefix_device(model, V);
 
-    /* 21. prefill attention in launches of 3 rows (a long context's scores buffer holds few
-     * rows) against one launch for the ubatch: every row computes the same, bit for bit */
+    /* 21. prefill attention one block a row and head (not tiled) in launches of 3 rows (a long
+     * context's scores buffer holds few rows) against one launch for the ubatch: every row
+     * computes the same, bit for bit */
     {
-        const struct sil_cuda_options o = {.scores_rows = 3};
-        fails += variant_vs_default(gpu, model, &o, true, 0.0f,
-                                    "prefill attention in launches of 3 rows vs one launch", p2,
-                                    n2, V, lg, alone);
+        const struct sil_cuda_options o = {.scores_rows = 3, .no_flash = true},
+                                      rowwise = {.no_flash = true};
+        struct sil_engine *base = NULL;
+        if (open_cuda_opts(&base, model, &rowwise, &err) < 0) {
+            fprintf(stderr, "%s: check 21: %s\n", model, err.msg);
+            fails++;
+        } else {
+            fails += variant_vs_default(base, model, &o, true, 0.0f,
+                                        "prefill attention a row and head a block, in launches "
+                                        "of 3 rows vs one launch",
+                                        p2, n2, V, lg, alone);
+        }
+        sil_engine_close(base);
     }
 
     /* 23. prefill attention through the decode path's context split (SIL_CUDA_PREFILL_SPLIT=1:
@@ -1361,6 +1373,17 @@ int main(int argc, char **argv)
                                         2 * sens > GPU_SELF_TOL ? 2 * sens : GPU_SELF_TOL, what,
                                         p2, n2, V, lg, alone);
         }
+        /* 31. the default, tiled prefill attention (f16 operands on tensor cores) against one
+         * block a row and head in float: within 1e-3 or twice that sensitivity, as check 23 */
+        const struct sil_cuda_options rowwise = {.no_flash = true};
+        snprintf(what, sizeof what,
+                 "prefill attention a row and head a block in float vs tiled on f16 tensor cores "
+                 "(cpu logits move %.3g for attention outputs off by 1e-6)",
+                 (double)sens);
+        if (sens >= 0.0f)
+            fails += variant_vs_default(gpu, model, &rowwise, true,
+                                        2 * sens > GPU_SELF_TOL ? 2 * sens : GPU_SELF_TOL, what,
+                                        p2, n2, V, lg, alone);
     }
 
     /* 13. grouped-query decode attention against one block a query head */

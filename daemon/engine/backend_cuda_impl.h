@@ -139,6 +139,7 @@ struct cuda_backend {
     /* graphs */
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
     bool no_mv_mix; /* SIL_CUDA_NO_MV_MIX=1: matvec sets of one type only */
+    bool no_flash;  /* SIL_CUDA_NO_FLASH=1: prefill attention one block a row and head */
     /* matmul_conv1d: a decode matvec set of four outputs does the delta net's conv1d in its
      * launch (the mixed set kernel with the conv epilogue), for up to CONV_FUSE_ROWS rows;
      * SIL_CUDA_NO_CONV_FUSE=1: never (the matmul, then the conv1d) */

@@ -302,6 +302,14 @@ void sil_cb_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
+    /* prefill: each sequence run's rows tiled (64 rows and a head a block) where the head size
+     * has such a kernel */
+    if (!split && !b->no_flash && sil_cuda_fwd_flash_takes(hd)) {
+        for (int32_t r = 0; r < ub->n_runs && b->rc == 0; r++)
+            ok(b, sil_cuda_fwd_flash(b->cu, b->fwd, &at, ub->run_start[r],
+                                     ub->run_start[r + 1] - ub->run_start[r], NULL, &b->err));
+        return;
+    }
     /* the rows in launches: MB for the split, else as many as the scores buffer holds */
     const int64_t step = split ? MB : b->scores_rows;
     for (int64_t r0 = 0; r0 < ub->n && b->rc == 0; r0 += step) {

@@ -28,10 +28,12 @@ static const char *const f_names[F_COUNT] = {
     "sil_fwd_dn_capture",
 };
 /* The kernels that touch the KV cache, one entry point a KV type: the name, then the type's
- * suffix (fwd.cu's QK_PREP_ENTRY, ATTEND_ENTRY, PART_ENTRY and PART_GQA_ENTRY lines). */
-enum { KV_QK_PREP, KV_ATTEND, KV_PART, KV_PART_GQA, KV_FNS };
-static const char *const kv_names[KV_FNS] = {"sil_fwd_qk_prep", "sil_fwd_attend",
-                                             "sil_fwd_attend_part", "sil_fwd_attend_part_gqa"};
+ * suffix (fwd.cu's QK_PREP_ENTRY, ATTEND_ENTRY, PART_ENTRY, PART_GQA_ENTRY and FLASH_ENTRIES
+ * lines). */
+enum { KV_QK_PREP, KV_ATTEND, KV_PART, KV_PART_GQA, KV_FLASH64, KV_FLASH128, KV_FLASH256, KV_FNS };
+static const char *const kv_names[KV_FNS] = {
+    "sil_fwd_qk_prep",     "sil_fwd_attend",  "sil_fwd_attend_part", "sil_fwd_attend_part_gqa",
+    "sil_fwd_flash64",     "sil_fwd_flash128", "sil_fwd_flash256"};
 static const char *const kv_suffix[SIL_CUDA_KV_TYPES] = {[SIL_CUDA_KV_F32] = "",
                                                          [SIL_CUDA_KV_F16] = "_h",
                                                          [SIL_CUDA_KV_Q8_0] = "_q8",
@@ -143,6 +145,29 @@ int sil_cuda_fwd_attend(struct sil_cuda *cu, const struct sil_cuda_fwd *f,
     void *p[] = {&qr,     &ldq,  &q_stride, &orr,   &ldo,  &kc,  &vc,    &pr,    &sr,
                  &n_head, &n_kv, &hd,       &n_ctx, &btab, &bps, &gated, &scores};
     return launch_kv(cu, f, a->kv, KV_ATTEND, (unsigned)n_head, (unsigned)n, p, s, err);
+}
+
+bool sil_cuda_fwd_flash_takes(int head_dim)
+{
+    return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+int sil_cuda_fwd_flash(struct sil_cuda *cu, const struct sil_cuda_fwd *f,
+                       const struct sil_cuda_attn *a, int64_t r0, int64_t n,
+                       struct sil_cuda_stream *s, struct sil_error *err)
+{
+    const int hd = a->head_dim;
+    const int k = hd == 64 ? KV_FLASH64 : hd == 128 ? KV_FLASH128 : hd == 256 ? KV_FLASH256 : -1;
+    if (k < 0) return sil_errorf(err, -EINVAL, "cuda: tiled attention of head size %d", hd);
+    int64_t ldq = a->ldq, ldo = a->ldo;
+    sil_cuda_ptr qr = a->q + (uint64_t)(r0 * ldq) * 4, orr = a->o + (uint64_t)(r0 * ldo) * 4;
+    sil_cuda_ptr pr = a->pos + (uint64_t)r0 * 4, sr = a->seq + (uint64_t)r0 * 4;
+    sil_cuda_ptr kc = a->kc, vc = a->vc, btab = a->btab;
+    int q_stride = a->q_stride, n_head = a->n_head, n_kv = a->n_head_kv, rows = (int)n;
+    int bps = a->bps, gated = a->gated;
+    void *p[] = {&qr, &ldq,  &q_stride, &orr,  &ldo, &kc,   &vc,  &pr,
+                 &sr, &rows, &n_head,   &n_kv, &btab, &bps, &gated};
+    return launch_kv(cu, f, a->kv, k, (unsigned)((n + 63) / 64), (unsigned)n_head, p, s, err);
 }
 
 int sil_cuda_fwd_attend_part(struct sil_cuda *cu, const struct sil_cuda_fwd *f,

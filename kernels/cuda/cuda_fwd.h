@@ -12,6 +12,7 @@
 #ifndef SIL_CUDA_FWD_H
 #define SIL_CUDA_FWD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -68,6 +69,13 @@ int sil_cuda_fwd_qk_prep(struct sil_cuda *cu, const struct sil_cuda_fwd *f,
 int sil_cuda_fwd_attend(struct sil_cuda *cu, const struct sil_cuda_fwd *f,
                         const struct sil_cuda_attn *a, int64_t r0, int64_t n, sil_cuda_ptr scores,
                         struct sil_cuda_stream *s, struct sil_error *err);
+/* Prefill attention tiled (flash attention on f16 tensor cores): rows r0..r0 + n - 1, one
+ * sequence run (rows of one sequence), each over positions 0..pos of its sequence, 64 rows and
+ * a head a block. Head sizes sil_cuda_fwd_flash_takes; -EINVAL otherwise. None when n is 0. */
+bool sil_cuda_fwd_flash_takes(int head_dim);
+int sil_cuda_fwd_flash(struct sil_cuda *cu, const struct sil_cuda_fwd *f,
+                       const struct sil_cuda_attn *a, int64_t r0, int64_t n,
+                       struct sil_cuda_stream *s, struct sil_error *err);
 /* The same split over nz chunks of the context a head: partial softmaxes into part
  * ([n][n_head][nz][head_dim + 2]); gqa: the kernel that reads a KV head's rows once for its
  * query heads (n_head / n_head_kv <= 8, head_dim <= 256, a warp per query head). */

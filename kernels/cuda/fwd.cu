@@ -358,6 +358,230 @@ ATTEND_ENTRY(sil_fwd_attend_h, __half)
 ATTEND_ENTRY(sil_fwd_attend_q8, kv_q8_0)
 ATTEND_ENTRY(sil_fwd_attend_q4, kv_q4_0)
 
+// ---- prefill attention, tiled: flash attention on f16 tensor cores ----
+// A block of 4 warps takes FA_ROWS query rows of one sequence run (consecutive rows of one
+// sequence) for query head h (blockIdx.y): each warp 16 rows, their q (scaled by log2(e) /
+// sqrt(HD)) as f16 fragments in registers; the run's KV positions 0..(the block's last) go
+// through shared memory FA_COLS at a time as f16 (any cache type, positions past the last
+// zero). S = q K^T and o += P V on mma.sync (m16n8k16 on sm_80+, two m16n8k8 on sm_75),
+// accumulated in float, with the online softmax (running max and sum a row, in base 2).
+// Rows see positions <= their own (pos[]). The per-row kernel above is the reference: the
+// same math, other rounding (f16 operands) and summation order.
+#define FA_ROWS 64
+#define FA_COLS 32
+
+__device__ __forceinline__ uint32_t fa_pack(float a, float b)
+{
+    const __half2 v = __floats2half2_rn(a, b); // a in the low half: the lower column
+    return *(const uint32_t *)&v;
+}
+
+__device__ __forceinline__ uint32_t fa_pack_h(__half a, __half b)
+{
+    const __half2 v = __halves2half2(a, b);
+    return *(const uint32_t *)&v;
+}
+
+// c += a b for a 16x16 (rows g, g + 8; columns 2t.., 2t + 8..) and b 16x8 (k 2t.., 2t + 8..;
+// column g) in the mma.sync fragment layouts, g = lane / 4, t = lane % 4.
+__device__ __forceinline__ void fa_mma(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, "
+                 "{%6}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, "
+                 "{%6}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+#endif
+}
+
+// Positions p0..p0 + FA_COLS - 1 of a KV head (view base) into dst as f16; past pmax zero (so
+// a masked position's V adds nothing, whatever the cache holds there).
+template <int HD, typename KP>
+__device__ __forceinline__ void fa_tile(__half (*dst)[HD + 8], KP base, const int *bt,
+                                        int64_t kv_dim, int p0, int pmax)
+{
+    for (int i = threadIdx.x; i < FA_COLS * HD / 2; i += FWD_THREADS) {
+        const int r = i / (HD / 2), c = (i % (HD / 2)) * 2, p = p0 + r;
+        float a = 0.0f, b = 0.0f;
+        if (p <= pmax) {
+            const KP row = base + fwd_kv_row(bt, p) * kv_dim;
+            a = kvl(row, c);
+            b = kvl(row, c + 1);
+        }
+        *(__half2 *)&dst[r][c] = __floats2half2_rn(a, b);
+    }
+}
+
+template <int HD, typename KP>
+__device__ __forceinline__ void
+sil_fwd_flash_body(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo, KP kc, KP vc,
+                   const int *pos, const int *seq, int n_rows, int n_head, int n_head_kv,
+                   const int *btab, int bps, int gated)
+{
+    __shared__ __align__(16) __half sk[FA_COLS][HD + 8]; // + 8: rows 4 banks apart
+    __shared__ __align__(16) __half sv[FA_COLS][HD + 8];
+    __shared__ int last;
+    const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * FA_ROWS;
+    const int64_t kv_dim = (int64_t)n_head_kv * HD;
+    if (threadIdx.x == 0) last = -1;
+    __syncthreads();
+    if (threadIdx.x < FA_ROWS && r0 + (int)threadIdx.x < n_rows)
+        atomicMax(&last, pos[r0 + threadIdx.x]);
+    __syncthreads();
+    const int pmax = last;
+    const int *bt = btab + (int64_t)seq[r0] * bps;
+    const int ra = r0 + warp * 16 + g, rb = ra + 8;
+    const int pa = ra < n_rows ? pos[ra] : -1, pb = rb < n_rows ? pos[rb] : -1;
+    int wmax = max(pa, pb); // the warp's last position: tiles past it are all masked
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1)
+        wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, d));
+    const float qs = 1.4426950408889634f / sqrtf((float)HD);
+    uint32_t qf[HD / 16][4];
+    {
+        const float *qa = q + (int64_t)(pa >= 0 ? ra : r0) * ldq + (int64_t)h * q_stride;
+        const float *qb = q + (int64_t)(pb >= 0 ? rb : r0) * ldq + (int64_t)h * q_stride;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const int c = kk * 16 + 2 * t;
+            qf[kk][0] = fa_pack(qa[c] * qs, qa[c + 1] * qs);
+            qf[kk][1] = fa_pack(qb[c] * qs, qb[c + 1] * qs);
+            qf[kk][2] = fa_pack(qa[c + 8] * qs, qa[c + 9] * qs);
+            qf[kk][3] = fa_pack(qb[c + 8] * qs, qb[c + 9] * qs);
+        }
+    }
+    float acc[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++)
+        acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const KP k0 = kc + (int64_t)kvh * HD, v0 = vc + (int64_t)kvh * HD;
+    for (int p0 = 0; p0 <= pmax; p0 += FA_COLS) {
+        __syncthreads(); // the last tile is read
+        fa_tile<HD>(sk, k0, bt, kv_dim, p0, pmax);
+        fa_tile<HD>(sv, v0, bt, kv_dim, p0, pmax);
+        __syncthreads();
+        if (p0 > wmax) continue;
+        float s[FA_COLS / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_COLS / 8; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < FA_COLS / 8; n++) {
+                const __half *kr = &sk[n * 8 + g][kk * 16 + 2 * t];
+                const uint32_t b[2] = {*(const uint32_t *)kr, *(const uint32_t *)(kr + 8)};
+                fa_mma(s[n], qf[kk], b);
+            }
+        // causal mask, the tile's max a row (the quad's four lanes hold a row's columns)
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < FA_COLS / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int p = p0 + n * 8 + 2 * t + (e & 1);
+                if (p > (e < 2 ? pa : pb)) s[n][e] = -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+            }
+        float mu[2], al[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m[r], mx[r]);
+            mu[r] = mn == -INFINITY ? 0.0f : mn; // a row with nothing yet: exp2(-inf) = 0
+            al[r] = exp2f(m[r] - mu[r]);
+            m[r] = mn;
+            l[r] *= al[r];
+        }
+#pragma unroll
+        for (int n = 0; n < FA_COLS / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[n][e] = exp2f(s[n][e] - mu[e >> 1]);
+                l[e >> 1] += s[n][e];
+            }
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            acc[d][0] *= al[0];
+            acc[d][1] *= al[0];
+            acc[d][2] *= al[1];
+            acc[d][3] *= al[1];
+        }
+        // o += P V: P's accumulators are already the A fragments of positions 16j..16j + 15
+#pragma unroll
+        for (int j = 0; j < FA_COLS / 16; j++) {
+            const uint32_t a[4] = {fa_pack(s[2 * j][0], s[2 * j][1]),
+                                   fa_pack(s[2 * j][2], s[2 * j][3]),
+                                   fa_pack(s[2 * j + 1][0], s[2 * j + 1][1]),
+                                   fa_pack(s[2 * j + 1][2], s[2 * j + 1][3])};
+            const int k = j * 16 + 2 * t;
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++) {
+                const int c = d * 8 + g;
+                const uint32_t b[2] = {fa_pack_h(sv[k][c], sv[k + 1][c]),
+                                       fa_pack_h(sv[k + 8][c], sv[k + 9][c])};
+                fa_mma(acc[d], a, b);
+            }
+        }
+    }
+    // the sums a row over its quad, then o = acc / l (and the gate)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = r ? rb : ra;
+        if ((r ? pb : pa) < 0) continue;
+        float *orow = o + (int64_t)row * ldo + (int64_t)h * HD;
+        const float *gate = q + (int64_t)row * ldq + (int64_t)h * q_stride + HD;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            const int c = d * 8 + 2 * t;
+            float x0 = acc[d][2 * r] * l[r], x1 = acc[d][2 * r + 1] * l[r];
+            if (gated) {
+                x0 *= 1.0f / (1.0f + expf(-gate[c]));
+                x1 *= 1.0f / (1.0f + expf(-gate[c + 1]));
+            }
+            orow[c] = x0;
+            orow[c + 1] = x1;
+        }
+    }
+}
+#define FLASH_ENTRY(NAME, HD, KV)                                                                  \
+    extern "C" __global__ void __launch_bounds__(FWD_THREADS)                                     \
+        NAME(const float *q, int64_t ldq, int q_stride, float *o, int64_t ldo, const KV *kc,      \
+             const KV *vc, const int *pos, const int *seq, int n_rows, int n_head, int n_head_kv, \
+             const int *btab, int bps, int gated)                                                 \
+    {                                                                                            \
+        SIL_PDL_ENTRY();                                                                         \
+        sil_fwd_flash_body<HD>(q, ldq, q_stride, o, ldo, kv_view(kc), kv_view(vc), pos, seq,     \
+                               n_rows, n_head, n_head_kv, btab, bps, gated);                    \
+    }
+#define FLASH_ENTRIES(HD)                                                                          \
+    FLASH_ENTRY(sil_fwd_flash##HD, HD, float)                                                    \
+    FLASH_ENTRY(sil_fwd_flash##HD##_h, HD, __half)                                               \
+    FLASH_ENTRY(sil_fwd_flash##HD##_q8, HD, kv_q8_0)                                             \
+    FLASH_ENTRY(sil_fwd_flash##HD##_q4, HD, kv_q4_0)
+FLASH_ENTRIES(64)
+FLASH_ENTRIES(128)
+FLASH_ENTRIES(256)
+
 // Causal depthwise conv1d + silu for every sequence run, advancing its conv state.
 // Grid (channel blocks, runs); state of run r at state[seq of run] + offset: [K-1][cd].
 extern "C" __global__ void __launch_bounds__(FWD_THREADS)
