@@ -75,7 +75,7 @@ report)
 import glob, json, os, platform, sys, time
 d, out, commit, base_commit, model = sys.argv[1:6]
 gpu = open(os.path.join(d, "gpu.txt")).read().strip().split(", ") if os.path.exists(os.path.join(d, "gpu.txt")) else ["", ""]
-res, failed = [], []
+res, failed, replays = [], [], []
 for meta in sorted(glob.glob(os.path.join(d, "*.meta"))):
     m = dict(kv.split("=", 1) for kv in open(meta).read().split())
     name = m["name"]
@@ -98,6 +98,7 @@ for meta in sorted(glob.glob(os.path.join(d, "*.meta"))):
     res.append(dict(common, metric="commit_step_ms", value=round(s["commit_ms_per_step"], 4), unit="ms"))
     res.append(dict(common, metric="expert_union_per_layer", value=round(s["expert_union_per_layer"], 3),
                     unit="experts", peer="rows x top-k per layer", peer_value=round(s["expert_pairs_per_layer"], 3)))
+    replays.append(s.get("device_cut_replays") or 0)
     if not s["identical"]:
         failed.append(f"{name}: tokens differ from plain greedy decoding")
 doc = {
@@ -117,8 +118,10 @@ doc = {
               "sil-eval run (128-token prompt, 128 tokens; --passes 2, the warm pass's decode is the "
               "peer_value, plain decoding in the same process); its speculative tokens are checked "
               "identical to plain greedy's. p = 1 runs give the verify pass's time for depth + 1 rows. "
-              "CUDA verifies chains only (trees: CPU backend); a cut on the device evaluates the kept "
-              "rows again. " + (f"base_* runs: {base_commit}, the window's start copied through host "
+              "CUDA verifies chains only (trees: CPU backend); a cut on the device " +
+              ("replays the kept rows' delta-net cores there (device_cut_replays: " +
+               ", ".join(sorted({str(r) for r in replays})) + " a run)"
+               if replays and any(replays) else "evaluates the kept rows again") + ". " + (f"base_* runs: {base_commit}, the window's start copied through host "
               "memory. " if base_commit else "") +
               ("Failed or not run: " + "; ".join(failed) if failed else "Every run completed.")),
 }

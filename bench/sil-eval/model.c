@@ -764,7 +764,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    "\"commit_ms_per_step\": %.4f, \"decode_tok_s\": %.3f, "
                    "\"plain_decode_tok_s\": %.3f, \"speedup\": %.4f, "
                    "\"moe_layers\": %llu, \"expert_union_per_layer\": %.4f, "
-                   "\"expert_pairs_per_layer\": %.4f}",
+                   "\"expert_pairs_per_layer\": %.4f",
                    sr.diverged < 0 ? "true" : "false", (unsigned long long)ss->steps,
                    (unsigned long long)ss->drafted, (unsigned long long)ss->accepted,
                    (unsigned long long)ss->emitted,
@@ -780,6 +780,13 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)ss->moe_layers,
                    ss->moe_layers ? (double)ss->expert_union / (double)ss->moe_layers : 0.0,
                    ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0);
+            /* windows cut by replaying the kept rows' delta-net cores on the device (null on
+             * the host, where cuts replay from the engine's capture) */
+            struct sil_engine_device sd;
+            if (sil_engine_device(e, &sd) == 0)
+                printf(", \"device_cut_replays\": %llu}", (unsigned long long)sd.cut_replays);
+            else
+                printf(", \"device_cut_replays\": null}");
         }
         printf("}\n");
     } else {
