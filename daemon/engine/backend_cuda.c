@@ -739,6 +739,7 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
         b->no_mv_mix = o->no_mv_mix;
         b->no_gqa = o->no_gqa;
         b->no_flash = o->no_flash;
+        b->flash_from = o->flash_from > 0 ? o->flash_from : FLASH_FROM_DEFAULT;
         b->split_from = o->prefill_split > 0 ? o->prefill_split : 0;
         b->no_dn_fuse = o->no_dn_fuse;
         b->no_router_fuse = o->no_router_fuse;

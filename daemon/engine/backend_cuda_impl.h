@@ -35,6 +35,12 @@ _Static_assert(SIL_KV_F32 == (int)SIL_CUDA_KV_F32 && SIL_KV_F16 == (int)SIL_CUDA
                    SIL_KV_Q8_0 == (int)SIL_CUDA_KV_Q8_0 && SIL_KV_Q4_0 == (int)SIL_CUDA_KV_Q4_0,
                "the KV types are numbered alike");
 #define DN_DONE_HEADS 1024 /* value heads the fused delta-rule + gated norm takes */
+/* Prefill attention is tiled on f16 tensor cores (sil_cuda_fwd_flash) where a row of the
+ * micro-batch reaches this position: below it the per-row kernel in float costs little (its
+ * K and V reads grow with the square of the context) and keeps short prompts' logits as the
+ * CPU's; past it the f16 operands' rounding (about 1e-3 of an attention output) buys the
+ * tensor cores' speed, as llama.cpp's flash attention does. */
+#define FLASH_FROM_DEFAULT 1024
 #define N_GRAPHS 16
 
 /* One ubatch shape and its graph. */
@@ -140,6 +146,7 @@ struct cuda_backend {
     bool graphs, host_route, no_grouped, no_shared_fuse, no_gqa, no_dn_fuse, no_router_fuse;
     bool no_mv_mix; /* SIL_CUDA_NO_MV_MIX=1: matvec sets of one type only */
     bool no_flash;  /* SIL_CUDA_NO_FLASH=1: prefill attention one block a row and head */
+    int32_t flash_from; /* prefill attention tiled where a row reaches this position */
     /* matmul_conv1d: a decode matvec set of four outputs does the delta net's conv1d in its
      * launch (the mixed set kernel with the conv epilogue), for up to CONV_FUSE_ROWS rows;
      * SIL_CUDA_NO_CONV_FUSE=1: never (the matmul, then the conv1d) */

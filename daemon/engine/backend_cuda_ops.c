@@ -302,9 +302,15 @@ void sil_cb_attention(struct sil_backend *be, const struct sil_ubatch *ub,
     /* query heads sharing a KV head read its rows once (GQA_MAX 8, GQA_HD 256 in fwd.cu) */
     const int G = n_head / n_kv;
     const bool gqa = G >= 2 && G <= 8 && hd <= 256 && !b->no_gqa;
-    /* prefill: each sequence run's rows tiled (64 rows and a head a block) where the head size
-     * has such a kernel */
-    if (!split && !b->no_flash && sil_cuda_fwd_flash_takes(hd)) {
+    /* prefill reaching flash_from: each sequence run's rows tiled (64 rows and a head a block)
+     * where the head size has such a kernel */
+    bool flash = !split && !b->no_flash && sil_cuda_fwd_flash_takes(hd);
+    if (flash) {
+        flash = false;
+        for (int32_t i = 0; i < ub->n && !flash; i++)
+            flash = ub->pos[i] >= b->flash_from;
+    }
+    if (flash) {
         for (int32_t r = 0; r < ub->n_runs && b->rc == 0; r++)
             ok(b, sil_cuda_fwd_flash(b->cu, b->fwd, &at, ub->run_start[r],
                                      ub->run_start[r + 1] - ub->run_start[r], NULL, &b->err));

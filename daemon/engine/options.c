@@ -140,6 +140,7 @@ void sil_dev_switches_read(struct sil_engine_params *p)
     o->no_mv_mix = o->no_mv_mix || env_is("SIL_CUDA_NO_MV_MIX", "1");
     o->no_gqa = o->no_gqa || env_is("SIL_CUDA_NO_GQA", "1");
     o->no_flash = o->no_flash || env_is("SIL_CUDA_NO_FLASH", "1");
+    if ((n = env_count("SIL_CUDA_FLASH_FROM"))) o->flash_from = (int32_t)n;
     o->no_dn_fuse = o->no_dn_fuse || env_is("SIL_CUDA_NO_DN_FUSE", "1");
     o->no_router_fuse = o->no_router_fuse || env_is("SIL_CUDA_NO_ROUTER_FUSE", "1");
     o->no_h8_fuse = o->no_h8_fuse || env_is("SIL_CUDA_NO_H8_FUSE", "1");

@@ -49,7 +49,9 @@ struct sil_cuda_options {
      * fusion does not take run anyway) */
     bool no_shared_fuse, no_norm_router, no_attn_q8, no_conv_fuse, no_mv_mix, no_gqa, no_dn_fuse,
         no_router_fuse, no_h8_fuse;
-    bool no_flash;        /* prefill attention one block a row and head, not tiled */
+    bool no_flash;        /* prefill attention one block a row and head, never tiled */
+    int32_t flash_from;   /* > 0: prefill attention tiled from this position on (default
+                           * FLASH_FROM_DEFAULT in the backend) */
     bool no_pdl;          /* plain launches instead of programmatic dependent launch */
     bool no_prefetch;     /* no L2 prefetch of weights before the PDL wait */
     uint64_t inject_oom;  /* > 0: the n-th kernel launch fails as out of memory, once */
