@@ -362,6 +362,34 @@ static int variant_vs_default(struct sil_engine *gpu, const char *model,
     return !good;
 }
 
+/* Checks 23 and 31: the CUDA engine with options o against the default within 1e-3, or within
+ * twice what attention outputs off by `noise` relative (SIL_TEST_ATTN_NOISE) move this model's
+ * logits on the CPU backend, the same prompt and steps, where that is more. lc and ref are
+ * scratch of [2][V]. 1 when it fails. */
+static int attn_variant(struct sil_engine *cpu, struct sil_engine *gpu, const char *model,
+                        const struct sil_cuda_options *o, int check, float noise, const char *what,
+                        const int32_t *p2, int n2, int V, float *lc, float *ref, float *lg,
+                        float *alone)
+{
+    const struct sil_cuda_options none = {0};
+    struct sil_engine *noisy = NULL;
+    struct sil_error err = {0};
+    float sens = -1.0f;
+    if (open_opts_policy(&noisy, model, "cpu", &none, noise, NULL, &err) == 0 &&
+        half_then_steps(cpu, noisy, p2, n2, V, lc, ref, true, &sens) < 0)
+        sens = -1.0f;
+    sil_engine_close(noisy);
+    if (sens < 0.0f) {
+        fprintf(stderr, "%s: check %d: the cpu's sensitivity not measured\n", model, check);
+        return 1;
+    }
+    char full[320];
+    snprintf(full, sizeof full, "%s (cpu logits move %.3g for attention outputs off by %.0e)",
+             what, (double)sens, (double)noise);
+    return variant_vs_default(gpu, model, o, true, 2 * sens > GPU_SELF_TOL ? 2 * sens : GPU_SELF_TOL,
+                              full, p2, n2, V, lg, alone);
+}
+
 /* A CUDA engine for the checks that size their own: n_ctx positions, n_seq sequences, batches
  * of n_batch rows, ckpt bytes of prefix-cache snapshots. */
 static int open_cuda_sized(struct sil_engine **e, const char *model, int32_t n_ctx, int n_seq,
@@ -1354,51 +1382,20 @@ int main(int argc, char **argv)
      * whose activation rounding to 8 bits turns such a change into flips of whole steps moves by
      * far more than 1e-3: qwen3-tiny-Q8_0 by 0.13) */
     {
-        const struct sil_cuda_options o = {.prefill_split = 1}, none = {0};
-        struct sil_engine *noisy = NULL;
-        float sens = -1.0f;
-        /* lc and ref are free here (scratch of checks 2 and 3) */
-        if (open_opts_policy(&noisy, model, "cpu", &none, 1e-6f, NULL, &err) == 0 &&
-            half_then_steps(cpu, noisy, p2, n2, V, lc, ref, true, &sens) < 0)
-            sens = -1.0f;
-        sil_engine_close(noisy);
-        char what[256];
-        snprintf(what, sizeof what,
-                 "prefill attention split over the context (the decode kernels) vs one block a "
-                 "row and head (cpu logits move %.3g for attention outputs off by 1e-6)",
-                 (double)sens);
-        if (sens < 0.0f) {
-            fprintf(stderr, "%s: check 23: the cpu's sensitivity not measured\n", model);
-            fails++;
-        } else {
-            fails += variant_vs_default(gpu, model, &o, true,
-                                        2 * sens > GPU_SELF_TOL ? 2 * sens : GPU_SELF_TOL, what,
-                                        p2, n2, V, lg, alone);
-        }
+        const struct sil_cuda_options split = {.prefill_split = 1}, tiled = {.flash_from = 1};
+        fails += attn_variant(cpu, gpu, model, &split, 23, 1e-6f,
+                              "prefill attention split over the context (the decode kernels) vs "
+                              "one block a row and head",
+                              p2, n2, V, lc, ref, lg, alone);
         /* 31. prefill attention tiled on f16 tensor cores from the first position on
          * (flash_from 1) against the default here (short prompts: one block a row and head in
          * float): f16 operands put about 1e-3 of relative error in an attention output, so
          * within twice what attention outputs off by 2e-3 relative move this model's logits
          * on the CPU backend (or 1e-3) */
-        float sens16 = -1.0f;
-        if (open_opts_policy(&noisy, model, "cpu", &none, 2e-3f, NULL, &err) == 0 &&
-            half_then_steps(cpu, noisy, p2, n2, V, lc, ref, true, &sens16) < 0)
-            sens16 = -1.0f;
-        sil_engine_close(noisy);
-        noisy = NULL;
-        const struct sil_cuda_options tiled = {.flash_from = 1};
-        snprintf(what, sizeof what,
-                 "prefill attention tiled on f16 tensor cores vs one block a row and head in "
-                 "float (cpu logits move %.3g for attention outputs off by 2e-3)",
-                 (double)sens16);
-        if (sens16 < 0.0f) {
-            fprintf(stderr, "%s: check 31: the cpu's sensitivity not measured\n", model);
-            fails++;
-        } else {
-            fails += variant_vs_default(gpu, model, &tiled, true,
-                                        2 * sens16 > GPU_SELF_TOL ? 2 * sens16 : GPU_SELF_TOL,
-                                        what, p2, n2, V, lg, alone);
-        }
+        fails += attn_variant(cpu, gpu, model, &tiled, 31, 2e-3f,
+                              "prefill attention tiled on f16 tensor cores vs one block a row and "
+                              "head in float",
+                              p2, n2, V, lc, ref, lg, alone);
     }
 
     /* 13. grouped-query decode attention against one block a query head */
