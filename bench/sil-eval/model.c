@@ -1,6 +1,7 @@
 #include "bench/sil-eval/model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,7 +207,73 @@ struct spec_run {
     int32_t *greedy; /* [n_predict] */
     double decode_s;
     long diverged; /* the first token unlike plain decoding's, -1: none */
+    /* at that step (probe_diverged): plain decoding's top-two logit gap there, and the largest
+     * difference of the row's logits evaluated as the second of a two-row pass against one row
+     * at a time from the same state (negative: not probed) */
+    float margin, two_row_diff;
 };
+
+static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int32_t *pos,
+                         int32_t *seqs, bool *want);
+
+/* Where speculative decoding parted from plain greedy decoding at step d: the prompt ids and
+ * plain's tokens up to d in two fresh sequences prefilled alike but for the last two tokens;
+ * one takes them one row at a time, the other in one pass of two rows (as a verify pass would);
+ * r->margin gets the one-row logits' top-two gap (a near tie there is rounding, not a bug),
+ * r->two_row_diff the largest difference between the two passes' last row. */
+static void probe_diverged(struct sil_engine *e, const int32_t *ids, size_t n_ids,
+                           const int32_t *greedy, long d, int32_t V, struct spec_run *r)
+{
+    r->margin = r->two_row_diff = -1.0f;
+    const size_t n = n_ids + (size_t)d; /* hist[0, n): the row at n - 1 picks token d */
+    if (n < 3) return;
+    struct sil_error err = {0};
+    int32_t *hist = malloc(sizeof(int32_t) * n), *pos = malloc(sizeof(int32_t) * PREFILL_BATCH),
+            *seqs = malloc(sizeof(int32_t) * PREFILL_BATCH);
+    bool *want = malloc(sizeof(bool) * PREFILL_BATCH);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * 2 * (size_t)V);
+    int sa = -1, sb = -1;
+    if (!hist || !pos || !seqs || !want || !la || !lb) goto out;
+    memcpy(hist, ids, sizeof(int32_t) * n_ids);
+    memcpy(hist + n_ids, greedy, sizeof(int32_t) * (size_t)d);
+    /* one sequence at a time: the engine may have no more than one free */
+    int32_t p2[2] = {(int32_t)n - 2, (int32_t)n - 1}, s2[2], one = -1;
+    bool w2[2] = {true, true};
+    if ((sa = prefill_quiet(e, hist, n - 2, pos, seqs, want)) < 0) goto out;
+    for (int k = 0; k < 2; k++) {
+        const struct sil_batch b = {1, hist + n - 2 + k, p2 + k, &sa, NULL};
+        if (sil_engine_eval_out(e, &b, k ? la : NULL, k ? NULL : &one, NULL, &err) < 0) goto out;
+    }
+    sil_seq_free(e, sa);
+    sa = -1;
+    if ((sb = prefill_quiet(e, hist, n - 2, pos, seqs, want)) < 0) goto out;
+    s2[0] = s2[1] = sb;
+    const struct sil_batch b2 = {2, hist + n - 2, p2, s2, w2};
+    if (sil_engine_eval(e, &b2, lb, &err) < 0) goto out;
+    float t1 = -INFINITY, t2 = -INFINITY, dmax = 0.0f;
+    for (int32_t v = 0; v < V; v++) {
+        const float x = la[v], dv = fabsf(x - lb[(size_t)V + v]);
+        if (x > t1) {
+            t2 = t1;
+            t1 = x;
+        } else if (x > t2) {
+            t2 = x;
+        }
+        if (!(dv <= dmax)) dmax = dv;
+    }
+    r->margin = t1 - t2;
+    r->two_row_diff = dmax;
+out:
+    if (err.msg[0]) fprintf(stderr, "sil-eval: probing the divergence: %s\n", err.msg);
+    if (sa >= 0) sil_seq_free(e, sa);
+    if (sb >= 0) sil_seq_free(e, sb);
+    free(hist);
+    free(pos);
+    free(seqs);
+    free(want);
+    free(la);
+    free(lb);
+}
 
 /* Evaluates ids[0, n) in a fresh sequence of e, without logits; the sequence or -1. */
 static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int32_t *pos,
@@ -238,14 +305,14 @@ static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *i
     bool *want = malloc(sizeof(bool) * PREFILL_BATCH);
     int32_t *hist = malloc(sizeof(int32_t) * (n_ids + (size_t)n_predict + 1));
     r->greedy = malloc(sizeof(int32_t) * (size_t)n_predict);
-    int rc = -ENOMEM;
+    int rc = -ENOMEM, ts = -1, ds = -1;
     struct sil_spec sp = {0};
     if (!pos || !seqs || !want || !hist || !r->greedy) {
         fprintf(stderr, "sil-eval: out of memory\n");
         goto out;
     }
-    const int ts = prefill_quiet(t, ids, n_ids - 1, pos, seqs, want);
-    const int ds = ts < 0 || !d ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
+    ts = prefill_quiet(t, ids, n_ids - 1, pos, seqs, want);
+    ds = ts < 0 || !d ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
     if (ts < 0 || (d && ds < 0)) goto out;
     /* no draft model: the target's MTP layer drafts */
     rc = r->oref ? sil_spec_init_oracle(&sp, t, ts, (int32_t)r->depth, r->oref, r->n_oref, r->op,
@@ -276,6 +343,8 @@ static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *i
     rc = 0;
 out:
     sil_spec_free(&sp);
+    if (ts >= 0) sil_seq_free(t, ts); /* its sequences back: probe_diverged may need them */
+    if (ds >= 0) sil_seq_free(d, ds);
     free(pos);
     free(seqs);
     free(want);
@@ -357,7 +426,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         return 2;
     }
     const bool all = strcmp(mode, "all") == 0;
-    struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1};
+    struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1, .margin = -1.0f, .two_row_diff = -1.0f};
     enum sil_bench_spec spec_as;
     if (sil_bench_spec_mode("sil-eval", o->spec, o->draft_model, o->spec_tree, true, &spec_as) < 0 ||
         (o->spec_tree &&
@@ -606,10 +675,17 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (src < 0) goto out_pass;
         for (long i = 0; i < n_predict && sr.diverged < 0; i++)
             if (sr.greedy[i] != greedy[i]) sr.diverged = i;
-        if (sr.diverged >= 0)
+        if (sr.diverged >= 0) {
             fprintf(stderr, "sil-eval: speculative decoding gave token %d at step %ld where plain "
                             "greedy decoding gave %d\n",
                     sr.greedy[sr.diverged], sr.diverged, greedy[sr.diverged]);
+            probe_diverged(e, ids, n_ids, greedy, sr.diverged, V, &sr);
+            if (sr.margin >= 0.0f)
+                fprintf(stderr, "sil-eval: there plain decoding's top two logits are %.4g apart; "
+                                "two rows in one pass against one at a time from the same state: "
+                                "the row's logits differ by up to %.4g\n",
+                        (double)sr.margin, (double)sr.two_row_diff);
+        }
     }
     const struct sil_spec_stats *ss = &sr.st;
     const double ss_steps = ss->steps ? (double)ss->steps : 1.0;
@@ -782,6 +858,12 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0);
             /* windows cut by replaying the kept rows' delta-net cores on the device (null on
              * the host, where cuts replay from the engine's capture) */
+            if (sr.diverged >= 0 && sr.margin >= 0.0f)
+                printf(", \"diverged\": {\"step\": %ld, \"plain_margin\": %.6g, "
+                       "\"two_row_max_diff\": %.6g}",
+                       sr.diverged, (double)sr.margin, (double)sr.two_row_diff);
+            else
+                printf(", \"diverged\": %s", sr.diverged >= 0 ? "{}" : "null");
             struct sil_engine_device sd;
             if (sil_engine_device(e, &sd) == 0)
                 printf(", \"device_cut_replays\": %llu}", (unsigned long long)sd.cut_replays);
