@@ -213,8 +213,25 @@ struct spec_run {
     float margin, two_row_diff;
 };
 
+/* Evaluates ids[0, n) in a fresh sequence of e, without logits; the sequence or -1. */
 static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int32_t *pos,
-                         int32_t *seqs, bool *want);
+                         int32_t *seqs, bool *want)
+{
+    struct sil_error err = {0};
+    int seq = sil_seq_create(e, &err);
+    for (size_t b0 = 0; seq >= 0 && b0 < n; b0 += PREFILL_BATCH) {
+        const int32_t k = (int32_t)(n - b0 < PREFILL_BATCH ? n - b0 : PREFILL_BATCH);
+        for (int32_t i = 0; i < k; i++) {
+            pos[i] = (int32_t)(b0 + (size_t)i);
+            seqs[i] = seq;
+            want[i] = false;
+        }
+        const struct sil_batch b = {k, ids + b0, pos, seqs, want};
+        if (sil_engine_eval(e, &b, NULL, &err) < 0) seq = -1;
+    }
+    if (seq < 0) fprintf(stderr, "sil-eval: %s\n", err.msg);
+    return seq;
+}
 
 /* Where speculative decoding parted from plain greedy decoding at step d: the prompt ids and
  * plain's tokens up to d in two fresh sequences prefilled alike but for the last two tokens;
@@ -273,26 +290,6 @@ out:
     free(want);
     free(la);
     free(lb);
-}
-
-/* Evaluates ids[0, n) in a fresh sequence of e, without logits; the sequence or -1. */
-static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int32_t *pos,
-                         int32_t *seqs, bool *want)
-{
-    struct sil_error err = {0};
-    int seq = sil_seq_create(e, &err);
-    for (size_t b0 = 0; seq >= 0 && b0 < n; b0 += PREFILL_BATCH) {
-        const int32_t k = (int32_t)(n - b0 < PREFILL_BATCH ? n - b0 : PREFILL_BATCH);
-        for (int32_t i = 0; i < k; i++) {
-            pos[i] = (int32_t)(b0 + (size_t)i);
-            seqs[i] = seq;
-            want[i] = false;
-        }
-        const struct sil_batch b = {k, ids + b0, pos, seqs, want};
-        if (sil_engine_eval(e, &b, NULL, &err) < 0) seq = -1;
-    }
-    if (seq < 0) fprintf(stderr, "sil-eval: %s\n", err.msg);
-    return seq;
 }
 
 /* Both models hold the prompt but its last token; then steps until n_predict tokens. */
@@ -856,14 +853,14 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)ss->moe_layers,
                    ss->moe_layers ? (double)ss->expert_union / (double)ss->moe_layers : 0.0,
                    ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0);
-            /* windows cut by replaying the kept rows' delta-net cores on the device (null on
-             * the host, where cuts replay from the engine's capture) */
             if (sr.diverged >= 0 && sr.margin >= 0.0f)
                 printf(", \"diverged\": {\"step\": %ld, \"plain_margin\": %.6g, "
                        "\"two_row_max_diff\": %.6g}",
                        sr.diverged, (double)sr.margin, (double)sr.two_row_diff);
             else
                 printf(", \"diverged\": %s", sr.diverged >= 0 ? "{}" : "null");
+            /* windows cut by replaying the kept rows' delta-net cores on the device (null on
+             * the host, where cuts replay from the engine's capture) */
             struct sil_engine_device sd;
             if (sil_engine_device(e, &sd) == 0)
                 printf(", \"device_cut_replays\": %llu}", (unsigned long long)sd.cut_replays);

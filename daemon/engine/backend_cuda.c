@@ -195,8 +195,9 @@ static int keep_replay(struct cuda_backend *b, int seq, int slot, int32_t n, str
         d.run_start = b->keep_runs;
         d.run_seq = b->keep_runs + 8;
         if (rc == 0)
-            rc = k->rule ? sil_cuda_fwd_delta_rule(b->cu, b->fwd, &d, 1, 0, 0, 0, NULL, err)
-                         : sil_cuda_fwd_delta_net(b->cu, b->fwd, &d, 1, NULL, err);
+            rc = dn_rule_takes(d.dk)
+                     ? sil_cuda_fwd_delta_rule(b->cu, b->fwd, &d, 1, 0, 0, 0, NULL, err)
+                     : sil_cuda_fwd_delta_net(b->cu, b->fwd, &d, 1, NULL, err);
     }
     if (rc < 0) return rc;
     atomic_fetch_add_explicit(&b->keep_replays, 1, memory_order_relaxed);

@@ -28,6 +28,7 @@ void sil_cb_stage(struct cuda_backend *b, const struct sil_ubatch *ub, int32_t *
     /* rows of kept windows, in order from their start, to the capture of their delta-net
      * inputs (keep_in's row slot * MB + r): a row out of order or in a tree ends the window's
      * capture (its cut then evaluates the rows again); rows past the first MB are not taken */
+    b->n_cap = 0;
     for (int32_t i = 0; i < ub->n; i++) {
         b->h_cap[i] = -1;
         for (int32_t k = 0; b->keep_l && k < (int32_t)b->c.keep_states; k++) {
@@ -36,6 +37,7 @@ void sil_cb_stage(struct cuda_backend *b, const struct sil_ubatch *ub, int32_t *
             if (!ub->tree && r == b->keep_rows[k] && r < MB) {
                 b->h_cap[i] = k * MB + (int32_t)r;
                 b->keep_rows[k]++;
+                b->n_cap++;
             } else if (ub->tree || r < b->keep_rows[k] || b->keep_rows[k] < MB) {
                 b->keep_rows[k] = -1;
             } /* else a row past the first MB: not captured, the first MB still are */
@@ -149,7 +151,7 @@ static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ub
     for (int i = 0; i < N_GRAPHS; i++) {
         struct graph_slot *g = &b->slots[i];
         if (g->n == ub->n && g->n_runs == ub->n_runs && g->n_keep == n_keep &&
-            g->head_out == ub->head_out &&
+            g->head_out == ub->head_out && g->cap == (b->n_cap > 0) &&
             !memcmp(g->run_start, ub->run_start, sizeof(int32_t) * (size_t)(ub->n_runs + 1)) &&
             !memcmp(g->keep, b->h_keep, sizeof(int32_t) * (size_t)n_keep))
             return g;
@@ -166,6 +168,7 @@ static struct graph_slot *shape_slot(struct cuda_backend *b, const struct sil_ub
     lru->n_runs = ub->n_runs;
     lru->n_keep = n_keep;
     lru->head_out = ub->head_out;
+    lru->cap = b->n_cap > 0;
     memcpy(lru->run_start, ub->run_start, sizeof(int32_t) * (size_t)(ub->n_runs + 1));
     memcpy(lru->keep, b->h_keep, sizeof(int32_t) * (size_t)n_keep);
     return lru;

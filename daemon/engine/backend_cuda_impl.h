@@ -47,6 +47,7 @@ _Static_assert(SIL_KV_F32 == (int)SIL_CUDA_KV_F32 && SIL_KV_F16 == (int)SIL_CUDA
 struct graph_slot {
     int32_t n, n_runs, n_keep;
     uint8_t head_out; /* what its head gives back (sil_ubatch.head_out) */
+    bool cap;         /* it captures rows of kept windows (keep_capture's launches) */
     int32_t run_start[MB + 1];
     int32_t keep[MB];
     int seen;        /* eager passes of this shape */
@@ -64,10 +65,9 @@ struct graph_slot {
 enum pass_mode { PASS_EAGER, PASS_CAPTURE, PASS_REPLAY };
 
 /* One recurrent layer as its delta_net op last ran it, for a kept window's replay: the conv's
- * weights and state offset, the delta rule's arguments (their rows and runs set at replay) and
- * which kernel ran it. */
+ * weights and state offset, the delta rule's arguments (their rows and runs set at replay). */
 struct keep_layer {
-    bool set, rule;
+    bool set;
     sil_cuda_ptr conv_w;
     int K;
     struct sil_cuda_dn d;
@@ -133,6 +133,7 @@ struct cuda_backend {
     float *emb;
     int32_t *h_pos, *h_seq, *h_run_start, *h_run_seq, *h_keep;
     int32_t *h_cap; /* [ub_max]: each row's place in keep_in's rows of a layer, -1 none */
+    int32_t n_cap;  /* rows of the staged ubatch with a place (0: no capture launches) */
     sil_cuda_ptr cap;
     /* KV in blocks of SIL_KV_BLOCK positions: the pool holds n_seq_max * kv_bps blocks a layer;
      * a sequence's table [kv_bps] block ids (the engine's, kv_cache.h) in the staged block */
@@ -259,6 +260,13 @@ static inline bool fail(struct cuda_backend *b, int code, const char *what)
 static inline bool on_host(const struct sil_weight *w)
 {
     return w->loc == SIL_WEIGHT_MMAP || w->loc == SIL_WEIGHT_HOST;
+}
+
+/* The delta rule with its state rows spread over blocks (sil_cuda_fwd_delta_rule) takes these
+ * key heads; others go through sil_cuda_fwd_delta_net. */
+static inline bool dn_rule_takes(int dk)
+{
+    return dk % 32 == 0 && dk <= 256;
 }
 
 static inline bool quantized(int type)

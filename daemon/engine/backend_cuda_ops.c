@@ -430,10 +430,10 @@ void sil_cb_matmul_conv1d(struct sil_backend *be, const struct sil_ubatch *ub, s
 }
 
 /* A kept window's rows (h_cap, staged with the ubatch): this layer's delta-net inputs into
- * keep_in, and the layer's weights noted for the replay (state_keep). Every pass of a backend
- * with keep slots makes the launch, so a graph's shape does not depend on the windows open. */
+ * keep_in, and the layer's weights noted for the replay (state_keep). Only a ubatch with such
+ * rows makes the launch (graphs are keyed on it: graph_slot.cap). */
 static void keep_capture(struct cuda_backend *b, const struct sil_ubatch *ub,
-                         const struct sil_delta_net_args *a, const struct sil_cuda_dn *d, bool rule)
+                         const struct sil_delta_net_args *a, const struct sil_cuda_dn *d)
 {
     const struct sil_cuda_config *c = &b->c;
     const int64_t per = sil_delta_net_state_floats(a->p), l = per > 0 ? a->state.offset / per : -1;
@@ -446,8 +446,8 @@ static void keep_capture(struct cuda_backend *b, const struct sil_ubatch *ub,
     k->conv_w = dp(a->conv1d->data);
     k->K = a->p->conv_kernel;
     k->d = *d;
-    k->rule = rule;
     k->set = true;
+    if (b->n_cap == 0) return;
     const int64_t w = cd + 2 * c->dn_v_heads;
     const sil_cuda_ptr dst = b->keep_in + (uint64_t)(l * c->keep_states * MB * w) * sizeof(float);
     ok(b, sil_cuda_fwd_dn_capture(b->cu, b->fwd, dp(a->qkv_mixed.data), a->qkv_mixed.ld,
@@ -493,9 +493,9 @@ void sil_cb_delta_net(struct sil_backend *be, const struct sil_ubatch *ub,
     };
     const int nv = d.nv, dk = d.dk, dv = d.dv;
     const sil_cuda_ptr out = d.out;
-    keep_capture(b, ub, a, &d, !(dk % 32 != 0 || dk > 256));
+    keep_capture(b, ub, a, &d);
     if (b->rc) return;
-    if (dk % 32 != 0 || dk > 256) {
+    if (!dn_rule_takes(dk)) {
         ok(b, sil_cuda_fwd_delta_net(b->cu, b->fwd, &d, ub->n_runs, NULL, &b->err));
         return;
     }

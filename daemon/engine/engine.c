@@ -2098,18 +2098,6 @@ int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer)
                        : sil_expert_obs_pool_slots(e->f.obs, layer);
 }
 
-int32_t sil_engine_device_rows(const struct sil_engine *e)
-{
-    const int32_t K = e->model->hp.n_expert_used;
-    if (!e->f.ecache || K < 1) return e->n_batch_max;
-    int32_t rows = e->n_batch_max;
-    for (int32_t l = 0; l < e->model->hp.n_layer; l++) {
-        const int32_t n = sil_ecache_pool_slots(e->f.ecache, l);
-        if (n > 0 && n / K < rows) rows = n / K;
-    }
-    return rows < 1 ? 1 : rows;
-}
-
 int32_t sil_engine_ecache_host_misses(const struct sil_engine *e)
 {
     return e->f.ecache ? e->f.cpu_misses : 0;

@@ -470,12 +470,6 @@ int32_t sil_engine_ecache_slots(const struct sil_engine *e);
 /* Slots of one layer's pool (the cache splits its slots over the layers); 0 without one. */
 int32_t sil_engine_ecache_pool_slots(const struct sil_engine *e, int32_t layer);
 const char *sil_engine_ecache_policy(const struct sil_engine *e);
-/* The most rows of one sequence a pass may take with every expert they choose in the
- * device's slots: the smallest layer pool over n_expert_used (at least 1), where the backend
- * has an expert cache; n_batch_max otherwise. More rows can choose more experts than a pool
- * holds, and those run from host memory, with other arithmetic than the device's: a verify
- * pass wider than this would not give plain decoding's numbers. */
-int32_t sil_engine_device_rows(const struct sil_engine *e);
 /* How many misses of each decode plan the backend computes on the host (miss path (c),
  * SIL_CUDA_CPU_MISSES), 0 where it does not. */
 int32_t sil_engine_ecache_host_misses(const struct sil_engine *e);

@@ -160,10 +160,6 @@ static int draft_catch_up(struct sil_spec *s, const int32_t *hist, int32_t n_his
 static int32_t step_drafts(const struct sil_spec *s, int32_t n_hist, int32_t max_out)
 {
     int32_t n = s->depth;
-    /* no wider than the device's expert slots take: a verify pass whose experts spill to the
-     * host would not give plain decoding's numbers */
-    const int32_t rows = sil_engine_device_rows(s->target);
-    if (n > rows - 1) n = rows - 1;
     if (n > max_out - 1) n = max_out - 1;
     if (n > sil_engine_n_ctx(s->target) - n_hist) n = sil_engine_n_ctx(s->target) - n_hist;
     if (s->draft && n > sil_engine_n_ctx(s->draft) - n_hist + 1)
