@@ -29,7 +29,7 @@ struct opts {
     const char *route_trace, *route_replay, *ecache_slots, *ecache_policy, *vram_budget, *passes;
     const char *heat_map, *host_budget;
     const char *cuda_graphs, *cuda_zero_copy, *cuda_pin, *cuda_cpu_share;
-    const char *spec, *draft_model, *spec_tree, *oracle_p;
+    const char *spec, *draft_model, *spec_tree, *oracle_p, *probe_steps;
     bool exact;
 };
 
@@ -106,6 +106,9 @@ static const struct opt_def {
     {"--oracle-p", OPT_STR, offsetof(struct opts, oracle_p), "P",
      "--spec oracle (a benchmark drafter): the chance each draft is the plain decode's token "
      "(default 0.8)"},
+    {"--probe-steps", OPT_STR, offsetof(struct opts, probe_steps), "LIST",
+     "with --spec: at these plain decoding steps (e.g. 4,12,20; at most 16), how far a row's "
+     "logits move as the second row of a two-row pass, and run again one row at a time"},
     {"--draft-model", OPT_STR, offsetof(struct opts, draft_model), "FILE",
      "the draft model of --spec draft (the target's vocabulary)"},
     {"--mtp-logits", OPT_FLAG, offsetof(struct opts, mtp_logits), NULL,
@@ -328,6 +331,7 @@ int main(int argc, char **argv)
             .draft_model = o.draft_model,
             .spec_tree = o.spec_tree,
             .oracle_p = o.oracle_p,
+            .probe_steps = o.probe_steps,
         };
         return sil_eval_model(&mo);
     }

@@ -9,7 +9,8 @@
  *   quantized: <= 1e-5 against the same arithmetic in double (weights dequantized by the CPU
  *              backend, activations rounded to q8 on the host as the GPU does) and <= 5e-3
  *              against the CPU backend's own dot products (its activations round differently);
- *   float:     <= 1e-5 against double and against the CPU backend.
+ *   float:     <= 1e-5 against double and against the CPU backend, through both kernels
+ *              (64 x 64 tiles where they fill the device, else a warp per 4 x 8 products).
  * Outputs are poisoned with NaN bytes and y has 3 padding rows per activation row: an unwritten
  * element or a write past the rows fails.
  *
@@ -162,6 +163,9 @@ static void test_matmul(struct sil_cuda *cu)
                 mm_case(cu, type, rows_l[ri], cols, ns[ni], paths, npaths, &st);
         /* a single stage (one K-quant block, one unit), more row tiles, and odd float columns */
         mm_case(cu, type, 333, bs == 256 ? 256 : bs == 32 ? 32 : 37, 100, paths, npaths, &st);
+        /* float weights take 64 x 64 tiles only where those fill the SMs twice over (288
+         * tiles here, up to 144 SMs); the few-row cases above take a warp per 4 x 8 products */
+        if (!quant) mm_case(cu, type, 1100, 37, 1000, paths, npaths, &st);
         check(st.worst_same <= 1e-5 && st.worst_cpu <= (quant ? 5e-3 : 1e-5),
               "matmul %-5s %3d runs: err %.2e vs same rounding, %.2e vs cpu backend",
               sil_type_name(type), st.runs, st.worst_same, st.worst_cpu);

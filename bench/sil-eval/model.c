@@ -209,9 +209,14 @@ struct spec_run {
     long diverged; /* the first token unlike plain decoding's, -1: none */
     /* at that step (probe_diverged): plain decoding's top-two logit gap there, and the largest
      * difference of the row's logits evaluated as the second of a two-row pass against one row
-     * at a time from the same state (negative: not probed) */
-    float margin, two_row_diff;
+     * at a time from the same state, and between two such one-row runs (the engine's noise
+     * from its own history: which experts were resident, which the CPU took; negative: not
+     * probed) */
+    float margin, two_row_diff, rerun_diff;
 };
+
+/* --probe-steps takes at most this many steps */
+#define PROBE_MAX 16
 
 /* Evaluates ids[0, n) in a fresh sequence of e, without logits; the sequence or -1. */
 static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int32_t *pos,
@@ -237,39 +242,46 @@ static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int
  * plain's tokens up to d in two fresh sequences prefilled alike but for the last two tokens;
  * one takes them one row at a time, the other in one pass of two rows (as a verify pass would);
  * r->margin gets the one-row logits' top-two gap (a near tie there is rounding, not a bug),
- * r->two_row_diff the largest difference between the two passes' last row. */
+ * r->two_row_diff the largest difference between the two passes' last row, r->rerun_diff that
+ * between the one-row run and a third sequence run one row at a time again. */
 static void probe_diverged(struct sil_engine *e, const int32_t *ids, size_t n_ids,
                            const int32_t *greedy, long d, int32_t V, struct spec_run *r)
 {
-    r->margin = r->two_row_diff = -1.0f;
+    r->margin = r->two_row_diff = r->rerun_diff = -1.0f;
     const size_t n = n_ids + (size_t)d; /* hist[0, n): the row at n - 1 picks token d */
     if (n < 3) return;
     struct sil_error err = {0};
     int32_t *hist = malloc(sizeof(int32_t) * n), *pos = malloc(sizeof(int32_t) * PREFILL_BATCH),
             *seqs = malloc(sizeof(int32_t) * PREFILL_BATCH);
     bool *want = malloc(sizeof(bool) * PREFILL_BATCH);
-    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * 2 * (size_t)V);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * 2 * (size_t)V),
+          *lc = malloc(sizeof(float) * (size_t)V);
     int sa = -1, sb = -1;
-    if (!hist || !pos || !seqs || !want || !la || !lb) goto out;
+    if (!hist || !pos || !seqs || !want || !la || !lb || !lc) goto out;
     memcpy(hist, ids, sizeof(int32_t) * n_ids);
     memcpy(hist + n_ids, greedy, sizeof(int32_t) * (size_t)d);
     /* one sequence at a time: the engine may have no more than one free */
     int32_t p2[2] = {(int32_t)n - 2, (int32_t)n - 1}, s2[2], one = -1;
     bool w2[2] = {true, true};
-    if ((sa = prefill_quiet(e, hist, n - 2, pos, seqs, want)) < 0) goto out;
-    for (int k = 0; k < 2; k++) {
-        const struct sil_batch b = {1, hist + n - 2 + k, p2 + k, &sa, NULL};
-        if (sil_engine_eval_out(e, &b, k ? la : NULL, k ? NULL : &one, NULL, &err) < 0) goto out;
+    for (int run = 0; run < 2; run++) {
+        if ((sa = prefill_quiet(e, hist, n - 2, pos, seqs, want)) < 0) goto out;
+        for (int k = 0; k < 2; k++) {
+            const struct sil_batch b = {1, hist + n - 2 + k, p2 + k, &sa, NULL};
+            if (sil_engine_eval_out(e, &b, k ? (run ? lc : la) : NULL, k ? NULL : &one, NULL,
+                                    &err) < 0)
+                goto out;
+        }
+        sil_seq_free(e, sa);
+        sa = -1;
     }
-    sil_seq_free(e, sa);
-    sa = -1;
     if ((sb = prefill_quiet(e, hist, n - 2, pos, seqs, want)) < 0) goto out;
     s2[0] = s2[1] = sb;
     const struct sil_batch b2 = {2, hist + n - 2, p2, s2, w2};
     if (sil_engine_eval(e, &b2, lb, &err) < 0) goto out;
-    float t1 = -INFINITY, t2 = -INFINITY, dmax = 0.0f;
+    float t1 = -INFINITY, t2 = -INFINITY, dmax = 0.0f, rmax = 0.0f;
     for (int32_t v = 0; v < V; v++) {
-        const float x = la[v], dv = fabsf(x - lb[(size_t)V + v]);
+        const float x = la[v], dv = fabsf(x - lb[(size_t)V + v]), dr = fabsf(x - lc[v]);
+        if (!(dr <= rmax)) rmax = dr;
         if (x > t1) {
             t2 = t1;
             t1 = x;
@@ -280,6 +292,7 @@ static void probe_diverged(struct sil_engine *e, const int32_t *ids, size_t n_id
     }
     r->margin = t1 - t2;
     r->two_row_diff = dmax;
+    r->rerun_diff = rmax;
 out:
     if (err.msg[0]) fprintf(stderr, "sil-eval: probing the divergence: %s\n", err.msg);
     if (sa >= 0) sil_seq_free(e, sa);
@@ -287,6 +300,7 @@ out:
     free(hist);
     free(pos);
     free(seqs);
+    free(lc);
     free(want);
     free(la);
     free(lb);
@@ -423,7 +437,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         return 2;
     }
     const bool all = strcmp(mode, "all") == 0;
-    struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1, .margin = -1.0f, .two_row_diff = -1.0f};
+    struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1, .margin = -1.0f, .two_row_diff = -1.0f, .rerun_diff = -1.0f};
     enum sil_bench_spec spec_as;
     if (sil_bench_spec_mode("sil-eval", o->spec, o->draft_model, o->spec_tree, true, &spec_as) < 0 ||
         (o->spec_tree &&
@@ -444,6 +458,26 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                     o->oracle_p);
             return 2;
         }
+    }
+    /* --probe-steps: step numbers, comma-separated, at most PROBE_MAX, with --spec (whose
+     * engine has a sequence free once the runs are done) */
+    long probe_at[PROBE_MAX];
+    int n_probes = 0;
+    for (const char *q = o->probe_steps; q;) {
+        char *end = NULL;
+        errno = 0;
+        const long d = strtol(q, &end, 10);
+        if (!spec || errno || end == q || d < 0 || (*end && *end != ',') ||
+            n_probes == PROBE_MAX) {
+            fprintf(stderr,
+                    spec ? "sil-eval: --probe-steps '%s' is not a list of at most %d step "
+                           "numbers (e.g. 4,12,20)\n"
+                         : "sil-eval: --probe-steps goes with --spec\n",
+                    o->probe_steps, PROBE_MAX);
+            return 2;
+        }
+        probe_at[n_probes++] = d;
+        q = *end ? end + 1 : NULL;
     }
     if (oracle && sr.width > 1) {
         fprintf(stderr, "sil-eval: --spec oracle drafts chains only (--spec-tree 1xDEPTH)\n");
@@ -680,9 +714,21 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             if (sr.margin >= 0.0f)
                 fprintf(stderr, "sil-eval: there plain decoding's top two logits are %.4g apart; "
                                 "two rows in one pass against one at a time from the same state: "
-                                "the row's logits differ by up to %.4g\n",
-                        (double)sr.margin, (double)sr.two_row_diff);
+                                "the row's logits differ by up to %.4g (one row at a time run "
+                                "twice: %.4g)\n",
+                        (double)sr.margin, (double)sr.two_row_diff, (double)sr.rerun_diff);
         }
+    }
+    /* --probe-steps: the same probe at the steps given, diverged or not */
+    struct spec_run probes[PROBE_MAX];
+    for (int i = 0; i < n_probes; i++) {
+        probes[i].margin = probes[i].two_row_diff = probes[i].rerun_diff = -1.0f;
+        if (probe_at[i] >= n_predict) continue;
+        probe_diverged(e, ids, n_ids, greedy, probe_at[i], V, &probes[i]);
+        fprintf(stderr, "sil-eval: probe at step %ld: top two %.4g apart, two rows vs one %.4g, "
+                        "one row run twice %.4g\n",
+                probe_at[i], (double)probes[i].margin, (double)probes[i].two_row_diff,
+                (double)probes[i].rerun_diff);
     }
     const struct sil_spec_stats *ss = &sr.st;
     const double ss_steps = ss->steps ? (double)ss->steps : 1.0;
@@ -855,8 +901,9 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0);
             if (sr.diverged >= 0 && sr.margin >= 0.0f)
                 printf(", \"diverged\": {\"step\": %ld, \"plain_margin\": %.6g, "
-                       "\"two_row_max_diff\": %.6g}",
-                       sr.diverged, (double)sr.margin, (double)sr.two_row_diff);
+                       "\"two_row_max_diff\": %.6g, \"rerun_max_diff\": %.6g}",
+                       sr.diverged, (double)sr.margin, (double)sr.two_row_diff,
+                       (double)sr.rerun_diff);
             else
                 printf(", \"diverged\": %s", sr.diverged >= 0 ? "{}" : "null");
             /* windows cut by replaying the kept rows' delta-net cores on the device (null on
@@ -866,6 +913,17 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                 printf(", \"device_cut_replays\": %llu}", (unsigned long long)sd.cut_replays);
             else
                 printf(", \"device_cut_replays\": null}");
+        }
+        if (n_probes > 0) {
+            printf(", \"probes\": [");
+            int np = 0;
+            for (int i = 0; i < n_probes; i++)
+                if (probes[i].margin >= 0.0f)
+                    printf("%s{\"step\": %ld, \"plain_margin\": %.6g, \"two_row_max_diff\": "
+                           "%.6g, \"rerun_max_diff\": %.6g}",
+                           np++ ? ", " : "", probe_at[i], (double)probes[i].margin,
+                           (double)probes[i].two_row_diff, (double)probes[i].rerun_diff);
+            printf("]");
         }
         printf("}\n");
     } else {

@@ -33,6 +33,9 @@ struct sil_eval_model_opts {
      * draft model's file, and the tree (WIDTHxDEPTH; 1xDEPTH: a chain) */
     const char *spec, *draft_model, *spec_tree;
     const char *oracle_p; /* --spec oracle: the chance a draft is right (NULL: 0.8) */
+    /* plain decoding's steps ("3,10,20") where one row at a time is compared with the same row
+     * as the second of a two-row pass and with itself run again (NULL: none) */
+    const char *probe_steps;
 };
 
 /* Returns a process exit status (0, 1 on failure, 2 on usage errors). */

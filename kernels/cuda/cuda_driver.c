@@ -125,7 +125,12 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
             CUfunction *f = t < MV_F32 ? &cu->mmq[t][v] : &cu->mmf[t - MV_F32];
             CUresult r = cu->api.cuModuleGetFunction(f, cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
-            if (t >= MV_F32) continue;
+            if (t >= MV_F32) {
+                snprintf(name, sizeof name, "sil_mmf_thin_%s", mv_names[t]);
+                r = cu->api.cuModuleGetFunction(&cu->mmf_thin[t - MV_F32], cu->mod, name);
+                if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
+                continue;
+            }
             snprintf(name, sizeof name, "sil_mmq_grp_%s_%s", mv_names[t], v ? "sm80" : "sm75");
             r = cu->api.cuModuleGetFunction(&cu->mmq_grp[t][v], cu->mod, name);
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);

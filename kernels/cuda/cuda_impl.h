@@ -149,6 +149,9 @@ enum { W_MATVEC, W_MATMUL, W_GATE_UP, W_DOWN, W_COUNT };
 #define WHAT_MAX 24
 enum { K_QUANTIZE, K_RMSNORM, K_ADD, K_SWIGLU, K_ROPE, K_ROUTER, K_ARGMAX, K_COUNT };
 
+/* weight rows a block of sil_mmf_thin takes (SIL_MMF_TR in mmq.cuh) */
+#define SIL_CUDA_MMF_TR 4
+
 struct sil_cuda {
     struct sil_cu_api api;
     CUdevice dev;
@@ -168,6 +171,7 @@ struct sil_cuda {
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
     CUfunction mmq_grp[MV_F32][2];
     CUfunction mmf[MV_COUNT - MV_F32];
+    CUfunction mmf_thin[MV_COUNT - MV_F32]; /* few weight rows: a warp per 4 x 8 products */
     char what[W_COUNT][MV_COUNT][WHAT_MAX]; /* w_kinds[k] and the slot's type name */
     int mma_best, mma_sm; /* the newest mma path this module runs on the device; the one used */
     struct sil_cuda_info info;

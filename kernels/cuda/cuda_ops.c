@@ -287,6 +287,11 @@ int sil_cuda_matmul(struct sil_cuda *cu, const struct sil_cuda_weight *w, sil_cu
         int64_t cols = w->cols;
         void *p[] = {(void *)&w->data, &row_bytes, &rows, &cols, &x, &n, &y, &ldy};
         cu->prof_bytes = w->bytes;
+        /* 64 x 64 tiles where they fill the SMs twice over, else a warp per 4 x 8 products */
+        if ((uint64_t)gx * gy < 2 * (uint64_t)(cu->info.sm_count > 0 ? cu->info.sm_count : 1))
+            return sil_cu_launch(cu, cu->mmf_thin[slot - MV_F32], cu->what[W_MATMUL][slot],
+                                 (unsigned)((w->rows + SIL_CUDA_MMF_TR - 1) / SIL_CUDA_MMF_TR),
+                                 (unsigned)((n + 63) / 64), 1, 256, s, p, err);
         return sil_cu_launch(cu, cu->mmf[slot - MV_F32], cu->what[W_MATMUL][slot], gx, gy, 1, 256,
                              s, p, err);
     } else {

@@ -229,6 +229,65 @@ __device__ __forceinline__ void sil_mmf(const uint8_t *__restrict__ w, uint64_t 
         }
 }
 
+// Float weights of few rows (the router, the delta net's alpha and beta, the shared expert's
+// gate) on many activation rows, where sil_mmf's 64 x 64 tiles leave most SMs idle: a warp per
+// SIL_MMF_TR weight rows x SIL_MMF_TC activation rows, lane l summing k = l, l + 32, ... in order,
+// then the lanes' sums added in a fixed butterfly; a block's 8 warps take the same weight rows and
+// 8 groups of activation rows. A product's sums do not depend on n or on where its tile lies.
+#define SIL_MMF_TR 4
+#define SIL_MMF_TC 8
+static_assert(SIL_MMF_TR * SIL_MMF_TC == 32, "a product a lane");
+template <int F>
+__device__ __forceinline__ void sil_mmf_thin(const uint8_t *__restrict__ w, uint64_t row_bytes,
+                                             int rows, int64_t cols, const float *__restrict__ x,
+                                             int n, float *__restrict__ y, int64_t ldy)
+{
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * SIL_MMF_TR, c0 = (blockIdx.y * 8 + wp) * SIL_MMF_TC;
+    if (c0 >= n) return;
+    const uint8_t *wr[SIL_MMF_TR];
+    const float *xr[SIL_MMF_TC];
+#pragma unroll
+    for (int i = 0; i < SIL_MMF_TR; i++)
+        wr[i] = w + (uint64_t)(r0 + i < rows ? r0 + i : r0) * row_bytes;
+#pragma unroll
+    for (int j = 0; j < SIL_MMF_TC; j++)
+        xr[j] = x + (int64_t)(c0 + j < n ? c0 + j : c0) * cols;
+    float acc[SIL_MMF_TR][SIL_MMF_TC];
+#pragma unroll
+    for (int i = 0; i < SIL_MMF_TR; i++)
+#pragma unroll
+        for (int j = 0; j < SIL_MMF_TC; j++)
+            acc[i][j] = 0.0f;
+#pragma unroll 2
+    for (int64_t k = lane; k < cols; k += 32) {
+        float wv[SIL_MMF_TR], xv[SIL_MMF_TC];
+#pragma unroll
+        for (int i = 0; i < SIL_MMF_TR; i++)
+            wv[i] = sil_wf<F>(wr[i], k);
+#pragma unroll
+        for (int j = 0; j < SIL_MMF_TC; j++)
+            xv[j] = xr[j][k];
+#pragma unroll
+        for (int i = 0; i < SIL_MMF_TR; i++)
+#pragma unroll
+            for (int j = 0; j < SIL_MMF_TC; j++)
+                acc[i][j] = fmaf(wv[i], xv[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < SIL_MMF_TR; i++)
+#pragma unroll
+        for (int j = 0; j < SIL_MMF_TC; j++) {
+            float v = acc[i][j];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            // lane i * TC + j (all 32 of them) writes product (i, j)
+            if (lane == i * SIL_MMF_TC + j && r0 + i < rows && c0 + j < n)
+                y[(int64_t)(c0 + j) * ldy + r0 + i] = v;
+        }
+}
+
 // Grouped (routed experts in prefill): group g (blockIdx.z) multiplies matrix grp_mat[g] of the
 // stack at w (mat_bytes apart) by activation rows grp_start[g] .. grp_start[g + 1] of a8 (q8 of
 // a_rows rows), into the same rows of y; grid y covers the largest group.
@@ -259,6 +318,13 @@ __device__ __forceinline__ void sil_mmf(const uint8_t *__restrict__ w, uint64_t 
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
         sil_mmf<F>(w, row_bytes, rows, cols, x, n, y, ldy);                                       \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                             \
+        sil_mmf_thin_##NAME(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,         \
+                            const float *x, int n, float *y, int64_t ldy)                         \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        sil_mmf_thin<F>(w, row_bytes, rows, cols, x, n, y, ldy);                                  \
     }
 
 SIL_MMQ_ENTRY(q4_0, WT_Q4_0)

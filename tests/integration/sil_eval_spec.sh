@@ -194,3 +194,22 @@ usage "not a number in \\[0, 1\\]" "${B[@]}" --spec oracle --oracle-p 1.5
 usage "--oracle-p goes with --spec oracle" "${B[@]}" --spec mtp --oracle-p 0.5
 usage "--draft-model goes with --spec draft, not oracle" "${B[@]}" "${D[@]}" --spec oracle
 echo "ok: --spec oracle: plain greedy's tokens at every p, all drafts at p = 1, none at p = 0"
+
+# --probe-steps: at each step given, the row's logits one row at a time against the same row as
+# the second of a two-row pass and against a second one-row run: the CPU's rows are the same
+# bits in any batch, so both differences are 0; a step past the run is left out
+"$E" --model "$M/qwen35moe-tiny-Q4_K_M.gguf" --tokens 5,6,7,8 --n-predict 12 --threads 2 \
+    --spec oracle --oracle-p 0.5 --probe-steps 1,6,40 --json >"$T/p.json" 2>"$T/err" ||
+    fail "--probe-steps: $(cat "$T/err")"
+python3 - "$T/p.json" <<'PY' || fail "--probe-steps output: $(cat "$T/p.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+pr = d["probes"]
+assert [p["step"] for p in pr] == [1, 6], pr
+for p in pr:
+    assert p["plain_margin"] > 0 and p["two_row_max_diff"] == 0 and p["rerun_max_diff"] == 0, p
+PY
+usage "--probe-steps goes with --spec" "${B[@]}" --probe-steps 3
+usage "not a list of at most 16 step numbers" "${B[@]}" --spec oracle --probe-steps 3,x
+usage "not a list of at most 16 step numbers" "${B[@]}" --spec oracle --probe-steps=-1
+echo "ok: --probe-steps: one row at a time, two rows in a pass and a rerun agree on the CPU"
