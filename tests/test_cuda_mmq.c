@@ -11,6 +11,8 @@
  *              against the CPU backend's own dot products (its activations round differently);
  *   float:     <= 1e-5 against double and against the CPU backend, through both kernels
  *              (64 x 64 tiles where they fill the device, else a warp per 4 x 8 products).
+ * The grouped product (prefill's routed experts) in each tile height: the same bits as the plain
+ * product of each group's matrix.
  * Outputs are poisoned with NaN bytes and y has 3 padding rows per activation row: an unwritten
  * element or a write past the rows fails.
  *
@@ -172,6 +174,83 @@ static void test_matmul(struct sil_cuda *cu)
     }
 }
 
+/* sil_cuda_matmul_grouped over a stack of 5 matrices (72 rows each, a partial tile; every matrix
+ * 16-byte aligned, as slots are), 4 groups of
+ * 1, 17, 35 and 8 activation rows, in tiles of 16, 32, 64 rows and the default: every product
+ * the same bits as sil_cuda_matmul of its matrix over all rows (the same sums in the same order),
+ * the padding of y untouched. */
+static void test_grouped(struct sil_cuda *cu)
+{
+    static const int types[] = {SIL_TYPE_Q4_K, SIL_TYPE_Q6_K, SIL_TYPE_Q8_0};
+    enum { E = 5, ROWS = 72, COLS = 512, NG = 4, N = 61 };
+    static const int gmat[NG] = {3, 0, 4, 1}, gstart[NG + 1] = {0, 1, 18, 53, N};
+    const int ldy = ROWS + 3;
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        const int type = types[t];
+        const size_t rb = sil_row_size(type, COLS), mat = rb * ROWS;
+        float *wf = xmalloc(sizeof(float) * COLS), *x = xmalloc(sizeof(float) * N * COLS);
+        uint8_t *wq = xmalloc(mat * E);
+        for (int r = 0; r < E * ROWS; r++) {
+            for (int c = 0; c < COLS; c++)
+                wf[c] = frand() * (0.5f + (r % 5)) + 0.1f * (r % 3);
+            sil_quantize_row_ref(type, wf, wq + rb * r, COLS);
+        }
+        for (int i = 0; i < N * COLS; i++)
+            x[i] = frand() * (0.25f + (float)(i / COLS % 7));
+        struct sil_cuda_weight w, v;
+        CK(sil_cuda_weight_upload(cu, type, E * ROWS, COLS, wq, mat * E, &w, &err));
+        sil_cuda_ptr dx, dq8, dy, dm, ds;
+        const size_t yb = sizeof(float) * N * ldy;
+        CK(sil_cuda_alloc(cu, sizeof(float) * N * COLS, &dx, &err));
+        CK(sil_cuda_alloc(cu, sil_cuda_q8_bytes(N, COLS), &dq8, &err));
+        CK(sil_cuda_alloc(cu, yb, &dy, &err));
+        CK(sil_cuda_alloc(cu, sizeof gmat + sizeof gstart, &dm, &err));
+        ds = dm + sizeof gmat;
+        CK(sil_cuda_upload(cu, dx, x, sizeof(float) * N * COLS, NULL, &err));
+        CK(sil_cuda_upload(cu, dm, gmat, sizeof gmat, NULL, &err));
+        CK(sil_cuda_upload(cu, ds, gstart, sizeof gstart, NULL, &err));
+        CK(sil_cuda_quantize_q8(cu, dx, N, COLS, dq8, NULL, &err));
+        /* each matrix over all rows, plainly */
+        float *ref = xmalloc(yb * E), *y = xmalloc(yb);
+        for (int e = 0; e < E; e++) {
+            CK(sil_cuda_weight_view(type, ROWS, COLS, w.data + mat * e, &v, &err));
+            CK(sil_cuda_matmul(cu, &v, 0, dq8, N, dy, ldy, NULL, &err));
+            CK(sil_cuda_download(cu, ref + (size_t)e * N * ldy, dy, yb, NULL, &err));
+        }
+        CK(sil_cuda_sync(cu, NULL, &err));
+        CK(sil_cuda_weight_view(type, ROWS, COLS, w.data, &v, &err));
+        static const int bns[] = {16, 32, 64, 0};
+        for (size_t b = 0; b < sizeof bns / sizeof *bns; b++) {
+            CK(sil_cuda_set_grouped_bn(cu, bns[b], &err));
+            CK(sil_cuda_memset(cu, dy, 0xff, yb, NULL, &err));
+            CK(sil_cuda_matmul_grouped(cu, &v, mat, dq8, N, dm, ds, NG, 35, dy, ldy, NULL, &err));
+            CK(sil_cuda_download(cu, y, dy, yb, NULL, &err));
+            CK(sil_cuda_sync(cu, NULL, &err));
+            int bad = 0, pad = 0;
+            for (int g = 0; g < NG; g++)
+                for (int j = gstart[g]; j < gstart[g + 1]; j++) {
+                    const float *rj = ref + ((size_t)gmat[g] * N + j) * ldy, *yj = y + j * ldy;
+                    bad += memcmp(rj, yj, sizeof(float) * ROWS) != 0;
+                    for (int r = ROWS; r < ldy; r++)
+                        pad += !isnan(yj[r]);
+                }
+            check(bad == 0 && pad == 0,
+                  "grouped %-4s tiles of %2d rows%s: %d of %d rows unlike the plain product, "
+                  "%d padding values written",
+                  sil_type_name(type), bns[b] ? bns[b] : 16, bns[b] ? "" : " (default)", bad, N,
+                  pad);
+        }
+        CK(sil_cuda_set_grouped_bn(cu, 0, &err));
+        free(ref), free(y), free(wf), free(x), free(wq);
+        sil_cuda_release(cu, dx), sil_cuda_release(cu, dq8), sil_cuda_release(cu, dy);
+        sil_cuda_release(cu, dm);
+        sil_cuda_weight_free(cu, &w);
+    }
+    struct sil_error e = {0};
+    check(sil_cuda_set_grouped_bn(cu, 48, &e) == -EINVAL, "args: grouped tiles of 48 refused: %s",
+          e.msg);
+}
+
 static void test_bad_args(struct sil_cuda *cu)
 {
     struct sil_cuda_weight w;
@@ -226,6 +305,7 @@ int main(void)
            in->cc_minor, in->sm_count, in->ptx_jit ? "PTX through the JIT" : "SASS");
     test_bad_args(cu);
     test_matmul(cu);
+    test_grouped(cu);
     CK(sil_cuda_sync(cu, NULL, &err));
     sil_cuda_free(cu);
     printf("%s: %d failure%s\n", failures ? "FAILED" : "PASSED", failures,

@@ -132,6 +132,7 @@ void sil_dev_switches_read(struct sil_engine_params *p)
     /* 0: none (as cuda_cpu_share = off), which the backend's message at start names */
     if (env_is("SIL_CUDA_CPU_MISSES", "0")) o->cpu_off = true;
     if ((n = env_count("SIL_CUDA_UBATCH"))) o->ubatch = (int32_t)n;
+    if ((n = env_count("SIL_CUDA_GROUPED_BN"))) o->grouped_bn = (int32_t)n;
     if ((n = env_count("SIL_CUDA_PREFILL_SPLIT"))) o->prefill_split = (int32_t)n;
     o->host_route = o->host_route || env_is("SIL_CUDA_HOST_ROUTE", "1");
     o->no_grouped = o->no_grouped || env_is("SIL_CUDA_GROUPED", "0");

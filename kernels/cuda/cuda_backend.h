@@ -225,6 +225,10 @@ int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w
  * where it is not there. For tests and benchmarks of both paths. */
 int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err);
 int sil_cuda_get_mma(const struct sil_cuda *cu);
+/* The activation rows a block of sil_cuda_matmul_grouped takes: 16, 32 or 64, or 0 (the
+ * default: the average group rounded up to one of them). The products are the same bits
+ * whichever; for tests and benchmarks (options grouped_bn sets it at init). */
+int sil_cuda_set_grouped_bn(struct sil_cuda *cu, int bn, struct sil_error *err);
 
 /* y = x / sqrt(mean(x^2) + eps) * w per row of n (w may be 0). y may equal x. */
 int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,

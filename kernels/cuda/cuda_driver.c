@@ -131,8 +131,12 @@ static int load_functions(struct sil_cuda *cu, struct sil_error *err)
                 if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
                 continue;
             }
-            snprintf(name, sizeof name, "sil_mmq_grp_%s_%s", mv_names[t], v ? "sm80" : "sm75");
-            r = cu->api.cuModuleGetFunction(&cu->mmq_grp[t][v], cu->mod, name);
+            static const char *const bn_names[3] = {"16", "32", ""};
+            for (int bi = 0; bi < 3 && r == CUDA_SUCCESS; bi++) {
+                snprintf(name, sizeof name, "sil_mmq_grp%s_%s_%s", bn_names[bi], mv_names[t],
+                         v ? "sm80" : "sm75");
+                r = cu->api.cuModuleGetFunction(&cu->mmq_grp[t][v][bi], cu->mod, name);
+            }
             if (r != CUDA_SUCCESS) return cu_fail(&cu->api, err, r, name);
         }
     for (int i = 0; i < K_COUNT; i++) {
@@ -223,6 +227,7 @@ int sil_cuda_init(struct sil_cuda **out, int ordinal, const struct sil_cuda_opti
     rc = set_prefetch_flag(cu, cu->mod, err);
     if (rc < 0) goto fail_ctx;
     cu->fail_at = opt->inject_oom;
+    cu->grouped_bn = opt->grouped_bn;
     STEP(cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING));
 #undef STEP
     *out = cu;

@@ -169,7 +169,8 @@ struct sil_cuda {
     CUfunction router_norm[3]; /* the add + rmsnorm + q8 before it too, one token: 128, 512
                                 * and 1024 threads a block, 4 router rows a block */
     CUfunction mmq[MV_F32][2]; /* [type slot][0: sm_75 mma, 1: sm_80 mma] */
-    CUfunction mmq_grp[MV_F32][2];
+    CUfunction mmq_grp[MV_F32][2][3]; /* [type][sm_80][tile: 16, 32, 64 activation rows] */
+    int32_t grouped_bn;               /* options grouped_bn: 16, 32 or 64; 0: chosen a launch */
     CUfunction mmf[MV_COUNT - MV_F32];
     CUfunction mmf_thin[MV_COUNT - MV_F32]; /* few weight rows: a warp per 4 x 8 products */
     char what[W_COUNT][MV_COUNT][WHAT_MAX]; /* w_kinds[k] and the slot's type name */

@@ -248,6 +248,14 @@ int sil_cuda_matvec_multi_conv(struct sil_cuda *cu, const struct sil_cuda_weight
     return matvec_set(cu, w, nw, q8, n, y, ldy, ep, s, err);
 }
 
+int sil_cuda_set_grouped_bn(struct sil_cuda *cu, int bn, struct sil_error *err)
+{
+    if (bn != 0 && bn != 16 && bn != 32 && bn != 64)
+        return set_err(err, -EINVAL, "cuda: grouped tiles of %d rows: 16, 32, 64 or 0", bn);
+    cu->grouped_bn = bn;
+    return 0;
+}
+
 int sil_cuda_set_mma(struct sil_cuda *cu, int sm, struct sil_error *err)
 {
     if (sm == 0) sm = cu->mma_best;
@@ -318,14 +326,25 @@ int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w
         max_rows > a_rows || ldy < w->rows || mat_bytes < w->bytes)
         return set_err(err, -EINVAL, "cuda: grouped matmul of %d groups, %d of %d rows", n_groups,
                        max_rows, a_rows);
-    const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((max_rows + 63) / 64);
+    /* activation rows a block: the rows an expert gets on average, rounded up to 16, 32 or 64
+     * (a 64-row tile over a 16-row group multiplies and scales zeros three quarters of the
+     * time); the products are the same bits whichever */
+    const int avg = (a_rows + n_groups - 1) / n_groups;
+    int bi = avg <= 16 ? 0 : avg <= 32 ? 1 : 2;
+    if (cu->grouped_bn == 16 || cu->grouped_bn == 32 || cu->grouped_bn == 64)
+        bi = cu->grouped_bn == 16 ? 0 : cu->grouped_bn == 32 ? 1 : 2;
+    const int bn = 16 << bi;
+    const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((max_rows + bn - 1) / bn);
+    if (gy > 65535)
+        return set_err(err, -EINVAL, "cuda: grouped matmul of %d rows a group in tiles of %d",
+                       max_rows, bn);
     uint64_t row_bytes = w->row_bytes, mb = mat_bytes;
     int rows = (int)w->rows, units = (int)(w->cols / SIL_CUDA_Q8_BLOCK);
     void *p[] = {(void *)&w->data, &mb,      &row_bytes, &rows, &units, &q8,
                  &a_rows,          &grp_mat, &grp_start, &y,    &ldy};
     cu->prof_bytes = w->bytes * (uint64_t)n_groups;
-    return sil_cu_launch(cu, cu->mmq_grp[slot][cu->mma_sm >= 80], cu->what[W_MATMUL][slot], gx,
-                         gy, (unsigned)n_groups, 128, s, p, err);
+    return sil_cu_launch(cu, cu->mmq_grp[slot][cu->mma_sm >= 80][bi], cu->what[W_MATMUL][slot],
+                         gx, gy, (unsigned)n_groups, 128, s, p, err);
 }
 
 int sil_cuda_rmsnorm(struct sil_cuda *cu, sil_cuda_ptr y, sil_cuda_ptr x, sil_cuda_ptr w,

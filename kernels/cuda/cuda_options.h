@@ -45,6 +45,8 @@ struct sil_cuda_options {
                             * kernels */
     bool host_route;       /* every MoE layer's choices brought to the host */
     bool no_grouped;       /* prefill's routed experts through the fused decode kernels */
+    int32_t grouped_bn;    /* 16, 32 or 64: the grouped products' activation rows a block
+                            * (0: from the micro-batch's rows per expert) */
     /* fusions off, each to compare with its parts (the parts' launches are what shapes the
      * fusion does not take run anyway) */
     bool no_shared_fuse, no_norm_router, no_attn_q8, no_conv_fuse, no_mv_mix, no_gqa, no_dn_fuse,

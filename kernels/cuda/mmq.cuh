@@ -76,8 +76,9 @@ __device__ __forceinline__ void sil_mma_k16x2(int *lo, int *hi, int a0, int a1, 
 
 // w: rows of row_bytes, units of 32 columns; a8: q8 of a_rows rows (sil_q8_at of a_rows * units
 // blocks), of which rows j0 .. j0 + n are the product's; y[(j0 + j) * ldy + r]. Grid (rows / 64,
-// n / 64) rounded up, SIL_MMQ_THREADS threads.
-template <int T, bool SM80>
+// n / BN) rounded up, SIL_MMQ_THREADS threads. BN (16, 32 or 64 activation rows a block) changes
+// which block computes a product, not its sums: each is the same float sequence over the units.
+template <int T, bool SM80, int BN = SIL_MMQ_BN>
 __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                         int rows, int units, const uint8_t *__restrict__ a8,
                                         int a_rows, int j0, int n, float *__restrict__ y,
@@ -85,19 +86,19 @@ __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t 
 {
     constexpr bool HALVES = T == WT_Q6_K;
     __shared__ __align__(16) uint8_t sw[SIL_MMQ_BM * SIL_MMQ_LD];
-    __shared__ __align__(16) uint8_t sx[SIL_MMQ_BN * SIL_MMQ_LD];
+    __shared__ __align__(16) uint8_t sx[BN * SIL_MMQ_LD];
     __shared__ float4 sws[SIL_MMQ_BM][SIL_MMQ_UNITS]; // d0, d1, m of each weight unit
-    __shared__ float2 sxs[SIL_MMQ_BN][SIL_MMQ_UNITS]; // d, d * sum of each activation block
+    __shared__ float2 sxs[BN][SIL_MMQ_UNITS]; // d, d * sum of each activation block
 
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int row0 = blockIdx.x * SIL_MMQ_BM, col0 = blockIdx.y * SIL_MMQ_BN;
+    const int row0 = blockIdx.x * SIL_MMQ_BM, col0 = blockIdx.y * BN;
     const sil_q8_view a = sil_q8_at(a8, (int64_t)a_rows * units);
     y += (int64_t)j0 * ldy;
 
-    float acc[SIL_MMQ_BN / 8][4];
+    float acc[BN / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < SIL_MMQ_BN / 8; nt++)
+    for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[nt][i] = 0.0f;
@@ -119,14 +120,14 @@ __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t 
                 sws[r][uu] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        for (int i = tid; i < SIL_MMQ_BN * SIL_MMQ_UNITS * 2; i += SIL_MMQ_THREADS) {
+        for (int i = tid; i < BN * SIL_MMQ_UNITS * 2; i += SIL_MMQ_THREADS) {
             const int j = i / (SIL_MMQ_UNITS * 2), uu = (i / 2) % SIL_MMQ_UNITS, h = i & 1;
             const int gj = col0 + j, gu = u0 + uu;
             *(int4 *)(sx + j * SIL_MMQ_LD + uu * 32 + h * 16) =
                 gj < n && gu < units ? a.q[2 * ((int64_t)(j0 + gj) * units + gu) + h]
                                      : make_int4(0, 0, 0, 0);
         }
-        for (int i = tid; i < SIL_MMQ_BN * SIL_MMQ_UNITS; i += SIL_MMQ_THREADS) {
+        for (int i = tid; i < BN * SIL_MMQ_UNITS; i += SIL_MMQ_THREADS) {
             const int j = i / SIL_MMQ_UNITS, uu = i % SIL_MMQ_UNITS;
             const int gj = col0 + j, gu = u0 + uu;
             sxs[j][uu] =
@@ -142,7 +143,7 @@ __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t 
             const int a2 = *(const int *)(pa + 16), a3 = *(const int *)(pa + 8 * SIL_MMQ_LD + 16);
             const float4 s0 = sws[wr][uu], s1 = sws[wr + 8][uu];
 #pragma unroll
-            for (int nt = 0; nt < SIL_MMQ_BN / 8; nt++) {
+            for (int nt = 0; nt < BN / 8; nt++) {
                 const uint8_t *pb = sx + (nt * 8 + g) * SIL_MMQ_LD + uu * 32 + t4 * 4;
                 const int b0 = *(const int *)pb, b1 = *(const int *)(pb + 16);
                 const float2 x0 = sxs[nt * 8 + t4 * 2][uu], x1 = sxs[nt * 8 + t4 * 2 + 1][uu];
@@ -166,7 +167,7 @@ __device__ __forceinline__ void sil_mmq(const uint8_t *__restrict__ w, uint64_t 
 
     const int wr = row0 + wp * 16 + g;
 #pragma unroll
-    for (int nt = 0; nt < SIL_MMQ_BN / 8; nt++)
+    for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = wr + (i >= 2 ? 8 : 0), j = col0 + nt * 8 + t4 * 2 + (i & 1);
@@ -291,6 +292,19 @@ __device__ __forceinline__ void sil_mmf_thin(const uint8_t *__restrict__ w, uint
 // Grouped (routed experts in prefill): group g (blockIdx.z) multiplies matrix grp_mat[g] of the
 // stack at w (mat_bytes apart) by activation rows grp_start[g] .. grp_start[g + 1] of a8 (q8 of
 // a_rows rows), into the same rows of y; grid y covers the largest group.
+#define SIL_MMQ_GRP_ENTRY(NAME, T, SM, SM80, BN, SFX)                                              \
+    extern "C" __global__ void __launch_bounds__(SIL_MMQ_THREADS) sil_mmq_grp##SFX##_##NAME##_##SM( \
+        const uint8_t *w, uint64_t mat_bytes, uint64_t row_bytes, int rows, int units,            \
+        const uint8_t *a, int a_rows, const int *grp_mat, const int *grp_start, float *y,         \
+        int64_t ldy)                                                                              \
+    {                                                                                             \
+        SIL_PDL_ENTRY();                                                                          \
+        const int g = blockIdx.z, j0 = grp_start[g], n = grp_start[g + 1] - j0;                   \
+        if ((int)blockIdx.y * BN >= n) return;                                                    \
+        sil_mmq<T, SM80, BN>(w + (uint64_t)grp_mat[g] * mat_bytes, row_bytes, rows, units, a,     \
+                             a_rows, j0, n, y, ldy);                                              \
+    }
+// grid y: the largest group in tiles of 64 (sil_mmq_grp_), 32 (grp32) or 16 (grp16) rows
 #define SIL_MMQ_ENTRY_SM(NAME, T, SM, SM80)                                                       \
     extern "C" __global__ void __launch_bounds__(SIL_MMQ_THREADS)                                 \
         sil_mmq_##NAME##_##SM(const uint8_t *w, uint64_t row_bytes, int rows, int units,          \
@@ -299,17 +313,9 @@ __device__ __forceinline__ void sil_mmf_thin(const uint8_t *__restrict__ w, uint
         SIL_PDL_ENTRY();                                                                          \
         sil_mmq<T, SM80>(w, row_bytes, rows, units, a, n, 0, n, y, ldy);                          \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(SIL_MMQ_THREADS) sil_mmq_grp_##NAME##_##SM(      \
-        const uint8_t *w, uint64_t mat_bytes, uint64_t row_bytes, int rows, int units,            \
-        const uint8_t *a, int a_rows, const int *grp_mat, const int *grp_start, float *y,         \
-        int64_t ldy)                                                                              \
-    {                                                                                             \
-        SIL_PDL_ENTRY();                                                                          \
-        const int g = blockIdx.z, j0 = grp_start[g], n = grp_start[g + 1] - j0;                   \
-        if ((int)blockIdx.y * SIL_MMQ_BN >= n) return;                                            \
-        sil_mmq<T, SM80>(w + (uint64_t)grp_mat[g] * mat_bytes, row_bytes, rows, units, a, a_rows, \
-                         j0, n, y, ldy);                                                          \
-    }
+    SIL_MMQ_GRP_ENTRY(NAME, T, SM, SM80, 64, )                                                    \
+    SIL_MMQ_GRP_ENTRY(NAME, T, SM, SM80, 32, 32)                                                  \
+    SIL_MMQ_GRP_ENTRY(NAME, T, SM, SM80, 16, 16)
 #define SIL_MMQ_ENTRY(NAME, T) SIL_MMQ_ENTRY_SM(NAME, T, sm75, false) SIL_MMQ_ENTRY_SM(NAME, T, sm80, true)
 #define SIL_MMF_ENTRY(NAME, F)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                             \
