@@ -388,6 +388,9 @@ struct sil_cuda_config {
     /* recurrent states kept on the device for verification windows (state_keep's slots;
      * sil_engine_params.spec_states), counted in vram_budget */
     int64_t keep_states;
+    /* the engine verifies drafts (spec_states > 0): its decode must not depend on what the
+     * expert cache held, so no automatic share of misses goes to the CPU */
+    bool speculates;
     /* the delta net's shape (every recurrent layer's the same): a kept window's rows have their
      * cores' inputs captured for SIL_STATE_BACK's replay (conv channels, value heads, their
      * width); 0 layers: none */

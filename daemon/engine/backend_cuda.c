@@ -669,7 +669,14 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
          * measured speeds (or given, cpu_share); cpu_off turns it off. Asking for reads in
          * place (path (b)) turns the automatic share off. */
         const struct sil_cuda_options *o = &c->opt;
-        b->cpu_auto = o->cpu_misses <= 0 && !o->cpu_off && !o->zero_copy;
+        /* a speculating engine takes a share only when one is given (cuda_cpu_share = F) */
+        const bool spec_off = c->speculates && o->cpu_share <= 0;
+        b->cpu_auto = o->cpu_misses <= 0 && !o->cpu_off && !o->zero_copy && !spec_off;
+        if (spec_off && o->cpu_misses <= 0 && !o->cpu_off && !o->zero_copy)
+            fprintf(stderr, "siliceo: cuda backend: speculative decoding: expert misses are not "
+                            "computed on the CPU (its products round differently from the "
+                            "device's: tokens would depend on what the cache held); "
+                            "cuda_cpu_share = SHARE takes a share anyway\n");
         const long ncm = b->cpu_auto ? (long)K : o->cpu_misses > 0 ? (long)o->cpu_misses : 0;
         if (rc == 0 && ncm > 0 && c->n_ff_exp > 0) {
             b->cpu_misses = b->cpu_misses_max = (int32_t)(ncm < K ? ncm : K);

@@ -435,6 +435,7 @@ static int open_cuda(struct sil_engine *e, const struct sil_engine_params *p, st
         .head_dim = hp->n_embd_head_k,
         .recr_floats = (int64_t)hp->n_layer_recr * f->dn_state_floats,
         .keep_states = hp->n_layer_recr > 0 && p->spec_states > 0 ? p->spec_states : 0,
+        .speculates = p->spec_states > 0,
         .n_layer_recr = hp->n_layer_recr,
         .dn_conv_dim = hp->n_layer_recr > 0 ? sil_delta_net_conv_dim(&f->dn[0]) : 0,
         .dn_v_heads = hp->n_layer_recr > 0 ? f->dn[0].n_v_heads : 0,

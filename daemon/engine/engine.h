@@ -85,7 +85,10 @@ struct sil_engine_params {
     /* sequences whose verification windows (sil_seq_spec_begin) may keep their recurrent state
      * on the device at once (a copy of the state each, taken from vram_budget); a window past
      * them, or with 0, keeps it in host memory, which costs two copies over the bus a step
-     * (CUDA only; models with recurrent layers) */
+     * (CUDA only; models with recurrent layers). Above 0 the engine speculates: on CUDA no
+     * automatic share of expert misses goes to the CPU (cuda_cpu_share auto), whose products
+     * round differently from the device's, so that decoding does not depend on what the
+     * expert cache held and verified tokens are plain decoding's */
     int32_t spec_states;
     int32_t n_ctx;        /* max positions per sequence; 0 = min(model context, 4096) */
     int32_t n_seq_max;    /* max live sequences; 0 = 64 */
