@@ -133,6 +133,10 @@
  *      second window of 4 rows kept whole and the next token, bit for bit against the same
  *      rows given in the same batches plainly; kept on the device, the cut ran the 2 rows'
  *      delta-net cores again there (hybrid models), not the rows.
+ *  32. a speculating engine (spec_states 1) with n_expert slots: the automatic share takes no
+ *      miss to the CPU, so the same prompt decoded twice (the second time over what the first
+ *      left in the slots) gives the same logits at every step, bit for bit; a share given
+ *      (cuda_cpu_share 0.5) still takes misses to the CPU. Not yet run on a GPU.
  * Exit 0 pass, 1 fail, 77 skip (no usable GPU and SIL_CUDA_REQUIRE unset; the CPU half of
  * check 1 has run by then). */
 #include <errno.h>
@@ -795,6 +799,72 @@ static int zero_copy_refused(const char *model, int n_expert)
 
 static int argmax(const float *x, int n, float *margin);
 
+/* Check 32: a speculating engine with n_expert slots gives the CPU no automatic share of misses
+ * (its products round differently from the device's), so prompt p2 half prefilled and decoded
+ * to its end twice, the second time over the slots the first left, gives the same logits bit
+ * for bit; with a share given (0.5) it still takes misses to the CPU. 1 when it fails. */
+static int spec_no_share(const char *model, int n_expert, const int32_t *p2, int n2, int V)
+{
+    const int half = n2 / 2, steps = n2 - half;
+    float *first = malloc(sizeof(float) * (size_t)(steps + 1) * (size_t)V),
+          *one = malloc(sizeof(float) * (size_t)V);
+    int fails = 0;
+    if (!first || !one || steps < 1) {
+        free(first);
+        free(one);
+        return steps < 1 ? 0 : 1;
+    }
+    for (int given = 0; given < 2; given++) {
+        struct sil_engine_params p;
+        base_params(&p, model, "cuda");
+        p.spec_states = 1;
+        p.cuda.slots = n_expert;
+        p.cuda.cpu_share = given ? 0.5 : 0.0;
+        struct sil_engine *e = NULL;
+        struct sil_error err = {0};
+        int rc = sil_engine_open(&e, &p, &err);
+        const int32_t hm = rc == 0 ? sil_engine_ecache_host_misses(e) : -1;
+        float worst = 0.0f;
+        for (int run = 0; run < 2 && rc == 0 && !given; run++) {
+            int s = -1;
+            rc = prefill(e, p2, half, run ? one : first, &s) < 0 ? -1 : 0;
+            if (rc == 0 && run) worst = max_diff(first, one, V);
+            for (int i = 0; i < steps - 1 && rc == 0; i++) {
+                float *o = run ? one : first + (size_t)(i + 1) * V;
+                rc = step(e, s, p2[half + i], o);
+                if (rc == 0 && run) {
+                    const float d = max_diff(first + (size_t)(i + 1) * V, one, V);
+                    if (!(d <= worst)) worst = d;
+                }
+            }
+            if (s >= 0) sil_seq_free(e, s);
+        }
+        if (e) sil_engine_close(e);
+        if (rc < 0) {
+            fprintf(stderr, "%s: check 32 (%s share): %s\n", model,
+                    given ? "a given" : "the automatic",
+                    err.msg[0] ? err.msg : "an evaluation failed (above)");
+            fails++;
+            continue;
+        }
+        if (given) {
+            printf("%s: speculating, %d slots, cuda_cpu_share 0.5: %d misses a decode layer on the "
+                   "CPU (want > 0) %s\n",
+                   model, n_expert, hm, hm > 0 ? "ok" : "FAIL");
+            fails += !(hm > 0);
+        } else {
+            printf("%s: speculating, %d slots, the automatic share: %d misses a decode layer on "
+                   "the CPU (want 0); the prompt decoded again over the slots the first run left: "
+                   "max |diff| = %.4g (want 0) %s\n",
+                   model, n_expert, hm, worst, hm == 0 && worst == 0.0f ? "ok" : "FAIL");
+            fails += !(hm == 0 && worst == 0.0f);
+        }
+    }
+    free(first);
+    free(one);
+    return fails;
+}
+
 /* Evaluates rows [from, from + n) of ids in sequence s as one batch; with all, every row's
  * logits into out (n x V) or, out NULL, their greedy picks into am; else the last row's logits.
  * 0, or -1 with err filled. */
@@ -1294,6 +1364,9 @@ int main(int argc, char **argv)
 
     /* 30. verification windows, their start kept on the device and in host memory */
     fails += spec_windows(model, p2, n2, V, lg, alone);
+    /* 32. a speculating engine's decode does not depend on what the slots held */
+    if (sil_engine_info(gpu)->n_expert > 0)
+        fails += spec_no_share(model, sil_engine_info(gpu)->n_expert, p2, n2, V);
 
     /* 18. the default grouped prefill products over the slot pools against everything resident */
     if (sil_engine_info(gpu)->n_expert > 0)
