@@ -317,21 +317,17 @@ __device__ __forceinline__ void sil_mmf_thin(const uint8_t *__restrict__ w, uint
     SIL_MMQ_GRP_ENTRY(NAME, T, SM, SM80, 32, 32)                                                  \
     SIL_MMQ_GRP_ENTRY(NAME, T, SM, SM80, 16, 16)
 #define SIL_MMQ_ENTRY(NAME, T) SIL_MMQ_ENTRY_SM(NAME, T, sm75, false) SIL_MMQ_ENTRY_SM(NAME, T, sm80, true)
-#define SIL_MMF_ENTRY(NAME, F)                                                                    \
+// the float kernels' entries: the 64 x 64 tiles (sil_mmf_) and a warp per 4 x 8 (sil_mmf_thin_)
+#define SIL_MMF_KERNEL(KNAME, FN, F)                                                              \
     extern "C" __global__ void __launch_bounds__(256)                                             \
-        sil_mmf_##NAME(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,              \
-                       const float *x, int n, float *y, int64_t ldy)                              \
+        KNAME(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols, const float *x, int n, \
+              float *y, int64_t ldy)                                                              \
     {                                                                                             \
         SIL_PDL_ENTRY();                                                                          \
-        sil_mmf<F>(w, row_bytes, rows, cols, x, n, y, ldy);                                       \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256)                                             \
-        sil_mmf_thin_##NAME(const uint8_t *w, uint64_t row_bytes, int rows, int64_t cols,         \
-                            const float *x, int n, float *y, int64_t ldy)                         \
-    {                                                                                             \
-        SIL_PDL_ENTRY();                                                                          \
-        sil_mmf_thin<F>(w, row_bytes, rows, cols, x, n, y, ldy);                                  \
+        FN<F>(w, row_bytes, rows, cols, x, n, y, ldy);                                            \
     }
+#define SIL_MMF_ENTRY(NAME, F)                                                                    \
+    SIL_MMF_KERNEL(sil_mmf_##NAME, sil_mmf, F) SIL_MMF_KERNEL(sil_mmf_thin_##NAME, sil_mmf_thin, F)
 
 SIL_MMQ_ENTRY(q4_0, WT_Q4_0)
 SIL_MMQ_ENTRY(q4_1, WT_Q4_1)
