@@ -220,6 +220,7 @@ static void test_grouped(struct sil_cuda *cu)
         CK(sil_cuda_sync(cu, NULL, &err));
         CK(sil_cuda_weight_view(type, ROWS, COLS, w.data, &v, &err));
         static const int bns[] = {16, 32, 64, 0};
+        static const char *const bn_label[] = {"16", "32", "64", "the chosen"};
         for (size_t b = 0; b < sizeof bns / sizeof *bns; b++) {
             CK(sil_cuda_set_grouped_bn(cu, bns[b], &err));
             CK(sil_cuda_memset(cu, dy, 0xff, yb, NULL, &err));
@@ -235,10 +236,9 @@ static void test_grouped(struct sil_cuda *cu)
                         pad += !isnan(yj[r]);
                 }
             check(bad == 0 && pad == 0,
-                  "grouped %-4s tiles of %2d rows%s: %d of %d rows unlike the plain product, "
+                  "grouped %-4s tiles of %s rows: %d of %d rows unlike the plain product, "
                   "%d padding values written",
-                  sil_type_name(type), bns[b] ? bns[b] : 16, bns[b] ? "" : " (default)", bad, N,
-                  pad);
+                  sil_type_name(type), bn_label[b], bad, N, pad);
         }
         CK(sil_cuda_set_grouped_bn(cu, 0, &err));
         free(ref), free(y), free(wf), free(x), free(wq);

@@ -196,6 +196,14 @@ static void heat_start(struct sil_engine *e, const char *path, struct heat_run *
             (long long)hr->r.placed, hr->preload_s);
 }
 
+/* At one plain decoding step (probe_step): the top-two logit gap there, and the largest move of
+ * the row's logits as the second of a two-row pass against one row at a time from the same
+ * state, and between two such one-row runs (the engine's noise from its own history: which
+ * experts were resident, which the CPU took). margin < 0: not probed. */
+struct probe {
+    float margin, two_row, rerun;
+};
+
 /* --spec: the greedy tokens again by speculative decoding, target t drafted by d, by its MTP
  * layer, or by the oracle (oref: the prompt and plain decoding's tokens; op its chance). */
 struct spec_run {
@@ -207,12 +215,7 @@ struct spec_run {
     int32_t *greedy; /* [n_predict] */
     double decode_s;
     long diverged; /* the first token unlike plain decoding's, -1: none */
-    /* at that step (probe_diverged): plain decoding's top-two logit gap there, and the largest
-     * difference of the row's logits evaluated as the second of a two-row pass against one row
-     * at a time from the same state, and between two such one-row runs (the engine's noise
-     * from its own history: which experts were resident, which the CPU took; negative: not
-     * probed) */
-    float margin, two_row_diff, rerun_diff;
+    struct probe div; /* probe_step at that step */
 };
 
 /* --probe-steps takes at most this many steps */
@@ -238,16 +241,16 @@ static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int
     return seq;
 }
 
-/* Where speculative decoding parted from plain greedy decoding at step d: the prompt ids and
- * plain's tokens up to d in two fresh sequences prefilled alike but for the last two tokens;
- * one takes them one row at a time, the other in one pass of two rows (as a verify pass would);
- * r->margin gets the one-row logits' top-two gap (a near tie there is rounding, not a bug),
- * r->two_row_diff the largest difference between the two passes' last row, r->rerun_diff that
- * between the one-row run and a third sequence run one row at a time again. */
-static void probe_diverged(struct sil_engine *e, const int32_t *ids, size_t n_ids,
-                           const int32_t *greedy, long d, int32_t V, struct spec_run *r)
+/* Plain decoding at step d (where speculative decoding parted from it, or --probe-steps): the
+ * prompt ids and plain's tokens up to d in fresh sequences prefilled alike but for the last two
+ * tokens; two take them one row at a time, one in a pass of two rows (as a verify pass would).
+ * r->margin: the first one-row run's top-two gap (a near tie there is rounding, not a bug);
+ * r->two_row: the largest difference of its last row from the two-row pass's, r->rerun: from
+ * the second one-row run's. */
+static void probe_step(struct sil_engine *e, const int32_t *ids, size_t n_ids,
+                       const int32_t *greedy, long d, int32_t V, struct probe *r)
 {
-    r->margin = r->two_row_diff = r->rerun_diff = -1.0f;
+    r->margin = r->two_row = r->rerun = -1.0f;
     const size_t n = n_ids + (size_t)d; /* hist[0, n): the row at n - 1 picks token d */
     if (n < 3) return;
     struct sil_error err = {0};
@@ -291,8 +294,8 @@ static void probe_diverged(struct sil_engine *e, const int32_t *ids, size_t n_id
         if (!(dv <= dmax)) dmax = dv;
     }
     r->margin = t1 - t2;
-    r->two_row_diff = dmax;
-    r->rerun_diff = rmax;
+    r->two_row = dmax;
+    r->rerun = rmax;
 out:
     if (err.msg[0]) fprintf(stderr, "sil-eval: probing the divergence: %s\n", err.msg);
     if (sa >= 0) sil_seq_free(e, sa);
@@ -304,6 +307,14 @@ out:
     free(want);
     free(la);
     free(lb);
+}
+
+/* A probe as JSON: {"step", "plain_margin", "two_row_max_diff", "rerun_max_diff"} */
+static void print_probe(long step, const struct probe *p)
+{
+    printf("{\"step\": %ld, \"plain_margin\": %.6g, \"two_row_max_diff\": %.6g, "
+           "\"rerun_max_diff\": %.6g}",
+           step, (double)p->margin, (double)p->two_row, (double)p->rerun);
 }
 
 /* Both models hold the prompt but its last token; then steps until n_predict tokens. */
@@ -354,7 +365,7 @@ static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *i
     rc = 0;
 out:
     sil_spec_free(&sp);
-    if (ts >= 0) sil_seq_free(t, ts); /* its sequences back: probe_diverged may need them */
+    if (ts >= 0) sil_seq_free(t, ts); /* its sequences back: probe_step may need them */
     if (ds >= 0) sil_seq_free(d, ds);
     free(pos);
     free(seqs);
@@ -437,7 +448,7 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         return 2;
     }
     const bool all = strcmp(mode, "all") == 0;
-    struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1, .margin = -1.0f, .two_row_diff = -1.0f, .rerun_diff = -1.0f};
+    struct spec_run sr = {.width = 1, .depth = 4, .diverged = -1, .div = {-1.0f, -1.0f, -1.0f}};
     enum sil_bench_spec spec_as;
     if (sil_bench_spec_mode("sil-eval", o->spec, o->draft_model, o->spec_tree, true, &spec_as) < 0 ||
         (o->spec_tree &&
@@ -710,25 +721,25 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
             fprintf(stderr, "sil-eval: speculative decoding gave token %d at step %ld where plain "
                             "greedy decoding gave %d\n",
                     sr.greedy[sr.diverged], sr.diverged, greedy[sr.diverged]);
-            probe_diverged(e, ids, n_ids, greedy, sr.diverged, V, &sr);
-            if (sr.margin >= 0.0f)
+            probe_step(e, ids, n_ids, greedy, sr.diverged, V, &sr.div);
+            if (sr.div.margin >= 0.0f)
                 fprintf(stderr, "sil-eval: there plain decoding's top two logits are %.4g apart; "
                                 "two rows in one pass against one at a time from the same state: "
                                 "the row's logits differ by up to %.4g (one row at a time run "
                                 "twice: %.4g)\n",
-                        (double)sr.margin, (double)sr.two_row_diff, (double)sr.rerun_diff);
+                        (double)sr.div.margin, (double)sr.div.two_row, (double)sr.div.rerun);
         }
     }
     /* --probe-steps: the same probe at the steps given, diverged or not */
-    struct spec_run probes[PROBE_MAX];
+    struct probe probes[PROBE_MAX];
     for (int i = 0; i < n_probes; i++) {
-        probes[i].margin = probes[i].two_row_diff = probes[i].rerun_diff = -1.0f;
+        probes[i].margin = -1.0f;
         if (probe_at[i] >= n_predict) continue;
-        probe_diverged(e, ids, n_ids, greedy, probe_at[i], V, &probes[i]);
+        probe_step(e, ids, n_ids, greedy, probe_at[i], V, &probes[i]);
         fprintf(stderr, "sil-eval: probe at step %ld: top two %.4g apart, two rows vs one %.4g, "
                         "one row run twice %.4g\n",
-                probe_at[i], (double)probes[i].margin, (double)probes[i].two_row_diff,
-                (double)probes[i].rerun_diff);
+                probe_at[i], (double)probes[i].margin, (double)probes[i].two_row,
+                (double)probes[i].rerun);
     }
     const struct sil_spec_stats *ss = &sr.st;
     const double ss_steps = ss->steps ? (double)ss->steps : 1.0;
@@ -899,12 +910,10 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
                    (unsigned long long)ss->moe_layers,
                    ss->moe_layers ? (double)ss->expert_union / (double)ss->moe_layers : 0.0,
                    ss->moe_layers ? (double)ss->expert_pairs / (double)ss->moe_layers : 0.0);
-            if (sr.diverged >= 0 && sr.margin >= 0.0f)
-                printf(", \"diverged\": {\"step\": %ld, \"plain_margin\": %.6g, "
-                       "\"two_row_max_diff\": %.6g, \"rerun_max_diff\": %.6g}",
-                       sr.diverged, (double)sr.margin, (double)sr.two_row_diff,
-                       (double)sr.rerun_diff);
-            else
+            if (sr.diverged >= 0 && sr.div.margin >= 0.0f) {
+                printf(", \"diverged\": ");
+                print_probe(sr.diverged, &sr.div);
+            } else
                 printf(", \"diverged\": %s", sr.diverged >= 0 ? "{}" : "null");
             /* windows cut by replaying the kept rows' delta-net cores on the device (null on
              * the host, where cuts replay from the engine's capture) */
@@ -917,12 +926,11 @@ int sil_eval_model(const struct sil_eval_model_opts *o)
         if (n_probes > 0) {
             printf(", \"probes\": [");
             int np = 0;
-            for (int i = 0; i < n_probes; i++)
-                if (probes[i].margin >= 0.0f)
-                    printf("%s{\"step\": %ld, \"plain_margin\": %.6g, \"two_row_max_diff\": "
-                           "%.6g, \"rerun_max_diff\": %.6g}",
-                           np++ ? ", " : "", probe_at[i], (double)probes[i].margin,
-                           (double)probes[i].two_row_diff, (double)probes[i].rerun_diff);
+            for (int i = 0; i < n_probes; i++) {
+                if (probes[i].margin < 0.0f) continue;
+                fputs(np++ ? ", " : "", stdout);
+                print_probe(probe_at[i], &probes[i]);
+            }
             printf("]");
         }
         printf("}\n");

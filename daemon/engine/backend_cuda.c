@@ -670,9 +670,10 @@ int sil_backend_cuda_create(struct sil_backend **out, const struct sil_cuda_conf
          * place (path (b)) turns the automatic share off. */
         const struct sil_cuda_options *o = &c->opt;
         /* a speculating engine takes a share only when one is given (cuda_cpu_share = F) */
-        const bool spec_off = c->speculates && o->cpu_share <= 0;
-        b->cpu_auto = o->cpu_misses <= 0 && !o->cpu_off && !o->zero_copy && !spec_off;
-        if (spec_off && o->cpu_misses <= 0 && !o->cpu_off && !o->zero_copy)
+        const bool share = o->cpu_misses <= 0 && !o->cpu_off && !o->zero_copy;
+        const bool spec_off = share && c->speculates && o->cpu_share <= 0;
+        b->cpu_auto = share && !spec_off;
+        if (spec_off)
             fprintf(stderr, "siliceo: cuda backend: speculative decoding: expert misses are not "
                             "computed on the CPU (its products round differently from the "
                             "device's: tokens would depend on what the cache held); "

@@ -330,10 +330,8 @@ int sil_cuda_matmul_grouped(struct sil_cuda *cu, const struct sil_cuda_weight *w
      * (a 64-row tile over a 16-row group multiplies and scales zeros three quarters of the
      * time); the products are the same bits whichever */
     const int avg = (a_rows + n_groups - 1) / n_groups;
-    int bi = avg <= 16 ? 0 : avg <= 32 ? 1 : 2;
-    if (cu->grouped_bn == 16 || cu->grouped_bn == 32 || cu->grouped_bn == 64)
-        bi = cu->grouped_bn == 16 ? 0 : cu->grouped_bn == 32 ? 1 : 2;
-    const int bn = 16 << bi;
+    const int bn = cu->grouped_bn ? cu->grouped_bn : avg <= 16 ? 16 : avg <= 32 ? 32 : 64;
+    const int bi = bn == 16 ? 0 : bn == 32 ? 1 : 2;
     const unsigned gx = (unsigned)((w->rows + 63) / 64), gy = (unsigned)((max_rows + bn - 1) / bn);
     if (gy > 65535)
         return set_err(err, -EINVAL, "cuda: grouped matmul of %d rows a group in tiles of %d",
