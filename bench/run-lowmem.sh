@@ -47,6 +47,9 @@
 #
 # Environment: B (build dir, default build: $B/bin/sil-eval, $B/bin/sil-mkmodel),
 #              BASE_B (optional: another build's dir, the same runs as NAME-base),
+#              THIS_ARGS (more sil-eval args for this build's runs only, e.g. --cuda-pin off),
+#              BASE_ENV (VAR=value words set for BASE_B's runs only, e.g. SIL_CUDA_PIN=0 for a
+#              build that reads as a switch what this one takes as an option),
 #              WHICH (both (default), this or base: which builds a phase runs when BASE_B is set),
 #              MODEL (default /tmp/qwen35moe-35b-a3b-q4_k_m-s0.46.gguf, made by prep if absent
 #              with sil-mkmodel --preset qwen35-35b-a3b --type q4_k_m --seed 1 --skew 0.46),
@@ -425,7 +428,11 @@ measure() {
         echo "budget=$BUDGET"
         echo "ncmoe=$NCMOE"
         echo "threads=$THREADS"
-        echo "extra=$EXTRA"
+        if [ "$build" = base ]; then
+            echo "extra=$EXTRA${BASE_ENV:+ (env $BASE_ENV)}"
+        else
+            echo "extra=$EXTRA${THIS_ARGS:+ $THIS_ARGS}"
+        fi
         echo "timeout_s=$TIMEOUT"
         echo "rc=$rc"
         echo "timed_out=$tmo"
@@ -457,14 +464,16 @@ eval_runs() {
     if [ "$WHICH" != base ] || [ -z "$BASE_B" ]; then
         bin=$B/bin/sil-eval
         [ -x "$bin" ] || dry || die "no $bin (set B)"
+        # shellcheck disable=SC2086 # THIS_ARGS is a list of arguments
         measure "$name" "$kind" this "$ntok" "$npred" "$passes" -- "$bin" --model "$M" \
-            --tokens "$toks" --n-predict "$npred" --logits none "$@"
+            --tokens "$toks" --n-predict "$npred" --logits none "$@" ${THIS_ARGS:-}
     fi
     if [ -n "$BASE_B" ] && [ "$WHICH" != this ]; then
         bin=$BASE_B/bin/sil-eval
         [ -x "$bin" ] || dry || die "no $bin (set BASE_B)"
-        measure "$name-base" "$kind" base "$ntok" "$npred" "$passes" -- "$bin" --model "$M" \
-            --tokens "$toks" --n-predict "$npred" --logits none "$@"
+        # shellcheck disable=SC2086 # BASE_ENV is a list of VAR=value words
+        measure "$name-base" "$kind" base "$ntok" "$npred" "$passes" -- env ${BASE_ENV:-} "$bin" \
+            --model "$M" --tokens "$toks" --n-predict "$npred" --logits none "$@"
     fi
 }
 

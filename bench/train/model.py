@@ -282,6 +282,15 @@ class Qwen35Moe(nn.Module):
         top-k expert ids [B, T, k]. mtp (a model with the MTP layer): also the MTP layer's
         logits [B, T - 1, n_vocab], row t predicting token t + 2 from the hidden state at t and
         token t + 1 (forward_mtp), returned as (logits, mtp_logits)."""
+        x = self.trunk(tokens, routing)
+        logits = F.linear(x, self.head())
+        if not mtp:
+            return logits
+        return logits, self.mtp_forward(x[:, :-1], tokens[:, 1:])
+
+    def trunk(self, tokens, routing=None):
+        """tokens [B, T] -> the trunk's hidden states after the output norm [B, T, E], what the
+        head and the MTP layer read."""
         c = self.cfg
         self.aux_loss = torch.zeros((), device=tokens.device)
         x = F.embedding(tokens, self.p("token_embd.weight"))
@@ -292,11 +301,7 @@ class Qwen35Moe(nn.Module):
             x = x + self.moe(il, h)
             if routing is not None:
                 routing.append(self.last_routing)
-        x = rmsnorm(x, self.p("output_norm.weight"), c.rms_eps)
-        logits = F.linear(x, self.head())
-        if not mtp:
-            return logits
-        return logits, self.mtp_forward(x[:, :-1], tokens[:, 1:])
+        return rmsnorm(x, self.p("output_norm.weight"), c.rms_eps)
 
     def mtp_forward(self, hidden, nxt):
         """The MTP layer (forward_mtp.c): hidden [B, T, E], the trunk's state after its output

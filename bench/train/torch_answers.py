@@ -34,8 +34,11 @@ def config_of(meta, tensors):
         raise ValueError(f"architecture {meta.get('general.architecture')!r}, not qwen35moe")
     k = "qwen35moe."
     hd = meta[k + "attention.key_length"]
+    # block_count counts an MTP layer too (blocks n_layer .. block_count - 1), as llama.cpp has it
+    nextn = meta.get(k + "nextn_predict_layers", 0)
     return Config(
-        n_vocab=len(meta["tokenizer.ggml.tokens"]), n_layer=meta[k + "block_count"],
+        n_vocab=len(meta["tokenizer.ggml.tokens"]), n_layer=meta[k + "block_count"] - nextn,
+        mtp=nextn > 0,
         n_embd=meta[k + "embedding_length"], n_head=meta[k + "attention.head_count"],
         n_head_kv=meta[k + "attention.head_count_kv"], head_dim=hd,
         rope_partial=meta[k + "rope.dimension_count"] / hd,

@@ -1,13 +1,20 @@
 """Trains the small qwen35moe on the generated chat data.
 
   train.py --out DIR [--preset demo|tiny|draft] [--mtp] [--steps N] [--batch N] [--lr F] [--seed N]
-           [--time-budget SECONDS] [--device cuda|cpu]
+           [--time-budget SECONDS] [--device cuda|cpu] [--init-from FILE.gguf [--train-only mtp]]
 
 Writes into DIR: tokenizer.json, ckpt.pt (config, weights, seed, command), log.jsonl (one line
 per logged step), loss.png (matplotlib, else gnuplot), metrics.json (held-out accuracy per family
 by greedy decoding, training time, device, parameter count, expert popularity and LRU hit rates).
 AdamW with linear warm-up and a cosine schedule; bf16 autocast on CUDA, float32 on the CPU.
 The loss counts only the assistant's tokens (<think>... through <|im_end|>).
+
+--init-from starts from a trained qwen35moe GGUF (F32, F16 or Q8_0 tensors): its shape, weights
+and tokenizer (the file's merges) instead of --preset's, a fresh vocab and random weights; an MTP
+layer the file lacks (--mtp) starts from random weights. --train-only mtp then trains the MTP
+layer alone on the frozen trunk: the trunk's weights, and so its answers, stay those of the file
+(the trunk's hidden states of every training example are computed once, so a step costs only the
+MTP layer's forward and backward; the trunk's loss is logged as 0).
 """
 
 import argparse
@@ -136,9 +143,10 @@ def lru_hit_rates(routing, n_layer, n_expert):
     return res
 
 
-def plot(log, path):
+def plot(log, path, key="loss"):
+    """The training loss (key: the log's field, mtp_loss when only the MTP layer trains)."""
     steps = [r["step"] for r in log]
-    loss = [r["loss"] for r in log]
+    loss = [r[key] for r in log]
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -146,7 +154,7 @@ def plot(log, path):
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(steps, loss)
         ax.set_xlabel("step")
-        ax.set_ylabel("training loss (nats/token)")
+        ax.set_ylabel(f"training {key.replace('_', ' ')} (nats/token)")
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
@@ -160,8 +168,8 @@ def plot(log, path):
             for s, v in zip(steps, loss):
                 f.write(f"{s} {v}\n")
         script = (f"set terminal png size 700,400; set output '{path}'; set logscale y; "
-                  f"set xlabel 'step'; set ylabel 'training loss'; "
-                  f"plot '{dat}' with lines title 'loss'")
+                  f"set xlabel 'step'; set ylabel 'training {key.replace('_', ' ')}'; "
+                  f"plot '{dat}' with lines title '{key}'")
         subprocess.run(["gnuplot", "-e", script], check=True)
         os.remove(dat)
         return "gnuplot"
@@ -192,7 +200,13 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads (1: more only pays on an idle machine)")
+    ap.add_argument("--init-from", metavar="FILE.gguf",
+                    help="start from this trained model's shape, weights and tokenizer")
+    ap.add_argument("--train-only", choices=["mtp"],
+                    help="train only the MTP layer (needs --init-from and --mtp)")
     a = ap.parse_args()
+    if a.train_only and not (a.init_from and a.mtp):
+        ap.error("--train-only mtp needs --init-from and --mtp")
     os.makedirs(a.out, exist_ok=True)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -202,7 +216,15 @@ def main():
     t0 = time.time()
 
     train = data.train_examples(a.n_train, a.seed)
-    tok = bpe.train([e["prompt"] + e["completion"] for e in train[:20000]], a.vocab)
+    init = None
+    if a.init_from:
+        import gguf_read
+        import torch_answers
+        meta, ts = gguf_read.read(a.init_from)
+        init = (torch_answers.config_of(meta, ts), ts)
+        tok = torch_answers.tokenizer_of(meta)
+    else:
+        tok = bpe.train([e["prompt"] + e["completion"] for e in train[:20000]], a.vocab)
     tok_path = os.path.join(a.out, "tokenizer.json")
     tok.save(tok_path)
     enc = encode_all(tok, train)
@@ -210,15 +232,30 @@ def main():
     print(f"data: {len(train)} examples, vocab {len(tok)}, longest {max(len(e[0]) for e in enc)}"
           f" tokens, {time.time() - t0:.1f} s", flush=True)
 
-    cfg = dataclasses.replace(PRESETS[a.preset], n_vocab=len(tok), mtp=a.mtp)
+    base = init[0] if init else PRESETS[a.preset]
+    cfg = dataclasses.replace(base, n_vocab=len(tok), mtp=a.mtp)
     model = Qwen35Moe(cfg)
     model.init_weights(a.seed)
+    mtp_prefix = f"blk__{cfg.n_layer}__"
+    if init:
+        with torch.no_grad():
+            for name, p in model.named_gguf():
+                if name in init[1]:
+                    p.copy_(torch.from_numpy(init[1][name]).reshape(p.shape))
+                elif not name.startswith(f"blk.{cfg.n_layer}."):
+                    sys.exit(f"train: {a.init_from} has no tensor {name}")
+    if a.train_only:
+        for n, p in model.w.items():
+            p.requires_grad_(n.startswith(mtp_prefix))
     model.to(dev)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {a.preset}, {n_params / 1e6:.2f} M parameters, device {dev}", flush=True)
+    n_train_p = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"model: {a.init_from or a.preset}, {n_params / 1e6:.2f} M parameters "
+          f"({n_train_p / 1e6:.2f} M trained), device {dev}", flush=True)
 
-    decay = [p for n, p in model.w.items() if p.dim() >= 2 and "conv1d" not in n]
-    no_decay = [p for n, p in model.w.items() if not (p.dim() >= 2 and "conv1d" not in n)]
+    trained = {n: p for n, p in model.w.items() if p.requires_grad}
+    decay = [p for n, p in trained.items() if p.dim() >= 2 and "conv1d" not in n]
+    no_decay = [p for n, p in trained.items() if not (p.dim() >= 2 and "conv1d" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
@@ -236,6 +273,22 @@ def main():
             return a.lr * (s + 1) / a.warmup
         return a.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(s))))
 
+    hidden = None
+    if a.train_only:
+        # the frozen trunk's hidden states of every training example, once: a step then costs
+        # only the MTP layer (the trunk's loss is logged as 0)
+        t_h = time.time()
+        hidden = [None] * len(enc)
+        order = sorted(range(len(enc)), key=lambda i: len(enc[i][0]))
+        with torch.no_grad():
+            for b0 in range(0, len(order), 64):
+                idx = order[b0:b0 + 64]
+                x, _ = batch_of(enc, idx, pad, dev)
+                h = model.trunk(x)
+                for r, i in enumerate(idx):
+                    hidden[i] = h[r, :len(enc[i][0])].clone()
+        print(f"trunk hidden states of {len(enc)} examples: {time.time() - t_h:.0f} s", flush=True)
+
     log = []
     logf = open(os.path.join(a.out, "log.jsonl"), "w")
     rng = random.Random(a.seed + 1)
@@ -250,12 +303,20 @@ def main():
         idx = [rng.randrange(len(enc)) for _ in range(a.batch)]
         x, y = batch_of(enc, idx, pad, dev)
         with autocast(dev):
-            if a.mtp:
+            if hidden is not None:
+                h = torch.zeros(x.shape[0], x.shape[1], cfg.n_embd, device=dev)
+                for r, i in enumerate(idx):
+                    h[r, :hidden[i].shape[0]] = hidden[i]
+                model.aux_loss = torch.zeros((), device=dev)
+                mlogits = model.mtp_forward(h[:, :-1], x[:, 1:])
+                loss = torch.zeros((), device=dev)
+            elif a.mtp:
                 logits, mlogits = model(x, mtp=True)
             else:
                 logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1),
-                               ignore_index=-100)
+        if hidden is None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1),
+                                   ignore_index=-100)
         total = loss + a.aux * model.aux_loss
         if a.mtp:
             # row t of the MTP layer predicts the token after t + 1: y shifted by one
@@ -265,7 +326,7 @@ def main():
             total = total + a.mtp_weight * mloss
         opt.zero_grad(set_to_none=True)
         total.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        gn = torch.nn.utils.clip_grad_norm_(list(trained.values()), 1.0)
         opt.step()
         if step % a.log_every == 0 or step == a.steps - 1:
             r = {"step": step, "loss": loss.item(), "aux": model.aux_loss.item(),
@@ -297,7 +358,7 @@ def main():
                                                  for k, v in model.state_dict().items()},
           "seed": a.seed, "steps_done": step + 1, "argv": sys.argv}
     torch.save(ck, os.path.join(a.out, "ckpt.pt"))
-    plotter = plot(log, os.path.join(a.out, "loss.png"))
+    plotter = plot(log, os.path.join(a.out, "loss.png"), "mtp_loss" if a.train_only else "loss")
 
     if a.no_eval:
         print(f"trained {step + 1} steps in {train_s:.0f} s (no evaluation)", flush=True)
@@ -314,6 +375,8 @@ def main():
                                 "answer": e["answer"], "torch_completion": o}) + "\n")
     metrics = {
         "preset": a.preset, "config": config_dict(cfg), "params": n_params,
+        "init_from": os.path.basename(a.init_from) if a.init_from else None,
+        "train_only": a.train_only, "params_trained": n_train_p,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "steps": step + 1, "batch": a.batch, "lr": a.lr,
         "seed": a.seed, "train_seconds": round(train_s, 1),

@@ -104,4 +104,30 @@ sed 's/^/trained: /' "$T/p2" | grep -v sil-mkmodel
 "$PY" parity.py --ckpt "$T/tr/ckpt.pt" --type q8_0 --n-prompts 2 --n-predict 4 >"$T/p3" 2>&1 ||
     fail "Q8_0 parity: $(cat "$T/p3")"
 sed 's/^/trained q8_0: /' "$T/p3" | grep -v sil-mkmodel
+# an MTP layer trained alone on a trained model's frozen trunk (train.py --init-from FILE
+# --train-only mtp): the MTP loss falls, and the trunk's tensors come out of the export unchanged
+"$PY" -c "
+from export import export, load
+m, _ = load('$T/tr/ckpt.pt')
+export(m, '$T/tr/tokenizer.json', '$T/tr.gguf', 'q8_0')" || fail "export of the trained model"
+"$PY" train.py --out "$T/mo" --init-from "$T/tr.gguf" --mtp --train-only mtp --steps 6 \
+    --batch 8 --n-train 200 --warmup 2 --log-every 2 --no-eval >"$T/mo.log" 2>&1 ||
+    fail "MTP-only training: $(tail "$T/mo.log")"
+"$PY" -c "
+import json, numpy as np, gguf_read, mtp_only
+from export import export, load
+l = [json.loads(x) for x in open('$T/mo/log.jsonl')]
+assert l[-1]['mtp_loss'] < l[0]['mtp_loss'], l
+m, _ = load('$T/mo/ckpt.pt')
+export(m, '$T/mo/tokenizer.json', '$T/mo.gguf', 'q8_0')
+differ = mtp_only.same_trunk('$T/tr.gguf', '$T/mo.gguf')
+assert differ and all(k.startswith('blk.%d.' % m.cfg.n_layer) for k in differ), differ
+_, a = gguf_read.read('$T/tr.gguf'); _, b = gguf_read.read('$T/mo.gguf')
+trunk = [k for k in a if not k.startswith('blk.%d.' % m.cfg.n_layer)]
+assert trunk and all(np.array_equal(a[k], b[k]) for k in trunk), 'trunk changed'
+assert any(not np.array_equal(a[k], b[k]) for k in a if k not in trunk), 'MTP layer unchanged'
+print(f'ok: MTP layer trained alone ({len(trunk)} trunk tensors unchanged, mtp loss '
+      f'{l[0][\"mtp_loss\"]:.3f} -> {l[-1][\"mtp_loss\"]:.3f})')" >"$T/mo.chk" 2>&1 ||
+    fail "MTP-only training: $(cat "$T/mo.chk")"
+cat "$T/mo.chk"
 echo "ok: engine = PyTorch on random and trained qwen35moe weights"
