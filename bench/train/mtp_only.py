@@ -1,7 +1,8 @@
 """An MTP layer for a trained model, its trunk left as it is: train -> export -> checks -> speculation.
 
   mtp_only.py --model TRAINED.gguf --out DIR [--questions HELDOUT.jsonl] [--spec-questions N]
-              [--depth D] [--spec-threads T] [train.py options...]
+              [--depth D[,D...]] [--spec-threads T] [--draft-model DRAFT.gguf] [--trained]
+              [train.py options...]
 
 Runs train.py --init-from TRAINED.gguf --mtp --train-only mtp --no-eval into DIR (the trunk's
 weights frozen, only the MTP layer trained on the trunk's hidden states), exports DIR/model-f32.gguf
@@ -11,9 +12,10 @@ and DIR/model-q8_0.gguf through sil-mkmodel, then checks:
   - the engine's logits, greedy tokens and MTP logits against PyTorch's on the F32 file (exact);
 and answers --spec-questions questions of --questions (JSON lines with "prompt" and
 "torch_completion", e.g. models/heldout_torch_q8_0.jsonl) with the Q8_0 file through the engine
-with speculative decoding (sil-eval --spec mtp, chains of --depth): acceptance, tokens a step,
+with speculative decoding (sil-eval --spec mtp, chains of each --depth): acceptance, tokens a step,
 answers identical to plain decoding, median speed-up against plain decoding in the same run, and
-how many plain answers equal the file's torch_completion. Writes DIR/mtp_eval.json; exit 1 when
+how many plain answers equal the file's torch_completion; with --draft-model the same with that
+draft model drafting. Writes DIR/mtp_eval.json; exit 1 when
 a check fails or a speculative answer differs from plain decoding.
 """
 
@@ -50,14 +52,20 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--questions", help="held-out questions (JSON lines: prompt, torch_completion)")
     ap.add_argument("--spec-questions", type=int, default=40)
-    ap.add_argument("--depth", type=int, default=4, help="draft chain length")
+    ap.add_argument("--depth", type=lambda v: [int(x) for x in v.split(",")], default=[4],
+                    help="draft chain lengths, comma-separated (each a run over the questions)")
     ap.add_argument("--spec-threads", type=int, default=2)
+    ap.add_argument("--draft-model", help="also speculate with this draft model's GGUF (the same "
+                    "tokenizer: train.py --preset draft --vocab-from TRAINED.gguf)")
+    ap.add_argument("--trained", action="store_true",
+                    help="DIR already holds train.py's output (ckpt.pt, tokenizer.json): no training")
     a, rest = ap.parse_known_args()
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
-    subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--out", a.out,
-                    "--init-from", a.model, "--mtp", "--train-only", "mtp", "--no-eval"] + rest,
-                   check=True)
+    if not a.trained:
+        subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--out", a.out,
+                        "--init-from", a.model, "--mtp", "--train-only", "mtp", "--no-eval"] + rest,
+                       check=True)
     model, _ = load(os.path.join(a.out, "ckpt.pt"))
     model.eval()
     tok_path = os.path.join(a.out, "tokenizer.json")
@@ -83,18 +91,25 @@ def main():
         res["plain_equal_torch"] = sum(data.answer_of(p) == data.answer_of(e["torch_completion"])
                                        for p, e in zip(plain, sel))
         res["plain_correct"] = sum(data.answer_of(p) == e["answer"] for p, e in zip(plain, sel))
-        res["spec_mtp"] = s = spec_eval(files["q8_0"], tok, sel, "mtp", depth=a.depth,
+        for mode, draft in (("mtp", None), ("draft", a.draft_model)):
+            if mode == "draft" and not draft:
+                continue
+            res[f"spec_{mode}"] = runs = {}
+            for d in a.depth:
+                runs[d] = s = spec_eval(files["q8_0"], tok, sel, mode, draft, depth=d,
                                         threads=a.spec_threads)
-        print(f"engine q8_0 --spec mtp (depth {a.depth}): acceptance {s['acceptance_rate']:.3f}, "
-              f"{s['tokens_per_step']:.2f} tokens a step, {s['identical']}/{s['questions']} "
-              f"identical to plain decoding, median speed-up {s['speedup_median']}; plain answers "
-              f"{res['plain_correct']}/{len(sel)} right, {res['plain_equal_torch']} equal "
-              f"PyTorch's", flush=True)
+                print(f"engine q8_0 --spec {mode} (chain of {d}): acceptance "
+                      f"{s['acceptance_rate']:.3f}, {s['tokens_per_step']:.2f} tokens a step, "
+                      f"{s['identical']}/{s['questions']} identical to plain decoding, median "
+                      f"speed-up {s['speedup_median']}", flush=True)
+        print(f"engine q8_0 plain: {res['plain_correct']}/{len(sel)} right, "
+              f"{res['plain_equal_torch']} equal PyTorch's", flush=True)
     res["seconds_total"] = round(time.time() - t0, 1)
     with open(os.path.join(a.out, "mtp_eval.json"), "w") as f:
         json.dump(res, f, indent=1)
-    ok = not differ and res["parity_exact_f32"] and (
-        not sel or res["spec_mtp"]["identical"] == res["spec_mtp"]["questions"])
+    ok = not differ and res["parity_exact_f32"] and all(
+        r["identical"] == r["questions"] for k in ("spec_mtp", "spec_draft") if k in res
+        for r in res[k].values())
     sys.exit(0 if ok else 1)
 
 

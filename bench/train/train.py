@@ -2,6 +2,7 @@
 
   train.py --out DIR [--preset demo|tiny|draft] [--mtp] [--steps N] [--batch N] [--lr F] [--seed N]
            [--time-budget SECONDS] [--device cuda|cpu] [--init-from FILE.gguf [--train-only mtp]]
+           [--vocab-from FILE.gguf]
 
 Writes into DIR: tokenizer.json, ckpt.pt (config, weights, seed, command), log.jsonl (one line
 per logged step), loss.png (matplotlib, else gnuplot), metrics.json (held-out accuracy per family
@@ -14,7 +15,8 @@ and tokenizer (the file's merges) instead of --preset's, a fresh vocab and rando
 layer the file lacks (--mtp) starts from random weights. --train-only mtp then trains the MTP
 layer alone on the frozen trunk: the trunk's weights, and so its answers, stay those of the file
 (the trunk's hidden states of every training example are computed once, so a step costs only the
-MTP layer's forward and backward; the trunk's loss is logged as 0).
+MTP layer's forward and backward; the trunk's loss is logged as 0). --vocab-from takes a trained
+model's tokenizer, for a draft model that drafts for it.
 """
 
 import argparse
@@ -202,6 +204,8 @@ def main():
                     help="CPU threads (1: more only pays on an idle machine)")
     ap.add_argument("--init-from", metavar="FILE.gguf",
                     help="start from this trained model's shape, weights and tokenizer")
+    ap.add_argument("--vocab-from", metavar="FILE.gguf",
+                    help="this model's tokenizer (a draft model for it) instead of a new one")
     ap.add_argument("--train-only", choices=["mtp"],
                     help="train only the MTP layer (needs --init-from and --mtp)")
     a = ap.parse_args()
@@ -223,6 +227,10 @@ def main():
         meta, ts = gguf_read.read(a.init_from)
         init = (torch_answers.config_of(meta, ts), ts)
         tok = torch_answers.tokenizer_of(meta)
+    elif a.vocab_from:
+        import gguf_read
+        import torch_answers
+        tok = torch_answers.tokenizer_of(gguf_read.read(a.vocab_from)[0])
     else:
         tok = bpe.train([e["prompt"] + e["completion"] for e in train[:20000]], a.vocab)
     tok_path = os.path.join(a.out, "tokenizer.json")
