@@ -236,6 +236,94 @@ static void test_spec_mtp_exact(void **state)
     }
 }
 
+/* The prompt fed to the MTP layer as it is prefilled (sil_spec_mtp_feed, in two batches): the
+ * first step drafts at once, and each draft is what the layer gives with the whole history in
+ * one evaluation (row t reads the hidden state at t and the token at t + 1): the drafts
+ * accepted are those a replay of that one evaluation predicts. The tokens are plain greedy's. */
+static void test_spec_mtp_feed(void **state)
+{
+    (void)state;
+    char *path = write_model(SIL_MK_QWEN35MOE, true, "feed.gguf", NULL);
+    struct sil_error err = {0};
+    struct sil_engine *e = NULL;
+    if (open_model(&e, path, &err) < 0) fail_msg("%s", err.msg);
+    const int64_t E = sil_engine_info(e)->n_embd;
+    enum { NP = 7, NG = 20, N = NP + NG };
+    int32_t hist[N + 8], pos[N], sq[N], am[N], ref[N];
+    bool want[N];
+    float *h = malloc(sizeof(float) * N * (size_t)E), *o = malloc(sizeof(float) * N * (size_t)E);
+    assert_non_null(h);
+    assert_non_null(o);
+    for (int i = 0; i < NP; i++)
+        hist[i] = 15 + 29 * i;
+    /* plain greedy decoding */
+    int seq = sil_seq_create(e, &err);
+    for (int i = 0; i < N; i++) {
+        pos[i] = i;
+        sq[i] = seq;
+        want[i] = true;
+    }
+    struct sil_batch b = {NP, hist, pos, sq, NULL};
+    assert_int_equal(sil_engine_eval_out(e, &b, NULL, &am[0], NULL, &err), 0);
+    for (int i = 0; i < NG; i++) {
+        hist[NP + i] = am[0];
+        struct sil_batch b1 = {1, &hist[NP + i], &pos[NP + i], &seq, NULL};
+        assert_int_equal(sil_engine_eval_out(e, &b1, NULL, &am[0], NULL, &err), 0);
+    }
+    sil_seq_free(e, seq);
+    /* the layer over the whole history at once: ref[t] is its prediction for token t + 2 */
+    seq = sil_seq_create(e, &err);
+    for (int i = 0; i < N; i++)
+        sq[i] = seq;
+    struct sil_batch ball = {N, hist, pos, sq, want};
+    assert_int_equal(sil_engine_eval_hidden(e, &ball, NULL, am, h, &err), 0);
+    assert_int_equal(sil_seq_mtp_eval(e, seq, N - 1, hist + 1, 0, h, ref, o, &err), 0);
+    sil_seq_free(e, seq);
+    /* the prompt but its last token prefilled in batches of 4 and 2, each fed to the layer */
+    seq = sil_seq_create(e, &err);
+    for (int i = 0; i < N; i++)
+        sq[i] = seq;
+    struct sil_spec sp;
+    assert_int_equal(sil_spec_init_mtp(&sp, e, seq, 1, &err), 0);
+    for (int b0 = 0; b0 < NP - 1;) {
+        const int k = b0 == 0 ? 4 : NP - 1 - b0;
+        struct sil_batch bk = {k, hist + b0, pos + b0, sq + b0, want + b0};
+        assert_int_equal(sil_engine_eval_hidden(e, &bk, NULL, am, h, &err), 0);
+        assert_int_equal(sil_spec_mtp_feed(&sp, hist + b0, k, h, &err), 0);
+        b0 += k;
+    }
+    /* the sequence holds NP - 1 positions: feeding more than it holds is refused */
+    assert_int_equal(sil_spec_mtp_feed(&sp, hist, 1, h, &err), -EINVAL);
+    /* a chain of 1: the step at L drafts ref[L - 1] for position L + 1, the first step too */
+    int32_t out[N + 8];
+    memcpy(out, hist, sizeof(int32_t) * NP);
+    int32_t nh = NP, checked = 0;
+    while (nh < N) {
+        const int32_t L = nh - 1;
+        const uint64_t drafted = sp.stats.drafted;
+        const int k = sil_spec_step(&sp, out, nh, N - nh, out + nh, &err);
+        if (k < 1) fail_msg("step: %s", err.msg);
+        if (nh == NP) assert_true(sp.stats.drafted > drafted);
+        if (sp.stats.drafted > drafted) {
+            assert_int_equal(sp.dtok[0], ref[L - 1]);
+            checked++;
+        }
+        nh += k;
+    }
+    for (int i = NP; i < N; i++)
+        assert_int_equal(out[i], hist[i]);
+    print_message("fed prompt: %d drafts equal the whole history's, %llu of %llu accepted\n",
+                  checked, (unsigned long long)sp.stats.accepted,
+                  (unsigned long long)sp.stats.drafted);
+    assert_true(checked >= NG / 2);
+    sil_spec_free(&sp);
+    sil_seq_free(e, seq);
+    free(h);
+    free(o);
+    sil_engine_close(e);
+    free(path);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -254,10 +342,9 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load),
-        cmocka_unit_test(test_partial_layer),
-        cmocka_unit_test(test_mtp_kv),
-        cmocka_unit_test(test_spec_mtp_exact),
+        cmocka_unit_test(test_load),          cmocka_unit_test(test_partial_layer),
+        cmocka_unit_test(test_mtp_kv),        cmocka_unit_test(test_spec_mtp_exact),
+        cmocka_unit_test(test_spec_mtp_feed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

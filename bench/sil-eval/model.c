@@ -241,6 +241,35 @@ static int prefill_quiet(struct sil_engine *e, const int32_t *ids, size_t n, int
     return seq;
 }
 
+/* prefill_quiet for MTP drafting: the sequence is sp's (made and initialized by the caller), and
+ * every batch's hidden states go to its MTP layer (sil_spec_mtp_feed), so that the layer holds
+ * the prompt as it was trained to; 0 or -1. */
+static int prefill_mtp(struct sil_engine *e, struct sil_spec *sp, int seq, const int32_t *ids,
+                       size_t n, int32_t *pos, int32_t *seqs, bool *want)
+{
+    struct sil_error err = {0};
+    const size_t E = (size_t)sil_engine_info(e)->n_embd;
+    const size_t cap = n < PREFILL_BATCH ? n : PREFILL_BATCH;
+    float *hidden = malloc(sizeof(float) * cap * E);
+    int32_t *am = malloc(sizeof(int32_t) * cap);
+    int rc = hidden && am ? 0 : sil_errorf(&err, -ENOMEM, "out of memory");
+    for (size_t b0 = 0; rc == 0 && b0 < n; b0 += PREFILL_BATCH) {
+        const int32_t k = (int32_t)(n - b0 < PREFILL_BATCH ? n - b0 : PREFILL_BATCH);
+        for (int32_t i = 0; i < k; i++) {
+            pos[i] = (int32_t)(b0 + (size_t)i);
+            seqs[i] = seq;
+            want[i] = true;
+        }
+        const struct sil_batch b = {k, ids + b0, pos, seqs, want};
+        rc = sil_engine_eval_hidden(e, &b, NULL, am, hidden, &err);
+        if (rc == 0) rc = sil_spec_mtp_feed(sp, ids + b0, k, hidden, &err);
+    }
+    if (rc < 0) fprintf(stderr, "sil-eval: %s\n", err.msg);
+    free(hidden);
+    free(am);
+    return rc < 0 ? -1 : 0;
+}
+
 /* Plain decoding at step d (where speculative decoding parted from it, or --probe-steps): the
  * prompt ids and plain's tokens up to d in fresh sequences prefilled alike but for the last two
  * tokens; two take them one row at a time, one in a pass of two rows (as a verify pass would).
@@ -333,14 +362,26 @@ static int run_spec(struct sil_engine *t, struct sil_engine *d, const int32_t *i
         fprintf(stderr, "sil-eval: out of memory\n");
         goto out;
     }
-    ts = prefill_quiet(t, ids, n_ids - 1, pos, seqs, want);
-    ds = ts < 0 || !d ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
-    if (ts < 0 || (d && ds < 0)) goto out;
-    /* no draft model: the target's MTP layer drafts */
-    rc = r->oref ? sil_spec_init_oracle(&sp, t, ts, (int32_t)r->depth, r->oref, r->n_oref, r->op,
-                                        1, &err)
-         : d     ? sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err)
-                 : sil_spec_init_mtp(&sp, t, ts, (int32_t)r->depth, &err);
+    const bool mtp = !r->oref && !d; /* no draft model: the target's MTP layer drafts */
+    if (mtp) {
+        /* the layer is fed the prompt's hidden states as the target takes it in */
+        if ((ts = sil_seq_create(t, &err)) < 0 ||
+            (rc = sil_spec_init_mtp(&sp, t, ts, (int32_t)r->depth, &err)) < 0) {
+            fprintf(stderr, "sil-eval: %s\n", err.msg);
+            goto out;
+        }
+        if (n_ids > 1 && prefill_mtp(t, &sp, ts, ids, n_ids - 1, pos, seqs, want) < 0) {
+            rc = -1;
+            goto out;
+        }
+    } else {
+        ts = prefill_quiet(t, ids, n_ids - 1, pos, seqs, want);
+        ds = ts < 0 || !d ? -1 : prefill_quiet(d, ids, n_ids - 1, pos, seqs, want);
+        if (ts < 0 || (d && ds < 0)) goto out;
+        rc = r->oref ? sil_spec_init_oracle(&sp, t, ts, (int32_t)r->depth, r->oref, r->n_oref,
+                                            r->op, 1, &err)
+                     : sil_spec_init(&sp, t, ts, d, ds, (int32_t)r->depth, &err);
+    }
     if (rc == 0 && r->width > 1) rc = sil_spec_set_width(&sp, (int32_t)r->width, &err);
     if (rc < 0) {
         fprintf(stderr, "sil-eval: %s\n", err.msg);

@@ -91,13 +91,17 @@ def main():
         res["plain_equal_torch"] = sum(data.answer_of(p) == data.answer_of(e["torch_completion"])
                                        for p, e in zip(plain, sel))
         res["plain_correct"] = sum(data.answer_of(p) == e["answer"] for p, e in zip(plain, sel))
+        # each answer's tokens through its <|im_end|>, where generation stops (the model was
+        # never trained on what follows)
+        lens = [len(tok.encode(e["torch_completion"])) for e in sel]
+        res["spec_tokens"] = sum(lens)
         for mode, draft in (("mtp", None), ("draft", a.draft_model)):
             if mode == "draft" and not draft:
                 continue
             res[f"spec_{mode}"] = runs = {}
             for d in a.depth:
                 runs[d] = s = spec_eval(files["q8_0"], tok, sel, mode, draft, depth=d,
-                                        threads=a.spec_threads)
+                                        n_predict=lens, threads=a.spec_threads)
                 print(f"engine q8_0 --spec {mode} (chain of {d}): acceptance "
                       f"{s['acceptance_rate']:.3f}, {s['tokens_per_step']:.2f} tokens a step, "
                       f"{s['identical']}/{s['questions']} identical to plain decoding, median "

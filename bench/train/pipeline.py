@@ -54,13 +54,16 @@ def engine_answers(gguf, tok, examples, exact, n_predict=96):
 def spec_eval(gguf, tok, examples, mode, draft=None, depth=4, n_predict=96, threads=2):
     """Speculative decoding on the held-out questions, one sil-eval at a time (timed): the
     drafts' acceptance, tokens a step, the answers identical to plain decoding, and the decode
-    speed against plain decoding in the same run (the median of the questions' ratios)."""
+    speed against plain decoding in the same run (the median of the questions' ratios).
+    n_predict: tokens a question, or a list of them (e.g. each answer's length through its
+    <|im_end|>, where generation stops: what follows it was never trained on)."""
     tot = {"questions": 0, "identical": 0, "steps": 0, "drafted": 0, "accepted": 0, "emitted": 0}
     ratios = []
-    for e in examples:
+    for q, e in enumerate(examples):
+        npred = n_predict[q] if isinstance(n_predict, list) else n_predict
         cmd = [os.path.join(BIN, "sil-eval"), "--model", gguf,
                "--tokens", ",".join(map(str, tok.encode(e["prompt"]))), "--logits", "none",
-               "--json", "--n-predict", str(n_predict), "--threads", str(threads),
+               "--json", "--n-predict", str(npred), "--threads", str(threads),
                "--spec", mode, "--spec-tree", f"1x{depth}"]
         if draft:
             cmd += ["--draft-model", draft]

@@ -289,6 +289,50 @@ int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, i
     return 0;
 }
 
+int sil_spec_mtp_feed(struct sil_spec *s, const int32_t *tok, int32_t n, const float *hidden,
+                      struct sil_error *err)
+{
+    if (!s->mtp || n < 1 || !tok || !hidden)
+        return sil_errorf(err, -EINVAL, "spec: nothing to feed the MTP layer");
+    /* the positions fed so far: the layer's rows [0, mlen), then the waiting hidden state */
+    const int32_t p = s->hn > 0 ? s->hpos + s->hn : s->mlen;
+    if (s->mbase != 0 || (s->hn > 0 && (s->hn != 1 || s->hpos != s->mlen)) ||
+        sil_seq_len(s->target, s->tseq) != p + n)
+        return sil_errorf(err, -EINVAL, "spec: the MTP layer holds %d positions of %d, %d more fed",
+                          s->mlen, sil_seq_len(s->target, s->tseq), n);
+    const int64_t E = sil_engine_info(s->target)->n_embd;
+    const int32_t w = s->hn; /* 1: the waiting row goes first, with tok[0] */
+    const int32_t rows = w + n - 1;
+    int rc = 0;
+    if (rows > 0) {
+        float *hin = malloc(sizeof(float) * (size_t)rows * (size_t)E);
+        float *hout = malloc(sizeof(float) * (size_t)rows * (size_t)E);
+        int32_t *am = malloc(sizeof(int32_t) * (size_t)rows);
+        if (!hin || !hout || !am) {
+            rc = sil_errorf(err, -ENOMEM, "spec: out of memory");
+        } else {
+            if (w) memcpy(hin, s->hid, sizeof(float) * (size_t)E);
+            memcpy(hin + w * E, hidden, sizeof(float) * (size_t)(n - 1) * (size_t)E);
+            /* row r reads the hidden state at position mlen + r and the token after it */
+            rc = sil_seq_mtp_eval(s->target, s->tseq, rows, w ? tok : tok + 1, s->mlen, hin, am,
+                                  hout, err);
+        }
+        free(hin);
+        free(hout);
+        free(am);
+    }
+    if (rc < 0) {
+        s->mlen = 0;
+        s->hn = 0;
+        return rc;
+    }
+    s->mlen += rows;
+    memcpy(s->hid, hidden + (int64_t)(n - 1) * E, sizeof(float) * (size_t)E);
+    s->hpos = p + n - 1;
+    s->hn = 1;
+    return 0;
+}
+
 int sil_spec_init_oracle(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
                          const int32_t *ref, int32_t n_ref, double p, uint64_t seed,
                          struct sil_error *err)

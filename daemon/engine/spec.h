@@ -92,10 +92,21 @@ void sil_spec_free(struct sil_spec *s);
  * layer catches up on the positions the last verify pass kept, from the target's hidden states
  * there, then proposes depth tokens one row at a time, each from the hidden state of the row
  * before (Qwen3.5's recursive MTP). The first step of a sequence has no hidden state to start
- * from and drafts nothing. Greedy (sil_spec_step) or sampled (sil_spec_step_sampled: the
- * layer's logits under dsmp's settings are the draft's distribution).
- * -EINVAL, -ENOTSUP (no MTP layer), -ENOMEM. */
+ * from and drafts nothing, unless the prompt was fed (sil_spec_mtp_feed). Greedy (sil_spec_step) or
+ * sampled (sil_spec_step_sampled: the layer's logits under dsmp's settings are the draft's
+ * distribution). -EINVAL, -ENOTSUP (no MTP layer), -ENOMEM. */
 int sil_spec_init_mtp(struct sil_spec *s, struct sil_engine *target, int tseq, int32_t depth,
+                      struct sil_error *err);
+/* The MTP layer reads the history too, as it was trained to (each row attends to the layer's
+ * rows of every earlier position): after sil_spec_init_mtp, while the target's sequence is
+ * prefilled, each evaluation of n rows (the sequence's next positions, tokens tok[0, n), from
+ * position 0 on) hands its hidden states (sil_engine_eval_hidden's, n_embd floats a row) here:
+ * the layer takes the rows whose next token is known (all but the last; the previous call's last
+ * with tok[0]), and the last hidden state waits for the next call or the first step, which
+ * then drafts at once. Without it the layer starts at the first step, blind to the prompt.
+ * -EINVAL (not MTP drafting, or not the positions the layer has), -ENOMEM, the engine's errors
+ * (the layer then starts over at the first step). */
+int sil_spec_mtp_feed(struct sil_spec *s, const int32_t *tok, int32_t n, const float *hidden,
                       struct sil_error *err);
 
 /* A drafter for tests and benchmarks, no model: an oracle that knows the target's greedy
