@@ -765,6 +765,7 @@ void sil_job_spec_drop(struct sil_worker *w, struct job *j)
     sil_spec_free(j->spec);
     free(j->spec);
     j->spec = NULL;
+    j->mtp_fed = false;
     if (w->draft && j->dseq >= 0) {
         sil_seq_free(w->draft, j->dseq);
         w->draft_seqs--;
@@ -1027,6 +1028,51 @@ static void spec_steps(struct sil_worker *w)
     }
 }
 
+/* MTP drafting that reads the prompt, as the layer was trained to: a greedy request whose
+ * sequence holds nothing yet gets its drafter at its first prompt chunk, and each of its rows a
+ * step evaluates is fed to the layer (sil_spec_mtp_feed). Those rows want the engine's argmax
+ * and hidden state, so a step feeds only when every pick in it is greedy (no logits buffer
+ * holds a prompt's rows); a request that meets another kind of step, or a prefix restored from
+ * the cache, drafts from its first speculative step on, without the positions before. */
+static bool job_mtp_feeds(struct sil_worker *w, struct job *j)
+{
+    return w->spec_ok && w->spec_mtp && !j->spec && !j->decoding && !j->spec_stopped &&
+           j->seq >= 0 && sil_seq_len(w->e, j->seq) == 0 && job_spec_max(w, j) > 0 &&
+           sil_sampler_plain_greedy(j->smp);
+}
+
+static void job_mtp_start(struct sil_worker *w, struct job *j)
+{
+    struct sil_error err = { 0 };
+    j->spec = calloc(1, sizeof(*j->spec));
+    if (!j->spec || sil_spec_init_mtp(j->spec, w->e, j->seq, job_spec_max(w, j), &err) < 0) {
+        free(j->spec);
+        j->spec = NULL; /* made at its first speculative step, as without feeding */
+        return;
+    }
+    j->mtp_fed = true;
+}
+
+/* Whether this step may feed MTP layers: every running request picks greedily, and the hidden
+ * states of a full batch have room. */
+static bool step_feeds_mtp(struct sil_worker *w)
+{
+    if (!w->spec_ok || !w->spec_mtp || !w->e)
+        return false;
+    for (struct job *g = w->running; g; g = g->next)
+        if (!sil_sampler_plain_greedy(g->smp))
+            return false;
+    const size_t need = (size_t)w->n_batch_max * (size_t)sil_engine_info(w->e)->n_embd;
+    if (w->b_hidden_cap < need) {
+        float *h = realloc(w->b_hidden, need * sizeof(float));
+        if (!h)
+            return false;
+        w->b_hidden = h;
+        w->b_hidden_cap = need;
+    }
+    return true;
+}
+
 /* One scheduler step: the speculative steps (spec_steps), then a decode row for every other
  * decoding request and prompt chunks under the prefill budget, given out by priority
  * (schedpolicy.h). */
@@ -1035,6 +1081,13 @@ void sil_step(struct sil_worker *w)
     int n = 0, n_logits = 0, n_dec = 0;
     int dec_cls = SIL_PRIO_BATCH + 1, pre_cls = SIL_PRIO_BATCH + 1; /* most urgent of each */
     spec_steps(w);
+    const bool feed_ok = step_feeds_mtp(w);
+    bool feeding = false;
+    for (struct job *j = w->running; j; j = j->next) {
+        if (j->mtp_fed && !feed_ok)
+            sil_job_spec_drop(w, j); /* its rows of this step would not be fed */
+        feeding = feeding || (j->mtp_fed && j->decoding && !j->spec_ran);
+    }
     for (struct job *j = w->running; j; j = j->next) {
         j->logit_row = -1;
         if (j->decoding && !j->spec_ran && n < w->n_batch_max) {
@@ -1086,16 +1139,24 @@ void sil_step(struct sil_worker *w)
         size_t take = (size_t)w->s_take[k];
         if (take == 0)
             continue;
+        if (feed_ok && job_mtp_feeds(w, j))
+            job_mtp_start(w, j);
+        const bool feed = j->mtp_fed; /* every row wants its argmax and hidden state */
+        feeding = feeding || feed;
         for (size_t t = 0; t < take; t++) {
             w->b_tok[n] = j->fill[j->n_done + t];
             w->b_pos[n] = (int32_t)(j->ctx.n + t);
             w->b_seq[n] = j->seq;
-            w->b_want[n] = false;
+            w->b_want[n] = feed;
+            n_logits += feed;
             n++;
         }
         if (j->n_done + take == j->n_fill) {
-            w->b_want[n - 1] = true;
-            j->logit_row = n_logits++;
+            if (!feed) {
+                w->b_want[n - 1] = true;
+                n_logits++;
+            }
+            j->logit_row = n_logits - 1;
         }
     }
     if (n == 0)
@@ -1110,8 +1171,11 @@ void sil_step(struct sil_worker *w)
             greedy = sil_genctl_forced(g->gc) >= 0 || sil_sampler_plain_greedy(g->smp);
     sil_test_stall(w);
     double t0 = now_s();
-    int rc = sil_test_kv_full(w, n, &err)
-                 ? -ENOBUFS
+    /* a feeding step is greedy (step_feeds_mtp) */
+    int rc = sil_test_kv_full(w, n, &err) ? -ENOBUFS
+             : feeding && greedy
+                 ? sil_engine_eval_hidden_rows(w->e, &batch, NULL, w->b_pick, w->b_hidden,
+                                               w->b_status, &err)
                  : sil_engine_eval_out(w->e, &batch, greedy ? NULL : w->logits,
                                        greedy ? w->b_pick : NULL, w->b_status, &err);
     double dt = now_s() - t0;
@@ -1140,7 +1204,8 @@ void sil_step(struct sil_worker *w)
     }
 
     /* Account for what was evaluated, row by row, before anything finishes. */
-    for (int r = 0; r < n;) {
+    const size_t E = w->e ? (size_t)sil_engine_info(w->e)->n_embd : 0;
+    for (int r = 0, want0 = 0; r < n;) {
         struct job *j = NULL;
         for (struct job *k = w->running; k; k = k->next)
             if (k->seq == w->b_seq[r]) {
@@ -1150,9 +1215,21 @@ void sil_step(struct sil_worker *w)
         int start = r;
         while (r < n && w->b_seq[r] == w->b_seq[start])
             r++;
+        const int hrow = want0; /* the first of these rows' hidden states, when they wanted */
+        for (int q = start; q < r; q++)
+            want0 += w->b_want[q];
         if (!j)
             continue;
         int cnt = r - start;
+        if (j->mtp_fed && feeding && greedy && hrow + cnt <= want0) {
+            struct sil_error ferr = { 0 };
+            if (sil_spec_mtp_feed(j->spec, w->b_tok + start, cnt, w->b_hidden + (size_t)hrow * E,
+                                  &ferr) < 0) {
+                sil_debug("request %u: its MTP layer goes on without the prompt: %s", j->r.msgid,
+                          ferr.msg);
+                sil_job_spec_drop(w, j);
+            }
+        }
         if (tokvec_push(&j->ctx, w->b_tok + start, cnt)) {
             j->cancelled = true; /* finished below with what it has */
             continue;

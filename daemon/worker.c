@@ -1000,6 +1000,7 @@ void sil_worker_free(struct sil_worker *w)
     free(w->b_want);
     free(w->b_status);
     free(w->b_pick);
+    free(w->b_hidden);
     free(w->logits);
     free(w->s_items);
     free(w->s_jobs);

@@ -96,6 +96,9 @@ struct job {
     double spec_s;
     bool spec_stopped;
     bool spec_ran; /* this step's token came from a speculative step */
+    /* spec's MTP layer has every position the sequence holds but the last, whose hidden state
+     * waits in spec: each row of the job a step evaluates is fed to it (sil_spec_mtp_feed) */
+    bool mtp_fed;
 };
 
 enum in_type { IN_SUBMIT, IN_CANCEL, IN_CONN_CLOSED, IN_SESS_LIST, IN_SESS_DROP, IN_DAMAGED, IN_RELOAD,
@@ -186,6 +189,8 @@ struct sil_worker {
     bool *b_want;
     int *b_status; /* per row, from sil_engine_eval */
     int32_t *b_pick; /* per logits row: the engine's argmax, in a step where every pick is greedy */
+    float *b_hidden; /* per logits row: the hidden state the MTP layer reads (steps that feed it) */
+    size_t b_hidden_cap; /* floats */
     float *logits;
     /* The model: damaged once its file changed (no evaluation reads the mapping after that), and
      * a reload waiting for the running requests to end. */

@@ -2218,13 +2218,20 @@ bool sil_engine_has_mtp(const struct sil_engine *e)
 int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, float *logits,
                            int32_t *argmax, float *hidden, struct sil_error *err)
 {
+    return sil_engine_eval_hidden_rows(e, b, logits, argmax, hidden, NULL, err);
+}
+
+int sil_engine_eval_hidden_rows(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                                int32_t *argmax, float *hidden, int *row_status,
+                                struct sil_error *err)
+{
     if (!sil_engine_has_mtp(e))
         return sil_errorf(err, -ENOTSUP, "engine: %s has no MTP layer on this backend",
                           e->info.path);
     if ((!logits && !argmax) || !hidden)
         return sil_errorf(err, -EINVAL, "engine: no logits, argmax or hidden buffer");
     e->f.hidden = hidden;
-    const int rc = sil_engine_eval_out(e, b, logits, argmax, NULL, err);
+    const int rc = sil_engine_eval_out(e, b, logits, argmax, row_status, err);
     e->f.hidden = NULL;
     return rc;
 }

@@ -392,6 +392,10 @@ bool sil_engine_has_mtp(const struct sil_engine *e);
  * layer. */
 int sil_engine_eval_hidden(struct sil_engine *e, const struct sil_batch *b, float *logits,
                            int32_t *argmax, float *hidden, struct sil_error *err);
+/* The same with sil_engine_eval_out's row_status (may be NULL). */
+int sil_engine_eval_hidden_rows(struct sil_engine *e, const struct sil_batch *b, float *logits,
+                                int32_t *argmax, float *hidden, int *row_status,
+                                struct sil_error *err);
 /* The MTP layer for sequence seq, with a KV of its own (freed with the sequence), in its own
  * positions: those below pos0 are kept (pos0 <= what it holds), the rest dropped, and row i goes
  * at pos0 + i, reading hidden_in[i] (n_embd floats: the target's hidden state at some position

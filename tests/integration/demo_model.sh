@@ -6,7 +6,9 @@
 #     within 1e-3 in exact mode; speculative decoding with the model's MTP layer on 24 of them:
 #     the tokens are plain decoding's and >= 60% of the drafts are accepted.
 #  2. siliceod on the model: >= 95% of 200 held-out 2-digit x 2-digit multiplications answered
-#     right through sil-chat (greedy, thinking on), then a clean SIGTERM stop.
+#     right through sil-chat (greedy, thinking on), then a clean SIGTERM stop; then 40 of them
+#     through a daemon whose model's MTP layer drafts (spec = mtp, one draft a step): the same
+#     answers, and >= 80% of the drafts accepted (the layer reads the prompt).
 # Only python3's standard library is needed. About 30 s on 2 loaded cores.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -33,11 +35,26 @@ printf 'threads = 2\n' >"$T/siliceod.conf"
 DPID=$!
 python3 -c "import siltest,sys; sys.exit(0 if siltest.wait_socket('$SILICEO_SOCKET', 30) else 1)" ||
     fail "siliceod did not come up"
-python3 "$HERE/demo_model_tests.py" chat 200 || fail "sil-chat accuracy on 2x2 multiplications"
-kill -TERM "$DPID"
-rc=0
-wait "$DPID" || rc=$?
-DPID=
-[ "$rc" -eq 0 ] || fail "siliceod exited $rc after SIGTERM"
+python3 "$HERE/demo_model_tests.py" chat 200 "$T/answers.json" ||
+    fail "sil-chat accuracy on 2x2 multiplications"
+stop() {
+    kill -TERM "$DPID"
+    rc=0
+    wait "$DPID" || rc=$?
+    DPID=
+    [ "$rc" -eq 0 ] || fail "siliceod exited $rc after SIGTERM"
+}
+stop
+# the same questions with the model's MTP layer drafting
+printf 'threads = 2\nspec = mtp\nspec_tree = 1x1\n' >"$T/siliceod.conf"
+rm -f "$SILICEO_SOCKET"
+"$SIL_BUILD/bin/siliceod" --config "$T/siliceod.conf" --socket "$SILICEO_SOCKET" \
+    --model "$DEMO_MODEL" >"$T/daemon.log" 2>&1 &
+DPID=$!
+python3 -c "import siltest,sys; sys.exit(0 if siltest.wait_socket('$SILICEO_SOCKET', 30) else 1)" ||
+    fail "siliceod --spec mtp did not come up"
+python3 "$HERE/demo_model_tests.py" chatspec 40 "$T/answers.json" ||
+    fail "sil-chat with the MTP layer drafting"
+stop
 if grep -q 'Sanitizer\|runtime error' "$T/daemon.log"; then fail "sanitizer report"; fi
 echo "ok: siliceod on the demo model exited 0 on SIGTERM"
