@@ -182,6 +182,33 @@ static int prefill(struct sil_engine *e, struct bufs *b, int seq, int s, int n_p
     return rc;
 }
 
+/* prefill for MTP drafting: the same rows, every one's hidden state fed to sp's MTP layer
+ * (sil_spec_mtp_feed), so that it reads the prompt as it was trained to. */
+static int prefill_fed(struct sil_engine *e, struct bufs *b, struct sil_spec *sp, int seq, int s,
+                       int n_prompt, int32_t *first, struct sil_error *err)
+{
+    const int32_t V = sil_engine_info(e)->n_vocab;
+    const size_t E = (size_t)sil_engine_info(e)->n_embd;
+    float *hidden = malloc(sizeof(float) * (size_t)n_prompt * E);
+    int32_t *am = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    bool *want = malloc(sizeof(bool) * (size_t)n_prompt);
+    int rc = hidden && am && want ? 0 : sil_errorf(err, -ENOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < n_prompt; i++) {
+        b->tok[i] = prompt_token(V, s, i);
+        b->pos[i] = i;
+        b->seq[i] = seq;
+        want[i] = true;
+    }
+    const struct sil_batch bt = {n_prompt, b->tok, b->pos, b->seq, want};
+    if (rc == 0) rc = sil_engine_eval_hidden(e, &bt, NULL, am, hidden, err);
+    if (rc == 0) rc = sil_spec_mtp_feed(sp, b->tok, n_prompt, hidden, err);
+    if (rc == 0) *first = am[n_prompt - 1];
+    free(hidden);
+    free(am);
+    free(want);
+    return rc;
+}
+
 /* The speculative measurement: ns sequences of e prefilled as run_one's (and the draft's, de,
  * when there is one, outside the timing), then n_gen tokens each by speculative steps of a
  * width x depth tree of drafts (width 1: a chain), the sequences taking turns a step each;
@@ -215,15 +242,21 @@ static int run_spec(struct sil_engine *e, struct sil_engine *de, struct bufs *b,
         int32_t *h = hist + (size_t)s * (size_t)n_all;
         for (int i = 0; i < n_prompt; i++)
             h[i] = prompt_token(V, s, i);
-        if (prefill(e, b, tseq[s], s, n_prompt, &h[n_prompt], &err) < 0) goto out;
-        if (de && prefill(de, b, dseq[s], s, n_prompt, NULL, &err) < 0) goto out;
+        if (!de) { /* the MTP layer drafts: it reads the prompt as the target takes it in */
+            if (sil_spec_init_mtp(&sp[s], e, tseq[s], depth, &err) < 0) goto out;
+            inited++;
+            if (prefill_fed(e, b, &sp[s], tseq[s], s, n_prompt, &h[n_prompt], &err) < 0) goto out;
+        } else if (prefill(e, b, tseq[s], s, n_prompt, &h[n_prompt], &err) < 0 ||
+                   prefill(de, b, dseq[s], s, n_prompt, NULL, &err) < 0) {
+            goto out;
+        }
         nh[s] = n_prompt + 1;
     }
     for (int s = 0; s < ns; s++) {
-        if ((de ? sil_spec_init(&sp[s], e, tseq[s], de, dseq[s], depth, &err)
-                : sil_spec_init_mtp(&sp[s], e, tseq[s], depth, &err)) < 0)
-            goto out;
-        inited++;
+        if (de) {
+            if (sil_spec_init(&sp[s], e, tseq[s], de, dseq[s], depth, &err) < 0) goto out;
+            inited++;
+        }
         if (width > 1 && sil_spec_set_width(&sp[s], width, &err) < 0) goto out;
     }
     const double t0 = sil_bench_now();
