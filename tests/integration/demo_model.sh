@@ -29,14 +29,16 @@ fail() { echo "FAIL: $*"; [ -f "$T/daemon.log" ] && tail -n 20 "$T/daemon.log"; 
 python3 "$HERE/demo_model_tests.py" engine || fail "engine against PyTorch on the demo model"
 
 export SILICEO_SOCKET=$T/siliceod.sock
-printf 'threads = 2\n' >"$T/siliceod.conf"
-"$SIL_BUILD/bin/siliceod" --config "$T/siliceod.conf" --socket "$SILICEO_SOCKET" \
-    --model "$DEMO_MODEL" >"$T/daemon.log" 2>&1 &
-DPID=$!
-python3 -c "import siltest,sys; sys.exit(0 if siltest.wait_socket('$SILICEO_SOCKET', 30) else 1)" ||
-    fail "siliceod did not come up"
-python3 "$HERE/demo_model_tests.py" chat 200 "$T/answers.json" ||
-    fail "sil-chat accuracy on 2x2 multiplications"
+# start CONF-LINES...: siliceod on the model with that configuration
+start() {
+    printf '%s\n' "$@" >"$T/siliceod.conf"
+    rm -f "$SILICEO_SOCKET"
+    "$SIL_BUILD/bin/siliceod" --config "$T/siliceod.conf" --socket "$SILICEO_SOCKET" \
+        --model "$DEMO_MODEL" >"$T/daemon.log" 2>&1 &
+    DPID=$!
+    python3 -c "import siltest,sys; sys.exit(0 if siltest.wait_socket('$SILICEO_SOCKET', 30) else 1)" ||
+        fail "siliceod ($*) did not come up"
+}
 stop() {
     kill -TERM "$DPID"
     rc=0
@@ -44,15 +46,12 @@ stop() {
     DPID=
     [ "$rc" -eq 0 ] || fail "siliceod exited $rc after SIGTERM"
 }
+start "threads = 2"
+python3 "$HERE/demo_model_tests.py" chat 200 "$T/answers.json" ||
+    fail "sil-chat accuracy on 2x2 multiplications"
 stop
 # the same questions with the model's MTP layer drafting
-printf 'threads = 2\nspec = mtp\nspec_tree = 1x1\n' >"$T/siliceod.conf"
-rm -f "$SILICEO_SOCKET"
-"$SIL_BUILD/bin/siliceod" --config "$T/siliceod.conf" --socket "$SILICEO_SOCKET" \
-    --model "$DEMO_MODEL" >"$T/daemon.log" 2>&1 &
-DPID=$!
-python3 -c "import siltest,sys; sys.exit(0 if siltest.wait_socket('$SILICEO_SOCKET', 30) else 1)" ||
-    fail "siliceod --spec mtp did not come up"
+start "threads = 2" "spec = mtp" "spec_tree = 1x1"
 python3 "$HERE/demo_model_tests.py" chatspec 40 "$T/answers.json" ||
     fail "sil-chat with the MTP layer drafting"
 stop
