@@ -305,9 +305,12 @@ int sil_spec_mtp_feed(struct sil_spec *s, const int32_t *tok, int32_t n, const f
     const int32_t rows = w + n - 1;
     int rc = 0;
     if (rows > 0) {
-        float *hin = malloc(sizeof(float) * (size_t)rows * (size_t)E);
-        float *hout = malloc(sizeof(float) * (size_t)rows * (size_t)E);
-        int32_t *am = malloc(sizeof(int32_t) * (size_t)rows);
+        /* a decode row (the daemon feeds one a step) fits the step buffers; a prompt chunk
+         * gets its own */
+        const bool own = rows > s->depth + 1;
+        float *hin = own ? malloc(sizeof(float) * (size_t)rows * (size_t)E) : s->hin;
+        float *hout = own ? malloc(sizeof(float) * (size_t)rows * (size_t)E) : s->hout;
+        int32_t *am = own ? malloc(sizeof(int32_t) * (size_t)rows) : s->mam;
         if (!hin || !hout || !am) {
             rc = sil_errorf(err, -ENOMEM, "spec: out of memory");
         } else {
@@ -317,9 +320,11 @@ int sil_spec_mtp_feed(struct sil_spec *s, const int32_t *tok, int32_t n, const f
             rc = sil_seq_mtp_eval(s->target, s->tseq, rows, w ? tok : tok + 1, s->mlen, hin, am,
                                   hout, err);
         }
-        free(hin);
-        free(hout);
-        free(am);
+        if (own) {
+            free(hin);
+            free(hout);
+            free(am);
+        }
     }
     if (rc < 0) {
         s->mlen = 0;
